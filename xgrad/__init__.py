@@ -1,0 +1,26 @@
+"""xgrad: PyTorch-style eager autograd on ``jax.Array``, with an optional compiled backward.
+
+>>> import xgrad
+>>> w = xgrad.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+>>> loss = (w @ xgrad.tensor([1.0, 1.0])).tanh().sum()
+>>> loss.backward()
+>>> w.grad.shape
+(2, 2)
+"""
+
+from xgrad import ops
+from xgrad.creation import arange, eye, full, manual_seed, ones, ones_like, rand, randn, tensor, zeros, zeros_like
+from xgrad.grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
+from xgrad.ops import *  # noqa: F403  (the op library is re-exported at top level)
+from xgrad.ops import __all__ as _ops_all
+from xgrad.tensor import Tensor
+
+from xgrad import autograd  # noqa: E402  (needs ops installed on Tensor)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    *_ops_all, "Tensor", "arange", "autograd", "enable_grad", "eye", "full", "inference_mode", "is_grad_enabled",
+    "manual_seed", "no_grad", "ones", "ones_like", "ops", "rand", "randn", "set_grad_enabled", "tensor", "zeros",
+    "zeros_like",
+]

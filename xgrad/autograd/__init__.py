@@ -1,0 +1,35 @@
+"""``xgrad.autograd``: ``backward``, ``grad``, custom Functions, anomaly mode, engine settings."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from xgrad.autograd import graph
+from xgrad.engine import engine as _engine
+from xgrad.engine.anomaly import detect_anomaly, is_anomaly_check_nan_enabled, is_anomaly_enabled, set_detect_anomaly
+from xgrad.engine.api import backward, grad
+from xgrad.engine.engine import is_multithreading_enabled, queue_callback, set_multithreading_enabled
+
+__all__ = [
+    "MAX_REENTRANT_DEPTH", "backward", "detect_anomaly", "grad", "graph", "is_anomaly_check_nan_enabled",
+    "is_anomaly_enabled", "is_multithreading_enabled", "queue_callback", "set_detect_anomaly",
+    "set_multithreading_enabled",
+]
+
+
+class _AutogradModule(types.ModuleType):
+    """Lets ``xgrad.autograd.MAX_REENTRANT_DEPTH = n`` reach the engine."""
+
+    @property
+    def MAX_REENTRANT_DEPTH(self) -> int:  # noqa: N802  (PyTorch's name)
+        return _engine.MAX_REENTRANT_DEPTH
+
+    @MAX_REENTRANT_DEPTH.setter
+    def MAX_REENTRANT_DEPTH(self, depth: int) -> None:  # noqa: N802
+        if depth < 1:
+            raise ValueError(f"MAX_REENTRANT_DEPTH must be at least 1, got {depth}")
+        _engine.MAX_REENTRANT_DEPTH = int(depth)
+
+
+sys.modules[__name__].__class__ = _AutogradModule

@@ -1,0 +1,151 @@
+"""Tensor factories, device names and the default random key."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from xgrad.tensor import Tensor
+
+__all__ = [
+    "arange", "eye", "full", "manual_seed", "ones", "ones_like", "rand", "randn", "tensor", "zeros", "zeros_like",
+]
+
+
+def resolve_device(device: Any) -> Any:
+    """A ``jax.Device`` (or ``Sharding``) from a device, a sharding, or a name like ``"cpu:1"``/``"cuda"``."""
+    if device is None or isinstance(device, (jax.Device, jax.sharding.Sharding)):
+        return device
+    if isinstance(device, str):
+        platform, _, index = device.partition(":")
+        platform = {"cuda": "gpu"}.get(platform, platform)
+        try:
+            devices = jax.devices(platform)
+        except RuntimeError as exc:
+            raise RuntimeError(f"unknown or unavailable device {device!r}: {exc}") from None
+        i = int(index) if index else 0
+        if i >= len(devices):
+            raise RuntimeError(f"device {device!r} does not exist: there are {len(devices)} {platform} devices")
+        return devices[i]
+    raise TypeError(f"device must be a jax.Device, a Sharding or a string, got {type(device).__name__}")
+
+
+def _place(array: Any, device: Any) -> Any:
+    target = resolve_device(device)
+    return array if target is None else jax.device_put(array, target)
+
+
+def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """A new leaf tensor from a list, scalar, NumPy array, ``jax.Array`` (no copy) or Tensor.
+
+    Args:
+        data: the values.
+        dtype: a NumPy/JAX dtype; default as ``jnp.asarray`` infers it.
+        device: a ``jax.Device``, a ``Sharding`` or a name such as ``"cpu:1"``.
+        requires_grad: whether autograd records ops on it.
+
+    >>> import xgrad
+    >>> xgrad.tensor([[1, 2], [3, 4]]).shape
+    (2, 2)
+    """
+    if isinstance(data, Tensor):
+        data = data._array
+    array = data if isinstance(data, jax.Array) and (dtype is None or data.dtype == dtype) else jnp.asarray(data, dtype=dtype)
+    return Tensor(_place(array, device), requires_grad=requires_grad)
+
+
+def _shape(shape: tuple[Any, ...]) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+def zeros(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """A tensor of zeros (float32 unless ``dtype`` says otherwise)."""
+    return Tensor(_place(jnp.zeros(_shape(shape), dtype or jnp.float32), device), requires_grad=requires_grad)
+
+
+def ones(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ones (float32 unless ``dtype`` says otherwise)."""
+    return Tensor(_place(jnp.ones(_shape(shape), dtype or jnp.float32), device), requires_grad=requires_grad)
+
+
+def full(shape: Any, fill_value: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """A tensor filled with ``fill_value``."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return Tensor(_place(jnp.full(shape, fill_value, dtype), device), requires_grad=requires_grad)
+
+
+def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """``start, start + step, …`` below ``end`` (``0..start`` when ``end`` is omitted)."""
+    array = jnp.arange(start, end, step, dtype=dtype) if end is not None else jnp.arange(start, dtype=dtype)
+    return Tensor(_place(array, device), requires_grad=requires_grad)
+
+
+def eye(n: int, m: int | None = None, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """The ``n × m`` identity matrix."""
+    return Tensor(_place(jnp.eye(n, m, dtype=dtype or jnp.float32), device), requires_grad=requires_grad)
+
+
+def zeros_like(t: Tensor, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """Zeros with ``t``'s shape, dtype and placement."""
+    return Tensor(jnp.zeros_like(t._array, dtype=dtype), requires_grad=requires_grad)
+
+
+def ones_like(t: Tensor, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """Ones with ``t``'s shape, dtype and placement."""
+    return Tensor(jnp.ones_like(t._array, dtype=dtype), requires_grad=requires_grad)
+
+
+class _DefaultKey:
+    """The module-level random key, split on every draw; reseeded by ``manual_seed``."""
+
+    def __init__(self, seed: int) -> None:
+        self.lock = threading.Lock()
+        self.seed = seed
+        self.key: Any = None
+
+    def next(self) -> Any:
+        with self.lock:
+            if self.key is None:
+                self.key = jax.random.key(self.seed)
+            self.key, sub = jax.random.split(self.key)
+            return sub
+
+
+_default_key = _DefaultKey(0)
+
+
+def manual_seed(seed: int) -> None:
+    """Reseed the default key used by ``rand``/``randn``/``dropout`` when no key is given.
+
+    >>> import xgrad
+    >>> xgrad.manual_seed(0); a = xgrad.randn(3)
+    >>> xgrad.manual_seed(0); b = xgrad.randn(3)
+    >>> a.tolist() == b.tolist()
+    True
+    """
+    with _default_key.lock:
+        _default_key.seed = int(seed)
+        _default_key.key = None
+
+
+def next_key() -> Any:
+    return _default_key.next()
+
+
+def randn(*shape: Any, key: Any = None, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """Standard normal samples; ``key`` a ``jax.random`` key (the default key when omitted)."""
+    key = next_key() if key is None else key
+    array = jax.random.normal(key, _shape(shape), dtype or jnp.float32)
+    return Tensor(_place(array, device), requires_grad=requires_grad)
+
+
+def rand(*shape: Any, key: Any = None, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    """Uniform samples in ``[0, 1)``; ``key`` a ``jax.random`` key (the default key when omitted)."""
+    key = next_key() if key is None else key
+    array = jax.random.uniform(key, _shape(shape), dtype or jnp.float32)
+    return Tensor(_place(array, device), requires_grad=requires_grad)

@@ -1,0 +1,1 @@
+"""The autograd engine: graph nodes, saved tensors, hooks and the scheduler."""

@@ -1,0 +1,207 @@
+"""``backward`` and ``grad``: argument handling in front of the engine."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+
+from xgrad.engine import engine
+from xgrad.engine.node import Edge, gradient_edge
+from xgrad.tensor import Tensor
+
+__all__ = ["backward", "grad"]
+
+ERR_NO_GRAD = "element {i} of tensors does not require grad and does not have a grad_fn"
+ERR_INPUT_NO_GRAD = "One of the differentiated Tensors does not require grad"
+ERR_UNUSED = (
+    "One of the differentiated Tensors appears to not have been used in the graph. "
+    "Set allow_unused=True if this is the desired behavior."
+)
+WARN_BACKWARD_CREATE_GRAPH = (
+    "Using backward() with create_graph=True will create a reference cycle between the "
+    "parameter and its gradient which can cause a memory leak. We recommend using "
+    "autograd.grad when creating the graph to avoid this. If you have to use this function, "
+    "make sure to reset the .grad fields of your parameters to None after use to break the "
+    "cycle and avoid the leak."
+)
+
+
+def _as_tensors(value: Any, what: str) -> tuple[Tensor, ...]:
+    if isinstance(value, Tensor):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            if not isinstance(v, Tensor):
+                raise TypeError(f"{what} must be Tensors, got {type(v).__name__}")
+        return tuple(value)
+    raise TypeError(f"{what} must be a Tensor or a sequence of Tensors, got {type(value).__name__}")
+
+
+def _make_grads(outputs: Sequence[Tensor], grads: Sequence[Any]) -> list[Tensor]:
+    """The root gradients: given ones checked against their outputs, implicit ones made."""
+    if len(grads) != len(outputs):
+        raise RuntimeError(f"grad can be implicitly created only for scalar outputs: got {len(grads)} gradients for {len(outputs)} outputs")
+    result = []
+    for i, (out, g) in enumerate(zip(outputs, grads, strict=True)):
+        if g is None:
+            if out.requires_grad and out._array.size != 1:
+                raise RuntimeError("grad can be implicitly created only for scalar outputs")
+            if not jnp.issubdtype(out._array.dtype, jnp.floating):
+                raise RuntimeError(f"grad can be implicitly created only for real scalar outputs but got {out._array.dtype}")
+            result.append(Tensor(jnp.ones_like(out._array)))
+            continue
+        if not isinstance(g, Tensor):
+            g = Tensor(jnp.asarray(g, dtype=out._array.dtype))
+        if g._array.shape != out._array.shape:
+            raise RuntimeError(
+                f"Mismatch in shape: grad_output[{i}] has a shape of {list(g._array.shape)} and "
+                f"output[{i}] has a shape of {list(out._array.shape)}."
+            )
+        result.append(g)
+    return result
+
+
+def _root_edges(outputs: Sequence[Tensor]) -> list[Edge]:
+    edges = []
+    for i, t in enumerate(outputs):
+        if not t.requires_grad:
+            raise RuntimeError(ERR_NO_GRAD.format(i=i))
+        edges.append(gradient_edge(t))
+    return edges
+
+
+def _use_compiled(compiled: bool | None) -> bool:
+    from xgrad.engine import compiled as compiled_module
+
+    return compiled_module.is_enabled() if compiled is None else bool(compiled)
+
+
+def backward(
+    tensors: Tensor | Sequence[Tensor],
+    grad_tensors: Any = None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    inputs: Tensor | Sequence[Tensor] | None = None,
+    compiled: bool | None = None,
+) -> None:
+    """Accumulate gradients of ``tensors`` into the ``.grad`` of the graph's leaves.
+
+    Args:
+        tensors: the roots of the backward.
+        grad_tensors: one gradient per root (``None`` for one-element roots).
+        retain_graph: keep saved values for another backward (default: ``create_graph``).
+        create_graph: record the backward, for higher-order gradients.
+        inputs: accumulate only into these tensors (non-leaves among them retain grad).
+        compiled: run as one cached ``jax.jit`` program (default: the compiled switch).
+
+    >>> import xgrad
+    >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> xgrad.autograd.backward([(x * x).sum()])
+    >>> x.grad.tolist()
+    [2.0, 4.0]
+    """
+    roots = _as_tensors(tensors, "tensors")
+    if grad_tensors is None:
+        grads: Sequence[Any] = [None] * len(roots)
+    elif isinstance(grad_tensors, (list, tuple)):
+        grads = grad_tensors
+    else:
+        grads = [grad_tensors]
+    input_edges: list[Edge] = []
+    if inputs is not None:
+        input_tensors = _as_tensors(inputs, "inputs")
+        if not input_tensors:
+            raise RuntimeError("'inputs' argument to backward() cannot be empty.")
+        for t in input_tensors:
+            if not t.requires_grad:
+                raise RuntimeError(ERR_INPUT_NO_GRAD)
+            if t.grad_fn is not None:
+                t.retain_grad()
+            input_edges.append(gradient_edge(t))
+    if retain_graph is None:
+        retain_graph = create_graph
+    if create_graph:
+        warnings.warn(WARN_BACKWARD_CREATE_GRAPH, UserWarning, stacklevel=3)
+    root_grads = _make_grads(roots, grads)
+    edges = _root_edges(roots)
+    if _use_compiled(compiled):
+        from xgrad.engine import compiled as compiled_module
+
+        compiled_module.execute(edges, root_grads, retain_graph, create_graph, True, input_edges)
+        return
+    engine.execute(edges, root_grads, retain_graph, create_graph, True, input_edges)
+
+
+def grad(
+    outputs: Tensor | Sequence[Tensor],
+    inputs: Tensor | Sequence[Tensor],
+    grad_outputs: Any = None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    allow_unused: bool | None = None,
+    materialize_grads: bool = False,
+    compiled: bool | None = None,
+) -> tuple[Tensor | None, ...]:
+    """The gradients of ``outputs`` w.r.t. ``inputs``, returned instead of accumulated.
+
+    Args:
+        outputs: the roots.
+        inputs: the tensors to differentiate with respect to.
+        grad_outputs: one gradient per output (``None`` for one-element outputs).
+        retain_graph: keep saved values (default: ``create_graph``).
+        create_graph: record the backward, for higher-order gradients.
+        allow_unused: return ``None`` for inputs the outputs do not depend on, instead
+            of raising (default: ``materialize_grads``).
+        materialize_grads: return zeros instead of ``None`` for unused inputs.
+        compiled: run as one cached ``jax.jit`` program (default: the compiled switch).
+
+    >>> import xgrad
+    >>> x = xgrad.tensor(3.0, requires_grad=True)
+    >>> (g,) = xgrad.autograd.grad(x ** 3, x, create_graph=True)
+    >>> g.item(), xgrad.autograd.grad(g, x)[0].item()
+    (27.0, 18.0)
+    """
+    outs = _as_tensors(outputs, "outputs")
+    ins = _as_tensors(inputs, "inputs")
+    if materialize_grads and allow_unused is False:
+        raise ValueError(
+            "Expected allow_unused to be True or not passed when materialize_grads=True, but got: allow_unused=False."
+        )
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    if grad_outputs is None:
+        grads: Sequence[Any] = [None] * len(outs)
+    elif isinstance(grad_outputs, (list, tuple)):
+        grads = grad_outputs
+    else:
+        grads = [grad_outputs]
+    if retain_graph is None:
+        retain_graph = create_graph
+    if not ins:
+        raise ValueError("grad requires non-empty inputs.")
+    for t in ins:
+        if not t.requires_grad:
+            raise RuntimeError(ERR_INPUT_NO_GRAD)
+    root_grads = _make_grads(outs, grads)
+    edges = _root_edges(outs)
+    input_edges = [gradient_edge(t) for t in ins]
+    if _use_compiled(compiled):
+        from xgrad.engine import compiled as compiled_module
+
+        result = compiled_module.execute(edges, root_grads, retain_graph, create_graph, False, input_edges)
+    else:
+        result = engine.execute(edges, root_grads, retain_graph, create_graph, False, input_edges)
+    final: list[Tensor | None] = []
+    for t, g in zip(ins, result, strict=True):
+        if g is None:
+            if materialize_grads:
+                g = Tensor(jnp.zeros_like(t._array))
+            elif not allow_unused:
+                raise RuntimeError(ERR_UNUSED)
+        elif not create_graph and g.grad_fn is not None:
+            g = g.detach()
+        final.append(g)
+    return tuple(final)

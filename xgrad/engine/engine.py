@@ -1,0 +1,775 @@
+"""The eager backward engine, modelled on PyTorch's C++ engine.
+
+# NOTE [Engine overview]
+# ``execute`` makes a fresh ``GraphTask`` per ``backward``/``grad`` call, counts each
+# node's dependencies with an iterative walk from the root (``compute_dependencies``)
+# and, when the caller named ``inputs``, marks which nodes lie on a path to one of
+# them (``init_to_execute``, the walk cut at their minimum ``topological_nr``). Nodes
+# whose dependencies reach zero go to a priority ``ReadyQueue``: the caller's own
+# queue for the default CPU device, or the queue of the long-lived worker thread of
+# their JAX device. Gradients arriving on the same input are summed in an
+# ``InputBuffer``. ``evaluate_function`` runs the hooks and the node
+# (NOTE [Hooks ordering] in node.py), ``validate_outputs`` fits each gradient to its
+# destination, and the final callbacks run once the task has no outstanding work.
+#
+# NOTE [Reentrant backward]
+# A backward started from inside a node (a checkpointed Function, say) runs on the
+# same thread, reusing the thread's ready queue, with a higher reentrant depth so its
+# nodes pop first. Past ``MAX_REENTRANT_DEPTH`` nested calls the new task moves to a
+# pool thread that drives the same queue while the caller waits, so the Python stack
+# never grows without bound.
+"""
+
+from __future__ import annotations
+
+import atexit
+import heapq
+import itertools
+import logging
+import os
+import queue as queue_module
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from xgrad.engine.anomaly import ANOMALY, with_forward_trace
+from xgrad.engine.hooks import run_in_order
+from xgrad.engine.node import Edge, GraphRoot, Node, current_task
+from xgrad.grad_mode import _state as _grad_state
+from xgrad.tensor import Tensor
+
+__all__ = [
+    "MAX_REENTRANT_DEPTH",
+    "GraphTask",
+    "InputBuffer",
+    "ReadyQueue",
+    "execute",
+    "queue_callback",
+    "set_multithreading_enabled",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_REENTRANT_DEPTH = 60
+
+# worker_device values, as in the reference engine: a user thread that is not
+# running backward, a thread driving the CPU queue, or a JAX device's worker.
+NO_DEVICE = "no-device"
+CPU_DEVICE = "cpu-device"
+
+ERR_BAD_FORK = (
+    "Unable to handle autograd's threading in combination with fork-based multiprocessing: "
+    "this process was forked after xgrad's autograd worker threads started, and a forked "
+    "child has no such threads. Use the 'spawn' or 'forkserver' start method, or run "
+    "backward in the parent only after forking."
+)
+ERR_CALLBACK_OUTSIDE = "Final callbacks can only be installed during backward pass."
+ERR_INTERNAL = "xgrad internal error ({what}); please report a bug with the code that triggered it."
+
+
+class _ThreadState(threading.local):
+    def __init__(self) -> None:
+        self.worker_device: Any = NO_DEVICE
+        self.current_depth = 0
+        self.total_depth = 0
+        self.local_ready_queue: ReadyQueue | None = None
+        self.multithreading_enabled = True
+
+
+_tls = _ThreadState()
+
+
+# -- ready queue ---------------------------------------------------------------------
+
+
+class NodeTask:
+    __slots__ = ("fn", "graph_task", "inputs", "is_shutdown")
+
+    def __init__(self, graph_task: GraphTask | None, fn: Node | None, inputs: InputBuffer | None, is_shutdown: bool = False) -> None:
+        self.graph_task = graph_task
+        self.fn = fn
+        self.inputs = inputs
+        self.is_shutdown = is_shutdown
+
+
+class ReadyQueue:
+    """Priority queue of node tasks.
+
+    Shutdown tasks pop first, then the empty tasks that wake a waiting owner, then
+    the deepest reentrant graph task's nodes, and among those the latest created
+    node (highest ``sequence_nr``), as the reference engine orders them.
+    """
+
+    __slots__ = ("_cv", "_heap", "_tiebreak")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[Any, ...]] = []
+        self._cv = threading.Condition(threading.Lock())
+        self._tiebreak = itertools.count().__next__
+
+    def push(self, task: NodeTask, increment_outstanding: bool = True) -> None:
+        if task.is_shutdown:
+            key: tuple[int, ...] = (0, 0, 0)
+        elif task.fn is None:
+            key = (1, 0, 0)
+        else:
+            key = (2, -task.graph_task.reentrant_depth, -task.fn.sequence_nr)  # type: ignore[union-attr]
+        if increment_outstanding and task.graph_task is not None:
+            task.graph_task.increment_outstanding()
+        with self._cv:
+            heapq.heappush(self._heap, (key, self._tiebreak(), task))
+            self._cv.notify()
+
+    def pop(self) -> NodeTask:
+        with self._cv:
+            while not self._heap:
+                self._cv.wait()
+            return heapq.heappop(self._heap)[2]
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+# -- input buffer and graph task -----------------------------------------------------
+
+
+class InputBuffer:
+    """The gradients arriving at one node, summed per input slot."""
+
+    __slots__ = ("buffer",)
+
+    def __init__(self, size: int) -> None:
+        self.buffer: list[Tensor | None] = [None] * size
+
+    def add(self, pos: int, grad: Tensor | None) -> None:
+        if grad is None:
+            return
+        old = self.buffer[pos]
+        # Out of place: under create_graph the sum is recorded like any op.
+        self.buffer[pos] = grad if old is None else old + grad
+
+
+class ExecInfo:
+    """Whether a node must run for this task, and which of its input grads to capture."""
+
+    __slots__ = ("captures", "needed")
+
+    def __init__(self) -> None:
+        self.needed = False
+        self.captures: list[tuple[int, int]] | None = None  # (input_idx, output_idx)
+
+    def should_execute(self) -> bool:
+        return self.needed or self.captures is not None
+
+
+class GraphTask:
+    """All state of one ``backward``/``grad`` call."""
+
+    __slots__ = (
+        "captured_vars",
+        "cpu_ready_queue",
+        "create_graph",
+        "dependencies",
+        "exception",
+        "exec_info",
+        "final_callbacks",
+        "future_completed",
+        "graph_roots",
+        "has_error",
+        "keep_graph",
+        "mutex",
+        "nodes_in_graph",
+        "not_ready",
+        "outstanding_tasks",
+        "owner",
+        "reentrant_depth",
+        "done",
+    )
+
+    def __init__(self, keep_graph: bool, create_graph: bool, reentrant_depth: int, cpu_ready_queue: ReadyQueue, graph_roots: list[Node]) -> None:
+        self.keep_graph = keep_graph
+        self.create_graph = create_graph
+        self.reentrant_depth = reentrant_depth
+        self.cpu_ready_queue = cpu_ready_queue
+        self.graph_roots = graph_roots
+        self.dependencies: dict[Node, int] = {}
+        self.nodes_in_graph: set[Node] = set()
+        self.not_ready: dict[Node, InputBuffer] = {}
+        self.exec_info: dict[Node, ExecInfo] = {}
+        self.captured_vars: list[Tensor | None] = []
+        self.outstanding_tasks = 0
+        self.final_callbacks: list[Callable[[], None]] = []
+        self.exception: BaseException | None = None
+        self.has_error = False
+        self.future_completed = False
+        self.owner: Any = NO_DEVICE
+        self.mutex = threading.Lock()
+        self.done = threading.Event()
+
+    def increment_outstanding(self) -> None:
+        with self.mutex:
+            self.outstanding_tasks += 1
+
+    def completed(self) -> bool:
+        return self.outstanding_tasks == 0
+
+    def init_to_execute(self, graph_root: Node, outputs: list[Edge], accumulate_grad: bool, min_topo_nr: int) -> None:
+        """Mark ``needed`` every node on a path from the root to one of ``outputs``.
+
+        The reference engine's iterative version of a recursive ``is_needed``: a frame
+        per node on the stack, and a parent is updated once each child is finished.
+        """
+        exec_info = self.exec_info
+        for output_idx, (node, input_nr) in enumerate(outputs):
+            info = exec_info.get(node)
+            if info is None:
+                info = exec_info[node] = ExecInfo()
+            if accumulate_grad:
+                info.needed = True
+            else:
+                if info.captures is None:
+                    info.captures = []
+                info.captures.append((input_nr, output_idx))
+        self.captured_vars = [None] * (0 if accumulate_grad else len(outputs))
+
+        def should_execute(fn: Node) -> bool:
+            info = exec_info.get(fn)
+            return info is not None and info.should_execute()
+
+        seen: set[Node] = set()
+        exec_info.setdefault(graph_root, ExecInfo())
+        stack: list[list[Any]] = [[graph_root, 0]]
+        while stack:
+            frame = stack[-1]
+            fn, edges = frame[0], frame[0].next_edges
+            child = None
+            while frame[1] < len(edges):
+                candidate = edges[frame[1]].node
+                frame[1] += 1
+                if candidate is None:
+                    continue
+                if candidate in seen:
+                    if should_execute(candidate):
+                        exec_info.setdefault(fn, ExecInfo()).needed = True
+                    continue
+                seen.add(candidate)
+                child = candidate
+                break
+            if child is not None:
+                if child.topological_nr < min_topo_nr:
+                    continue
+                stack.append([child, 0])
+            else:
+                stack.pop()
+                if should_execute(fn) and stack:
+                    exec_info.setdefault(stack[-1][0], ExecInfo()).needed = True
+
+    def set_exception(self, exc: BaseException, fn: Node | None) -> None:
+        with self.mutex:
+            if not self.has_error:
+                self.has_error = True
+                self.exception = with_forward_trace(exc, fn) if ANOMALY.enabled and fn is not None else exc
+
+    def mark_as_completed_and_run_post_processing(self) -> None:
+        with self.mutex:
+            if self.future_completed:
+                return
+            self.future_completed = True
+        try:
+            if not self.has_error:
+                self.exec_post_processing()
+        except BaseException as exc:  # a final callback failed: the caller sees it
+            if not self.has_error:
+                self.has_error = True
+                self.exception = exc
+        finally:
+            self.done.set()
+
+    def exec_post_processing(self) -> None:
+        if self.not_ready:
+            raise RuntimeError("could not compute gradients for some functions")
+        prev = current_task.graph_task
+        current_task.graph_task = self
+        try:
+            # Callbacks may queue more callbacks: index, do not iterate.
+            i = 0
+            while i < len(self.final_callbacks):
+                self.final_callbacks[i]()
+                i += 1
+        finally:
+            current_task.graph_task = prev
+
+
+# -- validation ----------------------------------------------------------------------
+
+
+def _is_expandable_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` (so a grad of ``target`` sums down to it)."""
+    if len(shape) > len(target):
+        return False
+    for s, t in zip(reversed(shape), reversed(target), strict=False):
+        if s != t and s != 1:
+            return False
+    return True
+
+
+def _device_str(sharding: Any) -> str:
+    return ",".join(str(d) for d in sorted(sharding.device_set, key=lambda d: d.id))
+
+
+def validate_outputs(edges: tuple[Edge, ...] | list[Edge], grads: list[Any], format_error: Callable[[str], str]) -> None:
+    """Check ``grads`` against the metadata of the inputs they flow into, fixing what PyTorch fixes.
+
+    A grad that only broadcasts is summed down, a grad of another float dtype is cast,
+    a 0-dim grad on another device is moved; anything else raises.
+    """
+    if len(grads) != len(edges):
+        raise RuntimeError(format_error(f"invalid number of gradients - expected {len(edges)}, but got {len(grads)}"))
+    for i, grad in enumerate(grads):
+        node = edges[i].node
+        if grad is None or node is None:
+            continue
+        if not isinstance(grad, Tensor):
+            raise TypeError(format_error(f"invalid gradient at index {i} - expected a Tensor or None, got {type(grad).__name__}"))
+        meta = node.input_metadata[edges[i].input_nr]
+        array = grad._array
+        if array.shape != meta.shape:
+            if not _is_expandable_to(meta.shape, array.shape):
+                raise RuntimeError(
+                    format_error(
+                        f"invalid gradient at index {i} - got {list(array.shape)} but expected shape "
+                        f"compatible with {list(meta.shape)}"
+                    )
+                )
+            from xgrad.ops import sum_to
+
+            grad = sum_to(grad, meta.shape)
+        if grad._array.dtype != meta.dtype:
+            if not jnp.issubdtype(grad._array.dtype, jnp.inexact):
+                raise RuntimeError(format_error(f"invalid gradient at index {i} - expected dtype {meta.dtype} but got {grad._array.dtype}"))
+            grad = grad.to(meta.dtype)
+        sharding = meta.sharding
+        grad_sharding = grad._array.sharding
+        if sharding is not None and grad_sharding is not sharding and grad_sharding.device_set != sharding.device_set:
+            if grad._array.ndim == 0 and len(sharding.device_set) == 1:
+                from xgrad.ops import to_device
+
+                grad = to_device(grad, next(iter(sharding.device_set)))
+            else:
+                raise RuntimeError(
+                    format_error(
+                        f"invalid gradient at index {i} - expected device {_device_str(sharding)} but got "
+                        f"{_device_str(grad_sharding)}"
+                    )
+                )
+        grads[i] = grad
+
+
+# -- running one node ----------------------------------------------------------------
+
+
+def call_tensor_pre_hooks(fn: Node, inputs: list[Tensor | None]) -> list[Tensor | None]:
+    hooks = fn.tensor_pre_hooks()
+    if hooks:
+        for input_nr, hook in run_in_order(hooks):
+            grad = inputs[input_nr]
+            result = hook(grad)
+            if result is not None:
+                _check_hook_result(fn, input_nr, grad, result)
+                inputs[input_nr] = result
+    retains = fn._retains_grad_hooks
+    if retains:
+        for input_nr, hook in tuple(retains.items()):
+            hook(inputs[input_nr])
+    return inputs
+
+
+def _check_hook_result(fn: Node, i: int, grad: Tensor | None, result: Any) -> None:
+    if not isinstance(result, Tensor):
+        raise TypeError(f"hook on the gradient of {fn.name()} input {i} must return a Tensor or None, got {type(result).__name__}")
+    meta = fn.input_metadata[i]
+    if result._array.shape != meta.shape:
+        raise RuntimeError(
+            f"hook on the gradient of {fn.name()} input {i} returned a gradient of shape "
+            f"{list(result._array.shape)}, expected {list(meta.shape)}"
+        )
+
+
+def _as_hook_tuple(fn: Node, kind: str, value: Any, expected: int) -> list[Any]:
+    if not isinstance(value, (tuple, list)) or len(value) != expected:
+        got = len(value) if isinstance(value, (tuple, list)) else type(value).__name__
+        raise RuntimeError(f"{kind} hook of {fn.name()} must return None or a tuple of {expected} gradients, got {got}")
+    return list(value)
+
+
+def call_pre_hooks(fn: Node, inputs: list[Tensor | None]) -> list[Tensor | None]:
+    for hook in run_in_order(fn._pre_hooks):
+        result = hook(tuple(inputs))
+        if result is not None:
+            inputs = _as_hook_tuple(fn, "pre", result, len(inputs))
+    return inputs
+
+
+def call_post_hooks(fn: Node, outputs: list[Tensor | None], inputs: list[Tensor | None]) -> list[Tensor | None]:
+    for hook in run_in_order(fn._post_hooks):
+        result = hook(tuple(outputs), tuple(inputs))
+        if result is not None:
+            outputs = _as_hook_tuple(fn, "post", result, len(outputs))
+    return outputs
+
+
+def call_function(graph_task: GraphTask, fn: Node, inputs: list[Tensor | None]) -> list[Tensor | None]:
+    if fn._tensor_pre_hooks is not None or fn._retains_grad_hooks is not None or type(fn).tensor_pre_hooks is not Node.tensor_pre_hooks:
+        inputs = call_tensor_pre_hooks(fn, inputs)
+    if fn._pre_hooks:
+        inputs = call_pre_hooks(fn, inputs)
+    outputs = fn.apply(inputs)
+    validate_outputs(fn.next_edges, outputs, lambda msg: f"Function {fn.name()} returned an {msg}")
+    if fn._post_hooks:
+        outputs = call_post_hooks(fn, outputs, inputs)
+    return outputs
+
+
+def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, cpu_ready_queue: ReadyQueue) -> None:
+    exec_info = graph_task.exec_info
+    buffer = inputs.buffer
+    if exec_info:
+        info = exec_info[fn]
+        if not info.needed:
+            # Tensor pre-hooks run exactly once: here when the node itself will not run.
+            buffer = call_tensor_pre_hooks(fn, list(buffer))
+        if info.captures is not None:
+            with graph_task.mutex:
+                for input_idx, output_idx in info.captures:
+                    graph_task.captured_vars[output_idx] = buffer[input_idx]
+        if not info.needed:
+            return
+
+    outputs = call_function(graph_task, fn, buffer)
+    if not graph_task.keep_graph:
+        fn.release_variables()
+    if not outputs:
+        return
+    if ANOMALY.enabled and ANOMALY.check_nan:
+        for i, out in enumerate(outputs):
+            if out is not None and bool(jnp.isnan(out._array).any()):
+                raise RuntimeError(f"Function '{fn.name()}' returned nan values in its {i}th output.")
+
+    next_edges = fn.next_edges
+    with graph_task.mutex:
+        dependencies = graph_task.dependencies
+        not_ready = graph_task.not_ready
+        for i, output in enumerate(outputs):
+            next_fn, input_nr = next_edges[i]
+            if next_fn is None:
+                continue
+            remaining = dependencies.get(next_fn)
+            if remaining is None:
+                raise RuntimeError(ERR_INTERNAL.format(what=f"dependency not found for {next_fn.name()}"))
+            is_ready = remaining == 1
+            if is_ready:
+                del dependencies[next_fn]
+            else:
+                dependencies[next_fn] = remaining - 1
+            input_buffer = not_ready.get(next_fn)
+            if input_buffer is None:
+                if exec_info:
+                    info = exec_info.get(next_fn)
+                    if info is None or not info.should_execute():
+                        continue
+                input_buffer = InputBuffer(len(next_fn.input_metadata))
+                input_buffer.add(input_nr, output)
+                if is_ready:
+                    graph_task.outstanding_tasks += 1  # we hold the mutex
+                    ready_queue(cpu_ready_queue, next_fn).push(NodeTask(graph_task, next_fn, input_buffer), False)
+                else:
+                    not_ready[next_fn] = input_buffer
+            else:
+                input_buffer.add(input_nr, output)
+                if is_ready:
+                    del not_ready[next_fn]
+                    graph_task.outstanding_tasks += 1
+                    ready_queue(cpu_ready_queue, next_fn).push(NodeTask(graph_task, next_fn, input_buffer), False)
+
+
+# -- threads and queues --------------------------------------------------------------
+
+
+class _DeviceThreads:
+    """The per-device worker threads and the reentrant thread pool, started lazily."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started = False
+        self.default_device: Any = None
+        self.queues: dict[Any, ReadyQueue] = {}
+        self.threads: list[threading.Thread] = []
+        self.pool_tasks: queue_module.SimpleQueue[GraphTask] = queue_module.SimpleQueue()
+        self.pool_workers = 0
+        self.pool_idle = 0
+        self.bad_fork = False
+
+    def start(self) -> None:
+        if self.bad_fork:
+            raise RuntimeError(ERR_BAD_FORK)
+        if self.started:
+            return
+        with self.lock:
+            if self.started:
+                return
+            self.default_device = jax.local_devices(backend="cpu")[0]
+            others = [d for d in jax.devices() if d != self.default_device]
+            others += [d for d in jax.local_devices(backend="cpu") if d != self.default_device and d not in others]
+            for device in others:
+                q = ReadyQueue()
+                self.queues[device] = q
+                t = threading.Thread(target=_device_thread_main, args=(device, q), name=f"xgrad-autograd-{device}", daemon=True)
+                self.threads.append(t)
+            for t in self.threads:
+                t.start()
+            self.started = True
+
+    def add_pool_task(self, graph_task: GraphTask) -> None:
+        with self.lock:
+            create = self.pool_idle == 0
+            if create:
+                self.pool_workers += 1
+            else:
+                self.pool_idle -= 1
+        self.pool_tasks.put(graph_task)
+        if create:
+            threading.Thread(target=_reentrant_thread_main, name="xgrad-autograd-reentrant", daemon=True).start()
+
+    def shutdown(self) -> None:
+        limit = float(os.environ.get("XGRAD_AUTOGRAD_SHUTDOWN_WAIT_LIMIT", "10"))
+        for q in self.queues.values():
+            q.push(NodeTask(None, None, None, is_shutdown=True), increment_outstanding=False)
+        for t in self.threads:
+            t.join(timeout=limit / max(len(self.threads), 1))
+
+
+_devices = _DeviceThreads()
+atexit.register(_devices.shutdown)
+
+
+def _after_fork_in_child() -> None:
+    if _devices.started and _devices.threads or _devices.pool_workers:
+        _devices.bad_fork = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _device_thread_main(device: Any, q: ReadyQueue) -> None:
+    _tls.worker_device = device
+    _tls.local_ready_queue = q
+    thread_main(None)
+
+
+def _reentrant_thread_main() -> None:
+    while True:
+        graph_task = _devices.pool_tasks.get()
+        _tls.worker_device = graph_task.owner
+        _tls.local_ready_queue = graph_task.cpu_ready_queue
+        _tls.total_depth = graph_task.reentrant_depth
+        thread_main(graph_task)
+        with _devices.lock:
+            _devices.pool_idle += 1
+
+
+class set_multithreading_enabled:
+    """Run every node on the calling thread (``False``) or on its device's worker (``True``).
+
+    Thread-local; takes effect at once and, as a context manager, is restored on exit.
+
+    >>> import xgrad
+    >>> with xgrad.autograd.set_multithreading_enabled(False):
+    ...     xgrad.autograd.is_multithreading_enabled()
+    False
+    """
+
+    def __init__(self, mode: bool) -> None:
+        self.prev = _tls.multithreading_enabled
+        _tls.multithreading_enabled = bool(mode)
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        _tls.multithreading_enabled = self.prev
+
+
+def is_multithreading_enabled() -> bool:
+    return _tls.multithreading_enabled
+
+
+def ready_queue(cpu_ready_queue: ReadyQueue, fn: Node) -> ReadyQueue:
+    """The queue ``fn`` runs from: the task's CPU queue, or its device worker's."""
+    if not _devices.queues or not _tls.multithreading_enabled:
+        return cpu_ready_queue
+    return _devices.queues.get(fn.device(), cpu_ready_queue)
+
+
+def _ready_queue_by_owner(cpu_ready_queue: ReadyQueue, owner: Any) -> ReadyQueue:
+    if owner == CPU_DEVICE or owner == NO_DEVICE:
+        return cpu_ready_queue
+    return _devices.queues[owner]
+
+
+def thread_main(graph_task: GraphTask | None) -> None:
+    """Pop and run tasks until ``graph_task`` completes (forever for a device worker)."""
+    local_queue = _tls.local_ready_queue
+    assert local_queue is not None
+    prev_grad_mode = _grad_state.enabled
+    prev_task = current_task.graph_task
+    try:
+        while graph_task is None or not graph_task.future_completed:
+            task = local_queue.pop()
+            if task.is_shutdown:
+                break
+            local_task = task.graph_task
+            assert local_task is not None
+            if task.fn is not None and not local_task.has_error:
+                _grad_state.enabled = local_task.create_graph
+                current_task.graph_task = local_task
+                try:
+                    evaluate_function(local_task, task.fn, task.inputs, local_task.cpu_ready_queue)  # type: ignore[arg-type]
+                except BaseException as exc:
+                    local_task.set_exception(exc, task.fn)
+                finally:
+                    current_task.graph_task = prev_task
+            task = None  # type: ignore[assignment]  # drop the grads before waiting again
+            with local_task.mutex:
+                local_task.outstanding_tasks -= 1
+                finished = local_task.outstanding_tasks == 0
+            if finished:
+                local_task.mark_as_completed_and_run_post_processing()
+                owner = local_task.owner
+                if _tls.worker_device != owner:
+                    _ready_queue_by_owner(local_task.cpu_ready_queue, owner).push(
+                        NodeTask(local_task, None, None), increment_outstanding=False
+                    )
+    finally:
+        _grad_state.enabled = prev_grad_mode
+        current_task.graph_task = prev_task
+
+
+# -- entry point ---------------------------------------------------------------------
+
+
+def compute_dependencies(root: Node, graph_task: GraphTask, min_topo_nr: int) -> None:
+    """Count, for every node reachable from ``root``, the edges that lead into it."""
+    dependencies = graph_task.dependencies
+    seen = graph_task.nodes_in_graph
+    stack = [root]
+    while stack:
+        fn = stack.pop()
+        if fn.topological_nr < min_topo_nr:
+            continue
+        for next_fn, _ in fn.next_edges:
+            if next_fn is not None:
+                dependencies[next_fn] = dependencies.get(next_fn, 0) + 1
+                if next_fn not in seen:
+                    seen.add(next_fn)
+                    stack.append(next_fn)
+
+
+def prepare(
+    root_edges: list[Edge],
+    root_grads: list[Tensor],
+    keep_graph: bool,
+    create_graph: bool,
+    accumulate_grad: bool,
+    outputs: list[Edge],
+) -> tuple[GraphTask, Node, InputBuffer]:
+    """Build the graph task for a call: root, dependencies and ``exec_info``."""
+    if _devices.bad_fork:
+        raise RuntimeError(ERR_BAD_FORK)
+    validate_outputs(root_edges, root_grads, lambda msg: msg)
+    if not accumulate_grad and not outputs:
+        raise ValueError("grad requires non-empty inputs.")
+    if _tls.local_ready_queue is None:
+        _tls.local_ready_queue = ReadyQueue()
+    reentrant = _tls.worker_device != NO_DEVICE
+    graph_task = GraphTask(
+        keep_graph,
+        create_graph,
+        _tls.total_depth + 1 if reentrant else 0,
+        _tls.local_ready_queue,
+        [e.node for e in root_edges],  # type: ignore[misc]
+    )
+    if len(root_edges) == 1:
+        graph_root: Node = root_edges[0].node  # type: ignore[assignment]
+        input_buffer = InputBuffer(len(graph_root.input_metadata))
+        input_buffer.add(root_edges[0].input_nr, root_grads[0])
+    else:
+        graph_root = GraphRoot(tuple(root_edges), root_grads)
+        input_buffer = InputBuffer(0)
+    min_topo_nr = min((e.node.topological_nr for e in outputs), default=0)  # type: ignore[union-attr]
+    compute_dependencies(graph_root, graph_task, min_topo_nr)
+    if outputs:
+        graph_task.init_to_execute(graph_root, outputs, accumulate_grad, min_topo_nr)
+    return graph_task, graph_root, input_buffer
+
+
+def execute(
+    root_edges: list[Edge],
+    root_grads: list[Tensor],
+    keep_graph: bool,
+    create_graph: bool,
+    accumulate_grad: bool,
+    outputs: list[Edge],
+) -> list[Tensor | None]:
+    """Run the backward of ``root_edges`` seeded with ``root_grads``; return captured grads."""
+    graph_task, graph_root, input_buffer = prepare(root_edges, root_grads, keep_graph, create_graph, accumulate_grad, outputs)
+    execute_with_graph_task(graph_task, graph_root, input_buffer)
+    if graph_task.exception is not None:
+        raise graph_task.exception
+    return graph_task.captured_vars
+
+
+def execute_with_graph_task(graph_task: GraphTask, graph_root: Node, input_buffer: InputBuffer) -> None:
+    _devices.start()
+    q = ready_queue(graph_task.cpu_ready_queue, graph_root)
+    if _tls.worker_device == NO_DEVICE:
+        _tls.worker_device = CPU_DEVICE
+        graph_task.owner = CPU_DEVICE
+        q.push(NodeTask(graph_task, graph_root, input_buffer))
+        try:
+            thread_main(graph_task)
+        finally:
+            _tls.worker_device = NO_DEVICE
+        return
+    graph_task.owner = _tls.worker_device
+    q.push(NodeTask(graph_task, graph_root, input_buffer))
+    if _tls.current_depth >= MAX_REENTRANT_DEPTH:
+        _devices.add_pool_task(graph_task)
+        graph_task.done.wait()
+        return
+    _tls.total_depth += 1
+    _tls.current_depth += 1
+    try:
+        thread_main(graph_task)
+    finally:
+        _tls.current_depth -= 1
+        _tls.total_depth -= 1
+
+
+def queue_callback(callback: Callable[[], None]) -> None:
+    """Run ``callback`` once the current backward's graph task finishes, before it returns.
+
+    >>> import xgrad
+    >>> calls = []
+    >>> x = xgrad.tensor([1.0], requires_grad=True)
+    >>> h = x.register_hook(lambda g: xgrad.autograd.queue_callback(lambda: calls.append("done")))
+    >>> x.sum().backward(); calls
+    ['done']
+    """
+    graph_task = current_task.graph_task
+    if graph_task is None:
+        raise RuntimeError(ERR_CALLBACK_OUTSIDE)
+    with graph_task.mutex:
+        graph_task.final_callbacks.append(callback)

@@ -1,0 +1,261 @@
+"""The backward graph: ``Edge``, ``Node`` and the nodes every graph has.
+
+A ``Node`` is one backward function. Its *inputs* are the gradients of the forward
+op's outputs (one slot per output, described by ``input_metadata``); its *outputs*
+are the gradients of the forward op's inputs, sent along ``next_edges``. The names
+are PyTorch's, so ``next_functions``, ``sequence_nr`` and ``topological_nr`` mean
+what a PyTorch user expects.
+
+# NOTE [Hooks ordering]
+# For a node about to run the engine calls, in order: the tensor pre-hooks of each
+# input slot (``Tensor.register_hook``), the retains-grad hook of each slot
+# (``Tensor.retain_grad``), the node pre-hooks (``Node.register_prehook``), the node
+# itself, then the node post-hooks (``Node.register_hook``). ``AccumulateGrad`` reads
+# its tensor pre-hooks from its leaf and runs the leaf's post-accumulate-grad hooks
+# after ``.grad`` is written. This is PyTorch's order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import Any, NamedTuple
+
+from xgrad.engine.hooks import HookDict, RemovableHandle, add_hook, run_in_order
+from xgrad.grad_mode import is_grad_enabled
+from xgrad.tensor import Tensor
+
+__all__ = ["AccumulateGrad", "Edge", "GraphRoot", "InputMetadata", "Node", "grad_accumulator"]
+
+
+class Edge(NamedTuple):
+    """Where a gradient goes: input slot ``input_nr`` of ``node`` (``None``: nowhere)."""
+
+    node: Node | None
+    input_nr: int
+
+
+NO_EDGE = Edge(None, 0)
+
+
+class InputMetadata(NamedTuple):
+    """Shape, dtype and sharding of one node input: what a gradient sent there must match."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    sharding: Any
+
+    @staticmethod
+    def of(array: Any) -> InputMetadata:
+        return InputMetadata(array.shape, array.dtype, getattr(array, "sharding", None))
+
+
+class _SequenceCounter(threading.local):
+    def __init__(self) -> None:
+        self.next = itertools.count().__next__
+
+
+_sequence = _SequenceCounter()
+
+
+class _CurrentTask(threading.local):
+    """The graph task this thread is running a node of (set by the engine)."""
+
+    graph_task: Any = None
+
+
+current_task = _CurrentTask()
+
+
+class Node:
+    """A backward function in the recorded graph.
+
+    Subclasses implement ``apply(grads) -> list`` with one gradient (or ``None``)
+    per entry of ``next_edges``.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_metadata",
+        "_post_hooks",
+        "_pre_hooks",
+        "_retains_grad_hooks",
+        "_tensor_pre_hooks",
+        "input_metadata",
+        "next_edges",
+        "sequence_nr",
+        "topological_nr",
+    )
+
+    def __init__(self, next_edges: tuple[Edge, ...], input_metadata: tuple[InputMetadata, ...]) -> None:
+        self.next_edges = next_edges
+        self.input_metadata = input_metadata
+        self.sequence_nr = _sequence.next()
+        topo = 0
+        for edge in next_edges:
+            node = edge.node
+            if node is not None and node.topological_nr >= topo:
+                topo = node.topological_nr + 1
+        self.topological_nr = topo
+        self._metadata: dict[str, Any] | None = None
+        self._pre_hooks: HookDict | None = None
+        self._post_hooks: HookDict | None = None
+        self._tensor_pre_hooks: HookDict | None = None
+        self._retains_grad_hooks: dict[int, Any] | None = None
+
+    # -- what PyTorch users call -------------------------------------------------
+    def name(self) -> str:
+        return type(self).__name__
+
+    @property
+    def next_functions(self) -> tuple[tuple[Node | None, int], ...]:
+        return tuple((e.node, e.input_nr) for e in self.next_edges)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        if self._metadata is None:
+            self._metadata = {}
+        return self._metadata
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.input_metadata)
+
+    def register_prehook(self, fn: Any) -> RemovableHandle:
+        """Register ``fn(grad_outputs) -> tuple | None``, run before the node.
+
+        ``grad_outputs`` is a tuple with one gradient (or ``None``) per node input; a
+        non-``None`` return replaces it.
+        """
+        if self._pre_hooks is None:
+            self._pre_hooks = HookDict()
+        return add_hook(self._pre_hooks, fn)
+
+    def register_hook(self, fn: Any) -> RemovableHandle:
+        """Register ``fn(grad_inputs, grad_outputs) -> tuple | None``, run after the node.
+
+        ``grad_inputs`` are the gradients the node computed (one per next edge),
+        ``grad_outputs`` the ones it received; a non-``None`` return replaces
+        ``grad_inputs``.
+        """
+        if self._post_hooks is None:
+            self._post_hooks = HookDict()
+        return add_hook(self._post_hooks, fn)
+
+    # -- engine interface ---------------------------------------------------------
+    def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
+        raise NotImplementedError
+
+    def release_variables(self) -> None:
+        """Drop saved values after a backward that does not keep the graph."""
+
+    def tensor_pre_hooks(self) -> HookDict | None:
+        """Hooks ``(input_nr, fn)`` registered on the tensors this node's inputs belong to."""
+        return self._tensor_pre_hooks
+
+    def add_tensor_pre_hook(self, input_nr: int, fn: Any) -> RemovableHandle:
+        if self._tensor_pre_hooks is None:
+            self._tensor_pre_hooks = HookDict()
+        return add_hook(self._tensor_pre_hooks, (input_nr, fn))
+
+    def should_compute_output(self, i: int) -> bool:
+        """Whether next edge ``i`` leads anywhere the current graph task needs."""
+        node = self.next_edges[i].node
+        if node is None:
+            return False
+        task = current_task.graph_task
+        if task is not None and task.exec_info:
+            info = task.exec_info.get(node)
+            return info is not None and info.should_execute()
+        return True
+
+    def device(self) -> Any:
+        """The device this node runs on: that of its first input, ``None`` if sharded."""
+        if not self.input_metadata:
+            return None
+        sharding = self.input_metadata[0].sharding
+        if sharding is None:
+            return None
+        devices = sharding.device_set
+        return next(iter(devices)) if len(devices) == 1 else None
+
+    def __repr__(self) -> str:
+        return f"<{self.name()} object at {id(self):#x}>"
+
+
+class GraphRoot(Node):
+    """The dummy root of a backward call with several roots: it emits the root grads."""
+
+    __slots__ = ("outputs",)
+
+    def __init__(self, root_edges: tuple[Edge, ...], grads: list[Tensor]) -> None:
+        super().__init__(root_edges, ())
+        self.outputs = grads
+
+    def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
+        return list(self.outputs)
+
+    def device(self) -> Any:
+        for g in self.outputs:
+            if g is not None:
+                devices = g._array.sharding.device_set
+                return next(iter(devices)) if len(devices) == 1 else None
+        return None
+
+
+# Accumulation into a shared leaf must not lose updates when several threads run
+# backward at once; the critical section is one add, so one lock is enough.
+_accumulate_lock = threading.Lock()
+
+
+class AccumulateGrad(Node):
+    """The sink for a leaf tensor: adds the incoming gradient into ``variable.grad``."""
+
+    __slots__ = ("variable",)
+
+    def __init__(self, variable: Tensor) -> None:
+        super().__init__((), (InputMetadata.of(variable._array),))
+        self.variable = variable
+
+    def tensor_pre_hooks(self) -> HookDict | None:
+        return self.variable._backward_hooks
+
+    def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
+        new_grad = grads[0]
+        if new_grad is None:
+            return []
+        var = self.variable
+        create_graph = is_grad_enabled()
+        with _accumulate_lock:
+            old = var.grad
+            if old is None:
+                # A detached wrapper: the caller's gradient tensor must not alias .grad.
+                var.grad = new_grad if create_graph and new_grad.grad_fn is not None else Tensor(new_grad._array)
+            elif create_graph:
+                var.grad = old + new_grad
+            else:
+                var.grad = Tensor(old._array + new_grad._array)
+        for hook in run_in_order(var._post_accumulate_grad_hooks):
+            hook(var)
+        return []
+
+    def __repr__(self) -> str:
+        return f"<AccumulateGrad object at {id(self):#x}>"
+
+
+def grad_accumulator(tensor: Tensor) -> AccumulateGrad:
+    """The leaf's ``AccumulateGrad``: one per leaf while any graph holds it."""
+    ref = tensor._grad_accumulator
+    acc = ref() if ref is not None else None
+    if acc is None:
+        acc = AccumulateGrad(tensor)
+        tensor._grad_accumulator = weakref.ref(acc)
+    return acc
+
+
+def gradient_edge(tensor: Tensor) -> Edge:
+    """The edge a gradient for ``tensor`` travels along."""
+    if tensor.grad_fn is not None:
+        return Edge(tensor.grad_fn, tensor._output_nr)
+    return Edge(grad_accumulator(tensor), 0)

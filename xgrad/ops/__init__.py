@@ -1,0 +1,137 @@
+"""xgrad's op library: primitives from the registry and the composites built on them.
+
+Every name here is also an ``xgrad.*`` function, and most are ``Tensor`` methods
+and operators (installed below).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+
+from xgrad.ops.elementwise import (
+    abs, add, astype, ceil, clamp, clone, cos, div, eq, erf, exp, expm1, floor, ge, gelu, gt, isfinite, isnan, le, log,
+    log1p, logical_and, logical_not, logical_or, logical_xor, lt, maximum, minimum, mul, ne, neg, pow, relu, round,
+    rsqrt, sigmoid, sign, silu, sin, softplus, sqrt, sub, tan, tanh, to_device, where,
+)
+from xgrad.ops.index import embedding, gather, getitem, index_select, scatter_add, setitem, sort
+from xgrad.ops.jaxop import from_jax
+from xgrad.ops.linalg import conv2d, einsum, matmul
+from xgrad.ops.nn import cross_entropy, dropout, layer_norm, log_softmax, mse_loss, softmax
+from xgrad.ops.reduce import (
+    amax, amin, argmax, argmin, cumsum, logsumexp, max, mean, min, prod, std, sum, sum_to, var,
+)
+from xgrad.ops.registry import REGISTRY, Primitive, defprim
+from xgrad.ops.shape import (
+    T, broadcast_to, cat, chunk, concatenate, expand, flatten, flip, mT, pad, permute, reshape, roll, split, squeeze,
+    stack, transpose, tril, triu, unsqueeze, view,
+)
+from xgrad.tensor import Tensor
+
+#: The differentiable ops a user calls (the registry-driven tests cover each one).
+DIFFERENTIABLE_OPS = (
+    "abs", "add", "amax", "amin", "astype", "broadcast_to", "cat", "chunk", "clamp", "clone", "concatenate", "conv2d", "cos",
+    "cross_entropy", "cumsum", "div", "dropout", "einsum", "embedding", "erf", "exp", "expand", "expm1", "flatten",
+    "flip", "gather", "gelu", "getitem", "index_select", "layer_norm", "log", "log1p", "log_softmax", "logsumexp",
+    "matmul", "max", "maximum", "mean", "min", "minimum", "mse_loss", "mT", "mul", "neg", "pad", "permute", "pow",
+    "prod", "relu", "reshape", "roll", "rsqrt", "scatter_add", "sigmoid", "sign", "silu", "sin", "softmax",
+    "softplus", "sort", "split", "sqrt", "squeeze", "stack", "std", "sub", "sum", "sum_to", "T", "tan", "tanh",
+    "to_device", "transpose", "tril", "triu", "unsqueeze", "var", "view", "where",
+)
+
+__all__ = [*DIFFERENTIABLE_OPS, "REGISTRY", "Primitive", "argmax", "argmin", "defprim", "from_jax", "eq", "ne",
+           "lt", "le", "gt", "ge", "isnan", "isfinite", "floor", "ceil", "round", "logical_and", "logical_or",
+           "logical_not", "logical_xor", "setitem"]
+
+
+# -- Tensor methods and operators ----------------------------------------------------
+def _r(fn: Any) -> Any:
+    """The reflected operator: ``other <op> self``."""
+    return lambda self, other: fn(other, self)
+
+
+def _to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """``.to(device)``, ``.to(dtype)`` or both; each is differentiable."""
+    target = kwargs.pop("device", None)
+    dtype = kwargs.pop("dtype", None)
+    if kwargs:
+        raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
+    for a in args:
+        if isinstance(a, str) or hasattr(a, "platform") or hasattr(a, "device_set"):
+            target = a
+        else:
+            dtype = a
+    out = self
+    if dtype is not None and jnp.dtype(dtype) != self.dtype:
+        out = astype(out, dtype=jnp.dtype(dtype))
+    if target is not None:
+        from xgrad.creation import resolve_device
+
+        resolved = resolve_device(target)
+        current = self._array.sharding
+        if resolved not in current.device_set and resolved != current:
+            out = to_device(out, resolved)
+    return out
+
+
+def _inplace(fn: Any) -> Any:
+    def method(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        self._check_inplace()
+        return self._rebind(fn(self._alias(), *args, **kwargs))
+
+    method.__name__ = fn.__name__ + "_"
+    method.__doc__ = f"In-place ``{fn.__name__}``: rebinds the storage and bumps ``_version``."
+    return method
+
+
+def _zero_(self: Tensor) -> Tensor:
+    self._check_inplace()
+    return self._rebind(Tensor(jnp.zeros_like(self._array)))
+
+
+def _fill_(self: Tensor, value: Any) -> Tensor:
+    self._check_inplace()
+    return self._rebind(Tensor(jnp.full_like(self._array, value)))
+
+
+def _copy_(self: Tensor, src: Any) -> Tensor:
+    self._check_inplace()
+    src = src if isinstance(src, Tensor) else Tensor(jnp.asarray(src))
+    return self._rebind(broadcast_to(src.to(self.dtype), self.shape))
+
+
+_METHODS: dict[str, Any] = {
+    "__add__": add, "__radd__": _r(add), "__sub__": sub, "__rsub__": _r(sub), "__mul__": mul, "__rmul__": _r(mul),
+    "__truediv__": div, "__rtruediv__": _r(div), "__pow__": pow, "__rpow__": _r(pow), "__matmul__": matmul,
+    "__rmatmul__": _r(matmul), "__neg__": neg, "__abs__": abs, "__getitem__": getitem, "__setitem__": setitem,
+    "__eq__": eq, "__ne__": ne, "__lt__": lt, "__le__": le, "__gt__": gt, "__ge__": ge,
+    "__and__": logical_and, "__or__": logical_or, "__xor__": logical_xor, "__invert__": logical_not,
+    "add": add, "sub": sub, "mul": mul, "div": div, "neg": neg, "pow": pow, "matmul": matmul,
+    "exp": exp, "log": log, "log1p": log1p, "expm1": expm1, "sqrt": sqrt, "rsqrt": rsqrt, "abs": abs, "sign": sign,
+    "sin": sin, "cos": cos, "tan": tan, "tanh": tanh, "sigmoid": sigmoid, "relu": relu, "erf": erf,
+    "maximum": maximum, "minimum": minimum, "clamp": clamp, "clip": clamp,
+    "sum": sum, "mean": mean, "var": var, "std": std, "prod": prod, "max": max, "min": min, "amax": amax,
+    "amin": amin, "logsumexp": logsumexp, "argmax": argmax, "argmin": argmin, "cumsum": cumsum, "sum_to": sum_to,
+    "softmax": softmax, "log_softmax": log_softmax,
+    "reshape": reshape, "view": view, "flatten": flatten, "squeeze": squeeze, "unsqueeze": unsqueeze,
+    "transpose": transpose, "permute": permute, "expand": expand, "broadcast_to": broadcast_to,
+    "split": split, "chunk": chunk, "flip": flip, "roll": roll, "tril": tril, "triu": triu,
+    "gather": gather, "scatter_add": scatter_add, "index_select": index_select, "sort": sort,
+    "isnan": isnan, "isfinite": isfinite, "floor": floor, "ceil": ceil, "round": round,
+    "eq": eq, "ne": ne, "lt": lt, "le": le, "gt": gt, "ge": ge,
+    "astype": lambda self, dtype: astype(self, dtype=jnp.dtype(dtype)) if jnp.dtype(dtype) != self.dtype else self,
+    "to": _to, "clone": clone,
+    "float": lambda self: _to(self, jnp.float32), "double": lambda self: _to(self, jnp.float64),
+    "half": lambda self: _to(self, jnp.float16), "bfloat16": lambda self: _to(self, jnp.bfloat16),
+    "zero_": _zero_, "fill_": _fill_, "copy_": _copy_,
+}
+for _name in ("add", "sub", "mul", "div", "pow", "clamp", "exp", "log", "sqrt", "neg", "abs", "tanh", "sigmoid", "relu", "sin", "cos"):
+    _METHODS[_name + "_"] = _inplace(globals()[_name])
+for _op, _name in (("__iadd__", "add"), ("__isub__", "sub"), ("__imul__", "mul"), ("__itruediv__", "div"), ("__ipow__", "pow")):
+    _METHODS[_op] = _METHODS[_name + "_"]
+for _name, _fn in _METHODS.items():
+    setattr(Tensor, _name, _fn)
+Tensor.T = property(T)  # type: ignore[attr-defined]
+Tensor.mT = property(mT)  # type: ignore[attr-defined]
+del _name, _fn, _op

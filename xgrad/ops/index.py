@@ -1,0 +1,112 @@
+"""Indexing primitives: ``x[idx]``, ``x[idx] = v``, gather / scatter_add, and composites."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+
+from xgrad.ops.registry import defprim
+from xgrad.tensor import Tensor
+
+
+def _index_arg(index: Any) -> Any:
+    """A Python index with tensors replaced by their arrays."""
+    if isinstance(index, Tensor):
+        return index._array
+    if isinstance(index, tuple):
+        return tuple(_index_arg(i) for i in index)
+    if isinstance(index, list):
+        return jnp.asarray(index)
+    return index
+
+
+def _scatter_into_zeros(g: Any, index: Any, shape: tuple[int, ...]) -> Any:
+    return jnp.zeros(shape, g.dtype).at[index].add(g)
+
+
+_getitem = defprim(
+    "getitem",
+    lambda x, index: x[index],
+    (lambda g, out, x, index: _index_scatter(g, index=index, shape=x.shape),),
+    save=(),
+)
+_index_scatter = defprim(
+    "index_scatter",
+    _scatter_into_zeros,
+    (lambda g, out, src, index, shape: _getitem(g, index=index),),
+    save=(),
+)
+_index_put = defprim(
+    "index_put",
+    lambda x, v, index: x.at[index].set(v),
+    (lambda g, out, x, v, index: _index_put(g, 0.0, index=index), lambda g, out, x, v, index: _getitem(g, index=index)),
+    save=(),
+)
+
+
+def getitem(x: Tensor, index: Any) -> Tensor:
+    """``x[index]``: basic slicing, ``None``/``...``, integer-array and boolean-mask indexing."""
+    return _getitem(x, index=_index_arg(index))
+
+
+def setitem(x: Tensor, index: Any, value: Any) -> None:
+    """``x[index] = value`` in place: rebinds the storage and bumps ``_version``."""
+    x._check_inplace()
+    x._rebind(_index_put(x._alias(), value, index=_index_arg(index)))
+
+
+def _along(index: Any, dim: int) -> tuple[Any, ...]:
+    """Full index arrays that address ``index`` along ``dim`` (torch.gather's pattern)."""
+    grids = jnp.meshgrid(*(jnp.arange(n) for n in index.shape), indexing="ij", sparse=True)
+    return tuple(index if d == dim else grids[d] for d in range(index.ndim))
+
+
+_gather = defprim(
+    "gather",
+    lambda x, index, dim: x[_along(index, dim)],
+    (lambda g, out, x, index, dim: _scatter_add(Tensor(jnp.zeros(x.shape, g.dtype)), index, g, dim=dim), None),
+    save=(1,),
+)
+_scatter_add = defprim(
+    "scatter_add",
+    lambda x, index, src, dim: x.at[_along(index, dim)].add(src),
+    (lambda g, out, x, index, src, dim: g, None, lambda g, out, x, index, src, dim: _gather(g, index, dim=dim)),
+    save=(1,),
+)
+
+
+def gather(x: Tensor, dim: int, index: Any) -> Tensor:
+    """``torch.gather``: ``out[i][j] = x[index[i][j]][j]`` for ``dim=0``, and so on."""
+    index = index if isinstance(index, Tensor) else Tensor(jnp.asarray(index))
+    return _gather(x, index, dim=dim % x.ndim)
+
+
+def scatter_add(x: Tensor, dim: int, index: Any, src: Tensor) -> Tensor:
+    """``torch.scatter_add``: ``x`` with ``src`` added at ``index`` along ``dim``."""
+    index = index if isinstance(index, Tensor) else Tensor(jnp.asarray(index))
+    return _scatter_add(x, index, src, dim=dim % x.ndim)
+
+
+def index_select(x: Tensor, dim: int, index: Any) -> Tensor:
+    """The entries of ``x`` at the 1-D ``index`` along ``dim``."""
+    dim = dim % x.ndim
+    return getitem(x, (slice(None),) * dim + (index,))
+
+
+def embedding(input: Any, weight: Tensor) -> Tensor:
+    """``F.embedding``: rows of ``weight`` at the integer ``input``."""
+    return getitem(weight, input)
+
+
+class Sorted(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+
+def sort(x: Tensor, dim: int = -1, descending: bool = False) -> Sorted:
+    """Sorted values along ``dim`` and their indices; the gradient follows the values."""
+    dim = dim % x.ndim
+    idx = jnp.argsort(x._array, axis=dim, descending=descending, stable=True)
+    indices = Tensor(idx)
+    return Sorted(gather(x, dim, indices), indices)

@@ -1,0 +1,168 @@
+"""Ops from JAX functions: ``from_jax(fn)``, whose backward is ``jax.vjp`` of ``fn``.
+
+# NOTE [Backward of from_jax]
+# The backward of a ``from_jax`` op is itself a ``from_jax`` op (the vjp of ``fn``
+# as a function of the primals and the cotangents), so ``create_graph=True`` gives
+# gradients of any order with no hand-written rule. Primitives whose derivative is
+# best left to JAX (einsum, conv, prod) reuse the same construction via ``vjp_of``.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from xgrad.ops.registry import Primitive, bind, defprim
+from xgrad.tensor import Tensor
+
+__all__ = ["from_jax", "vjp_of"]
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+def _freeze(value: Any) -> Any:
+    """A hashable stand-in for a static keyword argument."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    try:
+        hash(value)
+    except TypeError:
+        return id(value)
+    return value
+
+
+def _differentiable(x: Any) -> bool:
+    return isinstance(x, Tensor) and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+_lock = threading.Lock()
+
+
+class _JaxFunction:
+    """``fn`` as a family of primitives, one per input structure and static kwargs."""
+
+    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+        self.fn = fn
+        self.name = name
+        self.primitives: dict[Any, tuple[Primitive, Any]] = {}
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **static: Any) -> Any:
+        flat, in_tree = jax.tree_util.tree_flatten(args, is_leaf=_is_tensor)
+        key = (in_tree, _freeze(static), tuple(_differentiable(x) for x in flat))
+        entry = self.primitives.get(key)
+        if entry is None:
+            entry = self._make_primitive(flat, in_tree, static, key[2])
+            with _lock:
+                self.primitives.setdefault(key, entry)
+        prim, out_tree = entry
+        outs = bind(prim, tuple(flat), {})
+        return jax.tree_util.tree_unflatten(out_tree, outs if prim.num_outputs > 1 else (outs,))
+
+    def _make_primitive(self, flat: list[Any], in_tree: Any, static: dict[str, Any], diff_mask: tuple[bool, ...]) -> tuple[Primitive, Any]:
+        fn = self.fn
+
+        def call_flat(*flat_arrays: Any) -> Any:
+            return fn(*jax.tree_util.tree_unflatten(in_tree, flat_arrays), **static)
+
+        arrays = [x._array if isinstance(x, Tensor) else x for x in flat]
+        out_shape = jax.eval_shape(call_flat, *arrays)
+        out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
+        num_outputs = len(out_leaves)
+
+        # jit: one trace per input signature instead of one per call (jax.vjp traces).
+        @jax.jit
+        def impl(*flat_arrays: Any) -> Any:
+            leaves = jax.tree_util.tree_leaves(call_flat(*flat_arrays))
+            return tuple(leaves) if num_outputs > 1 else leaves[0]
+
+        vjp_op = _vjp_function(impl, self.name, diff_mask, num_outputs)
+
+        def joint_vjp(g: Any, out: Any, *inputs: Any) -> tuple[Any, ...]:
+            cotangents = g if num_outputs > 1 else (g,)
+            return _scatter_grads(vjp_op(*inputs, *cotangents), diff_mask)
+
+        apply = defprim(self.name, impl, joint_vjp=joint_vjp, num_outputs=num_outputs, register=False)
+        return apply.primitive, out_tree  # type: ignore[attr-defined]
+
+
+def _vjp_function(impl: Callable[..., Any], name: str, diff_mask: tuple[bool, ...], num_outputs: int) -> _JaxFunction:
+    """The vjp of ``impl`` w.r.t. its differentiable inputs, as another ``from_jax`` op."""
+    n_in = len(diff_mask)
+
+    def vjp(*args: Any) -> tuple[Any, ...]:
+        primals, cotangents = args[:n_in], args[n_in:]
+        diff_idx = [i for i, d in enumerate(diff_mask) if d]
+
+        def of_diff(*diff_args: Any) -> Any:
+            full = list(primals)
+            for i, a in zip(diff_idx, diff_args, strict=True):
+                full[i] = a
+            return impl(*full)
+
+        _, pullback = jax.vjp(of_diff, *(primals[i] for i in diff_idx))
+        ct = tuple(cotangents) if num_outputs > 1 else cotangents[0]
+        return tuple(pullback(ct))
+
+    return _JaxFunction(vjp, name.removesuffix("_vjp") + "_vjp")
+
+
+def _scatter_grads(diff_grads: Any, diff_mask: tuple[bool, ...]) -> tuple[Any, ...]:
+    grads = iter(diff_grads if isinstance(diff_grads, tuple) else (diff_grads,))
+    return tuple(next(grads) if d else None for d in diff_mask)
+
+
+def from_jax(fn: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
+    """Turn a JAX-traceable function of arrays into an xgrad op.
+
+    The op takes tensors (or pytrees of them) where ``fn`` takes arrays, plus static
+    keyword arguments; its backward is ``jax.vjp`` of ``fn``, itself an op, so gradients
+    of any order work.
+
+    Args:
+        fn: a function of arrays (pytrees in and out) that ``jax.vjp`` can trace.
+        name: the op's name (nodes show ``<Name>Backward``); default ``fn.__name__``.
+
+    >>> import xgrad, jax.numpy as jnp
+    >>> cube = xgrad.ops.from_jax(lambda x: x ** 3, name="cube")
+    >>> x = xgrad.tensor(2.0, requires_grad=True)
+    >>> (g,) = xgrad.autograd.grad(cube(x), x, create_graph=True)
+    >>> g.item(), xgrad.autograd.grad(g, x)[0].item()
+    (12.0, 12.0)
+    """
+    return _JaxFunction(fn, name or getattr(fn, "__name__", "from_jax").strip("<>"))
+
+
+_vjp_cache: dict[Any, _JaxFunction] = {}
+
+
+def vjp_of(name: str, impl: Callable[..., Any], **params: Any) -> Callable[..., tuple[Any, ...]]:
+    """``f(g, *inputs) -> grads``: the vjp of ``impl(*inputs, **params)`` as a differentiable op.
+
+    For a primitive whose rule is best left to JAX; all inputs are treated as
+    differentiable when they are float tensors.
+    """
+
+    def bound(g: Tensor, *inputs: Any) -> tuple[Any, ...]:
+        mask = tuple(_differentiable(x) for x in inputs)
+        key = (impl, _freeze(params), mask)
+        op = _vjp_cache.get(key)
+        if op is None:
+            op = _vjp_function(functools.partial(impl, **params), name, mask, 1)
+            with _lock:
+                _vjp_cache.setdefault(key, op)
+        grads = op(*inputs, g)
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        full = _scatter_grads(grads, mask)
+        return full if len(full) > 1 else full[0]
+
+    return bound

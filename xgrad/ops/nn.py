@@ -1,0 +1,100 @@
+"""Neural-network ops: softmax family (fused rules), losses, layer norm, dropout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from xgrad.ops.registry import defprim
+from xgrad.tensor import Tensor
+
+_softmax = defprim(
+    "softmax",
+    lambda x, axis: jax.nn.softmax(x, axis=axis),
+    (lambda g, out, x, axis: out * (g - (g * out).sum(dim=axis, keepdim=True)),),
+    save=(),
+    save_out=True,
+)
+_log_softmax = defprim(
+    "log_softmax",
+    lambda x, axis: jax.nn.log_softmax(x, axis=axis),
+    (lambda g, out, x, axis: g - out.exp() * g.sum(dim=axis, keepdim=True),),
+    save=(),
+    save_out=True,
+)
+
+
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """Softmax along ``dim``."""
+    return _softmax(x, axis=dim % x.ndim)
+
+
+def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
+    """Log-softmax along ``dim``, computed stably."""
+    return _log_softmax(x, axis=dim % x.ndim)
+
+
+def _reduce(loss: Tensor, reduction: str) -> Tensor:
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "none":
+        return loss
+    raise ValueError(f"{reduction} is not a valid value for reduction")
+
+
+def cross_entropy(input: Tensor, target: Any, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+    """``F.cross_entropy``: ``input`` logits (N, C); ``target`` class indices (N,) or probabilities (N, C)."""
+    logp = log_softmax(input, dim=1 if input.ndim > 1 else 0)
+    target_arr = target._array if isinstance(target, Tensor) else jnp.asarray(target)
+    if jnp.issubdtype(target_arr.dtype, jnp.integer):
+        picked = logp.gather(1, Tensor(target_arr[:, None])).squeeze(1) if input.ndim > 1 else logp[target_arr]
+        nll = -picked
+        if label_smoothing:
+            nll = (1 - label_smoothing) * nll - label_smoothing * logp.mean(dim=-1)
+        return _reduce(nll, reduction)
+    probs = target if isinstance(target, Tensor) else Tensor(target_arr)
+    return _reduce(-(probs * logp).sum(dim=1 if input.ndim > 1 else 0), reduction)
+
+
+def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
+    """``F.mse_loss``: squared error, averaged by default."""
+    diff = input - target
+    return _reduce(diff * diff, reduction)
+
+
+def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """``F.layer_norm`` over the last ``len(normalized_shape)`` dims."""
+    n = 1 if isinstance(normalized_shape, int) else len(tuple(normalized_shape))
+    dims = tuple(range(x.ndim - n, x.ndim))
+    mu = x.mean(dim=dims, keepdim=True)
+    centered = x - mu
+    variance = (centered * centered).mean(dim=dims, keepdim=True)
+    out = centered * (variance + eps).rsqrt()
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out
+
+
+def dropout(x: Tensor, p: float = 0.5, key: Any = None, training: bool = True) -> Tensor:
+    """Zero each element with probability ``p`` and scale the rest by ``1/(1-p)``.
+
+    Args:
+        key: a ``jax.random`` key; when ``None`` the module default key is split.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0:
+        return x
+    if p == 1.0:
+        return x * 0.0
+    from xgrad.creation import next_key
+
+    key = next_key() if key is None else key
+    keep = jax.random.bernoulli(key, 1.0 - p, x.shape)
+    return x * Tensor(keep.astype(x.dtype) / (1.0 - p))

@@ -1,0 +1,189 @@
+"""Reductions with PyTorch's ``dim``/``keepdim``, and ``sum_to`` (un-broadcasting)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from xgrad.ops._util import norm_axes
+from xgrad.ops.registry import defprim
+from xgrad.tensor import Tensor
+
+
+def _keep(g: Tensor, x_ndim: int, axis: tuple[int, ...] | None, keepdims: bool) -> Tensor:
+    """``g`` with the reduced axes put back as size 1, ready to broadcast against ``x``."""
+    if keepdims or axis is None and g.ndim == x_ndim:
+        return g
+    if axis is None:
+        return g.reshape((1,) * x_ndim)
+    shape = list(g.shape)
+    for a in axis:
+        shape.insert(a, 1)
+    return g.reshape(tuple(shape))
+
+
+def _sum_grad(g: Tensor, out: Any, x: Any, axis: Any, keepdims: bool) -> Tensor:
+    return _keep(g, x.ndim, axis, keepdims).broadcast_to(x.shape)
+
+
+_sum = defprim("sum", lambda x, axis, keepdims: jnp.sum(x, axis=axis, keepdims=keepdims), (_sum_grad,), save=())
+
+
+def _extremum_grad(g: Tensor, out: Tensor, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
+    # The gradient is shared evenly between tied extrema, as PyTorch's amax/amin do.
+    mask = (x == _keep(out, x.ndim, axis, keepdims)).astype(g.dtype)
+    count = mask.sum(dim=axis, keepdim=True)
+    return _keep(g, x.ndim, axis, keepdims) * mask / count
+
+
+_amax = defprim("amax", lambda x, axis, keepdims: jnp.max(x, axis=axis, keepdims=keepdims), (_extremum_grad,), save_out=True)
+_amin = defprim("amin", lambda x, axis, keepdims: jnp.min(x, axis=axis, keepdims=keepdims), (_extremum_grad,), save_out=True)
+
+
+def _logsumexp_grad(g: Tensor, out: Tensor, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
+    return _keep(g, x.ndim, axis, keepdims) * (x - _keep(out, x.ndim, axis, keepdims)).exp()
+
+
+_logsumexp = defprim(
+    "logsumexp",
+    lambda x, axis, keepdims: jax.nn.logsumexp(x, axis=axis, keepdims=keepdims),
+    (_logsumexp_grad,),
+    save_out=True,
+)
+
+
+def _prod_grad(g: Tensor, out: Any, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
+    # jax's own rule for prod is exact where some x_j are zero; reuse it, differentiably.
+    from xgrad.ops.jaxop import vjp_of
+
+    return vjp_of("prod", _prod_impl, axis=axis, keepdims=keepdims)(g, x)
+
+
+def _prod_impl(x: Any, axis: Any, keepdims: bool) -> Any:
+    return jnp.prod(x, axis=axis, keepdims=keepdims)
+
+
+_prod = defprim("prod", _prod_impl, (_prod_grad,))
+
+
+def _cumsum_grad(g: Tensor, out: Any, x: Any, axis: int) -> Tensor:
+    return g.flip(axis).cumsum(axis).flip(axis)
+
+
+_cumsum = defprim("cumsum", lambda x, axis: jnp.cumsum(x, axis=axis), (_cumsum_grad,), save=())
+
+
+def sum(x: Tensor, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
+    """Sum over ``dim`` (all dims when ``None``)."""
+    if dtype is not None:
+        x = x.to(dtype)
+    return _sum(x, axis=norm_axes(dim, x.ndim), keepdims=keepdim)
+
+
+def mean(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """Mean over ``dim`` (all dims when ``None``)."""
+    axes = norm_axes(dim, x.ndim)
+    n = x.numel() if axes is None else _count(x.shape, axes)
+    return _sum(x, axis=axes, keepdims=keepdim) / n
+
+
+def _count(shape: tuple[int, ...], axes: tuple[int, ...]) -> int:
+    n = 1
+    for a in axes:
+        n *= shape[a]
+    return n
+
+
+def var(x: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *, correction: int | None = None) -> Tensor:
+    """Variance over ``dim``; ``correction`` (default 1, Bessel's) as in PyTorch."""
+    if correction is None:
+        correction = 1 if unbiased is None or unbiased else 0
+    axes = norm_axes(dim, x.ndim)
+    n = x.numel() if axes is None else _count(x.shape, axes)
+    centered = x - mean(x, dim=axes, keepdim=True)
+    return _sum(centered * centered, axis=axes, keepdims=keepdim) / max(n - correction, 0)
+
+
+def std(x: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *, correction: int | None = None) -> Tensor:
+    """Standard deviation over ``dim``; ``correction`` as in ``var``."""
+    return var(x, dim, unbiased, keepdim, correction=correction).sqrt()
+
+
+def prod(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """Product over ``dim`` (all dims when ``None``); exact gradients with zeros."""
+    return _prod(x, axis=norm_axes(dim, x.ndim), keepdims=keepdim)
+
+
+def amax(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """Maximum over ``dim``; ties share the gradient evenly."""
+    return _amax(x, axis=norm_axes(dim, x.ndim), keepdims=keepdim)
+
+
+def amin(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """Minimum over ``dim``; ties share the gradient evenly."""
+    return _amin(x, axis=norm_axes(dim, x.ndim), keepdims=keepdim)
+
+
+class MaxMin(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+
+def _extremum_with_indices(x: Tensor, dim: int, keepdim: bool, arg: Any) -> MaxMin:
+    from xgrad.ops.index import gather
+
+    (axis,) = norm_axes(dim, x.ndim)  # type: ignore[misc]
+    idx = Tensor(jnp.expand_dims(arg(x._array, axis=axis), axis))
+    values = gather(x, axis, idx)
+    if not keepdim:
+        values = values.squeeze(axis)
+        idx = idx.squeeze(axis)
+    return MaxMin(values, idx)
+
+
+def max(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
+    """With ``dim``: ``(values, indices)``, the gradient to the chosen index; without: ``amax``."""
+    if dim is None:
+        return amax(x)
+    return _extremum_with_indices(x, dim, keepdim, jnp.argmax)
+
+
+def min(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
+    """With ``dim``: ``(values, indices)``, the gradient to the chosen index; without: ``amin``."""
+    if dim is None:
+        return amin(x)
+    return _extremum_with_indices(x, dim, keepdim, jnp.argmin)
+
+
+def logsumexp(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """``log(sum(exp(x)))`` over ``dim``, computed stably."""
+    return _logsumexp(x, axis=norm_axes(dim, x.ndim), keepdims=keepdim)
+
+
+def cumsum(x: Tensor, dim: int) -> Tensor:
+    """Cumulative sum along ``dim``."""
+    (axis,) = norm_axes(dim, x.ndim)  # type: ignore[misc]
+    return _cumsum(x, axis=axis)
+
+
+def sum_to(x: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """Sum ``x`` down to ``shape``, undoing a broadcast (the one place this is written)."""
+    shape = tuple(shape)
+    if x.shape == shape:
+        return x
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and x.shape[i + lead] != 1)
+    out = _sum(x, axis=axes, keepdims=True) if axes else x
+    return out.reshape(shape)
+
+
+def argmax(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """Index of the maximum (non-differentiable)."""
+    return Tensor(jnp.argmax(x._array, axis=dim, keepdims=keepdim))
+
+
+def argmin(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """Index of the minimum (non-differentiable)."""
+    return Tensor(jnp.argmin(x._array, axis=dim, keepdims=keepdim))

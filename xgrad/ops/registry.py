@@ -1,0 +1,249 @@
+"""The primitive registry: each op's forward and its backward rules, side by side.
+
+# NOTE [Derivatives are data]
+# A primitive is a ``jnp``/``lax`` forward plus one backward rule per argument (or
+# one joint rule for all), registered once at import by ``defprim``. A rule is a pure
+# function ``rule(g, out, *inputs, **params)`` of the incoming gradient, the values
+# the primitive saved and its static parameters, written with xgrad ops so that a
+# backward recorded under ``create_graph=True`` is itself differentiable. Inputs the
+# primitive does not save reach the rule as an ``Aval`` (shape and dtype only).
+# Rules may return gradients in the broadcast shape: ``validate_outputs`` sums them
+# down to each input's shape, the one place un-broadcasting is written. The eager
+# engine and the compiled lowering replay the same rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+
+from xgrad.engine.anomaly import record_forward_trace
+from xgrad.engine.node import NO_EDGE, InputMetadata, Node, gradient_edge
+from xgrad.engine.saved import SavedTensor
+from xgrad.grad_mode import _state as _grad_state
+from xgrad.tensor import Tensor
+
+__all__ = ["REGISTRY", "Aval", "Primitive", "PrimitiveNode", "bind", "defprim"]
+
+Rule = Callable[..., Any]
+
+
+class Aval(NamedTuple):
+    """Shape and dtype of an input a primitive did not save."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+class Primitive:
+    """One differentiable op: forward ``impl`` and backward rules."""
+
+    __slots__ = ("impl", "joint_vjp", "name", "node_name", "num_outputs", "save", "save_out", "vjps")
+
+    def __init__(
+        self,
+        name: str,
+        impl: Callable[..., Any],
+        vjps: Sequence[Rule | None] | None,
+        joint_vjp: Rule | None,
+        save: Sequence[int] | None,
+        save_out: bool,
+        num_outputs: int,
+    ) -> None:
+        self.name = name
+        self.node_name = "".join(part.capitalize() for part in name.split("_")) + "Backward"
+        self.impl = impl
+        self.vjps = tuple(vjps) if vjps is not None else None
+        self.joint_vjp = joint_vjp
+        self.save = None if save is None else frozenset(save)
+        self.save_out = save_out
+        self.num_outputs = num_outputs
+
+    def __repr__(self) -> str:
+        return f"Primitive({self.name})"
+
+
+REGISTRY: dict[str, Primitive] = {}
+
+
+def defprim(
+    name: str,
+    impl: Callable[..., Any],
+    vjp: Sequence[Rule | None] | None = None,
+    *,
+    joint_vjp: Rule | None = None,
+    save: Sequence[int] | None = None,
+    save_out: bool = False,
+    num_outputs: int = 1,
+    register: bool = True,
+) -> Callable[..., Any]:
+    """Register a primitive and return the function that applies it to tensors.
+
+    Args:
+        name: registry name; the node is named ``<Name>Backward``.
+        impl: the forward on arrays, ``impl(*arrays, **params)``.
+        vjp: one rule per positional argument (``None`` for non-differentiable ones).
+        joint_vjp: instead of ``vjp``, one rule returning a tuple of all input grads.
+        save: indices of inputs the rules read (default: all of them).
+        save_out: whether the rules read the output.
+        num_outputs: number of arrays ``impl`` returns (a tuple when more than one).
+        register: ``False`` for primitives made at run time (``from_jax``) that the
+            registry-driven tests cannot know about.
+    """
+    if (vjp is None) == (joint_vjp is None):
+        raise ValueError(f"primitive {name!r} needs exactly one of vjp= and joint_vjp=")
+    if register and name in REGISTRY:
+        raise ValueError(f"primitive {name!r} is already registered")
+    prim = Primitive(name, impl, vjp, joint_vjp, save, save_out, num_outputs)
+    if register:
+        REGISTRY[name] = prim
+
+    def apply(*args: Any, **params: Any) -> Any:
+        return bind(prim, args, params)
+
+    apply.__name__ = name
+    apply.__qualname__ = name
+    apply.primitive = prim  # type: ignore[attr-defined]
+    return apply
+
+
+ERR_DEVICES = "Expected all tensors to be on the same device, but found at least two devices, {a} and {b}!"
+
+
+def _check_same_devices(tensors: list[Tensor]) -> None:
+    first = None
+    for t in tensors:
+        sharding = t._array.sharding
+        if first is None:
+            first = sharding
+        elif sharding is not first and sharding != first and t._array.ndim and first.device_set != sharding.device_set:
+            a = ",".join(str(d) for d in first.device_set)
+            b = ",".join(str(d) for d in sharding.device_set)
+            raise RuntimeError(ERR_DEVICES.format(a=a, b=b))
+
+
+def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
+    """Run ``prim`` on ``args`` and, when grad mode asks for it, record its node."""
+    arrays = []
+    needs_graph = False
+    tensors = []
+    for a in args:
+        if type(a) is Tensor or isinstance(a, Tensor):
+            arrays.append(a._array)
+            tensors.append(a)
+            if not needs_graph and (a.grad_fn is not None or a._requires_grad):
+                needs_graph = True
+        else:
+            arrays.append(a)
+    if len(tensors) > 1:
+        _check_same_devices(tensors)
+    out = prim.impl(*arrays, **params)
+    if not (needs_graph and _grad_state.enabled):
+        if prim.num_outputs == 1:
+            return Tensor(out)
+        return tuple(Tensor(o) for o in out)
+    return _record(prim, args, params, out)
+
+
+def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any) -> Any:
+    outs = (out,) if prim.num_outputs == 1 else tuple(out)
+    edges = []
+    saved: list[Any] = []
+    save = prim.save
+    for i, a in enumerate(args):
+        if isinstance(a, Tensor):
+            edges.append(gradient_edge(a) if a.requires_grad else NO_EDGE)
+            if save is None or i in save:
+                saved.append(SavedTensor(a, is_output=False))
+            else:
+                saved.append(Aval(a._array.shape, a._array.dtype))
+        else:
+            edges.append(NO_EDGE)
+            saved.append(a)
+    differentiable = [jnp.issubdtype(o.dtype, jnp.inexact) for o in outs]
+    node = PrimitiveNode(prim, params, tuple(edges), tuple(InputMetadata.of(o) for o in outs), saved)
+    results = tuple(
+        Tensor._from_graph(o, node, i) if differentiable[i] else Tensor(o) for i, o in enumerate(outs)
+    )
+    if prim.save_out:
+        node.saved_out = tuple(SavedTensor(r, is_output=True) for r in results)
+    return results[0] if prim.num_outputs == 1 else results
+
+
+class PrimitiveNode(Node):
+    """The one node class for every primitive: it replays the primitive's rules."""
+
+    __slots__ = ("params", "prim", "saved", "saved_out")
+
+    def __init__(
+        self,
+        prim: Primitive,
+        params: dict[str, Any],
+        next_edges: tuple[Any, ...],
+        input_metadata: tuple[InputMetadata, ...],
+        saved: list[Any],
+    ) -> None:
+        super().__init__(next_edges, input_metadata)
+        self.prim = prim
+        self.params = params
+        self.saved = saved
+        self.saved_out: tuple[SavedTensor, ...] | None = None
+        record_forward_trace(self)
+
+    def name(self) -> str:
+        return self.prim.node_name
+
+    def unpack_saved(self) -> tuple[list[Any], Any]:
+        """The rules' arguments: inputs (tensors, avals or constants) and the output."""
+        inputs = [s.unpack(self) if type(s) is SavedTensor else s for s in self.saved]
+        if self.saved_out is None:
+            out = tuple(Aval(m.shape, m.dtype) for m in self.input_metadata)
+        else:
+            out = tuple(s.unpack(self) for s in self.saved_out)
+        if self.prim.num_outputs == 1:
+            out = out[0]
+        return inputs, out
+
+    def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
+        n = len(self.next_edges)
+        if self.prim.num_outputs == 1:
+            g = grads[0]
+            if g is None:
+                return [None] * n
+        else:
+            if all(gi is None for gi in grads):
+                return [None] * n
+            g = tuple(
+                gi if gi is not None else Tensor(jnp.zeros(m.shape, m.dtype))
+                for gi, m in zip(grads, self.input_metadata, strict=True)
+            )
+        inputs, out = self.unpack_saved()
+        return self.compute(g, out, inputs, [self.should_compute_output(i) for i in range(n)])
+
+    def compute(self, g: Any, out: Any, inputs: list[Any], needed: list[bool]) -> list[Tensor | None]:
+        """The pure part of ``apply``: rules applied to given values (the compiled path calls it too)."""
+        prim = self.prim
+        params = self.params
+        if prim.joint_vjp is not None:
+            if not any(needed):
+                return [None] * len(needed)
+            return [gi if need else None for gi, need in zip(prim.joint_vjp(g, out, *inputs, **params), needed, strict=True)]
+        return [
+            rule(g, out, *inputs, **params) if need and rule is not None else None
+            for rule, need in zip(prim.vjps, needed, strict=True)  # type: ignore[arg-type]
+        ]
+
+    def release_variables(self) -> None:
+        # Avals and constants stay: a node that saved no tensor can run again, as in PyTorch.
+        for s in self.saved:
+            if type(s) is SavedTensor:
+                s.release()
+        if self.saved_out is not None:
+            for s in self.saved_out:
+                s.release()

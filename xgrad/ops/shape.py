@@ -1,0 +1,241 @@
+"""Shape primitives (reshape, broadcast, transpose, concatenate, pad, flip, roll, tril/triu)
+and the composites PyTorch users know them by (view, expand, squeeze, stack, split, …)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+
+from xgrad.ops._util import norm_axes
+from xgrad.ops.registry import defprim
+from xgrad.tensor import Tensor
+
+_reshape = defprim("reshape", lambda x, shape: jnp.reshape(x, shape), (lambda g, out, x, shape: g.reshape(x.shape),), save=())
+_broadcast_to = defprim(
+    "broadcast_to",
+    lambda x, shape: jnp.broadcast_to(x, shape),
+    (lambda g, out, x, shape: g.sum_to(x.shape),),
+    save=(),
+)
+
+
+def _inverse(axes: tuple[int, ...]) -> tuple[int, ...]:
+    inv = [0] * len(axes)
+    for i, a in enumerate(axes):
+        inv[a] = i
+    return tuple(inv)
+
+
+_transpose = defprim(
+    "transpose",
+    lambda x, axes: jnp.transpose(x, axes),
+    (lambda g, out, x, axes: g.permute(_inverse(axes)),),
+    save=(),
+)
+
+
+def _concatenate_grad(g: Tensor, out: Any, *xs: Any, axis: int) -> tuple[Tensor, ...]:
+    grads = []
+    start = 0
+    for x in xs:
+        index = [slice(None)] * g.ndim
+        index[axis] = slice(start, start + x.shape[axis])
+        grads.append(g[tuple(index)])
+        start += x.shape[axis]
+    return tuple(grads)
+
+
+_concatenate = defprim(
+    "concatenate",
+    lambda *xs, axis: jnp.concatenate(xs, axis=axis),
+    joint_vjp=_concatenate_grad,
+    save=(),
+)
+
+
+def _pad_grad(g: Tensor, out: Any, x: Any, pad_width: tuple[tuple[int, int], ...], value: float) -> Tensor:
+    return g[tuple(slice(lo, lo + n) for (lo, _), n in zip(pad_width, x.shape, strict=True))]
+
+
+_pad = defprim(
+    "pad",
+    lambda x, pad_width, value: jnp.pad(x, pad_width, constant_values=value),
+    (_pad_grad,),
+    save=(),
+)
+_flip = defprim("flip", lambda x, axes: jnp.flip(x, axes), (lambda g, out, x, axes: g.flip(axes),), save=())
+_roll = defprim(
+    "roll",
+    lambda x, shifts, axes: jnp.roll(x, shifts, axes),
+    (lambda g, out, x, shifts, axes: _roll(g, shifts=tuple(-s for s in shifts), axes=axes),),
+    save=(),
+)
+_tril = defprim("tril", lambda x, k: jnp.tril(x, k), (lambda g, out, x, k: _tril(g, k=k),), save=())
+_triu = defprim("triu", lambda x, k: jnp.triu(x, k), (lambda g, out, x, k: _triu(g, k=k),), save=())
+
+
+def _shape_arg(shape: Sequence[Any]) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+def reshape(x: Tensor, *shape: Any) -> Tensor:
+    """``x`` with a new shape (one ``-1`` allowed); same elements, row-major."""
+    target = _shape_arg(shape)
+    if target == x.shape:
+        return x
+    return _reshape(x, shape=target)
+
+
+view = reshape
+
+
+def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """Merge dims ``start_dim..end_dim`` into one."""
+    if x.ndim == 0:
+        return reshape(x, (1,))
+    start, end = start_dim % x.ndim, end_dim % x.ndim
+    merged = 1
+    for s in x.shape[start : end + 1]:
+        merged *= s
+    return reshape(x, x.shape[:start] + (merged,) + x.shape[end + 1 :])
+
+
+def squeeze(x: Tensor, dim: Any = None) -> Tensor:
+    """Drop size-1 dims (only ``dim``, when given)."""
+    axes = norm_axes(dim, x.ndim) if dim is not None else tuple(i for i, s in enumerate(x.shape) if s == 1)
+    return reshape(x, tuple(s for i, s in enumerate(x.shape) if not (i in axes and s == 1)))
+
+
+def unsqueeze(x: Tensor, dim: int) -> Tensor:
+    """Insert a size-1 dim at ``dim``."""
+    dim = dim % (x.ndim + 1)
+    return reshape(x, x.shape[:dim] + (1,) + x.shape[dim:])
+
+
+def broadcast_to(x: Tensor, *shape: Any) -> Tensor:
+    """Broadcast ``x`` to ``shape``; the gradient is summed back."""
+    target = _shape_arg(shape)
+    if target == x.shape:
+        return x
+    return _broadcast_to(x, shape=target)
+
+
+def expand(x: Tensor, *sizes: Any) -> Tensor:
+    """PyTorch's ``expand``: ``-1`` keeps a dim's size."""
+    target = _shape_arg(sizes)
+    lead = len(target) - x.ndim
+    resolved = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(target))
+    return broadcast_to(x, resolved)
+
+
+def permute(x: Tensor, *dims: Any) -> Tensor:
+    """Reorder the dims."""
+    axes = tuple(d % x.ndim for d in _shape_arg(dims))
+    if axes == tuple(range(x.ndim)):
+        return x
+    return _transpose(x, axes=axes)
+
+
+def transpose(x: Tensor, dim0: int = 0, dim1: int = 1) -> Tensor:
+    """Swap two dims."""
+    axes = list(range(x.ndim))
+    axes[dim0], axes[dim1] = axes[dim1], axes[dim0]
+    return permute(x, tuple(axes))
+
+
+def T(x: Tensor) -> Tensor:
+    """All dims reversed."""
+    return permute(x, tuple(reversed(range(x.ndim))))
+
+
+def mT(x: Tensor) -> Tensor:
+    """The last two dims swapped (batched matrix transpose)."""
+    return transpose(x, -2, -1)
+
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """Concatenate along an existing dim."""
+    tensors = list(tensors)
+    if not tensors:
+        raise RuntimeError("cat expects a non-empty list of Tensors")
+    (axis,) = norm_axes(dim, tensors[0].ndim)  # type: ignore[misc]
+    return _concatenate(*tensors, axis=axis)
+
+
+concatenate = cat
+
+
+def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """Stack along a new dim."""
+    tensors = list(tensors)
+    if not tensors:
+        raise RuntimeError("stack expects a non-empty list of Tensors")
+    dim = dim % (tensors[0].ndim + 1)
+    return cat([unsqueeze(t, dim) for t in tensors], dim)
+
+
+def split(x: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
+    """Split into chunks of a size (the last may be smaller) or of the given sizes."""
+    (axis,) = norm_axes(dim, x.ndim)  # type: ignore[misc]
+    n = x.shape[axis]
+    if isinstance(split_size_or_sections, int):
+        size = split_size_or_sections
+        sizes = [size] * (n // size) + ([n % size] if n % size else [])
+    else:
+        sizes = list(split_size_or_sections)
+        if sum(sizes) != n:
+            raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at dimension {dim}), but got split_sizes={sizes}")
+    out = []
+    start = 0
+    for s in sizes:
+        index = [slice(None)] * x.ndim
+        index[axis] = slice(start, start + s)
+        out.append(x[tuple(index)])
+        start += s
+    return tuple(out)
+
+
+def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    """Split into ``chunks`` pieces of (nearly) equal size."""
+    n = x.shape[dim]
+    return split(x, -(-n // chunks), dim)
+
+
+def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float = 0.0) -> Tensor:
+    """PyTorch's ``F.pad``: ``pad`` lists (left, right) pairs from the last dim backwards."""
+    if mode != "constant":
+        raise NotImplementedError(f"pad mode {mode!r} is not supported; use mode='constant'")
+    if len(pad) % 2 or len(pad) // 2 > x.ndim:
+        raise RuntimeError(f"Padding length must be divisible by 2 and at most twice the number of dims, got {len(pad)}")
+    widths = [(0, 0)] * x.ndim
+    for i in range(len(pad) // 2):
+        widths[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    return _pad(x, pad_width=tuple(widths), value=value)
+
+
+def flip(x: Tensor, dims: Any) -> Tensor:
+    """Reverse the order of elements along ``dims``."""
+    return _flip(x, axes=norm_axes(dims, x.ndim))
+
+
+def roll(x: Tensor, shifts: Any, dims: Any = None) -> Tensor:
+    """Roll elements along ``dims`` (over the flattened tensor when ``None``)."""
+    if dims is None:
+        return roll(flatten(x), shifts, 0).reshape(x.shape)
+    shifts_t = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+    dims_t = (dims,) if isinstance(dims, int) else tuple(dims)
+    return _roll(x, shifts=shifts_t, axes=tuple(d % x.ndim for d in dims_t))
+
+
+def tril(x: Tensor, diagonal: int = 0) -> Tensor:
+    """Lower triangle of the last two dims."""
+    return _tril(x, k=diagonal)
+
+
+def triu(x: Tensor, diagonal: int = 0) -> Tensor:
+    """Upper triangle of the last two dims."""
+    return _triu(x, k=diagonal)
