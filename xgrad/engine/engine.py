@@ -103,11 +103,14 @@ class ReadyQueue:
     node (highest ``sequence_nr``), as the reference engine orders them.
     """
 
-    __slots__ = ("_cv", "_heap", "_tiebreak")
+    __slots__ = ("_cv", "_heap", "_lock", "_tiebreak", "_waiting")
 
     def __init__(self) -> None:
         self._heap: list[tuple[Any, ...]] = []
-        self._cv = threading.Condition(threading.Lock())
+        # A bare lock on the hot path; the condition (same lock) only when a thread must wait.
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._waiting = 0
         self._tiebreak = itertools.count().__next__
 
     def push(self, task: NodeTask, increment_outstanding: bool = True) -> None:
@@ -119,14 +122,19 @@ class ReadyQueue:
             key = (2, -task.graph_task.reentrant_depth, -task.fn.sequence_nr)  # type: ignore[union-attr]
         if increment_outstanding and task.graph_task is not None:
             task.graph_task.increment_outstanding()
-        with self._cv:
+        with self._lock:
             heapq.heappush(self._heap, (key, self._tiebreak(), task))
-            self._cv.notify()
+            if self._waiting:
+                self._cv.notify()
 
     def pop(self) -> NodeTask:
-        with self._cv:
+        with self._lock:
             while not self._heap:
-                self._cv.wait()
+                self._waiting += 1
+                try:
+                    self._cv.wait()
+                finally:
+                    self._waiting -= 1
             return heapq.heappop(self._heap)[2]
 
     def __len__(self) -> int:
@@ -328,13 +336,12 @@ def validate_outputs(edges: tuple[Edge, ...] | list[Edge], grads: list[Any], for
     """
     if len(grads) != len(edges):
         raise RuntimeError(format_error(f"invalid number of gradients - expected {len(edges)}, but got {len(grads)}"))
-    for i, grad in enumerate(grads):
-        node = edges[i].node
+    for i, (grad, (node, input_nr)) in enumerate(zip(grads, edges)):  # noqa: B905  (lengths checked)
         if grad is None or node is None:
             continue
         if not isinstance(grad, Tensor):
             raise TypeError(format_error(f"invalid gradient at index {i} - expected a Tensor or None, got {type(grad).__name__}"))
-        meta = node.input_metadata[edges[i].input_nr]
+        meta = node.input_metadata[input_nr]
         array = grad._array
         if array.shape != meta.shape:
             if not _is_expandable_to(meta.shape, array.shape):
@@ -351,9 +358,17 @@ def validate_outputs(edges: tuple[Edge, ...] | list[Edge], grads: list[Any], for
             if not jnp.issubdtype(grad._array.dtype, jnp.inexact):
                 raise RuntimeError(format_error(f"invalid gradient at index {i} - expected dtype {meta.dtype} but got {grad._array.dtype}"))
             grad = grad.to(meta.dtype)
+        if _devices.single_device:
+            grads[i] = grad
+            continue
         sharding = meta.sharding
         grad_sharding = grad._array.sharding
-        if sharding is not None and grad_sharding is not sharding and grad_sharding.device_set != sharding.device_set:
+        if (
+            sharding is not None
+            and grad_sharding is not sharding
+            and grad_sharding != sharding
+            and grad_sharding.device_set != sharding.device_set
+        ):
             if grad._array.ndim == 0 and len(sharding.device_set) == 1:
                 from xgrad.ops import to_device
 
@@ -511,6 +526,9 @@ class _DeviceThreads:
         self.pool_workers = 0
         self.pool_idle = 0
         self.bad_fork = False
+        # With one device in the process no gradient can be on the wrong one, so
+        # validate_outputs skips the device check (set by start()).
+        self.single_device = False
 
     def start(self) -> None:
         if self.bad_fork:
@@ -530,6 +548,7 @@ class _DeviceThreads:
                 self.threads.append(t)
             for t in self.threads:
                 t.start()
+            self.single_device = not others
             self.started = True
 
     def add_pool_task(self, graph_task: GraphTask) -> None:
@@ -686,8 +705,7 @@ def prepare(
     outputs: list[Edge],
 ) -> tuple[GraphTask, Node, InputBuffer]:
     """Build the graph task for a call: root, dependencies and ``exec_info``."""
-    if _devices.bad_fork:
-        raise RuntimeError(ERR_BAD_FORK)
+    _devices.start()
     validate_outputs(root_edges, root_grads, lambda msg: msg)
     if not accumulate_grad and not outputs:
         raise ValueError("grad requires non-empty inputs.")

@@ -46,6 +46,10 @@ class InputMetadata(NamedTuple):
     dtype: Any
     sharding: Any
 
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
     @staticmethod
     def of(array: Any) -> InputMetadata:
         return InputMetadata(array.shape, array.dtype, getattr(array, "sharding", None))
@@ -169,6 +173,18 @@ class Node:
             info = task.exec_info.get(node)
             return info is not None and info.should_execute()
         return True
+
+    def needed_outputs(self) -> list[bool]:
+        """``should_compute_output(i)`` for every next edge, reading the task's state once."""
+        task = current_task.graph_task
+        exec_info = task.exec_info if task is not None else None
+        if not exec_info:
+            return [edge.node is not None for edge in self.next_edges]
+        needed = []
+        for node, _ in self.next_edges:
+            info = exec_info.get(node) if node is not None else None
+            needed.append(info is not None and info.should_execute())
+        return needed
 
     def device(self) -> Any:
         """The device this node runs on: that of its first input, ``None`` if sharded."""

@@ -152,6 +152,7 @@ to_device_ = defprim(
     lambda x, sharding, source: jax.device_put(x, sharding),
     (lambda g, out, x, sharding, source: to_device_(g, sharding=source, source=sharding),),
     save=(),
+    jit=False,
 )
 
 

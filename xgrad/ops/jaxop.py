@@ -91,7 +91,7 @@ class _JaxFunction:
             cotangents = g if num_outputs > 1 else (g,)
             return _scatter_grads(vjp_op(*inputs, *cotangents), diff_mask)
 
-        apply = defprim(self.name, impl, joint_vjp=joint_vjp, num_outputs=num_outputs, register=False)
+        apply = defprim(self.name, impl, joint_vjp=joint_vjp, num_outputs=num_outputs, register=False, jit=False)
         return apply.primitive, out_tree  # type: ignore[attr-defined]
 
 

@@ -1,0 +1,26 @@
+"""Shared timing helper for the benchmarks: medians of many repeats."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 30, warmup: int = 3) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs (after ``warmup`` runs)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+    """A GitHub-markdown table."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
