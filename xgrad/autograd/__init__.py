@@ -10,11 +10,13 @@ from xgrad.engine import engine as _engine
 from xgrad.engine.anomaly import detect_anomaly, is_anomaly_check_nan_enabled, is_anomaly_enabled, set_detect_anomaly
 from xgrad.engine.api import backward, grad
 from xgrad.engine.engine import is_multithreading_enabled, queue_callback, set_multithreading_enabled
+from xgrad.engine.function import Function, FunctionCtx, once_differentiable
+from xgrad.engine.order import get_execution_order
 
 __all__ = [
-    "MAX_REENTRANT_DEPTH", "backward", "detect_anomaly", "grad", "graph", "is_anomaly_check_nan_enabled",
-    "is_anomaly_enabled", "is_multithreading_enabled", "queue_callback", "set_detect_anomaly",
-    "set_multithreading_enabled",
+    "MAX_REENTRANT_DEPTH", "Function", "FunctionCtx", "backward", "detect_anomaly", "get_execution_order", "grad",
+    "graph", "is_anomaly_check_nan_enabled", "is_anomaly_enabled", "is_multithreading_enabled", "once_differentiable",
+    "queue_callback", "set_detect_anomaly", "set_multithreading_enabled",
 ]
 
 

@@ -1,0 +1,343 @@
+"""Custom differentiable functions: ``Function``, its ``FunctionCtx`` and ``once_differentiable``.
+
+# NOTE [Function nodes]
+# ``Function.apply`` runs ``forward`` under ``no_grad`` and, when grad mode is on and
+# an input requires grad, records one ``FunctionNode`` whose next edges are the
+# forward's positional arguments (``NO_EDGE`` for non-tensors and tensors that do not
+# require grad) and whose inputs are the forward's outputs. Tensors given to
+# ``ctx.save_for_backward`` become ``SavedTensor``s once the outputs exist, so a saved
+# output is saved as an output (a weak reference, no cycle), saved-tensor hooks apply
+# and version checks run on unpack. As for ``PrimitiveNode``, ``apply`` is
+# ``unpack_saved`` followed by the pure ``compute(grads, saved_values)``, which runs
+# the user's ``backward`` on whatever values it is given (the compiled path may pass
+# traced ones).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+
+from xgrad.engine.anomaly import record_forward_trace
+from xgrad.engine.node import NO_EDGE, InputMetadata, Node, gradient_edge
+from xgrad.engine.saved import ERR_FREED, SavedTensor
+from xgrad.grad_mode import _state as _grad_state
+from xgrad.grad_mode import no_grad
+from xgrad.tensor import ERR_LEAF_INPLACE, Tensor, is_differentiable_dtype
+
+__all__ = ["Function", "FunctionCtx", "FunctionNode", "once_differentiable"]
+
+ERR_NUM_GRADS = "function {name} returned an incorrect number of gradients (expected {expected}, got {got})"
+ERR_GRAD_FOR_NON_TENSOR = (
+    "function {name} returned a gradient different than None at position {i}, but the corresponding "
+    "forward input was not a Tensor"
+)
+ERR_ONCE_DIFFERENTIABLE = "trying to differentiate twice a function that was marked with @once_differentiable"
+ERR_DIRTY_NOT_OUTPUT = "Some elements marked as dirty during the forward method were not returned as output."
+ERR_NOT_OUTPUT = "{what} only accepts tensors that are outputs of forward; argument {i} is not one"
+
+
+class FunctionCtx:
+    """The ``ctx`` a custom ``Function``'s ``forward``/``setup_context`` and ``backward`` share.
+
+    Any attribute may be set on it; the methods below are the ones autograd reads.
+    """
+
+    def __init__(self) -> None:
+        self.needs_input_grad: tuple[bool, ...] = ()
+        self.materialize_grads = True
+        self._to_save: tuple[Tensor | None, ...] = ()
+        self._non_differentiable: tuple[Tensor, ...] = ()
+        self._dirty: tuple[Tensor, ...] = ()
+        self._node: FunctionNode | None = None
+        # Set by ``FunctionNode.compute`` while ``backward`` runs: the values it was given.
+        self._saved_values: tuple[Any, ...] | None = None
+
+    def save_for_backward(self, *tensors: Tensor | None) -> None:
+        """Keep ``tensors`` for ``backward``, where ``ctx.saved_tensors`` returns them.
+
+        Call it once, in ``forward`` or ``setup_context``; ``None`` entries are allowed.
+        """
+        for i, t in enumerate(tensors):
+            if t is not None and not isinstance(t, Tensor):
+                raise TypeError(f"save_for_backward can only save Tensors or None, but argument {i} is {type(t).__name__}")
+        self._to_save = tensors
+
+    @property
+    def saved_tensors(self) -> tuple[Tensor | None, ...]:
+        """The tensors given to ``save_for_backward``, checked against in-place changes."""
+        if self._saved_values is not None:
+            return self._saved_values
+        node = self._node
+        if node is None:
+            return self._to_save
+        return node.unpack_saved()
+
+    def mark_non_differentiable(self, *tensors: Tensor) -> None:
+        """Declare outputs that get no gradient: they do not require grad, and their grad reaches ``backward`` as zeros (or ``None``)."""
+        self._non_differentiable = tensors
+
+    def mark_dirty(self, *tensors: Tensor) -> None:
+        """Declare inputs that ``forward`` modified in place; they must be returned as outputs."""
+        self._dirty = tensors
+
+    def set_materialize_grads(self, value: bool) -> None:
+        """Whether ``None`` output grads reach ``backward`` as zeros (the default) or as ``None``."""
+        self.materialize_grads = bool(value)
+
+
+class FunctionNode(Node):
+    """The backward node of one ``Function.apply`` call; named ``<ClassName>Backward``."""
+
+    __slots__ = ("ctx", "function", "input_is_tensor", "saved")
+
+    def __init__(
+        self,
+        function: type[Function],
+        ctx: FunctionCtx,
+        next_edges: tuple[Any, ...],
+        input_metadata: tuple[InputMetadata | None, ...],
+        input_is_tensor: tuple[bool, ...],
+    ) -> None:
+        super().__init__(next_edges, input_metadata)  # type: ignore[arg-type]
+        self.function = function
+        self.ctx = ctx
+        self.input_is_tensor = input_is_tensor
+        self.saved: list[SavedTensor | None] | None = []
+        record_forward_trace(self)
+
+    def name(self) -> str:
+        return f"{self.function.__name__}Backward"
+
+    def unpack_saved(self) -> tuple[Tensor | None, ...]:
+        """The saved tensors, version-checked and passed through saved-tensor hooks."""
+        if self.saved is None:
+            raise RuntimeError(ERR_FREED)
+        return tuple(s.unpack(self) if s is not None else None for s in self.saved)
+
+    def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
+        if self.ctx.materialize_grads:
+            grads = [
+                Tensor(jnp.zeros(m.shape, m.dtype)) if g is None and m is not None else g
+                for g, m in zip(grads, self.input_metadata, strict=True)
+            ]
+        return self.compute(grads, self.unpack_saved())
+
+    def compute(self, grads: list[Any], saved_values: tuple[Any, ...]) -> list[Any]:
+        """Run ``backward`` on ``grads`` with ``ctx.saved_tensors`` reading ``saved_values``.
+
+        Pure in the node's state: it never unpacks, so traced values work too.
+        """
+        ctx = self.ctx
+        ctx._saved_values = saved_values
+        try:
+            result = self.function.backward(ctx, *grads)
+        finally:
+            ctx._saved_values = None
+        return self._check_grads(result)
+
+    def _check_grads(self, result: Any) -> list[Any]:
+        grads = list(result) if isinstance(result, tuple) else [result]
+        expected = len(self.next_edges)
+        if len(grads) > expected and all(g is None for g in grads[expected:]):
+            del grads[expected:]
+        if len(grads) != expected:
+            raise RuntimeError(ERR_NUM_GRADS.format(name=self.name(), expected=expected, got=len(grads)))
+        for i, g in enumerate(grads):
+            if g is not None and not self.input_is_tensor[i]:
+                raise RuntimeError(ERR_GRAD_FOR_NON_TENSOR.format(name=self.name(), i=i))
+        return grads
+
+    def device(self) -> Any:
+        # Non-tensor outputs have no metadata: the first tensor output decides.
+        for meta in self.input_metadata:
+            if meta is not None:
+                if meta.sharding is None:
+                    return None
+                devices = meta.sharding.device_set
+                return next(iter(devices)) if len(devices) == 1 else None
+        return None
+
+    def release_variables(self) -> None:
+        if self.saved:
+            for s in self.saved:
+                if s is not None:
+                    s.release()
+            self.saved = None
+
+
+def _overrides_setup_context(cls: type) -> bool:
+    return getattr(cls.setup_context, "__func__", cls.setup_context) is not _base_setup_context
+
+
+class Function:
+    """Base class for differentiable operations with a hand-written backward.
+
+    Subclasses define ``forward`` and ``backward`` as static methods, and call
+    ``apply``. ``forward(ctx, *args, **kwargs)`` computes the outputs (under
+    ``no_grad``); alternatively ``forward(*args, **kwargs)`` plus
+    ``setup_context(ctx, inputs, output)``. ``backward(ctx, *grads)`` receives one
+    gradient per output and returns one per positional input (``None`` for inputs
+    that need none).
+
+    >>> import xgrad
+    >>> class Cube(xgrad.autograd.Function):
+    ...     @staticmethod
+    ...     def forward(ctx, x):
+    ...         ctx.save_for_backward(x)
+    ...         return x ** 3
+    ...     @staticmethod
+    ...     def backward(ctx, g):
+    ...         (x,) = ctx.saved_tensors
+    ...         return 3 * x ** 2 * g
+    >>> x = xgrad.tensor(2.0, requires_grad=True)
+    >>> y = Cube.apply(x); y.grad_fn.name()
+    'CubeBackward'
+    >>> y.backward(); x.grad.item()
+    12.0
+    """
+
+    @staticmethod
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("You must implement the forward function for custom autograd.Function.")
+
+    @staticmethod
+    def setup_context(ctx: FunctionCtx, inputs: tuple[Any, ...], output: Any) -> None:
+        raise NotImplementedError("setup_context is not implemented.")
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, *grads: Any) -> Any:
+        raise NotImplementedError("You must implement either the backward or vjp method for your custom autograd.Function to use it with backward mode AD.")
+
+    @classmethod
+    def apply(cls, *args: Any, **kwargs: Any) -> Any:
+        """Run ``forward`` on ``args`` and record the backward node when a gradient is needed."""
+        ctx = FunctionCtx()
+        record = _grad_state.enabled
+        needs = tuple(record and isinstance(a, Tensor) and a.requires_grad for a in args)
+        ctx.needs_input_grad = needs
+        # Edges point at the inputs' graph positions before forward: a dirty input moves.
+        edges = tuple(gradient_edge(a) if need else NO_EDGE for a, need in zip(args, needs, strict=True))
+        with no_grad():
+            if _overrides_setup_context(cls):
+                output = cls.forward(*args, **kwargs)
+                cls.setup_context(ctx, args, output)
+            else:
+                output = cls.forward(ctx, *args, **kwargs)
+        if not any(needs):
+            return output
+        return _wrap_outputs(cls, ctx, args, edges, output)
+
+
+_base_setup_context = Function.setup_context
+
+
+def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], edges: tuple[Any, ...], output: Any) -> Any:
+    """Give ``output`` the new node as ``grad_fn``, and turn ``ctx``'s saved tensors into ``SavedTensor``s."""
+    is_tuple = isinstance(output, tuple)
+    raw = output if is_tuple else (output,)
+    dirty = {id(t) for t in ctx._dirty}
+    non_diff = {id(t) for t in ctx._non_differentiable}
+    input_ids = {id(a) for a in args if isinstance(a, Tensor)}
+    returned = {id(o) for o in raw if isinstance(o, Tensor)}
+    for i, t in enumerate(ctx._non_differentiable):
+        if id(t) not in returned:
+            raise ValueError(ERR_NOT_OUTPUT.format(what="mark_non_differentiable", i=i))
+    if not dirty <= returned:
+        raise RuntimeError(ERR_DIRTY_NOT_OUTPUT)
+    metadata = tuple(InputMetadata.of(o._array) if isinstance(o, Tensor) else None for o in raw)
+    node = FunctionNode(cls, ctx, edges, metadata, tuple(isinstance(a, Tensor) for a in args))
+    ctx._node = node
+    wrapped: dict[int, Tensor] = {}
+    outs = []
+    for i, o in enumerate(raw):
+        if not isinstance(o, Tensor):
+            outs.append(o)
+            continue
+        differentiable = id(o) not in non_diff and jnp.issubdtype(o._array.dtype, jnp.inexact)
+        if id(o) in dirty:
+            new = _rebase_history(o, node, i) if differentiable else o
+        elif not differentiable:
+            new = o if id(o) not in input_ids else Tensor(o._array)
+        else:
+            # A fresh tensor even for an input returned as is: the input keeps its history.
+            new = Tensor._from_graph(o._array, node, i)
+        wrapped.setdefault(id(o), new)
+        outs.append(new)
+    node.saved = [_save(t, wrapped, returned) for t in ctx._to_save]
+    ctx._to_save = ()
+    return tuple(outs) if is_tuple else outs[0]
+
+
+def _rebase_history(tensor: Tensor, node: FunctionNode, output_nr: int) -> Tensor:
+    """Make the in-place-modified input ``tensor`` an output of ``node`` (``mark_dirty``)."""
+    if tensor.grad_fn is None and tensor._requires_grad:
+        raise RuntimeError(ERR_LEAF_INPLACE)
+    tensor.grad_fn = node
+    tensor._output_nr = output_nr
+    if tensor._retains_grad:
+        tensor._install_retains_grad_hook()
+    return tensor
+
+
+def _save(tensor: Tensor | None, wrapped: dict[int, Tensor], returned: set[int]) -> SavedTensor | None:
+    if tensor is None:
+        return None
+    if id(tensor) in returned:
+        return SavedTensor(wrapped[id(tensor)], is_output=True)
+    return SavedTensor(tensor, is_output=False)
+
+
+class _DelayedError(Function):
+    """Aliases whose backward raises: marks the outputs of a ``once_differentiable`` backward."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, *grads: Any) -> Any:
+        outs = tuple(Tensor(g._array) if g is not None else None for g in grads)
+        return outs if len(outs) != 1 else outs[0]
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, *grads: Any) -> Any:
+        raise RuntimeError(ERR_ONCE_DIFFERENTIABLE)
+
+
+def once_differentiable(backward: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a ``Function.backward`` that is not itself differentiable.
+
+    It runs under ``no_grad``; under ``create_graph=True`` its results are recorded so
+    that differentiating them raises a clear error instead of silently giving zeros.
+
+    >>> import xgrad
+    >>> class Square(xgrad.autograd.Function):
+    ...     @staticmethod
+    ...     def forward(ctx, x):
+    ...         ctx.save_for_backward(x)
+    ...         return x * x
+    ...     @staticmethod
+    ...     @xgrad.autograd.once_differentiable
+    ...     def backward(ctx, g):
+    ...         (x,) = ctx.saved_tensors
+    ...         return 2 * x * g
+    >>> x = xgrad.tensor(3.0, requires_grad=True)
+    >>> Square.apply(x).backward(); x.grad.item()
+    6.0
+    """
+
+    @functools.wraps(backward)
+    def wrapper(ctx: FunctionCtx, *grads: Any) -> Any:
+        with no_grad():
+            outputs = backward(ctx, *grads)
+        if not _grad_state.enabled or not any(isinstance(g, Tensor) and g.requires_grad for g in grads):
+            return outputs
+        outs = outputs if isinstance(outputs, tuple) else (outputs,)
+        fake = [
+            Tensor(o._array, requires_grad=is_differentiable_dtype(o.dtype)) if isinstance(o, Tensor) else None for o in outs
+        ]
+        marked = _DelayedError.apply(*fake)
+        marked = marked if isinstance(marked, tuple) else (marked,)
+        return marked if isinstance(outputs, tuple) else marked[0]
+
+    return wrapper
