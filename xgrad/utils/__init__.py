@@ -1,0 +1,5 @@
+"""``xgrad.utils``: helpers around autograd (activation checkpointing)."""
+
+from xgrad.utils.checkpoint import CheckpointError, checkpoint
+
+__all__ = ["CheckpointError", "checkpoint"]
