@@ -16,11 +16,13 @@ from xgrad.ops import __all__ as _ops_all
 from xgrad.tensor import Tensor
 
 from xgrad import autograd  # noqa: E402  (needs ops installed on Tensor)
+from xgrad import nn, optim, profiler, viz  # noqa: E402
+from xgrad.serialization import load, save  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
     *_ops_all, "Tensor", "arange", "autograd", "enable_grad", "eye", "full", "inference_mode", "is_grad_enabled",
-    "manual_seed", "no_grad", "ones", "ones_like", "ops", "rand", "randn", "set_grad_enabled", "tensor", "zeros",
-    "zeros_like",
+    "load", "manual_seed", "nn", "no_grad", "ones", "ones_like", "ops", "optim", "profiler", "rand", "randn", "save",
+    "set_grad_enabled", "tensor", "viz", "zeros", "zeros_like",
 ]

@@ -12,10 +12,12 @@ from xgrad.engine.api import backward, grad
 from xgrad.engine.engine import is_multithreading_enabled, queue_callback, set_multithreading_enabled
 from xgrad.engine.function import Function, FunctionCtx, once_differentiable
 from xgrad.engine.order import get_execution_order
+from xgrad.profiler import profile
 
 __all__ = [
     "MAX_REENTRANT_DEPTH", "Function", "FunctionCtx", "backward", "detect_anomaly", "get_execution_order", "grad",
     "graph", "is_anomaly_check_nan_enabled", "is_anomaly_enabled", "is_multithreading_enabled", "once_differentiable",
+    "profile",
     "queue_callback", "set_detect_anomaly", "set_multithreading_enabled",
 ]
 

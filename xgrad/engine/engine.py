@@ -55,6 +55,12 @@ logger = logging.getLogger(__name__)
 
 MAX_REENTRANT_DEPTH = 60
 
+# NOTE [Profiler hook]
+# ``xgrad.autograd.profile()`` sets this to a function that times one node:
+# ``profile_node(call_function, graph_task, fn, inputs) -> outputs``. When no profiler
+# is active it is ``None`` and a node pays one global read for it.
+profile_node: Callable[..., list[Any]] | None = None
+
 # worker_device values, as in the reference engine: a user thread that is not
 # running backward, a thread driving the CPU queue, or a JAX device's worker.
 NO_DEVICE = "no-device"
@@ -463,7 +469,10 @@ def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, cpu_
         if not info.needed:
             return
 
-    outputs = call_function(graph_task, fn, buffer)
+    if profile_node is None:
+        outputs = call_function(graph_task, fn, buffer)
+    else:
+        outputs = profile_node(call_function, graph_task, fn, buffer)  # NOTE [Profiler hook]
     if not graph_task.keep_graph:
         fn.release_variables()
     if not outputs:

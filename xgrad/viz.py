@@ -1,0 +1,139 @@
+"""Pictures of the backward graph: ``make_dot`` builds a ``graphviz.Digraph``.
+
+Rendering to SVG/PNG needs the Graphviz ``dot`` program (``apt-get install graphviz``,
+``brew install graphviz``); building the ``Digraph`` and reading its ``.source`` does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from xgrad.engine.node import AccumulateGrad, Node
+from xgrad.engine.saved import SavedTensor
+from xgrad.tensor import Tensor
+
+if TYPE_CHECKING:
+    import graphviz
+
+__all__ = ["make_dot"]
+
+# Colours as in PyTorch users' usual pictures: outputs green, parameters blue, saved values orange.
+OUTPUT_COLOR = "darkolivegreen1"
+LEAF_COLOR = "lightblue"
+SAVED_COLOR = "orange"
+HOOK_COLOR = "red"
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ")"
+
+
+def _label(*lines: str) -> str:
+    """Lines joined by dot's own line break (``\\n``), so ``.source`` stays one line per node."""
+    return "\\n".join(lines)
+
+
+def _hook_kinds(fn: Node) -> list[str]:
+    """Which kinds of hook will run at ``fn`` (NOTE [Hooks ordering] in node.py)."""
+    kinds = []
+    if fn.tensor_pre_hooks():
+        kinds.append("tensor")
+    if fn._retains_grad_hooks:
+        kinds.append("retain_grad")
+    if fn._pre_hooks:
+        kinds.append("pre")
+    if fn._post_hooks:
+        kinds.append("post")
+    if isinstance(fn, AccumulateGrad) and fn.variable._post_accumulate_grad_hooks:
+        kinds.append("post_accumulate")
+    return kinds
+
+
+def _saved_shapes(fn: Node) -> list[tuple[str, tuple[int, ...] | None]]:
+    """``(label, shape)`` of each value ``fn`` saved; ``None`` shape once freed by backward."""
+    found = []
+    for attr in ("saved", "saved_out"):
+        values = getattr(fn, attr, None)
+        for i, s in enumerate(values or ()):
+            if type(s) is SavedTensor:
+                # Peek without unpacking: unpacking runs version checks and unpack hooks.
+                ref = s._current_tensor()
+                array = ref._array if ref is not None else s._array
+                found.append((f"{'out' if attr == 'saved_out' else 'input'} {i}", None if array is None else array.shape))
+    return found
+
+
+def make_dot(tensor: Tensor | Iterable[Tensor], params: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]] | None = None, show_saved: bool = False) -> graphviz.Digraph:
+    """The backward graph reaching ``tensor`` as a ``graphviz.Digraph``.
+
+    Each backward node is a box with its name and the shape of the gradient it
+    receives; leaves (``AccumulateGrad``) are blue and named after their parameter
+    when ``params`` names them; nodes with hooks get a red border listing the hook
+    kinds. Edges point the way the forward computation went.
+
+    Args:
+        tensor: the output(s) whose graph to draw.
+        params: names for leaf tensors: a mapping name → Tensor or
+            ``model.named_parameters()``.
+        show_saved: also draw the values each node saved for backward (orange).
+
+    >>> import xgrad
+    >>> w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> dot = xgrad.viz.make_dot((w * w).sum(), params={"w": w})
+    >>> "MulBackward" in dot.source and r'label="w\\n(2)"' in dot.source
+    True
+    """
+    import graphviz
+
+    outputs = [tensor] if isinstance(tensor, Tensor) else list(tensor)
+    named = params.items() if isinstance(params, Mapping) else (params or ())
+    param_names = {id(p): name for name, p in named}
+    dot = graphviz.Digraph(
+        node_attr={"style": "filled", "shape": "box", "align": "left", "fontsize": "10", "height": "0.2", "fontname": "monospace"},
+        graph_attr={"size": "12,12"},
+    )
+
+    def node_id(fn: Node) -> str:
+        return str(id(fn))
+
+    seen: set[Node] = set()
+    stack: list[Node] = []
+    for i, out in enumerate(outputs):
+        if out.grad_fn is None:
+            continue
+        out_id = f"output{i}"
+        dot.node(out_id, _label(f"output {i}", _shape(out.shape)), fillcolor=OUTPUT_COLOR)
+        dot.edge(node_id(out.grad_fn), out_id)
+        if out.grad_fn not in seen:
+            seen.add(out.grad_fn)
+            stack.append(out.grad_fn)
+    while stack:  # iterative: graphs of any depth
+        fn = stack.pop()
+        hooks = _hook_kinds(fn)
+        style: dict[str, str] = {"color": HOOK_COLOR, "penwidth": "2"} if hooks else {}
+        if isinstance(fn, AccumulateGrad):
+            variable = fn.variable
+            name = param_names.get(id(variable), "")
+            lines = [name, _shape(variable.shape)] if name else [_shape(variable.shape)]
+            fill = LEAF_COLOR
+        else:
+            shapes = ", ".join(_shape(m.shape) for m in fn.input_metadata)
+            lines = [fn.name(), shapes]
+            fill = "lightgrey"
+        if hooks:
+            lines.append("hooks: " + ", ".join(hooks))
+        dot.node(node_id(fn), _label(*lines), fillcolor=fill, **style)
+        if show_saved:
+            for j, (what, shape) in enumerate(_saved_shapes(fn)):
+                saved_id = f"{node_id(fn)}-saved{j}"
+                dot.node(saved_id, _label(f"saved {what}", "freed" if shape is None else _shape(shape)), fillcolor=SAVED_COLOR)
+                dot.edge(saved_id, node_id(fn), style="dotted", dir="none")
+        for next_fn, _ in fn.next_edges:
+            if next_fn is None:
+                continue
+            dot.edge(node_id(next_fn), node_id(fn))
+            if next_fn not in seen:
+                seen.add(next_fn)
+                stack.append(next_fn)
+    return dot
