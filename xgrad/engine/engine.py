@@ -417,6 +417,13 @@ def _check_hook_result(fn: Node, i: int, grad: Tensor | None, result: Any) -> No
             f"hook on the gradient of {fn.name()} input {i} returned a gradient of shape "
             f"{list(result._array.shape)}, expected {list(meta.shape)}"
         )
+    if result._array.dtype != meta.dtype:
+        raise RuntimeError(
+            f"hook on the gradient of {fn.name()} input {i} returned a gradient of dtype "
+            f"{result._array.dtype}, expected {meta.dtype}"
+        )
+    if grad is None:
+        raise RuntimeError(f"hook on the gradient of {fn.name()} input {i}: can't replace a None gradient with a non-None value")
 
 
 def _as_hook_tuple(fn: Node, kind: str, value: Any, expected: int) -> list[Any]:

@@ -17,6 +17,7 @@ what a PyTorch user expects.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import threading
 import weakref
@@ -70,6 +71,20 @@ class _CurrentTask(threading.local):
 
 
 current_task = _CurrentTask()
+
+
+def _check_arity(fn: Any, n: int, expected: str) -> None:
+    """Raise at registration, not mid-backward, when ``fn`` cannot take ``n`` positional arguments."""
+    if not callable(fn):
+        raise TypeError(f"hook must be callable, got {type(fn).__name__}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check
+        return
+    try:
+        signature.bind(*([None] * n))
+    except TypeError:
+        raise TypeError(f"{expected}, but {fn!r} cannot be called with {n} positional argument{'s' * (n > 1)}") from None
 
 
 class Node:
@@ -132,6 +147,7 @@ class Node:
         ``grad_outputs`` is a tuple with one gradient (or ``None``) per node input; a
         non-``None`` return replaces it.
         """
+        _check_arity(fn, 1, "Node.register_prehook expects fn(grad_outputs)")
         if self._pre_hooks is None:
             self._pre_hooks = HookDict()
         return add_hook(self._pre_hooks, fn)
@@ -143,6 +159,7 @@ class Node:
         ``grad_outputs`` the ones it received; a non-``None`` return replaces
         ``grad_inputs``.
         """
+        _check_arity(fn, 2, "Node.register_hook expects fn(grad_inputs, grad_outputs)")
         if self._post_hooks is None:
             self._post_hooks = HookDict()
         return add_hook(self._post_hooks, fn)
