@@ -64,7 +64,7 @@ def _flatten(obj: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
         raise TypeError(f"xgrad.save: can save Tensors, arrays and dicts of them, got {type(obj).__name__} at {path or 'the top level'}")
     host = np.asarray(array)
     name = path or "tensor"
-    arrays[name] = np.ascontiguousarray(_storable(host))
+    arrays[name] = np.require(_storable(host), requirements="C")  # keeps 0-d arrays 0-d
     return {"tensor": name, "dtype": host.dtype.name, "requires_grad": requires_grad}
 
 
