@@ -26,7 +26,7 @@ from xgrad.engine.node import NO_EDGE, InputMetadata, Node, gradient_edge
 from xgrad.engine.saved import ERR_FREED, SavedTensor
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import no_grad
-from xgrad.tensor import ERR_LEAF_INPLACE, Tensor, is_differentiable_dtype
+from xgrad.tensor import ERR_LEAF_INPLACE, Tensor
 
 __all__ = ["Function", "FunctionCtx", "FunctionNode", "once_differentiable"]
 
@@ -292,12 +292,15 @@ def _save(tensor: Tensor | None, wrapped: dict[int, Tensor], returned: set[int])
 
 
 class _DelayedError(Function):
-    """Aliases whose backward raises: marks the outputs of a ``once_differentiable`` backward."""
+    """Aliases of a ``once_differentiable`` backward's results whose own backward raises.
+
+    Its inputs are the results (as aliases) and the incoming grads that require grad,
+    so a second differentiation reaches it from whatever those grads depend on.
+    """
 
     @staticmethod
-    def forward(ctx: FunctionCtx, *grads: Any) -> Any:
-        outs = tuple(Tensor(g._array) if g is not None else None for g in grads)
-        return outs if len(outs) != 1 else outs[0]
+    def forward(ctx: FunctionCtx, num_outputs: int, *tensors: Any) -> Any:
+        return tuple(Tensor(t._array) if isinstance(t, Tensor) else t for t in tensors[:num_outputs])
 
     @staticmethod
     def backward(ctx: FunctionCtx, *grads: Any) -> Any:
@@ -333,11 +336,8 @@ def once_differentiable(backward: Callable[..., Any]) -> Callable[..., Any]:
         if not _grad_state.enabled or not any(isinstance(g, Tensor) and g.requires_grad for g in grads):
             return outputs
         outs = outputs if isinstance(outputs, tuple) else (outputs,)
-        fake = [
-            Tensor(o._array, requires_grad=is_differentiable_dtype(o.dtype)) if isinstance(o, Tensor) else None for o in outs
-        ]
-        marked = _DelayedError.apply(*fake)
-        marked = marked if isinstance(marked, tuple) else (marked,)
+        connected = [g for g in grads if isinstance(g, Tensor) and g.requires_grad]
+        marked = _DelayedError.apply(len(outs), *outs, *connected)
         return marked if isinstance(outputs, tuple) else marked[0]
 
     return wrapper
