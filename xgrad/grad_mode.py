@@ -8,6 +8,7 @@ see the caller's setting by accident.
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -47,17 +48,14 @@ def _set_enabled(mode: bool) -> None:
 class _GradModeContext:
     """Base for the grad-mode switches: a context manager that is also a decorator."""
 
-    _mode: bool | None  # None keeps the current mode
-    _inference: bool = False
+    _mode: bool
 
     def __init__(self) -> None:
         self._saved: list[tuple[bool, bool]] = []
 
     def _swap(self) -> tuple[bool, bool]:
         prev = (_state.enabled, _state.inference)
-        if self._mode is not None:
-            _state.enabled = self._mode
-        _state.inference = self._inference or _state.inference
+        _state.enabled = self._mode
         return prev
 
     @staticmethod
@@ -70,14 +68,43 @@ class _GradModeContext:
     def __exit__(self, *exc: object) -> None:
         self._restore(self._saved.pop())
 
+    def _run(self, step: Callable[..., Any], *args: Any) -> Any:
+        prev = self._swap()
+        try:
+            return step(*args)
+        finally:
+            self._restore(prev)
+
     def __call__(self, fn: F) -> F:
+        if inspect.isgeneratorfunction(fn):
+            return self._wrap_generator(fn)
+
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            prev = self._swap()
+            return self._run(fn, *args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    def _wrap_generator(self, fn: F) -> F:
+        """The mode holds while the generator body runs, not while its caller does."""
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            gen = self._run(fn, *args, **kwargs)
             try:
-                return fn(*args, **kwargs)
-            finally:
-                self._restore(prev)
+                response = self._run(gen.send, None)
+                while True:
+                    try:
+                        request = yield response
+                    except GeneratorExit:
+                        self._run(gen.close)
+                        raise
+                    except BaseException as exc:
+                        response = self._run(gen.throw, exc)
+                    else:
+                        response = self._run(gen.send, request)
+            except StopIteration as stop:
+                return stop.value
 
         return wrapper  # type: ignore[return-value]
 
@@ -125,18 +152,31 @@ class set_grad_enabled(_GradModeContext):
     def __init__(self, mode: bool) -> None:
         super().__init__()
         self._mode = bool(mode)
-        # The switch happens at construction, as PyTorch's does; the context restores it.
-        self._saved.append(self._swap())
+        # The switch happens at construction, as PyTorch's does: the first ``with``
+        # restores the mode from before it, and a decorator undoes it at once so that
+        # only calls of the decorated function see ``mode``.
+        self._construction_prev: tuple[bool, bool] | None = self._swap()
 
     def __enter__(self) -> None:
-        pass
+        if self._construction_prev is None:
+            super().__enter__()
+        else:
+            self._saved.append(self._construction_prev)
+            self._construction_prev = None
+
+    def __call__(self, fn: F) -> F:
+        if self._construction_prev is not None:
+            self._restore(self._construction_prev)
+            self._construction_prev = None
+        return super().__call__(fn)
 
 
 class inference_mode(_GradModeContext):
     """Like ``no_grad``, and marks the thread as in inference mode.
 
     Args:
-        mode: ``False`` makes it a no-op, for code that toggles it.
+        mode: ``False`` leaves inference mode and enables grad inside the context (as
+            PyTorch's does), and makes the decorator a no-op, for code that toggles it.
 
     >>> import xgrad
     >>> with xgrad.inference_mode():
@@ -146,5 +186,13 @@ class inference_mode(_GradModeContext):
 
     def __init__(self, mode: bool = True) -> None:
         super().__init__()
-        self._mode = False if mode else None
+        self._mode = not mode
         self._inference = bool(mode)
+
+    def _swap(self) -> tuple[bool, bool]:
+        prev = super()._swap()
+        _state.inference = self._inference
+        return prev
+
+    def __call__(self, fn: F) -> F:
+        return super().__call__(fn) if self._inference else fn

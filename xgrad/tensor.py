@@ -54,13 +54,13 @@ class Tensor:
         "__weakref__",
         "_array",
         "_backward_hooks",
+        "_grad",
         "_grad_accumulator",
         "_output_nr",
         "_post_accumulate_grad_hooks",
         "_requires_grad",
         "_retains_grad",
         "_version",
-        "grad",
         "grad_fn",
     )
 
@@ -70,7 +70,7 @@ class Tensor:
         self._array = array
         self.grad_fn: Node | None = None
         self._output_nr = 0
-        self.grad: Tensor | None = None
+        self._grad: Tensor | None = None
         self._version = 0
         self._backward_hooks: HookDict | None = None
         self._post_accumulate_grad_hooks: HookDict | None = None
@@ -160,6 +160,13 @@ class Tensor:
             raise TypeError("len() of a 0-d tensor")
         return self._array.shape[0]
 
+    def __iter__(self) -> Any:
+        # Without this Python iterates through __getitem__ until IndexError, and JAX
+        # indexing clamps instead of raising, so the loop would never end.
+        if self._array.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self._array.shape[0]))
+
     # -- autograd attributes ---------------------------------------------------------
     @property
     def requires_grad(self) -> bool:
@@ -179,6 +186,33 @@ class Tensor:
             raise RuntimeError(ERR_REQUIRES_GRAD_DTYPE.format(dtype=self._array.dtype))
         self._requires_grad = bool(requires_grad)
         return self
+
+    @property
+    def grad(self) -> Tensor | None:
+        """The gradient backward accumulated here (leaves, and non-leaves that retain grad)."""
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: Tensor | None) -> None:
+        # The engine writes ``_grad`` directly: validate_outputs already fitted its grads.
+        if value is not None:
+            self._check_assigned_grad(value)
+        self._grad = value
+
+    def _check_assigned_grad(self, value: Any) -> None:
+        if not isinstance(value, Tensor):
+            raise TypeError(f"assigned grad expected to be a Tensor or None but got grad of type {type(value).__name__}")
+        mine, theirs = self._array, value._array
+        if theirs.dtype != mine.dtype:
+            raise RuntimeError(f"assigned grad has data of a different type: expected {mine.dtype}, got {theirs.dtype}")
+        if theirs.shape != mine.shape:
+            raise RuntimeError(
+                f"assigned grad has data of a different size: expected {list(mine.shape)}, got {list(theirs.shape)}"
+            )
+        if theirs.sharding.device_set != mine.sharding.device_set:
+            raise RuntimeError(
+                f"assigned grad has data located on a different device: expected {self.device}, got {value.device}"
+            )
 
     @property
     def is_leaf(self) -> bool:
@@ -319,7 +353,7 @@ class Tensor:
             if tensor is None or grad is None:
                 return
             # Out of place, as PyTorch does, so the engine's buffer is never aliased.
-            tensor.grad = Tensor(grad._array) if tensor.grad is None else Tensor(tensor.grad._array + grad._array)
+            tensor._grad = Tensor(grad._array) if tensor._grad is None else Tensor(tensor._grad._array + grad._array)
 
         node = self.grad_fn
         assert node is not None

@@ -43,13 +43,14 @@ def _as_tensors(value: Any, what: str) -> tuple[Tensor, ...]:
 def _make_grads(outputs: Sequence[Tensor], grads: Sequence[Any]) -> list[Tensor]:
     """The root gradients: given ones checked against their outputs, implicit ones made."""
     if len(grads) != len(outputs):
-        raise RuntimeError(f"grad can be implicitly created only for scalar outputs: got {len(grads)} gradients for {len(outputs)} outputs")
+        raise RuntimeError(f"got {len(outputs)} tensors and {len(grads)} gradients")
     result = []
     for i, (out, g) in enumerate(zip(outputs, grads, strict=True)):
         if g is None:
+            # An output that does not require grad gets its error from _root_edges.
             if out.requires_grad and out._array.size != 1:
                 raise RuntimeError("grad can be implicitly created only for scalar outputs")
-            if not jnp.issubdtype(out._array.dtype, jnp.floating):
+            if out.requires_grad and not jnp.issubdtype(out._array.dtype, jnp.floating):
                 raise RuntimeError(f"grad can be implicitly created only for real scalar outputs but got {out._array.dtype}")
             result.append(Tensor(jnp.ones_like(out._array)))
             continue

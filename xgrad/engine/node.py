@@ -260,15 +260,16 @@ class AccumulateGrad(Node):
             return []
         var = self.variable
         create_graph = is_grad_enabled()
+        # ``_grad``, not the validating ``grad`` setter: validate_outputs fitted new_grad.
         with _accumulate_lock:
-            old = var.grad
+            old = var._grad
             if old is None:
                 # A detached wrapper: the caller's gradient tensor must not alias .grad.
-                var.grad = new_grad if create_graph and new_grad.grad_fn is not None else Tensor(new_grad._array)
+                var._grad = new_grad if create_graph and new_grad.grad_fn is not None else Tensor(new_grad._array)
             elif create_graph:
-                var.grad = old + new_grad
+                var._grad = old + new_grad
             else:
-                var.grad = Tensor(old._array + new_grad._array)
+                var._grad = Tensor(old._array + new_grad._array)
         for hook in run_in_order(var._post_accumulate_grad_hooks):
             hook(var)
         return []
