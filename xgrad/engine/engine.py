@@ -446,6 +446,10 @@ def call_post_hooks(fn: Node, outputs: list[Tensor | None], inputs: list[Tensor 
         result = hook(tuple(outputs), tuple(inputs))
         if result is not None:
             outputs = _as_hook_tuple(fn, "post", result, len(outputs))
+            # Replaced grads flow on like the node's own: fit or reject them the same way.
+            validate_outputs(
+                fn.next_edges, outputs, lambda msg: f"Function {fn.name()} returned an {msg} (from a post hook)"
+            )
     return outputs
 
 
