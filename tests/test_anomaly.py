@@ -1,0 +1,145 @@
+"""Anomaly mode: forward tracebacks on nodes, errors re-raised with them, NaN checks."""
+
+import numpy as np
+import pytest
+
+import xgrad
+from xgrad.autograd import Function, detect_anomaly, is_anomaly_enabled, set_detect_anomaly
+from xgrad.engine.anomaly import TRACE_HEADER, TRACEBACK_KEY
+
+
+def leaf(values=(0.5, 1.5)):
+    return xgrad.tensor(np.asarray(values, dtype=np.float64), requires_grad=True)
+
+
+class Fails(Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        raise ValueError("bad backward")
+
+
+def forward_site_of_fails(x):
+    return Fails.apply(x)
+
+
+def test_off_by_default_and_nodes_record_nothing():
+    assert not is_anomaly_enabled()
+    y = leaf().exp()
+    assert y.grad_fn._metadata is None
+
+
+def test_nodes_created_in_anomaly_mode_store_the_forward_trace():
+    x = leaf()
+    with detect_anomaly():
+        y = x.exp()
+        z = Fails.apply(y)
+    for node in (y.grad_fn, z.grad_fn):
+        trace = node.metadata[TRACEBACK_KEY]
+        assert "test_nodes_created_in_anomaly_mode_store_the_forward_trace" in trace
+    assert "z = Fails.apply(y)" in z.grad_fn.metadata[TRACEBACK_KEY]
+
+
+def test_error_in_backward_is_reraised_with_forward_trace_and_same_type():
+    x = leaf()
+    with detect_anomaly():
+        y = forward_site_of_fails(x).sum()
+        with pytest.raises(ValueError, match="bad backward") as info:
+            y.backward()
+    message = str(info.value)
+    assert TRACE_HEADER.strip() in message
+    assert "forward_site_of_fails" in message
+    assert "FailsBackward" in message
+
+
+def test_without_anomaly_mode_the_error_is_unchanged():
+    y = forward_site_of_fails(leaf()).sum()
+    with pytest.raises(ValueError) as info:
+        y.backward()
+    assert str(info.value) == "bad backward"
+
+
+def test_nodes_recorded_outside_anomaly_mode_add_no_trace():
+    y = forward_site_of_fails(leaf()).sum()
+    with detect_anomaly(), pytest.raises(ValueError) as info:
+        y.backward()
+    assert str(info.value) == "bad backward"
+
+
+def test_nan_check_names_node_and_output():
+    x = leaf((0.0, 1.0))
+    with detect_anomaly():
+        y = (x.sqrt() * 0.0).sum()
+        with pytest.raises(RuntimeError, match=r"Function 'SqrtBackward' returned nan values in its 0th output\.") as info:
+            y.backward()
+    assert TRACE_HEADER.strip() in str(info.value)
+
+
+def test_nan_check_for_custom_function():
+    class NanGrad(Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            return x * w
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, g * float("nan")
+
+    x, w = leaf(), leaf()
+    with detect_anomaly(), pytest.raises(RuntimeError, match="Function 'NanGradBackward' returned nan values in its 1th output."):
+        NanGrad.apply(x, w).sum().backward()
+
+
+def test_check_nan_false_lets_nan_through():
+    x = leaf((0.0, 1.0))
+    with detect_anomaly(check_nan=False):
+        (x.sqrt() * 0.0).sum().backward()
+    assert np.isnan(x.grad.numpy()[0])
+
+
+def test_set_detect_anomaly_function_and_context():
+    set_detect_anomaly(True)
+    try:
+        assert is_anomaly_enabled()
+        assert xgrad.autograd.is_anomaly_check_nan_enabled()
+    finally:
+        set_detect_anomaly(False)
+    assert not is_anomaly_enabled()
+    with set_detect_anomaly(True, check_nan=False):
+        assert is_anomaly_enabled() and not xgrad.autograd.is_anomaly_check_nan_enabled()
+    assert not is_anomaly_enabled() and xgrad.autograd.is_anomaly_check_nan_enabled()
+
+
+def test_after_an_anomaly_error_the_next_backward_works():
+    x = leaf((0.0, 4.0))
+    with detect_anomaly():
+        with pytest.raises(RuntimeError, match="returned nan values"):
+            (x.sqrt() * 0.0).sum().backward()
+        x.grad = None
+        (x * 3.0).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [3.0, 3.0])
+
+
+def test_error_inside_reentrant_backward_carries_the_inner_trace_once():
+    class Outer(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            inner = x.detach().requires_grad_()
+            with xgrad.enable_grad():
+                forward_site_of_fails(inner).sum().backward()
+            return g
+
+    with detect_anomaly():
+        y = Outer.apply(leaf()).sum()
+        with pytest.raises(ValueError, match="bad backward") as info:
+            y.backward()
+    assert str(info.value).count(TRACE_HEADER.strip()) == 1
