@@ -503,3 +503,22 @@ def test_property_scaling_hook_scales_exactly_the_affected_grads(steps, data, c)
     ref_plain = jax.grad(f, argnums=(0, 1))(x0, x1, False)
     for a, b in zip(unaffected, ref_plain, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_hooks_run_for_nodes_on_a_device_worker_thread():
+    """Nodes on the second host device run on its worker thread: every hook kind still runs, in order."""
+    import threading
+
+    device = jax.devices()[-1]
+    x = xgrad.tensor(X0, device=device, requires_grad=True)
+    y = x.sin()
+    events = []
+    y.register_hook(lambda g: events.append(("tensor", threading.current_thread().name)) or g * 2.0)
+    y.grad_fn.register_prehook(lambda go: events.append(("pre", threading.current_thread().name)))
+    x.register_post_accumulate_grad_hook(lambda t: events.append(("post-accumulate", threading.current_thread().name)))
+    y.sum().backward()
+    assert [e[0] for e in events] == ["tensor", "pre", "post-accumulate"]
+    if device != jax.local_devices(backend="cpu")[0]:
+        assert all(name.startswith("xgrad-autograd") for _, name in events)
+    close(x.grad.array, 2.0 * np.cos(X0))
+    assert x.grad.device == device
