@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import types
 
-from xgrad.autograd import graph
+from xgrad.autograd import compiled, graph
 from xgrad.engine import engine as _engine
 from xgrad.engine.anomaly import detect_anomaly, is_anomaly_check_nan_enabled, is_anomaly_enabled, set_detect_anomaly
 from xgrad.engine.api import backward, grad
@@ -15,7 +15,7 @@ from xgrad.engine.order import get_execution_order
 from xgrad.profiler import profile
 
 __all__ = [
-    "MAX_REENTRANT_DEPTH", "Function", "FunctionCtx", "backward", "detect_anomaly", "get_execution_order", "grad",
+    "MAX_REENTRANT_DEPTH", "Function", "FunctionCtx", "backward", "compiled", "detect_anomaly", "get_execution_order", "grad",
     "graph", "is_anomaly_check_nan_enabled", "is_anomaly_enabled", "is_multithreading_enabled", "once_differentiable",
     "profile",
     "queue_callback", "set_detect_anomaly", "set_multithreading_enabled",

@@ -1,16 +1,1404 @@
-"""Compiled backward: the switch (the lowering lives here once built)."""
+"""Compiled backward: a whole backward graph run as cached ``jax.jit`` programs.
+
+# NOTE [Compiled backward]
+# ``execute`` takes the same arguments as ``engine.execute`` and computes the same
+# things, in four stages.
+#
+# 1. Prepare. ``engine.prepare`` builds the ``GraphTask`` exactly as for eager:
+#    validated root grads, dependency counts, ``exec_info``.
+# 2. Walk (every call; the hit path's only per-node Python). ``_walk`` replays the
+#    eager scheduling without running anything (a node is ready when its dependency
+#    count reaches zero; ready nodes pop highest ``sequence_nr`` first; with
+#    ``exec_info`` only nodes on a path to an input are queued), unpacks the saved
+#    tensors (so version checks and saved-tensor hooks behave as in eager) into one
+#    flat list of arrays, and builds the structural key: one tuple per node with its
+#    kind, primitive and static params, output and saved shapes/dtypes, constants,
+#    edges (as indices in discovery order), hooks (pure ones by identity, others as a
+#    marker), and ``exec_info``; plus the leaves' shardings and which leaves already
+#    have a ``.grad``. Arrays inside params (integer index arrays) are keyed by shape
+#    and dtype and become program inputs, never baked-in values; boolean masks decide
+#    output shapes, so they are keyed by value. The shardings of saved arrays are
+#    left to ``jax.jit``'s own dispatch cache, which keys on them anyway.
+# 3. Compile (a miss). ``_Program`` turns the walked nodes into steps and each step
+#    into phases (capture, pre-hooks, body, post-hooks, route). The body runs the
+#    same code eager runs: ``PrimitiveNode.compute`` / ``FunctionNode.compute`` on
+#    tensors wrapping tracers, ``InputBuffer`` sums in arrival order,
+#    ``validate_outputs``, and eager's ``call_*_hooks`` for hooks marked pure.
+#    Hooks that are not pure split the program: each maximal run of traced phases is
+#    one segment, jitted on its own, and between segments the host runs eager's
+#    hook functions on concrete tensors, at their point, in eager's order. Splitting
+#    was chosen over ``io_callback(ordered=True)`` by measurement (benchmarks/
+#    bench_compiled.py: on CPU an ordered callback costs about 20x a segment
+#    boundary, and ordered callbacks gather sharded operands to one device). Each
+#    segment is traced once with ``jax.make_jaxpr``; inputs no equation reads are
+#    dropped (the chain's ``x * c`` saves ``x`` but its backward never reads it), and
+#    the rest run through ``jax.jit`` of the jaxpr, donating the old ``.grad``
+#    buffers when nothing else holds them.
+# 4. Run (a hit). Segment by segment: gather the used inputs from the flat list, call
+#    the executable, write ``.grad`` (under the accumulate lock that eager uses, so
+#    concurrent backwards into shared leaves are exact), retained grads and captured
+#    grads, then the leaves' post-accumulate-grad hooks; at the end the final
+#    callbacks, and ``release_variables`` on every node that ran unless
+#    ``retain_graph``.
+#
+# ``create_graph=True`` runs each segment as one ``from_jax`` op over the saved
+# tensors, root grads and old grads: one differentiable node whose backward is
+# ``jax.vjp`` of the program. Outputs that depend on no input requiring grad (from
+# the jaxpr's data flow) are detached, as eager's would have no ``grad_fn``.
+# What cannot be traced (anomaly mode, the profiler, unknown node kinds, a Function
+# backward or a pure hook that concretizes a tracer or runs a backward of its own)
+# falls back to eager with a one-time warning, or raises under ``fallback="error"``;
+# a key that failed to trace is cached as a fallback so it is not retried.
+"""
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import functools
+import heapq
+import os
+import sys
 import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Literal, jaxpr_as_fun
+
+from xgrad.engine import engine
+from xgrad.engine.anomaly import ANOMALY
+from xgrad.engine.engine import InputBuffer, call_post_hooks, call_pre_hooks, call_tensor_pre_hooks, validate_outputs
+from xgrad.engine.function import FunctionCtx, FunctionNode
+from xgrad.engine.hooks import run_in_order
+from xgrad.engine.node import AccumulateGrad, Edge, GraphRoot, InputMetadata, Node, _accumulate_lock, current_task
+from xgrad.engine.saved import SavedTensor
+from xgrad.grad_mode import _state as _grad_state
+from xgrad.ops.jaxop import from_jax
+from xgrad.ops.registry import Aval, PrimitiveNode
+from xgrad.tensor import Tensor
+
+__all__ = [
+    "CompiledFallbackError", "CompiledFallbackWarning", "RecompileWarning", "enable", "execute", "is_enabled",
+    "pure_hook", "reset", "set_cache_size", "set_enabled", "stats",
+]
+
+DEFAULT_CACHE_SIZE = 256
+#: Misses at one call site beyond this many warn once, naming what changed in the key.
+RECOMPILE_WARNING_LIMIT = 8
+_XGRAD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+ERR_FALLBACK = "compiled backward cannot run this graph: {reason}. Use fallback='eager' to run such graphs eagerly."
+WARN_FALLBACK = "compiled backward fell back to eager: {reason}. (Warned once per reason.)"
+WARN_RECOMPILE = (
+    "compiled backward recompiled {count} times at {site}; the last change: {reason}. Keep shapes, dtypes, hooks "
+    "and leaves fixed between steps, or pad inputs to a few sizes."
+)
+
+
+class CompiledFallbackWarning(UserWarning):
+    """A backward asked to run compiled ran eagerly instead (the message says why)."""
+
+
+class RecompileWarning(UserWarning):
+    """One call site keeps compiling new backward programs."""
+
+
+class CompiledFallbackError(RuntimeError):
+    """Under ``enable(fallback="error")``: the backward cannot be compiled."""
+
+
+class _NotTraceable(Exception):
+    """Raised while walking or tracing: this graph must run eagerly (the text says why)."""
+
+    def __init__(self, reason: str, kind: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+
+
+_TRACER_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.NonConcreteBooleanIndexError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.UnexpectedTracerError,
+)
+
+
+# -- the switch ----------------------------------------------------------------------
 
 
 class _CompiledState(threading.local):
-    enabled = False
+    def __init__(self) -> None:
+        self.enabled = False
+        self.fallback = "eager"
+        self.tracing = False
 
 
 _state = _CompiledState()
 
 
 def is_enabled() -> bool:
+    """Whether ``backward``/``grad`` run compiled on this thread by default.
+
+    >>> import xgrad
+    >>> xgrad.autograd.compiled.is_enabled()
+    False
+    """
     return _state.enabled
+
+
+def set_enabled(enabled: bool) -> None:
+    """Make ``backward``/``grad`` run compiled (``True``) or eagerly (``False``) on this thread.
+
+    >>> import xgrad
+    >>> xgrad.autograd.compiled.set_enabled(True); xgrad.autograd.compiled.is_enabled()
+    True
+    >>> xgrad.autograd.compiled.set_enabled(False)
+    """
+    _state.enabled = bool(enabled)
+
+
+class enable:
+    """Context manager: backwards inside it run compiled on this thread.
+
+    Args:
+        fallback: ``"eager"`` (default) runs what cannot be compiled eagerly, with a
+            one-time ``CompiledFallbackWarning``; ``"error"`` raises
+            ``CompiledFallbackError`` instead.
+
+    >>> import xgrad
+    >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> with xgrad.autograd.compiled.enable():
+    ...     (x * x).sum().backward()
+    >>> x.grad.tolist()
+    [2.0, 4.0]
+    """
+
+    def __init__(self, fallback: str = "eager") -> None:
+        if fallback not in ("eager", "error"):
+            raise ValueError(f"fallback must be 'eager' or 'error', got {fallback!r}")
+        self.fallback = fallback
+
+    def __enter__(self) -> enable:
+        self.prev = (_state.enabled, _state.fallback)
+        _state.enabled = True
+        _state.fallback = self.fallback
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _state.enabled, _state.fallback = self.prev
+
+
+class PureHook:
+    """A hook marked traceable and free of side effects (see ``pure_hook``)."""
+
+    __slots__ = ("__wrapped__", "fn")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        if not callable(fn):
+            raise TypeError(f"pure_hook expects a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.__wrapped__ = fn  # inspect.signature (hook arity checks) sees the function's own
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def __repr__(self) -> str:
+        return f"pure_hook({self.fn!r})"
+
+
+def pure_hook(fn: Callable[..., Any]) -> PureHook:
+    """Mark a hook as JAX-traceable with no side effects, so compiled backwards trace it in.
+
+    Any hook kind can be marked. Eager backwards call it as usual; compiled ones call
+    it only while tracing (once per compiled program), on traced values.
+
+    >>> import xgrad
+    >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> h = x.register_hook(xgrad.autograd.compiled.pure_hook(lambda g: g * 2))
+    >>> (x * 3).sum().backward(compiled=True); x.grad.tolist()
+    [6.0, 6.0]
+    """
+    return fn if isinstance(fn, PureHook) else PureHook(fn)
+
+
+# -- cache and statistics ------------------------------------------------------------
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.clear()
+
+    def clear(self) -> None:
+        self.hits = 0
+        self.misses = 0
+        self.compiles = 0
+        self.traces = 0
+        self.compile_seconds = 0.0
+        self.fallbacks: collections.Counter[str] = collections.Counter()
+        self.recompile_reasons: collections.deque[str] = collections.deque(maxlen=16)
+        self.sites: dict[str, tuple[int, Any]] = {}
+        self.warned_sites: set[str] = set()
+
+    def add(self, name: str, amount: Any = 1) -> None:
+        with self.lock:
+            setattr(self, name, getattr(self, name) + amount)
+
+
+_stats = _Stats()
+_cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+_cache_lock = threading.Lock()
+_cache_size = DEFAULT_CACHE_SIZE
+_warned_reasons: set[str] = set()
+
+
+def stats() -> dict[str, Any]:
+    """Counters of the compiled backward since the last ``reset``.
+
+    Keys: ``hits``, ``misses``, ``compiles`` (segments compiled), ``traces`` (times
+    the backward rules were traced), ``fallbacks`` (a dict: reason kind → count),
+    ``compile_seconds``, ``cache_size`` and ``recompile_reasons`` (latest last).
+
+    >>> import xgrad
+    >>> xgrad.autograd.compiled.reset()
+    >>> x = xgrad.tensor([1.0], requires_grad=True)
+    >>> for _ in range(2):
+    ...     (x * 2).sum().backward(compiled=True)
+    >>> s = xgrad.autograd.compiled.stats(); (s["misses"], s["hits"])
+    (1, 1)
+    """
+    with _stats.lock:
+        return {
+            "hits": _stats.hits,
+            "misses": _stats.misses,
+            "compiles": _stats.compiles,
+            "traces": _stats.traces,
+            "fallbacks": dict(_stats.fallbacks),
+            "compile_seconds": _stats.compile_seconds,
+            "cache_size": len(_cache),
+            "recompile_reasons": list(_stats.recompile_reasons),
+        }
+
+
+def reset() -> None:
+    """Empty the program cache and zero the statistics (one-time warnings warn again).
+
+    >>> import xgrad
+    >>> xgrad.autograd.compiled.reset(); xgrad.autograd.compiled.stats()["cache_size"]
+    0
+    """
+    with _cache_lock:
+        _cache.clear()
+        _stats.clear()
+        _warned_reasons.clear()
+
+
+def set_cache_size(size: int) -> None:
+    """Bound the number of cached programs (least recently used go first; default 256).
+
+    >>> import xgrad
+    >>> xgrad.autograd.compiled.set_cache_size(64); xgrad.autograd.compiled.set_cache_size(256)
+    """
+    global _cache_size
+    if int(size) < 1:
+        raise ValueError(f"cache size must be at least 1, got {size}")
+    with _cache_lock:
+        _cache_size = int(size)
+        while len(_cache) > _cache_size:
+            _cache.popitem(last=False)
+
+
+def _lookup(key: Any) -> Any:
+    entry = _cache.get(key)
+    if entry is not None:
+        try:
+            _cache.move_to_end(key)
+        except KeyError:  # evicted by another thread just now; the entry still works
+            pass
+    return entry
+
+
+def _insert(key: Any, entry: Any) -> Any:
+    with _cache_lock:
+        entry = _cache.setdefault(key, entry)
+        _cache.move_to_end(key)
+        while len(_cache) > _cache_size:
+            _cache.popitem(last=False)
+    return entry
+
+
+# -- the walk: order, structural key, flat saved arrays ------------------------------
+
+# Node kinds, the first field of each node's key (-1: a node that is only captured).
+K_CAPTURED, K_PRIM, K_ACC, K_ROOT, K_FUNC = -1, 0, 1, 2, 3
+_FIELDS = {
+    K_CAPTURED: ("kind", "hooks", "exec_info"),
+    K_PRIM: ("kind", "primitive", "params", "output shapes/dtypes", "saved values", "edges", "hooks", "exec_info"),
+    K_ACC: ("kind", "leaf shape/dtype/sharding", "leaf .grad", "hooks", "exec_info"),
+    K_ROOT: ("kind", "edges", "exec_info"),
+    K_FUNC: ("kind", "Function", "output shapes/dtypes", "ctx attributes", "saved values", "edges", "hooks", "exec_info"),
+}
+_TOP_FIELDS = ("create_graph", "accumulate into .grad", "number of inputs", "root input slot")
+_HOOKS_FIELD = {K_CAPTURED: 1, K_PRIM: 6, K_ACC: 3, K_FUNC: 6}
+
+_SCALARS = frozenset((float, int, bool, complex, type(None), str))
+_HOST = "host"  # hooks key: a hook group with a hook that is not pure runs on the host
+_RAW = "raw array"  # saved-values key tag: a raw array argument, a program input
+_TENSOR = "tensor"  # saved-values / ctx key tag: a tensor, a program input
+_ARG = object()  # template marker: filled from the program's inputs
+_CTX_BASE = frozenset(FunctionCtx().__dict__)
+
+
+class _Walk:
+    __slots__ = ("flat", "key", "nodes", "starts")
+
+    def __init__(self, key: Any, nodes: list[Node], flat: list[Any], starts: list[int]) -> None:
+        self.key = key
+        self.nodes = nodes
+        self.flat = flat
+        self.starts = starts  # where each node's entries begin in ``flat``
+
+
+def _group_key(hooks: Any, tensor_hooks: bool) -> Any:
+    """Key of one hook dict: the pure hooks themselves, or ``_HOST`` if any is not pure."""
+    if not hooks:
+        return None
+    values = tuple(hooks.values())
+    for v in values:
+        if type(v[1] if tensor_hooks else v) is not PureHook:
+            return _HOST
+    return values
+
+
+def _hooks_key(node: Node) -> Any:
+    tensor_pre = node.tensor_pre_hooks()
+    if not (tensor_pre or node._pre_hooks or node._post_hooks or node._retains_grad_hooks):
+        return None
+    pre: Any = _group_key(tensor_pre, True)
+    node_pre = _group_key(node._pre_hooks, False)
+    if node_pre is _HOST:
+        pre = _HOST
+    elif pre is not _HOST:
+        retains = tuple(node._retains_grad_hooks or ())
+        pre = (pre, node_pre, retains) if pre or node_pre or retains else None
+    return pre, _group_key(node._post_hooks, False)
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (jax.Array, np.ndarray))
+
+
+def _freeze(value: Any, flat: list[Any]) -> Any:
+    """A hashable key for a static value; integer arrays go to ``flat``, keyed by shape and dtype.
+
+    Boolean masks decide output shapes, so they are keyed (and later baked in) by value.
+    """
+    if _is_array(value):
+        if value.dtype == np.bool_:
+            return (_RAW, "bool", value.shape, np.asarray(value).tobytes())
+        flat.append(value)
+        return (_RAW, value.shape, value.dtype)
+    cls = type(value)
+    if cls is tuple or cls is list:
+        return (cls, *(_freeze(v, flat) for v in value))
+    if cls is dict:
+        return (dict, *((k, _freeze(v, flat)) for k, v in value.items()))
+    if cls is slice:
+        return (slice, _freeze(value.start, flat), _freeze(value.stop, flat), _freeze(value.step, flat))
+    try:
+        hash(value)
+    except TypeError:
+        raise _NotTraceable(f"a static value of type {cls.__name__} cannot be keyed", "unhashable static value") from None
+    return (cls, value)
+
+
+def _params_key(params: dict[str, Any], flat: list[Any]) -> Any:
+    if not params:
+        return ()
+    items = tuple(params.items())
+    try:
+        hash(items)
+        return items
+    except TypeError:
+        return tuple((k, _freeze(v, flat)) for k, v in items)
+
+
+def _saved_key(values: Any, node: Node, flat: list[Any], keep_tensors: bool) -> tuple[Any, ...]:
+    """Key of a node's saved values, appending the unpacked ones to ``flat`` in order.
+
+    ``keep_tensors`` (create_graph) keeps the unpacked tensors, which carry the graph.
+    """
+    key: list[Any] = []
+    append = key.append
+    for s in values:
+        cls = type(s)
+        if cls is SavedTensor or cls is Tensor:
+            t = s.unpack(node) if cls is SavedTensor else s
+            a = t._array
+            flat.append(t if keep_tensors else a)
+            append(a.shape)
+            append(a.dtype)
+        elif cls in _SCALARS:
+            append(cls)
+            append(s)
+        elif cls is Aval:
+            append(s)
+        elif _is_array(s):
+            flat.append(s)
+            append(_RAW)
+            append(s.shape)
+            append(s.dtype)
+        else:
+            append(_freeze(s, flat))
+    return tuple(key)
+
+
+def _ctx_key(ctx: FunctionCtx, name: str, flat: list[Any]) -> tuple[Any, ...]:
+    """Key of what a Function's ``backward`` may read from ``ctx`` besides the saved tensors."""
+    items = []
+    for attr, value in ctx.__dict__.items():
+        if attr in _CTX_BASE:
+            continue
+        if isinstance(value, Tensor):
+            flat.append(value._array)
+            items.append((attr, _TENSOR, value.shape, value.dtype))
+            continue
+        try:
+            items.append((attr, _freeze(value, flat)))
+        except _NotTraceable:
+            raise _NotTraceable(
+                f"ctx.{attr} of {name} is a {type(value).__name__}, which cannot be keyed", "unhashable ctx attribute"
+            ) from None
+    return (ctx.materialize_grads, ctx.needs_input_grad, tuple(items))
+
+
+def _walk(graph_task: Any, root: Node, create_graph: bool, accumulate_grad: bool, n_inputs: int, root_nr: int) -> _Walk:
+    """Replay the eager schedule; return the key, the nodes in run order and the flat saved values."""
+    dependencies = graph_task.dependencies
+    exec_info = graph_task.exec_info
+    order: dict[Node, int] = {root: 0}
+    nodes: list[Node] = []
+    node_keys: list[Any] = []
+    flat: list[Any] = []
+    starts: list[int] = []
+    heap = [(-root.sequence_nr, 0, root)]
+    pushed = 1
+    heappop, heappush = heapq.heappop, heapq.heappush
+    while heap:
+        node = heappop(heap)[2]
+        nodes.append(node)
+        starts.append(len(flat))
+        cls = type(node)
+        if exec_info:
+            info = exec_info[node]
+            exec_key: Any = (info.needed, None if info.captures is None else tuple(info.captures))
+            if not info.needed:
+                # Captured only: eager runs its tensor pre-hooks and stops there.
+                node_keys.append((K_CAPTURED, _hooks_key(node), exec_key))
+                continue
+        else:
+            exec_key = None
+        edges_key: list[int] = []
+        for next_fn, input_nr in node.next_edges:
+            if next_fn is None:
+                edges_key.append(-1)
+                edges_key.append(0)
+                continue
+            i = order.get(next_fn)
+            if i is None:
+                i = order[next_fn] = len(order)
+            edges_key.append(i)
+            edges_key.append(input_nr)
+            remaining = dependencies[next_fn] - 1
+            if remaining:
+                dependencies[next_fn] = remaining
+                continue
+            del dependencies[next_fn]
+            if exec_info:
+                next_info = exec_info.get(next_fn)
+                if next_info is None or not next_info.should_execute():
+                    continue
+            heappush(heap, (-next_fn.sequence_nr, pushed, next_fn))
+            pushed += 1
+        if cls is PrimitiveNode:
+            meta = node.input_metadata
+            saved_out = node.saved_out
+            node_keys.append((
+                K_PRIM,
+                node.prim,
+                _params_key(node.params, flat),
+                (meta[0][0], meta[0][1]) if len(meta) == 1 else tuple((m[0], m[1]) for m in meta),
+                _saved_key(node.saved if saved_out is None else (*node.saved, *saved_out), node, flat, create_graph),
+                tuple(edges_key),
+                _hooks_key(node),
+                exec_key,
+            ))
+        elif cls is AccumulateGrad:
+            grad = node.variable.grad
+            node_keys.append((
+                K_ACC,
+                node.input_metadata[0],
+                None if grad is None else (grad._array.shape, grad._array.dtype),
+                _hooks_key(node),
+                exec_key,
+            ))
+        elif isinstance(node, FunctionNode):
+            node_keys.append((
+                K_FUNC,
+                node.function,
+                tuple(None if m is None else (m[0], m[1]) for m in node.input_metadata),
+                _ctx_key(node.ctx, node.name(), flat),
+                _saved_key(node.unpack_saved(), node, flat, create_graph),
+                tuple(edges_key),
+                _hooks_key(node),
+                exec_key,
+            ))
+        elif cls is GraphRoot:
+            node_keys.append((K_ROOT, tuple(edges_key), exec_key))
+        else:
+            raise _NotTraceable(f"the graph has a node of kind {node.name()} that compiled backward does not know", "unknown node kind")
+    starts.append(len(flat))
+    return _Walk((create_graph, accumulate_grad, n_inputs, root_nr, tuple(node_keys)), nodes, flat, starts)
+
+
+# -- steps: what the program does per node -------------------------------------------
+
+
+class _NodeView:
+    """What eager's hook runners and ``validate_outputs`` read from a node, without its saved state."""
+
+    __slots__ = ("_name", "_post_hooks", "_pre_hooks", "_retains_grad_hooks", "_tensor_pre_hooks", "input_metadata")
+
+    def __init__(self, name: str, input_metadata: tuple[Any, ...]) -> None:
+        self._name = name
+        self.input_metadata = input_metadata
+        self._tensor_pre_hooks: Any = None
+        self._pre_hooks: Any = None
+        self._post_hooks: Any = None
+        self._retains_grad_hooks: Any = None
+
+    def name(self) -> str:
+        return self._name
+
+    def tensor_pre_hooks(self) -> Any:
+        return self._tensor_pre_hooks
+
+
+def _traced_metadata(meta: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Input metadata without shardings: inside a program XLA places the values."""
+    return tuple(None if m is None else InputMetadata(m.shape, m.dtype, None) for m in meta)
+
+
+class _PrimRules:
+    """A primitive's rules with their params: ``PrimitiveNode.compute`` runs on it unchanged."""
+
+    __slots__ = ("params", "prim")
+    compute = PrimitiveNode.compute
+
+    def __init__(self, prim: Any, params: dict[str, Any]) -> None:
+        self.prim = prim
+        self.params = params
+
+
+class _FunctionRules:
+    """A custom Function's backward: ``FunctionNode.compute`` runs on it unchanged."""
+
+    __slots__ = ("_name", "ctx", "function", "input_is_tensor", "next_edges")
+    compute = FunctionNode.compute
+    _check_grads = FunctionNode._check_grads
+
+    def __init__(self, node: FunctionNode, ctx: FunctionCtx) -> None:
+        self._name = node.name()
+        self.function = node.function
+        self.input_is_tensor = node.input_is_tensor
+        self.next_edges = node.next_edges
+        self.ctx = ctx
+
+    def name(self) -> str:
+        return self._name
+
+
+class _Step:
+    """One node of the program: the static facts its phases need, none of the graph's values."""
+
+    __slots__ = (
+        "captures", "ctx_template", "edge_views", "function", "kind", "leaf_sharding", "leaf_slot", "materialize",
+        "meta", "n_saved_out", "name", "needs_input_grad", "num_outputs", "params", "pos", "post", "pre", "prim",
+        "runs", "saved", "size", "targets",
+    )
+
+
+def _template(value: Any) -> Any:
+    """``value`` with the entries ``_freeze`` sent to ``flat`` replaced by ``_ARG``."""
+    if _is_array(value):
+        return np.asarray(value) if value.dtype == np.bool_ else _ARG
+    cls = type(value)
+    if cls is tuple or cls is list:
+        return cls(_template(v) for v in value)
+    if cls is dict:
+        return {k: _template(v) for k, v in value.items()}
+    if cls is slice:
+        return slice(_template(value.start), _template(value.stop), _template(value.step))
+    return value
+
+
+def _fill(template: Any, values: Iterator[Any]) -> Any:
+    if template is _ARG:
+        return next(values)
+    cls = type(template)
+    if cls is tuple or cls is list:
+        return cls(_fill(v, values) for v in template)
+    if cls is dict:
+        return {k: _fill(v, values) for k, v in template.items()}
+    if cls is slice:
+        return slice(_fill(template.start, values), _fill(template.stop, values), _fill(template.step, values))
+    return template
+
+
+def _saved_template(values: Any) -> tuple[Any, ...]:
+    """Per saved value, what the program passes the rule: ``_TENSOR``/``_RAW`` inputs or a template."""
+    out = []
+    for s in values:
+        cls = type(s)
+        if cls is SavedTensor or cls is Tensor:
+            out.append(_TENSOR)
+        elif cls in _SCALARS or cls is Aval:
+            out.append(s)
+        elif _is_array(s):
+            out.append(_RAW)
+        else:
+            out.append(_template(s))
+    return tuple(out)
+
+
+def _hook_views(name: str, meta: tuple[Any, ...], key: Any) -> tuple[Any, Any]:
+    """A node's two hook groups as traced views, ``_HOST`` markers, or ``None`` (from its hooks key)."""
+    if key is None:
+        return None, None
+    pre_key, post_key = key
+    pre: Any = pre_key
+    if pre_key is not _HOST and pre_key is not None:
+        tensor_pre, node_pre, retains = pre_key
+        pre = _NodeView(name, meta)
+        pre._tensor_pre_hooks = dict(enumerate(tensor_pre or ()))
+        pre._pre_hooks = dict(enumerate(node_pre or ()))
+        pre._retains_grad_hooks = retains
+    post: Any = post_key
+    if post_key is not _HOST and post_key is not None:
+        post = _NodeView(name, meta)
+        post._post_hooks = dict(enumerate(post_key))
+    return pre, post
+
+
+def _build_steps(walk: _Walk) -> list[_Step]:
+    nodes = walk.nodes
+    position = {node: pos for pos, node in enumerate(nodes)}
+    steps = []
+    leaf_slots = 0
+    for pos, (node, nkey) in enumerate(zip(nodes, walk.key[4], strict=True)):
+        step = _Step()
+        step.pos = pos
+        step.kind = nkey[0]
+        step.name = node.name()
+        step.meta = _traced_metadata(node.input_metadata)
+        step.size = len(node.input_metadata)
+        exec_key = nkey[-1]
+        step.runs = exec_key is None or exec_key[0]
+        step.captures = None if exec_key is None else exec_key[1]
+        hooks_field = _HOOKS_FIELD.get(step.kind)
+        step.pre, step.post = _hook_views(step.name, step.meta, None if hooks_field is None else nkey[hooks_field])
+        step.leaf_slot = None
+        steps.append(step)
+        if not step.runs:
+            continue
+        targets = []
+        views = []
+        for next_fn, input_nr in node.next_edges:
+            target = position.get(next_fn) if next_fn is not None else None
+            targets.append(None if target is None else (target, input_nr))
+            view = None if next_fn is None else _NodeView(next_fn.name(), _traced_metadata(next_fn.input_metadata))
+            views.append(Edge(view, input_nr))
+        step.targets = targets
+        step.edge_views = tuple(views)
+        if step.kind == K_PRIM:
+            step.prim = node.prim
+            step.params = _template(node.params)
+            step.num_outputs = node.prim.num_outputs
+            step.n_saved_out = 0 if node.saved_out is None else len(node.saved_out)
+            step.saved = _saved_template(node.saved if node.saved_out is None else (*node.saved, *node.saved_out))
+        elif step.kind == K_ACC:
+            step.leaf_slot = leaf_slots
+            leaf_slots += 1
+            sharding = node.input_metadata[0].sharding
+            multi = isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1
+            step.leaf_sharding = sharding if multi else None
+        elif step.kind == K_FUNC:
+            ctx = node.ctx
+            step.function = node
+            step.needs_input_grad = ctx.needs_input_grad
+            step.materialize = ctx.materialize_grads
+            step.ctx_template = [
+                (attr, _TENSOR if isinstance(v, Tensor) else _template(v))
+                for attr, v in ctx.__dict__.items()
+                if attr not in _CTX_BASE
+            ]
+            step.saved = _saved_template(node.unpack_saved())
+    # A Function's rules keep what they need of the node, not the node (its saved values).
+    for step in steps:
+        if step.runs and step.kind == K_FUNC:
+            step.function = _FunctionRules(step.function, FunctionCtx())
+    return steps
+
+
+# -- phases: the eager engine's per-node work, on traced or concrete values ------------
+
+
+CAPTURE, PRE, BODY, POST, ROUTE = range(5)
+
+
+class _Values:
+    """Gradients in flight inside a segment (or between segments, on the host)."""
+
+    __slots__ = ("buffers", "captures", "current", "grads", "retained")
+
+    def __init__(self) -> None:
+        self.buffers: dict[int, InputBuffer] = {}
+        self.current: dict[int, Any] = {}  # {pos: (outputs, inputs)} between a node's body and its routing
+        self.grads: dict[int, Tensor] = {}
+        self.captures: dict[int, Tensor] = {}
+        self.retained: dict[tuple[int, int], Tensor] = {}
+
+    def live(self) -> Any:
+        """What flows on to the next segment, as a pytree with tensor (or ``None``) leaves."""
+        return {pos: list(buf.buffer) for pos, buf in self.buffers.items()}, {
+            pos: (list(outs), list(ins)) for pos, (outs, ins) in self.current.items()
+        }
+
+    @staticmethod
+    def from_live(live: Any) -> _Values:
+        values = _Values()
+        buffers, current = live
+        for pos, grads in buffers.items():
+            buf = InputBuffer(len(grads))
+            buf.buffer = list(grads)
+            values.buffers[pos] = buf
+        values.current = {pos: (list(outs), list(ins)) for pos, (outs, ins) in current.items()}
+        return values
+
+
+def _phase(steps: list[_Step], step: _Step, op: int, view: Any, values: _Values, args: Iterator[Any],
+           roots: list[Tensor], old: dict[int, Tensor]) -> None:
+    """Run one phase of ``step``; ``view`` is the node itself (host) or its traced hook view."""
+    try:
+        _phase_unchecked(steps, step, op, view, values, args, roots, old)
+    except _TRACER_ERRORS as exc:
+        detail = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        if op in (PRE, POST):
+            raise _NotTraceable(f"a hook marked pure_hook on {step.name} is not traceable ({detail})", "untraceable hook") from exc
+        if step.kind == K_FUNC:
+            raise _NotTraceable(
+                f"the backward of custom Function {step.function.function.__name__} is not traceable ({detail})",
+                "untraceable Function",
+            ) from exc
+        raise _NotTraceable(f"{step.name} is not traceable ({detail})", "untraceable node") from exc
+    except _NotTraceable as exc:
+        if step.kind == K_FUNC and exc.kind == "reentrant backward" and op == BODY:
+            raise _NotTraceable(f"the backward of custom Function {step.function.function.__name__} {exc}", exc.kind) from exc
+        raise
+
+
+def _phase_unchecked(steps: list[_Step], step: _Step, op: int, view: Any, values: _Values, args: Iterator[Any],
+                     roots: list[Tensor], old: dict[int, Tensor]) -> None:
+    pos = step.pos
+    if op == CAPTURE:
+        buf = values.buffers[pos].buffer
+        for input_idx, output_idx in step.captures:
+            if buf[input_idx] is not None:
+                values.captures[output_idx] = buf[input_idx]
+        if not step.runs:
+            del values.buffers[pos]
+    elif op == PRE:
+        buf = values.buffers[pos]
+        if step.runs:
+            buf.buffer = call_tensor_pre_hooks(view, buf.buffer)
+            if view._pre_hooks:
+                buf.buffer = call_pre_hooks(view, buf.buffer)
+        else:
+            buf.buffer = call_tensor_pre_hooks(view, list(buf.buffer))
+    elif op == BODY:
+        buf = values.buffers.pop(pos, None)
+        inputs = [] if buf is None else buf.buffer
+        values.current[pos] = (_body(step, inputs, values, args, roots, old), inputs)
+    elif op == POST:
+        outs, ins = values.current[pos]
+        values.current[pos] = (call_post_hooks(view, outs, ins), ins)
+    else:
+        outs, _ = values.current.pop(pos)
+        buffers = values.buffers
+        for out, target in zip(outs, step.targets, strict=True):
+            if target is None:
+                continue
+            tpos, input_nr = target
+            buf = buffers.get(tpos)
+            if buf is None:
+                buf = buffers[tpos] = InputBuffer(steps[tpos].size)
+            buf.add(input_nr, out)
+
+
+def _body(step: _Step, inputs: list[Any], values: _Values, args: Iterator[Any], roots: list[Tensor],
+          old: dict[int, Tensor]) -> list[Any]:
+    kind = step.kind
+    if kind == K_ACC:
+        new = inputs[0]
+        if new is not None:
+            previous = old.get(step.leaf_slot)
+            value = new._array if previous is None else previous._array + new._array
+            if step.leaf_sharding is not None:
+                value = jax.lax.with_sharding_constraint(value, step.leaf_sharding)
+            values.grads[step.leaf_slot] = Tensor(value)
+        return []
+    if kind == K_ROOT:
+        outs = list(roots)
+    elif kind == K_PRIM:
+        outs = _prim_body(step, inputs, args)
+    else:
+        outs = _function_body(step, inputs, args)
+    validate_outputs(step.edge_views, outs, lambda msg: f"Function {step.name} returned an {msg}")
+    return outs
+
+
+def _saved_values(template: tuple[Any, ...], args: Iterator[Any]) -> list[Any]:
+    values = []
+    for s in template:
+        if s is _TENSOR:
+            values.append(Tensor(next(args)))
+        elif s is _RAW:
+            values.append(next(args))
+        else:
+            values.append(_fill(s, args))
+    return values
+
+
+def _prim_body(step: _Step, grads: list[Any], args: Iterator[Any]) -> list[Any]:
+    """``PrimitiveNode.apply`` on given values: the same rules, through the same ``compute``."""
+    rules = _PrimRules(step.prim, _fill(step.params, args))
+    values = _saved_values(step.saved, args)
+    n_out = step.n_saved_out
+    inputs = values[:len(values) - n_out]
+    n = len(step.targets)
+    if step.num_outputs == 1:
+        g = grads[0]
+        if g is None:
+            return [None] * n
+    else:
+        if all(gi is None for gi in grads):
+            return [None] * n
+        g = tuple(gi if gi is not None else Tensor(jnp.zeros(m.shape, m.dtype)) for gi, m in zip(grads, step.meta, strict=True))
+    out: Any = tuple(values[len(values) - n_out:]) if n_out else step.meta
+    if step.num_outputs == 1:
+        out = out[0]
+    return rules.compute(g, out, inputs, [t is not None for t in step.targets])
+
+
+def _function_body(step: _Step, grads: list[Any], args: Iterator[Any]) -> list[Any]:
+    """``FunctionNode.apply`` on given values: the user's ``backward``, through the same ``compute``."""
+    ctx = FunctionCtx()
+    ctx.needs_input_grad = step.needs_input_grad
+    ctx.materialize_grads = step.materialize
+    for attr, template in step.ctx_template:
+        setattr(ctx, attr, Tensor(next(args)) if template is _TENSOR else _fill(template, args))
+    saved = tuple(_saved_values(step.saved, args))
+    if step.materialize:
+        grads = [
+            Tensor(jnp.zeros(m.shape, m.dtype)) if g is None and m is not None else g
+            for g, m in zip(grads, step.meta, strict=True)
+        ]
+    rules = step.function
+    rules.ctx = ctx
+    try:
+        return rules.compute(grads, saved)
+    finally:
+        rules.ctx = None
+
+
+def _retain_recorders(view: _NodeView, pos: int, values: _Values) -> _NodeView:
+    """A copy of ``view`` whose retains-grad hooks record the traced grad as a program output."""
+    recorder = _NodeView(view._name, view.input_metadata)
+    recorder._tensor_pre_hooks = view._tensor_pre_hooks
+    recorder._pre_hooks = view._pre_hooks
+
+    def record(nr: int) -> Callable[[Any], None]:
+        def retain(grad: Any) -> None:
+            if grad is not None:
+                values.retained[(pos, nr)] = grad
+
+        return retain
+
+    recorder._retains_grad_hooks = {nr: record(nr) for nr in view._retains_grad_hooks}
+    return recorder
+
+
+@contextlib.contextmanager
+def _tracing() -> Iterator[None]:
+    """While tracing: record no graph, and send nested backwards to ``execute`` (which refuses them)."""
+    prev = (_state.tracing, _state.enabled, _grad_state.enabled)
+    _state.tracing, _state.enabled, _grad_state.enabled = True, True, False
+    try:
+        yield
+    finally:
+        _state.tracing, _state.enabled, _grad_state.enabled = prev
+
+
+# -- segments and their compiled variants --------------------------------------------
+
+
+class _Segment:
+    """A run of traced phases between host hooks: one jitted program per input layout."""
+
+    def __init__(self, program: _Program, index: int, phases: list[tuple[int, int]], arg_lo: int, arg_hi: int) -> None:
+        self.program = program
+        self.index = index
+        self.phases = phases
+        self.arg_lo = arg_lo
+        self.arg_hi = arg_hi
+        steps = program.steps
+        self.leaf_steps = [steps[pos] for op, pos in phases if op == BODY and steps[pos].kind == K_ACC]
+        self.variants: dict[Any, _Variant] = {}
+
+    @property
+    def first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def last(self) -> bool:
+        return self.index == len(self.program.segments) - 1
+
+    def trace(self, flat: list[Any], layout: tuple[Any, ...]) -> tuple[list[Any], Any]:
+        """The segment as a function of flat arrays; returns the flat outputs and their pytree."""
+        _stats.add("traces")
+        n_saved, live_tree, n_live, n_roots, old_mask = layout
+        args = iter(flat[:n_saved])
+        live = jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in flat[n_saved:n_saved + n_live]])
+        roots = [Tensor(a) for a in flat[n_saved + n_live:n_saved + n_live + n_roots]]
+        old_arrays = iter(flat[n_saved + n_live + n_roots:])
+        old = {s.leaf_slot: Tensor(next(old_arrays)) for s, has in zip(self.leaf_steps, old_mask, strict=True) if has}
+        values = _Values.from_live(live)
+        program = self.program
+        steps = program.steps
+        if self.first and program.root_nr >= 0:
+            buf = InputBuffer(steps[0].size)
+            buf.add(program.root_nr, roots[0])
+            values.buffers[0] = buf
+        for op, pos in self.phases:
+            step = steps[pos]
+            view = step.post if op == POST else step.pre
+            if op == PRE and view._retains_grad_hooks:
+                view = _retain_recorders(view, pos, values)
+            _phase(steps, step, op, view, values, args, roots, old)
+        outputs = (
+            None if self.last else values.live(),
+            values.grads,
+            values.captures,
+            values.retained,
+        )
+        leaves, tree = jax.tree_util.tree_flatten(outputs, is_leaf=_is_tensor)
+        return [t._array for t in leaves], tree
+
+
+class _Variant:
+    """A segment compiled for one layout of its inputs.
+
+    Traced once to a jaxpr: the inputs no equation reads are dropped, the data flow
+    from inputs to outputs is kept (create_graph detaches outputs that need no graph),
+    and the rest runs as ``jax.jit`` of the jaxpr.
+    """
+
+    __slots__ = ("deps", "donated", "donating", "example", "fresh", "op", "out_avals", "out_tree", "plain", "used")
+
+    def __init__(self, segment: _Segment, avals: list[Any], layout: tuple[Any, ...]) -> None:
+        trees: list[Any] = []
+
+        def traced(*flat: Any) -> list[Any]:
+            leaves, tree = segment.trace(list(flat), layout)
+            trees.append(tree)
+            return leaves
+
+        with _tracing():
+            closed = jax.make_jaxpr(traced)(*avals)
+        self.out_tree = trees[0]
+        self.out_avals = closed.out_avals
+        jaxpr = closed.jaxpr
+        index = {v: i for i, v in enumerate(jaxpr.invars)}
+        depends: dict[Any, frozenset[int]] = {v: frozenset((i,)) for v, i in index.items()}
+        used: set[int] = set()
+        for eqn in jaxpr.eqns:
+            sources: frozenset[int] = frozenset()
+            for v in eqn.invars:
+                if not isinstance(v, Literal):
+                    sources = sources | depends.get(v, frozenset())
+                    if v in index:
+                        used.add(index[v])
+            for v in eqn.outvars:
+                depends[v] = sources
+        self.deps = []
+        for v in jaxpr.outvars:
+            if isinstance(v, Literal):
+                self.deps.append(frozenset())
+                continue
+            self.deps.append(depends.get(v, frozenset()))
+            if v in index:
+                used.add(index[v])
+        self.used = sorted(used)
+        first_old = len(avals) - sum(layout[4])
+        self.donated = tuple(k for k, i in enumerate(self.used) if i >= first_old)
+        run_all = jaxpr_as_fun(closed)
+        n_in = len(avals)
+        used_idx = tuple(self.used)
+
+        def run(*used_args: Any) -> Any:
+            full: list[Any] = [None] * n_in
+            for i, a in zip(used_idx, used_args, strict=True):
+                full[i] = a
+            return run_all(*full)
+
+        self.plain = jax.jit(run)
+        self.donating = jax.jit(run, donate_argnums=self.donated) if self.donated else self.plain
+        self.op: Any = None  # the from_jax op for create_graph, made on first use
+
+        def program(*flat: Any) -> list[Any]:
+            with _tracing():
+                return segment.trace(list(flat), layout)[0]
+
+        self.op = functools.partial(_lazy_op, self, program)
+
+
+def _lazy_op(variant: _Variant, program: Callable[..., Any], *tensors: Tensor) -> Any:
+    op = from_jax(program, name="compiled")
+    variant.op = op
+    return op(*tensors)
+
+
+class _Program:
+    """The compiled form of one graph structure: its steps, and its segments split at host hooks."""
+
+    def __init__(self, walk: _Walk) -> None:
+        key = walk.key
+        self.create_graph = key[0]
+        self.root_nr = key[3]
+        self.node_keys = key[4]
+        self.steps = _build_steps(walk)
+        self.released = [s.pos for s in self.steps if s.runs and s.kind != K_ROOT]
+        self.items: list[Any] = []  # segments, with host phases (op, pos) between them
+        self.segments: list[_Segment] = []
+        phases: list[tuple[int, int]] = []
+        arg_lo = arg = 0
+        starts = walk.starts
+        for step in self.steps:
+            ops = []
+            if step.captures is not None and step.runs:
+                ops.append(CAPTURE)  # eager captures a running node's grads before its hooks
+            if step.pre is not None:
+                ops.append(PRE)
+            if not step.runs:
+                ops.append(CAPTURE)
+            else:
+                ops.append(BODY)
+                if step.post is not None:
+                    ops.append(POST)
+                ops.append(ROUTE)
+            for op in ops:
+                if (op == PRE and step.pre is _HOST) or (op == POST and step.post is _HOST):
+                    self._add_segment(phases, arg_lo, arg)
+                    phases = []
+                    arg_lo = arg
+                    self.items.append((op, step.pos))
+                else:
+                    phases.append((op, step.pos))
+                    if op == BODY:
+                        arg += starts[step.pos + 1] - starts[step.pos]
+        self._add_segment(phases, arg_lo, arg)
+
+    def _add_segment(self, phases: list[tuple[int, int]], lo: int, hi: int) -> None:
+        segment = _Segment(self, len(self.segments), phases, lo, hi)
+        self.segments.append(segment)
+        self.items.append(segment)
+
+    def hlo_text(self, segment: int = 0) -> str:
+        """The compiled HLO of one segment's first variant (for tests and debugging)."""
+        variant = next(iter(self.segments[segment].variants.values()))
+        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in variant.example]  # type: ignore[attr-defined]
+        return variant.plain.lower(*avals).compile().as_text()
+
+
+# -- running a program ---------------------------------------------------------------
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+def _array_of(x: Any) -> Any:
+    return x._array if isinstance(x, Tensor) else x
+
+
+def _aval(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _donatable(var: Tensor) -> bool:
+    """Whether leaf ``var``'s old ``.grad`` is held by nothing else, so its buffer can be reused.
+
+    The tensor's references: the leaf's slot, ``grad`` here and ``getrefcount``'s
+    argument; the array's: the tensor's slot and the argument.
+    """
+    grad = var.grad
+    return grad is None or (sys.getrefcount(grad) <= 3 and sys.getrefcount(grad._array) <= 2)
+
+
+def _compile_variant(segment: _Segment, avals: list[Any], layout: tuple[Any, ...], signature: Any) -> _Variant:
+    start = time.perf_counter()
+    variant = _Variant(segment, avals, layout)
+    variant.example = avals
+    variant.fresh = True
+    _stats.add("compiles")
+    _stats.add("compile_seconds", time.perf_counter() - start)
+    return segment.variants.setdefault(signature, variant)
+
+
+def _pretrace(program: _Program, walk: _Walk, roots: list[Tensor]) -> None:
+    """Trace every segment before any runs, so nothing traceable fails halfway through a backward.
+
+    Each segment's live inputs are the previous one's live outputs (host hooks keep
+    shapes and dtypes: eager checks what they return); old ``.grad``s come from the key.
+    """
+    live_leaves, live_tree = jax.tree_util.tree_flatten(_Values().live())
+    live_avals: list[tuple[Any, Any]] = []
+    for segment in program.segments:
+        saved = [_aval(_array_of(x).shape, _array_of(x).dtype) for x in walk.flat[segment.arg_lo:segment.arg_hi]]
+        old_keys = [program.node_keys[s.pos][2] for s in segment.leaf_steps]
+        old_mask = tuple(k is not None for k in old_keys)
+        old_avals = tuple(k for k in old_keys if k is not None)
+        root_avals = [_aval(r._array.shape, r._array.dtype) for r in roots] if segment.first else []
+        layout = (len(saved), live_tree, len(live_avals), len(root_avals), old_mask)
+        avals = [*saved, *(_aval(*a) for a in live_avals), *root_avals, *(_aval(*a) for a in old_avals)]
+        variant = _compile_variant(segment, avals, layout, (live_tree, old_mask, tuple(live_avals), old_avals))
+        live = jax.tree_util.tree_unflatten(variant.out_tree, range(len(variant.out_avals)))[0]
+        if live is not None:
+            live_leaves, live_tree = jax.tree_util.tree_flatten(live)
+            live_avals = [(variant.out_avals[i].shape, variant.out_avals[i].dtype) for i in live_leaves]
+
+
+def _run_segment(segment: _Segment, walk: _Walk, values: _Values, roots: list[Tensor], create_graph: bool) -> Any:
+    nodes = walk.nodes
+    saved = walk.flat[segment.arg_lo:segment.arg_hi]
+    live_leaves, live_tree = jax.tree_util.tree_flatten(values.live(), is_leaf=_is_tensor)
+    leaves = [nodes[s.pos].variable for s in segment.leaf_steps]  # type: ignore[attr-defined]
+    root_tensors = roots if segment.first else []
+    # Read, add and write .grad under eager's accumulate lock: concurrent backwards into
+    # shared leaves stay exact. The program is dispatched asynchronously, so the lock is
+    # held for the dispatch, not the computation.
+    with _accumulate_lock if leaves else contextlib.nullcontext():
+        donate = not create_graph and all(_donatable(v) for v in leaves)
+        old_mask = tuple(v.grad is not None for v in leaves)
+        old = [v.grad for v in leaves if v.grad is not None]
+        live_arrays = [t._array for t in live_leaves]
+        signature = (
+            live_tree, old_mask, tuple((a.shape, a.dtype) for a in live_arrays), tuple((g._array.shape, g._array.dtype) for g in old)
+        )
+        variant = segment.variants.get(signature)
+        if variant is None:
+            arrays = [*map(_array_of, saved), *live_arrays, *(t._array for t in root_tensors), *(g._array for g in old)]
+            layout = (len(saved), live_tree, len(live_leaves), len(root_tensors), old_mask)
+            variant = _compile_variant(segment, [_aval(a.shape, a.dtype) for a in arrays], layout, signature)
+        start = time.perf_counter() if variant.fresh else 0.0
+        if create_graph:
+            outs = _run_differentiable(variant, saved, live_leaves, root_tensors, old)
+        else:
+            inputs = [*saved, *live_arrays, *(t._array for t in root_tensors), *(g._array for g in old)]
+            runner = variant.donating if donate else variant.plain
+            outs = [Tensor(a) for a in runner(*[inputs[i] for i in variant.used])]
+        if variant.fresh:  # the first call compiles: count it as compile time
+            jax.block_until_ready([t._array for t in outs])
+            variant.fresh = False
+            _stats.add("compile_seconds", time.perf_counter() - start)
+        live, grads, captures, retained = jax.tree_util.tree_unflatten(variant.out_tree, outs)
+        for step, var in zip(segment.leaf_steps, leaves, strict=True):
+            grad = grads.get(step.leaf_slot)
+            if grad is not None:
+                var.grad = grad
+    return live, grads, captures, retained
+
+
+def _run_differentiable(variant: _Variant, saved: list[Any], live: list[Tensor], roots: list[Tensor], old: list[Tensor]) -> list[Tensor]:
+    """Run a segment as one ``from_jax`` op: its outputs are differentiable (create_graph).
+
+    An output that depends on no input requiring grad is detached, as eager's would
+    have no ``grad_fn``.
+    """
+    tensors = [x if isinstance(x, Tensor) else Tensor(x) for x in saved] + live + roots + old
+    if not variant.deps:
+        return []
+    outs = list(variant.op(*tensors))
+    requires = [t.requires_grad for t in tensors]
+    return [o if any(requires[i] for i in deps) else Tensor(o._array) for o, deps in zip(outs, variant.deps, strict=True)]
+
+
+def _run(program: _Program, walk: _Walk, graph_task: Any, roots: list[Tensor], keep_graph: bool, create_graph: bool,
+         n_captured: int) -> list[Tensor | None]:
+    nodes = walk.nodes
+    steps = program.steps
+    captured: list[Tensor | None] = [None] * n_captured
+    values = _Values()
+    prev_grad_mode, prev_task = _grad_state.enabled, current_task.graph_task
+    _grad_state.enabled = create_graph
+    current_task.graph_task = graph_task  # so hooks can queue_callback
+    try:
+        for item in program.items:
+            if type(item) is tuple:  # a host phase: eager's hook runner on the real node
+                op, pos = item
+                _phase(steps, steps[pos], op, nodes[pos], values, iter(()), roots, {})
+                continue
+            live, grads, captures, retained = _run_segment(item, walk, values, roots, create_graph)
+            values = _Values() if live is None else _Values.from_live(live)
+            for (pos, nr), grad in retained.items():
+                retain = (nodes[pos]._retains_grad_hooks or {}).get(nr)
+                if retain is not None:
+                    retain(grad)
+            for i, grad in captures.items():
+                captured[i] = grad
+            for step in item.leaf_steps:
+                if step.leaf_slot in grads:
+                    var = nodes[step.pos].variable  # type: ignore[attr-defined]
+                    for hook in run_in_order(var._post_accumulate_grad_hooks):
+                        hook(var)
+    finally:
+        _grad_state.enabled = prev_grad_mode
+        current_task.graph_task = prev_task
+    if not keep_graph:
+        for pos in program.released:
+            nodes[pos].release_variables()
+    graph_task.exec_post_processing()
+    return captured
+
+
+# -- misses, fallbacks, recompile reasons --------------------------------------------
+
+
+def _call_site() -> str:
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_XGRAD_DIR):
+        frame = frame.f_back  # type: ignore[assignment]
+    return "<unknown>" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _node_label(nkey: Any) -> str:
+    kind = nkey[0]
+    if kind == K_PRIM:
+        return nkey[1].node_name
+    if kind == K_FUNC:
+        return f"{nkey[1].__name__}Backward"
+    return {K_ACC: "AccumulateGrad", K_ROOT: "GraphRoot"}.get(kind, "a captured node")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def describe_change(old: Any, new: Any) -> str:
+    """What differs between two structural keys, in words (the "recompile reason")."""
+    for i, field in enumerate(_TOP_FIELDS):
+        if old[i] != new[i]:
+            return f"{field} changed from {old[i]!r} to {new[i]!r}"
+    before, after = old[4], new[4]
+    for pos, (a, b) in enumerate(zip(before, after)):  # noqa: B905  (lengths may differ)
+        if a == b:
+            continue
+        label = _node_label(b)
+        if a[0] != b[0]:
+            return f"node {pos} is now {label}, was {_node_label(a)}"
+        for field, x, y in zip(_FIELDS[b[0]], a, b):  # noqa: B905
+            if x != y:
+                return f"node {pos} ({label}): {field} changed from {_short(x)} to {_short(y)}"
+    if len(before) != len(after):
+        return f"the graph has {len(after)} nodes, was {len(before)}"
+    return "the same structure as before: its program was evicted from the cache (see set_cache_size)"
+
+
+def _note_miss(site: str, key: Any) -> None:
+    with _stats.lock:
+        _stats.misses += 1
+        previous = _stats.sites.get(site)
+        count = 1 if previous is None else previous[0] + 1
+        _stats.sites[site] = (count, key)
+        if previous is None:
+            return
+        reason = describe_change(previous[1], key)
+        _stats.recompile_reasons.append(reason)
+        warn = count - 1 > RECOMPILE_WARNING_LIMIT and site not in _stats.warned_sites
+        if warn:
+            _stats.warned_sites.add(site)
+    if warn:
+        warnings.warn(WARN_RECOMPILE.format(count=count - 1, site=site, reason=reason), RecompileWarning, stacklevel=4)
+
+
+def _compile(walk: _Walk, roots: list[Tensor]) -> Any:
+    _note_miss(_call_site(), walk.key)
+    try:
+        program = _Program(walk)
+        _pretrace(program, walk, roots)
+    except _NotTraceable as exc:
+        return _insert(walk.key, exc)  # cached: the same structure is not traced again
+    return _insert(walk.key, program)
+
+
+def _fallback(exc: _NotTraceable, args: tuple[Any, ...]) -> list[Tensor | None]:
+    reason = str(exc)
+    with _stats.lock:
+        _stats.fallbacks[exc.kind] += 1
+        first = reason not in _warned_reasons
+        _warned_reasons.add(reason)
+    if _state.fallback == "error":
+        raise CompiledFallbackError(ERR_FALLBACK.format(reason=reason)) from None
+    if first:
+        warnings.warn(WARN_FALLBACK.format(reason=reason), CompiledFallbackWarning, stacklevel=4)
+    return engine.execute(*args)
+
+
+def execute(
+    root_edges: list[Edge],
+    root_grads: list[Tensor],
+    keep_graph: bool,
+    create_graph: bool,
+    accumulate_grad: bool,
+    outputs: list[Edge],
+) -> list[Tensor | None]:
+    """``engine.execute``, compiled: the same arguments, effects and return value (NOTE [Compiled backward])."""
+    args = (root_edges, root_grads, keep_graph, create_graph, accumulate_grad, outputs)
+    if _state.tracing:
+        raise _NotTraceable("it runs a backward of its own (a reentrant backward)", "reentrant backward")
+    if ANOMALY.enabled:
+        return _fallback(_NotTraceable("anomaly mode is on", "anomaly mode"), args)
+    if engine.profile_node is not None:
+        return _fallback(_NotTraceable("the backward profiler is active", "profiler"), args)
+    graph_task, graph_root, _ = engine.prepare(*args)
+    root_nr = root_edges[0].input_nr if len(root_edges) == 1 else -1
+    try:
+        walk = _walk(graph_task, graph_root, create_graph, accumulate_grad, len(outputs), root_nr)
+    except _NotTraceable as exc:
+        return _fallback(exc, args)
+    program = _lookup(walk.key)
+    if program is None:
+        program = _compile(walk, root_grads)
+    else:
+        _stats.add("hits")
+    if isinstance(program, _NotTraceable):
+        return _fallback(program, args)
+    return _run(program, walk, graph_task, list(root_grads), keep_graph, create_graph, 0 if accumulate_grad else len(outputs))

@@ -29,6 +29,7 @@ import logging
 import os
 import queue as queue_module
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -187,6 +188,8 @@ class GraphTask:
         "cpu_ready_queue",
         "create_graph",
         "dependencies",
+        "device_queues",
+        "done",
         "exception",
         "exec_info",
         "final_callbacks",
@@ -200,7 +203,6 @@ class GraphTask:
         "outstanding_tasks",
         "owner",
         "reentrant_depth",
-        "done",
     )
 
     def __init__(self, keep_graph: bool, create_graph: bool, reentrant_depth: int, cpu_ready_queue: ReadyQueue, graph_roots: list[Node]) -> None:
@@ -220,7 +222,12 @@ class GraphTask:
         self.has_error = False
         self.future_completed = False
         self.owner: Any = NO_DEVICE
+        # The device workers' queues, or none when this task runs all on its CPU queue
+        # (NOTE [Device threads]); set by prepare.
+        self.device_queues: dict[Any, ReadyQueue] = _NO_DEVICE_QUEUES
         self.mutex = threading.Lock()
+        # Set once the task is finished, post-processing included: the reference
+        # engine's completed future.
         self.done = threading.Event()
 
     def increment_outstanding(self) -> None:
@@ -289,9 +296,12 @@ class GraphTask:
 
     def mark_as_completed_and_run_post_processing(self) -> None:
         with self.mutex:
-            if self.future_completed:
-                return
+            claimed = self.future_completed
             self.future_completed = True
+        if claimed:
+            # Another thread is finishing this task: return only once it has.
+            self.done.wait()
+            return
         try:
             if not self.has_error:
                 self.exec_post_processing()
@@ -364,10 +374,12 @@ def validate_outputs(edges: tuple[Edge, ...] | list[Edge], grads: list[Any], for
             if not jnp.issubdtype(grad._array.dtype, jnp.inexact):
                 raise RuntimeError(format_error(f"invalid gradient at index {i} - expected dtype {meta.dtype} but got {grad._array.dtype}"))
             grad = grad.to(meta.dtype)
-        if _devices.single_device:
+        sharding = meta.sharding
+        # No sharding in the metadata: the compiled backward validates traced values,
+        # which XLA places (and which have no .sharding to compare).
+        if _devices.single_device or sharding is None:
             grads[i] = grad
             continue
-        sharding = meta.sharding
         grad_sharding = grad._array.sharding
         if (
             sharding is not None
@@ -494,6 +506,7 @@ def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, cpu_
                 raise RuntimeError(f"Function '{fn.name()}' returned nan values in its {i}th output.")
 
     next_edges = fn.next_edges
+    device_queues = graph_task.device_queues
     with graph_task.mutex:
         dependencies = graph_task.dependencies
         not_ready = graph_task.not_ready
@@ -519,7 +532,7 @@ def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, cpu_
                 input_buffer.add(input_nr, output)
                 if is_ready:
                     graph_task.outstanding_tasks += 1  # we hold the mutex
-                    ready_queue(cpu_ready_queue, next_fn).push(NodeTask(graph_task, next_fn, input_buffer), False)
+                    ready_queue(cpu_ready_queue, next_fn, device_queues).push(NodeTask(graph_task, next_fn, input_buffer), False)
                 else:
                     not_ready[next_fn] = input_buffer
             else:
@@ -527,30 +540,51 @@ def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, cpu_
                 if is_ready:
                     del not_ready[next_fn]
                     graph_task.outstanding_tasks += 1
-                    ready_queue(cpu_ready_queue, next_fn).push(NodeTask(graph_task, next_fn, input_buffer), False)
+                    ready_queue(cpu_ready_queue, next_fn, device_queues).push(NodeTask(graph_task, next_fn, input_buffer), False)
 
 
 # -- threads and queues --------------------------------------------------------------
+#
+# NOTE [Device threads]
+# Every JAX device other than the default CPU device (each GPU; each extra host device
+# when XLA splits the host) gets one long-lived worker thread with its own ReadyQueue,
+# shared by all graph tasks and started, all together, on the first backward
+# (``initialize_device_threads_pool``). A ready node goes to the queue of the device
+# its inputs live on (``Node.device``); nodes on the default CPU device, nodes on
+# sharded arrays (several devices) and every node of a task with multithreading
+# disabled go to the task's ``cpu_ready_queue``, which the calling thread drives. The
+# thread that finishes a task's last outstanding node runs its post-processing and,
+# unless it is the owner, pushes an empty task onto the owner's queue so the owner
+# wakes from ``pop`` and returns: no caller sleeps on a task someone else finished.
+
+
+def _shutdown_wait_limit() -> float:
+    raw = os.environ.get("XGRAD_AUTOGRAD_SHUTDOWN_WAIT_LIMIT", "10")
+    try:
+        return max(float(raw), 0.0)
+    except ValueError:
+        logger.warning("XGRAD_AUTOGRAD_SHUTDOWN_WAIT_LIMIT=%r is not a number of seconds; waiting 10", raw)
+        return 10.0
 
 
 class _DeviceThreads:
-    """The per-device worker threads and the reentrant thread pool, started lazily."""
+    """The per-device worker threads and the reentrant thread pool."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.started = False
-        self.default_device: Any = None
         self.queues: dict[Any, ReadyQueue] = {}
         self.threads: list[threading.Thread] = []
-        self.pool_tasks: queue_module.SimpleQueue[GraphTask] = queue_module.SimpleQueue()
+        self.pool_tasks: queue_module.SimpleQueue[GraphTask | None] = queue_module.SimpleQueue()
         self.pool_workers = 0
         self.pool_idle = 0
         self.bad_fork = False
         # With one device in the process no gradient can be on the wrong one, so
-        # validate_outputs skips the device check (set by start()).
+        # validate_outputs skips the device check (set once the pool is initialized).
         self.single_device = False
 
-    def start(self) -> None:
+    def initialize_device_threads_pool(self) -> None:
+        """Start one worker per non-default device, once per process; refuse in a bad fork."""
         if self.bad_fork:
             raise RuntimeError(ERR_BAD_FORK)
         if self.started:
@@ -558,36 +592,46 @@ class _DeviceThreads:
         with self.lock:
             if self.started:
                 return
-            self.default_device = jax.local_devices(backend="cpu")[0]
-            others = [d for d in jax.devices() if d != self.default_device]
-            others += [d for d in jax.local_devices(backend="cpu") if d != self.default_device and d not in others]
+            cpus = jax.local_devices(backend="cpu")
+            others = [d for d in jax.local_devices() if d != cpus[0]]
+            others += [d for d in cpus[1:] if d not in others]
+            queues = {}
             for device in others:
-                q = ReadyQueue()
-                self.queues[device] = q
-                t = threading.Thread(target=_device_thread_main, args=(device, q), name=f"xgrad-autograd-{device}", daemon=True)
-                self.threads.append(t)
-            for t in self.threads:
-                t.start()
+                q = queues[device] = ReadyQueue()
+                name = f"xgrad-autograd-{device.platform}:{device.id}"
+                thread = threading.Thread(target=_device_thread_main, args=(device, q), name=name, daemon=True)
+                self.threads.append(thread)
+                thread.start()
+            self.queues = queues
             self.single_device = not others
             self.started = True
 
-    def add_pool_task(self, graph_task: GraphTask) -> None:
+    def add_thread_pool_task(self, graph_task: GraphTask) -> None:
+        """Hand ``graph_task`` to an idle pool thread, starting one if none is idle."""
         with self.lock:
-            create = self.pool_idle == 0
-            if create:
+            spawn = self.pool_idle == 0
+            if spawn:
                 self.pool_workers += 1
+                name = f"xgrad-autograd-reentrant-{self.pool_workers}"
             else:
                 self.pool_idle -= 1
         self.pool_tasks.put(graph_task)
-        if create:
-            threading.Thread(target=_reentrant_thread_main, name="xgrad-autograd-reentrant", daemon=True).start()
+        if spawn:
+            threading.Thread(target=_reentrant_thread_main, name=name, daemon=True).start()
 
     def shutdown(self) -> None:
-        limit = float(os.environ.get("XGRAD_AUTOGRAD_SHUTDOWN_WAIT_LIMIT", "10"))
+        """Stop the workers at interpreter exit, waiting at most the configured limit for all of them."""
+        if self.bad_fork or not self.started:
+            return
+        deadline = time.monotonic() + _shutdown_wait_limit()
         for q in self.queues.values():
             q.push(NodeTask(None, None, None, is_shutdown=True), increment_outstanding=False)
-        for t in self.threads:
-            t.join(timeout=limit / max(len(self.threads), 1))
+        for _ in range(self.pool_workers):
+            self.pool_tasks.put(None)
+        for thread in self.threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+            if thread.is_alive():
+                logger.warning("autograd worker %s still busy at exit; not waiting for it", thread.name)
 
 
 _devices = _DeviceThreads()
@@ -595,7 +639,8 @@ atexit.register(_devices.shutdown)
 
 
 def _after_fork_in_child() -> None:
-    if _devices.started and _devices.threads or _devices.pool_workers:
+    # The child has none of the parent's threads, and their queues' locks may be held.
+    if _devices.threads or _devices.pool_workers:
         _devices.bad_fork = True
 
 
@@ -609,25 +654,32 @@ def _device_thread_main(device: Any, q: ReadyQueue) -> None:
 
 
 def _reentrant_thread_main() -> None:
+    """A pool thread: drive the queue of each handed-over task's owner until that task completes."""
     while True:
         graph_task = _devices.pool_tasks.get()
+        if graph_task is None:  # shutdown
+            return
         _tls.worker_device = graph_task.owner
-        _tls.local_ready_queue = graph_task.cpu_ready_queue
+        _tls.local_ready_queue = _ready_queue_by_owner(graph_task.cpu_ready_queue, graph_task.owner)
         _tls.total_depth = graph_task.reentrant_depth
         thread_main(graph_task)
+        graph_task = None
         with _devices.lock:
             _devices.pool_idle += 1
 
 
 class set_multithreading_enabled:
-    """Run every node on the calling thread (``False``) or on its device's worker (``True``).
+    """Run nodes on their device's worker thread (``True``, the default) or all on the calling thread.
 
-    Thread-local; takes effect at once and, as a context manager, is restored on exit.
+    Thread-local; takes effect at once and, used as a context manager, is restored on
+    exit. A backward started inside a node inherits its task's setting.
 
     >>> import xgrad
     >>> with xgrad.autograd.set_multithreading_enabled(False):
     ...     xgrad.autograd.is_multithreading_enabled()
     False
+    >>> xgrad.autograd.is_multithreading_enabled()
+    True
     """
 
     def __init__(self, mode: bool) -> None:
@@ -642,14 +694,23 @@ class set_multithreading_enabled:
 
 
 def is_multithreading_enabled() -> bool:
+    """Whether backward calls from this thread use the per-device worker threads.
+
+    >>> import xgrad
+    >>> xgrad.autograd.is_multithreading_enabled()
+    True
+    """
     return _tls.multithreading_enabled
 
 
-def ready_queue(cpu_ready_queue: ReadyQueue, fn: Node) -> ReadyQueue:
-    """The queue ``fn`` runs from: the task's CPU queue, or its device worker's."""
-    if not _devices.queues or not _tls.multithreading_enabled:
-        return cpu_ready_queue
-    return _devices.queues.get(fn.device(), cpu_ready_queue)
+_NO_DEVICE_QUEUES: dict[Any, ReadyQueue] = {}
+
+
+def ready_queue(cpu_ready_queue: ReadyQueue, fn: Node, device_queues: dict[Any, ReadyQueue]) -> ReadyQueue:
+    """The queue ``fn`` runs from: its device worker's, or the task's CPU queue."""
+    if device_queues:
+        return device_queues.get(fn.device(), cpu_ready_queue)
+    return cpu_ready_queue
 
 
 def _ready_queue_by_owner(cpu_ready_queue: ReadyQueue, owner: Any) -> ReadyQueue:
@@ -661,16 +722,22 @@ def _ready_queue_by_owner(cpu_ready_queue: ReadyQueue, owner: Any) -> ReadyQueue
 def thread_main(graph_task: GraphTask | None) -> None:
     """Pop and run tasks until ``graph_task`` completes (forever for a device worker)."""
     local_queue = _tls.local_ready_queue
-    assert local_queue is not None
+    if local_queue is None:
+        raise RuntimeError(ERR_INTERNAL.format(what="thread_main without a ready queue"))
+    worker_device = _tls.worker_device
     prev_grad_mode = _grad_state.enabled
     prev_task = current_task.graph_task
+    # A shutdown popped by a nested loop belongs to the worker's outermost loop.
+    deferred_shutdown = None
     try:
-        while graph_task is None or not graph_task.future_completed:
+        while graph_task is None or not graph_task.done.is_set():
             task = local_queue.pop()
             if task.is_shutdown:
-                break
-            local_task = task.graph_task
-            assert local_task is not None
+                if graph_task is None:
+                    break
+                deferred_shutdown = task
+                continue
+            local_task: GraphTask = task.graph_task  # type: ignore[assignment]
             if task.fn is not None and not local_task.has_error:
                 _grad_state.enabled = local_task.create_graph
                 current_task.graph_task = local_task
@@ -678,8 +745,6 @@ def thread_main(graph_task: GraphTask | None) -> None:
                     evaluate_function(local_task, task.fn, task.inputs, local_task.cpu_ready_queue)  # type: ignore[arg-type]
                 except BaseException as exc:
                     local_task.set_exception(exc, task.fn)
-                finally:
-                    current_task.graph_task = prev_task
             task = None  # type: ignore[assignment]  # drop the grads before waiting again
             with local_task.mutex:
                 local_task.outstanding_tasks -= 1
@@ -687,13 +752,14 @@ def thread_main(graph_task: GraphTask | None) -> None:
             if finished:
                 local_task.mark_as_completed_and_run_post_processing()
                 owner = local_task.owner
-                if _tls.worker_device != owner:
-                    _ready_queue_by_owner(local_task.cpu_ready_queue, owner).push(
-                        NodeTask(local_task, None, None), increment_outstanding=False
-                    )
+                if worker_device != owner:
+                    # Wake the owner: it may be blocked in pop() on its own queue.
+                    _ready_queue_by_owner(local_task.cpu_ready_queue, owner).push(NodeTask(local_task, None, None))
     finally:
         _grad_state.enabled = prev_grad_mode
         current_task.graph_task = prev_task
+        if deferred_shutdown is not None:
+            local_queue.push(deferred_shutdown, increment_outstanding=False)
 
 
 # -- entry point ---------------------------------------------------------------------
@@ -725,7 +791,7 @@ def prepare(
     outputs: list[Edge],
 ) -> tuple[GraphTask, Node, InputBuffer]:
     """Build the graph task for a call: root, dependencies and ``exec_info``."""
-    _devices.start()
+    _devices.initialize_device_threads_pool()
     validate_outputs(root_edges, root_grads, lambda msg: msg)
     if not accumulate_grad and not outputs:
         raise ValueError("grad requires non-empty inputs.")
@@ -739,6 +805,10 @@ def prepare(
         _tls.local_ready_queue,
         [e.node for e in root_edges],  # type: ignore[misc]
     )
+    # A reentrant backward keeps its parent's choice (NOTE [Device threads]).
+    parent = current_task.graph_task if reentrant else None
+    if _tls.multithreading_enabled and (parent is None or parent.device_queues):
+        graph_task.device_queues = _devices.queues
     if len(root_edges) == 1:
         graph_root: Node = root_edges[0].node  # type: ignore[assignment]
         input_buffer = InputBuffer(len(graph_root.input_metadata))
@@ -770,21 +840,26 @@ def execute(
 
 
 def execute_with_graph_task(graph_task: GraphTask, graph_root: Node, input_buffer: InputBuffer) -> None:
-    _devices.start()
-    q = ready_queue(graph_task.cpu_ready_queue, graph_root)
+    """Run ``graph_task`` to completion from this thread (NOTE [Reentrant backward])."""
+    q = ready_queue(graph_task.cpu_ready_queue, graph_root, graph_task.device_queues)
     if _tls.worker_device == NO_DEVICE:
+        # A user thread: it becomes the driver of its CPU queue for the call.
         _tls.worker_device = CPU_DEVICE
         graph_task.owner = CPU_DEVICE
         q.push(NodeTask(graph_task, graph_root, input_buffer))
         try:
             thread_main(graph_task)
+        except BaseException as exc:  # interrupted while waiting: workers skip the rest
+            graph_task.set_exception(exc, None)
+            raise
         finally:
             _tls.worker_device = NO_DEVICE
         return
     graph_task.owner = _tls.worker_device
     q.push(NodeTask(graph_task, graph_root, input_buffer))
     if _tls.current_depth >= MAX_REENTRANT_DEPTH:
-        _devices.add_pool_task(graph_task)
+        # A fresh pool thread drives this thread's queue while this one waits.
+        _devices.add_thread_pool_task(graph_task)
         graph_task.done.wait()
         return
     _tls.total_depth += 1

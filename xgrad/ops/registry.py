@@ -149,7 +149,10 @@ ERR_DEVICES = "Expected all tensors to be on the same device, but found at least
 def _check_same_devices(tensors: list[Tensor]) -> None:
     first = None
     for t in tensors:
-        sharding = t._array.sharding
+        # Traced values (the compiled backward) have no sharding: XLA places them.
+        sharding = getattr(t._array, "sharding", None)
+        if sharding is None:
+            continue
         if first is None:
             first = sharding
         elif sharding is not first and sharding != first and t._array.ndim and first.device_set != sharding.device_set:

@@ -1,0 +1,32 @@
+"""``xgrad.autograd.compiled``: run backwards as cached ``jax.jit`` programs.
+
+See NOTE [Compiled backward] in ``xgrad/engine/compiled.py`` for how it works.
+
+>>> import xgrad
+>>> w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+>>> with xgrad.autograd.compiled.enable():
+...     (w * w).sum().backward()
+>>> w.grad.tolist()
+[2.0, 4.0]
+"""
+
+from xgrad.engine.compiled import (
+    DEFAULT_CACHE_SIZE,
+    RECOMPILE_WARNING_LIMIT,
+    CompiledFallbackError,
+    CompiledFallbackWarning,
+    PureHook,
+    RecompileWarning,
+    enable,
+    is_enabled,
+    pure_hook,
+    reset,
+    set_cache_size,
+    set_enabled,
+    stats,
+)
+
+__all__ = [
+    "DEFAULT_CACHE_SIZE", "RECOMPILE_WARNING_LIMIT", "CompiledFallbackError", "CompiledFallbackWarning", "PureHook",
+    "RecompileWarning", "enable", "is_enabled", "pure_hook", "reset", "set_cache_size", "set_enabled", "stats",
+]
