@@ -169,7 +169,7 @@ class FunctionNode(Node):
             self.saved = None
 
 
-def _overrides_setup_context(cls: type) -> bool:
+def _overrides_setup_context(cls: type[Function]) -> bool:
     return getattr(cls.setup_context, "__func__", cls.setup_context) is not _base_setup_context
 
 

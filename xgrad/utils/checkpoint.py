@@ -22,7 +22,7 @@ from typing import Any
 
 from xgrad import creation
 from xgrad.engine.api import backward
-from xgrad.engine.function import Function, FunctionCtx
+from xgrad.engine.function import Function
 from xgrad.engine.node import current_task
 from xgrad.engine.saved import saved_tensors_hooks
 from xgrad.grad_mode import enable_grad
@@ -99,7 +99,7 @@ class CheckpointFunction(Function):
     """The reentrant variant: forward without a graph, backward recomputes and runs ``backward``."""
 
     @staticmethod
-    def forward(ctx: FunctionCtx, run_function: Callable[..., Any], rng_state: Any, *args: Any) -> Any:
+    def forward(ctx: Any, run_function: Callable[..., Any], rng_state: Any, *args: Any) -> Any:
         ctx.run_function = run_function
         ctx.rng_state = rng_state
         ctx.tensor_indices = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
@@ -108,7 +108,7 @@ class CheckpointFunction(Function):
         return run_function(*args)
 
     @staticmethod
-    def backward(ctx: FunctionCtx, *grads: Any) -> Any:
+    def backward(ctx: Any, *grads: Any) -> Any:
         task = current_task.graph_task
         if task is not None and task.exec_info:
             raise RuntimeError(ERR_REENTRANT_GRAD)
