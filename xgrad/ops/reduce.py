@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from typing import Any, NamedTuple
 
 import jax
@@ -75,18 +76,29 @@ def _cumsum_grad(g: Tensor, out: Any, x: Any, axis: int) -> Tensor:
 _cumsum = defprim("cumsum", lambda x, axis: jnp.cumsum(x, axis=axis), (_cumsum_grad,), save=())
 
 
-def sum(x: Tensor, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
+def sum(x: Tensor, dim: Any = None, keepdim: bool = False, dtype: Any = None, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
     """Sum over ``dim`` (all dims when ``None``)."""
+    dim, keepdim = _dims(dim, keepdim, axis, keepdims)
     if dtype is not None:
         x = x.to(dtype)
     return _sum(x, axis=norm_axes(dim, x.ndim), keepdims=keepdim)
 
 
-def mean(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+def mean(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
     """Mean over ``dim`` (all dims when ``None``)."""
+    dim, keepdim = _dims(dim, keepdim, axis, keepdims)
     axes = norm_axes(dim, x.ndim)
     n = x.numel() if axes is None else _count(x.shape, axes)
     return _sum(x, axis=axes, keepdims=keepdim) / n
+
+
+def _dims(dim: Any, keepdim: bool, axis: Any, keepdims: bool | None) -> tuple[Any, bool]:
+    """PyTorch's ``dim``/``keepdim`` or NumPy's ``axis``/``keepdims``, whichever was given."""
+    if axis is not None:
+        if dim is not None:
+            raise TypeError("pass either dim= or axis=, not both")
+        dim = axis
+    return dim, keepdim if keepdims is None else keepdims
 
 
 def _count(shape: tuple[int, ...], axes: tuple[int, ...]) -> int:
@@ -96,33 +108,49 @@ def _count(shape: tuple[int, ...], axes: tuple[int, ...]) -> int:
     return n
 
 
-def var(x: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *, correction: int | None = None) -> Tensor:
-    """Variance over ``dim``; ``correction`` (default 1, Bessel's) as in PyTorch."""
+def var(
+    x: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *, correction: int | None = None,
+    axis: Any = None, keepdims: bool | None = None, ddof: int | None = None,
+) -> Tensor:
+    """Variance over ``dim``; ``correction`` (default 1, Bessel's) as in PyTorch.
+
+    NumPy's ``axis``/``keepdims``/``ddof`` work too; ``ddof`` defaults to 0 as in NumPy
+    when ``axis`` is given.
+    """
+    if correction is None and (axis is not None or ddof is not None):
+        correction = 0 if ddof is None else ddof
+    dim, keepdim = _dims(dim, keepdim, axis, keepdims)
     if correction is None:
         correction = 1 if unbiased is None or unbiased else 0
     axes = norm_axes(dim, x.ndim)
     n = x.numel() if axes is None else _count(x.shape, axes)
     centered = x - mean(x, dim=axes, keepdim=True)
-    return _sum(centered * centered, axis=axes, keepdims=keepdim) / max(n - correction, 0)
+    return _sum(centered * centered, axis=axes, keepdims=keepdim) / builtins.max(n - correction, 0)
 
 
-def std(x: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *, correction: int | None = None) -> Tensor:
-    """Standard deviation over ``dim``; ``correction`` as in ``var``."""
-    return var(x, dim, unbiased, keepdim, correction=correction).sqrt()
+def std(
+    x: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *, correction: int | None = None,
+    axis: Any = None, keepdims: bool | None = None, ddof: int | None = None,
+) -> Tensor:
+    """Standard deviation over ``dim``; ``correction`` (and the NumPy keywords) as in ``var``."""
+    return var(x, dim, unbiased, keepdim, correction=correction, axis=axis, keepdims=keepdims, ddof=ddof).sqrt()
 
 
-def prod(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+def prod(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
     """Product over ``dim`` (all dims when ``None``); exact gradients with zeros."""
+    dim, keepdim = _dims(dim, keepdim, axis, keepdims)
     return _prod(x, axis=norm_axes(dim, x.ndim), keepdims=keepdim)
 
 
-def amax(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+def amax(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
     """Maximum over ``dim``; ties share the gradient evenly."""
+    dim, keepdim = _dims(dim, keepdim, axis, keepdims)
     return _amax(x, axis=norm_axes(dim, x.ndim), keepdims=keepdim)
 
 
-def amin(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+def amin(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
     """Minimum over ``dim``; ties share the gradient evenly."""
+    dim, keepdim = _dims(dim, keepdim, axis, keepdims)
     return _amin(x, axis=norm_axes(dim, x.ndim), keepdims=keepdim)
 
 
@@ -143,22 +171,33 @@ def _extremum_with_indices(x: Tensor, dim: int, keepdim: bool, arg: Any) -> MaxM
     return MaxMin(values, idx)
 
 
-def max(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
-    """With ``dim``: ``(values, indices)``, the gradient to the chosen index; without: ``amax``."""
+def max(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Any:
+    """With ``dim``: ``(values, indices)``, the gradient to the chosen index; without: ``amax``.
+
+    NumPy's ``axis=``/``keepdims=`` give ``jnp.max``'s result instead: the values alone.
+    """
+    if axis is not None or keepdims is not None:
+        return amax(x, dim, keepdim, axis=axis, keepdims=keepdims)
     if dim is None:
         return amax(x)
     return _extremum_with_indices(x, dim, keepdim, jnp.argmax)
 
 
-def min(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
-    """With ``dim``: ``(values, indices)``, the gradient to the chosen index; without: ``amin``."""
+def min(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Any:
+    """With ``dim``: ``(values, indices)``, the gradient to the chosen index; without: ``amin``.
+
+    NumPy's ``axis=``/``keepdims=`` give ``jnp.min``'s result instead: the values alone.
+    """
+    if axis is not None or keepdims is not None:
+        return amin(x, dim, keepdim, axis=axis, keepdims=keepdims)
     if dim is None:
         return amin(x)
     return _extremum_with_indices(x, dim, keepdim, jnp.argmin)
 
 
-def logsumexp(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+def logsumexp(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
     """``log(sum(exp(x)))`` over ``dim``, computed stably."""
+    dim, keepdim = _dims(dim, keepdim, axis, keepdims)
     return _logsumexp(x, axis=norm_axes(dim, x.ndim), keepdims=keepdim)
 
 

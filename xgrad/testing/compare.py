@@ -1,0 +1,186 @@
+"""``assert_grads_match``: one computation, run by xgrad (eager and compiled) and by JAX.
+
+The function is written once against an array namespace (``fn(np, *xs)`` with ``np``
+either ``xgrad`` or ``jax.numpy``), or given as an xgrad function plus a plain-array
+``reference``. Every mode computes the forward values, a vector-Jacobian product
+with one fixed random cotangent per output, and (``order=2``) the gradient of a
+fixed random projection of that vjp: the same numbers, three ways.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import xgrad
+from xgrad.tensor import Tensor
+
+__all__ = ["GradientMismatch", "assert_grads_match"]
+
+MODES = ("eager", "compiled", "jax")
+
+
+class GradientMismatch(AssertionError):
+    """Two ways of computing the same gradient disagree."""
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+def _float_leaves(tree: Any) -> list[Any]:
+    leaves = jax.tree_util.tree_leaves(tree, is_leaf=_is_tensor)
+    return [x for x in leaves if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+
+
+def _random_like(rng: np.random.Generator, x: Any) -> np.ndarray:
+    return np.asarray(rng.standard_normal(np.shape(x)), dtype=jnp.result_type(x))
+
+
+def _run_jax(ref: Callable[..., Any], arrays: list[Any], diff: list[int], cotangents: Any, weights: Any, order: int) -> dict[str, list[Any]]:
+    def of_diff(*d: Any) -> list[Any]:
+        full = list(arrays)
+        for i, a in zip(diff, d, strict=True):
+            full[i] = a
+        return _float_leaves(ref(*full))
+
+    def projected(*d: Any) -> Any:
+        _, pb = jax.vjp(of_diff, *d)
+        return sum(jnp.vdot(g, w) for g, w in zip(pb(list(cotangents)), weights, strict=True))
+
+    # One jit for the whole reference: compiling it once is faster than dispatching
+    # (and compiling) every primitive of the vjp on its own.
+    @jax.jit
+    def run(*primals: Any) -> dict[str, list[Any]]:
+        outs, pullback = jax.vjp(of_diff, *primals)
+        result = {"outputs": list(outs), "grads": list(pullback(list(cotangents)))}
+        if order == 2:
+            result["grads2"] = list(jax.grad(projected, argnums=tuple(range(len(diff))))(*primals))
+        return result
+
+    return run(*(arrays[i] for i in diff))
+
+
+def _run_xgrad(fn: Callable[..., Any], arrays: list[Any], diff: list[int], cotangents: Any, weights: Any, order: int,
+               compiled: bool) -> dict[str, list[Any]]:
+    tensors = [xgrad.tensor(a, requires_grad=i in diff) for i, a in enumerate(arrays)]
+    wrt = [tensors[i] for i in diff]
+    outs = _float_leaves(fn(*tensors))
+    roots = [(o, Tensor(jax.device_put(c, o.sharding))) for o, c in zip(outs, cotangents, strict=True) if o.requires_grad]
+    result: dict[str, list[Any]] = {"outputs": [o.array for o in outs]}
+    if roots:
+        grads = xgrad.autograd.grad(
+            [o for o, _ in roots], wrt, [c for _, c in roots], create_graph=order == 2, allow_unused=True, compiled=compiled
+        )
+    else:
+        grads = (None,) * len(wrt)
+    result["grads"] = [jnp.zeros_like(t.array) if g is None else g.array for g, t in zip(grads, wrt, strict=True)]
+    if order == 2:
+        terms = [(g * xgrad.tensor(w)).sum() for g, w in zip(grads, weights, strict=True) if g is not None and g.requires_grad]
+        grads2: Sequence[Any] = (None,) * len(wrt)
+        if terms:
+            total = terms[0]
+            for t in terms[1:]:
+                total = total + t
+            grads2 = xgrad.autograd.grad(total, wrt, allow_unused=True, compiled=compiled)
+        result["grads2"] = [jnp.zeros_like(t.array) if g is None else g.array for g, t in zip(grads2, wrt, strict=True)]
+    return result
+
+
+_WHAT = {"outputs": "forward output {k}", "grads": "gradient w.r.t. input {i}", "grads2": "second-order gradient w.r.t. input {i}"}
+
+
+def _compare(a: Any, b: Any, atol: float, rtol: float) -> str | None:
+    """``None`` when ``a`` and ``b`` agree, else a description of the worst element."""
+    a_np, b_np = np.asarray(a), np.asarray(b)
+    if a_np.shape != b_np.shape:
+        return f"shapes differ: {list(a_np.shape)} vs {list(b_np.shape)}"
+    if a_np.dtype != b_np.dtype:
+        return f"dtypes differ: {a_np.dtype} vs {b_np.dtype}"
+    if a_np.size == 0:
+        return None
+    a64, b64 = a_np.astype(np.float64), b_np.astype(np.float64)
+    both_nan = np.isnan(a64) & np.isnan(b64)
+    excess = np.where(both_nan, 0.0, np.abs(a64 - b64) - (atol + rtol * np.abs(b64)))
+    excess = np.where(np.isnan(excess), np.inf, excess)
+    if not (excess > 0).any():
+        return None
+    worst = np.unravel_index(int(np.argmax(excess)), a64.shape)
+    return (
+        f"worst element at index {tuple(int(w) for w in worst)}: {a64[worst]!r} vs {b64[worst]!r} "
+        f"(|diff| {abs(a64[worst] - b64[worst]):.3g}, allowed {atol + rtol * abs(b64[worst]):.3g})"
+    )
+
+
+def assert_grads_match(
+    fn: Callable[..., Any],
+    *inputs: Any,
+    reference: Callable[..., Any] | None = None,
+    modes: Sequence[str] = MODES,
+    order: int = 1,
+    atol: float = 1e-6,
+    rtol: float = 1e-5,
+    seed: int = 0,
+) -> None:
+    """Check that xgrad eager, xgrad compiled and ``jax`` agree on ``fn``'s values and gradients.
+
+    Args:
+        fn: ``fn(np, *xs)`` written against an array namespace (``np`` is ``xgrad`` or
+            ``jax.numpy``); with ``reference``, an xgrad function ``fn(*tensors)``.
+        inputs: arrays (or Tensors); the floating ones are differentiated.
+        reference: ``reference(*arrays)`` in plain JAX, when ``fn`` is xgrad-only.
+        modes: any of ``"eager"``, ``"compiled"`` (``autograd.grad(..., compiled=True)``)
+            and ``"jax"``; every pair is compared.
+        order: ``2`` also compares the gradient of a random projection of the vjp.
+        atol, rtol: tolerance, ``|a - b| <= atol + rtol * |b|`` elementwise.
+        seed: seeds the random cotangents and projections.
+
+    Raises:
+        GradientMismatch: naming the pair of modes, the output or input, and the worst element.
+
+    >>> import numpy as np
+    >>> from xgrad.testing import assert_grads_match
+    >>> assert_grads_match(lambda np, x: np.sum(np.tanh(x) * x), np.linspace(-1, 1, 5), modes=("eager", "jax"))
+    """
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or len(modes) < 2:
+        raise ValueError(f"modes must be at least two of {MODES}, got {tuple(modes)}")
+    if order not in (1, 2):
+        raise ValueError(f"order must be 1 or 2, got {order}")
+    arrays = [x.array if isinstance(x, Tensor) else jnp.asarray(x) for x in inputs]
+    diff = [i for i, a in enumerate(arrays) if jnp.issubdtype(a.dtype, jnp.inexact)]
+    if not diff:
+        raise ValueError("assert_grads_match needs at least one floating-point input to differentiate")
+    xgrad_fn = fn if reference is not None else functools.partial(fn, xgrad)
+    ref_fn = reference if reference is not None else functools.partial(fn, jnp)
+
+    rng = np.random.default_rng(seed)
+    shapes = jax.eval_shape(lambda *a: _float_leaves(ref_fn(*a)), *arrays)
+    cotangents = [_random_like(rng, s) for s in shapes]
+    weights = [_random_like(rng, arrays[i]) for i in diff]
+
+    results = {}
+    for mode in modes:
+        if mode == "jax":
+            results[mode] = _run_jax(ref_fn, arrays, diff, cotangents, weights, order)
+        else:
+            results[mode] = _run_xgrad(xgrad_fn, arrays, diff, cotangents, weights, order, compiled=mode == "compiled")
+
+    for pos, first in enumerate(modes):
+        for second in modes[pos + 1 :]:
+            a, b = results[first], results[second]
+            for key in ("outputs", "grads", "grads2"):
+                if key not in a:
+                    continue
+                if len(a[key]) != len(b[key]):
+                    raise GradientMismatch(f"{first} vs {second}: {len(a[key])} vs {len(b[key])} floating outputs")
+                for k, (va, vb) in enumerate(zip(a[key], b[key], strict=True)):
+                    problem = _compare(va, vb, atol, rtol)
+                    if problem is not None:
+                        where = _WHAT[key].format(k=k, i=diff[k] if key != "outputs" else k)
+                        raise GradientMismatch(f"{first} vs {second} disagree on the {where}: {problem}")

@@ -1,0 +1,317 @@
+"""``gradcheck`` and ``gradgradcheck``: analytical gradients against float64 finite differences.
+
+Full mode builds both Jacobians, one column of central differences per input element
+and one vjp per output element. Fast mode (the default for large inputs) compares a
+single number per (input, output) pair: ``u^T J v`` for random unit ``u`` and ``v``,
+numerically from one directional difference and analytically from one vjp; on a
+mismatch it builds that pair's full Jacobian to name the worst element.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import xgrad
+from xgrad.tensor import Tensor
+
+__all__ = ["GradcheckError", "gradcheck", "gradgradcheck"]
+
+#: Above this many input-times-output elements, ``fast_mode=None`` picks fast mode.
+FAST_MODE_THRESHOLD = 4096
+
+ERR_X64 = (
+    "gradcheck needs float64, but jax_enable_x64 is off and could not be turned on ({reason}). "
+    "Enable it before creating any array: jax.config.update('jax_enable_x64', True), or set JAX_ENABLE_X64=1."
+)
+
+
+class GradcheckError(AssertionError):
+    """An analytical gradient disagrees with finite differences."""
+
+
+def _ensure_x64() -> None:
+    if jnp.zeros((), jnp.float64).dtype == jnp.float64:
+        return
+    try:
+        jax.config.update("jax_enable_x64", True)
+    except Exception as exc:  # noqa: BLE001  (any failure means the same to the user)
+        raise RuntimeError(ERR_X64.format(reason=exc)) from exc
+    if jnp.zeros((), jnp.float64).dtype != jnp.float64:
+        raise RuntimeError(ERR_X64.format(reason="the setting did not take effect"))
+
+
+def _prepare(inputs: Any) -> tuple[list[Any], list[int]]:
+    """Inputs as float64 tensors where floating, and the indices of those differentiated.
+
+    A Tensor is differentiated when it requires grad; a plain floating array always is.
+    """
+    items = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
+    prepared: list[Any] = []
+    diff: list[int] = []
+    for i, x in enumerate(items):
+        if isinstance(x, Tensor):
+            wants = x.requires_grad
+            array = x.array
+        elif isinstance(x, (np.ndarray, jax.Array, float, list)):
+            array = jnp.asarray(x)
+            wants = jnp.issubdtype(array.dtype, jnp.inexact)
+        else:
+            prepared.append(x)
+            continue
+        if jnp.issubdtype(array.dtype, jnp.floating):
+            array = array.astype(jnp.float64)
+        prepared.append(Tensor(array))
+        if wants:
+            diff.append(i)
+    if not diff:
+        raise ValueError("gradcheck expects at least one input tensor to require gradient")
+    return prepared, diff
+
+
+def _outputs(fn: Callable[..., Any], args: Sequence[Any]) -> list[Tensor]:
+    result = fn(*args)
+    leaves = jax.tree_util.tree_leaves(result, is_leaf=lambda x: isinstance(x, Tensor))
+    return [t for t in leaves if isinstance(t, Tensor) and jnp.issubdtype(t.dtype, jnp.inexact)]
+
+
+def _evaluate(fn: Callable[..., Any], args: list[Any], i: int, value: Any) -> list[np.ndarray]:
+    """The outputs (as float64 NumPy) with input ``i`` replaced by ``value``."""
+    probe = list(args)
+    # Grad mode stays on and the probe requires grad as the input did: ``fn`` may itself
+    # differentiate (gradgradcheck checks a function that calls ``autograd.grad``).
+    probe[i] = Tensor(value).requires_grad_(args[i].requires_grad)
+    return [np.asarray(o.array, dtype=np.float64) for o in _outputs(fn, probe)]
+
+
+def _numerical_column(fn: Callable[..., Any], args: list[Any], i: int, direction: Any, eps: float) -> list[np.ndarray]:
+    """Central difference of every output along ``direction`` in input ``i``."""
+    x = args[i].array
+    plus = _evaluate(fn, args, i, x + eps * direction)
+    minus = _evaluate(fn, args, i, x - eps * direction)
+    return [(p - m) / (2 * eps) for p, m in zip(plus, minus, strict=True)]
+
+
+def _vjp(outs: list[Tensor], wrt: list[Tensor], j: int, cotangent: Any) -> list[np.ndarray]:
+    """Analytical ``cotangent^T J`` of output ``j`` w.r.t. each of ``wrt`` (zeros where unused)."""
+    out = outs[j]
+    if not out.requires_grad:
+        return [np.zeros(t.shape) for t in wrt]
+    grads = xgrad.autograd.grad(out, wrt, Tensor(jax.device_put(cotangent, out.sharding)), retain_graph=True, allow_unused=True)
+    result = []
+    for g, t in zip(grads, wrt, strict=True):
+        if g is not None and g.shape != t.shape:
+            raise GradcheckError(f"the gradient w.r.t. input has shape {list(g.shape)}, but the input has shape {list(t.shape)}")
+        result.append(np.zeros(t.shape) if g is None else np.asarray(g.array, dtype=np.float64))
+    return result
+
+
+def _full_jacobians(fn: Callable[..., Any], args: list[Any], diff: list[int], outs: list[Tensor], eps: float,
+                    pairs: Sequence[tuple[int, int]] | None = None) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+    """``{(input, output): (numerical, analytical)}``, each of shape (output size, input size)."""
+    wrt = [args[i] for i in diff]
+    wanted = set(pairs) if pairs is not None else {(i, j) for i in diff for j in range(len(outs))}
+    numerical: dict[tuple[int, int], np.ndarray] = {}
+    for i in diff:
+        if not any((i, j) in wanted for j in range(len(outs))):
+            continue
+        x = args[i].array
+        cols: list[list[np.ndarray]] = []
+        for k in range(x.size):
+            basis = jnp.zeros(x.size, x.dtype).at[k].set(1).reshape(x.shape)
+            cols.append(_numerical_column(fn, args, i, basis, eps))
+        for j in range(len(outs)):
+            numerical[(i, j)] = np.stack([c[j].ravel() for c in cols], axis=1) if cols else np.zeros((outs[j].array.size, 0))
+    analytical: dict[tuple[int, int], np.ndarray] = {}
+    for j, out in enumerate(outs):
+        if not any((i, j) in wanted for i in diff):
+            continue
+        rows = []
+        for k in range(out.array.size):
+            basis = jnp.zeros(out.array.size, out.dtype).at[k].set(1).reshape(out.shape)
+            rows.append(_vjp(outs, wrt, j, basis))
+        for pos, i in enumerate(diff):
+            analytical[(i, j)] = np.stack([r[pos].ravel() for r in rows]) if rows else np.zeros((0, args[i].array.size))
+    return {p: (numerical[p], analytical[p]) for p in wanted}
+
+
+def _worst(num: np.ndarray, ana: np.ndarray, atol: float, rtol: float) -> tuple[int, int] | None:
+    excess = np.abs(num - ana) - (atol + rtol * np.abs(num))
+    excess = np.where(np.isnan(excess), np.inf, excess)
+    if not (excess > 0).any():
+        return None
+    return np.unravel_index(int(np.argmax(excess)), excess.shape)  # type: ignore[return-value]
+
+
+def _describe(i: int, j: int, num: np.ndarray, ana: np.ndarray, worst: tuple[int, int], in_shape: tuple[int, ...],
+              out_shape: tuple[int, ...], prefix: str) -> str:
+    r, c = worst
+    out_idx = tuple(int(v) for v in np.unravel_index(r, out_shape)) if out_shape else ()
+    in_idx = tuple(int(v) for v in np.unravel_index(c, in_shape)) if in_shape else ()
+    lines = [
+        f"{prefix}Jacobian mismatch for output {j} with respect to input {i}: worst element "
+        f"d output[{j}]{list(out_idx)} / d input[{i}]{list(in_idx)}: numerical {float(num[r, c])!r} vs analytical {float(ana[r, c])!r} "
+        f"(analytical / numerical = {ana[r, c] / num[r, c] if num[r, c] else float('nan'):.4g})",
+    ]
+    if num.size <= 64:
+        lines += ["numerical:", np.array2string(num, precision=5), "analytical:", np.array2string(ana, precision=5)]
+    return "\n".join(lines)
+
+
+def gradcheck(
+    fn: Callable[..., Any],
+    inputs: Any,
+    eps: float = 1e-6,
+    atol: float = 1e-5,
+    rtol: float = 1e-3,
+    raise_exception: bool = True,
+    fast_mode: bool | None = None,
+    *,
+    seed: int = 0,
+    _prefix: str = "",
+) -> bool:
+    """Check ``fn``'s gradients against central finite differences in float64.
+
+    Args:
+        fn: takes xgrad tensors, returns a Tensor or a pytree of them.
+        inputs: a Tensor or a sequence; Tensors that require grad (and plain floating
+            arrays) are checked, others are passed through. Floating inputs are upcast
+            to float64.
+        eps: finite-difference step.
+        atol, rtol: tolerance, ``|numerical - analytical| <= atol + rtol * |numerical|``.
+        raise_exception: raise ``GradcheckError`` on a mismatch (else return False).
+        fast_mode: compare one random direction per (input, output) pair instead of the
+            full Jacobian; default: fast when the Jacobian has more than
+            ``FAST_MODE_THRESHOLD`` elements.
+        seed: seeds the random directions of fast mode.
+
+    Returns:
+        True when every gradient matches.
+
+    >>> import xgrad
+    >>> from xgrad.testing import gradcheck
+    >>> x = xgrad.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    >>> gradcheck(lambda x: (x.sin() * x).sum(), (x,))
+    True
+    """
+    _ensure_x64()
+    args, diff = _prepare(inputs)
+    for i in diff:
+        args[i] = Tensor(args[i].array).requires_grad_(True)
+    outs = _outputs(fn, args)
+    if not outs:
+        raise ValueError("gradcheck: fn returned no floating-point Tensor")
+    n_in = sum(args[i].array.size for i in diff)
+    n_out = sum(o.array.size for o in outs)
+    if fast_mode is None:
+        fast_mode = n_in * n_out > FAST_MODE_THRESHOLD
+    try:
+        if fast_mode:
+            _check_fast(fn, args, diff, outs, eps, atol, rtol, seed, _prefix)
+        else:
+            _check_full(fn, args, diff, outs, eps, atol, rtol, _prefix)
+    except GradcheckError:
+        if raise_exception:
+            raise
+        return False
+    return True
+
+
+def _check_full(fn: Callable[..., Any], args: list[Any], diff: list[int], outs: list[Tensor], eps: float, atol: float,
+                rtol: float, prefix: str) -> None:
+    for (i, j), (num, ana) in sorted(_full_jacobians(fn, args, diff, outs, eps).items()):
+        worst = _worst(num, ana, atol, rtol)
+        if worst is not None:
+            raise GradcheckError(_describe(i, j, num, ana, worst, args[i].shape, outs[j].shape, prefix))
+
+
+def _check_fast(fn: Callable[..., Any], args: list[Any], diff: list[int], outs: list[Tensor], eps: float, atol: float,
+                rtol: float, seed: int, prefix: str) -> None:
+    rng = np.random.default_rng(seed)
+    directions = {i: _unit(rng, args[i].shape) for i in diff}
+    cotangents = [_unit(rng, o.shape) for o in outs]
+    wrt = [args[i] for i in diff]
+    analytical = [_vjp(outs, wrt, j, jnp.asarray(u, outs[j].dtype)) for j, u in enumerate(cotangents)]
+    for pos, i in enumerate(diff):
+        columns = _numerical_column(fn, args, i, jnp.asarray(directions[i]), eps)
+        for j, u in enumerate(cotangents):
+            num = float(np.vdot(u, columns[j]))
+            ana = float(np.vdot(analytical[j][pos], directions[i]))
+            if abs(num - ana) <= atol + rtol * abs(num):
+                continue
+            # Locate the bad element: this pair's full Jacobian, when small enough to build.
+            if args[i].array.size * outs[j].array.size <= 16 * FAST_MODE_THRESHOLD:
+                (num_j, ana_j), = _full_jacobians(fn, args, diff, outs, eps, pairs=[(i, j)]).values()
+                worst = _worst(num_j, ana_j, atol, rtol)
+                if worst is not None:
+                    detail = _describe(i, j, num_j, ana_j, worst, args[i].shape, outs[j].shape, prefix)
+                    raise GradcheckError(f"{detail}\n(found in fast mode: u^T J v numerical {num!r} vs analytical {ana!r})")
+            raise GradcheckError(
+                f"{prefix}Jacobian mismatch for output {j} with respect to input {i} in fast mode: "
+                f"u^T J v numerical {num!r} vs analytical {ana!r}; rerun with fast_mode=False to see the worst element"
+            )
+
+
+def _unit(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    v = rng.standard_normal(shape)
+    norm = np.linalg.norm(v)
+    return v / norm if norm else v
+
+
+def gradgradcheck(
+    fn: Callable[..., Any],
+    inputs: Any,
+    grad_outputs: Any = None,
+    eps: float = 1e-6,
+    atol: float = 1e-5,
+    rtol: float = 1e-3,
+    raise_exception: bool = True,
+    fast_mode: bool | None = None,
+    *,
+    seed: int = 0,
+) -> bool:
+    """Check second derivatives: ``gradcheck`` of the vjp of ``fn`` (``create_graph=True``).
+
+    The vjp ``(inputs, grad_outputs) -> grad(fn(inputs), inputs, grad_outputs)`` is itself
+    checked against finite differences, w.r.t. the inputs and the grad_outputs.
+
+    Args:
+        fn, inputs, eps, atol, rtol, raise_exception, fast_mode, seed: as in ``gradcheck``.
+        grad_outputs: one cotangent per floating output (default: random, seeded).
+
+    >>> import xgrad
+    >>> from xgrad.testing import gradgradcheck
+    >>> x = xgrad.tensor([0.5, -1.0], requires_grad=True)
+    >>> gradgradcheck(lambda x: x.exp() * x, (x,))
+    True
+    """
+    _ensure_x64()
+    args, diff = _prepare(inputs)
+    for i in diff:
+        args[i] = Tensor(args[i].array).requires_grad_(True)
+    outs = _outputs(fn, args)
+    if grad_outputs is None:
+        rng = np.random.default_rng(seed)
+        cotangents = [Tensor(jnp.asarray(rng.standard_normal(o.shape), jnp.float64)) for o in outs]
+    else:
+        given = grad_outputs if isinstance(grad_outputs, (list, tuple)) else [grad_outputs]
+        cotangents = [Tensor(jnp.asarray(g.array if isinstance(g, Tensor) else g, jnp.float64)) for g in given]
+    n = len(args)
+
+    def first_derivative(*all_args: Tensor) -> tuple[Tensor, ...]:
+        primal, cts = list(all_args[:n]), all_args[n:]
+        rooted = [(o, c) for o, c in zip(_outputs(fn, primal), cts, strict=True) if o.requires_grad]
+        wrt = [primal[i] for i in diff]
+        if not rooted:
+            return tuple(xgrad.zeros_like(t) for t in wrt)
+        grads = xgrad.autograd.grad([o for o, _ in rooted], wrt, [c for _, c in rooted], create_graph=True, allow_unused=True)
+        return tuple(xgrad.zeros_like(t) if g is None else g for g, t in zip(grads, wrt, strict=True))
+
+    checked = [args[k].requires_grad_(True) if k in diff else args[k] for k in range(n)]
+    checked += [c.requires_grad_(True) for c in cotangents]
+    return gradcheck(first_derivative, checked, eps, atol, rtol, raise_exception, fast_mode, seed=seed,
+                     _prefix=f"second-order (gradgradcheck; inputs from {n} on are the grad_outputs): ")

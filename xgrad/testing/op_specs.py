@@ -1,0 +1,477 @@
+"""One table of op specs: how to call each op on xgrad tensors and on plain arrays.
+
+Every primitive in ``xgrad.ops.REGISTRY`` and every name in
+``xgrad.ops.DIFFERENTIABLE_OPS`` has at least one ``OpSpec``. A spec pairs the xgrad
+call with an independent reference written with ``jnp``/``jax`` alone, lists the
+input shapes to try (broadcasting and 0-dim where the op allows them) and the
+domain each input is drawn from. The registry-driven tests (``tests/test_ops.py``)
+and ``xgrad.testing.strategies.programs`` both read this table.
+
+>>> from xgrad.testing.op_specs import specs_for
+>>> spec = specs_for("log")[0]
+>>> spec.domains[0].lo > 0
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import xgrad
+from xgrad.ops.registry import REGISTRY, bind
+
+__all__ = ["OP_SPECS", "Domain", "OpSpec", "POSITIVE", "REAL", "UNIT", "ints", "specs_for", "uncovered_ops"]
+
+Shape = tuple[int, ...]
+Interval = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Where an input's values come from.
+
+    ``kind`` is ``"uniform"`` (floats in ``[lo, hi]``), ``"ties"`` (floats with repeated
+    values, to exercise tie-breaking), ``"zeros"`` (uniform with some exact zeros),
+    ``"ints"`` (integers in ``[lo, hi)``, not differentiated) or ``"bools"``.
+    """
+
+    kind: str = "uniform"
+    lo: float = -2.0
+    hi: float = 2.0
+
+    @property
+    def differentiable(self) -> bool:
+        return self.kind in ("uniform", "ties", "zeros")
+
+    def sample(self, rng: np.random.Generator, shape: Shape, dtype: Any = np.float64) -> np.ndarray:
+        """Draw an array of ``shape`` from this domain."""
+        if self.kind == "ints":
+            return rng.integers(int(self.lo), int(self.hi), size=shape).astype(np.int32)
+        if self.kind == "bools":
+            return rng.random(shape) < 0.5
+        if self.kind == "ties":
+            return rng.integers(0, 3, size=shape).astype(dtype)
+        values = rng.uniform(self.lo, self.hi, size=shape)
+        if self.kind == "zeros":
+            values = np.where(rng.random(shape) < 0.3, 0.0, values)
+        return np.asarray(values, dtype=dtype)
+
+
+REAL = Domain()
+POSITIVE = Domain(lo=0.5, hi=2.0)
+UNIT = Domain(lo=-0.9, hi=0.9)
+BOOLS = Domain("bools")
+TIES = Domain("ties")
+WITH_ZEROS = Domain("zeros")
+
+
+def ints(high: int, low: int = 0) -> Domain:
+    """Integer indices in ``[low, high)``."""
+    return Domain("ints", low, high)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """How to call one op and check it.
+
+    Attributes:
+        name: the registry / ``DIFFERENTIABLE_OPS`` name this spec covers.
+        op: ``op(*tensors)`` with xgrad (static arguments are closed over).
+        ref: ``ref(*arrays)`` with ``jnp``/``jax`` only: the independent reference.
+        shapes: input shape variants, one shape per input in each.
+        domains: one ``Domain`` per input.
+        label: what distinguishes this spec from others of the same name.
+        smooth: no kink near the sampled inputs, so finite differences apply.
+        second_order: whether second derivatives are checked.
+        expr: the op as a Python expression over ``np`` (``"np.exp({0})"``) for
+            ``programs()``; ``None`` keeps the op out of random programs.
+        image: for ``programs()``, the interval of the output given the inputs'.
+    """
+
+    name: str
+    op: Callable[..., Any]
+    ref: Callable[..., Any]
+    shapes: tuple[tuple[Shape, ...], ...]
+    domains: tuple[Domain, ...]
+    label: str = ""
+    smooth: bool = True
+    second_order: bool = True
+    expr: str | None = None
+    image: Callable[..., Interval] | None = field(default=None, repr=False)
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}[{self.label}]" if self.label else self.name
+
+    def sample(self, rng: np.random.Generator, variant: int = 0, dtype: Any = np.float64) -> tuple[np.ndarray, ...]:
+        """Inputs for shape variant ``variant``, drawn from the domains."""
+        return tuple(d.sample(rng, s, dtype) for d, s in zip(self.domains, self.shapes[variant], strict=True))
+
+
+def _prim(name: str, **params: Any) -> Callable[..., Any]:
+    """Call a registered primitive directly (for ones no public function exposes alone)."""
+    prim = REGISTRY[name]
+    return lambda *args: bind(prim, args, params)
+
+
+# -- interval images for programs() ----------------------------------------------------
+def _monotone(f: Callable[[float], float]) -> Callable[[Interval], Interval]:
+    return lambda a: (f(a[0]), f(a[1]))
+
+
+def _add_image(a: Interval, b: Interval) -> Interval:
+    return (a[0] + b[0], a[1] + b[1])
+
+
+def _sub_image(a: Interval, b: Interval) -> Interval:
+    return (a[0] - b[1], a[1] - b[0])
+
+
+def _mul_image(a: Interval, b: Interval) -> Interval:
+    products = [x * y for x in a for y in b]
+    return (min(products), max(products))
+
+
+def _div_image(a: Interval, b: Interval) -> Interval:
+    return _mul_image(a, (1 / b[1], 1 / b[0]))
+
+
+def _abs_image(a: Interval) -> Interval:
+    lo = 0.0 if a[0] <= 0 <= a[1] else min(abs(a[0]), abs(a[1]))
+    return (lo, max(abs(a[0]), abs(a[1])))
+
+
+def _square_image(a: Interval) -> Interval:
+    lo, hi = _abs_image(a)
+    return (lo * lo, hi * hi)
+
+
+def _hull(a: Interval, b: Interval) -> Interval:
+    return (min(a[0], b[0]), max(a[1], b[1]))
+
+
+def _periodic(a: Interval) -> Interval:
+    return (-1.0, 1.0)
+
+
+# -- spec builders ---------------------------------------------------------------------
+UNARY_SHAPES: tuple[tuple[Shape, ...], ...] = (((),), ((3,),), ((2, 3),))
+BINARY_SHAPES: tuple[tuple[Shape, ...], ...] = (
+    ((2, 3), (2, 3)), ((2, 3), (3,)), ((), (2, 3)), ((2, 1), (1, 3)), ((), ()),
+)
+
+
+def _unary(name: str, op: Callable[..., Any], ref: Callable[..., Any], domain: Domain = REAL, **kw: Any) -> OpSpec:
+    return OpSpec(name, op, ref, kw.pop("shapes", UNARY_SHAPES), (domain,), **kw)
+
+
+def _binary(name: str, op: Callable[..., Any], ref: Callable[..., Any], domains: tuple[Domain, Domain] = (REAL, REAL), **kw: Any) -> OpSpec:
+    return OpSpec(name, op, ref, kw.pop("shapes", BINARY_SHAPES), domains, **kw)
+
+
+def _reduction(
+    name: str, op: Callable[..., Any], ref: Callable[..., Any], domain: Domain = REAL, zero_dim: bool = True, **kw: Any
+) -> list[OpSpec]:
+    """All-dims, one dim, negative dim with keepdim, and several dims, plus 0-dim input."""
+    cases = [
+        ("all", {}, {}, ((2, 3),)),
+        ("0d", {}, {}, ((),)),
+        ("dim=1", {"dim": 1}, {"axis": 1}, ((2, 3),)),
+        ("dim=-1,keepdim", {"dim": -1, "keepdim": True}, {"axis": -1, "keepdims": True}, ((2, 3, 2),)),
+        ("dim=(0,2)", {"dim": (0, 2)}, {"axis": (0, 2)}, ((2, 3, 2),)),
+    ]
+    return [
+        OpSpec(
+            name,
+            (lambda x, k=xk: op(x, **k)),
+            (lambda x, k=rk: ref(x, **k)),
+            (shapes,),
+            (domain,),
+            label=label,
+            **kw,
+        )
+        for label, xk, rk, shapes in cases
+        if zero_dim or shapes != ((),)
+    ]
+
+
+def _ref_var(x: Any, axis: Any = None, keepdims: bool = False, ddof: int = 1) -> Any:
+    return jnp.var(x, axis=axis, keepdims=keepdims, ddof=ddof)
+
+
+def _ref_layer_norm(x: Any, w: Any, b: Any, n: int = 1, eps: float = 1e-5) -> Any:
+    axes = tuple(range(x.ndim - n, x.ndim))
+    mu = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.mean((x - mu) ** 2, axis=axes, keepdims=True)
+    return (x - mu) / jnp.sqrt(var + eps) * w + b
+
+
+def _ref_cross_entropy(logits: Any, target: Any, reduction: str = "mean", smoothing: float = 0.0) -> Any:
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    if jnp.issubdtype(target.dtype, jnp.integer):
+        q = (1 - smoothing) * jax.nn.one_hot(target, logits.shape[-1]) + smoothing / logits.shape[-1]
+    else:
+        q = target
+    loss = -jnp.sum(q * logp, axis=-1)
+    return {"mean": jnp.mean, "sum": jnp.sum, "none": lambda v: v}[reduction](loss)
+
+
+def _ref_scatter_add(x: Any, index: Any, src: Any, dim: int) -> Any:
+    # out[..., k, ...] = x + sum_i [index_i == k] src_i along dim, via a one-hot contraction.
+    onehot = jax.nn.one_hot(jnp.moveaxis(index, dim, -1), x.shape[dim], dtype=src.dtype)  # (..., m, K)
+    moved = jnp.einsum("...mk,...m->...k", onehot, jnp.moveaxis(src, dim, -1))
+    return x + jnp.moveaxis(moved, -1, dim)
+
+
+def _ref_sum_to(x: Any, shape: Shape) -> Any:
+    lead = x.ndim - len(shape)
+    out = jnp.sum(x, axis=tuple(range(lead)))
+    ones = tuple(i for i, s in enumerate(shape) if s == 1 and out.shape[i] != 1)
+    return jnp.sum(out, axis=ones, keepdims=True)
+
+
+def _ref_conv2d(x: Any, w: Any, b: Any = None, stride: int = 1, padding: int = 0, groups: int = 1) -> Any:
+    out = jax.lax.conv_general_dilated(
+        x, w, (stride, stride), [(padding, padding)] * 2,
+        dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=groups,
+    )
+    return out if b is None else out + b[None, :, None, None]
+
+
+def _setitem_op(index: Any) -> Callable[..., Any]:
+    def op(x: Any, v: Any) -> Any:
+        y = x.clone()
+        y[index] = v
+        return y
+
+    return op
+
+
+def _second_device() -> Any:
+    devices = jax.devices()
+    return devices[1] if len(devices) > 1 else devices[0]
+
+
+_DROPOUT_KEY = jax.random.PRNGKey(7)
+_INT_INDEX = np.array([2, 0, 2])
+_MASK = np.array([[True, False, True], [False, False, True]])
+_GATHER_INDEX = np.array([[0, 2, 1, 0], [1, 1, 0, 2]])
+_SQRT_2 = math.sqrt(2.0)
+
+
+def _build_specs() -> list[OpSpec]:
+    X = xgrad
+    specs: list[OpSpec] = []
+    add = specs.append
+
+    # -- arithmetic --------------------------------------------------------------------
+    add(_binary("add", X.add, jnp.add, expr="{0} + {1}", image=_add_image))
+    add(_binary("sub", X.sub, jnp.subtract, expr="{0} - {1}", image=_sub_image))
+    add(_binary("mul", X.mul, jnp.multiply, expr="{0} * {1}", image=_mul_image))
+    add(_binary("div", X.div, jnp.divide, (REAL, POSITIVE), expr="{0} / {1}", image=_div_image))
+    add(_unary("neg", X.neg, jnp.negative, expr="-{0}", image=lambda a: (-a[1], -a[0])))
+    add(_binary("pow", X.pow, jnp.power, (POSITIVE, REAL), label="tensor exponent"))
+    add(_unary("pow", lambda x: x**2, lambda x: x**2, label="x**2", expr="{0} ** 2", image=_square_image))
+    add(_unary("pow", lambda x: 2.0**x, lambda x: 2.0**x, label="2**x"))
+    add(_unary("clone", X.clone, lambda x: x))
+    # -- transcendental ----------------------------------------------------------------
+    add(_unary("exp", X.exp, jnp.exp, Domain(lo=-3, hi=3), expr="np.exp({0})", image=_monotone(math.exp)))
+    add(_unary("log", X.log, jnp.log, POSITIVE, expr="np.log({0})", image=_monotone(math.log)))
+    add(_unary("log1p", X.log1p, jnp.log1p, UNIT, expr="np.log1p({0})", image=_monotone(math.log1p)))
+    add(_unary("expm1", X.expm1, jnp.expm1, Domain(lo=-3, hi=3), expr="np.expm1({0})", image=_monotone(math.expm1)))
+    add(_unary("sqrt", X.sqrt, jnp.sqrt, POSITIVE, expr="np.sqrt({0})", image=_monotone(math.sqrt)))
+    add(_unary("rsqrt", X.rsqrt, jax.lax.rsqrt, POSITIVE))
+    add(_unary("abs", X.abs, jnp.abs, Domain(lo=0.2, hi=2.0), label="positive"))
+    add(_unary("abs", X.abs, jnp.abs, Domain(lo=-2.0, hi=-0.2), label="negative", expr="np.abs({0})", image=_abs_image))
+    add(_unary("sign", X.sign, jnp.sign))
+    add(_unary("sin", X.sin, jnp.sin, expr="np.sin({0})", image=_periodic))
+    add(_unary("cos", X.cos, jnp.cos, expr="np.cos({0})", image=_periodic))
+    add(_unary("tan", X.tan, jnp.tan, Domain(lo=-1.2, hi=1.2), expr="np.tan({0})", image=_monotone(math.tan)))
+    add(_unary("tanh", X.tanh, jnp.tanh, expr="np.tanh({0})", image=_monotone(math.tanh)))
+    add(_unary("erf", X.erf, jax.scipy.special.erf))
+    # -- activations -------------------------------------------------------------------
+    add(_unary("sigmoid", X.sigmoid, jax.nn.sigmoid))
+    add(_unary("relu", X.relu, jax.nn.relu, Domain(lo=0.1, hi=2.0), label="positive"))
+    add(_unary("relu", X.relu, jax.nn.relu, Domain(lo=-2.0, hi=-0.1), label="negative"))
+    add(_unary("gelu", X.gelu, lambda x: jax.nn.gelu(x, approximate=False)))
+    add(_unary("gelu", lambda x: X.gelu(x, approximate="tanh"), lambda x: jax.nn.gelu(x, approximate=True), label="tanh"))
+    add(_unary("silu", X.silu, jax.nn.silu))
+    add(_unary("softplus", X.softplus, jax.nn.softplus))
+    # -- selection ---------------------------------------------------------------------
+    add(_binary("maximum", X.maximum, jnp.maximum, expr="np.maximum({0}, {1})", image=_hull))
+    add(_binary("minimum", X.minimum, jnp.minimum, expr="np.minimum({0}, {1})", image=_hull))
+    add(_binary("maximum", X.maximum, jnp.maximum, (TIES, TIES), label="ties", smooth=False, shapes=(((2, 3), (2, 3)),)))
+    add(OpSpec("where", X.where, jnp.where, (((2, 3), (2, 3), (2, 3)), ((2, 3), (3,), ())), (BOOLS, REAL, REAL)))
+    add(OpSpec("where", lambda x, y: X.where(x > y, x, y), lambda x, y: jnp.where(x > y, x, y), BINARY_SHAPES[:2],
+               (REAL, REAL), label="x > y", expr="np.where({0} > {1}, {0}, {1})", image=_hull))
+    add(OpSpec("clamp", X.clamp, jnp.clip, (((2, 3), (2, 3), (2, 3)), ((2, 3), (3,), ())),
+               (REAL, Domain(lo=-1.5, hi=-0.5), Domain(lo=0.5, hi=1.5)), label="tensor bounds"))
+    add(_unary("clamp", lambda x: X.clamp(x, min=-0.5), lambda x: jnp.clip(x, -0.5), label="min only"))
+    add(_unary("clamp", lambda x: X.clamp(x, max=0.5), lambda x: jnp.clip(x, None, 0.5), label="max only"))
+    # -- dtype and device --------------------------------------------------------------
+    add(_unary("astype", lambda x: x.astype(jnp.float32), lambda x: x.astype(jnp.float32), second_order=True))
+    add(_unary("to_device", lambda x: X.to_device(x, _second_device()), lambda x: jax.device_put(x, _second_device())))
+    # -- reductions --------------------------------------------------------------------
+    specs += _reduction("sum", X.sum, jnp.sum, expr="np.sum({0}, axis=-1, keepdims=True)")
+    specs += _reduction("mean", X.mean, jnp.mean, expr="np.mean({0}, axis=0, keepdims=True)")
+    specs += _reduction("var", X.var, _ref_var, zero_dim=False)  # one element: n - 1 = 0
+    specs += _reduction("std", X.std, lambda x, **k: jnp.sqrt(_ref_var(x, **k)), zero_dim=False)
+    specs += _reduction("prod", X.prod, jnp.prod)
+    specs += _reduction("amax", X.amax, jnp.max)
+    specs += _reduction("amin", X.amin, jnp.min)
+    specs += _reduction("logsumexp", X.logsumexp, jax.scipy.special.logsumexp)
+    add(_unary("var", lambda x: X.var(x, dim=1, correction=0), lambda x: jnp.var(x, axis=1), label="correction=0",
+               shapes=(((2, 3),),)))
+    add(_unary("prod", lambda x: X.prod(x, dim=1), lambda x: jnp.prod(x, axis=1), WITH_ZEROS, label="zeros",
+               shapes=(((3, 4),),)))
+    add(_unary("amax", X.amax, jnp.max, TIES, label="ties", smooth=False, shapes=(((2, 3),),)))
+    add(_unary("amin", lambda x: X.amin(x, dim=0), lambda x: jnp.min(x, axis=0), TIES, label="ties dim=0",
+               smooth=False, shapes=(((3, 3),),)))
+    add(_unary("max", X.max, jnp.max, label="all", shapes=(((2, 3),), ((),))))
+    add(_unary("max", lambda x: X.max(x, dim=1).values, lambda x: jnp.max(x, axis=1), label="dim=1", shapes=(((2, 3),),)))
+    add(_unary("max", lambda x: X.max(x, dim=0, keepdim=True).values, lambda x: jnp.max(x, axis=0, keepdims=True),
+               label="dim=0,keepdim", shapes=(((3, 2),),)))
+    add(_unary("min", X.min, jnp.min, label="all", shapes=(((2, 3),), ((),))))
+    add(_unary("min", lambda x: X.min(x, dim=-1).values, lambda x: jnp.min(x, axis=-1), label="dim=-1", shapes=(((2, 3),),)))
+    add(_unary("cumsum", lambda x: X.cumsum(x, 1), lambda x: jnp.cumsum(x, axis=1), shapes=(((2, 3),), ((2, 4, 2),))))
+    add(_unary("cumsum", lambda x: X.cumsum(x, 0), lambda x: jnp.cumsum(x, axis=0), label="dim=0", shapes=(((4,),),)))
+    add(_unary("sum_to", lambda x: X.sum_to(x, (3, 1)), lambda x: _ref_sum_to(x, (3, 1)), shapes=(((2, 3, 4),), ((3, 4),))))
+    add(_unary("sum_to", lambda x: X.sum_to(x, (2, 3)), lambda x: x, label="same shape", shapes=(((2, 3),),)))
+    # -- nn ----------------------------------------------------------------------------
+    add(_unary("softmax", X.softmax, lambda x: jax.nn.softmax(x, axis=-1), shapes=(((3,),), ((2, 4),))))
+    add(_unary("softmax", lambda x: X.softmax(x, dim=0), lambda x: jax.nn.softmax(x, axis=0), label="dim=0", shapes=(((3, 2),),)))
+    add(_unary("log_softmax", X.log_softmax, lambda x: jax.nn.log_softmax(x, axis=-1), shapes=(((3,),), ((2, 4),))))
+    add(_unary("log_softmax", lambda x: X.log_softmax(x, dim=0), lambda x: jax.nn.log_softmax(x, axis=0), label="dim=0",
+               shapes=(((3, 2),),)))
+    for reduction in ("mean", "sum", "none"):
+        add(OpSpec("cross_entropy", lambda x, t, r=reduction: X.cross_entropy(x, t, reduction=r),
+                   lambda x, t, r=reduction: _ref_cross_entropy(x, t, r), (((4, 3), (4,)),), (REAL, ints(3)),
+                   label=f"class indices, {reduction}"))
+    add(OpSpec("cross_entropy", lambda x, t: X.cross_entropy(x, t, label_smoothing=0.1),
+               lambda x, t: _ref_cross_entropy(x, t, smoothing=0.1), (((4, 3), (4,)),), (REAL, ints(3)), label="label_smoothing"))
+    add(OpSpec("cross_entropy", X.cross_entropy, _ref_cross_entropy, (((4, 3), (4, 3)),), (REAL, Domain(lo=0, hi=1)),
+               label="probabilities"))
+    add(_binary("mse_loss", X.mse_loss, lambda x, y: jnp.mean((x - y) ** 2), shapes=BINARY_SHAPES[:1]))
+    add(_binary("mse_loss", lambda x, y: X.mse_loss(x, y, reduction="sum"), lambda x, y: jnp.sum((x - y) ** 2),
+                label="sum", shapes=BINARY_SHAPES[:2]))
+    add(_binary("mse_loss", lambda x, y: X.mse_loss(x, y, reduction="none"), lambda x, y: (x - y) ** 2, label="none",
+                shapes=BINARY_SHAPES[:1]))
+    add(OpSpec("layer_norm", lambda x, w, b: X.layer_norm(x, (4,), w, b), _ref_layer_norm, (((3, 4), (4,), (4,)),),
+               (REAL, REAL, REAL)))
+    add(OpSpec("layer_norm", lambda x, w, b: X.layer_norm(x, (2, 3), w, b), lambda x, w, b: _ref_layer_norm(x, w, b, 2),
+               (((2, 2, 3), (2, 3), (2, 3)),), (REAL, REAL, REAL), label="2 dims"))
+    add(_unary("dropout", lambda x: X.dropout(x, 0.3, key=_DROPOUT_KEY),
+               lambda x: x * jax.random.bernoulli(_DROPOUT_KEY, 0.7, x.shape) / 0.7, shapes=(((4, 5),),)))
+    # -- shape -------------------------------------------------------------------------
+    add(_unary("reshape", lambda x: X.reshape(x, (3, -1)), lambda x: jnp.reshape(x, (3, -1)), shapes=(((2, 3),), ((6,),))))
+    add(_unary("reshape", lambda x: x.reshape(()), lambda x: jnp.reshape(x, ()), label="to 0-dim", shapes=(((1, 1),),)))
+    add(_unary("view", lambda x: x.view(4, 3), lambda x: jnp.reshape(x, (4, 3)), shapes=(((2, 6),),)))
+    add(_unary("flatten", X.flatten, jnp.ravel, shapes=(((2, 3, 2),), ((),))))
+    add(_unary("flatten", lambda x: X.flatten(x, 1), lambda x: jnp.reshape(x, (2, -1)), label="start_dim=1",
+               shapes=(((2, 3, 2),),)))
+    add(_unary("squeeze", X.squeeze, jnp.squeeze, shapes=(((1, 3, 1),),)))
+    add(_unary("squeeze", lambda x: X.squeeze(x, 0), lambda x: jnp.squeeze(x, 0), label="dim=0", shapes=(((1, 3, 1),),)))
+    add(_unary("unsqueeze", lambda x: X.unsqueeze(x, -1), lambda x: jnp.expand_dims(x, -1), shapes=(((2, 3),), ((),))))
+    add(_unary("transpose", lambda x: X.transpose(x, 0, 2), lambda x: jnp.swapaxes(x, 0, 2), shapes=(((2, 3, 4),),)))
+    add(_unary("permute", lambda x: X.permute(x, 2, 0, 1), lambda x: jnp.transpose(x, (2, 0, 1)), shapes=(((2, 3, 4),),)))
+    add(_unary("expand", lambda x: X.expand(x, 2, -1, 3), lambda x: jnp.broadcast_to(x, (2, 4, 3)), shapes=(((4, 1),),)))
+    add(_unary("broadcast_to", lambda x: X.broadcast_to(x, (2, 3, 4)), lambda x: jnp.broadcast_to(x, (2, 3, 4)),
+               shapes=(((3, 1),), ((),), ((4,),))))
+    add(_unary("T", X.T, lambda x: x.T, shapes=(((2, 3),), ((2, 3, 4),), ((),))))
+    add(_unary("mT", X.mT, lambda x: jnp.swapaxes(x, -1, -2), shapes=(((2, 3),), ((2, 3, 4),))))
+    add(_unary("transpose", lambda x: x.permute(1, 0, 2).reshape(3, 8), lambda x: jnp.transpose(x, (1, 0, 2)).reshape(3, 8),
+               label="composed", shapes=(((2, 3, 4),),)))
+    cat_shapes = (((2, 3), (1, 3), (4, 3)),)
+    add(OpSpec("cat", lambda *xs: X.cat(xs), lambda *xs: jnp.concatenate(xs), cat_shapes, (REAL,) * 3))
+    add(OpSpec("concatenate", lambda a, b: X.concatenate([a, b], dim=-1), lambda a, b: jnp.concatenate([a, b], axis=-1),
+               (((2, 3), (2, 1)),), (REAL, REAL)))
+    add(OpSpec("stack", lambda a, b: X.stack([a, b], dim=1), lambda a, b: jnp.stack([a, b], axis=1),
+               (((2, 3), (2, 3)),), (REAL, REAL)))
+    add(OpSpec("stack", lambda a, b: X.stack([a, b]), lambda a, b: jnp.stack([a, b]), (((), ()),), (REAL, REAL), label="0-dim"))
+    add(_unary("split", lambda x: X.split(x, 2, dim=1), lambda x: tuple(jnp.split(x, [2, 4], axis=1)), shapes=(((2, 5),),)))
+    add(_unary("split", lambda x: X.split(x, [1, 3]), lambda x: tuple(jnp.split(x, [1])), label="sizes", shapes=(((4, 2),),)))
+    add(_unary("chunk", lambda x: X.chunk(x, 3), lambda x: tuple(jnp.array_split(x, 3)), shapes=(((6, 2),),)))
+    add(_unary("pad", lambda x: X.pad(x, (1, 2)), lambda x: jnp.pad(x, ((0, 0), (1, 2))), shapes=(((2, 3),),)))
+    add(_unary("pad", lambda x: X.pad(x, (1, 0, 0, 2), value=1.5), lambda x: jnp.pad(x, ((0, 2), (1, 0)), constant_values=1.5),
+               label="2 dims, value", shapes=(((2, 3),),)))
+    add(_unary("flip", lambda x: X.flip(x, (0, -1)), lambda x: jnp.flip(x, (0, -1)), shapes=(((2, 3),),)))
+    add(_unary("roll", lambda x: X.roll(x, 1, 1), lambda x: jnp.roll(x, 1, 1), shapes=(((2, 3),),)))
+    add(_unary("roll", lambda x: X.roll(x, 2), lambda x: jnp.roll(x, 2), label="flat", shapes=(((2, 3),),)))
+    add(_unary("tril", X.tril, jnp.tril, shapes=(((3, 3),), ((2, 3, 4),))))
+    add(_unary("tril", lambda x: X.tril(x, -1), lambda x: jnp.tril(x, -1), label="k=-1", shapes=(((3, 4),),)))
+    add(_unary("triu", lambda x: X.triu(x, 1), lambda x: jnp.triu(x, 1), shapes=(((3, 3),), ((2, 3, 4),))))
+    # -- indexing ----------------------------------------------------------------------
+    add(_unary("getitem", lambda x: x[1:, ::2], lambda x: x[1:, ::2], label="slices", shapes=(((3, 4),),)))
+    add(_unary("getitem", lambda x: x[None, ..., 1], lambda x: x[None, ..., 1], label="None, ellipsis", shapes=(((2, 3),),)))
+    add(_unary("getitem", lambda x: x[1], lambda x: x[1], label="int", shapes=(((3,),), ((3, 2),))))
+    add(_unary("getitem", lambda x: x[_INT_INDEX], lambda x: x[_INT_INDEX], label="int array, repeats", shapes=(((3, 2),),)))
+    add(_unary("getitem", lambda x: x[xgrad.tensor(_INT_INDEX), 1], lambda x: x[_INT_INDEX, 1], label="tensor index",
+               shapes=(((3, 2),),)))
+    add(_unary("getitem", lambda x: x[[0, 1], [2, 2]], lambda x: x[jnp.array([0, 1]), jnp.array([2, 2])],
+               label="list indices", shapes=(((2, 3),),)))
+    add(_unary("getitem", lambda x: x[_MASK], lambda x: x[_MASK], label="bool mask", shapes=(((2, 3),),)))
+    add(_unary("index_scatter", _prim("index_scatter", index=_INT_INDEX, shape=(3, 2)),
+               lambda g: jnp.zeros((3, 2), g.dtype).at[_INT_INDEX].add(g), shapes=(((3, 2),),)))
+    add(OpSpec("index_put", _setitem_op((slice(None), 1)), lambda x, v: x.at[:, 1].set(v),
+               (((3, 2), (3,)), ((3, 2), ())), (REAL, REAL), label="slice"))
+    add(OpSpec("index_put", _setitem_op(_MASK), lambda x, v: x.at[_MASK].set(v), (((2, 3), ()),), (REAL, REAL), label="mask"))
+    add(OpSpec("gather", lambda x, i: X.gather(x, 1, i), lambda x, i: jnp.take_along_axis(x, i, 1),
+               (((2, 3), (2, 4)),), (REAL, ints(3))))
+    add(OpSpec("gather", lambda x, i: X.gather(x, 0, i), lambda x, i: jnp.take_along_axis(x, i, 0),
+               (((3, 2), (4, 2)),), (REAL, ints(3)), label="dim=0"))
+    add(OpSpec("scatter_add", lambda x, i, s: X.scatter_add(x, 1, i, s), lambda x, i, s: _ref_scatter_add(x, i, s, 1),
+               (((2, 3), (2, 4), (2, 4)),), (REAL, ints(3), REAL)))
+    add(OpSpec("scatter_add", lambda x, i, s: X.scatter_add(x, 0, i, s), lambda x, i, s: _ref_scatter_add(x, i, s, 0),
+               (((3, 2), (4, 2), (4, 2)),), (REAL, ints(3), REAL), label="dim=0"))
+    add(OpSpec("index_select", lambda x, i: X.index_select(x, 1, i), lambda x, i: jnp.take(x, i, axis=1),
+               (((2, 3), (4,)),), (REAL, ints(3))))
+    add(OpSpec("embedding", lambda i, w: X.embedding(i, w), lambda i, w: jnp.take(w, i, axis=0),
+               (((2, 3), (5, 4)),), (ints(5), REAL)))
+    add(_unary("sort", lambda x: X.sort(x).values, lambda x: jnp.sort(x, axis=-1), shapes=(((2, 4),), ((5,),))))
+    add(_unary("sort", lambda x: X.sort(x, dim=0, descending=True).values, lambda x: -jnp.sort(-x, axis=0),
+               label="dim=0, descending", shapes=(((3, 2),),)))
+    # -- contractions ------------------------------------------------------------------
+    matmul_shapes = (
+        ((3, 4), (4, 2)), ((4,), (4, 2)), ((3, 4), (4,)), ((4,), (4,)), ((2, 3, 4), (4, 5)),
+        ((2, 3, 4), (2, 4, 5)), ((2, 1, 3, 4), (3, 4, 2)), ((4,), (2, 4, 3)), ((2, 3, 4), (4,)),
+    )
+    add(OpSpec("matmul", X.matmul, jnp.matmul, matmul_shapes, (REAL, REAL)))
+    add(OpSpec("matmul", X.matmul, jnp.matmul, (((3, 3), (3, 3)),), (REAL, REAL), label="square", expr="{0} @ {1}"))
+    for subscripts, shapes in (("ij,jk->ik", ((2, 3), (3, 4))), ("bij,bjk->bik", ((2, 2, 3), (2, 3, 2))),
+                               ("i,i->", ((3,), (3,))), ("ii->i", ((3, 3),)), ("ij->ji", ((2, 3),))):
+        add(OpSpec("einsum", lambda *xs, s=subscripts: X.einsum(s, *xs), lambda *xs, s=subscripts: jnp.einsum(s, *xs),
+                   (shapes,), (REAL,) * len(shapes), label=subscripts))
+    add(OpSpec("conv2d", X.conv2d, _ref_conv2d, (((1, 2, 5, 5), (3, 2, 3, 3)),), (REAL, REAL)))
+    add(OpSpec("conv2d", lambda x, w, b: X.conv2d(x, w, b, stride=2, padding=1),
+               lambda x, w, b: _ref_conv2d(x, w, b, stride=2, padding=1),
+               (((2, 2, 5, 4), (2, 2, 3, 3), (2,)),), (REAL, REAL, REAL), label="bias, stride, padding"))
+    add(OpSpec("conv2d", lambda x, w: X.conv2d(x, w, groups=2), lambda x, w: _ref_conv2d(x, w, groups=2),
+               (((1, 4, 4, 4), (2, 2, 3, 3)),), (REAL, REAL), label="groups"))
+    return specs
+
+
+OP_SPECS: tuple[OpSpec, ...] = tuple(_build_specs())
+
+
+def specs_for(name: str) -> list[OpSpec]:
+    """The specs that cover op ``name``."""
+    return [s for s in OP_SPECS if s.name == name]
+
+
+def uncovered_ops(names: Sequence[str] | None = None) -> list[str]:
+    """Registry primitives and ``DIFFERENTIABLE_OPS`` names that have no spec.
+
+    >>> uncovered_ops()
+    []
+    """
+    if names is None:
+        names = sorted(set(REGISTRY) | set(xgrad.ops.DIFFERENTIABLE_OPS))
+    covered = {s.name for s in OP_SPECS}
+    return [n for n in names if n not in covered]
