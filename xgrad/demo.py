@@ -235,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(_table(runs))
     if stats is not None:
-        print(f"compiled backward: {stats.compiles} compile(s) in {stats.compile_seconds:.2f} s, "
-              f"{stats.hits} cache hits, {stats.misses} misses, {stats.fallbacks} eager fallbacks")
+        print(f"compiled backward: {stats['compiles']} compile(s) in {stats['compile_seconds']:.2f} s, "
+              f"{stats['hits']} cache hits, {stats['misses']} misses, {sum(stats['fallbacks'].values())} eager fallbacks")
     if len(modes) == 2:
         eager_losses, compiled_losses = runs[0].losses, runs[1].losses
         loss_diff = float(np.max(np.abs(eager_losses - compiled_losses)))
