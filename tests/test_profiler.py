@@ -115,3 +115,28 @@ def test_error_in_backward_still_recorded_and_next_backward_works():
     assert engine.profile_node is None
     (x * 3).sum().backward()
     assert x.grad.tolist() == [3.0]
+
+
+def test_compiled_backward_is_one_span_with_compile_and_run_split():
+    # Contract with xgrad/engine/compiled.py: each compiled backward calls
+    # profiler.record("CompiledBackward", start, end, cache="miss"|"hit", compile_seconds=...)
+    # instead of falling back to eager while a profiler is open.
+    from xgrad.autograd import compiled
+
+    compiled.reset()
+    x, w, loss = _graph()
+    loss.backward(retain_graph=True)
+    expected = (x.grad.tolist(), w.grad.tolist())
+    x.grad = w.grad = None
+    with xgrad.autograd.profile() as prof:
+        loss.backward(compiled=True, retain_graph=True)
+        first = (x.grad.tolist(), w.grad.tolist())
+        x.grad = w.grad = None
+        loss.backward(compiled=True)
+    assert first == pytest.approx(expected) and (x.grad.tolist(), w.grad.tolist()) == pytest.approx(expected)
+    spans = [e for e in prof.events if e.name == "CompiledBackward"]
+    assert [e.args["cache"] for e in spans] == ["miss", "hit"]
+    assert 0 < spans[0].args["compile_seconds"] <= spans[0].duration
+    assert spans[1].args["compile_seconds"] == 0
+    assert not [e for e in prof.events if e.name.endswith("Backward") and e.name != "CompiledBackward"]  # no eager nodes ran
+    assert compiled.stats()["fallbacks"] == {}
