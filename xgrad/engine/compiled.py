@@ -480,7 +480,11 @@ def _ctx_key(ctx: FunctionCtx, name: str, flat: list[Any]) -> tuple[Any, ...]:
 
 
 def _walk(graph_task: Any, root: Node, create_graph: bool, accumulate_grad: bool, n_inputs: int, root_nr: int) -> _Walk:
-    """Replay the eager schedule; return the key, the nodes in run order and the flat saved values."""
+    """Replay the eager schedule; return the key, the nodes in run order and the flat saved values.
+
+    The hit path's only per-node Python, so the common case (a primitive node whose
+    saved values are plain saved tensors and scalars) is written out inline.
+    """
     dependencies = graph_task.dependencies
     exec_info = graph_task.exec_info
     order: dict[Node, int] = {root: 0}
@@ -491,31 +495,33 @@ def _walk(graph_task: Any, root: Node, create_graph: bool, accumulate_grad: bool
     heap = [(-root.sequence_nr, 0, root)]
     pushed = 1
     heappop, heappush = heapq.heappop, heapq.heappush
+    add_node, add_key, add_start, add_flat = nodes.append, node_keys.append, starts.append, flat.append
+    scalars = _SCALARS
+    exec_key: Any = None
     while heap:
         node = heappop(heap)[2]
-        nodes.append(node)
-        starts.append(len(flat))
+        add_node(node)
+        add_start(len(flat))
         cls = type(node)
         if exec_info:
             info = exec_info[node]
-            exec_key: Any = (info.needed, None if info.captures is None else tuple(info.captures))
+            exec_key = (info.needed, None if info.captures is None else tuple(info.captures))
             if not info.needed:
                 # Captured only: eager runs its tensor pre-hooks and stops there.
-                node_keys.append((K_CAPTURED, _hooks_key(node), exec_key))
+                add_key((K_CAPTURED, _hooks_key(node), exec_key))
                 continue
-        else:
-            exec_key = None
         edges_key: list[int] = []
+        add_edge = edges_key.append
         for next_fn, input_nr in node.next_edges:
             if next_fn is None:
-                edges_key.append(-1)
-                edges_key.append(0)
+                add_edge(-1)
+                add_edge(0)
                 continue
             i = order.get(next_fn)
             if i is None:
                 i = order[next_fn] = len(order)
-            edges_key.append(i)
-            edges_key.append(input_nr)
+            add_edge(i)
+            add_edge(input_nr)
             remaining = dependencies[next_fn] - 1
             if remaining:
                 dependencies[next_fn] = remaining
@@ -527,44 +533,69 @@ def _walk(graph_task: Any, root: Node, create_graph: bool, accumulate_grad: bool
                     continue
             heappush(heap, (-next_fn.sequence_nr, pushed, next_fn))
             pushed += 1
+        hooks = (
+            _hooks_key(node)
+            if node._tensor_pre_hooks or node._pre_hooks or node._post_hooks or node._retains_grad_hooks or cls is AccumulateGrad
+            else None
+        )
         if cls is PrimitiveNode:
             meta = node.input_metadata
             saved_out = node.saved_out
-            node_keys.append((
+            params = node.params
+            saved_key: list[Any] = []
+            add_saved = saved_key.append
+            for s in node.saved if saved_out is None else (*node.saved, *saved_out):
+                scls = type(s)
+                if scls is SavedTensor:
+                    # SavedTensor.unpack's fast case, inline: a live input at its saved version.
+                    t = s._ref if s._state == "input" else None
+                    if t is None or t._version != s._saved_version:
+                        t = s.unpack(node)
+                    a = t._array
+                    add_flat(t if create_graph else a)
+                    aval = a.aval
+                    add_saved(aval.shape)
+                    add_saved(aval.dtype)
+                elif scls in scalars:
+                    add_saved(scls)
+                    add_saved(s)
+                else:
+                    add_saved(_saved_key((s,), node, flat, create_graph))
+            add_key((
                 K_PRIM,
                 node.prim,
-                _params_key(node.params, flat),
+                _params_key(params, flat) if params else (),
                 (meta[0][0], meta[0][1]) if len(meta) == 1 else tuple((m[0], m[1]) for m in meta),
-                _saved_key(node.saved if saved_out is None else (*node.saved, *saved_out), node, flat, create_graph),
+                tuple(saved_key),
                 tuple(edges_key),
-                _hooks_key(node),
+                hooks,
                 exec_key,
             ))
         elif cls is AccumulateGrad:
             grad = node.variable.grad
-            node_keys.append((
+            add_key((
                 K_ACC,
                 node.input_metadata[0],
                 None if grad is None else (grad._array.shape, grad._array.dtype),
-                _hooks_key(node),
+                hooks,
                 exec_key,
             ))
         elif isinstance(node, FunctionNode):
-            node_keys.append((
+            add_key((
                 K_FUNC,
                 node.function,
                 tuple(None if m is None else (m[0], m[1]) for m in node.input_metadata),
                 _ctx_key(node.ctx, node.name(), flat),
                 _saved_key(node.unpack_saved(), node, flat, create_graph),
                 tuple(edges_key),
-                _hooks_key(node),
+                hooks,
                 exec_key,
             ))
         elif cls is GraphRoot:
-            node_keys.append((K_ROOT, tuple(edges_key), exec_key))
+            add_key((K_ROOT, tuple(edges_key), exec_key))
         else:
             raise _NotTraceable(f"the graph has a node of kind {node.name()} that compiled backward does not know", "unknown node kind")
-    starts.append(len(flat))
+    add_start(len(flat))
     return _Walk((create_graph, accumulate_grad, n_inputs, root_nr, tuple(node_keys)), nodes, flat, starts)
 
 
@@ -1242,7 +1273,7 @@ def _run_differentiable(variant: _Variant, saved: list[Any], live: list[Tensor],
     An output that depends on no input requiring grad is detached, as eager's would
     have no ``grad_fn``.
     """
-    tensors = [x if isinstance(x, Tensor) else Tensor(x) for x in saved] + live + roots + old
+    tensors = [x if isinstance(x, Tensor) else Tensor(jnp.asarray(x)) for x in saved] + live + roots + old
     if not variant.deps:
         return []
     outs = list(variant.op(*tensors))
@@ -1397,7 +1428,7 @@ def execute(
     program = _lookup(walk.key)
     if program is None:
         program = _compile(walk, root_grads)
-    else:
+    elif not isinstance(program, _NotTraceable):
         _stats.add("hits")
     if isinstance(program, _NotTraceable):
         return _fallback(program, args)
