@@ -365,3 +365,10 @@ def test_property_grad_of_a_subset_matches_backward(steps, subset):
     for i, g in zip(chosen, grads, strict=True):
         full = xs[i].grad.numpy() if xs[i].grad is not None else np.zeros(2)
         np.testing.assert_allclose(g.numpy(), full, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("host_grad", [[1.0, 2.0], np.array([1.0, 2.0])])
+def test_host_root_grads_are_placed_on_the_output_device(host_grad):
+    w = xgrad.tensor([3.0, 4.0], device=jax.devices("cpu")[1], requires_grad=True)
+    (g,) = autograd.grad(w * 2, w, grad_outputs=[host_grad])
+    assert g.device == w.device and g.tolist() == [2.0, 4.0]

@@ -315,3 +315,16 @@ def test_clone_is_differentiable_and_independent():
     assert x.tolist() == [1.0, 2.0]
     c.sum().backward()
     assert x.grad.tolist() == [3.0, 3.0]
+
+
+def test_retain_grad_follows_inplace_and_tensor_hooks_stay_with_the_old_value():
+    x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    y = x * 2
+    y.retain_grad()
+    seen = []
+    y.register_hook(lambda g: seen.append(g.tolist()))
+    y.mul_(3)
+    (y * xgrad.tensor([1.0, 10.0])).sum().backward()
+    assert y.grad.tolist() == [1.0, 10.0]  # the gradient of the latest value, counted once
+    assert seen == [[3.0, 30.0]]  # the hook saw the gradient of the value before mul_
+    assert x.grad.tolist() == [6.0, 60.0]

@@ -416,6 +416,12 @@ class Tensor:
         self._array = array
         self._version += 1
         if result.grad_fn is not None:
+            if self._retains_grad and self.grad_fn is not None:
+                # The retains-grad hook moves to the new grad_fn, as in PyTorch: .grad is the
+                # gradient of the latest value. Other hooks stay with the old value.
+                old_hooks = self.grad_fn._retains_grad_hooks
+                if old_hooks:
+                    old_hooks.pop(self._output_nr, None)
             self.grad_fn = result.grad_fn
             self._output_nr = result._output_nr
             if self._retains_grad:

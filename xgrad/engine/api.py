@@ -6,7 +6,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from xgrad.engine import engine
 from xgrad.engine.node import Edge, gradient_edge
@@ -54,8 +56,11 @@ def _make_grads(outputs: Sequence[Tensor], grads: Sequence[Any]) -> list[Tensor]
                 raise RuntimeError(f"grad can be implicitly created only for real scalar outputs but got {out._array.dtype}")
             result.append(Tensor(jnp.ones_like(out._array)))
             continue
-        if not isinstance(g, Tensor):
+        if isinstance(g, jax.Array):
             g = Tensor(jnp.asarray(g, dtype=out._array.dtype))
+        elif not isinstance(g, Tensor):
+            # Host data (lists, scalars, NumPy) is placed where the output lives.
+            g = Tensor(jax.device_put(np.asarray(g, dtype=out._array.dtype), out._array.sharding))
         if g._array.shape != out._array.shape:
             raise RuntimeError(
                 f"Mismatch in shape: grad_output[{i}] has a shape of {list(g._array.shape)} and "
