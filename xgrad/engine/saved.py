@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from xgrad.tensor import Tensor
-
 from xgrad.engine.node import grad_accumulator
+from xgrad.tensor import Tensor
 
 if TYPE_CHECKING:
     from xgrad.engine.node import Node
