@@ -24,6 +24,7 @@ from tqdm import tqdm
 import xgrad
 from xgrad import nn
 from xgrad.creation import resolve_device
+from xgrad.ops import cross_entropy
 from xgrad.optim import Optax
 
 SIZES = (2, 64, 64, 3)
@@ -101,7 +102,7 @@ def train_xgrad(model: nn.MLP, batches: list[tuple[jax.Array, jax.Array]], steps
     warmup = 0.0
     for step in bar:
         x, y = batches[step % len(batches)]
-        loss = xgrad.cross_entropy(model(xgrad.tensor(x)), y)
+        loss = cross_entropy(model(xgrad.tensor(x)), y)
         opt.zero_grad()
         loss.backward(compiled=compiled)
         opt.step()
@@ -147,8 +148,8 @@ def train_jax(params: list[jax.Array], batches: list[tuple[jax.Array, jax.Array]
 def first_step_grads(model: nn.MLP, batch: tuple[jax.Array, jax.Array], compiled: bool) -> list[np.ndarray]:
     model.zero_grad()
     x, y = batch
-    xgrad.cross_entropy(model(xgrad.tensor(x)), y).backward(compiled=compiled)
-    grads = [np.asarray(p.grad.array) for p in model.parameters()]
+    cross_entropy(model(xgrad.tensor(x)), y).backward(compiled=compiled)
+    grads = [p.grad.numpy() for p in model.parameters() if p.grad is not None]
     model.zero_grad()
     return grads
 
@@ -160,7 +161,7 @@ def _max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 def _backward_step(model: nn.MLP, batch: tuple[jax.Array, jax.Array], compiled: bool) -> None:
     model.zero_grad()
     x, y = batch
-    xgrad.cross_entropy(model(xgrad.tensor(x)), y).backward(compiled=compiled)
+    cross_entropy(model(xgrad.tensor(x)), y).backward(compiled=compiled)
 
 
 def _profile(model: nn.MLP, batches: list[tuple[jax.Array, jax.Array]], modes: list[bool], path: str) -> None:

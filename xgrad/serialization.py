@@ -56,6 +56,7 @@ def _flatten(obj: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
                 raise ValueError(f"xgrad.save: dict keys must be non-empty strings without {SEP!r}, got {key!r} at {path or 'the top level'}")
             tree[key] = _flatten(value, f"{path}{SEP}{key}" if path else key, arrays)
         return {"dict": tree}
+    array: Any
     if isinstance(obj, Tensor):
         array, requires_grad = obj.array, obj.requires_grad
     elif isinstance(obj, (jax.Array, np.ndarray)):
@@ -91,7 +92,7 @@ def save(obj: Any, path: str | os.PathLike[str]) -> None:
         if META_KEY in arrays:
             raise ValueError(f"xgrad.save: the key {META_KEY!r} is reserved")
         with open(path, "wb") as f:
-            np.savez(f, **arrays, **{META_KEY: np.array(meta)})
+            np.savez(f, **{**arrays, META_KEY: np.array(meta)})  # type: ignore[arg-type]
     else:
         from safetensors.numpy import save_file
 
