@@ -209,6 +209,13 @@ class PureHook:
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
 
+    # Programs are keyed by the hook: wrapping the same function again must not recompile.
+    def __eq__(self, other: object) -> bool:
+        return type(other) is PureHook and other.fn is self.fn
+
+    def __hash__(self) -> int:
+        return hash(self.fn)
+
     def __repr__(self) -> str:
         return f"pure_hook({self.fn!r})"
 
@@ -352,6 +359,7 @@ _SCALARS = frozenset((float, int, bool, complex, type(None), str))
 _HOST = "host"  # hooks key: a hook group with a hook that is not pure runs on the host
 _RAW = "raw array"  # saved-values key tag: a raw array argument, a program input
 _TENSOR = "tensor"  # saved-values / ctx key tag: a tensor, a program input
+_TENSOR_RG = "tensor requiring grad"  # a Function's saved tensor that requires grad (its backward may ask)
 _ARG = object()  # template marker: filled from the program's inputs
 _CTX_BASE = frozenset(FunctionCtx().__dict__)
 
@@ -445,6 +453,8 @@ def _saved_key(values: Any, node: Node, flat: list[Any], keep_tensors: bool) -> 
             flat.append(t if keep_tensors else a)
             append(a.shape)
             append(a.dtype)
+            if cls is Tensor:
+                append(t.requires_grad)
         elif cls in _SCALARS:
             append(cls)
             append(s)
@@ -698,8 +708,10 @@ def _saved_template(values: Any) -> tuple[Any, ...]:
     out = []
     for s in values:
         cls = type(s)
-        if cls is SavedTensor or cls is Tensor:
+        if cls is SavedTensor:
             out.append(_TENSOR)
+        elif cls is Tensor:
+            out.append(_TENSOR_RG if s.requires_grad else _TENSOR)
         elif cls in _SCALARS or cls is Aval:
             out.append(s)
         elif _is_array(s):
@@ -910,6 +922,8 @@ def _saved_values(template: tuple[Any, ...], args: Iterator[Any]) -> list[Any]:
     for s in template:
         if s is _TENSOR:
             values.append(Tensor(next(args)))
+        elif s is _TENSOR_RG:
+            values.append(Tensor(next(args), requires_grad=True))
         elif s is _RAW:
             values.append(next(args))
         else:
@@ -1164,8 +1178,7 @@ class _Program:
     def hlo_text(self, segment: int = 0) -> str:
         """The compiled HLO of one segment's first variant (for tests and debugging)."""
         variant = next(iter(self.segments[segment].variants.values()))
-        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in variant.example]  # type: ignore[attr-defined]
-        return variant.plain.lower(*avals).compile().as_text()
+        return variant.plain.lower(*(variant.example[i] for i in variant.used)).compile().as_text()
 
 
 # -- running a program ---------------------------------------------------------------
