@@ -188,7 +188,7 @@ def test_multiple_roots_and_integer_index_params():
         a = x[:, index].sin().sum()
         b = (x * x).sum()
         xgrad.autograd.backward([a, b], compiled=True)
-        expected = jax.grad(lambda v: jnp.sum(jnp.sin(v[:, index])) + jnp.sum(v * v))(jnp.arange(6.0).reshape(2, 3))
+        expected = jax.grad(lambda v, i=index: jnp.sum(jnp.sin(v[:, i])) + jnp.sum(v * v))(jnp.arange(6.0).reshape(2, 3))
         np.testing.assert_allclose(x.grad.numpy(), expected)
     assert compiled.stats()["hits"] == 1
 
@@ -242,7 +242,7 @@ def test_same_structure_hits_without_retracing():
     rng = np.random.default_rng(0)
     w1 = xgrad.tensor(rng.standard_normal((3, 4)), requires_grad=True)
     w2 = xgrad.tensor(rng.standard_normal((4, 2)), requires_grad=True)
-    for i in range(4):
+    for _ in range(4):
         w1.grad = w2.grad = None
         mlp_loss(xgrad.tensor(rng.standard_normal((5, 3))), w1, w2).backward(compiled=True)
     s = compiled.stats()
