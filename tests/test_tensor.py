@@ -328,3 +328,72 @@ def test_retain_grad_follows_inplace_and_tensor_hooks_stay_with_the_old_value():
     assert y.grad.tolist() == [1.0, 10.0]  # the gradient of the latest value, counted once
     assert seen == [[3.0, 30.0]]  # the hook saw the gradient of the value before mul_
     assert x.grad.tolist() == [6.0, 60.0]
+
+
+# -- operators -------------------------------------------------------------------------------------
+
+A = np.array([[0.5, 1.5], [2.0, 0.25]])
+B = np.array([[1.25, -0.5], [0.75, 2.0]])
+OPERATORS = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "truediv": lambda a, b: a / b, "pow": lambda a, b: a ** b, "matmul": lambda a, b: a @ b,
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_binary_operators_match_jax(name):
+    op = OPERATORS[name]
+    a = xgrad.tensor(A, requires_grad=True)
+    b = xgrad.tensor(B, requires_grad=True)
+    out = op(a, b)
+    cotangent = np.array([[1.0, -2.0], [0.5, 3.0]])
+    out.backward(cotangent)
+    expected, vjp = jax.vjp(op, jnp.asarray(A), jnp.asarray(B))
+    ga, gb = vjp(jnp.asarray(cotangent))
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-12)
+    np.testing.assert_allclose(a.grad.numpy(), ga, rtol=1e-12)
+    np.testing.assert_allclose(b.grad.numpy(), gb, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(set(OPERATORS) - {"matmul"}))
+def test_operators_with_scalars_and_arrays_on_either_side(name):
+    op = OPERATORS[name]
+    a = xgrad.tensor(A, requires_grad=True)
+    # A jax.Array on the left converts the Tensor through __jax_array__ (untracked), so
+    # it appears on the right only; NumPy defers to Tensor by __array_priority__.
+    cases = [(other, right_side) for other in (1.5, np.float64(1.5), B) for right_side in (True, False)]
+    cases.append((jnp.asarray(B), True))
+    for other, on_right in cases:
+        if on_right:
+            left, right, ref = a, other, lambda v, o=other: op(v, o)
+        else:
+            left, right, ref = other, a, lambda v, o=other: op(o, v)
+        out = op(left, right)
+        assert isinstance(out, xgrad.Tensor) and out.requires_grad
+        (g,) = autograd.grad(out.sum(), a)
+        np.testing.assert_allclose(out.numpy(), ref(jnp.asarray(A)), rtol=1e-12)
+        np.testing.assert_allclose(g.numpy(), jax.grad(lambda v, f=ref: f(v).sum())(jnp.asarray(A)), rtol=1e-12)
+
+
+def test_unary_operators_and_comparisons():
+    a = xgrad.tensor(A, requires_grad=True)
+    (-a).sum().backward()
+    assert a.grad.tolist() == (-np.ones((2, 2))).tolist()
+    assert abs(xgrad.tensor([-1.0, 2.0])).tolist() == [1.0, 2.0]
+    b = xgrad.tensor(B)
+    for op, ref in ((a < b, A < B), (a <= b, A <= B), (a > b, A > B), (a >= b, A >= B), (a == b, A == B), (a != b, A != B)):
+        assert op.dtype == jnp.bool_ and not op.requires_grad and op.tolist() == ref.tolist()
+    assert (~(a > 1)).tolist() == (~(A > 1)).tolist()
+    assert ((a > 1) & (b > 0)).tolist() == ((A > 1) & (B > 0)).tolist()
+
+
+def test_inplace_operators():
+    t = xgrad.tensor(A.copy())
+    original = t
+    t += 1.0
+    t -= 0.5
+    t *= 2.0
+    t /= 4.0
+    t **= 2.0
+    assert t is original and t._version == 5
+    np.testing.assert_allclose(t.numpy(), (((A + 0.5) * 2.0) / 4.0) ** 2.0, rtol=1e-12)

@@ -228,6 +228,12 @@ class Tensor:
 
     # -- conversion ------------------------------------------------------------------
     def __jax_array__(self) -> jax.Array:
+        """The array, for ``jnp`` functions: they see the value only, untracked.
+
+        A ``jax.Array`` on the left of an operator converts a Tensor this way too
+        (``jnp.ones(2) * t`` is an untracked ``jax.Array``); put the Tensor on the left
+        or wrap the array with ``xgrad.tensor``.
+        """
         return self._array
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
