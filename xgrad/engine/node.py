@@ -87,6 +87,15 @@ def _check_arity(fn: Any, n: int, expected: str) -> None:
         raise TypeError(f"{expected}, but {fn!r} cannot be called with {n} positional argument{'s' * (n > 1)}") from None
 
 
+def single_device(sharding: Any) -> Any:
+    """The one device ``sharding`` places data on, ``None`` if it spans several."""
+    devices = sharding.device_set
+    if len(devices) == 1:
+        for device in devices:  # faster than next(iter(...)): the engine asks per node
+            return device
+    return None
+
+
 class Node:
     """A backward function in the recorded graph.
 
@@ -208,10 +217,7 @@ class Node:
         if not self.input_metadata:
             return None
         sharding = self.input_metadata[0].sharding
-        if sharding is None:
-            return None
-        devices = sharding.device_set
-        return next(iter(devices)) if len(devices) == 1 else None
+        return None if sharding is None else single_device(sharding)
 
     def __repr__(self) -> str:
         return f"<{self.name()} object at {id(self):#x}>"
@@ -232,8 +238,7 @@ class GraphRoot(Node):
     def device(self) -> Any:
         for g in self.outputs:
             if g is not None:
-                devices = g._array.sharding.device_set
-                return next(iter(devices)) if len(devices) == 1 else None
+                return single_device(g._array.sharding)
         return None
 
 
