@@ -81,15 +81,21 @@ def sum(x: Tensor, dim: Any = None, keepdim: bool = False, dtype: Any = None, *,
     dim, keepdim = _dims(dim, keepdim, axis, keepdims)
     if dtype is not None:
         x = x.to(dtype)
-    return _sum(x, axis=norm_axes(dim, x.ndim), keepdims=keepdim)
+    return _sum(x, axis=_axes(dim, x), keepdims=keepdim)
 
 
 def mean(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
     """Mean over ``dim`` (all dims when ``None``)."""
     dim, keepdim = _dims(dim, keepdim, axis, keepdims)
-    axes = norm_axes(dim, x.ndim)
+    axes = _axes(dim, x)
     n = x.numel() if axes is None else _count(x.shape, axes)
     return _sum(x, axis=axes, keepdims=keepdim) / n
+
+
+def _axes(dim: Any, x: Tensor) -> tuple[int, ...] | None:
+    """``norm_axes``, with PyTorch's rule that dim 0 (or -1) of a 0-dim tensor reduces nothing."""
+    axes = norm_axes(dim, x.ndim)
+    return () if axes is not None and x.ndim == 0 else axes
 
 
 def _dims(dim: Any, keepdim: bool, axis: Any, keepdims: bool | None) -> tuple[Any, bool]:
@@ -122,7 +128,7 @@ def var(
     dim, keepdim = _dims(dim, keepdim, axis, keepdims)
     if correction is None:
         correction = 1 if unbiased is None or unbiased else 0
-    axes = norm_axes(dim, x.ndim)
+    axes = _axes(dim, x)
     n = x.numel() if axes is None else _count(x.shape, axes)
     centered = x - mean(x, dim=axes, keepdim=True)
     return _sum(centered * centered, axis=axes, keepdims=keepdim) / builtins.max(n - correction, 0)
@@ -139,19 +145,19 @@ def std(
 def prod(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
     """Product over ``dim`` (all dims when ``None``); exact gradients with zeros."""
     dim, keepdim = _dims(dim, keepdim, axis, keepdims)
-    return _prod(x, axis=norm_axes(dim, x.ndim), keepdims=keepdim)
+    return _prod(x, axis=_axes(dim, x), keepdims=keepdim)
 
 
 def amax(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
     """Maximum over ``dim``; ties share the gradient evenly."""
     dim, keepdim = _dims(dim, keepdim, axis, keepdims)
-    return _amax(x, axis=norm_axes(dim, x.ndim), keepdims=keepdim)
+    return _amax(x, axis=_axes(dim, x), keepdims=keepdim)
 
 
 def amin(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
     """Minimum over ``dim``; ties share the gradient evenly."""
     dim, keepdim = _dims(dim, keepdim, axis, keepdims)
-    return _amin(x, axis=norm_axes(dim, x.ndim), keepdims=keepdim)
+    return _amin(x, axis=_axes(dim, x), keepdims=keepdim)
 
 
 class MaxMin(NamedTuple):
@@ -198,7 +204,7 @@ def min(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any =
 def logsumexp(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
     """``log(sum(exp(x)))`` over ``dim``, computed stably."""
     dim, keepdim = _dims(dim, keepdim, axis, keepdims)
-    return _logsumexp(x, axis=norm_axes(dim, x.ndim), keepdims=keepdim)
+    return _logsumexp(x, axis=_axes(dim, x), keepdims=keepdim)
 
 
 def cumsum(x: Tensor, dim: int) -> Tensor:

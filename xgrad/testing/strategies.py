@@ -1,0 +1,150 @@
+"""Hypothesis strategies for gradient tests: dtypes, shapes, tensors, random programs, hooks.
+
+>>> from hypothesis import given
+>>> from xgrad.testing import assert_grads_match, strategies as xst
+>>> @given(xst.programs(max_nodes=4))
+... def test_program(program):
+...     assert_grads_match(program, *program.inputs, modes=("eager", "jax"))
+>>> test_program()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import xgrad
+from xgrad.testing.programs import HOOK_KINDS, HookedProgram, HookSpec, Program, build_program, program_ops
+
+__all__ = ["broadcastable_shapes", "dtypes", "graphs_with_hooks", "programs", "shapes", "tensors"]
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def dtypes(names: Sequence[str] = FLOAT_DTYPES) -> st.SearchStrategy[Any]:
+    """Floating dtypes (``jnp.dtype``), by default float16, bfloat16, float32 and float64."""
+    return st.sampled_from([jnp.dtype(n) for n in names])
+
+
+def shapes(min_dims: int = 0, max_dims: int = 3, min_side: int = 1, max_side: int = 4) -> st.SearchStrategy[tuple[int, ...]]:
+    """Array shapes, 0-dim included when ``min_dims`` is 0."""
+    return hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side)
+
+
+def broadcastable_shapes(n: int = 2, min_dims: int = 0, max_dims: int = 3, max_side: int = 4) -> st.SearchStrategy[tuple[tuple[int, ...], ...]]:
+    """``n`` shapes that broadcast together (size-1 and missing leading dims)."""
+    return hnp.mutually_broadcastable_shapes(num_shapes=n, min_dims=min_dims, max_dims=max_dims, max_side=max_side).map(
+        lambda r: tuple(r.input_shapes)
+    )
+
+
+def _elements(dtype: Any, lo: float, hi: float) -> st.SearchStrategy[float]:
+    width = 16 if jnp.dtype(dtype).itemsize <= 2 else 32 if jnp.dtype(dtype).itemsize == 4 else 64
+    return st.floats(lo, hi, allow_nan=False, allow_infinity=False, width=width)
+
+
+@st.composite
+def tensors(
+    draw: Any,
+    shape: Any = None,
+    dtype: Any = jnp.float64,
+    elements: st.SearchStrategy[float] | None = None,
+    requires_grad: bool = True,
+    lo: float = -3.0,
+    hi: float = 3.0,
+) -> xgrad.Tensor:
+    """An ``xgrad.Tensor``.
+
+    Args:
+        shape: a shape, a shape strategy, or ``None`` for ``shapes()``.
+        dtype: a dtype or a dtype strategy.
+        elements: element strategy (default: finite floats in ``[lo, hi]``).
+        requires_grad: whether the tensor is a leaf that requires grad.
+    """
+    if shape is None:
+        shape = shapes()
+    if isinstance(shape, st.SearchStrategy):
+        shape = draw(shape)
+    if isinstance(dtype, st.SearchStrategy):
+        dtype = draw(dtype)
+    dtype = jnp.dtype(dtype)
+    values = draw(hnp.arrays(np.float64, tuple(shape), elements=elements or _elements(dtype, lo, hi)))
+    return xgrad.tensor(jnp.asarray(values).astype(dtype), requires_grad=requires_grad)
+
+
+@st.composite
+def programs(
+    draw: Any,
+    ops: Sequence[str] | None = None,
+    max_nodes: int = 6,
+    max_inputs: int = 3,
+    max_dims: int = 3,
+    max_side: int = 3,
+    smooth: bool = False,
+) -> Program:
+    """Random programs: DAGs of ops from the op table with shared subexpressions,
+    fan-in (several operands, sinks summed at the end) and fan-out (a value read by
+    several lines). Domains hold (guards are inserted). The drawn ``Program`` is
+    callable as ``program(np, *xs)``, carries sample arrays in ``program.inputs`` and
+    prints as Python.
+
+    Args:
+        ops: op names to draw from (default: every op with a program expression).
+        max_nodes: most op applications (guards and the final sum come on top).
+        max_inputs, max_dims, max_side: input count and shape limits.
+        smooth: leave out ops with kinks (abs, maximum, where, …): for ``gradcheck``.
+    """
+    specs = program_ops(ops, smooth=smooth)
+    ndim = draw(st.integers(0, max_dims))
+    base = [draw(st.integers(1, max_side)) for _ in range(ndim)]
+    if ndim >= 2 and draw(st.booleans()):  # square trailing dims, so matmul fits
+        base[-1] = base[-2]
+    n_inputs = draw(st.integers(1, max_inputs))
+    input_shapes = []
+    for _ in range(n_inputs):
+        ones = draw(st.lists(st.booleans(), min_size=ndim, max_size=ndim))
+        input_shapes.append(tuple(1 if one else s for s, one in zip(base, ones, strict=True)))
+    steps = []
+    for k in range(draw(st.integers(1, max_nodes))):
+        spec = draw(st.sampled_from(specs))
+        arity = len(spec.domains)
+        # Operands by index into all values so far; later values are as likely as early ones.
+        operands = [draw(st.integers(0, n_inputs + 2 * k + 1)) for _ in range(arity)]
+        steps.append((spec, operands))
+    seed = draw(st.integers(0, 2**16))
+    program = build_program(input_shapes, steps, seed=seed)
+    if program is None:  # no step fitted: fall back to the simplest one that always does
+        program = build_program(input_shapes, [(program_ops(["tanh"])[0], [0])], seed=seed)
+    return program  # type: ignore[return-value]
+
+
+@st.composite
+def graphs_with_hooks(draw: Any, programs_strategy: st.SearchStrategy[Program] | None = None, max_hooks: int = 6,
+                      kinds: Sequence[str] = HOOK_KINDS) -> HookedProgram:
+    """A random program with random hooks of every kind on its tensors.
+
+    Each hook either observes (returns ``None``) or scales the gradient it sees.
+    Check the result with ``xgrad.testing.invariants.check_hooks``.
+    """
+    program = draw(programs_strategy if programs_strategy is not None else programs(max_nodes=4))
+    leaves = program.input_names
+    computed = tuple(v for v, _ in program.lines)
+    hooks = []
+    for _ in range(draw(st.integers(1, max_hooks))):
+        kind = draw(st.sampled_from(list(kinds)))
+        if kind == "post_accumulate":
+            target = draw(st.sampled_from(leaves))
+        elif kind == "tensor":
+            target = draw(st.sampled_from(leaves + computed))
+        else:
+            target = draw(st.sampled_from(computed))
+        scale = None
+        if kind in ("tensor", "prehook", "posthook") and draw(st.booleans()):
+            scale = draw(st.sampled_from([0.5, 2.0, -1.0, 3.0]))
+        hooks.append(HookSpec(kind, target, scale))
+    return HookedProgram(program, hooks)
