@@ -17,7 +17,10 @@
 # same thread, reusing the thread's ready queue, with a higher reentrant depth so its
 # nodes pop first. Past ``MAX_REENTRANT_DEPTH`` nested calls the new task moves to a
 # pool thread that drives the same queue while the caller waits, so the Python stack
-# never grows without bound.
+# never grows without bound. The pool thread takes the caller's place (its
+# ``worker_device`` and ``total_depth``) and may itself nest ``MAX_REENTRANT_DEPTH``
+# deep before handing on; idle pool threads are reused. A reentrant task keeps its
+# parent's multithreading setting.
 """
 
 from __future__ import annotations
