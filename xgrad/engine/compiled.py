@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import heapq
 import os
 import sys
@@ -277,6 +276,7 @@ def stats() -> dict[str, Any]:
     >>> xgrad.autograd.compiled.reset()
     >>> x = xgrad.tensor([1.0], requires_grad=True)
     >>> for _ in range(2):
+    ...     x.grad = None  # a leaf with or without a .grad is a different structure
     ...     (x * 2).sum().backward(compiled=True)
     >>> s = xgrad.autograd.compiled.stats(); (s["misses"], s["hits"])
     (1, 1)
@@ -361,6 +361,7 @@ _RAW = "raw array"  # saved-values key tag: a raw array argument, a program inpu
 _TENSOR = "tensor"  # saved-values / ctx key tag: a tensor, a program input
 _TENSOR_RG = "tensor requiring grad"  # a Function's saved tensor that requires grad (its backward may ask)
 _ARG = object()  # template marker: filled from the program's inputs
+_ARG_TENSOR = object()  # template marker: filled from the program's inputs, as a Tensor
 _CTX_BASE = frozenset(FunctionCtx().__dict__)
 
 
@@ -408,6 +409,9 @@ def _freeze(value: Any, flat: list[Any]) -> Any:
 
     Boolean masks decide output shapes, so they are keyed (and later baked in) by value.
     """
+    if isinstance(value, Tensor):
+        flat.append(value._array)
+        return (_TENSOR, value.shape, value.dtype)
     if _is_array(value):
         if value.dtype == np.bool_:
             return (_RAW, "bool", value.shape, np.asarray(value).tobytes())
@@ -475,10 +479,6 @@ def _ctx_key(ctx: FunctionCtx, name: str, flat: list[Any]) -> tuple[Any, ...]:
     items = []
     for attr, value in ctx.__dict__.items():
         if attr in _CTX_BASE:
-            continue
-        if isinstance(value, Tensor):
-            flat.append(value._array)
-            items.append((attr, _TENSOR, value.shape, value.dtype))
             continue
         try:
             items.append((attr, _freeze(value, flat)))
@@ -655,11 +655,11 @@ class _FunctionRules:
     compute = FunctionNode.compute
     _check_grads = FunctionNode._check_grads
 
-    def __init__(self, node: FunctionNode, ctx: FunctionCtx) -> None:
-        self._name = node.name()
-        self.function = node.function
-        self.input_is_tensor = node.input_is_tensor
-        self.next_edges = node.next_edges
+    def __init__(self, name: str, function: Any, input_is_tensor: tuple[bool, ...], n_edges: int, ctx: FunctionCtx) -> None:
+        self._name = name
+        self.function = function
+        self.input_is_tensor = input_is_tensor
+        self.next_edges = (None,) * n_edges  # only counted: the graph's nodes are not kept
         self.ctx = ctx
 
     def name(self) -> str:
@@ -677,7 +677,9 @@ class _Step:
 
 
 def _template(value: Any) -> Any:
-    """``value`` with the entries ``_freeze`` sent to ``flat`` replaced by ``_ARG``."""
+    """``value`` with the entries ``_freeze`` sent to ``flat`` replaced by markers."""
+    if isinstance(value, Tensor):
+        return _ARG_TENSOR
     if _is_array(value):
         return np.asarray(value) if value.dtype == np.bool_ else _ARG
     cls = type(value)
@@ -693,6 +695,8 @@ def _template(value: Any) -> Any:
 def _fill(template: Any, values: Iterator[Any]) -> Any:
     if template is _ARG:
         return next(values)
+    if template is _ARG_TENSOR:
+        return Tensor(next(values))
     cls = type(template)
     if cls is tuple or cls is list:
         return cls(_fill(v, values) for v in template)
@@ -784,19 +788,11 @@ def _build_steps(walk: _Walk) -> list[_Step]:
             step.leaf_sharding = sharding if multi else None
         elif step.kind == K_FUNC:
             ctx = node.ctx
-            step.function = node
+            step.function = (node.function, node.input_is_tensor, len(node.next_edges))
             step.needs_input_grad = ctx.needs_input_grad
             step.materialize = ctx.materialize_grads
-            step.ctx_template = [
-                (attr, _TENSOR if isinstance(v, Tensor) else _template(v))
-                for attr, v in ctx.__dict__.items()
-                if attr not in _CTX_BASE
-            ]
+            step.ctx_template = [(attr, _template(v)) for attr, v in ctx.__dict__.items() if attr not in _CTX_BASE]
             step.saved = _saved_template(node.unpack_saved())
-    # A Function's rules keep what they need of the node, not the node (its saved values).
-    for step in steps:
-        if step.runs and step.kind == K_FUNC:
-            step.function = _FunctionRules(step.function, FunctionCtx())
     return steps
 
 
@@ -847,13 +843,13 @@ def _phase(steps: list[_Step], step: _Step, op: int, view: Any, values: _Values,
             raise _NotTraceable(f"a hook marked pure_hook on {step.name} is not traceable ({detail})", "untraceable hook") from exc
         if step.kind == K_FUNC:
             raise _NotTraceable(
-                f"the backward of custom Function {step.function.function.__name__} is not traceable ({detail})",
+                f"the backward of custom Function {step.function[0].__name__} is not traceable ({detail})",
                 "untraceable Function",
             ) from exc
         raise _NotTraceable(f"{step.name} is not traceable ({detail})", "untraceable node") from exc
     except _NotTraceable as exc:
         if step.kind == K_FUNC and exc.kind == "reentrant backward" and op == BODY:
-            raise _NotTraceable(f"the backward of custom Function {step.function.function.__name__} {exc}", exc.kind) from exc
+            raise _NotTraceable(f"the backward of custom Function {step.function[0].__name__} {exc}", exc.kind) from exc
         raise
 
 
@@ -958,19 +954,14 @@ def _function_body(step: _Step, grads: list[Any], args: Iterator[Any]) -> list[A
     ctx.needs_input_grad = step.needs_input_grad
     ctx.materialize_grads = step.materialize
     for attr, template in step.ctx_template:
-        setattr(ctx, attr, Tensor(next(args)) if template is _TENSOR else _fill(template, args))
+        setattr(ctx, attr, _fill(template, args))
     saved = tuple(_saved_values(step.saved, args))
     if step.materialize:
         grads = [
             Tensor(jnp.zeros(m.shape, m.dtype)) if g is None and m is not None else g
             for g, m in zip(grads, step.meta, strict=True)
         ]
-    rules = step.function
-    rules.ctx = ctx
-    try:
-        return rules.compute(grads, saved)
-    finally:
-        rules.ctx = None
+    return _FunctionRules(step.name, *step.function, ctx).compute(grads, saved)
 
 
 def _retain_recorders(view: _NodeView, pos: int, values: _Values) -> _NodeView:
@@ -1115,19 +1106,12 @@ class _Variant:
 
         self.plain = jax.jit(run)
         self.donating = jax.jit(run, donate_argnums=self.donated) if self.donated else self.plain
-        self.op: Any = None  # the from_jax op for create_graph, made on first use
 
         def program(*flat: Any) -> list[Any]:
             with _tracing():
                 return segment.trace(list(flat), layout)[0]
 
-        self.op = functools.partial(_lazy_op, self, program)
-
-
-def _lazy_op(variant: _Variant, program: Callable[..., Any], *tensors: Tensor) -> Any:
-    op = from_jax(program, name="compiled")
-    variant.op = op
-    return op(*tensors)
+        self.op = from_jax(program, name="compiled")  # create_graph: the segment as one differentiable op
 
 
 class _Program:
@@ -1356,7 +1340,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def describe_change(old: Any, new: Any) -> str:
+def _describe_change(old: Any, new: Any) -> str:
     """What differs between two structural keys, in words (the "recompile reason")."""
     for i, field in enumerate(_TOP_FIELDS):
         if old[i] != new[i]:
@@ -1384,7 +1368,7 @@ def _note_miss(site: str, key: Any) -> None:
         _stats.sites[site] = (count, key)
         if previous is None:
             return
-        reason = describe_change(previous[1], key)
+        reason = _describe_change(previous[1], key)
         _stats.recompile_reasons.append(reason)
         warn = count - 1 > RECOMPILE_WARNING_LIMIT and site not in _stats.warned_sites
         if warn:
