@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 from _timing import table  # noqa: E402
 
 import xgrad  # noqa: E402
@@ -109,7 +110,7 @@ class PassThrough(Node):
     __slots__ = ("placement",)
 
     def __init__(self, next_node: Node | None, placement: jax.Device) -> None:
-        super().__init__((Edge(next_node, 0),) if next_node is not None else (), (InputMetadata((1,), jnp.float32, None),))
+        super().__init__((Edge(next_node, 0),) if next_node is not None else (), (InputMetadata((1,), np.dtype(np.float32), None),))
         self.placement = placement
 
     def device(self) -> jax.Device:
