@@ -79,7 +79,7 @@ from xgrad.engine.node import AccumulateGrad, Edge, GraphRoot, InputMetadata, No
 from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.ops.jaxop import from_jax
-from xgrad.ops.registry import Aval, PrimitiveNode
+from xgrad.ops.registry import REGISTRY, Aval, PrimitiveNode
 from xgrad.tensor import Tensor
 
 __all__ = [
@@ -673,7 +673,7 @@ class _Step:
     __slots__ = (
         "captures", "ctx_template", "edge_views", "function", "kind", "leaf_sharding", "leaf_slot", "materialize",
         "meta", "n_saved_out", "name", "needs_input_grad", "num_outputs", "params", "pos", "post", "pre", "prim",
-        "runs", "saved", "size", "targets",
+        "runs", "saved", "size", "targets", "host_body",
     )
 
 
@@ -763,6 +763,7 @@ def _build_steps(walk: _Walk) -> list[_Step]:
         hooks_field = _HOOKS_FIELD.get(step.kind)
         step.pre, step.post = _hook_views(step.name, step.meta, None if hooks_field is None else nkey[hooks_field])
         step.leaf_slot = None
+        step.host_body = False
         steps.append(step)
         if not step.runs:
             continue
@@ -777,6 +778,9 @@ def _build_steps(walk: _Walk) -> list[_Step]:
         step.edge_views = tuple(views)
         if step.kind == K_PRIM:
             step.prim = node.prim
+            # Registered primitives that do not jit their forward are device moves: one XLA
+            # program cannot move values between devices, so they run on the host.
+            step.host_body = not node.prim.jit and REGISTRY.get(node.prim.name) is node.prim
             step.params = _template(node.params)
             step.num_outputs = node.prim.num_outputs
             step.n_saved_out = 0 if node.saved_out is None else len(node.saved_out)
@@ -875,7 +879,10 @@ def _phase_unchecked(steps: list[_Step], step: _Step, op: int, view: Any, values
     elif op == BODY:
         buf = values.buffers.pop(pos, None)
         inputs = [] if buf is None else buf.buffer
-        values.current[pos] = (_body(step, inputs, values, args, roots, old), inputs)
+        outs = _body(step, inputs, values, args, roots, old)
+        # The received grads stay in flight only for post hooks (after a device move they
+        # would pin the next segment to the old device).
+        values.current[pos] = (outs, inputs if step.post is not None else [])
     elif op == POST:
         outs, ins = values.current[pos]
         values.current[pos] = (call_post_hooks(view, outs, ins), ins)
@@ -1144,7 +1151,7 @@ class _Program:
                     ops.append(POST)
                 ops.append(ROUTE)
             for op in ops:
-                if (op == PRE and step.pre is _HOST) or (op == POST and step.post is _HOST):
+                if (op == PRE and step.pre is _HOST) or (op == POST and step.post is _HOST) or (op == BODY and step.host_body):
                     self._add_segment(phases, arg_lo, arg)
                     phases = []
                     arg_lo = arg
@@ -1209,7 +1216,13 @@ def _pretrace(program: _Program, walk: _Walk, roots: list[Tensor]) -> None:
     """
     live_leaves, live_tree = jax.tree_util.tree_flatten(_Values().live())
     live_avals: list[tuple[Any, Any]] = []
-    for segment in program.segments:
+    for item in program.items:
+        if type(item) is tuple:
+            op, pos = item
+            if op == BODY:  # a device move on the host: find what it leaves behind, abstractly
+                live_avals, live_tree = _host_body_avals(program, pos, live_tree, live_avals)
+            continue
+        segment = item
         saved = [_aval(_array_of(x).shape, _array_of(x).dtype) for x in walk.flat[segment.arg_lo:segment.arg_hi]]
         old_keys = [program.node_keys[s.pos][2] for s in segment.leaf_steps]
         old_mask = tuple(k is not None for k in old_keys)
@@ -1222,6 +1235,19 @@ def _pretrace(program: _Program, walk: _Walk, roots: list[Tensor]) -> None:
         if live is not None:
             live_leaves, live_tree = jax.tree_util.tree_flatten(live)
             live_avals = [(variant.out_avals[i].shape, variant.out_avals[i].dtype) for i in live_leaves]
+
+
+def _host_body_avals(program: _Program, pos: int, live_tree: Any, live_avals: list[tuple[Any, Any]]) -> tuple[list[Any], Any]:
+    def body(*arrays: Any) -> Any:
+        live = jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in arrays])
+        values = _Values.from_live(live)
+        _phase(program.steps, program.steps[pos], BODY, None, values, iter(()), [], {})
+        return jax.tree_util.tree_map(_array_of, values.live(), is_leaf=_is_tensor)
+
+    with _tracing():
+        out = jax.eval_shape(body, *(_aval(*a) for a in live_avals))
+    leaves, tree = jax.tree_util.tree_flatten(out)
+    return [(a.shape, a.dtype) for a in leaves], tree
 
 
 def _run_segment(segment: _Segment, walk: _Walk, values: _Values, roots: list[Tensor], create_graph: bool) -> Any:
