@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import jax
 import numpy as np
 import pytest
 
@@ -79,4 +80,19 @@ def test_concurrent_compiled_backwards_accumulate_exactly():
         t.join()
     assert not errors
     np.testing.assert_allclose(w.grad.numpy(), 2 * np.ones(3) * 10 * (1 + 2 + 3 + 4))
+    compiled.reset()
+
+
+def test_device_move_runs_between_programs():
+    compiled.reset()
+    dev0, dev1 = jax.devices()[:2]
+    x = xgrad.tensor(np.array([0.5, -1.0, 2.0]), device=dev0, requires_grad=True)
+    for _ in range(2):
+        x.grad = None
+        y = x.to(dev1)
+        (y.sin() * y).sum().backward(compiled=True)
+        assert x.grad.device == dev0
+        np.testing.assert_allclose(x.grad.numpy(), np.sin(x.numpy()) + x.numpy() * np.cos(x.numpy()), rtol=1e-12)
+    s = compiled.stats()
+    assert (s["misses"], s["hits"], s["fallbacks"]) == (1, 1, {})
     compiled.reset()
