@@ -119,10 +119,8 @@ def _prim(name: str, **params: Any) -> Callable[..., Any]:
 
 
 # -- spec builders ---------------------------------------------------------------------
-UNARY_SHAPES: tuple[tuple[Shape, ...], ...] = (((),), ((3,),), ((2, 3),))
-BINARY_SHAPES: tuple[tuple[Shape, ...], ...] = (
-    ((2, 3), (2, 3)), ((2, 3), (3,)), ((), (2, 3)), ((2, 1), (1, 3)), ((), ()),
-)
+UNARY_SHAPES: tuple[tuple[Shape, ...], ...] = (((2, 3),), ((),))
+BINARY_SHAPES: tuple[tuple[Shape, ...], ...] = (((2, 3), (2, 3)), ((2, 3), (3,)), ((), (2, 3)), ((2, 1), (1, 3)))
 
 
 def _unary(name: str, op: Callable[..., Any], ref: Callable[..., Any], domain: Domain = REAL, **kw: Any) -> OpSpec:
@@ -398,8 +396,8 @@ def _build_specs() -> list[OpSpec]:
                label="dim=0, descending", shapes=(((3, 2),),)))
     # -- contractions ------------------------------------------------------------------
     matmul_shapes = (
-        ((3, 4), (4, 2)), ((4,), (4, 2)), ((3, 4), (4,)), ((4,), (4,)), ((2, 3, 4), (4, 5)),
-        ((2, 3, 4), (2, 4, 5)), ((2, 1, 3, 4), (3, 4, 2)), ((4,), (2, 4, 3)), ((2, 3, 4), (4,)),
+        ((3, 4), (4, 2)), ((4,), (4, 2)), ((3, 4), (4,)), ((4,), (4,)), ((2, 1, 3, 4), (3, 4, 2)), ((4,), (2, 4, 3)),
+        ((2, 3, 4), (4,)),
     )
     add(OpSpec("matmul", X.matmul, jnp.matmul, matmul_shapes, (REAL, REAL)))
     add(OpSpec("matmul", X.matmul, jnp.matmul, (((3, 3), (3, 3)),), (REAL, REAL), label="square", expr="{0} @ {1}"))

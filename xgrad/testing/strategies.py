@@ -73,7 +73,7 @@ def tensors(
     if isinstance(dtype, st.SearchStrategy):
         dtype = draw(dtype)
     dtype = jnp.dtype(dtype)
-    values = draw(hnp.arrays(np.float64, tuple(shape), elements=elements or _elements(dtype, lo, hi)))
+    values = draw(hnp.arrays(np.float64, tuple(shape), elements=elements if elements is not None else _elements(dtype, lo, hi)))
     return xgrad.tensor(jnp.asarray(values).astype(dtype), requires_grad=requires_grad)
 
 
