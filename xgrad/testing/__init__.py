@@ -9,6 +9,6 @@
 """
 
 from xgrad.testing.compare import GradientMismatch, assert_grads_match
-from xgrad.testing.gradcheck import GradcheckError, gradcheck, gradgradcheck
+from xgrad.testing.finite_differences import GradcheckError, gradcheck, gradgradcheck
 
 __all__ = ["GradcheckError", "GradientMismatch", "assert_grads_match", "gradcheck", "gradgradcheck"]

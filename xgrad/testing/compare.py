@@ -113,7 +113,7 @@ def _compare(a: Any, b: Any, atol: float, rtol: float) -> str | None:
         return None
     worst = np.unravel_index(int(np.argmax(excess)), a64.shape)
     return (
-        f"worst element at index {tuple(int(w) for w in worst)}: {a64[worst]!r} vs {b64[worst]!r} "
+        f"worst element at index {tuple(int(w) for w in worst)}: {float(a64[worst])!r} vs {float(b64[worst])!r} "
         f"(|diff| {abs(a64[worst] - b64[worst]):.3g}, allowed {atol + rtol * abs(b64[worst]):.3g})"
     )
 

@@ -300,6 +300,8 @@ def gradgradcheck(
     else:
         given = grad_outputs if isinstance(grad_outputs, (list, tuple)) else [grad_outputs]
         cotangents = [Tensor(jnp.asarray(g.array if isinstance(g, Tensor) else g, jnp.float64)) for g in given]
+    # Each cotangent lives where its output does (an output may have moved device).
+    cotangents = [Tensor(jax.device_put(c.array, o.sharding)) for c, o in zip(cotangents, outs, strict=True)]
     n = len(args)
 
     def first_derivative(*all_args: Tensor) -> tuple[Tensor, ...]:
