@@ -85,20 +85,29 @@ def _inplace(fn: Any) -> Any:
     return method
 
 
-def _zero_(self: Tensor) -> Tensor:
+def _overwrite(self: Tensor, value: Tensor) -> Tensor:
+    """Replace every element of ``self`` by ``value`` (broadcast), in place.
+
+    The old value gets a zero gradient, ``value`` the incoming one: recorded as a
+    ``where`` that never picks the old value, so a non-leaf's history is cut exactly
+    there even when ``value`` is a constant (as PyTorch's ``zero_``/``copy_`` do).
+    """
     self._check_inplace()
-    return self._rebind(Tensor(jnp.zeros_like(self._array)))
+    if not self.requires_grad:
+        return self._rebind(broadcast_to(value.to(self.dtype), self.shape))
+    return self._rebind(where(jnp.zeros(self.shape, bool), self._alias(), value.to(self.dtype)))
+
+
+def _zero_(self: Tensor) -> Tensor:
+    return _overwrite(self, Tensor(jnp.zeros((), self.dtype)))
 
 
 def _fill_(self: Tensor, value: Any) -> Tensor:
-    self._check_inplace()
-    return self._rebind(Tensor(jnp.full_like(self._array, value)))
+    return _overwrite(self, value if isinstance(value, Tensor) else Tensor(jnp.asarray(value, self.dtype)))
 
 
 def _copy_(self: Tensor, src: Any) -> Tensor:
-    self._check_inplace()
-    src = src if isinstance(src, Tensor) else Tensor(jnp.asarray(src))
-    return self._rebind(broadcast_to(src.to(self.dtype), self.shape))
+    return _overwrite(self, src if isinstance(src, Tensor) else Tensor(jnp.asarray(src)))
 
 
 _METHODS: dict[str, Any] = {
