@@ -133,7 +133,9 @@ def test_compiled_backward_is_one_span_with_compile_and_run_split():
         first = (x.grad.tolist(), w.grad.tolist())
         x.grad = w.grad = None
         loss.backward(compiled=True)
-    assert first == pytest.approx(expected) and (x.grad.tolist(), w.grad.tolist()) == pytest.approx(expected)
+    # float64 rounding may differ between XLA's fused program and eager's op-by-op order.
+    for got in (first, (x.grad.tolist(), w.grad.tolist())):
+        assert got[0] == pytest.approx(expected[0], rel=1e-12) and got[1] == pytest.approx(expected[1], rel=1e-12)
     spans = [e for e in prof.events if e.name == "CompiledBackward"]
     assert [e.args["cache"] for e in spans] == ["miss", "hit"]
     assert 0 < spans[0].args["compile_seconds"] <= spans[0].duration

@@ -46,7 +46,10 @@
 # tensors, root grads and old grads: one differentiable node whose backward is
 # ``jax.vjp`` of the program. Outputs that depend on no input requiring grad (from
 # the jaxpr's data flow) are detached, as eager's would have no ``grad_fn``.
-# What cannot be traced (anomaly mode, the profiler, unknown node kinds, a Function
+# Under ``xgrad.autograd.profile()`` a compiled backward is one "CompiledBackward"
+# span (from after ``prepare`` to the end of the run), marked ``cache="hit"``/``"miss"``
+# with the seconds it spent tracing and compiling.
+# What cannot be traced (anomaly mode, unknown node kinds, a Function
 # backward or a pure hook that concretizes a tracer or runs a backward of its own)
 # falls back to eager with a one-time warning, or raises under ``fallback="error"``;
 # a key that failed to trace is cached as a fallback so it is not retried.
@@ -70,6 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Literal, jaxpr_as_fun
 
+from xgrad import profiler
 from xgrad.engine import engine
 from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.engine import InputBuffer, call_post_hooks, call_pre_hooks, call_tensor_pre_hooks, validate_outputs
@@ -367,13 +371,14 @@ _CTX_BASE = frozenset(FunctionCtx().__dict__)
 
 
 class _Walk:
-    __slots__ = ("flat", "key", "nodes", "starts")
+    __slots__ = ("compile_seconds", "flat", "key", "nodes", "starts")
 
     def __init__(self, key: Any, nodes: list[Node], flat: list[Any], starts: list[int]) -> None:
         self.key = key
         self.nodes = nodes
         self.flat = flat
         self.starts = starts  # where each node's entries begin in ``flat``
+        self.compile_seconds = 0.0  # this call's tracing and compiling, for the profiler's span
 
 
 def _group_key(hooks: Any, tensor_hooks: bool) -> Any:
@@ -1268,11 +1273,12 @@ def _run_segment(segment: _Segment, walk: _Walk, values: _Values, roots: list[Te
             live_tree, old_mask, tuple((a.shape, a.dtype) for a in live_arrays), tuple((g._array.shape, g._array.dtype) for g in old)
         )
         variant = segment.variants.get(signature)
+        start = time.perf_counter() if variant is None or variant.fresh else 0.0
         if variant is None:
             arrays = [*map(_array_of, saved), *live_arrays, *(t._array for t in root_tensors), *(g._array for g in old)]
             layout = (len(saved), live_tree, len(live_leaves), len(root_tensors), old_mask)
             variant = _compile_variant(segment, [_aval(a.shape, a.dtype) for a in arrays], layout, signature)
-        start = time.perf_counter() if variant.fresh else 0.0
+        run_start = time.perf_counter() if variant.fresh else 0.0
         if create_graph:
             outs = _run_differentiable(variant, saved, live_leaves, root_tensors, old)
         else:
@@ -1282,7 +1288,9 @@ def _run_segment(segment: _Segment, walk: _Walk, values: _Values, roots: list[Te
         if variant.fresh:  # the first call compiles: count it as compile time
             jax.block_until_ready([t._array for t in outs])
             variant.fresh = False
-            _stats.add("compile_seconds", time.perf_counter() - start)
+            end = time.perf_counter()
+            _stats.add("compile_seconds", end - run_start)
+            walk.compile_seconds += end - start
         live, grads, captures, retained = jax.tree_util.tree_unflatten(variant.out_tree, outs)
         for step, var in zip(segment.leaf_steps, leaves, strict=True):
             grad = grads.get(step.leaf_slot)
@@ -1441,19 +1449,26 @@ def execute(
         raise _NotTraceable("it runs a backward of its own (a reentrant backward)", "reentrant backward")
     if ANOMALY.enabled:
         return _fallback(_NotTraceable("anomaly mode is on", "anomaly mode"), args)
-    if engine.profile_node is not None:
-        return _fallback(_NotTraceable("the backward profiler is active", "profiler"), args)
     graph_task, graph_root, _ = engine.prepare(*args)
+    start = time.perf_counter()
     root_nr = root_edges[0].input_nr if len(root_edges) == 1 else -1
     try:
         walk = _walk(graph_task, graph_root, create_graph, accumulate_grad, len(outputs), root_nr)
     except _NotTraceable as exc:
         return _fallback(exc, args)
     program = _lookup(walk.key)
-    if program is None:
+    hit = program is not None
+    if not hit:
+        compile_start = time.perf_counter()
         program = _compile(walk, root_grads)
+        walk.compile_seconds += time.perf_counter() - compile_start
     elif not isinstance(program, _NotTraceable):
         _stats.add("hits")
     if isinstance(program, _NotTraceable):
         return _fallback(program, args)
-    return _run(program, walk, graph_task, list(root_grads), keep_graph, create_graph, 0 if accumulate_grad else len(outputs))
+    captured = _run(program, walk, graph_task, list(root_grads), keep_graph, create_graph, 0 if accumulate_grad else len(outputs))
+    if profiler.is_active():  # one span per compiled backward (the profiler's node timer never runs here)
+        profiler.record(
+            "CompiledBackward", start, time.perf_counter(), cache="hit" if hit else "miss", compile_seconds=walk.compile_seconds
+        )
+    return captured
