@@ -26,7 +26,6 @@ import jax
 
 jax.config.update("jax_enable_x64", True)  # finite differences want float64
 
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 
