@@ -121,7 +121,7 @@ class FunctionNode(Node):
     def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
         if self.ctx.materialize_grads:
             grads = [
-                Tensor(jnp.zeros(m.shape, m.dtype)) if g is None and m is not None else g
+                Tensor(jnp.zeros(m.shape, m.dtype, device=m.sharding)) if g is None and m is not None else g
                 for g, m in zip(grads, self.input_metadata, strict=True)
             ]
         return self.compute(grads, self.unpack_saved())

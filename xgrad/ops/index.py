@@ -22,7 +22,7 @@ def _index_arg(index: Any) -> Any:
 
 
 def _scatter_into_zeros(g: Any, index: Any, shape: tuple[int, ...]) -> Any:
-    return jnp.zeros(shape, g.dtype).at[index].add(g)
+    return jnp.zeros_like(g, shape=shape).at[index].add(g)  # on g's device
 
 
 _getitem = defprim(
@@ -65,7 +65,7 @@ def _along(index: Any, dim: int) -> tuple[Any, ...]:
 _gather = defprim(
     "gather",
     lambda x, index, dim: x[_along(index, dim)],
-    (lambda g, out, x, index, dim: _scatter_add(Tensor(jnp.zeros(x.shape, g.dtype)), index, g, dim=dim), None),
+    (lambda g, out, x, index, dim: _scatter_add(Tensor(jnp.zeros_like(g._array, shape=x.shape)), index, g, dim=dim), None),
     save=(1,),
 )
 _scatter_add = defprim(

@@ -251,7 +251,7 @@ class PrimitiveNode(Node):
             if all(gi is None for gi in grads):
                 return [None] * n
             g = tuple(
-                gi if gi is not None else Tensor(jnp.zeros(m.shape, m.dtype))
+                gi if gi is not None else Tensor(jnp.zeros(m.shape, m.dtype, device=m.sharding))
                 for gi, m in zip(grads, self.input_metadata, strict=True)
             )
         inputs, out = self.unpack_saved()
