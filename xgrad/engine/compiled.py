@@ -508,14 +508,22 @@ def _walk(graph_task: Any, root: Node, create_graph: bool, accumulate_grad: bool
     node_keys: list[Any] = []
     flat: list[Any] = []
     starts: list[int] = []
-    heap = [(-root.sequence_nr, 0, root)]
-    pushed = 1
+    # Eager's ready queue: highest sequence_nr first, ties in push order. A node that
+    # becomes ready while the queue is empty, alone, is next: it skips the heap.
+    heap: list[tuple[int, int, Node]] = []
+    pushed = 0
+    ready: Node | None = root
     heappop, heappush = heapq.heappop, heapq.heappush
     add_node, add_key, add_start, add_flat = nodes.append, node_keys.append, starts.append, flat.append
     scalars = _SCALARS
     exec_key: Any = None
-    while heap:
-        node = heappop(heap)[2]
+    while True:
+        if ready is not None:
+            node, ready = ready, None
+        elif heap:
+            node = heappop(heap)[2]
+        else:
+            break
         add_node(node)
         add_start(len(flat))
         cls = type(node)
@@ -547,6 +555,13 @@ def _walk(graph_task: Any, root: Node, create_graph: bool, accumulate_grad: bool
                 next_info = exec_info.get(next_fn)
                 if next_info is None or not next_info.should_execute():
                     continue
+            if ready is None and not heap:
+                ready = next_fn
+                continue
+            if ready is not None:  # a second ready node: both go through the heap, in push order
+                heappush(heap, (-ready.sequence_nr, pushed, ready))
+                pushed += 1
+                ready = None
             heappush(heap, (-next_fn.sequence_nr, pushed, next_fn))
             pushed += 1
         hooks = (
@@ -581,7 +596,7 @@ def _walk(graph_task: Any, root: Node, create_graph: bool, accumulate_grad: bool
                 K_PRIM,
                 node.prim,
                 _params_key(params, flat) if params else (),
-                (meta[0][0], meta[0][1]) if len(meta) == 1 else tuple((m[0], m[1]) for m in meta),
+                meta[0][:2] if len(meta) == 1 else tuple(m[:2] for m in meta),  # (shape, dtype) per output
                 tuple(saved_key),
                 tuple(edges_key),
                 hooks,

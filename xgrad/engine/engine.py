@@ -201,7 +201,6 @@ class GraphTask:
         "has_error",
         "keep_graph",
         "mutex",
-        "nodes_in_graph",
         "not_ready",
         "outstanding_tasks",
         "owner",
@@ -215,7 +214,6 @@ class GraphTask:
         self.cpu_ready_queue = cpu_ready_queue
         self.graph_roots = graph_roots
         self.dependencies: dict[Node, int] = {}
-        self.nodes_in_graph: set[Node] = set()
         self.not_ready: dict[Node, InputBuffer] = {}
         self.exec_info: dict[Node, ExecInfo] = {}
         self.captured_vars: list[Tensor | None] = []
@@ -771,7 +769,7 @@ def thread_main(graph_task: GraphTask | None) -> None:
 def compute_dependencies(root: Node, graph_task: GraphTask, min_topo_nr: int) -> None:
     """Count, for every node reachable from ``root``, the edges that lead into it."""
     dependencies = graph_task.dependencies
-    seen = graph_task.nodes_in_graph
+    get = dependencies.get
     stack = [root]
     while stack:
         fn = stack.pop()
@@ -779,10 +777,12 @@ def compute_dependencies(root: Node, graph_task: GraphTask, min_topo_nr: int) ->
             continue
         for next_fn, _ in fn.next_edges:
             if next_fn is not None:
-                dependencies[next_fn] = dependencies.get(next_fn, 0) + 1
-                if next_fn not in seen:
-                    seen.add(next_fn)
+                count = get(next_fn)
+                if count is None:  # first seen: the dependency keys are the nodes in the graph
+                    dependencies[next_fn] = 1
                     stack.append(next_fn)
+                else:
+                    dependencies[next_fn] = count + 1
 
 
 def prepare(
