@@ -9,8 +9,7 @@ from xgrad.testing import assert_grads_match
 from xgrad.testing.op_specs import specs_for
 
 TOLERANCE = {"float16": (2e-3, 2e-2), "bfloat16": (2e-2, 1e-1), "float32": (1e-5, 1e-4), "float64": (1e-10, 1e-9)}
-OPS = ["add", "mul", "div", "exp", "log", "tanh", "sigmoid", "gelu", "matmul", "sum", "mean", "softmax", "logsumexp",
-       "layer_norm", "where", "getitem", "cat"]
+OPS = ["add", "div", "exp", "tanh", "matmul", "sum", "mean", "softmax", "layer_norm", "getitem"]
 CASES = [(name, dtype) for name in OPS for dtype in TOLERANCE]
 
 
