@@ -397,3 +397,20 @@ def test_inplace_operators():
     t **= 2.0
     assert t is original and t._version == 5
     np.testing.assert_allclose(t.numpy(), (((A + 0.5) * 2.0) / 4.0) ** 2.0, rtol=1e-12)
+
+
+def test_integer_index_out_of_range_raises_like_pytorch():
+    x = xgrad.tensor([[1.0, 2.0], [3.0, 4.0]])
+    for index in (5, (0, 2), (..., 2), (None, 3), -3):
+        with pytest.raises(IndexError, match="out of bounds for dimension"):
+            x[index]
+    assert x[-2, ..., -1].item() == 2.0
+
+
+def test_zero_dim_tensor_from_another_device_joins_either_operand_order():
+    v = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    s = xgrad.tensor(3.0, device=jax.devices()[1], requires_grad=True)
+    (v * s + s * v).sum().backward()
+    assert (v * s).device == v.device == (s * v).device
+    np.testing.assert_allclose(v.grad.numpy(), [6.0, 6.0])
+    assert s.grad.item() == 6.0 and s.grad.device == s.device

@@ -45,8 +45,34 @@ _index_put = defprim(
 )
 
 
+def _index_width(item: Any) -> int:
+    """How many dims of ``x`` one index item consumes."""
+    if item is None:
+        return 0
+    if getattr(item, "dtype", None) == bool:
+        return getattr(item, "ndim", 1)
+    return 1
+
+
+def _check_int_bounds(shape: tuple[int, ...], index: Any) -> None:
+    """PyTorch's IndexError for an out-of-range integer (JAX would clamp it silently)."""
+    items = index if isinstance(index, tuple) else (index,)
+    dim = 0
+    for pos, item in enumerate(items):
+        if item is Ellipsis:
+            dim = len(shape) - sum(_index_width(i) for i in items[pos + 1 :])
+            continue
+        if isinstance(item, int) and not isinstance(item, bool) and dim < len(shape):
+            size = shape[dim]
+            if not -size <= item < size:
+                raise IndexError(f"index {item} is out of bounds for dimension {dim} with size {size}")
+        dim += _index_width(item)
+
+
 def getitem(x: Tensor, index: Any) -> Tensor:
     """``x[index]``: basic slicing, ``None``/``...``, integer-array and boolean-mask indexing."""
+    if isinstance(index, int) or isinstance(index, tuple) and any(isinstance(i, int) for i in index):
+        _check_int_bounds(x.shape, index)
     return _getitem(x, index=_index_arg(index))
 
 

@@ -146,19 +146,27 @@ def defprim(
 ERR_DEVICES = "Expected all tensors to be on the same device, but found at least two devices, {a} and {b}!"
 
 
-def _check_same_devices(tensors: list[Tensor]) -> None:
+def _check_same_devices(tensors: list[Tensor], arrays: list[Any], positions: list[int]) -> None:
+    """Raise if tensors sit on different devices; a 0-dim one is moved, as PyTorch allows scalars."""
     first = None
     for t in tensors:
         # Traced values (the compiled backward) have no sharding: XLA places them.
         sharding = getattr(t._array, "sharding", None)
-        if sharding is None:
-            continue
-        if first is None:
+        if sharding is not None and t._array.ndim:
             first = sharding
-        elif sharding is not first and sharding != first and t._array.ndim and first.device_set != sharding.device_set:
-            a = ",".join(str(d) for d in first.device_set)
-            b = ",".join(str(d) for d in sharding.device_set)
-            raise RuntimeError(ERR_DEVICES.format(a=a, b=b))
+            break
+    if first is None:
+        return
+    for t, pos in zip(tensors, positions, strict=True):
+        sharding = getattr(t._array, "sharding", None)
+        if sharding is None or sharding is first or sharding == first or sharding.device_set == first.device_set:
+            continue
+        if t._array.ndim == 0:
+            arrays[pos] = jax.device_put(t._array, first)
+            continue
+        a = ",".join(str(d) for d in first.device_set)
+        b = ",".join(str(d) for d in sharding.device_set)
+        raise RuntimeError(ERR_DEVICES.format(a=a, b=b))
 
 
 def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
@@ -166,8 +174,10 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     arrays = []
     needs_graph = False
     tensors = []
+    positions = []
     for a in args:
         if type(a) is Tensor or isinstance(a, Tensor):
+            positions.append(len(arrays))
             arrays.append(a._array)
             tensors.append(a)
             if not needs_graph and (a.grad_fn is not None or a._requires_grad):
@@ -175,7 +185,7 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
         else:
             arrays.append(a)
     if len(tensors) > 1:
-        _check_same_devices(tensors)
+        _check_same_devices(tensors, arrays, positions)
     out = prim.dispatch(arrays, params)
     if not (needs_graph and _grad_state.enabled):
         if prim.num_outputs == 1:
