@@ -42,6 +42,18 @@ def _as_tensors(value: Any, what: str) -> tuple[Tensor, ...]:
     raise TypeError(f"{what} must be a Tensor or a sequence of Tensors, got {type(value).__name__}")
 
 
+_ones_like_on: dict[Any, Any] = {}
+
+
+def _ones_like(array: jax.Array) -> jax.Array:
+    """Ones shaped and placed like ``array``: a jitted call per sharding, ~5x cheaper than ``jnp.ones_like``."""
+    sharding = array.sharding
+    fn = _ones_like_on.get(sharding)
+    if fn is None:
+        fn = _ones_like_on.setdefault(sharding, jax.jit(jnp.ones_like, out_shardings=sharding))
+    return fn(array)
+
+
 def _make_grads(outputs: Sequence[Tensor], grads: Sequence[Any]) -> list[Tensor]:
     """The root gradients: given ones checked against their outputs, implicit ones made."""
     if len(grads) != len(outputs):
@@ -54,7 +66,7 @@ def _make_grads(outputs: Sequence[Tensor], grads: Sequence[Any]) -> list[Tensor]
                 raise RuntimeError("grad can be implicitly created only for scalar outputs")
             if out.requires_grad and not jnp.issubdtype(out._array.dtype, jnp.floating):
                 raise RuntimeError(f"grad can be implicitly created only for real scalar outputs but got {out._array.dtype}")
-            result.append(Tensor(jnp.ones_like(out._array)))
+            result.append(Tensor(_ones_like(out._array)))
             continue
         if isinstance(g, jax.Array):
             g = Tensor(jnp.asarray(g, dtype=out._array.dtype))
