@@ -8,16 +8,18 @@
 (2, 2)
 """
 
+# isort: off
+# The op library first: importing it attaches the ops to Tensor, which the rest uses.
 from xgrad import ops
-from xgrad.creation import arange, eye, full, manual_seed, ones, ones_like, rand, randn, tensor, zeros, zeros_like
-from xgrad.grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from xgrad.ops import *  # noqa: F403  (the op library is re-exported at top level)
 from xgrad.ops import __all__ as _ops_all
-from xgrad.tensor import Tensor
 
-from xgrad import autograd  # noqa: E402  (needs ops installed on Tensor)
-from xgrad import nn, optim, profiler, viz  # noqa: E402
-from xgrad.serialization import load, save  # noqa: E402
+# isort: on
+from xgrad import autograd, nn, optim, profiler, viz
+from xgrad.creation import arange, eye, full, manual_seed, ones, ones_like, rand, randn, tensor, zeros, zeros_like
+from xgrad.grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
+from xgrad.serialization import load, save
+from xgrad.tensor import Tensor
 
 __version__ = "0.1.0"
 

@@ -49,7 +49,7 @@ def _index_width(item: Any) -> int:
     """How many dims of ``x`` one index item consumes."""
     if item is None:
         return 0
-    if getattr(item, "dtype", None) == bool:
+    if getattr(item, "dtype", None) == jnp.bool_.dtype:
         return getattr(item, "ndim", 1)
     return 1
 
