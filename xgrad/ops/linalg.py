@@ -28,6 +28,10 @@ def _matmul_y_grad(g: Tensor, out: Any, x: Tensor, y: Any) -> Tensor:
         return x.unsqueeze(-1) * g.unsqueeze(-2)
     if y.ndim == 1:  # (..., m, k) @ (k,) -> (..., m)
         return (x.mT @ g.unsqueeze(-1)).sum_to((y.shape[0], 1)).reshape(y.shape)
+    if y.ndim == 2 and x.ndim > 2:
+        # A batch against one matrix (x @ W): one GEMM over the flattened batch, rather
+        # than a batched product summed down afterwards.
+        return x.reshape(-1, x.shape[-1]).mT @ g.reshape(-1, g.shape[-1])
     return x.mT @ g
 
 
