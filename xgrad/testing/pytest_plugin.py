@@ -7,12 +7,14 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 
-settings.register_profile("dev", max_examples=25, deadline=None)
+# dev and thorough search randomly even where hypothesis would default to derandomizing
+# (it does when it sees a CI environment): only the ci profile is deterministic.
+settings.register_profile("dev", max_examples=25, deadline=None, derandomize=False)
 settings.register_profile(
     "ci", max_examples=10, deadline=None, derandomize=True, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-settings.register_profile("thorough", max_examples=300, deadline=None)
+settings.register_profile("thorough", max_examples=300, deadline=None, derandomize=False)
 
 
 def pytest_addoption(parser: Any) -> None:
