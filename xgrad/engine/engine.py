@@ -530,7 +530,7 @@ def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, cpu_
                     if info is None or not info.should_execute():
                         continue
                 input_buffer = InputBuffer(len(next_fn.input_metadata))
-                input_buffer.add(input_nr, output)
+                input_buffer.buffer[input_nr] = output  # a fresh buffer: nothing to sum yet
                 if is_ready:
                     graph_task.outstanding_tasks += 1  # we hold the mutex
                     ready_queue(cpu_ready_queue, next_fn, device_queues).push(NodeTask(graph_task, next_fn, input_buffer), False)

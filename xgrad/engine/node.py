@@ -105,6 +105,7 @@ class Node:
 
     __slots__ = (
         "__weakref__",
+        "_edges_needed",
         "_metadata",
         "_post_hooks",
         "_pre_hooks",
@@ -127,6 +128,7 @@ class Node:
                 topo = node.topological_nr + 1
         self.topological_nr = topo
         self._metadata: dict[str, Any] | None = None
+        self._edges_needed: list[bool] | None = None
         self._pre_hooks: HookDict | None = None
         self._post_hooks: HookDict | None = None
         self._tensor_pre_hooks: HookDict | None = None
@@ -205,7 +207,11 @@ class Node:
         task = current_task.graph_task
         exec_info = task.exec_info if task is not None else None
         if not exec_info:
-            return [edge.node is not None for edge in self.next_edges]
+            # Without exec_info the answer depends on the edges alone: compute it once.
+            needed = self._edges_needed
+            if needed is None:
+                needed = self._edges_needed = [edge.node is not None for edge in self.next_edges]
+            return needed
         needed = []
         for node, _ in self.next_edges:
             info = exec_info.get(node) if node is not None else None
