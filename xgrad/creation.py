@@ -64,39 +64,74 @@ def _shape(shape: tuple[Any, ...]) -> tuple[int, ...]:
 
 
 def zeros(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    """A tensor of zeros (float32 unless ``dtype`` says otherwise)."""
+    """A tensor of zeros (float32 unless ``dtype`` says otherwise).
+
+    >>> import xgrad
+    >>> xgrad.zeros(2, 3).shape, xgrad.zeros(2).tolist()
+    ((2, 3), [0.0, 0.0])
+    """
     return Tensor(_place(jnp.zeros(_shape(shape), dtype or jnp.float32), device), requires_grad=requires_grad)
 
 
 def ones(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    """A tensor of ones (float32 unless ``dtype`` says otherwise)."""
+    """A tensor of ones (float32 unless ``dtype`` says otherwise).
+
+    >>> import xgrad
+    >>> xgrad.ones(2).tolist(), xgrad.ones((2, 2)).shape
+    ([1.0, 1.0], (2, 2))
+    """
     return Tensor(_place(jnp.ones(_shape(shape), dtype or jnp.float32), device), requires_grad=requires_grad)
 
 
 def full(shape: Any, fill_value: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    """A tensor filled with ``fill_value``."""
+    """A tensor filled with ``fill_value``.
+
+    >>> import xgrad
+    >>> xgrad.full((2,), 1.5).tolist()
+    [1.5, 1.5]
+    """
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     return Tensor(_place(jnp.full(shape, fill_value, dtype), device), requires_grad=requires_grad)
 
 
 def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    """``start, start + step, …`` below ``end`` (``0..start`` when ``end`` is omitted)."""
+    """``start, start + step, …`` below ``end`` (``0..start`` when ``end`` is omitted).
+
+    >>> import xgrad
+    >>> xgrad.arange(3).tolist(), xgrad.arange(1.0, 2.0, 0.5).tolist()
+    ([0, 1, 2], [1.0, 1.5])
+    """
     array = jnp.arange(start, end, step, dtype=dtype) if end is not None else jnp.arange(start, dtype=dtype)
     return Tensor(_place(array, device), requires_grad=requires_grad)
 
 
 def eye(n: int, m: int | None = None, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    """The ``n × m`` identity matrix."""
+    """The ``n × m`` identity matrix.
+
+    >>> import xgrad
+    >>> xgrad.eye(2).tolist()
+    [[1.0, 0.0], [0.0, 1.0]]
+    """
     return Tensor(_place(jnp.eye(n, m, dtype=dtype or jnp.float32), device), requires_grad=requires_grad)
 
 
 def zeros_like(t: Tensor, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    """Zeros with ``t``'s shape, dtype and placement."""
+    """Zeros with ``t``'s shape, dtype and placement.
+
+    >>> import xgrad
+    >>> xgrad.zeros_like(xgrad.tensor([1.0, 2.0])).tolist()
+    [0.0, 0.0]
+    """
     return Tensor(jnp.zeros_like(t._array, dtype=dtype), requires_grad=requires_grad)
 
 
 def ones_like(t: Tensor, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    """Ones with ``t``'s shape, dtype and placement."""
+    """Ones with ``t``'s shape, dtype and placement.
+
+    >>> import xgrad
+    >>> xgrad.ones_like(xgrad.tensor([1.0, 2.0])).tolist()
+    [1.0, 1.0]
+    """
     return Tensor(jnp.ones_like(t._array, dtype=dtype), requires_grad=requires_grad)
 
 
@@ -138,14 +173,27 @@ def next_key() -> Any:
 
 
 def randn(*shape: Any, key: Any = None, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    """Standard normal samples; ``key`` a ``jax.random`` key (the default key when omitted)."""
+    """Standard normal samples; ``key`` a ``jax.random`` key (the default key when omitted).
+
+    >>> import xgrad
+    >>> import jax
+    >>> xgrad.randn(2, 3, key=jax.random.key(0)).shape
+    (2, 3)
+    """
     key = next_key() if key is None else key
     array = jax.random.normal(key, _shape(shape), dtype or jnp.float32)
     return Tensor(_place(array, device), requires_grad=requires_grad)
 
 
 def rand(*shape: Any, key: Any = None, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    """Uniform samples in ``[0, 1)``; ``key`` a ``jax.random`` key (the default key when omitted)."""
+    """Uniform samples in ``[0, 1)``; ``key`` a ``jax.random`` key (the default key when omitted).
+
+    >>> import xgrad
+    >>> import jax
+    >>> x = xgrad.rand(4, key=jax.random.key(0))
+    >>> x.shape, all(0.0 <= v < 1.0 for v in x.tolist())
+    ((4,), True)
+    """
     key = next_key() if key is None else key
     array = jax.random.uniform(key, _shape(shape), dtype or jnp.float32)
     return Tensor(_place(array, device), requires_grad=requires_grad)

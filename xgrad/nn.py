@@ -60,6 +60,16 @@ class Module:
 
     Subclasses set attributes in ``__init__`` and define ``forward``; calling the
     module calls ``forward``.
+
+    >>> import xgrad
+    >>> class Scale(xgrad.nn.Module):
+    ...     def __init__(self):
+    ...         self.weight = xgrad.tensor([2.0], requires_grad=True)
+    ...     def forward(self, x):
+    ...         return x * self.weight
+    >>> m = Scale()
+    >>> [name for name, _ in m.named_parameters()], m(xgrad.tensor([3.0])).tolist()
+    (['weight'], [6.0])
     """
 
     training: bool = True
@@ -238,6 +248,11 @@ class MLP(Sequential):
         sizes: ``[in, hidden..., out]``.
         activation: a module class or factory for the nonlinearity (``ReLU`` by default).
         key: a ``jax.random`` key or int seed, split once per layer.
+
+    >>> import xgrad
+    >>> mlp = xgrad.nn.MLP([2, 4, 1], activation=xgrad.nn.Tanh, key=0)
+    >>> mlp(xgrad.ones(3, 2)).shape, len(mlp.layers)
+    ((3, 1), 3)
     """
 
     def __init__(self, sizes: Sequence[int], activation: Callable[[], Module] | None = None, *, key: Any = None, dtype: Any = jnp.float32) -> None:
@@ -254,7 +269,12 @@ class MLP(Sequential):
 
 
 class LayerNorm(Module):
-    """Layer normalisation over the trailing ``normalized_shape`` dims, with a learned scale and shift."""
+    """Layer normalisation over the trailing ``normalized_shape`` dims, with a learned scale and shift.
+
+    >>> import xgrad
+    >>> xgrad.nn.LayerNorm(2)(xgrad.tensor([[1.0, 3.0]])).shape
+    (1, 2)
+    """
 
     def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5, elementwise_affine: bool = True, *, dtype: Any = jnp.float32) -> None:
         self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
@@ -270,7 +290,13 @@ class LayerNorm(Module):
 
 
 class Embedding(Module):
-    """A lookup table of ``num_embeddings`` vectors of size ``embedding_dim``, initialised N(0, 1)."""
+    """A lookup table of ``num_embeddings`` vectors of size ``embedding_dim``, initialised N(0, 1).
+
+    >>> import xgrad
+    >>> emb = xgrad.nn.Embedding(10, 3, key=0)
+    >>> emb(xgrad.tensor([[1, 2], [3, 4]])).shape
+    (2, 2, 3)
+    """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *, key: Any = None, dtype: Any = jnp.float32) -> None:
         self.weight = _parameter(jax.random.normal(_key(key), (num_embeddings, embedding_dim), dtype))
@@ -289,6 +315,11 @@ class Dropout(Module):
         p: drop probability.
         key: a ``jax.random`` key or int seed for the first call; later calls split it.
             ``None`` uses the default key.
+
+    >>> import xgrad
+    >>> drop = xgrad.nn.Dropout(0.5, key=0)
+    >>> drop.eval()(xgrad.ones(3)).tolist()
+    [1.0, 1.0, 1.0]
     """
 
     def __init__(self, p: float = 0.5, *, key: Any = None) -> None:
@@ -317,37 +348,67 @@ class _Activation(Module):
 
 
 class ReLU(_Activation):
-    """``max(x, 0)``."""
+    """``max(x, 0)``.
+
+    >>> import xgrad
+    >>> xgrad.nn.ReLU()(xgrad.tensor([-1.0, 2.0])).tolist()
+    [0.0, 2.0]
+    """
 
     fn = staticmethod(ops.relu)
 
 
 class Tanh(_Activation):
-    """``tanh(x)``."""
+    """``tanh(x)``.
+
+    >>> import xgrad
+    >>> xgrad.nn.Tanh()(xgrad.tensor([0.0])).tolist()
+    [0.0]
+    """
 
     fn = staticmethod(ops.tanh)
 
 
 class GELU(_Activation):
-    """Gaussian error linear unit."""
+    """Gaussian error linear unit.
+
+    >>> import xgrad
+    >>> xgrad.nn.GELU()(xgrad.tensor([0.0])).tolist()
+    [0.0]
+    """
 
     fn = staticmethod(ops.gelu)
 
 
 class SiLU(_Activation):
-    """``x * sigmoid(x)``."""
+    """``x * sigmoid(x)``.
+
+    >>> import xgrad
+    >>> xgrad.nn.SiLU()(xgrad.tensor([0.0])).tolist()
+    [0.0]
+    """
 
     fn = staticmethod(ops.silu)
 
 
 class Sigmoid(_Activation):
-    """``1 / (1 + exp(-x))``."""
+    """``1 / (1 + exp(-x))``.
+
+    >>> import xgrad
+    >>> xgrad.nn.Sigmoid()(xgrad.tensor([0.0])).tolist()
+    [0.5]
+    """
 
     fn = staticmethod(ops.sigmoid)
 
 
 class Identity(Module):
-    """Returns its input."""
+    """Returns its input.
+
+    >>> import xgrad
+    >>> xgrad.nn.Identity()(xgrad.tensor([1.0, 2.0])).tolist()
+    [1.0, 2.0]
+    """
 
     def forward(self, x: Any) -> Any:
         return x

@@ -27,10 +27,26 @@ ANOMALY = _AnomalyState()
 
 
 def is_anomaly_enabled() -> bool:
+    """Whether anomaly mode is on.
+
+    >>> import xgrad
+    >>> with xgrad.autograd.set_detect_anomaly(True):
+    ...     xgrad.autograd.is_anomaly_enabled()
+    True
+    >>> xgrad.autograd.is_anomaly_enabled()
+    False
+    """
     return ANOMALY.enabled
 
 
 def is_anomaly_check_nan_enabled() -> bool:
+    """Whether anomaly mode raises when a node returns NaN.
+
+    >>> import xgrad
+    >>> with xgrad.autograd.set_detect_anomaly(True, check_nan=False):
+    ...     xgrad.autograd.is_anomaly_check_nan_enabled()
+    False
+    """
     return ANOMALY.check_nan
 
 

@@ -105,15 +105,37 @@ WARN_RECOMPILE = (
 
 
 class CompiledFallbackWarning(UserWarning):
-    """A backward asked to run compiled ran eagerly instead (the message says why)."""
+    """A backward asked to run compiled ran eagerly instead (the message says why).
+
+    >>> import warnings
+    >>> from xgrad.autograd.compiled import CompiledFallbackWarning
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warnings.warn("ran eagerly", CompiledFallbackWarning)
+    >>> caught[0].category.__name__, issubclass(CompiledFallbackWarning, UserWarning)
+    ('CompiledFallbackWarning', True)
+    """
 
 
 class RecompileWarning(UserWarning):
-    """One call site keeps compiling new backward programs."""
+    """One call site keeps compiling new backward programs.
+
+    >>> from xgrad.autograd.compiled import RecompileWarning
+    >>> issubclass(RecompileWarning, UserWarning)
+    True
+    """
 
 
 class CompiledFallbackError(RuntimeError):
-    """Under ``enable(fallback="error")``: the backward cannot be compiled."""
+    """Under ``enable(fallback="error")``: the backward cannot be compiled.
+
+    >>> from xgrad.autograd.compiled import CompiledFallbackError
+    >>> try:
+    ...     raise CompiledFallbackError("cannot compile")
+    ... except RuntimeError as e:
+    ...     print(type(e).__name__, e)
+    CompiledFallbackError cannot compile
+    """
 
 
 class _NotTraceable(Exception):
@@ -200,7 +222,14 @@ class enable:
 
 
 class PureHook:
-    """A hook marked traceable and free of side effects (see ``pure_hook``)."""
+    """A hook marked traceable and free of side effects (see ``pure_hook``).
+
+    >>> from xgrad.autograd.compiled import PureHook, pure_hook
+    >>> def double(g):
+    ...     return g * 2
+    >>> isinstance(pure_hook(double), PureHook), pure_hook(double) == pure_hook(double)
+    (True, True)
+    """
 
     __slots__ = ("__wrapped__", "fn")
 

@@ -44,6 +44,21 @@ class FunctionCtx:
     """The ``ctx`` a custom ``Function``'s ``forward``/``setup_context`` and ``backward`` share.
 
     Any attribute may be set on it; the methods below are the ones autograd reads.
+
+    >>> import xgrad
+    >>> class Square(xgrad.autograd.Function):
+    ...     @staticmethod
+    ...     def forward(ctx, x):
+    ...         ctx.save_for_backward(x)
+    ...         return x * x
+    ...     @staticmethod
+    ...     def backward(ctx, g):
+    ...         (x,) = ctx.saved_tensors
+    ...         return 2 * x * g
+    >>> x = xgrad.tensor([3.0], requires_grad=True)
+    >>> Square.apply(x).sum().backward()
+    >>> x.grad.tolist()
+    [6.0]
     """
 
     def __init__(self) -> None:

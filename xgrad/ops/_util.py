@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -27,13 +28,18 @@ def as_array(x: Any) -> Any:
     return x._array if isinstance(x, Tensor) else x
 
 
-def nondiff(fn: Callable[..., Any], name: str) -> Callable[..., Tensor]:
-    """Wrap an array function whose result has no gradient (comparisons, argmax, …)."""
+def nondiff(fn: Callable[..., Any], name: str, example: str) -> Callable[..., Tensor]:
+    """Wrap an array function whose result has no gradient (comparisons, argmax, …).
+
+    ``example`` is a doctest line (call and result) for the wrapper's docstring.
+    """
 
     def op(*args: Any, **kwargs: Any) -> Tensor:
         return Tensor(fn(*(as_array(a) for a in args), **kwargs))
 
     op.__name__ = name
     op.__qualname__ = name
-    op.__doc__ = f"``{name}`` on arrays; the result records no graph."
+    op.__doc__ = f"``{name}`` on arrays; the result records no graph.\n\n>>> import xgrad\n{example}\n"
+    # Owned by the module that defined it, so doctest finds its example.
+    op.__module__ = sys._getframe(1).f_globals.get("__name__", op.__module__)
     return op

@@ -21,12 +21,46 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 # -- arithmetic ----------------------------------------------------------------------
-add = defprim("add", jnp.add, (lambda g, out, x, y: g, lambda g, out, x, y: g), save=())
-sub = defprim("sub", jnp.subtract, (lambda g, out, x, y: g, lambda g, out, x, y: -g), save=())
-mul = defprim("mul", jnp.multiply, (lambda g, out, x, y: g * y, lambda g, out, x, y: g * x))
-div = defprim("div", jnp.true_divide, (lambda g, out, x, y: g / y, lambda g, out, x, y: -g * x / (y * y)))
-neg = defprim("neg", jnp.negative, (lambda g, out, x: -g,), save=())
-clone = defprim("clone", lambda x: jnp.array(x, copy=True), (lambda g, out, x: g,), save=())
+add = defprim("add", jnp.add, (lambda g, out, x, y: g, lambda g, out, x, y: g), save=(), doc="""Elementwise sum with broadcasting.
+
+    >>> import xgrad
+    >>> xgrad.add(xgrad.tensor([1.0, 2.0]), 1.0).tolist()
+    [2.0, 3.0]
+    """)
+sub = defprim("sub", jnp.subtract, (lambda g, out, x, y: g, lambda g, out, x, y: -g), save=(), doc="""Elementwise difference with broadcasting.
+
+    >>> import xgrad
+    >>> xgrad.sub(xgrad.tensor([3.0, 5.0]), xgrad.tensor([1.0, 2.0])).tolist()
+    [2.0, 3.0]
+    """)
+mul = defprim("mul", jnp.multiply, (lambda g, out, x, y: g * y, lambda g, out, x, y: g * x), doc="""Elementwise product with broadcasting.
+
+    >>> import xgrad
+    >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> xgrad.mul(x, xgrad.tensor([3.0, 4.0])).sum().backward()
+    >>> x.grad.tolist()
+    [3.0, 4.0]
+    """)
+div = defprim("div", jnp.true_divide, (lambda g, out, x, y: g / y, lambda g, out, x, y: -g * x / (y * y)), doc="""Elementwise true division with broadcasting.
+
+    >>> import xgrad
+    >>> xgrad.div(xgrad.tensor([1.0, 3.0]), 2.0).tolist()
+    [0.5, 1.5]
+    """)
+neg = defprim("neg", jnp.negative, (lambda g, out, x: -g,), save=(), doc="""Elementwise negation.
+
+    >>> import xgrad
+    >>> xgrad.neg(xgrad.tensor([1.0, -2.0])).tolist()
+    [-1.0, 2.0]
+    """)
+clone = defprim("clone", lambda x: jnp.array(x, copy=True), (lambda g, out, x: g,), save=(), doc="""A copy of ``x`` that stays in the graph (the gradient passes through).
+
+    >>> import xgrad
+    >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> y = xgrad.clone(x)
+    >>> y is x, y.tolist()
+    (False, [1.0, 2.0])
+    """)
 
 
 def _pow_exponent_grad(g: Tensor, out: Tensor, x: Any, y: Any) -> Tensor:
@@ -40,28 +74,125 @@ pow = defprim(
     jnp.power,
     (lambda g, out, x, y: g * y * x ** (y - 1), _pow_exponent_grad),
     save_out=True,
+    doc="""``x ** y`` elementwise; differentiable in both the base and the exponent.
+
+    >>> import xgrad
+    >>> xgrad.pow(xgrad.tensor([2.0, 3.0]), 2.0).tolist()
+    [4.0, 9.0]
+    """,
 )
 
 # -- transcendental ------------------------------------------------------------------
-exp = defprim("exp", jnp.exp, (lambda g, out, x: g * out,), save=(), save_out=True)
-log = defprim("log", jnp.log, (lambda g, out, x: g / x,))
-log1p = defprim("log1p", jnp.log1p, (lambda g, out, x: g / (x + 1),))
-expm1 = defprim("expm1", jnp.expm1, (lambda g, out, x: g * (out + 1),), save=(), save_out=True)
-sqrt = defprim("sqrt", jnp.sqrt, (lambda g, out, x: g / (out * 2),), save=(), save_out=True)
-rsqrt = defprim("rsqrt", jax.lax.rsqrt, (lambda g, out, x: g * out * out * out * -0.5,), save=(), save_out=True)
-abs = defprim("abs", jnp.abs, (lambda g, out, x: g * sign(x),))
-sign = defprim("sign", jnp.sign, (lambda g, out, x: g * 0,), save=())
-sin = defprim("sin", jnp.sin, (lambda g, out, x: g * cos(x),))
-cos = defprim("cos", jnp.cos, (lambda g, out, x: -g * sin(x),))
-tan = defprim("tan", jnp.tan, (lambda g, out, x: g * (out * out + 1),), save=(), save_out=True)
-tanh = defprim("tanh", jnp.tanh, (lambda g, out, x: g * (1 - out * out),), save=(), save_out=True)
-erf = defprim("erf", jax.scipy.special.erf, (lambda g, out, x: g * exp(-(x * x)) * (2 / math.sqrt(math.pi)),))
+exp = defprim("exp", jnp.exp, (lambda g, out, x: g * out,), save=(), save_out=True, doc="""Elementwise ``e ** x``.
+
+    >>> import xgrad
+    >>> xgrad.exp(xgrad.tensor([0.0])).tolist()
+    [1.0]
+    >>> print(f"{xgrad.exp(xgrad.tensor(1.0)).item():.4f}")
+    2.7183
+    """)
+log = defprim("log", jnp.log, (lambda g, out, x: g / x,), doc="""Elementwise natural logarithm.
+
+    >>> import xgrad
+    >>> xgrad.log(xgrad.tensor([1.0])).tolist()
+    [0.0]
+    >>> print(f"{xgrad.log(xgrad.tensor(2.0)).item():.4f}")
+    0.6931
+    """)
+log1p = defprim("log1p", jnp.log1p, (lambda g, out, x: g / (x + 1),), doc="""Elementwise ``log(1 + x)``, accurate for small ``x``.
+
+    >>> import xgrad
+    >>> print(f"{xgrad.log1p(xgrad.tensor(1.0)).item():.4f}")
+    0.6931
+    """)
+expm1 = defprim("expm1", jnp.expm1, (lambda g, out, x: g * (out + 1),), save=(), save_out=True, doc="""Elementwise ``exp(x) - 1``, accurate for small ``x``.
+
+    >>> import xgrad
+    >>> xgrad.expm1(xgrad.tensor([0.0])).tolist()
+    [0.0]
+    >>> print(f"{xgrad.expm1(xgrad.tensor(1.0)).item():.4f}")
+    1.7183
+    """)
+sqrt = defprim("sqrt", jnp.sqrt, (lambda g, out, x: g / (out * 2),), save=(), save_out=True, doc="""Elementwise square root.
+
+    >>> import xgrad
+    >>> xgrad.sqrt(xgrad.tensor([4.0, 9.0])).tolist()
+    [2.0, 3.0]
+    """)
+rsqrt = defprim("rsqrt", jax.lax.rsqrt, (lambda g, out, x: g * out * out * out * -0.5,), save=(), save_out=True, doc="""Elementwise reciprocal square root ``1 / sqrt(x)``.
+
+    >>> import xgrad
+    >>> xgrad.rsqrt(xgrad.tensor([4.0, 16.0])).tolist()
+    [0.5, 0.25]
+    """)
+abs = defprim("abs", jnp.abs, (lambda g, out, x: g * sign(x),), doc="""Elementwise absolute value; the gradient at 0 is 0.
+
+    >>> import xgrad
+    >>> xgrad.abs(xgrad.tensor([-1.5, 2.0])).tolist()
+    [1.5, 2.0]
+    """)
+sign = defprim("sign", jnp.sign, (lambda g, out, x: g * 0,), save=(), doc="""Elementwise sign (-1, 0 or 1); its gradient is 0.
+
+    >>> import xgrad
+    >>> xgrad.sign(xgrad.tensor([-2.0, 0.0, 3.0])).tolist()
+    [-1.0, 0.0, 1.0]
+    """)
+sin = defprim("sin", jnp.sin, (lambda g, out, x: g * cos(x),), doc="""Elementwise sine.
+
+    >>> import xgrad
+    >>> print(f"{xgrad.sin(xgrad.tensor(1.0)).item():.4f}")
+    0.8415
+    """)
+cos = defprim("cos", jnp.cos, (lambda g, out, x: -g * sin(x),), doc="""Elementwise cosine.
+
+    >>> import xgrad
+    >>> xgrad.cos(xgrad.tensor([0.0])).tolist()
+    [1.0]
+    """)
+tan = defprim("tan", jnp.tan, (lambda g, out, x: g * (out * out + 1),), save=(), save_out=True, doc="""Elementwise tangent.
+
+    >>> import xgrad
+    >>> print(f"{xgrad.tan(xgrad.tensor(1.0)).item():.4f}")
+    1.5574
+    """)
+tanh = defprim("tanh", jnp.tanh, (lambda g, out, x: g * (1 - out * out),), save=(), save_out=True, doc="""Elementwise hyperbolic tangent.
+
+    >>> import xgrad
+    >>> print(f"{xgrad.tanh(xgrad.tensor(1.0)).item():.4f}")
+    0.7616
+    """)
+erf = defprim("erf", jax.scipy.special.erf, (lambda g, out, x: g * exp(-(x * x)) * (2 / math.sqrt(math.pi)),), doc="""Elementwise error function.
+
+    >>> import xgrad
+    >>> print(f"{xgrad.erf(xgrad.tensor(1.0)).item():.4f}")
+    0.8427
+    """)
 
 # -- activations (fused: one node each instead of a chain) ---------------------------
-sigmoid = defprim("sigmoid", jax.nn.sigmoid, (lambda g, out, x: g * out * (1 - out),), save=(), save_out=True)
-relu = defprim("relu", jax.nn.relu, (lambda g, out, x: g * (out > 0),), save=(), save_out=True)
-silu = defprim("silu", jax.nn.silu, (lambda g, out, x: g * (sigmoid(x) * (1 + x * (1 - sigmoid(x)))),))
-softplus = defprim("softplus", jax.nn.softplus, (lambda g, out, x: g * sigmoid(x),))
+sigmoid = defprim("sigmoid", jax.nn.sigmoid, (lambda g, out, x: g * out * (1 - out),), save=(), save_out=True, doc="""Elementwise logistic sigmoid ``1 / (1 + exp(-x))``.
+
+    >>> import xgrad
+    >>> xgrad.sigmoid(xgrad.tensor([0.0])).tolist()
+    [0.5]
+    """)
+relu = defprim("relu", jax.nn.relu, (lambda g, out, x: g * (out > 0),), save=(), save_out=True, doc="""Elementwise ``max(x, 0)``; the gradient at 0 is 0.
+
+    >>> import xgrad
+    >>> xgrad.relu(xgrad.tensor([-1.0, 2.0])).tolist()
+    [0.0, 2.0]
+    """)
+silu = defprim("silu", jax.nn.silu, (lambda g, out, x: g * (sigmoid(x) * (1 + x * (1 - sigmoid(x)))),), doc="""Elementwise SiLU (swish), ``x * sigmoid(x)``.
+
+    >>> import xgrad
+    >>> print(f"{xgrad.silu(xgrad.tensor(1.0)).item():.4f}")
+    0.7311
+    """)
+softplus = defprim("softplus", jax.nn.softplus, (lambda g, out, x: g * sigmoid(x),), doc="""Elementwise ``log(1 + exp(x))``, computed stably.
+
+    >>> import xgrad
+    >>> print(f"{xgrad.softplus(xgrad.tensor(0.0)).item():.4f}")
+    0.6931
+    """)
 
 
 def _gelu_impl(x: Any, approximate: bool) -> Any:
@@ -83,7 +214,14 @@ _gelu = defprim("gelu", _gelu_impl, (_gelu_grad,))
 
 
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
-    """GELU; ``approximate="tanh"`` for the tanh approximation, as in PyTorch."""
+    """GELU; ``approximate="tanh"`` for the tanh approximation, as in PyTorch.
+
+    >>> import xgrad
+    >>> xgrad.gelu(xgrad.tensor([0.0])).tolist()
+    [0.0]
+    >>> print(f"{xgrad.gelu(xgrad.tensor(1.0)).item():.4f} {xgrad.gelu(xgrad.tensor(1.0), approximate='tanh').item():.4f}")
+    0.8413 0.8412
+    """
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
     return _gelu(x, approximate=approximate == "tanh")
@@ -99,11 +237,25 @@ maximum = defprim(
     "maximum",
     jnp.maximum,
     (lambda g, out, x, y: g * _tie_split(x, y), lambda g, out, x, y: g * _tie_split(y, x)),
+    doc="""Elementwise maximum; equal operands share the gradient evenly.
+
+    >>> import xgrad
+    >>> x = xgrad.tensor([1.0, 4.0, 2.0], requires_grad=True)
+    >>> xgrad.maximum(x, 2.0).sum().backward()
+    >>> x.grad.tolist()
+    [0.0, 1.0, 0.5]
+    """,
 )
 minimum = defprim(
     "minimum",
     jnp.minimum,
     (lambda g, out, x, y: g * _tie_split(y, x), lambda g, out, x, y: g * _tie_split(x, y)),
+    doc="""Elementwise minimum; equal operands share the gradient evenly.
+
+    >>> import xgrad
+    >>> xgrad.minimum(xgrad.tensor([1.0, 4.0]), xgrad.tensor([3.0, 2.0])).tolist()
+    [1.0, 2.0]
+    """,
 )
 where_ = defprim(
     "where",
@@ -114,7 +266,13 @@ where_ = defprim(
 
 
 def where(condition: Any, x: Any, y: Any) -> Tensor:
-    """``x`` where ``condition`` holds, else ``y``; differentiable in ``x`` and ``y``."""
+    """``x`` where ``condition`` holds, else ``y``; differentiable in ``x`` and ``y``.
+
+    >>> import xgrad
+    >>> x = xgrad.tensor([1.0, -2.0])
+    >>> xgrad.where(x > 0, x, 0.0).tolist()
+    [1.0, 0.0]
+    """
     return where_(as_array(condition), x, y)
 
 
@@ -139,14 +297,25 @@ clamp_ = defprim(
 
 
 def clamp(x: Tensor, min: Any = None, max: Any = None) -> Tensor:
-    """Clamp into ``[min, max]``; the gradient passes where ``min <= x <= max``."""
+    """Clamp into ``[min, max]``; the gradient passes where ``min <= x <= max``.
+
+    >>> import xgrad
+    >>> xgrad.clamp(xgrad.tensor([-1.0, 0.5, 2.0]), min=0.0, max=1.0).tolist()
+    [0.0, 0.5, 1.0]
+    """
     if min is None and max is None:
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
     return clamp_(x, min, max)
 
 
 # -- dtype and device ----------------------------------------------------------------
-astype = defprim("astype", lambda x, dtype: x.astype(dtype), (lambda g, out, x, dtype: g.to(x.dtype),), save=())
+astype = defprim("astype", lambda x, dtype: x.astype(dtype), (lambda g, out, x, dtype: g.to(x.dtype),), save=(), doc="""``x`` cast to ``dtype``; the gradient is cast back to ``x``'s dtype.
+
+    >>> import xgrad
+    >>> import jax.numpy as jnp
+    >>> xgrad.astype(xgrad.tensor([1.5]), dtype=jnp.float32).dtype
+    dtype('float32')
+    """)
 to_device_ = defprim(
     "to_device",
     lambda x, sharding, source: jax.device_put(x, sharding),
@@ -157,7 +326,13 @@ to_device_ = defprim(
 
 
 def to_device(x: Tensor, device: Any) -> Tensor:
-    """Move ``x`` to ``device`` (a ``jax.Device`` or ``Sharding``); the gradient moves back."""
+    """Move ``x`` to ``device`` (a ``jax.Device`` or ``Sharding``); the gradient moves back.
+
+    >>> import xgrad
+    >>> import jax
+    >>> xgrad.to_device(xgrad.tensor([1.0]), jax.devices()[0]).tolist()
+    [1.0]
+    """
     from xgrad.creation import resolve_device
 
     target = resolve_device(device)
@@ -167,18 +342,18 @@ def to_device(x: Tensor, device: Any) -> Tensor:
 
 
 # -- non-differentiable --------------------------------------------------------------
-eq = nondiff(jnp.equal, "eq")
-ne = nondiff(jnp.not_equal, "ne")
-lt = nondiff(jnp.less, "lt")
-le = nondiff(jnp.less_equal, "le")
-gt = nondiff(jnp.greater, "gt")
-ge = nondiff(jnp.greater_equal, "ge")
-logical_and = nondiff(jnp.logical_and, "logical_and")
-logical_or = nondiff(jnp.logical_or, "logical_or")
-logical_not = nondiff(jnp.logical_not, "logical_not")
-logical_xor = nondiff(jnp.logical_xor, "logical_xor")
-isnan = nondiff(jnp.isnan, "isnan")
-isfinite = nondiff(jnp.isfinite, "isfinite")
-floor = nondiff(jnp.floor, "floor")
-ceil = nondiff(jnp.ceil, "ceil")
-round = nondiff(jnp.round, "round")
+eq = nondiff(jnp.equal, "eq", '>>> xgrad.eq(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[False, True]')
+ne = nondiff(jnp.not_equal, "ne", '>>> xgrad.ne(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[True, False]')
+lt = nondiff(jnp.less, "lt", '>>> xgrad.lt(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[True, False]')
+le = nondiff(jnp.less_equal, "le", '>>> xgrad.le(xgrad.tensor([1.0, 3.0]), 2.0).tolist()\n[True, False]')
+gt = nondiff(jnp.greater, "gt", '>>> xgrad.gt(xgrad.tensor([1.0, 3.0]), 2.0).tolist()\n[False, True]')
+ge = nondiff(jnp.greater_equal, "ge", '>>> xgrad.ge(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[False, True]')
+logical_and = nondiff(jnp.logical_and, "logical_and", '>>> xgrad.logical_and(xgrad.tensor([True, True]), xgrad.tensor([True, False])).tolist()\n[True, False]')
+logical_or = nondiff(jnp.logical_or, "logical_or", '>>> xgrad.logical_or(xgrad.tensor([False, False]), xgrad.tensor([True, False])).tolist()\n[True, False]')
+logical_not = nondiff(jnp.logical_not, "logical_not", '>>> xgrad.logical_not(xgrad.tensor([True, False])).tolist()\n[False, True]')
+logical_xor = nondiff(jnp.logical_xor, "logical_xor", '>>> xgrad.logical_xor(xgrad.tensor([True, True]), xgrad.tensor([True, False])).tolist()\n[False, True]')
+isnan = nondiff(jnp.isnan, "isnan", ">>> xgrad.isnan(xgrad.tensor([1.0, float('nan')])).tolist()\n[False, True]")
+isfinite = nondiff(jnp.isfinite, "isfinite", ">>> xgrad.isfinite(xgrad.tensor([1.0, float('inf')])).tolist()\n[True, False]")
+floor = nondiff(jnp.floor, "floor", '>>> xgrad.floor(xgrad.tensor([1.5, -1.5])).tolist()\n[1.0, -2.0]')
+ceil = nondiff(jnp.ceil, "ceil", '>>> xgrad.ceil(xgrad.tensor([1.5, -1.5])).tolist()\n[2.0, -1.0]')
+round = nondiff(jnp.round, "round", '>>> xgrad.round(xgrad.tensor([0.5, 1.5, 2.25])).tolist()\n[0.0, 2.0, 2.0]')

@@ -70,14 +70,27 @@ def _check_int_bounds(shape: tuple[int, ...], index: Any) -> None:
 
 
 def getitem(x: Tensor, index: Any) -> Tensor:
-    """``x[index]``: basic slicing, ``None``/``...``, integer-array and boolean-mask indexing."""
+    """``x[index]``: basic slicing, ``None``/``...``, integer-array and boolean-mask indexing.
+
+    >>> import xgrad
+    >>> x = xgrad.tensor([[1.0, 2.0], [3.0, 4.0]])
+    >>> xgrad.getitem(x, (slice(None), 1)).tolist()
+    [2.0, 4.0]
+    """
     if isinstance(index, int) or isinstance(index, tuple) and any(isinstance(i, int) for i in index):
         _check_int_bounds(x.shape, index)
     return _getitem(x, index=_index_arg(index))
 
 
 def setitem(x: Tensor, index: Any, value: Any) -> None:
-    """``x[index] = value`` in place: rebinds the storage and bumps ``_version``."""
+    """``x[index] = value`` in place: rebinds the storage and bumps ``_version``.
+
+    >>> import xgrad
+    >>> x = xgrad.zeros(3)
+    >>> xgrad.setitem(x, 1, 5.0)
+    >>> x.tolist()
+    [0.0, 5.0, 0.0]
+    """
     x._check_inplace()
     x._rebind(_index_put(x._alias(), value, index=_index_arg(index)))
 
@@ -103,25 +116,47 @@ _scatter_add = defprim(
 
 
 def gather(x: Tensor, dim: int, index: Any) -> Tensor:
-    """``torch.gather``: ``out[i][j] = x[index[i][j]][j]`` for ``dim=0``, and so on."""
+    """``torch.gather``: ``out[i][j] = x[index[i][j]][j]`` for ``dim=0``, and so on.
+
+    >>> import xgrad
+    >>> x = xgrad.tensor([[1.0, 2.0], [3.0, 4.0]])
+    >>> xgrad.gather(x, 1, xgrad.tensor([[1], [0]])).tolist()
+    [[2.0], [3.0]]
+    """
     index = index if isinstance(index, Tensor) else Tensor(jnp.asarray(index))
     return _gather(x, index, dim=dim % x.ndim)
 
 
 def scatter_add(x: Tensor, dim: int, index: Any, src: Tensor) -> Tensor:
-    """``torch.scatter_add``: ``x`` with ``src`` added at ``index`` along ``dim``."""
+    """``torch.scatter_add``: ``x`` with ``src`` added at ``index`` along ``dim``.
+
+    >>> import xgrad
+    >>> xgrad.scatter_add(xgrad.tensor([0.0, 0.0, 0.0]), 0, xgrad.tensor([0, 2, 0]), xgrad.tensor([1.0, 2.0, 3.0])).tolist()
+    [4.0, 0.0, 2.0]
+    """
     index = index if isinstance(index, Tensor) else Tensor(jnp.asarray(index))
     return _scatter_add(x, index, src, dim=dim % x.ndim)
 
 
 def index_select(x: Tensor, dim: int, index: Any) -> Tensor:
-    """The entries of ``x`` at the 1-D ``index`` along ``dim``."""
+    """The entries of ``x`` at the 1-D ``index`` along ``dim``.
+
+    >>> import xgrad
+    >>> xgrad.index_select(xgrad.tensor([1.0, 2.0, 3.0]), 0, xgrad.tensor([2, 0])).tolist()
+    [3.0, 1.0]
+    """
     dim = dim % x.ndim
     return getitem(x, (slice(None),) * dim + (index,))
 
 
 def embedding(input: Any, weight: Tensor) -> Tensor:
-    """``F.embedding``: rows of ``weight`` at the integer ``input``."""
+    """``F.embedding``: rows of ``weight`` at the integer ``input``.
+
+    >>> import xgrad
+    >>> weight = xgrad.tensor([[0.0, 0.5], [1.0, 1.5]])
+    >>> xgrad.embedding(xgrad.tensor([1, 1, 0]), weight).tolist()
+    [[1.0, 1.5], [1.0, 1.5], [0.0, 0.5]]
+    """
     return getitem(weight, input)
 
 
@@ -131,7 +166,13 @@ class Sorted(NamedTuple):
 
 
 def sort(x: Tensor, dim: int = -1, descending: bool = False) -> Sorted:
-    """Sorted values along ``dim`` and their indices; the gradient follows the values."""
+    """Sorted values along ``dim`` and their indices; the gradient follows the values.
+
+    >>> import xgrad
+    >>> values, indices = xgrad.sort(xgrad.tensor([3.0, 1.0, 2.0]))
+    >>> values.tolist(), indices.tolist()
+    ([1.0, 2.0, 3.0], [1, 2, 0])
+    """
     dim = dim % x.ndim
     idx = jnp.argsort(x._array, axis=dim, descending=descending, stable=True)
     indices = Tensor(idx)

@@ -35,7 +35,13 @@ def _matmul_y_grad(g: Tensor, out: Any, x: Tensor, y: Any) -> Tensor:
     return x.mT @ g
 
 
-matmul = defprim("matmul", jnp.matmul, (_matmul_x_grad, _matmul_y_grad))
+matmul = defprim("matmul", jnp.matmul, (_matmul_x_grad, _matmul_y_grad), doc="""Matrix product with NumPy's batching and 1-D rules.
+
+    >>> import xgrad
+    >>> a = xgrad.tensor([[1.0, 2.0], [3.0, 4.0]])
+    >>> xgrad.matmul(a, xgrad.tensor([[1.0], [1.0]])).tolist()
+    [[3.0], [7.0]]
+    """)
 
 
 def _einsum_impl(*operands: Any, subscripts: str) -> Any:
@@ -51,7 +57,13 @@ _einsum = defprim("einsum", _einsum_impl, joint_vjp=_einsum_grad)
 
 
 def einsum(subscripts: str, *operands: Tensor) -> Tensor:
-    """Einstein summation, as ``jnp.einsum(subscripts, *operands)``."""
+    """Einstein summation, as ``jnp.einsum(subscripts, *operands)``.
+
+    >>> import xgrad
+    >>> a = xgrad.tensor([[1.0, 2.0], [3.0, 4.0]])
+    >>> xgrad.einsum("ij,j->i", a, xgrad.tensor([1.0, 1.0])).tolist()
+    [3.0, 7.0]
+    """
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     return _einsum(*operands, subscripts=subscripts)
@@ -78,7 +90,15 @@ _conv2d = defprim("conv2d", _conv2d_impl, joint_vjp=_conv2d_grad)
 def conv2d(
     input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1
 ) -> Tensor:
-    """``F.conv2d`` on NCHW input and OIHW weight; ``padding`` an int, pair, ``"same"`` or ``"valid"``."""
+    """``F.conv2d`` on NCHW input and OIHW weight; ``padding`` an int, pair, ``"same"`` or ``"valid"``.
+
+    >>> import xgrad
+    >>> x = xgrad.ones(1, 1, 3, 3)
+    >>> w = xgrad.ones(1, 1, 2, 2)
+    >>> out = xgrad.conv2d(x, w)
+    >>> out.shape, out.tolist()[0][0][0]
+    ((1, 1, 2, 2), [4.0, 4.0])
+    """
     if isinstance(padding, str):
         pad: Any = padding.upper()
     else:

@@ -27,12 +27,22 @@ _log_softmax = defprim(
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """Softmax along ``dim``."""
+    """Softmax along ``dim``.
+
+    >>> import xgrad
+    >>> xgrad.softmax(xgrad.tensor([0.0, 0.0])).tolist()
+    [0.5, 0.5]
+    """
     return _softmax(x, axis=dim % x.ndim)
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """Log-softmax along ``dim``, computed stably."""
+    """Log-softmax along ``dim``, computed stably.
+
+    >>> import xgrad
+    >>> [round(v, 4) for v in xgrad.log_softmax(xgrad.tensor([0.0, 0.0])).tolist()]
+    [-0.6931, -0.6931]
+    """
     return _log_softmax(x, axis=dim % x.ndim)
 
 
@@ -47,7 +57,13 @@ def _reduce(loss: Tensor, reduction: str) -> Tensor:
 
 
 def cross_entropy(input: Tensor, target: Any, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
-    """``F.cross_entropy``: ``input`` logits (N, C); ``target`` class indices (N,) or probabilities (N, C)."""
+    """``F.cross_entropy``: ``input`` logits (N, C); ``target`` class indices (N,) or probabilities (N, C).
+
+    >>> import xgrad
+    >>> logits = xgrad.tensor([[0.0, 0.0], [0.0, 0.0]])
+    >>> round(xgrad.cross_entropy(logits, xgrad.tensor([0, 1])).item(), 4)
+    0.6931
+    """
     logp = log_softmax(input, dim=1 if input.ndim > 1 else 0)
     target_arr = target._array if isinstance(target, Tensor) else jnp.asarray(target)
     if jnp.issubdtype(target_arr.dtype, jnp.integer):
@@ -61,13 +77,23 @@ def cross_entropy(input: Tensor, target: Any, reduction: str = "mean", label_smo
 
 
 def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
-    """``F.mse_loss``: squared error, averaged by default."""
+    """``F.mse_loss``: squared error, averaged by default.
+
+    >>> import xgrad
+    >>> xgrad.mse_loss(xgrad.tensor([1.0, 3.0]), xgrad.tensor([1.0, 1.0])).item()
+    2.0
+    """
     diff = input - target
     return _reduce(diff * diff, reduction)
 
 
 def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
-    """``F.layer_norm`` over the last ``len(normalized_shape)`` dims."""
+    """``F.layer_norm`` over the last ``len(normalized_shape)`` dims.
+
+    >>> import xgrad
+    >>> xgrad.layer_norm(xgrad.tensor([[1.0, 3.0]]), (2,), eps=0.0).tolist()
+    [[-1.0, 1.0]]
+    """
     n = 1 if isinstance(normalized_shape, int) else len(tuple(normalized_shape))
     dims = tuple(range(x.ndim - n, x.ndim))
     mu = x.mean(dim=dims, keepdim=True)
@@ -86,6 +112,14 @@ def dropout(x: Tensor, p: float = 0.5, key: Any = None, training: bool = True) -
 
     Args:
         key: a ``jax.random`` key; when ``None`` the module default key is split.
+
+    >>> import jax, xgrad
+    >>> x = xgrad.ones(4)
+    >>> xgrad.dropout(x, p=0.5, key=jax.random.key(0), training=False).tolist()
+    [1.0, 1.0, 1.0, 1.0]
+    >>> kept = xgrad.dropout(x, p=0.5, key=jax.random.key(0)).tolist()
+    >>> all(v in (0.0, 2.0) for v in kept)
+    True
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")

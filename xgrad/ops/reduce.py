@@ -77,7 +77,13 @@ _cumsum = defprim("cumsum", lambda x, axis: jnp.cumsum(x, axis=axis), (_cumsum_g
 
 
 def sum(x: Tensor, dim: Any = None, keepdim: bool = False, dtype: Any = None, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
-    """Sum over ``dim`` (all dims when ``None``)."""
+    """Sum over ``dim`` (all dims when ``None``).
+
+    >>> import xgrad
+    >>> x = xgrad.tensor([[1.0, 2.0], [3.0, 4.0]])
+    >>> xgrad.sum(x).item(), xgrad.sum(x, dim=0).tolist()
+    (10.0, [4.0, 6.0])
+    """
     dim, keepdim = _dims(dim, keepdim, axis, keepdims)
     if dtype is not None:
         x = x.to(dtype)
@@ -85,7 +91,12 @@ def sum(x: Tensor, dim: Any = None, keepdim: bool = False, dtype: Any = None, *,
 
 
 def mean(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
-    """Mean over ``dim`` (all dims when ``None``)."""
+    """Mean over ``dim`` (all dims when ``None``).
+
+    >>> import xgrad
+    >>> xgrad.mean(xgrad.tensor([[1.0, 2.0], [3.0, 4.0]]), dim=1).tolist()
+    [1.5, 3.5]
+    """
     dim, keepdim = _dims(dim, keepdim, axis, keepdims)
     axes = _axes(dim, x)
     n = x.numel() if axes is None else _count(x.shape, axes)
@@ -122,6 +133,10 @@ def var(
 
     NumPy's ``axis``/``keepdims``/``ddof`` work too; ``ddof`` defaults to 0 as in NumPy
     when ``axis`` is given.
+
+    >>> import xgrad
+    >>> xgrad.var(xgrad.tensor([1.0, 2.0, 3.0])).item()
+    1.0
     """
     if correction is None and (axis is not None or ddof is not None):
         correction = 0 if ddof is None else ddof
@@ -138,24 +153,46 @@ def std(
     x: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *, correction: int | None = None,
     axis: Any = None, keepdims: bool | None = None, ddof: int | None = None,
 ) -> Tensor:
-    """Standard deviation over ``dim``; ``correction`` (and the NumPy keywords) as in ``var``."""
+    """Standard deviation over ``dim``; ``correction`` (and the NumPy keywords) as in ``var``.
+
+    >>> import xgrad
+    >>> xgrad.std(xgrad.tensor([1.0, 3.0]), correction=0).item()
+    1.0
+    """
     return var(x, dim, unbiased, keepdim, correction=correction, axis=axis, keepdims=keepdims, ddof=ddof).sqrt()
 
 
 def prod(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
-    """Product over ``dim`` (all dims when ``None``); exact gradients with zeros."""
+    """Product over ``dim`` (all dims when ``None``); exact gradients with zeros.
+
+    >>> import xgrad
+    >>> x = xgrad.tensor([2.0, 0.0, 3.0], requires_grad=True)
+    >>> xgrad.prod(x).backward()
+    >>> x.grad.tolist()
+    [0.0, 6.0, 0.0]
+    """
     dim, keepdim = _dims(dim, keepdim, axis, keepdims)
     return _prod(x, axis=_axes(dim, x), keepdims=keepdim)
 
 
 def amax(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
-    """Maximum over ``dim``; ties share the gradient evenly."""
+    """Maximum over ``dim``; ties share the gradient evenly.
+
+    >>> import xgrad
+    >>> xgrad.amax(xgrad.tensor([[1.0, 3.0], [4.0, 2.0]]), dim=1).tolist()
+    [3.0, 4.0]
+    """
     dim, keepdim = _dims(dim, keepdim, axis, keepdims)
     return _amax(x, axis=_axes(dim, x), keepdims=keepdim)
 
 
 def amin(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
-    """Minimum over ``dim``; ties share the gradient evenly."""
+    """Minimum over ``dim``; ties share the gradient evenly.
+
+    >>> import xgrad
+    >>> xgrad.amin(xgrad.tensor([[1.0, 3.0], [4.0, 2.0]]), dim=1).tolist()
+    [1.0, 2.0]
+    """
     dim, keepdim = _dims(dim, keepdim, axis, keepdims)
     return _amin(x, axis=_axes(dim, x), keepdims=keepdim)
 
@@ -181,6 +218,11 @@ def max(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any =
     """With ``dim``: ``(values, indices)``, the gradient to the chosen index; without: ``amax``.
 
     NumPy's ``axis=``/``keepdims=`` give ``jnp.max``'s result instead: the values alone.
+
+    >>> import xgrad
+    >>> values, indices = xgrad.max(xgrad.tensor([[1.0, 3.0], [4.0, 2.0]]), dim=1)
+    >>> values.tolist(), indices.tolist()
+    ([3.0, 4.0], [1, 0])
     """
     if axis is not None or keepdims is not None:
         return amax(x, dim, keepdim, axis=axis, keepdims=keepdims)
@@ -193,6 +235,11 @@ def min(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any =
     """With ``dim``: ``(values, indices)``, the gradient to the chosen index; without: ``amin``.
 
     NumPy's ``axis=``/``keepdims=`` give ``jnp.min``'s result instead: the values alone.
+
+    >>> import xgrad
+    >>> values, indices = xgrad.min(xgrad.tensor([[1.0, 3.0], [4.0, 2.0]]), dim=1)
+    >>> values.tolist(), indices.tolist()
+    ([1.0, 2.0], [0, 1])
     """
     if axis is not None or keepdims is not None:
         return amin(x, dim, keepdim, axis=axis, keepdims=keepdims)
@@ -202,19 +249,34 @@ def min(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any =
 
 
 def logsumexp(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
-    """``log(sum(exp(x)))`` over ``dim``, computed stably."""
+    """``log(sum(exp(x)))`` over ``dim``, computed stably.
+
+    >>> import xgrad
+    >>> round(xgrad.logsumexp(xgrad.tensor([0.0, 0.0])).item(), 4)
+    0.6931
+    """
     dim, keepdim = _dims(dim, keepdim, axis, keepdims)
     return _logsumexp(x, axis=_axes(dim, x), keepdims=keepdim)
 
 
 def cumsum(x: Tensor, dim: int) -> Tensor:
-    """Cumulative sum along ``dim``."""
+    """Cumulative sum along ``dim``.
+
+    >>> import xgrad
+    >>> xgrad.cumsum(xgrad.tensor([1.0, 2.0, 3.0]), dim=0).tolist()
+    [1.0, 3.0, 6.0]
+    """
     (axis,) = norm_axes(dim, x.ndim)  # type: ignore[misc]
     return _cumsum(x, axis=axis)
 
 
 def sum_to(x: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """Sum ``x`` down to ``shape``, undoing a broadcast (the one place this is written)."""
+    """Sum ``x`` down to ``shape``, undoing a broadcast (the one place this is written).
+
+    >>> import xgrad
+    >>> xgrad.sum_to(xgrad.ones(2, 3), (1, 3)).tolist()
+    [[2.0, 2.0, 2.0]]
+    """
     shape = tuple(shape)
     if x.shape == shape:
         return x
@@ -225,10 +287,20 @@ def sum_to(x: Tensor, shape: tuple[int, ...]) -> Tensor:
 
 
 def argmax(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
-    """Index of the maximum (non-differentiable)."""
+    """Index of the maximum (non-differentiable).
+
+    >>> import xgrad
+    >>> xgrad.argmax(xgrad.tensor([[1.0, 3.0], [4.0, 2.0]]), dim=1).tolist()
+    [1, 0]
+    """
     return Tensor(jnp.argmax(x._array, axis=dim, keepdims=keepdim))
 
 
 def argmin(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
-    """Index of the minimum (non-differentiable)."""
+    """Index of the minimum (non-differentiable).
+
+    >>> import xgrad
+    >>> xgrad.argmin(xgrad.tensor([[1.0, 3.0], [4.0, 2.0]]), dim=1).tolist()
+    [0, 1]
+    """
     return Tensor(jnp.argmin(x._array, axis=dim, keepdims=keepdim))

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -44,7 +45,13 @@ class Aval(NamedTuple):
 
 
 class Primitive:
-    """One differentiable op: forward ``impl`` and backward rules."""
+    """One differentiable op: forward ``impl`` and backward rules.
+
+    >>> import xgrad
+    >>> prim = xgrad.mul.primitive
+    >>> prim.name, prim.node_name, len(prim.vjps)
+    ('mul', 'MulBackward', 2)
+    """
 
     __slots__ = ("_jitted", "impl", "jit", "joint_vjp", "name", "node_name", "num_outputs", "save", "save_out", "vjps")
 
@@ -110,6 +117,7 @@ def defprim(
     num_outputs: int = 1,
     register: bool = True,
     jit: bool = True,
+    doc: str | None = None,
 ) -> Callable[..., Any]:
     """Register a primitive and return the function that applies it to tensors.
 
@@ -125,6 +133,14 @@ def defprim(
             registry-driven tests cannot know about.
         jit: dispatch the forward through ``jax.jit`` (NOTE [Jitted dispatch]); ``False``
             for forwards that are jitted already or must run eagerly (device moves).
+        doc: the docstring of the returned function (summary and ``>>>`` example).
+
+    >>> import jax.numpy as jnp, xgrad
+    >>> twice = xgrad.defprim("twice_doc", lambda x: 2 * x, (lambda g, out, x: 2 * g,), save=(), register=False)
+    >>> x = xgrad.tensor([1.0, 3.0], requires_grad=True)
+    >>> twice(x).sum().backward()
+    >>> x.grad.tolist()
+    [2.0, 2.0]
     """
     if (vjp is None) == (joint_vjp is None):
         raise ValueError(f"primitive {name!r} needs exactly one of vjp= and joint_vjp=")
@@ -139,6 +155,9 @@ def defprim(
 
     apply.__name__ = name
     apply.__qualname__ = name
+    apply.__doc__ = doc
+    # Owned by the module that defined it (as namedtuple does), so doctest finds its example.
+    apply.__module__ = sys._getframe(1).f_globals.get("__name__", apply.__module__)
     apply.primitive = prim  # type: ignore[attr-defined]
     return apply
 

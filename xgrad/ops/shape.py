@@ -83,7 +83,14 @@ def _shape_arg(shape: Sequence[Any]) -> tuple[int, ...]:
 
 
 def reshape(x: Tensor, *shape: Any) -> Tensor:
-    """``x`` with a new shape (one ``-1`` allowed); same elements, row-major."""
+    """``x`` with a new shape (one ``-1`` allowed); same elements, row-major.
+
+    >>> import xgrad
+    >>> xgrad.reshape(xgrad.arange(6.0), 2, 3).shape
+    (2, 3)
+    >>> xgrad.view(xgrad.arange(6.0), -1, 2).shape
+    (3, 2)
+    """
     target = _shape_arg(shape)
     if target == x.shape:
         return x
@@ -94,7 +101,12 @@ view = reshape
 
 
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-    """Merge dims ``start_dim..end_dim`` into one."""
+    """Merge dims ``start_dim..end_dim`` into one.
+
+    >>> import xgrad
+    >>> xgrad.flatten(xgrad.zeros(2, 3, 4), start_dim=1).shape
+    (2, 12)
+    """
     if x.ndim == 0:
         return reshape(x, (1,))
     start, end = start_dim % x.ndim, end_dim % x.ndim
@@ -105,19 +117,34 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 
 def squeeze(x: Tensor, dim: Any = None) -> Tensor:
-    """Drop size-1 dims (only ``dim``, when given)."""
+    """Drop size-1 dims (only ``dim``, when given).
+
+    >>> import xgrad
+    >>> xgrad.squeeze(xgrad.zeros(1, 3, 1)).shape, xgrad.squeeze(xgrad.zeros(1, 3, 1), 0).shape
+    ((3,), (3, 1))
+    """
     axes = norm_axes(dim, x.ndim) if dim is not None else tuple(i for i, s in enumerate(x.shape) if s == 1)
     return reshape(x, tuple(s for i, s in enumerate(x.shape) if not (i in axes and s == 1)))
 
 
 def unsqueeze(x: Tensor, dim: int) -> Tensor:
-    """Insert a size-1 dim at ``dim``."""
+    """Insert a size-1 dim at ``dim``.
+
+    >>> import xgrad
+    >>> xgrad.unsqueeze(xgrad.zeros(3), 0).shape
+    (1, 3)
+    """
     dim = dim % (x.ndim + 1)
     return reshape(x, x.shape[:dim] + (1,) + x.shape[dim:])
 
 
 def broadcast_to(x: Tensor, *shape: Any) -> Tensor:
-    """Broadcast ``x`` to ``shape``; the gradient is summed back."""
+    """Broadcast ``x`` to ``shape``; the gradient is summed back.
+
+    >>> import xgrad
+    >>> xgrad.broadcast_to(xgrad.tensor([1.0, 2.0]), 2, 2).tolist()
+    [[1.0, 2.0], [1.0, 2.0]]
+    """
     target = _shape_arg(shape)
     if target == x.shape:
         return x
@@ -125,7 +152,12 @@ def broadcast_to(x: Tensor, *shape: Any) -> Tensor:
 
 
 def expand(x: Tensor, *sizes: Any) -> Tensor:
-    """PyTorch's ``expand``: ``-1`` keeps a dim's size."""
+    """PyTorch's ``expand``: ``-1`` keeps a dim's size.
+
+    >>> import xgrad
+    >>> xgrad.expand(xgrad.tensor([[1.0], [2.0]]), -1, 3).tolist()
+    [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
+    """
     target = _shape_arg(sizes)
     lead = len(target) - x.ndim
     resolved = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(target))
@@ -133,7 +165,12 @@ def expand(x: Tensor, *sizes: Any) -> Tensor:
 
 
 def permute(x: Tensor, *dims: Any) -> Tensor:
-    """Reorder the dims."""
+    """Reorder the dims.
+
+    >>> import xgrad
+    >>> xgrad.permute(xgrad.zeros(2, 3, 4), 2, 0, 1).shape
+    (4, 2, 3)
+    """
     axes = tuple(d % x.ndim for d in _shape_arg(dims))
     if axes == tuple(range(x.ndim)):
         return x
@@ -141,24 +178,44 @@ def permute(x: Tensor, *dims: Any) -> Tensor:
 
 
 def transpose(x: Tensor, dim0: int = 0, dim1: int = 1) -> Tensor:
-    """Swap two dims."""
+    """Swap two dims.
+
+    >>> import xgrad
+    >>> xgrad.transpose(xgrad.zeros(2, 3, 4), 0, 2).shape
+    (4, 3, 2)
+    """
     axes = list(range(x.ndim))
     axes[dim0], axes[dim1] = axes[dim1], axes[dim0]
     return permute(x, tuple(axes))
 
 
 def T(x: Tensor) -> Tensor:
-    """All dims reversed."""
+    """All dims reversed.
+
+    >>> import xgrad
+    >>> xgrad.T(xgrad.tensor([[1.0, 2.0]])).tolist()
+    [[1.0], [2.0]]
+    """
     return permute(x, tuple(reversed(range(x.ndim))))
 
 
 def mT(x: Tensor) -> Tensor:
-    """The last two dims swapped (batched matrix transpose)."""
+    """The last two dims swapped (batched matrix transpose).
+
+    >>> import xgrad
+    >>> xgrad.mT(xgrad.zeros(5, 2, 3)).shape
+    (5, 3, 2)
+    """
     return transpose(x, -2, -1)
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
-    """Concatenate along an existing dim."""
+    """Concatenate along an existing dim.
+
+    >>> import xgrad
+    >>> xgrad.cat([xgrad.tensor([1.0]), xgrad.tensor([2.0, 3.0])]).tolist()
+    [1.0, 2.0, 3.0]
+    """
     tensors = list(tensors)
     if not tensors:
         raise RuntimeError("cat expects a non-empty list of Tensors")
@@ -170,7 +227,12 @@ concatenate = cat
 
 
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
-    """Stack along a new dim."""
+    """Stack along a new dim.
+
+    >>> import xgrad
+    >>> xgrad.stack([xgrad.tensor([1.0, 2.0]), xgrad.tensor([3.0, 4.0])], dim=1).tolist()
+    [[1.0, 3.0], [2.0, 4.0]]
+    """
     tensors = list(tensors)
     if not tensors:
         raise RuntimeError("stack expects a non-empty list of Tensors")
@@ -179,7 +241,12 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 
 
 def split(x: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
-    """Split into chunks of a size (the last may be smaller) or of the given sizes."""
+    """Split into chunks of a size (the last may be smaller) or of the given sizes.
+
+    >>> import xgrad
+    >>> [t.tolist() for t in xgrad.split(xgrad.arange(5.0), 2)]
+    [[0.0, 1.0], [2.0, 3.0], [4.0]]
+    """
     (axis,) = norm_axes(dim, x.ndim)  # type: ignore[misc]
     n = x.shape[axis]
     if isinstance(split_size_or_sections, int):
@@ -200,13 +267,23 @@ def split(x: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor,
 
 
 def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
-    """Split into ``chunks`` pieces of (nearly) equal size."""
+    """Split into ``chunks`` pieces of (nearly) equal size.
+
+    >>> import xgrad
+    >>> [t.tolist() for t in xgrad.chunk(xgrad.arange(4.0), 2)]
+    [[0.0, 1.0], [2.0, 3.0]]
+    """
     n = x.shape[dim]
     return split(x, -(-n // chunks), dim)
 
 
 def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float = 0.0) -> Tensor:
-    """PyTorch's ``F.pad``: ``pad`` lists (left, right) pairs from the last dim backwards."""
+    """PyTorch's ``F.pad``: ``pad`` lists (left, right) pairs from the last dim backwards.
+
+    >>> import xgrad
+    >>> xgrad.pad(xgrad.tensor([1.0, 2.0]), (1, 2)).tolist()
+    [0.0, 1.0, 2.0, 0.0, 0.0]
+    """
     if mode != "constant":
         raise NotImplementedError(f"pad mode {mode!r} is not supported; use mode='constant'")
     if len(pad) % 2 or len(pad) // 2 > x.ndim:
@@ -218,12 +295,22 @@ def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float = 0.
 
 
 def flip(x: Tensor, dims: Any) -> Tensor:
-    """Reverse the order of elements along ``dims``."""
+    """Reverse the order of elements along ``dims``.
+
+    >>> import xgrad
+    >>> xgrad.flip(xgrad.tensor([1.0, 2.0, 3.0]), 0).tolist()
+    [3.0, 2.0, 1.0]
+    """
     return _flip(x, axes=norm_axes(dims, x.ndim))
 
 
 def roll(x: Tensor, shifts: Any, dims: Any = None) -> Tensor:
-    """Roll elements along ``dims`` (over the flattened tensor when ``None``)."""
+    """Roll elements along ``dims`` (over the flattened tensor when ``None``).
+
+    >>> import xgrad
+    >>> xgrad.roll(xgrad.tensor([1.0, 2.0, 3.0]), 1).tolist()
+    [3.0, 1.0, 2.0]
+    """
     if dims is None:
         return roll(flatten(x), shifts, 0).reshape(x.shape)
     shifts_t = (shifts,) if isinstance(shifts, int) else tuple(shifts)
@@ -232,10 +319,20 @@ def roll(x: Tensor, shifts: Any, dims: Any = None) -> Tensor:
 
 
 def tril(x: Tensor, diagonal: int = 0) -> Tensor:
-    """Lower triangle of the last two dims."""
+    """Lower triangle of the last two dims.
+
+    >>> import xgrad
+    >>> xgrad.tril(xgrad.ones(2, 2)).tolist()
+    [[1.0, 0.0], [1.0, 1.0]]
+    """
     return _tril(x, k=diagonal)
 
 
 def triu(x: Tensor, diagonal: int = 0) -> Tensor:
-    """Upper triangle of the last two dims."""
+    """Upper triangle of the last two dims.
+
+    >>> import xgrad
+    >>> xgrad.triu(xgrad.ones(2, 2)).tolist()
+    [[1.0, 1.0], [0.0, 1.0]]
+    """
     return _triu(x, k=diagonal)

@@ -27,7 +27,12 @@ MODES = ("eager", "compiled", "jax")
 
 
 class GradientMismatch(AssertionError):
-    """Two ways of computing the same gradient disagree."""
+    """Two ways of computing the same gradient disagree.
+
+    >>> from xgrad.testing import GradientMismatch
+    >>> issubclass(GradientMismatch, AssertionError)
+    True
+    """
 
 
 def _is_tensor(x: Any) -> bool:

@@ -31,7 +31,15 @@ ERR_X64 = (
 
 
 class GradcheckError(AssertionError):
-    """An analytical gradient disagrees with finite differences."""
+    """An analytical gradient disagrees with finite differences.
+
+    >>> from xgrad.testing import GradcheckError
+    >>> try:
+    ...     raise GradcheckError("Jacobian mismatch")
+    ... except AssertionError as e:
+    ...     print(type(e).__name__)
+    GradcheckError
+    """
 
 
 def _ensure_x64() -> None:
