@@ -83,7 +83,7 @@ from xgrad.engine.node import AccumulateGrad, Edge, GraphRoot, InputMetadata, No
 from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.ops.jaxop import from_jax
-from xgrad.ops.registry import REGISTRY, Aval, PrimitiveNode
+from xgrad.ops.registry import REGISTRY, Aval, PrimitiveNode, incoming_grad
 from xgrad.tensor import Tensor
 
 __all__ = [
@@ -990,15 +990,9 @@ def _prim_body(step: _Step, grads: list[Any], args: Iterator[Any]) -> list[Any]:
     values = _saved_values(step.saved, args)
     n_out = step.n_saved_out
     inputs = values[:len(values) - n_out]
-    n = len(step.targets)
-    if step.num_outputs == 1:
-        g = grads[0]
-        if g is None:
-            return [None] * n
-    else:
-        if all(gi is None for gi in grads):
-            return [None] * n
-        g = tuple(gi if gi is not None else Tensor(jnp.zeros(m.shape, m.dtype)) for gi, m in zip(grads, step.meta, strict=True))
+    g = incoming_grad(step.num_outputs, grads, step.meta)
+    if g is None:
+        return [None] * len(step.targets)
     out: Any = tuple(values[len(values) - n_out:]) if n_out else step.meta
     if step.num_outputs == 1:
         out = out[0]

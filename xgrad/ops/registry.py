@@ -238,6 +238,18 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
     return results[0] if prim.num_outputs == 1 else results
 
 
+def incoming_grad(num_outputs: int, grads: list[Tensor | None], metadata: Any) -> Any:
+    """The rules' ``g``: the one gradient, or a tuple with missing ones as zeros; ``None`` if none arrived."""
+    if num_outputs == 1:
+        return grads[0]
+    if all(gi is None for gi in grads):
+        return None
+    return tuple(
+        gi if gi is not None else Tensor(jnp.zeros(m.shape, m.dtype, device=getattr(m, "sharding", None)))
+        for gi, m in zip(grads, metadata, strict=True)
+    )
+
+
 class PrimitiveNode(Node):
     """The one node class for every primitive: it replays the primitive's rules."""
 
@@ -271,18 +283,9 @@ class PrimitiveNode(Node):
         return inputs, out
 
     def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
-        n = len(self.next_edges)
-        if self.prim.num_outputs == 1:
-            g = grads[0]
-            if g is None:
-                return [None] * n
-        else:
-            if all(gi is None for gi in grads):
-                return [None] * n
-            g = tuple(
-                gi if gi is not None else Tensor(jnp.zeros(m.shape, m.dtype, device=m.sharding))
-                for gi, m in zip(grads, self.input_metadata, strict=True)
-            )
+        g = incoming_grad(self.prim.num_outputs, grads, self.input_metadata)
+        if g is None:
+            return [None] * len(self.next_edges)
         inputs, out = self.unpack_saved()
         return self.compute(g, out, inputs, self.needed_outputs())
 
