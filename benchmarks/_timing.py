@@ -1,10 +1,11 @@
-"""Shared timing helper for the benchmarks: medians of many repeats."""
+"""Shared helpers for the benchmarks: medians of many repeats, tables, the chain workload."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 30, warmup: int = 3) -> float:
@@ -24,3 +25,11 @@ def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def mul_chain(x: Any, n: int) -> Any:
+    """The chain workload: ``n`` elementwise multiplies of a 1-element tensor, then a sum."""
+    y = x
+    for _ in range(n):
+        y = y * 1.0001
+    return y.sum()
