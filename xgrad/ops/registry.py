@@ -6,7 +6,9 @@
 # function ``rule(g, out, *inputs, **params)`` of the incoming gradient, the values
 # the primitive saved and its static parameters, written with xgrad ops so that a
 # backward recorded under ``create_graph=True`` is itself differentiable. Inputs the
-# primitive does not save reach the rule as an ``Aval`` (shape and dtype only).
+# primitive does not save reach the rule as an ``Aval`` (shape and dtype only); what
+# it saves is what the rules of its grad-requiring inputs read (NOTE [Save what the
+# needed rules read]).
 # Rules may return gradients in the broadcast shape: ``validate_outputs`` sums them
 # down to each input's shape, the one place un-broadcasting is written. The eager
 # engine and the compiled lowering replay the same rules.
@@ -14,6 +16,7 @@
 
 from __future__ import annotations
 
+import dis
 import functools
 import sys
 from collections.abc import Callable, Sequence
@@ -53,7 +56,9 @@ class Primitive:
     ('mul', 'MulBackward', 2)
     """
 
-    __slots__ = ("_jitted", "impl", "jit", "joint_vjp", "name", "node_name", "num_outputs", "save", "save_out", "vjps")
+    __slots__ = (
+        "_jitted", "_reads", "_saves", "impl", "jit", "joint_vjp", "name", "node_name", "num_outputs", "save", "save_out", "vjps",
+    )
 
     def __init__(
         self,
@@ -76,6 +81,39 @@ class Primitive:
         self.num_outputs = num_outputs
         self.jit = jit
         self._jitted: dict[Any, Callable[..., Any]] = {}
+        self._reads = None if self.vjps is None else tuple(_rule_reads(rule) for rule in self.vjps)
+        self._saves: dict[tuple[bool, ...], tuple[frozenset[int] | None, bool]] = {}
+
+    def saves(self, wanted: tuple[bool, ...]) -> tuple[frozenset[int] | None, bool]:
+        """Which inputs (``None``: all) and whether the output to save, given which inputs want a grad.
+
+        # NOTE [Save what the needed rules read]
+        # As PyTorch's generated nodes do, a primitive saves only what the rules of its
+        # inputs that require grad read: ``x * 1.5`` with only ``x`` requiring grad saves
+        # nothing, since ``x``'s rule reads only ``g`` and the constant. What a rule
+        # reads comes from its code (``_rule_reads``); ``save=`` narrows it further to
+        # the inputs whose values (not only shape and dtype) the rules need.
+        """
+        cached = self._saves.get(wanted)
+        if cached is not None:
+            return cached
+        if self._reads is None:
+            result: tuple[frozenset[int] | None, bool] = (self.save, self.save_out)
+        else:
+            inputs: set[int] = set()
+            reads_out = False
+            for want, reads in zip(wanted, self._reads, strict=True):
+                if want and reads is not None:
+                    inputs |= reads[0]
+                    reads_out = reads_out or reads[1]
+                elif want:  # a rule whose reads are unknown: it may read anything
+                    inputs.update(range(len(wanted)))
+                    reads_out = True
+            if self.save is not None:
+                inputs &= self.save
+            result = (frozenset(inputs), self.save_out and reads_out)
+        self._saves[wanted] = result
+        return result
 
     def dispatch(self, arrays: list[Any], params: dict[str, Any]) -> Any:
         """Run the forward on arrays.
@@ -106,6 +144,25 @@ class Primitive:
 REGISTRY: dict[str, Primitive] = {}
 
 
+def _rule_reads(rule: Rule | None) -> tuple[frozenset[int], bool] | None:
+    """The inputs ``rule(g, out, *inputs, **params)`` reads, and whether it reads ``out``.
+
+    Read off the rule's bytecode: a parameter the code never loads (nor captures in a
+    closure) cannot reach the gradient. ``None`` when that cannot be known: not a plain
+    function, ``*args``, or a call to ``locals``/``vars``.
+    """
+    code = getattr(rule, "__code__", None)
+    if code is None or code.co_flags & 0x04 or {"locals", "vars"} & set(code.co_names):  # 0x04: CO_VARARGS
+        return None
+    names = code.co_varnames[: code.co_argcount]
+    loaded = set(code.co_cellvars)
+    for ins in dis.get_instructions(code):
+        if ins.opname.startswith("LOAD"):
+            loaded.update(ins.argval if isinstance(ins.argval, tuple) else (ins.argval,))
+    inputs = frozenset(i - 2 for i, name in enumerate(names) if i >= 2 and name in loaded)
+    return inputs, len(names) > 1 and names[1] in loaded
+
+
 def defprim(
     name: str,
     impl: Callable[..., Any],
@@ -126,7 +183,9 @@ def defprim(
         impl: the forward on arrays, ``impl(*arrays, **params)``.
         vjp: one rule per positional argument (``None`` for non-differentiable ones).
         joint_vjp: instead of ``vjp``, one rule returning a tuple of all input grads.
-        save: indices of inputs the rules read (default: all of them).
+        save: indices of inputs whose values the rules need (default: all of them); the
+            others reach the rules as an ``Aval``. Inputs a needed rule never reads are
+            not saved either way.
         save_out: whether the rules read the output.
         num_outputs: number of arrays ``impl`` returns (a tuple when more than one).
         register: ``False`` for primitives made at run time (``from_jax``) that the
@@ -215,25 +274,23 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
 
 def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any) -> Any:
     outs = (out,) if prim.num_outputs == 1 else tuple(out)
-    edges = []
+    edges = [gradient_edge(a) if isinstance(a, Tensor) and a.requires_grad else NO_EDGE for a in args]
+    save, save_out = prim.saves(tuple(e is not NO_EDGE for e in edges))
     saved: list[Any] = []
-    save = prim.save
     for i, a in enumerate(args):
         if isinstance(a, Tensor):
-            edges.append(gradient_edge(a) if a.requires_grad else NO_EDGE)
             if save is None or i in save:
                 saved.append(SavedTensor(a, is_output=False))
             else:
                 saved.append(Aval(a._array.shape, a._array.dtype))
         else:
-            edges.append(NO_EDGE)
             saved.append(a)
     differentiable = [jnp.issubdtype(o.dtype, jnp.inexact) for o in outs]
     node = PrimitiveNode(prim, params, tuple(edges), tuple(InputMetadata.of(o) for o in outs), saved)
     results = tuple(
         Tensor._from_graph(o, node, i) if differentiable[i] else Tensor(o) for i, o in enumerate(outs)
     )
-    if prim.save_out:
+    if save_out:
         node.saved_out = tuple(SavedTensor(r, is_output=True) for r in results)
     return results[0] if prim.num_outputs == 1 else results
 
