@@ -3,7 +3,8 @@
 Run: ``python benchmarks/bench_compiled.py`` (``--quick`` for fewer repeats).
 
 1. A chain of N=1000 elementwise ops on 1-element tensors: eager backward vs compiled
-   backward on a cache hit, and the structural-key walk per node.
+   backward on a cache hit, and the structural-key walk per node (the hit path's, and
+   the schedule replay that misses and calls with ``inputs`` take).
 2. An MLP (256→512→512→10, batch 64, tanh, cross-entropy) and a 2-layer transformer
    block (d=256, seq 128, batch 8: layer_norm, einsum attention, softmax, gelu): the
    backward alone, eager vs compiled (hit) vs ``jax.jit`` of the same forward's
@@ -11,7 +12,9 @@ Run: ``python benchmarks/bench_compiled.py`` (``--quick`` for fewer repeats).
 3. How hooks that are not pure run: splitting the program at the hook (what xgrad
    does) vs one program with an ordered ``io_callback``.
 
-Times are medians of many repeats; the forward is rebuilt, and waited for, outside the timed region.
+Times are medians of many repeats, the compared variants timed in turns (eager, compiled hit,
+floor, eager, ...) so that load on the shared machine hits them alike; the forward is rebuilt,
+and waited for, outside the timed region.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -46,19 +50,26 @@ def forward_done(loss: xgrad.Tensor) -> xgrad.Tensor:
     return loss
 
 
-def timed_backward(build, params, repeats: int, flag: bool) -> float:
-    """Median seconds of ``loss.backward(compiled=flag)`` until the grads are ready."""
-    times = []
-    for i in range(repeats + 3):
-        loss = forward_done(build())
-        for p in params:
-            p.grad = None
-        start = time.perf_counter()
-        loss.backward(compiled=flag)
-        jax.block_until_ready([p.grad.array for p in params])
-        if i >= 3:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def backward_seconds(build, params, flag: bool) -> float:
+    """Seconds of one ``loss.backward(compiled=flag)`` until the grads are ready."""
+    loss = forward_done(build())
+    for p in params:
+        p.grad = None
+    start = time.perf_counter()
+    loss.backward(compiled=flag)
+    jax.block_until_ready([p.grad.array for p in params])
+    return time.perf_counter() - start
+
+
+def interleaved(timers: dict[str, Callable[[], float]], repeats: int, warmup: int = 3) -> dict[str, float]:
+    """Median seconds of each timer, taken in turns so that load on the machine hits them all alike."""
+    times: dict[str, list[float]] = {name: [] for name in timers}
+    for i in range(repeats + warmup):
+        for name, timer in timers.items():
+            seconds = timer()
+            if i >= warmup:
+                times[name].append(seconds)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def miss_seconds(build, params) -> float:
@@ -79,28 +90,40 @@ def chain_rows(repeats: int) -> list[tuple[str, ...]]:
     def build() -> xgrad.Tensor:
         return mul_chain(x, N)
 
-    eager = timed_backward(build, [x], repeats, False)
     miss = miss_seconds(build, [x])
-    hit = timed_backward(build, [x], repeats, True)
 
-    def split_costs() -> tuple[float, float]:
+    def walk_costs() -> tuple[float, float]:
+        """The hit path's one-pass key walk (with the hash a lookup takes), and for comparison
+        what a call with ``inputs`` walks instead: ``engine.prepare`` and the schedule replay."""
         loss = forward_done(build())
+        edge = gradient_edge(loss)
         start = time.perf_counter()
-        graph_task, root, _ = engine.prepare([gradient_edge(loss)], [xgrad.tensor(1.0)], False, False, True, [])
+        hash(compiled_engine._walk_structure(edge.node, False, edge.input_nr).key)
         mid = time.perf_counter()
-        walk = compiled_engine._walk(graph_task, root, False, True, 0, 0)
-        hash(walk.key)
+        graph_task, root, _ = engine.prepare([edge], [xgrad.tensor(1.0)], False, False, True, [])
+        hash(compiled_engine._walk(graph_task, root, False, True, 0, edge.input_nr).key)
         return mid - start, time.perf_counter() - mid
 
-    costs = [split_costs() for _ in range(repeats)]
-    prepare = statistics.median(c[0] for c in costs)
-    walk = statistics.median(c[1] for c in costs)
+    costs: list[tuple[float, float]] = []
+
+    def walk_only() -> float:
+        costs.append(walk_costs())
+        return 0.0
+
+    medians = interleaved(
+        {"eager": lambda: backward_seconds(build, [x], False), "hit": lambda: backward_seconds(build, [x], True), "walk": walk_only},
+        repeats,
+        warmup=0,
+    )
+    eager, hit = medians["eager"], medians["hit"]
+    walk = statistics.median(c[0] for c in costs)
+    replay = statistics.median(c[1] for c in costs)
     us = lambda s: f"{s / N * 1e6:.2f}"  # noqa: E731
     return [
         ("eager backward", us(eager), f"{eager * 1e3:.2f}"),
         ("compiled backward (hit)", us(hit), f"{hit * 1e3:.2f}"),
-        ("  of which engine.prepare (dependencies, shared with eager)", us(prepare), f"{prepare * 1e3:.2f}"),
-        ("  of which key walk (order, key, saved arrays)", us(walk), f"{walk * 1e3:.2f}"),
+        ("  of which key walk (one pass: key, saved arrays, hash)", us(walk), f"{walk * 1e3:.2f}"),
+        ("calls with inputs instead: engine.prepare + schedule replay", us(replay), f"{replay * 1e3:.2f}"),
         ("compiled backward (miss: trace + compile)", us(miss), f"{miss * 1e3:.1f}"),
         ("speed-up eager / compiled hit", f"{eager / hit:.1f}x", ""),
     ]
@@ -212,16 +235,28 @@ def model_rows(name: str, fn, params_np, inputs_np, repeats: int) -> list[tuple[
     def build() -> xgrad.Tensor:
         return fn(XgradOps, xparams, *xinputs)
 
-    eager = timed_backward(build, xleaves, repeats, False)
     miss = miss_seconds(build, xleaves)
-    hit = timed_backward(build, xleaves, repeats, True)
 
     # The floor: the pullback of jax.vjp of the same forward, jitted; residuals are its inputs.
     forward = jax.jit(lambda p, *xs: jax.vjp(lambda q: fn(JaxOps, q, *xs), p))
     pullback = jax.jit(lambda vjp_fn, g: vjp_fn(g))
     loss, vjp_fn = forward(jparams, *jinputs)
     one = jnp.ones_like(loss)
-    floor = median_seconds(lambda: jax.block_until_ready(pullback(vjp_fn, one)), repeats)
+
+    def floor_seconds() -> float:
+        start = time.perf_counter()
+        jax.block_until_ready(pullback(vjp_fn, one))
+        return time.perf_counter() - start
+
+    medians = interleaved(
+        {
+            "eager": lambda: backward_seconds(build, xleaves, False),
+            "hit": lambda: backward_seconds(build, xleaves, True),
+            "floor": floor_seconds,
+        },
+        repeats,
+    )
+    eager, hit, floor = medians["eager"], medians["hit"], medians["floor"]
 
     # The compiled grads equal JAX's (float32 tolerance).
     for p in xleaves:

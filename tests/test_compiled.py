@@ -114,6 +114,25 @@ def test_random_graphs_match_eager_and_jax(program, seed):
     assert compiled.stats()["hits"] >= 1
 
 
+def backward_grads(program, arrays, compiled_flag: bool):
+    """``loss.backward()`` (no ``inputs``: the compiled hit path's one-pass walk); unused inputs read as zeros."""
+    xs = [xgrad.tensor(a, requires_grad=True) for a in arrays]
+    run_program(program, xs, use_jax=False).backward(compiled=compiled_flag)
+    return [np.zeros(x.shape) if x.grad is None else x.grad.numpy() for x in xs]
+
+
+@given(programs(), st.integers(0, 2**16))
+def test_random_graphs_backward_match_eager_and_jax(program, seed):
+    compiled.reset()
+    for offset in (0, 1, 2):  # a miss, then hits with new values
+        arrays = sample_inputs(program, seed + offset)
+        expected = jax_grads(program, arrays)
+        assert_close(backward_grads(program, arrays, False), expected)
+        assert_close(backward_grads(program, arrays, True), expected)
+    s = compiled.stats()
+    assert (s["misses"], s["hits"]) == (1, 2)
+
+
 @given(programs(), st.integers(0, 2**16), st.data())
 def test_random_graphs_grad_inputs(program, seed, data):
     compiled.reset()
@@ -350,6 +369,27 @@ def test_inplace_modification_is_detected():
         h.mul_(2.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward(compiled=True)
+
+
+def test_inplace_modification_is_detected_on_a_hit_and_the_next_backward_works():
+    x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+
+    def step(modify: bool) -> None:
+        h = x * 1.0
+        y = (h * h).sum()
+        if modify:
+            with xgrad.no_grad():
+                h.mul_(2.0)
+        x.grad = None
+        y.backward(compiled=True)
+
+    step(False)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        step(True)
+    assert x.grad is None
+    step(False)
+    np.testing.assert_allclose(x.grad.numpy(), [2.0, 4.0])
+    assert compiled.stats()["hits"] == 1
 
 
 def test_invalid_gradient_raises_before_anything_is_written():

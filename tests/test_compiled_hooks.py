@@ -58,6 +58,33 @@ def test_hook_events_match_eager(kinds):
     assert compiled.stats()["hits"] >= 2
 
 
+def branch_order_step(flag: bool, y_first: bool) -> tuple[list, list]:
+    """Two branches of one structure, recorded in either order: eager runs the later-recorded first."""
+    events: list = []
+    x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    if y_first:
+        y = x * 2.0
+        z = x * 3.0
+    else:
+        z = x * 3.0
+        y = x * 2.0
+    y.register_hook(lambda g: events.append("y") or g + 1.0)
+    z.register_hook(lambda g: events.append("z") or g * 3.0)
+    x.register_hook(lambda g: events.append(("x", g.tolist())))
+    ((y * y).sum() + (z * z * z).sum()).backward(compiled=flag)
+    return events, x.grad.tolist()
+
+
+def test_creation_order_decides_hook_order_as_in_eager():
+    """The structure is the same, the sequence_nr order is not: it must be part of the key."""
+    orders = {y_first: branch_order_step(False, y_first) for y_first in (True, False)}
+    assert orders[True][0][:2] != orders[False][0][:2]  # the workload does tell the orders apart
+    for y_first in (True, False, True, False):
+        assert branch_order_step(True, y_first) == orders[y_first]
+    s = compiled.stats()
+    assert (s["misses"], s["hits"]) == (2, 2)
+
+
 def test_side_effect_hooks_run_every_backward_with_concrete_values():
     seen = []
     w = xgrad.tensor([1.0, 2.0], requires_grad=True)

@@ -5,20 +5,35 @@
 # things, in four stages.
 #
 # 1. Prepare. ``engine.prepare`` builds the ``GraphTask`` exactly as for eager:
-#    validated root grads, dependency counts, ``exec_info``.
-# 2. Walk (every call; the hit path's only per-node Python). ``_walk`` replays the
-#    eager scheduling without running anything (a node is ready when its dependency
-#    count reaches zero; ready nodes pop highest ``sequence_nr`` first; with
-#    ``exec_info`` only nodes on a path to an input are queued), unpacks the saved
-#    tensors (so version checks and saved-tensor hooks behave as in eager) into one
-#    flat list of arrays, and builds the structural key: one tuple per node with its
-#    kind, primitive and static params, output and saved shapes/dtypes, constants,
-#    edges (as indices in discovery order), hooks (pure ones by identity, others as a
+#    validated root grads, dependency counts, ``exec_info``. A call without
+#    ``inputs`` first tries the hit path, which needs no dependency counts: it
+#    validates the root grads and builds the task without them (``_hit_task``).
+# 2. Walk. The structural key: one tuple per node (``_node_key``) with its kind,
+#    primitive and static params, output and saved shapes/dtypes, constants, edges
+#    (as indices in discovery order), hooks (pure ones by identity, others as a
 #    marker), and ``exec_info``; plus the leaves' shardings and which leaves already
-#    have a ``.grad``. Arrays inside params (integer index arrays) are keyed by shape
-#    and dtype and become program inputs, never baked-in values; boolean masks decide
-#    output shapes, so they are keyed by value. The shardings of saved arrays are
-#    left to ``jax.jit``'s own dispatch cache, which keys on them anyway.
+#    have a ``.grad``. The saved tensors are unpacked into one flat list of arrays.
+#    Arrays inside params (integer index arrays) are keyed by shape and dtype and
+#    become program inputs, never baked-in values; boolean masks decide output
+#    shapes, so they are keyed by value. The shardings of saved arrays are left to
+#    ``jax.jit``'s own dispatch cache, which keys on them anyway. Two walks build it:
+#    - ``_walk_structure`` (the hit path of a call without ``inputs``; its only
+#      per-node Python): one pass in discovery order, no dependency counts, no
+#      schedule. Eager's schedule (a node is ready when its dependency count reaches
+#      zero; ready nodes pop highest ``sequence_nr`` first) is decided by the
+#      structure and the relative order of the ``sequence_nr``s, so the key adds
+#      their rank order. On a miss the program stores where this walk's nodes and
+#      flat values sit in schedule order (``_Program.hit_order``); a hit reorders
+#      them with two C-level maps. It gives up, for the other walk, where the order
+#      of unpacking is observable (an unpack hook, a failing version check, a freed
+#      tensor: eager unpacks in schedule order) or where ranks do not decide the
+#      schedule (equal ``sequence_nr``s, from nodes recorded on different threads).
+#    - ``_walk`` (misses, calls with ``inputs``, and what the first gives up on):
+#      replays the eager schedule without running anything (with ``exec_info`` only
+#      nodes on a path to an input are queued), unpacking in eager's order so
+#      version checks and saved-tensor hooks behave as in eager. Its key is the one
+#      recompile reasons are described from.
+#    A lookup hashes the key once (``_CacheKey``).
 # 3. Compile (a miss). ``_Program`` turns the walked nodes into steps and each step
 #    into phases (capture, pre-hooks, body, post-hooks, route). The body runs the
 #    same code eager runs: ``PrimitiveNode.compute`` / ``FunctionNode.compute`` on
@@ -32,22 +47,22 @@
 #    as two programs with the hook between them, and ordered callbacks gather sharded
 #    operands to one device). Each
 #    segment is traced once with ``jax.make_jaxpr``; inputs no equation reads are
-#    dropped (the chain's ``x * c`` saves ``x`` but its backward never reads it), and
+#    dropped (a saved value whose rule reads only its shape, say), and
 #    the rest run through ``jax.jit`` of the jaxpr, donating the old ``.grad``
 #    buffers when nothing else holds them.
 # 4. Run (a hit). Segment by segment: gather the used inputs from the flat list, call
 #    the executable, write ``.grad`` (under the accumulate lock that eager uses, so
 #    concurrent backwards into shared leaves are exact), retained grads and captured
 #    grads, then the leaves' post-accumulate-grad hooks; at the end the final
-#    callbacks, and ``release_variables`` on every node that ran unless
-#    ``retain_graph``.
+#    callbacks, and unless ``retain_graph`` ``release_variables`` on every node that
+#    ran and holds something to free (Functions, primitives that saved a tensor).
 #
 # ``create_graph=True`` runs each segment as one ``from_jax`` op over the saved
 # tensors, root grads and old grads: one differentiable node whose backward is
 # ``jax.vjp`` of the program. Outputs that depend on no input requiring grad (from
 # the jaxpr's data flow) are detached, as eager's would have no ``grad_fn``.
 # Under ``xgrad.autograd.profile()`` a compiled backward is one "CompiledBackward"
-# span (from after ``prepare`` to the end of the run), marked ``cache="hit"``/``"miss"``
+# span (from after the task is built to the end of the run), marked ``cache="hit"``/``"miss"``
 # with the seconds it spent tracing and compiling.
 # What cannot be traced (anomaly mode, unknown node kinds, a Function
 # backward or a pure hook that concretizes a tracer or runs a backward of its own)
@@ -293,7 +308,7 @@ class _Stats:
 
 
 _stats = _Stats()
-_cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+_cache: collections.OrderedDict[_CacheKey, Any] = collections.OrderedDict()
 _cache_lock = threading.Lock()
 _cache_size = DEFAULT_CACHE_SIZE
 _warned_reasons: set[str] = set()
@@ -356,7 +371,36 @@ def set_cache_size(size: int) -> None:
             _cache.popitem(last=False)
 
 
-def _lookup(key: Any) -> Any:
+class _CacheKey:
+    """A structural key with its hash computed once.
+
+    Tuples do not cache their hash, and a key has a few entries per node: a lookup
+    would hash it twice (``get``, ``move_to_end``) and compare it twice. Once equal to
+    the cached key, this one adopts the cached tuple, so the second comparison is by
+    identity.
+    """
+
+    __slots__ = ("hash", "value")
+
+    def __init__(self, value: tuple[Any, ...]) -> None:
+        self.value = value
+        self.hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not _CacheKey or other.hash != self.hash:
+            return False
+        if other.value is self.value:
+            return True
+        if other.value != self.value:
+            return False
+        self.value = other.value
+        return True
+
+
+def _lookup(key: _CacheKey) -> Any:
     entry = _cache.get(key)
     if entry is not None:
         try:
@@ -366,7 +410,7 @@ def _lookup(key: Any) -> Any:
     return entry
 
 
-def _insert(key: Any, entry: Any) -> Any:
+def _insert(key: _CacheKey, entry: Any) -> Any:
     with _cache_lock:
         entry = _cache.setdefault(key, entry)
         _cache.move_to_end(key)
@@ -402,11 +446,11 @@ _CTX_BASE = frozenset(FunctionCtx().__dict__)
 class _Walk:
     __slots__ = ("compile_seconds", "flat", "key", "nodes", "starts")
 
-    def __init__(self, key: Any, nodes: list[Node], flat: list[Any], starts: list[int]) -> None:
+    def __init__(self, key: Any, nodes: list[Node], flat: list[Any], starts: list[int] | None) -> None:
         self.key = key
         self.nodes = nodes
         self.flat = flat
-        self.starts = starts  # where each node's entries begin in ``flat``
+        self.starts = starts  # where each node's entries begin in ``flat`` (a miss reads it; a hit has none)
         self.compile_seconds = 0.0  # this call's tracing and compiling, for the profiler's span
 
 
@@ -477,7 +521,27 @@ def _params_key(params: dict[str, Any], flat: list[Any]) -> Any:
         return tuple((k, _freeze(v, flat)) for k, v in items)
 
 
-def _saved_key(values: Any, node: Node, flat: list[Any], keep_tensors: bool) -> tuple[Any, ...]:
+class _NeedsSchedule(Exception):
+    """Raised by the one-pass walk: this graph has effects that must happen in eager's order.
+
+    An unpack hook, a version check that fails or a freed saved tensor: eager unpacks in
+    schedule order, so such a graph takes the walk that replays the schedule.
+    """
+
+
+def _unpack(s: SavedTensor, node: Node, in_order: bool) -> Tensor:
+    """``s.unpack(node)``; out of eager's order (``in_order`` false) only where it has no effect."""
+    t = s._ref if s._state == "input" else None
+    if t is not None and t._version == s._saved_version:
+        return t  # the common case, inline: a live input at its saved version
+    if not in_order:
+        original = s._ref() if s._state == "output" else None
+        if s._state != "output" or (original is not None and original._version != s._saved_version):
+            raise _NeedsSchedule
+    return s.unpack(node)
+
+
+def _saved_key(values: Any, node: Node, flat: list[Any], keep_tensors: bool, in_order: bool) -> tuple[Any, ...]:
     """Key of a node's saved values, appending the unpacked ones to ``flat`` in order.
 
     ``keep_tensors`` (create_graph) keeps the unpacked tensors, which carry the graph.
@@ -487,7 +551,7 @@ def _saved_key(values: Any, node: Node, flat: list[Any], keep_tensors: bool) -> 
     for s in values:
         cls = type(s)
         if cls is SavedTensor or cls is Tensor:
-            t = s.unpack(node) if cls is SavedTensor else s
+            t = _unpack(s, node, in_order) if cls is SavedTensor else s
             a = t._array
             flat.append(t if keep_tensors else a)
             append(a.shape)
@@ -524,11 +588,91 @@ def _ctx_key(ctx: FunctionCtx, name: str, flat: list[Any]) -> tuple[Any, ...]:
     return (ctx.materialize_grads, ctx.needs_input_grad, tuple(items))
 
 
+def _function_saved(node: FunctionNode, in_order: bool) -> tuple[Tensor | None, ...]:
+    if in_order:
+        return node.unpack_saved()
+    if node.saved is None:
+        raise _NeedsSchedule  # freed: eager raises when it reaches the node
+    return tuple(None if s is None else _unpack(s, node, False) for s in node.saved)
+
+
+def _node_key(node: Node, edges_key: tuple[int, ...], exec_key: Any, flat: list[Any], create_graph: bool,
+              in_order: bool) -> tuple[Any, ...]:
+    """One node's key (see ``_FIELDS``), appending its saved arrays to ``flat``: the per-node work of both walks.
+
+    The common case (a primitive node whose saved values are plain saved tensors and
+    scalars) is written out inline: it is the hit path's per-node Python.
+    """
+    cls = type(node)
+    hooks = (
+        _hooks_key(node)
+        if node._tensor_pre_hooks or node._pre_hooks or node._post_hooks or node._retains_grad_hooks or cls is AccumulateGrad
+        else None
+    )
+    if cls is PrimitiveNode:
+        meta = node.input_metadata
+        saved_out = node.saved_out
+        params = node.params
+        saved_key: list[Any] = []
+        add_saved = saved_key.append
+        for s in node.saved if saved_out is None else (*node.saved, *saved_out):
+            scls = type(s)
+            if scls is SavedTensor:
+                t = s._ref if s._state == "input" else None
+                if t is None or t._version != s._saved_version:
+                    t = _unpack(s, node, in_order)
+                a = t._array
+                flat.append(t if create_graph else a)
+                aval = a.aval
+                add_saved(aval.shape)
+                add_saved(aval.dtype)
+            elif scls in _SCALARS:
+                add_saved(scls)
+                add_saved(s)
+            elif scls is Aval:
+                add_saved(s)
+            else:
+                add_saved(_saved_key((s,), node, flat, create_graph, in_order))
+        return (
+            K_PRIM,
+            node.prim,
+            _params_key(params, flat) if params else (),
+            meta[0][:2] if len(meta) == 1 else tuple(m[:2] for m in meta),  # (shape, dtype) per output
+            tuple(saved_key),
+            edges_key,
+            hooks,
+            exec_key,
+        )
+    if cls is AccumulateGrad:
+        grad = node.variable.grad
+        return (
+            K_ACC,
+            node.input_metadata[0],
+            None if grad is None else (grad._array.shape, grad._array.dtype),
+            hooks,
+            exec_key,
+        )
+    if isinstance(node, FunctionNode):
+        return (
+            K_FUNC,
+            node.function,
+            tuple(None if m is None else (m[0], m[1]) for m in node.input_metadata),
+            _ctx_key(node.ctx, node.name(), flat),
+            _saved_key(_function_saved(node, in_order), node, flat, create_graph, in_order),
+            edges_key,
+            hooks,
+            exec_key,
+        )
+    if cls is GraphRoot:
+        return (K_ROOT, edges_key, exec_key)
+    raise _NotTraceable(f"the graph has a node of kind {node.name()} that compiled backward does not know", "unknown node kind")
+
+
 def _walk(graph_task: Any, root: Node, create_graph: bool, accumulate_grad: bool, n_inputs: int, root_nr: int) -> _Walk:
     """Replay the eager schedule; return the key, the nodes in run order and the flat saved values.
 
-    The hit path's only per-node Python, so the common case (a primitive node whose
-    saved values are plain saved tensors and scalars) is written out inline.
+    Saved tensors are unpacked in eager's order, so unpack hooks and version checks
+    behave as in eager. ``graph_task``'s dependency counts are used up.
     """
     dependencies = graph_task.dependencies
     exec_info = graph_task.exec_info
@@ -543,8 +687,7 @@ def _walk(graph_task: Any, root: Node, create_graph: bool, accumulate_grad: bool
     pushed = 0
     ready: Node | None = root
     heappop, heappush = heapq.heappop, heapq.heappush
-    add_node, add_key, add_start, add_flat = nodes.append, node_keys.append, starts.append, flat.append
-    scalars = _SCALARS
+    add_node, add_key, add_start = nodes.append, node_keys.append, starts.append
     exec_key: Any = None
     while True:
         if ready is not None:
@@ -555,7 +698,6 @@ def _walk(graph_task: Any, root: Node, create_graph: bool, accumulate_grad: bool
             break
         add_node(node)
         add_start(len(flat))
-        cls = type(node)
         if exec_info:
             info = exec_info[node]
             exec_key = (info.needed, None if info.captures is None else tuple(info.captures))
@@ -593,70 +735,53 @@ def _walk(graph_task: Any, root: Node, create_graph: bool, accumulate_grad: bool
                 ready = None
             heappush(heap, (-next_fn.sequence_nr, pushed, next_fn))
             pushed += 1
-        hooks = (
-            _hooks_key(node)
-            if node._tensor_pre_hooks or node._pre_hooks or node._post_hooks or node._retains_grad_hooks or cls is AccumulateGrad
-            else None
-        )
-        if cls is PrimitiveNode:
-            meta = node.input_metadata
-            saved_out = node.saved_out
-            params = node.params
-            saved_key: list[Any] = []
-            add_saved = saved_key.append
-            for s in node.saved if saved_out is None else (*node.saved, *saved_out):
-                scls = type(s)
-                if scls is SavedTensor:
-                    # SavedTensor.unpack's fast case, inline: a live input at its saved version.
-                    t = s._ref if s._state == "input" else None
-                    if t is None or t._version != s._saved_version:
-                        t = s.unpack(node)
-                    a = t._array
-                    add_flat(t if create_graph else a)
-                    aval = a.aval
-                    add_saved(aval.shape)
-                    add_saved(aval.dtype)
-                elif scls in scalars:
-                    add_saved(scls)
-                    add_saved(s)
-                else:
-                    add_saved(_saved_key((s,), node, flat, create_graph))
-            add_key((
-                K_PRIM,
-                node.prim,
-                _params_key(params, flat) if params else (),
-                meta[0][:2] if len(meta) == 1 else tuple(m[:2] for m in meta),  # (shape, dtype) per output
-                tuple(saved_key),
-                tuple(edges_key),
-                hooks,
-                exec_key,
-            ))
-        elif cls is AccumulateGrad:
-            grad = node.variable.grad
-            add_key((
-                K_ACC,
-                node.input_metadata[0],
-                None if grad is None else (grad._array.shape, grad._array.dtype),
-                hooks,
-                exec_key,
-            ))
-        elif isinstance(node, FunctionNode):
-            add_key((
-                K_FUNC,
-                node.function,
-                tuple(None if m is None else (m[0], m[1]) for m in node.input_metadata),
-                _ctx_key(node.ctx, node.name(), flat),
-                _saved_key(node.unpack_saved(), node, flat, create_graph),
-                tuple(edges_key),
-                hooks,
-                exec_key,
-            ))
-        elif cls is GraphRoot:
-            add_key((K_ROOT, tuple(edges_key), exec_key))
-        else:
-            raise _NotTraceable(f"the graph has a node of kind {node.name()} that compiled backward does not know", "unknown node kind")
+        add_key(_node_key(node, tuple(edges_key), exec_key, flat, create_graph, True))
     add_start(len(flat))
     return _Walk((create_graph, accumulate_grad, n_inputs, root_nr, tuple(node_keys)), nodes, flat, starts)
+
+
+def _walk_structure(root: Node, create_graph: bool, root_nr: int) -> _Walk | None:
+    """The hit path's walk, for a call without ``inputs``: one pass in discovery order.
+
+    Its key is the structure (``_node_key`` per node, edges as discovery indices) plus
+    the rank order of the nodes' ``sequence_nr``s: together they decide eager's
+    schedule, which a miss computes with ``_walk`` and stores with the program
+    (``_Program.hit_order``). ``None`` when only the schedule replay may walk this
+    graph: saved values with effects (``_NeedsSchedule``), equal ``sequence_nr``s
+    (nodes recorded on different threads: eager breaks such ties by push order, which
+    ranks do not capture), or what ``_walk`` reports as not traceable.
+    """
+    index: dict[Node, int] = {root: 0}
+    nodes: list[Node] = [root]
+    node_keys: list[Any] = []
+    flat: list[Any] = []
+    starts: list[int] = []
+    add_node, add_key, add_start = nodes.append, node_keys.append, starts.append
+    try:
+        for node in nodes:  # grows while iterating: breadth-first discovery
+            add_start(len(flat))
+            edges_key: list[int] = []
+            add_edge = edges_key.append
+            for next_fn, input_nr in node.next_edges:
+                if next_fn is None:
+                    add_edge(-1)
+                    add_edge(0)
+                    continue
+                i = index.get(next_fn)
+                if i is None:
+                    i = index[next_fn] = len(nodes)
+                    add_node(next_fn)
+                add_edge(i)
+                add_edge(input_nr)
+            add_key(_node_key(node, tuple(edges_key), None, flat, create_graph, False))
+    except (_NeedsSchedule, _NotTraceable):
+        return None
+    add_start(len(flat))
+    sequence_nrs = [node.sequence_nr for node in nodes]
+    if len(set(sequence_nrs)) < len(nodes):
+        return None
+    ranks = tuple(sorted(range(len(nodes)), key=sequence_nrs.__getitem__))
+    return _Walk((create_graph, root_nr, tuple(node_keys), ranks), nodes, flat, starts)
 
 
 # -- steps: what the program does per node -------------------------------------------
@@ -1173,8 +1298,15 @@ class _Program:
         self.create_graph = key[0]
         self.root_nr = key[3]
         self.node_keys = key[4]
+        # Calls without inputs find the program by ``_walk_structure``'s key: where that
+        # walk's nodes and flat values sit in this program's order (set on the miss).
+        self.hit_order: tuple[list[int], list[int]] | None = None
         self.steps = _build_steps(walk)
-        self.released = [s.pos for s in self.steps if s.runs and s.kind != K_ROOT]
+        # The nodes whose release_variables frees something: Functions, and primitives that
+        # saved a tensor (avals and constants stay; the other kinds hold nothing).
+        self.released = [
+            s.pos for s in self.steps if s.runs and (s.kind == K_FUNC or (s.kind == K_PRIM and any(v is _TENSOR for v in s.saved)))
+        ]
         self.items: list[Any] = []  # segments, with host phases (op, pos) between them
         self.segments: list[_Segment] = []
         phases: list[tuple[int, int]] = []
@@ -1451,13 +1583,42 @@ def _note_miss(site: str, key: Any) -> None:
 
 
 def _compile(walk: _Walk, roots: list[Tensor]) -> Any:
+    """The program for ``walk``'s structure, or the ``_NotTraceable`` that stops it (cached too)."""
     _note_miss(_call_site(), walk.key)
     try:
         program = _Program(walk)
         _pretrace(program, walk, roots)
     except _NotTraceable as exc:
-        return _insert(walk.key, exc)  # cached: the same structure is not traced again
-    return _insert(walk.key, program)
+        return exc  # cached: the same structure is not traced again
+    return program
+
+
+def _hit_order(walk: _Walk, structure: _Walk) -> tuple[list[int], list[int]]:
+    """Where ``walk``'s nodes and flat values (schedule order) sit in ``structure``'s (discovery order)."""
+    index = {node: i for i, node in enumerate(structure.nodes)}
+    node_order = [index[node] for node in walk.nodes]
+    starts = structure.starts
+    flat_order: list[int] = []
+    for i in node_order:
+        flat_order.extend(range(starts[i], starts[i + 1]))
+    return node_order, flat_order
+
+
+def _hit_task(root_edges: list[Edge], root_grads: list[Tensor], keep_graph: bool, create_graph: bool) -> engine.GraphTask:
+    """``engine.prepare`` for a call without ``inputs``, less the dependency count: a hit does not read it."""
+    engine._devices.initialize_device_threads_pool()
+    validate_outputs(root_edges, root_grads, lambda msg: msg)
+    tls = engine._tls
+    if tls.local_ready_queue is None:
+        tls.local_ready_queue = engine.ReadyQueue()
+    reentrant = tls.worker_device != engine.NO_DEVICE
+    graph_task = engine.GraphTask(
+        keep_graph, create_graph, tls.total_depth + 1 if reentrant else 0, tls.local_ready_queue, [e.node for e in root_edges]
+    )
+    parent = current_task.graph_task if reentrant else None
+    if tls.multithreading_enabled and (parent is None or parent.device_queues):
+        graph_task.device_queues = engine._devices.queues
+    return graph_task
 
 
 def _fallback(exc: _NotTraceable, args: tuple[Any, ...]) -> list[Tensor | None]:
@@ -1487,24 +1648,60 @@ def execute(
         raise _NotTraceable("it runs a backward of its own (a reentrant backward)", "reentrant backward")
     if ANOMALY.enabled:
         return _fallback(_NotTraceable("anomaly mode is on", "anomaly mode"), args)
-    graph_task, graph_root, _ = engine.prepare(*args)
-    start = time.perf_counter()
     root_nr = root_edges[0].input_nr if len(root_edges) == 1 else -1
+    structure = None
+    if not outputs:
+        root = root_edges[0].node if len(root_edges) == 1 else GraphRoot(tuple(root_edges), root_grads)
+        structure = _walk_structure(root, create_graph, root_nr)  # type: ignore[arg-type]
+    cache_key = None
+    if structure is not None:
+        cache_key = _CacheKey(structure.key)
+        program = _lookup(cache_key)
+        if program is not None:
+            graph_task = _hit_task(root_edges, root_grads, keep_graph, create_graph)
+            start = time.perf_counter()
+            if isinstance(program, _NotTraceable):
+                return _fallback(program, args)
+            _stats.add("hits")
+            node_order, flat_order = program.hit_order
+            walk = _Walk(
+                structure.key, list(map(structure.nodes.__getitem__, node_order)),
+                list(map(structure.flat.__getitem__, flat_order)), None,
+            )
+            return _run_and_record(program, walk, graph_task, root_grads, keep_graph, create_graph, 0, start, True)
+        graph_task = engine.prepare(*args)[0]
+        graph_root = root
+    else:
+        graph_task, graph_root, _ = engine.prepare(*args)
+    start = time.perf_counter()
     try:
         walk = _walk(graph_task, graph_root, create_graph, accumulate_grad, len(outputs), root_nr)
     except _NotTraceable as exc:
         return _fallback(exc, args)
-    program = _lookup(walk.key)
+    if cache_key is None:
+        cache_key = _CacheKey(walk.key)
+        program = _lookup(cache_key)
+    else:
+        program = None
     hit = program is not None
     if not hit:
         compile_start = time.perf_counter()
         program = _compile(walk, root_grads)
+        if structure is not None and not isinstance(program, _NotTraceable):
+            program.hit_order = _hit_order(walk, structure)
+        program = _insert(cache_key, program)
         walk.compile_seconds += time.perf_counter() - compile_start
     elif not isinstance(program, _NotTraceable):
         _stats.add("hits")
     if isinstance(program, _NotTraceable):
         return _fallback(program, args)
-    captured = _run(program, walk, graph_task, list(root_grads), keep_graph, create_graph, 0 if accumulate_grad else len(outputs))
+    n_captured = 0 if accumulate_grad else len(outputs)
+    return _run_and_record(program, walk, graph_task, root_grads, keep_graph, create_graph, n_captured, start, hit)
+
+
+def _run_and_record(program: _Program, walk: _Walk, graph_task: Any, root_grads: list[Tensor], keep_graph: bool,
+                    create_graph: bool, n_captured: int, start: float, hit: bool) -> list[Tensor | None]:
+    captured = _run(program, walk, graph_task, list(root_grads), keep_graph, create_graph, n_captured)
     if profiler.is_active():  # one span per compiled backward (the profiler's node timer never runs here)
         profiler.record(
             "CompiledBackward", start, time.perf_counter(), cache="hit" if hit else "miss", compile_seconds=walk.compile_seconds
