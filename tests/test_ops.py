@@ -245,3 +245,17 @@ def test_to_device_is_differentiable_and_grad_returns_to_source():
     expected = jax.grad(lambda a: jnp.sum(jnp.sin(a) * a))(np.array([0.5, -1.0, 2.0]))
     np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-12)
     assert gradgradcheck(lambda t: t.to(dev1).exp(), [x])
+
+
+def test_scalar_operands_keep_python_scalar_semantics():
+    """Scalars reach jit as cached device scalars (NOTE [Scalar constants]): same values, signs and dtypes."""
+    x = xgrad.tensor([1.0, 2.0])
+    assert (1.0 / (x * 0.0)).tolist() == [np.inf, np.inf]
+    assert (1.0 / (x * -0.0)).tolist() == [-np.inf, -np.inf]
+    assert np.isnan((x * float("nan")).numpy()).all()
+    f32 = xgrad.tensor(np.ones(2, np.float32))
+    assert (f32 * 1.0001).dtype == jnp.float32  # weakly typed, as the Python scalar
+    np.testing.assert_allclose((x * 1.0001).numpy(), np.array([1.0001, 2.0002]), rtol=1e-15)  # float64 kept exact
+    ints = xgrad.tensor(np.array([1, 2], np.int32))
+    assert (ints + 2).dtype == jnp.int32 and (ints + 2).tolist() == [3, 4]
+    assert (ints * 1.5).tolist() == [1.5, 3.0]

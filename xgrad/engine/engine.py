@@ -478,7 +478,17 @@ def call_function(graph_task: GraphTask, fn: Node, inputs: list[Tensor | None]) 
     return outputs
 
 
-def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, cpu_ready_queue: ReadyQueue) -> None:
+def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, local_queue: ReadyQueue) -> tuple[Node, InputBuffer] | None:
+    """Run ``fn`` and route its grads; return the node to run next on this thread without the queue, if any.
+
+    # NOTE [Next node without the queue]
+    # A node that makes a node ready for this thread's own queue usually makes the
+    # node that queue would pop next (a chain, the last branch of a fan-in): when it
+    # outranks everything queued, ``thread_main`` runs it directly, skipping the push,
+    # the pop and the outstanding-task count, as if it had been pushed and popped at
+    # once. Reading the heap without its lock is safe under the GIL, and a push racing
+    # the check is ordered after it, as it could have been anyway.
+    """
     exec_info = graph_task.exec_info
     buffer = inputs.buffer
     if exec_info:
@@ -491,7 +501,7 @@ def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, cpu_
                 for input_idx, output_idx in info.captures:
                     graph_task.captured_vars[output_idx] = buffer[input_idx]
         if not info.needed:
-            return
+            return None
 
     if profile_node is None:
         outputs = call_function(graph_task, fn, buffer)
@@ -500,7 +510,7 @@ def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, cpu_
     if not graph_task.keep_graph:
         fn.release_variables()
     if not outputs:
-        return
+        return None
     if ANOMALY.enabled and ANOMALY.check_nan:
         for i, out in enumerate(outputs):
             if out is not None and bool(jnp.isnan(out._array).any()):
@@ -508,6 +518,11 @@ def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, cpu_
 
     next_edges = fn.next_edges
     device_queues = graph_task.device_queues
+    cpu_ready_queue = graph_task.cpu_ready_queue
+    # The first node made ready for this thread's queue, held back (NOTE [Next node
+    # without the queue]); ``None`` again once a second one is pushed behind it.
+    held: tuple[Node, InputBuffer] | None = None
+    pushed_local = False
     with graph_task.mutex:
         dependencies = graph_task.dependencies
         not_ready = graph_task.not_ready
@@ -531,17 +546,33 @@ def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, cpu_
                         continue
                 input_buffer = InputBuffer(len(next_fn.input_metadata))
                 input_buffer.buffer[input_nr] = output  # a fresh buffer: nothing to sum yet
-                if is_ready:
-                    graph_task.outstanding_tasks += 1  # we hold the mutex
-                    ready_queue(cpu_ready_queue, next_fn, device_queues).push(NodeTask(graph_task, next_fn, input_buffer), False)
-                else:
+                if not is_ready:
                     not_ready[next_fn] = input_buffer
+                    continue
             else:
                 input_buffer.add(input_nr, output)
-                if is_ready:
-                    del not_ready[next_fn]
+                if not is_ready:
+                    continue
+                del not_ready[next_fn]
+            q = ready_queue(cpu_ready_queue, next_fn, device_queues)
+            if q is local_queue:
+                if held is None and not pushed_local:
+                    held = (next_fn, input_buffer)
+                    continue
+                if held is not None:  # keep push order: the held node was ready first
                     graph_task.outstanding_tasks += 1
-                    ready_queue(cpu_ready_queue, next_fn, device_queues).push(NodeTask(graph_task, next_fn, input_buffer), False)
+                    q.push(NodeTask(graph_task, *held), False)
+                    held = None
+                pushed_local = True
+            graph_task.outstanding_tasks += 1  # we hold the mutex
+            q.push(NodeTask(graph_task, next_fn, input_buffer), False)
+        if held is not None:
+            heap = local_queue._heap
+            if not heap or (2, -graph_task.reentrant_depth, -held[0].sequence_nr) < heap[0][0]:
+                return held
+            graph_task.outstanding_tasks += 1
+            local_queue.push(NodeTask(graph_task, *held), False)
+    return None
 
 
 # -- threads and queues --------------------------------------------------------------
@@ -739,14 +770,20 @@ def thread_main(graph_task: GraphTask | None) -> None:
                 deferred_shutdown = task
                 continue
             local_task: GraphTask = task.graph_task  # type: ignore[assignment]
-            if task.fn is not None and not local_task.has_error:
+            fn, inputs = task.fn, task.inputs
+            task = None  # type: ignore[assignment]
+            if fn is not None and not local_task.has_error:
                 _grad_state.enabled = local_task.create_graph
                 current_task.graph_task = local_task
                 try:
-                    evaluate_function(local_task, task.fn, task.inputs, local_task.cpu_ready_queue)  # type: ignore[arg-type]
+                    while True:  # NOTE [Next node without the queue]
+                        following = evaluate_function(local_task, fn, inputs, local_queue)  # type: ignore[arg-type]
+                        if following is None or local_task.has_error:
+                            break
+                        fn, inputs = following
                 except BaseException as exc:
-                    local_task.set_exception(exc, task.fn)
-            task = None  # type: ignore[assignment]  # drop the grads before waiting again
+                    local_task.set_exception(exc, fn)
+            fn = inputs = following = None  # type: ignore[assignment]  # drop the grads before waiting again
             with local_task.mutex:
                 local_task.outstanding_tasks -= 1
                 finished = local_task.outstanding_tasks == 0

@@ -247,10 +247,36 @@ def _check_same_devices(tensors: list[Tensor], arrays: list[Any], positions: lis
         raise RuntimeError(ERR_DEVICES.format(a=a, b=b))
 
 
+# NOTE [Scalar constants]
+# A Python scalar passed to a jitted function is copied to the device on every call
+# (about a third of a small op's dispatch). An op with a scalar operand (``x * 0.5``,
+# and so the rule of such an op in every backward) takes it from a bounded cache of
+# device scalars instead: ``jnp.asarray`` of a Python scalar is weakly typed, so jit
+# gives it the same abstract value, the same promotion and the same executable as
+# the scalar itself. Only with concrete operands: under a trace a scalar stays a
+# literal of the program.
+_DEVICE_SCALARS: dict[tuple[Any, ...], Any] = {}
+_MAX_DEVICE_SCALARS = 1024
+
+
+def _device_scalar(value: Any) -> Any:
+    # x64 decides the scalar's dtype; -0.0 == 0.0 as a key, so zeros key their sign too.
+    key = (type(value), value, jax.config.jax_enable_x64) if value else (type(value), value, str(value), jax.config.jax_enable_x64)
+    array = _DEVICE_SCALARS.get(key)
+    if array is None:
+        if value != value:  # NaN never equals a key: pass it as it is
+            return value
+        if len(_DEVICE_SCALARS) >= _MAX_DEVICE_SCALARS:
+            _DEVICE_SCALARS.clear()
+        array = _DEVICE_SCALARS[key] = jnp.asarray(value)
+    return array
+
+
 def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     """Run ``prim`` on ``args`` and, when grad mode asks for it, record its node."""
     arrays = []
     needs_graph = False
+    scalars = False
     tensors = []
     positions = []
     for a in args:
@@ -262,8 +288,12 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
                 needs_graph = True
         else:
             arrays.append(a)
+            if type(a) is float or type(a) is int:
+                scalars = True
     if len(tensors) > 1:
         _check_same_devices(tensors, arrays, positions)
+    if scalars and prim.jit and tensors and not isinstance(arrays[positions[0]], jax.core.Tracer):  # NOTE [Scalar constants]
+        arrays = [_device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
     out = prim.dispatch(arrays, params)
     if not (needs_graph and _grad_state.enabled):
         if prim.num_outputs == 1:
