@@ -4,7 +4,9 @@ Run: ``python benchmarks/bench_engine.py`` (add ``--quick`` for a short run).
 
 1. A chain of N elementwise ops on 1-element tensors: xgrad's eager backward per node,
    against the same backward rules dispatched directly as ``jnp`` calls with no engine
-   (the floor); the difference is the engine's bookkeeping per node.
+   (the floor); the difference is the engine's bookkeeping per node. The same rules
+   through xgrad's own op dispatch with no engine are timed too, to split what is
+   the engine from what is xgrad's op dispatch.
 2. A 3-layer MLP (256→512→512→10, batch 64, tanh, cross-entropy): xgrad forward+backward
    vs ``jax.vjp`` applied op by op vs ``jax.jit(jax.grad)``.
 """
@@ -48,6 +50,16 @@ def chain_rows(repeats: int) -> list[tuple[str, ...]]:
             g = jnp.multiply(g, 1.0001)
         jax.block_until_ready(g)
 
+    # The same rules through xgrad's own op dispatch (Tensors, jitted primitives), no engine.
+    g0 = xgrad.Tensor(jnp.ones((1,)))
+
+    def xgrad_ops() -> None:
+        g = g0
+        with xgrad.no_grad():
+            for _ in range(N):
+                g = g * 1.0001
+        jax.block_until_ready(g.array)
+
     elapsed: list[float] = []
     for _ in range(3):
         xgrad_backward()
@@ -56,12 +68,15 @@ def chain_rows(repeats: int) -> list[tuple[str, ...]]:
         xgrad_backward()
     engine = sorted(elapsed)[len(elapsed) // 2]
     bare = median_seconds(floor, repeats)
+    dispatch = median_seconds(xgrad_ops, repeats)
     per_node = lambda s: f"{s / N * 1e6:.2f}"  # noqa: E731
     return [
         ("xgrad eager backward", per_node(engine)),
         ("same rules as bare jnp calls (floor)", per_node(bare)),
         ("engine bookkeeping (difference)", per_node(engine - bare)),
         ("ratio eager / floor", f"{engine / bare:.2f}x"),
+        ("same rules as xgrad op calls, no engine", per_node(dispatch)),
+        ("eager minus xgrad op calls", per_node(engine - dispatch)),
     ]
 
 
