@@ -75,13 +75,7 @@ def interleaved(timers: dict[str, Callable[[], float]], repeats: int, warmup: in
 def miss_seconds(build, params) -> float:
     """Wall time of the first compiled backward of a structure (walk, trace, XLA compile, run)."""
     compiled.reset()
-    loss = forward_done(build())
-    for p in params:
-        p.grad = None
-    start = time.perf_counter()
-    loss.backward(compiled=True)
-    jax.block_until_ready([p.grad.array for p in params])
-    return time.perf_counter() - start
+    return backward_seconds(build, params, True)
 
 
 def chain_rows(repeats: int) -> list[tuple[str, ...]]:
