@@ -300,6 +300,51 @@ def test_changed_structure_misses_with_a_reason(change, reason):
     assert reason in s["recompile_reasons"][-1]
 
 
+def test_nodes_recorded_before_and_after_the_first_compiled_backward_share_a_program(monkeypatch):
+    """Fragments computed at record time and on the first walk key the same structure (NOTE [Structure fragments])."""
+    from xgrad.ops import registry
+
+    x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    monkeypatch.setattr(registry, "on_record", None)
+    early = (x.exp() * 3.0).sum()  # recorded as in a process that has not run compiled yet
+    assert early.grad_fn.structure is None
+    early.backward(compiled=True)
+    assert registry.on_record is not None  # the first compiled backward switched it on
+    late = (x.exp() * 3.0).sum()
+    assert late.grad_fn.structure is not None
+    x.grad = None
+    late.backward(compiled=True)
+    assert (compiled.stats()["misses"], compiled.stats()["hits"]) == (1, 1)
+    np.testing.assert_allclose(x.grad.numpy(), 3 * np.exp([1.0, 2.0]))
+
+
+def test_constants_key_their_value_type_and_zero_sign():
+    x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    for constant in (2.0, 3.0, 0.0, -0.0, 0.0, 2):
+        x.grad = None
+        (x * constant).sum().backward(compiled=True)
+        expected = jax.grad(lambda a, c=constant: jnp.sum(a * c))(jnp.array([1.0, 2.0]))
+        np.testing.assert_array_equal(np.signbit(x.grad.numpy()), np.signbit(expected))
+        np.testing.assert_array_equal(x.grad.numpy(), expected)
+    # 2.0, 3.0, 0.0, -0.0 and the int 2 are five structures; the second 0.0 hits.
+    assert (compiled.stats()["misses"], compiled.stats()["hits"]) == (5, 1)
+
+
+def test_a_full_fragment_table_starts_afresh_without_mixing_structures(monkeypatch):
+    monkeypatch.setattr(compiled_engine, "MAX_FRAGMENTS", 2)
+    x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    ops = [lambda v: v.exp(), lambda v: v.sin(), lambda v: v * 2.0, lambda v: v.tanh()]
+    for _ in range(2):
+        for op in ops:
+            x.grad = None
+            op(x).sum().backward(compiled=True)
+            expected = x.grad.numpy()
+            x.grad = None
+            op(x).sum().backward()
+            np.testing.assert_array_equal(x.grad.numpy(), expected)
+    assert len(compiled_engine._fragments) <= 2
+
+
 def test_lru_bound():
     compiled.set_cache_size(2)
     try:

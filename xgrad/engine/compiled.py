@@ -75,6 +75,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import heapq
+import itertools
 import os
 import sys
 import threading
@@ -97,6 +98,7 @@ from xgrad.engine.hooks import run_in_order
 from xgrad.engine.node import AccumulateGrad, Edge, GraphRoot, InputMetadata, Node, _accumulate_lock, current_task
 from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
+from xgrad.ops import registry
 from xgrad.ops.jaxop import from_jax
 from xgrad.ops.registry import REGISTRY, Aval, PrimitiveNode, incoming_grad
 from xgrad.tensor import Tensor
@@ -450,7 +452,7 @@ class _Walk:
         self.key = key
         self.nodes = nodes
         self.flat = flat
-        self.starts = starts  # where each node's entries begin in ``flat`` (a miss reads it; a hit has none)
+        self.starts = starts  # where each node's entries begin in ``flat`` (the schedule walk's; the structure walk has none)
         self.compile_seconds = 0.0  # this call's tracing and compiling, for the profiler's span
 
 
@@ -477,6 +479,11 @@ def _hooks_key(node: Node) -> Any:
         retains = tuple(node._retains_grad_hooks or ())
         pre = (pre, node_pre, retains) if pre or node_pre or retains else None
     return pre, _group_key(node._post_hooks, False)
+
+
+def _scalar_key(value: Any) -> tuple[Any, ...]:
+    """A constant's key: its type (1, 1.0 and True are equal) and, for zeros, its sign (0.0 == -0.0)."""
+    return (type(value), value) if value else (type(value), value, str(value))
 
 
 def _is_array(value: Any) -> bool:
@@ -559,8 +566,7 @@ def _saved_key(values: Any, node: Node, flat: list[Any], keep_tensors: bool, in_
             if cls is Tensor:
                 append(t.requires_grad)
         elif cls in _SCALARS:
-            append(cls)
-            append(s)
+            append(_scalar_key(s))
         elif cls is Aval:
             append(s)
         elif _is_array(s):
@@ -596,6 +602,11 @@ def _function_saved(node: FunctionNode, in_order: bool) -> tuple[Tensor | None, 
     return tuple(None if s is None else _unpack(s, node, False) for s in node.saved)
 
 
+def _outputs_key(meta: tuple[InputMetadata, ...]) -> Any:
+    """(shape, dtype) of each output of a node."""
+    return meta[0][:2] if len(meta) == 1 else tuple(m[:2] for m in meta)
+
+
 def _node_key(node: Node, edges_key: tuple[int, ...], exec_key: Any, flat: list[Any], create_graph: bool,
               in_order: bool) -> tuple[Any, ...]:
     """One node's key (see ``_FIELDS``), appending its saved arrays to ``flat``: the per-node work of both walks.
@@ -627,8 +638,7 @@ def _node_key(node: Node, edges_key: tuple[int, ...], exec_key: Any, flat: list[
                 add_saved(aval.shape)
                 add_saved(aval.dtype)
             elif scls in _SCALARS:
-                add_saved(scls)
-                add_saved(s)
+                add_saved(_scalar_key(s))
             elif scls is Aval:
                 add_saved(s)
             else:
@@ -637,7 +647,7 @@ def _node_key(node: Node, edges_key: tuple[int, ...], exec_key: Any, flat: list[
             K_PRIM,
             node.prim,
             _params_key(params, flat) if params else (),
-            meta[0][:2] if len(meta) == 1 else tuple(m[:2] for m in meta),  # (shape, dtype) per output
+            _outputs_key(meta),
             tuple(saved_key),
             edges_key,
             hooks,
@@ -740,48 +750,143 @@ def _walk(graph_task: Any, root: Node, create_graph: bool, accumulate_grad: bool
     return _Walk((create_graph, accumulate_grad, n_inputs, root_nr, tuple(node_keys)), nodes, flat, starts)
 
 
+# NOTE [Structure fragments]
+# The hit path's walk must cost little per node. Most nodes are primitives without
+# hooks, and most of such a node's key is fixed once it is recorded: primitive,
+# params, output shapes/dtypes and what it saved (shapes/dtypes of tensors, constants,
+# avals). ``_fragment`` interns that part to a small int, kept on the node
+# (``PrimitiveNode.structure``) with the positions of its saved tensors, so the walk
+# appends an int and the node's edges, and the key hashes and compares as flat ints.
+# Once a compiled backward has run in the process, primitives get their fragment as
+# they are recorded (``registry.on_record``); nodes recorded before then get it on
+# their first walk. Ids are never reused: past ``MAX_FRAGMENTS`` the table starts
+# afresh, and a structure keyed with old ids only misses once more. Nodes with hooks,
+# unhashable params or saved values with effects (hooked, freed), and every other kind
+# of node, are keyed by ``_node_key`` as in the schedule walk.
+
+MAX_FRAGMENTS = 1 << 16
+_fragments: dict[tuple[Any, ...], int] = {}
+_next_fragment = itertools.count().__next__
+_NO_FRAGMENT = (-1, (), False)  # ``structure`` of a primitive node that ``_node_key`` keys
+
+
+def _saved_aval(s: SavedTensor) -> tuple[Any, Any] | None:
+    """Shape and dtype of a plain saved tensor without unpacking it; ``None`` for hooked or freed ones."""
+    state = s._state
+    if state == "input":
+        array = s._ref._array
+    elif state == "output":
+        array = s._array
+    else:
+        return None
+    return array.shape, array.dtype
+
+
+def _fragment(node: PrimitiveNode) -> tuple[int, tuple[int, ...], bool]:
+    """``(id, positions of saved tensors, whether outputs were saved)`` (NOTE [Structure fragments])."""
+    params = node.params
+    items = tuple(params.items()) if params else ()
+    try:
+        hash(items)
+    except TypeError:
+        return _NO_FRAGMENT
+    key: list[Any] = [node.prim, items, _outputs_key(node.input_metadata)]
+    gather = []
+    saved_out = node.saved_out
+    for i, s in enumerate(node.saved if saved_out is None else (*node.saved, *saved_out)):
+        cls = type(s)
+        if cls is SavedTensor:
+            aval = _saved_aval(s)
+            if aval is None:
+                return _NO_FRAGMENT
+            key.append(aval)
+            if i < len(node.saved):
+                gather.append(i)
+        elif cls in _SCALARS:
+            key.append(_scalar_key(s))
+        elif cls is Aval:
+            key.append(s)
+        else:
+            return _NO_FRAGMENT
+    frozen = tuple(key)
+    fid = _fragments.get(frozen)
+    if fid is None:
+        if len(_fragments) >= MAX_FRAGMENTS:
+            _fragments.clear()
+        fid = _fragments.setdefault(frozen, _next_fragment())
+    return fid, tuple(gather), saved_out is not None
+
+
+def _record_fragment(node: PrimitiveNode) -> None:
+    node.structure = _fragment(node)
+
+
 def _walk_structure(root: Node, create_graph: bool, root_nr: int) -> _Walk | None:
     """The hit path's walk, for a call without ``inputs``: one pass in discovery order.
 
-    Its key is the structure (``_node_key`` per node, edges as discovery indices) plus
-    the rank order of the nodes' ``sequence_nr``s: together they decide eager's
-    schedule, which a miss computes with ``_walk`` and stores with the program
-    (``_Program.hit_order``). ``None`` when only the schedule replay may walk this
-    graph: saved values with effects (``_NeedsSchedule``), equal ``sequence_nr``s
-    (nodes recorded on different threads: eager breaks such ties by push order, which
-    ranks do not capture), or what ``_walk`` reports as not traceable.
+    Its key is the structure, node by node (a fragment id, NOTE [Structure fragments],
+    or ``_node_key``), with edges as discovery indices, plus the rank order of the
+    nodes' ``sequence_nr``s: together they decide eager's schedule, which a miss
+    computes with ``_walk`` and stores with the program (``_Program.hit_order``). An
+    edge is one entry, the target's discovery index, when it leads to input 0 (most
+    do), and two, ``~index`` and the input number, otherwise; ``None`` when it leads
+    nowhere.
+    ``None`` when only the schedule replay may walk this graph: saved values with
+    effects (``_NeedsSchedule``), equal ``sequence_nr``s (nodes recorded on different
+    threads: eager breaks such ties by push order, which ranks do not capture), or
+    what ``_walk`` reports as not traceable.
     """
     index: dict[Node, int] = {root: 0}
     nodes: list[Node] = [root]
-    node_keys: list[Any] = []
+    key: list[Any] = []
     flat: list[Any] = []
-    starts: list[int] = []
-    add_node, add_key, add_start = nodes.append, node_keys.append, starts.append
+    add_node, add_key, add_flat = nodes.append, key.append, flat.append
     try:
         for node in nodes:  # grows while iterating: breadth-first discovery
-            add_start(len(flat))
-            edges_key: list[int] = []
-            add_edge = edges_key.append
+            if type(node) is PrimitiveNode and not (
+                node._tensor_pre_hooks or node._pre_hooks or node._post_hooks or node._retains_grad_hooks
+            ):
+                structure = node.structure
+                if structure is None:
+                    structure = node.structure = _fragment(node)
+                fid, gather, saved_out = structure
+            else:
+                fid = -1
+            if fid >= 0:
+                add_key(fid)  # the fragment fixes the number of edges that follow
+                for i in gather:
+                    s = node.saved[i]
+                    t = s._ref if s._state == "input" else None
+                    if t is None or t._version != s._saved_version:
+                        t = _unpack(s, node, False)
+                    add_flat(t if create_graph else t._array)
+                if saved_out:
+                    for s in node.saved_out:
+                        t = _unpack(s, node, False)
+                        add_flat(t if create_graph else t._array)
+            else:
+                # A tuple, unlike a fragment id; it counts the edges that follow.
+                add_key(_node_key(node, len(node.next_edges), None, flat, create_graph, False))
             for next_fn, input_nr in node.next_edges:
                 if next_fn is None:
-                    add_edge(-1)
-                    add_edge(0)
+                    add_key(None)
                     continue
                 i = index.get(next_fn)
                 if i is None:
                     i = index[next_fn] = len(nodes)
                     add_node(next_fn)
-                add_edge(i)
-                add_edge(input_nr)
-            add_key(_node_key(node, tuple(edges_key), None, flat, create_graph, False))
+                if input_nr:
+                    add_key(~i)
+                    add_key(input_nr)
+                else:
+                    add_key(i)
     except (_NeedsSchedule, _NotTraceable):
         return None
-    add_start(len(flat))
     sequence_nrs = [node.sequence_nr for node in nodes]
     if len(set(sequence_nrs)) < len(nodes):
         return None
     ranks = tuple(sorted(range(len(nodes)), key=sequence_nrs.__getitem__))
-    return _Walk((create_graph, root_nr, tuple(node_keys), ranks), nodes, flat, starts)
+    return _Walk((create_graph, root_nr, tuple(key), ranks), nodes, flat, None)
 
 
 # -- steps: what the program does per node -------------------------------------------
@@ -1594,10 +1699,16 @@ def _compile(walk: _Walk, roots: list[Tensor]) -> Any:
 
 
 def _hit_order(walk: _Walk, structure: _Walk) -> tuple[list[int], list[int]]:
-    """Where ``walk``'s nodes and flat values (schedule order) sit in ``structure``'s (discovery order)."""
+    """Where ``walk``'s nodes and flat values (schedule order) sit in ``structure``'s (discovery order).
+
+    A node has the same flat values in both walks, in the same order.
+    """
     index = {node: i for i, node in enumerate(structure.nodes)}
     node_order = [index[node] for node in walk.nodes]
-    starts = structure.starts
+    counts = [0] * len(structure.nodes)
+    for j, i in enumerate(node_order):
+        counts[i] = walk.starts[j + 1] - walk.starts[j]  # type: ignore[index]
+    starts = [0, *itertools.accumulate(counts)]
     flat_order: list[int] = []
     for i in node_order:
         flat_order.extend(range(starts[i], starts[i + 1]))
@@ -1648,6 +1759,8 @@ def execute(
         raise _NotTraceable("it runs a backward of its own (a reentrant backward)", "reentrant backward")
     if ANOMALY.enabled:
         return _fallback(_NotTraceable("anomaly mode is on", "anomaly mode"), args)
+    if registry.on_record is None:
+        registry.on_record = _record_fragment
     root_nr = root_edges[0].input_nr if len(root_edges) == 1 else -1
     structure = None
     if not outputs:

@@ -302,6 +302,11 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     return _record(prim, args, params, out)
 
 
+# Set by the compiled backward once it has run in the process: called with each new
+# primitive node (NOTE [Structure fragments] in engine/compiled.py).
+on_record: Callable[[PrimitiveNode], None] | None = None
+
+
 def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any) -> Any:
     outs = (out,) if prim.num_outputs == 1 else tuple(out)
     edges = [gradient_edge(a) if isinstance(a, Tensor) and a.requires_grad else NO_EDGE for a in args]
@@ -322,6 +327,8 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
     )
     if save_out:
         node.saved_out = tuple(SavedTensor(r, is_output=True) for r in results)
+    if on_record is not None:
+        on_record(node)
     return results[0] if prim.num_outputs == 1 else results
 
 
@@ -340,7 +347,7 @@ def incoming_grad(num_outputs: int, grads: list[Tensor | None], metadata: Any) -
 class PrimitiveNode(Node):
     """The one node class for every primitive: it replays the primitive's rules."""
 
-    __slots__ = ("params", "prim", "saved", "saved_out")
+    __slots__ = ("params", "prim", "saved", "saved_out", "structure")
 
     def __init__(
         self,
@@ -355,6 +362,7 @@ class PrimitiveNode(Node):
         self.params = params
         self.saved = saved
         self.saved_out: tuple[SavedTensor, ...] | None = None
+        self.structure: tuple[int, tuple[int, ...], bool] | None = None  # NOTE [Structure fragments]
         record_forward_trace(self)
 
     def name(self) -> str:
