@@ -22,7 +22,9 @@
 #      schedule. Eager's schedule (a node is ready when its dependency count reaches
 #      zero; ready nodes pop highest ``sequence_nr`` first) is decided by the
 #      structure and the relative order of the ``sequence_nr``s, so the key adds
-#      their rank order. On a miss the program stores where this walk's nodes and
+#      their rank order. A hookless primitive node, most of any graph, adds only a
+#      fragment id computed when it was recorded (NOTE [Structure fragments]) and its
+#      edges. On a miss the program stores where this walk's nodes and
 #      flat values sit in schedule order (``_Program.hit_order``); a hit reorders
 #      them with two C-level maps. It gives up, for the other walk, where the order
 #      of unpacking is observable (an unpack hook, a failing version check, a freed
