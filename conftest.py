@@ -1,8 +1,12 @@
-"""Doctests see float64 and two host devices, as the test suite does."""
+"""Tests and doctests see float64 and two host devices, so the multi-device code paths
+run in every test session."""
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+# Added to any XLA_FLAGS already set (an empty or unrelated value must not leave one device).
+_flags = os.environ.get("XLA_FLAGS", "")
+if "--xla_force_host_platform_device_count" not in _flags:
+    os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=2".strip()
 
 import jax  # noqa: E402
 
