@@ -353,53 +353,64 @@ def validate_outputs(edges: tuple[Edge, ...] | list[Edge], grads: list[Any], for
     """
     if len(grads) != len(edges):
         raise RuntimeError(format_error(f"invalid number of gradients - expected {len(edges)}, but got {len(grads)}"))
+    single_device = _devices.single_device
     for i, (grad, (node, input_nr)) in enumerate(zip(grads, edges)):  # noqa: B905  (lengths checked)
         if grad is None or node is None:
             continue
-        if not isinstance(grad, Tensor):
-            raise TypeError(format_error(f"invalid gradient at index {i} - expected a Tensor or None, got {type(grad).__name__}"))
         meta = node.input_metadata[input_nr]
-        array = grad._array
-        if array.shape != meta.shape:
-            if not _is_expandable_to(meta.shape, array.shape):
-                raise RuntimeError(
-                    format_error(
-                        f"invalid gradient at index {i} - got {list(array.shape)} but expected shape "
-                        f"compatible with {list(meta.shape)}"
-                    )
-                )
-            from xgrad.ops import sum_to
+        # The common case, an array that already fits, in a few compares: ``aval`` is
+        # where an array's ``.shape`` and ``.dtype`` properties read from, at a third
+        # of their cost, and the dtype is the very object the metadata took from it.
+        if type(grad) is Tensor:
+            aval = getattr(grad._array, "aval", None)
+            if (
+                aval is not None
+                and aval.shape == meta.shape
+                and aval.dtype is meta.dtype
+                and (single_device or meta.sharding is None)
+            ):
+                continue
+        grads[i] = _fit_gradient(i, grad, meta, format_error)
 
-            grad = sum_to(grad, meta.shape)
-        if grad._array.dtype != meta.dtype:
-            if not jnp.issubdtype(grad._array.dtype, jnp.inexact):
-                raise RuntimeError(format_error(f"invalid gradient at index {i} - expected dtype {meta.dtype} but got {grad._array.dtype}"))
-            grad = grad.to(meta.dtype)
-        sharding = meta.sharding
-        # No sharding in the metadata: the compiled backward validates traced values,
-        # which XLA places (and which have no .sharding to compare).
-        if _devices.single_device or sharding is None:
-            grads[i] = grad
-            continue
-        grad_sharding = grad._array.sharding
-        if (
-            sharding is not None
-            and grad_sharding is not sharding
-            and grad_sharding != sharding
-            and grad_sharding.device_set != sharding.device_set
-        ):
-            if grad._array.ndim == 0 and len(sharding.device_set) == 1:
-                from xgrad.ops import to_device
 
-                grad = to_device(grad, next(iter(sharding.device_set)))
-            else:
-                raise RuntimeError(
-                    format_error(
-                        f"invalid gradient at index {i} - expected device {_device_str(sharding)} but got "
-                        f"{_device_str(grad_sharding)}"
-                    )
+def _fit_gradient(i: int, grad: Any, meta: Any, format_error: Callable[[str], str]) -> Tensor:
+    """``grads[i]`` fitted to ``meta`` (the slow path of ``validate_outputs``), or raise."""
+    if not isinstance(grad, Tensor):
+        raise TypeError(format_error(f"invalid gradient at index {i} - expected a Tensor or None, got {type(grad).__name__}"))
+    array = grad._array
+    if array.shape != meta.shape:
+        if not _is_expandable_to(meta.shape, array.shape):
+            raise RuntimeError(
+                format_error(
+                    f"invalid gradient at index {i} - got {list(array.shape)} but expected shape "
+                    f"compatible with {list(meta.shape)}"
                 )
-        grads[i] = grad
+            )
+        from xgrad.ops import sum_to
+
+        grad = sum_to(grad, meta.shape)
+    if grad._array.dtype != meta.dtype:
+        if not jnp.issubdtype(grad._array.dtype, jnp.inexact):
+            raise RuntimeError(format_error(f"invalid gradient at index {i} - expected dtype {meta.dtype} but got {grad._array.dtype}"))
+        grad = grad.to(meta.dtype)
+    sharding = meta.sharding
+    # No sharding in the metadata: the compiled backward validates traced values,
+    # which XLA places (and which have no .sharding to compare).
+    if _devices.single_device or sharding is None:
+        return grad
+    grad_sharding = grad._array.sharding
+    if grad_sharding is not sharding and grad_sharding != sharding and grad_sharding.device_set != sharding.device_set:
+        if grad._array.ndim == 0 and len(sharding.device_set) == 1:
+            from xgrad.ops import to_device
+
+            return to_device(grad, next(iter(sharding.device_set)))
+        raise RuntimeError(
+            format_error(
+                f"invalid gradient at index {i} - expected device {_device_str(sharding)} but got "
+                f"{_device_str(grad_sharding)}"
+            )
+        )
+    return grad
 
 
 # -- running one node ----------------------------------------------------------------
