@@ -544,8 +544,12 @@ def evaluate_function(
     # without the queue]); ``None`` again once a second one is pushed behind it.
     held: tuple[Node, list[Tensor | None]] | None = None
     pushed_local = False
-    mutex = graph_task.mutex
-    mutex.acquire()  # not ``with``, which costs twice as much, on every node
+    # Only a task spread over device workers runs its nodes on several threads at once.
+    # Without device queues one thread at a time does (the caller, or the pool thread
+    # standing in for it, NOTE [Reentrant backward]), and the lock would guard nothing.
+    mutex = graph_task.mutex if device_queues else None
+    if mutex is not None:
+        mutex.acquire()  # not ``with``, which costs twice as much, on every node
     try:
         dependencies = graph_task.dependencies
         not_ready = graph_task.not_ready
@@ -591,7 +595,7 @@ def evaluate_function(
                     q.push(NodeTask(graph_task, *held), False)
                     held = None
                 pushed_local = True
-            graph_task.outstanding_tasks += 1  # we hold the mutex
+            graph_task.outstanding_tasks += 1  # under the mutex, where there is one
             q.push(NodeTask(graph_task, next_fn, next_inputs), False)
         if held is not None:
             heap = local_queue._heap
@@ -600,7 +604,8 @@ def evaluate_function(
             graph_task.outstanding_tasks += 1
             local_queue.push(NodeTask(graph_task, *held), False)
     finally:
-        mutex.release()
+        if mutex is not None:
+            mutex.release()
     return None
 
 
