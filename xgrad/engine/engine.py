@@ -98,7 +98,9 @@ _tls = _ThreadState()
 class NodeTask:
     __slots__ = ("fn", "graph_task", "inputs", "is_shutdown")
 
-    def __init__(self, graph_task: GraphTask | None, fn: Node | None, inputs: InputBuffer | None, is_shutdown: bool = False) -> None:
+    def __init__(
+        self, graph_task: GraphTask | None, fn: Node | None, inputs: list[Tensor | None] | None, is_shutdown: bool = False
+    ) -> None:
         self.graph_task = graph_task
         self.fn = fn
         self.inputs = inputs
@@ -155,7 +157,11 @@ class ReadyQueue:
 
 
 class InputBuffer:
-    """The gradients arriving at one node, summed per input slot."""
+    """The gradients arriving at one node, summed per input slot.
+
+    Only a node still waiting for some of its grads keeps one (in ``not_ready``); a
+    ready node's task carries the summed grads, its ``buffer``, as a plain list.
+    """
 
     __slots__ = ("buffer",)
 
@@ -353,53 +359,67 @@ def validate_outputs(edges: tuple[Edge, ...] | list[Edge], grads: list[Any], for
     """
     if len(grads) != len(edges):
         raise RuntimeError(format_error(f"invalid number of gradients - expected {len(edges)}, but got {len(grads)}"))
-    for i, (grad, (node, input_nr)) in enumerate(zip(grads, edges)):  # noqa: B905  (lengths checked)
-        if grad is None or node is None:
+    single_device = _devices.single_device
+    for i, grad in enumerate(grads):  # indexing, not a zip: half the cost for a node's few grads
+        if grad is None:
             continue
-        if not isinstance(grad, Tensor):
-            raise TypeError(format_error(f"invalid gradient at index {i} - expected a Tensor or None, got {type(grad).__name__}"))
+        node, input_nr = edges[i]
+        if node is None:
+            continue
         meta = node.input_metadata[input_nr]
-        array = grad._array
-        if array.shape != meta.shape:
-            if not _is_expandable_to(meta.shape, array.shape):
-                raise RuntimeError(
-                    format_error(
-                        f"invalid gradient at index {i} - got {list(array.shape)} but expected shape "
-                        f"compatible with {list(meta.shape)}"
-                    )
-                )
-            from xgrad.ops import sum_to
+        # The common case, an array that already fits, in a few compares: ``aval`` is
+        # where an array's ``.shape`` and ``.dtype`` properties read from, at a third
+        # of their cost, and the dtype is the very object the metadata took from it.
+        if type(grad) is Tensor:
+            aval = getattr(grad._array, "aval", None)
+            if (
+                aval is not None
+                and aval.shape == meta.shape
+                and aval.dtype is meta.dtype
+                and (single_device or meta.sharding is None)
+            ):
+                continue
+        grads[i] = _fit_gradient(i, grad, meta, format_error)
 
-            grad = sum_to(grad, meta.shape)
-        if grad._array.dtype != meta.dtype:
-            if not jnp.issubdtype(grad._array.dtype, jnp.inexact):
-                raise RuntimeError(format_error(f"invalid gradient at index {i} - expected dtype {meta.dtype} but got {grad._array.dtype}"))
-            grad = grad.to(meta.dtype)
-        sharding = meta.sharding
-        # No sharding in the metadata: the compiled backward validates traced values,
-        # which XLA places (and which have no .sharding to compare).
-        if _devices.single_device or sharding is None:
-            grads[i] = grad
-            continue
-        grad_sharding = grad._array.sharding
-        if (
-            sharding is not None
-            and grad_sharding is not sharding
-            and grad_sharding != sharding
-            and grad_sharding.device_set != sharding.device_set
-        ):
-            if grad._array.ndim == 0 and len(sharding.device_set) == 1:
-                from xgrad.ops import to_device
 
-                grad = to_device(grad, next(iter(sharding.device_set)))
-            else:
-                raise RuntimeError(
-                    format_error(
-                        f"invalid gradient at index {i} - expected device {_device_str(sharding)} but got "
-                        f"{_device_str(grad_sharding)}"
-                    )
+def _fit_gradient(i: int, grad: Any, meta: Any, format_error: Callable[[str], str]) -> Tensor:
+    """``grads[i]`` fitted to ``meta`` (the slow path of ``validate_outputs``), or raise."""
+    if not isinstance(grad, Tensor):
+        raise TypeError(format_error(f"invalid gradient at index {i} - expected a Tensor or None, got {type(grad).__name__}"))
+    array = grad._array
+    if array.shape != meta.shape:
+        if not _is_expandable_to(meta.shape, array.shape):
+            raise RuntimeError(
+                format_error(
+                    f"invalid gradient at index {i} - got {list(array.shape)} but expected shape "
+                    f"compatible with {list(meta.shape)}"
                 )
-        grads[i] = grad
+            )
+        from xgrad.ops import sum_to
+
+        grad = sum_to(grad, meta.shape)
+    if grad._array.dtype != meta.dtype:
+        if not jnp.issubdtype(grad._array.dtype, jnp.inexact):
+            raise RuntimeError(format_error(f"invalid gradient at index {i} - expected dtype {meta.dtype} but got {grad._array.dtype}"))
+        grad = grad.to(meta.dtype)
+    sharding = meta.sharding
+    # No sharding in the metadata: the compiled backward validates traced values,
+    # which XLA places (and which have no .sharding to compare).
+    if _devices.single_device or sharding is None:
+        return grad
+    grad_sharding = grad._array.sharding
+    if grad_sharding is not sharding and grad_sharding != sharding and grad_sharding.device_set != sharding.device_set:
+        if grad._array.ndim == 0 and len(sharding.device_set) == 1:
+            from xgrad.ops import to_device
+
+            return to_device(grad, next(iter(sharding.device_set)))
+        raise RuntimeError(
+            format_error(
+                f"invalid gradient at index {i} - expected device {_device_str(sharding)} but got "
+                f"{_device_str(grad_sharding)}"
+            )
+        )
+    return grad
 
 
 # -- running one node ----------------------------------------------------------------
@@ -478,7 +498,9 @@ def call_function(graph_task: GraphTask, fn: Node, inputs: list[Tensor | None]) 
     return outputs
 
 
-def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, local_queue: ReadyQueue) -> tuple[Node, InputBuffer] | None:
+def evaluate_function(
+    graph_task: GraphTask, fn: Node, inputs: list[Tensor | None], local_queue: ReadyQueue
+) -> tuple[Node, list[Tensor | None]] | None:
     """Run ``fn`` and route its grads; return the node to run next on this thread without the queue, if any.
 
     # NOTE [Next node without the queue]
@@ -490,23 +512,22 @@ def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, loca
     # the check is ordered after it, as it could have been anyway.
     """
     exec_info = graph_task.exec_info
-    buffer = inputs.buffer
     if exec_info:
         info = exec_info[fn]
         if not info.needed:
             # Tensor pre-hooks run exactly once: here when the node itself will not run.
-            buffer = call_tensor_pre_hooks(fn, list(buffer))
+            inputs = call_tensor_pre_hooks(fn, list(inputs))
         if info.captures is not None:
             with graph_task.mutex:
                 for input_idx, output_idx in info.captures:
-                    graph_task.captured_vars[output_idx] = buffer[input_idx]
+                    graph_task.captured_vars[output_idx] = inputs[input_idx]
         if not info.needed:
             return None
 
     if profile_node is None:
-        outputs = call_function(graph_task, fn, buffer)
+        outputs = call_function(graph_task, fn, inputs)
     else:
-        outputs = profile_node(call_function, graph_task, fn, buffer)  # NOTE [Profiler hook]
+        outputs = profile_node(call_function, graph_task, fn, inputs)  # NOTE [Profiler hook]
     if not graph_task.keep_graph:
         fn.release_variables()
     if not outputs:
@@ -521,9 +542,15 @@ def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, loca
     cpu_ready_queue = graph_task.cpu_ready_queue
     # The first node made ready for this thread's queue, held back (NOTE [Next node
     # without the queue]); ``None`` again once a second one is pushed behind it.
-    held: tuple[Node, InputBuffer] | None = None
+    held: tuple[Node, list[Tensor | None]] | None = None
     pushed_local = False
-    with graph_task.mutex:
+    # Only a task spread over device workers runs its nodes on several threads at once.
+    # Without device queues one thread at a time does (the caller, or the pool thread
+    # standing in for it, NOTE [Reentrant backward]), and the lock would guard nothing.
+    mutex = graph_task.mutex if device_queues else None
+    if mutex is not None:
+        mutex.acquire()  # not ``with``, which costs twice as much, on every node
+    try:
         dependencies = graph_task.dependencies
         not_ready = graph_task.not_ready
         for i, output in enumerate(outputs):
@@ -544,34 +571,41 @@ def evaluate_function(graph_task: GraphTask, fn: Node, inputs: InputBuffer, loca
                     info = exec_info.get(next_fn)
                     if info is None or not info.should_execute():
                         continue
-                input_buffer = InputBuffer(len(next_fn.input_metadata))
-                input_buffer.buffer[input_nr] = output  # a fresh buffer: nothing to sum yet
+                size = len(next_fn.input_metadata)
                 if not is_ready:
-                    not_ready[next_fn] = input_buffer
+                    input_buffer = not_ready[next_fn] = InputBuffer(size)
+                    input_buffer.buffer[input_nr] = output  # a fresh buffer: nothing to sum yet
                     continue
+                # Ready at its first grad (every node of a chain): no buffer to keep, only the list.
+                next_inputs: list[Tensor | None] = [None] * size
+                next_inputs[input_nr] = output
             else:
                 input_buffer.add(input_nr, output)
                 if not is_ready:
                     continue
                 del not_ready[next_fn]
+                next_inputs = input_buffer.buffer
             q = ready_queue(cpu_ready_queue, next_fn, device_queues)
             if q is local_queue:
                 if held is None and not pushed_local:
-                    held = (next_fn, input_buffer)
+                    held = (next_fn, next_inputs)
                     continue
                 if held is not None:  # keep push order: the held node was ready first
                     graph_task.outstanding_tasks += 1
                     q.push(NodeTask(graph_task, *held), False)
                     held = None
                 pushed_local = True
-            graph_task.outstanding_tasks += 1  # we hold the mutex
-            q.push(NodeTask(graph_task, next_fn, input_buffer), False)
+            graph_task.outstanding_tasks += 1  # under the mutex, where there is one
+            q.push(NodeTask(graph_task, next_fn, next_inputs), False)
         if held is not None:
             heap = local_queue._heap
             if not heap or (2, -graph_task.reentrant_depth, -held[0].sequence_nr) < heap[0][0]:
                 return held
             graph_task.outstanding_tasks += 1
             local_queue.push(NodeTask(graph_task, *held), False)
+    finally:
+        if mutex is not None:
+            mutex.release()
     return None
 
 
@@ -881,12 +915,13 @@ def execute(
 
 def execute_with_graph_task(graph_task: GraphTask, graph_root: Node, input_buffer: InputBuffer) -> None:
     """Run ``graph_task`` to completion from this thread (NOTE [Reentrant backward])."""
+    inputs = input_buffer.buffer
     q = ready_queue(graph_task.cpu_ready_queue, graph_root, graph_task.device_queues)
     if _tls.worker_device == NO_DEVICE:
         # A user thread: it becomes the driver of its CPU queue for the call.
         _tls.worker_device = CPU_DEVICE
         graph_task.owner = CPU_DEVICE
-        q.push(NodeTask(graph_task, graph_root, input_buffer))
+        q.push(NodeTask(graph_task, graph_root, inputs))
         try:
             thread_main(graph_task)
         except BaseException as exc:  # interrupted while waiting: workers skip the rest
@@ -896,7 +931,7 @@ def execute_with_graph_task(graph_task: GraphTask, graph_root: Node, input_buffe
             _tls.worker_device = NO_DEVICE
         return
     graph_task.owner = _tls.worker_device
-    q.push(NodeTask(graph_task, graph_root, input_buffer))
+    q.push(NodeTask(graph_task, graph_root, inputs))
     if _tls.current_depth >= MAX_REENTRANT_DEPTH:
         # A fresh pool thread drives this thread's queue while this one waits.
         _devices.add_thread_pool_task(graph_task)

@@ -370,7 +370,9 @@ class PrimitiveNode(Node):
 
     def unpack_saved(self) -> tuple[list[Any], Any]:
         """The rules' arguments: inputs (tensors, avals or constants) and the output."""
-        inputs = [s.unpack(self) if type(s) is SavedTensor else s for s in self.saved]
+        inputs = []
+        for s in self.saved:  # a loop, not a comprehension: cheaper for the few values a node saves
+            inputs.append(s.unpack(self) if type(s) is SavedTensor else s)
         # Unsaved outputs reach the rules as their InputMetadata (shape, dtype, ndim).
         out: Any = self.input_metadata if self.saved_out is None else tuple(s.unpack(self) for s in self.saved_out)
         if self.prim.num_outputs == 1:
@@ -378,7 +380,9 @@ class PrimitiveNode(Node):
         return inputs, out
 
     def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
-        g = incoming_grad(self.prim.num_outputs, grads, self.input_metadata)
+        num_outputs = self.prim.num_outputs
+        # One output, nearly every primitive: its grad is ``g`` as it is (spares the call).
+        g = grads[0] if num_outputs == 1 else incoming_grad(num_outputs, grads, self.input_metadata)
         if g is None:
             return [None] * len(self.next_edges)
         inputs, out = self.unpack_saved()
@@ -388,14 +392,21 @@ class PrimitiveNode(Node):
         """The pure part of ``apply``: rules applied to given values (the compiled path calls it too)."""
         prim = self.prim
         params = self.params
+        args = (g, out, *inputs)
         if prim.joint_vjp is not None:
             if not any(needed):
                 return [None] * len(needed)
-            return [gi if need else None for gi, need in zip(prim.joint_vjp(g, out, *inputs, **params), needed, strict=True)]
-        return [
-            rule(g, out, *inputs, **params) if need and rule is not None else None
-            for rule, need in zip(prim.vjps, needed, strict=True)  # type: ignore[arg-type]
-        ]
+            return [gi if need else None for gi, need in zip(prim.joint_vjp(*args, **params), needed, strict=True)]
+        vjps: tuple[Rule | None, ...] = prim.vjps  # type: ignore[assignment]
+        # An index loop and a length check, not a zip(strict=True) comprehension: that
+        # cost as much again as the rule of a cheap op.
+        if len(vjps) != len(needed):
+            raise ValueError(f"{prim.name} has {len(vjps)} backward rules, but was called with {len(needed)} inputs")
+        grads: list[Tensor | None] = [None] * len(needed)
+        for i, rule in enumerate(vjps):
+            if needed[i] and rule is not None:
+                grads[i] = rule(*args, **params)
+        return grads
 
     def release_variables(self) -> None:
         # Avals and constants stay: a node that saved no tensor can run again, as in PyTorch.
