@@ -1198,7 +1198,7 @@ def _body(step: _Step, inputs: list[Any], values: _Values, args: Iterator[Any], 
         outs = _prim_body(step, inputs, args)
     else:
         outs = _function_body(step, inputs, args)
-    validate_outputs(step.edge_views, outs, lambda msg: f"Function {step.name} returned an {msg}")
+    validate_outputs(step.edge_views, outs, step.name)
     return outs
 
 
@@ -1720,7 +1720,7 @@ def _hit_order(walk: _Walk, structure: _Walk) -> tuple[list[int], list[int]]:
 def _hit_task(root_edges: list[Edge], root_grads: list[Tensor], keep_graph: bool, create_graph: bool) -> engine.GraphTask:
     """``engine.prepare`` for a call without ``inputs``, less the dependency count: a hit does not read it."""
     engine._devices.initialize_device_threads_pool()
-    validate_outputs(root_edges, root_grads, lambda msg: msg)
+    validate_outputs(root_edges, root_grads)
     tls = engine._tls
     if tls.local_ready_queue is None:
         tls.local_ready_queue = engine.ReadyQueue()

@@ -351,14 +351,24 @@ def _device_str(sharding: Any) -> str:
     return ",".join(str(d) for d in sorted(sharding.device_set, key=lambda d: d.id))
 
 
-def validate_outputs(edges: tuple[Edge, ...] | list[Edge], grads: list[Any], format_error: Callable[[str], str]) -> None:
+def _error_text(producer: Any, note: str, msg: str) -> str:
+    """An error of ``validate_outputs``: about the node (or node name) ``producer``, or bare for root grads."""
+    if producer is None:
+        return msg
+    name = producer if isinstance(producer, str) else producer.name()
+    return f"Function {name} returned an {msg}{note}"
+
+
+def validate_outputs(edges: tuple[Edge, ...] | list[Edge], grads: list[Any], producer: Any = None, note: str = "") -> None:
     """Check ``grads`` against the metadata of the inputs they flow into, fixing what PyTorch fixes.
 
     A grad that only broadcasts is summed down, a grad of another float dtype is cast,
-    a 0-dim grad on another device is moved; anything else raises.
+    a 0-dim grad on another device is moved; anything else raises, naming ``producer``
+    (the node or its name; ``None`` for root grads) and adding ``note``. The message is
+    made only then: this runs for every node.
     """
     if len(grads) != len(edges):
-        raise RuntimeError(format_error(f"invalid number of gradients - expected {len(edges)}, but got {len(grads)}"))
+        raise RuntimeError(_error_text(producer, note, f"invalid number of gradients - expected {len(edges)}, but got {len(grads)}"))
     single_device = _devices.single_device
     for i, grad in enumerate(grads):  # indexing, not a zip: half the cost for a node's few grads
         if grad is None:
@@ -379,18 +389,20 @@ def validate_outputs(edges: tuple[Edge, ...] | list[Edge], grads: list[Any], for
                 and (single_device or meta.sharding is None)
             ):
                 continue
-        grads[i] = _fit_gradient(i, grad, meta, format_error)
+        grads[i] = _fit_gradient(i, grad, meta, producer, note)
 
 
-def _fit_gradient(i: int, grad: Any, meta: Any, format_error: Callable[[str], str]) -> Tensor:
+def _fit_gradient(i: int, grad: Any, meta: Any, producer: Any, note: str) -> Tensor:
     """``grads[i]`` fitted to ``meta`` (the slow path of ``validate_outputs``), or raise."""
     if not isinstance(grad, Tensor):
-        raise TypeError(format_error(f"invalid gradient at index {i} - expected a Tensor or None, got {type(grad).__name__}"))
+        raise TypeError(_error_text(producer, note, f"invalid gradient at index {i} - expected a Tensor or None, got {type(grad).__name__}"))
     array = grad._array
     if array.shape != meta.shape:
         if not _is_expandable_to(meta.shape, array.shape):
             raise RuntimeError(
-                format_error(
+                _error_text(
+                    producer,
+                    note,
                     f"invalid gradient at index {i} - got {list(array.shape)} but expected shape "
                     f"compatible with {list(meta.shape)}"
                 )
@@ -400,7 +412,9 @@ def _fit_gradient(i: int, grad: Any, meta: Any, format_error: Callable[[str], st
         grad = sum_to(grad, meta.shape)
     if grad._array.dtype != meta.dtype:
         if not jnp.issubdtype(grad._array.dtype, jnp.inexact):
-            raise RuntimeError(format_error(f"invalid gradient at index {i} - expected dtype {meta.dtype} but got {grad._array.dtype}"))
+            raise RuntimeError(
+                _error_text(producer, note, f"invalid gradient at index {i} - expected dtype {meta.dtype} but got {grad._array.dtype}")
+            )
         grad = grad.to(meta.dtype)
     sharding = meta.sharding
     # No sharding in the metadata: the compiled backward validates traced values,
@@ -414,7 +428,9 @@ def _fit_gradient(i: int, grad: Any, meta: Any, format_error: Callable[[str], st
 
             return to_device(grad, next(iter(sharding.device_set)))
         raise RuntimeError(
-            format_error(
+            _error_text(
+                producer,
+                note,
                 f"invalid gradient at index {i} - expected device {_device_str(sharding)} but got "
                 f"{_device_str(grad_sharding)}"
             )
@@ -480,19 +496,18 @@ def call_post_hooks(fn: Node, outputs: list[Tensor | None], inputs: list[Tensor 
         if result is not None:
             outputs = _as_hook_tuple(fn, "post", result, len(outputs))
             # Replaced grads flow on like the node's own: fit or reject them the same way.
-            validate_outputs(
-                fn.next_edges, outputs, lambda msg: f"Function {fn.name()} returned an {msg} (from a post hook)"
-            )
+            validate_outputs(fn.next_edges, outputs, fn, " (from a post hook)")
     return outputs
 
 
 def call_function(graph_task: GraphTask, fn: Node, inputs: list[Tensor | None]) -> list[Tensor | None]:
+    """The node and its hooks (NOTE [Hooks ordering] in node.py), its grads validated."""
     if fn._tensor_pre_hooks is not None or fn._retains_grad_hooks is not None or type(fn).tensor_pre_hooks is not Node.tensor_pre_hooks:
         inputs = call_tensor_pre_hooks(fn, inputs)
     if fn._pre_hooks:
         inputs = call_pre_hooks(fn, inputs)
     outputs = fn.apply(inputs)
-    validate_outputs(fn.next_edges, outputs, lambda msg: f"Function {fn.name()} returned an {msg}")
+    validate_outputs(fn.next_edges, outputs, fn)
     if fn._post_hooks:
         outputs = call_post_hooks(fn, outputs, inputs)
     return outputs
@@ -866,7 +881,7 @@ def prepare(
 ) -> tuple[GraphTask, Node, InputBuffer]:
     """Build the graph task for a call: root, dependencies and ``exec_info``."""
     _devices.initialize_device_threads_pool()
-    validate_outputs(root_edges, root_grads, lambda msg: msg)
+    validate_outputs(root_edges, root_grads)
     if not accumulate_grad and not outputs:
         raise ValueError("grad requires non-empty inputs.")
     if _tls.local_ready_queue is None:

@@ -312,16 +312,18 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
     edges = [gradient_edge(a) if isinstance(a, Tensor) and a.requires_grad else NO_EDGE for a in args]
     save, save_out = prim.saves(tuple(e is not NO_EDGE for e in edges))
     saved: list[Any] = []
+    holds_tensors = bool(save_out)
     for i, a in enumerate(args):
         if isinstance(a, Tensor):
             if save is None or i in save:
                 saved.append(SavedTensor(a, is_output=False))
+                holds_tensors = True
             else:
                 saved.append(Aval(a._array.shape, a._array.dtype))
         else:
             saved.append(a)
     differentiable = [jnp.issubdtype(o.dtype, jnp.inexact) for o in outs]
-    node = PrimitiveNode(prim, params, tuple(edges), tuple(InputMetadata.of(o) for o in outs), saved)
+    node = PrimitiveNode(prim, params, tuple(edges), tuple(InputMetadata.of(o) for o in outs), tuple(saved), holds_tensors)
     results = tuple(
         Tensor._from_graph(o, node, i) if differentiable[i] else Tensor(o) for i, o in enumerate(outs)
     )
@@ -347,7 +349,7 @@ def incoming_grad(num_outputs: int, grads: list[Tensor | None], metadata: Any) -
 class PrimitiveNode(Node):
     """The one node class for every primitive: it replays the primitive's rules."""
 
-    __slots__ = ("params", "prim", "saved", "saved_out", "structure")
+    __slots__ = ("holds_tensors", "params", "prim", "saved", "saved_out", "structure")
 
     def __init__(
         self,
@@ -355,12 +357,16 @@ class PrimitiveNode(Node):
         params: dict[str, Any],
         next_edges: tuple[Any, ...],
         input_metadata: tuple[InputMetadata, ...],
-        saved: list[Any],
+        saved: tuple[Any, ...],
+        holds_tensors: bool,
     ) -> None:
         super().__init__(next_edges, input_metadata)
         self.prim = prim
         self.params = params
         self.saved = saved
+        # Whether ``saved`` or ``saved_out`` has a SavedTensor: a node without one has
+        # nothing to unpack or release (``y * 1.0001``, NOTE [Save what the needed rules read]).
+        self.holds_tensors = holds_tensors
         self.saved_out: tuple[SavedTensor, ...] | None = None
         self.structure: tuple[int, tuple[int, ...], bool] | None = None  # NOTE [Structure fragments]
         record_forward_trace(self)
@@ -368,11 +374,11 @@ class PrimitiveNode(Node):
     def name(self) -> str:
         return self.prim.node_name
 
-    def unpack_saved(self) -> tuple[list[Any], Any]:
+    def unpack_saved(self) -> tuple[Sequence[Any], Any]:
         """The rules' arguments: inputs (tensors, avals or constants) and the output."""
-        inputs = []
-        for s in self.saved:  # a loop, not a comprehension: cheaper for the few values a node saves
-            inputs.append(s.unpack(self) if type(s) is SavedTensor else s)
+        inputs: Sequence[Any] = self.saved
+        if self.holds_tensors:
+            inputs = [s.unpack(self) if type(s) is SavedTensor else s for s in inputs]
         # Unsaved outputs reach the rules as their InputMetadata (shape, dtype, ndim).
         out: Any = self.input_metadata if self.saved_out is None else tuple(s.unpack(self) for s in self.saved_out)
         if self.prim.num_outputs == 1:
@@ -388,28 +394,32 @@ class PrimitiveNode(Node):
         inputs, out = self.unpack_saved()
         return self.compute(g, out, inputs, self.needed_outputs())
 
-    def compute(self, g: Any, out: Any, inputs: list[Any], needed: list[bool]) -> list[Tensor | None]:
+    def compute(self, g: Any, out: Any, inputs: Sequence[Any], needed: list[bool]) -> list[Tensor | None]:
         """The pure part of ``apply``: rules applied to given values (the compiled path calls it too)."""
         prim = self.prim
         params = self.params
-        args = (g, out, *inputs)
         if prim.joint_vjp is not None:
             if not any(needed):
                 return [None] * len(needed)
-            return [gi if need else None for gi, need in zip(prim.joint_vjp(*args, **params), needed, strict=True)]
+            return [gi if need else None for gi, need in zip(prim.joint_vjp(g, out, *inputs, **params), needed, strict=True)]
         vjps: tuple[Rule | None, ...] = prim.vjps  # type: ignore[assignment]
-        # An index loop and a length check, not a zip(strict=True) comprehension: that
-        # cost as much again as the rule of a cheap op.
-        if len(vjps) != len(needed):
-            raise ValueError(f"{prim.name} has {len(vjps)} backward rules, but was called with {len(needed)} inputs")
-        grads: list[Tensor | None] = [None] * len(needed)
-        for i, rule in enumerate(vjps):
+        # A counted loop, not a zip(strict=True) comprehension, and no ``**{}``: the
+        # comprehension cost as much again as the rule of a cheap op.
+        n = len(needed)
+        if len(vjps) != n:
+            raise ValueError(f"{prim.name} has {len(vjps)} backward rules, but was called with {n} inputs")
+        grads: list[Tensor | None] = [None] * n
+        i = 0
+        for rule in vjps:
             if needed[i] and rule is not None:
-                grads[i] = rule(*args, **params)
+                grads[i] = rule(g, out, *inputs, **params) if params else rule(g, out, *inputs)
+            i += 1
         return grads
 
     def release_variables(self) -> None:
         # Avals and constants stay: a node that saved no tensor can run again, as in PyTorch.
+        if not self.holds_tensors:
+            return
         for s in self.saved:
             if type(s) is SavedTensor:
                 s.release()
