@@ -20,6 +20,18 @@ def median_seconds(fn: Callable[[], object], repeats: int = 30, warmup: int = 3)
     return statistics.median(times)
 
 
+def interleaved(timers: dict[str, Callable[[], float]], repeats: int, warmup: int = 3) -> dict[str, float]:
+    """Median seconds of each timer (each returns the seconds it measured), taken in turns
+    so that load on the shared machine hits them all alike."""
+    times: dict[str, list[float]] = {name: [] for name in timers}
+    for i in range(repeats + warmup):
+        for name, timer in timers.items():
+            seconds = timer()
+            if i >= warmup:
+                times[name].append(seconds)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     """A GitHub-markdown table."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]

@@ -24,14 +24,13 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _timing import median_seconds, mul_chain, table
+from _timing import interleaved, median_seconds, mul_chain, table
 from jax.experimental import io_callback
 
 import xgrad
@@ -59,17 +58,6 @@ def backward_seconds(build, params, flag: bool) -> float:
     loss.backward(compiled=flag)
     jax.block_until_ready([p.grad.array for p in params])
     return time.perf_counter() - start
-
-
-def interleaved(timers: dict[str, Callable[[], float]], repeats: int, warmup: int = 3) -> dict[str, float]:
-    """Median seconds of each timer, taken in turns so that load on the machine hits them all alike."""
-    times: dict[str, list[float]] = {name: [] for name in timers}
-    for i in range(repeats + warmup):
-        for name, timer in timers.items():
-            seconds = timer()
-            if i >= warmup:
-                times[name].append(seconds)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def miss_seconds(build, params) -> float:

@@ -6,7 +6,8 @@ Run: ``python benchmarks/bench_engine.py`` (add ``--quick`` for a short run).
    against the same backward rules dispatched directly as ``jnp`` calls with no engine
    (the floor); the difference is the engine's bookkeeping per node. The same rules
    through xgrad's own op dispatch with no engine are timed too, to split what is
-   the engine from what is xgrad's op dispatch.
+   the engine from what is xgrad's op dispatch, and a chain whose rules dispatch
+   nothing (``y + 1.0``) measures the engine alone. The four are timed in turns.
 2. A 3-layer MLP (256→512→512→10, batch 64, tanh, cross-entropy): xgrad forward+backward
    vs ``jax.vjp`` applied op by op vs ``jax.jit(jax.grad)``.
 """
@@ -16,12 +17,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 import jax
 import jax.numpy as jnp
-from _timing import median_seconds, mul_chain, table
+from _timing import interleaved, median_seconds, mul_chain, table
 
 import xgrad
 
@@ -31,44 +33,48 @@ N = 1000
 def chain_rows(repeats: int) -> list[tuple[str, ...]]:
     x = xgrad.tensor([0.5], requires_grad=True)
 
-    def build() -> xgrad.Tensor:
-        return mul_chain(x, N)
-
-    def xgrad_backward() -> None:
-        loss = build()
+    def backward_seconds(loss: xgrad.Tensor) -> float:
         x.grad = None
-        start = time_now()
+        jax.block_until_ready(loss.array)  # the forward is dispatched asynchronously: not on this clock
+        start = time.perf_counter()
         loss.backward()
         jax.block_until_ready(x.grad.array)
-        elapsed.append(time_now() - start)
+        return time.perf_counter() - start
+
+    def eager() -> float:
+        return backward_seconds(mul_chain(x, N))
 
     # The floor: the same rules (g * 1.0001 per node, then the sum's broadcast) as bare jnp calls.
-    def floor() -> None:
+    def floor() -> float:
+        start = time.perf_counter()
         g = jnp.ones(())
         g = jnp.broadcast_to(jnp.reshape(g, (1,)), (1,))
         for _ in range(N):
             g = jnp.multiply(g, 1.0001)
         jax.block_until_ready(g)
+        return time.perf_counter() - start
 
     # The same rules through xgrad's own op dispatch (Tensors, jitted primitives), no engine.
     g0 = xgrad.Tensor(jnp.ones((1,)))
 
-    def xgrad_ops() -> None:
+    def xgrad_ops() -> float:
+        start = time.perf_counter()
         g = g0
         with xgrad.no_grad():
             for _ in range(N):
                 g = g * 1.0001
         jax.block_until_ready(g.array)
+        return time.perf_counter() - start
 
-    elapsed: list[float] = []
-    for _ in range(3):
-        xgrad_backward()
-    elapsed.clear()
-    for _ in range(repeats):
-        xgrad_backward()
-    engine = sorted(elapsed)[len(elapsed) // 2]
-    bare = median_seconds(floor, repeats)
-    dispatch = median_seconds(xgrad_ops, repeats)
+    # A chain whose rules dispatch nothing (the grad of y + 1.0 is g itself): the engine alone.
+    def add_chain() -> float:
+        y = x
+        for _ in range(N):
+            y = y + 1.0
+        return backward_seconds(y.sum())
+
+    m = interleaved({"eager": eager, "floor": floor, "ops": xgrad_ops, "add": add_chain}, repeats)
+    engine, bare, dispatch = m["eager"], m["floor"], m["ops"]
     per_node = lambda s: f"{s / N * 1e6:.2f}"  # noqa: E731
     return [
         ("xgrad eager backward", per_node(engine)),
@@ -77,13 +83,8 @@ def chain_rows(repeats: int) -> list[tuple[str, ...]]:
         ("ratio eager / floor", f"{engine / bare:.2f}x"),
         ("same rules as xgrad op calls, no engine", per_node(dispatch)),
         ("eager minus xgrad op calls", per_node(engine - dispatch)),
+        ("y + 1.0 chain: rules dispatch nothing", per_node(m["add"])),
     ]
-
-
-def time_now() -> float:
-    import time
-
-    return time.perf_counter()
 
 
 def init_mlp(key: jax.Array, sizes: tuple[int, ...]) -> list[tuple[jax.Array, jax.Array]]:

@@ -21,6 +21,7 @@ import inspect
 import itertools
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from xgrad.engine.hooks import HookDict, RemovableHandle, add_hook, run_in_order
@@ -128,7 +129,9 @@ class Node:
                 topo = node.topological_nr + 1
         self.topological_nr = topo
         self._metadata: dict[str, Any] | None = None
-        self._edges_needed: list[bool] | None = None
+        # Which next edges lead anywhere: given by primitives as they are recorded,
+        # computed on first use for other nodes (``needed_outputs``).
+        self._edges_needed: tuple[bool, ...] | None = None
         self._pre_hooks: HookDict | None = None
         self._post_hooks: HookDict | None = None
         self._tensor_pre_hooks: HookDict | None = None
@@ -202,7 +205,7 @@ class Node:
             return info is not None and info.should_execute()
         return True
 
-    def needed_outputs(self) -> list[bool]:
+    def needed_outputs(self) -> Sequence[bool]:
         """``should_compute_output(i)`` for every next edge, reading the task's state once."""
         task = current_task.graph_task
         exec_info = task.exec_info if task is not None else None
@@ -210,7 +213,7 @@ class Node:
             # Without exec_info the answer depends on the edges alone: compute it once.
             needed = self._edges_needed
             if needed is None:
-                needed = self._edges_needed = [edge.node is not None for edge in self.next_edges]
+                needed = self._edges_needed = tuple(edge.node is not None for edge in self.next_edges)
             return needed
         needed = []
         for node, _ in self.next_edges:

@@ -310,7 +310,8 @@ on_record: Callable[[PrimitiveNode], None] | None = None
 def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any) -> Any:
     outs = (out,) if prim.num_outputs == 1 else tuple(out)
     edges = [gradient_edge(a) if isinstance(a, Tensor) and a.requires_grad else NO_EDGE for a in args]
-    save, save_out = prim.saves(tuple(e is not NO_EDGE for e in edges))
+    wanted = tuple(e is not NO_EDGE for e in edges)
+    save, save_out = prim.saves(wanted)
     saved: list[Any] = []
     holds_tensors = bool(save_out)
     for i, a in enumerate(args):
@@ -323,7 +324,7 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
         else:
             saved.append(a)
     differentiable = [jnp.issubdtype(o.dtype, jnp.inexact) for o in outs]
-    node = PrimitiveNode(prim, params, tuple(edges), tuple(InputMetadata.of(o) for o in outs), tuple(saved), holds_tensors)
+    node = PrimitiveNode(prim, params, tuple(edges), tuple(InputMetadata.of(o) for o in outs), tuple(saved), holds_tensors, wanted)
     results = tuple(
         Tensor._from_graph(o, node, i) if differentiable[i] else Tensor(o) for i, o in enumerate(outs)
     )
@@ -359,8 +360,10 @@ class PrimitiveNode(Node):
         input_metadata: tuple[InputMetadata, ...],
         saved: tuple[Any, ...],
         holds_tensors: bool,
+        edges_needed: tuple[bool, ...],
     ) -> None:
         super().__init__(next_edges, input_metadata)
+        self._edges_needed = edges_needed  # known here: a fresh node need not build it in backward
         self.prim = prim
         self.params = params
         self.saved = saved
@@ -394,7 +397,7 @@ class PrimitiveNode(Node):
         inputs, out = self.unpack_saved()
         return self.compute(g, out, inputs, self.needed_outputs())
 
-    def compute(self, g: Any, out: Any, inputs: Sequence[Any], needed: list[bool]) -> list[Tensor | None]:
+    def compute(self, g: Any, out: Any, inputs: Sequence[Any], needed: Sequence[bool]) -> list[Tensor | None]:
         """The pure part of ``apply``: rules applied to given values (the compiled path calls it too)."""
         prim = self.prim
         params = self.params
