@@ -756,9 +756,11 @@ def _walk(graph_task: Any, root: Node, create_graph: bool, accumulate_grad: bool
 # The hit path's walk must cost little per node. Most nodes are primitives without
 # hooks, and most of such a node's key is fixed once it is recorded: primitive,
 # params, output shapes/dtypes and what it saved (shapes/dtypes of tensors, constants,
-# avals). ``_fragment`` interns that part to a small int, kept on the node
-# (``PrimitiveNode.structure``) with the positions of its saved tensors, so the walk
-# appends an int and the node's edges, and the key hashes and compares as flat ints.
+# avals), with the number of its inputs, which fixes how many edges follow it in the
+# key. ``_fragment`` interns that part to a small int, shared by every node with the
+# same fragment together with the positions of its saved tensors
+# (``PrimitiveNode.structure``), so the walk appends an int and the node's edges, and
+# the key hashes and compares as flat ints.
 # Once a compiled backward has run in the process, primitives get their fragment as
 # they are recorded (``registry.on_record``); nodes recorded before then get it on
 # their first walk. Ids are never reused: past ``MAX_FRAGMENTS`` the table starts
@@ -767,7 +769,7 @@ def _walk(graph_task: Any, root: Node, create_graph: bool, accumulate_grad: bool
 # of node, are keyed by ``_node_key`` as in the schedule walk.
 
 MAX_FRAGMENTS = 1 << 16
-_fragments: dict[tuple[Any, ...], int] = {}
+_fragments: dict[tuple[Any, ...], tuple[int, tuple[int, ...], bool]] = {}
 _next_fragment = itertools.count().__next__
 _NO_FRAGMENT = (-1, (), False)  # ``structure`` of a primitive node that ``_node_key`` keys
 
@@ -792,7 +794,8 @@ def _fragment(node: PrimitiveNode) -> tuple[int, tuple[int, ...], bool]:
         hash(items)
     except TypeError:
         return _NO_FRAGMENT
-    key: list[Any] = [node.prim, items, _outputs_key(node.input_metadata)]
+    n_inputs = len(node.saved)
+    key: list[Any] = [node.prim, items, _outputs_key(node.input_metadata), n_inputs]
     gather = []
     saved_out = node.saved_out
     for i, s in enumerate(node.saved if saved_out is None else (*node.saved, *saved_out)):
@@ -802,7 +805,7 @@ def _fragment(node: PrimitiveNode) -> tuple[int, tuple[int, ...], bool]:
             if aval is None:
                 return _NO_FRAGMENT
             key.append(aval)
-            if i < len(node.saved):
+            if i < n_inputs:
                 gather.append(i)
         elif cls in _SCALARS:
             key.append(_scalar_key(s))
@@ -811,12 +814,12 @@ def _fragment(node: PrimitiveNode) -> tuple[int, tuple[int, ...], bool]:
         else:
             return _NO_FRAGMENT
     frozen = tuple(key)
-    fid = _fragments.get(frozen)
-    if fid is None:
+    structure = _fragments.get(frozen)
+    if structure is None:
         if len(_fragments) >= MAX_FRAGMENTS:
             _fragments.clear()
-        fid = _fragments.setdefault(frozen, _next_fragment())
-    return fid, tuple(gather), saved_out is not None
+        structure = _fragments.setdefault(frozen, (_next_fragment(), tuple(gather), saved_out is not None))
+    return structure
 
 
 def _record_fragment(node: PrimitiveNode) -> None:
