@@ -600,7 +600,7 @@ def evaluate_function(
                     continue
                 del not_ready[next_fn]
                 next_inputs = input_buffer.buffer
-            q = ready_queue(cpu_ready_queue, next_fn, device_queues)
+            q = ready_queue(cpu_ready_queue, next_fn, device_queues) if device_queues else cpu_ready_queue
             if q is local_queue:
                 if held is None and not pushed_local:
                     held = (next_fn, next_inputs)

@@ -377,25 +377,19 @@ class PrimitiveNode(Node):
     def name(self) -> str:
         return self.prim.node_name
 
-    def unpack_saved(self) -> tuple[Sequence[Any], Any]:
-        """The rules' arguments: inputs (tensors, avals or constants) and the output."""
-        inputs: Sequence[Any] = self.saved
-        if self.holds_tensors:
-            inputs = [s.unpack(self) if type(s) is SavedTensor else s for s in inputs]
-        # Unsaved outputs reach the rules as their InputMetadata (shape, dtype, ndim).
-        out: Any = self.input_metadata if self.saved_out is None else tuple(s.unpack(self) for s in self.saved_out)
-        if self.prim.num_outputs == 1:
-            out = out[0]
-        return inputs, out
-
     def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
         num_outputs = self.prim.num_outputs
         # One output, nearly every primitive: its grad is ``g`` as it is (spares the call).
         g = grads[0] if num_outputs == 1 else incoming_grad(num_outputs, grads, self.input_metadata)
         if g is None:
             return [None] * len(self.next_edges)
-        inputs, out = self.unpack_saved()
-        return self.compute(g, out, inputs, self.needed_outputs())
+        # The rules' arguments: the inputs (tensors, avals or constants) and the outputs,
+        # which reach the rules as their InputMetadata (shape, dtype, ndim) when not saved.
+        inputs: Sequence[Any] = self.saved
+        if self.holds_tensors:
+            inputs = [s.unpack(self) if type(s) is SavedTensor else s for s in inputs]
+        out: Any = self.input_metadata if self.saved_out is None else tuple(s.unpack(self) for s in self.saved_out)
+        return self.compute(g, out[0] if num_outputs == 1 else out, inputs, self.needed_outputs())
 
     def compute(self, g: Any, out: Any, inputs: Sequence[Any], needed: Sequence[bool]) -> list[Tensor | None]:
         """The pure part of ``apply``: rules applied to given values (the compiled path calls it too)."""
