@@ -330,6 +330,21 @@ def test_constants_key_their_value_type_and_zero_sign():
     assert (compiled.stats()["misses"], compiled.stats()["hits"]) == (5, 1)
 
 
+def test_saved_and_unsaved_inputs_of_one_shape_are_different_structures():
+    """``a * b`` saves ``b`` when ``a`` wants a grad and only ``b``'s shape when not: two structures."""
+    rng = np.random.default_rng(0)
+    values = [rng.standard_normal((2, 3)) for _ in range(2)]
+    for wants in [(True, False), (False, True), (True, True), (True, False)]:
+        a, b = (xgrad.tensor(v, requires_grad=w) for v, w in zip(values, wants, strict=True))
+        (a.exp() * b.exp()).sum().backward(compiled=True)
+        expected = jax.grad(lambda p, q: jnp.sum(jnp.exp(p) * jnp.exp(q)), argnums=(0, 1))(*values)
+        for t, want, e in zip((a, b), wants, expected, strict=True):
+            assert (t.grad is not None) == want
+            if want:
+                np.testing.assert_allclose(t.grad.numpy(), e, rtol=1e-12)
+    assert (compiled.stats()["misses"], compiled.stats()["hits"]) == (3, 1)
+
+
 def test_a_full_fragment_table_starts_afresh_without_mixing_structures(monkeypatch):
     monkeypatch.setattr(compiled_engine, "MAX_FRAGMENTS", 2)
     x = xgrad.tensor([1.0, 2.0], requires_grad=True)

@@ -804,7 +804,7 @@ def _fragment(node: PrimitiveNode) -> tuple[int, tuple[int, ...], bool]:
             aval = _saved_aval(s)
             if aval is None:
                 return _NO_FRAGMENT
-            key.append(aval)
+            key.append((_TENSOR, *aval))  # tagged: an Aval of the same shape and dtype is an equal tuple
             if i < n_inputs:
                 gather.append(i)
         elif cls in _SCALARS:
