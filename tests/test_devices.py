@@ -217,3 +217,20 @@ def test_sharded_arrays_run_on_the_callers_queue():
     assert ran == [threading.current_thread().name]
     np.testing.assert_allclose(x.grad.numpy(), 2.0 * np.arange(4.0))
     assert x.grad.array.sharding.device_set == sharding.device_set
+
+
+def test_compiled_grads_live_on_their_leaves_devices():
+    """The compiled backward writes ``.grad`` directly: each must come out on its leaf's device, as eager's."""
+    dev0, dev1 = jax.devices()[:2]
+    x_np, w_np = np.array([1.0, -2.0, 3.0]), np.array([0.5, 0.25, -1.0])
+    grads = {}
+    for compiled in (False, True, True):  # a miss, then a hit
+        x = xgrad.tensor(x_np, requires_grad=True)
+        w = xgrad.tensor(w_np, device=dev1, requires_grad=True)
+        ((x.to(dev1) * w).tanh().to(dev0) ** 2).sum().backward(compiled=compiled)
+        assert (x.grad.device, w.grad.device) == (dev0, dev1)
+        grads[compiled] = (x.grad.numpy(), w.grad.numpy())
+    expected = jax.grad(lambda a, b: jnp.sum(jnp.tanh(a * b) ** 2), argnums=(0, 1))(x_np, w_np)
+    for got in grads.values():
+        for g, e in zip(got, expected, strict=True):
+            np.testing.assert_allclose(g, e, rtol=1e-12)

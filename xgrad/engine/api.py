@@ -42,16 +42,22 @@ def _as_tensors(value: Any, what: str) -> tuple[Tensor, ...]:
     raise TypeError(f"{what} must be a Tensor or a sequence of Tensors, got {type(value).__name__}")
 
 
-_ones_like_on: dict[Any, Any] = {}
+# The implicit root grads, one array per (shape, dtype, weak type, sharding): arrays are
+# immutable, so every backward of a scalar loss can share its ``1``. (This dict's
+# reference also keeps the compiled backward from donating one that became a ``.grad``.)
+_ROOT_ONES: dict[Any, jax.Array] = {}
+_MAX_ROOT_ONES = 256
 
 
 def _ones_like(array: jax.Array) -> jax.Array:
-    """Ones shaped and placed like ``array``: a jitted call per sharding, ~5x cheaper than ``jnp.ones_like``."""
-    sharding = array.sharding
-    fn = _ones_like_on.get(sharding)
-    if fn is None:
-        fn = _ones_like_on.setdefault(sharding, jax.jit(jnp.ones_like, out_shardings=sharding))
-    return fn(array)
+    """Ones shaped, typed and placed like ``array``, made once per kind of array."""
+    key = (array.aval, array.sharding)
+    ones = _ROOT_ONES.get(key)
+    if ones is None:
+        if len(_ROOT_ONES) >= _MAX_ROOT_ONES:
+            _ROOT_ONES.clear()
+        ones = _ROOT_ONES.setdefault(key, jax.jit(jnp.ones_like, out_shardings=array.sharding)(array))
+    return ones
 
 
 def _make_grads(outputs: Sequence[Tensor], grads: Sequence[Any]) -> list[Tensor]:

@@ -1546,8 +1546,9 @@ def _run_segment(segment: _Segment, walk: _Walk, values: _Values, roots: list[Te
     # held for the dispatch, not the computation.
     with _accumulate_lock if leaves else contextlib.nullcontext():
         donate = not create_graph and all(_donatable(v) for v in leaves)
-        old_mask = tuple(v.grad is not None for v in leaves)
-        old = [v.grad for v in leaves if v.grad is not None]
+        old = [v._grad for v in leaves]
+        old_mask = tuple(g is not None for g in old)
+        old = [g for g in old if g is not None]
         live_arrays = [t._array for t in live_leaves]
         signature = (
             live_tree, old_mask, tuple((a.shape, a.dtype) for a in live_arrays), tuple((g._array.shape, g._array.dtype) for g in old)
@@ -1575,7 +1576,9 @@ def _run_segment(segment: _Segment, walk: _Walk, values: _Values, roots: list[Te
         for step, var in zip(segment.leaf_steps, leaves, strict=True):
             grad = grads.get(step.leaf_slot)
             if grad is not None:
-                var.grad = grad
+                # ``_grad``, as eager's AccumulateGrad writes it: the traced validate_outputs
+                # fitted shape and dtype, and the program places it with the leaf.
+                var._grad = grad
     return live, grads, captures, retained
 
 
