@@ -226,6 +226,11 @@ def model_rows(name: str, fn, params_np, inputs_np, repeats: int) -> list[tuple[
     one = jnp.ones_like(loss)
 
     def floor_seconds() -> float:
+        # From the state xgrad's backwards start in: just after an eager forward. XLA's CPU
+        # threads are parked after Python-heavy work and hot after XLA work; timed without
+        # this, the floor ran hot right after the compiled backward and the compiled hit
+        # cold right after the eager one (measured: a run order alone moved the ratio by 0.2).
+        forward_done(build())
         start = time.perf_counter()
         jax.block_until_ready(pullback(vjp_fn, one))
         return time.perf_counter() - start
