@@ -70,7 +70,7 @@ class RuleNode(Node):
     either holds a ``SavedTensor``.
     """
 
-    __slots__ = ()
+    __slots__ = ("holds_tensors", "params", "prim", "saved", "saved_out", "structure")
 
     prim: Rules
     params: dict[str, Any]

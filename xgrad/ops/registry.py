@@ -351,7 +351,7 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
 class PrimitiveNode(RuleNode):
     """The one node class for every primitive: it replays the primitive's rules (NOTE [Rule nodes])."""
 
-    __slots__ = ("holds_tensors", "params", "prim", "saved", "saved_out", "structure")
+    __slots__ = ()  # the fields are RuleNode's
 
     def __init__(
         self,

@@ -123,7 +123,7 @@ from xgrad.engine.compiled.switch import (
     set_enabled,
     state,
 )
-from xgrad.engine.node import Edge, GraphRoot
+from xgrad.engine.node import Edge, GraphRoot, Node
 from xgrad.engine.rules import RuleNode
 from xgrad.tensor import Tensor
 
@@ -157,6 +157,15 @@ def _fallback(exc: NotTraceable, args: tuple[Any, ...]) -> list[Tensor | None]:
     return engine.execute(*args)
 
 
+def _root_node(root_edges: list[Edge], root_grads: list[Tensor]) -> Node:
+    """The node a backward starts from: the one root's, or a ``GraphRoot`` over several (as ``engine.prepare``)."""
+    if len(root_edges) > 1:
+        return GraphRoot(tuple(root_edges), root_grads)
+    node = root_edges[0].node
+    assert node is not None, "backward and grad pass only edges of tensors that have a graph"
+    return node
+
+
 def execute(
     root_edges: list[Edge],
     root_grads: list[Tensor],
@@ -176,8 +185,8 @@ def execute(
     root_nr = root_edges[0].input_nr if len(root_edges) == 1 else -1
     structure = None
     if not outputs:
-        root = root_edges[0].node if len(root_edges) == 1 else GraphRoot(tuple(root_edges), root_grads)
-        structure = walk_structure(root, create_graph, root_nr)  # type: ignore[arg-type]
+        root = _root_node(root_edges, root_grads)
+        structure = walk_structure(root, create_graph, root_nr)
     cache_key = None
     if structure is not None:
         cache_key = CacheKey(structure.key)

@@ -137,11 +137,11 @@ class _NeedsSchedule(Exception):
 
 def _unpack(s: SavedTensor, node: Node, in_order: bool) -> Tensor:
     """``s.unpack(node)``; out of eager's order (``in_order`` false) only where it has no effect."""
-    t = s._ref if s._state == "input" else None
-    if t is not None and t._version == s._saved_version:
+    t = s._ref  # a Tensor exactly when the state is "input"
+    if isinstance(t, Tensor) and t._version == s._saved_version:
         return t  # the common case, inline: a live input at its saved version
     if not in_order:
-        original = s._ref() if s._state == "output" else None
+        original = s._current_tensor() if s._state == "output" else None
         if s._state != "output" or (original is not None and original._version != s._saved_version):
             raise _NeedsSchedule
     return s.unpack(node)
@@ -206,7 +206,7 @@ def _outputs_key(meta: tuple[InputMetadata, ...]) -> Any:
     return meta[0][:2] if len(meta) == 1 else tuple(m[:2] for m in meta)
 
 
-def _node_key(node: Node, edges_key: tuple[int, ...], exec_key: Any, flat: list[Any], create_graph: bool,
+def _node_key(node: Node, edges_key: tuple[int, ...] | int, exec_key: Any, flat: list[Any], create_graph: bool,
               in_order: bool) -> tuple[Any, ...]:
     """One node's key (see ``FIELDS``), appending its saved arrays to ``flat``: the per-node work of both walks.
 
@@ -228,8 +228,8 @@ def _node_key(node: Node, edges_key: tuple[int, ...], exec_key: Any, flat: list[
         for s in node.saved if saved_out is None else (*node.saved, *saved_out):
             scls = type(s)
             if scls is SavedTensor:
-                t = s._ref if s._state == "input" else None
-                if t is None or t._version != s._saved_version:
+                t = s._ref
+                if not isinstance(t, Tensor) or t._version != s._saved_version:
                     t = _unpack(s, node, in_order)
                 a = t._array
                 flat.append(t if create_graph else a)
@@ -252,7 +252,7 @@ def _node_key(node: Node, edges_key: tuple[int, ...], exec_key: Any, flat: list[
             hooks,
             exec_key,
         )
-    if cls is AccumulateGrad:
+    if isinstance(node, AccumulateGrad):
         grad = node.variable.grad
         return (
             K_ACC,
@@ -374,8 +374,9 @@ _NO_FRAGMENT = (-1, (), False)  # ``structure`` of a primitive node that ``_node
 def _saved_aval(s: SavedTensor) -> tuple[Any, Any] | None:
     """Shape and dtype of a plain saved tensor without unpacking it; ``None`` for hooked or freed ones."""
     state = s._state
-    if state == "input":
-        array = s._ref._array
+    ref = s._ref
+    if isinstance(ref, Tensor):  # state "input"
+        array = ref._array
     elif state == "output":
         array = s._array
     else:
@@ -445,6 +446,7 @@ def walk_structure(root: Node, create_graph: bool, root_nr: int) -> Walk | None:
     add_node, add_key, add_flat = nodes.append, key.append, flat.append
     try:
         for node in nodes:  # grows while iterating: breadth-first discovery
+            fid = -1
             if isinstance(node, RuleNode) and not (
                 node._tensor_pre_hooks or node._pre_hooks or node._post_hooks or node._retains_grad_hooks
             ):
@@ -452,21 +454,19 @@ def walk_structure(root: Node, create_graph: bool, root_nr: int) -> Walk | None:
                 if structure is None:
                     structure = node.structure = _fragment(node)
                 fid, gather, saved_out = structure
-            else:
-                fid = -1
-            if fid >= 0:
-                add_key(fid)  # the fragment fixes the number of edges that follow
-                for i in gather:
-                    s = node.saved[i]
-                    t = s._ref if s._state == "input" else None
-                    if t is None or t._version != s._saved_version:
-                        t = _unpack(s, node, False)
-                    add_flat(t if create_graph else t._array)
-                if saved_out:
-                    for s in node.saved_out:
-                        t = _unpack(s, node, False)
+                if fid >= 0:
+                    add_key(fid)  # the fragment fixes the number of edges that follow
+                    for k in gather:
+                        s = node.saved[k]
+                        t = s._ref
+                        if not isinstance(t, Tensor) or t._version != s._saved_version:
+                            t = _unpack(s, node, False)
                         add_flat(t if create_graph else t._array)
-            else:
+                    if saved_out and node.saved_out is not None:
+                        for s in node.saved_out:
+                            t = _unpack(s, node, False)
+                            add_flat(t if create_graph else t._array)
+            if fid < 0:
                 # A tuple, unlike a fragment id; it counts the edges that follow.
                 add_key(_node_key(node, len(node.next_edges), None, flat, create_graph, False))
             for next_fn, input_nr in node.next_edges:

@@ -41,17 +41,21 @@ from xgrad.engine.compiled.key import (
 from xgrad.engine.compiled.switch import TRACER_ERRORS, NotTraceable, state
 from xgrad.engine.engine import InputBuffer, call_post_hooks, call_pre_hooks, call_tensor_pre_hooks, validate_outputs
 from xgrad.engine.function import FunctionCtx, FunctionNode
-from xgrad.engine.node import Edge, InputMetadata
-from xgrad.engine.rules import Aval, Rules, incoming_grad, jax_op
+from xgrad.engine.node import NO_EDGE, AccumulateGrad, Edge, InputMetadata, Node
+from xgrad.engine.rules import Aval, RuleNode, Rules, incoming_grad, jax_op
 from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
 
 
-class _NodeView:
-    """What eager's hook runners and ``validate_outputs`` read from a node, without its saved state."""
+class _NodeView(Node):
+    """What eager's hook runners and ``validate_outputs`` read from a node, without its saved state.
 
-    __slots__ = ("_name", "_post_hooks", "_pre_hooks", "_retains_grad_hooks", "_tensor_pre_hooks", "input_metadata")
+    A ``Node`` in type only: it stands in for one and is never part of a graph, so
+    ``Node.__init__`` (sequence number, edges) does not run.
+    """
+
+    __slots__ = ("_name",)
 
     def __init__(self, name: str, input_metadata: tuple[Any, ...]) -> None:
         self._name = name
@@ -73,18 +77,19 @@ def _traced_metadata(meta: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(None if m is None else InputMetadata(m.shape, m.dtype, None) for m in meta)
 
 
-class _FunctionRules:
-    """A custom Function's backward: ``FunctionNode.compute`` runs on it unchanged."""
+class _FunctionRules(FunctionNode):
+    """A custom Function's backward: ``FunctionNode.compute`` runs on it unchanged.
 
-    __slots__ = ("_name", "ctx", "function", "input_is_tensor", "next_edges")
-    compute = FunctionNode.compute
-    _check_grads = FunctionNode._check_grads
+    It holds what ``compute`` reads, none of the graph: ``FunctionNode.__init__`` does not run.
+    """
+
+    __slots__ = ("_name",)
 
     def __init__(self, name: str, function: Any, input_is_tensor: tuple[bool, ...], n_edges: int, ctx: FunctionCtx) -> None:
         self._name = name
         self.function = function
         self.input_is_tensor = input_is_tensor
-        self.next_edges = (None,) * n_edges  # only counted: the graph's nodes are not kept
+        self.next_edges = (NO_EDGE,) * n_edges  # only counted: the graph's nodes are not kept
         self.ctx = ctx
 
     def name(self) -> str:
@@ -113,7 +118,7 @@ class _Step:
     captures: tuple[tuple[int, int], ...] | None
     pre: Any  # a traced hook view, ``HOST`` or ``None`` (``_hook_views``)
     post: Any
-    leaf_slot: int | None
+    leaf_slot: int  # a leaf's index among the program's leaves; -1 for other nodes
     host_body: bool
     targets: list[tuple[int, int] | None]
     edge_views: tuple[Edge, ...]
@@ -214,7 +219,7 @@ def _build_steps(walk: Walk) -> list[_Step]:
         step.captures = None if exec_key is None else exec_key[1]
         hooks_field = HOOKS_FIELD.get(step.kind)
         step.pre, step.post = _hook_views(step.name, step.meta, None if hooks_field is None else nkey[hooks_field])
-        step.leaf_slot = None
+        step.leaf_slot = -1
         step.host_body = False
         steps.append(step)
         if not step.runs:
@@ -228,7 +233,7 @@ def _build_steps(walk: Walk) -> list[_Step]:
             views.append(Edge(view, input_nr))
         step.targets = targets
         step.edge_views = tuple(views)
-        if step.kind == K_PRIM:
+        if isinstance(node, RuleNode):  # K_PRIM
             step.prim = node.prim
             # Registered primitives that do not jit their forward are device moves: one XLA
             # program cannot move values between devices, so they run on the host.
@@ -237,13 +242,13 @@ def _build_steps(walk: Walk) -> list[_Step]:
             step.num_outputs = node.prim.num_outputs
             step.n_saved_out = 0 if node.saved_out is None else len(node.saved_out)
             step.saved = _saved_template(node.saved if node.saved_out is None else (*node.saved, *node.saved_out))
-        elif step.kind == K_ACC:
+        elif isinstance(node, AccumulateGrad):  # K_ACC
             step.leaf_slot = leaf_slots
             leaf_slots += 1
             sharding = node.input_metadata[0].sharding
             multi = isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1
             step.leaf_sharding = sharding if multi else None
-        elif step.kind == K_FUNC:
+        elif isinstance(node, FunctionNode):  # K_FUNC
             ctx = node.ctx
             step.function = (node.function, node.input_is_tensor, len(node.next_edges))
             step.needs_input_grad = ctx.needs_input_grad
@@ -314,23 +319,24 @@ def _phase_unchecked(steps: list[_Step], step: _Step, op: int, view: Any, values
                      roots: list[Tensor], old: dict[int, Tensor]) -> None:
     pos = step.pos
     if op == CAPTURE:
-        buf = values.buffers[pos].buffer
-        for input_idx, output_idx in step.captures:
-            if buf[input_idx] is not None:
-                values.captures[output_idx] = buf[input_idx]
+        received = values.buffers[pos].buffer
+        for input_idx, output_idx in step.captures or ():
+            grad = received[input_idx]
+            if grad is not None:
+                values.captures[output_idx] = grad
         if not step.runs:
             del values.buffers[pos]
     elif op == PRE:
-        buf = values.buffers[pos]
+        pending = values.buffers[pos]
         if step.runs:
-            buf.buffer = call_tensor_pre_hooks(view, buf.buffer)
+            pending.buffer = call_tensor_pre_hooks(view, pending.buffer)
             if view._pre_hooks:
-                buf.buffer = call_pre_hooks(view, buf.buffer)
+                pending.buffer = call_pre_hooks(view, pending.buffer)
         else:
-            buf.buffer = call_tensor_pre_hooks(view, list(buf.buffer))
+            pending.buffer = call_tensor_pre_hooks(view, list(pending.buffer))
     elif op == BODY:
-        buf = values.buffers.pop(pos, None)
-        inputs = [] if buf is None else buf.buffer
+        arrived = values.buffers.pop(pos, None)
+        inputs = [] if arrived is None else arrived.buffer
         outs = _body(step, inputs, values, args, roots, old)
         # The received grads stay in flight only for post hooks (after a device move they
         # would pin the next segment to the old device).
@@ -345,10 +351,10 @@ def _phase_unchecked(steps: list[_Step], step: _Step, op: int, view: Any, values
             if target is None:
                 continue
             tpos, input_nr = target
-            buf = buffers.get(tpos)
-            if buf is None:
-                buf = buffers[tpos] = InputBuffer(steps[tpos].size)
-            buf.add(input_nr, out)
+            target_buffer = buffers.get(tpos)
+            if target_buffer is None:
+                target_buffer = buffers[tpos] = InputBuffer(steps[tpos].size)
+            target_buffer.add(input_nr, out)
 
 
 def _body(step: _Step, inputs: list[Any], values: Values, args: Iterator[Any], roots: list[Tensor],
@@ -513,6 +519,8 @@ class Variant:
     __slots__ = ("deps", "donated", "donating", "example", "fresh", "op", "out_avals", "out_tree", "plain", "used")
 
     def __init__(self, segment: Segment, avals: list[Any], layout: tuple[Any, ...]) -> None:
+        self.example = avals  # the abstract inputs it was traced for
+        self.fresh = True  # not yet called: its first call compiles
         trees: list[Any] = []
 
         def traced(*flat: Any) -> list[Any]:
@@ -537,7 +545,7 @@ class Variant:
                         used.add(index[v])
             for v in eqn.outvars:
                 depends[v] = sources
-        self.deps = []
+        self.deps: list[frozenset[int]] = []
         for v in jaxpr.outvars:
             if isinstance(v, Literal):
                 self.deps.append(frozenset())
@@ -590,6 +598,7 @@ class Program:
         phases: list[tuple[int, int]] = []
         arg_lo = arg = 0
         starts = walk.starts
+        assert starts is not None, "a program is built from the schedule walk"
         for step in self.steps:
             ops = []
             if step.captures is not None and step.runs:
@@ -623,7 +632,10 @@ class Program:
     def hlo_text(self, segment: int = 0) -> str:
         """The compiled HLO of one segment's first variant (for tests and debugging)."""
         variant = next(iter(self.segments[segment].variants.values()))
-        return variant.plain.lower(*(variant.example[i] for i in variant.used)).compile().as_text()
+        text = variant.plain.lower(*(variant.example[i] for i in variant.used)).compile().as_text()
+        if text is None:
+            raise RuntimeError("this backend gives no HLO text")
+        return text
 
 
 # -- running a program ---------------------------------------------------------------
@@ -647,8 +659,6 @@ def abstract(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
 def compile_variant(segment: Segment, avals: list[Any], layout: tuple[Any, ...], signature: Any) -> Variant:
     start = time.perf_counter()
     variant = Variant(segment, avals, layout)
-    variant.example = avals
-    variant.fresh = True
     counters.add("compiles")
     counters.add("compile_seconds", time.perf_counter() - start)
     return segment.variants.setdefault(signature, variant)

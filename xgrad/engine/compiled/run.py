@@ -158,7 +158,8 @@ def hit_task(root_edges: list[Edge], root_grads: list[Tensor], keep_graph: bool,
         tls.local_ready_queue = engine.ReadyQueue()
     reentrant = tls.worker_device != engine.NO_DEVICE
     graph_task = engine.GraphTask(
-        keep_graph, create_graph, tls.total_depth + 1 if reentrant else 0, tls.local_ready_queue, [e.node for e in root_edges]
+        keep_graph, create_graph, tls.total_depth + 1 if reentrant else 0, tls.local_ready_queue,
+        [e.node for e in root_edges if e.node is not None],  # root edges always lead to a node
     )
     parent = current_task.graph_task if reentrant else None
     if tls.multithreading_enabled and (parent is None or parent.device_queues):
