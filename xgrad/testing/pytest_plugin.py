@@ -1,26 +1,49 @@
-"""pytest plugin (entry point ``xgrad``): hypothesis profiles ``dev``, ``ci`` and ``thorough``."""
+"""pytest plugin: hypothesis profiles ``dev``, ``ci`` and ``thorough`` for xgrad's test harness.
+
+Opt-in. Load it with ``pytest -p xgrad.testing.pytest_plugin`` (or ``pytest_plugins =
+["xgrad.testing.pytest_plugin"]`` in a conftest), or ask for a profile with
+``--xgrad-profile NAME`` or ``XGRAD_HYPOTHESIS_PROFILE=NAME``; the option wins. What xgrad
+installs into every pytest run of the environment is only ``_xgrad_pytest``, which adds
+that option and imports nothing until one of these asks for a profile. Importing this
+module needs no hypothesis; loading a profile does.
+"""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+import pytest
 
-# dev and thorough search randomly even where hypothesis would default to derandomizing
-# (it does when it sees a CI environment): only the ci profile is deterministic.
-settings.register_profile("dev", max_examples=25, deadline=None, derandomize=False)
-settings.register_profile(
-    "ci", max_examples=10, deadline=None, derandomize=True, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.register_profile("thorough", max_examples=300, deadline=None, derandomize=False)
+ENV_VAR = "XGRAD_HYPOTHESIS_PROFILE"
+PROFILES = ("dev", "ci", "thorough")
 
 
-def pytest_addoption(parser: Any) -> None:
-    parser.addoption("--xgrad-profile", default=None, help="hypothesis profile: dev (default), ci or thorough")
+def requested_profile(config: Any) -> str | None:
+    """The profile named by ``--xgrad-profile`` or ``XGRAD_HYPOTHESIS_PROFILE``, if any."""
+    return config.getoption("--xgrad-profile", default=None) or os.environ.get(ENV_VAR) or None
+
+
+def load_profile(name: str) -> None:
+    """Register xgrad's hypothesis profiles and make ``name`` the active one."""
+    if name not in PROFILES:
+        raise pytest.UsageError(f"unknown xgrad hypothesis profile {name!r}: choose one of {', '.join(PROFILES)}")
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError as exc:
+        raise pytest.UsageError(
+            f"xgrad's hypothesis profile {name!r} was asked for, but hypothesis is not installed: pip install hypothesis"
+        ) from exc
+    # dev and thorough search randomly even where hypothesis would default to derandomizing
+    # (it does when it sees a CI environment): only the ci profile is deterministic.
+    settings.register_profile("dev", max_examples=25, deadline=None, derandomize=False)
+    settings.register_profile(
+        "ci", max_examples=10, deadline=None, derandomize=True, print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    settings.register_profile("thorough", max_examples=300, deadline=None, derandomize=False)
+    settings.load_profile(name)
 
 
 def pytest_configure(config: Any) -> None:
-    profile = config.getoption("--xgrad-profile") or os.environ.get("XGRAD_HYPOTHESIS_PROFILE") or "dev"
-    settings.load_profile(profile)
+    load_profile(requested_profile(config) or "dev")
