@@ -1,48 +1,20 @@
 """pytest plugin: hypothesis profiles ``dev``, ``ci`` and ``thorough`` for xgrad's test harness.
 
 Opt-in. Load it with ``pytest -p xgrad.testing.pytest_plugin`` (or ``pytest_plugins =
-["xgrad.testing.pytest_plugin"]`` in a conftest), or ask for a profile with
-``--xgrad-profile NAME`` or ``XGRAD_HYPOTHESIS_PROFILE=NAME``; the option wins. What xgrad
-installs into every pytest run of the environment is only ``_xgrad_pytest``, which adds
-that option and imports nothing until one of these asks for a profile. Importing this
-module needs no hypothesis; loading a profile does.
+["xgrad.testing.pytest_plugin"]`` in a conftest) for the ``dev`` profile, or name a
+profile with ``--xgrad-profile NAME`` or ``XGRAD_HYPOTHESIS_PROFILE=NAME``; the option
+wins. What xgrad installs into every pytest run of the environment is only the entry
+point ``_xgrad_pytest``, which adds that option and does nothing until it is used.
+Importing this module needs no hypothesis; loading a profile does.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import pytest
+from _xgrad_pytest import PROFILES, load_profile, requested_profile
 
-ENV_VAR = "XGRAD_HYPOTHESIS_PROFILE"
-PROFILES = ("dev", "ci", "thorough")
-
-
-def requested_profile(config: Any) -> str | None:
-    """The profile named by ``--xgrad-profile`` or ``XGRAD_HYPOTHESIS_PROFILE``, if any."""
-    return config.getoption("--xgrad-profile", default=None) or os.environ.get(ENV_VAR) or None
-
-
-def load_profile(name: str) -> None:
-    """Register xgrad's hypothesis profiles and make ``name`` the active one."""
-    if name not in PROFILES:
-        raise pytest.UsageError(f"unknown xgrad hypothesis profile {name!r}: choose one of {', '.join(PROFILES)}")
-    try:
-        from hypothesis import HealthCheck, settings
-    except ImportError as exc:
-        raise pytest.UsageError(
-            f"xgrad's hypothesis profile {name!r} was asked for, but hypothesis is not installed: pip install hypothesis"
-        ) from exc
-    # dev and thorough search randomly even where hypothesis would default to derandomizing
-    # (it does when it sees a CI environment): only the ci profile is deterministic.
-    settings.register_profile("dev", max_examples=25, deadline=None, derandomize=False)
-    settings.register_profile(
-        "ci", max_examples=10, deadline=None, derandomize=True, print_blob=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
-    settings.register_profile("thorough", max_examples=300, deadline=None, derandomize=False)
-    settings.load_profile(name)
+__all__ = ["PROFILES", "load_profile", "requested_profile"]
 
 
 def pytest_configure(config: Any) -> None:
