@@ -257,3 +257,49 @@ def test_checkpoint_with_a_fresh_function_each_step_compiles_once_and_keeps_none
     assert (compiled.stats()["misses"], compiled.stats()["fallbacks"]) == (1, {})
     expected = [np.sin(v) + v * np.cos(v) for v in (0.5, 1.5)]
     assert x.grad.numpy() == pytest.approx(expected)
+
+
+def test_leaves_on_different_devices(flag):
+    import jax
+
+    d0, d1 = jax.devices()[:2]
+    an, bn, cn = np.array([1.0, 2.0]), np.array([3.0, 4.0]), np.array([5.0, 6.0])
+    a = xgrad.Tensor(jax.device_put(an, d0), requires_grad=True)
+    b = xgrad.Tensor(jax.device_put(bn, d1), requires_grad=True)
+    c = xgrad.Tensor(jax.device_put(cn, d1), requires_grad=True)
+    for step in (1, 2):  # the second call accumulates into existing grads (a hit, compiled)
+        (((a.to(d1) * b).sin() + c * c).to(d0) * a).sum().backward(compiled=flag)
+        u = an * bn
+        np.testing.assert_allclose(a.grad.numpy(), step * (np.cos(u) * bn * an + np.sin(u) + cn * cn), rtol=1e-6)
+        np.testing.assert_allclose(b.grad.numpy(), step * np.cos(u) * an * an, rtol=1e-6)
+        np.testing.assert_allclose(c.grad.numpy(), step * 2 * cn * an, rtol=1e-6)
+    assert [t.grad.array.devices() for t in (a, b, c)] == [{d0}, {d1}, {d1}]
+
+
+def test_reading_grad_while_compiled_backwards_accumulate_never_sees_a_deleted_buffer():
+    """Another thread may read ``.grad`` at any moment: its buffer is never donated to a program."""
+    import threading
+
+    w = xgrad.tensor(np.ones(256, np.float32), requires_grad=True)
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def reader():
+        while not stop.is_set():
+            grad = w.grad
+            if grad is not None:
+                try:
+                    grad.numpy()
+                except RuntimeError as exc:  # "Array has been deleted"
+                    errors.append(str(exc))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for _ in range(150):
+            (w * 2).sum().backward(compiled=True)
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == []
+    assert w.grad.numpy() == pytest.approx(np.full(256, 300.0))

@@ -62,8 +62,10 @@ in ``engine/rules.py``): nothing here imports ``xgrad.ops``.
 #    operands to one device). Each
 #    segment is traced once with ``jax.make_jaxpr``; inputs no equation reads are
 #    dropped (a saved value whose rule reads only its shape, say), and
-#    the rest run through ``jax.jit`` of the jaxpr, donating the old ``.grad``
-#    buffers when nothing else holds them.
+#    the rest run through ``jax.jit`` of the jaxpr. No buffer is donated: the old
+#    ``.grad`` is a tensor another thread may be reading. Inputs on several devices
+#    (leaves moved with ``.to()``) are put on one for the call, and each ``.grad``
+#    goes back to its leaf's device, as eager leaves it.
 # 4. Run (a hit). Segment by segment: gather the used inputs from the flat list, call
 #    the executable, write ``.grad`` (under the accumulate lock that eager uses, so
 #    concurrent backwards into shared leaves are exact), retained grads and captured

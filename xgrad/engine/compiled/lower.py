@@ -523,11 +523,12 @@ class Variant:
     and the rest runs as ``jax.jit`` of the jaxpr.
     """
 
-    __slots__ = ("deps", "donated", "donating", "example", "fresh", "op", "out_avals", "out_tree", "plain", "used")
+    __slots__ = ("deps", "device", "example", "fresh", "op", "out_avals", "out_tree", "plain", "used")
 
     def __init__(self, segment: Segment, avals: list[Any], layout: tuple[Any, ...]) -> None:
         self.example = avals  # the abstract inputs it was traced for
         self.fresh = True  # not yet called: its first call compiles
+        self.device: Any = None  # set when its inputs sit on several devices: where it runs
         trees: list[Any] = []
 
         def traced(*flat: Any) -> list[Any]:
@@ -561,8 +562,6 @@ class Variant:
             if v in index:
                 used.add(index[v])
         self.used = sorted(used)
-        first_old = len(avals) - sum(layout[4])
-        self.donated = tuple(k for k, i in enumerate(self.used) if i >= first_old)
         run_all = jaxpr_as_fun(closed)
         n_in = len(avals)
         used_idx = tuple(self.used)
@@ -573,8 +572,10 @@ class Variant:
                 full[i] = a
             return run_all(*full)
 
+        # No buffer is donated: the old ``.grad`` is a user-visible tensor that another
+        # thread may read at any moment (measured in benchmarks/RESULTS.md: donating it
+        # saved about 3% of an accumulating backward).
         self.plain = jax.jit(run)
-        self.donating = jax.jit(run, donate_argnums=self.donated) if self.donated else self.plain
 
         def program(*flat: Any) -> list[Any]:
             with tracing():
