@@ -1,6 +1,7 @@
 """The examples run: examples/nanogpt.py trains a few steps in a few seconds."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 def _load(name):
     spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

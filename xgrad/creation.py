@@ -70,6 +70,8 @@ ERR_X64_NARROWED = (
 
 def _python_dtype(value: Any) -> Any:
     """The dtype a Python float or complex scalar takes by the rule above; None to let JAX infer."""
+    if isinstance(value, np.generic):  # np.float64 is a float subclass, but NumPy data keeps its dtype
+        return None
     if isinstance(value, float):
         return DEFAULT_FLOAT
     if isinstance(value, complex):
@@ -84,7 +86,7 @@ def _x64_enabled() -> bool:
 
 def _infer_array(data: Any) -> Any:
     """``data`` as a ``jax.Array`` under the default-dtype rule (module docstring)."""
-    if isinstance(data, (list, tuple, float, int, complex)):
+    if isinstance(data, (list, tuple, float, int, complex)) and not isinstance(data, np.generic):
         host = np.asarray(data)
         if host.dtype == np.float64:
             return jnp.asarray(host, dtype=DEFAULT_FLOAT)
@@ -169,7 +171,7 @@ def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None, device
     >>> xgrad.arange(3).tolist(), xgrad.arange(1.0, 2.0, 0.5).tolist()
     ([0, 1, 2], [1.0, 1.5])
     """
-    if dtype is None and any(isinstance(v, float) for v in (start, end, step)):
+    if dtype is None and any(_python_dtype(v) == DEFAULT_FLOAT for v in (start, end, step)):
         dtype = DEFAULT_FLOAT
     array = jnp.arange(start, end, step, dtype=dtype) if end is not None else jnp.arange(start, dtype=dtype)
     return Tensor(_place(array, device), requires_grad=requires_grad)

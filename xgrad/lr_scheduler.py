@@ -91,8 +91,8 @@ class StepLR(LRScheduler):
     >>> import xgrad
     >>> opt = xgrad.optim.SGD([xgrad.tensor([1.0], requires_grad=True)], lr=1.0)
     >>> sched = xgrad.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
-    >>> sched.step(); sched.get_last_lr()
-    [0.10000000149011612]
+    >>> sched.step(); [round(lr, 6) for lr in sched.get_last_lr()]
+    [0.1]
     """
 
     def __init__(self, optimizer: Optax, step_size: int, gamma: float = 0.1, last_epoch: int = -1) -> None:
