@@ -36,6 +36,27 @@ ERR_NON_LEAF_REQUIRES_GRAD = (
 ERR_LEAF_INPLACE = "a leaf Variable that requires grad is being used in an in-place operation."
 
 
+class _TensorMeta:
+    """A Tensor node's pytree metadata: carries ``requires_grad``, compares equal to any other.
+
+    See NOTE [Tensor as a pytree].
+    """
+
+    __slots__ = ("requires_grad",)
+
+    def __init__(self, requires_grad: bool) -> None:
+        self.requires_grad = requires_grad
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _TensorMeta)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return f"Tensor(requires_grad={self.requires_grad})"
+
+
 @jax.tree_util.register_pytree_node_class
 class Tensor:
     """An array with autograd: ``.grad``, ``.grad_fn``, ``.backward()`` and hooks.
@@ -132,14 +153,32 @@ class Tensor:
         return t
 
     # -- pytree ----------------------------------------------------------------------
-    def tree_flatten(self) -> tuple[tuple[Any], bool]:
-        return (self._array,), self.requires_grad
+    # NOTE [Tensor as a pytree]
+    # A Tensor is a pytree node with one child, its array, so jax.tree_util, optax and
+    # jax.device_put see the array inside. Two choices make trees of Tensors behave:
+    # * ``requires_grad`` rides along as metadata that every Tensor node compares equal
+    #   on (``_TensorMeta``). A tree of parameters (requiring grad) and the tree of their
+    #   grads or optax updates (not requiring grad) then have one structure, so
+    #   ``optax.apply_updates(params, updates)`` works, and what it builds takes the
+    #   first tree's flags: the new parameters are leaves that require grad, ready for the
+    #   next forward. The cost: jit caches keyed on the structure do not tell the flags
+    #   apart (a traced function sees the flags of the call that traced it).
+    # * Unflattening wraps only array-likes (anything with ``shape`` and ``dtype``:
+    #   arrays, tracers, ``ShapeDtypeStruct``). Any other leaf value comes back bare, so
+    #   ``tree_map(lambda p: p.shape, state_dict)`` gives shapes, not Tensors around tuples.
+    #   A leaf count never changes (one child in, one leaf out), except for ``None``,
+    #   which is an empty subtree as everywhere in JAX.
+    def tree_flatten(self) -> tuple[tuple[Any], _TensorMeta]:
+        return (self._array,), _TensorMeta(self.requires_grad)
 
     @classmethod
-    def tree_unflatten(cls, requires_grad: bool, children: tuple[Any]) -> Tensor:
-        # JAX may unflatten with placeholder leaves, so no dtype checks here.
-        t = cls(children[0])
-        t._requires_grad = requires_grad
+    def tree_unflatten(cls, meta: _TensorMeta, children: tuple[Any]) -> Any:
+        (child,) = children
+        if isinstance(child, Tensor) or not (hasattr(child, "shape") and hasattr(child, "dtype")):
+            return child
+        # JAX may unflatten with abstract leaves: no dtype checks beyond the flag's own.
+        t = Tensor(child)
+        t._requires_grad = meta.requires_grad and is_differentiable_dtype(child.dtype)
         return t
 
     # -- array attributes ------------------------------------------------------------
