@@ -148,8 +148,10 @@ def test_masked_fill_errors():
         x.masked_fill(xgrad.ones(2, 3), 0.0)
     with pytest.raises(RuntimeError, match="0-dimensional value tensor"):
         x.masked_fill(x > 0, xgrad.ones(3))
-    with pytest.raises(RuntimeError):
-        x.masked_fill(xgrad.tensor(np.ones((4, 2, 3), bool)), 0.0)
+    # Out of place x and mask broadcast together; in place the result must keep x's shape.
+    assert x.masked_fill(xgrad.tensor(np.ones((4, 2, 3), bool)), 0.0).shape == (4, 2, 3)
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        (x * 1).masked_fill_(xgrad.tensor(np.ones((4, 2, 3), bool)), 0.0)
     # An integer tensor keeps its dtype: the value is cast, as PyTorch does.
     ints = xgrad.tensor([1, 2, 3])
     assert ints.masked_fill(ints > 1, 7.9).tolist() == [1, 7, 7]
@@ -459,3 +461,18 @@ def test_interpolate_errors():
         xgrad.interpolate(x, scale_factor=2, mode="bicubic")
     with pytest.raises(NotImplementedError, match="linear mode needs 3D input"):
         xgrad.interpolate(x, scale_factor=2, mode="linear")
+
+
+# -- dtypes ------------------------------------------------------------------------------------
+FLOAT32_OPS = ["norm2", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "scaled_dot_product_attention",
+               "interpolate", "normalize", "unbind", "topk", "baddbmm", "repeat_interleave"]
+
+
+@pytest.mark.parametrize("name", FLOAT32_OPS)
+def test_float32_in_float32_out(name):
+    """Forward values and gradients keep float32 (assert_grads_match also compares dtypes with jnp's)."""
+    from xgrad.testing.op_specs import specs_for
+
+    spec = specs_for(name)[-1]  # the last spec of each: the one with the most options
+    inputs = [x.astype(np.float32) if np.issubdtype(x.dtype, np.floating) else x for x in spec.sample(np.random.default_rng(0), 0)]
+    assert_grads_match(spec.op, *inputs, reference=spec.ref, modes=("eager", "jax"), atol=1e-5, rtol=1e-4)

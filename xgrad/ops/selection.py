@@ -25,7 +25,7 @@ def _bool_mask(mask: Any, op: str) -> Any:
 
 
 def masked_fill(x: Tensor, mask: Any, value: Any) -> Tensor:
-    """``x`` with ``value`` where the boolean ``mask`` (broadcast to ``x``) is true.
+    """``x`` with ``value`` where the boolean ``mask`` is true (``x`` and ``mask`` broadcast together).
 
     The gradient reaches ``x`` where the mask is false, and a 0-dim tensor ``value``
     through the filled elements.
@@ -44,10 +44,9 @@ def masked_fill(x: Tensor, mask: Any, value: Any) -> Tensor:
         fill = value.to(x.dtype)
     else:
         fill = Tensor(jnp.asarray(value, dtype=x.dtype))
-    out = where(mask_array, fill, x)
-    if out.shape != x.shape:  # a mask with more dims than x: PyTorch raises (x is not broadcast)
-        raise RuntimeError(f"masked_fill: mask of shape {list(mask_array.shape)} is not broadcastable to input of shape {list(x.shape)}")
-    return out
+    # Out of place, x and mask broadcast together (as PyTorch's expand_outplace); the
+    # in-place masked_fill_ then refuses a result larger than x.
+    return where(mask_array, fill, x)
 
 
 def masked_select(x: Tensor, mask: Any) -> Tensor:

@@ -15,6 +15,7 @@ True
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -246,7 +247,7 @@ def _ref_bce_logits(x: Any, t: Any, pos_weight: Any = 1.0) -> Any:
 
 
 def _ref_sdpa(q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False, scale: Any = None, keep: Any = None) -> Any:
-    scores = q @ jnp.swapaxes(k, -1, -2) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)
+    scores = q @ jnp.swapaxes(k, -1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
     if causal:
         scores = jnp.where(np.tril(np.ones(scores.shape[-2:], bool)), scores, -jnp.inf)
     if mask is not None:
@@ -277,7 +278,7 @@ def _interp_matrix(n_in: int, n_out: int, mode: str, align_corners: bool = False
 def _ref_interpolate(x: Any, size: tuple[int, int], mode: str, align_corners: bool = False, scales: Any = (None, None)) -> Any:
     mh = _interp_matrix(x.shape[2], size[0], mode, align_corners, scales[0])
     mw = _interp_matrix(x.shape[3], size[1], mode, align_corners, scales[1])
-    return jnp.einsum("oh,nchw,pw->ncop", mh, x, mw)
+    return jnp.einsum("oh,nchw,pw->ncop", mh.astype(x.dtype), x, mw.astype(x.dtype))
 
 
 def _build_specs() -> list[OpSpec]:
