@@ -454,6 +454,106 @@ class Tensor:
             self._post_accumulate_grad_hooks = HookDict()
         return add_hook(self._post_accumulate_grad_hooks, hook)
 
+    # -- PyTorch conveniences: layout, devices, factories ------------------------------
+    def contiguous(self, memory_format: Any = None) -> Tensor:
+        """``self``: a ``jax.Array`` has no strides, so every tensor is contiguous."""
+        return self
+
+    def element_size(self) -> int:
+        """Bytes per element.
+
+        >>> import xgrad, jax.numpy as jnp
+        >>> xgrad.zeros(2, dtype=jnp.float32).element_size()
+        4
+        """
+        return int(self._array.dtype.itemsize)
+
+    def type_as(self, other: Tensor) -> Tensor:
+        """``self`` cast to ``other``'s dtype (differentiable, as ``to``)."""
+        return self.to(other.dtype)
+
+    def cpu(self) -> Tensor:
+        """This tensor on the first CPU device (``self`` when it is on CPU already); differentiable."""
+        if all(d.platform == "cpu" for d in self._array.sharding.device_set):
+            return self
+        return self.to(jax.devices("cpu")[0])
+
+    def cuda(self, device: Any = None, non_blocking: bool = False) -> Tensor:
+        """This tensor on a GPU: ``device`` an index, a ``jax.Device`` or ``"cuda:N"`` (default the first GPU).
+
+        Raises ``RuntimeError`` when JAX sees no GPU.
+        """
+        try:
+            gpus = jax.devices("gpu")
+        except RuntimeError:
+            gpus = []
+        if not gpus:
+            platforms = sorted({d.platform for d in jax.devices()})
+            raise RuntimeError(
+                f"No CUDA GPUs are available: JAX sees only {', '.join(platforms)} devices. Install a GPU build of "
+                "JAX (pip install 'xgrad[cuda12]') or keep the tensor where it is (.cpu(), .to(device))."
+            )
+        if isinstance(device, jax.Device):
+            target = device
+        else:
+            index = int(str(device).rpartition(":")[2] or 0) if isinstance(device, str) else (device or 0)
+            if not 0 <= index < len(gpus):
+                raise RuntimeError(f"CUDA error: invalid device ordinal {index} (there are {len(gpus)} GPUs)")
+            target = gpus[index]
+        if self._array.sharding.device_set == {target}:
+            return self
+        return self.to(target)
+
+    def _new_placement(self, shape: tuple[int, ...]) -> Any:
+        # This tensor's sharding fits only its own shape; other shapes go to its (first) device.
+        return self._array.sharding if tuple(shape) == self._array.shape else self.device
+
+    def new_full(self, size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+        """A new tensor of ``size`` filled with ``fill_value``, with this tensor's dtype and device by default.
+
+        >>> import xgrad
+        >>> xgrad.tensor([1, 2]).new_full((2, 2), 7).tolist()
+        [[7, 7], [7, 7]]
+        """
+        from xgrad.creation import full
+
+        shape = (size,) if isinstance(size, int) else tuple(size)
+        placement = self._new_placement(shape) if device is None else device
+        return full(shape, fill_value, dtype=self.dtype if dtype is None else dtype, device=placement, requires_grad=requires_grad)
+
+    def new_zeros(self, *size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+        """A new tensor of zeros, with this tensor's dtype and device by default.
+
+        >>> import xgrad, jax.numpy as jnp
+        >>> xgrad.zeros(1, dtype=jnp.float32).new_zeros(2, 3).dtype
+        dtype('float32')
+        """
+        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        return self.new_full(shape, 0, dtype=dtype, device=device, requires_grad=requires_grad)
+
+    def new_ones(self, *size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+        """A new tensor of ones, with this tensor's dtype and device by default.
+
+        >>> import xgrad
+        >>> xgrad.tensor([1.0]).new_ones(2).tolist()
+        [1.0, 1.0]
+        """
+        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        return self.new_full(shape, 1, dtype=dtype, device=device, requires_grad=requires_grad)
+
+    def new_tensor(self, data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+        """A new leaf holding ``data`` (a Tensor's values are taken, not its graph), with this tensor's dtype and device by default.
+
+        >>> import xgrad
+        >>> xgrad.tensor([1.0]).new_tensor([2, 3]).tolist()
+        [2.0, 3.0]
+        """
+        from xgrad.creation import tensor
+
+        array = data._array if isinstance(data, Tensor) else jnp.asarray(data)
+        placement = self._new_placement(array.shape) if device is None else device
+        return tensor(array, dtype=self.dtype if dtype is None else dtype, device=placement, requires_grad=requires_grad)
+
     # -- in-place plumbing -----------------------------------------------------------
     def _check_inplace(self) -> None:
         if self.grad_fn is None and self._requires_grad and is_grad_enabled():
