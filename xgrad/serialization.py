@@ -167,7 +167,10 @@ def _serialize(fmt: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) ->
         return lambda f: np.savez(f, **{**arrays, META_KEY: np.array(text)})  # type: ignore[arg-type]
     from safetensors.numpy import save as to_bytes
 
-    return lambda f: f.write(to_bytes(arrays, metadata={META_KEY: text}))
+    def write_safetensors(f: BinaryIO) -> None:
+        f.write(to_bytes(arrays, metadata={META_KEY: text}))
+
+    return write_safetensors
 
 
 def _write_atomic(path: str, write: Callable[[BinaryIO], None]) -> None:
@@ -318,9 +321,13 @@ def _sharded_reader(
     path: str, fmt: str, meta: dict[str, Any], stack: contextlib.ExitStack
 ) -> Callable[[str, dict[str, Any], tuple[slice, ...]], np.ndarray]:
     """``region(name, index)``: the values of a sharded entry at ``index``, read from the shard files."""
-    count = meta.get("num_processes")
+    count = int(meta["num_processes"])
     pieces: dict[str, list[tuple[list[list[int]], Callable[[], np.ndarray]]]] = {}
-    for process in range(count if isinstance(count, int) else 0):
+
+    def reader(read: Callable[[str], np.ndarray], key: str) -> Callable[[], np.ndarray]:
+        return lambda: read(key)
+
+    for process in range(count):
         shard_file = _shard_path(path, process, count)
         if not os.path.exists(shard_file):
             raise ValueError(ERR_CORRUPT.format(path=path, why=f"its shard file {shard_file!r} is missing"))
@@ -332,7 +339,7 @@ def _sharded_reader(
                 "of two checkpoints); save again"))
         for name, entries in shard_meta["shards"].items():
             for bounds, key in entries:
-                pieces.setdefault(name, []).append((bounds, lambda read=read, key=key: read(key)))
+                pieces.setdefault(name, []).append((bounds, reader(read, key)))
 
     def region(name: str, node: dict[str, Any], index: tuple[slice, ...]) -> np.ndarray:
         shape = tuple(node["shape"])
@@ -392,7 +399,7 @@ def load(path: str | os.PathLike[str], device: Any = None) -> Any:
         meta = _parse_meta(path, text)
         region = _sharded_reader(path, fmt, meta, stack) if meta.get("num_processes") else None
 
-        def build(node: dict[str, Any], where: str) -> Any:
+        def build(node: Any, where: str) -> Any:
             if not isinstance(node, dict):
                 raise ValueError(ERR_CORRUPT.format(path=path, why=f"bad structure record at {where or 'the top level'}"))
             if "dict" in node:
@@ -410,7 +417,8 @@ def load(path: str | os.PathLike[str], device: Any = None) -> Any:
                 if isinstance(sharding, jax.Device):
                     sharding = jax.sharding.SingleDeviceSharding(sharding)
                 assert region is not None
-                array = jax.make_array_from_callback(tuple(node["shape"]), sharding, lambda index: region(name, node, index))
+                array = jax.make_array_from_callback(
+                    tuple(node["shape"]), sharding, lambda index: region(name, node, tuple(index or ())))
                 return Tensor(array, requires_grad=requires_grad)
             if name not in names:
                 raise ValueError(ERR_CORRUPT.format(path=path, why=f"entry {name!r} is missing (a truncated or edited file?)"))
