@@ -14,6 +14,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -297,6 +298,37 @@ def test_data_parallel_backward_all_reduces_the_grads_once(four_devices):
 @pytest.mark.xfail(strict=True, reason="cross_entropy's backward all-gathers the per-example labels (issue 16; its rule is being rewritten)")
 def test_data_parallel_backward_keeps_labels_sharded(four_devices):
     assert [kind for kind, _ in _collectives(four_devices)] == ["all-reduce"]
+
+
+def _readme_commands() -> list[list[str]]:
+    """The launch commands of README's "Scaling out" section, as argument lists."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        section = f.read().split("## Scaling out", 1)[1].split("\n## ", 1)[0]
+    lines = [line.split("#", 1)[0].strip() for line in section.splitlines() if line.startswith("python examples/data_parallel.py")]
+    return [shlex.split(line.removesuffix("&")) for line in lines]
+
+
+@pytest.mark.slow
+def test_readme_data_parallel_example_runs_as_two_processes():
+    commands = _readme_commands()
+    assert len(commands) == 3 and "--process-id" in commands[0] and "--process-id" in commands[1]
+    port = str(_free_port())
+
+    def argv(command):
+        return [sys.executable, *(a.replace("12355", port) for a in command[1:])]
+
+    # As the README runs them: two processes of two devices each, then one process.
+    two = launch(lambda i: argv(commands[i]), num_processes=2, devices_per_process=2, timeout=120)
+    (one,) = launch(lambda i: argv(commands[2]), num_processes=1, devices_per_process=2, timeout=120)
+
+    def final_losses(output):
+        return [float(v) for v in re.findall(r"final loss (\S+)", output)]
+
+    losses = [float(v) for v in re.findall(r"step \d+ loss (\S+)", two[0])]
+    assert len(losses) == 5 and losses[-1] < 0.8 * losses[0]
+    # Both processes see the same replicated loss, and it is the one-process loss (float32 sums).
+    assert final_losses(two[0]) == final_losses(two[1]) == [pytest.approx(losses[-1], abs=1e-6)]
+    assert final_losses(one) == [pytest.approx(final_losses(two[0])[0], rel=1e-5)]
 
 
 if __name__ == "__main__":
