@@ -34,6 +34,24 @@ ERR_NON_LEAF_REQUIRES_GRAD = (
     "variable in a subgraph that doesn't require differentiation use var_no_grad = var.detach()."
 )
 ERR_LEAF_INPLACE = "a leaf Variable that requires grad is being used in an in-place operation."
+ERR_NOT_ADDRESSABLE = (
+    "{what}: this tensor of shape {shape} spans devices of other processes ({sharding}), so this process holds "
+    "only part of its values. Gather it on every process with "
+    "jax.experimental.multihost_utils.process_allgather(t.array, tiled=True), or read this process's parts "
+    "from t.array.addressable_shards."
+)
+
+
+def _spans_other_processes(array: Any) -> bool:
+    """Whether ``array`` has values this process does not hold (a replicated one it holds whole)."""
+    if isinstance(array, jax.core.Tracer) or not isinstance(array, jax.Array):
+        return False
+    return not array.is_fully_addressable and not array.is_fully_replicated
+
+
+def _index_str(index: tuple[slice, ...]) -> str:
+    """``[0:2, :]``: where a shard sits in the whole array."""
+    return "[" + ", ".join(f"{'' if s.start is None else s.start}:{'' if s.stop is None else s.stop}" for s in index) + "]"
 
 
 class _TensorMeta:
@@ -205,8 +223,11 @@ class Tensor:
 
     @property
     def device(self) -> jax.Device:
-        """The ``jax.Device`` holding the array (the first one, for a sharded array)."""
-        devices = self._array.sharding._device_assignment
+        """The ``jax.Device`` holding the array (for a sharded array, the first one this process holds)."""
+        sharding = self._array.sharding
+        devices = sharding._device_assignment
+        if len(devices) > 1 and not sharding.is_fully_addressable:
+            return sharding._addressable_device_assignment[0]
         return devices[0]
 
     @property
@@ -303,29 +324,40 @@ class Tensor:
         """
         return self._array
 
+    def _check_addressable(self, what: str) -> None:
+        if _spans_other_processes(self._array):
+            raise RuntimeError(ERR_NOT_ADDRESSABLE.format(what=what, shape=self.shape, sharding=self._array.sharding))
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        self._check_addressable("np.asarray(tensor)")
         out = np.asarray(self._array)
         return out.astype(dtype) if dtype is not None else out
 
     def numpy(self) -> np.ndarray:
+        self._check_addressable("Tensor.numpy()")
         return np.asarray(self._array)
 
     def item(self) -> Any:
+        self._check_addressable("Tensor.item()")
         return self._array.item()
 
     def tolist(self) -> Any:
+        self._check_addressable("Tensor.tolist()")
         return np.asarray(self._array).tolist()
 
     def __float__(self) -> float:
+        self._check_addressable("float(tensor)")
         return float(self._array)
 
     def __int__(self) -> int:
+        self._check_addressable("int(tensor)")
         return int(self._array)
 
     def __index__(self) -> int:
         return int(self._array.__index__())
 
     def __bool__(self) -> bool:
+        self._check_addressable("bool(tensor)")
         return bool(self._array)
 
     def detach(self) -> Tensor:
@@ -341,10 +373,22 @@ class Tensor:
     __hash__ = object.__hash__
 
     def __repr__(self) -> str:
-        body = np.array2string(np.asarray(self._array), separator=", ", prefix="tensor(")
         extras = []
-        if self._array.dtype not in (jnp.float32, jnp.int32, jnp.bool_):
-            extras.append(f"dtype={self._array.dtype}")
+        if _spans_other_processes(self._array):
+            # Only this process's parts can be printed; say what the whole is.
+            array = self._array
+            parts = [
+                f"{shard.device} {_index_str(shard.index)}: "
+                + np.array2string(np.asarray(shard.data), separator=", ", prefix="  ")
+                for shard in array.addressable_shards
+            ]
+            body = f"shape={tuple(array.shape)}, dtype={array.dtype}, sharding={array.sharding}, local shards:\n  " + (
+                "\n  ".join(parts)
+            )
+        else:
+            body = np.array2string(np.asarray(self._array), separator=", ", prefix="tensor(")
+            if self._array.dtype not in (jnp.float32, jnp.int32, jnp.bool_):
+                extras.append(f"dtype={self._array.dtype}")
         if self.grad_fn is not None:
             extras.append(f"grad_fn=<{self.grad_fn.name()}>")
         elif self._requires_grad:
