@@ -96,8 +96,18 @@ from xgrad.engine import engine
 from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.engine import InputBuffer, call_post_hooks, call_pre_hooks, call_tensor_pre_hooks, validate_outputs
 from xgrad.engine.function import FunctionCtx, FunctionNode
-from xgrad.engine.hooks import run_in_order
-from xgrad.engine.node import AccumulateGrad, Edge, GraphRoot, InputMetadata, Node, _accumulate_lock, current_task
+from xgrad.engine.node import (
+    ACCUMULATE_GRAD_SEQUENCE_NR,
+    AccumulateGrad,
+    Edge,
+    GraphRoot,
+    InputMetadata,
+    Node,
+    _accumulate_lock,
+    current_task,
+    run_post_accumulate_grad_hooks,
+    store_into_grad,
+)
 from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.ops import registry
@@ -888,7 +898,10 @@ def _walk_structure(root: Node, create_graph: bool, root_nr: int) -> _Walk | Non
     except (_NeedsSchedule, _NotTraceable):
         return None
     sequence_nrs = [node.sequence_nr for node in nodes]
-    if len(set(sequence_nrs)) < len(nodes):
+    # Accumulators share one number (NOTE [AccumulateGrad runs first] in node.py); their
+    # ties are broken by push order, which the structure and the other ranks decide.
+    n_accumulators = sequence_nrs.count(ACCUMULATE_GRAD_SEQUENCE_NR)
+    if len(set(sequence_nrs)) + max(n_accumulators - 1, 0) < len(nodes):
         return None
     ranks = tuple(sorted(range(len(nodes)), key=sequence_nrs.__getitem__))
     return _Walk((create_graph, root_nr, tuple(key), ranks), nodes, flat, None)
@@ -1147,7 +1160,8 @@ def _phase_unchecked(steps: list[_Step], step: _Step, op: int, view: Any, values
     pos = step.pos
     if op == CAPTURE:
         buf = values.buffers[pos].buffer
-        for input_idx, output_idx in step.captures:
+        # No captures: the root of a ``grad`` that reaches none of its inputs.
+        for input_idx, output_idx in step.captures or ():
             if buf[input_idx] is not None:
                 values.captures[output_idx] = buf[input_idx]
         if not step.runs:
@@ -1474,13 +1488,13 @@ def _aval(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
 
 
 def _donatable(var: Tensor) -> bool:
-    """Whether leaf ``var``'s old ``.grad`` is held by nothing else, so its buffer can be reused.
+    """Whether leaf ``var``'s old ``.grad`` buffer is held by nothing else, so it can be reused.
 
-    The tensor's references: the leaf's slot, ``grad`` here and ``getrefcount``'s
-    argument; the array's: the tensor's slot and the argument.
+    The ``.grad`` tensor itself may be shared: it takes the sum in place. The array's
+    references: the tensor's slot and ``getrefcount``'s argument.
     """
-    grad = var.grad
-    return grad is None or (sys.getrefcount(grad) <= 3 and sys.getrefcount(grad._array) <= 2)
+    grad = var._grad
+    return grad is None or sys.getrefcount(grad._array) <= 2
 
 
 def _compile_variant(segment: _Segment, avals: list[Any], layout: tuple[Any, ...], signature: Any) -> _Variant:
@@ -1577,8 +1591,13 @@ def _run_segment(segment: _Segment, walk: _Walk, values: _Values, roots: list[Te
             grad = grads.get(step.leaf_slot)
             if grad is not None:
                 # ``_grad``, as eager's AccumulateGrad writes it: the traced validate_outputs
-                # fitted shape and dtype, and the program places it with the leaf.
-                var._grad = grad
+                # fitted shape and dtype, and the program places it with the leaf. An
+                # existing ``.grad`` takes the sum in place, as in eager, unless create_graph.
+                old_grad = var._grad
+                if old_grad is None or create_graph:
+                    var._grad = grad
+                else:
+                    store_into_grad(old_grad, grad._array)
     return live, grads, captures, retained
 
 
@@ -1621,9 +1640,7 @@ def _run(program: _Program, walk: _Walk, graph_task: Any, roots: list[Tensor], k
                 captured[i] = grad
             for step in item.leaf_steps:
                 if step.leaf_slot in grads:
-                    var = nodes[step.pos].variable  # type: ignore[attr-defined]
-                    for hook in run_in_order(var._post_accumulate_grad_hooks):
-                        hook(var)
+                    run_post_accumulate_grad_hooks(nodes[step.pos].variable)  # type: ignore[attr-defined]
     finally:
         _grad_state.enabled = prev_grad_mode
         current_task.graph_task = prev_task

@@ -277,8 +277,16 @@ def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], 
             new = _rebase_history(o, node, i) if differentiable else o
         elif not differentiable:
             new = o if id(o) not in input_ids else Tensor(o._array)
+        elif id(o) in input_ids:
+            # A fresh tensor for each return of an input (PyTorch returns a view of it):
+            # the input keeps its history.
+            new = Tensor._from_graph(o._array, node, i)
+        elif id(o) in wrapped:
+            # The same tensor returned again is the same output object, as in PyTorch,
+            # where each return sets its history again: the last position wins.
+            new = wrapped[id(o)]
+            new._output_nr = i
         else:
-            # A fresh tensor even for an input returned as is: the input keeps its history.
             new = Tensor._from_graph(o._array, node, i)
         wrapped.setdefault(id(o), new)
         outs.append(new)
