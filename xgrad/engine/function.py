@@ -40,6 +40,11 @@ ERR_DIRTY_NOT_OUTPUT = "Some elements marked as dirty during the forward method 
 ERR_NOT_OUTPUT = "{what} only accepts tensors that are outputs of forward; argument {i} is not one"
 
 
+# ``FunctionNode.compute``'s saved values in eager mode: ``ctx.saved_tensors`` unpacks
+# the node's saved tensors at each access, as PyTorch's does.
+UNPACK_ON_ACCESS: Any = object()
+
+
 class FunctionCtx:
     """The ``ctx`` a custom ``Function``'s ``forward``/``setup_context`` and ``backward`` share.
 
@@ -69,7 +74,7 @@ class FunctionCtx:
         self._dirty: tuple[Tensor, ...] = ()
         self._node: FunctionNode | None = None
         # Set by ``FunctionNode.compute`` while ``backward`` runs: the values it was given.
-        self._saved_values: tuple[Any, ...] | None = None
+        self._saved_values: Any = None  # a tuple, or UNPACK_ON_ACCESS
 
     def save_for_backward(self, *tensors: Tensor | None) -> None:
         """Keep ``tensors`` for ``backward``, where ``ctx.saved_tensors`` returns them.
@@ -83,9 +88,14 @@ class FunctionCtx:
 
     @property
     def saved_tensors(self) -> tuple[Tensor | None, ...]:
-        """The tensors given to ``save_for_backward``, checked against in-place changes."""
-        if self._saved_values is not None:
-            return self._saved_values
+        """The tensors given to ``save_for_backward``, checked against in-place changes.
+
+        As in PyTorch, each access unpacks again: version checks and saved-tensor unpack
+        hooks run per access (the compiled backward passes its values instead).
+        """
+        values = self._saved_values
+        if values is not None and values is not UNPACK_ON_ACCESS:
+            return values
         node = self._node
         if node is None:
             return self._to_save
@@ -139,12 +149,13 @@ class FunctionNode(Node):
                 Tensor(jnp.zeros(m.shape, m.dtype, device=m.sharding)) if g is None and m is not None else g
                 for g, m in zip(grads, self.input_metadata, strict=True)
             ]
-        return self.compute(grads, self.unpack_saved())
+        return self.compute(grads, UNPACK_ON_ACCESS)
 
     def compute(self, grads: list[Any], saved_values: tuple[Any, ...]) -> list[Any]:
         """Run ``backward`` on ``grads`` with ``ctx.saved_tensors`` reading ``saved_values``.
 
-        Pure in the node's state: it never unpacks, so traced values work too.
+        Pure in the node's state given the values: it never unpacks, so traced values
+        work too. ``UNPACK_ON_ACCESS`` (eager) makes each access unpack instead.
         """
         ctx = self.ctx
         ctx._saved_values = saved_values
