@@ -593,3 +593,51 @@ def test_saved_output_and_recomputed_input_keep_their_place_in_the_graph(hooked)
     assert seen == [(True, 1, True, 0, True)]
     close(a.grad.array, np.exp(X0) * W0)
     close(w.grad.array, np.exp(X0))
+
+
+class PowFunction(Function):
+    @staticmethod
+    def forward(x, y=3):
+        return x**y
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, y = inputs
+        ctx.save_for_backward(x)
+        ctx.y = y
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * ctx.y * x ** (ctx.y - 1), None
+
+
+class PowFunctionWithClassmethod(Function):
+    @classmethod
+    def forward(cls, x, y=3):
+        return x**y
+
+    @classmethod
+    def setup_context(cls, ctx, inputs, output):
+        x, y = inputs
+        ctx.save_for_backward(x)
+        ctx.y = y
+
+    @classmethod
+    def backward(cls, ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * ctx.y * x ** (ctx.y - 1), None
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("fn", [PowFunction, PowFunctionWithClassmethod], ids=["staticmethod", "classmethod"])
+def test_setup_context_when_forward_has_default_args(compiled, fn):
+    """PyTorch's test_setup_context_when_forward_has_default_args: setup_context gets
+    the inputs with forward's defaults filled in; 2 ** 3 = 8, d/dx = 3 * 2 ** 2 = 12."""
+    x = xgrad.tensor(2.0, requires_grad=True)
+    y = fn.apply(x)
+    (gx,) = xgrad.autograd.grad(y, x, compiled=compiled)
+    assert (y.item(), gx.item()) == (8.0, 12.0)
+    z = fn.apply(x, y=2)  # a keyword binds to its position too
+    (gz,) = xgrad.autograd.grad(z, x, compiled=compiled)
+    assert (z.item(), gz.item()) == (4.0, 4.0)

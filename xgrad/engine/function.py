@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import functools
+import inspect
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -242,13 +244,18 @@ class Function:
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
         """Run ``forward`` on ``args`` and record the backward node when a gradient is needed."""
         ctx = FunctionCtx()
+        separate_setup = _overrides_setup_context(cls)
+        if separate_setup:
+            # setup_context sees the inputs as forward's signature binds them, defaults
+            # filled in, as in PyTorch (they are the node's inputs too).
+            args, kwargs = _bind_default_args(cls, args, kwargs)
         record = _grad_state.enabled
         needs = tuple(record and isinstance(a, Tensor) and a.requires_grad for a in args)
         ctx.needs_input_grad = needs
         # Edges point at the inputs' graph positions before forward: a dirty input moves.
         edges = tuple(gradient_edge(a) if need else NO_EDGE for a, need in zip(args, needs, strict=True))
         with no_grad():
-            if _overrides_setup_context(cls):
+            if separate_setup:
                 output = cls.forward(*args, **kwargs)
                 cls.setup_context(ctx, args, output)
             else:
@@ -259,6 +266,17 @@ class Function:
 
 
 _base_setup_context = Function.setup_context
+_forward_signatures: weakref.WeakKeyDictionary[type[Function], inspect.Signature] = weakref.WeakKeyDictionary()
+
+
+def _bind_default_args(cls: type[Function], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args`` and ``kwargs`` bound to ``cls.forward``'s signature with its defaults applied."""
+    signature = _forward_signatures.get(cls)
+    if signature is None:
+        signature = _forward_signatures[cls] = inspect.signature(cls.forward)
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.args, bound.kwargs
 
 
 def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], edges: tuple[Any, ...], output: Any) -> Any:
