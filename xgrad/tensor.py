@@ -437,9 +437,11 @@ class Tensor:
         [10.0, 10.0]
         """
         from xgrad.engine.hooks import HookDict, add_hook
+        from xgrad.engine.node import _check_arity
 
         if not self.requires_grad:
             raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        _check_arity(hook, 1, "Tensor.register_hook expects hook(grad)")
         if self.grad_fn is not None:
             return self.grad_fn.add_tensor_pre_hook(self._output_nr, hook)
         if self._backward_hooks is None:
@@ -479,7 +481,10 @@ class Tensor:
         node._retains_grad_hooks[self._output_nr] = retain
 
     def register_post_accumulate_grad_hook(self, hook: Any) -> RemovableHandle:
-        """Register ``hook(tensor)``, called after ``.grad`` of this leaf was updated.
+        """Register ``hook(tensor) -> None``, called after ``.grad`` of this leaf was updated.
+
+        A hook that returns a value raises ``RuntimeError`` ("Tensor post accumulate
+        grad hooks should return None.").
 
         >>> import xgrad
         >>> x = xgrad.tensor([1.0], requires_grad=True)
@@ -489,11 +494,13 @@ class Tensor:
         [[2.0]]
         """
         from xgrad.engine.hooks import HookDict, add_hook
+        from xgrad.engine.node import _check_arity
 
         if self.grad_fn is not None:
             raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
         if not self.requires_grad:
             raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        _check_arity(hook, 1, "Tensor.register_post_accumulate_grad_hook expects hook(tensor)")
         if self._post_accumulate_grad_hooks is None:
             self._post_accumulate_grad_hooks = HookDict()
         return add_hook(self._post_accumulate_grad_hooks, hook)

@@ -222,7 +222,9 @@ def grad(
     for t, g in zip(ins, result, strict=True):
         if g is None:
             if materialize_grads:
-                g = Tensor(jnp.zeros_like(t._array))
+                # Requiring grad, as PyTorch's ``zeros_like(input, requires_grad=True)``:
+                # a further ``grad`` of it (materialize_grads again) works.
+                g = Tensor(jnp.zeros_like(t._array), requires_grad=True)
             elif not allow_unused:
                 raise RuntimeError(ERR_UNUSED)
         elif not create_graph and g.grad_fn is not None:

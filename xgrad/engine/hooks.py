@@ -15,7 +15,9 @@ class RemovableHandle:
     """Returned by every ``register_*``: ``.remove()`` takes the hook out again.
 
     Removal is safe at any time, also from inside a hook while backward runs: the
-    engine iterates over a snapshot of hook ids and skips the ones that are gone.
+    engine runs a snapshot of the hooks taken before calling the first of them, so a
+    hook removed by an earlier one still runs in that pass (PyTorch's semantics), and
+    not in later ones.
     """
 
     __slots__ = ("_hooks_ref", "id")
@@ -52,11 +54,10 @@ def add_hook(hooks: HookDict, fn: Any) -> RemovableHandle:
     return handle
 
 
-def run_in_order(hooks: HookDict | None):  # type: ignore[no-untyped-def]
-    """Yield the hooks registered now, skipping any removed while iterating."""
-    if not hooks:
-        return
-    for key in tuple(hooks):
-        fn = hooks.get(key)
-        if fn is not None:
-            yield fn
+def run_in_order(hooks: HookDict | None) -> tuple[Any, ...]:
+    """The hooks registered now, in registration order: a snapshot, as PyTorch takes.
+
+    A hook removed (by itself or by another hook) while the snapshot is being run
+    still runs in that pass; one registered meanwhile waits for the next pass.
+    """
+    return tuple(hooks.values()) if hooks else ()
