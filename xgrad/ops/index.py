@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from xgrad.ops.registry import defprim
+from xgrad.ops.views import is_basic_index, track_view
 from xgrad.tensor import Tensor
 
 
@@ -79,7 +80,9 @@ def getitem(x: Tensor, index: Any) -> Tensor:
     """
     if isinstance(index, int) or isinstance(index, tuple) and any(isinstance(i, int) for i in index):
         _check_int_bounds(x.shape, index)
-    return _getitem(x, index=_index_arg(index))
+    index = _index_arg(index)
+    out = _getitem(x, index=index)
+    return track_view(x, out, "getitem", {"index": index}) if is_basic_index(index) else out
 
 
 def setitem(x: Tensor, index: Any, value: Any) -> None:

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from xgrad.ops._util import norm_axes
 from xgrad.ops.registry import defprim
+from xgrad.ops.views import track_view
 from xgrad.tensor import Tensor
 
 _reshape = defprim("reshape", lambda x, shape: jnp.reshape(x, shape), (lambda g, out, x, shape: g.reshape(x.shape),), save=())
@@ -94,7 +95,8 @@ def reshape(x: Tensor, *shape: Any) -> Tensor:
     target = _shape_arg(shape)
     if target == x.shape:
         return x
-    return _reshape(x, shape=target)
+    out = _reshape(x, shape=target)
+    return track_view(x, out, "reshape", {"shape": out.shape})
 
 
 view = reshape
@@ -148,7 +150,7 @@ def broadcast_to(x: Tensor, *shape: Any) -> Tensor:
     target = _shape_arg(shape)
     if target == x.shape:
         return x
-    return _broadcast_to(x, shape=target)
+    return track_view(x, _broadcast_to(x, shape=target), "broadcast_to", {"shape": target})
 
 
 def expand(x: Tensor, *sizes: Any) -> Tensor:
@@ -174,7 +176,7 @@ def permute(x: Tensor, *dims: Any) -> Tensor:
     axes = tuple(d % x.ndim for d in _shape_arg(dims))
     if axes == tuple(range(x.ndim)):
         return x
-    return _transpose(x, axes=axes)
+    return track_view(x, _transpose(x, axes=axes), "transpose", {"axes": axes})
 
 
 def transpose(x: Tensor, dim0: int = 0, dim1: int = 1) -> Tensor:
