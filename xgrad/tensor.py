@@ -20,8 +20,9 @@ from xgrad.grad_mode import is_grad_enabled
 if TYPE_CHECKING:
     from xgrad.engine.hooks import HookDict, RemovableHandle
     from xgrad.engine.node import AccumulateGrad, Node
+    from xgrad.ops.views import ViewInfo
 
-__all__ = ["Tensor", "is_differentiable_dtype"]
+__all__ = ["Tensor", "can_cast", "is_differentiable_dtype", "torch_dtype_name"]
 
 
 def is_differentiable_dtype(dtype: Any) -> bool:
@@ -100,6 +101,8 @@ class Tensor:
         "_requires_grad",
         "_retains_grad",
         "_version",
+        "_view",
+        "_views",
         "grad_fn",
     )
 
@@ -144,6 +147,8 @@ class Tensor:
         self._grad_accumulator: weakref.ref[AccumulateGrad] | None = None
         self._retains_grad = False
         self._requires_grad = False
+        self._view: ViewInfo | None = None  # NOTE [Views write through]
+        self._views: list[weakref.ref[Tensor]] | None = None
         if requires_grad:
             self.requires_grad_(True)
 
@@ -365,6 +370,8 @@ class Tensor:
         return Tensor(self._array)
 
     def detach_(self) -> Tensor:
+        if self._view is not None:
+            raise RuntimeError("Can't detach views in-place. Use detach() instead.")
         self.grad_fn = None
         self._output_nr = 0
         self._requires_grad = False
@@ -607,7 +614,9 @@ class Tensor:
 
     # -- in-place plumbing -----------------------------------------------------------
     def _check_inplace(self) -> None:
-        if self.grad_fn is None and self._requires_grad and is_grad_enabled():
+        if self._view is not None:
+            self._view.check_writable(self)
+        elif self.grad_fn is None and self._requires_grad and is_grad_enabled():
             raise RuntimeError(ERR_LEAF_INPLACE)
 
     def _alias(self) -> Tensor:
@@ -628,16 +637,39 @@ class Tensor:
         return t
 
     def _rebind(self, result: Tensor) -> Tensor:
-        """Take over ``result``'s value and history: the second half of an in-place op."""
+        """Take over ``result``'s value and history: the second half of an in-place op.
+
+        On a view the new value is written through to its base, and every live view of
+        that base is regenerated from it (NOTE [Views write through]).
+        """
         if result._array.shape != self._array.shape:
             raise RuntimeError(
                 f"output with shape {list(self._array.shape)} doesn't match the broadcast shape "
                 f"{list(result._array.shape)}"
             )
-        array = result._array
-        if array.dtype != self._array.dtype:
-            array = array.astype(self._array.dtype)
-        self._array = array
+        dtype = self._array.dtype
+        if result._array.dtype != dtype:
+            if not can_cast(result._array.dtype, dtype):
+                raise RuntimeError(
+                    f"result type {torch_dtype_name(result._array.dtype)} can't be cast to the desired output "
+                    f"type {torch_dtype_name(dtype)}"
+                )
+            result = result.astype(dtype)
+        if self._view is not None:
+            from xgrad.ops.views import write_through
+
+            write_through(self, result)
+            return self
+        self._take_value(result)
+        if self._views is not None:
+            from xgrad.ops.views import regenerate_views
+
+            regenerate_views(self)
+        return self
+
+    def _take_value(self, result: Tensor) -> None:
+        """Hold ``result``'s array and, when it has one, its place in the graph; bump ``_version``."""
+        self._array = result._array
         self._version += 1
         if result.grad_fn is not None:
             if self._retains_grad and self.grad_fn is not None:
@@ -650,4 +682,42 @@ class Tensor:
             self._output_nr = result._output_nr
             if self._retains_grad:
                 self._install_retains_grad_hook()
-        return self
+
+
+# PyTorch's names for dtypes, used in its error messages.
+_TORCH_DTYPE_NAMES = {
+    "float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16", "int64": "Long",
+    "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool",
+    "complex64": "ComplexFloat", "complex128": "ComplexDouble",
+}
+
+
+def torch_dtype_name(dtype: Any) -> str:
+    """PyTorch's name of ``dtype`` (``Float``, ``Long``, …), for messages PyTorch users recognise.
+
+    >>> import jax.numpy as jnp
+    >>> torch_dtype_name(jnp.float32), torch_dtype_name(jnp.int64)
+    ('Float', 'Long')
+    """
+    name = jnp.dtype(dtype).name
+    return _TORCH_DTYPE_NAMES.get(name, name)
+
+
+def _dtype_kind_rank(dtype: Any) -> int:
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return 3
+    if jnp.issubdtype(dtype, jnp.floating):
+        return 2
+    if jnp.issubdtype(dtype, jnp.bool_):
+        return 0
+    return 1
+
+
+def can_cast(from_dtype: Any, to_dtype: Any) -> bool:
+    """PyTorch's ``can_cast`` for in-place results: never complex to real, float to int, or anything to bool.
+
+    >>> import jax.numpy as jnp
+    >>> can_cast(jnp.float64, jnp.float32), can_cast(jnp.float32, jnp.int64), can_cast(jnp.int32, jnp.float32)
+    (True, False, True)
+    """
+    return _dtype_kind_rank(from_dtype) <= _dtype_kind_rank(to_dtype)
