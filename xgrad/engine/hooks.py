@@ -10,6 +10,10 @@ __all__ = ["RemovableHandle", "add_hook"]
 
 _next_id = itertools.count()
 
+# Set by ``xgrad.compile`` while it traces a step: ``trace_wrapper(fn, hooks)`` returns
+# what to call instead of ``fn`` (a host callback), so hooks see concrete values.
+trace_wrapper: Any = None
+
 
 class RemovableHandle:
     """Returned by every ``register_*``: ``.remove()`` takes the hook out again.
@@ -56,7 +60,8 @@ def run_in_order(hooks: HookDict | None):  # type: ignore[no-untyped-def]
     """Yield the hooks registered now, skipping any removed while iterating."""
     if not hooks:
         return
+    wrap = trace_wrapper
     for key in tuple(hooks):
         fn = hooks.get(key)
         if fn is not None:
-            yield fn
+            yield fn if wrap is None else wrap(fn, hooks)
