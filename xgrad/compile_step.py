@@ -117,9 +117,9 @@ class _Snapshot:
 
     def __init__(self, t: Tensor) -> None:
         self.ref = weakref.ref(t)
-        # Where the tensor is found at a call: an argument's leaf index (a new object
-        # each call), or the weak reference to the state tensor itself.
-        self.target: int | weakref.ref[Tensor] = self.ref
+        # Where the tensor is found at a call (``_resolve``): an argument's leaf index (a
+        # new object each call), ``("grad", owner's target)``, or a weak reference.
+        self.target: Any = self.ref
         self.array = _ARRAY.__get__(t, Tensor)
         self.start = self.array  # what counts as unchanged (a tracer for an argument)
         self.grad = _GRAD.__get__(t, Tensor)
@@ -145,7 +145,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.thread = threading.get_ident()
         self.snapshots: dict[int, _Snapshot] = {}
-        self.sources: dict[int, list[tuple[str, Any]]] = {}
+        self.sources: dict[int, list[Any]] = {}  # id(array) -> targets of the tensors holding it
         self.keep: list[Any] = []  # the arrays whose ids key ``sources`` stay alive
         self.grad_owner: dict[int, weakref.ref[Tensor]] = {}
         self.grad_read: set[int] = set()  # ``.grad`` read before this trace rebound it
@@ -160,18 +160,18 @@ class _Recorder:
 
     def touch(self, t: Tensor) -> None:
         if id(t) not in self.snapshots and not self.is_born(t):
-            self.snapshots[id(t)] = _Snapshot(t)
+            snap = self.snapshots[id(t)] = _Snapshot(t)
+            ref = self.grad_owner.get(id(t))
+            owner = ref() if ref is not None else None
+            if owner is not None and _GRAD.__get__(owner, Tensor) is t:
+                # A ``.grad``: at the next call it is whatever tensor its owner holds then.
+                snap.target = ("grad", self.snapshots[id(owner)].target)
 
     def read(self, t: Tensor, array: Any) -> None:
         if self.is_born(t):
             return
         self.touch(t)
-        ref = self.grad_owner.get(id(t))
-        owner = ref() if ref is not None else None
-        if owner is not None and _GRAD.__get__(owner, Tensor) is t:
-            source = ("grad", self.snapshots[id(owner)].target)
-        else:
-            source = ("array", self.snapshots[id(t)].target)
+        source = self.snapshots[id(t)].target
         entries = self.sources.setdefault(id(array), [])
         if not entries:
             self.keep.append(array)
@@ -493,7 +493,7 @@ class CompiledFunction:
         consts = [refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in entry.consts]
         outs = entry.jitted(*consts, *dyn)
         for target, what, index, version_delta in entry.writes:
-            t = leaves[target] if type(target) is int else target()
+            t = _resolve(target, leaves)
             if t is None:
                 continue
             if what == "array":
@@ -513,7 +513,7 @@ class CompiledFunction:
             elif kind == "array":
                 results.append(outs[value])
             elif kind == "same":
-                results.append(leaves[value] if type(value) is int else value())
+                results.append(_resolve(value, leaves))
             else:
                 results.append(value)
         return jax.tree_util.tree_unflatten(entry.result_tree, results)
@@ -594,7 +594,7 @@ class CompiledFunction:
         entry.guards = [(ref, grad_read, _guard(ref(), grad_read)) for ref, grad_read in guard_refs if ref() is not None]
         consts: list[tuple[str, Any]] = []
         for c in closed.consts:
-            live = [s for s in recorder.sources.get(id(c), ()) if type(s[1]) is int or s[1]() is not None]
+            live = [s for s in recorder.sources.get(id(c), ()) if _resolve(s, leaves) is not None]
             consts.append(("state", live) if live else ("const", c))
         entry.consts = consts
         jaxpr = closed.jaxpr
@@ -606,14 +606,20 @@ class CompiledFunction:
         return entry
 
 
-def _source_value(source: tuple[str, Any], leaves: list[Any]) -> Any:
-    kind, target = source
-    t = leaves[target] if type(target) is int else target()
+def _resolve(target: Any, leaves: list[Any]) -> Any:
+    """The tensor a target names at this call (``_Snapshot.target``), ``None`` if it is gone."""
+    if type(target) is int:
+        return leaves[target]
+    if type(target) is tuple:
+        owner = _resolve(target[1], leaves)
+        return None if owner is None else _GRAD.__get__(owner, Tensor)
+    return target()
+
+
+def _source_value(target: Any, leaves: list[Any]) -> Any:
+    t = _resolve(target, leaves)
     if t is None:
         raise RuntimeError("xgrad.compile: a tensor the program reads was freed (internal error: please report it)")
-    if kind == "grad":
-        grad = _GRAD.__get__(t, Tensor)
-        return _ARRAY.__get__(grad, Tensor)
     return _ARRAY.__get__(t, Tensor)
 
 
@@ -638,7 +644,7 @@ def _collect(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[An
                 f"an in-place op gave a tensor from outside the function (shape {list(array.shape)}) autograd history, "
                 "which cannot leave the program", site,
             )
-        if type(snap.target) is not int:  # arguments are keyed by the signature
+        if type(snap.target) is weakref.ref:  # arguments are keyed by the signature, grads by their owner
             guards.append((snap.ref, key in recorder.grad_read))
         if array is not snap.start:
             writes.append((snap.target, "array", len(outputs), t._version - snap.version))
