@@ -115,6 +115,7 @@ class SavedTensor:
 
     # _state: "input" (strong ref), "output" (weak ref: a node must not keep its own
     # output alive), "hooked" (packed by saved-tensor hooks) or "freed".
+    _ref: Tensor | weakref.ref[Tensor] | None  # the Tensor itself exactly in state "input"
 
     def __init__(self, tensor: Tensor, is_output: bool) -> None:
         self._saved_version = tensor._version
