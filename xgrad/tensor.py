@@ -8,6 +8,7 @@ in-place ``_version`` counter. Ops and operators are attached by ``xgrad.ops``.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
 __all__ = ["Tensor", "is_differentiable_dtype"]
 
 
+# The module whose ``_operator_*`` functions implement ``jax.Array``'s operators.
+_JAX_OPERATORS = "jax._src.numpy.array_methods"
+
+
 def is_differentiable_dtype(dtype: Any) -> bool:
     return jnp.issubdtype(dtype, jnp.inexact)
 
@@ -34,6 +39,16 @@ ERR_NON_LEAF_REQUIRES_GRAD = (
     "variable in a subgraph that doesn't require differentiation use var_no_grad = var.detach()."
 )
 ERR_LEAF_INPLACE = "a leaf Variable that requires grad is being used in an in-place operation."
+# NOTE [JAX boundary]
+# A Tensor is a pytree of its array, so JAX transformations and ``jax.device_put`` see
+# the array. Autograd history cannot follow it out: a Tensor with a ``grad_fn`` that
+# comes back concrete from ``jax.jit``/``vmap``, ``device_put`` or ``tree_map`` raises
+# this error instead of becoming a leaf whose gradients go nowhere.
+ERR_HISTORY_CROSSES_JAX = (
+    "a Tensor with autograd history came out of a JAX transformation (jax.jit, jax.vmap, jax.grad), jax.device_put "
+    "or a tree_map, which would cut its graph. Use xgrad.compile(fn) to jit xgrad code that records autograd, "
+    "tensor.to(device) to move a tensor differentiably, or tensor.detach() to drop the history first."
+)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -132,14 +147,21 @@ class Tensor:
         return t
 
     # -- pytree ----------------------------------------------------------------------
-    def tree_flatten(self) -> tuple[tuple[Any], bool]:
-        return (self._array,), self.requires_grad
+    def tree_flatten(self) -> tuple[tuple[Any], tuple[bool, bool]]:
+        return (self._array,), (self.requires_grad, self.grad_fn is not None)
 
     @classmethod
-    def tree_unflatten(cls, requires_grad: bool, children: tuple[Any]) -> Tensor:
+    def tree_unflatten(cls, aux: tuple[bool, bool], children: tuple[Any]) -> Tensor:
         # JAX may unflatten with placeholder leaves, so no dtype checks here.
-        t = cls(children[0])
-        t._requires_grad = requires_grad
+        requires_grad, has_history = aux
+        array = children[0]
+        if has_history and isinstance(array, jax.Array) and not isinstance(array, jax.core.Tracer):
+            # A concrete value leaving jax.jit/vmap, jax.device_put or a tree_map: the
+            # graph cannot come along, and a leaf that claims requires_grad would take
+            # the gradients nobody reads (NOTE [JAX boundary]).
+            raise RuntimeError(ERR_HISTORY_CROSSES_JAX)
+        t = cls(array)
+        t._requires_grad = requires_grad and not has_history
         return t
 
     # -- array attributes ------------------------------------------------------------
@@ -258,10 +280,18 @@ class Tensor:
     def __jax_array__(self) -> jax.Array:
         """The array, for ``jnp`` functions: they see the value only, untracked.
 
-        A ``jax.Array`` on the left of an operator converts a Tensor this way too
-        (``jnp.ones(2) * t`` is an untracked ``jax.Array``); put the Tensor on the left
-        or wrap the array with ``xgrad.tensor``.
+        A ``jax.Array`` on the left of an operator (``jnp.ones(2) * t``) is the
+        exception: the array's operator asks for this first; it gets the Tensor back,
+        so it defers and the Tensor's reflected operator records the op.
+
+        >>> import jax.numpy as jnp, xgrad
+        >>> t = xgrad.tensor([1.0, 2.0], requires_grad=True)
+        >>> (jnp.ones(2) * t).grad_fn.name(), type(jnp.sin(t)).__name__
+        ('MulBackward', 'ArrayImpl')
         """
+        caller = sys._getframe(1)
+        if caller.f_code.co_name.startswith("_operator_") and caller.f_globals.get("__name__") == _JAX_OPERATORS:
+            return self  # type: ignore[return-value]  # not an accepted operand: jax returns NotImplemented
         return self._array
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
