@@ -8,6 +8,7 @@ in-place ``_version`` counter. Ops and operators are attached by ``xgrad.ops``.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,10 @@ if TYPE_CHECKING:
     from xgrad.ops.views import ViewInfo
 
 __all__ = ["Tensor", "can_cast", "is_differentiable_dtype", "torch_dtype_name"]
+
+
+# The module whose ``_operator_*`` functions implement ``jax.Array``'s operators.
+_JAX_OPERATORS = "jax._src.numpy.array_methods"
 
 
 def is_differentiable_dtype(dtype: Any) -> bool:
@@ -56,15 +61,16 @@ def _index_str(index: tuple[slice, ...]) -> str:
 
 
 class _TensorMeta:
-    """A Tensor node's pytree metadata: carries ``requires_grad``, compares equal to any other.
+    """A Tensor node's pytree metadata: ``requires_grad`` and whether it has history.
 
-    See NOTE [Tensor as a pytree].
+    It compares equal to any other (NOTE [Tensor as a pytree]).
     """
 
-    __slots__ = ("requires_grad",)
+    __slots__ = ("has_history", "requires_grad")
 
-    def __init__(self, requires_grad: bool) -> None:
+    def __init__(self, requires_grad: bool, has_history: bool) -> None:
         self.requires_grad = requires_grad
+        self.has_history = has_history
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _TensorMeta)
@@ -74,6 +80,18 @@ class _TensorMeta:
 
     def __repr__(self) -> str:
         return f"Tensor(requires_grad={self.requires_grad})"
+
+
+# NOTE [JAX boundary]
+# A Tensor is a pytree of its array, so JAX transformations and ``jax.device_put`` see
+# the array. Autograd history cannot follow it out: a Tensor with a ``grad_fn`` that
+# comes back concrete from ``jax.jit``/``vmap``, ``device_put`` or ``tree_map`` raises
+# this error instead of becoming a leaf whose gradients go nowhere.
+ERR_HISTORY_CROSSES_JAX = (
+    "a Tensor with autograd history came out of a JAX transformation (jax.jit, jax.vmap, jax.grad), jax.device_put "
+    "or a tree_map, which would cut its graph. Use xgrad.compile(fn) to jit xgrad code that records autograd, "
+    "tensor.to(device) to move a tensor differentiably, or tensor.detach() to drop the history first."
+)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -178,7 +196,7 @@ class Tensor:
     # -- pytree ----------------------------------------------------------------------
     # NOTE [Tensor as a pytree]
     # A Tensor is a pytree node with one child, its array, so jax.tree_util, optax and
-    # jax.device_put see the array inside. Two choices make trees of Tensors behave:
+    # jax.device_put see the array inside. Three choices make trees of Tensors behave:
     # * ``requires_grad`` rides along as metadata that every Tensor node compares equal
     #   on (``_TensorMeta``). A tree of parameters (requiring grad) and the tree of their
     #   grads or optax updates (not requiring grad) then have one structure, so
@@ -191,17 +209,23 @@ class Tensor:
     #   ``tree_map(lambda p: p.shape, state_dict)`` gives shapes, not Tensors around tuples.
     #   A leaf count never changes (one child in, one leaf out), except for ``None``,
     #   which is an empty subtree as everywhere in JAX.
+    # * A concrete array coming back to a Tensor that had history (out of jax.jit/vmap,
+    #   jax.device_put or a tree_map) raises: NOTE [JAX boundary].
     def tree_flatten(self) -> tuple[tuple[Any], _TensorMeta]:
-        return (self._array,), _TensorMeta(self.requires_grad)
+        return (self._array,), _TensorMeta(self.requires_grad, self.grad_fn is not None)
 
     @classmethod
     def tree_unflatten(cls, meta: _TensorMeta, children: tuple[Any]) -> Any:
         (child,) = children
         if isinstance(child, Tensor) or not (hasattr(child, "shape") and hasattr(child, "dtype")):
             return child
+        if meta.has_history and isinstance(child, jax.Array) and not isinstance(child, jax.core.Tracer):
+            # The graph cannot come along, and a leaf that claimed requires_grad would
+            # take gradients nobody reads.
+            raise RuntimeError(ERR_HISTORY_CROSSES_JAX)
         # JAX may unflatten with abstract leaves: no dtype checks beyond the flag's own.
         t = Tensor(child)
-        t._requires_grad = meta.requires_grad and is_differentiable_dtype(child.dtype)
+        t._requires_grad = meta.requires_grad and not meta.has_history and is_differentiable_dtype(child.dtype)
         return t
 
     # -- array attributes ------------------------------------------------------------
@@ -323,10 +347,18 @@ class Tensor:
     def __jax_array__(self) -> jax.Array:
         """The array, for ``jnp`` functions: they see the value only, untracked.
 
-        A ``jax.Array`` on the left of an operator converts a Tensor this way too
-        (``jnp.ones(2) * t`` is an untracked ``jax.Array``); put the Tensor on the left
-        or wrap the array with ``xgrad.tensor``.
+        A ``jax.Array`` on the left of an operator (``jnp.ones(2) * t``) is the
+        exception: the array's operator asks for this first; it gets the Tensor back,
+        so it defers and the Tensor's reflected operator records the op.
+
+        >>> import jax.numpy as jnp, xgrad
+        >>> t = xgrad.tensor([1.0, 2.0], requires_grad=True)
+        >>> (jnp.ones(2) * t).grad_fn.name(), type(jnp.sin(t)).__name__
+        ('MulBackward', 'ArrayImpl')
         """
+        caller = sys._getframe(1)
+        if caller.f_code.co_name.startswith("_operator_") and caller.f_globals.get("__name__") == _JAX_OPERATORS:
+            return self  # type: ignore[return-value]  # not an accepted operand: jax returns NotImplemented
         return self._array
 
     def _check_addressable(self, what: str) -> None:
