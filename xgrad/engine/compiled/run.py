@@ -30,8 +30,7 @@ from xgrad.engine.compiled.lower import (
     run_phase,
 )
 from xgrad.engine.engine import validate_outputs
-from xgrad.engine.hooks import run_in_order
-from xgrad.engine.node import Edge, _accumulate_lock, current_task
+from xgrad.engine.node import Edge, _accumulate_lock, current_task, run_post_accumulate_grad_hooks, store_into_grad
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
 
@@ -103,10 +102,15 @@ def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tenso
             grad = grads.get(step.leaf_slot)
             if grad is not None:
                 # ``_grad``, as eager's AccumulateGrad writes it: the traced validate_outputs
-                # fitted shape and dtype, and the program places it with the leaf.
+                # fitted shape and dtype, and the program places it with the leaf. An
+                # existing ``.grad`` takes the sum in place, as in eager, unless create_graph.
                 if variant.device is not None:  # the segment ran on one of several devices
                     grad = Tensor(jax.device_put(grad._array, var._array.sharding))
-                var._grad = grad
+                old_grad = var._grad
+                if old_grad is None or create_graph:
+                    var._grad = grad
+                else:
+                    store_into_grad(old_grad, grad._array)
     return live, grads, captures, retained
 
 
@@ -149,9 +153,7 @@ def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tenso
                 captured[i] = grad
             for step in item.leaf_steps:
                 if step.leaf_slot in grads:
-                    var = nodes[step.pos].variable  # type: ignore[attr-defined]
-                    for hook in run_in_order(var._post_accumulate_grad_hooks):
-                        hook(var)
+                    run_post_accumulate_grad_hooks(nodes[step.pos].variable)  # type: ignore[attr-defined]
     finally:
         _grad_state.enabled = prev_grad_mode
         current_task.graph_task = prev_task
