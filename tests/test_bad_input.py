@@ -242,6 +242,33 @@ def test_a_backward_after_an_index_error_works(compiled):
     _close(w.grad, [[0.0, 0.0, 0.0], [2.0, 2.0, 2.0]])
 
 
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8])
+def test_device_check_finds_the_first_out_of_range_entry(dtype):
+    # The jitted reduction used for arrays on accelerators (CPU arrays are read by NumPy).
+    from xgrad.ops._util import _first_out_of_range
+
+    index = jnp.asarray([[0, 2], [7, 5]], dtype)
+    assert not _first_out_of_range(index, 8, negative=True, ignore=None)[0]
+    bad, first = _first_out_of_range(index, 6, negative=True, ignore=None)
+    assert bool(bad) and int(first) == 7
+    assert not _first_out_of_range(index, 6, negative=False, ignore=7)[0]
+    assert not _first_out_of_range(jnp.zeros((0,), dtype), 1, negative=True, ignore=None)[0]
+    if dtype == jnp.int32:
+        signed = jnp.asarray([1, -3, -2], dtype)
+        assert not _first_out_of_range(signed, 3, negative=True, ignore=None)[0]
+        bad, first = _first_out_of_range(signed, 3, negative=False, ignore=None)
+        assert bool(bad) and int(first) == -3
+
+
+def test_index_sharded_over_two_devices_is_checked():
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("batch",))
+    index = jax.device_put(jnp.asarray([0, 1, 2, 9]), NamedSharding(mesh, PartitionSpec("batch")))
+    with pytest.raises(IndexError, match="^index 9 is out of bounds for dimension 0 with size 3$"):
+        xgrad.tensor([1.0, 2.0, 3.0])[xgrad.tensor(index)]
+
+
 def test_bool_mask_and_slices_need_no_check():
     x = xgrad.tensor(X23)
     _close(x[x > 0], X23[X23 > 0])
