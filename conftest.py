@@ -11,3 +11,6 @@ if "--xla_force_host_platform_device_count" not in _flags:
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+
+# xgrad's own suite opts in to its hypothesis profiles (dev unless asked otherwise).
+pytest_plugins = ["xgrad.testing.pytest_plugin"]

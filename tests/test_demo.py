@@ -59,4 +59,5 @@ def test_bad_arguments(capsys):
         demo_main(["--eager", "--compiled"])
     assert "not allowed with argument" in capsys.readouterr().err
     assert main(["train"]) == 2 and "unknown command 'train'" in capsys.readouterr().err
-    assert main([]) == 2 and "usage: python -m xgrad demo" in capsys.readouterr().out
+    assert main([]) == 2 and "usage: python -m xgrad COMMAND" in capsys.readouterr().out
+    assert main(["--help"]) == 0 and "  demo  train a small MLP" in capsys.readouterr().out

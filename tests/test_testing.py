@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _scripts import run_json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,15 +74,36 @@ def test_gradcheck_checks_plain_arrays_and_unused_inputs():
         gradcheck(lambda x: x, [xgrad.tensor(np.ones(2))])
 
 
-def test_gradcheck_needs_x64(monkeypatch):
-    monkeypatch.setattr(gradcheck_module.jnp, "zeros", lambda *a, **k: np.zeros((), np.float32))
+def test_gradcheck_leaves_the_process_x64_setting_as_it_was():
+    # A fresh process with x64 off: the checks run in float64 (they catch an error of
+    # 1e-7 that float32 differences could not see) and afterwards new arrays are float32
+    # again, with no warning raised on the way.
+    result = run_json(
+        """
+        import json, warnings
+        warnings.simplefilter("error")
+        jax.config.update("jax_enable_x64", False)
+        import jax.numpy as jnp
+        import numpy as np
+        import xgrad
+        from xgrad.testing import gradcheck, gradgradcheck
 
-    def refuse(name, value):
-        raise RuntimeError("x64 is locked")
-
-    monkeypatch.setattr(gradcheck_module.jax.config, "update", refuse)
-    with pytest.raises(RuntimeError, match="jax_enable_x64 is off and could not be turned on .x64 is locked.*Enable it"):
-        gradcheck(lambda x: x, [np.ones(2)])
+        @jax.custom_vjp
+        def almost_sin(x):
+            return jnp.sin(x)
+        almost_sin.defvjp(lambda x: (jnp.sin(x), x), lambda x, g: (g * (jnp.cos(x) + 1e-4),))
+        bad = xgrad.ops.from_jax(almost_sin)
+        x = xgrad.tensor([0.3, -1.2], requires_grad=True)
+        passed = gradcheck(lambda t: t.sin(), (x,)) and gradgradcheck(lambda t: t.exp() * t, (x,))
+        caught = not gradcheck(bad, (x,), atol=1e-6, rtol=1e-6, raise_exception=False)
+        print(json.dumps({
+            "passed": bool(passed), "caught": caught, "x64": bool(jax.config.jax_enable_x64),
+            "dtypes": [str(t.dtype) for t in (xgrad.tensor([1.0]), xgrad.randn(2), xgrad.zeros(2), x * 2)],
+        }))
+        """,
+        devices=1,
+    )
+    assert result == {"passed": True, "caught": True, "x64": False, "dtypes": ["float32"] * 4}
 
 
 def test_gradgradcheck_flags_only_second_order_bugs():
@@ -246,28 +268,64 @@ def test_check_grad_matches_backward_catches_disagreement(monkeypatch):
 
 
 # -- pytest plugin ---------------------------------------------------------------------------
+# Each case runs pytest in a fresh process on a throwaway project, as another project of
+# the same environment would.
 PROBE = textwrap.dedent(
     """
-    from hypothesis import settings
+    import sys
 
-    def test_profile():
-        print("PROFILE", settings.default.max_examples, settings.default.derandomize)
+    def test_probe():
+        try:
+            from hypothesis import settings
+        except ImportError:
+            profile = "no hypothesis"
+        else:
+            profile = f"{settings.default.max_examples} {settings.default.derandomize}"
+        print("PROFILE", profile, "| xgrad imported:", "xgrad" in sys.modules, "| jax imported:", "jax" in sys.modules)
     """
 )
+
+
+def _pytest_in_throwaway_project(tmp_path, args, env, hide_hypothesis=False):
+    (tmp_path / "test_probe.py").write_text(PROBE)
+    environ = {k: v for k, v in os.environ.items() if k != "XGRAD_HYPOTHESIS_PROFILE"} | env
+    if hide_hypothesis:
+        blocker = tmp_path / "blocker" / "hypothesis"
+        blocker.mkdir(parents=True, exist_ok=True)
+        (blocker / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'hypothesis'\", name='hypothesis')\n")
+        environ["PYTHONPATH"] = os.pathsep.join([str(blocker.parent), environ.get("PYTHONPATH", "")])
+        args = ["-p", "no:hypothesispytest", *args]  # hypothesis's own plugin leaves with it
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", *args, str(tmp_path / "test_probe.py")],
+        capture_output=True, text=True, env=environ, cwd=tmp_path, timeout=120,
+    )
 
 
 @pytest.mark.parametrize(
     "args, env, expected",
-    [([], {}, "PROFILE 25 False"), ([], {"XGRAD_HYPOTHESIS_PROFILE": "thorough"}, "PROFILE 300 False"),
+    [([], {}, "PROFILE 100 False | xgrad imported: False | jax imported: False"),
+     (["-p", "xgrad.testing.pytest_plugin"], {}, "PROFILE 25 False"),
+     ([], {"XGRAD_HYPOTHESIS_PROFILE": "thorough"}, "PROFILE 300 False"),
      (["--xgrad-profile", "ci"], {"XGRAD_HYPOTHESIS_PROFILE": "thorough"}, "PROFILE 10 True")],
-    ids=["default dev", "environment", "option wins over environment"],
+    ids=["not asked: untouched", "explicit plugin: dev", "environment", "option wins over environment"],
 )
-def test_pytest_plugin_selects_profiles(tmp_path, args, env, expected):
-    (tmp_path / "test_probe.py").write_text(PROBE)
-    environ = {k: v for k, v in os.environ.items() if k != "XGRAD_HYPOTHESIS_PROFILE"} | env
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", *args, str(tmp_path / "test_probe.py")],
-        capture_output=True, text=True, env=environ, cwd=tmp_path, timeout=120,
-    )
+def test_pytest_plugin_is_opt_in_and_selects_profiles(tmp_path, args, env, expected):
+    result = _pytest_in_throwaway_project(tmp_path, args, env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert expected in result.stdout
+
+
+def test_pytest_plugin_without_hypothesis(tmp_path):
+    # Another project's run is unaffected; asking for a profile says what is missing.
+    result = _pytest_in_throwaway_project(tmp_path, [], {}, hide_hypothesis=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PROFILE no hypothesis | xgrad imported: False" in result.stdout
+    asked = _pytest_in_throwaway_project(tmp_path, ["--xgrad-profile", "ci"], {}, hide_hypothesis=True)
+    assert asked.returncode != 0
+    assert "hypothesis is not installed: pip install hypothesis" in asked.stdout + asked.stderr
+
+
+def test_pytest_plugin_rejects_an_unknown_profile(tmp_path):
+    result = _pytest_in_throwaway_project(tmp_path, ["--xgrad-profile", "fast"], {})
+    assert result.returncode != 0
+    assert "unknown xgrad hypothesis profile 'fast': choose one of dev, ci, thorough" in result.stdout + result.stderr

@@ -1,17 +1,28 @@
-"""``python -m xgrad <command>``; the one command is ``demo`` (see ``xgrad/demo.py``)."""
+"""``python -m xgrad <command>`` (also installed as the ``xgrad`` script)."""
 
 from __future__ import annotations
 
 import sys
 
-COMMANDS = ("demo",)
+#: Each command, with the line ``--help`` shows for it.
+COMMANDS = {
+    "demo": "train a small MLP eagerly, with the compiled backward and with jax.jit; check they agree and time them",
+}
+
+USAGE = "usage: python -m xgrad COMMAND [ARGS...]    (python -m xgrad COMMAND --help for a command's options)"
+
+
+def _help() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [USAGE, "", "commands:"] + [f"  {name:<{width}}  {text}" for name, text in COMMANDS.items()]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Dispatch ``argv`` (default: ``sys.argv[1:]``) to a command; returns the exit code."""
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
-        print("usage: python -m xgrad demo [--steps N] [--device DEVICE] [--compiled | --eager] [--profile [PATH]]")
+        print(_help())
         return 0 if args else 2
     if args[0] not in COMMANDS:
         print(f"xgrad: unknown command {args[0]!r}; the commands are: {', '.join(COMMANDS)}", file=sys.stderr)

@@ -6,6 +6,10 @@ becomes one ``Event``, as the reference engine's ``RECORD_FUNCTION`` around each
 ``evaluate_function`` does. Code outside the engine (the compiled backward, a user's
 own phases) adds spans with ``record`` or ``span``; both cost one list check when no
 profiler is open.
+
+Each node and ``span`` is also a ``jax.profiler.TraceAnnotation``: open
+``xgrad.autograd.profile()`` inside a ``jax.profiler.trace(log_dir)`` and the XLA trace
+(TensorBoard, Perfetto) shows xgrad's backward nodes above the kernels they launched.
 """
 
 from __future__ import annotations
@@ -28,7 +32,11 @@ SORT_KEYS = ("total", "calls", "mean", "max", "name")
 
 
 class Event(NamedTuple):
-    """One timed span: ``start``/``end`` in ``time.perf_counter()`` seconds."""
+    """One timed span: ``start``/``end`` in ``time.perf_counter()`` seconds.
+
+    ``thread_id`` is the OS thread id (``threading.get_native_id()``): small, stable for
+    the thread's life, and the id ``jax.profiler`` traces use for the same thread.
+    """
 
     name: str
     start: float
@@ -69,7 +77,7 @@ def record(name: str, start: float, end: float, **args: Any) -> None:
     if not _active:
         return
     thread = threading.current_thread()
-    event = Event(name, start, end, thread.ident or 0, thread.name, args)
+    event = Event(name, start, end, threading.get_native_id(), thread.name, args)
     for prof in tuple(_active):
         prof.events.append(event)
 
@@ -90,7 +98,8 @@ def span(name: str, **args: Any) -> Iterator[None]:
         return
     start = time.perf_counter()
     try:
-        yield
+        with jax.profiler.TraceAnnotation(name):
+            yield
     finally:
         record(name, start, time.perf_counter(), **args)
 
@@ -103,15 +112,40 @@ def _block(outputs: list[Any]) -> None:
 
 def _time_node(call_function: Callable[..., list[Any]], graph_task: Any, fn: Any, inputs: list[Any]) -> list[Any]:
     """The engine's node timer while any profiler is open (NOTE [Profiler hook])."""
+    name = fn.name()
     start = time.perf_counter()
     try:
-        outputs = call_function(graph_task, fn, inputs)
-        if outputs and any(prof.sync for prof in tuple(_active)):
-            _block(outputs)
+        with jax.profiler.TraceAnnotation(name):
+            outputs = call_function(graph_task, fn, inputs)
+            if outputs and any(prof.sync for prof in tuple(_active)):
+                _block(outputs)
     finally:
         device = fn.device()
-        record(fn.name(), start, time.perf_counter(), sequence_nr=fn.sequence_nr, device=str(device) if device is not None else "cpu")
+        record(name, start, time.perf_counter(), sequence_nr=fn.sequence_nr, device=str(device) if device is not None else "cpu")
     return outputs
+
+
+def _busy_seconds(events: list[Event]) -> float:
+    """Time covered by at least one event, per thread, summed over threads.
+
+    Spans nest (a user's ``span`` around a backward, a reentrant backward inside a node),
+    so summing durations would count the nested time twice.
+    """
+    by_thread: dict[int, list[tuple[float, float]]] = {}
+    for e in events:
+        by_thread.setdefault(e.thread_id, []).append((e.start, e.end))
+    busy = 0.0
+    for intervals in by_thread.values():
+        intervals.sort()
+        run_start, run_end = intervals[0]
+        for start, end in intervals[1:]:
+            if start > run_end:
+                busy += run_end - run_start
+                run_start, run_end = start, end
+            else:
+                run_end = max(run_end, end)
+        busy += run_end - run_start
+    return busy
 
 
 class Row(NamedTuple):
@@ -174,6 +208,9 @@ class profile:
                 or ``"name"``.
             row_limit: show at most this many rows.
 
+        "% of total" is a row's time over the time at least one event ran (per thread,
+        summed over threads), so a span that encloses others reads 100%, not half.
+
         >>> import xgrad
         >>> x = xgrad.tensor([1.0], requires_grad=True)
         >>> with xgrad.autograd.profile() as prof:
@@ -194,7 +231,7 @@ class profile:
             rows.sort(key=lambda r: getattr(r, sort_by), reverse=True)
         if row_limit is not None:
             rows = rows[:row_limit]
-        grand_total = sum(e.duration for e in self.events) or 1.0
+        grand_total = _busy_seconds(self.events) or 1.0
         width = max([len("Name"), *(len(r.name) for r in rows)]) + 2
         header = f"{'Name':<{width}}{'Calls':>7}{'Total (ms)':>13}{'Mean (us)':>12}{'Max (us)':>11}{'% of total':>13}"
         lines = [header, "-" * len(header)]
@@ -206,7 +243,11 @@ class profile:
         return "\n".join(lines)
 
     def chrome_trace(self) -> dict[str, Any]:
-        """The events in Chrome trace format (``chrome://tracing``, ui.perfetto.dev): one track per thread."""
+        """The events in Chrome trace format (``chrome://tracing``, ui.perfetto.dev): one track per thread.
+
+        Tracks are keyed by the OS thread id (32-bit, as Perfetto reads it) and named by
+        ``thread_name`` metadata events.
+        """
         origin = min((e.start for e in self.events), default=0.0)
         pid = os.getpid()
         trace: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "xgrad"}}]

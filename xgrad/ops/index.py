@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from xgrad.ops._util import canonical_dim, check_index_range
 from xgrad.ops.registry import defprim
+from xgrad.ops.views import is_basic_index, track_view
 from xgrad.tensor import Tensor
 
 
@@ -95,7 +96,9 @@ def getitem(x: Tensor, index: Any) -> Tensor:
     """
     if not isinstance(index, slice):
         check_index_bounds(x.shape, index)
-    return _getitem(x, index=_index_arg(index))
+    index = _index_arg(index)
+    out = _getitem(x, index=index)
+    return track_view(x, out, "getitem", {"index": index}) if is_basic_index(index) else out
 
 
 def setitem(x: Tensor, index: Any, value: Any) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from xgrad.ops._util import canonical_dim, check_index_range
 from xgrad.ops.registry import defprim
@@ -204,5 +206,22 @@ def dropout(x: Tensor, p: float = 0.5, key: Any = None, training: bool = True) -
     from xgrad.creation import next_key
 
     key = next_key() if key is None else key
+    sharding = getattr(x._array, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1:
+        # The mask is made where x lives, each device drawing its own part (threefry is
+        # partitionable: the same values as unsharded); the key is replicated over x's mesh,
+        # as its raw bits: a typed key cannot be put on devices of other processes.
+        typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+        bits = np.asarray(jax.random.key_data(key) if typed else key)
+        bits = jax.device_put(bits, jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec()))
+        impl = jax.random.key_impl(key) if typed else None
+        return x * Tensor(_sharded_dropout_scale(bits, impl, 1.0 - p, x.shape, x.dtype, sharding))
     keep = jax.random.bernoulli(key, 1.0 - p, x.shape)
     return x * Tensor(keep.astype(x.dtype) / (1.0 - p))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+def _sharded_dropout_scale(bits: Any, impl: Any, keep_prob: float, shape: tuple[int, ...], dtype: Any, sharding: Any) -> Any:
+    key = bits if impl is None else jax.random.wrap_key_data(bits, impl=impl)
+    keep = jax.random.bernoulli(key, keep_prob, shape)
+    return jax.lax.with_sharding_constraint(keep.astype(dtype) / keep_prob, sharding)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from xgrad.ops._util import canonical_dim, norm_axes
 from xgrad.ops.registry import defprim
+from xgrad.ops.views import track_view
 from xgrad.tensor import Tensor
 
 _reshape = defprim("reshape", lambda x, shape: jnp.reshape(x, shape), (lambda g, out, x, shape: g.reshape(x.shape),), save=())
@@ -114,7 +115,8 @@ def reshape(x: Tensor, *shape: Any) -> Tensor:
     target = _shape_arg(shape)
     if target == x.shape:
         return x
-    return _reshape(x, shape=_infer_shape(target, x.numel()))
+    out = _reshape(x, shape=_infer_shape(target, x.numel()))
+    return track_view(x, out, "reshape", {"shape": out.shape})
 
 
 view = reshape
@@ -171,7 +173,7 @@ def broadcast_to(x: Tensor, *shape: Any) -> Tensor:
     if target == x.shape:
         return x
     _check_expand(x.shape, target)
-    return _broadcast_to(x, shape=target)
+    return track_view(x, _broadcast_to(x, shape=target), "broadcast_to", {"shape": target})
 
 
 def _check_expand(shape: tuple[int, ...], target: tuple[int, ...]) -> None:
@@ -227,7 +229,7 @@ def permute(x: Tensor, *dims: Any) -> Tensor:
         raise RuntimeError("permute(): duplicate dims are not allowed.")
     if axes == tuple(range(x.ndim)):
         return x
-    return _transpose(x, axes=axes)
+    return track_view(x, _transpose(x, axes=axes), "transpose", {"axes": axes})
 
 
 def transpose(x: Tensor, dim0: int = 0, dim1: int = 1) -> Tensor:

@@ -9,7 +9,8 @@ mismatch it builds that pair's full Jacobian to name the worst element.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -24,12 +25,6 @@ __all__ = ["GradcheckError", "gradcheck", "gradgradcheck"]
 #: Above this many input-times-output elements, ``fast_mode=None`` picks fast mode.
 FAST_MODE_THRESHOLD = 4096
 
-ERR_X64 = (
-    "gradcheck needs float64, but jax_enable_x64 is off and could not be turned on ({reason}). "
-    "Enable it before creating any array: jax.config.update('jax_enable_x64', True), or set JAX_ENABLE_X64=1."
-)
-
-
 class GradcheckError(AssertionError):
     """An analytical gradient disagrees with finite differences.
 
@@ -42,15 +37,21 @@ class GradcheckError(AssertionError):
     """
 
 
-def _ensure_x64() -> None:
-    if jnp.zeros((), jnp.float64).dtype == jnp.float64:
+@contextlib.contextmanager
+def _float64() -> Iterator[None]:
+    """float64 for the duration of a check, leaving the process's x64 setting as it was.
+
+    Turning ``jax_enable_x64`` on globally would make every later array of the user's
+    program float64; the scoped switch changes only what runs inside the check.
+    """
+    if jax.config.jax_enable_x64:
+        yield
         return
-    try:
-        jax.config.update("jax_enable_x64", True)
-    except Exception as exc:  # noqa: BLE001  (any failure means the same to the user)
-        raise RuntimeError(ERR_X64.format(reason=exc)) from exc
-    if jnp.zeros((), jnp.float64).dtype != jnp.float64:
-        raise RuntimeError(ERR_X64.format(reason="the setting did not take effect"))
+    scope = getattr(jax, "enable_x64", None)
+    if scope is None:  # jax before the top-level switch
+        from jax.experimental import enable_x64 as scope
+    with scope(True):
+        yield
 
 
 def _prepare(inputs: Any) -> tuple[list[Any], list[int]]:
@@ -206,27 +207,27 @@ def gradcheck(
     >>> gradcheck(lambda x: (x.sin() * x).sum(), (x,))
     True
     """
-    _ensure_x64()
-    args, diff = _prepare(inputs)
-    for i in diff:
-        args[i] = Tensor(args[i].array).requires_grad_(True)
-    outs = _outputs(fn, args)
-    if not outs:
-        raise ValueError("gradcheck: fn returned no floating-point Tensor")
-    n_in = sum(args[i].array.size for i in diff)
-    n_out = sum(o.array.size for o in outs)
-    if fast_mode is None:
-        fast_mode = n_in * n_out > FAST_MODE_THRESHOLD
-    try:
-        if fast_mode:
-            _check_fast(fn, args, diff, outs, eps, atol, rtol, seed, _prefix)
-        else:
-            _check_full(fn, args, diff, outs, eps, atol, rtol, _prefix)
-    except GradcheckError:
-        if raise_exception:
-            raise
-        return False
-    return True
+    with _float64():
+        args, diff = _prepare(inputs)
+        for i in diff:
+            args[i] = Tensor(args[i].array).requires_grad_(True)
+        outs = _outputs(fn, args)
+        if not outs:
+            raise ValueError("gradcheck: fn returned no floating-point Tensor")
+        n_in = sum(args[i].array.size for i in diff)
+        n_out = sum(o.array.size for o in outs)
+        if fast_mode is None:
+            fast_mode = n_in * n_out > FAST_MODE_THRESHOLD
+        try:
+            if fast_mode:
+                _check_fast(fn, args, diff, outs, eps, atol, rtol, seed, _prefix)
+            else:
+                _check_full(fn, args, diff, outs, eps, atol, rtol, _prefix)
+        except GradcheckError:
+            if raise_exception:
+                raise
+            return False
+        return True
 
 
 def _check_full(fn: Callable[..., Any], args: list[Any], diff: list[int], outs: list[Tensor], eps: float, atol: float,
@@ -297,31 +298,31 @@ def gradgradcheck(
     >>> gradgradcheck(lambda x: x.exp() * x, (x,))
     True
     """
-    _ensure_x64()
-    args, diff = _prepare(inputs)
-    for i in diff:
-        args[i] = Tensor(args[i].array).requires_grad_(True)
-    outs = _outputs(fn, args)
-    if grad_outputs is None:
-        rng = np.random.default_rng(seed)
-        cotangents = [Tensor(jnp.asarray(rng.standard_normal(o.shape), jnp.float64)) for o in outs]
-    else:
-        given = grad_outputs if isinstance(grad_outputs, (list, tuple)) else [grad_outputs]
-        cotangents = [Tensor(jnp.asarray(g.array if isinstance(g, Tensor) else g, jnp.float64)) for g in given]
-    # Each cotangent lives where its output does (an output may have moved device).
-    cotangents = [Tensor(jax.device_put(c.array, o.sharding)) for c, o in zip(cotangents, outs, strict=True)]
-    n = len(args)
+    with _float64():
+        args, diff = _prepare(inputs)
+        for i in diff:
+            args[i] = Tensor(args[i].array).requires_grad_(True)
+        outs = _outputs(fn, args)
+        if grad_outputs is None:
+            rng = np.random.default_rng(seed)
+            cotangents = [Tensor(jnp.asarray(rng.standard_normal(o.shape), jnp.float64)) for o in outs]
+        else:
+            given = grad_outputs if isinstance(grad_outputs, (list, tuple)) else [grad_outputs]
+            cotangents = [Tensor(jnp.asarray(g.array if isinstance(g, Tensor) else g, jnp.float64)) for g in given]
+        # Each cotangent lives where its output does (an output may have moved device).
+        cotangents = [Tensor(jax.device_put(c.array, o.sharding)) for c, o in zip(cotangents, outs, strict=True)]
+        n = len(args)
 
-    def first_derivative(*all_args: Tensor) -> tuple[Tensor, ...]:
-        primal, cts = list(all_args[:n]), all_args[n:]
-        rooted = [(o, c) for o, c in zip(_outputs(fn, primal), cts, strict=True) if o.requires_grad]
-        wrt = [primal[i] for i in diff]
-        if not rooted:
-            return tuple(xgrad.zeros_like(t) for t in wrt)
-        grads = xgrad.autograd.grad([o for o, _ in rooted], wrt, [c for _, c in rooted], create_graph=True, allow_unused=True)
-        return tuple(xgrad.zeros_like(t) if g is None else g for g, t in zip(grads, wrt, strict=True))
+        def first_derivative(*all_args: Tensor) -> tuple[Tensor, ...]:
+            primal, cts = list(all_args[:n]), all_args[n:]
+            rooted = [(o, c) for o, c in zip(_outputs(fn, primal), cts, strict=True) if o.requires_grad]
+            wrt = [primal[i] for i in diff]
+            if not rooted:
+                return tuple(xgrad.zeros_like(t) for t in wrt)
+            grads = xgrad.autograd.grad([o for o, _ in rooted], wrt, [c for _, c in rooted], create_graph=True, allow_unused=True)
+            return tuple(xgrad.zeros_like(t) if g is None else g for g, t in zip(grads, wrt, strict=True))
 
-    checked = [args[k].requires_grad_(True) if k in diff else args[k] for k in range(n)]
-    checked += [c.requires_grad_(True) for c in cotangents]
-    return gradcheck(first_derivative, checked, eps, atol, rtol, raise_exception, fast_mode, seed=seed,
-                     _prefix=f"second-order (gradgradcheck; inputs from {n} on are the grad_outputs): ")
+        checked = [args[k].requires_grad_(True) if k in diff else args[k] for k in range(n)]
+        checked += [c.requires_grad_(True) for c in cotangents]
+        return gradcheck(first_derivative, checked, eps, atol, rtol, raise_exception, fast_mode, seed=seed,
+                         _prefix=f"second-order (gradgradcheck; inputs from {n} on are the grad_outputs): ")

@@ -1,26 +1,21 @@
-"""pytest plugin (entry point ``xgrad``): hypothesis profiles ``dev``, ``ci`` and ``thorough``."""
+"""pytest plugin: hypothesis profiles ``dev``, ``ci`` and ``thorough`` for xgrad's test harness.
+
+Opt-in. Load it with ``pytest -p xgrad.testing.pytest_plugin`` (or ``pytest_plugins =
+["xgrad.testing.pytest_plugin"]`` in a conftest) for the ``dev`` profile, or name a
+profile with ``--xgrad-profile NAME`` or ``XGRAD_HYPOTHESIS_PROFILE=NAME``; the option
+wins. What xgrad installs into every pytest run of the environment is only the entry
+point ``_xgrad_pytest``, which adds that option and does nothing until it is used.
+Importing this module needs no hypothesis; loading a profile does.
+"""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from hypothesis import HealthCheck, settings
+from _xgrad_pytest import PROFILES, load_profile, requested_profile
 
-# dev and thorough search randomly even where hypothesis would default to derandomizing
-# (it does when it sees a CI environment): only the ci profile is deterministic.
-settings.register_profile("dev", max_examples=25, deadline=None, derandomize=False)
-settings.register_profile(
-    "ci", max_examples=10, deadline=None, derandomize=True, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.register_profile("thorough", max_examples=300, deadline=None, derandomize=False)
-
-
-def pytest_addoption(parser: Any) -> None:
-    parser.addoption("--xgrad-profile", default=None, help="hypothesis profile: dev (default), ci or thorough")
+__all__ = ["PROFILES", "load_profile", "requested_profile"]
 
 
 def pytest_configure(config: Any) -> None:
-    profile = config.getoption("--xgrad-profile") or os.environ.get("XGRAD_HYPOTHESIS_PROFILE") or "dev"
-    settings.load_profile(profile)
+    load_profile(requested_profile(config) or "dev")
