@@ -66,9 +66,10 @@ _sequence = _SequenceCounter()
 
 
 class _CurrentTask(threading.local):
-    """The graph task this thread is running a node of (set by the engine)."""
+    """The graph task and node this thread is running (set by the engine)."""
 
     graph_task: Any = None
+    node: Any = None
 
 
 current_task = _CurrentTask()
