@@ -421,7 +421,11 @@ def _fit_gradient(i: int, grad: Any, meta: Any, producer: Any, note: str) -> Ten
     # which XLA places (and which have no .sharding to compare).
     if _devices.single_device or sharding is None:
         return grad
-    grad_sharding = grad._array.sharding
+    # A traced gradient (``grad(..., is_grads_batched=True)`` under vmap, or a step
+    # under ``xgrad.compile``) has no sharding to compare: XLA places it.
+    grad_sharding = getattr(grad._array, "sharding", None)
+    if grad_sharding is None:
+        return grad
     if grad_sharding is not sharding and grad_sharding != sharding and grad_sharding.device_set != sharding.device_set:
         if grad._array.ndim == 0 and len(sharding.device_set) == 1:
             from xgrad.ops import to_device

@@ -10,6 +10,10 @@ __all__ = ["RemovableHandle", "add_hook"]
 
 _next_id = itertools.count()
 
+# Set by ``xgrad.compile`` while it traces a step: ``trace_wrapper(fn, hooks)`` returns
+# what to call instead of ``fn`` (a host callback), so hooks see concrete values.
+trace_wrapper: Any = None
+
 
 class RemovableHandle:
     """Returned by every ``register_*``: ``.remove()`` takes the hook out again.
@@ -59,5 +63,11 @@ def run_in_order(hooks: HookDict | None) -> tuple[Any, ...]:
 
     A hook removed (by itself or by another hook) while the snapshot is being run
     still runs in that pass; one registered meanwhile waits for the next pass.
+    While ``xgrad.compile`` traces a step, each comes wrapped by ``trace_wrapper``.
     """
-    return tuple(hooks.values()) if hooks else ()
+    if not hooks:
+        return ()
+    wrap = trace_wrapper
+    if wrap is None:
+        return tuple(hooks.values())
+    return tuple(wrap(fn, hooks) for fn in hooks.values())

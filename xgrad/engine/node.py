@@ -24,6 +24,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import jax
+
 from xgrad.engine.hooks import HookDict, RemovableHandle, add_hook, run_in_order
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.tensor import Tensor
@@ -289,6 +291,7 @@ class AccumulateGrad(Node):
             return []
         var = self.variable
         create_graph = is_grad_enabled()
+        new_grad = _on_leaf_sharding(new_grad, self.input_metadata[0].sharding, create_graph)
         # ``_grad``, not the validating ``grad`` setter: validate_outputs fitted new_grad.
         with _accumulate_lock:
             old = var._grad
@@ -304,6 +307,24 @@ class AccumulateGrad(Node):
 
     def __repr__(self) -> str:
         return f"<AccumulateGrad object at {id(self):#x}>"
+
+
+def _on_leaf_sharding(grad: Tensor, sharding: Any, create_graph: bool) -> Tensor:
+    """``grad`` placed on its leaf's multi-device ``sharding``, as the compiled backward places it.
+
+    A rule's output may come back with another layout over the same devices (``P('model')``
+    for a replicated bias); the leaf's ``.grad``, and so the optimizer step, must not drift.
+    """
+    if not isinstance(sharding, jax.sharding.NamedSharding) or len(sharding.device_set) < 2:
+        return grad
+    current = getattr(grad._array, "sharding", None)
+    if current is None or current == sharding or current.is_equivalent_to(sharding, grad._array.ndim):
+        return grad
+    if create_graph and grad.grad_fn is not None:
+        from xgrad.ops import to_device
+
+        return to_device(grad, sharding)
+    return Tensor(jax.device_put(grad._array, sharding))
 
 
 def store_into_grad(grad: Tensor, array: Any) -> None:
