@@ -234,6 +234,16 @@ def test_a_saved_view_detects_a_write_to_its_base():
         out.sum().backward()
 
 
+def test_view_of_a_non_contiguous_tensor_raises_where_reshape_copies():
+    b = xgrad.tensor(np.arange(6.0).reshape(2, 3)) * 1.0
+    with pytest.raises(RuntimeError, match=r"view size is not compatible with input tensor's size and stride .* Use .reshape\(...\) instead."):
+        b.T.view(-1)
+    assert b.T.reshape(-1).tolist() == [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
+    split = b.T.view(3, 1, 2)  # splitting a dim keeps the strides expressible: still a view
+    split[0, 0, 1] = 10.0
+    assert b.tolist() == [[0.0, 1.0, 2.0], [10.0, 4.0, 5.0]]
+
+
 def test_advanced_indexing_is_a_copy_as_in_pytorch():
     b = xgrad.tensor([1.0, 2.0, 3.0]) * 1.0
     picked = b[np.array([0, 2])]
