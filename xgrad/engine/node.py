@@ -22,7 +22,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from xgrad.engine.hooks import HookDict, RemovableHandle, add_hook, run_in_order
 from xgrad.grad_mode import is_grad_enabled
@@ -118,6 +118,11 @@ class Node:
         "sequence_nr",
         "topological_nr",
     )
+
+    #: Whether ``apply`` may run user code (a Function's backward, post-accumulate-grad
+    #: hooks), which may ask for ``xgrad.autograd.graph.current_node()``; nodes that
+    #: replay pure rules say ``False`` and spare the engine setting it.
+    runs_user_code: ClassVar[bool] = True
 
     def __init__(self, next_edges: tuple[Edge, ...], input_metadata: tuple[InputMetadata, ...]) -> None:
         self.next_edges = next_edges
