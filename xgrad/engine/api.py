@@ -49,9 +49,9 @@ def _as_inputs(value: Any) -> tuple[Tensor | GradientEdge, ...]:
     if isinstance(value, (list, tuple)):
         for v in value:
             if not isinstance(v, (Tensor, GradientEdge)):
-                raise TypeError(f"inputs must be Tensors or GradientEdges, got {type(v).__name__}")
+                raise TypeError(f"inputs must be Tensors (or GradientEdges), got {type(v).__name__}")
         return tuple(value)
-    raise TypeError(f"inputs must be a Tensor, a GradientEdge or a sequence of them, got {type(value).__name__}")
+    raise TypeError(f"inputs must be a Tensor or a sequence of Tensors (or GradientEdges), got {type(value).__name__}")
 
 
 def _input_edge(value: Tensor | GradientEdge) -> Edge:
