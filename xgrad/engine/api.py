@@ -80,6 +80,10 @@ _MAX_ROOT_ONES = 256
 
 def _ones_like(array: jax.Array) -> jax.Array:
     """Ones shaped, typed and placed like ``array``, made once per kind of array."""
+    if isinstance(array, jax.core.Tracer):
+        # Under a trace (``xgrad.compile``, ``jax.jit``) the ones are part of the program:
+        # a tracer has no concrete sharding, and a cached array would become a constant.
+        return jnp.ones_like(array)
     key = (array.aval, array.sharding)
     ones = _ROOT_ONES.get(key)
     if ones is None:
@@ -126,7 +130,11 @@ def _root_edges(outputs: Sequence[Tensor]) -> list[Edge]:
     return edges
 
 
-def _use_compiled(compiled: bool | None) -> bool:
+def _use_compiled(compiled: bool | None, root_grads: list[Tensor]) -> bool:
+    if root_grads and isinstance(root_grads[0]._array, jax.core.Tracer):
+        # Under a trace (xgrad.compile, jax.jit) the eager engine runs on tracers and
+        # the trace itself is the compiled program.
+        return False
     from xgrad.engine import compiled as compiled_module
 
     return compiled_module.is_enabled() if compiled is None else bool(compiled)
@@ -181,7 +189,7 @@ def backward(
         warnings.warn(WARN_BACKWARD_CREATE_GRAPH, UserWarning, stacklevel=3)
     root_grads = _make_grads(roots, grads)
     edges = _root_edges(roots)
-    if _use_compiled(compiled):
+    if _use_compiled(compiled, root_grads):
         from xgrad.engine import compiled as compiled_module
 
         compiled_module.execute(edges, root_grads, retain_graph, create_graph, True, input_edges)
@@ -249,23 +257,24 @@ def grad(
             raise RuntimeError(ERR_INPUT_NO_GRAD)
     input_edges = [_input_edge(t) for t in ins]
     if is_grads_batched:
-        result = _batched_grads(outs, grads, input_edges, retain_graph, create_graph, _use_compiled(compiled))
-    elif _use_compiled(compiled):
-        root_grads = _make_grads(outs, grads)
-        edges = _root_edges(outs)
-        from xgrad.engine import compiled as compiled_module
-
-        result = compiled_module.execute(edges, root_grads, retain_graph, create_graph, False, input_edges)
+        result = _batched_grads(outs, grads, input_edges, retain_graph, create_graph, _use_compiled(compiled, []))
     else:
         root_grads = _make_grads(outs, grads)
         edges = _root_edges(outs)
-        result = engine.execute(edges, root_grads, retain_graph, create_graph, False, input_edges)
+        if _use_compiled(compiled, root_grads):
+            from xgrad.engine import compiled as compiled_module
+
+            result = compiled_module.execute(edges, root_grads, retain_graph, create_graph, False, input_edges)
+        else:
+            result = engine.execute(edges, root_grads, retain_graph, create_graph, False, input_edges)
     batch = (grads[0].shape[0],) if is_grads_batched else ()
     final: list[Tensor | None] = []
     for t, g in zip(ins, result, strict=True):
         if g is None:
             if materialize_grads:
-                g = Tensor(_zeros_for(t, batch))
+                # Requiring grad, as PyTorch's ``zeros_like(input, requires_grad=True)``:
+                # a further ``grad`` of it (materialize_grads again) works.
+                g = Tensor(_zeros_for(t, batch), requires_grad=True)
             elif not allow_unused:
                 raise RuntimeError(ERR_UNUSED)
         elif not create_graph and g.grad_fn is not None:

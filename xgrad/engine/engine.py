@@ -421,8 +421,8 @@ def _fit_gradient(i: int, grad: Any, meta: Any, producer: Any, note: str) -> Ten
     # which XLA places (and which have no .sharding to compare).
     if _devices.single_device or sharding is None:
         return grad
-    # A traced gradient (``grad(..., is_grads_batched=True)`` runs under vmap) has no
-    # sharding to compare: XLA places it.
+    # A traced gradient (``grad(..., is_grads_batched=True)`` under vmap, or a step
+    # under ``xgrad.compile``) has no sharding to compare: XLA places it.
     grad_sharding = getattr(grad._array, "sharding", None)
     if grad_sharding is None:
         return grad

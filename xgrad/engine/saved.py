@@ -33,6 +33,13 @@ ERR_FREED = (
     "calling backward."
 )
 
+ERR_PACK_INPLACE = (
+    "A saved tensors pack hook is modifying its input in place. Tensors provided as input to "
+    "pack hook can not be modified by in-place operations as this can lead to unexpected "
+    "side-effects. Please open an issue if you need to perform in-place operations on the "
+    "input to a pack hook."
+)
+
 ERR_VERSION_HINT = (
     "Hint: enable anomaly detection to find the operation that failed to compute its "
     "gradient, with xgrad.autograd.set_detect_anomaly(True)."
@@ -233,6 +240,8 @@ class SavedTensor:
                 leaf_acc = grad_accumulator(tensor) if tensor.grad_fn is None and tensor.requires_grad else None
                 self._graph = (tensor.grad_fn, tensor._output_nr, leaf_acc, tensor.requires_grad)
             self._packed = pack(tensor)
+            if tensor._version != self._saved_version:
+                raise RuntimeError(ERR_PACK_INPLACE)
             self._state = "hooked_output" if is_output else "hooked_input"
         elif is_output:
             self._ref = weakref.ref(tensor)

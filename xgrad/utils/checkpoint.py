@@ -160,7 +160,8 @@ class _Holder:
 
 
 def _metadata(t: Tensor) -> dict[str, Any]:
-    return {"shape": tuple(t.shape), "dtype": t.dtype, "device": sorted(d.id for d in t._array.sharding.device_set)}
+    sharding = getattr(t._array, "sharding", None)  # None under a trace (xgrad.compile): XLA places values
+    return {"shape": tuple(t.shape), "dtype": t.dtype, "device": None if sharding is None else sorted(d.id for d in sharding.device_set)}
 
 
 class _Settings(threading.local):
