@@ -278,6 +278,22 @@ def test_a_write_regenerates_only_the_views_that_see_it():
     assert second.requires_grad and z.requires_grad
 
 
+@pytest.mark.parametrize(
+    "slices",
+    [lambda b: b.unbind(1), lambda b: b.split(1, dim=1), lambda b: b.chunk(3, dim=1),
+     lambda b: [b.select(1, i) for i in range(3)], lambda b: [b.narrow(1, i, 1) for i in range(3)]],
+    ids=["unbind", "split", "chunk", "select", "narrow"],
+)
+def test_slices_of_the_slicing_ops_are_views(slices):
+    x = xgrad.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    b = x * 1.0
+    parts = slices(b)
+    parts[1].mul_(10.0)
+    assert b.tolist() == [[0.0, 10.0, 2.0], [3.0, 40.0, 5.0]]
+    b.sum().backward()
+    assert x.grad.tolist() == [[1.0, 10.0, 1.0], [1.0, 10.0, 1.0]]
+
+
 def test_advanced_indexing_is_a_copy_as_in_pytorch():
     b = xgrad.tensor([1.0, 2.0, 3.0]) * 1.0
     picked = b[np.array([0, 2])]
