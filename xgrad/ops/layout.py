@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from xgrad.ops._util import norm_axes
 from xgrad.ops.registry import defprim
 from xgrad.ops.shape import broadcast_to, expand, reshape, stack
+from xgrad.ops.views import track_view
 from xgrad.tensor import Tensor
 
 __all__ = ["expand_as", "narrow", "repeat", "repeat_interleave", "reshape_as", "select", "unbind", "view_as"]
@@ -65,7 +66,11 @@ def unbind(x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
         return ()
     if n == 1:  # one output: a primitive with one output returns a Tensor, not a tuple
         return (reshape(x, x.shape[:axis] + x.shape[axis + 1 :]),)
-    return tuple(_unbind_prim(n)(x, axis=axis))
+    # Each slice is a view of x (NOTE [Views write through]), as x[:, i] would be.
+    lead = (slice(None),) * axis
+    return tuple(
+        track_view(x, out, "getitem", {"index": (*lead, i)}) for i, out in enumerate(_unbind_prim(n)(x, axis=axis))
+    )
 
 
 def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
