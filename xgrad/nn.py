@@ -604,7 +604,7 @@ class ModuleList(Module):
 
     def __getitem__(self, index: int | slice) -> Any:
         if isinstance(index, slice):
-            return ModuleList(list(self._modules.values())[index])
+            return ModuleList([m for m in list(self._modules.values())[index] if m is not None])
         return _at(self._modules, index)
 
     def __setitem__(self, index: int, module: Module) -> None:
@@ -988,7 +988,7 @@ class _BatchNorm(Module):
             mean = self.running_mean.reshape(stat_shape)
             var = self.running_var.reshape(stat_shape)
         y = (x - mean) * ops.rsqrt(var + self.eps)
-        if self.weight is not None:
+        if self.weight is not None and self.bias is not None:
             y = y * self.weight.reshape(stat_shape) + self.bias.reshape(stat_shape)
         return y
 
