@@ -495,11 +495,11 @@ class Module:
         missing = [k for k in targets if k not in state_dict]
         unexpected = [k for k in state_dict if k not in targets]
         errors = []
-        if strict:
-            if unexpected:
-                errors.append("Unexpected key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in unexpected)))
+        if strict:  # PyTorch's order: missing, unexpected, then size mismatches
             if missing:
                 errors.append("Missing key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in missing)))
+            if unexpected:
+                errors.append("Unexpected key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in unexpected)))
         arrays = {}
         for name, target in targets.items():
             if name not in state_dict:
