@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xgrad.ops._util import check_nonnegative_shape
 from xgrad.tensor import Tensor
 
 __all__ = [
@@ -127,8 +128,8 @@ def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool
 
 def _shape(shape: tuple[Any, ...]) -> tuple[int, ...]:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        return tuple(shape[0])
-    return tuple(shape)
+        shape = tuple(shape[0])
+    return check_nonnegative_shape(shape)
 
 
 def zeros(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
@@ -158,7 +159,7 @@ def full(shape: Any, fill_value: Any, dtype: Any = None, device: Any = None, req
     >>> xgrad.full((2,), 1.5).tolist()
     [1.5, 1.5]
     """
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    shape = _shape((shape,))
     if dtype is None:
         dtype = _python_dtype(fill_value)
     return Tensor(_place(jnp.full(shape, fill_value, dtype), device), requires_grad=requires_grad)
@@ -173,7 +174,13 @@ def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None, device
     """
     if dtype is None and any(_python_dtype(v) == DEFAULT_FLOAT for v in (start, end, step)):
         dtype = DEFAULT_FLOAT
-    array = jnp.arange(start, end, step, dtype=dtype) if end is not None else jnp.arange(start, dtype=dtype)
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if (end - start) * step < 0:
+        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
+    array = jnp.arange(start, end, step, dtype=dtype)
     return Tensor(_place(array, device), requires_grad=requires_grad)
 
 
@@ -184,7 +191,14 @@ def eye(n: int, m: int | None = None, dtype: Any = None, device: Any = None, req
     >>> xgrad.eye(2).tolist()
     [[1.0, 0.0], [0.0, 1.0]]
     """
+    if n < 0 or m is not None and m < 0:
+        raise RuntimeError(f"n and m must be greater or equal to 0, got n={n}, m={m}")
     return Tensor(_place(jnp.eye(n, m, dtype=dtype or jnp.float32), device), requires_grad=requires_grad)
+
+
+def _check_like(name: str, t: Any) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name}(): argument 'input' (position 1) must be Tensor, not {type(t).__name__}")
 
 
 def zeros_like(t: Tensor, dtype: Any = None, requires_grad: bool = False) -> Tensor:
@@ -194,6 +208,7 @@ def zeros_like(t: Tensor, dtype: Any = None, requires_grad: bool = False) -> Ten
     >>> xgrad.zeros_like(xgrad.tensor([1.0, 2.0])).tolist()
     [0.0, 0.0]
     """
+    _check_like("zeros_like", t)
     return Tensor(jnp.zeros_like(t._array, dtype=dtype), requires_grad=requires_grad)
 
 
@@ -204,6 +219,7 @@ def ones_like(t: Tensor, dtype: Any = None, requires_grad: bool = False) -> Tens
     >>> xgrad.ones_like(xgrad.tensor([1.0, 2.0])).tolist()
     [1.0, 1.0]
     """
+    _check_like("ones_like", t)
     return Tensor(jnp.ones_like(t._array, dtype=dtype), requires_grad=requires_grad)
 
 

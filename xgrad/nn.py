@@ -32,6 +32,7 @@ import numpy as np
 from xgrad import ops
 from xgrad.creation import next_key, resolve_device
 from xgrad.grad_mode import no_grad
+from xgrad.ops._util import check_nonnegative_shape
 from xgrad.tensor import Tensor
 
 __all__ = [
@@ -711,6 +712,7 @@ class Linear(Module):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, key: Any = None, dtype: Any = jnp.float32) -> None:
+        check_nonnegative_shape((out_features, in_features))  # PyTorch's error, before JAX's
         kw, kb = jax.random.split(_key(key))
         bound = 1.0 / math.sqrt(in_features) if in_features else 0.0
         self.in_features = in_features
