@@ -1,5 +1,6 @@
 """xgrad.nn modules and the Optax optimizer, against plain JAX/optax on the same arrays."""
 
+import copy
 from collections import OrderedDict
 from pathlib import Path
 
@@ -528,3 +529,22 @@ def test_transformer_encoder_layer_dropout_follows_the_mode():
     assert not np.array_equal(layer(x).numpy(), layer(x).numpy())  # fresh dropout masks while training
     layer.eval()
     np.testing.assert_array_equal(layer(x).numpy(), layer(x).numpy())
+
+
+def test_deepcopy_makes_separate_parameters_and_keeps_ties():
+    model = nn.Sequential(nn.Linear(2, 2, key=0), nn.Linear(2, 2, key=1))
+    model[1].weight = model[0].weight  # tied
+    x = xgrad.tensor(np.array([[1.0, -2.0]], np.float32))
+    model(x).sum().backward()
+    grad_before = model[0].weight.grad.numpy().copy()
+    clone = copy.deepcopy(model)
+    assert clone[0].weight is not model[0].weight and isinstance(clone[0].weight, nn.Parameter)
+    assert clone[1].weight is clone[0].weight and len(list(clone.parameters())) == 3
+    np.testing.assert_array_equal(clone[0].weight.grad.numpy(), grad_before)
+    clone.zero_grad()
+    clone(x).sum().backward()  # the copy's gradients land on the copy only
+    np.testing.assert_array_equal(model[0].weight.grad.numpy(), grad_before)
+    np.testing.assert_allclose(clone[0].weight.grad.numpy(), grad_before, rtol=1e-6)
+    with xgrad.no_grad():
+        clone[0].weight.copy_(xgrad.zeros(2, 2))
+    assert not np.all(model[0].weight.numpy() == 0)

@@ -19,6 +19,7 @@ without renaming.
 
 from __future__ import annotations
 
+import copy
 import math
 import weakref
 from collections import OrderedDict
@@ -520,6 +521,27 @@ class Module:
                 target = targets[name]
                 target.copy_(Tensor(jax.device_put(array.astype(target.dtype), target.sharding)))
         return _IncompatibleKeys(missing, unexpected)
+
+    # -- copying ---------------------------------------------------------------------
+    def __deepcopy__(self, memo: dict[int, Any]) -> Module:
+        """``copy.deepcopy(model)``: new parameters (still parameters) and buffers, a separate graph.
+
+        Arrays are immutable, so the copies share them; each parameter and buffer is a
+        new leaf (with its ``.grad`` copied) whose gradients accumulate on itself.
+        """
+        for t in [*self.parameters(), *self.buffers()]:
+            if id(t) not in memo:
+                fresh = Tensor(t.array, requires_grad=t.requires_grad)
+                if t.grad is not None:
+                    fresh._grad = Tensor(t.grad.array)
+                if _is_parameter(t):
+                    _mark_parameter(fresh)
+                memo[id(t)] = fresh
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            object.__setattr__(new, name, copy.deepcopy(value, memo))
+        return new
 
     # -- printing --------------------------------------------------------------------
     def extra_repr(self) -> str:
