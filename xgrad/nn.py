@@ -148,6 +148,22 @@ def _contained(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
             )
 
 
+class _Parameters(list[Tensor]):
+    """What ``Module.parameters()`` returns: a list, so it can be reused, indexed and measured.
+
+    PyTorch returns a generator, and ``next(model.parameters())`` is a common way to
+    reach the first parameter; ``next()`` here steps through the list the same way.
+    """
+
+    _next_index = 0
+
+    def __next__(self) -> Tensor:
+        if self._next_index >= len(self):
+            raise StopIteration
+        self._next_index += 1
+        return self[self._next_index - 1]
+
+
 class _IncompatibleKeys(NamedTuple):
     missing_keys: list[str]
     unexpected_keys: list[str]
@@ -340,10 +356,15 @@ class Module:
                     seen.add(id(value))
                     yield (f"{module_name}.{name}" if module_name else name), value
 
-    def parameters(self, recurse: bool = True) -> Iterator[Tensor]:
-        """The parameters, in ``named_parameters`` order (an iterator, as in PyTorch)."""
-        for _, p in self.named_parameters(recurse=recurse):
-            yield p
+    def parameters(self, recurse: bool = True) -> _Parameters:
+        """The parameters, in ``named_parameters`` order: a list that ``next()`` also walks, as PyTorch's iterator.
+
+        >>> import xgrad
+        >>> model = xgrad.nn.Linear(2, 3, key=0)
+        >>> next(model.parameters()).shape, len(model.parameters())
+        ((3, 2), 2)
+        """
+        return _Parameters(p for _, p in self.named_parameters(recurse=recurse))
 
     def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Iterator[tuple[str, Tensor]]:
         """Every buffer (persistent or not) as ``(dotted name, tensor)``."""
