@@ -177,6 +177,9 @@ def test_nonzero_any_all_argsort_are_non_differentiable():
     np.testing.assert_array_equal(x.any(dim=1, keepdim=True).numpy(), np.any(a != 0, axis=1, keepdims=True))
     np.testing.assert_array_equal(x.all(dim=0).numpy(), np.all(a != 0, axis=0))
     assert x.any().item() is True and x.all().item() is False
+    # A 0-dim input, as PyTorch: one row per non-zero scalar and no columns; as_tuple sees a 1-element vector.
+    assert xgrad.nonzero(xgrad.tensor(3.0)).shape == (1, 0) and xgrad.nonzero(xgrad.tensor(0.0)).shape == (0, 0)
+    assert [t.tolist() for t in xgrad.nonzero(xgrad.tensor(3.0), as_tuple=True)] == [[0]]
     for out in (x.nonzero(), x.any(), x.all(), x.argsort()):
         assert out.grad_fn is None and not out.requires_grad
 
@@ -351,6 +354,14 @@ def test_nll_loss_ignore_index_and_errors():
         xgrad.nll_loss(logp, xgrad.tensor([0, 1, 1]))
     with pytest.raises(RuntimeError, match="expected scalar type Long"):
         xgrad.nll_loss(logp, xgrad.tensor([0.0, 1.0]))
+
+
+def test_nll_loss_of_one_sample():
+    logp = xgrad.tensor(np.array([-0.5, -1.25, -3.0]), requires_grad=True)
+    loss = xgrad.nll_loss(logp, xgrad.tensor(1))
+    assert loss.shape == () and loss.item() == 1.25
+    loss.backward()
+    assert logp.grad.tolist() == [0.0, -1.0, 0.0]
 
 
 def test_nll_loss_of_log_softmax_is_cross_entropy():

@@ -77,11 +77,11 @@ def nonzero(x: Any, *, as_tuple: bool = False) -> Any:
     [[1]]
     """
     array = jnp.asarray(as_array(x))
-    index = jnp.nonzero(jnp.atleast_1d(array) if as_tuple else array)
+    if array.ndim == 0 and not as_tuple:  # as PyTorch: one row if the scalar is non-zero, no columns
+        return Tensor(jnp.zeros((int(array != 0), 0), dtype=jnp.asarray(0).dtype))
+    index = jnp.nonzero(jnp.atleast_1d(array))  # as_tuple treats a scalar as a 1-element vector
     if as_tuple:
         return tuple(Tensor(i) for i in index)
-    if not index:  # a 0-dim input: one row per non-zero element, no columns
-        return Tensor(jnp.zeros((int(array != 0), 0), dtype=jnp.asarray(0).dtype))
     return Tensor(jnp.stack(index, axis=1))
 
 
