@@ -80,10 +80,10 @@ def chain_rows(repeats: int) -> list[tuple[str, ...]]:
         loss = forward_done(build())
         edge = gradient_edge(loss)
         start = time.perf_counter()
-        hash(compiled_engine._walk_structure(edge.node, False, edge.input_nr).key)
+        hash(compiled_engine.key.walk_structure(edge.node, False, edge.input_nr).key)
         mid = time.perf_counter()
         graph_task, root, _ = engine.prepare([edge], [xgrad.tensor(1.0)], False, False, True, [])
-        hash(compiled_engine._walk(graph_task, root, False, True, 0, edge.input_nr).key)
+        hash(compiled_engine.key.walk_schedule(graph_task, root, False, True, 0, edge.input_nr).key)
         return mid - start, time.perf_counter() - mid
 
     costs: list[tuple[float, float]] = []

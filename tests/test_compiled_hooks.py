@@ -103,7 +103,7 @@ def test_host_hook_splits_the_program_and_its_result_feeds_the_rest():
         h.register_hook(lambda g: g * 10)
         (h * h).sum().backward(compiled=True)
         np.testing.assert_allclose(x.grad.numpy(), 10 * 2 * np.exp([2.0, 4.0]))
-    (program,) = compiled_engine._cache.values()
+    (program,) = compiled_engine.cache.programs.values()
     assert len(program.segments) == 2
 
 
@@ -125,7 +125,7 @@ def test_pure_hooks_are_traced_into_one_program():
         h.grad_fn.register_prehook(compiled.pure_hook(add_one))
         (h * 3).sum().backward(compiled=True)
         np.testing.assert_allclose(x.grad.numpy(), (3 * 2 + 1) * np.cos([1.0, 2.0]))
-    (program,) = compiled_engine._cache.values()
+    (program,) = compiled_engine.cache.programs.values()
     assert len(program.segments) == 1
     assert len(calls) == 1
     hlo = program.hlo_text().lower()

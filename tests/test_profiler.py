@@ -142,7 +142,7 @@ def test_error_in_backward_still_recorded_and_next_backward_works():
 
 
 def test_compiled_backward_is_one_span_with_compile_and_run_split():
-    # Contract with xgrad/engine/compiled.py: each compiled backward calls
+    # Contract with xgrad/engine/compiled/run.py: each compiled backward calls
     # profiler.record("CompiledBackward", start, end, cache="miss"|"hit", compile_seconds=...)
     # instead of falling back to eager while a profiler is open.
     from xgrad.autograd import compiled

@@ -1,6 +1,6 @@
 """``xgrad.autograd.compiled``: run backwards as cached ``jax.jit`` programs.
 
-See NOTE [Compiled backward] in ``xgrad/engine/compiled.py`` for how it works.
+See NOTE [Compiled backward] in ``xgrad/engine/compiled/__init__.py`` for how it works.
 
 >>> import xgrad
 >>> w = xgrad.tensor([1.0, 2.0], requires_grad=True)

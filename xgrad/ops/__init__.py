@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xgrad.grad_mode import is_grad_enabled
 from xgrad.ops.attention import scaled_dot_product_attention
 from xgrad.ops.elementwise import (
     abs,
@@ -184,7 +185,7 @@ def _overwrite(self: Tensor, value: Tensor) -> Tensor:
     there even when ``value`` is a constant (as PyTorch's ``zero_``/``copy_`` do).
     """
     self._check_inplace()
-    if not self.requires_grad:
+    if not (is_grad_enabled() and (self.requires_grad or value.requires_grad)):
         return self._rebind(broadcast_to(value.to(self.dtype), self.shape))
     return self._rebind(where(jnp.zeros(self.shape, bool), self._alias(), value.to(self.dtype)))
 

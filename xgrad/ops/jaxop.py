@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xgrad.engine.rules import register_jax_op
 from xgrad.ops.registry import Primitive, bind, defprim
 from xgrad.tensor import Tensor
 
@@ -166,3 +167,6 @@ def vjp_of(name: str, impl: Callable[..., Any], **params: Any) -> Callable[..., 
         return full if len(full) > 1 else full[0]
 
     return bound
+
+
+register_jax_op(from_jax)  # the compiled backward runs create_graph segments as from_jax ops (NOTE [Rule nodes])

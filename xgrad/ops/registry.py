@@ -20,13 +20,14 @@ import dis
 import functools
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
 
 from xgrad.engine.anomaly import record_forward_trace
-from xgrad.engine.node import NO_EDGE, InputMetadata, Node, gradient_edge
+from xgrad.engine.node import NO_EDGE, InputMetadata, gradient_edge
+from xgrad.engine.rules import Aval, RuleNode, incoming_grad
 from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
@@ -34,17 +35,6 @@ from xgrad.tensor import Tensor
 __all__ = ["REGISTRY", "Aval", "Primitive", "PrimitiveNode", "bind", "defprim"]
 
 Rule = Callable[..., Any]
-
-
-class Aval(NamedTuple):
-    """Shape and dtype of an input a primitive did not save."""
-
-    shape: tuple[int, ...]
-    dtype: Any
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
 
 
 class Primitive:
@@ -136,6 +126,33 @@ class Primitive:
             fn = jax.jit(functools.partial(self.impl, **params)) if params else jax.jit(self.impl)
             self._jitted[key] = fn
         return fn(*arrays)
+
+    def backward(self, g: Any, out: Any, inputs: Sequence[Any], params: dict[str, Any], needed: Sequence[bool]) -> list[Any]:
+        """The rules applied to given values; the eager node and the compiled lowering both call it."""
+        vjps = self.vjps
+        if vjps is None:  # one joint rule (``defprim`` takes exactly one of the two)
+            if not any(needed):
+                return [None] * len(needed)
+            joint = cast(Rule, self.joint_vjp)
+            return [gi if need else None for gi, need in zip(joint(g, out, *inputs, **params), needed, strict=True)]
+        # A counted loop, not a zip(strict=True) comprehension, and no ``**{}``: the
+        # comprehension cost as much again as the rule of a cheap op.
+        n = len(needed)
+        if len(vjps) != n:
+            raise ValueError(f"{self.name} has {len(vjps)} backward rules, but was called with {n} inputs")
+        grads: list[Any] = [None] * n
+        i = 0
+        for rule in vjps:
+            if needed[i] and rule is not None:
+                grads[i] = rule(g, out, *inputs, **params) if params else rule(g, out, *inputs)
+            i += 1
+        return grads
+
+    @property
+    def host_only(self) -> bool:
+        """Registered primitives that do not jit their forward are device moves: one XLA
+        program cannot move values between devices, so the compiled backward runs them on the host."""
+        return not self.jit and REGISTRY.get(self.name) is self
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"
@@ -240,7 +257,16 @@ def _check_same_devices(tensors: list[Tensor], arrays: list[Any], positions: lis
         if sharding is None or sharding is first or sharding == first or sharding.device_set == first.device_set:
             continue
         if t._array.ndim == 0:
-            arrays[pos] = jax.device_put(t._array, first)
+            # A scalar joins the other operand's devices replicated: ``first``'s own spec
+            # (``P('data')``) needs a rank it does not have.
+            if isinstance(first, jax.sharding.NamedSharding):
+                target = jax.sharding.NamedSharding(first.mesh, jax.sharding.PartitionSpec())
+            elif len(first.device_set) == 1:
+                target = first
+            else:
+                mesh = jax.sharding.Mesh(tuple(first._device_assignment), ("devices",))
+                target = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+            arrays[pos] = jax.device_put(t._array, target)
             continue
         a = ",".join(str(d) for d in first.device_set)
         b = ",".join(str(d) for d in sharding.device_set)
@@ -302,11 +328,6 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     return _record(prim, args, params, out)
 
 
-# Set by the compiled backward once it has run in the process: called with each new
-# primitive node (NOTE [Structure fragments] in engine/compiled.py).
-on_record: Callable[[PrimitiveNode], None] | None = None
-
-
 def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any) -> Any:
     outs = (out,) if prim.num_outputs == 1 else tuple(out)
     edges = [gradient_edge(a) if isinstance(a, Tensor) and a.requires_grad else NO_EDGE for a in args]
@@ -330,27 +351,16 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
     )
     if save_out:
         node.saved_out = tuple(SavedTensor(r, is_output=True) for r in results)
+    on_record = PrimitiveNode.on_record  # NOTE [Rule nodes]
     if on_record is not None:
         on_record(node)
     return results[0] if prim.num_outputs == 1 else results
 
 
-def incoming_grad(num_outputs: int, grads: list[Tensor | None], metadata: Any) -> Any:
-    """The rules' ``g``: the one gradient, or a tuple with missing ones as zeros; ``None`` if none arrived."""
-    if num_outputs == 1:
-        return grads[0]
-    if all(gi is None for gi in grads):
-        return None
-    return tuple(
-        gi if gi is not None else Tensor(jnp.zeros(m.shape, m.dtype, device=getattr(m, "sharding", None)))
-        for gi, m in zip(grads, metadata, strict=True)
-    )
+class PrimitiveNode(RuleNode):
+    """The one node class for every primitive: it replays the primitive's rules (NOTE [Rule nodes])."""
 
-
-class PrimitiveNode(Node):
-    """The one node class for every primitive: it replays the primitive's rules."""
-
-    __slots__ = ("holds_tensors", "params", "prim", "saved", "saved_out", "structure")
+    __slots__ = ()  # the fields are RuleNode's
 
     def __init__(
         self,
@@ -389,29 +399,7 @@ class PrimitiveNode(Node):
         if self.holds_tensors:
             inputs = [s.unpack(self) if type(s) is SavedTensor else s for s in inputs]
         out: Any = self.input_metadata if self.saved_out is None else tuple(s.unpack(self) for s in self.saved_out)
-        return self.compute(g, out[0] if num_outputs == 1 else out, inputs, self.needed_outputs())
-
-    def compute(self, g: Any, out: Any, inputs: Sequence[Any], needed: Sequence[bool]) -> list[Tensor | None]:
-        """The pure part of ``apply``: rules applied to given values (the compiled path calls it too)."""
-        prim = self.prim
-        params = self.params
-        if prim.joint_vjp is not None:
-            if not any(needed):
-                return [None] * len(needed)
-            return [gi if need else None for gi, need in zip(prim.joint_vjp(g, out, *inputs, **params), needed, strict=True)]
-        vjps: tuple[Rule | None, ...] = prim.vjps  # type: ignore[assignment]
-        # A counted loop, not a zip(strict=True) comprehension, and no ``**{}``: the
-        # comprehension cost as much again as the rule of a cheap op.
-        n = len(needed)
-        if len(vjps) != n:
-            raise ValueError(f"{prim.name} has {len(vjps)} backward rules, but was called with {n} inputs")
-        grads: list[Tensor | None] = [None] * n
-        i = 0
-        for rule in vjps:
-            if needed[i] and rule is not None:
-                grads[i] = rule(g, out, *inputs, **params) if params else rule(g, out, *inputs)
-            i += 1
-        return grads
+        return self.prim.backward(g, out[0] if num_outputs == 1 else out, inputs, self.params, self.needed_outputs())
 
     def release_variables(self) -> None:
         # Avals and constants stay: a node that saved no tensor can run again, as in PyTorch.

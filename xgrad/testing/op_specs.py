@@ -354,6 +354,8 @@ def _build_specs() -> list[OpSpec]:
     add(_unary("amin", lambda x: X.amin(x, dim=0), lambda x: jnp.min(x, axis=0), TIES, label="ties dim=0",
                smooth=False, shapes=(((3, 3),),)))
     add(_unary("max", X.max, jnp.max, label="all", shapes=(((2, 3),), ((),))))
+    add(_unary("max", X.max, jnp.max, TIES, label="all, ties", smooth=False, shapes=(((2, 3),),)))
+    add(_unary("min", X.min, jnp.min, TIES, label="all, ties", smooth=False, shapes=(((3, 2),),)))
     add(_unary("max", lambda x: X.max(x, dim=1).values, lambda x: jnp.max(x, axis=1), label="dim=1", shapes=(((2, 3),),)))
     add(_unary("max", lambda x: X.max(x, dim=0, keepdim=True).values, lambda x: jnp.max(x, axis=0, keepdims=True),
                label="dim=0,keepdim", shapes=(((3, 2),),)))

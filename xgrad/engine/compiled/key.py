@@ -1,0 +1,514 @@
+"""The structural key of a backward graph: the walks, the per-node keys, the structure fragments.
+
+Two walks (NOTE [Compiled backward], stage 2): ``walk_schedule`` replays eager's
+schedule (misses, calls with ``inputs``); ``walk_structure`` is the hit path's one pass
+in discovery order. Both unpack the saved values into one flat list, the programs'
+inputs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Any
+
+import jax
+import numpy as np
+
+from xgrad.engine.compiled.switch import NotTraceable, PureHook
+from xgrad.engine.function import FunctionCtx, FunctionNode
+from xgrad.engine.node import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, GraphRoot, InputMetadata, Node
+from xgrad.engine.rules import Aval, RuleNode
+from xgrad.engine.saved import SavedTensor
+from xgrad.tensor import Tensor
+
+# Node kinds, the first field of each node's key (-1: a node that is only captured).
+K_CAPTURED, K_PRIM, K_ACC, K_ROOT, K_FUNC = -1, 0, 1, 2, 3
+FIELDS = {
+    K_CAPTURED: ("kind", "hooks", "exec_info"),
+    K_PRIM: ("kind", "primitive", "params", "output shapes/dtypes", "saved values", "edges", "hooks", "exec_info"),
+    K_ACC: ("kind", "leaf shape/dtype/sharding", "leaf .grad", "hooks", "exec_info"),
+    K_ROOT: ("kind", "edges", "exec_info"),
+    K_FUNC: ("kind", "Function", "output shapes/dtypes", "ctx attributes", "saved values", "edges", "hooks", "exec_info"),
+}
+TOP_FIELDS = ("create_graph", "accumulate into .grad", "number of inputs", "root input slot")
+HOOKS_FIELD = {K_CAPTURED: 1, K_PRIM: 6, K_ACC: 3, K_FUNC: 6}
+
+SCALARS = frozenset((float, int, bool, complex, type(None), str))
+HOST = "host"  # hooks key: a hook group with a hook that is not pure runs on the host
+RAW = "raw array"  # saved-values key tag: a raw array argument, a program input
+TENSOR = "tensor"  # saved-values / ctx key tag: a tensor, a program input
+TENSOR_RG = "tensor requiring grad"  # a Function's saved tensor that requires grad (its backward may ask)
+ARG = object()  # template marker: filled from the program's inputs
+ARG_TENSOR = object()  # template marker: filled from the program's inputs, as a Tensor
+CTX_BASE = frozenset(FunctionCtx().__dict__)
+
+
+class Walk:
+    __slots__ = ("compile_seconds", "flat", "key", "nodes", "starts")
+
+    def __init__(self, key: Any, nodes: list[Node], flat: list[Any], starts: list[int] | None) -> None:
+        self.key = key
+        self.nodes = nodes
+        self.flat = flat
+        self.starts = starts  # where each node's entries begin in ``flat`` (the schedule walk's; the structure walk has none)
+        self.compile_seconds = 0.0  # this call's tracing and compiling, for the profiler's span
+
+
+def _group_key(hooks: Any, tensor_hooks: bool) -> Any:
+    """Key of one hook dict: the pure hooks themselves, or ``HOST`` if any is not pure."""
+    if not hooks:
+        return None
+    values = tuple(hooks.values())
+    for v in values:
+        if type(v[1] if tensor_hooks else v) is not PureHook:
+            return HOST
+    return values
+
+
+def _hooks_key(node: Node) -> Any:
+    tensor_pre = node.tensor_pre_hooks()
+    if not (tensor_pre or node._pre_hooks or node._post_hooks or node._retains_grad_hooks):
+        return None
+    pre: Any = _group_key(tensor_pre, True)
+    node_pre = _group_key(node._pre_hooks, False)
+    if node_pre is HOST:
+        pre = HOST
+    elif pre is not HOST:
+        retains = tuple(node._retains_grad_hooks or ())
+        pre = (pre, node_pre, retains) if pre or node_pre or retains else None
+    return pre, _group_key(node._post_hooks, False)
+
+
+def _scalar_key(value: Any) -> tuple[Any, ...]:
+    """A constant's key: its type (1, 1.0 and True are equal) and, for zeros, its sign (0.0 == -0.0)."""
+    return (type(value), value) if value else (type(value), value, str(value))
+
+
+def is_array(value: Any) -> bool:
+    return isinstance(value, (jax.Array, np.ndarray))
+
+
+def freeze(value: Any, flat: list[Any]) -> Any:
+    """A hashable key for a static value; integer arrays go to ``flat``, keyed by shape and dtype.
+
+    Boolean masks decide output shapes, so they are keyed (and later baked in) by value.
+    """
+    if isinstance(value, Tensor):
+        flat.append(value._array)
+        return (TENSOR, value.shape, value.dtype)
+    if is_array(value):
+        if value.dtype == np.bool_:
+            return (RAW, "bool", value.shape, np.asarray(value).tobytes())
+        flat.append(value)
+        return (RAW, value.shape, value.dtype)
+    cls = type(value)
+    if cls is tuple or cls is list:
+        return (cls, *(freeze(v, flat) for v in value))
+    if cls is dict:
+        return (dict, *((k, freeze(v, flat)) for k, v in value.items()))
+    if cls is slice:
+        return (slice, freeze(value.start, flat), freeze(value.stop, flat), freeze(value.step, flat))
+    try:
+        hash(value)
+    except TypeError:
+        raise NotTraceable(f"a static value of type {cls.__name__} cannot be keyed", "unhashable static value") from None
+    return (cls, value)
+
+
+def _params_key(params: dict[str, Any], flat: list[Any]) -> Any:
+    if not params:
+        return ()
+    items = tuple(params.items())
+    try:
+        hash(items)
+        return items
+    except TypeError:
+        return tuple((k, freeze(v, flat)) for k, v in items)
+
+
+class _NeedsSchedule(Exception):
+    """Raised by the one-pass walk: this graph has effects that must happen in eager's order.
+
+    An unpack hook, a version check that fails or a freed saved tensor: eager unpacks in
+    schedule order, so such a graph takes the walk that replays the schedule.
+    """
+
+
+def _unpack(s: SavedTensor, node: Node, in_order: bool) -> Tensor:
+    """``s.unpack(node)``; out of eager's order (``in_order`` false) only where it has no effect."""
+    t = s._ref  # a Tensor exactly when the state is "input"
+    if isinstance(t, Tensor) and t._version == s._saved_version:
+        return t  # the common case, inline: a live input at its saved version
+    if not in_order:
+        original = s._current_tensor() if s._state == "output" else None
+        if s._state != "output" or (original is not None and original._version != s._saved_version):
+            raise _NeedsSchedule
+    return s.unpack(node)
+
+
+def _saved_key(values: Any, node: Node, flat: list[Any], keep_tensors: bool, in_order: bool) -> tuple[Any, ...]:
+    """Key of a node's saved values, appending the unpacked ones to ``flat`` in order.
+
+    ``keep_tensors`` (create_graph) keeps the unpacked tensors, which carry the graph.
+    """
+    key: list[Any] = []
+    append = key.append
+    for s in values:
+        cls = type(s)
+        if cls is SavedTensor or cls is Tensor:
+            t = _unpack(s, node, in_order) if cls is SavedTensor else s
+            a = t._array
+            flat.append(t if keep_tensors else a)
+            append(a.shape)
+            append(a.dtype)
+            if cls is Tensor:
+                append(t.requires_grad)
+        elif cls in SCALARS:
+            append(_scalar_key(s))
+        elif cls is Aval:
+            append(s)
+        elif is_array(s):
+            flat.append(s)
+            append(RAW)
+            append(s.shape)
+            append(s.dtype)
+        else:
+            append(freeze(s, flat))
+    return tuple(key)
+
+
+def _ctx_key(ctx: FunctionCtx, name: str, flat: list[Any]) -> tuple[Any, ...]:
+    """Key of what a Function's ``backward`` may read from ``ctx`` besides the saved tensors."""
+    items = []
+    for attr, value in ctx.__dict__.items():
+        if attr in CTX_BASE:
+            continue
+        try:
+            items.append((attr, freeze(value, flat)))
+        except NotTraceable:
+            raise NotTraceable(
+                f"ctx.{attr} of {name} is a {type(value).__name__}, which cannot be keyed", "unhashable ctx attribute"
+            ) from None
+    return (ctx.materialize_grads, ctx.needs_input_grad, tuple(items))
+
+
+def _function_saved(node: FunctionNode, in_order: bool) -> tuple[Tensor | None, ...]:
+    if in_order:
+        return node.unpack_saved()
+    if node.saved is None:
+        raise _NeedsSchedule  # freed: eager raises when it reaches the node
+    return tuple(None if s is None else _unpack(s, node, False) for s in node.saved)
+
+
+def _outputs_key(meta: tuple[InputMetadata, ...]) -> Any:
+    """(shape, dtype) of each output of a node."""
+    return meta[0][:2] if len(meta) == 1 else tuple(m[:2] for m in meta)
+
+
+def _node_key(node: Node, edges_key: tuple[int, ...] | int, exec_key: Any, flat: list[Any], create_graph: bool,
+              in_order: bool) -> tuple[Any, ...]:
+    """One node's key (see ``FIELDS``), appending its saved arrays to ``flat``: the per-node work of both walks.
+
+    The common case (a primitive node whose saved values are plain saved tensors and
+    scalars) is written out inline: it is the hit path's per-node Python.
+    """
+    cls = type(node)
+    hooks = (
+        _hooks_key(node)
+        if node._tensor_pre_hooks or node._pre_hooks or node._post_hooks or node._retains_grad_hooks or cls is AccumulateGrad
+        else None
+    )
+    if isinstance(node, RuleNode):
+        meta = node.input_metadata
+        saved_out = node.saved_out
+        params = node.params
+        saved_key: list[Any] = []
+        add_saved = saved_key.append
+        for s in node.saved if saved_out is None else (*node.saved, *saved_out):
+            scls = type(s)
+            if scls is SavedTensor:
+                t = s._ref
+                if not isinstance(t, Tensor) or t._version != s._saved_version:
+                    t = _unpack(s, node, in_order)
+                a = t._array
+                flat.append(t if create_graph else a)
+                aval = a.aval
+                add_saved(aval.shape)
+                add_saved(aval.dtype)
+            elif scls in SCALARS:
+                add_saved(_scalar_key(s))
+            elif scls is Aval:
+                add_saved(s)
+            else:
+                add_saved(_saved_key((s,), node, flat, create_graph, in_order))
+        return (
+            K_PRIM,
+            node.prim,
+            _params_key(params, flat) if params else (),
+            _outputs_key(meta),
+            tuple(saved_key),
+            edges_key,
+            hooks,
+            exec_key,
+        )
+    if isinstance(node, AccumulateGrad):
+        grad = node.variable.grad
+        return (
+            K_ACC,
+            node.input_metadata[0],
+            None if grad is None else (grad._array.shape, grad._array.dtype),
+            hooks,
+            exec_key,
+        )
+    if isinstance(node, FunctionNode):
+        return (
+            K_FUNC,
+            node.function,
+            tuple(None if m is None else (m[0], m[1]) for m in node.input_metadata),
+            _ctx_key(node.ctx, node.name(), flat),
+            _saved_key(_function_saved(node, in_order), node, flat, create_graph, in_order),
+            edges_key,
+            hooks,
+            exec_key,
+        )
+    if cls is GraphRoot:
+        return (K_ROOT, edges_key, exec_key)
+    raise NotTraceable(f"the graph has a node of kind {node.name()} that compiled backward does not know", "unknown node kind")
+
+
+def walk_schedule(graph_task: Any, root: Node, create_graph: bool, accumulate_grad: bool, n_inputs: int, root_nr: int) -> Walk:
+    """Replay the eager schedule; return the key, the nodes in run order and the flat saved values.
+
+    Saved tensors are unpacked in eager's order, so unpack hooks and version checks
+    behave as in eager. ``graph_task``'s dependency counts are used up.
+    """
+    dependencies = graph_task.dependencies
+    exec_info = graph_task.exec_info
+    order: dict[Node, int] = {root: 0}
+    nodes: list[Node] = []
+    node_keys: list[Any] = []
+    flat: list[Any] = []
+    starts: list[int] = []
+    # Eager's ready queue: highest sequence_nr first, ties in push order. A node that
+    # becomes ready while the queue is empty, alone, is next: it skips the heap.
+    heap: list[tuple[int, int, Node]] = []
+    pushed = 0
+    ready: Node | None = root
+    heappop, heappush = heapq.heappop, heapq.heappush
+    add_node, add_key, add_start = nodes.append, node_keys.append, starts.append
+    exec_key: Any = None
+    while True:
+        if ready is not None:
+            node, ready = ready, None
+        elif heap:
+            node = heappop(heap)[2]
+        else:
+            break
+        add_node(node)
+        add_start(len(flat))
+        if exec_info:
+            info = exec_info[node]
+            exec_key = (info.needed, None if info.captures is None else tuple(info.captures))
+            if not info.needed:
+                # Captured only: eager runs its tensor pre-hooks and stops there.
+                add_key((K_CAPTURED, _hooks_key(node), exec_key))
+                continue
+        edges_key: list[int] = []
+        add_edge = edges_key.append
+        for next_fn, input_nr in node.next_edges:
+            if next_fn is None:
+                add_edge(-1)
+                add_edge(0)
+                continue
+            i = order.get(next_fn)
+            if i is None:
+                i = order[next_fn] = len(order)
+            add_edge(i)
+            add_edge(input_nr)
+            remaining = dependencies[next_fn] - 1
+            if remaining:
+                dependencies[next_fn] = remaining
+                continue
+            del dependencies[next_fn]
+            if exec_info:
+                next_info = exec_info.get(next_fn)
+                if next_info is None or not next_info.should_execute():
+                    continue
+            if ready is None and not heap:
+                ready = next_fn
+                continue
+            if ready is not None:  # a second ready node: both go through the heap, in push order
+                heappush(heap, (-ready.sequence_nr, pushed, ready))
+                pushed += 1
+                ready = None
+            heappush(heap, (-next_fn.sequence_nr, pushed, next_fn))
+            pushed += 1
+        add_key(_node_key(node, tuple(edges_key), exec_key, flat, create_graph, True))
+    add_start(len(flat))
+    return Walk((create_graph, accumulate_grad, n_inputs, root_nr, tuple(node_keys)), nodes, flat, starts)
+
+
+# NOTE [Structure fragments]
+# The hit path's walk must cost little per node. Most nodes are primitives without
+# hooks, and most of such a node's key is fixed once it is recorded: primitive,
+# params, output shapes/dtypes and what it saved (shapes/dtypes of tensors, constants,
+# avals), with the number of its inputs, which fixes how many edges follow it in the
+# key. ``_fragment`` interns that part to a small int, shared by every node with the
+# same fragment together with the positions of its saved tensors
+# (``RuleNode.structure``), so the walk appends an int and the node's edges, and
+# the key hashes and compares as flat ints.
+# Once a compiled backward has run in the process, primitives get their fragment as
+# they are recorded (``RuleNode.on_record``); nodes recorded before then get it on
+# their first walk. Ids are never reused: past ``MAX_FRAGMENTS`` the table starts
+# afresh, and a structure keyed with old ids only misses once more. Nodes with hooks,
+# unhashable params or saved values with effects (hooked, freed), and every other kind
+# of node, are keyed by ``_node_key`` as in the schedule walk.
+
+MAX_FRAGMENTS = 1 << 16
+fragments: dict[tuple[Any, ...], tuple[int, tuple[int, ...], bool]] = {}
+_next_fragment = itertools.count().__next__
+_NO_FRAGMENT = (-1, (), False)  # ``structure`` of a primitive node that ``_node_key`` keys
+
+
+def _saved_aval(s: SavedTensor) -> tuple[Any, Any] | None:
+    """Shape and dtype of a plain saved tensor without unpacking it; ``None`` for hooked or freed ones."""
+    state = s._state
+    ref = s._ref
+    if isinstance(ref, Tensor):  # state "input"
+        array = ref._array
+    elif state == "output":
+        array = s._array
+    else:
+        return None
+    return array.shape, array.dtype
+
+
+def _fragment(node: RuleNode) -> tuple[int, tuple[int, ...], bool]:
+    """``(id, positions of saved tensors, whether outputs were saved)`` (NOTE [Structure fragments])."""
+    params = node.params
+    items = tuple(params.items()) if params else ()
+    try:
+        hash(items)
+    except TypeError:
+        return _NO_FRAGMENT
+    n_inputs = len(node.saved)
+    key: list[Any] = [node.prim, items, _outputs_key(node.input_metadata), n_inputs]
+    gather = []
+    saved_out = node.saved_out
+    for i, s in enumerate(node.saved if saved_out is None else (*node.saved, *saved_out)):
+        cls = type(s)
+        if cls is SavedTensor:
+            aval = _saved_aval(s)
+            if aval is None:
+                return _NO_FRAGMENT
+            key.append((TENSOR, *aval))  # tagged: an Aval of the same shape and dtype is an equal tuple
+            if i < n_inputs:
+                gather.append(i)
+        elif cls in SCALARS:
+            key.append(_scalar_key(s))
+        elif cls is Aval:
+            key.append(s)
+        else:
+            return _NO_FRAGMENT
+    frozen = tuple(key)
+    structure = fragments.get(frozen)
+    if structure is None:
+        if len(fragments) >= MAX_FRAGMENTS:
+            fragments.clear()
+        structure = fragments.setdefault(frozen, (_next_fragment(), tuple(gather), saved_out is not None))
+    return structure
+
+
+def record_fragment(node: RuleNode) -> None:
+    node.structure = _fragment(node)
+
+
+def walk_structure(root: Node, create_graph: bool, root_nr: int) -> Walk | None:
+    """The hit path's walk, for a call without ``inputs``: one pass in discovery order.
+
+    Its key is the structure, node by node (a fragment id, NOTE [Structure fragments],
+    or ``_node_key``), with edges as discovery indices, plus the rank order of the
+    nodes' ``sequence_nr``s: together they decide eager's schedule, which a miss
+    computes with ``walk_schedule`` and stores with the program (``Program.hit_order``). An
+    edge is one entry, the target's discovery index, when it leads to input 0 (most
+    do), and two, ``~index`` and the input number, otherwise; ``None`` when it leads
+    nowhere.
+    ``None`` when only the schedule replay may walk this graph: saved values with
+    effects (``_NeedsSchedule``), equal ``sequence_nr``s (nodes recorded on different
+    threads: eager breaks such ties by push order, which ranks do not capture), or
+    what ``walk_schedule`` reports as not traceable.
+    """
+    index: dict[Node, int] = {root: 0}
+    nodes: list[Node] = [root]
+    key: list[Any] = []
+    flat: list[Any] = []
+    add_node, add_key, add_flat = nodes.append, key.append, flat.append
+    try:
+        for node in nodes:  # grows while iterating: breadth-first discovery
+            fid = -1
+            if isinstance(node, RuleNode) and not (
+                node._tensor_pre_hooks or node._pre_hooks or node._post_hooks or node._retains_grad_hooks
+            ):
+                structure = node.structure
+                if structure is None:
+                    structure = node.structure = _fragment(node)
+                fid, gather, saved_out = structure
+                if fid >= 0:
+                    add_key(fid)  # the fragment fixes the number of edges that follow
+                    for k in gather:
+                        s = node.saved[k]
+                        t = s._ref
+                        if not isinstance(t, Tensor) or t._version != s._saved_version:
+                            t = _unpack(s, node, False)
+                        add_flat(t if create_graph else t._array)
+                    if saved_out and node.saved_out is not None:
+                        for s in node.saved_out:
+                            t = _unpack(s, node, False)
+                            add_flat(t if create_graph else t._array)
+            if fid < 0:
+                # A tuple, unlike a fragment id; it counts the edges that follow.
+                add_key(_node_key(node, len(node.next_edges), None, flat, create_graph, False))
+            for next_fn, input_nr in node.next_edges:
+                if next_fn is None:
+                    add_key(None)
+                    continue
+                i = index.get(next_fn)
+                if i is None:
+                    i = index[next_fn] = len(nodes)
+                    add_node(next_fn)
+                if input_nr:
+                    add_key(~i)
+                    add_key(input_nr)
+                else:
+                    add_key(i)
+    except (_NeedsSchedule, NotTraceable):
+        return None
+    sequence_nrs = [node.sequence_nr for node in nodes]
+    # Accumulators share one number (NOTE [AccumulateGrad runs first] in node.py); their
+    # ties are broken by push order, which the structure and the other ranks decide.
+    n_accumulators = sequence_nrs.count(ACCUMULATE_GRAD_SEQUENCE_NR)
+    if len(set(sequence_nrs)) + max(n_accumulators - 1, 0) < len(nodes):
+        return None
+    ranks = tuple(sorted(range(len(nodes)), key=sequence_nrs.__getitem__))
+    return Walk((create_graph, root_nr, tuple(key), ranks), nodes, flat, None)
+
+
+# -- steps: what the program does per node -------------------------------------------
+
+
+def hit_order(walk: Walk, structure: Walk) -> tuple[list[int], list[int]]:
+    """Where ``walk``'s nodes and flat values (schedule order) sit in ``structure``'s (discovery order).
+
+    A node has the same flat values in both walks, in the same order.
+    """
+    index = {node: i for i, node in enumerate(structure.nodes)}
+    node_order = [index[node] for node in walk.nodes]
+    counts = [0] * len(structure.nodes)
+    for j, i in enumerate(node_order):
+        counts[i] = walk.starts[j + 1] - walk.starts[j]  # type: ignore[index]
+    starts = [0, *itertools.accumulate(counts)]
+    flat_order: list[int] = []
+    for i in node_order:
+        flat_order.extend(range(starts[i], starts[i + 1]))
+    return node_order, flat_order

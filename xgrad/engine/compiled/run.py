@@ -1,0 +1,179 @@
+"""Running a compiled program: gather the inputs, call each segment, write back ``.grad`` and the rest.
+
+NOTE [Compiled backward], stage 4. A hit or a miss both end here: segment by segment,
+host phases between them, then the leaves' post-accumulate-grad hooks, the final
+callbacks and the release of saved values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from xgrad import profiler
+from xgrad.engine import engine
+from xgrad.engine.compiled.cache import counters
+from xgrad.engine.compiled.key import Walk
+from xgrad.engine.compiled.lower import (
+    Program,
+    Segment,
+    Values,
+    Variant,
+    abstract,
+    array_of,
+    compile_variant,
+    is_tensor,
+    run_phase,
+)
+from xgrad.engine.engine import validate_outputs
+from xgrad.engine.node import Edge, _accumulate_lock, current_task, run_post_accumulate_grad_hooks, store_into_grad
+from xgrad.grad_mode import _state as _grad_state
+from xgrad.tensor import Tensor
+
+
+def _donatable(var: Tensor) -> bool:
+    """Whether leaf ``var``'s old ``.grad`` buffer is held by nothing else, so it can be reused.
+
+    The ``.grad`` tensor itself may be shared: it takes the sum in place. The array's
+    references: the tensor's slot and ``getrefcount``'s argument.
+    """
+    grad = var._grad
+    return grad is None or sys.getrefcount(grad._array) <= 2
+
+
+def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tensor], create_graph: bool) -> Any:
+    nodes = walk.nodes
+    saved = walk.flat[segment.arg_lo:segment.arg_hi]
+    live_leaves, live_tree = jax.tree_util.tree_flatten(values.live(), is_leaf=is_tensor)
+    leaves = [nodes[s.pos].variable for s in segment.leaf_steps]  # type: ignore[attr-defined]
+    root_tensors = roots if segment.first else []
+    # Read, add and write .grad under eager's accumulate lock: concurrent backwards into
+    # shared leaves stay exact. The program is dispatched asynchronously, so the lock is
+    # held for the dispatch, not the computation.
+    with _accumulate_lock if leaves else contextlib.nullcontext():
+        donate = not create_graph and all(_donatable(v) for v in leaves)
+        old = [v._grad for v in leaves]
+        old_mask = tuple(g is not None for g in old)
+        old = [g for g in old if g is not None]
+        live_arrays = [t._array for t in live_leaves]
+        signature = (
+            live_tree, old_mask, tuple((a.shape, a.dtype) for a in live_arrays), tuple((g._array.shape, g._array.dtype) for g in old)
+        )
+        variant = segment.variants.get(signature)
+        start = time.perf_counter() if variant is None or variant.fresh else 0.0
+        if variant is None:
+            arrays = [*map(array_of, saved), *live_arrays, *(t._array for t in root_tensors), *(g._array for g in old)]
+            layout = (len(saved), live_tree, len(live_leaves), len(root_tensors), old_mask)
+            variant = compile_variant(segment, [abstract(a.shape, a.dtype) for a in arrays], layout, signature)
+        run_start = time.perf_counter() if variant.fresh else 0.0
+        if create_graph:
+            outs = _run_differentiable(variant, saved, live_leaves, root_tensors, old)
+        else:
+            inputs = [*saved, *live_arrays, *(t._array for t in root_tensors), *(g._array for g in old)]
+            runner = variant.donating if donate else variant.plain
+            outs = [Tensor(a) for a in runner(*[inputs[i] for i in variant.used])]
+        if variant.fresh:  # the first call compiles: count it as compile time
+            jax.block_until_ready([t._array for t in outs])
+            variant.fresh = False
+            end = time.perf_counter()
+            counters.add("compile_seconds", end - run_start)
+            walk.compile_seconds += end - start
+        live, grads, captures, retained = jax.tree_util.tree_unflatten(variant.out_tree, outs)
+        for step, var in zip(segment.leaf_steps, leaves, strict=True):
+            grad = grads.get(step.leaf_slot)
+            if grad is not None:
+                # ``_grad``, as eager's AccumulateGrad writes it: the traced validate_outputs
+                # fitted shape and dtype, and the program places it with the leaf. An
+                # existing ``.grad`` takes the sum in place, as in eager, unless create_graph.
+                old_grad = var._grad
+                if old_grad is None or create_graph:
+                    var._grad = grad
+                else:
+                    store_into_grad(old_grad, grad._array)
+    return live, grads, captures, retained
+
+
+def _run_differentiable(variant: Variant, saved: list[Any], live: list[Tensor], roots: list[Tensor], old: list[Tensor]) -> list[Tensor]:
+    """Run a segment as one ``from_jax`` op: its outputs are differentiable (create_graph).
+
+    An output that depends on no input requiring grad is detached, as eager's would
+    have no ``grad_fn``.
+    """
+    tensors = [x if isinstance(x, Tensor) else Tensor(jnp.asarray(x)) for x in saved] + live + roots + old
+    if not variant.deps:
+        return []
+    outs = list(variant.op(*tensors))
+    requires = [t.requires_grad for t in tensors]
+    return [o if any(requires[i] for i in deps) else Tensor(o._array) for o, deps in zip(outs, variant.deps, strict=True)]
+
+
+def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tensor], keep_graph: bool, create_graph: bool,
+         n_captured: int) -> list[Tensor | None]:
+    nodes = walk.nodes
+    steps = program.steps
+    captured: list[Tensor | None] = [None] * n_captured
+    values = Values()
+    prev_grad_mode, prev_task = _grad_state.enabled, current_task.graph_task
+    _grad_state.enabled = create_graph
+    current_task.graph_task = graph_task  # so hooks can queue_callback
+    try:
+        for item in program.items:
+            if type(item) is tuple:  # a host phase: eager's hook runner on the real node
+                op, pos = item
+                run_phase(steps, steps[pos], op, nodes[pos], values, iter(()), roots, {})
+                continue
+            live, grads, captures, retained = _run_segment(item, walk, values, roots, create_graph)
+            values = Values() if live is None else Values.from_live(live)
+            for (pos, nr), grad in retained.items():
+                retain = (nodes[pos]._retains_grad_hooks or {}).get(nr)
+                if retain is not None:
+                    retain(grad)
+            for i, grad in captures.items():
+                captured[i] = grad
+            for step in item.leaf_steps:
+                if step.leaf_slot in grads:
+                    run_post_accumulate_grad_hooks(nodes[step.pos].variable)  # type: ignore[attr-defined]
+    finally:
+        _grad_state.enabled = prev_grad_mode
+        current_task.graph_task = prev_task
+    if not keep_graph:
+        for pos in program.released:
+            nodes[pos].release_variables()
+    graph_task.exec_post_processing()
+    return captured
+
+
+# -- misses, fallbacks, recompile reasons --------------------------------------------
+
+
+def hit_task(root_edges: list[Edge], root_grads: list[Tensor], keep_graph: bool, create_graph: bool) -> engine.GraphTask:
+    """``engine.prepare`` for a call without ``inputs``, less the dependency count: a hit does not read it."""
+    engine._devices.initialize_device_threads_pool()
+    validate_outputs(root_edges, root_grads)
+    tls = engine._tls
+    if tls.local_ready_queue is None:
+        tls.local_ready_queue = engine.ReadyQueue()
+    reentrant = tls.worker_device != engine.NO_DEVICE
+    graph_task = engine.GraphTask(
+        keep_graph, create_graph, tls.total_depth + 1 if reentrant else 0, tls.local_ready_queue,
+        [e.node for e in root_edges if e.node is not None],  # root edges always lead to a node
+    )
+    parent = current_task.graph_task if reentrant else None
+    if tls.multithreading_enabled and (parent is None or parent.device_queues):
+        graph_task.device_queues = engine._devices.queues
+    return graph_task
+
+
+def run_and_record(program: Program, walk: Walk, graph_task: Any, root_grads: list[Tensor], keep_graph: bool,
+                    create_graph: bool, n_captured: int, start: float, hit: bool) -> list[Tensor | None]:
+    captured = run_program(program, walk, graph_task, list(root_grads), keep_graph, create_graph, n_captured)
+    if profiler.is_active():  # one span per compiled backward (the profiler's node timer never runs here)
+        profiler.record(
+            "CompiledBackward", start, time.perf_counter(), cache="hit" if hit else "miss", compile_seconds=walk.compile_seconds
+        )
+    return captured

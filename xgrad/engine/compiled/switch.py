@@ -1,0 +1,180 @@
+"""The switch that turns compiled backwards on, the ``pure_hook`` mark, and what a refusal raises or warns."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+ERR_FALLBACK = "compiled backward cannot run this graph: {reason}. Use fallback='eager' to run such graphs eagerly."
+WARN_FALLBACK = "compiled backward fell back to eager: {reason}. (Warned once per reason.)"
+WARN_RECOMPILE = (
+    "compiled backward recompiled {count} times at {site}; the last change: {reason}. Keep shapes, dtypes, hooks "
+    "and leaves fixed between steps, or pad inputs to a few sizes."
+)
+
+
+class CompiledFallbackWarning(UserWarning):
+    """A backward asked to run compiled ran eagerly instead (the message says why).
+
+    >>> import warnings
+    >>> from xgrad.autograd.compiled import CompiledFallbackWarning
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warnings.warn("ran eagerly", CompiledFallbackWarning)
+    >>> caught[0].category.__name__, issubclass(CompiledFallbackWarning, UserWarning)
+    ('CompiledFallbackWarning', True)
+    """
+
+
+class RecompileWarning(UserWarning):
+    """One call site keeps compiling new backward programs.
+
+    >>> from xgrad.autograd.compiled import RecompileWarning
+    >>> issubclass(RecompileWarning, UserWarning)
+    True
+    """
+
+
+class CompiledFallbackError(RuntimeError):
+    """Under ``enable(fallback="error")``: the backward cannot be compiled.
+
+    >>> from xgrad.autograd.compiled import CompiledFallbackError
+    >>> try:
+    ...     raise CompiledFallbackError("cannot compile")
+    ... except RuntimeError as e:
+    ...     print(type(e).__name__, e)
+    CompiledFallbackError cannot compile
+    """
+
+
+class NotTraceable(Exception):
+    """Raised while walking or tracing: this graph must run eagerly (the text says why)."""
+
+    def __init__(self, reason: str, kind: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+
+
+TRACER_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.NonConcreteBooleanIndexError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.UnexpectedTracerError,
+)
+
+
+# -- the switch ----------------------------------------------------------------------
+
+
+class _CompiledState(threading.local):
+    def __init__(self) -> None:
+        self.enabled = False
+        self.fallback = "eager"
+        self.tracing = False
+
+
+state = _CompiledState()
+
+
+def is_enabled() -> bool:
+    """Whether ``backward``/``grad`` run compiled on this thread by default.
+
+    >>> import xgrad
+    >>> xgrad.autograd.compiled.is_enabled()
+    False
+    """
+    return state.enabled
+
+
+def set_enabled(enabled: bool) -> None:
+    """Make ``backward``/``grad`` run compiled (``True``) or eagerly (``False``) on this thread.
+
+    >>> import xgrad
+    >>> xgrad.autograd.compiled.set_enabled(True); xgrad.autograd.compiled.is_enabled()
+    True
+    >>> xgrad.autograd.compiled.set_enabled(False)
+    """
+    state.enabled = bool(enabled)
+
+
+class enable:
+    """Context manager: backwards inside it run compiled on this thread.
+
+    Args:
+        fallback: ``"eager"`` (default) runs what cannot be compiled eagerly, with a
+            one-time ``CompiledFallbackWarning``; ``"error"`` raises
+            ``CompiledFallbackError`` instead.
+
+    >>> import xgrad
+    >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> with xgrad.autograd.compiled.enable():
+    ...     (x * x).sum().backward()
+    >>> x.grad.tolist()
+    [2.0, 4.0]
+    """
+
+    def __init__(self, fallback: str = "eager") -> None:
+        if fallback not in ("eager", "error"):
+            raise ValueError(f"fallback must be 'eager' or 'error', got {fallback!r}")
+        self.fallback = fallback
+
+    def __enter__(self) -> enable:
+        self.prev = (state.enabled, state.fallback)
+        state.enabled = True
+        state.fallback = self.fallback
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        state.enabled, state.fallback = self.prev
+
+
+class PureHook:
+    """A hook marked traceable and free of side effects (see ``pure_hook``).
+
+    >>> from xgrad.autograd.compiled import PureHook, pure_hook
+    >>> def double(g):
+    ...     return g * 2
+    >>> isinstance(pure_hook(double), PureHook), pure_hook(double) == pure_hook(double)
+    (True, True)
+    """
+
+    __slots__ = ("__wrapped__", "fn")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        if not callable(fn):
+            raise TypeError(f"pure_hook expects a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.__wrapped__ = fn  # inspect.signature (hook arity checks) sees the function's own
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    # Programs are keyed by the hook: wrapping the same function again must not recompile.
+    def __eq__(self, other: object) -> bool:
+        return type(other) is PureHook and other.fn is self.fn
+
+    def __hash__(self) -> int:
+        return hash(self.fn)
+
+    def __repr__(self) -> str:
+        return f"pure_hook({self.fn!r})"
+
+
+def pure_hook(fn: Callable[..., Any]) -> PureHook:
+    """Mark a hook as JAX-traceable with no side effects, so compiled backwards trace it in.
+
+    Any hook kind can be marked. Eager backwards call it as usual; compiled ones call
+    it only while tracing (once per compiled program), on traced values.
+
+    >>> import xgrad
+    >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> h = x.register_hook(xgrad.autograd.compiled.pure_hook(lambda g: g * 2))
+    >>> (x * 3).sum().backward(compiled=True); x.grad.tolist()
+    [6.0, 6.0]
+    """
+    return fn if isinstance(fn, PureHook) else PureHook(fn)

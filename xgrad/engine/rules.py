@@ -1,0 +1,116 @@
+"""What the engine knows of nodes whose backward is pure rules over saved values.
+
+# NOTE [Rule nodes]
+# The engine sits below the ops: it knows the ``Node`` interface and nothing of how
+# ops are defined. Most nodes replay a primitive's backward rules (``PrimitiveNode``
+# in ``ops/registry.py``, also the node of ``from_jax`` ops); the compiled backward
+# traces those rules into a program. What it needs from such a node is declared here,
+# as ``RuleNode``, and the op layer provides it: the rules (``prim``, a ``Rules``),
+# the static parameters, the saved values, and the structure fragment the compiled
+# backward caches on it (NOTE [Structure fragments]). ``ops/jaxop.py`` registers
+# ``from_jax`` with ``register_jax_op``: under ``create_graph`` a compiled segment runs
+# as one such differentiable op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+
+import jax.numpy as jnp
+
+from xgrad.engine.node import Node
+from xgrad.tensor import Tensor
+
+if TYPE_CHECKING:
+    from xgrad.engine.saved import SavedTensor
+
+__all__ = ["Aval", "RuleNode", "Rules", "incoming_grad", "jax_op", "register_jax_op"]
+
+
+class Aval(NamedTuple):
+    """Shape and dtype of an input a primitive did not save.
+
+    >>> from xgrad.engine.rules import Aval
+    >>> Aval((2, 3), "float32").ndim
+    2
+    """
+
+    shape: tuple[int, ...]
+    dtype: Any
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+class Rules(Protocol):
+    """A primitive as its node's backward sees it: names, arity and the rules themselves."""
+
+    name: str
+    node_name: str
+    num_outputs: int
+
+    @property
+    def host_only(self) -> bool:
+        """Whether its backward must run on the host, outside any one XLA program (device moves)."""
+        ...
+
+    def backward(self, g: Any, out: Any, inputs: Sequence[Any], params: dict[str, Any],
+                 needed: Sequence[bool]) -> list[Tensor | None]:
+        """The rules applied to given values: one gradient (or ``None``) per input."""
+        ...
+
+
+class RuleNode(Node):
+    """A node that replays pure backward rules over the values it saved.
+
+    ``saved`` holds, per input, a ``SavedTensor``, an ``Aval`` or a constant;
+    ``saved_out`` the saved outputs, if the rules read them; ``holds_tensors`` whether
+    either holds a ``SavedTensor``.
+    """
+
+    __slots__ = ("holds_tensors", "params", "prim", "saved", "saved_out", "structure")
+
+    prim: Rules
+    params: dict[str, Any]
+    saved: tuple[Any, ...]
+    saved_out: tuple[SavedTensor, ...] | None
+    holds_tensors: bool
+    structure: tuple[int, tuple[int, ...], bool] | None  # NOTE [Structure fragments]
+
+    #: Called with each new rule node once a compiled backward has run in the process.
+    on_record: ClassVar[Callable[[RuleNode], None] | None] = None
+
+
+def incoming_grad(num_outputs: int, grads: list[Tensor | None], metadata: Any) -> Any:
+    """The rules' ``g``: the one gradient, or a tuple with missing ones as zeros; ``None`` if none arrived.
+
+    >>> from xgrad.engine.rules import incoming_grad
+    >>> incoming_grad(1, [None], ()) is None
+    True
+    """
+    if num_outputs == 1:
+        return grads[0]
+    if all(gi is None for gi in grads):
+        return None
+    return tuple(
+        gi if gi is not None else Tensor(jnp.zeros(m.shape, m.dtype, device=getattr(m, "sharding", None)))
+        for gi, m in zip(grads, metadata, strict=True)
+    )
+
+
+_jax_op: Callable[..., Callable[..., Any]] | None = None
+
+
+def register_jax_op(factory: Callable[..., Callable[..., Any]]) -> None:
+    """Set the factory ``factory(fn, name=...)`` that makes a differentiable op of a JAX function (``from_jax``)."""
+    global _jax_op
+    _jax_op = factory
+
+
+def jax_op(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``fn`` (a function of arrays) as a differentiable op, by the registered factory."""
+    if _jax_op is None:
+        raise RuntimeError("no JAX op factory is registered: import xgrad, which registers from_jax")
+    return _jax_op(fn, name=name)
