@@ -269,6 +269,18 @@ def test_unbind_is_one_node_with_an_output_per_slice(compiled):
     assert x.grad.tolist() == [[0.0, 2.0, 0.0], [0.0, 3.0, 0.0]]
 
 
+@COMPILED
+def test_unbind_slices_are_views_that_write_through(compiled):
+    leaf = xgrad.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    x = leaf * 1.0
+    first, second = x.unbind(0)
+    second.mul_(10.0)
+    assert x.tolist() == [[0.0, 1.0, 2.0], [30.0, 40.0, 50.0]]
+    assert first._version == x._version  # the sibling slice sees the new base too
+    (x * x).sum().backward(compiled=compiled)
+    np.testing.assert_allclose(leaf.grad.numpy(), [[0.0, 2.0, 4.0], [600.0, 800.0, 1000.0]])
+
+
 def test_unbind_second_order_against_jax():
     assert_grads_match(lambda t: [p.sin() * p for p in t.unbind(0)], np.linspace(-1, 1, 6).reshape(3, 2),
                        reference=lambda a: [jnp.sin(p) * p for p in a], modes=("eager", "compiled", "jax"), order=2)
