@@ -154,6 +154,71 @@ def worker(out: str, num_processes: int, process_id: int, port: int) -> None:  #
         json.dump(found, f)
 
 
+# -- the same edges on this session's two devices (fast) -----------------------------
+def _session_mesh():
+    import jax
+    from jax.sharding import Mesh
+
+    return Mesh(np.array(jax.devices()[:2]), ("data",))
+
+
+def _on(mesh, value, *spec, requires_grad=False):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import xgrad
+
+    return xgrad.tensor(value, device=NamedSharding(mesh, P(*spec)), requires_grad=requires_grad)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_scalar_meets_sharded_tensor(compiled):
+    import xgrad
+
+    value = np.arange(8.0).reshape(4, 2)
+    x = _on(_session_mesh(), value, "data", requires_grad=True)
+    scale = xgrad.tensor(3.0, requires_grad=True)
+    y = x * scale
+    assert y.sharding == x.sharding
+    (y * y).sum().backward(compiled=compiled)
+    np.testing.assert_allclose(x.grad.numpy(), 18.0 * value)  # d/dx (3x)^2 = 18x
+    np.testing.assert_allclose(scale.grad.item(), 6.0 * (value**2).sum())  # d/ds (sx)^2 = 2s x^2
+    assert x.grad.sharding.is_equivalent_to(x.sharding, 2)
+
+
+def test_dropout_on_sharded_tensor_draws_the_unsharded_mask():
+    import jax
+
+    import xgrad
+
+    value = np.arange(1.0, 33.0).reshape(8, 4)
+    for key in (jax.random.key(3), jax.random.PRNGKey(3)):
+        x = _on(_session_mesh(), value, "data", requires_grad=True)
+        out = xgrad.dropout(x, p=0.25, key=key)
+        assert out.sharding.is_equivalent_to(x.sharding, 2)
+        expected = xgrad.dropout(xgrad.tensor(value), p=0.25, key=key).numpy()
+        np.testing.assert_array_equal(out.numpy(), expected)
+        out.sum().backward()
+        np.testing.assert_array_equal(x.grad.numpy(), expected / value)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_grads_keep_their_leaf_sharding(compiled):
+    """Only w1 is sharded; eager once gave b1 and w2 grads w1's layout (P('model'))."""
+    import jax
+    from jax.sharding import Mesh
+
+    import xgrad
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("model",))
+    data, grads = global_batch(), reference()
+    params = {n: _on(mesh, data[n], *LAYOUTS["mixed"][n], requires_grad=True) for n in PARAMS}
+    loss_fn(xgrad, params, _on(mesh, data["x"]), _on(mesh, data["labels"])).backward(compiled=compiled)
+    for n, p in params.items():
+        assert p.grad.sharding.is_equivalent_to(p.sharding, p.ndim), (n, p.grad.sharding, p.sharding)
+        np.testing.assert_allclose(p.grad.numpy(), grads[n], rtol=1e-10, atol=1e-12)
+
+
 # -- launching ------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:
