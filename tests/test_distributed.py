@@ -121,6 +121,10 @@ def worker(out: str, num_processes: int, process_id: int, port: int) -> None:  #
     xgrad.save({"params": tp_params, "x": x, "step": xgrad.tensor(3)}, ckpt)
     restored = xgrad.load(ckpt)
     arrays["ckpt/x"] = whole(restored["x"])
+    resharded = xgrad.load(ckpt, device=NamedSharding(mesh, P("model")))  # another placement
+    found["ckpt/resharded"] = all(t.sharding.spec == P("model") for t in resharded["params"].values())
+    for n, t in resharded["params"].items():
+        arrays[f"ckpt_resharded/{n}"] = whole(t)
     found["ckpt/x_same_sharding"] = restored["x"].sharding == x.sharding
     found["ckpt/specs"] = {n: str(t.sharding.spec) for n, t in restored["params"].items()}
     found["ckpt/same_mesh"] = all(t.sharding == tp_params[n].sharding for n, t in restored["params"].items())
@@ -286,6 +290,8 @@ def check(found: dict, arrays: dict, multi_process: bool) -> None:
     for n in PARAMS:
         np.testing.assert_allclose(arrays[f"sgd/{n}"], data[n] - SGD_LR * grads[n], rtol=1e-10, atol=1e-12)
         np.testing.assert_array_equal(arrays[f"ckpt/{n}"], arrays[f"sgd/{n}"])
+        np.testing.assert_array_equal(arrays[f"ckpt_resharded/{n}"], arrays[f"sgd/{n}"])
+    assert found["ckpt/resharded"]
     assert found["ckpt/same_mesh"] and found["ckpt/x_same_sharding"] and found["ckpt/step"] == 3
     np.testing.assert_array_equal(arrays["ckpt/x"], data["x"])
     np.testing.assert_array_equal(arrays["scalar/out"], 2 * data["x"])
@@ -328,6 +334,29 @@ def test_two_processes_match_one_process(tmp_path):
     assert sizes["x"] == [BATCH * FEATURES // 2] * 2
     data = global_batch()
     assert {n: sum(s) for n, s in sizes.items()} == {f"params/{n}": data[n].size for n in PARAMS} | {"x": data["x"].size}
+
+    # Read here, in one process that lacks the other process's devices.
+    import xgrad
+
+    ckpt = tmp_path / "ckpt.safetensors"
+    with pytest.raises(ValueError, match="was saved sharded over devices .* pass device="):
+        xgrad.load(ckpt)
+    whole = xgrad.load(ckpt, device="cpu:0")
+    for n in PARAMS:
+        np.testing.assert_array_equal(whole["params"][n].numpy(), arrays[0][f"sgd/{n}"])
+    np.testing.assert_array_equal(whole["x"].numpy(), data["x"])
+    # A shard file of another save (an interrupted save) or a missing one is refused.
+    shard1 = tmp_path / "ckpt.shard1-of-2.safetensors"
+    with safe_open(str(shard1), "np") as f:
+        meta, tensors = json.loads(f.metadata()["__xgrad__"]), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(shard1), metadata={"__xgrad__": json.dumps({**meta, "save_id": "0" * 16})})
+    with pytest.raises(ValueError, match="belongs to another save"):
+        xgrad.load(ckpt, device="cpu:0")
+    shard1.unlink()
+    with pytest.raises(ValueError, match="ckpt.shard1-of-2.safetensors' is missing"):
+        xgrad.load(ckpt, device="cpu:0")
 
 
 @pytest.fixture(scope="module")
