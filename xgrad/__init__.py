@@ -16,6 +16,7 @@ from xgrad.ops import __all__ as _ops_all
 
 # isort: on
 from xgrad import autograd, nn, optim, profiler, viz
+from xgrad.compile_step import compile
 from xgrad.creation import arange, eye, full, manual_seed, ones, ones_like, rand, randn, tensor, zeros, zeros_like
 from xgrad.grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from xgrad.serialization import load, save
@@ -24,7 +25,7 @@ from xgrad.tensor import Tensor
 __version__ = "0.1.0"
 
 __all__ = [
-    *_ops_all, "Tensor", "arange", "autograd", "enable_grad", "eye", "full", "inference_mode", "is_grad_enabled",
+    *_ops_all, "Tensor", "arange", "autograd", "compile", "enable_grad", "eye", "full", "inference_mode", "is_grad_enabled",
     "load", "manual_seed", "nn", "no_grad", "ones", "ones_like", "ops", "optim", "profiler", "rand", "randn", "save",
     "set_grad_enabled", "tensor", "viz", "zeros", "zeros_like",
 ]

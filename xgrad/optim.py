@@ -1,13 +1,25 @@
 """Optimizers: any ``optax`` gradient transformation, applied to parameters' ``.grad``.
 
 There is no hand-written optimizer here: ``Optax`` reads the ``.grad`` arrays, runs
-the transformation's ``update`` and ``optax.apply_updates`` in one ``jax.jit``
-program, and rebinds each parameter's storage in place (under ``no_grad``, bumping
-``_version`` as any in-place op does).
+the transformation's ``update`` and ``optax.apply_updates`` over all parameters as
+one ``jax.jit`` program (a pytree in, a pytree out), and rebinds each stepped
+parameter's storage directly, bumping ``_version`` as any in-place op does. ``SGD``,
+``Adam`` and ``AdamW`` take PyTorch's arguments and build the matching optax chain;
+``xgrad.optim.lr_scheduler`` changes their learning rate between steps.
+
+# NOTE [Optimizer state in Tensors]
+# The optax state's arrays are held by Tensors (``Optax.state`` rebuilds the optax
+# pytree from them; assigning a state of the same structure rebinds their storage).
+# That makes the state what every other piece of training state is, a Tensor whose
+# storage is rebound: ``xgrad.compile`` finds the Tensors a step reads and rebinds, so
+# an optimizer stepped (or its learning rate set) inside a compiled function needs no
+# special case.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -15,16 +27,43 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from xgrad.grad_mode import no_grad
 from xgrad.nn import clear_grads
 from xgrad.tensor import Tensor
 
-__all__ = ["Optax"]
+__all__ = ["SGD", "Adam", "AdamW", "Optax", "get_lr", "lr_scheduler", "set_lr"]
 
 
-def _step(transform: optax.GradientTransformation, params: list[Any], grads: list[Any], state: Any) -> tuple[list[Any], Any]:
-    updates, state = transform.update(grads, state, params)
-    return optax.apply_updates(params, updates), state
+def _mirrors_params(node: Any, shapes: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether ``node`` is a per-parameter entry of the state (``mu``, ``nu``, a momentum)."""
+    return (
+        isinstance(node, (list, tuple))
+        and len(node) == len(shapes)
+        and all(getattr(leaf, "shape", None) == shape for leaf, shape in zip(node, shapes, strict=True))
+    )
+
+
+def _keep_frozen(new: Any, old: Any, stepped: tuple[bool, ...], shapes: tuple[tuple[int, ...], ...]) -> Any:
+    """``new`` state, except that the per-parameter entries of parameters not stepped keep ``old``."""
+
+    def select(n: Any, o: Any) -> Any:
+        if _mirrors_params(n, shapes):
+            return type(n)(ni if s else oi for ni, oi, s in zip(n, o, stepped, strict=True))
+        return n
+
+    return jax.tree.map(select, new, old, is_leaf=lambda node: _mirrors_params(node, shapes))
+
+
+def _step(
+    transform: optax.GradientTransformation, stepped: tuple[bool, ...], params: list[Any], grads: list[Any], state: Any
+) -> tuple[list[Any], Any]:
+    """One update of every parameter; those not ``stepped`` (no grad) keep their value and state."""
+    full_grads = [g if s else jnp.zeros_like(p) for p, g, s in zip(params, grads, stepped, strict=True)]
+    updates, new_state = transform.update(full_grads, state, params)
+    new_params = optax.apply_updates(params, updates)
+    if all(stepped):
+        return new_params, new_state
+    shapes = tuple(p.shape for p in params)
+    return [n if s else None for n, s in zip(new_params, stepped, strict=True)], _keep_frozen(new_state, state, stepped, shapes)
 
 
 class Optax:
@@ -36,15 +75,18 @@ class Optax:
         transform: an ``optax.GradientTransformation`` (``optax.sgd(0.1)``,
             ``optax.adam(1e-3)``, a chain, …).
 
-    A parameter whose ``.grad`` is ``None`` is stepped with a zero gradient: an optax
-    transformation updates its whole tree at once.
+    A parameter whose ``.grad`` is ``None``, or that does not require grad, is left
+    alone, as PyTorch's optimizers do: its value does not move (not even by weight
+    decay) and its entries in the optimizer state (moments, momentum) stay as they
+    were. ``state`` is the optax state (read and assignable).
 
     >>> import optax, xgrad
     >>> w = xgrad.tensor([1.0, 2.0], requires_grad=True)
-    >>> opt = xgrad.optim.Optax([w], optax.sgd(0.5))
+    >>> frozen = xgrad.tensor([5.0], requires_grad=True)
+    >>> opt = xgrad.optim.Optax([w, frozen], optax.adamw(0.5, weight_decay=0.1))
     >>> (w * w).sum().backward()
-    >>> opt.step(); w.tolist()
-    [0.0, 0.0]
+    >>> opt.step(); [round(v, 4) for v in w.tolist()], frozen.tolist()
+    ([0.45, 1.4], [5.0])
     """
 
     def __init__(self, params: Iterable[Tensor] | Mapping[str, Tensor], transform: optax.GradientTransformation) -> None:
@@ -61,17 +103,234 @@ class Optax:
         self.params = tensors
         self.transform = transform
         self.state = transform.init([p.array for p in tensors])
-        self._jitted_step = jax.jit(lambda params, grads, state: _step(transform, params, grads, state))
+        self._jitted_step = jax.jit(functools.partial(_step, transform), static_argnums=0)
+
+    @property
+    def state(self) -> Any:
+        """The optax state of the transformation (NOTE [Optimizer state in Tensors])."""
+        return jax.tree.unflatten(self._state_def, [t._array for t in self._state_tensors])
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        leaves, treedef = jax.tree.flatten(value)
+        if getattr(self, "_state_def", None) == treedef:  # same structure: the same Tensors, rebound
+            for t, leaf in zip(self._state_tensors, leaves, strict=True):
+                t._array = jnp.asarray(leaf)
+            return
+        self._state_def = treedef
+        self._state_tensors = [Tensor(jnp.asarray(leaf)) for leaf in leaves]
 
     def step(self) -> None:
-        """Apply one update from the current ``.grad``s."""
-        arrays = [p.array for p in self.params]
-        grads = [p.grad.array if p.grad is not None else jnp.zeros_like(p.array) for p in self.params]
-        new_arrays, self.state = self._jitted_step(arrays, grads, self.state)
-        with no_grad():
-            for p, new in zip(self.params, new_arrays, strict=True):
-                p.copy_(Tensor(new))
+        """Apply one update from the current ``.grad``s to the parameters that have one."""
+        params = self.params
+        stepped = tuple(p._grad is not None and p.requires_grad for p in params)
+        if not any(stepped):
+            return
+        arrays = [p._array for p in params]
+        grads = [p._grad._array if s else None for p, s in zip(params, stepped, strict=True)]  # type: ignore[union-attr]
+        new_arrays, new_state = self._jitted_step(stepped, arrays, grads, self.state)
+        # A direct rebind of each stepped parameter: no op recorded, as under no_grad.
+        for p, new in zip(params, new_arrays, strict=True):
+            if new is not None:
+                p._array = new
+                p._version += 1
+        for t, leaf in zip(self._state_tensors, jax.tree.leaves(new_state), strict=True):
+            t._array = leaf
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the parameters' ``.grad`` (to ``None``, or to zeros)."""
         clear_grads(self.params, set_to_none)
+
+
+# -- PyTorch's optimizers, as optax chains ----------------------------------------------
+#
+# Each class below only translates PyTorch's arguments into a chain of stock optax
+# transforms and hands it to ``Optax``: the update rules are optax's. The learning rate
+# goes through ``optax.inject_hyperparams``, so it lives in the optimizer state where
+# ``lr`` and the schedulers in ``xgrad.optim.lr_scheduler`` can change it between steps
+# without a recompile.
+
+
+def _check_nonnegative(name: str, value: float) -> None:
+    if not value >= 0.0:
+        raise ValueError(f"Invalid {name}: {value}")
+
+
+def _check_betas(betas: tuple[float, float]) -> None:
+    for i, beta in enumerate(betas):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
+
+
+class _WithLearningRate(Optax):
+    """An ``Optax`` whose transform was built by ``optax.inject_hyperparams`` with a ``learning_rate``."""
+
+    @property
+    def lr(self) -> float:
+        """The current learning rate (what a scheduler sets; assignable)."""
+        return get_lr(self)
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        set_lr(self, value)
+
+
+def get_lr(optimizer: Optax) -> float:
+    """The learning rate held in ``optimizer``'s state (its transform made by ``optax.inject_hyperparams``)."""
+    return float(_hyperparams(optimizer.state)["learning_rate"])
+
+
+def set_lr(optimizer: Optax, value: float) -> None:
+    """Set the learning rate in ``optimizer``'s state; the next ``step`` uses it (same dtype: no recompile)."""
+    state = optimizer.state
+    hyperparams = _hyperparams(state)
+    old = hyperparams["learning_rate"]
+    hyperparams["learning_rate"] = jnp.asarray(value, dtype=jnp.asarray(old).dtype)
+    optimizer.state = state
+
+
+def _hyperparams(state: Any) -> dict[str, Any]:
+    hyperparams = getattr(state, "hyperparams", None)
+    if not isinstance(hyperparams, dict) or "learning_rate" not in hyperparams:
+        raise TypeError(
+            "this optimizer has no learning rate in its state: build its transform with "
+            "optax.inject_hyperparams(optax.adam)(learning_rate=...) (as optim.SGD/Adam/AdamW do) to schedule it"
+        )
+    return hyperparams
+
+
+class SGD(_WithLearningRate):
+    """``torch.optim.SGD``: stochastic gradient descent with momentum, dampening, weight decay, Nesterov.
+
+    PyTorch's update, from optax pieces: ``g += weight_decay * p``; with momentum,
+    ``buf = g`` on the first step and ``buf = momentum * buf + (1 - dampening) * g`` after;
+    ``g = g + momentum * buf`` (Nesterov) or ``buf``; ``p -= lr * g``.
+
+    Args:
+        params: the parameters (``model.parameters()``) or a mapping name → Tensor.
+        lr, momentum, dampening, weight_decay, nesterov, maximize: as PyTorch, with its defaults.
+
+    >>> import xgrad
+    >>> w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> opt = xgrad.optim.SGD([w], lr=0.5, momentum=0.9)
+    >>> (w * w).sum().backward()
+    >>> opt.step(); w.tolist()
+    [0.0, 0.0]
+    """
+
+    def __init__(
+        self, params: Iterable[Tensor] | Mapping[str, Tensor], lr: float = 1e-3, momentum: float = 0.0,
+        dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+    ) -> None:
+        _check_nonnegative("learning rate", lr)
+        _check_nonnegative("momentum value", momentum)
+        _check_nonnegative("weight_decay value", weight_decay)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+
+        def make(learning_rate: Any) -> optax.GradientTransformation:
+            parts = [optax.scale(-1.0)] if maximize else []
+            if weight_decay:
+                parts.append(optax.add_decayed_weights(weight_decay))
+            if momentum:
+                if dampening:
+                    # PyTorch's first buffer is the gradient itself; dampening starts at step 2.
+                    parts.append(optax.scale_by_schedule(lambda count: jnp.where(count == 0, 1.0, 1.0 - dampening)))
+                parts.append(optax.trace(decay=momentum, nesterov=nesterov))
+            parts.append(optax.scale_by_learning_rate(learning_rate))
+            return optax.chain(*parts)
+
+        super().__init__(params, optax.inject_hyperparams(make)(learning_rate=lr))
+
+
+def _adam(
+    b1: float, b2: float, eps: float, amsgrad: bool,
+) -> optax.GradientTransformation:
+    if not amsgrad:
+        return optax.scale_by_adam(b1, b2, eps)
+    # PyTorch keeps the maximum of the raw second moment and bias-corrects it at each
+    # step: m̂ / (sqrt(max v / (1 - b2^t)) + eps) = sqrt(1 - b2^t) m̂ / (sqrt(max v) + eps sqrt(1 - b2^t)).
+    # optax's amsgrad without nu bias correction keeps the raw maximum; the step-dependent
+    # eps and factor come in as schedules.
+    def correction(count: Any) -> Any:
+        return jnp.sqrt(1.0 - b2 ** (count + 1))
+
+    return optax.chain(
+        optax.inject_hyperparams(optax.scale_by_amsgrad, static_args=("bias_correction_nu",))(
+            b1=b1, b2=b2, eps=lambda count: eps * correction(count), bias_correction_nu=False
+        ),
+        optax.scale_by_schedule(correction),
+    )
+
+
+class Adam(_WithLearningRate):
+    """``torch.optim.Adam``; ``weight_decay`` is an L2 term added to the gradient, as PyTorch's.
+
+    Args:
+        params: the parameters (``model.parameters()``) or a mapping name → Tensor.
+        lr, betas, eps, weight_decay, amsgrad, maximize: as PyTorch, with its defaults.
+
+    >>> import xgrad
+    >>> w = xgrad.tensor([1.0, -1.0], requires_grad=True)
+    >>> opt = xgrad.optim.Adam([w], lr=0.1)
+    >>> (w * w).sum().backward()
+    >>> opt.step(); [round(v, 4) for v in w.tolist()]
+    [0.9, -0.9]
+    """
+
+    def __init__(
+        self, params: Iterable[Tensor] | Mapping[str, Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False,
+    ) -> None:
+        _check_nonnegative("learning rate", lr)
+        _check_nonnegative("epsilon value", eps)
+        _check_betas(betas)
+        _check_nonnegative("weight_decay value", weight_decay)
+
+        def make(learning_rate: Any) -> optax.GradientTransformation:
+            parts = [optax.scale(-1.0)] if maximize else []
+            if weight_decay:
+                parts.append(optax.add_decayed_weights(weight_decay))
+            parts += [_adam(betas[0], betas[1], eps, amsgrad), optax.scale_by_learning_rate(learning_rate)]
+            return optax.chain(*parts)
+
+        super().__init__(params, optax.inject_hyperparams(make)(learning_rate=lr))
+
+
+class AdamW(_WithLearningRate):
+    """``torch.optim.AdamW``: Adam with decoupled weight decay, ``p -= lr * weight_decay * p`` each step.
+
+    Args:
+        params: the parameters (``model.parameters()``) or a mapping name → Tensor.
+        lr, betas, eps, weight_decay (default 0.01), amsgrad, maximize: as PyTorch.
+
+    >>> import xgrad
+    >>> w = xgrad.tensor([1.0], requires_grad=True)
+    >>> opt = xgrad.optim.AdamW([w], lr=0.1, weight_decay=0.5)
+    >>> (w * 0).sum().backward()  # a zero gradient: only the decay moves w
+    >>> opt.step(); round(w.item(), 4)
+    0.95
+    """
+
+    def __init__(
+        self, params: Iterable[Tensor] | Mapping[str, Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
+    ) -> None:
+        _check_nonnegative("learning rate", lr)
+        _check_nonnegative("epsilon value", eps)
+        _check_betas(betas)
+        _check_nonnegative("weight_decay value", weight_decay)
+
+        def make(learning_rate: Any) -> optax.GradientTransformation:
+            parts = [optax.scale(-1.0)] if maximize else []
+            parts += [_adam(betas[0], betas[1], eps, amsgrad), optax.add_decayed_weights(weight_decay),
+                      optax.scale_by_learning_rate(learning_rate)]
+            return optax.chain(*parts)
+
+        super().__init__(params, optax.inject_hyperparams(make)(learning_rate=lr))
+
+
+from xgrad import lr_scheduler  # noqa: E402  (it reads the optimizers above)
+
+# ``from xgrad.optim.lr_scheduler import StepLR`` works as with torch.optim.
+sys.modules[f"{__name__}.lr_scheduler"] = lr_scheduler

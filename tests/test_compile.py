@@ -1,0 +1,412 @@
+"""``xgrad.compile``: a whole step as one program, with the effects of running it eagerly.
+
+Each test builds the same state twice, runs the step eagerly on one copy and
+compiled on the other, and compares returned values, ``.grad``s, parameters (the
+same objects), optimizer state and hook calls; a few compare with ``jax.grad``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import xgrad
+from xgrad import nn
+from xgrad.autograd import compiled as compiled_backward
+from xgrad.compile_step import CompileFallbackError, CompileFallbackWarning, RecompileWarning
+from xgrad.optim import Optax
+from xgrad.utils.checkpoint import checkpoint
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(6, 2))
+Y = np.array([0, 2, 1, 1, 0, 2])
+
+
+def assert_same_state(eager, compiled, rtol=1e-10):
+    """Parameters, grads and optimizer state of two copies agree."""
+    for a, b in zip(eager["params"], compiled["params"], strict=True):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=rtol, atol=1e-12)
+        assert (a.grad is None) == (b.grad is None)
+        if a.grad is not None:
+            np.testing.assert_allclose(b.grad.numpy(), a.grad.numpy(), rtol=rtol, atol=1e-12)
+        assert b._version == a._version
+    for a, b in zip(jax.tree.leaves(eager["opt"].state), jax.tree.leaves(compiled["opt"].state), strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=rtol, atol=1e-12)
+
+
+def mlp_setup(zero_grads=True):
+    model = nn.MLP([2, 8, 3], activation=nn.Tanh, key=0, dtype=jnp.float64)
+    opt = Optax(model.parameters(), optax.adam(1e-2))
+
+    def step(x, y):
+        if zero_grads:
+            opt.zero_grad()
+        loss = xgrad.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return {"params": model.parameters(), "opt": opt, "step": step, "model": model}
+
+
+def test_mlp_steps_match_eager_and_compile_once():
+    eager, comp = mlp_setup(), mlp_setup()
+    step = xgrad.compile(comp["step"])
+    params_before = list(comp["params"])
+    x, y = xgrad.tensor(X), xgrad.tensor(Y)
+    for _ in range(4):
+        want = eager["step"](x, y)
+        got = step(x, y)
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-10)
+        assert not got.requires_grad and got.grad_fn is None  # the graph stayed in the program
+        assert_same_state(eager, comp)
+    assert all(a is b for a, b in zip(comp["model"].parameters(), params_before, strict=True))
+    assert step.stats()["compiles"] == 1 and step.stats()["hits"] == 3 and step.stats()["fallbacks"] == 0
+
+
+def test_mlp_matches_jax_value_and_grad_with_optax():
+    comp = mlp_setup()
+    step = xgrad.compile(comp["step"])
+    params = [p.array for p in comp["params"]]
+    transform = optax.adam(1e-2)
+    state = transform.init(params)
+
+    def loss_fn(ps):
+        w0, b0, w1, b1 = ps
+        logits = jnp.tanh(X @ w0.T + b0) @ w1.T + b1
+        return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(6), Y])
+
+    for _ in range(3):
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, state = transform.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        np.testing.assert_allclose(step(xgrad.tensor(X), xgrad.tensor(Y)).item(), loss, rtol=1e-10)
+    for p, ref in zip(comp["params"], params, strict=True):
+        np.testing.assert_allclose(p.numpy(), ref, rtol=1e-9, atol=1e-12)
+
+
+def test_grads_accumulate_when_not_zeroed():
+    eager, comp = mlp_setup(zero_grads=False), mlp_setup(zero_grads=False)
+    step = xgrad.compile(comp["step"])
+    x, y = xgrad.tensor(X), xgrad.tensor(Y)
+    for _ in range(3):
+        eager["step"](x, y)
+        step(x, y)
+        assert_same_state(eager, comp)
+    # The first call set .grad, later ones add to it: two programs, then hits.
+    assert step.stats()["compiles"] == 2 and step.stats()["hits"] == 1
+
+
+def test_recompiles_on_a_shape_change_and_warns_after_repeated_misses():
+    eager, comp = mlp_setup(), mlp_setup()
+    step = xgrad.compile(comp["step"])
+    for n in (6, 4, 6, 4):
+        x, y = xgrad.tensor(X[:n]), xgrad.tensor(Y[:n])
+        np.testing.assert_allclose(step(x, y).numpy(), eager["step"](x, y).numpy(), rtol=1e-10)
+    assert_same_state(eager, comp)
+    stats = step.stats()
+    assert (stats["compiles"], stats["misses"], stats["hits"]) == (2, 2, 2)
+    assert stats["compile_seconds"] > 0
+
+    counter = xgrad.tensor(0.0)
+
+    @xgrad.compile
+    def grow(v):
+        counter.add_(v.sum())
+        return v * 2
+
+    with pytest.warns(RecompileWarning, match=r"argument leaf 0 changed from a tensor of shape \[8\] and dtype float32"):
+        for n in range(1, 12):
+            grow(xgrad.ones(n))
+    assert counter.item() == sum(range(1, 12))
+
+
+def test_hooks_run_once_per_call_with_concrete_values_in_eager_order():
+    def setup():
+        w = xgrad.tensor([1.0, -2.0, 0.5], requires_grad=True)
+        log = []
+        w.register_hook(lambda g: log.append(("w", np.asarray(g.array).tolist())))
+        w.register_post_accumulate_grad_hook(lambda t: log.append(("post", t.grad.numpy().tolist())))
+
+        def step(x):
+            w.grad = None
+            h = (w * x).tanh()
+            h.register_hook(lambda g: log.append(("h", type(g.array).__name__, g.numpy().tolist())) or g * 2)
+            h.retain_grad()
+            h.grad_fn.register_hook(lambda gi, go: log.append(("node", len(gi))))
+            loss = (h * h).sum()
+            loss.backward()
+            return loss, h
+
+        return w, log, step
+
+    w_e, log_e, step_e = setup()
+    w_c, log_c, step_c = setup()
+    step_c = xgrad.compile(step_c)
+    x = xgrad.tensor([0.3, 0.2, -1.0])
+    for i in range(3):
+        loss_e, h_e = step_e(x)
+        loss_c, h_c = step_c(x)
+        np.testing.assert_allclose(loss_c.numpy(), loss_e.numpy())
+        np.testing.assert_allclose(w_c.grad.numpy(), w_e.grad.numpy())
+        np.testing.assert_allclose(h_c.grad.numpy(), h_e.grad.numpy())  # retain_grad on a returned tensor
+        assert [e[0] for e in log_c] == [e[0] for e in log_e] == ["h", "node", "w", "post"] * (i + 1)
+    for a, b in zip(log_e, log_c, strict=True):
+        assert a[0] == b[0]
+        np.testing.assert_allclose(np.asarray(b[-1]), np.asarray(a[-1]))
+    assert all(e[1] == "ArrayImpl" for e in log_c if e[0] == "h")  # concrete arrays, not tracers
+    assert step_c.stats()["compiles"] == 1
+
+
+def test_pure_hooks_are_traced_into_the_program():
+    calls = []
+
+    @compiled_backward.pure_hook
+    def double(g):
+        calls.append(1)
+        return g * 2
+
+    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    w.register_hook(double)
+
+    @xgrad.compile
+    def step(x):
+        w.grad = None
+        (w * x).sum().backward()
+
+    for _ in range(3):
+        step(xgrad.tensor([3.0, 4.0]))
+    assert w.grad.tolist() == [6.0, 8.0] and len(calls) == 1  # traced once, inlined
+
+
+def test_autograd_grad_and_a_gradient_penalty_inside_the_step():
+    def setup():
+        w = xgrad.tensor([[0.5, -1.0], [2.0, 0.3]], requires_grad=True)
+        opt = Optax([w], optax.sgd(0.1))
+
+        def step(x):
+            opt.zero_grad()
+            x = x.detach().requires_grad_()
+            out = (x @ w).tanh().sum()
+            (gx,) = xgrad.autograd.grad(out, x, create_graph=True)
+            loss = out + (gx * gx).sum()
+            loss.backward()
+            opt.step()
+            return loss, gx
+
+        return w, opt, step
+
+    w_e, opt_e, step_e = setup()
+    w_c, opt_c, step_c = setup()
+    step_c = xgrad.compile(step_c)
+    x = xgrad.tensor([[1.0, 2.0], [-0.5, 0.1]])
+    for _ in range(3):
+        (loss_e, gx_e), (loss_c, gx_c) = step_e(x), step_c(x)
+        np.testing.assert_allclose(loss_c.numpy(), loss_e.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(gx_c.numpy(), gx_e.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(w_c.numpy(), w_e.numpy(), rtol=1e-10)
+
+    def ref_loss(w, x):
+        out = lambda x: jnp.tanh(x @ w).sum()  # noqa: E731
+        return out(x) + (jax.grad(out)(x) ** 2).sum()
+
+    np.testing.assert_allclose(w_c.grad.numpy(), jax.grad(ref_loss)(w_c.array + 0.1 * w_c.grad.array, x.array), rtol=1e-9)
+
+
+class Cube(xgrad.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 * x * x
+
+
+@pytest.mark.parametrize("block", ["function", "checkpoint_reentrant", "checkpoint_non_reentrant"])
+def test_custom_function_and_checkpointing_inside_the_step(block):
+    def body(h):
+        return Cube.apply(h).sin()
+
+    def setup():
+        w = xgrad.tensor([0.5, -1.0, 0.25], requires_grad=True)
+        opt = Optax([w], optax.sgd(0.05))
+
+        def step(x):
+            opt.zero_grad()
+            h = w * x
+            if block == "function":
+                out = body(h)
+            else:
+                out = checkpoint(body, h, use_reentrant=block == "checkpoint_reentrant")
+            loss = out.sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        return w, step
+
+    w_e, step_e = setup()
+    w_c, step_c = setup()
+    step_c = xgrad.compile(step_c)
+    x = xgrad.tensor([1.0, 2.0, -3.0])
+    for _ in range(3):
+        np.testing.assert_allclose(step_c(x).numpy(), step_e(x).numpy(), rtol=1e-10)
+        np.testing.assert_allclose(w_c.numpy(), w_e.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(w_c.grad.numpy(), w_e.grad.numpy(), rtol=1e-10)
+    assert step_c.stats()["fallbacks"] == 0
+
+
+def test_buffers_and_arguments_updated_in_place_are_written_back():
+    running = xgrad.zeros(2)
+    seen = xgrad.zeros(2)
+
+    @xgrad.compile
+    def update(x):
+        with xgrad.no_grad():
+            running.mul_(0.5).add_(x)
+        x.add_(1.0)
+        return running
+
+    x = xgrad.tensor([2.0, 4.0])
+    out = update(x)
+    assert out is running and running.tolist() == [2.0, 4.0] and x.tolist() == [3.0, 5.0]
+    out = update(x)
+    assert running.tolist() == [4.0, 7.0] and x.tolist() == [4.0, 6.0]
+    assert running._version == 4 and x._version == 2 and seen._version == 0
+    assert update.stats()["compiles"] == 1
+
+
+def test_changed_state_retraces():
+    # Freezing a parameter between calls changes what the trace decided: a new program.
+    eager, comp = mlp_setup(), mlp_setup()
+    step = xgrad.compile(comp["step"])
+    x, y = xgrad.tensor(X), xgrad.tensor(Y)
+    step(x, y), eager["step"](x, y)
+    for setup in (eager, comp):
+        setup["params"][0].requires_grad_(False)
+        setup["params"][0].grad = None
+    for _ in range(2):
+        np.testing.assert_allclose(step(x, y).numpy(), eager["step"](x, y).numpy(), rtol=1e-10)
+        assert_same_state(eager, comp)
+    assert comp["params"][0].grad is None and step.stats()["compiles"] == 2
+
+
+def test_concrete_values_fall_back_to_eager_with_one_warning_or_raise():
+    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    printed = []
+
+    def step(x):
+        w.grad = None
+        loss = (w * x).sum()
+        if loss > 0:  # needs a concrete value
+            printed.append(loss.item())
+        loss.backward()
+        return loss
+
+    eager_step = xgrad.compile(step)
+    with pytest.warns(CompileFallbackWarning, match=r"step eagerly: Python needs a concrete value.*test_compile.py:\d+"):
+        eager_step(xgrad.tensor([1.0, 1.0]))
+    eager_step(xgrad.tensor([1.0, 3.0]))  # no second warning (warnings are errors here)
+    assert printed == [3.0, 7.0] and w.grad.tolist() == [1.0, 3.0]
+    assert eager_step.stats()["fallbacks"] == 2 and eager_step.stats()["compiles"] == 0
+
+    strict = xgrad.compile(step, fallback="error")
+    with pytest.raises(CompileFallbackError, match=r"cannot compile .*step: Python needs a concrete value"):
+        strict(xgrad.tensor([1.0, 1.0]))
+    # Nothing the trace touched leaked: the next eager backward works on concrete values.
+    w.grad = None
+    (w * 2).sum().backward()
+    assert w.grad.tolist() == [2.0, 2.0] and not isinstance(w.array, jax.core.Tracer)
+    with pytest.raises(ValueError, match="fallback must be"):
+        xgrad.compile(step, fallback="never")
+
+
+def test_a_grad_with_history_cannot_leave_the_program():
+    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+
+    @xgrad.compile(fallback="error")
+    def step(x):
+        (w * w * x).sum().backward(create_graph=True)
+
+    with pytest.warns(UserWarning, match="create_graph=True"), pytest.raises(CompileFallbackError, match="autograd history"):
+        step(xgrad.tensor([1.0, 1.0]))
+    assert w.grad is None
+
+
+def test_sharded_data_parallel_step_matches_eager():
+    devices = jax.devices()
+    assert len(devices) >= 2
+    mesh = Mesh(np.array(devices[:2]), ("data",))
+    batch, replicated = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+
+    def setup():
+        model = nn.MLP([2, 8, 3], activation=nn.Tanh, key=0, dtype=jnp.float64)
+        for p in model.parameters():
+            p._array = jax.device_put(p.array, replicated)
+        opt = Optax(model.parameters(), optax.adam(1e-2))
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = xgrad.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return {"params": model.parameters(), "opt": opt, "step": step}
+
+    eager, comp = setup(), setup()
+    step = xgrad.compile(comp["step"])
+    x, y = xgrad.tensor(jax.device_put(X, batch)), xgrad.tensor(jax.device_put(Y, batch))
+    for _ in range(3):
+        np.testing.assert_allclose(step(x, y).numpy(), eager["step"](x, y).numpy(), rtol=1e-10)
+    assert_same_state(eager, comp)
+    for p in comp["params"]:
+        assert len(p.array.sharding.device_set) == 2
+    assert step.stats()["compiles"] == 1
+
+
+# -- the JAX boundary: xgrad code under plain JAX transformations ----------------------
+def test_a_jax_array_on_the_left_of_an_operator_is_recorded():
+    t = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    a = jnp.array([3.0, 0.5])
+    m = jnp.array([[1.0, 2.0], [3.0, 4.0]])
+    out = (a * t + a / t - a**t + (m @ t) - a).sum()
+    out.backward()
+
+    def ref(t):
+        return (a * t + a / t - a**t + (m @ t) - a).sum()
+
+    np.testing.assert_allclose(t.grad.numpy(), jax.grad(ref)(t.array), rtol=1e-12)
+    assert isinstance(a < t, xgrad.Tensor) and isinstance(jnp.sin(t), jax.Array)  # jnp functions: untracked values
+
+
+def test_history_never_leaves_a_jax_transformation_or_device_put_cut():
+    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"came out of a JAX transformation.*xgrad\.compile"):
+        jax.jit(lambda t: t * 2)(w)
+    with pytest.raises(RuntimeError, match=r"xgrad\.compile.*tensor\.to\(device\)"):
+        jax.vmap(lambda t: t.sin())(xgrad.tensor(np.ones((3, 2)), requires_grad=True))
+    with pytest.raises(RuntimeError, match=r"jax\.device_put"):
+        jax.device_put(w * 2, jax.devices()[1])
+    moved = jax.device_put((w * 2).detach(), jax.devices()[1])
+    assert not moved.requires_grad and moved.tolist() == [2.0, 4.0]
+    # What works under plain JAX works correctly: arrays out, and a backward with an
+    # implicit root grad on tensors wrapping tracers.
+
+    def grad_inside(t):
+        (t * t * t).sum().backward()
+        return t.grad.array
+
+    np.testing.assert_allclose(jax.jit(grad_inside)(w), 3 * w.numpy() ** 2)
+    np.testing.assert_allclose(jax.grad(lambda a: (xgrad.Tensor(a).tanh() * 2).sum().array)(w.array), 2 / np.cosh(w.numpy()) ** 2)
+    assert w.grad is None  # the traced backward wrote to the traced leaf only
+    (w * w).sum().backward()
+    assert w.grad.tolist() == [2.0, 4.0]

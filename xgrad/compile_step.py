@@ -1,0 +1,737 @@
+"""``xgrad.compile``: a whole PyTorch-style training step as one cached XLA program.
+
+# NOTE [Whole-step compile]
+# ``xgrad.compile(fn)`` runs ``fn`` (forward, ``backward()``/``autograd.grad``,
+# ``Optax.step()``, in-place updates) once under ``jax.make_jaxpr`` with the eager
+# engine running on tensors that wrap tracers, and caches the jaxpr as one ``jax.jit``
+# program per input signature. Three pieces make that the same as calling ``fn``:
+#
+# 1. Finding the state. While ``fn`` is traced, ``Tensor._array`` and ``Tensor._grad``
+#    are swapped for recording descriptors (``_Recorder``): every tensor whose storage
+#    or ``.grad`` is read or rebound is snapshotted on first touch. A concrete array
+#    a traced op reads becomes a constant of the jaxpr (``ClosedJaxpr.consts``); each
+#    constant that came from a tensor that outlives the trace (a parameter, a
+#    ``.grad``, an optimizer-state tensor, found through closures, attributes or
+#    globals alike) becomes a program input, read from that tensor at every call.
+#    Constants from tensors made during the trace stay constants.
+# 2. Writing back. A surviving tensor whose storage or ``.grad`` was rebound is an
+#    output; after the call its new value is rebound on the same object and
+#    ``_version`` moves as it did while tracing. Every touched tensor is restored from
+#    its snapshot when the trace ends, so tracing has no effect of its own. What cannot
+#    be written back (a ``.grad`` or an in-place result that carries autograd history
+#    out of the program) is not compiled (below).
+# 3. Guards. The trace took Python branches on the state it saw: whether a ``.grad``
+#    was ``None`` (set or accumulate), ``requires_grad``, the hooks present, shapes
+#    and dtypes. A cache entry keeps these per state tensor and a call whose state
+#    differs is a miss, traced again.
+#
+# Hooks not marked ``compiled.pure_hook`` run through ``io_callback(ordered=True)`` at
+# their point in the program, with concrete tensors, in eager order
+# (``_host_hook``); pure hooks are traced inline. Python needing a concrete value
+# (``.item()``, ``if t > 0``, ``.numpy()``) makes the call run eagerly after a
+# one-time warning naming the user's line, or raises under ``fallback="error"``; a
+# signature that fell back is remembered and runs eagerly without retracing.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
+
+from xgrad.engine import hooks as hooks_module
+from xgrad.engine.anomaly import ANOMALY
+from xgrad.grad_mode import is_grad_enabled
+from xgrad.tensor import Tensor
+
+__all__ = ["CompileFallbackError", "CompileFallbackWarning", "CompiledFunction", "RecompileWarning", "compile"]
+
+#: Misses of one compiled function beyond this many warn once, naming what changed.
+RECOMPILE_WARNING_LIMIT = 8
+#: Signatures kept per compiled function (least recently used dropped first).
+CACHE_SIZE = 64
+
+_XGRAD_DIR = os.path.dirname(os.path.abspath(__file__))
+_JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__))
+
+WARN_FALLBACK = (
+    "xgrad.compile ran {name} eagerly: {reason} (at {site}). The results are the same, without the speed; "
+    "use fallback='error' to make this an error. (Warned once per line.)"
+)
+ERR_FALLBACK = "xgrad.compile cannot compile {name}: {reason} (at {site}). Use fallback='eager' to run such calls eagerly."
+WARN_RECOMPILE = (
+    "xgrad.compile recompiled {name} {count} times; the last change: {reason}. Keep shapes, dtypes, shardings and "
+    "the state fn touches fixed between calls, or pad inputs to a few sizes."
+)
+_CONCRETE_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerBoolConversionError,
+)
+
+
+class CompileFallbackWarning(UserWarning):
+    """A call of an ``xgrad.compile`` function ran eagerly (the warning says why and where)."""
+
+
+class CompileFallbackError(RuntimeError):
+    """Raised instead of running eagerly under ``xgrad.compile(fn, fallback="error")``."""
+
+
+class RecompileWarning(UserWarning):
+    """An ``xgrad.compile`` function keeps missing its cache."""
+
+
+class _NotCompilable(Exception):
+    def __init__(self, reason: str, site: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.site = site
+
+
+# -- recording the state a trace touches ---------------------------------------------
+_ARRAY = Tensor.__dict__["_array"]  # the slots' own descriptors
+_GRAD = Tensor.__dict__["_grad"]
+_trace_lock = threading.RLock()  # one trace at a time: the descriptors are per class
+
+
+class _Snapshot:
+    """A tensor's autograd-visible state when a trace first touched it."""
+
+    __slots__ = (
+        "array", "grad", "grad_fn", "output_nr", "ref", "requires_grad", "retains_grad", "start", "target", "version",
+    )
+
+    def __init__(self, t: Tensor) -> None:
+        self.ref = weakref.ref(t)
+        # Where the tensor is found at a call (``_resolve``): an argument's leaf index (a
+        # new object each call), ``("grad", owner's target)``, or a weak reference.
+        self.target: Any = self.ref
+        self.array = _ARRAY.__get__(t, Tensor)
+        self.start = self.array  # what counts as unchanged (a tracer for an argument)
+        self.grad = _GRAD.__get__(t, Tensor)
+        self.grad_fn = t.grad_fn
+        self.output_nr = t._output_nr
+        self.version = t._version
+        self.requires_grad = t._requires_grad
+        self.retains_grad = t._retains_grad
+
+    def restore(self, t: Tensor) -> None:
+        _ARRAY.__set__(t, self.array)
+        _GRAD.__set__(t, self.grad)
+        t.grad_fn = self.grad_fn
+        t._output_nr = self.output_nr
+        t._version = self.version
+        t._requires_grad = self.requires_grad
+        t._retains_grad = self.retains_grad
+
+
+class _Recorder:
+    """What one trace touched: snapshots, where concrete arrays came from, which ``.grad``s decided branches."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.snapshots: dict[int, _Snapshot] = {}
+        self.sources: dict[int, list[Any]] = {}  # id(array) -> targets of the tensors holding it
+        self.keep: list[Any] = []  # the arrays whose ids key ``sources`` stay alive
+        self.grad_owner: dict[int, weakref.ref[Tensor]] = {}
+        self.grad_read: set[int] = set()  # ``.grad`` read before this trace rebound it
+        self.grad_written: set[int] = set()
+        # Tensors made during the trace: never state, their arrays stay constants.
+        # (By id: a WeakSet would compare tensors with ``==``, an op.)
+        self.born: dict[int, weakref.ref[Tensor]] = {}
+
+    def is_born(self, t: Tensor) -> bool:
+        ref = self.born.get(id(t))
+        return ref is not None and ref() is t
+
+    def touch(self, t: Tensor) -> None:
+        if id(t) not in self.snapshots and not self.is_born(t):
+            snap = self.snapshots[id(t)] = _Snapshot(t)
+            ref = self.grad_owner.get(id(t))
+            owner = ref() if ref is not None else None
+            if owner is not None and _GRAD.__get__(owner, Tensor) is t:
+                # A ``.grad``: at the next call it is whatever tensor its owner holds then.
+                snap.target = ("grad", self.snapshots[id(owner)].target)
+
+    def read(self, t: Tensor, array: Any) -> None:
+        if self.is_born(t):
+            return
+        self.touch(t)
+        source = self.snapshots[id(t)].target
+        entries = self.sources.setdefault(id(array), [])
+        if not entries:
+            self.keep.append(array)
+        if source not in entries:
+            entries.append(source)
+
+
+_active: _Recorder | None = None
+
+
+def _get_array(t: Tensor) -> Any:
+    value = _ARRAY.__get__(t, Tensor)
+    rec = _active
+    if rec is not None and rec.thread == threading.get_ident() and not isinstance(value, jax.core.Tracer):
+        rec.read(t, value)
+    return value
+
+
+def _set_array(t: Tensor, value: Any) -> None:
+    rec = _active
+    if rec is not None and rec.thread == threading.get_ident():
+        try:
+            _ARRAY.__get__(t, Tensor)
+        except AttributeError:  # the first assignment, in ``Tensor.__init__``
+            rec.born[id(t)] = weakref.ref(t)
+        else:
+            rec.touch(t)
+    _ARRAY.__set__(t, value)
+
+
+def _get_grad(t: Tensor) -> Any:
+    value = _GRAD.__get__(t, Tensor)
+    rec = _active
+    if rec is not None and rec.thread == threading.get_ident() and not rec.is_born(t):
+        rec.touch(t)
+        if id(t) not in rec.grad_written:
+            rec.grad_read.add(id(t))
+        if value is not None:
+            rec.grad_owner[id(value)] = weakref.ref(t)
+    return value
+
+
+def _set_grad(t: Tensor, value: Any) -> None:
+    rec = _active
+    if rec is not None and rec.thread == threading.get_ident():
+        rec.touch(t)
+        rec.grad_written.add(id(t))
+    _GRAD.__set__(t, value)
+
+
+def tracing() -> bool:
+    """Whether this thread is tracing an ``xgrad.compile`` function."""
+    rec = _active
+    return rec is not None and rec.thread == threading.get_ident()
+
+
+class _Recording:
+    """Install the recording descriptors and the host-hook wrapper for one trace."""
+
+    def __init__(self, recorder: _Recorder) -> None:
+        self.recorder = recorder
+
+    def __enter__(self) -> _Recorder:
+        global _active
+        _trace_lock.acquire()
+        self.outer = _active
+        _active = self.recorder
+        Tensor._array = property(_get_array, _set_array)  # type: ignore[assignment,method-assign]
+        Tensor._grad = property(_get_grad, _set_grad)  # type: ignore[assignment,method-assign]
+        self.outer_wrap = hooks_module.trace_wrapper
+        hooks_module.trace_wrapper = _host_hook
+        return self.recorder
+
+    def __exit__(self, *exc: object) -> None:
+        global _active
+        hooks_module.trace_wrapper = self.outer_wrap
+        if self.outer is None:
+            Tensor._array = _ARRAY  # type: ignore[assignment,method-assign]
+            Tensor._grad = _GRAD  # type: ignore[assignment,method-assign]
+        _active = self.outer
+        _trace_lock.release()
+
+
+# -- hooks as host callbacks ----------------------------------------------------------
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+def _struct(array: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(array.shape, array.dtype)
+
+
+def _host_hook(fn: Any, hooks: Any) -> Any:
+    """``fn`` as called inside a traced step: through an ordered host callback, unless it is pure."""
+    from xgrad.autograd.compiled import PureHook
+
+    if isinstance(fn, tuple):  # a tensor hook: (input_nr, hook)
+        return (fn[0], _host_hook(fn[1], hooks))
+    if isinstance(fn, PureHook) or not tracing():
+        return fn
+
+    def call(*args: Any) -> Any:
+        if len(args) == 1 and isinstance(args[0], Tensor) and args[0]._post_accumulate_grad_hooks is hooks:
+            return _post_accumulate_on_host(fn, args[0])
+        return _replacing_hook_on_host(fn, args)
+
+    return call
+
+
+def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...]) -> Any:
+    """A hook whose non-``None`` result replaces its first argument (tensor, pre and post hooks)."""
+    leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=_is_tensor)
+    first_leaves, first_tree = jax.tree_util.tree_flatten(args[0], is_leaf=_is_tensor)
+    arrays = [leaf._array for leaf in leaves]
+    n_first = len(first_leaves)
+
+    def host(*concrete: Any) -> Any:
+        call_args = jax.tree_util.tree_unflatten(tree, [Tensor(jnp.asarray(c)) for c in concrete])
+        result = fn(*call_args)
+        if result is None:
+            return tuple(np.asarray(c) for c in concrete[:n_first])
+        if isinstance(result, list):
+            result = tuple(result)
+        r_leaves, r_tree = jax.tree_util.tree_flatten(result, is_leaf=_is_tensor)
+        if r_tree != first_tree or not all(isinstance(r, Tensor) for r in r_leaves):
+            raise RuntimeError(
+                f"under xgrad.compile, hook {fn!r} returned a value shaped {r_tree}, but it replaces {first_tree}"
+            )
+        return tuple(np.asarray(r._array, dtype=a.dtype) for r, a in zip(r_leaves, first_leaves, strict=True))
+
+    if n_first == 0:
+        io_callback(lambda *c: host(*c) and None, None, *arrays, ordered=True)
+        return None
+    out = io_callback(host, tuple(_struct(a) for a in arrays[:n_first]), *arrays, ordered=True)
+    replaced = jax.tree_util.tree_unflatten(first_tree, [Tensor(o) for o in out])
+    return replaced
+
+
+def _post_accumulate_on_host(fn: Any, var: Tensor) -> None:
+    """A post-accumulate-grad hook: run on the real leaf with concrete values; what it rebinds flows on."""
+    grad = var._grad
+    assert grad is not None
+    array = var._array
+
+    def host(a: Any, g: Any) -> Any:
+        saved = (_ARRAY.__get__(var, Tensor), _GRAD.__get__(var, Tensor), var._version)
+        _ARRAY.__set__(var, jnp.asarray(a))
+        _GRAD.__set__(var, Tensor(jnp.asarray(g)))
+        try:
+            fn(var)
+            new_a, new_g = _ARRAY.__get__(var, Tensor), _GRAD.__get__(var, Tensor)
+        finally:
+            _ARRAY.__set__(var, saved[0])
+            _GRAD.__set__(var, saved[1])
+            var._version = saved[2]
+        if new_g is None:
+            raise RuntimeError(
+                "under xgrad.compile a post-accumulate-grad hook cannot set .grad to None; zero it instead, or run "
+                "this step eagerly"
+            )
+        return np.asarray(new_a, dtype=a.dtype), np.asarray(new_g._array, dtype=g.dtype)
+
+    new_array, new_grad = io_callback(host, (_struct(array), _struct(grad._array)), array, grad._array, ordered=True)
+    var._array = new_array
+    var._grad = Tensor(new_grad)
+
+
+# -- the compiled function ------------------------------------------------------------
+def _user_site(tb: Any) -> str:
+    """The innermost frame of a traceback (or the stack) outside xgrad and JAX: the user's line."""
+    frames = []
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    for filename, lineno in reversed(frames):
+        path = os.path.abspath(filename)
+        if not path.startswith((_XGRAD_DIR, _JAX_DIR)) and "/jax/" not in path and "/jaxlib/" not in path:
+            return f"{filename}:{lineno}"
+    return "unknown location"
+
+
+def _leaf_key(leaf: Any) -> Any:
+    if isinstance(leaf, Tensor):
+        a = _ARRAY.__get__(leaf, Tensor)
+        return ("tensor", a.shape, a.dtype, getattr(a, "sharding", None), *_guard(leaf, True)[2:])
+    if isinstance(leaf, jax.Array):
+        return ("array", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
+    if isinstance(leaf, np.ndarray):
+        return ("ndarray", leaf.shape, leaf.dtype)
+    return ("static", type(leaf), leaf)
+
+
+def _guard(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
+    """What a trace's Python decided on about a state tensor (NOTE [Whole-step compile], 3)."""
+    a = _ARRAY.__get__(t, Tensor)
+    g = _GRAD.__get__(t, Tensor)
+    return (
+        a.shape, a.dtype, t.grad_fn, t._requires_grad, g is None if grad_read else None,
+        None if g is None or not grad_read else g._array.shape,
+        tuple(t._backward_hooks or ()), tuple(t._post_accumulate_grad_hooks or ()),
+    )
+
+
+class _Entry:
+    """One compiled signature: the program, where its inputs come from, where its outputs go."""
+
+    __slots__ = (
+        "arg_tensor_slots", "consts", "guards", "jitted", "n_dyn_args", "outputs", "result_template", "result_tree",
+        "writes",
+    )
+
+
+_FALLBACK = object()
+
+
+def _describe_change(old: Any, new: Any) -> str:
+    if old is None:
+        return "first call"
+    (old_tree, old_leaves, old_alias, old_mode), (new_tree, new_leaves, new_alias, new_mode) = old, new
+    if old_tree != new_tree:
+        return f"the arguments' structure changed from {old_tree} to {new_tree}"
+    for i, (a, b) in enumerate(zip(old_leaves, new_leaves, strict=True)):
+        if a != b:
+            return f"argument leaf {i} changed from {_describe_leaf(a)} to {_describe_leaf(b)}"
+    if old_alias != new_alias:
+        return "which arguments are the same tensor changed"
+    if old_mode != new_mode:
+        return f"grad mode changed from {old_mode[0]} to {new_mode[0]}"
+    return "the state fn reads (a .grad set or cleared, requires_grad, hooks, or a shape)"
+
+
+def _describe_leaf(key: Any) -> str:
+    if key[0] == "static":
+        return f"the value {key[2]!r}"
+    return f"a {key[0]} of shape {list(key[1])} and dtype {key[2]}" + (f" on {key[3]}" if len(key) > 3 else "")
+
+
+class CompiledFunction:
+    """``fn`` run as one cached ``jax.jit`` program per input signature (see ``xgrad.compile``)."""
+
+    def __init__(self, fn: Callable[..., Any], fallback: str) -> None:
+        if fallback not in ("eager", "error"):
+            raise ValueError(f"fallback must be 'eager' or 'error', got {fallback!r}")
+        self.fn = fn
+        self.fallback = fallback
+        self._cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._stats = {"compiles": 0, "hits": 0, "misses": 0, "fallbacks": 0, "compile_seconds": 0.0}
+        self._warned_sites: set[str] = set()
+        self._last_signature: Any = None
+        self._recompile_warned = False
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, fn)
+
+    def stats(self) -> dict[str, Any]:
+        """``{"compiles", "hits", "misses", "fallbacks", "compile_seconds"}`` for this function."""
+        return dict(self._stats)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if tracing() or ANOMALY.enabled:
+            # Inside another compiled function the body is part of that trace; anomaly
+            # mode records forward tracebacks per op, which only an eager run has.
+            if ANOMALY.enabled and not tracing():
+                self._stats["fallbacks"] += 1
+            return self.fn(*args, **kwargs)
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
+        if any(isinstance(leaf, jax.core.Tracer) or (isinstance(leaf, Tensor) and isinstance(leaf._array, jax.core.Tracer)) for leaf in leaves):
+            return self.fn(*args, **kwargs)  # under a plain jax transformation: part of its trace
+        alias: list[int] = []
+        first: dict[int, int] = {}
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, Tensor):
+                alias.append(first.setdefault(id(leaf), i))
+        try:
+            signature = (tree, tuple(_leaf_key(leaf) for leaf in leaves), tuple(alias), (is_grad_enabled(),))
+            hash(signature)
+        except TypeError:
+            raise TypeError(
+                "xgrad.compile: an argument that is not a Tensor or array must be hashable (it is a static part of "
+                "the signature)"
+            ) from None
+        entry = self._cache.get(signature)
+        if entry is _FALLBACK:
+            self._stats["fallbacks"] += 1
+            return self.fn(*args, **kwargs)
+        if entry is not None and self._guards_hold(entry, leaves):
+            self._cache.move_to_end(signature)
+            self._stats["hits"] += 1
+            return self._run(entry, leaves)
+        self._stats["misses"] += 1
+        self._note_miss(signature)
+        try:
+            entry = self._compile(leaves, tree)
+        except _NotCompilable as exc:
+            self._cache[signature] = _FALLBACK
+            self._fall_back(exc)
+            return self.fn(*args, **kwargs)
+        self._cache[signature] = entry
+        if len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return self._run(entry, leaves)
+
+    # -- hit path ----------------------------------------------------------------------
+    @staticmethod
+    def _guards_hold(entry: _Entry, leaves: list[Any]) -> bool:
+        for ref, grad_read, expected in entry.guards:
+            t = ref()
+            if t is None or _guard(t, grad_read) != expected:
+                return False
+        for kind, refs in entry.consts:
+            if kind == "const" or len(refs) == 1:
+                continue
+            values = [_source_value(s, leaves) for s in refs]
+            if any(v is not values[0] for v in values[1:]):
+                return False
+        return True
+
+    def _run(self, entry: _Entry, leaves: list[Any]) -> Any:
+        dyn = [_ARRAY.__get__(leaf, Tensor) if isinstance(leaf, Tensor) else leaf for leaf in map(leaves.__getitem__, entry.arg_tensor_slots)]
+        consts = [refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in entry.consts]
+        outs = entry.jitted(*consts, *dyn)
+        for target, what, index, version_delta in entry.writes:
+            t = _resolve(target, leaves)
+            if t is None:
+                continue
+            if what == "array":
+                _ARRAY.__set__(t, outs[index])
+                t._version += version_delta
+            elif what == "grad":
+                _GRAD.__set__(t, None if index is None else Tensor(outs[index]))
+            else:  # requires_grad
+                t._requires_grad = index
+        results = []
+        for kind, value, grad_index in entry.result_template:
+            if kind == "out":
+                t = Tensor(outs[value])
+                if grad_index is not None:
+                    _GRAD.__set__(t, Tensor(outs[grad_index]))
+                results.append(t)
+            elif kind == "array":
+                results.append(outs[value])
+            elif kind == "same":
+                results.append(_resolve(value, leaves))
+            else:
+                results.append(value)
+        return jax.tree_util.tree_unflatten(entry.result_tree, results)
+
+    # -- miss path ---------------------------------------------------------------------
+    def _note_miss(self, signature: Any) -> None:
+        previous, self._last_signature = self._last_signature, signature
+        if self._stats["misses"] > RECOMPILE_WARNING_LIMIT and not self._recompile_warned:
+            self._recompile_warned = True
+            warnings.warn(
+                WARN_RECOMPILE.format(name=self._name(), count=self._stats["misses"], reason=_describe_change(previous, signature)),
+                RecompileWarning,
+                stacklevel=3,
+            )
+
+    def _name(self) -> str:
+        return getattr(self.fn, "__qualname__", repr(self.fn))
+
+    def _fall_back(self, exc: _NotCompilable) -> None:
+        if self.fallback == "error":
+            raise CompileFallbackError(ERR_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site)) from exc
+        self._stats["fallbacks"] += 1
+        if exc.site not in self._warned_sites:
+            self._warned_sites.add(exc.site)
+            warnings.warn(
+                WARN_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site), CompileFallbackWarning, stacklevel=3
+            )
+
+    def _compile(self, leaves: list[Any], tree: Any) -> _Entry:
+        start = time.perf_counter()
+        recorder = _Recorder()
+        dyn_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array, np.ndarray))]
+        dyn_values = [_ARRAY.__get__(leaves[i], Tensor) if isinstance(leaves[i], Tensor) else leaves[i] for i in dyn_slots]
+        found: dict[str, Any] = {}
+        fn = self.fn
+
+        def traced(*tracers: Any) -> Any:
+            call_leaves = list(leaves)
+            for i, tracer in zip(dyn_slots, tracers, strict=True):
+                leaf = leaves[i]
+                if isinstance(leaf, Tensor):
+                    snap = recorder.snapshots.get(id(leaf))
+                    if snap is None:
+                        recorder.touch(leaf)
+                        snap = recorder.snapshots[id(leaf)]
+                        snap.start = tracer
+                        snap.target = i
+                        _ARRAY.__set__(leaf, tracer)
+                else:
+                    call_leaves[i] = tracer
+            call_args, call_kwargs = jax.tree_util.tree_unflatten(tree, call_leaves)
+            return _collect(recorder, fn(*call_args, **call_kwargs), found)
+
+        for i in dyn_slots:
+            leaf = leaves[i]
+            if isinstance(leaf, Tensor) and leaf.grad_fn is not None:
+                raise _NotCompilable(
+                    f"argument leaf {i} has autograd history from outside the function (detach it, or compute it inside)",
+                    "the call",
+                )
+        with _Recording(recorder):
+            try:
+                closed = jax.make_jaxpr(traced)(*dyn_values)
+            except _CONCRETE_ERRORS as exc:
+                raise _NotCompilable(
+                    "Python needs a concrete value here (.item(), .numpy(), bool() or int() of a tensor)",
+                    _user_site(exc.__traceback__),
+                ) from exc
+            finally:
+                for snap in recorder.snapshots.values():
+                    t = snap.ref()
+                    if t is not None:
+                        snap.restore(t)
+        entry = _Entry()
+        entry.arg_tensor_slots = tuple(dyn_slots)
+        entry.n_dyn_args = len(dyn_slots)
+        outputs, entry.writes, entry.result_template, entry.result_tree, guard_refs = found["layout"]
+        entry.guards = [(ref, grad_read, _guard(ref(), grad_read)) for ref, grad_read in guard_refs if ref() is not None]
+        consts: list[tuple[str, Any]] = []
+        for c in closed.consts:
+            live = [s for s in recorder.sources.get(id(c), ()) if _resolve(s, leaves) is not None]
+            consts.append(("state", live) if live else ("const", c))
+        entry.consts = consts
+        jaxpr = closed.jaxpr
+        program = jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(constvars=[], invars=[*jaxpr.constvars, *jaxpr.invars]), []))
+        entry.jitted = jax.jit(program)
+        entry.jitted.lower(*[refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in consts], *dyn_values).compile()
+        self._stats["compiles"] += 1
+        self._stats["compile_seconds"] += time.perf_counter() - start
+        return entry
+
+
+def _resolve(target: Any, leaves: list[Any]) -> Any:
+    """The tensor a target names at this call (``_Snapshot.target``), ``None`` if it is gone."""
+    if type(target) is int:
+        return leaves[target]
+    if type(target) is tuple:
+        owner = _resolve(target[1], leaves)
+        return None if owner is None else _GRAD.__get__(owner, Tensor)
+    return target()
+
+
+def _source_value(target: Any, leaves: list[Any]) -> Any:
+    t = _resolve(target, leaves)
+    if t is None:
+        raise RuntimeError("xgrad.compile: a tensor the program reads was freed (internal error: please report it)")
+    return _ARRAY.__get__(t, Tensor)
+
+
+def _collect(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
+    """Inside the trace, after ``fn``: the program's outputs and where each goes (NOTE [Whole-step compile], 2)."""
+    outputs: list[Any] = []
+    leaves, result_tree = jax.tree_util.tree_flatten(result, is_leaf=_is_tensor)
+    returned = [weakref.ref(leaf) if isinstance(leaf, Tensor) else None for leaf in leaves]
+    returned_values = [_returned_value(leaf) for leaf in leaves]
+    del result, leaves
+    writes: list[Any] = []
+    guards: list[Any] = []
+    site = "the end of the compiled function"
+    for key, snap in recorder.snapshots.items():
+        t = snap.ref()
+        if t is None:
+            continue
+        array = _ARRAY.__get__(t, Tensor)
+        grad = _GRAD.__get__(t, Tensor)
+        if t.grad_fn is not snap.grad_fn:
+            raise _NotCompilable(
+                f"an in-place op gave a tensor from outside the function (shape {list(array.shape)}) autograd history, "
+                "which cannot leave the program", site,
+            )
+        if type(snap.target) is weakref.ref:  # arguments are keyed by the signature, grads by their owner
+            guards.append((snap.ref, key in recorder.grad_read))
+        if array is not snap.start:
+            writes.append((snap.target, "array", len(outputs), t._version - snap.version))
+            outputs.append(array)
+        if grad is not snap.grad:
+            if grad is not None and grad.grad_fn is not None:
+                raise _NotCompilable(
+                    "a .grad with autograd history (backward(create_graph=True)) cannot leave the program; use "
+                    "autograd.grad(..., create_graph=True) inside the function instead", site,
+                )
+            writes.append((snap.target, "grad", None if grad is None else len(outputs), 0))
+            if grad is not None:
+                outputs.append(_ARRAY.__get__(grad, Tensor))
+        if t._requires_grad != snap.requires_grad:
+            writes.append((snap.target, "requires_grad", t._requires_grad, 0))
+    template: list[Any] = []
+    for ref, value in zip(returned, returned_values, strict=True):
+        t = ref() if ref is not None else None
+        if t is not None and id(t) in recorder.snapshots:
+            template.append(("same", recorder.snapshots[id(t)].target, None))
+        elif ref is not None:
+            array, grad = value
+            template.append(("out", len(outputs), None if grad is None else len(outputs) + 1))
+            outputs.append(array)
+            if grad is not None:
+                outputs.append(grad)
+        elif isinstance(value, (jax.Array, jax.core.Tracer)):
+            template.append(("array", len(outputs), None))
+            outputs.append(value)
+        else:
+            template.append(("static", value, None))
+    found["layout"] = (None, writes, template, result_tree, guards)
+    return outputs
+
+
+def _returned_value(leaf: Any) -> Any:
+    if not isinstance(leaf, Tensor):
+        return leaf
+    grad = _GRAD.__get__(leaf, Tensor)
+    return _ARRAY.__get__(leaf, Tensor), None if grad is None else _ARRAY.__get__(grad, Tensor)
+
+
+def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") -> Any:
+    """Run ``fn`` — forward, ``backward()``, ``Optax.step()``, in-place updates — as one XLA program.
+
+    Usable as ``@xgrad.compile`` or ``xgrad.compile(fn, fallback="error")``. Each input
+    signature (shapes, dtypes and shardings of the Tensor and array arguments; other
+    arguments are static and must be hashable) is traced once into a cached
+    ``jax.jit`` program (NOTE [Whole-step compile] in ``xgrad/compile_step.py``).
+
+    Calling it has the effects calling ``fn`` has: the same return values (returned
+    Tensors come back without autograd history: the graph stays in the program),
+    ``.grad`` on leaves (accumulated when not zeroed), and parameters and optimizer
+    state updated in place on the same Tensor objects. Tensors ``fn`` reads or
+    rebinds through closures, attributes or globals are found by themselves: pass
+    only the data.
+
+    Args:
+        fn: the step function.
+        fallback: ``"eager"`` (default): a call that cannot be traced — Python needing
+            a concrete value inside ``fn`` (``.item()``, ``if t > 0``, ``.numpy()``) —
+            runs eagerly, after a one-time warning naming the line; ``"error"``: raise
+            ``CompileFallbackError`` instead.
+
+    Hooks registered on tensors or nodes (inside ``fn`` or before) run once per call
+    with concrete values in eager order, through host callbacks;
+    ``xgrad.autograd.compiled.pure_hook`` hooks are traced into the program. Plain
+    Python side effects in ``fn``'s body (``print``, appending to a list) run when
+    ``fn`` is traced, on the first call of each signature, not on every call, as
+    under ``jax.jit``. ``step.stats()`` returns ``{"compiles", "hits", "misses",
+    "fallbacks", "compile_seconds"}``.
+
+    >>> import optax, xgrad
+    >>> w = xgrad.tensor([1.0, -2.0], requires_grad=True)
+    >>> opt = xgrad.optim.Optax([w], optax.sgd(0.1))
+    >>> @xgrad.compile
+    ... def step(x):
+    ...     opt.zero_grad()
+    ...     loss = ((w * x).sum() - 1.0) ** 2
+    ...     loss.backward()
+    ...     opt.step()
+    ...     return loss
+    >>> [round(step(xgrad.tensor([1.0, 1.0])).item(), 4) for _ in range(3)]
+    [4.0, 1.44, 0.5184]
+    >>> [round(g, 4) for g in w.grad.tolist()], step.stats()["compiles"], step.stats()["hits"]
+    ([-1.44, -1.44], 1, 2)
+    """
+    if fn is None:
+        return lambda f: CompiledFunction(f, fallback)
+    return CompiledFunction(fn, fallback)
