@@ -113,7 +113,8 @@ class Optax:
     @state.setter
     def state(self, value: Any) -> None:
         leaves, treedef = jax.tree.flatten(value)
-        if getattr(self, "_state_def", None) == treedef:  # same structure: the same Tensors, rebound
+        previous = getattr(self, "_state_def", None)
+        if previous is not None and previous == treedef:  # same structure: the same Tensors, rebound
             for t, leaf in zip(self._state_tensors, leaves, strict=True):
                 t._array = jnp.asarray(leaf)
             return
