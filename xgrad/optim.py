@@ -62,6 +62,10 @@ def _step(
     return [n if s else None for n, s in zip(new_params, stepped, strict=True)], _keep_frozen(new_state, state, stepped, shapes)
 
 
+def _committed(array: Any) -> Any:
+    return array if getattr(array, "_committed", True) else jax.device_put(array, array.sharding)
+
+
 class Optax:
     """Update parameters in place with an ``optax`` transformation of their ``.grad``.
 
@@ -96,6 +100,11 @@ class Optax:
                 raise ValueError(f"can't optimize a non-leaf Tensor (parameter {i}, grad_fn={p.grad_fn.name()})")  # type: ignore[union-attr]
         if len({id(p) for p in tensors}) != len(tensors):
             raise ValueError("some parameters appear more than once in the parameter list")
+        for p in tensors:
+            # The step's outputs are committed to their devices; an uncommitted parameter
+            # (made by jax.random on the default device) would make every primitive of
+            # the second step compile again, for committed inputs.
+            p._array = _committed(p._array)
         self.params = tensors
         self.transform = transform
         self.state = transform.init([p.array for p in tensors])
@@ -109,7 +118,7 @@ class Optax:
     @state.setter
     def state(self, value: Any) -> None:
         leaves, self._state_def = jax.tree.flatten(value)
-        self._state_tensors = [Tensor(jnp.asarray(leaf)) for leaf in leaves]
+        self._state_tensors = [Tensor(_committed(jnp.asarray(leaf))) for leaf in leaves]
 
     def step(self) -> None:
         """Apply one update from the current ``.grad``s to the parameters that have one."""
