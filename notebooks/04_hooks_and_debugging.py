@@ -90,11 +90,11 @@ for handle in handles:
 # A hook that returns a tensor replaces the gradient: here, clipping each element.
 
 # %%
-h = model.layers[0](data)
+h = model[0](data)
 h.register_hook(lambda g: g.clamp(-1e-3, 1e-3))
 model.zero_grad()
-xgrad.mse_loss(model.layers[3](model.layers[2](model.layers[1](h))), xgrad.zeros(32, 1)).backward()
-print("first-layer bias grad after clipping:", np.round(model.layers[0].bias.grad.numpy()[:4], 5))
+xgrad.mse_loss(model[3](model[2](model[1](h))), xgrad.zeros(32, 1)).backward()
+print("first-layer bias grad after clipping:", np.round(model[0].bias.grad.numpy()[:4], 5))
 
 # %% [markdown]
 # ## Profiling the backward

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import xgrad
-from xgrad.utils import CheckpointError, checkpoint
+from xgrad.autograd import compiled
+from xgrad.utils import CheckpointError, checkpoint, set_checkpoint_debug_enabled, set_checkpoint_early_stop
 
 X0 = np.array([[0.5, -1.0, 0.25], [1.5, 0.75, -0.5]])
 W0 = np.array([[0.2, -0.4], [0.6, 0.1], [-0.3, 0.8]])
@@ -181,12 +182,20 @@ def test_recomputation_saving_a_different_number_of_tensors_raises():
         y = a.exp()
         return (y.sin() if state["extra"] else y).sum()
 
-    out = checkpoint(fn, x, use_reentrant=False)
+    with set_checkpoint_early_stop(False):
+        out = checkpoint(fn, x, use_reentrant=False)
     state["extra"] = True
     with pytest.raises(CheckpointError, match="trying to save more tensors during recomputation"):
         out.backward(retain_graph=True)
     state["extra"] = False
     out.backward()  # the next backward works
+    close(x.grad.array, np.exp(X0))
+    # Early stop (the default) never reaches what is saved after the forward's last value.
+    x.grad = None
+    state["extra"] = False
+    out = checkpoint(fn, x, use_reentrant=False)
+    state["extra"] = True
+    out.backward()
     close(x.grad.array, np.exp(X0))
 
 
@@ -201,3 +210,137 @@ def test_nested_in_reentrant_function_depth():
 
     nest(x, 6).sum().backward()
     close(x.grad.array, np.cos(X0))
+
+
+FLAGS = pytest.mark.parametrize("flag", [False, True], ids=["eager", "compiled"])
+
+
+@FLAGS
+def test_nested_non_reentrant_checkpoints_match_jax(flag):
+    x = leaf([0.5, 1.0])
+
+    def inner(t):
+        return t.sin() * t
+
+    def outer(t):
+        return checkpoint(inner, t.exp(), use_reentrant=False).cos()
+
+    checkpoint(outer, x, use_reentrant=False).sum().backward(compiled=flag)
+    expected = jax.grad(lambda a: jnp.cos(jnp.sin(jnp.exp(a)) * jnp.exp(a)).sum())(x.array)
+    close(x.grad.array, expected)
+    compiled.reset()
+
+
+@FLAGS
+def test_a_checkpointed_function_may_call_autograd_grad(flag):
+    """PyTorch's non-reentrant checkpoint recomputes per graph task, so an inner grad works both times."""
+    x = leaf([0.5, 1.0, -0.3])
+    calls = []
+
+    def with_grad(t):
+        calls.append(1)
+        u = t.sin() * t
+        (g,) = xgrad.autograd.grad(u.sum(), t, create_graph=True)
+        return g * t
+
+    checkpoint(with_grad, x, use_reentrant=False).sum().backward(compiled=flag)
+    expected = jax.grad(lambda a: (jax.grad(lambda b: (jnp.sin(b) * b).sum())(a) * a).sum())(x.array)
+    close(x.grad.array, expected)
+    assert len(calls) >= 2  # the forward, then the backward's recomputation
+    compiled.reset()
+
+
+def test_early_stop_skips_what_follows_the_last_saved_value():
+    x = leaf([1.0, 2.0])
+    ran = []
+
+    def fn(t):
+        y = t.exp()
+        ran.append("after the last save")
+        return y * 1.0  # a constant factor saves nothing
+
+    checkpoint(fn, x, use_reentrant=False).sum().backward()
+    assert len(ran) == 1
+    close(x.grad.array, np.exp([1.0, 2.0]))
+    with set_checkpoint_early_stop(False):
+        out = checkpoint(fn, x, use_reentrant=False)
+    out.sum().backward()
+    assert len(ran) == 3
+
+
+def _changing_dtype_block(state):
+    def fn(a):
+        return a.to(state["dtype"]).exp().sum()
+
+    return fn
+
+
+def test_determinism_check_none_skips_the_metadata_check():
+    state = {"dtype": jnp.float64}
+    x = leaf([0.5, 1.0])
+    out = checkpoint(_changing_dtype_block(state), x, use_reentrant=False)
+    state["dtype"] = jnp.float32
+    with pytest.raises(CheckpointError, match="Recomputed values for the following tensors have different metadata"):
+        out.backward(retain_graph=True)
+    out = checkpoint(_changing_dtype_block(state), x, use_reentrant=False, determinism_check="none")
+    state["dtype"] = jnp.float64
+    out.backward()
+    np.testing.assert_allclose(np.asarray(x.grad.array), np.exp([0.5, 1.0]), rtol=1e-6)
+    with pytest.raises(ValueError, match="determinism_check should be one of"):
+        checkpoint(lambda a: a, x, use_reentrant=False, determinism_check="sometimes")
+
+
+def test_debug_lists_what_forward_and_recomputation_saved():
+    state = {"n": 3}
+    x = leaf(np.arange(4.0))
+
+    def fn(a):
+        return (a[: state["n"]].exp().sin()).sum()
+
+    out = checkpoint(fn, x, use_reentrant=False)
+    state["n"] = 2
+    with pytest.raises(CheckpointError, match="pass debug=True") as plain:
+        out.backward(retain_graph=True)
+    assert "Saved by the original forward" not in str(plain.value)
+    state["n"] = 3
+    out = checkpoint(fn, x, use_reentrant=False, debug=True)
+    state["n"] = 2
+    with pytest.raises(CheckpointError, match="different metadata") as info:
+        out.backward()
+    message = str(info.value)
+    assert "Saved by the original forward:\n  0: exp saved float64[3]" in message
+    assert "Saved by the recomputation:\n  0: exp saved float64[2]" in message
+    assert "sin saved float64[3]" in message and "test_checkpoint.py" in message and "in fn" in message
+    with set_checkpoint_debug_enabled(True):
+        state["n"] = 3
+        out = checkpoint(fn, x, use_reentrant=False)
+    state["n"] = 2
+    with pytest.raises(CheckpointError, match="Saved by the recomputation"):
+        out.backward()
+
+
+def test_reentrant_checkpoint_stays_valid_after_an_error():
+    """PyTorch's test_checkpoint_valid_reset_on_error: a failed grad() does not poison the next backward."""
+    a = leaf([[0.5, 1.0], [1.5, -0.5]])
+    b = checkpoint(lambda t: t.exp(), a, use_reentrant=True).sum()
+    with pytest.raises(RuntimeError, match="Checkpointing is not compatible with .grad()"):
+        xgrad.autograd.grad(b, (a,))
+    c = checkpoint(lambda t: t.exp(), a, use_reentrant=True).sum()
+    c.backward()
+    close(a.grad.array, np.exp(a.array))
+    # An error raised by the recomputation itself does not poison the next one either.
+    state = {"fail": False}
+
+    def flaky(t):
+        if state["fail"]:
+            raise ValueError("recomputation failed")
+        return t.sin()
+
+    d = checkpoint(flaky, a, use_reentrant=True).sum()
+    state["fail"] = True
+    with pytest.raises(ValueError, match="recomputation failed"):
+        d.backward()
+    state["fail"] = False
+    a.grad = None
+    checkpoint(flaky, a, use_reentrant=True).sum().backward()
+    close(a.grad.array, np.cos(a.array))

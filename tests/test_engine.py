@@ -3,6 +3,8 @@
 Every expected gradient comes from ``jax.grad``/``jax.vjp`` of the same function on arrays.
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,15 +60,53 @@ def test_backward_matches_jax_grad():
     close(b.grad, gb)
 
 
-def test_grad_accumulates_out_of_place():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("create_graph", [False, True], ids=["first-order", "create_graph"])
+def test_grad_accumulates_in_place_unless_create_graph(compiled, create_graph):
+    """PyTorch's test_accumulate_grad: ``x.grad`` taken before the second backward is
+    the same tensor afterwards and holds the sum; under create_graph ``.grad`` becomes a
+    new tensor and the old one keeps its value."""
     a, b = leaves()
-    f_np(xgrad, a, b).backward()
+    f_np(xgrad, a, b).backward(compiled=compiled)
     first = a.grad
     first_values = first.numpy().copy()
-    f_np(xgrad, a, b).backward()
-    assert a.grad is not first  # later grads are added out of place
-    np.testing.assert_array_equal(first.numpy(), first_values)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # backward(create_graph=True)'s reference-cycle warning
+        f_np(xgrad, a, b).backward(create_graph=create_graph, compiled=compiled)
     close(a.grad, 2 * first_values)
+    if create_graph:
+        assert a.grad is not first
+        np.testing.assert_array_equal(first.numpy(), first_values)
+    else:
+        assert a.grad is first
+        close(first, 2 * first_values)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("create_graph", [False, True], ids=["first-order", "create_graph"])
+def test_accumulate_grad_tensor_reference(compiled, create_graph):
+    """PyTorch's test_accumulate_grad_tensor_reference (dense grads): an assigned
+    ``.grad`` keeps its identity through backward exactly when create_graph is off."""
+    params = xgrad.tensor([1.5, 1.5], requires_grad=True)
+    params.grad = xgrad.tensor([1.5, 1.5])
+    grad_saved = params.grad
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        params.backward(xgrad.tensor([1.5, 1.5]), create_graph=create_graph, compiled=compiled)
+    assert (grad_saved is params.grad) == (not create_graph)
+    assert params.grad.tolist() == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_hook_holding_grad_sees_the_live_tensor(compiled):
+    x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    held = []
+    x.register_post_accumulate_grad_hook(lambda t: held.append(t.grad) if not held else None)
+    for _ in range(3):
+        (x * x).sum().backward(compiled=compiled)
+    assert len(held) == 1 and held[0] is x.grad
+    assert held[0].tolist() == [6.0, 12.0]
+    assert held[0]._version == 2  # two in-place accumulations, as ``grad += new`` bumps it
 
 
 def test_first_grad_does_not_alias_the_given_gradient():
@@ -142,6 +182,27 @@ def test_unused_inputs():
     ga, gu = autograd.grad(out, [a, unused], materialize_grads=True)
     assert gu.tolist() == [0.0, 0.0] and gu.dtype == unused.dtype
     assert unused.grad is None
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_grad_materialize_grads(compiled):
+    """PyTorch's test_grad_materialize_grads: materialized zeros require grad, so a
+    further ``grad`` of them with materialize_grads works (y = x * a is linear in x)."""
+    x = xgrad.tensor(0.5, requires_grad=True)
+    a = xgrad.tensor(1.0, requires_grad=True)
+    y = x * a
+    # Eager here: a compiled create_graph backward records one node over all its saved
+    # tensors, so its dydx would depend on x (as zeros) and never be None.
+    (dydx,) = autograd.grad(y, x, create_graph=True)
+    assert dydx.item() == 1.0
+    (d2ydx2_none,) = autograd.grad(dydx, x, create_graph=True, allow_unused=True, compiled=compiled)
+    (d2ydx2,) = autograd.grad(dydx, x, create_graph=True, allow_unused=True, materialize_grads=True, compiled=compiled)
+    (d3ydx3,) = autograd.grad(d2ydx2, x, materialize_grads=True, compiled=compiled)  # allow_unused implied
+    assert d2ydx2_none is None
+    assert d2ydx2.item() == 0.0 and d2ydx2.requires_grad
+    assert d3ydx3.item() == 0.0
+    with pytest.raises(ValueError, match="Expected allow_unused to be True or not passed when"):
+        autograd.grad(y, x, allow_unused=False, materialize_grads=True, compiled=compiled)
 
 
 # -- retain_graph and create_graph ----------------------------------------------------------------

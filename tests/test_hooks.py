@@ -77,7 +77,8 @@ def test_removed_hook_does_not_run():
     assert calls == []
 
 
-def test_remove_from_inside_a_hook_during_backward():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_remove_from_inside_a_hook_during_backward(compiled):
     x = leaf()
     y = x * 1.0
     calls = []
@@ -90,10 +91,12 @@ def test_remove_from_inside_a_hook_during_backward():
 
     handles["first"] = y.register_hook(first)
     handles["second"] = y.register_hook(lambda g: calls.append("second"))
-    y.sum().backward(retain_graph=True)
-    assert calls == ["first"]
-    y.sum().backward()
-    assert calls == ["first"]
+    y.sum().backward(retain_graph=True, compiled=compiled)
+    # PyTorch runs a snapshot of the hooks (PyDict_Values): the second was collected
+    # before the first removed it, so it still runs in this pass, and in no later one.
+    assert calls == ["first", "second"]
+    y.sum().backward(compiled=compiled)
+    assert calls == ["first", "second"]
     close(x.grad.array, np.full(3, 2.0))
 
 
@@ -193,6 +196,80 @@ def test_post_accumulate_hook_sees_updated_grad_and_the_tensor():
     (x * x).sum().backward()
     assert seen[0][0] is x
     close(seen[0][1], 1.0 + 2 * X0)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_post_accumulate_hook_returning_a_value_raises(compiled):
+    """PyTorch's test_post_accumulate_grad_hook_returns_not_None."""
+    x = leaf()
+    handle = x.register_post_accumulate_grad_hook(lambda t: t.grad)
+    with pytest.raises(RuntimeError, match=r"^Tensor post accumulate grad hooks should return None\.$"):
+        (x * x).sum().backward(compiled=compiled)
+    handle.remove()
+    x.grad = None
+    (x * x).sum().backward(compiled=compiled)  # the next backward works
+    close(x.grad.array, 2 * X0)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_post_accumulate_grad_hook_ordering(compiled):
+    """PyTorch's test_post_accumulate_grad_hook_ordering: tensor pre-hook, node pre-hook,
+    post-accumulate hook, node post-hook: ((1 - 2) / 5 + 0.5) * 10 = 3.
+
+    PyTorch's node post-hook reads ``grad_out[0]``, which there shares storage with the
+    ``.grad`` the post-accumulate hook changed in place (AccumulateGrad steals the
+    incoming buffer); here the received grad is its own tensor, so the hook reads
+    ``.grad`` itself, which gives the same order check.
+    """
+    tensor = leaf([0.1, 0.2, 0.3])
+    received = []
+
+    def post_acc_grad_hook(t):
+        t.grad.add_(0.5)
+
+    def acc_grad_node_post_hook(grad_in, grad_out):
+        received.append(grad_out[0].tolist())
+        tensor.grad = tensor.grad * 10.0
+
+    acc_grad = (tensor * 1.0).grad_fn.next_functions[0][0]
+    tensor.register_hook(lambda g: g - 2.0)
+    acc_grad.register_prehook(lambda grad_out: (grad_out[0] / 5.0,))
+    tensor.register_post_accumulate_grad_hook(post_acc_grad_hook)
+    acc_grad.register_hook(acc_grad_node_post_hook)
+    tensor.sum().backward(compiled=compiled)
+    close(tensor.grad.array, np.full(3, 3.0))
+    close(received[0], np.full(3, -0.2))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("x_first", [True, False], ids=["x*w", "w*x"])
+def test_accumulators_ready_together_run_in_edge_order(compiled, x_first):
+    """PyTorch gives AccumulateGrad the highest sequence number: the two accumulators
+    made ready by MulBackward tie and run in its edge order, hooks included."""
+    x, w = leaf(), leaf([0.5, 0.25, 2.0])
+    events = []
+    for name, t in (("x", x), ("w", w)):
+        t.register_hook(lambda g, name=name: events.append(f"tensor:{name}"))
+        t.register_post_accumulate_grad_hook(lambda t, name=name: events.append(f"post-accumulate:{name}"))
+    y = x * w if x_first else w * x
+    y.sum().backward(compiled=compiled)
+    first, second = ("x", "w") if x_first else ("w", "x")
+    assert events == [f"tensor:{first}", f"post-accumulate:{first}", f"tensor:{second}", f"post-accumulate:{second}"]
+    acc = y.grad_fn.next_functions[0][0]
+    assert acc.sequence_nr == 2**64 - 1 == y.grad_fn.next_functions[1][0].sequence_nr
+    close(x.grad.array, w.array)
+    close(w.grad.array, x.array)
+
+
+@pytest.mark.parametrize("register", ["register_hook", "register_post_accumulate_grad_hook"])
+def test_tensor_hooks_are_checked_at_registration(register):
+    x = leaf()
+    with pytest.raises(TypeError, match="hook must be callable"):
+        getattr(x, register)(3)
+    with pytest.raises(TypeError, match="cannot be called with 1 positional argument"):
+        getattr(x, register)(lambda a, b: None)
+    with pytest.raises(RuntimeError, match="cannot register a hook on a tensor that doesn't require gradient"):
+        getattr(xgrad.tensor([1.0]), register)(lambda g: None)
 
 
 def test_post_accumulate_hook_on_non_leaf_raises():
@@ -380,8 +457,9 @@ def test_order_with_shared_leaf_and_two_roots():
     with set_multithreading_enabled(False):
         order = get_execution_order([r1, r2])
         xgrad.autograd.backward([r1, r2])
-    # Latest sequence_nr first among ready nodes; p waits for both of its users.
-    names = ["r2", "qp", "r1", "q", "s", "p", "w", "x"]
+    # Latest sequence_nr first among ready nodes; p waits for both of its users. The
+    # accumulators share PyTorch's highest sequence number and run in p's edge order.
+    names = ["r2", "qp", "r1", "q", "s", "p", "x", "w"]
     assert [nodes[n] for n in order] == names
     expected = [e for n in names for e in node_events(n, leaf=n in ("x", "w"))]
     assert events == expected

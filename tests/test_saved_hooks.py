@@ -148,3 +148,85 @@ def test_save_on_cpu_moves_to_host_and_back():
     y.backward()
     assert x.grad.device == target
     close(x.grad.array, np.exp(X0) * (1 + X0))
+
+
+@pytest.mark.parametrize("accesses", [0, 1, 3])
+def test_each_saved_tensors_access_unpacks_again(accesses):
+    """PyTorch unpacks ``ctx.saved_tensors`` at each access: the unpack hook runs once
+    per access and per saved tensor, and not at all when backward never reads them."""
+
+    class Scale(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 3.0
+
+        @staticmethod
+        def backward(ctx, g):
+            for _ in range(accesses):
+                (x,) = ctx.saved_tensors
+                close(x.array, X0)
+            return g * 3.0
+
+    x = leaf()
+    log = []
+    rec = Recorder("f", log)
+    with saved_tensors_hooks(rec.pack, rec.unpack):
+        y = Scale.apply(x)
+    y.sum().backward()
+    assert [e[0] for e in log] == ["pack:f"] + ["unpack:f"] * accesses
+    close(x.grad.array, np.full(3, 3.0))
+
+
+def test_saved_tensors_access_checks_the_version_each_time():
+    seen = []
+
+    class Peek(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(ctx.saved_tensors[0].tolist())
+            with xgrad.no_grad():
+                h.add_(1.0)  # the saved tensor changes between two accesses
+            ctx.saved_tensors  # noqa: B018
+            return g
+
+    h = leaf() * 1.0
+    y = Peek.apply(h)
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation.*saved by PeekBackward"):
+        y.sum().backward()
+    assert len(seen) == 1
+
+
+@pytest.mark.parametrize("saver", ["op", "function"])
+def test_pack_hook_modifying_its_input_in_place_raises(saver):
+    """PyTorch's test_pack_hook_with_inplace_modification_should_fail."""
+
+    class Keep(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    def inc(t):
+        with xgrad.no_grad():
+            t.add_(1.0)
+        return t
+
+    a = leaf()
+    x = a * 1.0
+    with saved_tensors_hooks(inc, lambda t: t):
+        with pytest.raises(RuntimeError, match=r"^A saved tensors pack hook is modifying its input in place\. Tensors provided"):
+            x.exp() if saver == "op" else Keep.apply(x)
+    y = x.exp()  # outside the hooks all is well
+    y.sum().backward()
+    # exp saves its output, Keep its input x: only then did the hook change x before raising.
+    close(a.grad.array, np.exp(X0 + 1.0) if saver == "function" else np.exp(X0))

@@ -1,4 +1,7 @@
-"""xgrad.save / xgrad.load: round trips in both formats, and no pickle ever."""
+"""xgrad.save / xgrad.load: round trips in both formats, atomic writes, checked loads, and no pickle ever."""
+
+import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -81,3 +84,134 @@ def test_bad_input_errors(tmp_path):
         xgrad.save({"a/b": xgrad.ones(1)}, tmp_path / "x.npz")
     with pytest.raises(ValueError, match="reserved"):
         xgrad.save({"__xgrad__": xgrad.ones(1)}, tmp_path / "x.npz")
+
+
+class _DiskFull:
+    """A file whose writes fail with ENOSPC after ``budget`` bytes, as a full disk does mid-save."""
+
+    def __init__(self, f, budget):
+        self._f, self._budget = f, budget
+
+    def write(self, data):
+        if len(data) > self._budget:
+            self._f.write(bytes(data)[: self._budget])
+            raise OSError(28, "No space left on device")
+        self._budget -= len(data)
+        return self._f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_failure_mid_save_leaves_previous_file_intact(tmp_path, fmt, monkeypatch):
+    from xgrad import serialization
+
+    path = tmp_path / f"ckpt.{fmt}"
+    xgrad.save({"w": xgrad.arange(4.0)}, path)
+    before = path.read_bytes()
+    real_open = open
+    monkeypatch.setattr(serialization, "open", lambda *a, **k: _DiskFull(real_open(*a, **k), 64), raising=False)
+    with pytest.raises(OSError, match="No space left"):
+        xgrad.save({"w": xgrad.arange(1000.0)}, path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no temporary file left behind
+    assert xgrad.load(path)["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    xgrad.save({"w": xgrad.arange(2.0)}, path)  # and the next save replaces it
+    assert xgrad.load(path)["w"].tolist() == [0.0, 1.0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+def test_saved_file_gets_the_usual_permissions(tmp_path):
+    path = tmp_path / "t.npz"
+    xgrad.save(xgrad.ones(1), path)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def _write_npz(path, arrays, meta):
+    np.savez(path, **arrays, __xgrad__=np.array(json.dumps(meta)))
+
+
+def test_load_validates_metadata(tmp_path):
+    path = tmp_path / "bad.npz"
+    node = {"tensor": "w", "dtype": "float64", "shape": [2, 3], "requires_grad": False}
+    good = {"version": 2, "tree": node}
+    _write_npz(path, {"w": np.ones((2, 3))}, good)
+    assert xgrad.load(path).shape == (2, 3)
+    cases = [
+        ({"w": np.ones((2, 3))}, {**good, "version": 99}, "format version 99; this xgrad reads versions 1, 2"),
+        ({"w": np.ones((2, 3))}, {"tree": node}, "has no format version"),
+        ({"w": np.ones((2, 3))}, {**good, "tree": {**node, "dtype": "float77"}}, "'w' has unknown dtype 'float77'"),
+        ({"w": np.ones((2, 3))}, {**good, "tree": {**node, "dtype": "int16"}}, "'w' is stored as float64 but recorded as int16"),
+        ({"w": np.ones(5)}, good, r"'w' holds 5 elements but its recorded shape \(2, 3\) has 6"),
+        ({"w": np.ones((3, 2))}, good, r"'w' has shape \(3, 2\) but its recorded shape is \(2, 3\)"),
+        ({"v": np.ones((2, 3))}, good, "entry 'w' is missing"),
+        ({"w": np.ones((2, 3))}, {**good, "tree": ["w"]}, "bad structure record at the top level"),
+    ]
+    for arrays, meta, message in cases:
+        _write_npz(path, arrays, meta)
+        with pytest.raises(ValueError, match=f"is not a valid xgrad checkpoint: .*{message}|{message}"):
+            xgrad.load(path)
+    np.savez(path, w=np.ones(2), __xgrad__=np.array("{not json"))
+    with pytest.raises(ValueError, match="its structure record is not JSON"):
+        xgrad.load(path)
+
+
+def test_load_validates_safetensors_metadata(tmp_path):
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "bad.safetensors"
+    meta = {"version": 2, "tree": {"tensor": "w", "dtype": "float32", "shape": [4], "requires_grad": False}}
+    save_file({"w": np.ones(3, np.float32)}, str(path), metadata={"__xgrad__": json.dumps(meta)})
+    with pytest.raises(ValueError, match=r"'w' holds 3 elements but its recorded shape \(4,\) has 4"):
+        xgrad.load(path)
+    path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header")
+    with pytest.raises(ValueError, match="is not a valid xgrad checkpoint"):
+        xgrad.load(path)
+
+
+def test_non_zip_npz_says_so(tmp_path):
+    path = tmp_path / "x.npz"
+    path.write_bytes(b"certainly not a zip archive")
+    with pytest.raises(ValueError, match="is not an .npz file: an .npz is a zip archive and this file is not one"):
+        xgrad.load(path)
+    np.save(tmp_path / "y.npy", np.ones(2))
+    (tmp_path / "y.npy").rename(path)
+    with pytest.raises(ValueError, match="is not an .npz file"):
+        xgrad.load(path)
+    with pytest.raises(FileNotFoundError):
+        xgrad.load(tmp_path / "absent.npz")
+
+
+def test_version_1_files_still_load(tmp_path):
+    path = tmp_path / "v1.npz"
+    _write_npz(path, {"a": np.arange(3)}, {"version": 1, "tree": {"dict": {"a": {"tensor": "a", "dtype": "int64", "requires_grad": False}}}})
+    assert xgrad.load(path)["a"].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_sharded_arrays_come_back_on_their_sharding(tmp_path, fmt):
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    state = {"w": xgrad.tensor(np.arange(8.0).reshape(4, 2), device=rows, requires_grad=True),
+             "b": xgrad.tensor(np.arange(2.0), device=replicated)}
+    path = tmp_path / f"s.{fmt}"
+    xgrad.save(state, path)
+    loaded = xgrad.load(path)
+    for name in state:
+        assert loaded[name].sharding == state[name].sharding
+        np.testing.assert_array_equal(loaded[name].numpy(), state[name].numpy())
+    assert loaded["w"].requires_grad
+    assert xgrad.load(path, device="cpu:1")["w"].sharding == jax.sharding.SingleDeviceSharding(jax.devices()[1])

@@ -70,9 +70,10 @@ def test_detach_shares_array_and_leaves_the_graph():
 
 
 def test_repr_shows_values_grad_fn_and_requires_grad():
-    x = xgrad.tensor([1.0, 2.0], requires_grad=True)
-    assert repr(x) == "tensor([1., 2.], dtype=float64, requires_grad=True)"
-    assert repr(x * x) == "tensor([1., 4.], dtype=float64, grad_fn=<MulBackward>)"
+    x = xgrad.tensor([1.0, 2.0], requires_grad=True)  # Python floats: float32, as PyTorch's default
+    assert repr(x) == "tensor([1., 2.], requires_grad=True)"
+    assert repr(x * x) == "tensor([1., 4.], grad_fn=<MulBackward>)"
+    assert repr(xgrad.tensor(np.array([1.0]))) == "tensor([1.], dtype=float64)"
     assert repr(xgrad.tensor([1, 2], dtype=jnp.int32)) == "tensor([1, 2])"
     assert repr(xgrad.tensor(3.0, dtype=jnp.float32)) == "tensor(3.)"
 
@@ -212,7 +213,7 @@ def test_inplace_records_onto_a_tensor_that_did_not_require_grad():
 
 
 def test_modified_saved_tensor_raises_naming_the_node():
-    x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    x = xgrad.tensor([1.0, 2.0], dtype=jnp.float64, requires_grad=True)
     y = x * 1
     z = (y * y).sum()
     y.add_(1)
@@ -260,18 +261,18 @@ def test_inplace_shape_mismatch():
 
 
 def test_grad_assignment_is_validated(cpu1):
-    x = xgrad.tensor([1.0, 2.0], requires_grad=True)
-    x.grad = xgrad.tensor([3.0, 4.0])
+    x = xgrad.tensor([1.0, 2.0], dtype=jnp.float64, requires_grad=True)
+    x.grad = xgrad.tensor([3.0, 4.0], dtype=jnp.float64)
     (x * 2).sum().backward()
     assert x.grad.tolist() == [5.0, 6.0]
     with pytest.raises(TypeError, match="assigned grad expected to be a Tensor or None but got grad of type list"):
         x.grad = [1.0, 2.0]
     with pytest.raises(RuntimeError, match="assigned grad has data of a different size"):
-        x.grad = xgrad.tensor([1.0])
+        x.grad = xgrad.tensor([1.0], dtype=jnp.float64)
     with pytest.raises(RuntimeError, match="assigned grad has data of a different type"):
         x.grad = xgrad.tensor([1.0, 2.0], dtype=jnp.float32)
     with pytest.raises(RuntimeError, match="assigned grad has data located on a different device"):
-        x.grad = xgrad.tensor([1.0, 2.0], device=cpu1)
+        x.grad = xgrad.tensor([1.0, 2.0], dtype=jnp.float64, device=cpu1)
     x.grad = None
     assert x.grad is None
 

@@ -108,12 +108,12 @@ def train_xgrad(model: nn.MLP, batches: list[tuple[jax.Array, jax.Array]], steps
         opt.step()
         losses.append(loss.array)
         if step == WARMUP_STEPS - 1:
-            jax.block_until_ready(model.parameters()[0].array)
+            jax.block_until_ready(next(model.parameters()).array)
             warmup = time.perf_counter() - start
             start = time.perf_counter()
         if step % 25 == 0 or step == steps - 1:
             bar.set_postfix(loss=f"{float(loss.item()):.4f}", refresh=False)
-    jax.block_until_ready(model.parameters()[0].array)
+    jax.block_until_ready(next(model.parameters()).array)
     rate = _rate(steps, time.perf_counter() - start)
     return Run("xgrad compiled backward" if compiled else "xgrad eager", np.asarray(jnp.stack(losses)), warmup, rate)
 

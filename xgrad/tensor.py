@@ -21,8 +21,9 @@ from xgrad.grad_mode import is_grad_enabled
 if TYPE_CHECKING:
     from xgrad.engine.hooks import HookDict, RemovableHandle
     from xgrad.engine.node import AccumulateGrad, Node
+    from xgrad.ops.views import ViewInfo
 
-__all__ = ["Tensor", "is_differentiable_dtype"]
+__all__ = ["Tensor", "can_cast", "is_differentiable_dtype", "torch_dtype_name"]
 
 
 # The module whose ``_operator_*`` functions implement ``jax.Array``'s operators.
@@ -39,6 +40,48 @@ ERR_NON_LEAF_REQUIRES_GRAD = (
     "variable in a subgraph that doesn't require differentiation use var_no_grad = var.detach()."
 )
 ERR_LEAF_INPLACE = "a leaf Variable that requires grad is being used in an in-place operation."
+ERR_NOT_ADDRESSABLE = (
+    "{what}: this tensor of shape {shape} spans devices of other processes ({sharding}), so this process holds "
+    "only part of its values. Gather it on every process with "
+    "jax.experimental.multihost_utils.process_allgather(t.array, tiled=True), or read this process's parts "
+    "from t.array.addressable_shards."
+)
+
+
+def _spans_other_processes(array: Any) -> bool:
+    """Whether ``array`` has values this process does not hold (a replicated one it holds whole)."""
+    if isinstance(array, jax.core.Tracer) or not isinstance(array, jax.Array):
+        return False
+    return not array.is_fully_addressable and not array.is_fully_replicated
+
+
+def _index_str(index: tuple[slice, ...]) -> str:
+    """``[0:2, :]``: where a shard sits in the whole array."""
+    return "[" + ", ".join(f"{'' if s.start is None else s.start}:{'' if s.stop is None else s.stop}" for s in index) + "]"
+
+
+class _TensorMeta:
+    """A Tensor node's pytree metadata: ``requires_grad`` and whether it has history.
+
+    It compares equal to any other (NOTE [Tensor as a pytree]).
+    """
+
+    __slots__ = ("has_history", "requires_grad")
+
+    def __init__(self, requires_grad: bool, has_history: bool) -> None:
+        self.requires_grad = requires_grad
+        self.has_history = has_history
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _TensorMeta)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return f"Tensor(requires_grad={self.requires_grad})"
+
+
 # NOTE [JAX boundary]
 # A Tensor is a pytree of its array, so JAX transformations and ``jax.device_put`` see
 # the array. Autograd history cannot follow it out: a Tensor with a ``grad_fn`` that
@@ -76,6 +119,8 @@ class Tensor:
         "_requires_grad",
         "_retains_grad",
         "_version",
+        "_view",
+        "_views",
         "grad_fn",
     )
 
@@ -120,6 +165,8 @@ class Tensor:
         self._grad_accumulator: weakref.ref[AccumulateGrad] | None = None
         self._retains_grad = False
         self._requires_grad = False
+        self._view: ViewInfo | None = None  # NOTE [Views write through]
+        self._views: list[weakref.ref[Tensor]] | None = None
         if requires_grad:
             self.requires_grad_(True)
 
@@ -147,21 +194,38 @@ class Tensor:
         return t
 
     # -- pytree ----------------------------------------------------------------------
-    def tree_flatten(self) -> tuple[tuple[Any], tuple[bool, bool]]:
-        return (self._array,), (self.requires_grad, self.grad_fn is not None)
+    # NOTE [Tensor as a pytree]
+    # A Tensor is a pytree node with one child, its array, so jax.tree_util, optax and
+    # jax.device_put see the array inside. Three choices make trees of Tensors behave:
+    # * ``requires_grad`` rides along as metadata that every Tensor node compares equal
+    #   on (``_TensorMeta``). A tree of parameters (requiring grad) and the tree of their
+    #   grads or optax updates (not requiring grad) then have one structure, so
+    #   ``optax.apply_updates(params, updates)`` works, and what it builds takes the
+    #   first tree's flags: the new parameters are leaves that require grad, ready for the
+    #   next forward. The cost: jit caches keyed on the structure do not tell the flags
+    #   apart (a traced function sees the flags of the call that traced it).
+    # * Unflattening wraps only array-likes (anything with ``shape`` and ``dtype``:
+    #   arrays, tracers, ``ShapeDtypeStruct``). Any other leaf value comes back bare, so
+    #   ``tree_map(lambda p: p.shape, state_dict)`` gives shapes, not Tensors around tuples.
+    #   A leaf count never changes (one child in, one leaf out), except for ``None``,
+    #   which is an empty subtree as everywhere in JAX.
+    # * A concrete array coming back to a Tensor that had history (out of jax.jit/vmap,
+    #   jax.device_put or a tree_map) raises: NOTE [JAX boundary].
+    def tree_flatten(self) -> tuple[tuple[Any], _TensorMeta]:
+        return (self._array,), _TensorMeta(self.requires_grad, self.grad_fn is not None)
 
     @classmethod
-    def tree_unflatten(cls, aux: tuple[bool, bool], children: tuple[Any]) -> Tensor:
-        # JAX may unflatten with placeholder leaves, so no dtype checks here.
-        requires_grad, has_history = aux
-        array = children[0]
-        if has_history and isinstance(array, jax.Array) and not isinstance(array, jax.core.Tracer):
-            # A concrete value leaving jax.jit/vmap, jax.device_put or a tree_map: the
-            # graph cannot come along, and a leaf that claims requires_grad would take
-            # the gradients nobody reads (NOTE [JAX boundary]).
+    def tree_unflatten(cls, meta: _TensorMeta, children: tuple[Any]) -> Any:
+        (child,) = children
+        if isinstance(child, Tensor) or not (hasattr(child, "shape") and hasattr(child, "dtype")):
+            return child
+        if meta.has_history and isinstance(child, jax.Array) and not isinstance(child, jax.core.Tracer):
+            # The graph cannot come along, and a leaf that claimed requires_grad would
+            # take gradients nobody reads.
             raise RuntimeError(ERR_HISTORY_CROSSES_JAX)
-        t = cls(array)
-        t._requires_grad = requires_grad and not has_history
+        # JAX may unflatten with abstract leaves: no dtype checks beyond the flag's own.
+        t = Tensor(child)
+        t._requires_grad = meta.requires_grad and not meta.has_history and is_differentiable_dtype(child.dtype)
         return t
 
     # -- array attributes ------------------------------------------------------------
@@ -188,8 +252,11 @@ class Tensor:
 
     @property
     def device(self) -> jax.Device:
-        """The ``jax.Device`` holding the array (the first one, for a sharded array)."""
-        devices = self._array.sharding._device_assignment
+        """The ``jax.Device`` holding the array (for a sharded array, the first one this process holds)."""
+        sharding = self._array.sharding
+        devices = sharding._device_assignment
+        if len(devices) > 1 and not sharding.is_fully_addressable:
+            return sharding._addressable_device_assignment[0]
         return devices[0]
 
     @property
@@ -294,29 +361,40 @@ class Tensor:
             return self  # type: ignore[return-value]  # not an accepted operand: jax returns NotImplemented
         return self._array
 
+    def _check_addressable(self, what: str) -> None:
+        if _spans_other_processes(self._array):
+            raise RuntimeError(ERR_NOT_ADDRESSABLE.format(what=what, shape=self.shape, sharding=self._array.sharding))
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        self._check_addressable("np.asarray(tensor)")
         out = np.asarray(self._array)
         return out.astype(dtype) if dtype is not None else out
 
     def numpy(self) -> np.ndarray:
+        self._check_addressable("Tensor.numpy()")
         return np.asarray(self._array)
 
     def item(self) -> Any:
+        self._check_addressable("Tensor.item()")
         return self._array.item()
 
     def tolist(self) -> Any:
+        self._check_addressable("Tensor.tolist()")
         return np.asarray(self._array).tolist()
 
     def __float__(self) -> float:
+        self._check_addressable("float(tensor)")
         return float(self._array)
 
     def __int__(self) -> int:
+        self._check_addressable("int(tensor)")
         return int(self._array)
 
     def __index__(self) -> int:
         return int(self._array.__index__())
 
     def __bool__(self) -> bool:
+        self._check_addressable("bool(tensor)")
         return bool(self._array)
 
     def detach(self) -> Tensor:
@@ -324,6 +402,8 @@ class Tensor:
         return Tensor(self._array)
 
     def detach_(self) -> Tensor:
+        if self._view is not None:
+            raise RuntimeError("Can't detach views in-place. Use detach() instead.")
         self.grad_fn = None
         self._output_nr = 0
         self._requires_grad = False
@@ -332,10 +412,22 @@ class Tensor:
     __hash__ = object.__hash__
 
     def __repr__(self) -> str:
-        body = np.array2string(np.asarray(self._array), separator=", ", prefix="tensor(")
         extras = []
-        if self._array.dtype not in (jnp.float32, jnp.int32, jnp.bool_):
-            extras.append(f"dtype={self._array.dtype}")
+        if _spans_other_processes(self._array):
+            # Only this process's parts can be printed; say what the whole is.
+            array = self._array
+            parts = [
+                f"{shard.device} {_index_str(shard.index)}: "
+                + np.array2string(np.asarray(shard.data), separator=", ", prefix="  ")
+                for shard in array.addressable_shards
+            ]
+            body = f"shape={tuple(array.shape)}, dtype={array.dtype}, sharding={array.sharding}, local shards:\n  " + (
+                "\n  ".join(parts)
+            )
+        else:
+            body = np.array2string(np.asarray(self._array), separator=", ", prefix="tensor(")
+            if self._array.dtype not in (jnp.float32, jnp.int32, jnp.bool_):
+                extras.append(f"dtype={self._array.dtype}")
         if self.grad_fn is not None:
             extras.append(f"grad_fn=<{self.grad_fn.name()}>")
         elif self._requires_grad:
@@ -384,9 +476,11 @@ class Tensor:
         [10.0, 10.0]
         """
         from xgrad.engine.hooks import HookDict, add_hook
+        from xgrad.engine.node import _check_arity
 
         if not self.requires_grad:
             raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        _check_arity(hook, 1, "Tensor.register_hook expects hook(grad)")
         if self.grad_fn is not None:
             return self.grad_fn.add_tensor_pre_hook(self._output_nr, hook)
         if self._backward_hooks is None:
@@ -426,7 +520,10 @@ class Tensor:
         node._retains_grad_hooks[self._output_nr] = retain
 
     def register_post_accumulate_grad_hook(self, hook: Any) -> RemovableHandle:
-        """Register ``hook(tensor)``, called after ``.grad`` of this leaf was updated.
+        """Register ``hook(tensor) -> None``, called after ``.grad`` of this leaf was updated.
+
+        A hook that returns a value raises ``RuntimeError`` ("Tensor post accumulate
+        grad hooks should return None.").
 
         >>> import xgrad
         >>> x = xgrad.tensor([1.0], requires_grad=True)
@@ -436,18 +533,122 @@ class Tensor:
         [[2.0]]
         """
         from xgrad.engine.hooks import HookDict, add_hook
+        from xgrad.engine.node import _check_arity
 
         if self.grad_fn is not None:
             raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
         if not self.requires_grad:
             raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        _check_arity(hook, 1, "Tensor.register_post_accumulate_grad_hook expects hook(tensor)")
         if self._post_accumulate_grad_hooks is None:
             self._post_accumulate_grad_hooks = HookDict()
         return add_hook(self._post_accumulate_grad_hooks, hook)
 
+    # -- PyTorch conveniences: layout, devices, factories ------------------------------
+    def contiguous(self, memory_format: Any = None) -> Tensor:
+        """``self``: a ``jax.Array`` has no strides, so every tensor is contiguous."""
+        return self
+
+    def element_size(self) -> int:
+        """Bytes per element.
+
+        >>> import xgrad, jax.numpy as jnp
+        >>> xgrad.zeros(2, dtype=jnp.float32).element_size()
+        4
+        """
+        return int(self._array.dtype.itemsize)
+
+    def type_as(self, other: Tensor) -> Tensor:
+        """``self`` cast to ``other``'s dtype (differentiable, as ``to``)."""
+        return self.to(other.dtype)
+
+    def cpu(self) -> Tensor:
+        """This tensor on the first CPU device (``self`` when it is on CPU already); differentiable."""
+        if all(d.platform == "cpu" for d in self._array.sharding.device_set):
+            return self
+        return self.to(jax.devices("cpu")[0])
+
+    def cuda(self, device: Any = None, non_blocking: bool = False) -> Tensor:
+        """This tensor on a GPU: ``device`` an index, a ``jax.Device`` or ``"cuda:N"`` (default the first GPU).
+
+        Raises ``RuntimeError`` when JAX sees no GPU.
+        """
+        try:
+            gpus = jax.devices("gpu")
+        except RuntimeError:
+            gpus = []
+        if not gpus:
+            platforms = sorted({d.platform for d in jax.devices()})
+            raise RuntimeError(
+                f"No CUDA GPUs are available: JAX sees only {', '.join(platforms)} devices. Install a GPU build of "
+                "JAX (pip install 'xgrad[cuda12]') or keep the tensor where it is (.cpu(), .to(device))."
+            )
+        if isinstance(device, jax.Device):
+            target = device
+        else:
+            index = int(str(device).rpartition(":")[2] or 0) if isinstance(device, str) else (device or 0)
+            if not 0 <= index < len(gpus):
+                raise RuntimeError(f"CUDA error: invalid device ordinal {index} (there are {len(gpus)} GPUs)")
+            target = gpus[index]
+        if self._array.sharding.device_set == {target}:
+            return self
+        return self.to(target)
+
+    def _new_placement(self, shape: tuple[int, ...]) -> Any:
+        # This tensor's sharding fits only its own shape; other shapes go to its (first) device.
+        return self._array.sharding if tuple(shape) == self._array.shape else self.device
+
+    def new_full(self, size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+        """A new tensor of ``size`` filled with ``fill_value``, with this tensor's dtype and device by default.
+
+        >>> import xgrad
+        >>> xgrad.tensor([1, 2]).new_full((2, 2), 7).tolist()
+        [[7, 7], [7, 7]]
+        """
+        from xgrad.creation import full
+
+        shape = (size,) if isinstance(size, int) else tuple(size)
+        placement = self._new_placement(shape) if device is None else device
+        return full(shape, fill_value, dtype=self.dtype if dtype is None else dtype, device=placement, requires_grad=requires_grad)
+
+    def new_zeros(self, *size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+        """A new tensor of zeros, with this tensor's dtype and device by default.
+
+        >>> import xgrad, jax.numpy as jnp
+        >>> xgrad.zeros(1, dtype=jnp.float32).new_zeros(2, 3).dtype
+        dtype('float32')
+        """
+        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        return self.new_full(shape, 0, dtype=dtype, device=device, requires_grad=requires_grad)
+
+    def new_ones(self, *size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+        """A new tensor of ones, with this tensor's dtype and device by default.
+
+        >>> import xgrad
+        >>> xgrad.tensor([1.0]).new_ones(2).tolist()
+        [1.0, 1.0]
+        """
+        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        return self.new_full(shape, 1, dtype=dtype, device=device, requires_grad=requires_grad)
+
+    def new_tensor(self, data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+        """A new leaf holding ``data`` (a Tensor's values are taken, not its graph), with this tensor's dtype and device by default.
+
+        >>> import xgrad
+        >>> xgrad.tensor([1.0]).new_tensor([2, 3]).tolist()
+        [2.0, 3.0]
+        """
+        from xgrad.creation import tensor
+
+        array = data._array if isinstance(data, Tensor) else jnp.asarray(data)
+        placement = self._new_placement(array.shape) if device is None else device
+        return tensor(array, dtype=self.dtype if dtype is None else dtype, device=placement, requires_grad=requires_grad)
+
     # -- in-place plumbing -----------------------------------------------------------
     def _check_inplace(self) -> None:
-        if self.grad_fn is None and self._requires_grad and is_grad_enabled():
+        if self._view is not None:
+            self._view.check_writable(self)
+        elif self.grad_fn is None and self._requires_grad and is_grad_enabled():
             raise RuntimeError(ERR_LEAF_INPLACE)
 
     def _alias(self) -> Tensor:
@@ -468,16 +669,39 @@ class Tensor:
         return t
 
     def _rebind(self, result: Tensor) -> Tensor:
-        """Take over ``result``'s value and history: the second half of an in-place op."""
+        """Take over ``result``'s value and history: the second half of an in-place op.
+
+        On a view the new value is written through to its base, and every live view of
+        that base is regenerated from it (NOTE [Views write through]).
+        """
         if result._array.shape != self._array.shape:
             raise RuntimeError(
                 f"output with shape {list(self._array.shape)} doesn't match the broadcast shape "
                 f"{list(result._array.shape)}"
             )
-        array = result._array
-        if array.dtype != self._array.dtype:
-            array = array.astype(self._array.dtype)
-        self._array = array
+        dtype = self._array.dtype
+        if result._array.dtype != dtype:
+            if not can_cast(result._array.dtype, dtype):
+                raise RuntimeError(
+                    f"result type {torch_dtype_name(result._array.dtype)} can't be cast to the desired output "
+                    f"type {torch_dtype_name(dtype)}"
+                )
+            result = result.astype(dtype)
+        if self._view is not None:
+            from xgrad.ops.views import write_through
+
+            write_through(self, result)
+            return self
+        self._take_value(result)
+        if self._views is not None:
+            from xgrad.ops.views import regenerate_views
+
+            regenerate_views(self)
+        return self
+
+    def _take_value(self, result: Tensor) -> None:
+        """Hold ``result``'s array and, when it has one, its place in the graph; bump ``_version``."""
+        self._array = result._array
         self._version += 1
         if result.grad_fn is not None:
             if self._retains_grad and self.grad_fn is not None:
@@ -490,4 +714,42 @@ class Tensor:
             self._output_nr = result._output_nr
             if self._retains_grad:
                 self._install_retains_grad_hook()
-        return self
+
+
+# PyTorch's names for dtypes, used in its error messages.
+_TORCH_DTYPE_NAMES = {
+    "float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16", "int64": "Long",
+    "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool",
+    "complex64": "ComplexFloat", "complex128": "ComplexDouble",
+}
+
+
+def torch_dtype_name(dtype: Any) -> str:
+    """PyTorch's name of ``dtype`` (``Float``, ``Long``, …), for messages PyTorch users recognise.
+
+    >>> import jax.numpy as jnp
+    >>> torch_dtype_name(jnp.float32), torch_dtype_name(jnp.int64)
+    ('Float', 'Long')
+    """
+    name = jnp.dtype(dtype).name
+    return _TORCH_DTYPE_NAMES.get(name, name)
+
+
+def _dtype_kind_rank(dtype: Any) -> int:
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return 3
+    if jnp.issubdtype(dtype, jnp.floating):
+        return 2
+    if jnp.issubdtype(dtype, jnp.bool_):
+        return 0
+    return 1
+
+
+def can_cast(from_dtype: Any, to_dtype: Any) -> bool:
+    """PyTorch's ``can_cast`` for in-place results: never complex to real, float to int, or anything to bool.
+
+    >>> import jax.numpy as jnp
+    >>> can_cast(jnp.float64, jnp.float32), can_cast(jnp.float32, jnp.int64), can_cast(jnp.int32, jnp.float32)
+    (True, False, True)
+    """
+    return _dtype_kind_rank(from_dtype) <= _dtype_kind_rank(to_dtype)

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from xgrad.engine import engine
-from xgrad.engine.node import Edge, gradient_edge
+from xgrad.engine.node import Edge, Node, gradient_edge
 from xgrad.tensor import Tensor
 
-__all__ = ["backward", "grad"]
+__all__ = ["GradientEdge", "backward", "grad"]
 
 ERR_NO_GRAD = "element {i} of tensors does not require grad and does not have a grad_fn"
 ERR_INPUT_NO_GRAD = "One of the differentiated Tensors does not require grad"
@@ -29,6 +29,35 @@ WARN_BACKWARD_CREATE_GRAPH = (
     "make sure to reset the .grad fields of your parameters to None after use to break the "
     "cycle and avoid the leak."
 )
+
+
+class GradientEdge(NamedTuple):
+    """Where the gradient of a tensor enters the graph: input ``output_nr`` of ``node``.
+
+    ``xgrad.autograd.graph.get_gradient_edge(t)`` makes one; ``grad`` and ``backward``
+    take it among their ``inputs`` (the gradient arriving there is returned).
+    """
+
+    node: Node
+    output_nr: int
+
+
+def _as_inputs(value: Any) -> tuple[Tensor | GradientEdge, ...]:
+    """``inputs`` of ``grad``/``backward``: Tensors and GradientEdges."""
+    if isinstance(value, (Tensor, GradientEdge)):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            if not isinstance(v, (Tensor, GradientEdge)):
+                raise TypeError(f"inputs must be Tensors or GradientEdges, got {type(v).__name__}")
+        return tuple(value)
+    raise TypeError(f"inputs must be a Tensor, a GradientEdge or a sequence of them, got {type(value).__name__}")
+
+
+def _input_edge(value: Tensor | GradientEdge) -> Edge:
+    if isinstance(value, GradientEdge):
+        return Edge(value.node, value.output_nr)
+    return gradient_edge(value)
 
 
 def _as_tensors(value: Any, what: str) -> tuple[Tensor, ...]:
@@ -144,15 +173,16 @@ def backward(
         grads = [grad_tensors]
     input_edges: list[Edge] = []
     if inputs is not None:
-        input_tensors = _as_tensors(inputs, "inputs")
+        input_tensors = _as_inputs(inputs)
         if not input_tensors:
             raise RuntimeError("'inputs' argument to backward() cannot be empty.")
         for t in input_tensors:
-            if not t.requires_grad:
-                raise RuntimeError(ERR_INPUT_NO_GRAD)
-            if t.grad_fn is not None:
-                t.retain_grad()
-            input_edges.append(gradient_edge(t))
+            if isinstance(t, Tensor):
+                if not t.requires_grad:
+                    raise RuntimeError(ERR_INPUT_NO_GRAD)
+                if t.grad_fn is not None:
+                    t.retain_grad()
+            input_edges.append(_input_edge(t))
     if retain_graph is None:
         retain_graph = create_graph
     if create_graph:
@@ -176,6 +206,7 @@ def grad(
     allow_unused: bool | None = None,
     materialize_grads: bool = False,
     compiled: bool | None = None,
+    is_grads_batched: bool = False,
 ) -> tuple[Tensor | None, ...]:
     """The gradients of ``outputs`` w.r.t. ``inputs``, returned instead of accumulated.
 
@@ -189,6 +220,13 @@ def grad(
             of raising (default: ``materialize_grads``).
         materialize_grads: return zeros instead of ``None`` for unused inputs.
         compiled: run as one cached ``jax.jit`` program (default: the compiled switch).
+        is_grads_batched: the first dim of every ``grad_outputs`` entry is a batch dim:
+            the backward runs once for all of them, under ``jax.vmap``, and each
+            returned gradient has that batch dim first (vector-Jacobian products of
+            many vectors at once, such as a whole Jacobian).
+
+    ``inputs`` may hold ``GradientEdge``s (``xgrad.autograd.graph.get_gradient_edge``):
+    the gradient arriving at that edge is returned.
 
     >>> import xgrad
     >>> x = xgrad.tensor(3.0, requires_grad=True)
@@ -197,7 +235,7 @@ def grad(
     (27.0, 18.0)
     """
     outs = _as_tensors(outputs, "outputs")
-    ins = _as_tensors(inputs, "inputs")
+    ins = _as_inputs(inputs)
     if materialize_grads and allow_unused is False:
         raise ValueError(
             "Expected allow_unused to be True or not passed when materialize_grads=True, but got: allow_unused=False."
@@ -215,25 +253,111 @@ def grad(
     if not ins:
         raise ValueError("grad requires non-empty inputs.")
     for t in ins:
-        if not t.requires_grad:
+        if isinstance(t, Tensor) and not t.requires_grad:
             raise RuntimeError(ERR_INPUT_NO_GRAD)
-    root_grads = _make_grads(outs, grads)
-    edges = _root_edges(outs)
-    input_edges = [gradient_edge(t) for t in ins]
-    if _use_compiled(compiled, root_grads):
-        from xgrad.engine import compiled as compiled_module
-
-        result = compiled_module.execute(edges, root_grads, retain_graph, create_graph, False, input_edges)
+    input_edges = [_input_edge(t) for t in ins]
+    if is_grads_batched:
+        result = _batched_grads(outs, grads, input_edges, retain_graph, create_graph, _use_compiled(compiled, []))
     else:
-        result = engine.execute(edges, root_grads, retain_graph, create_graph, False, input_edges)
+        root_grads = _make_grads(outs, grads)
+        edges = _root_edges(outs)
+        if _use_compiled(compiled, root_grads):
+            from xgrad.engine import compiled as compiled_module
+
+            result = compiled_module.execute(edges, root_grads, retain_graph, create_graph, False, input_edges)
+        else:
+            result = engine.execute(edges, root_grads, retain_graph, create_graph, False, input_edges)
+    batch = (grads[0].shape[0],) if is_grads_batched else ()
     final: list[Tensor | None] = []
     for t, g in zip(ins, result, strict=True):
         if g is None:
             if materialize_grads:
-                g = Tensor(jnp.zeros_like(t._array))
+                # Requiring grad, as PyTorch's ``zeros_like(input, requires_grad=True)``:
+                # a further ``grad`` of it (materialize_grads again) works.
+                g = Tensor(_zeros_for(t, batch), requires_grad=True)
             elif not allow_unused:
                 raise RuntimeError(ERR_UNUSED)
         elif not create_graph and g.grad_fn is not None:
             g = g.detach()
         final.append(g)
     return tuple(final)
+
+
+def _zeros_for(value: Tensor | GradientEdge, batch: tuple[int, ...]) -> jax.Array:
+    """Zeros for an unused input: shaped like the tensor, or like the edge's slot, after ``batch``."""
+    if isinstance(value, Tensor):
+        like = value._array
+        return jnp.zeros(batch + like.shape, like.dtype, device=like.sharding if not batch else None)
+    meta = value.node.input_metadata[value.output_nr]
+    return jnp.zeros(batch + tuple(meta.shape), meta.dtype)
+
+
+ERR_BATCHED_GRADS = (
+    "grad(..., is_grads_batched=True) needs grad_outputs: one Tensor per output, whose first dim is the batch "
+    "dim and whose other dims are the output's shape"
+)
+
+
+def _batched_grads(
+    outs: Sequence[Tensor], grads: Sequence[Any], input_edges: list[Edge], retain_graph: bool, create_graph: bool,
+    compiled: bool,
+) -> list[Tensor | None]:
+    """``grad`` with a batch dim in front of every grad_output: the backward runs under ``jax.vmap``.
+
+    # NOTE [Batched grads]
+    # The engine runs on tracers as well as on arrays (the compiled backward relies on
+    # it), so one backward traced by ``jax.vmap`` over the grad_outputs' first dim gives
+    # every row's vector-Jacobian product in one pass: the saved values stay unbatched,
+    # the rules see batched gradients. vmap traces the function once, so the graph is
+    # walked once and ``retain_graph`` keeps its usual meaning. Everything runs on the
+    # calling thread (tracers must not cross to the device workers). With
+    # ``create_graph`` the result must be differentiable, which a vmap trace cannot
+    # leave behind: the rows then run one by one, recorded, and are stacked.
+    """
+    if any(g is None for g in grads) or len(grads) != len(outs):
+        raise RuntimeError(ERR_BATCHED_GRADS)
+    tensors = [g if isinstance(g, Tensor) else Tensor(jnp.asarray(g, dtype=out._array.dtype)) for g, out in zip(grads, outs, strict=True)]
+    sizes = {g._array.shape[0] if g._array.ndim else None for g in tensors}
+    for i, (g, out) in enumerate(zip(tensors, outs, strict=True)):
+        if g._array.shape[1:] != out._array.shape or None in sizes:
+            raise RuntimeError(
+                f"If `is_grads_batched=True`, we interpret the first dimension of each grad_output as the batch "
+                f"dimension. The sizes of the remaining dimensions are expected to match the shape of "
+                f"corresponding output, but a mismatch was detected: grad_output[{i}] has a shape of "
+                f"{list(g._array.shape)} and output[{i}] has a shape of {list(out._array.shape)}."
+            )
+    if len(sizes) != 1:
+        raise RuntimeError(f"grad_outputs of is_grads_batched=True must share their first dim, got {sorted(sizes)}")
+    (size,) = sizes
+    edges = _root_edges(outs)
+    if create_graph:
+        rows = []
+        for b in range(size):
+            keep = retain_graph or b < size - 1
+            rows.append(engine.execute(edges, [g[b] for g in tensors], keep, True, False, input_edges))
+        stacked: list[Tensor | None] = []
+        for column in zip(*rows, strict=True):
+            present = [c for c in column if c is not None]
+            if not present:
+                stacked.append(None)
+                continue
+            like = present[0]
+            filled = [c if c is not None else Tensor(jnp.zeros_like(like._array)) for c in column]
+            from xgrad.ops import stack
+
+            stacked.append(stack(filled))
+        return stacked
+
+    def one_row(*arrays: jax.Array) -> list[jax.Array | None]:
+        row = [Tensor(a) for a in arrays]
+        with engine.set_multithreading_enabled(False):
+            if compiled:
+                from xgrad.engine import compiled as compiled_module
+
+                result = compiled_module.execute(edges, row, retain_graph, False, False, input_edges)
+            else:
+                result = engine.execute(edges, row, retain_graph, False, False, input_edges)
+        return [None if r is None else r._array for r in result]
+
+    batched = jax.vmap(one_row)(*(g._array for g in tensors))
+    return [None if a is None else Tensor(a) for a in batched]

@@ -421,7 +421,9 @@ def _fit_gradient(i: int, grad: Any, meta: Any, producer: Any, note: str) -> Ten
     # which XLA places (and which have no .sharding to compare).
     if _devices.single_device or sharding is None:
         return grad
-    grad_sharding = getattr(grad._array, "sharding", None)  # None: traced (xgrad.compile), XLA places it
+    # A traced gradient (``grad(..., is_grads_batched=True)`` under vmap, or a step
+    # under ``xgrad.compile``) has no sharding to compare: XLA places it.
+    grad_sharding = getattr(grad._array, "sharding", None)
     if grad_sharding is None:
         return grad
     if grad_sharding is not sharding and grad_sharding != sharding and grad_sharding.device_set != sharding.device_set:
@@ -504,14 +506,19 @@ def call_post_hooks(fn: Node, outputs: list[Tensor | None], inputs: list[Tensor 
 
 def call_function(graph_task: GraphTask, fn: Node, inputs: list[Tensor | None]) -> list[Tensor | None]:
     """The node and its hooks (NOTE [Hooks ordering] in node.py), its grads validated."""
-    if fn._tensor_pre_hooks is not None or fn._retains_grad_hooks is not None or type(fn).tensor_pre_hooks is not Node.tensor_pre_hooks:
-        inputs = call_tensor_pre_hooks(fn, inputs)
-    if fn._pre_hooks:
-        inputs = call_pre_hooks(fn, inputs)
-    outputs = fn.apply(inputs)
-    validate_outputs(fn.next_edges, outputs, fn)
-    if fn._post_hooks:
-        outputs = call_post_hooks(fn, outputs, inputs)
+    prev_node = current_task.node  # a reentrant backward returns here: restore, do not clear
+    current_task.node = fn  # xgrad.autograd.graph.current_node()
+    try:
+        if fn._tensor_pre_hooks is not None or fn._retains_grad_hooks is not None or type(fn).tensor_pre_hooks is not Node.tensor_pre_hooks:
+            inputs = call_tensor_pre_hooks(fn, inputs)
+        if fn._pre_hooks:
+            inputs = call_pre_hooks(fn, inputs)
+        outputs = fn.apply(inputs)
+        validate_outputs(fn.next_edges, outputs, fn)
+        if fn._post_hooks:
+            outputs = call_post_hooks(fn, outputs, inputs)
+    finally:
+        current_task.node = prev_node
     return outputs
 
 

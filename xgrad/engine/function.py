@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import functools
+import inspect
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +40,11 @@ ERR_GRAD_FOR_NON_TENSOR = (
 ERR_ONCE_DIFFERENTIABLE = "trying to differentiate twice a function that was marked with @once_differentiable"
 ERR_DIRTY_NOT_OUTPUT = "Some elements marked as dirty during the forward method were not returned as output."
 ERR_NOT_OUTPUT = "{what} only accepts tensors that are outputs of forward; argument {i} is not one"
+
+
+# ``FunctionNode.compute``'s saved values in eager mode: ``ctx.saved_tensors`` unpacks
+# the node's saved tensors at each access, as PyTorch's does.
+UNPACK_ON_ACCESS: Any = object()
 
 
 class FunctionCtx:
@@ -69,7 +76,7 @@ class FunctionCtx:
         self._dirty: tuple[Tensor, ...] = ()
         self._node: FunctionNode | None = None
         # Set by ``FunctionNode.compute`` while ``backward`` runs: the values it was given.
-        self._saved_values: tuple[Any, ...] | None = None
+        self._saved_values: Any = None  # a tuple, or UNPACK_ON_ACCESS
 
     def save_for_backward(self, *tensors: Tensor | None) -> None:
         """Keep ``tensors`` for ``backward``, where ``ctx.saved_tensors`` returns them.
@@ -83,9 +90,14 @@ class FunctionCtx:
 
     @property
     def saved_tensors(self) -> tuple[Tensor | None, ...]:
-        """The tensors given to ``save_for_backward``, checked against in-place changes."""
-        if self._saved_values is not None:
-            return self._saved_values
+        """The tensors given to ``save_for_backward``, checked against in-place changes.
+
+        As in PyTorch, each access unpacks again: version checks and saved-tensor unpack
+        hooks run per access (the compiled backward passes its values instead).
+        """
+        values = self._saved_values
+        if values is not None and values is not UNPACK_ON_ACCESS:
+            return values
         node = self._node
         if node is None:
             return self._to_save
@@ -139,12 +151,13 @@ class FunctionNode(Node):
                 Tensor(jnp.zeros(m.shape, m.dtype, device=m.sharding)) if g is None and m is not None else g
                 for g, m in zip(grads, self.input_metadata, strict=True)
             ]
-        return self.compute(grads, self.unpack_saved())
+        return self.compute(grads, UNPACK_ON_ACCESS)
 
     def compute(self, grads: list[Any], saved_values: tuple[Any, ...]) -> list[Any]:
         """Run ``backward`` on ``grads`` with ``ctx.saved_tensors`` reading ``saved_values``.
 
-        Pure in the node's state: it never unpacks, so traced values work too.
+        Pure in the node's state given the values: it never unpacks, so traced values
+        work too. ``UNPACK_ON_ACCESS`` (eager) makes each access unpack instead.
         """
         ctx = self.ctx
         ctx._saved_values = saved_values
@@ -231,13 +244,18 @@ class Function:
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
         """Run ``forward`` on ``args`` and record the backward node when a gradient is needed."""
         ctx = FunctionCtx()
+        separate_setup = _overrides_setup_context(cls)
+        if separate_setup:
+            # setup_context sees the inputs as forward's signature binds them, defaults
+            # filled in, as in PyTorch (they are the node's inputs too).
+            args, kwargs = _bind_default_args(cls, args, kwargs)
         record = _grad_state.enabled
         needs = tuple(record and isinstance(a, Tensor) and a.requires_grad for a in args)
         ctx.needs_input_grad = needs
         # Edges point at the inputs' graph positions before forward: a dirty input moves.
         edges = tuple(gradient_edge(a) if need else NO_EDGE for a, need in zip(args, needs, strict=True))
         with no_grad():
-            if _overrides_setup_context(cls):
+            if separate_setup:
                 output = cls.forward(*args, **kwargs)
                 cls.setup_context(ctx, args, output)
             else:
@@ -248,6 +266,17 @@ class Function:
 
 
 _base_setup_context = Function.setup_context
+_forward_signatures: weakref.WeakKeyDictionary[type[Function], inspect.Signature] = weakref.WeakKeyDictionary()
+
+
+def _bind_default_args(cls: type[Function], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args`` and ``kwargs`` bound to ``cls.forward``'s signature with its defaults applied."""
+    signature = _forward_signatures.get(cls)
+    if signature is None:
+        signature = _forward_signatures[cls] = inspect.signature(cls.forward)
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.args, bound.kwargs
 
 
 def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], edges: tuple[Any, ...], output: Any) -> Any:
@@ -277,8 +306,16 @@ def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], 
             new = _rebase_history(o, node, i) if differentiable else o
         elif not differentiable:
             new = o if id(o) not in input_ids else Tensor(o._array)
+        elif id(o) in input_ids:
+            # A fresh tensor for each return of an input (PyTorch returns a view of it):
+            # the input keeps its history.
+            new = Tensor._from_graph(o._array, node, i)
+        elif id(o) in wrapped:
+            # The same tensor returned again is the same output object, as in PyTorch,
+            # where each return sets its history again: the last position wins.
+            new = wrapped[id(o)]
+            new._output_nr = i
         else:
-            # A fresh tensor even for an input returned as is: the input keeps its history.
             new = Tensor._from_graph(o._array, node, i)
         wrapped.setdefault(id(o), new)
         outs.append(new)

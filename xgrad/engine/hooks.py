@@ -19,7 +19,9 @@ class RemovableHandle:
     """Returned by every ``register_*``: ``.remove()`` takes the hook out again.
 
     Removal is safe at any time, also from inside a hook while backward runs: the
-    engine iterates over a snapshot of hook ids and skips the ones that are gone.
+    engine runs a snapshot of the hooks taken before calling the first of them, so a
+    hook removed by an earlier one still runs in that pass (PyTorch's semantics), and
+    not in later ones.
     """
 
     __slots__ = ("_hooks_ref", "id")
@@ -56,12 +58,16 @@ def add_hook(hooks: HookDict, fn: Any) -> RemovableHandle:
     return handle
 
 
-def run_in_order(hooks: HookDict | None):  # type: ignore[no-untyped-def]
-    """Yield the hooks registered now, skipping any removed while iterating."""
+def run_in_order(hooks: HookDict | None) -> tuple[Any, ...]:
+    """The hooks registered now, in registration order: a snapshot, as PyTorch takes.
+
+    A hook removed (by itself or by another hook) while the snapshot is being run
+    still runs in that pass; one registered meanwhile waits for the next pass.
+    While ``xgrad.compile`` traces a step, each comes wrapped by ``trace_wrapper``.
+    """
     if not hooks:
-        return
+        return ()
     wrap = trace_wrapper
-    for key in tuple(hooks):
-        fn = hooks.get(key)
-        if fn is not None:
-            yield fn if wrap is None else wrap(fn, hooks)
+    if wrap is None:
+        return tuple(hooks.values())
+    return tuple(wrap(fn, hooks) for fn in hooks.values())

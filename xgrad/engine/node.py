@@ -24,6 +24,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import jax
+
 from xgrad.engine.hooks import HookDict, RemovableHandle, add_hook, run_in_order
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.tensor import Tensor
@@ -66,9 +68,10 @@ _sequence = _SequenceCounter()
 
 
 class _CurrentTask(threading.local):
-    """The graph task this thread is running a node of (set by the engine)."""
+    """The graph task and node this thread is running (set by the engine)."""
 
     graph_task: Any = None
+    node: Any = None
 
 
 current_task = _CurrentTask()
@@ -118,10 +121,12 @@ class Node:
         "topological_nr",
     )
 
-    def __init__(self, next_edges: tuple[Edge, ...], input_metadata: tuple[InputMetadata, ...]) -> None:
+    def __init__(
+        self, next_edges: tuple[Edge, ...], input_metadata: tuple[InputMetadata, ...], sequence_nr: int | None = None
+    ) -> None:
         self.next_edges = next_edges
         self.input_metadata = input_metadata
-        self.sequence_nr = _sequence.next()
+        self.sequence_nr = _sequence.next() if sequence_nr is None else sequence_nr
         topo = 0
         for edge in next_edges:
             node = edge.node
@@ -256,13 +261,25 @@ class GraphRoot(Node):
 _accumulate_lock = threading.Lock()
 
 
+# NOTE [AccumulateGrad runs first]
+# As in PyTorch, every ``AccumulateGrad`` has the highest sequence number, so it runs
+# as soon as it is ready (its leaf's ``.grad`` and hooks are up to date before the
+# rest of the backward), and accumulators ready at the same moment tie: the ready
+# queue then keeps push order, which is the producer's edge order (with
+# ``y = x * w``, ``x``'s hooks fire before ``w``'s). It takes no number from the
+# thread's counter.
+ACCUMULATE_GRAD_SEQUENCE_NR = 2**64 - 1  # PyTorch's UINT64_MAX
+
+ERR_POST_ACCUMULATE_RESULT = "Tensor post accumulate grad hooks should return None."
+
+
 class AccumulateGrad(Node):
     """The sink for a leaf tensor: adds the incoming gradient into ``variable.grad``."""
 
     __slots__ = ("variable",)
 
     def __init__(self, variable: Tensor) -> None:
-        super().__init__((), (InputMetadata.of(variable._array),))
+        super().__init__((), (InputMetadata.of(variable._array),), ACCUMULATE_GRAD_SEQUENCE_NR)
         self.variable = variable
 
     def tensor_pre_hooks(self) -> HookDict | None:
@@ -274,6 +291,7 @@ class AccumulateGrad(Node):
             return []
         var = self.variable
         create_graph = is_grad_enabled()
+        new_grad = _on_leaf_sharding(new_grad, self.input_metadata[0].sharding, create_graph)
         # ``_grad``, not the validating ``grad`` setter: validate_outputs fitted new_grad.
         with _accumulate_lock:
             old = var._grad
@@ -283,13 +301,58 @@ class AccumulateGrad(Node):
             elif create_graph:
                 var._grad = old + new_grad
             else:
-                var._grad = Tensor(old._array + new_grad._array)
-        for hook in run_in_order(var._post_accumulate_grad_hooks):
-            hook(var)
+                store_into_grad(old, old._array + new_grad._array)
+        run_post_accumulate_grad_hooks(var)
         return []
 
     def __repr__(self) -> str:
         return f"<AccumulateGrad object at {id(self):#x}>"
+
+
+def _on_leaf_sharding(grad: Tensor, sharding: Any, create_graph: bool) -> Tensor:
+    """``grad`` placed on its leaf's multi-device ``sharding``, as the compiled backward places it.
+
+    A rule's output may come back with another layout over the same devices (``P('model')``
+    for a replicated bias); the leaf's ``.grad``, and so the optimizer step, must not drift.
+    """
+    if not isinstance(sharding, jax.sharding.NamedSharding) or len(sharding.device_set) < 2:
+        return grad
+    current = getattr(grad._array, "sharding", None)
+    if current is None or current == sharding or current.is_equivalent_to(sharding, grad._array.ndim):
+        return grad
+    if create_graph and grad.grad_fn is not None:
+        from xgrad.ops import to_device
+
+        return to_device(grad, sharding)
+    return Tensor(jax.device_put(grad._array, sharding))
+
+
+def store_into_grad(grad: Tensor, array: Any) -> None:
+    """Write the accumulated ``array`` into the existing ``.grad`` tensor ``grad``, in place.
+
+    PyTorch accumulates with ``grad += new_grad`` unless the backward records itself
+    (``create_graph``, where ``.grad`` becomes a new tensor): a reference taken to
+    ``.grad`` before a backward, or held by a hook, sees the sum. Like any in-place
+    op here it rebinds the tensor's storage and bumps its version.
+    """
+    grad._array = array
+    grad._version += 1
+
+
+def run_post_accumulate_grad_hooks(var: Tensor) -> None:
+    """Call ``var``'s post-accumulate-grad hooks, after its ``.grad`` was written.
+
+    Every hook collected runs; then any non-``None`` result raises, as in PyTorch.
+    """
+    hooks = var._post_accumulate_grad_hooks
+    if not hooks:
+        return
+    returned = False
+    for hook in run_in_order(hooks):
+        if hook(var) is not None:
+            returned = True
+    if returned:
+        raise RuntimeError(ERR_POST_ACCUMULATE_RESULT)
 
 
 def grad_accumulator(tensor: Tensor) -> AccumulateGrad:

@@ -21,7 +21,9 @@ from xgrad.tensor import Tensor
 if TYPE_CHECKING:
     from xgrad.engine.node import Node
 
-__all__ = ["SavedTensor", "save_on_cpu", "saved_tensors_hooks"]
+__all__ = [
+    "SavedTensor", "allow_mutation_on_saved_tensors", "disable_saved_tensors_hooks", "save_on_cpu", "saved_tensors_hooks",
+]
 
 ERR_FREED = (
     "Trying to backward through the graph a second time (or directly access saved tensors "
@@ -29,6 +31,13 @@ ERR_FREED = (
     "when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to "
     "backward through the graph a second time or if you need to access saved tensors after "
     "calling backward."
+)
+
+ERR_PACK_INPLACE = (
+    "A saved tensors pack hook is modifying its input in place. Tensors provided as input to "
+    "pack hook can not be modified by in-place operations as this can lead to unexpected "
+    "side-effects. Please open an issue if you need to perform in-place operations on the "
+    "input to a pack hook."
 )
 
 ERR_VERSION_HINT = (
@@ -39,7 +48,9 @@ ERR_VERSION_HINT = (
 
 class _HookStack(threading.local):
     def __init__(self) -> None:
-        self.stack: list[tuple[Callable[[Tensor], Any], Callable[[Any], Tensor]]] = []
+        self.stack: list[saved_tensors_hooks] = []
+        # Set by ``disable_saved_tensors_hooks``: entering hooks raises with it.
+        self.disabled_message: str | None = None
 
 
 _hooks = _HookStack()
@@ -64,12 +75,19 @@ class saved_tensors_hooks:
     2
     """
 
+    # Whether unpacking checks that the tensor was not modified in place since it was
+    # saved: the hooks may return that very tensor (``allow_mutation_on_saved_tensors``
+    # keeps the saved value instead, so it needs no check).
+    checks_version = True
+
     def __init__(self, pack_hook: Callable[[Tensor], Any], unpack_hook: Callable[[Any], Tensor]) -> None:
         self.pack_hook = pack_hook
         self.unpack_hook = unpack_hook
 
     def __enter__(self) -> saved_tensors_hooks:
-        _hooks.stack.append((self.pack_hook, self.unpack_hook))
+        if _hooks.disabled_message is not None:
+            raise RuntimeError(_hooks.disabled_message)
+        _hooks.stack.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -103,9 +121,100 @@ class save_on_cpu(saved_tensors_hooks):
         super().__init__(pack, unpack)
 
 
-def current_hooks() -> tuple[Callable[[Tensor], Any], Callable[[Any], Tensor]] | None:
+class disable_saved_tensors_hooks:
+    """Context manager: saved-tensor hooks may not be used inside it.
+
+    Entering ``saved_tensors_hooks`` (or ``save_on_cpu``, a non-reentrant checkpoint…)
+    inside it raises ``RuntimeError(error_message)``, and so does entering it while such
+    hooks are active. For features that cannot work with them.
+
+    Args:
+        error_message: the message of the ``RuntimeError``.
+
+    >>> import xgrad
+    >>> from xgrad.autograd.graph import disable_saved_tensors_hooks, save_on_cpu
+    >>> with disable_saved_tensors_hooks("saved tensors default hooks are disabled"):
+    ...     with save_on_cpu():
+    ...         pass
+    Traceback (most recent call last):
+    RuntimeError: saved tensors default hooks are disabled
+    """
+
+    def __init__(self, error_message: str) -> None:
+        self.error_message = error_message
+        self._previous: str | None = None
+
+    def __enter__(self) -> disable_saved_tensors_hooks:
+        if _hooks.stack:
+            raise RuntimeError(self.error_message)
+        self._previous = _hooks.disabled_message
+        _hooks.disabled_message = self.error_message
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _hooks.disabled_message = self._previous
+
+
+ERR_MUTATION_OUTSIDE = (
+    "Trying to backward outside of the 'allow_mutation_on_saved_tensors' context in which the graph was "
+    "originally recorded."
+)
+
+
+class allow_mutation_on_saved_tensors(saved_tensors_hooks):
+    """Context manager: tensors saved for backward inside it may be modified in place.
+
+    Backward then uses the values as they were when saved (PyTorch clones a tensor on
+    its first mutation; a ``jax.Array`` is immutable, so keeping it is the clone). The
+    backward must run inside the same context.
+
+    >>> import xgrad
+    >>> from xgrad.autograd.graph import allow_mutation_on_saved_tensors
+    >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> with allow_mutation_on_saved_tensors():
+    ...     y = x * 1.0
+    ...     z = (y * y).sum()
+    ...     _ = y.mul_(10.0)
+    ...     z.backward()
+    >>> x.grad.tolist()
+    [2.0, 4.0]
+    """
+
+    checks_version = False
+
+    def __init__(self) -> None:
+        self.closed = False
+        super().__init__(self._pack, self._unpack)
+
+    @staticmethod
+    def _pack(t: Tensor) -> Any:
+        return t._array
+
+    def _unpack(self, array: Any) -> Tensor:
+        if self.closed:
+            raise RuntimeError(ERR_MUTATION_OUTSIDE)
+        return Tensor(array)
+
+    def __enter__(self) -> allow_mutation_on_saved_tensors:
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self.closed = True
+
+
+def current_hooks() -> saved_tensors_hooks | None:
     stack = _hooks.stack
     return stack[-1] if stack else None
+
+
+class _Gone:
+    __slots__ = ("__weakref__",)
+
+
+# The ``_ref`` of a saved tensor whose version is not checked: a reference that is dead at once.
+_NO_TENSOR: weakref.ref[Any] = weakref.ref(_Gone())
 
 
 class SavedTensor:
@@ -122,15 +231,17 @@ class SavedTensor:
         self._output_nr = tensor._output_nr
         hooks = current_hooks()
         if hooks is not None:
-            pack, self._unpack = hooks
+            pack, self._unpack = hooks.pack_hook, hooks.unpack_hook
             # Keep only what re-attaches the unpacked value to the graph, never the
             # data: that is what the hooks are for (offloading, recomputation).
-            self._ref = weakref.ref(tensor)
+            self._ref = weakref.ref(tensor) if hooks.checks_version else _NO_TENSOR
             self._array = None
             if not is_output:
                 leaf_acc = grad_accumulator(tensor) if tensor.grad_fn is None and tensor.requires_grad else None
                 self._graph = (tensor.grad_fn, tensor._output_nr, leaf_acc, tensor.requires_grad)
             self._packed = pack(tensor)
+            if tensor._version != self._saved_version:
+                raise RuntimeError(ERR_PACK_INPLACE)
             self._state = "hooked_output" if is_output else "hooked_input"
         elif is_output:
             self._ref = weakref.ref(tensor)

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
+from xgrad.grad_mode import is_grad_enabled
+from xgrad.ops.attention import scaled_dot_product_attention
 from xgrad.ops.elementwise import (
     abs,
     add,
     astype,
     ceil,
     clamp,
+    clamp_max,
+    clamp_min,
     clone,
     cos,
     div,
@@ -60,7 +65,9 @@ from xgrad.ops.elementwise import (
 )
 from xgrad.ops.index import embedding, gather, getitem, index_select, scatter_add, setitem, sort
 from xgrad.ops.jaxop import from_jax
-from xgrad.ops.linalg import conv2d, einsum, matmul
+from xgrad.ops.layout import expand_as, narrow, repeat, repeat_interleave, reshape_as, select, unbind, view_as
+from xgrad.ops.linalg import baddbmm, bmm, conv2d, einsum, linear, matmul, norm, normalize, outer
+from xgrad.ops.losses import binary_cross_entropy, binary_cross_entropy_with_logits, nll_loss
 from xgrad.ops.nn import cross_entropy, dropout, layer_norm, log_softmax, mse_loss, softmax
 from xgrad.ops.reduce import (
     amax,
@@ -79,6 +86,8 @@ from xgrad.ops.reduce import (
     var,
 )
 from xgrad.ops.registry import REGISTRY, Primitive, defprim
+from xgrad.ops.resample import interpolate
+from xgrad.ops.selection import all, any, argsort, masked_fill, masked_select, nonzero, one_hot, topk
 from xgrad.ops.shape import (
     T,
     broadcast_to,
@@ -113,11 +122,15 @@ DIFFERENTIABLE_OPS = (
     "prod", "relu", "reshape", "roll", "rsqrt", "scatter_add", "sigmoid", "sign", "silu", "sin", "softmax",
     "softplus", "sort", "split", "sqrt", "squeeze", "stack", "std", "sub", "sum", "sum_to", "T", "tan", "tanh",
     "to_device", "transpose", "tril", "triu", "unsqueeze", "var", "view", "where",
+    # PyTorch names added for issue 15
+    "baddbmm", "binary_cross_entropy", "binary_cross_entropy_with_logits", "bmm", "clamp_max", "clamp_min", "expand_as",
+    "interpolate", "linear", "masked_fill", "masked_select", "narrow", "nll_loss", "norm", "normalize", "outer", "repeat",
+    "repeat_interleave", "reshape_as", "scaled_dot_product_attention", "select", "topk", "unbind", "view_as",
 )
 
 __all__ = [*DIFFERENTIABLE_OPS, "REGISTRY", "Primitive", "argmax", "argmin", "defprim", "from_jax", "eq", "ne",
            "lt", "le", "gt", "ge", "isnan", "isfinite", "floor", "ceil", "round", "logical_and", "logical_or",
-           "logical_not", "logical_xor", "setitem"]
+           "logical_not", "logical_xor", "setitem", "all", "any", "argsort", "nonzero", "one_hot"]
 
 
 # -- Tensor methods and operators ----------------------------------------------------
@@ -127,15 +140,19 @@ def _r(fn: Any) -> Any:
 
 
 def _to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    """``.to(device)``, ``.to(dtype)`` or both; each is differentiable."""
+    """``.to(device)``, ``.to(dtype)``, ``.to(device, dtype)``, ``.to(other)`` or keywords; each is differentiable."""
     target = kwargs.pop("device", None)
     dtype = kwargs.pop("dtype", None)
+    for ignored in ("non_blocking", "copy", "memory_format"):  # no meaning for immutable jax.Arrays
+        kwargs.pop(ignored, None)
     if kwargs:
         raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
     for a in args:
-        if isinstance(a, str) or hasattr(a, "platform") or hasattr(a, "device_set"):
+        if isinstance(a, Tensor):  # .to(other): other's dtype and device
+            dtype, target = a.dtype, a.sharding if a.shape == self.shape else a.device
+        elif isinstance(a, str) or hasattr(a, "platform") or hasattr(a, "device_set"):
             target = a
-        else:
+        elif a is not None and not isinstance(a, bool):  # non_blocking/copy given positionally
             dtype = a
     out = self
     if dtype is not None and jnp.dtype(dtype) != self.dtype:
@@ -168,7 +185,7 @@ def _overwrite(self: Tensor, value: Tensor) -> Tensor:
     there even when ``value`` is a constant (as PyTorch's ``zero_``/``copy_`` do).
     """
     self._check_inplace()
-    if not self.requires_grad:
+    if not (is_grad_enabled() and (self.requires_grad or value.requires_grad)):
         return self._rebind(broadcast_to(value.to(self.dtype), self.shape))
     return self._rebind(where(jnp.zeros(self.shape, bool), self._alias(), value.to(self.dtype)))
 
@@ -209,8 +226,17 @@ _METHODS: dict[str, Any] = {
     "float": lambda self: _to(self, jnp.float32), "double": lambda self: _to(self, jnp.float64),
     "half": lambda self: _to(self, jnp.float16), "bfloat16": lambda self: _to(self, jnp.bfloat16),
     "zero_": _zero_, "fill_": _fill_, "copy_": _copy_,
+    # PyTorch names added for issue 15 (contiguous, cpu, cuda, new_* ... are in tensor.py)
+    # long(): int64 where x64 allows it, else int32 without a warning (indices work either way).
+    "long": lambda self: _to(self, jax.dtypes.canonicalize_dtype(jnp.int64)), "int": lambda self: _to(self, jnp.int32),
+    "bool": lambda self: _to(self, jnp.bool_),
+    "clamp_min": clamp_min, "clamp_max": clamp_max, "masked_fill": masked_fill, "masked_select": masked_select,
+    "nonzero": nonzero, "any": any, "all": all, "argsort": argsort, "topk": topk, "norm": norm, "outer": outer,
+    "bmm": bmm, "baddbmm": baddbmm, "repeat": repeat, "repeat_interleave": repeat_interleave, "unbind": unbind,
+    "narrow": narrow, "select": select, "expand_as": expand_as, "view_as": view_as, "reshape_as": reshape_as,
 }
-for _name in ("add", "sub", "mul", "div", "pow", "clamp", "exp", "log", "sqrt", "neg", "abs", "tanh", "sigmoid", "relu", "sin", "cos"):
+for _name in ("add", "sub", "mul", "div", "pow", "clamp", "exp", "log", "sqrt", "neg", "abs", "tanh", "sigmoid", "relu", "sin", "cos",
+              "clamp_min", "clamp_max", "masked_fill"):
     _METHODS[_name + "_"] = _inplace(globals()[_name])
 for _op, _name in (("__iadd__", "add"), ("__isub__", "sub"), ("__imul__", "mul"), ("__itruediv__", "div"), ("__ipow__", "pow")):
     _METHODS[_op] = _METHODS[_name + "_"]

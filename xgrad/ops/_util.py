@@ -1,27 +1,139 @@
-"""Small helpers the op modules share: axis normalisation and non-differentiable wrappers."""
+"""Small helpers the op modules share: dim normalisation, argument checks and non-differentiable wrappers."""
 
 from __future__ import annotations
 
+import functools
+import operator
 import sys
 from collections.abc import Callable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from xgrad.tensor import Tensor
 
-__all__ = ["as_array", "norm_axes", "nondiff"]
+__all__ = [
+    "IndexOutOfRangeError", "as_array", "canonical_dim", "check_index_range", "check_nonnegative_shape", "norm_axes",
+    "nondiff",
+]
+
+
+def canonical_dim(dim: Any, ndim: int) -> int:
+    """PyTorch's ``maybe_wrap_dim``: ``dim`` in ``[-ndim, ndim - 1]`` as a non-negative axis.
+
+    A 0-dim tensor accepts ``dim`` 0 and -1 (both mean its one, empty, axis: 0). For a
+    dim that may point one past the end (``unsqueeze``, ``stack``), pass ``ndim + 1``.
+
+    >>> canonical_dim(-1, 3), canonical_dim(0, 0)
+    (2, 0)
+    >>> canonical_dim(3, 3)
+    Traceback (most recent call last):
+    IndexError: Dimension out of range (expected to be in range of [-3, 2], but got 3)
+    """
+    if isinstance(dim, bool) or not hasattr(dim, "__index__"):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    dim = operator.index(dim)
+    bound = ndim if ndim > 0 else 1
+    if not -bound <= dim < bound:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-bound}, {bound - 1}], but got {dim})")
+    return dim % bound if ndim > 0 else 0
 
 
 def norm_axes(dim: Any, ndim: int) -> tuple[int, ...] | None:
-    """PyTorch ``dim`` (int, sequence or None) as a sorted tuple of non-negative axes."""
+    """PyTorch ``dim`` (int, sequence or None) as a sorted tuple of non-negative axes.
+
+    A dim named twice raises ``RuntimeError`` as PyTorch's reductions do.
+
+    >>> norm_axes((-1, 0), 3), norm_axes(None, 3)
+    ((0, 2), None)
+    """
     if dim is None:
         return None
-    dims = (dim,) if isinstance(dim, int) else tuple(dim)
-    out = []
+    dims = (dim,) if not isinstance(dim, (tuple, list)) else tuple(dim)
+    axes: set[int] = set()
     for d in dims:
-        if not -max(ndim, 1) <= d < max(ndim, 1):
-            raise IndexError(f"Dimension out of range (expected to be in range of [{-max(ndim, 1)}, {max(ndim, 1) - 1}], but got {d})")
-        out.append(d % ndim if ndim else 0)
-    return tuple(sorted(set(out)))
+        axis = canonical_dim(d, ndim)
+        if axis in axes:
+            raise RuntimeError(f"dim {axis} appears multiple times in the list of dims")
+        axes.add(axis)
+    return tuple(sorted(axes))
+
+
+def check_nonnegative_shape(shape: tuple[Any, ...]) -> tuple[int, ...]:
+    """``shape`` as ints; a negative size raises ``RuntimeError`` as PyTorch's factories do.
+
+    >>> check_nonnegative_shape((2, -1))
+    Traceback (most recent call last):
+    RuntimeError: Trying to create tensor with negative dimension -1: [2, -1]
+    """
+    sizes = []
+    for s in shape:
+        if isinstance(s, bool) or not hasattr(s, "__index__"):
+            raise TypeError(f"shape must be a sequence of ints, got {list(shape)}")
+        sizes.append(operator.index(s))
+    for s in sizes:
+        if s < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {s}: {sizes}")
+    return tuple(sizes)
+
+
+class IndexOutOfRangeError(IndexError, RuntimeError):
+    """An integer index outside its dim: an ``IndexError`` that is also the ``RuntimeError``
+    PyTorch raises from ``gather``/``scatter_add``, so either ``except`` catches it."""
+
+
+@functools.partial(jax.jit, static_argnames=("negative", "ignore"))
+def _first_out_of_range(index: Any, size: int, negative: bool, ignore: int | None) -> Any:
+    """Whether any entry lies outside ``[-size, size)`` (``[0, size)`` unless ``negative``), and the first such.
+
+    One fused reduction, so the device check costs one dispatch and one host sync.
+    """
+    bad = index >= size
+    if jnp.issubdtype(index.dtype, jnp.signedinteger):
+        bad = bad | (index < (-size if negative else 0))
+    if ignore is not None:
+        bad = bad & (index != ignore)
+    return bad.any(), index.ravel()[jnp.argmax(bad.ravel())] if index.size else jnp.zeros((), index.dtype)
+
+
+def check_index_range(index: Any, size: int, message: str, negative: bool = True, ignore: int | None = None) -> None:
+    """Raise ``IndexOutOfRangeError(message.format(index=i))`` if an integer ``index`` is outside ``[-size, size)``.
+
+    With ``negative=False`` the range is ``[0, size)`` (``gather``/``scatter_add``); entries
+    equal to ``ignore`` pass (``cross_entropy``'s ``ignore_index``).
+
+    JAX clamps (reads) or drops (writes) out-of-range indices silently; PyTorch raises.
+    Python ints, lists and NumPy arrays are checked on the host; a ``jax.Array`` or
+    ``Tensor`` by one small jitted reduction and a host sync (its cost is in
+    ``benchmarks/RESULTS.md``). Under a JAX trace the values are unknown and JAX's own
+    out-of-range behaviour applies.
+
+    >>> check_index_range([0, -3, 2], 3, "index {index} is out of bounds")
+    >>> check_index_range([0, 3], 3, "index {index} is out of bounds")
+    Traceback (most recent call last):
+    xgrad.ops._util.IndexOutOfRangeError: index 3 is out of bounds
+    """
+    if isinstance(index, Tensor):
+        index = index._array
+    if isinstance(index, jax.core.Tracer):
+        return
+    if isinstance(index, jax.Array):
+        if not jnp.issubdtype(index.dtype, jnp.integer):
+            return
+        any_bad, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
+        if any_bad:
+            raise IndexOutOfRangeError(message.format(index=int(first)))
+        return
+    array = np.asarray(index)
+    if array.dtype.kind not in "iu" or not array.size:
+        return
+    bad = (array < (-size if negative else 0)) | (array >= size)
+    if ignore is not None:
+        bad &= array != ignore
+    if bad.any():
+        raise IndexOutOfRangeError(message.format(index=int(array[bad].flat[0])))
 
 
 def as_array(x: Any) -> Any:

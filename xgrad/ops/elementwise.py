@@ -357,3 +357,23 @@ isfinite = nondiff(jnp.isfinite, "isfinite", ">>> xgrad.isfinite(xgrad.tensor([1
 floor = nondiff(jnp.floor, "floor", '>>> xgrad.floor(xgrad.tensor([1.5, -1.5])).tolist()\n[1.0, -2.0]')
 ceil = nondiff(jnp.ceil, "ceil", '>>> xgrad.ceil(xgrad.tensor([1.5, -1.5])).tolist()\n[2.0, -1.0]')
 round = nondiff(jnp.round, "round", '>>> xgrad.round(xgrad.tensor([0.5, 1.5, 2.25])).tolist()\n[0.0, 2.0, 2.0]')
+
+
+def clamp_min(x: Tensor, min: Any) -> Tensor:
+    """``clamp(x, min=min)``.
+
+    >>> import xgrad
+    >>> xgrad.clamp_min(xgrad.tensor([-1.0, 2.0]), 0.0).tolist()
+    [0.0, 2.0]
+    """
+    return clamp(x, min=min)
+
+
+def clamp_max(x: Tensor, max: Any) -> Tensor:
+    """``clamp(x, max=max)``.
+
+    >>> import xgrad
+    >>> xgrad.clamp_max(xgrad.tensor([-1.0, 2.0]), 0.0).tolist()
+    [-1.0, 0.0]
+    """
+    return clamp(x, max=max)

@@ -6,7 +6,9 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
+from xgrad.ops._util import canonical_dim, check_index_range
 from xgrad.ops.registry import defprim
+from xgrad.ops.views import is_basic_index, track_view
 from xgrad.tensor import Tensor
 
 
@@ -54,18 +56,25 @@ def _index_width(item: Any) -> int:
     return 1
 
 
-def _check_int_bounds(shape: tuple[int, ...], index: Any) -> None:
-    """PyTorch's IndexError for an out-of-range integer (JAX would clamp it silently)."""
+def check_index_bounds(shape: tuple[int, ...], index: Any) -> None:
+    """PyTorch's IndexError for an out-of-range integer or integer-array index of ``x[index]``.
+
+    JAX would clamp a read and drop a write silently. Shared by ``x[index]`` and
+    ``x[index] = v``; slices, ``None``, ``...`` and boolean masks need no check.
+    """
     items = index if isinstance(index, tuple) else (index,)
     dim = 0
     for pos, item in enumerate(items):
         if item is Ellipsis:
             dim = len(shape) - sum(_index_width(i) for i in items[pos + 1 :])
             continue
-        if isinstance(item, int) and not isinstance(item, bool) and dim < len(shape):
+        if dim < len(shape) and not isinstance(item, (slice, bool)) and item is not None:
             size = shape[dim]
-            if not -size <= item < size:
-                raise IndexError(f"index {item} is out of bounds for dimension {dim} with size {size}")
+            if isinstance(item, int):
+                if not -size <= item < size:
+                    raise IndexError(f"index {item} is out of bounds for dimension {dim} with size {size}")
+            else:
+                check_index_range(item, size, f"index {{index}} is out of bounds for dimension {dim} with size {size}")
         dim += _index_width(item)
 
 
@@ -77,9 +86,11 @@ def getitem(x: Tensor, index: Any) -> Tensor:
     >>> xgrad.getitem(x, (slice(None), 1)).tolist()
     [2.0, 4.0]
     """
-    if isinstance(index, int) or isinstance(index, tuple) and any(isinstance(i, int) for i in index):
-        _check_int_bounds(x.shape, index)
-    return _getitem(x, index=_index_arg(index))
+    if not isinstance(index, slice):
+        check_index_bounds(x.shape, index)
+    index = _index_arg(index)
+    out = _getitem(x, index=index)
+    return track_view(x, out, "getitem", {"index": index}) if is_basic_index(index) else out
 
 
 def setitem(x: Tensor, index: Any, value: Any) -> None:
@@ -92,6 +103,7 @@ def setitem(x: Tensor, index: Any, value: Any) -> None:
     [0.0, 5.0, 0.0]
     """
     x._check_inplace()
+    check_index_bounds(x.shape, index)
     x._rebind(_index_put(x._alias(), value, index=_index_arg(index)))
 
 
@@ -115,6 +127,27 @@ _scatter_add = defprim(
 )
 
 
+def _check_scatter_gather(op: str, x: Tensor, dim: int, index: Tensor, src: Tensor | None = None) -> None:
+    """PyTorch's shape, dtype and range checks of ``gather``/``scatter_add``'s ``index``."""
+    if not jnp.issubdtype(index.dtype, jnp.integer):
+        raise RuntimeError(f"{op}(): Expected dtype int64 for index, got {index.dtype}")
+    if index.ndim != x.ndim and index.numel() > 0:
+        raise RuntimeError("Index tensor must have the same number of dimensions as input tensor")
+    others = [("self", x)] + ([("src", src)] if src is not None else [])
+    for name, t in others:
+        if name == "src" and index.ndim != t.ndim:
+            raise RuntimeError("Index tensor must have the same number of dimensions as src tensor")
+        for d in range(index.ndim):
+            if (d != dim or name == "src") and index.shape[d] > t.shape[d]:
+                raise RuntimeError(
+                    f"Size does not match at dimension {d} expected index {list(index.shape)} to be smaller than "
+                    f"{name} {list(t.shape)} apart from dimension {dim}"
+                )
+    size = x.shape[dim] if x.ndim else 1
+    # Negative indices are out of range here, as in PyTorch's gather and scatter.
+    check_index_range(index, size, f"index {{index}} is out of bounds for dimension {dim} with size {size}", negative=False)
+
+
 def gather(x: Tensor, dim: int, index: Any) -> Tensor:
     """``torch.gather``: ``out[i][j] = x[index[i][j]][j]`` for ``dim=0``, and so on.
 
@@ -123,8 +156,10 @@ def gather(x: Tensor, dim: int, index: Any) -> Tensor:
     >>> xgrad.gather(x, 1, xgrad.tensor([[1], [0]])).tolist()
     [[2.0], [3.0]]
     """
+    dim = canonical_dim(dim, x.ndim)
     index = index if isinstance(index, Tensor) else Tensor(jnp.asarray(index))
-    return _gather(x, index, dim=dim % x.ndim)
+    _check_scatter_gather("gather", x, dim, index)
+    return _gather(x, index, dim=dim)
 
 
 def scatter_add(x: Tensor, dim: int, index: Any, src: Tensor) -> Tensor:
@@ -134,8 +169,10 @@ def scatter_add(x: Tensor, dim: int, index: Any, src: Tensor) -> Tensor:
     >>> xgrad.scatter_add(xgrad.tensor([0.0, 0.0, 0.0]), 0, xgrad.tensor([0, 2, 0]), xgrad.tensor([1.0, 2.0, 3.0])).tolist()
     [4.0, 0.0, 2.0]
     """
+    dim = canonical_dim(dim, x.ndim)
     index = index if isinstance(index, Tensor) else Tensor(jnp.asarray(index))
-    return _scatter_add(x, index, src, dim=dim % x.ndim)
+    _check_scatter_gather("scatter_add", x, dim, index, src)
+    return _scatter_add(x, index, src, dim=dim)
 
 
 def index_select(x: Tensor, dim: int, index: Any) -> Tensor:
@@ -145,8 +182,16 @@ def index_select(x: Tensor, dim: int, index: Any) -> Tensor:
     >>> xgrad.index_select(xgrad.tensor([1.0, 2.0, 3.0]), 0, xgrad.tensor([2, 0])).tolist()
     [3.0, 1.0]
     """
-    dim = dim % x.ndim
-    return getitem(x, (slice(None),) * dim + (index,))
+    dim = canonical_dim(dim, x.ndim)
+    index_array = index._array if isinstance(index, Tensor) else jnp.asarray(index)
+    if index_array.ndim > 1:
+        raise IndexError("index_select(): Index is supposed to be a vector")
+    if not jnp.issubdtype(index_array.dtype, jnp.integer):
+        raise IndexError(f"index_select(): Expected dtype int32 or int64 for index, got {index_array.dtype}")
+    check_index_range(index_array, x.shape[dim] if x.ndim else 1, "index out of range in self")
+    if x.ndim == 0:
+        return _getitem(x, index=())
+    return _getitem(x, index=(slice(None),) * dim + (index_array.reshape(-1),))
 
 
 def embedding(input: Any, weight: Tensor) -> Tensor:
@@ -157,7 +202,13 @@ def embedding(input: Any, weight: Tensor) -> Tensor:
     >>> xgrad.embedding(xgrad.tensor([1, 1, 0]), weight).tolist()
     [[1.0, 1.5], [1.0, 1.5], [0.0, 0.5]]
     """
-    return getitem(weight, input)
+    if weight.ndim != 2:
+        raise RuntimeError("'weight' must be 2-D")
+    index_array = input._array if isinstance(input, Tensor) else jnp.asarray(input)
+    if not jnp.issubdtype(index_array.dtype, jnp.integer):
+        raise RuntimeError(f"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; but got {index_array.dtype} instead")
+    check_index_range(index_array, weight.shape[0], "index out of range in self")
+    return _getitem(weight, index=index_array)
 
 
 class Sorted(NamedTuple):
@@ -173,7 +224,10 @@ def sort(x: Tensor, dim: int = -1, descending: bool = False) -> Sorted:
     >>> values.tolist(), indices.tolist()
     ([1.0, 2.0, 3.0], [1, 2, 0])
     """
-    dim = dim % x.ndim
-    idx = jnp.argsort(x._array, axis=dim, descending=descending, stable=True)
-    indices = Tensor(idx)
-    return Sorted(gather(x, dim, indices), indices)
+    dim = canonical_dim(dim, x.ndim)
+    if x.ndim == 0:
+        indices = Tensor(jnp.zeros((), int))
+    else:
+        indices = Tensor(jnp.argsort(x._array, axis=dim, descending=descending, stable=True))
+    # argsort's indices are in range by construction: no check needed.
+    return Sorted(_gather(x, indices, dim=dim), indices)

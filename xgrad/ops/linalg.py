@@ -1,7 +1,9 @@
-"""Contractions: ``matmul`` (rules in xgrad ops), ``einsum`` and ``conv2d`` (rules from jax.vjp)."""
+"""Contractions and norms: ``matmul`` (rules in xgrad ops), ``einsum`` and ``conv2d`` (rules from jax.vjp),
+``norm`` (a 2-norm primitive), and the composites ``outer``, ``bmm``, ``baddbmm``, ``linear``, ``normalize``."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -108,3 +110,131 @@ def conv2d(
     if bias is not None:
         out = out + bias.reshape((1, -1, 1, 1))
     return out
+
+
+# -- products and norms PyTorch users reach for ----------------------------------------
+def outer(x: Tensor, y: Tensor) -> Tensor:
+    """Outer product of two vectors: ``out[i, j] = x[i] * y[j]``.
+
+    >>> import xgrad
+    >>> xgrad.outer(xgrad.tensor([1.0, 2.0]), xgrad.tensor([3.0, 4.0])).tolist()
+    [[3.0, 4.0], [6.0, 8.0]]
+    """
+    for name, t in (("self", x), ("vec2", y)):
+        if t.ndim != 1:
+            raise RuntimeError(f"outer: Expected 1-D argument {name}, but got {t.ndim}-D")
+    return x.unsqueeze(1) * y
+
+
+def bmm(input: Tensor, mat2: Tensor) -> Tensor:
+    """Batched matrix product of two 3-D tensors, ``(b, n, m) @ (b, m, p) -> (b, n, p)``.
+
+    >>> import xgrad
+    >>> xgrad.bmm(xgrad.ones(2, 1, 3), xgrad.ones(2, 3, 2)).tolist()
+    [[[3.0, 3.0]], [[3.0, 3.0]]]
+    """
+    if input.ndim != 3:
+        raise RuntimeError("batch1 must be a 3D tensor")
+    if mat2.ndim != 3:
+        raise RuntimeError("batch2 must be a 3D tensor")
+    expected = [input.shape[0], input.shape[2]]
+    if list(mat2.shape[:2]) != expected:
+        raise RuntimeError(
+            f"Expected size for first two dimensions of batch2 tensor to be: {expected} but got: {list(mat2.shape[:2])}."
+        )
+    return matmul(input, mat2)
+
+
+def baddbmm(input: Tensor, batch1: Tensor, batch2: Tensor, *, beta: float = 1, alpha: float = 1) -> Tensor:
+    """``beta * input + alpha * bmm(batch1, batch2)``; with ``beta=0`` ``input`` is ignored (NaNs in it too).
+
+    >>> import xgrad
+    >>> xgrad.baddbmm(xgrad.ones(1, 1, 2), xgrad.ones(1, 1, 3), xgrad.ones(1, 3, 2), beta=0.5, alpha=2).tolist()
+    [[[6.5, 6.5]]]
+    """
+    product = bmm(batch1, batch2)
+    if alpha != 1:
+        product = product * alpha
+    if tuple(jnp.broadcast_shapes(input.shape, product.shape)) != product.shape:
+        raise RuntimeError(f"expand: the input of shape {list(input.shape)} is not broadcastable to {list(product.shape)}")
+    if beta == 0:
+        # A ``where`` that never picks ``input``: its value is dropped (NaN included) and its
+        # gradient is zero, as PyTorch's ``grad * beta``.
+        from xgrad.ops.elementwise import where
+
+        return where(jnp.zeros((), bool), input, product)
+    return product + (input if beta == 1 else input * beta)
+
+
+def _norm2_grad(g: Tensor, out: Tensor, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
+    from xgrad.ops.elementwise import where
+    from xgrad.ops.reduce import _keep
+
+    norm = _keep(out, x.ndim, axis, keepdims)
+    # x / norm, with the gradient at the zero vector defined as 0 (PyTorch's subgradient);
+    # the safe denominator keeps the unused branch finite for higher orders.
+    return _keep(g, x.ndim, axis, keepdims) * x / where(norm == 0, 1.0, norm)
+
+
+_norm2 = defprim(
+    "norm2",
+    lambda x, axis, keepdims: jnp.sqrt(jnp.sum(x * x, axis=axis, keepdims=keepdims)),
+    (_norm2_grad,),
+    save_out=True,
+)
+
+
+def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
+    """Vector norm over ``dim`` (all elements when ``None``): ``p`` is ``2``/``"fro"``, ``1``, ``inf``, ``-inf``, ``0`` or any float.
+
+    The 2-norm is one primitive whose gradient at the zero vector is 0, as PyTorch's;
+    ``inf`` shares the gradient evenly between tied maxima.
+
+    >>> import xgrad
+    >>> xgrad.norm(xgrad.tensor([3.0, 4.0])).item()
+    5.0
+    >>> xgrad.norm(xgrad.tensor([[1.0, -2.0], [3.0, 0.0]]), p=1, dim=1).tolist()
+    [3.0, 3.0]
+    """
+    from xgrad.ops.elementwise import abs, sign
+    from xgrad.ops.reduce import _axes, amax, amin, sum
+
+    if dtype is not None:
+        x = x.to(dtype)
+    axes = _axes(dim, x)
+    if p == "nuc":
+        raise NotImplementedError("norm(p='nuc') is not supported: use jnp.linalg.norm through xgrad.ops.from_jax")
+    if p == "fro" or p == 2:
+        return _norm2(x, axis=axes, keepdims=keepdim)
+    if isinstance(p, str):
+        raise RuntimeError(f"norm(): p must be a number, 'fro' or 'nuc', got {p!r}")
+    if p == math.inf:
+        return amax(abs(x), dim=axes, keepdim=keepdim)
+    if p == -math.inf:
+        return amin(abs(x), dim=axes, keepdim=keepdim)
+    if p == 0:  # the count of non-zeros; its gradient is 0
+        return sum(sign(abs(x)), dim=axes, keepdim=keepdim)
+    if p == 1:
+        return sum(abs(x), dim=axes, keepdim=keepdim)
+    return sum(abs(x) ** p, dim=axes, keepdim=keepdim) ** (1.0 / p)
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear``: ``input @ weight.T + bias`` with ``weight`` of shape ``(out_features, in_features)``.
+
+    >>> import xgrad
+    >>> xgrad.linear(xgrad.tensor([[1.0, 2.0]]), xgrad.tensor([[1.0, 1.0], [0.0, 1.0]]), xgrad.tensor([0.5, 0.0])).tolist()
+    [[3.5, 2.0]]
+    """
+    out = matmul(input, weight.mT if weight.ndim == 2 else weight)
+    return out if bias is None else out + bias
+
+
+def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """``F.normalize``: ``input / max(norm_p(input, dim), eps)``.
+
+    >>> import xgrad
+    >>> xgrad.normalize(xgrad.tensor([[3.0, 4.0]])).tolist()
+    [[0.6, 0.8]]
+    """
+    return input / norm(input, p, dim, keepdim=True).clamp_min(eps).expand_as(input)

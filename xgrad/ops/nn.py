@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from xgrad.ops._util import canonical_dim, check_index_range
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor
 
@@ -33,7 +36,7 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
     >>> xgrad.softmax(xgrad.tensor([0.0, 0.0])).tolist()
     [0.5, 0.5]
     """
-    return _softmax(x, axis=dim % x.ndim)
+    return _softmax(x, axis=canonical_dim(dim, x.ndim) if x.ndim else None)
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
@@ -43,7 +46,7 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
     >>> [round(v, 4) for v in xgrad.log_softmax(xgrad.tensor([0.0, 0.0])).tolist()]
     [-0.6931, -0.6931]
     """
-    return _log_softmax(x, axis=dim % x.ndim)
+    return _log_softmax(x, axis=canonical_dim(dim, x.ndim) if x.ndim else None)
 
 
 def _reduce(loss: Tensor, reduction: str) -> Tensor:
@@ -56,24 +59,78 @@ def _reduce(loss: Tensor, reduction: str) -> Tensor:
     raise ValueError(f"{reduction} is not a valid value for reduction")
 
 
-def cross_entropy(input: Tensor, target: Any, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
-    """``F.cross_entropy``: ``input`` logits (N, C); ``target`` class indices (N,) or probabilities (N, C).
+def _one_hot(target: Any, shape: tuple[int, ...], axis: int, dtype: Any) -> Any:
+    """``target``'s classes as a one-hot array of ``shape`` along ``axis``: elementwise, so a
+    batch-sharded ``target`` stays sharded (no gather or scatter of the labels)."""
+    classes = jax.lax.broadcasted_iota(target.dtype, shape, axis)
+    return (jnp.expand_dims(target, axis) == classes).astype(dtype)
+
+
+def _cross_entropy_impl(x: Any, target: Any, axis: int, ignore_index: int, label_smoothing: float) -> Any:
+    logp = jax.nn.log_softmax(x, axis=axis)
+    smoothed = (1.0 - label_smoothing) * _one_hot(target, x.shape, axis, x.dtype) + label_smoothing / x.shape[axis]
+    loss = -jnp.sum(smoothed * logp, axis=axis)
+    return jnp.where(target != ignore_index, loss, jnp.zeros((), x.dtype))
+
+
+def _cross_entropy_grad(g: Tensor, out: Any, x: Tensor, target: Tensor, axis: int, ignore_index: int, label_smoothing: float) -> Tensor:
+    # d loss / d x = softmax(x) - smoothed one-hot (its entries sum to 1), zero where ignored.
+    smoothed = (1.0 - label_smoothing) * _one_hot(target._array, x.shape, axis, x.dtype) + label_smoothing / x.shape[axis]
+    kept = Tensor((target._array != ignore_index).astype(x.dtype))
+    return (softmax(x, dim=axis) - Tensor(smoothed)) * (g * kept).unsqueeze(axis)
+
+
+_cross_entropy = defprim("cross_entropy", _cross_entropy_impl, (_cross_entropy_grad, None))
+
+
+def cross_entropy(
+    input: Tensor, target: Any, *, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+) -> Tensor:
+    """``F.cross_entropy`` with PyTorch's shapes, ``ignore_index``, ``label_smoothing`` and ``reduction``.
+
+    Args:
+        input: logits of shape ``(C,)``, ``(N, C)`` or ``(N, C, d1, ...)``: classes along dim 1.
+        target: integer class indices of shape ``()``, ``(N,)`` or ``(N, d1, ...)``, or class
+            probabilities of ``input``'s shape.
+        ignore_index: class-index targets equal to it add nothing and are left out of the mean.
+        reduction: ``'mean'`` (over the non-ignored targets), ``'sum'`` or ``'none'``.
+        label_smoothing: ``ε`` in ``[0, 1]``: the target becomes ``(1 - ε) · one_hot + ε / C``.
 
     >>> import xgrad
     >>> logits = xgrad.tensor([[0.0, 0.0], [0.0, 0.0]])
     >>> round(xgrad.cross_entropy(logits, xgrad.tensor([0, 1])).item(), 4)
     0.6931
+    >>> xgrad.cross_entropy(logits, xgrad.tensor([0, -100]), reduction="none").tolist()[1]
+    0.0
     """
-    logp = log_softmax(input, dim=1 if input.ndim > 1 else 0)
-    target_arr = target._array if isinstance(target, Tensor) else jnp.asarray(target)
-    if jnp.issubdtype(target_arr.dtype, jnp.integer):
-        picked = logp.gather(1, Tensor(target_arr[:, None])).squeeze(1) if input.ndim > 1 else logp[target_arr]
-        nll = -picked
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise RuntimeError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    axis = canonical_dim(1 if input.ndim != 1 else 0, input.ndim)
+    classes = input.shape[axis]
+    target_array = target._array if isinstance(target, Tensor) else jnp.asarray(target)
+    if target_array.shape == input.shape:
+        if not jnp.issubdtype(target_array.dtype, jnp.floating):
+            raise RuntimeError(f"Expected floating point type for target with class probabilities, got {target_array.dtype}")
+        probs = target if isinstance(target, Tensor) else Tensor(target_array)
         if label_smoothing:
-            nll = (1 - label_smoothing) * nll - label_smoothing * logp.mean(dim=-1)
-        return _reduce(nll, reduction)
-    probs = target if isinstance(target, Tensor) else Tensor(target_arr)
-    return _reduce(-(probs * logp).sum(dim=1 if input.ndim > 1 else 0), reduction)
+            probs = probs * (1.0 - label_smoothing) + label_smoothing / classes
+        loss = -(probs * log_softmax(input, dim=axis)).sum(dim=axis)
+        return _reduce(loss, reduction)
+    if not jnp.issubdtype(target_array.dtype, jnp.integer):
+        raise RuntimeError(f"expected scalar type Long but found {target_array.dtype}")
+    expected = input.shape[:axis] + input.shape[axis + 1 :]
+    if input.ndim == 2 and target_array.ndim == 1 and target_array.shape[0] != input.shape[0]:
+        raise ValueError(f"Expected input batch_size ({input.shape[0]}) to match target batch_size ({target_array.shape[0]}).")
+    if target_array.shape != expected:
+        raise RuntimeError(f"Expected target size {list(expected)}, got {list(target_array.shape)}")
+    check_index_range(target_array, classes, "Target {index} is out of bounds.", negative=False, ignore=ignore_index)
+    loss = _cross_entropy(input, Tensor(target_array), axis=axis, ignore_index=ignore_index, label_smoothing=label_smoothing)
+    if reduction == "mean":
+        # PyTorch's mean is over the targets that are not ignored (NaN when all are).
+        return loss.sum() / Tensor((target_array != ignore_index).sum().astype(input.dtype))
+    return _reduce(loss, reduction)
 
 
 def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
@@ -94,7 +151,22 @@ def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, b
     >>> xgrad.layer_norm(xgrad.tensor([[1.0, 3.0]]), (2,), eps=0.0).tolist()
     [[-1.0, 1.0]]
     """
-    n = 1 if isinstance(normalized_shape, int) else len(tuple(normalized_shape))
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    n = len(shape)
+    if n == 0:
+        raise RuntimeError(
+            "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, but got "
+            "normalized_shape = []"
+        )
+    if x.shape[x.ndim - n :] != shape:
+        raise RuntimeError(
+            f"Given normalized_shape={list(shape)}, expected input with shape [*, {', '.join(map(str, shape))}], "
+            f"but got input of size{list(x.shape)}"
+        )
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is not None and param.shape != shape:
+            raise RuntimeError(f"Expected {name} to be of same shape as normalized_shape, but got {name} of shape "
+                               f"{list(param.shape)} and normalized_shape = {list(shape)}")
     dims = tuple(range(x.ndim - n, x.ndim))
     mu = x.mean(dim=dims, keepdim=True)
     centered = x - mu
@@ -130,5 +202,22 @@ def dropout(x: Tensor, p: float = 0.5, key: Any = None, training: bool = True) -
     from xgrad.creation import next_key
 
     key = next_key() if key is None else key
+    sharding = getattr(x._array, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1:
+        # The mask is made where x lives, each device drawing its own part (threefry is
+        # partitionable: the same values as unsharded); the key is replicated over x's mesh,
+        # as its raw bits: a typed key cannot be put on devices of other processes.
+        typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+        bits = np.asarray(jax.random.key_data(key) if typed else key)
+        bits = jax.device_put(bits, jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec()))
+        impl = jax.random.key_impl(key) if typed else None
+        return x * Tensor(_sharded_dropout_scale(bits, impl, 1.0 - p, x.shape, x.dtype, sharding))
     keep = jax.random.bernoulli(key, 1.0 - p, x.shape)
     return x * Tensor(keep.astype(x.dtype) / (1.0 - p))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5))
+def _sharded_dropout_scale(bits: Any, impl: Any, keep_prob: float, shape: tuple[int, ...], dtype: Any, sharding: Any) -> Any:
+    key = bits if impl is None else jax.random.wrap_key_data(bits, impl=impl)
+    keep = jax.random.bernoulli(key, keep_prob, shape)
+    return jax.lax.with_sharding_constraint(keep.astype(dtype) / keep_prob, sharding)

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from xgrad.ops._util import norm_axes
+from xgrad.ops._util import canonical_dim, norm_axes
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor
 
@@ -33,7 +33,9 @@ _sum = defprim("sum", lambda x, axis, keepdims: jnp.sum(x, axis=axis, keepdims=k
 
 
 def _extremum_grad(g: Tensor, out: Tensor, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
-    # The gradient is shared evenly between tied extrema, as PyTorch's amax/amin do.
+    # The gradient is shared evenly between tied extrema, as PyTorch's amax/amin do
+    # (its scale_grad_by_count): a slice whose extremum is NaN matches no entry, so its
+    # gradient is 0/0 = NaN throughout, as in PyTorch.
     mask = (x == _keep(out, x.ndim, axis, keepdims)).astype(g.dtype)
     count = mask.sum(dim=axis, keepdim=True)
     return _keep(g, x.ndim, axis, keepdims) * mask / count
@@ -41,6 +43,17 @@ def _extremum_grad(g: Tensor, out: Tensor, x: Tensor, axis: Any, keepdims: bool)
 
 _amax = defprim("amax", lambda x, axis, keepdims: jnp.max(x, axis=axis, keepdims=keepdims), (_extremum_grad,), save_out=True)
 _amin = defprim("amin", lambda x, axis, keepdims: jnp.min(x, axis=axis, keepdims=keepdims), (_extremum_grad,), save_out=True)
+
+
+def _evenly_distribute_grad(g: Tensor, out: Tensor, x: Tensor) -> Tensor:
+    # PyTorch's evenly_distribute_backward for the full max()/min(): ties share the
+    # gradient, and when the result is NaN the NaN entries are the ties.
+    mask = ((x == out) | (x.isnan() & out.isnan())).astype(g.dtype)
+    return g * mask / mask.sum()
+
+
+_max_all = defprim("max", lambda x: jnp.max(x), (_evenly_distribute_grad,), save_out=True)
+_min_all = defprim("min", lambda x: jnp.min(x), (_evenly_distribute_grad,), save_out=True)
 
 
 def _logsumexp_grad(g: Tensor, out: Tensor, x: Tensor, axis: Any, keepdims: bool) -> Tensor:
@@ -202,16 +215,29 @@ class MaxMin(NamedTuple):
     indices: Tensor
 
 
-def _extremum_with_indices(x: Tensor, dim: int, keepdim: bool, arg: Any) -> MaxMin:
-    from xgrad.ops.index import gather
+def _extremum_with_indices(x: Tensor, dim: int, keepdim: bool, arg: Any, name: str) -> MaxMin:
+    # The whole gradient goes to the selected index (PyTorch's value_selecting_reduction_backward).
+    from xgrad.ops.index import _gather
 
-    (axis,) = norm_axes(dim, x.ndim)  # type: ignore[misc]
+    axis = canonical_dim(dim, x.ndim)
+    if x.ndim == 0:
+        idx = Tensor(jnp.zeros((), int))
+        return MaxMin(_gather(x, idx, dim=0), idx)
+    if x.shape[axis] == 0:
+        raise IndexError(f"{name}(): Expected reduction dim {axis} to have non-zero size.")
     idx = Tensor(jnp.expand_dims(arg(x._array, axis=axis), axis))
-    values = gather(x, axis, idx)
+    values = _gather(x, idx, dim=axis)
     if not keepdim:
         values = values.squeeze(axis)
         idx = idx.squeeze(axis)
     return MaxMin(values, idx)
+
+
+def _check_nonempty(x: Tensor, name: str) -> None:
+    if x.numel() == 0:
+        raise RuntimeError(
+            f"{name}(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim with the 'dim' argument."
+        )
 
 
 def max(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Any:
@@ -227,8 +253,9 @@ def max(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any =
     if axis is not None or keepdims is not None:
         return amax(x, dim, keepdim, axis=axis, keepdims=keepdims)
     if dim is None:
-        return amax(x)
-    return _extremum_with_indices(x, dim, keepdim, jnp.argmax)
+        _check_nonempty(x, "max")
+        return _max_all(x)
+    return _extremum_with_indices(x, dim, keepdim, jnp.argmax, "max")
 
 
 def min(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Any:
@@ -244,8 +271,9 @@ def min(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any =
     if axis is not None or keepdims is not None:
         return amin(x, dim, keepdim, axis=axis, keepdims=keepdims)
     if dim is None:
-        return amin(x)
-    return _extremum_with_indices(x, dim, keepdim, jnp.argmin)
+        _check_nonempty(x, "min")
+        return _min_all(x)
+    return _extremum_with_indices(x, dim, keepdim, jnp.argmin, "min")
 
 
 def logsumexp(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
@@ -266,7 +294,9 @@ def cumsum(x: Tensor, dim: int) -> Tensor:
     >>> xgrad.cumsum(xgrad.tensor([1.0, 2.0, 3.0]), dim=0).tolist()
     [1.0, 3.0, 6.0]
     """
-    (axis,) = norm_axes(dim, x.ndim)  # type: ignore[misc]
+    axis = canonical_dim(dim, x.ndim)
+    if x.ndim == 0:
+        return _cumsum(x.reshape(1), axis=0).reshape(())
     return _cumsum(x, axis=axis)
 
 
@@ -286,6 +316,17 @@ def sum_to(x: Tensor, shape: tuple[int, ...]) -> Tensor:
     return out.reshape(shape)
 
 
+def _arg_axis(dim: int | None, x: Tensor, name: str) -> int | None:
+    """``dim`` checked for ``argmax``/``argmin`` (``None`` for a 0-dim input: its only element)."""
+    if dim is None:
+        _check_nonempty(x, name)
+        return None
+    axis = canonical_dim(dim, x.ndim)
+    if x.ndim and x.shape[axis] == 0:
+        raise IndexError(f"{name}(): Expected reduction dim {axis} to have non-zero size.")
+    return axis if x.ndim else None
+
+
 def argmax(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     """Index of the maximum (non-differentiable).
 
@@ -293,7 +334,7 @@ def argmax(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     >>> xgrad.argmax(xgrad.tensor([[1.0, 3.0], [4.0, 2.0]]), dim=1).tolist()
     [1, 0]
     """
-    return Tensor(jnp.argmax(x._array, axis=dim, keepdims=keepdim))
+    return Tensor(jnp.argmax(x._array, axis=_arg_axis(dim, x, "argmax"), keepdims=keepdim))
 
 
 def argmin(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
@@ -303,4 +344,4 @@ def argmin(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     >>> xgrad.argmin(xgrad.tensor([[1.0, 3.0], [4.0, 2.0]]), dim=1).tolist()
     [0, 1]
     """
-    return Tensor(jnp.argmin(x._array, axis=dim, keepdims=keepdim))
+    return Tensor(jnp.argmin(x._array, axis=_arg_axis(dim, x, "argmin"), keepdims=keepdim))

@@ -257,7 +257,16 @@ def _check_same_devices(tensors: list[Tensor], arrays: list[Any], positions: lis
         if sharding is None or sharding is first or sharding == first or sharding.device_set == first.device_set:
             continue
         if t._array.ndim == 0:
-            arrays[pos] = jax.device_put(t._array, first)
+            # A scalar joins the other operand's devices replicated: ``first``'s own spec
+            # (``P('data')``) needs a rank it does not have.
+            if isinstance(first, jax.sharding.NamedSharding):
+                target = jax.sharding.NamedSharding(first.mesh, jax.sharding.PartitionSpec())
+            elif len(first.device_set) == 1:
+                target = first
+            else:
+                mesh = jax.sharding.Mesh(tuple(first._device_assignment), ("devices",))
+                target = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+            arrays[pos] = jax.device_put(t._array, target)
             continue
         a = ",".join(str(d) for d in first.device_set)
         b = ",".join(str(d) for d in sharding.device_set)

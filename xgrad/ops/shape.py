@@ -8,8 +8,9 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from xgrad.ops._util import norm_axes
+from xgrad.ops._util import canonical_dim, norm_axes
 from xgrad.ops.registry import defprim
+from xgrad.ops.views import track_view
 from xgrad.tensor import Tensor
 
 _reshape = defprim("reshape", lambda x, shape: jnp.reshape(x, shape), (lambda g, out, x, shape: g.reshape(x.shape),), save=())
@@ -82,6 +83,26 @@ def _shape_arg(shape: Sequence[Any]) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def _infer_shape(shape: tuple[int, ...], numel: int) -> tuple[int, ...]:
+    """``shape`` with its one ``-1`` filled in; PyTorch's errors for any other mismatch."""
+    inferred = None
+    known = 1
+    for i, s in enumerate(shape):
+        if s == -1:
+            if inferred is not None:
+                raise RuntimeError("only one dimension can be inferred")
+            inferred = i
+        elif s < 0:
+            raise RuntimeError(f"invalid shape dimension {s}")
+        else:
+            known *= s
+    if inferred is not None and known and numel % known == 0:
+        return shape[:inferred] + (numel // known,) + shape[inferred + 1 :]
+    if inferred is None and known == numel:
+        return shape
+    raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
+
+
 def reshape(x: Tensor, *shape: Any) -> Tensor:
     """``x`` with a new shape (one ``-1`` allowed); same elements, row-major.
 
@@ -94,7 +115,8 @@ def reshape(x: Tensor, *shape: Any) -> Tensor:
     target = _shape_arg(shape)
     if target == x.shape:
         return x
-    return _reshape(x, shape=target)
+    out = _reshape(x, shape=_infer_shape(target, x.numel()))
+    return track_view(x, out, "reshape", {"shape": out.shape})
 
 
 view = reshape
@@ -107,9 +129,11 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     >>> xgrad.flatten(xgrad.zeros(2, 3, 4), start_dim=1).shape
     (2, 12)
     """
+    start, end = canonical_dim(start_dim, x.ndim), canonical_dim(end_dim, x.ndim)
+    if start > end:
+        raise RuntimeError("flatten() has invalid args: start_dim cannot come after end_dim")
     if x.ndim == 0:
         return reshape(x, (1,))
-    start, end = start_dim % x.ndim, end_dim % x.ndim
     merged = 1
     for s in x.shape[start : end + 1]:
         merged *= s
@@ -134,7 +158,7 @@ def unsqueeze(x: Tensor, dim: int) -> Tensor:
     >>> xgrad.unsqueeze(xgrad.zeros(3), 0).shape
     (1, 3)
     """
-    dim = dim % (x.ndim + 1)
+    dim = canonical_dim(dim, x.ndim + 1)
     return reshape(x, x.shape[:dim] + (1,) + x.shape[dim:])
 
 
@@ -148,7 +172,26 @@ def broadcast_to(x: Tensor, *shape: Any) -> Tensor:
     target = _shape_arg(shape)
     if target == x.shape:
         return x
-    return _broadcast_to(x, shape=target)
+    _check_expand(x.shape, target)
+    return track_view(x, _broadcast_to(x, shape=target), "broadcast_to", {"shape": target})
+
+
+def _check_expand(shape: tuple[int, ...], target: tuple[int, ...]) -> None:
+    """PyTorch's ``expand`` errors (JAX's would name ``broadcast_to`` internals)."""
+    if len(target) < len(shape):
+        raise RuntimeError(
+            f"expand: the number of sizes provided ({len(target)}) must be greater or equal to the number of "
+            f"dimensions in the tensor ({len(shape)})"
+        )
+    lead = len(target) - len(shape)
+    for i, size in enumerate(target):
+        if size < 0:
+            raise RuntimeError(f"expand: invalid size {size} at dimension {i}; target sizes: {list(target)}")
+        if i >= lead and shape[i - lead] not in (1, size):
+            raise RuntimeError(
+                f"The expanded size of the tensor ({size}) must match the existing size ({shape[i - lead]}) at "
+                f"non-singleton dimension {i}.  Target sizes: {list(target)}.  Tensor sizes: {list(shape)}"
+            )
 
 
 def expand(x: Tensor, *sizes: Any) -> Tensor:
@@ -160,6 +203,10 @@ def expand(x: Tensor, *sizes: Any) -> Tensor:
     """
     target = _shape_arg(sizes)
     lead = len(target) - x.ndim
+    if lead < 0:
+        _check_expand(x.shape, target)
+    if any(s == -1 for s in target[:lead]):
+        raise RuntimeError(f"expand: -1 is not allowed in a leading, non-existing dimension; target sizes: {list(target)}")
     resolved = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(target))
     return broadcast_to(x, resolved)
 
@@ -171,10 +218,18 @@ def permute(x: Tensor, *dims: Any) -> Tensor:
     >>> xgrad.permute(xgrad.zeros(2, 3, 4), 2, 0, 1).shape
     (4, 2, 3)
     """
-    axes = tuple(d % x.ndim for d in _shape_arg(dims))
+    wanted = _shape_arg(dims)
+    if len(wanted) != x.ndim:
+        raise RuntimeError(
+            "permute: number of dimensions in the tensor input does not match the length of the desired ordering "
+            f"of dimensions i.e. input.dim() = {x.ndim} is not equal to len(dims) = {len(wanted)}"
+        )
+    axes = tuple(canonical_dim(d, x.ndim) for d in wanted)
+    if len(set(axes)) != len(axes):
+        raise RuntimeError("permute(): duplicate dims are not allowed.")
     if axes == tuple(range(x.ndim)):
         return x
-    return _transpose(x, axes=axes)
+    return track_view(x, _transpose(x, axes=axes), "transpose", {"axes": axes})
 
 
 def transpose(x: Tensor, dim0: int = 0, dim1: int = 1) -> Tensor:
@@ -184,6 +239,9 @@ def transpose(x: Tensor, dim0: int = 0, dim1: int = 1) -> Tensor:
     >>> xgrad.transpose(xgrad.zeros(2, 3, 4), 0, 2).shape
     (4, 3, 2)
     """
+    dim0, dim1 = canonical_dim(dim0, x.ndim), canonical_dim(dim1, x.ndim)
+    if x.ndim == 0:
+        return x
     axes = list(range(x.ndim))
     axes[dim0], axes[dim1] = axes[dim1], axes[dim0]
     return permute(x, tuple(axes))
@@ -219,7 +277,19 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise RuntimeError("cat expects a non-empty list of Tensors")
-    (axis,) = norm_axes(dim, tensors[0].ndim)  # type: ignore[misc]
+    first = tensors[0]
+    axis = canonical_dim(dim, first.ndim)
+    for i, t in enumerate(tensors):
+        if t.ndim == 0:
+            raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
+        if t.ndim != first.ndim:
+            raise RuntimeError(f"Tensors must have same number of dimensions: got {first.ndim} and {t.ndim}")
+        for d in range(t.ndim):
+            if d != axis and t.shape[d] != first.shape[d]:
+                raise RuntimeError(
+                    f"Sizes of tensors must match except in dimension {axis}. Expected size {first.shape[d]} but "
+                    f"got size {t.shape[d]} for tensor number {i} in the list."
+                )
     return _concatenate(*tensors, axis=axis)
 
 
@@ -236,7 +306,13 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise RuntimeError("stack expects a non-empty list of Tensors")
-    dim = dim % (tensors[0].ndim + 1)
+    for i, t in enumerate(tensors):
+        if t.shape != tensors[0].shape:
+            raise RuntimeError(
+                f"stack expects each tensor to be equal size, but got {list(tensors[0].shape)} at entry 0 and "
+                f"{list(t.shape)} at entry {i}"
+            )
+    dim = canonical_dim(dim, tensors[0].ndim + 1)
     return cat([unsqueeze(t, dim) for t in tensors], dim)
 
 
@@ -247,13 +323,22 @@ def split(x: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor,
     >>> [t.tolist() for t in xgrad.split(xgrad.arange(5.0), 2)]
     [[0.0, 1.0], [2.0, 3.0], [4.0]]
     """
-    (axis,) = norm_axes(dim, x.ndim)  # type: ignore[misc]
+    axis = canonical_dim(dim, x.ndim)
+    if x.ndim == 0:
+        raise RuntimeError("split expects at least a 1-dimensional tensor")
     n = x.shape[axis]
     if isinstance(split_size_or_sections, int):
         size = split_size_or_sections
-        sizes = [size] * (n // size) + ([n % size] if n % size else [])
+        if size < 0:
+            raise RuntimeError(f"split expects split_size be non-negative, but got split_size={size}")
+        if size == 0 and n != 0:
+            raise RuntimeError(f"split_size can only be 0 if dimension size is 0, but got dimension size of {n}")
+        pieces = [size] * (n // size) + ([n % size] if n % size else []) if size else []
+        sizes = pieces or [0]  # at least one (empty) piece, as PyTorch returns
     else:
         sizes = list(split_size_or_sections)
+        if any(s < 0 for s in sizes):
+            raise RuntimeError(f"split_with_sizes expects split_sizes have only non-negative entries, but got split_sizes={sizes}")
         if sum(sizes) != n:
             raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at dimension {dim}), but got split_sizes={sizes}")
     out = []
@@ -273,7 +358,11 @@ def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     >>> [t.tolist() for t in xgrad.chunk(xgrad.arange(4.0), 2)]
     [[0.0, 1.0], [2.0, 3.0]]
     """
-    n = x.shape[dim]
+    if chunks <= 0:
+        raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
+    if x.ndim == 0:
+        raise RuntimeError("chunk expects at least a 1-dimensional tensor")
+    n = x.shape[canonical_dim(dim, x.ndim)]
     return split(x, -(-n // chunks), dim)
 
 
@@ -315,7 +404,9 @@ def roll(x: Tensor, shifts: Any, dims: Any = None) -> Tensor:
         return roll(flatten(x), shifts, 0).reshape(x.shape)
     shifts_t = (shifts,) if isinstance(shifts, int) else tuple(shifts)
     dims_t = (dims,) if isinstance(dims, int) else tuple(dims)
-    return _roll(x, shifts=shifts_t, axes=tuple(d % x.ndim for d in dims_t))
+    if len(shifts_t) != len(dims_t):
+        raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts_t)}, dims:{len(dims_t)}")
+    return _roll(x, shifts=shifts_t, axes=tuple(canonical_dim(d, x.ndim) for d in dims_t))
 
 
 def tril(x: Tensor, diagonal: int = 0) -> Tensor:
@@ -325,6 +416,8 @@ def tril(x: Tensor, diagonal: int = 0) -> Tensor:
     >>> xgrad.tril(xgrad.ones(2, 2)).tolist()
     [[1.0, 0.0], [1.0, 1.0]]
     """
+    if x.ndim < 2:
+        raise RuntimeError("tril: input tensor must have at least 2 dimensions")
     return _tril(x, k=diagonal)
 
 
@@ -335,4 +428,6 @@ def triu(x: Tensor, diagonal: int = 0) -> Tensor:
     >>> xgrad.triu(xgrad.ones(2, 2)).tolist()
     [[1.0, 1.0], [0.0, 1.0]]
     """
+    if x.ndim < 2:
+        raise RuntimeError("triu: input tensor must have at least 2 dimensions")
     return _triu(x, k=diagonal)

@@ -15,6 +15,7 @@ True
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -220,6 +221,66 @@ _MASK = np.array([[True, False, True], [False, False, True]])
 _GATHER_INDEX = np.array([[0, 2, 1, 0], [1, 1, 0, 2]])
 
 
+# -- references for the ops PyTorch users reach for (issue 15) --------------------------
+_NLL_TARGET_IGNORED = np.array([2, -100, 0, -100])
+_NLL_WEIGHT = np.array([0.5, 2.0, 1.0])
+_SDPA_MASK = np.array([[True, False, True, True, False], [True, True, False, True, True], [False, True, True, True, True]])
+_SDPA_KEY = jax.random.PRNGKey(3)
+
+
+def _ref_nll_loss(logp: Any, target: Any, weight: Any = None, ignore_index: int = -100, reduction: str = "mean") -> Any:
+    valid = target != ignore_index
+    safe = jnp.where(valid, target, 0)
+    picked = jnp.take_along_axis(logp, jnp.expand_dims(safe, 1), axis=1).squeeze(1)
+    w = (jnp.ones(logp.shape[1], logp.dtype) if weight is None else jnp.asarray(weight))[safe] * valid
+    loss = -picked * w
+    return {"mean": lambda v: jnp.sum(v) / jnp.sum(w), "sum": jnp.sum, "none": lambda v: v}[reduction](loss)
+
+
+def _ref_bce(x: Any, t: Any, weight: Any = 1.0) -> Any:
+    return jnp.mean(-(t * jnp.log(x) + (1 - t) * jnp.log(1 - x)) * weight)
+
+
+def _ref_bce_logits(x: Any, t: Any, pos_weight: Any = 1.0) -> Any:
+    p = jax.nn.sigmoid(x)
+    return jnp.mean(-(pos_weight * t * jnp.log(p) + (1 - t) * jnp.log(1 - p)))
+
+
+def _ref_sdpa(q: Any, k: Any, v: Any, mask: Any = None, causal: bool = False, scale: Any = None, keep: Any = None) -> Any:
+    scores = q @ jnp.swapaxes(k, -1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if causal:
+        scores = jnp.where(np.tril(np.ones(scores.shape[-2:], bool)), scores, -jnp.inf)
+    if mask is not None:
+        scores = jnp.where(mask, scores, -jnp.inf) if mask.dtype == bool else scores + mask
+    probs = jax.nn.softmax(scores, axis=-1)
+    return (probs if keep is None else probs * keep) @ v
+
+
+def _interp_matrix(n_in: int, n_out: int, mode: str, align_corners: bool = False, scale: float | None = None) -> np.ndarray:
+    """Row ``o``: the weights output ``o`` gives the inputs, from PyTorch's coordinate formulas, one output at a time."""
+    scale = n_in / n_out if scale is None else scale
+    m = np.zeros((n_out, n_in))
+    for o in range(n_out):
+        if mode == "nearest":
+            m[o, min(int(np.floor(o * scale)), n_in - 1)] = 1.0
+            continue
+        if align_corners:
+            src = o * (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+        else:
+            src = max(scale * (o + 0.5) - 0.5, 0.0)
+        lo = min(int(np.floor(src)), n_in - 1)
+        frac = src - lo
+        m[o, lo] += 1 - frac
+        m[o, min(lo + 1, n_in - 1)] += frac
+    return m
+
+
+def _ref_interpolate(x: Any, size: tuple[int, int], mode: str, align_corners: bool = False, scales: Any = (None, None)) -> Any:
+    mh = _interp_matrix(x.shape[2], size[0], mode, align_corners, scales[0])
+    mw = _interp_matrix(x.shape[3], size[1], mode, align_corners, scales[1])
+    return jnp.einsum("oh,nchw,pw->ncop", mh.astype(x.dtype), x, mw.astype(x.dtype))
+
+
 def _build_specs() -> list[OpSpec]:
     X = xgrad
     specs: list[OpSpec] = []
@@ -293,6 +354,8 @@ def _build_specs() -> list[OpSpec]:
     add(_unary("amin", lambda x: X.amin(x, dim=0), lambda x: jnp.min(x, axis=0), TIES, label="ties dim=0",
                smooth=False, shapes=(((3, 3),),)))
     add(_unary("max", X.max, jnp.max, label="all", shapes=(((2, 3),), ((),))))
+    add(_unary("max", X.max, jnp.max, TIES, label="all, ties", smooth=False, shapes=(((2, 3),),)))
+    add(_unary("min", X.min, jnp.min, TIES, label="all, ties", smooth=False, shapes=(((3, 2),),)))
     add(_unary("max", lambda x: X.max(x, dim=1).values, lambda x: jnp.max(x, axis=1), label="dim=1", shapes=(((2, 3),),)))
     add(_unary("max", lambda x: X.max(x, dim=0, keepdim=True).values, lambda x: jnp.max(x, axis=0, keepdims=True),
                label="dim=0,keepdim", shapes=(((3, 2),),)))
@@ -412,6 +475,98 @@ def _build_specs() -> list[OpSpec]:
                (((2, 2, 5, 4), (2, 2, 3, 3), (2,)),), (REAL, REAL, REAL), label="bias, stride, padding"))
     add(OpSpec("conv2d", lambda x, w: X.conv2d(x, w, groups=2), lambda x, w: _ref_conv2d(x, w, groups=2),
                (((1, 4, 4, 4), (2, 2, 3, 3)),), (REAL, REAL), label="groups"))
+    # -- issue 15: Tensor methods and functions PyTorch users reach for ------------------
+    add(_unary("clamp_min", lambda x: X.clamp_min(x, -0.5), lambda x: jnp.maximum(x, -0.5)))
+    add(_unary("clamp_max", lambda x: x.clamp_max(0.5), lambda x: jnp.minimum(x, 0.5)))
+    add(OpSpec("masked_fill", lambda x, m: X.masked_fill(x, m, -1.5), lambda x, m: jnp.where(m, -1.5, x),
+               (((2, 3), (2, 3)), ((2, 3), (3,))), (REAL, BOOLS)))
+    add(OpSpec("masked_fill", lambda x, m, v: x.masked_fill(m, v), lambda x, m, v: jnp.where(m, v, x),
+               (((2, 3), (2, 3), ()),), (REAL, BOOLS, REAL), label="tensor value"))
+    add(_unary("masked_select", lambda x: X.masked_select(x, X.tensor(_MASK)), lambda x: x[_MASK], shapes=(((2, 3),),)))
+    add(_unary("masked_select", lambda x: x.masked_select(X.tensor(_MASK[1])), lambda x: x[np.broadcast_to(_MASK[1], (2, 3))],
+               label="broadcast mask", shapes=(((2, 3),),)))
+    add(_unary("topk", lambda x: X.topk(x, 2).values, lambda x: jax.lax.top_k(x, 2)[0], shapes=(((2, 4),), ((5,),))))
+    add(_unary("topk", lambda x: x.topk(2, dim=0, largest=False).values, lambda x: -jax.lax.top_k(-x.T, 2)[0].T,
+               label="dim=0, smallest", shapes=(((3, 2),),)))
+    add(_unary("norm2", lambda x: X.norm(x, dim=1), lambda x: jnp.linalg.norm(x, axis=1), shapes=(((2, 3),),)))
+    add(_unary("norm", X.norm, lambda x: jnp.linalg.norm(x.ravel()), label="fro, all", shapes=(((2, 3),), ((4,),))))
+    add(_unary("norm", lambda x: x.norm(2, dim=-1, keepdim=True), lambda x: jnp.linalg.norm(x, axis=-1, keepdims=True),
+               label="p=2, keepdim", shapes=(((2, 3),),)))
+    add(_unary("norm", lambda x: x.norm(1, dim=0), lambda x: jnp.sum(jnp.abs(x), axis=0), Domain(lo=0.2, hi=2.0),
+               label="p=1", shapes=(((2, 3),),)))
+    add(_unary("norm", lambda x: x.norm(float("inf"), dim=1), lambda x: jnp.max(jnp.abs(x), axis=1), label="p=inf",
+               shapes=(((2, 3),),)))
+    add(_unary("norm", lambda x: x.norm(3), lambda x: jnp.sum(jnp.abs(x) ** 3) ** (1 / 3), Domain(lo=0.2, hi=2.0),
+               label="p=3", shapes=(((2, 3),),)))
+    add(OpSpec("outer", X.outer, jnp.outer, (((3,), (4,)),), (REAL, REAL)))
+    add(OpSpec("bmm", X.bmm, jnp.matmul, (((2, 3, 4), (2, 4, 2)),), (REAL, REAL)))
+    add(OpSpec("baddbmm", lambda i, a, b: X.baddbmm(i, a, b, beta=0.5, alpha=2.0), lambda i, a, b: 0.5 * i + 2.0 * (a @ b),
+               (((2, 3, 2), (2, 3, 4), (2, 4, 2)), ((3, 2), (2, 3, 4), (2, 4, 2))), (REAL, REAL, REAL)))
+    add(OpSpec("baddbmm", lambda i, a, b: i.baddbmm(a, b, beta=0), lambda i, a, b: a @ b + 0 * i,
+               (((2, 3, 2), (2, 3, 4), (2, 4, 2)),), (REAL, REAL, REAL), label="beta=0"))
+    add(_unary("repeat", lambda x: x.repeat(2, 1, 2), lambda x: jnp.tile(x, (2, 1, 2)), shapes=(((2, 3),),)))
+    add(_unary("repeat", lambda x: X.repeat(x, (3,)), lambda x: jnp.tile(x, 3), label="0-dim", shapes=(((),),)))
+    add(_unary("repeat_interleave", lambda x: x.repeat_interleave(2, dim=1), lambda x: jnp.repeat(x, 2, axis=1),
+               shapes=(((2, 3),),)))
+    add(_unary("repeat_interleave", lambda x: X.repeat_interleave(x, 3), lambda x: jnp.repeat(x.ravel(), 3), label="flat",
+               shapes=(((2, 2),),)))
+    add(_unary("repeat_interleave", lambda x: X.repeat_interleave(x, X.tensor(np.array([1, 0, 2])), dim=-1),
+               lambda x: jnp.repeat(x, np.array([1, 0, 2]), axis=-1), label="tensor repeats", shapes=(((2, 3),),)))
+    add(_unary("unbind", lambda x: x.unbind(1), lambda x: tuple(jnp.moveaxis(x, 1, 0)), shapes=(((2, 3),), ((3, 2, 2),))))
+    add(_unary("unbind", X.unbind, lambda x: (x[0],), label="one slice", shapes=(((1, 3),),)))
+    add(_unary("narrow", lambda x: x.narrow(1, 1, 2), lambda x: x[:, 1:3], shapes=(((2, 4),),)))
+    add(_unary("narrow", lambda x: X.narrow(x, 0, -2, 2), lambda x: x[-2:], label="negative start", shapes=(((3, 2),),)))
+    add(_unary("select", lambda x: x.select(0, -1), lambda x: x[-1], shapes=(((3, 2),),)))
+    add(_unary("select", lambda x: X.select(x, 1, 2), lambda x: x[:, 2], label="dim=1", shapes=(((2, 3),),)))
+    add(_unary("expand_as", lambda x: x.expand_as(X.zeros(2, 3, 4)), lambda x: jnp.broadcast_to(x, (2, 3, 4)),
+               shapes=(((3, 1),), ((),))))
+    add(_unary("view_as", lambda x: x.view_as(X.zeros(3, 2)), lambda x: x.reshape(3, 2), shapes=(((2, 3),),)))
+    add(_unary("reshape_as", lambda x: X.reshape_as(x, X.zeros(6)), jnp.ravel, shapes=(((2, 3),),)))
+    add(OpSpec("linear", X.linear, lambda x, w, b: x @ w.T + b, (((2, 3), (4, 3), (4,)), ((3,), (4, 3), (4,))),
+               (REAL, REAL, REAL)))
+    add(OpSpec("linear", X.linear, lambda x, w: x @ w.T, (((2, 5, 3), (4, 3)),), (REAL, REAL), label="no bias"))
+    add(_unary("normalize", X.normalize, lambda x: x / jnp.linalg.norm(x, axis=1, keepdims=True), shapes=(((2, 3),),)))
+    add(_unary("normalize", lambda x: X.normalize(x, p=1, dim=0), lambda x: x / jnp.sum(jnp.abs(x), axis=0, keepdims=True),
+               Domain(lo=0.2, hi=2.0), label="p=1, dim=0", shapes=(((3, 2),),)))
+    for reduction in ("mean", "sum", "none"):
+        add(OpSpec("nll_loss", lambda x, t, r=reduction: X.nll_loss(x, t, reduction=r),
+                   lambda x, t, r=reduction: _ref_nll_loss(x, t, reduction=r), (((4, 3), (4,)),), (REAL, ints(3)),
+                   label=reduction))
+    add(_unary("nll_loss", lambda x: X.nll_loss(x, X.tensor(_NLL_TARGET_IGNORED), weight=X.tensor(_NLL_WEIGHT)),
+               lambda x: _ref_nll_loss(x, _NLL_TARGET_IGNORED, _NLL_WEIGHT), label="weight, ignore_index", shapes=(((4, 3),),)))
+    add(OpSpec("nll_loss", lambda x, t: X.nll_loss(x, t),
+               lambda x, t: _ref_nll_loss(jnp.moveaxis(x, 1, -1).reshape(-1, 3), t.reshape(-1)),
+               (((2, 3, 4), (2, 4)),), (REAL, ints(3)), label="(N, C, d)"))
+    probs = Domain(lo=0.05, hi=0.95)
+    add(OpSpec("binary_cross_entropy", X.binary_cross_entropy, _ref_bce, (((2, 3), (2, 3)), ((4,), (4,))), (probs, Domain(lo=0, hi=1))))
+    add(OpSpec("binary_cross_entropy", lambda x, t, w: X.binary_cross_entropy(x, t, weight=w), _ref_bce,
+               (((2, 3), (2, 3), (3,)),), (probs, Domain(lo=0, hi=1), POSITIVE), label="weight"))
+    add(OpSpec("binary_cross_entropy_with_logits", X.binary_cross_entropy_with_logits, _ref_bce_logits,
+               (((2, 3), (2, 3)),), (REAL, Domain(lo=0, hi=1))))
+    add(OpSpec("binary_cross_entropy_with_logits", lambda x, t, pw: X.binary_cross_entropy_with_logits(x, t, pos_weight=pw),
+               _ref_bce_logits, (((2, 3), (2, 3), (3,)),), (REAL, Domain(lo=0, hi=1), POSITIVE), label="pos_weight"))
+    qkv = ((2, 3, 4), (2, 5, 4), (2, 5, 3))
+    sdpa = X.scaled_dot_product_attention
+    add(OpSpec("scaled_dot_product_attention", sdpa, _ref_sdpa, (qkv, ((2, 2, 3, 4), (2, 1, 5, 4), (1, 2, 5, 3))),
+               (REAL, REAL, REAL)))
+    add(OpSpec("scaled_dot_product_attention", lambda q, k, v: sdpa(q, k, v, attn_mask=X.tensor(_SDPA_MASK), scale=0.3),
+               lambda q, k, v: _ref_sdpa(q, k, v, _SDPA_MASK, scale=0.3), (qkv,), (REAL, REAL, REAL), label="bool mask, scale"))
+    add(OpSpec("scaled_dot_product_attention", lambda q, k, v, m: sdpa(q, k, v, attn_mask=m), _ref_sdpa,
+               (qkv + ((3, 5),),), (REAL, REAL, REAL, REAL), label="float mask"))
+    add(OpSpec("scaled_dot_product_attention", lambda q, k, v: sdpa(q, k, v, is_causal=True),
+               lambda q, k, v: _ref_sdpa(q, k, v, causal=True), (qkv,), (REAL, REAL, REAL), label="causal"))
+    keep = jax.random.bernoulli(_SDPA_KEY, 0.75, (2, 3, 5)) / 0.75
+    add(OpSpec("scaled_dot_product_attention", lambda q, k, v: sdpa(q, k, v, dropout_p=0.25, dropout_key=_SDPA_KEY),
+               lambda q, k, v: _ref_sdpa(q, k, v, keep=keep), (qkv,), (REAL, REAL, REAL), label="dropout"))
+    add(_unary("interpolate", lambda x: X.interpolate(x, size=(5, 3)), lambda x: _ref_interpolate(x, (5, 3), "nearest"),
+               label="nearest", shapes=(((1, 2, 3, 4),),)))
+    add(_unary("interpolate", lambda x: X.interpolate(x, scale_factor=2, mode="bilinear"),
+               lambda x: _ref_interpolate(x, (6, 8), "bilinear", scales=(0.5, 0.5)), label="bilinear", shapes=(((1, 2, 3, 4),),)))
+    add(_unary("interpolate", lambda x: X.interpolate(x, size=(2, 3), mode="bilinear"),
+               lambda x: _ref_interpolate(x, (2, 3), "bilinear"), label="bilinear, down", shapes=(((2, 1, 3, 4),),)))
+    add(_unary("interpolate", lambda x: X.interpolate(x, size=(5, 2), mode="bilinear", align_corners=True),
+               lambda x: _ref_interpolate(x, (5, 2), "bilinear", align_corners=True), label="bilinear, align_corners",
+               shapes=(((1, 2, 3, 4),),)))
     return specs
 
 

@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import contextlib
+import sys
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -28,7 +30,7 @@ from xgrad.engine.saved import saved_tensors_hooks
 from xgrad.grad_mode import enable_grad
 from xgrad.tensor import Tensor
 
-__all__ = ["CheckpointError", "checkpoint"]
+__all__ = ["CheckpointError", "checkpoint", "set_checkpoint_debug_enabled", "set_checkpoint_early_stop"]
 
 ERR_REENTRANT_GRAD = (
     "Checkpointing is not compatible with .grad() or when an `inputs` parameter is passed to .backward(). "
@@ -54,7 +56,6 @@ ERR_UNPACK_TWICE = (
     "xgrad.utils.checkpoint: Unpack is being triggered for a tensor that was already unpacked once. If you "
     "are calling backward twice on a checkpointed graph, pass retain_graph=True to the first backward."
 )
-ERR_INNER_UNPACK = "xgrad.utils.checkpoint: a value saved during recomputation was unpacked; please report a bug."
 
 
 class CheckpointError(RuntimeError):
@@ -132,15 +133,30 @@ class CheckpointFunction(Function):
 
 
 # -- non-reentrant --------------------------------------------------------------------
+#
+# NOTE [Non-reentrant recomputation per graph task]
+# As in PyTorch, what a checkpoint recomputes belongs to one graph task: the first
+# unpack in a backward (or in an ``autograd.grad`` that the checkpointed function
+# itself calls during its forward) reruns the function under recomputation hooks that
+# collect each saved value for its holder, keyed by that task, and stop as soon as
+# every holder has its value (early stop). A later backward (``retain_graph``)
+# recomputes again. The recomputation hooks hand saved values back as they are, so a
+# function that calls ``autograd.grad`` (or a nested checkpoint) works when rerun.
+
+
+class _StopRecomputation(Exception):  # noqa: N818  (a signal, not an error)
+    """Raised by the recomputation's pack hook once every holder has its value (early stop)."""
 
 
 class _Holder:
-    """What a saved-tensor pack hook keeps instead of the value: a key for the recomputed one."""
+    """What a saved-tensor pack hook keeps instead of the value: its slot in each task's recomputation."""
 
-    __slots__ = ("__weakref__", "index")
+    __slots__ = ("__weakref__", "handles", "index")
 
     def __init__(self, index: int) -> None:
         self.index = index
+        # graph task id -> True while that task's recomputed value is waiting, False once used.
+        self.handles: dict[int, bool] = {}
 
 
 def _metadata(t: Tensor) -> dict[str, Any]:
@@ -148,59 +164,188 @@ def _metadata(t: Tensor) -> dict[str, Any]:
     return {"shape": tuple(t.shape), "dtype": t.dtype, "device": None if sharding is None else sorted(d.id for d in sharding.device_set)}
 
 
+class _Settings(threading.local):
+    def __init__(self) -> None:
+        self.early_stop = True
+        self.debug: bool | None = None
+
+
+_settings = _Settings()
+
+
+class set_checkpoint_early_stop:
+    """Context manager: whether non-reentrant recomputation stops once every needed value is back.
+
+    On by default, as in PyTorch. Off, the whole function reruns, and a recomputation
+    that saves more tensors than the forward did raises.
+
+    >>> import xgrad
+    >>> from xgrad.utils import checkpoint, set_checkpoint_early_stop
+    >>> calls = []
+    >>> def fn(t):
+    ...     y = t.exp()
+    ...     calls.append("after exp")  # runs again in recomputation only without early stop
+    ...     return y * 1.0
+    >>> x = xgrad.tensor([1.0], requires_grad=True)
+    >>> with set_checkpoint_early_stop(False):
+    ...     out = checkpoint(fn, x, use_reentrant=False)
+    >>> out.sum().backward(); len(calls)
+    2
+    """
+
+    def __init__(self, enable: bool) -> None:
+        self.enable = bool(enable)
+        self.previous = _settings.early_stop
+
+    def __enter__(self) -> None:
+        self.previous = _settings.early_stop
+        _settings.early_stop = self.enable
+
+    def __exit__(self, *exc: object) -> None:
+        _settings.early_stop = self.previous
+
+
+class set_checkpoint_debug_enabled:
+    """Context manager: ``debug=True`` for every non-reentrant checkpoint made inside it (``None``: each call decides).
+
+    >>> from xgrad.utils import set_checkpoint_debug_enabled
+    >>> with set_checkpoint_debug_enabled(True):
+    ...     pass
+    """
+
+    def __init__(self, enabled: bool | None) -> None:
+        self.enabled = enabled
+        self.previous = _settings.debug
+
+    def __enter__(self) -> None:
+        self.previous = _settings.debug
+        _settings.debug = self.enabled
+
+    def __exit__(self, *exc: object) -> None:
+        _settings.debug = self.previous
+
+
+_OWN_DIR = __file__.rsplit("/", 2)[0]  # the xgrad package
+
+
+def _op_trace_line(t: Tensor) -> str:
+    """For debug mode: the op that saved ``t`` and the line of user code that ran it."""
+    frame: Any = sys._getframe(2)
+    op = "?"
+    while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
+        prim = frame.f_locals.get("prim") if frame.f_code.co_name == "_record" else None
+        if prim is not None:  # the primitive whose node saved it
+            op = prim.name
+        frame = frame.f_back
+    where = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}" if frame is not None else "?"
+    return f"{op} saved {t.dtype}{list(t.shape)} ({where})"
+
+
+DEBUG_TIP = (
+    "\nTip: to see the ops run during the original forward and during recomputation, pass debug=True to "
+    "checkpoint(...) or wrap the code in `with xgrad.utils.set_checkpoint_debug_enabled(True):`."
+)
+
+
 class _Frame:
     """One non-reentrant checkpoint call: what it saved, and how to recompute it."""
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], rng_state: Any) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], rng_state: Any,
+        determinism_check: str, debug: bool,
+    ) -> None:
         self.fn = fn
         self.args = args
         self.kwargs = kwargs
         self.rng_state = rng_state
+        self.early_stop = _settings.early_stop
+        self.check_metadata = determinism_check == "default"
+        self.debug = debug
+        self.forward_completed = False
         self.holders: list[weakref.ref[_Holder]] = []
         self.metadata: list[dict[str, Any]] = []
-        self.recomputed: weakref.WeakKeyDictionary[_Holder, Tensor] = weakref.WeakKeyDictionary()
+        self.forward_trace: list[str] = []
+        # graph task id -> holder index -> recomputed value; the tasks themselves, so an
+        # id is not reused while it keys something here.
+        self.recomputed: dict[int, dict[int, Tensor]] = {}
+        self.tasks: dict[int, Any] = {}
 
     def pack(self, t: Tensor) -> _Holder:
         holder = _Holder(len(self.holders))
         self.holders.append(weakref.ref(holder))
         self.metadata.append(_metadata(t))
+        if self.debug:
+            self.forward_trace.append(_op_trace_line(t))
         return holder
 
     def unpack(self, holder: _Holder) -> Tensor:
-        if holder not in self.recomputed:
-            self.recompute()
-        value = self.recomputed.pop(holder, None)
-        if value is None:
+        # Outside any backward (a Function's ctx.saved_tensors read directly) each unpack is its own task.
+        task = current_task.graph_task if current_task.graph_task is not None else object()
+        gid = id(task)
+        if self.tasks.get(gid) is not task:
+            self.tasks[gid] = task
+            self.recomputed[gid] = {}
+            for ref in self.holders:
+                alive = ref()
+                if alive is not None:
+                    alive.handles.pop(gid, None)
+            self.recompute(gid)
+        if not holder.handles.get(gid):
             raise CheckpointError(ERR_UNPACK_TWICE)
-        return value
+        holder.handles[gid] = False
+        return self.recomputed[gid].pop(holder.index)
 
-    def recompute(self) -> None:
+    def _error(self, message: str, recompute_trace: list[str]) -> CheckpointError:
+        if not self.debug:
+            return CheckpointError(message + DEBUG_TIP)
+        forward = "\n".join(f"  {i}: {line}" for i, line in enumerate(self.forward_trace))
+        recomputed = "\n".join(f"  {i}: {line}" for i, line in enumerate(recompute_trace))
+        return CheckpointError(
+            f"{message}\n\nSaved by the original forward:\n{forward}\n\nSaved by the recomputation:\n{recomputed}"
+        )
+
+    def recompute(self, gid: int) -> None:
         count = 0
         mismatches = []
+        values = self.recomputed[gid]
+        trace: list[str] = []
+        n = len(self.holders)
 
-        def inner_pack(t: Tensor) -> None:
+        def inner_pack(t: Tensor) -> Tensor:
             nonlocal count
             i = count
             count += 1
-            if i >= len(self.holders):
-                raise CheckpointError(ERR_MORE_SAVED.format(n=len(self.holders)))
-            meta = _metadata(t)
-            if meta != self.metadata[i]:
-                mismatches.append(f"tensor at position {i}:\nsaved metadata: {self.metadata[i]}\nrecomputed metadata: {meta}")
-                return
+            if self.debug:
+                trace.append(_op_trace_line(t))
+            if i >= n:
+                if not self.forward_completed:
+                    return t  # recomputed while the forward is still running: it saved no more yet
+                raise self._error(ERR_MORE_SAVED.format(n=n), trace)
+            if self.check_metadata:
+                meta = _metadata(t)
+                if meta != self.metadata[i]:
+                    mismatches.append(f"tensor at position {i}:\nsaved metadata: {self.metadata[i]}\nrecomputed metadata: {meta}")
             holder = self.holders[i]()
             if holder is not None:  # a holder that is gone belongs to a node already freed
-                self.recomputed[holder] = Tensor(t._array)
+                holder.handles[gid] = True
+                values[i] = Tensor(t._array)
+            if self.early_stop and count == n:
+                raise _StopRecomputation
+            return t
 
-        def inner_unpack(_: None) -> Tensor:
-            raise CheckpointError(ERR_INNER_UNPACK)
+        def inner_unpack(t: Tensor) -> Tensor:
+            return t  # a value saved by the rerun function itself (it called grad, or nests a checkpoint)
 
-        with _replayed_rng(self.rng_state), enable_grad(), saved_tensors_hooks(inner_pack, inner_unpack):
-            self.fn(*self.args, **self.kwargs)
+        stopped = False
+        try:
+            with _replayed_rng(self.rng_state), enable_grad(), saved_tensors_hooks(inner_pack, inner_unpack):
+                self.fn(*self.args, **self.kwargs)
+        except _StopRecomputation:
+            stopped = True
         if mismatches:
-            raise CheckpointError(ERR_METADATA.format(details="\n".join(mismatches)))
-        if count != len(self.holders):
-            raise CheckpointError(ERR_FEWER_SAVED.format(forward=len(self.holders), recomputed=count))
+            raise self._error(ERR_METADATA.format(details="\n".join(mismatches)), trace)
+        if not stopped and count < n and self.forward_completed:
+            raise self._error(ERR_FEWER_SAVED.format(forward=n, recomputed=count), trace)
 
 
 # -- entry point ----------------------------------------------------------------------
@@ -211,6 +356,8 @@ def checkpoint(
     *args: Any,
     use_reentrant: bool = True,
     preserve_rng_state: bool = True,
+    determinism_check: str = "default",
+    debug: bool = False,
     **kwargs: Any,
 ) -> Any:
     """Run ``function(*args)`` without keeping its intermediate values; backward recomputes them.
@@ -220,10 +367,19 @@ def checkpoint(
         args: its arguments (tensors and anything else).
         use_reentrant: recompute inside a custom Function's backward (``True``,
             ``backward`` only) or through saved-tensor hooks (``False``: also
-            ``autograd.grad``, ``inputs=`` and double backward).
+            ``autograd.grad``, ``inputs=``, double backward, nesting, and a function
+            that calls ``autograd.grad`` itself).
         preserve_rng_state: replay the default random key (``dropout(key=None)``,
             ``rand``/``randn``) so the recomputation draws the same values.
+        determinism_check: ``"default"`` compares each recomputed saved tensor's shape,
+            dtype and device with the original's and raises on a difference;
+            ``"none"`` skips that (``use_reentrant=False`` only).
+        debug: on a recomputation error, list what the original forward and the
+            recomputation saved, op by op, with the lines that ran them
+            (``use_reentrant=False`` only).
         kwargs: keyword arguments for ``function`` (``use_reentrant=False`` only).
+
+    Recomputation stops once every saved value is back (see ``set_checkpoint_early_stop``).
 
     >>> import xgrad
     >>> from xgrad.utils import checkpoint
@@ -232,6 +388,8 @@ def checkpoint(
     >>> y.backward(); [round(v, 4) for v in x.grad.tolist()]
     [1.3818, 0.077]
     """
+    if determinism_check not in ("default", "none"):
+        raise ValueError(f"determinism_check should be one of ['default', 'none'], but got {determinism_check}")
     rng_state = _rng_state() if preserve_rng_state else None
     if use_reentrant:
         if kwargs:
@@ -239,6 +397,9 @@ def checkpoint(
         if not any(isinstance(a, Tensor) and a.requires_grad for a in args):
             warnings.warn(WARN_NO_INPUT_GRAD, UserWarning, stacklevel=2)
         return CheckpointFunction.apply(function, rng_state, *args)
-    frame = _Frame(function, args, kwargs, rng_state)
+    debug_enabled = _settings.debug if _settings.debug is not None else debug
+    frame = _Frame(function, args, kwargs, rng_state, determinism_check, debug_enabled)
     with saved_tensors_hooks(frame.pack, frame.unpack):
-        return function(*args, **kwargs)
+        out = function(*args, **kwargs)
+    frame.forward_completed = True
+    return out

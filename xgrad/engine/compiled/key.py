@@ -17,7 +17,7 @@ import numpy as np
 
 from xgrad.engine.compiled.switch import NotTraceable, PureHook
 from xgrad.engine.function import FunctionCtx, FunctionNode
-from xgrad.engine.node import AccumulateGrad, GraphRoot, InputMetadata, Node
+from xgrad.engine.node import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, GraphRoot, InputMetadata, Node
 from xgrad.engine.rules import Aval, RuleNode
 from xgrad.engine.saved import SavedTensor
 from xgrad.tensor import Tensor
@@ -485,7 +485,10 @@ def walk_structure(root: Node, create_graph: bool, root_nr: int) -> Walk | None:
     except (_NeedsSchedule, NotTraceable):
         return None
     sequence_nrs = [node.sequence_nr for node in nodes]
-    if len(set(sequence_nrs)) < len(nodes):
+    # Accumulators share one number (NOTE [AccumulateGrad runs first] in node.py); their
+    # ties are broken by push order, which the structure and the other ranks decide.
+    n_accumulators = sequence_nrs.count(ACCUMULATE_GRAD_SEQUENCE_NR)
+    if len(set(sequence_nrs)) + max(n_accumulators - 1, 0) < len(nodes):
         return None
     ranks = tuple(sorted(range(len(nodes)), key=sequence_nrs.__getitem__))
     return Walk((create_graph, root_nr, tuple(key), ranks), nodes, flat, None)

@@ -31,20 +31,19 @@ from xgrad.engine.compiled.lower import (
     run_phase,
 )
 from xgrad.engine.engine import validate_outputs
-from xgrad.engine.hooks import run_in_order
-from xgrad.engine.node import Edge, _accumulate_lock, current_task
+from xgrad.engine.node import Edge, _accumulate_lock, current_task, run_post_accumulate_grad_hooks, store_into_grad
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
 
 
 def _donatable(var: Tensor) -> bool:
-    """Whether leaf ``var``'s old ``.grad`` is held by nothing else, so its buffer can be reused.
+    """Whether leaf ``var``'s old ``.grad`` buffer is held by nothing else, so it can be reused.
 
-    The tensor's references: the leaf's slot, ``grad`` here and ``getrefcount``'s
-    argument; the array's: the tensor's slot and the argument.
+    The ``.grad`` tensor itself may be shared: it takes the sum in place. The array's
+    references: the tensor's slot and ``getrefcount``'s argument.
     """
-    grad = var.grad
-    return grad is None or (sys.getrefcount(grad) <= 3 and sys.getrefcount(grad._array) <= 2)
+    grad = var._grad
+    return grad is None or sys.getrefcount(grad._array) <= 2
 
 
 def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tensor], create_graph: bool) -> Any:
@@ -89,8 +88,13 @@ def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tenso
             grad = grads.get(step.leaf_slot)
             if grad is not None:
                 # ``_grad``, as eager's AccumulateGrad writes it: the traced validate_outputs
-                # fitted shape and dtype, and the program places it with the leaf.
-                var._grad = grad
+                # fitted shape and dtype, and the program places it with the leaf. An
+                # existing ``.grad`` takes the sum in place, as in eager, unless create_graph.
+                old_grad = var._grad
+                if old_grad is None or create_graph:
+                    var._grad = grad
+                else:
+                    store_into_grad(old_grad, grad._array)
     return live, grads, captures, retained
 
 
@@ -133,9 +137,7 @@ def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tenso
                 captured[i] = grad
             for step in item.leaf_steps:
                 if step.leaf_slot in grads:
-                    var = nodes[step.pos].variable  # type: ignore[attr-defined]
-                    for hook in run_in_order(var._post_accumulate_grad_hooks):
-                        hook(var)
+                    run_post_accumulate_grad_hooks(nodes[step.pos].variable)  # type: ignore[attr-defined]
     finally:
         _grad_state.enabled = prev_grad_mode
         current_task.graph_task = prev_task

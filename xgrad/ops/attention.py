@@ -1,0 +1,129 @@
+"""``scaled_dot_product_attention``: one fused primitive with its own backward rule.
+
+# NOTE [Fused attention]
+# ``softmax(q @ k^T * scale + mask) @ v`` as a composite records five or six nodes and
+# saves the (L, S) probabilities of each; as one primitive it records one node that
+# saves q, k, v (and the mask) and recomputes the probabilities in its rule, as flash
+# attention's backward does. The rule is written in xgrad ops, so ``create_graph=True``
+# differentiates it again. Dropout is a keep-mask (already scaled by 1/(1-p)) passed as
+# a constant input, drawn from a ``jax.random`` key outside the primitive, so the rule
+# replays exactly the forward's mask.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from xgrad.ops._util import as_array
+from xgrad.ops.elementwise import where
+from xgrad.ops.nn import softmax
+from xgrad.ops.registry import defprim
+from xgrad.tensor import Tensor
+
+__all__ = ["scaled_dot_product_attention"]
+
+
+def _causal(length: int, source: int) -> Any:
+    # Top-left aligned, as PyTorch's ``ones(L, S).tril()``.
+    return jnp.tril(jnp.ones((length, source), dtype=bool))
+
+
+def _sdpa_impl(q: Any, k: Any, v: Any, mask: Any, keep: Any, scale: float, is_causal: bool) -> Any:
+    scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2)) * scale
+    if is_causal:
+        scores = jnp.where(_causal(*scores.shape[-2:]), scores, -jnp.inf)
+    if mask is not None:
+        scores = jnp.where(mask, scores, -jnp.inf) if mask.dtype == jnp.bool_ else scores + mask
+    probs = jax.nn.softmax(scores, axis=-1)
+    if keep is not None:
+        probs = probs * keep
+    return jnp.matmul(probs, v)
+
+
+def _sdpa_grad(g: Tensor, out: Any, q: Tensor, k: Tensor, v: Tensor, mask: Any, keep: Any, scale: float, is_causal: bool) -> tuple[Any, ...]:
+    scores = (q @ k.mT) * scale
+    if is_causal:
+        scores = where(_causal(*scores.shape[-2:]), scores, -math.inf)
+    float_mask = mask is not None and mask.dtype != jnp.bool_
+    if mask is not None:
+        scores = scores + mask if float_mask else where(mask, scores, -math.inf)
+    probs = softmax(scores, dim=-1)
+    grad_probs = g @ v.mT
+    if keep is not None:
+        grad_v = (probs * keep).mT @ g
+        grad_probs = grad_probs * keep
+    else:
+        grad_v = probs.mT @ g
+    grad_scores = probs * (grad_probs - (grad_probs * probs).sum(dim=-1, keepdim=True))
+    grad_q = (grad_scores @ k) * scale
+    grad_k = (grad_scores.mT @ q) * scale
+    return grad_q, grad_k, grad_v, grad_scores if float_mask else None, None
+
+
+_sdpa = defprim("scaled_dot_product_attention", _sdpa_impl, joint_vjp=_sdpa_grad)
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    dropout_key: Any = None,
+) -> Tensor:
+    """``F.scaled_dot_product_attention``: ``softmax(query @ key^T * scale + mask) @ value``, one node.
+
+    Args:
+        query, key, value: ``(..., L, E)``, ``(..., S, E)``, ``(..., S, Ev)``.
+        attn_mask: a boolean mask (``True`` takes part) or a float bias, broadcastable to
+            ``(..., L, S)``; a float bias gets a gradient.
+        dropout_p: dropout on the attention weights.
+        is_causal: a top-left-aligned causal mask (not together with ``attn_mask``).
+        scale: defaults to ``1 / sqrt(E)``.
+        enable_gqa: let ``key``/``value`` have fewer heads (dim -3) than ``query``.
+        dropout_key: a ``jax.random`` key for dropout; the module default key is split
+            when omitted, as ``xgrad.dropout`` does.
+
+    >>> import xgrad
+    >>> q = k = v = xgrad.ones(1, 2, 4)
+    >>> xgrad.scaled_dot_product_attention(q, k, v, is_causal=True).shape
+    (1, 2, 4)
+    """
+    if query.ndim < 2 or key.ndim < 2 or value.ndim < 2:
+        raise RuntimeError("scaled_dot_product_attention: query, key and value must have at least 2 dims")
+    if not query.dtype == key.dtype == value.dtype:
+        raise RuntimeError(
+            "Expected query, key, and value to have the same dtype, but got query.dtype: "
+            f"{query.dtype} key.dtype: {key.dtype} and value.dtype: {value.dtype} instead."
+        )
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
+    if enable_gqa and key.ndim >= 3 and key.shape[-3] != query.shape[-3]:
+        if query.shape[-3] % key.shape[-3] or query.shape[-3] % value.shape[-3]:
+            raise RuntimeError("scaled_dot_product_attention: the number of query heads must be a multiple of key/value heads")
+        key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
+        value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
+    mask = attn_mask
+    if mask is not None and not isinstance(mask, Tensor):
+        mask = jnp.asarray(mask)
+    if mask is not None and as_array(mask).dtype == jnp.bool_:
+        mask = as_array(mask)  # a constant: no gradient, and the rule reads it as an array
+    keep = None
+    if dropout_p > 0.0:
+        from xgrad.creation import next_key
+
+        shape = jnp.broadcast_shapes(query.shape[:-1] + (key.shape[-2],), key.shape[:-2] + (1, 1))
+        draw_key = next_key() if dropout_key is None else dropout_key
+        keep = jax.random.bernoulli(draw_key, 1.0 - dropout_p, shape).astype(query.dtype) / (1.0 - dropout_p) if dropout_p < 1.0 else jnp.zeros(shape, query.dtype)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    return _sdpa(query, key, value, mask, keep, scale=scale, is_causal=bool(is_causal))

@@ -1,0 +1,198 @@
+"""Layout ops PyTorch users reach for: ``unbind`` (one multi-output primitive), and the
+composites ``narrow``, ``select``, ``repeat``, ``repeat_interleave``, ``expand_as``,
+``view_as``, ``reshape_as``."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+
+from xgrad.ops._util import norm_axes
+from xgrad.ops.registry import defprim
+from xgrad.ops.shape import broadcast_to, expand, reshape, stack
+from xgrad.tensor import Tensor
+
+__all__ = ["expand_as", "narrow", "repeat", "repeat_interleave", "reshape_as", "select", "unbind", "view_as"]
+
+
+def _dim(dim: int, ndim: int) -> int:
+    (axis,) = norm_axes(dim, ndim)  # type: ignore[misc]
+    return axis
+
+
+# NOTE [unbind is one node]
+# As in PyTorch, ``unbind`` is one node with one output per slice (``output_nr`` 0..n-1),
+# not n indexing nodes: its rule stacks the slices' grads (missing ones arrive as zeros).
+# A primitive has a fixed number of outputs, so there is one per slice count, made on
+# first use and kept (unregistered, as ``from_jax`` makes its primitives; the op specs
+# cover them under the name ``unbind``).
+_UNBIND: dict[int, Callable[..., Any]] = {}
+_UNBIND_LOCK = threading.Lock()
+
+
+def _unbind_impl(x: Any, axis: int) -> tuple[Any, ...]:
+    return tuple(jnp.moveaxis(x, axis, 0))
+
+
+def _unbind_grad(g: tuple[Tensor, ...], out: Any, x: Any, axis: int) -> Tensor:
+    return stack(g, axis)
+
+
+def _unbind_prim(n: int) -> Callable[..., Any]:
+    prim = _UNBIND.get(n)
+    if prim is None:
+        with _UNBIND_LOCK:
+            prim = _UNBIND.setdefault(n, defprim("unbind", _unbind_impl, (_unbind_grad,), save=(), num_outputs=n, register=False))
+    return prim
+
+
+def unbind(x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
+    """The slices of ``x`` along ``dim``, as one node with an output per slice.
+
+    >>> import xgrad
+    >>> a, b = xgrad.unbind(xgrad.tensor([[1.0, 2.0], [3.0, 4.0]]), dim=1)
+    >>> a.tolist(), b.tolist()
+    ([1.0, 3.0], [2.0, 4.0])
+    """
+    if x.ndim == 0:
+        raise IndexError("Dimension specified as 0 but tensor has no dimensions")
+    axis = _dim(dim, x.ndim)
+    n = x.shape[axis]
+    if n == 0:
+        return ()
+    if n == 1:  # one output: a primitive with one output returns a Tensor, not a tuple
+        return (reshape(x, x.shape[:axis] + x.shape[axis + 1 :]),)
+    return tuple(_unbind_prim(n)(x, axis=axis))
+
+
+def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
+    """Elements ``start .. start + length - 1`` along ``dim`` (a negative ``start`` counts from the end).
+
+    >>> import xgrad
+    >>> xgrad.narrow(xgrad.arange(5.0), 0, 1, 3).tolist()
+    [1.0, 2.0, 3.0]
+    """
+    if x.ndim == 0:
+        raise RuntimeError("narrow() cannot be applied to a 0-dim tensor.")
+    axis = _dim(dim, x.ndim)
+    size = x.shape[axis]
+    if not -size <= start <= size:
+        raise IndexError(f"start out of range (expected to be in range of [{-size}, {size}], but got {start})")
+    start = start % size if start < 0 else start
+    if length < 0:
+        raise RuntimeError("narrow(): length must be non-negative.")
+    if start + length > size:
+        raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
+    return x[(slice(None),) * axis + (slice(start, start + length),)]
+
+
+def select(x: Tensor, dim: int, index: int) -> Tensor:
+    """The slice at ``index`` along ``dim``, that dim removed (``x[..., index, ...]``).
+
+    >>> import xgrad
+    >>> xgrad.select(xgrad.tensor([[1.0, 2.0], [3.0, 4.0]]), 1, -1).tolist()
+    [2.0, 4.0]
+    """
+    if x.ndim == 0:
+        raise IndexError("select() cannot be applied to a 0-dim tensor.")
+    axis = _dim(dim, x.ndim)
+    size = x.shape[axis]
+    if not -size <= index < size:
+        raise IndexError(f"select(): index {index} out of range for tensor of size {list(x.shape)} at dimension {dim}")
+    return x[(slice(None),) * axis + (index,)]
+
+
+def _sizes(sizes: tuple[Any, ...]) -> tuple[int, ...]:
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+        return tuple(sizes[0])
+    return tuple(sizes)
+
+
+def repeat(x: Tensor, *sizes: Any) -> Tensor:
+    """PyTorch's ``Tensor.repeat``: tile ``x`` ``sizes[i]`` times along dim ``i`` (NumPy's ``tile``).
+
+    Extra leading ``sizes`` add dims. Built from reshape and broadcast: the gradient
+    sums the copies.
+
+    >>> import xgrad
+    >>> xgrad.repeat(xgrad.tensor([1.0, 2.0]), 2, 2).tolist()
+    [[1.0, 2.0, 1.0, 2.0], [1.0, 2.0, 1.0, 2.0]]
+    """
+    reps = _sizes(sizes)
+    if len(reps) < x.ndim:
+        raise RuntimeError("Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor")
+    if any(r < 0 for r in reps):
+        raise RuntimeError(f"Trying to create tensor with negative dimension: {list(reps)}")
+    shape = (1,) * (len(reps) - x.ndim) + x.shape
+    # (s0, s1, ...) -> (1, s0, 1, s1, ...) -> (r0, s0, r1, s1, ...) -> (r0*s0, r1*s1, ...)
+    spread = reshape(x, tuple(d for s in shape for d in (1, s)))
+    tiled = broadcast_to(spread, tuple(d for r, s in zip(reps, shape, strict=True) for d in (r, s)))
+    return reshape(tiled, tuple(r * s for r, s in zip(reps, shape, strict=True)))
+
+
+def repeat_interleave(x: Tensor, repeats: Any, dim: int | None = None, *, output_size: int | None = None) -> Tensor:
+    """Repeat each element ``repeats`` times along ``dim`` (the flattened tensor when ``None``).
+
+    ``repeats`` is an int or a 1-D integer tensor with one count per element of ``dim``.
+
+    >>> import xgrad
+    >>> xgrad.repeat_interleave(xgrad.tensor([1.0, 2.0]), 2).tolist()
+    [1.0, 1.0, 2.0, 2.0]
+    >>> xgrad.repeat_interleave(xgrad.tensor([[1.0, 2.0]]), xgrad.tensor([1, 3]), dim=1).tolist()
+    [[1.0, 2.0, 2.0, 2.0]]
+    """
+    if dim is None:
+        x = reshape(x, (-1,))
+        dim = 0
+    axis = _dim(dim, x.ndim)
+    if isinstance(repeats, int):
+        if repeats < 0:
+            raise RuntimeError("repeats can not be negative")
+        expanded = expand(x.unsqueeze(axis + 1), x.shape[: axis + 1] + (repeats,) + x.shape[axis + 1 :])
+        out = reshape(expanded, x.shape[:axis] + (x.shape[axis] * repeats,) + x.shape[axis + 1 :])
+    else:
+        counts = jnp.asarray(repeats._array if isinstance(repeats, Tensor) else repeats)
+        if counts.ndim == 0:
+            return repeat_interleave(x, int(counts), axis, output_size=output_size)
+        if counts.ndim != 1 or counts.shape[0] != x.shape[axis]:
+            raise RuntimeError("repeats must have the same size as input along dim")
+        if bool((counts < 0).any()):
+            raise RuntimeError("repeats can not be negative")
+        index = jnp.repeat(jnp.arange(x.shape[axis]), counts)
+        out = x[(slice(None),) * axis + (index,)]
+    if output_size is not None and out.shape[axis] != output_size:
+        raise RuntimeError(f"allocated size does not match required size: output_size={output_size}, but {out.shape[axis]} needed")
+    return out
+
+
+def expand_as(x: Tensor, other: Tensor) -> Tensor:
+    """``x.expand(other.size())``.
+
+    >>> import xgrad
+    >>> xgrad.expand_as(xgrad.tensor([1.0, 2.0]), xgrad.zeros(2, 2)).tolist()
+    [[1.0, 2.0], [1.0, 2.0]]
+    """
+    return expand(x, other.shape)
+
+
+def view_as(x: Tensor, other: Tensor) -> Tensor:
+    """``x.view(other.size())``.
+
+    >>> import xgrad
+    >>> xgrad.view_as(xgrad.arange(4.0), xgrad.zeros(2, 2)).shape
+    (2, 2)
+    """
+    return reshape(x, other.shape)
+
+
+def reshape_as(x: Tensor, other: Tensor) -> Tensor:
+    """``x.reshape(other.size())``.
+
+    >>> import xgrad
+    >>> xgrad.reshape_as(xgrad.arange(6.0), xgrad.zeros(3, 2)).shape
+    (3, 2)
+    """
+    return reshape(x, other.shape)
