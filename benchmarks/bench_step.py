@@ -124,7 +124,7 @@ def rows_for(name: str, timers: dict[str, Callable[[], float]], repeats: int) ->
 def mlp_timers() -> dict[str, Callable[[], float]]:
     batch = demo.make_batches(jax.devices()[0])[0]
     model = demo.make_model(jax.devices()[0])
-    params = model.parameters()
+    params = list(model.parameters())
 
     def loss_fn(ps: list[xgrad.Tensor], x: xgrad.Tensor, y: xgrad.Tensor) -> xgrad.Tensor:
         h = x
@@ -178,7 +178,7 @@ COLD_START = textwrap.dedent(
         opt.zero_grad()
         xgrad.cross_entropy(model(xgrad.tensor(x)), y).backward()
         opt.step()
-        jax.block_until_ready(model.parameters()[0].array)
+        jax.block_until_ready(next(model.parameters()).array)
         print(time.perf_counter() - step_start)
     print(imported - start)
     """
