@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 import xgrad
+from tests._backward_modes import eager_and_compiled  # noqa: F401  (a fixture)
 from xgrad.autograd import Function, FunctionCtx, once_differentiable
+
+pytestmark = pytest.mark.usefixtures("eager_and_compiled")  # every test, eager and compiled
 
 X0 = np.array([0.5, -1.5, 2.0])
 W0 = np.array([1.25, 0.5, -0.75])

@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 
 import xgrad
+from tests._backward_modes import eager_and_compiled  # noqa: F401  (a fixture)
 from xgrad.autograd import Function
 from xgrad.autograd.graph import save_on_cpu, saved_tensors_hooks
+
+pytestmark = pytest.mark.usefixtures("eager_and_compiled")  # every test, eager and compiled
 
 X0 = np.array([0.3, -0.8, 1.2])
 

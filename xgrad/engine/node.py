@@ -121,6 +121,10 @@ class Node:
         "topological_nr",
     )
 
+    sequence_nr: int
+    topological_nr: int
+    _edges_needed: tuple[bool, ...] | None
+
     #: Whether ``apply`` may run user code (a Function's backward, post-accumulate-grad
     #: hooks), which may ask for ``xgrad.autograd.graph.current_node()``; nodes that
     #: replay pure rules say ``False`` and spare the engine setting it.
@@ -225,11 +229,11 @@ class Node:
             if needed is None:
                 needed = self._edges_needed = tuple(edge.node is not None for edge in self.next_edges)
             return needed
-        needed = []
+        needed_now: list[bool] = []
         for node, _ in self.next_edges:
             info = exec_info.get(node) if node is not None else None
-            needed.append(info is not None and info.should_execute())
-        return needed
+            needed_now.append(info is not None and info.should_execute())
+        return needed_now
 
     def device(self) -> Any:
         """The device this node runs on: that of its first input, ``None`` if sharded."""

@@ -19,7 +19,7 @@ from xgrad.engine.node import grad_accumulator
 from xgrad.tensor import Tensor
 
 if TYPE_CHECKING:
-    from xgrad.engine.node import Node
+    from xgrad.engine.node import AccumulateGrad, Node
 
 __all__ = [
     "SavedTensor", "allow_mutation_on_saved_tensors", "disable_saved_tensors_hooks", "save_on_cpu", "saved_tensors_hooks",
@@ -225,6 +225,7 @@ class SavedTensor:
     # _state: "input" (strong ref), "output" (weak ref: a node must not keep its own
     # output alive), "hooked" (packed by saved-tensor hooks) or "freed".
     _ref: Tensor | weakref.ref[Tensor] | None  # the Tensor itself exactly in state "input"
+    _graph: tuple[Node | None, int, AccumulateGrad | None, bool] | None  # hooked inputs: where they sit in the graph
 
     def __init__(self, tensor: Tensor, is_output: bool) -> None:
         self._saved_version = tensor._version
@@ -276,6 +277,7 @@ class SavedTensor:
             )
         if state == "hooked_output":
             return Tensor._from_graph(unpacked._array, node, self._output_nr)
+        assert self._graph is not None, "a hooked input keeps where it sits in the graph"
         grad_fn, output_nr, leaf_acc, requires_grad = self._graph
         return Tensor._attached(unpacked._array, grad_fn, output_nr, leaf_acc, requires_grad)
 
