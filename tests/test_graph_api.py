@@ -111,7 +111,7 @@ def test_multi_grad_hook_rejects_an_unknown_mode():
 
 @FLAGS
 def test_grad_with_respect_to_a_gradient_edge_of_a_non_leaf(flag):
-    a = xgrad.tensor(1.0, requires_grad=True)
+    a = xgrad.tensor(1.0, dtype="float64", requires_grad=True)
     b = a.sin()
     c = b.cos()
     edge = get_gradient_edge(b)

@@ -270,7 +270,7 @@ def test_copy_from_a_tensor_requiring_grad_records_the_copy(flag):
     [
         (lambda: xgrad.tensor([1, 2]), lambda t: t.mul_(xgrad.tensor([1.5, 2.5], dtype=jnp.float32)),
          "result type Float can't be cast to the desired output type Long"),
-        (lambda: xgrad.tensor([1, 2], dtype=jnp.int32), lambda t: t.add_(xgrad.tensor(0.5)),
+        (lambda: xgrad.tensor([1, 2], dtype=jnp.int32), lambda t: t.add_(xgrad.tensor(0.5, dtype=jnp.float64)),
          "result type Double can't be cast to the desired output type Int"),
         (lambda: xgrad.tensor([True, False]), lambda t: t.add_(xgrad.tensor([1, 1])),
          "result type Long can't be cast to the desired output type Bool"),
