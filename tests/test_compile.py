@@ -23,6 +23,13 @@ from xgrad.optim import Optax
 from xgrad.utils.checkpoint import checkpoint
 
 RNG = np.random.default_rng(0)
+
+
+def f64(data, requires_grad=False):
+    """A float64 tensor (Python floats make float32 ones, as in PyTorch)."""
+    return xgrad.tensor(np.asarray(data, np.float64), requires_grad=requires_grad)
+
+
 X = RNG.normal(size=(6, 2))
 Y = np.array([0, 2, 1, 1, 0, 2])
 
@@ -51,7 +58,7 @@ def mlp_setup(zero_grads=True):
         opt.step()
         return loss
 
-    return {"params": model.parameters(), "opt": opt, "step": step, "model": model}
+    return {"params": list(model.parameters()), "opt": opt, "step": step, "model": model}
 
 
 def test_mlp_steps_match_eager_and_compile_once():
@@ -128,7 +135,7 @@ def test_recompiles_on_a_shape_change_and_warns_after_repeated_misses():
 
 def test_hooks_run_once_per_call_with_concrete_values_in_eager_order():
     def setup():
-        w = xgrad.tensor([1.0, -2.0, 0.5], requires_grad=True)
+        w = f64([1.0, -2.0, 0.5], requires_grad=True)
         log = []
         w.register_hook(lambda g: log.append(("w", np.asarray(g.array).tolist())))
         w.register_post_accumulate_grad_hook(lambda t: log.append(("post", t.grad.numpy().tolist())))
@@ -148,7 +155,7 @@ def test_hooks_run_once_per_call_with_concrete_values_in_eager_order():
     w_e, log_e, step_e = setup()
     w_c, log_c, step_c = setup()
     step_c = xgrad.compile(step_c)
-    x = xgrad.tensor([0.3, 0.2, -1.0])
+    x = f64([0.3, 0.2, -1.0])
     for i in range(3):
         loss_e, h_e = step_e(x)
         loss_c, h_c = step_c(x)
@@ -171,7 +178,7 @@ def test_pure_hooks_are_traced_into_the_program():
         calls.append(1)
         return g * 2
 
-    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    w = f64([1.0, 2.0], requires_grad=True)
     w.register_hook(double)
 
     @xgrad.compile
@@ -180,13 +187,13 @@ def test_pure_hooks_are_traced_into_the_program():
         (w * x).sum().backward()
 
     for _ in range(3):
-        step(xgrad.tensor([3.0, 4.0]))
+        step(f64([3.0, 4.0]))
     assert w.grad.tolist() == [6.0, 8.0] and len(calls) == 1  # traced once, inlined
 
 
 def test_autograd_grad_and_a_gradient_penalty_inside_the_step():
     def setup():
-        w = xgrad.tensor([[0.5, -1.0], [2.0, 0.3]], requires_grad=True)
+        w = f64([[0.5, -1.0], [2.0, 0.3]], requires_grad=True)
         opt = Optax([w], optax.sgd(0.1))
 
         def step(x):
@@ -204,7 +211,7 @@ def test_autograd_grad_and_a_gradient_penalty_inside_the_step():
     w_e, opt_e, step_e = setup()
     w_c, opt_c, step_c = setup()
     step_c = xgrad.compile(step_c)
-    x = xgrad.tensor([[1.0, 2.0], [-0.5, 0.1]])
+    x = f64([[1.0, 2.0], [-0.5, 0.1]])
     for _ in range(3):
         (loss_e, gx_e), (loss_c, gx_c) = step_e(x), step_c(x)
         np.testing.assert_allclose(loss_c.numpy(), loss_e.numpy(), rtol=1e-10)
@@ -236,7 +243,7 @@ def test_custom_function_and_checkpointing_inside_the_step(block):
         return Cube.apply(h).sin()
 
     def setup():
-        w = xgrad.tensor([0.5, -1.0, 0.25], requires_grad=True)
+        w = f64([0.5, -1.0, 0.25], requires_grad=True)
         opt = Optax([w], optax.sgd(0.05))
 
         def step(x):
@@ -256,7 +263,7 @@ def test_custom_function_and_checkpointing_inside_the_step(block):
     w_e, step_e = setup()
     w_c, step_c = setup()
     step_c = xgrad.compile(step_c)
-    x = xgrad.tensor([1.0, 2.0, -3.0])
+    x = f64([1.0, 2.0, -3.0])
     for _ in range(3):
         np.testing.assert_allclose(step_c(x).numpy(), step_e(x).numpy(), rtol=1e-10)
         np.testing.assert_allclose(w_c.numpy(), w_e.numpy(), rtol=1e-10)
@@ -300,7 +307,7 @@ def test_changed_state_retraces():
 
 
 def test_concrete_values_fall_back_to_eager_with_one_warning_or_raise():
-    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    w = f64([1.0, 2.0], requires_grad=True)
     printed = []
 
     def step(x):
@@ -313,14 +320,14 @@ def test_concrete_values_fall_back_to_eager_with_one_warning_or_raise():
 
     eager_step = xgrad.compile(step)
     with pytest.warns(CompileFallbackWarning, match=r"step eagerly: Python needs a concrete value.*test_compile.py:\d+"):
-        eager_step(xgrad.tensor([1.0, 1.0]))
-    eager_step(xgrad.tensor([1.0, 3.0]))  # no second warning (warnings are errors here)
+        eager_step(f64([1.0, 1.0]))
+    eager_step(f64([1.0, 3.0]))  # no second warning (warnings are errors here)
     assert printed == [3.0, 7.0] and w.grad.tolist() == [1.0, 3.0]
     assert eager_step.stats()["fallbacks"] == 2 and eager_step.stats()["compiles"] == 0
 
     strict = xgrad.compile(step, fallback="error")
     with pytest.raises(CompileFallbackError, match=r"cannot compile .*step: Python needs a concrete value"):
-        strict(xgrad.tensor([1.0, 1.0]))
+        strict(f64([1.0, 1.0]))
     # Nothing the trace touched leaked: the next eager backward works on concrete values.
     w.grad = None
     (w * 2).sum().backward()
@@ -330,14 +337,14 @@ def test_concrete_values_fall_back_to_eager_with_one_warning_or_raise():
 
 
 def test_a_grad_with_history_cannot_leave_the_program():
-    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    w = f64([1.0, 2.0], requires_grad=True)
 
     @xgrad.compile(fallback="error")
     def step(x):
         (w * w * x).sum().backward(create_graph=True)
 
     with pytest.warns(UserWarning, match="create_graph=True"), pytest.raises(CompileFallbackError, match="autograd history"):
-        step(xgrad.tensor([1.0, 1.0]))
+        step(f64([1.0, 1.0]))
     assert w.grad is None
 
 
@@ -360,7 +367,7 @@ def test_sharded_data_parallel_step_matches_eager():
             opt.step()
             return loss
 
-        return {"params": model.parameters(), "opt": opt, "step": step}
+        return {"params": list(model.parameters()), "opt": opt, "step": step}
 
     eager, comp = setup(), setup()
     step = xgrad.compile(comp["step"])
@@ -375,7 +382,7 @@ def test_sharded_data_parallel_step_matches_eager():
 
 # -- the JAX boundary: xgrad code under plain JAX transformations ----------------------
 def test_a_jax_array_on_the_left_of_an_operator_is_recorded():
-    t = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    t = f64([1.0, 2.0], requires_grad=True)
     a = jnp.array([3.0, 0.5])
     m = jnp.array([[1.0, 2.0], [3.0, 4.0]])
     out = (a * t + a / t - a**t + (m @ t) - a).sum()
@@ -389,7 +396,7 @@ def test_a_jax_array_on_the_left_of_an_operator_is_recorded():
 
 
 def test_history_never_leaves_a_jax_transformation_or_device_put_cut():
-    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    w = f64([1.0, 2.0], requires_grad=True)
     with pytest.raises(RuntimeError, match=r"came out of a JAX transformation.*xgrad\.compile"):
         jax.jit(lambda t: t * 2)(w)
     with pytest.raises(RuntimeError, match=r"xgrad\.compile.*tensor\.to\(device\)"):

@@ -75,7 +75,7 @@ def test_mlp_steps_match_optax_on_arrays_and_keep_parameter_identity():
     model = nn.MLP([2, 8, 3], key=1, dtype=jnp.float64)
     x = np.random.default_rng(1).normal(size=(6, 2))
     y = np.array([0, 2, 1, 1, 0, 2])
-    params = model.parameters()
+    params = list(model.parameters())
     ref = [p.array for p in params]
     transform = optax.adam(1e-2)
     ref_state = transform.init(ref)

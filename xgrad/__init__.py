@@ -16,11 +16,14 @@ from xgrad.ops import __all__ as _ops_all
 
 # isort: on
 from xgrad import autograd, nn, optim, profiler, viz
+from xgrad import compile_cache as _compile_cache
 from xgrad.compile_step import compile
 from xgrad.creation import arange, eye, full, manual_seed, ones, ones_like, rand, randn, tensor, zeros, zeros_like
 from xgrad.grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from xgrad.serialization import load, save
 from xgrad.tensor import Tensor
+
+_compile_cache.setup()
 
 __version__ = "0.1.0"
 

@@ -379,7 +379,7 @@ class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "arg_tensor_slots", "consts", "guards", "jitted", "n_dyn_args", "outputs", "result_template", "result_tree",
+        "aliased", "arg_tensor_slots", "consts", "guards", "inputs", "jitted", "n_dyn_args", "outputs", "result_template", "result_tree",
         "writes",
     )
 
@@ -480,27 +480,34 @@ class CompiledFunction:
             t = ref()
             if t is None or _guard(t, grad_read) != expected:
                 return False
-        for kind, refs in entry.consts:
-            if kind == "const" or len(refs) == 1:
-                continue
+        for refs in entry.aliased:
             values = [_source_value(s, leaves) for s in refs]
             if any(v is not values[0] for v in values[1:]):
                 return False
         return True
 
     def _run(self, entry: _Entry, leaves: list[Any]) -> Any:
-        dyn = [_ARRAY.__get__(leaf, Tensor) if isinstance(leaf, Tensor) else leaf for leaf in map(leaves.__getitem__, entry.arg_tensor_slots)]
-        consts = [refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in entry.consts]
-        outs = entry.jitted(*consts, *dyn)
+        inputs = []
+        for kind, source in entry.inputs:  # one loop, no calls for the common kinds: it runs every step
+            if kind == 0:
+                inputs.append(source)
+            elif kind == 1:
+                inputs.append(source()._array)
+            else:
+                inputs.append(_source_value(source, leaves))
+        for i in entry.arg_tensor_slots:
+            leaf = leaves[i]
+            inputs.append(leaf._array if isinstance(leaf, Tensor) else leaf)
+        outs = entry.jitted(*inputs)
         for target, what, index, version_delta in entry.writes:
-            t = _resolve(target, leaves)
+            t = target() if type(target) is weakref.ref else _resolve(target, leaves)
             if t is None:
                 continue
             if what == "array":
-                _ARRAY.__set__(t, outs[index])
+                t._array = outs[index]
                 t._version += version_delta
             elif what == "grad":
-                _GRAD.__set__(t, None if index is None else Tensor(outs[index]))
+                t._grad = None if index is None else Tensor(outs[index])
             else:  # requires_grad
                 t._requires_grad = index
         results = []
@@ -597,6 +604,10 @@ class CompiledFunction:
             live = [s for s in recorder.sources.get(id(c), ()) if _resolve(s, leaves) is not None]
             consts.append(("state", live) if live else ("const", c))
         entry.consts = consts
+        entry.aliased = [refs for kind, refs in consts if kind != "const" and len(refs) > 1]
+        entry.inputs = [
+            (0, refs) if kind == "const" else (1, refs[0]) if type(refs[0]) is weakref.ref else (2, refs[0]) for kind, refs in consts
+        ]
         jaxpr = closed.jaxpr
         program = jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(constvars=[], invars=[*jaxpr.constvars, *jaxpr.invars]), []))
         entry.jitted = jax.jit(program)

@@ -66,6 +66,13 @@ def _step(
     return [n if s else None for n, s in zip(new_params, stepped, strict=True)], _keep_frozen(new_state, state, stepped, shapes)
 
 
+def _committed(array: Any, device: Any) -> Any:
+    """``array`` committed to ``device`` (the step's outputs are), unless it is already committed."""
+    if device is None or getattr(array, "_committed", True):
+        return array
+    return jax.device_put(array, device)
+
+
 class Optax:
     """Update parameters in place with an ``optax`` transformation of their ``.grad``.
 
@@ -100,6 +107,14 @@ class Optax:
                 raise ValueError(f"can't optimize a non-leaf Tensor (parameter {i}, grad_fn={p.grad_fn.name()})")  # type: ignore[union-attr]
         if len({id(p) for p in tensors}) != len(tensors):
             raise ValueError("some parameters appear more than once in the parameter list")
+        # The step's outputs are committed to their devices; an uncommitted parameter or
+        # state array (jax.random, optax's init on the default device) would make every
+        # primitive of the second step compile again, for committed inputs. Only when
+        # everything sits on one device: sharded parameters keep what they have.
+        devices = {d for p in tensors for d in p._array.sharding.device_set}
+        self._home = next(iter(devices)) if len(devices) == 1 else None
+        for p in tensors:
+            p._array = _committed(p._array, self._home)
         self.params = tensors
         self.transform = transform
         self.state = transform.init([p.array for p in tensors])
@@ -113,13 +128,13 @@ class Optax:
     @state.setter
     def state(self, value: Any) -> None:
         leaves, treedef = jax.tree.flatten(value)
-        previous = getattr(self, "_state_def", None)
-        if previous is not None and previous == treedef:  # same structure: the same Tensors, rebound
+        old_def = getattr(self, "_state_def", None)
+        if old_def is not None and old_def == treedef:  # same structure: the same Tensors, rebound
             for t, leaf in zip(self._state_tensors, leaves, strict=True):
-                t._array = jnp.asarray(leaf)
+                t._array = _committed(jnp.asarray(leaf), self._home)
             return
         self._state_def = treedef
-        self._state_tensors = [Tensor(jnp.asarray(leaf)) for leaf in leaves]
+        self._state_tensors = [Tensor(_committed(jnp.asarray(leaf), self._home)) for leaf in leaves]
 
     def step(self) -> None:
         """Apply one update from the current ``.grad``s to the parameters that have one."""

@@ -25,8 +25,8 @@ from typing import Any, cast
 import jax
 import jax.numpy as jnp
 
-from xgrad.engine.anomaly import record_forward_trace
-from xgrad.engine.node import NO_EDGE, InputMetadata, gradient_edge
+from xgrad.engine.anomaly import ANOMALY, record_forward_trace
+from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator
 from xgrad.engine.rules import Aval, RuleNode, incoming_grad
 from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
@@ -328,33 +328,85 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     return _record(prim, args, params, out)
 
 
+# NOTE [Recording cost]
+# ``_record`` runs once per recorded op, so it is written for the interpreter: one
+# loop per pass over the arguments (no generator expressions or per-call tuples of
+# helpers), edges built inline instead of through ``gradient_edge``, and the
+# one-output case (nearly every primitive) without tuples of outputs. Whether a dtype
+# is differentiable is cached per dtype (``jnp.issubdtype`` costs as much as a node).
+_INEXACT: dict[Any, bool] = {}
+
+
+def _differentiable_dtype(dtype: Any) -> bool:
+    known = _INEXACT.get(dtype)
+    if known is None:
+        known = _INEXACT[dtype] = bool(jnp.issubdtype(dtype, jnp.inexact))
+    return known
+
+
+def _metadata(array: Any) -> InputMetadata:
+    try:
+        sharding = array.sharding
+    except AttributeError:  # a tracer: XLA places it
+        sharding = None
+    return InputMetadata(array.shape, array.dtype, sharding)
+
+
 def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any) -> Any:
-    outs = (out,) if prim.num_outputs == 1 else tuple(out)
-    edges = [gradient_edge(a) if isinstance(a, Tensor) and a.requires_grad else NO_EDGE for a in args]
-    wanted = tuple(e is not NO_EDGE for e in edges)
-    save, save_out = prim.saves(wanted)
+    edges = []
+    wanted = []
+    for a in args:
+        if type(a) is Tensor or isinstance(a, Tensor):
+            fn = a.grad_fn
+            if fn is not None:
+                edges.append(Edge(fn, a._output_nr))
+                wanted.append(True)
+                continue
+            if a._requires_grad:
+                edges.append(Edge(grad_accumulator(a), 0))
+                wanted.append(True)
+                continue
+        edges.append(NO_EDGE)
+        wanted.append(False)
+    wanted_key = tuple(wanted)
+    saves = prim._saves.get(wanted_key)
+    save, save_out = saves if saves is not None else prim.saves(wanted_key)
     saved: list[Any] = []
     holds_tensors = bool(save_out)
-    for i, a in enumerate(args):
-        if isinstance(a, Tensor):
+    i = 0
+    for a in args:
+        if type(a) is Tensor or isinstance(a, Tensor):
             if save is None or i in save:
                 saved.append(SavedTensor(a, is_output=False))
                 holds_tensors = True
             else:
-                saved.append(Aval(a._array.shape, a._array.dtype))
+                array = a._array
+                saved.append(Aval(array.shape, array.dtype))
         else:
             saved.append(a)
-    differentiable = [jnp.issubdtype(o.dtype, jnp.inexact) for o in outs]
-    node = PrimitiveNode(prim, params, tuple(edges), tuple(InputMetadata.of(o) for o in outs), tuple(saved), holds_tensors, wanted)
+        i += 1
+    if prim.num_outputs == 1:
+        node = PrimitiveNode(prim, params, tuple(edges), (_metadata(out),), tuple(saved), holds_tensors, wanted_key)
+        result = Tensor(out)
+        if _differentiable_dtype(out.dtype):
+            result.grad_fn = node  # output 0: Tensor's default _output_nr
+        if save_out:
+            node.saved_out = (SavedTensor(result, is_output=True),)
+        on_record = PrimitiveNode.on_record  # NOTE [Rule nodes]
+        if on_record is not None:
+            on_record(node)
+        return result
+    outs = tuple(out)
+    node = PrimitiveNode(prim, params, tuple(edges), tuple([_metadata(o) for o in outs]), tuple(saved), holds_tensors, wanted_key)
     results = tuple(
-        Tensor._from_graph(o, node, i) if differentiable[i] else Tensor(o) for i, o in enumerate(outs)
+        [Tensor._from_graph(o, node, k) if _differentiable_dtype(o.dtype) else Tensor(o) for k, o in enumerate(outs)]
     )
     if save_out:
-        node.saved_out = tuple(SavedTensor(r, is_output=True) for r in results)
-    on_record = PrimitiveNode.on_record  # NOTE [Rule nodes]
+        node.saved_out = tuple([SavedTensor(r, is_output=True) for r in results])
+    on_record = PrimitiveNode.on_record
     if on_record is not None:
         on_record(node)
-    return results[0] if prim.num_outputs == 1 else results
+    return results
 
 
 class PrimitiveNode(RuleNode):
@@ -382,7 +434,8 @@ class PrimitiveNode(RuleNode):
         self.holds_tensors = holds_tensors
         self.saved_out: tuple[SavedTensor, ...] | None = None
         self.structure: tuple[int, tuple[int, ...], bool] | None = None  # NOTE [Structure fragments]
-        record_forward_trace(self)
+        if ANOMALY.enabled:
+            record_forward_trace(self)
 
     def name(self) -> str:
         return self.prim.node_name
