@@ -62,7 +62,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.shape[-1]))
-        att = xgrad.where(self.bias[:, :, :T, :T] == 0, float("-inf"), att)
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
         att = self.attn_dropout(xgrad.softmax(att, dim=-1))
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.c_proj(y))

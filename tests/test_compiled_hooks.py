@@ -181,6 +181,10 @@ class ScaledCube(xgrad.autograd.Function):
         return 3 * ctx.k * x ** 2 * g, None
 
 
+class PureScaledCube(ScaledCube):
+    backward = staticmethod(compiled.pure_hook(ScaledCube.backward))
+
+
 class ItemBackward(xgrad.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -193,32 +197,57 @@ class ItemBackward(xgrad.autograd.Function):
         return g * float(x.sum().item())
 
 
-def test_traceable_function_compiles_and_keys_its_ctx():
+class PureItemBackward(ItemBackward):
+    """Marked pure, wrongly: its backward concretizes a traced value."""
+
+    backward = staticmethod(compiled.pure_hook(ItemBackward.backward))
+
+
+def test_function_backward_runs_on_the_host_and_its_ctx_is_not_keyed():
     x = xgrad.tensor([1.0, 2.0], requires_grad=True)
     for k in (2.0, 2.0, 5.0):
         x.grad = None
         ScaledCube.apply(x, k).sum().backward(compiled=True)
         np.testing.assert_allclose(x.grad.numpy(), 3 * k * np.array([1.0, 4.0]))
     s = compiled.stats()
+    assert (s["misses"], s["hits"], s["fallbacks"]) == (1, 2, {})
+
+
+def test_pure_function_is_traced_and_keys_its_ctx():
+    x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    for k in (2.0, 2.0, 5.0):
+        x.grad = None
+        PureScaledCube.apply(x, k).sum().backward(compiled=True)
+        np.testing.assert_allclose(x.grad.numpy(), 3 * k * np.array([1.0, 4.0]))
+    s = compiled.stats()
     assert (s["misses"], s["hits"], s["fallbacks"]) == (2, 1, {})
     assert "ctx attributes" in s["recompile_reasons"][-1]
 
 
-def test_untraceable_function_falls_back_once_with_a_warning():
+def test_function_that_concretizes_runs_on_the_host_without_fallback():
     x = xgrad.tensor([1.0, 2.0], requires_grad=True)
-    with pytest.warns(compiled.CompiledFallbackWarning, match="custom Function ItemBackward is not traceable"):
+    for _ in range(2):
+        x.grad = None
         ItemBackward.apply(x).sum().backward(compiled=True)
+        assert x.grad.tolist() == [3.0, 3.0]
+    assert compiled.stats()["fallbacks"] == {}
+
+
+def test_untraceable_pure_function_falls_back_once_with_a_warning():
+    x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.warns(compiled.CompiledFallbackWarning, match="custom Function PureItemBackward is not traceable"):
+        PureItemBackward.apply(x).sum().backward(compiled=True)
     assert x.grad.tolist() == [3.0, 3.0]
     x.grad = None
-    ItemBackward.apply(x).sum().backward(compiled=True)  # warned once: no second warning
+    PureItemBackward.apply(x).sum().backward(compiled=True)  # warned once: no second warning
     assert x.grad.tolist() == [3.0, 3.0]
     assert compiled.stats()["fallbacks"] == {"untraceable Function": 2}
 
 
 def test_fallback_error_mode_raises():
     x = xgrad.tensor([1.0, 2.0], requires_grad=True)
-    with compiled.enable(fallback="error"), pytest.raises(compiled.CompiledFallbackError, match="ItemBackward"):
-        ItemBackward.apply(x).sum().backward()
+    with compiled.enable(fallback="error"), pytest.raises(compiled.CompiledFallbackError, match="PureItemBackward"):
+        PureItemBackward.apply(x).sum().backward()
     assert x.grad is None
     with compiled.enable(fallback="error"):
         (x * 2).sum().backward()  # compilable graphs still run
@@ -232,21 +261,18 @@ def test_anomaly_mode_falls_back():
     assert x.grad.tolist() == [2.0]
 
 
-def test_reentrant_checkpoint_falls_back_and_matches_eager():
+def test_reentrant_checkpoint_runs_on_the_host_and_matches_eager():
     def block(v):
         return (v.sin() * v).sum()
 
     grads = []
     for flag in (False, True):
         x = xgrad.tensor([0.5, 1.5], requires_grad=True)
-        if flag:
-            with pytest.warns(compiled.CompiledFallbackWarning, match="reentrant"):
-                checkpoint(block, x, use_reentrant=True).backward(compiled=flag)
-        else:
-            checkpoint(block, x, use_reentrant=True).backward(compiled=flag)
+        checkpoint(block, x, use_reentrant=True).backward(compiled=flag)  # warnings are errors: no fallback
         grads.append(x.grad.numpy())
     np.testing.assert_allclose(grads[0], grads[1])
     np.testing.assert_allclose(grads[1], np.sin([0.5, 1.5]) + np.array([0.5, 1.5]) * np.cos([0.5, 1.5]))
+    assert compiled.stats()["fallbacks"] == {}
 
 
 def test_non_reentrant_checkpoint_compiles():

@@ -4,9 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _scripts import run_json
 
 import xgrad
-from tests._scripts import run_json
 
 
 def test_python_floats_and_factories_agree_on_float32_with_x64_on():

@@ -306,7 +306,9 @@ def test_grad_of_a_non_leaf_captures_and_stops_there():
     gh, gb = autograd.grad(out, [h, b])
     close(gh, arrays()[1])
     close(gb, jnp.sin(arrays()[0]))
-    assert runs == [] and a.grad is None and b.grad is None and h.grad is None
+    assert runs == [] and a.grad is None and b.grad is None
+    with pytest.warns(UserWarning, match="not a leaf Tensor"):
+        assert h.grad is None
 
 
 def test_grad_inputs_below_and_above_each_other():
@@ -433,3 +435,54 @@ def test_host_root_grads_are_placed_on_the_output_device(host_grad):
     w = xgrad.tensor([3.0, 4.0], device=jax.devices("cpu")[1], requires_grad=True)
     (g,) = autograd.grad(w * 2, w, grad_outputs=[host_grad])
     assert g.device == w.device and g.tolist() == [2.0, 4.0]
+
+
+# -- assigning and reading .grad ----------------------------------------------------------------
+
+
+def test_assigning_grad_checks_as_pytorch():
+    x = xgrad.tensor([1.0, 2.0], dtype=jnp.float64, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"^can't assign Variable as its own grad$"):
+        x.grad = x
+    with pytest.raises(RuntimeError, match="assigned grad has data of a different type"):
+        x.grad = xgrad.tensor([1.0, 2.0], dtype=jnp.float32)
+    with pytest.raises(RuntimeError, match="assigned grad has data of a different size"):
+        x.grad = xgrad.tensor([1.0, 2.0, 3.0], dtype=jnp.float64)
+    other = jax.devices("cpu")[1]
+    with pytest.raises(RuntimeError, match="assigned grad has data located on a different device"):
+        x.grad = xgrad.tensor([1.0, 2.0], dtype=jnp.float64, device=other)
+    with pytest.raises(TypeError, match="assigned grad expected to be a Tensor or None"):
+        x.grad = [1.0, 2.0]
+    assert x.grad is None  # nothing was assigned
+    g = xgrad.tensor([3.0, 4.0], dtype=jnp.float64)
+    x.grad = g
+    assert x.grad is g
+    x.sum().backward()
+    assert x.grad is g and g.tolist() == [4.0, 5.0]  # accumulated into the assigned tensor
+    x.grad = None
+    assert x.grad is None
+
+
+def test_reading_grad_of_a_non_leaf_warns_as_pytorch():
+    x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    y = x * 2.0
+    y.sum().backward(retain_graph=True)
+    with pytest.warns(UserWarning) as record:
+        assert y.grad is None
+    assert len(record) == 1
+    assert str(record[0].message).startswith(
+        "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its .grad attribute "
+        "won't be populated during autograd.backward(). If you indeed want the .grad field to be populated "
+        "for a non-leaf Tensor, use .retain_grad() on the non-leaf Tensor."
+    )
+    assert record[0].filename == __file__  # points at the caller's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert x.grad.tolist() == [2.0, 2.0]  # leaves: no warning
+        assert xgrad.tensor([1.0]).grad is None  # a tensor that does not require grad is a leaf
+        y.retain_grad()
+        y.sum().backward()
+        assert y.grad.tolist() == [1.0, 1.0]  # retained: no warning
+        z = x * 3.0
+        z.grad = xgrad.tensor([1.0, 1.0])  # set by hand: defined, so no warning
+        assert z.grad is not None

@@ -152,3 +152,42 @@ def test_no_grad_decorator_is_safe_across_threads():
     for t in threads:
         t.join()
     assert results == [False] * 4 and xgrad.is_grad_enabled()
+
+
+def test_decorators_without_parentheses_and_applied_to_a_function(x):
+    """PyTorch's no_grad, enable_grad and inference_mode decorate without parentheses
+    too, and ``no_grad()(fn)`` wraps like ``@no_grad()``."""
+
+    @xgrad.no_grad
+    def double(t):
+        return t * 2, xgrad.is_grad_enabled()
+
+    @xgrad.enable_grad
+    def triple(t):
+        return t * 3
+
+    @xgrad.inference_mode
+    def modes():
+        return is_inference_mode_enabled(), xgrad.is_grad_enabled()
+
+    @xgrad.no_grad
+    def numbers():
+        yield xgrad.is_grad_enabled()
+        yield xgrad.is_grad_enabled()
+
+    y, enabled = double(x)
+    assert not enabled and not y.requires_grad and xgrad.is_grad_enabled()
+    assert double.__name__ == "double"
+    with xgrad.no_grad():
+        assert triple(x).requires_grad and triple.__name__ == "triple"
+    assert modes() == (True, False) and not is_inference_mode_enabled()
+    assert list(numbers()) == [False, False] and xgrad.is_grad_enabled()
+
+    def quadruple(t):
+        return t * 4
+
+    wrapped = xgrad.no_grad()(quadruple)
+    assert not wrapped(x).requires_grad and wrapped.__name__ == "quadruple"
+    assert quadruple(x).requires_grad  # the original is left alone
+    assert isinstance(xgrad.no_grad(), xgrad.no_grad) and isinstance(xgrad.enable_grad(), xgrad.enable_grad)
+    assert isinstance(xgrad.inference_mode(False), xgrad.inference_mode)

@@ -44,14 +44,7 @@ def four_leaves():
 # -- register_multi_grad_hook ------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "flag",
-    [False, pytest.param(True, marks=pytest.mark.xfail(
-        strict=True, raises=TypeError,
-        reason="compiled backward(inputs=...) with inputs outside the graph fails in the CAPTURE step (issue 13)",
-    ))],
-    ids=["eager", "compiled"],
-)
+@FLAGS
 def test_multi_grad_hook_all_is_called_once_with_none_for_tensors_not_reached(flag):
     t1, t2, t3, t4 = four_leaves()
     calls = []

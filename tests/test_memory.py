@@ -99,7 +99,7 @@ def test_create_graph_cycle_is_collected(x):
 
 
 def test_moderately_deep_real_ops_chain():
-    x = xgrad.tensor([0.5, -0.25], requires_grad=True)
+    x = xgrad.tensor([0.5, -0.25], dtype=jnp.float64, requires_grad=True)
     y = x
     for _ in range(2000):
         y = y * 1.001 - 0.0005

@@ -177,6 +177,9 @@ def test_nonzero_any_all_argsort_are_non_differentiable():
     np.testing.assert_array_equal(x.any(dim=1, keepdim=True).numpy(), np.any(a != 0, axis=1, keepdims=True))
     np.testing.assert_array_equal(x.all(dim=0).numpy(), np.all(a != 0, axis=0))
     assert x.any().item() is True and x.all().item() is False
+    # A 0-dim input, as PyTorch: one row per non-zero scalar and no columns; as_tuple sees a 1-element vector.
+    assert xgrad.nonzero(xgrad.tensor(3.0)).shape == (1, 0) and xgrad.nonzero(xgrad.tensor(0.0)).shape == (0, 0)
+    assert [t.tolist() for t in xgrad.nonzero(xgrad.tensor(3.0), as_tuple=True)] == [[0]]
     for out in (x.nonzero(), x.any(), x.all(), x.argsort()):
         assert out.grad_fn is None and not out.requires_grad
 
@@ -266,6 +269,18 @@ def test_unbind_is_one_node_with_an_output_per_slice(compiled):
     assert x.grad.tolist() == [[0.0, 2.0, 0.0], [0.0, 3.0, 0.0]]
 
 
+@COMPILED
+def test_unbind_slices_are_views_that_write_through(compiled):
+    leaf = xgrad.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    x = leaf * 1.0
+    first, second = x.unbind(0)
+    second.mul_(10.0)
+    assert x.tolist() == [[0.0, 1.0, 2.0], [30.0, 40.0, 50.0]]
+    assert first._version == x._version  # the sibling slice sees the new base too
+    (x * x).sum().backward(compiled=compiled)
+    np.testing.assert_allclose(leaf.grad.numpy(), [[0.0, 2.0, 4.0], [600.0, 800.0, 1000.0]])
+
+
 def test_unbind_second_order_against_jax():
     assert_grads_match(lambda t: [p.sin() * p for p in t.unbind(0)], np.linspace(-1, 1, 6).reshape(3, 2),
                        reference=lambda a: [jnp.sin(p) * p for p in a], modes=("eager", "compiled", "jax"), order=2)
@@ -351,6 +366,14 @@ def test_nll_loss_ignore_index_and_errors():
         xgrad.nll_loss(logp, xgrad.tensor([0, 1, 1]))
     with pytest.raises(RuntimeError, match="expected scalar type Long"):
         xgrad.nll_loss(logp, xgrad.tensor([0.0, 1.0]))
+
+
+def test_nll_loss_of_one_sample():
+    logp = xgrad.tensor(np.array([-0.5, -1.25, -3.0]), requires_grad=True)
+    loss = xgrad.nll_loss(logp, xgrad.tensor(1))
+    assert loss.shape == () and loss.item() == 1.25
+    loss.backward()
+    assert logp.grad.tolist() == [0.0, -1.0, 0.0]
 
 
 def test_nll_loss_of_log_softmax_is_cross_entropy():

@@ -160,7 +160,7 @@ SCHEDULES = {
 def test_schedulers_follow_pytorch_and_drive_the_step(name):
     make_scheduler, factor = SCHEDULES[name]
     expected = [factor(t) for t in range(EPOCHS)]
-    opt = optim.SGD([xgrad.tensor([0.0], requires_grad=True)], lr=1.0)
+    opt = optim.SGD([xgrad.tensor(np.zeros(1), requires_grad=True)], lr=1.0)
     sched = make_scheduler(opt)
     seen = []
     for _ in range(EPOCHS):
@@ -180,13 +180,13 @@ def test_schedulers_follow_pytorch_and_drive_the_step(name):
 def test_scheduler_state_and_import_path():
     from xgrad.optim.lr_scheduler import StepLR
 
-    opt = optim.Adam([xgrad.tensor([0.0], requires_grad=True)], lr=0.1)
+    opt = optim.Adam([xgrad.tensor(np.zeros(1), requires_grad=True)], lr=0.1)
     sched = StepLR(opt, step_size=1, gamma=0.5)
     sched.step()
     state = sched.state_dict()
-    other = StepLR(optim.Adam([xgrad.tensor([0.0], requires_grad=True)], lr=0.1), step_size=1, gamma=0.5)
+    other = StepLR(optim.Adam([xgrad.tensor(np.zeros(1), requires_grad=True)], lr=0.1), step_size=1, gamma=0.5)
     other.load_state_dict(state)
     other.step()
     assert other.get_last_lr() == pytest.approx([0.025]) and other.optimizer.lr == pytest.approx(0.025)
     with pytest.raises(TypeError, match="inject_hyperparams"):
-        StepLR(optim.Optax([xgrad.tensor([0.0], requires_grad=True)], optax.sgd(0.1)), step_size=1)
+        StepLR(optim.Optax([xgrad.tensor(np.zeros(1), requires_grad=True)], optax.sgd(0.1)), step_size=1)

@@ -13,8 +13,8 @@ from xgrad.engine import engine
 
 
 def _graph():
-    x = xgrad.tensor([1.0, 2.0, 3.0], requires_grad=True)
-    w = xgrad.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    x = xgrad.tensor([1.0, 2.0, 3.0], dtype="float64", requires_grad=True)
+    w = xgrad.tensor([0.5, -1.0, 2.0], dtype="float64", requires_grad=True)
     return x, w, ((x * w).tanh() + x.exp()).sum()
 
 

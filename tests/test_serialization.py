@@ -215,3 +215,8 @@ def test_sharded_arrays_come_back_on_their_sharding(tmp_path, fmt):
         np.testing.assert_array_equal(loaded[name].numpy(), state[name].numpy())
     assert loaded["w"].requires_grad
     assert xgrad.load(path, device="cpu:1")["w"].sharding == jax.sharding.SingleDeviceSharding(jax.devices()[1])
+    # One sharding for everything: entries of lower rank than its spec go replicated on its mesh.
+    xgrad.save({**state, "step": xgrad.tensor(5)}, path)
+    onto_rows = xgrad.load(path, device=rows)
+    assert onto_rows["b"].sharding == rows and onto_rows["step"].sharding == replicated
+    assert onto_rows["step"].item() == 5 and onto_rows["b"].tolist() == [0.0, 1.0]

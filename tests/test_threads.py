@@ -168,7 +168,7 @@ def test_worker_error_reaches_caller_with_type_message_and_traceback():
     assert "failing_hook" in frames and "thread_main" in frames
     assert downstream == []  # nodes after the failing one never ran
     # The engine and the worker are healthy: the next backward runs on the same worker.
-    x2 = xgrad.tensor([1.0, 2.0], device=dev1, requires_grad=True)
+    x2 = xgrad.tensor([1.0, 2.0], dtype=jnp.float64, device=dev1, requires_grad=True)
     x2.register_hook(lambda g: downstream.append(thread_name()))
     (x2.exp() * 3.0).sum().backward()
     np.testing.assert_allclose(x2.grad.numpy(), 3.0 * np.exp([1.0, 2.0]), rtol=1e-12)

@@ -40,6 +40,13 @@ def _reshape_copy(b, y):
     return r
 
 
+def _write_rows_in_turn(b, y):
+    rows = list(b)  # all alive while each is written
+    for i, row in enumerate(rows):
+        row.mul_(y[i])
+    return rows[0]
+
+
 # name: (xgrad step on the intermediate b, returning the tensor to read after the write;
 #        the same in JAX: (b, y) -> (new b, what is read))
 CASES = {
@@ -82,6 +89,10 @@ CASES = {
     "base write regenerates views": (
         _base_write_regenerates_view,
         lambda b, y: (b * y, (b * y)[:, 1]),
+    ),
+    "rows written in turn": (
+        _write_rows_in_turn,
+        lambda b, y: (b * y[:2, None], b[0] * y[0]),
     ),
     "reshape copy leaves the base alone": (
         _reshape_copy,
@@ -232,6 +243,55 @@ def test_a_saved_view_detects_a_write_to_its_base():
     assert v.tolist() == [1.5]
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.sum().backward()
+
+
+def test_view_of_a_non_contiguous_tensor_raises_where_reshape_copies():
+    b = xgrad.tensor(np.arange(6.0).reshape(2, 3)) * 1.0
+    with pytest.raises(RuntimeError, match=r"view size is not compatible with input tensor's size and stride .* Use .reshape\(...\) instead."):
+        b.T.view(-1)
+    assert b.T.reshape(-1).tolist() == [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
+    split = b.T.view(3, 1, 2)  # splitting a dim keeps the strides expressible: still a view
+    split[0, 0, 1] = 10.0
+    assert b.tolist() == [[0.0, 1.0, 2.0], [10.0, 4.0, 5.0]]
+
+
+def test_a_write_regenerates_only_the_views_that_see_it():
+    x = xgrad.tensor(np.arange(12.0).reshape(4, 3), requires_grad=True)
+    b = x * 1.0
+    rows = list(b)
+    column = b[:, 1]
+    before = [r.grad_fn for r in rows]
+    rows[2].mul_(10.0)
+    # The other rows keep their values and grad_fn (the same gradients); every version moved on.
+    assert [r.grad_fn is g for r, g in zip(rows, before, strict=True)] == [True, True, False, True]
+    assert {r._version for r in rows} == {b._version} == {column._version} == {1}
+    assert column.tolist() == [1.0, 4.0, 70.0, 10.0]
+    (sum(r.sum() * (i + 1) for i, r in enumerate(rows)) + column.sum()).backward()
+    expected = np.repeat([[1.0], [2.0], [30.0], [4.0]], 3, axis=1)
+    expected[:, 1] += [1.0, 1.0, 10.0, 1.0]
+    np.testing.assert_allclose(x.grad.numpy(), expected)
+    # A sibling that did not require grad joins the graph once the base does.
+    z = xgrad.zeros(2, 2)
+    first, second = z[0], z[1]
+    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    first.copy_(w)
+    assert second.requires_grad and z.requires_grad
+
+
+@pytest.mark.parametrize(
+    "slices",
+    [lambda b: b.unbind(1), lambda b: b.split(1, dim=1), lambda b: b.chunk(3, dim=1),
+     lambda b: [b.select(1, i) for i in range(3)], lambda b: [b.narrow(1, i, 1) for i in range(3)]],
+    ids=["unbind", "split", "chunk", "select", "narrow"],
+)
+def test_slices_of_the_slicing_ops_are_views(slices):
+    x = xgrad.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    b = x * 1.0
+    parts = slices(b)
+    parts[1].mul_(10.0)
+    assert b.tolist() == [[0.0, 10.0, 2.0], [3.0, 40.0, 5.0]]
+    b.sum().backward()
+    assert x.grad.tolist() == [[1.0, 10.0, 1.0], [1.0, 10.0, 1.0]]
 
 
 def test_advanced_indexing_is_a_copy_as_in_pytorch():

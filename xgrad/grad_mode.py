@@ -109,8 +109,21 @@ class _GradModeContext:
         return wrapper  # type: ignore[return-value]
 
 
-class no_grad(_GradModeContext):
-    """Context manager and decorator that disables graph recording on this thread.
+class _NoParamGradModeContext(_GradModeContext):
+    """A switch that is also a decorator without parentheses, as PyTorch's: ``@no_grad``
+    means ``@no_grad()``."""
+
+    def __new__(cls, orig_func: Callable[..., Any] | None = None) -> Any:
+        if orig_func is None:
+            return super().__new__(cls)
+        return cls()(orig_func)
+
+    def __init__(self, orig_func: Callable[..., Any] | None = None) -> None:
+        super().__init__()
+
+
+class no_grad(_NoParamGradModeContext):
+    """Context manager and decorator (with or without parentheses) that disables graph recording on this thread.
 
     >>> import xgrad
     >>> x = xgrad.tensor([1.0], requires_grad=True)
@@ -118,19 +131,30 @@ class no_grad(_GradModeContext):
     ...     y = x * 2
     >>> y.requires_grad
     False
+    >>> @xgrad.no_grad
+    ... def double(t):
+    ...     return t * 2
+    >>> double(x).requires_grad
+    False
     """
 
     _mode = False
 
 
-class enable_grad(_GradModeContext):
-    """Context manager and decorator that enables graph recording on this thread.
+class enable_grad(_NoParamGradModeContext):
+    """Context manager and decorator (with or without parentheses) that enables graph recording on this thread.
 
     >>> import xgrad
     >>> x = xgrad.tensor([1.0], requires_grad=True)
     >>> with xgrad.no_grad(), xgrad.enable_grad():
     ...     y = x * 2
     >>> y.requires_grad
+    True
+    >>> @xgrad.enable_grad
+    ... def double(t):
+    ...     return t * 2
+    >>> with xgrad.no_grad():
+    ...     double(x).requires_grad
     True
     """
 
@@ -177,12 +201,18 @@ class inference_mode(_GradModeContext):
     Args:
         mode: ``False`` leaves inference mode and enables grad inside the context (as
             PyTorch's does), and makes the decorator a no-op, for code that toggles it.
+            Also a decorator without parentheses: ``@inference_mode``.
 
     >>> import xgrad
     >>> with xgrad.inference_mode():
     ...     xgrad.is_grad_enabled()
     False
     """
+
+    def __new__(cls, mode: Any = True) -> Any:
+        if mode is None or isinstance(mode, bool):
+            return super().__new__(cls)
+        return cls()(mode)  # ``@inference_mode`` on a function
 
     def __init__(self, mode: bool = True) -> None:
         super().__init__()

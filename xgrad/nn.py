@@ -19,6 +19,7 @@ without renaming.
 
 from __future__ import annotations
 
+import copy
 import math
 import weakref
 from collections import OrderedDict
@@ -145,6 +146,22 @@ def _contained(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
                 f"attribute '{prefix}' is a set holding Modules or Tensors: a set has no order, so they cannot be "
                 "named. Use nn.ModuleList or a list."
             )
+
+
+class _Parameters(list[Tensor]):
+    """What ``Module.parameters()`` returns: a list, so it can be reused, indexed and measured.
+
+    PyTorch returns a generator, and ``next(model.parameters())`` is a common way to
+    reach the first parameter; ``next()`` here steps through the list the same way.
+    """
+
+    _next_index = 0
+
+    def __next__(self) -> Tensor:
+        if self._next_index >= len(self):
+            raise StopIteration
+        self._next_index += 1
+        return self[self._next_index - 1]
 
 
 class _IncompatibleKeys(NamedTuple):
@@ -339,10 +356,15 @@ class Module:
                     seen.add(id(value))
                     yield (f"{module_name}.{name}" if module_name else name), value
 
-    def parameters(self, recurse: bool = True) -> Iterator[Tensor]:
-        """The parameters, in ``named_parameters`` order (an iterator, as in PyTorch)."""
-        for _, p in self.named_parameters(recurse=recurse):
-            yield p
+    def parameters(self, recurse: bool = True) -> _Parameters:
+        """The parameters, in ``named_parameters`` order: a list that ``next()`` also walks, as PyTorch's iterator.
+
+        >>> import xgrad
+        >>> model = xgrad.nn.Linear(2, 3, key=0)
+        >>> next(model.parameters()).shape, len(model.parameters())
+        ((3, 2), 2)
+        """
+        return _Parameters(p for _, p in self.named_parameters(recurse=recurse))
 
     def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Iterator[tuple[str, Tensor]]:
         """Every buffer (persistent or not) as ``(dotted name, tensor)``."""
@@ -496,11 +518,11 @@ class Module:
         missing = [k for k in targets if k not in state_dict]
         unexpected = [k for k in state_dict if k not in targets]
         errors = []
-        if strict:
-            if unexpected:
-                errors.append("Unexpected key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in unexpected)))
+        if strict:  # PyTorch's order: missing, unexpected, then size mismatches
             if missing:
                 errors.append("Missing key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in missing)))
+            if unexpected:
+                errors.append("Unexpected key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in unexpected)))
         arrays = {}
         for name, target in targets.items():
             if name not in state_dict:
@@ -520,6 +542,27 @@ class Module:
                 target = targets[name]
                 target.copy_(Tensor(jax.device_put(array.astype(target.dtype), target.sharding)))
         return _IncompatibleKeys(missing, unexpected)
+
+    # -- copying ---------------------------------------------------------------------
+    def __deepcopy__(self, memo: dict[int, Any]) -> Module:
+        """``copy.deepcopy(model)``: new parameters (still parameters) and buffers, a separate graph.
+
+        Arrays are immutable, so the copies share them; each parameter and buffer is a
+        new leaf (with its ``.grad`` copied) whose gradients accumulate on itself.
+        """
+        for t in [*self.parameters(), *self.buffers()]:
+            if id(t) not in memo:
+                fresh = Tensor(t.array, requires_grad=t.requires_grad)
+                if t.grad is not None:
+                    fresh._grad = Tensor(t.grad.array)
+                if _is_parameter(t):
+                    _mark_parameter(fresh)
+                memo[id(t)] = fresh
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            object.__setattr__(new, name, copy.deepcopy(value, memo))
+        return new
 
     # -- printing --------------------------------------------------------------------
     def extra_repr(self) -> str:
@@ -605,7 +648,7 @@ class ModuleList(Module):
 
     def __getitem__(self, index: int | slice) -> Any:
         if isinstance(index, slice):
-            return ModuleList(list(self._modules.values())[index])
+            return ModuleList([m for m in list(self._modules.values())[index] if m is not None])
         return _at(self._modules, index)
 
     def __setitem__(self, index: int, module: Module) -> None:
@@ -990,7 +1033,7 @@ class _BatchNorm(Module):
             mean = self.running_mean.reshape(stat_shape)
             var = self.running_var.reshape(stat_shape)
         y = (x - mean) * ops.rsqrt(var + self.eps)
-        if self.weight is not None:
+        if self.weight is not None and self.bias is not None:
             y = y * self.weight.reshape(stat_shape) + self.bias.reshape(stat_shape)
         return y
 

@@ -388,8 +388,14 @@ def load(path: str | os.PathLike[str], device: Any = None) -> Any:
     fmt = _format(path)
     target = resolve_device(device)
 
+    def fitted(ndim: int) -> Any:
+        """``target`` for an array of rank ``ndim``: lower ranks (a step counter) go replicated on its mesh."""
+        if isinstance(target, jax.sharding.NamedSharding) and len(target.spec) > ndim:
+            return jax.sharding.NamedSharding(target.mesh, jax.sharding.PartitionSpec())
+        return target
+
     def place(array: np.ndarray, sharding: Any) -> Any:
-        where = target if target is not None else sharding
+        where = fitted(array.ndim) if target is not None else sharding
         return jax.device_put(array, where) if where is not None else jnp.asarray(array)
 
     with contextlib.ExitStack() as stack:
@@ -411,7 +417,7 @@ def load(path: str | os.PathLike[str], device: Any = None) -> Any:
             requires_grad = bool(node.get("requires_grad", False))
             if node.get("sharded"):
                 saved = None if desc is None else _rebuild_sharding(desc, jax.devices())
-                sharding = target if target is not None else saved
+                sharding = fitted(len(node["shape"])) if target is not None else saved
                 if sharding is None:
                     raise ValueError(ERR_NO_MESH.format(name=name, ids=desc["device_ids"] if desc else "?"))
                 if isinstance(sharding, jax.Device):

@@ -9,6 +9,7 @@ in-place ``_version`` counter. Ops and operators are attached by ``xgrad.ops``.
 from __future__ import annotations
 
 import sys
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,13 @@ ERR_REQUIRES_GRAD_DTYPE = "Only Tensors of floating point and complex dtype can 
 ERR_NON_LEAF_REQUIRES_GRAD = (
     "you can only change requires_grad flags of leaf variables. If you want to use a computed "
     "variable in a subgraph that doesn't require differentiation use var_no_grad = var.detach()."
+)
+WARN_NON_LEAF_GRAD = (
+    "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its .grad "
+    "attribute won't be populated during autograd.backward(). If you indeed want the .grad "
+    "field to be populated for a non-leaf Tensor, use .retain_grad() on the non-leaf Tensor. "
+    "If you access the non-leaf Tensor by mistake, make sure you access the leaf Tensor "
+    "instead. See github.com/pytorch/pytorch/pull/30531 for more informations."
 )
 ERR_LEAF_INPLACE = "a leaf Variable that requires grad is being used in an in-place operation."
 ERR_NOT_ADDRESSABLE = (
@@ -306,8 +314,15 @@ class Tensor:
 
     @property
     def grad(self) -> Tensor | None:
-        """The gradient backward accumulated here (leaves, and non-leaves that retain grad)."""
-        return self._grad
+        """The gradient backward accumulated here (leaves, and non-leaves that retain grad).
+
+        Reading it on a non-leaf that does not retain grad, before anything set it,
+        warns as PyTorch does: backward never fills it.
+        """
+        grad = self._grad
+        if grad is None and self.grad_fn is not None and not self._retains_grad:
+            warnings.warn(WARN_NON_LEAF_GRAD, UserWarning, stacklevel=2)
+        return grad
 
     @grad.setter
     def grad(self, value: Tensor | None) -> None:
@@ -317,18 +332,21 @@ class Tensor:
         self._grad = value
 
     def _check_assigned_grad(self, value: Any) -> None:
+        """PyTorch's checks on ``x.grad = value``, in its order: itself, type, device, size."""
         if not isinstance(value, Tensor):
             raise TypeError(f"assigned grad expected to be a Tensor or None but got grad of type {type(value).__name__}")
+        if value is self:
+            raise RuntimeError("can't assign Variable as its own grad")
         mine, theirs = self._array, value._array
         if theirs.dtype != mine.dtype:
             raise RuntimeError(f"assigned grad has data of a different type: expected {mine.dtype}, got {theirs.dtype}")
-        if theirs.shape != mine.shape:
-            raise RuntimeError(
-                f"assigned grad has data of a different size: expected {list(mine.shape)}, got {list(theirs.shape)}"
-            )
         if theirs.sharding.device_set != mine.sharding.device_set:
             raise RuntimeError(
                 f"assigned grad has data located on a different device: expected {self.device}, got {value.device}"
+            )
+        if theirs.shape != mine.shape:
+            raise RuntimeError(
+                f"assigned grad has data of a different size: expected {list(mine.shape)}, got {list(theirs.shape)}"
             )
 
     @property

@@ -2,6 +2,11 @@
 
 See NOTE [Compiled backward] in ``xgrad/engine/compiled/__init__.py`` for how it works.
 
+On a cache hit the backward rules of xgrad's ops and everything marked ``pure_hook``
+(hooks, a custom ``Function.backward``) do not run in Python: as under ``jax.jit``,
+their bodies run only when traced. Hooks not marked pure and custom Function
+backwards run on the host at their point, on every call, exactly as in eager.
+
 >>> import xgrad
 >>> w = xgrad.tensor([1.0, 2.0], requires_grad=True)
 >>> with xgrad.autograd.compiled.enable():

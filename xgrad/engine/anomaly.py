@@ -13,6 +13,9 @@ __all__ = ["detect_anomaly", "is_anomaly_check_nan_enabled", "is_anomaly_enabled
 
 TRACEBACK_KEY = "traceback_"
 TRACE_HEADER = "Traceback of forward call that caused the error:\n"
+PARENT_KEY = "parent_"
+PARENT_TRACE_HEADER = "Traceback of forward call that induced the previous calculation:\n"
+NO_FORWARD_INFO = "No forward pass information available. Enable detect anomaly during forward pass for more information."
 
 
 class _AnomalyState:
@@ -93,28 +96,60 @@ class detect_anomaly:
 
     def __init__(self, check_nan: bool = True) -> None:
         self.check_nan = check_nan
+        # One entry per ``with``: contexts nest, even with this same object.
+        self._saved: list[tuple[bool, bool]] = []
 
     def __enter__(self) -> None:
-        self.prev = (ANOMALY.enabled, ANOMALY.check_nan)
+        self._saved.append((ANOMALY.enabled, ANOMALY.check_nan))
         ANOMALY.enabled = True
         ANOMALY.check_nan = self.check_nan
 
     def __exit__(self, *exc: object) -> None:
-        ANOMALY.enabled, ANOMALY.check_nan = self.prev
+        ANOMALY.enabled, ANOMALY.check_nan = self._saved.pop()
 
 
 def record_forward_trace(node: Any) -> None:
-    """Store the forward traceback on ``node`` when anomaly mode is on."""
+    """Store the forward traceback on ``node`` when anomaly mode is on.
+
+    A node recorded while a backward runs another node (``create_graph``) also keeps
+    that node as its parent, as PyTorch's ``assign_parent`` does: an error in the
+    double backward then shows what the first backward was computing.
+    """
     if ANOMALY.enabled:
-        node.metadata[TRACEBACK_KEY] = "".join(traceback.format_stack()[:-3])
+        metadata = node.metadata
+        metadata[TRACEBACK_KEY] = "".join(traceback.format_stack()[:-3])
+        from xgrad.engine.node import current_task
+
+        parent = current_task.node
+        if parent is not None:
+            metadata[PARENT_KEY] = parent
+
+
+def _trace_of(node: Any) -> str | None:
+    return node._metadata.get(TRACEBACK_KEY) if node._metadata else None
 
 
 def with_forward_trace(exc: BaseException, node: Any) -> BaseException:
-    """``exc`` of the same type, its message extended with ``node``'s forward traceback."""
-    trace = node._metadata.get(TRACEBACK_KEY) if node._metadata else None
+    """``exc`` of the same type, its message extended with ``node``'s forward traceback.
+
+    Then, for each parent in turn (NOTE in ``record_forward_trace``), the forward
+    traceback of the node whose backward recorded it.
+    """
+    trace = _trace_of(node)
     if trace is None or getattr(exc, "_xgrad_has_trace", False):
         return exc
-    message = f"{exc}\n\n{TRACE_HEADER}{trace}(in the forward of {node.name()})"
+    parts = [f"{exc}\n\n{TRACE_HEADER}{trace}(in the forward of {node.name()})"]
+    parent = node._metadata.get(PARENT_KEY)
+    seen = {id(node)}
+    while parent is not None and id(parent) not in seen:  # a loop, never recursion
+        seen.add(id(parent))
+        parent_trace = _trace_of(parent)
+        parts.append(
+            f"Previous calculation was induced by {parent.name()}. "
+            + (PARENT_TRACE_HEADER + parent_trace if parent_trace is not None else NO_FORWARD_INFO)
+        )
+        parent = parent._metadata.get(PARENT_KEY) if parent._metadata else None
+    message = "\n\n".join(parts)
     try:
         new = type(exc)(message)
     except Exception:  # an exception type whose constructor takes other arguments

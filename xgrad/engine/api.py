@@ -49,9 +49,9 @@ def _as_inputs(value: Any) -> tuple[Tensor | GradientEdge, ...]:
     if isinstance(value, (list, tuple)):
         for v in value:
             if not isinstance(v, (Tensor, GradientEdge)):
-                raise TypeError(f"inputs must be Tensors or GradientEdges, got {type(v).__name__}")
+                raise TypeError(f"inputs must be Tensors (or GradientEdges), got {type(v).__name__}")
         return tuple(value)
-    raise TypeError(f"inputs must be a Tensor, a GradientEdge or a sequence of them, got {type(value).__name__}")
+    raise TypeError(f"inputs must be a Tensor or a sequence of Tensors (or GradientEdges), got {type(value).__name__}")
 
 
 def _input_edge(value: Tensor | GradientEdge) -> Edge:
@@ -317,15 +317,15 @@ def _batched_grads(
     if any(g is None for g in grads) or len(grads) != len(outs):
         raise RuntimeError(ERR_BATCHED_GRADS)
     tensors = [g if isinstance(g, Tensor) else Tensor(jnp.asarray(g, dtype=out._array.dtype)) for g, out in zip(grads, outs, strict=True)]
-    sizes = {g._array.shape[0] if g._array.ndim else None for g in tensors}
     for i, (g, out) in enumerate(zip(tensors, outs, strict=True)):
-        if g._array.shape[1:] != out._array.shape or None in sizes:
+        if g._array.ndim == 0 or g._array.shape[1:] != out._array.shape:
             raise RuntimeError(
                 f"If `is_grads_batched=True`, we interpret the first dimension of each grad_output as the batch "
                 f"dimension. The sizes of the remaining dimensions are expected to match the shape of "
                 f"corresponding output, but a mismatch was detected: grad_output[{i}] has a shape of "
                 f"{list(g._array.shape)} and output[{i}] has a shape of {list(out._array.shape)}."
             )
+    sizes = {g._array.shape[0] for g in tensors}
     if len(sizes) != 1:
         raise RuntimeError(f"grad_outputs of is_grads_batched=True must share their first dim, got {sorted(sizes)}")
     (size,) = sizes

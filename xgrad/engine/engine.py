@@ -506,6 +506,17 @@ def call_post_hooks(fn: Node, outputs: list[Tensor | None], inputs: list[Tensor 
 
 def call_function(graph_task: GraphTask, fn: Node, inputs: list[Tensor | None]) -> list[Tensor | None]:
     """The node and its hooks (NOTE [Hooks ordering] in node.py), its grads validated."""
+    if (
+        fn._tensor_pre_hooks is None
+        and fn._retains_grad_hooks is None
+        and not fn._pre_hooks
+        and not fn._post_hooks
+        and not fn.runs_user_code
+    ):
+        # Pure rules and no hook: no user code runs, so none can ask for current_node().
+        outputs = fn.apply(inputs)
+        validate_outputs(fn.next_edges, outputs, fn)
+        return outputs
     prev_node = current_task.node  # a reentrant backward returns here: restore, do not clear
     current_task.node = fn  # xgrad.autograd.graph.current_node()
     try:

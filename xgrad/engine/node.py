@@ -22,7 +22,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 
@@ -120,6 +120,11 @@ class Node:
         "sequence_nr",
         "topological_nr",
     )
+
+    #: Whether ``apply`` may run user code (a Function's backward, post-accumulate-grad
+    #: hooks), which may ask for ``xgrad.autograd.graph.current_node()``; nodes that
+    #: replay pure rules say ``False`` and spare the engine setting it.
+    runs_user_code: ClassVar[bool] = True
 
     def __init__(
         self, next_edges: tuple[Edge, ...], input_metadata: tuple[InputMetadata, ...], sequence_nr: int | None = None

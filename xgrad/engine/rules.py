@@ -79,6 +79,8 @@ class RuleNode(Node):
     holds_tensors: bool
     structure: tuple[int, tuple[int, ...], bool] | None  # NOTE [Structure fragments]
 
+    runs_user_code: ClassVar[bool] = False  # pure rules (Node.runs_user_code)
+
     #: Called with each new rule node once a compiled backward has run in the process.
     on_record: ClassVar[Callable[[RuleNode], None] | None] = None
 

@@ -105,9 +105,9 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
     equal to ``ignore`` pass (``cross_entropy``'s ``ignore_index``).
 
     JAX clamps (reads) or drops (writes) out-of-range indices silently; PyTorch raises.
-    Python ints, lists and NumPy arrays are checked on the host; a ``jax.Array`` or
-    ``Tensor`` by one small jitted reduction and a host sync (its cost is in
-    ``benchmarks/RESULTS.md``). Under a JAX trace the values are unknown and JAX's own
+    Python ints, lists, NumPy arrays and arrays on CPU devices are checked on the host
+    with NumPy; an array on an accelerator by one small jitted reduction and a host sync
+    (the costs are in ``benchmarks/RESULTS.md``). Under a JAX trace the values are unknown and JAX's own
     out-of-range behaviour applies.
 
     >>> check_index_range([0, -3, 2], 3, "index {index} is out of bounds")
@@ -122,10 +122,14 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
     if isinstance(index, jax.Array):
         if not jnp.issubdtype(index.dtype, jnp.integer):
             return
-        any_bad, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
-        if any_bad:
-            raise IndexOutOfRangeError(message.format(index=int(first)))
-        return
+        if index.is_fully_addressable and all(d.platform == "cpu" for d in index.sharding.device_set):
+            # Host memory already: NumPy reads it without a copy, far cheaper than a dispatch.
+            index = np.asarray(index)
+        else:
+            any_bad, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
+            if any_bad:
+                raise IndexOutOfRangeError(message.format(index=int(first)))
+            return
     array = np.asarray(index)
     if array.dtype.kind not in "iu" or not array.size:
         return

@@ -4,8 +4,8 @@
 # ``softmax(q @ k^T * scale + mask) @ v`` as a composite records five or six nodes and
 # saves the (L, S) probabilities of each; as one primitive it records one node that
 # saves q, k, v (and the mask) and recomputes the probabilities in its rule, as flash
-# attention's backward does. The rule is written in xgrad ops, so ``create_graph=True``
-# differentiates it again. Dropout is a keep-mask (already scaled by 1/(1-p)) passed as
+# attention's backward does; the rule is one jitted call (``_sdpa_backward``) whose own
+# gradient is ``jax.vjp`` of it, so ``create_graph=True`` differentiates it again. Dropout is a keep-mask (already scaled by 1/(1-p)) passed as
 # a constant input, drawn from a ``jax.random`` key outside the primitive, so the rule
 # replays exactly the forward's mask.
 """
@@ -19,8 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.ops._util import as_array
-from xgrad.ops.elementwise import where
-from xgrad.ops.nn import softmax
+from xgrad.ops.jaxop import from_jax
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor
 
@@ -32,35 +31,47 @@ def _causal(length: int, source: int) -> Any:
     return jnp.tril(jnp.ones((length, source), dtype=bool))
 
 
-def _sdpa_impl(q: Any, k: Any, v: Any, mask: Any, keep: Any, scale: float, is_causal: bool) -> Any:
+def _scores(q: Any, k: Any, mask: Any, scale: float, is_causal: bool) -> Any:
     scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2)) * scale
     if is_causal:
         scores = jnp.where(_causal(*scores.shape[-2:]), scores, -jnp.inf)
     if mask is not None:
         scores = jnp.where(mask, scores, -jnp.inf) if mask.dtype == jnp.bool_ else scores + mask
-    probs = jax.nn.softmax(scores, axis=-1)
+    return scores
+
+
+def _sdpa_impl(q: Any, k: Any, v: Any, mask: Any, keep: Any, scale: float, is_causal: bool) -> Any:
+    probs = jax.nn.softmax(_scores(q, k, mask, scale, is_causal), axis=-1)
     if keep is not None:
         probs = probs * keep
     return jnp.matmul(probs, v)
 
 
-def _sdpa_grad(g: Tensor, out: Any, q: Tensor, k: Tensor, v: Tensor, mask: Any, keep: Any, scale: float, is_causal: bool) -> tuple[Any, ...]:
-    scores = (q @ k.mT) * scale
-    if is_causal:
-        scores = where(_causal(*scores.shape[-2:]), scores, -math.inf)
-    float_mask = mask is not None and mask.dtype != jnp.bool_
-    if mask is not None:
-        scores = scores + mask if float_mask else where(mask, scores, -math.inf)
-    probs = softmax(scores, dim=-1)
-    grad_probs = g @ v.mT
+def _sdpa_backward_impl(g: Any, q: Any, k: Any, v: Any, mask: Any, keep: Any, *, scale: float, is_causal: bool) -> Any:
+    """The gradients of q, k, v and of the scores (the float mask's gradient), in one XLA call."""
+    probs = jax.nn.softmax(_scores(q, k, mask, scale, is_causal), axis=-1)
+    grad_probs = jnp.matmul(g, jnp.swapaxes(v, -1, -2))
     if keep is not None:
-        grad_v = (probs * keep).mT @ g
+        grad_v = jnp.matmul(jnp.swapaxes(probs * keep, -1, -2), g)
         grad_probs = grad_probs * keep
     else:
-        grad_v = probs.mT @ g
-    grad_scores = probs * (grad_probs - (grad_probs * probs).sum(dim=-1, keepdim=True))
-    grad_q = (grad_scores @ k) * scale
-    grad_k = (grad_scores.mT @ q) * scale
+        grad_v = jnp.matmul(jnp.swapaxes(probs, -1, -2), g)
+    grad_scores = probs * (grad_probs - jnp.sum(grad_probs * probs, axis=-1, keepdims=True))
+    grad_q = jnp.matmul(grad_scores, k) * scale
+    grad_k = jnp.matmul(jnp.swapaxes(grad_scores, -1, -2), q) * scale
+    return grad_q, grad_k, grad_v, grad_scores
+
+
+# The rule is one op: the backward formulas above as one jitted call (written in xgrad
+# ops as a chain, the rule cost more dispatches than the five-node composite's backward).
+# Being a ``from_jax`` op, its own gradient is ``jax.vjp`` of those formulas, so
+# ``create_graph=True`` differentiates it to any order.
+_sdpa_backward = from_jax(_sdpa_backward_impl, name="scaled_dot_product_attention_backward")
+
+
+def _sdpa_grad(g: Tensor, out: Any, q: Tensor, k: Tensor, v: Tensor, mask: Any, keep: Any, scale: float, is_causal: bool) -> tuple[Any, ...]:
+    grad_q, grad_k, grad_v, grad_scores = _sdpa_backward(g, q, k, v, mask, keep, scale=scale, is_causal=is_causal)
+    float_mask = mask is not None and mask.dtype != jnp.bool_
     return grad_q, grad_k, grad_v, grad_scores if float_mask else None, None
 
 

@@ -63,16 +63,25 @@ clone = defprim("clone", lambda x: jnp.array(x, copy=True), (lambda g, out, x: g
     """)
 
 
+def _pow_base_grad(g: Tensor, out: Tensor, x: Any, y: Any) -> Tensor:
+    # d/dx x**y = y x**(y-1), and 0 wherever y == 0 (even at x == 0), as PyTorch's pow_backward.
+    if not isinstance(y, Tensor):
+        return Tensor(jnp.zeros_like(g._array)) if y == 0 else g * y * x ** (y - 1)
+    return where(y == 0, 0.0, g * y * x ** (y - 1))
+
+
 def _pow_exponent_grad(g: Tensor, out: Tensor, x: Any, y: Any) -> Tensor:
-    # d/dy x**y = x**y log x; define it as 0 where x == 0, as jax and PyTorch do.
-    safe_log = where(x == 0, 0.0, log(where(x == 0, 1.0, x)))
-    return g * out * safe_log
+    # d/dy x**y = x**y log x. At x == 0 PyTorch defines it as 0 for y >= 0 (by continuity)
+    # and -inf for y < 0 (its limit as x -> +0). The log reads a safe base so that
+    # double backward through the unselected branch stays finite.
+    at_zero = where(y >= 0, 0.0, -math.inf)
+    return g * where(x == 0, at_zero, out * log(where(x == 0, 1.0, x)))
 
 
 pow = defprim(
     "pow",
     jnp.power,
-    (lambda g, out, x, y: g * y * x ** (y - 1), _pow_exponent_grad),
+    (_pow_base_grad, _pow_exponent_grad),
     save_out=True,
     doc="""``x ** y`` elementwise; differentiable in both the base and the exponent.
 

@@ -19,8 +19,16 @@ def _index_arg(index: Any) -> Any:
     if isinstance(index, tuple):
         return tuple(_index_arg(i) for i in index)
     if isinstance(index, list):
-        return jnp.asarray(index)
+        return _index_array(index)
     return index
+
+
+def _index_array(index: Any) -> Any:
+    """An index as an array; an empty list is an empty integer index, as in PyTorch."""
+    if isinstance(index, Tensor):
+        return index._array
+    array = jnp.asarray(index)
+    return array.astype(int) if array.size == 0 and isinstance(index, (list, tuple)) else array
 
 
 def _scatter_into_zeros(g: Any, index: Any, shape: tuple[int, ...]) -> Any:
@@ -157,7 +165,7 @@ def gather(x: Tensor, dim: int, index: Any) -> Tensor:
     [[2.0], [3.0]]
     """
     dim = canonical_dim(dim, x.ndim)
-    index = index if isinstance(index, Tensor) else Tensor(jnp.asarray(index))
+    index = index if isinstance(index, Tensor) else Tensor(_index_array(index))
     _check_scatter_gather("gather", x, dim, index)
     return _gather(x, index, dim=dim)
 
@@ -170,7 +178,7 @@ def scatter_add(x: Tensor, dim: int, index: Any, src: Tensor) -> Tensor:
     [4.0, 0.0, 2.0]
     """
     dim = canonical_dim(dim, x.ndim)
-    index = index if isinstance(index, Tensor) else Tensor(jnp.asarray(index))
+    index = index if isinstance(index, Tensor) else Tensor(_index_array(index))
     _check_scatter_gather("scatter_add", x, dim, index, src)
     return _scatter_add(x, index, src, dim=dim)
 
@@ -183,7 +191,7 @@ def index_select(x: Tensor, dim: int, index: Any) -> Tensor:
     [3.0, 1.0]
     """
     dim = canonical_dim(dim, x.ndim)
-    index_array = index._array if isinstance(index, Tensor) else jnp.asarray(index)
+    index_array = _index_array(index)
     if index_array.ndim > 1:
         raise IndexError("index_select(): Index is supposed to be a vector")
     if not jnp.issubdtype(index_array.dtype, jnp.integer):
@@ -204,7 +212,7 @@ def embedding(input: Any, weight: Tensor) -> Tensor:
     """
     if weight.ndim != 2:
         raise RuntimeError("'weight' must be 2-D")
-    index_array = input._array if isinstance(input, Tensor) else jnp.asarray(input)
+    index_array = _index_array(input)
     if not jnp.issubdtype(index_array.dtype, jnp.integer):
         raise RuntimeError(f"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; but got {index_array.dtype} instead")
     check_index_range(index_array, weight.shape[0], "index out of range in self")

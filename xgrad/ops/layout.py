@@ -10,17 +10,13 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from xgrad.ops._util import norm_axes
+from xgrad.ops._util import canonical_dim
 from xgrad.ops.registry import defprim
 from xgrad.ops.shape import broadcast_to, expand, reshape, stack
+from xgrad.ops.views import track_view
 from xgrad.tensor import Tensor
 
 __all__ = ["expand_as", "narrow", "repeat", "repeat_interleave", "reshape_as", "select", "unbind", "view_as"]
-
-
-def _dim(dim: int, ndim: int) -> int:
-    (axis,) = norm_axes(dim, ndim)  # type: ignore[misc]
-    return axis
 
 
 # NOTE [unbind is one node]
@@ -28,7 +24,9 @@ def _dim(dim: int, ndim: int) -> int:
 # not n indexing nodes: its rule stacks the slices' grads (missing ones arrive as zeros).
 # A primitive has a fixed number of outputs, so there is one per slice count, made on
 # first use and kept (unregistered, as ``from_jax`` makes its primitives; the op specs
-# cover them under the name ``unbind``).
+# cover them under the name ``unbind``). Each slice is also a view of ``x`` (as the
+# basic index ``x[..., i]``), so an in-place op on it writes through to ``x``
+# (NOTE [Views write through] in views.py).
 _UNBIND: dict[int, Callable[..., Any]] = {}
 _UNBIND_LOCK = threading.Lock()
 
@@ -59,13 +57,17 @@ def unbind(x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
     """
     if x.ndim == 0:
         raise IndexError("Dimension specified as 0 but tensor has no dimensions")
-    axis = _dim(dim, x.ndim)
+    axis = canonical_dim(dim, x.ndim)
     n = x.shape[axis]
     if n == 0:
         return ()
     if n == 1:  # one output: a primitive with one output returns a Tensor, not a tuple
         return (reshape(x, x.shape[:axis] + x.shape[axis + 1 :]),)
-    return tuple(_unbind_prim(n)(x, axis=axis))
+    # Each slice is a view of x (NOTE [Views write through]), as x[:, i] would be.
+    lead = (slice(None),) * axis
+    return tuple(
+        track_view(x, out, "getitem", {"index": (*lead, i)}) for i, out in enumerate(_unbind_prim(n)(x, axis=axis))
+    )
 
 
 def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
@@ -77,7 +79,7 @@ def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
     """
     if x.ndim == 0:
         raise RuntimeError("narrow() cannot be applied to a 0-dim tensor.")
-    axis = _dim(dim, x.ndim)
+    axis = canonical_dim(dim, x.ndim)
     size = x.shape[axis]
     if not -size <= start <= size:
         raise IndexError(f"start out of range (expected to be in range of [{-size}, {size}], but got {start})")
@@ -98,7 +100,7 @@ def select(x: Tensor, dim: int, index: int) -> Tensor:
     """
     if x.ndim == 0:
         raise IndexError("select() cannot be applied to a 0-dim tensor.")
-    axis = _dim(dim, x.ndim)
+    axis = canonical_dim(dim, x.ndim)
     size = x.shape[axis]
     if not -size <= index < size:
         raise IndexError(f"select(): index {index} out of range for tensor of size {list(x.shape)} at dimension {dim}")
@@ -147,7 +149,7 @@ def repeat_interleave(x: Tensor, repeats: Any, dim: int | None = None, *, output
     if dim is None:
         x = reshape(x, (-1,))
         dim = 0
-    axis = _dim(dim, x.ndim)
+    axis = canonical_dim(dim, x.ndim)
     if isinstance(repeats, int):
         if repeats < 0:
             raise RuntimeError("repeats can not be negative")

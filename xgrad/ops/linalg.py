@@ -234,7 +234,7 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -
     """``F.normalize``: ``input / max(norm_p(input, dim), eps)``.
 
     >>> import xgrad
-    >>> xgrad.normalize(xgrad.tensor([[3.0, 4.0]])).tolist()
-    [[0.6, 0.8]]
+    >>> [round(v, 4) for v in xgrad.normalize(xgrad.tensor([[3.0, 4.0]]))[0].tolist()]
+    [0.6, 0.8]
     """
     return input / norm(input, p, dim, keepdim=True).clamp_min(eps).expand_as(input)

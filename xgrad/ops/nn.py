@@ -36,7 +36,8 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
     >>> xgrad.softmax(xgrad.tensor([0.0, 0.0])).tolist()
     [0.5, 0.5]
     """
-    return _softmax(x, axis=canonical_dim(dim, x.ndim) if x.ndim else None)
+    axis = canonical_dim(dim, x.ndim)
+    return _softmax(x, axis=axis if x.ndim else None)
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
@@ -46,7 +47,8 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
     >>> [round(v, 4) for v in xgrad.log_softmax(xgrad.tensor([0.0, 0.0])).tolist()]
     [-0.6931, -0.6931]
     """
-    return _log_softmax(x, axis=canonical_dim(dim, x.ndim) if x.ndim else None)
+    axis = canonical_dim(dim, x.ndim)
+    return _log_softmax(x, axis=axis if x.ndim else None)
 
 
 def _reduce(loss: Tensor, reduction: str) -> Tensor:
@@ -121,6 +123,8 @@ def cross_entropy(
     if not jnp.issubdtype(target_array.dtype, jnp.integer):
         raise RuntimeError(f"expected scalar type Long but found {target_array.dtype}")
     expected = input.shape[:axis] + input.shape[axis + 1 :]
+    if input.ndim == 2 and target_array.ndim > 1:
+        raise RuntimeError("0D or 1D target tensor expected, multi-target not supported")
     if input.ndim == 2 and target_array.ndim == 1 and target_array.shape[0] != input.shape[0]:
         raise ValueError(f"Expected input batch_size ({input.shape[0]}) to match target batch_size ({target_array.shape[0]}).")
     if target_array.shape != expected:

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from xgrad.ops._util import as_array, norm_axes
+from xgrad.ops._util import as_array, canonical_dim, norm_axes
 from xgrad.ops.elementwise import where
 from xgrad.ops.index import gather
 from xgrad.ops.shape import broadcast_to
@@ -77,11 +77,11 @@ def nonzero(x: Any, *, as_tuple: bool = False) -> Any:
     [[1]]
     """
     array = jnp.asarray(as_array(x))
-    index = jnp.nonzero(jnp.atleast_1d(array) if as_tuple else array)
+    if array.ndim == 0 and not as_tuple:  # as PyTorch: one row if the scalar is non-zero, no columns
+        return Tensor(jnp.zeros((int(array != 0), 0), dtype=jnp.asarray(0).dtype))
+    index = jnp.nonzero(jnp.atleast_1d(array))  # as_tuple treats a scalar as a 1-element vector
     if as_tuple:
         return tuple(Tensor(i) for i in index)
-    if not index:  # a 0-dim input: one row per non-zero element, no columns
-        return Tensor(jnp.zeros((int(array != 0), 0), dtype=jnp.asarray(0).dtype))
     return Tensor(jnp.stack(index, axis=1))
 
 
@@ -113,11 +113,6 @@ def all(x: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
     return _truth_reduction(jnp.all, x, dim, keepdim)
 
 
-def _axis(dim: int, ndim: int) -> int:
-    (axis,) = norm_axes(dim, ndim)  # type: ignore[misc]
-    return axis if ndim else 0
-
-
 def argsort(x: Any, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
     """Indices that sort ``x`` along ``dim`` (ties keep their order; ``stable`` is always met).
 
@@ -127,9 +122,9 @@ def argsort(x: Any, dim: int = -1, descending: bool = False, stable: bool = Fals
     """
     array = jnp.asarray(as_array(x))
     if array.ndim == 0:
-        _axis(dim, 0)
+        canonical_dim(dim, 0)
         return Tensor(jnp.zeros((), dtype=jnp.asarray(0).dtype))
-    return Tensor(jnp.argsort(array, axis=_axis(dim, array.ndim), descending=descending, stable=True))
+    return Tensor(jnp.argsort(array, axis=canonical_dim(dim, array.ndim), descending=descending, stable=True))
 
 
 class TopK(NamedTuple):
@@ -149,10 +144,10 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = 
     ([4.0, 3.0], [1, 3])
     """
     if x.ndim == 0:  # as a 1-element vector, then back to 0-dim
-        _axis(dim, 0)
+        canonical_dim(dim, 0)
         values, indices = topk(x.reshape(1), k, 0, largest, sorted)
         return TopK(values.reshape(()), indices.reshape(())) if k else TopK(values, indices)
-    axis = _axis(dim, x.ndim)
+    axis = canonical_dim(dim, x.ndim)
     if not 0 <= k <= x.shape[axis]:
         raise RuntimeError("selected index k out of range")
     order = jnp.argsort(x._array, axis=axis, descending=largest, stable=True)

@@ -119,7 +119,25 @@ def reshape(x: Tensor, *shape: Any) -> Tensor:
     return track_view(x, out, "reshape", {"shape": out.shape})
 
 
-view = reshape
+ERR_VIEW_STRIDES = (
+    "view size is not compatible with input tensor's size and stride (at least one dimension spans across two "
+    "contiguous subspaces). Use .reshape(...) instead."
+)
+
+
+def view(x: Tensor, *shape: Any) -> Tensor:
+    """``x`` with a new shape, always a view of it (writes through); raises where only a copy can do it.
+
+    >>> import xgrad
+    >>> x = xgrad.zeros(2, 3)
+    >>> _ = x.view(-1)[4:].fill_(1.0)
+    >>> x.tolist()
+    [[0.0, 0.0, 0.0], [0.0, 1.0, 1.0]]
+    """
+    out = reshape(x, *shape)
+    if out is not x and out._view is None:  # PyTorch's strides cannot express it: reshape copied
+        raise RuntimeError(ERR_VIEW_STRIDES)
+    return out
 
 
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:

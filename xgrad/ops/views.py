@@ -37,7 +37,9 @@ from xgrad.grad_mode import no_grad
 if TYPE_CHECKING:
     from xgrad.tensor import Tensor
 
-__all__ = ["ViewInfo", "is_basic_index", "regenerate_views", "strides_of", "track_view", "write_through"]
+__all__ = [
+    "ViewInfo", "is_basic_index", "offset_of", "regenerate_views", "strides_of", "track_view", "write_through",
+]
 
 ERR_VIEW_OF_LEAF = "a view of a leaf Variable that requires grad is being used in an in-place operation."
 ERR_NO_GRAD_VIEW = (
@@ -58,7 +60,7 @@ _PRUNE_FROM = 64
 class ViewInfo:
     """How a view was made from its parent: the primitive's name and params, and the grad mode then."""
 
-    __slots__ = ("base", "grad_mode", "params", "parent", "prim_name", "strides")
+    __slots__ = ("base", "grad_mode", "offset", "params", "parent", "prim_name", "strides")
 
     def __init__(self, parent: Tensor, prim_name: str, params: dict[str, Any], grad_mode: bool) -> None:
         self.parent = parent
@@ -66,7 +68,10 @@ class ViewInfo:
         self.prim_name = prim_name
         self.params = params
         self.grad_mode = grad_mode
-        self.strides: tuple[int, ...] | None = None  # computed when first asked
+        # Where the view's elements sit in its base (PyTorch's storage offset and
+        # strides, in elements), computed when first asked (``strides_of``).
+        self.strides: tuple[int, ...] | None = None
+        self.offset = 0
 
     def check_writable(self, view: Tensor) -> None:
         """Raise as PyTorch does for an in-place op on this view that cannot be allowed."""
@@ -113,10 +118,12 @@ def is_basic_index(index: Any) -> bool:
     return True
 
 
-def _index_strides(shape: tuple[int, ...], strides: tuple[int, ...], index: Any) -> tuple[int, ...]:
+def _index_layout(shape: tuple[int, ...], strides: tuple[int, ...], index: Any) -> tuple[int, tuple[int, ...]]:
+    """How far ``x[index]`` starts past ``x`` (in base elements), and its strides."""
     items = index if isinstance(index, tuple) else (index,)
     consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
     out: list[int] = []
+    offset = 0
     d = 0
     for item in items:
         if item is Ellipsis:
@@ -126,11 +133,14 @@ def _index_strides(shape: tuple[int, ...], strides: tuple[int, ...], index: Any)
         elif item is None:
             out.append(0)
         elif isinstance(item, slice):
-            out.append(strides[d] * (item.step or 1))
+            start, _, step = item.indices(shape[d])
+            offset += start * strides[d]
+            out.append(strides[d] * step)
             d += 1
         else:
+            offset += (int(item) % shape[d]) * strides[d]
             d += 1
-    return (*out, *strides[d:])
+    return offset, (*out, *strides[d:])
 
 
 def _reshape_strides(old_shape: tuple[int, ...], old_strides: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -168,8 +178,10 @@ def strides_of(t: Tensor) -> tuple[int, ...]:
         parent_strides = strides_of(parent)
         params = info.params
         strides: tuple[int, ...] | None
+        info.offset = offset_of(parent)
         if info.prim_name == "getitem":
-            strides = _index_strides(parent.shape, parent_strides, params["index"])
+            delta, strides = _index_layout(parent.shape, parent_strides, params["index"])
+            info.offset += delta
         elif info.prim_name == "transpose":
             strides = tuple(parent_strides[a] for a in params["axes"])
         elif info.prim_name == "broadcast_to":
@@ -183,6 +195,28 @@ def strides_of(t: Tensor) -> tuple[int, ...]:
             raise AssertionError("xgrad internal error: a reshape recorded as a view has no strides; please report a bug")
         info.strides = strides
     return info.strides
+
+
+def offset_of(t: Tensor) -> int:
+    """Where ``t``'s first element sits in its root base (PyTorch's storage offset)."""
+    info = t._view
+    if info is None:
+        return 0
+    strides_of(t)
+    return info.offset
+
+
+def _region(t: Tensor) -> tuple[int, int] | None:
+    """The span of base elements ``t`` covers, first and last; ``None`` when it has no elements."""
+    if 0 in t.shape:
+        return None
+    lo = hi = offset_of(t)
+    for n, s in zip(t.shape, strides_of(t), strict=True):
+        if s > 0:
+            hi += (n - 1) * s
+        else:
+            lo += (n - 1) * s
+    return lo, hi
 
 
 # -- making views -------------------------------------------------------------------------
@@ -241,21 +275,29 @@ def _scatter(info: ViewInfo, new: Tensor) -> Tensor:
 
 def write_through(view: Tensor, value: Tensor) -> None:
     """Make ``value`` the view's new value by updating its base; then regenerate the base's views."""
+    written = _region(view)
     t, new = view, value
     while t._view is not None:
         info = t._view
         new = _scatter(info, new)
         t = info.parent
     t._take_value(new)
-    regenerate_views(t)
+    regenerate_views(t, written)
 
 
-def regenerate_views(base: Tensor) -> None:
-    """Recompute every live view of ``base`` (and views of views) from its current value."""
+def regenerate_views(base: Tensor, written: tuple[int, int] | None | bool = True) -> None:
+    """Recompute the live views of ``base`` (and views of views) that see the written elements.
+
+    ``written`` is the span of base elements that changed (``True``: all of them). A view
+    outside it keeps its value, and its ``grad_fn``, which gives the same gradients as
+    a regenerated one would: outside the written span the new base is the old one. Its
+    version moves on with the base's all the same. So writing each of many live views
+    in turn (the rows of a matrix) costs one regeneration each, not one per live view.
+    """
     version = base._version
-    stack = [base]
+    stack = [(base, True)]
     while stack:
-        parent = stack.pop()
+        parent, regenerated = stack.pop()
         refs = parent._views
         if refs is None:
             continue
@@ -267,12 +309,27 @@ def regenerate_views(base: Tensor) -> None:
             alive.append(ref)
             info = child._view
             assert info is not None
-            if info.grad_mode or not _grad_state.enabled:
-                value = _bind(info.prim_name, (parent,), info.params)
-            else:  # made under no_grad: it stays outside the graph
-                with no_grad():
+            # A view that sees the write, or one that should now join the base's graph.
+            sees_write = regenerated and (
+                _overlaps(child, written)
+                or (info.grad_mode and _grad_state.enabled and parent.requires_grad and not child.requires_grad)
+            )
+            if sees_write:
+                if info.grad_mode or not _grad_state.enabled:
                     value = _bind(info.prim_name, (parent,), info.params)
-            child._take_value(value)
+                else:  # made under no_grad: it stays outside the graph
+                    with no_grad():
+                        value = _bind(info.prim_name, (parent,), info.params)
+                child._take_value(value)
             child._version = version
-            stack.append(child)
+            stack.append((child, sees_write))
         parent._views = alive or None
+
+
+def _overlaps(view: Tensor, written: tuple[int, int] | None | bool) -> bool:
+    if written is True:
+        return True
+    if written is None or written is False:
+        return False
+    span = _region(view)
+    return span is not None and span[0] <= written[1] and written[0] <= span[1]

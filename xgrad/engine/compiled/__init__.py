@@ -50,7 +50,7 @@ in ``engine/rules.py``): nothing here imports ``xgrad.ops``.
 #    A lookup hashes the key once (``cache.CacheKey``).
 # 3. Compile (a miss). ``lower.Program`` turns the walked nodes into steps and each step
 #    into phases (capture, pre-hooks, body, post-hooks, route). The body runs the
-#    same code eager runs: a rule node's ``prim.backward`` / ``FunctionNode.compute`` on
+#    same code eager runs: a rule node's ``prim.backward`` / a pure ``FunctionNode.compute`` on
 #    tensors wrapping tracers, ``InputBuffer`` sums in arrival order,
 #    ``validate_outputs``, and eager's ``call_*_hooks`` for hooks marked pure.
 #    Hooks that are not pure split the program: each maximal run of traced phases is
@@ -62,8 +62,10 @@ in ``engine/rules.py``): nothing here imports ``xgrad.ops``.
 #    operands to one device). Each
 #    segment is traced once with ``jax.make_jaxpr``; inputs no equation reads are
 #    dropped (a saved value whose rule reads only its shape, say), and
-#    the rest run through ``jax.jit`` of the jaxpr, donating the old ``.grad``
-#    buffers when nothing else holds them.
+#    the rest run through ``jax.jit`` of the jaxpr. No buffer is donated: the old
+#    ``.grad`` is a tensor another thread may be reading. Inputs on several devices
+#    (leaves moved with ``.to()``) are put on one for the call, and each ``.grad``
+#    goes back to its leaf's device, as eager leaves it.
 # 4. Run (a hit). Segment by segment: gather the used inputs from the flat list, call
 #    the executable, write ``.grad`` (under the accumulate lock that eager uses, so
 #    concurrent backwards into shared leaves are exact), retained grads and captured
@@ -78,10 +80,14 @@ in ``engine/rules.py``): nothing here imports ``xgrad.ops``.
 # Under ``xgrad.autograd.profile()`` a compiled backward is one "CompiledBackward"
 # span (from after the task is built to the end of the run), marked ``cache="hit"``/``"miss"``
 # with the seconds it spent tracing and compiling.
-# What cannot be traced (anomaly mode, unknown node kinds, a Function
-# backward or a pure hook that concretizes a tracer or runs a backward of its own)
-# falls back to eager with a one-time warning, or raises under ``fallback="error"``;
-# a key that failed to trace is cached as a fallback so it is not retried.
+# A custom Function's backward runs on the host at its point, on every call, as in
+# eager (NOTE [Functions on the host] in key.py); one marked ``pure_hook`` is traced
+# in, and then, as under ``jax.jit``, its Python body runs only when traced.
+# What cannot be traced (anomaly mode, unknown node kinds, a pure-marked Function
+# backward or hook that concretizes a tracer or runs a backward of its own) falls
+# back to eager with a one-time warning, or raises under ``fallback="error"``; a key
+# that failed to trace is cached as a fallback (its reason only: no traceback, no
+# graph) so it is not retried.
 """
 
 from __future__ import annotations
@@ -140,7 +146,9 @@ def _compile(walk: Walk, roots: list[Tensor]) -> Any:
         program = Program(walk)
         pretrace(program, walk, roots)
     except NotTraceable as exc:
-        return exc  # cached: the same structure is not traced again
+        # Cached, so the same structure is not traced again: a fresh exception, without
+        # the traceback whose frames hold this call's graph.
+        return NotTraceable(str(exc), exc.kind)
     return program
 
 

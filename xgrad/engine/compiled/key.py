@@ -201,6 +201,27 @@ def _function_saved(node: FunctionNode, in_order: bool) -> tuple[Tensor | None, 
     return tuple(None if s is None else _unpack(s, node, False) for s in node.saved)
 
 
+# NOTE [Functions on the host]
+# A custom Function's backward is user Python: it may have side effects, call
+# ``queue_callback``, run a backward of its own, or look at its saved tensors'
+# identity, ``grad_fn`` and ``output_nr``; under ``create_graph`` it may apply other
+# Functions whose own backward must be recorded. So, as eager, it runs on the host at
+# its point, on concrete tensors, once per call: the program is split around it, as
+# around a hook that is not pure. A backward marked ``pure_hook`` (traceable, no side
+# effects) is traced into the program instead, and, as under ``jax.jit``, its Python
+# body then runs only when traced; under ``create_graph`` every Function runs on the
+# host, so the graph its backward records is eager's.
+
+
+def traced_function(function: Any) -> bool:
+    """Whether a Function's backward is traced into the program: it is marked ``pure_hook``."""
+    return type(getattr(function, "backward", None)) is PureHook
+
+
+def _function_outputs_key(node: FunctionNode) -> tuple[Any, ...]:
+    return tuple(None if m is None else (m[0], m[1]) for m in node.input_metadata)
+
+
 def _outputs_key(meta: tuple[InputMetadata, ...]) -> Any:
     """(shape, dtype) of each output of a node."""
     return meta[0][:2] if len(meta) == 1 else tuple(m[:2] for m in meta)
@@ -262,10 +283,14 @@ def _node_key(node: Node, edges_key: tuple[int, ...] | int, exec_key: Any, flat:
             exec_key,
         )
     if isinstance(node, FunctionNode):
+        if create_graph or not traced_function(node.function):
+            # Its backward runs on the host at its point (NOTE [Functions on the host]):
+            # nothing of its ctx or saved tensors is keyed, and nothing is unpacked here.
+            return (K_FUNC, node.function, _function_outputs_key(node), HOST, (), edges_key, hooks, exec_key)
         return (
             K_FUNC,
             node.function,
-            tuple(None if m is None else (m[0], m[1]) for m in node.input_metadata),
+            _function_outputs_key(node),
             _ctx_key(node.ctx, node.name(), flat),
             _saved_key(_function_saved(node, in_order), node, flat, create_graph, in_order),
             edges_key,

@@ -249,6 +249,9 @@ def _build_steps(walk: Walk) -> list[_Step]:
             multi = isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1
             step.leaf_sharding = sharding if multi else None
         elif isinstance(node, FunctionNode):  # K_FUNC
+            step.host_body = nkey[3] is HOST  # NOTE [Functions on the host]
+            if step.host_body:
+                continue
             ctx = node.ctx
             step.function = (node.function, node.input_is_tensor, len(node.next_edges))
             step.needs_input_grad = ctx.needs_input_grad
@@ -337,7 +340,11 @@ def _phase_unchecked(steps: list[_Step], step: _Step, op: int, view: Any, values
     elif op == BODY:
         arrived = values.buffers.pop(pos, None)
         inputs = [] if arrived is None else arrived.buffer
-        outs = _body(step, inputs, values, args, roots, old)
+        if step.kind == K_FUNC and step.host_body:  # the node itself, as eager runs it (NOTE [Functions on the host])
+            outs = view.apply(inputs)
+            validate_outputs(view.next_edges, outs, view)
+        else:
+            outs = _body(step, inputs, values, args, roots, old)
         # The received grads stay in flight only for post hooks (after a device move they
         # would pin the next segment to the old device).
         values.current[pos] = (outs, inputs if step.post is not None else [])
@@ -516,11 +523,12 @@ class Variant:
     and the rest runs as ``jax.jit`` of the jaxpr.
     """
 
-    __slots__ = ("deps", "donated", "donating", "example", "fresh", "op", "out_avals", "out_tree", "plain", "used")
+    __slots__ = ("deps", "device", "example", "fresh", "op", "out_avals", "out_tree", "plain", "used")
 
     def __init__(self, segment: Segment, avals: list[Any], layout: tuple[Any, ...]) -> None:
         self.example = avals  # the abstract inputs it was traced for
         self.fresh = True  # not yet called: its first call compiles
+        self.device: Any = None  # set when its inputs sit on several devices: where it runs
         trees: list[Any] = []
 
         def traced(*flat: Any) -> list[Any]:
@@ -554,8 +562,6 @@ class Variant:
             if v in index:
                 used.add(index[v])
         self.used = sorted(used)
-        first_old = len(avals) - sum(layout[4])
-        self.donated = tuple(k for k, i in enumerate(self.used) if i >= first_old)
         run_all = jaxpr_as_fun(closed)
         n_in = len(avals)
         used_idx = tuple(self.used)
@@ -566,8 +572,10 @@ class Variant:
                 full[i] = a
             return run_all(*full)
 
+        # No buffer is donated: the old ``.grad`` is a user-visible tensor that another
+        # thread may read at any moment (measured in benchmarks/RESULTS.md: donating it
+        # saved about 3% of an accumulating backward).
         self.plain = jax.jit(run)
-        self.donating = jax.jit(run, donate_argnums=self.donated) if self.donated else self.plain
 
         def program(*flat: Any) -> list[Any]:
             with tracing():
@@ -694,10 +702,23 @@ def pretrace(program: Program, walk: Walk, roots: list[Tensor]) -> None:
 
 
 def _host_body_avals(program: Program, pos: int, live_tree: Any, live_avals: list[tuple[Any, Any]]) -> tuple[list[Any], Any]:
+    step = program.steps[pos]
+
     def body(*arrays: Any) -> Any:
         live = jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in arrays])
         values = Values.from_live(live)
-        run_phase(program.steps, program.steps[pos], BODY, None, values, iter(()), [], {})
+        if step.kind == K_FUNC:
+            # The user's backward is not called here: assume a grad for every edge, fitted
+            # as validate_outputs fits it. A call that returns None somewhere gives the next
+            # segment another input layout, compiled when it first runs.
+            arrived = values.buffers.pop(pos, None)
+            outs: list[Tensor | None] = []
+            for view in step.edge_views:
+                meta = None if view.node is None else view.node.input_metadata[view.input_nr]
+                outs.append(None if meta is None else Tensor(jnp.zeros(meta.shape, meta.dtype)))
+            values.current[pos] = (outs, [] if arrived is None or step.post is None else arrived.buffer)
+        else:
+            run_phase(program.steps, step, BODY, None, values, iter(()), [], {})
         return jax.tree_util.tree_map(array_of, values.live(), is_leaf=is_tensor)
 
     with tracing():

@@ -8,7 +8,6 @@ callbacks and the release of saved values.
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from typing import Any
 
@@ -36,14 +35,31 @@ from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
 
 
-def _donatable(var: Tensor) -> bool:
-    """Whether leaf ``var``'s old ``.grad`` buffer is held by nothing else, so it can be reused.
+def _one_device(arrays: list[Any]) -> Any:
+    """The device of the first array that sits on one device."""
+    for a in arrays:
+        devices = a.devices() if isinstance(a, jax.Array) else ()
+        if len(devices) == 1:
+            return next(iter(devices))
+    raise ValueError("no input of the compiled segment sits on a single device")
 
-    The ``.grad`` tensor itself may be shared: it takes the sum in place. The array's
-    references: the tensor's slot and ``getrefcount``'s argument.
+
+def _call(variant: Variant, args: list[Any]) -> Any:
+    """Run ``variant`` on ``args``; inputs on several devices are first put on one.
+
+    A graph whose leaves sit on different devices (``.to()`` between them) gives a
+    segment inputs from each; one XLA program runs on one device, so they go to the
+    first input's, and the written ``.grad``s go back to their leaves' devices.
     """
-    grad = var._grad
-    return grad is None or sys.getrefcount(grad._array) <= 2
+    device = variant.device
+    if device is None:
+        try:
+            return variant.plain(*args)
+        except ValueError as exc:
+            if "incompatible devices" not in str(exc):
+                raise
+            device = variant.device = _one_device(args)
+    return variant.plain(*[jax.device_put(a, device) for a in args])
 
 
 def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tensor], create_graph: bool) -> Any:
@@ -56,7 +72,6 @@ def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tenso
     # shared leaves stay exact. The program is dispatched asynchronously, so the lock is
     # held for the dispatch, not the computation.
     with _accumulate_lock if leaves else contextlib.nullcontext():
-        donate = not create_graph and all(_donatable(v) for v in leaves)
         old = [v._grad for v in leaves]
         old_mask = tuple(g is not None for g in old)
         old = [g for g in old if g is not None]
@@ -75,8 +90,7 @@ def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tenso
             outs = _run_differentiable(variant, saved, live_leaves, root_tensors, old)
         else:
             inputs = [*saved, *live_arrays, *(t._array for t in root_tensors), *(g._array for g in old)]
-            runner = variant.donating if donate else variant.plain
-            outs = [Tensor(a) for a in runner(*[inputs[i] for i in variant.used])]
+            outs = [Tensor(a) for a in _call(variant, [inputs[i] for i in variant.used])]
         if variant.fresh:  # the first call compiles: count it as compile time
             jax.block_until_ready([t._array for t in outs])
             variant.fresh = False
@@ -90,6 +104,8 @@ def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tenso
                 # ``_grad``, as eager's AccumulateGrad writes it: the traced validate_outputs
                 # fitted shape and dtype, and the program places it with the leaf. An
                 # existing ``.grad`` takes the sum in place, as in eager, unless create_graph.
+                if variant.device is not None:  # the segment ran on one of several devices
+                    grad = Tensor(jax.device_put(grad._array, var._array.sharding))
                 old_grad = var._grad
                 if old_grad is None or create_graph:
                     var._grad = grad

@@ -110,6 +110,12 @@ class enable:
             one-time ``CompiledFallbackWarning``; ``"error"`` raises
             ``CompiledFallbackError`` instead.
 
+    Python that runs on a cache hit: hooks not marked ``pure_hook`` and custom
+    ``Function.backward``s run on the host at their point on every call, as in eager.
+    The backward rules of xgrad's ops and whatever is marked ``pure_hook`` (hooks, a
+    Function's backward) are traced: their Python runs only when traced, as under
+    ``jax.jit``.
+
     >>> import xgrad
     >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
     >>> with xgrad.autograd.compiled.enable():
@@ -168,8 +174,10 @@ class PureHook:
 def pure_hook(fn: Callable[..., Any]) -> PureHook:
     """Mark a hook as JAX-traceable with no side effects, so compiled backwards trace it in.
 
-    Any hook kind can be marked. Eager backwards call it as usual; compiled ones call
-    it only while tracing (once per compiled program), on traced values.
+    Any hook kind can be marked, and so can a custom ``Function.backward`` (decorate
+    it below ``@staticmethod``). Eager backwards call it as usual; compiled ones call
+    it only while tracing (once per compiled program), on traced values, as under
+    ``jax.jit``. Unmarked hooks and Function backwards run on the host on every call.
 
     >>> import xgrad
     >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
