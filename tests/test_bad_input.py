@@ -351,6 +351,8 @@ CREATION_ERRORS = [
     ("randn", lambda: xgrad.randn(-1, key=jax.random.key(0)), RuntimeError, "negative dimension -1"),
     ("rand", lambda: xgrad.rand(1, -1, key=jax.random.key(0)), RuntimeError, "negative dimension -1"),
     ("eye", lambda: xgrad.eye(-1), RuntimeError, "must be greater or equal to 0"),
+    ("new_zeros", lambda: xgrad.zeros(2).new_zeros(2, -1), RuntimeError, r"negative dimension -1: \[2, -1\]$"),
+    ("new_full", lambda: xgrad.zeros(2).new_full((-4,), 1.0), RuntimeError, "negative dimension -4"),
     ("arange step 0", lambda: xgrad.arange(0, 3, 0), RuntimeError, "^step must be nonzero$"),
     ("arange sign", lambda: xgrad.arange(0, 3, -1), RuntimeError, "^upper bound and larger bound inconsistent with step sign$"),
     ("zeros float size", lambda: xgrad.zeros(2.5), TypeError, "shape must be a sequence of ints"),
