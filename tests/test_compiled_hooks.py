@@ -41,7 +41,7 @@ def hooked_step(flag: bool, kinds: set[str], scale: float = 1.0) -> tuple[list, 
     if "callback" in kinds:
         w.register_hook(lambda g: xgrad.autograd.queue_callback(lambda: events.append(("final", w.grad.tolist()))))
     out.backward(compiled=flag)
-    grads = {"x": x.grad.tolist(), "w": w.grad.tolist(), "h": h.grad.tolist() if h.grad is not None else None}
+    grads = {"x": x.grad.tolist(), "w": w.grad.tolist(), "h": h.grad.tolist() if h.retains_grad else None}
     return events, grads
 
 
