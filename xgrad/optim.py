@@ -96,6 +96,9 @@ class Optax:
     ([0.45, 1.4], [5.0])
     """
 
+    _state_def: Any
+    _state_tensors: list[Tensor]
+
     def __init__(self, params: Iterable[Tensor] | Mapping[str, Tensor], transform: optax.GradientTransformation) -> None:
         tensors = list(params.values()) if isinstance(params, Mapping) else list(params)
         if not tensors:

@@ -122,7 +122,7 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
     if isinstance(index, jax.Array):
         if not jnp.issubdtype(index.dtype, jnp.integer):
             return
-        if index.is_fully_addressable and all(d.platform == "cpu" for d in index.sharding.device_set):
+        if index.is_fully_addressable and all(getattr(d, "platform", None) == "cpu" for d in index.devices()):
             # Host memory already: NumPy reads it without a copy, far cheaper than a dispatch.
             index = np.asarray(index)
         else:
