@@ -14,3 +14,9 @@ jax.config.update("jax_enable_x64", True)
 
 # xgrad's own suite opts in to its hypothesis profiles (dev unless asked otherwise).
 pytest_plugins = ["xgrad.testing.pytest_plugin"]
+
+
+def pytest_collection_modifyitems(config, items):
+    from tests._backward_modes import drop_compiled_variants_of_eager_engine_tests
+
+    items[:] = drop_compiled_variants_of_eager_engine_tests(items)
