@@ -252,6 +252,7 @@ class GraphTask:
         """
         exec_info = self.exec_info
         for output_idx, (node, input_nr) in enumerate(outputs):
+            assert node is not None, "every input grad() differentiates has a node (min_topo_nr read it)"
             info = exec_info.get(node)
             if info is None:
                 info = exec_info[node] = ExecInfo()
@@ -603,8 +604,8 @@ def evaluate_function(
             input_buffer = not_ready.get(next_fn)
             if input_buffer is None:
                 if exec_info:
-                    info = exec_info.get(next_fn)
-                    if info is None or not info.should_execute():
+                    next_info = exec_info.get(next_fn)
+                    if next_info is None or not next_info.should_execute():
                         continue
                 size = len(next_fn.input_metadata)
                 if not is_ready:

@@ -137,7 +137,7 @@ class Node:
             node = edge.node
             if node is not None and node.topological_nr >= topo:
                 topo = node.topological_nr + 1
-        self.topological_nr = topo
+        self.topological_nr: int = topo
         self._metadata: dict[str, Any] | None = None
         # Which next edges lead anywhere: given by primitives as they are recorded,
         # computed on first use for other nodes (``needed_outputs``).
@@ -225,11 +225,11 @@ class Node:
             if needed is None:
                 needed = self._edges_needed = tuple(edge.node is not None for edge in self.next_edges)
             return needed
-        needed = []
+        needed_now: list[bool] = []
         for node, _ in self.next_edges:
             info = exec_info.get(node) if node is not None else None
-            needed.append(info is not None and info.should_execute())
-        return needed
+            needed_now.append(info is not None and info.should_execute())
+        return needed_now
 
     def device(self) -> Any:
         """The device this node runs on: that of its first input, ``None`` if sharded."""

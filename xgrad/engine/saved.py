@@ -19,7 +19,7 @@ from xgrad.engine.node import grad_accumulator
 from xgrad.tensor import Tensor
 
 if TYPE_CHECKING:
-    from xgrad.engine.node import Node
+    from xgrad.engine.node import AccumulateGrad, Node
 
 __all__ = [
     "SavedTensor", "allow_mutation_on_saved_tensors", "disable_saved_tensors_hooks", "save_on_cpu", "saved_tensors_hooks",
@@ -225,6 +225,8 @@ class SavedTensor:
     # _state: "input" (strong ref), "output" (weak ref: a node must not keep its own
     # output alive), "hooked" (packed by saved-tensor hooks) or "freed".
     _ref: Tensor | weakref.ref[Tensor] | None  # the Tensor itself exactly in state "input"
+    # (grad_fn, output_nr, grad accumulator, requires_grad) in state "hooked_input"
+    _graph: tuple[Node | None, int, AccumulateGrad | None, bool] | None
 
     def __init__(self, tensor: Tensor, is_output: bool) -> None:
         self._saved_version = tensor._version
@@ -276,7 +278,9 @@ class SavedTensor:
             )
         if state == "hooked_output":
             return Tensor._from_graph(unpacked._array, node, self._output_nr)
-        grad_fn, output_nr, leaf_acc, requires_grad = self._graph
+        graph = self._graph
+        assert graph is not None, "set in state hooked_input"
+        grad_fn, output_nr, leaf_acc, requires_grad = graph
         return Tensor._attached(unpacked._array, grad_fn, output_nr, leaf_acc, requires_grad)
 
     def _raise_version_error(self, tensor: Tensor, node: Node) -> None:
