@@ -122,7 +122,8 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
     if isinstance(index, jax.Array):
         if not jnp.issubdtype(index.dtype, jnp.integer):
             return
-        if index.is_fully_addressable and all(d.platform == "cpu" for d in index.sharding.device_set):
+        # jax's stubs leave Device unresolved: .platform is a documented jax.Device attribute.
+        if index.is_fully_addressable and all(d.platform == "cpu" for d in index.sharding.device_set):  # type: ignore[attr-defined]
             # Host memory already: NumPy reads it without a copy, far cheaper than a dispatch.
             index = np.asarray(index)
         else:

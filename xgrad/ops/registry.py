@@ -287,7 +287,8 @@ _MAX_DEVICE_SCALARS = 1024
 
 def _device_scalar(value: Any) -> Any:
     # x64 decides the scalar's dtype; -0.0 == 0.0 as a key, so zeros key their sign too.
-    key = (type(value), value, jax.config.jax_enable_x64) if value else (type(value), value, str(value), jax.config.jax_enable_x64)
+    x64 = jax.config.jax_enable_x64  # type: ignore[attr-defined]  # jax's Config stub declares no flags
+    key = (type(value), value, x64) if value else (type(value), value, str(value), x64)
     array = _DEVICE_SCALARS.get(key)
     if array is None:
         if value != value:  # NaN never equals a key: pass it as it is
@@ -300,7 +301,7 @@ def _device_scalar(value: Any) -> Any:
 
 def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     """Run ``prim`` on ``args`` and, when grad mode asks for it, record its node."""
-    arrays = []
+    arrays: list[Any] = []
     needs_graph = False
     scalars = False
     tensors = []
