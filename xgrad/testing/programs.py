@@ -185,6 +185,9 @@ def build_program(
         return len(values) - 1
 
     for spec, chosen in steps:
+        expr = spec.expr
+        if expr is None:
+            raise ValueError(f"op {spec.name} has no program expression in op_specs (use program_ops())")
         operands = [k % len(values) for k in chosen]
         # First guard only the operands outside the op's domain; if the result is still
         # too large (or the shapes do not fit), guard every operand; else drop the step.
@@ -199,14 +202,14 @@ def build_program(
                     plan.append((k, guard, guarded))
                 else:
                     plan.append((k, None, values[k]))
-            out = _evaluate(spec.expr, [v for _, _, v in plan])
+            out = _evaluate(expr, [v for _, _, v in plan])
             if out is not None and _in_domain(out, REAL):
                 args = []
-                for k, guard, value in plan:
+                for k, operand_guard, value in plan:
                     read.add(k)
-                    args.append(k if guard is None else emit(guard.format(names[k]), value))
+                    args.append(k if operand_guard is None else emit(operand_guard.format(names[k]), value))
                 read.update(args)
-                emit(spec.expr.format(*(names[k] for k in args)), out)  # type: ignore[union-attr]
+                emit(expr.format(*(names[k] for k in args)), out)
                 break
     if not lines:
         return None
