@@ -256,7 +256,7 @@ def test_to_device_is_differentiable_and_grad_returns_to_source():
 
 def test_scalar_operands_keep_python_scalar_semantics():
     """Scalars reach jit as cached device scalars (NOTE [Scalar constants]): same values, signs and dtypes."""
-    x = xgrad.tensor([1.0, 2.0])
+    x = xgrad.tensor(np.array([1.0, 2.0]))  # float64
     assert (1.0 / (x * 0.0)).tolist() == [np.inf, np.inf]
     assert (1.0 / (x * -0.0)).tolist() == [-np.inf, -np.inf]
     assert np.isnan((x * float("nan")).numpy()).all()
