@@ -118,6 +118,15 @@ def test_reductions_over_a_list_of_dims_check_each_and_reject_repeats():
         xgrad.sum(x, 1.0)
 
 
+def test_size_of_a_dim():
+    x = xgrad.tensor(X234)
+    assert (x.size(-1), x.size(0), x.size()) == (4, 2, (2, 3, 4))
+    with pytest.raises(IndexError, match=r"^Dimension out of range \(expected to be in range of \[-3, 2\], but got 3\)$"):
+        x.size(3)
+    with pytest.raises(IndexError, match="^dimension specified as 0 but tensor has no dimensions$"):
+        xgrad.tensor(1.0).size(0)
+
+
 @pytest.mark.parametrize(
     "call, error, message",
     [

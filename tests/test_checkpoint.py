@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 
 import xgrad
+from tests._backward_modes import eager_and_compiled  # noqa: F401  (a fixture)
 from xgrad.autograd import compiled
 from xgrad.utils import CheckpointError, checkpoint, set_checkpoint_debug_enabled, set_checkpoint_early_stop
+
+pytestmark = pytest.mark.usefixtures("eager_and_compiled")  # every test, eager and compiled
 
 X0 = np.array([[0.5, -1.0, 0.25], [1.5, 0.75, -0.5]])
 W0 = np.array([[0.2, -0.4], [0.6, 0.1], [-0.3, 0.8]])

@@ -272,10 +272,10 @@ def test_same_structure_hits_without_retracing():
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ("shape", "saved values changed"),
+        ("shape", "saved for backward changed"),
         ("dtype", "dtype"),
-        ("hook", "hooks changed"),
-        ("leaf set", "leaf .grad changed"),
+        ("hook", "the hooks on AccumulateGrad changed"),
+        ("leaf set", "a leaf's .grad changed between None and a tensor"),
     ],
 )
 def test_changed_structure_misses_with_a_reason(change, reason):
@@ -356,7 +356,9 @@ def test_a_full_fragment_table_starts_afresh_without_mixing_structures(monkeypat
             expected = x.grad.numpy()
             x.grad = None
             op(x).sum().backward()
-            np.testing.assert_array_equal(x.grad.numpy(), expected)
+            # Equal up to XLA fusing the compiled rule differently (1 ulp); a program of
+            # another op (exp for sin, say) would be far off.
+            np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-6)
     assert len(compiled_engine.key.fragments) <= 2
 
 
@@ -392,7 +394,7 @@ def test_recompile_storm_warns_with_reason():
 
     for n in range(1, compiled.RECOMPILE_WARNING_LIMIT + 2):
         at_one_site(n)
-    with pytest.warns(compiled.RecompileWarning, match="recompiled .* times .* saved values changed"):
+    with pytest.warns(compiled.RecompileWarning, match="recompiled .* times .* saved for backward changed"):
         at_one_site(compiled.RECOMPILE_WARNING_LIMIT + 2)
 
 

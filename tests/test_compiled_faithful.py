@@ -303,3 +303,28 @@ def test_reading_grad_while_compiled_backwards_accumulate_never_sees_a_deleted_b
         thread.join()
     assert errors == []
     assert w.grad.numpy() == pytest.approx(np.full(256, 300.0))
+
+
+def test_a_stable_loop_compiles_once_while_the_previous_loss_is_alive():
+    """The key is the graph's structure, not which older graphs still hold the leaves' accumulators."""
+    rng = np.random.default_rng(0)
+    first, second = xgrad.nn.Linear(3, 4), xgrad.nn.Linear(4, 1)
+    params = [*first.parameters(), *second.parameters()]
+    x = xgrad.tensor(rng.standard_normal((2, 3)).astype(np.float32))
+
+    def step():
+        loss = second(first(x).tanh()).pow(2).mean()  # built while the previous loss is alive
+        loss.backward(compiled=True)
+        return loss
+
+    losses = []
+    for _ in range(4):
+        for p in params:
+            p.grad = None
+        losses.append(step())
+    assert (compiled.stats()["misses"], compiled.stats()["hits"]) == (1, 3)
+    params[0].grad = xgrad.zeros_like(params[0])  # a .grad left from before: another program, said in words
+    for p in params[1:]:
+        p.grad = None
+    step()
+    assert "a leaf's .grad changed between None and a tensor" in compiled.stats()["recompile_reasons"][-1]

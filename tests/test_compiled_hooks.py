@@ -41,7 +41,7 @@ def hooked_step(flag: bool, kinds: set[str], scale: float = 1.0) -> tuple[list, 
     if "callback" in kinds:
         w.register_hook(lambda g: xgrad.autograd.queue_callback(lambda: events.append(("final", w.grad.tolist()))))
     out.backward(compiled=flag)
-    grads = {"x": x.grad.tolist(), "w": w.grad.tolist(), "h": h.grad.tolist() if h.grad is not None else None}
+    grads = {"x": x.grad.tolist(), "w": w.grad.tolist(), "h": h.grad.tolist() if h.retains_grad else None}
     return events, grads
 
 
@@ -152,7 +152,7 @@ def test_removing_a_hook_changes_the_key():
     handle.remove()
     step()
     assert x.grad.tolist() == [2.0]
-    assert "hooks" in compiled.stats()["recompile_reasons"][-1]
+    assert "hooks on" in compiled.stats()["recompile_reasons"][-1]
 
 
 def test_hook_error_propagates_and_next_backward_works():
@@ -221,7 +221,7 @@ def test_pure_function_is_traced_and_keys_its_ctx():
         np.testing.assert_allclose(x.grad.numpy(), 3 * k * np.array([1.0, 4.0]))
     s = compiled.stats()
     assert (s["misses"], s["hits"], s["fallbacks"]) == (2, 1, {})
-    assert "ctx attributes" in s["recompile_reasons"][-1]
+    assert "stored on ctx for PureScaledCubeBackward changed (ctx.k = 2.0 -> ctx.k = 5.0)" in s["recompile_reasons"][-1]
 
 
 def test_function_that_concretizes_runs_on_the_host_without_fallback():

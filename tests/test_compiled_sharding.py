@@ -96,3 +96,23 @@ def test_device_move_runs_between_programs():
     s = compiled.stats()
     assert (s["misses"], s["hits"], s["fallbacks"]) == (1, 1, {})
     compiled.reset()
+
+
+def test_hlo_text_is_compiled_for_the_input_shardings_it_ran_with():
+    """A batch sharded over two devices: the weight's grad needs an all-reduce, and the HLO shows it."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from xgrad.engine import compiled as compiled_engine
+
+    compiled.reset()
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    rng = np.random.default_rng(0)
+    x_np, w_np = rng.standard_normal((4, 3)), rng.standard_normal((3, 2))
+    x = xgrad.tensor(jax.device_put(x_np, NamedSharding(mesh, P("data"))))
+    w = xgrad.tensor(jax.device_put(w_np, NamedSharding(mesh, P())), requires_grad=True)
+    ((x @ w).tanh() * 2).sum().backward(compiled=True)
+    np.testing.assert_allclose(w.grad.numpy(), x_np.T @ (2 * (1 - np.tanh(x_np @ w_np) ** 2)), rtol=1e-6)
+    (program,) = compiled_engine.cache.programs.values()
+    assert "all-reduce" in program.hlo_text()
+    compiled.reset()

@@ -120,6 +120,8 @@ def worker(out: str, num_processes: int, process_id: int, port: int) -> None:  #
     ckpt = os.path.join(out, "ckpt.safetensors")
     xgrad.save({"params": tp_params, "x": x, "step": xgrad.tensor(3)}, ckpt)
     restored = xgrad.load(ckpt)
+    xgrad.save({"x": x}, os.path.join(out, "x.npz"))  # the other format, the same way
+    arrays["ckpt/x.npz"] = whole(xgrad.load(os.path.join(out, "x.npz"))["x"])
     arrays["ckpt/x"] = whole(restored["x"])
     resharded = xgrad.load(ckpt, device=NamedSharding(mesh, P("model")))  # another placement
     found["ckpt/resharded"] = all(t.sharding.spec == P("model") for t in resharded["params"].values())
@@ -299,6 +301,7 @@ def check(found: dict, arrays: dict, multi_process: bool) -> None:
     assert found["ckpt/resharded"]
     assert found["ckpt/same_mesh"] and found["ckpt/x_same_sharding"] and found["ckpt/step"] == 3
     np.testing.assert_array_equal(arrays["ckpt/x"], data["x"])
+    np.testing.assert_array_equal(arrays["ckpt/x.npz"], data["x"])
     np.testing.assert_array_equal(arrays["scalar/out"], 2 * data["x"])
     np.testing.assert_array_equal(arrays["scalar/grad"], np.full_like(data["x"], 2.0))
     assert found["scalar/grad_spec"] == "P('data',)"
@@ -333,8 +336,9 @@ def test_two_processes_match_one_process(tmp_path):
     # once, by a process that holds it: x's rows are split between the processes.
     from safetensors import safe_open
 
-    files = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "ckpt*")))
-    assert files == ["ckpt.safetensors", "ckpt.shard0-of-2.safetensors", "ckpt.shard1-of-2.safetensors"]
+    files = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "ckpt*")) + glob.glob(str(tmp_path / "x*")))
+    assert files == ["ckpt.safetensors", "ckpt.shard0-of-2.safetensors", "ckpt.shard1-of-2.safetensors",
+                     "x.npz", "x.shard0-of-2.npz", "x.shard1-of-2.npz"]
     with safe_open(str(tmp_path / "ckpt.safetensors"), "np") as f:
         assert list(f.keys()) == ["step"]
     sizes: dict[str, list[int]] = {}

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -17,7 +18,8 @@ def _load(name):
     return module
 
 
-def test_nanogpt_trains_with_pytorch_names(capsys):
+@pytest.mark.slow  # compiling each primitive's first call dominates: ~30 s on 2 busy cores
+def test_nanogpt_trains_with_pytorch_names():
     nanogpt = _load("nanogpt")
     config = nanogpt.GPTConfig(block_size=8, n_layer=1, n_head=2, n_embd=16)
     losses = nanogpt.train(steps=12, batch_size=4, config=config, log_every=0)

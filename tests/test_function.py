@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 import xgrad
+from tests._backward_modes import eager_and_compiled  # noqa: F401  (a fixture)
 from xgrad.autograd import Function, FunctionCtx, once_differentiable
+
+pytestmark = pytest.mark.usefixtures("eager_and_compiled")  # every test, eager and compiled
 
 X0 = np.array([0.5, -1.5, 2.0])
 W0 = np.array([1.25, 0.5, -0.75])
@@ -500,7 +503,8 @@ def test_return_duplicate(compiled):
     close(x.grad.array, np.full(3, 4.0))
 
 
-def test_input_returned_twice_gives_two_outputs():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_input_returned_twice_gives_two_outputs(compiled):
     """An input returned as is becomes a new tensor per return (PyTorch returns a view
     each time), at its own position; the input keeps its history."""
 
@@ -518,7 +522,7 @@ def test_input_returned_twice_gives_two_outputs():
     assert a is not b and a is not x
     assert (a.output_nr, b.output_nr) == (0, 1) and a.grad_fn is b.grad_fn
     assert x.is_leaf
-    (a + b).sum().backward()
+    (a + b).sum().backward(compiled=compiled)
     close(x.grad.array, np.full(3, 4.0))
 
 
@@ -553,13 +557,13 @@ def test_save_output_nr(compiled):
             return grad_b * 2
 
     TestFn.apply(c).sum().backward(compiled=compiled)
-    if not compiled:  # the compiled backward runs ``backward`` on traced values
-        assert seen == [(1, True)]
+    assert seen == [(1, True)]  # compiled too: a Function's backward runs on the host
     close(a.grad.array, [0.0, 0.0, 2.0])
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("hooked", [False, True], ids=["plain", "saved-tensor-hooks"])
-def test_saved_output_and_recomputed_input_keep_their_place_in_the_graph(hooked):
+def test_saved_output_and_recomputed_input_keep_their_place_in_the_graph(hooked, compiled):
     """An unpacked saved output is an output of the node at its output_nr; an unpacked
     saved non-leaf input (recomputed by an unpack hook) has the input's grad_fn, as
     PyTorch's test_saved_variable_packing_unpacking_*_with_hooks check."""
@@ -589,7 +593,7 @@ def test_saved_output_and_recomputed_input_keep_their_place_in_the_graph(hooked)
         _, out = ExpMul.apply(x, w)
     node = out.grad_fn
     assert out.output_nr == 1
-    out.sum().backward()
+    out.sum().backward(compiled=compiled)
     assert seen == [(True, 1, True, 0, True)]
     close(a.grad.array, np.exp(X0) * W0)
     close(w.grad.array, np.exp(X0))

@@ -104,7 +104,7 @@ def test_multi_grad_hook_rejects_an_unknown_mode():
 
 @FLAGS
 def test_grad_with_respect_to_a_gradient_edge_of_a_non_leaf(flag):
-    a = xgrad.tensor(1.0, requires_grad=True)
+    a = xgrad.tensor(1.0, dtype=jnp.float64, requires_grad=True)
     b = a.sin()
     c = b.cos()
     edge = get_gradient_edge(b)
@@ -286,3 +286,12 @@ def test_batched_grads_check_their_shapes():
         xgrad.autograd.grad(y.sum(), x, is_grads_batched=True)
     (g,) = xgrad.autograd.grad(y, x, xgrad.tensor(np.ones((5, 2))), is_grads_batched=True)  # the next call works
     assert g.tolist() == [[2.0, 2.0]] * 5
+
+
+def test_nodes_recorded_by_a_backward_under_anomaly_mode_know_the_running_node():
+    """The engine tracks the running node for anomaly mode's parents too, also for rule nodes without hooks."""
+    x = xgrad.tensor([0.5, 1.0], dtype=jnp.float64, requires_grad=True)
+    with xgrad.autograd.detect_anomaly():
+        y = x.sin()
+        (g,) = xgrad.autograd.grad(y.sum(), x, create_graph=True)
+    assert g.grad_fn.metadata.get("parent_") is y.grad_fn

@@ -12,7 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import xgrad
+from tests._backward_modes import eager_and_compiled  # noqa: F401  (a fixture)
 from xgrad.autograd import get_execution_order, set_multithreading_enabled
+
+pytestmark = pytest.mark.usefixtures("eager_and_compiled")  # every test, eager and compiled
 
 X0 = np.array([0.3, -1.2, 0.7])
 
@@ -585,6 +588,7 @@ def test_property_scaling_hook_scales_exactly_the_affected_grads(steps, data, c)
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.eager_engine
 def test_hooks_run_for_nodes_on_a_device_worker_thread():
     """Nodes on the second host device run on its worker thread: every hook kind still runs, in order."""
     import threading

@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 
 import xgrad
+from tests._backward_modes import eager_and_compiled  # noqa: F401  (a fixture)
 from xgrad.autograd import Function
 from xgrad.autograd.graph import save_on_cpu, saved_tensors_hooks
+
+pytestmark = pytest.mark.usefixtures("eager_and_compiled")  # every test, eager and compiled
 
 X0 = np.array([0.3, -0.8, 1.2])
 
@@ -150,8 +153,9 @@ def test_save_on_cpu_moves_to_host_and_back():
     close(x.grad.array, np.exp(X0) * (1 + X0))
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("accesses", [0, 1, 3])
-def test_each_saved_tensors_access_unpacks_again(accesses):
+def test_each_saved_tensors_access_unpacks_again(accesses, compiled):
     """PyTorch unpacks ``ctx.saved_tensors`` at each access: the unpack hook runs once
     per access and per saved tensor, and not at all when backward never reads them."""
 
@@ -171,14 +175,17 @@ def test_each_saved_tensors_access_unpacks_again(accesses):
     x = leaf()
     log = []
     rec = Recorder("f", log)
-    with saved_tensors_hooks(rec.pack, rec.unpack):
-        y = Scale.apply(x)
-    y.sum().backward()
-    assert [e[0] for e in log] == ["pack:f"] + ["unpack:f"] * accesses
-    close(x.grad.array, np.full(3, 3.0))
+    for _ in range(2):  # compiled: a miss, then a hit
+        log.clear()
+        with saved_tensors_hooks(rec.pack, rec.unpack):
+            y = Scale.apply(x)
+        y.sum().backward(compiled=compiled)
+        assert [e[0] for e in log] == ["pack:f"] + ["unpack:f"] * accesses
+    close(x.grad.array, np.full(3, 6.0))
 
 
-def test_saved_tensors_access_checks_the_version_each_time():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_saved_tensors_access_checks_the_version_each_time(compiled):
     seen = []
 
     class Peek(Function):
@@ -198,7 +205,7 @@ def test_saved_tensors_access_checks_the_version_each_time():
     h = leaf() * 1.0
     y = Peek.apply(h)
     with pytest.raises(RuntimeError, match=r"modified by an inplace operation.*saved by PeekBackward"):
-        y.sum().backward()
+        y.sum().backward(compiled=compiled)
     assert len(seen) == 1
 
 

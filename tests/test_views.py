@@ -330,7 +330,7 @@ def test_copy_from_a_tensor_requiring_grad_records_the_copy(flag):
     [
         (lambda: xgrad.tensor([1, 2]), lambda t: t.mul_(xgrad.tensor([1.5, 2.5], dtype=jnp.float32)),
          "result type Float can't be cast to the desired output type Long"),
-        (lambda: xgrad.tensor([1, 2], dtype=jnp.int32), lambda t: t.add_(xgrad.tensor(0.5)),
+        (lambda: xgrad.tensor([1, 2], dtype=jnp.int32), lambda t: t.add_(xgrad.tensor(0.5, dtype=jnp.float64)),
          "result type Double can't be cast to the desired output type Int"),
         (lambda: xgrad.tensor([True, False]), lambda t: t.add_(xgrad.tensor([1, 1])),
          "result type Long can't be cast to the desired output type Bool"),
@@ -352,5 +352,5 @@ def test_inplace_results_of_a_castable_dtype_keep_the_tensor_dtype():
     t.add_(xgrad.tensor([3, 4], dtype=jnp.int32))
     assert t.dtype == jnp.int64 and t.tolist() == [4, 6]
     f = xgrad.tensor([1.0, 2.0], dtype=jnp.float32)
-    f.mul_(xgrad.tensor([2.0, 2.0]))  # float64 result, cast back as PyTorch does
+    f.mul_(xgrad.tensor([2.0, 2.0], dtype=jnp.float64))  # a float64 result, cast back as PyTorch does
     assert f.dtype == jnp.float32 and f.tolist() == [2.0, 4.0]

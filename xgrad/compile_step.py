@@ -239,8 +239,8 @@ class _Recording:
         _trace_lock.acquire()
         self.outer = _active
         _active = self.recorder
-        Tensor._array = property(_get_array, _set_array)  # type: ignore[assignment,method-assign]
-        Tensor._grad = property(_get_grad, _set_grad)  # type: ignore[assignment,method-assign]
+        setattr(Tensor, "_array", property(_get_array, _set_array))  # noqa: B010 (a slot: mypy would object)
+        setattr(Tensor, "_grad", property(_get_grad, _set_grad))  # noqa: B010
         self.outer_wrap = hooks_module.trace_wrapper
         hooks_module.trace_wrapper = _host_hook
         return self.recorder
@@ -249,8 +249,8 @@ class _Recording:
         global _active
         hooks_module.trace_wrapper = self.outer_wrap
         if self.outer is None:
-            Tensor._array = _ARRAY  # type: ignore[assignment,method-assign]
-            Tensor._grad = _GRAD  # type: ignore[assignment,method-assign]
+            setattr(Tensor, "_array", _ARRAY)  # noqa: B010
+            setattr(Tensor, "_grad", _GRAD)  # noqa: B010
         _active = self.outer
         _trace_lock.release()
 
@@ -285,6 +285,7 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...]) -> Any:
     """A hook whose non-``None`` result replaces its first argument (tensor, pre and post hooks)."""
     leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=_is_tensor)
     first_leaves, first_tree = jax.tree_util.tree_flatten(args[0], is_leaf=_is_tensor)
+    first_tree_any: Any = first_tree
     arrays = [leaf._array for leaf in leaves]
     n_first = len(first_leaves)
 
@@ -296,7 +297,7 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...]) -> Any:
         if isinstance(result, list):
             result = tuple(result)
         r_leaves, r_tree = jax.tree_util.tree_flatten(result, is_leaf=_is_tensor)
-        if r_tree != first_tree or not all(isinstance(r, Tensor) for r in r_leaves):
+        if r_tree != first_tree_any or not all(isinstance(r, Tensor) for r in r_leaves):
             raise RuntimeError(
                 f"under xgrad.compile, hook {fn!r} returned a value shaped {r_tree}, but it replaces {first_tree}"
             )
@@ -382,6 +383,16 @@ class _Entry:
         "aliased", "arg_tensor_slots", "consts", "guards", "inputs", "jitted", "n_dyn_args", "outputs", "result_template", "result_tree",
         "writes",
     )
+    aliased: list[list[Any]]
+    arg_tensor_slots: tuple[int, ...]
+    consts: list[tuple[str, Any]]
+    guards: list[tuple[Any, bool, tuple[Any, ...]]]
+    inputs: list[tuple[int, Any]]
+    jitted: Any
+    n_dyn_args: int
+    result_template: list[tuple[str, Any, Any]]
+    result_tree: Any
+    writes: list[tuple[Any, str, Any, int]]
 
 
 _FALLBACK = object()
@@ -511,15 +522,15 @@ class CompiledFunction:
             else:  # requires_grad
                 t._requires_grad = index
         results = []
-        for kind, value, grad_index in entry.result_template:
-            if kind == "out":
+        for how, value, grad_index in entry.result_template:
+            if how == "out":
                 t = Tensor(outs[value])
                 if grad_index is not None:
                     _GRAD.__set__(t, Tensor(outs[grad_index]))
                 results.append(t)
-            elif kind == "array":
+            elif how == "array":
                 results.append(outs[value])
-            elif kind == "same":
+            elif how == "same":
                 results.append(_resolve(value, leaves))
             else:
                 results.append(value)

@@ -96,8 +96,7 @@ class Optax:
     ([0.45, 1.4], [5.0])
     """
 
-    # Set by the ``state`` setter (NOTE [Optimizer state in Tensors]).
-    _state_def: Any  # the optax state's treedef
+    _state_def: Any
     _state_tensors: list[Tensor]
 
     def __init__(self, params: Iterable[Tensor] | Mapping[str, Tensor], transform: optax.GradientTransformation) -> None:

@@ -173,15 +173,22 @@ def _serialize(fmt: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) ->
     return write_safetensors
 
 
+def _new_file_mode() -> int:
+    """The mode ``open()`` gives a new file under this process's umask (read once: setting it is not thread-safe)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_NEW_FILE_MODE = _new_file_mode()
+
+
 def _write_atomic(path: str, write: Callable[[BinaryIO], None]) -> None:
     """Run ``write`` on a temporary file next to ``path``, then rename it over ``path`` (NOTE [Atomic saves])."""
     folder, base = os.path.split(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=folder)
     try:
-        # mkstemp makes the file private; give it the mode a plain open() would.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, _NEW_FILE_MODE)  # mkstemp makes the file private
         with open(fd, "wb") as f:
             write(f)
             f.flush()

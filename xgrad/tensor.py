@@ -275,7 +275,13 @@ class Tensor:
         return self._array.ndim
 
     def size(self, dim: int | None = None) -> Any:
-        return self._array.shape if dim is None else self._array.shape[dim]
+        if dim is None:
+            return self._array.shape
+        from xgrad.ops._util import canonical_dim  # the ops import this module
+
+        if self._array.ndim == 0:
+            raise IndexError(f"dimension specified as {dim} but tensor has no dimensions")
+        return self._array.shape[canonical_dim(dim, self._array.ndim)]
 
     def numel(self) -> int:
         return int(self._array.size)

@@ -252,7 +252,7 @@ class GraphTask:
         """
         exec_info = self.exec_info
         for output_idx, (node, input_nr) in enumerate(outputs):
-            assert node is not None, "every input grad() differentiates has a node (min_topo_nr read it)"
+            assert node is not None, "an input of grad/backward(inputs=) always has a gradient edge"
             info = exec_info.get(node)
             if info is None:
                 info = exec_info[node] = ExecInfo()
@@ -513,8 +513,10 @@ def call_function(graph_task: GraphTask, fn: Node, inputs: list[Tensor | None]) 
         and not fn._pre_hooks
         and not fn._post_hooks
         and not fn.runs_user_code
+        and not ANOMALY.enabled
     ):
-        # Pure rules and no hook: no user code runs, so none can ask for current_node().
+        # Pure rules, no hook, no anomaly mode: nothing asks for the running node
+        # (current_node(), the parent of nodes recorded under anomaly mode).
         outputs = fn.apply(inputs)
         validate_outputs(fn.next_edges, outputs, fn)
         return outputs

@@ -121,6 +121,10 @@ class Node:
         "topological_nr",
     )
 
+    sequence_nr: int
+    topological_nr: int
+    _edges_needed: tuple[bool, ...] | None
+
     #: Whether ``apply`` may run user code (a Function's backward, post-accumulate-grad
     #: hooks), which may ask for ``xgrad.autograd.graph.current_node()``; nodes that
     #: replay pure rules say ``False`` and spare the engine setting it.

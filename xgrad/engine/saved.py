@@ -225,8 +225,7 @@ class SavedTensor:
     # _state: "input" (strong ref), "output" (weak ref: a node must not keep its own
     # output alive), "hooked" (packed by saved-tensor hooks) or "freed".
     _ref: Tensor | weakref.ref[Tensor] | None  # the Tensor itself exactly in state "input"
-    # (grad_fn, output_nr, grad accumulator, requires_grad) in state "hooked_input"
-    _graph: tuple[Node | None, int, AccumulateGrad | None, bool] | None
+    _graph: tuple[Node | None, int, AccumulateGrad | None, bool] | None  # hooked inputs: where they sit in the graph
 
     def __init__(self, tensor: Tensor, is_output: bool) -> None:
         self._saved_version = tensor._version
@@ -278,9 +277,8 @@ class SavedTensor:
             )
         if state == "hooked_output":
             return Tensor._from_graph(unpacked._array, node, self._output_nr)
-        graph = self._graph
-        assert graph is not None, "set in state hooked_input"
-        grad_fn, output_nr, leaf_acc, requires_grad = graph
+        assert self._graph is not None, "a hooked input keeps where it sits in the graph"
+        grad_fn, output_nr, leaf_acc, requires_grad = self._graph
         return Tensor._attached(unpacked._array, grad_fn, output_nr, leaf_acc, requires_grad)
 
     def _raise_version_error(self, tensor: Tensor, node: Node) -> None:

@@ -122,8 +122,7 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
     if isinstance(index, jax.Array):
         if not jnp.issubdtype(index.dtype, jnp.integer):
             return
-        # jax's stubs leave Device unresolved: .platform is a documented jax.Device attribute.
-        if index.is_fully_addressable and all(d.platform == "cpu" for d in index.sharding.device_set):  # type: ignore[attr-defined]
+        if index.is_fully_addressable and all(getattr(d, "platform", None) == "cpu" for d in index.devices()):
             # Host memory already: NumPy reads it without a copy, far cheaper than a dispatch.
             index = np.asarray(index)
         else:

@@ -66,7 +66,7 @@ clone = defprim("clone", lambda x: jnp.array(x, copy=True), (lambda g, out, x: g
 
 def _pow_base_grad(g: Tensor, out: Tensor, x: Any, y: Any) -> Tensor:
     # d/dx x**y = y x**(y-1), and 0 wherever y == 0 (even at x == 0), as PyTorch's pow_backward.
-    if not isinstance(y, Tensor) and jnp.ndim(y) == 0:  # a Python or NumPy scalar exponent
+    if isinstance(y, (int, float)):
         return Tensor(jnp.zeros_like(g._array)) if y == 0 else g * y * x ** (y - 1)
     return where(y == 0, 0.0, g * y * x ** (y - 1))
 

@@ -287,7 +287,7 @@ _MAX_DEVICE_SCALARS = 1024
 
 def _device_scalar(value: Any) -> Any:
     # x64 decides the scalar's dtype; -0.0 == 0.0 as a key, so zeros key their sign too.
-    x64 = jax.config.jax_enable_x64  # type: ignore[attr-defined]  # jax's Config stub declares no flags
+    x64 = jax.config.jax_enable_x64  # type: ignore[attr-defined]  # JAX's Config stub does not list its flags
     key = (type(value), value, x64) if value else (type(value), value, str(value), x64)
     array = _DEVICE_SCALARS.get(key)
     if array is None:

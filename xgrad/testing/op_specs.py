@@ -169,14 +169,18 @@ def _ref_layer_norm(x: Any, w: Any, b: Any, n: int = 1, eps: float = 1e-5) -> An
     return (x - mu) / jnp.sqrt(var + eps) * w + b
 
 
-def _ref_cross_entropy(logits: Any, target: Any, reduction: str = "mean", smoothing: float = 0.0) -> Any:
+def _ref_cross_entropy(
+    logits: Any, target: Any, reduction: str = "mean", smoothing: float = 0.0, ignore_index: int | None = None,
+) -> Any:
     logp = jax.nn.log_softmax(logits, axis=-1)
+    kept = jnp.ones(logits.shape[:-1], bool) if ignore_index is None else target != ignore_index
     if jnp.issubdtype(target.dtype, jnp.integer):
         q = (1 - smoothing) * jax.nn.one_hot(target, logits.shape[-1]) + smoothing / logits.shape[-1]
     else:
         q = target
-    loss = -jnp.sum(q * logp, axis=-1)
-    return {"mean": jnp.mean, "sum": jnp.sum, "none": lambda v: v}[reduction](loss)
+    loss = -jnp.sum(q * logp, axis=-1) * kept
+    # PyTorch's mean divides by the number of targets that are not ignored.
+    return {"mean": lambda v: jnp.sum(v) / jnp.sum(kept), "sum": jnp.sum, "none": lambda v: v}[reduction](loss)
 
 
 def _ref_scatter_add(x: Any, index: Any, src: Any, dim: int) -> Any:
@@ -377,6 +381,11 @@ def _build_specs() -> list[OpSpec]:
                    label=f"class indices, {reduction}"))
     add(OpSpec("cross_entropy", lambda x, t: X.cross_entropy(x, t, label_smoothing=0.1),
                lambda x, t: _ref_cross_entropy(x, t, smoothing=0.1), (((4, 3), (4,)),), (REAL, ints(3)), label="label_smoothing"))
+    add(OpSpec("cross_entropy", lambda x, t: X.cross_entropy(x, t, ignore_index=-1, label_smoothing=0.2),
+               lambda x, t: _ref_cross_entropy(x, t, smoothing=0.2, ignore_index=-1), (((8, 3), (8,)),),
+               (REAL, ints(3, low=-1)), label="ignore_index"))
+    add(OpSpec("cross_entropy", X.cross_entropy, lambda x, t: _ref_cross_entropy(jnp.moveaxis(x, 1, -1), t),
+               (((2, 3, 4), (2, 4)),), (REAL, ints(3)), label="(N, C, d) class dim 1"))
     add(OpSpec("cross_entropy", X.cross_entropy, _ref_cross_entropy, (((4, 3), (4, 3)),), (REAL, Domain(lo=0, hi=1)),
                label="probabilities"))
     add(_binary("mse_loss", X.mse_loss, lambda x, y: jnp.mean((x - y) ** 2), shapes=BINARY_SHAPES[:1]))

@@ -129,7 +129,7 @@ from xgrad.engine.compiled.switch import (
     set_enabled,
     state,
 )
-from xgrad.engine.node import Edge, GraphRoot, Node
+from xgrad.engine.node import Edge, GraphRoot, Node, current_task
 from xgrad.engine.rules import RuleNode
 from xgrad.tensor import Tensor
 
@@ -216,10 +216,15 @@ def execute(
     else:
         graph_task, graph_root, _ = engine.prepare(*args)
     start = time.perf_counter()
+    # The walk unpacks saved tensors: their unpack hooks see this task as current, as in
+    # eager (a checkpoint recomputes once per graph task).
+    prev_task, current_task.graph_task = current_task.graph_task, graph_task
     try:
         walk = walk_schedule(graph_task, graph_root, create_graph, accumulate_grad, len(outputs), root_nr)
     except NotTraceable as exc:
         return _fallback(exc, args)
+    finally:
+        current_task.graph_task = prev_task
     if cache_key is None:
         cache_key = CacheKey(walk.key)
         program = lookup(cache_key)

@@ -151,9 +151,6 @@ def insert(key: CacheKey, entry: Any) -> Any:
     return entry
 
 
-# -- the walk: order, structural key, flat saved arrays ------------------------------
-
-
 
 # -- recompile reasons ---------------------------------------------------------------
 
@@ -179,8 +176,39 @@ def _short(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+# Per key field (``FIELDS``), what its change means to a user: ``{node}`` is the node's
+# name, ``{old}``/``{new}`` the values.
+_CHANGE_WORDS = {
+    "primitive": "an op of the graph changed: {node} now, where {old} was",
+    "params": "the arguments of {node} changed ({old} -> {new})",
+    "output shapes/dtypes": "the shape or dtype of what {node} differentiates changed ({old} -> {new})",
+    "saved values": "the shape, dtype or value of what {node} saved for backward changed ({old} -> {new})",
+    "edges": "the graph is wired differently: {node} takes its inputs from other places",
+    "hooks": "the hooks on {node} changed (a hook not marked pure_hook counts by presence, a pure one by identity)",
+    "exec_info": "which nodes inputs=/grad() need changed at {node}",
+    "leaf shape/dtype/sharding": "a leaf's shape, dtype or sharding changed ({old} -> {new})",
+    "leaf .grad": "a leaf's .grad changed between None and a tensor, or its shape/dtype ({old} -> {new}); "
+                  "set .grad to None (zero_grad) at the same point every step",
+    "Function": "a different custom Function is at {node}",
+    "ctx attributes": "a non-tensor value stored on ctx for {node} changed ({old} -> {new}): "
+                      "it is a constant of the traced program",
+}
+
+
+def _ctx_change(old: Any, new: Any) -> tuple[str, str]:
+    """The first ctx attribute that differs between two ctx keys, as ``ctx.name = value`` texts."""
+    before, after = dict(old[2]), dict(new[2])
+    for name in (*after, *before):
+        x, y = before.get(name), after.get(name)
+        if x != y:
+            # A constant is keyed as (type, value): show the value.
+            show = lambda v: "unset" if v is None else repr(v[1] if len(v) == 2 and isinstance(v[0], type) else v)  # noqa: E731
+            return f"ctx.{name} = {show(x)}", f"ctx.{name} = {show(y)}"
+    return "materialize_grads/needs_input_grad " + repr(old[:2]), repr(new[:2])
+
+
 def describe_change(old: Any, new: Any) -> str:
-    """What differs between two structural keys, in words (the "recompile reason")."""
+    """What differs between two structural keys, in a user's words (the "recompile reason")."""
     for i, field in enumerate(TOP_FIELDS):
         if old[i] != new[i]:
             return f"{field} changed from {old[i]!r} to {new[i]!r}"
@@ -190,12 +218,19 @@ def describe_change(old: Any, new: Any) -> str:
             continue
         label = _node_label(b)
         if a[0] != b[0]:
-            return f"node {pos} is now {label}, was {_node_label(a)}"
+            return (
+                f"the graph's structure changed: the backward's node {pos} (in run order) is now {label}, "
+                f"was {_node_label(a)}"
+            )
         for field, x, y in zip(FIELDS[b[0]], a, b):  # noqa: B905
             if x != y:
-                return f"node {pos} ({label}): {field} changed from {_short(x)} to {_short(y)}"
+                if field == "ctx attributes":
+                    x, y = _ctx_change(x, y)
+                    return _CHANGE_WORDS[field].format(node=label, old=x, new=y)
+                old_text = _node_label(a) if field == "primitive" else _short(x)
+                return _CHANGE_WORDS[field].format(node=label, old=old_text, new=_short(y))
     if len(before) != len(after):
-        return f"the graph has {len(after)} nodes, was {len(before)}"
+        return f"the graph's structure changed: it has {len(after)} nodes, was {len(before)}"
     return "the same structure as before: its program was evicted from the cache (see set_cache_size)"
 
 

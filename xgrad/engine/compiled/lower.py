@@ -523,12 +523,13 @@ class Variant:
     and the rest runs as ``jax.jit`` of the jaxpr.
     """
 
-    __slots__ = ("deps", "device", "example", "fresh", "op", "out_avals", "out_tree", "plain", "used")
+    __slots__ = ("deps", "device", "example", "fresh", "op", "out_avals", "out_tree", "plain", "shardings", "used")
 
     def __init__(self, segment: Segment, avals: list[Any], layout: tuple[Any, ...]) -> None:
         self.example = avals  # the abstract inputs it was traced for
         self.fresh = True  # not yet called: its first call compiles
         self.device: Any = None  # set when its inputs sit on several devices: where it runs
+        self.shardings: list[Any] | None = None  # of the used inputs, from the first call (for ``hlo_text``)
         trees: list[Any] = []
 
         def traced(*flat: Any) -> list[Any]:
@@ -638,9 +639,15 @@ class Program:
         self.items.append(segment)
 
     def hlo_text(self, segment: int = 0) -> str:
-        """The compiled HLO of one segment's first variant (for tests and debugging)."""
+        """The compiled HLO of one segment's first variant, for the input shardings it ran with.
+
+        So it shows the collectives XLA runs (a sharded batch's all-reduce, say).
+        """
         variant = next(iter(self.segments[segment].variants.values()))
-        text = variant.plain.lower(*(variant.example[i] for i in variant.used)).compile().as_text()
+        args = [variant.example[i] for i in variant.used]
+        if variant.shardings is not None:
+            args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in zip(args, variant.shardings, strict=True)]
+        text = variant.plain.lower(*args).compile().as_text()
         if text is None:
             raise RuntimeError("this backend gives no HLO text")
         return text

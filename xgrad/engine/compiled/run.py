@@ -90,7 +90,10 @@ def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tenso
             outs = _run_differentiable(variant, saved, live_leaves, root_tensors, old)
         else:
             inputs = [*saved, *live_arrays, *(t._array for t in root_tensors), *(g._array for g in old)]
-            outs = [Tensor(a) for a in _call(variant, [inputs[i] for i in variant.used])]
+            args = [inputs[i] for i in variant.used]
+            if variant.shardings is None:
+                variant.shardings = [getattr(a, "sharding", None) for a in args]
+            outs = [Tensor(a) for a in _call(variant, args)]
         if variant.fresh:  # the first call compiles: count it as compile time
             jax.block_until_ready([t._array for t in outs])
             variant.fresh = False
