@@ -141,7 +141,7 @@ class Node:
             node = edge.node
             if node is not None and node.topological_nr >= topo:
                 topo = node.topological_nr + 1
-        self.topological_nr: int = topo
+        self.topological_nr = topo
         self._metadata: dict[str, Any] | None = None
         # Which next edges lead anywhere: given by primitives as they are recorded,
         # computed on first use for other nodes (``needed_outputs``).
