@@ -351,6 +351,8 @@ CREATION_ERRORS = [
     ("randn", lambda: xgrad.randn(-1, key=jax.random.key(0)), RuntimeError, "negative dimension -1"),
     ("rand", lambda: xgrad.rand(1, -1, key=jax.random.key(0)), RuntimeError, "negative dimension -1"),
     ("eye", lambda: xgrad.eye(-1), RuntimeError, "must be greater or equal to 0"),
+    ("new_zeros", lambda: xgrad.zeros(2).new_zeros(2, -1), RuntimeError, r"negative dimension -1: \[2, -1\]$"),
+    ("new_full", lambda: xgrad.zeros(2).new_full((-4,), 1.0), RuntimeError, "negative dimension -4"),
     ("arange step 0", lambda: xgrad.arange(0, 3, 0), RuntimeError, "^step must be nonzero$"),
     ("arange sign", lambda: xgrad.arange(0, 3, -1), RuntimeError, "^upper bound and larger bound inconsistent with step sign$"),
     ("zeros float size", lambda: xgrad.zeros(2.5), TypeError, "shape must be a sequence of ints"),
@@ -531,6 +533,53 @@ def test_cross_entropy_custom_ignore_index_and_probabilities(compiled):
     y = xgrad.tensor(logits, requires_grad=True)
     xgrad.cross_entropy(y, xgrad.tensor(probs), label_smoothing=0.1).backward(compiled=compiled)
     _close(y.grad, jax.grad(lambda z: _ref_cross_entropy(z, probs, label_smoothing=0.1))(jnp.asarray(logits)))
+
+
+def _ref_weighted_cross_entropy(logits, target, weight, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """PyTorch's class-weighted cross_entropy from its documented formula, class dim 1."""
+    n_classes = logits.shape[1]
+    shape = (n_classes,) + (1,) * (logits.ndim - 2)
+    w = weight.reshape(shape)
+    logp = jax.nn.log_softmax(logits, axis=1)
+    if jnp.issubdtype(target.dtype, jnp.floating):
+        loss = -jnp.sum((target * (1 - label_smoothing) + label_smoothing / n_classes) * w * logp, axis=1)
+        return {"mean": jnp.mean, "sum": jnp.sum, "none": lambda v: v}[reduction](loss)
+    kept = target != ignore_index
+    safe = jnp.where(kept, target, 0)
+    onehot = jnp.moveaxis(jax.nn.one_hot(safe, n_classes), -1, 1)
+    q = (1 - label_smoothing) * onehot + label_smoothing / n_classes
+    loss = -jnp.sum(q * w * logp, axis=1) * kept
+    if reduction == "mean":
+        return loss.sum() / jnp.sum(weight[safe] * kept)
+    return {"sum": jnp.sum, "none": lambda v: v}[reduction](loss)
+
+
+@COMPILED
+@pytest.mark.parametrize("shape", ["(N,C)", "(N,C,d)"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_class_weights_match_pytorch_formulas(compiled, shape, reduction):
+    logits, target = LOGITS[shape], TARGETS[shape]
+    weight = np.array([0.5, 2.0, 1.25])
+    x = xgrad.tensor(logits, requires_grad=True)
+    loss = xgrad.cross_entropy(x, target, xgrad.tensor(weight), reduction=reduction, label_smoothing=0.1)
+    ref = lambda z: _ref_weighted_cross_entropy(z, jnp.asarray(target), jnp.asarray(weight), reduction=reduction,
+                                                 label_smoothing=0.1)
+    expected, pullback = jax.vjp(ref, jnp.asarray(logits))
+    _close(loss, expected)
+    cotangent = np.linspace(0.5, 1.5, expected.size).reshape(expected.shape)
+    loss.backward(xgrad.tensor(cotangent), compiled=compiled)
+    _close(x.grad, pullback(jnp.asarray(cotangent))[0])
+    probs = jax.nn.softmax(jnp.asarray(logits[::-1].copy()), axis=1)
+    _close(xgrad.cross_entropy(xgrad.tensor(logits), xgrad.tensor(probs), xgrad.tensor(weight), reduction=reduction),
+           _ref_weighted_cross_entropy(jnp.asarray(logits), probs, jnp.asarray(weight), reduction=reduction))
+
+
+def test_cross_entropy_weight_checks():
+    x = xgrad.zeros(2, 3)
+    with pytest.raises(RuntimeError, match=r"^weight tensor should be defined either for all 3 classes or no classes but got weight tensor of shape: \[2\]$"):
+        xgrad.cross_entropy(x, [0, 1], xgrad.ones(2))
+    with pytest.raises(RuntimeError, match="the derivative for 'weight' is not implemented"):
+        xgrad.cross_entropy(x, [0, 1], xgrad.ones(3, requires_grad=True))
 
 
 def test_cross_entropy_all_targets_ignored_is_nan_as_in_pytorch():

@@ -85,15 +85,32 @@ def _cross_entropy_grad(g: Tensor, out: Any, x: Tensor, target: Tensor, axis: in
 _cross_entropy = defprim("cross_entropy", _cross_entropy_impl, (_cross_entropy_grad, None))
 
 
-def cross_entropy(
-    input: Tensor, target: Any, *, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+def _weighted_cross_entropy(
+    input: Tensor, target: Any, class_weight: Any, axis: int, ignore_index: int, reduction: str, label_smoothing: float,
 ) -> Tensor:
-    """``F.cross_entropy`` with PyTorch's shapes, ``ignore_index``, ``label_smoothing`` and ``reduction``.
+    """PyTorch's class-weighted loss: ``-sum_c w_c q_c log p_c`` per target, ``q`` the smoothed one-hot."""
+    kept = jnp.expand_dims(target != ignore_index, axis)
+    smoothed = (1.0 - label_smoothing) * _one_hot(target, input.shape, axis, input.dtype) + label_smoothing / input.shape[axis]
+    coefficients = jnp.where(kept, smoothed * class_weight.astype(input.dtype), jnp.zeros((), input.dtype))
+    loss = -(Tensor(coefficients) * log_softmax(input, dim=axis)).sum(dim=axis)
+    if reduction == "mean":
+        picked_weight = jnp.where(kept, _one_hot(target, input.shape, axis, input.dtype) * class_weight, 0).sum()
+        return loss.sum() / Tensor(picked_weight.astype(input.dtype))
+    return _reduce(loss, reduction)
+
+
+def cross_entropy(
+    input: Tensor, target: Any, weight: Tensor | None = None, *, ignore_index: int = -100, reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """``F.cross_entropy`` with PyTorch's shapes, ``weight``, ``ignore_index``, ``label_smoothing`` and ``reduction``.
 
     Args:
         input: logits of shape ``(C,)``, ``(N, C)`` or ``(N, C, d1, ...)``: classes along dim 1.
         target: integer class indices of shape ``()``, ``(N,)`` or ``(N, d1, ...)``, or class
             probabilities of ``input``'s shape.
+        weight: a constant weight per class, ``(C,)``; the mean of class-index targets is then
+            divided by the summed weights of the targets (as PyTorch).
         ignore_index: class-index targets equal to it add nothing and are left out of the mean.
         reduction: ``'mean'`` (over the non-ignored targets), ``'sum'`` or ``'none'``.
         label_smoothing: ``ε`` in ``[0, 1]``: the target becomes ``(1 - ε) · one_hot + ε / C``.
@@ -111,6 +128,17 @@ def cross_entropy(
         raise RuntimeError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
     axis = canonical_dim(1 if input.ndim != 1 else 0, input.ndim)
     classes = input.shape[axis]
+    class_weight = None
+    if weight is not None:
+        if weight.shape != (classes,):
+            raise RuntimeError(
+                f"weight tensor should be defined either for all {classes} classes or no classes but got weight "
+                f"tensor of shape: {list(weight.shape)}"
+            )
+        if weight.requires_grad:
+            raise RuntimeError("the derivative for 'weight' is not implemented.")
+        # Shaped to broadcast along the class dim.
+        class_weight = weight._array.reshape((classes,) + (1,) * (input.ndim - 1 - axis))
     target_array = target._array if isinstance(target, Tensor) else jnp.asarray(target)
     if target_array.shape == input.shape:
         if not jnp.issubdtype(target_array.dtype, jnp.floating):
@@ -118,8 +146,10 @@ def cross_entropy(
         probs = target if isinstance(target, Tensor) else Tensor(target_array)
         if label_smoothing:
             probs = probs * (1.0 - label_smoothing) + label_smoothing / classes
+        if class_weight is not None:
+            probs = probs * Tensor(class_weight)
         loss = -(probs * log_softmax(input, dim=axis)).sum(dim=axis)
-        return _reduce(loss, reduction)
+        return _reduce(loss, reduction)  # the mean is over the batch, weighted or not, as PyTorch
     if not jnp.issubdtype(target_array.dtype, jnp.integer):
         raise RuntimeError(f"expected scalar type Long but found {target_array.dtype}")
     expected = input.shape[:axis] + input.shape[axis + 1 :]
@@ -130,6 +160,8 @@ def cross_entropy(
     if target_array.shape != expected:
         raise RuntimeError(f"Expected target size {list(expected)}, got {list(target_array.shape)}")
     check_index_range(target_array, classes, "Target {index} is out of bounds.", negative=False, ignore=ignore_index)
+    if class_weight is not None:
+        return _weighted_cross_entropy(input, target_array, class_weight, axis, ignore_index, reduction, label_smoothing)
     loss = _cross_entropy(input, Tensor(target_array), axis=axis, ignore_index=ignore_index, label_smoothing=label_smoothing)
     if reduction == "mean":
         # PyTorch's mean is over the targets that are not ignored (NaN when all are).
