@@ -30,6 +30,13 @@ def test_every_registered_and_differentiable_op_has_a_spec():
     assert not missing, f"ops without an entry in xgrad/testing/op_specs.py: {missing}"
 
 
+def test_every_differentiable_op_is_exported_at_top_level():
+    # xgrad.ops.__all__ is a literal list (so type checkers see the re-export): it must not miss a name.
+    missing = sorted(set(xgrad.ops.DIFFERENTIABLE_OPS) - set(xgrad.ops.__all__))
+    assert not missing, f"add these to xgrad/ops/__init__.py's __all__: {missing}"
+    assert all(getattr(xgrad, name) is getattr(xgrad.ops, name) for name in xgrad.ops.__all__)
+
+
 def test_uncovered_ops_notices_a_new_primitive():
     prim = xgrad.ops.defprim("brand_new_op", jnp.sin, (lambda g, out, x: g * x.cos(),))
     try:

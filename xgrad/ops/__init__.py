@@ -128,9 +128,24 @@ DIFFERENTIABLE_OPS = (
     "repeat_interleave", "reshape_as", "scaled_dot_product_attention", "select", "topk", "unbind", "view_as",
 )
 
-__all__ = [*DIFFERENTIABLE_OPS, "REGISTRY", "Primitive", "argmax", "argmin", "defprim", "from_jax", "eq", "ne",
-           "lt", "le", "gt", "ge", "isnan", "isfinite", "floor", "ceil", "round", "logical_and", "logical_or",
-           "logical_not", "logical_xor", "setitem", "all", "any", "argsort", "nonzero", "one_hot"]
+# Written out in full (not computed from DIFFERENTIABLE_OPS) so that type checkers see the
+# top-level re-export ``from xgrad.ops import *``; every differentiable op must be listed here
+# too (tests/test_ops.py checks).
+__all__ = [
+    "abs", "add", "all", "amax", "amin", "any", "argmax", "argmin", "argsort", "astype", "baddbmm",
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "bmm", "broadcast_to", "cat", "ceil", "chunk", "clamp",
+    "clamp_max", "clamp_min", "clone", "concatenate", "conv2d", "cos", "cross_entropy", "cumsum", "defprim", "div",
+    "dropout", "einsum", "embedding", "eq", "erf", "exp", "expand", "expand_as", "expm1", "flatten", "flip", "floor",
+    "from_jax", "gather", "ge", "gelu", "getitem", "gt", "index_select", "interpolate", "isfinite", "isnan",
+    "layer_norm", "le", "linear", "log", "log1p", "log_softmax", "logical_and", "logical_not", "logical_or",
+    "logical_xor", "logsumexp", "lt", "masked_fill", "masked_select", "matmul", "max", "maximum", "mean", "min",
+    "minimum", "mse_loss", "mT", "mul", "narrow", "ne", "neg", "nll_loss", "nonzero", "norm", "normalize", "one_hot",
+    "outer", "pad", "permute", "pow", "Primitive", "prod", "REGISTRY", "relu", "repeat", "repeat_interleave", "reshape",
+    "reshape_as", "roll", "round", "rsqrt", "scaled_dot_product_attention", "scatter_add", "select", "setitem",
+    "sigmoid", "sign", "silu", "sin", "softmax", "softplus", "sort", "split", "sqrt", "squeeze", "stack", "std", "sub",
+    "sum", "sum_to", "T", "tan", "tanh", "to_device", "topk", "transpose", "tril", "triu", "unbind", "unsqueeze", "var",
+    "view", "view_as", "where",
+]
 
 
 # -- Tensor methods and operators ----------------------------------------------------

@@ -7,6 +7,7 @@ Every rule is one line ``rule(g, out, *inputs, **params)`` in xgrad ops (NOTE
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -140,7 +141,7 @@ abs = defprim("abs", jnp.abs, (lambda g, out, x: g * sign(x),), doc="""Elementwi
     >>> xgrad.abs(xgrad.tensor([-1.5, 2.0])).tolist()
     [1.5, 2.0]
     """)
-sign = defprim("sign", jnp.sign, (lambda g, out, x: g * 0,), save=(), doc="""Elementwise sign (-1, 0 or 1); its gradient is 0.
+sign: Callable[..., Any] = defprim("sign", jnp.sign, (lambda g, out, x: g * 0,), save=(), doc="""Elementwise sign (-1, 0 or 1); its gradient is 0.
 
     >>> import xgrad
     >>> xgrad.sign(xgrad.tensor([-2.0, 0.0, 3.0])).tolist()
@@ -152,7 +153,7 @@ sin = defprim("sin", jnp.sin, (lambda g, out, x: g * cos(x),), doc="""Elementwis
     >>> print(f"{xgrad.sin(xgrad.tensor(1.0)).item():.4f}")
     0.8415
     """)
-cos = defprim("cos", jnp.cos, (lambda g, out, x: -g * sin(x),), doc="""Elementwise cosine.
+cos: Callable[..., Any] = defprim("cos", jnp.cos, (lambda g, out, x: -g * sin(x),), doc="""Elementwise cosine.
 
     >>> import xgrad
     >>> xgrad.cos(xgrad.tensor([0.0])).tolist()
@@ -325,7 +326,7 @@ astype = defprim("astype", lambda x, dtype: x.astype(dtype), (lambda g, out, x, 
     >>> xgrad.astype(xgrad.tensor([1.5]), dtype=jnp.float32).dtype
     dtype('float32')
     """)
-to_device_ = defprim(
+to_device_: Callable[..., Any] = defprim(
     "to_device",
     lambda x, sharding, source: jax.device_put(x, sharding),
     (lambda g, out, x, sharding, source: to_device_(g, sharding=source, source=sharding),),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
@@ -41,13 +42,13 @@ _getitem = defprim(
     (lambda g, out, x, index: _index_scatter(g, index=index, shape=x.shape),),
     save=(),
 )
-_index_scatter = defprim(
+_index_scatter: Callable[..., Any] = defprim(
     "index_scatter",
     _scatter_into_zeros,
     (lambda g, out, src, index, shape: _getitem(g, index=index),),
     save=(),
 )
-_index_put = defprim(
+_index_put: Callable[..., Any] = defprim(
     "index_put",
     lambda x, v, index: x.at[index].set(v),
     (lambda g, out, x, v, index: _index_put(g, 0.0, index=index), lambda g, out, x, v, index: _getitem(g, index=index)),
@@ -127,7 +128,7 @@ _gather = defprim(
     (lambda g, out, x, index, dim: _scatter_add(Tensor(jnp.zeros_like(g._array, shape=x.shape)), index, g, dim=dim), None),
     save=(1,),
 )
-_scatter_add = defprim(
+_scatter_add: Callable[..., Any] = defprim(
     "scatter_add",
     lambda x, index, src, dim: x.at[_along(index, dim)].add(src),
     (lambda g, out, x, index, src, dim: g, None, lambda g, out, x, index, src, dim: _gather(g, index, dim=dim)),

@@ -146,14 +146,14 @@ def from_jax(fn: Callable[..., Any], name: str | None = None) -> Callable[..., A
 _vjp_cache: dict[Any, _JaxFunction] = {}
 
 
-def vjp_of(name: str, impl: Callable[..., Any], **params: Any) -> Callable[..., tuple[Any, ...]]:
+def vjp_of(name: str, impl: Callable[..., Any], **params: Any) -> Callable[..., Any]:
     """``f(g, *inputs) -> grads``: the vjp of ``impl(*inputs, **params)`` as a differentiable op.
 
     For a primitive whose rule is best left to JAX; all inputs are treated as
     differentiable when they are float tensors.
     """
 
-    def bound(g: Tensor, *inputs: Any) -> tuple[Any, ...]:
+    def bound(g: Tensor, *inputs: Any) -> Any:  # a tuple of grads, or the grad when one input
         mask = tuple(_differentiable(x) for x in inputs)
         key = (impl, _freeze(params), mask)
         op = _vjp_cache.get(key)

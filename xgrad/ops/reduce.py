@@ -36,7 +36,7 @@ def _extremum_grad(g: Tensor, out: Tensor, x: Tensor, axis: Any, keepdims: bool)
     # The gradient is shared evenly between tied extrema, as PyTorch's amax/amin do
     # (its scale_grad_by_count): a slice whose extremum is NaN matches no entry, so its
     # gradient is 0/0 = NaN throughout, as in PyTorch.
-    mask = (x == _keep(out, x.ndim, axis, keepdims)).astype(g.dtype)
+    mask = x.eq(_keep(out, x.ndim, axis, keepdims)).astype(g.dtype)
     count = mask.sum(dim=axis, keepdim=True)
     return _keep(g, x.ndim, axis, keepdims) * mask / count
 

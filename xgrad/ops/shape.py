@@ -3,7 +3,7 @@ and the composites PyTorch users know them by (view, expand, squeeze, stack, spl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -67,14 +67,14 @@ _pad = defprim(
     save=(),
 )
 _flip = defprim("flip", lambda x, axes: jnp.flip(x, axes), (lambda g, out, x, axes: g.flip(axes),), save=())
-_roll = defprim(
+_roll: Callable[..., Any] = defprim(
     "roll",
     lambda x, shifts, axes: jnp.roll(x, shifts, axes),
     (lambda g, out, x, shifts, axes: _roll(g, shifts=tuple(-s for s in shifts), axes=axes),),
     save=(),
 )
-_tril = defprim("tril", lambda x, k: jnp.tril(x, k), (lambda g, out, x, k: _tril(g, k=k),), save=())
-_triu = defprim("triu", lambda x, k: jnp.triu(x, k), (lambda g, out, x, k: _triu(g, k=k),), save=())
+_tril: Callable[..., Any] = defprim("tril", lambda x, k: jnp.tril(x, k), (lambda g, out, x, k: _tril(g, k=k),), save=())
+_triu: Callable[..., Any] = defprim("triu", lambda x, k: jnp.triu(x, k), (lambda g, out, x, k: _triu(g, k=k),), save=())
 
 
 def _shape_arg(shape: Sequence[Any]) -> tuple[int, ...]:
@@ -165,7 +165,9 @@ def squeeze(x: Tensor, dim: Any = None) -> Tensor:
     >>> xgrad.squeeze(xgrad.zeros(1, 3, 1)).shape, xgrad.squeeze(xgrad.zeros(1, 3, 1), 0).shape
     ((3,), (3, 1))
     """
-    axes = norm_axes(dim, x.ndim) if dim is not None else tuple(i for i, s in enumerate(x.shape) if s == 1)
+    axes = norm_axes(dim, x.ndim)
+    if axes is None:  # dim=None: every size-1 dim
+        axes = tuple(i for i, s in enumerate(x.shape) if s == 1)
     return reshape(x, tuple(s for i, s in enumerate(x.shape) if not (i in axes and s == 1)))
 
 

@@ -44,12 +44,14 @@ def _float64() -> Iterator[None]:
     Turning ``jax_enable_x64`` on globally would make every later array of the user's
     program float64; the scoped switch changes only what runs inside the check.
     """
-    if jax.config.jax_enable_x64:
+    if jax.config.jax_enable_x64:  # type: ignore[attr-defined]  # jax's Config stub declares no flags
         yield
         return
-    scope = getattr(jax, "enable_x64", None)
-    if scope is None:  # jax before the top-level switch
-        from jax.experimental import enable_x64 as scope
+    scope: Callable[[bool], contextlib.AbstractContextManager[Any]] | None = getattr(jax, "enable_x64", None)
+    if scope is None:  # jax before the top-level switch; newer jax has no jax.experimental.enable_x64
+        from jax.experimental import enable_x64 as experimental_scope  # type: ignore[attr-defined]
+
+        scope = experimental_scope
     with scope(True):
         yield
 

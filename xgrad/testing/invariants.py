@@ -71,12 +71,12 @@ def check_hooks(hooked: HookedProgram, compiled: bool = False) -> None:
     logged = [i for i, h in enumerate(hooks) if h.kind != "retain_grad" and fired[i]]
     for target in {h.target for h in hooks}:
         mine = [i for i in logged if hooks[i].target == target]
-        expected = sorted(mine, key=lambda i: (_KIND_RANK[hooks[i].kind], i))
+        expected_order = sorted(mine, key=lambda i: (_KIND_RANK[hooks[i].kind], i))
         actual = sorted(mine, key=lambda i: fired[i][0])
-        if actual != expected:
+        if actual != expected_order:
             raise InvariantError(
                 f"hooks on {target} fired in the order {[hooks[i] for i in actual]}, "
-                f"expected {[hooks[i] for i in expected]} (PyTorch's order)\n{hooked!r}"
+                f"expected {[hooks[i] for i in expected_order]} (PyTorch's order)\n{hooked!r}"
             )
     # Across tensors: a tensor's gradient is complete only after every value computed from
     # it has been through backward, so their hooks all fire first.

@@ -185,26 +185,31 @@ def build_program(
         return len(values) - 1
 
     for spec, chosen in steps:
+        expr = spec.expr
+        if expr is None:
+            raise ValueError(f"op {spec.name} has no program expression in op_specs (use program_ops())")
         operands = [k % len(values) for k in chosen]
         # First guard only the operands outside the op's domain; if the result is still
         # too large (or the shapes do not fit), guard every operand; else drop the step.
         for guard_all in (False, True):
-            plan = []  # (operand index, guard expression or None, operand value)
+            plan: list[tuple[int, str | None, np.ndarray]] = []  # (operand index, guard or None, operand value)
             for pos, k in enumerate(operands):
                 domain = spec.domains[pos]
                 if guard_all or not _in_domain(values[k], domain):
                     guard = _guard(domain)
-                    plan.append((k, guard, _evaluate(guard, [values[k]])))
+                    guarded = _evaluate(guard, [values[k]])
+                    assert guarded is not None, "a guard is elementwise: every shape fits"
+                    plan.append((k, guard, guarded))
                 else:
                     plan.append((k, None, values[k]))
-            out = _evaluate(spec.expr, [v for _, _, v in plan])  # type: ignore[arg-type]
+            out = _evaluate(expr, [v for _, _, v in plan])
             if out is not None and _in_domain(out, REAL):
                 args = []
-                for k, guard, value in plan:
+                for k, operand_guard, value in plan:
                     read.add(k)
-                    args.append(k if guard is None else emit(guard.format(names[k]), value))
+                    args.append(k if operand_guard is None else emit(operand_guard.format(names[k]), value))
                 read.update(args)
-                emit(spec.expr.format(*(names[k] for k in args)), out)  # type: ignore[union-attr]
+                emit(expr.format(*(names[k] for k in args)), out)
                 break
     if not lines:
         return None
@@ -362,15 +367,21 @@ def _install(h: HookSpec, index: int, t: Tensor, calls: list[HookCall], retained
             calls.append(HookCall(index, np.asarray(grad_outputs[0].array)))
             return None if h.scale is None else tuple(scaled(g) for g in grad_outputs)
 
-        t.grad_fn.register_prehook(prehook)
+        grad_fn = t.grad_fn
+        assert grad_fn is not None, "HookedProgram puts node hooks on intermediate values only"
+        grad_fn.register_prehook(prehook)
     elif h.kind == "posthook":
         def posthook(grad_inputs: tuple[Any, ...], grad_outputs: tuple[Any, ...]) -> Any:
             calls.append(HookCall(index, np.asarray(grad_outputs[0].array)))
             return None if h.scale is None else tuple(scaled(g) for g in grad_inputs)
 
-        t.grad_fn.register_hook(posthook)
+        grad_fn = t.grad_fn
+        assert grad_fn is not None, "HookedProgram puts node hooks on intermediate values only"
+        grad_fn.register_hook(posthook)
     else:  # post_accumulate
         def post_accumulate(leaf: Tensor) -> None:
-            calls.append(HookCall(index, np.asarray(leaf.grad.array)))
+            grad = leaf.grad
+            assert grad is not None, "the hook runs after accumulation"
+            calls.append(HookCall(index, np.asarray(grad.array)))
 
         t.register_post_accumulate_grad_hook(post_accumulate)

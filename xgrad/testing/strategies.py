@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax.numpy as jnp
 import numpy as np
@@ -44,7 +44,7 @@ def broadcastable_shapes(n: int = 2, min_dims: int = 0, max_dims: int = 3, max_s
 
 
 def _elements(dtype: Any, lo: float, hi: float) -> st.SearchStrategy[float]:
-    width = 16 if jnp.dtype(dtype).itemsize <= 2 else 32 if jnp.dtype(dtype).itemsize == 4 else 64
+    width: Literal[16, 32, 64] = 16 if jnp.dtype(dtype).itemsize <= 2 else 32 if jnp.dtype(dtype).itemsize == 4 else 64
     return st.floats(lo, hi, allow_nan=False, allow_infinity=False, width=width)
 
 
