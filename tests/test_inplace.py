@@ -83,3 +83,58 @@ def test_inplace_shape_mismatch_is_an_error():
     y = xgrad.tensor(np.ones(3)) * 1.0
     with pytest.raises(RuntimeError, match=r"output with shape \[3\] doesn't match the broadcast shape \[2, 3\]"):
         y.add_(xgrad.tensor(np.ones((2, 3))))
+
+
+# -- detach() and .data alias their tensor (NOTE [Detached aliases]) ------------------------
+
+
+def test_inplace_on_detach_writes_the_tensor_and_bumps_the_shared_version():
+    x = xgrad.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    y = x.sin()  # saves x
+    d = x.detach()
+    assert d.zero_() is d and not d.requires_grad
+    assert x.tolist() == [0.0, 0.0] and x.requires_grad and x.is_leaf
+    assert x._version == d._version == 1
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_inplace_on_data_writes_the_tensor_without_a_version_bump():
+    # PyTorch's optimizer and EMA idioms: p.data.mul_(...), ema.data.copy_(w).
+    p = xgrad.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    ema = xgrad.tensor(np.array([0.0, 0.0]), requires_grad=True)
+    p.data.mul_(0.5)
+    ema.data.copy_(p)
+    assert p.tolist() == [0.5, 1.0] and ema.tolist() == [0.5, 1.0]
+    assert p._version == ema._version == 0 and p.is_leaf and ema.requires_grad
+    (p * ema).sum().backward()  # both still leaves of the next graph
+    np.testing.assert_allclose(p.grad.numpy(), [0.5, 1.0])
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_alias_written_with_a_grad_requiring_value_records_on_the_alias(compiled):
+    w = xgrad.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    z = w * 3.0
+    b = xgrad.tensor(np.array([3.0, 4.0]), requires_grad=True)
+    a = z.detach()
+    a.mul_(b)  # z's value changes, outside z's graph; a now depends on b
+    assert z.tolist() == [9.0, 24.0] and a.tolist() == [9.0, 24.0]
+    (a * a).sum().backward(compiled=compiled)
+    np.testing.assert_allclose(b.grad.numpy(), 2 * np.array([9.0, 24.0]) * np.array([3.0, 6.0]))
+    assert w.grad is None  # the write through the alias is not part of z's graph
+
+
+def test_alias_of_a_view_writes_through_to_the_base():
+    m = xgrad.zeros(2, 3)
+    m[1].data.fill_(7.0)
+    m.T[0].detach().fill_(1.0)
+    assert m.tolist() == [[1.0, 0.0, 0.0], [1.0, 7.0, 7.0]]
+
+
+def test_alias_parts_from_a_tensor_given_another_value():
+    # JAX arrays cannot share a buffer: once the tensor holds another array, the alias is its own.
+    x = xgrad.tensor(np.array([1.0, 2.0]))
+    d = x.detach()
+    x.add_(1.0)
+    d.mul_(10.0)
+    assert x.tolist() == [2.0, 3.0] and d.tolist() == [10.0, 20.0]

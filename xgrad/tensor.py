@@ -11,13 +11,14 @@ from __future__ import annotations
 import sys
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xgrad.grad_mode import is_grad_enabled
+from xgrad.grad_mode import is_grad_enabled, no_grad
 
 if TYPE_CHECKING:
     from xgrad.engine.hooks import HookDict, RemovableHandle
@@ -118,6 +119,7 @@ class Tensor:
 
     __slots__ = (
         "__weakref__",
+        "_alias_of",
         "_array",
         "_backward_hooks",
         "_grad",
@@ -164,6 +166,7 @@ class Tensor:
 
     def __init__(self, array: Any, requires_grad: bool = False) -> None:
         self._array = array
+        self._alias_of: tuple[Callable[[], Tensor | None], bool] | None = None
         self.grad_fn: Node | None = None
         self._output_nr = 0
         self._grad: Tensor | None = None
@@ -244,7 +247,15 @@ class Tensor:
 
     @property
     def data(self) -> Tensor:
-        return self.detach()
+        """The value outside the graph; in-place ops on it reach this tensor without bumping
+        its version, as PyTorch's ``.data`` (NOTE [Detached aliases]).
+
+        >>> import xgrad
+        >>> p = xgrad.tensor([1.0, 2.0], requires_grad=True)
+        >>> p.data.mul_(0.5) is not None, p.tolist(), p.requires_grad
+        (True, [0.5, 1.0], True)
+        """
+        return self._detached_alias(shares_version=False)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -422,8 +433,36 @@ class Tensor:
         return bool(self._array)
 
     def detach(self) -> Tensor:
-        """A new leaf sharing the array, outside the graph."""
-        return Tensor(self._array)
+        """A new leaf sharing the array, outside the graph (NOTE [Detached aliases]).
+
+        >>> import xgrad
+        >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+        >>> d = x.detach()
+        >>> d.requires_grad, d.zero_() is d, x.tolist(), x._version
+        (False, True, [0.0, 0.0], 1)
+        """
+        return self._detached_alias(shares_version=True)
+
+    # NOTE [Detached aliases]
+    # In PyTorch ``detach()`` and ``.data`` share storage with the tensor, so an in-place
+    # op on them (``p.data.mul_(0.5)``, ``p.detach().zero_()``, ``ema.data.copy_(w)``)
+    # changes the tensor itself, outside the graph; ``detach()``'s write bumps the shared
+    # version counter (a saved tensor then refuses backward), ``.data``'s does not. JAX
+    # arrays are immutable, so the alias remembers its source instead: an in-place op on
+    # an alias that still holds its source's array writes the new value into the source
+    # under ``no_grad`` (through the source's own views, if it is one) and then takes it
+    # itself. An alias whose source has since been given another value has parted from
+    # it (the write stays on the alias): JAX cannot make the two share a buffer.
+    def _detached_alias(self, shares_version: bool) -> Tensor:
+        t = Tensor(self._array)
+        # A view is held strongly (``m[1].data.fill_(7.0)``: nothing else keeps that view
+        # alive, and it holds its base anyway); any other source weakly, so an alias of a
+        # result never keeps that result's graph alive.
+        source: Callable[[], Tensor | None] = weakref.ref(self) if self._view is None else (lambda: self)
+        t._alias_of = (source, shares_version)
+        if shares_version:
+            t._version = self._version
+        return t
 
     def detach_(self) -> Tensor:
         if self._view is not None:
@@ -711,6 +750,8 @@ class Tensor:
                     f"type {torch_dtype_name(dtype)}"
                 )
             result = result.astype(dtype)
+        if self._alias_of is not None and self._write_to_source(result):
+            return self
         if self._view is not None:
             from xgrad.ops.views import write_through
 
@@ -722,6 +763,28 @@ class Tensor:
 
             regenerate_views(self)
         return self
+
+    def _write_to_source(self, result: Tensor) -> bool:
+        """Write a detached alias's new value into its source (NOTE [Detached aliases]).
+
+        Returns False when the alias has parted from its source.
+        """
+        assert self._alias_of is not None
+        get_source, shares_version = self._alias_of
+        source = get_source()
+        if source is None or source._array is not self._array:
+            self._alias_of = None
+            return False
+        version = source._version
+        with no_grad():
+            source._rebind(Tensor(result._array))
+        if not shares_version:
+            source._version = version
+        self._take_value(result)  # the alias's own history, if the written value has one
+        self._array = source._array
+        if shares_version:
+            self._version = source._version
+        return True
 
     def _take_value(self, result: Tensor) -> None:
         """Hold ``result``'s array and, when it has one, its place in the graph; bump ``_version``."""
