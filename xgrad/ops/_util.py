@@ -16,7 +16,7 @@ from xgrad.tensor import Tensor
 
 __all__ = [
     "IndexOutOfRangeError", "as_array", "canonical_dim", "check_index_range", "check_nonnegative_shape", "norm_axes",
-    "nondiff",
+    "nondiff", "reduce_loss",
 ]
 
 
@@ -159,3 +159,14 @@ def nondiff(fn: Callable[..., Any], name: str, example: str) -> Callable[..., Te
     # Owned by the module that defined it, so doctest finds its example.
     op.__module__ = sys._getframe(1).f_globals.get("__name__", op.__module__)
     return op
+
+
+def reduce_loss(loss: Tensor, reduction: str) -> Tensor:
+    """A loss's ``reduction`` as PyTorch's functional losses take it: ``"mean"``, ``"sum"`` or ``"none"``."""
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "none":
+        return loss
+    raise ValueError(f"{reduction} is not a valid value for reduction")

@@ -9,23 +9,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from xgrad.ops._util import as_array
+from xgrad.ops._util import as_array, reduce_loss
 from xgrad.ops.elementwise import clamp, log, log1p, maximum, softplus
 from xgrad.ops.index import gather
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor
 
 __all__ = ["binary_cross_entropy", "binary_cross_entropy_with_logits", "nll_loss"]
-
-
-def _reduce(loss: Tensor, reduction: str) -> Tensor:
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    if reduction == "none":
-        return loss
-    raise ValueError(f"{reduction} is not a valid value for reduction")
 
 
 def _concrete(array: Any) -> bool:
@@ -80,7 +70,7 @@ def nll_loss(
     loss = -picked * per_item
     if reduction == "mean":
         return loss.sum() / per_item.sum()
-    return _reduce(loss, reduction)
+    return reduce_loss(loss, reduction)
 
 
 _LOG_FLOOR = -100.0  # PyTorch clamps BCE's logs here, so a probability of exactly 0 or 1 stays finite
@@ -121,7 +111,7 @@ def binary_cross_entropy(input: Tensor, target: Any, weight: Tensor | None = Non
     loss = _binary_cross_entropy(input, target)
     if weight is not None:
         loss = loss * weight
-    return _reduce(loss, reduction)
+    return reduce_loss(loss, reduction)
 
 
 def binary_cross_entropy_with_logits(
@@ -143,4 +133,4 @@ def binary_cross_entropy_with_logits(
     loss = (1 - target) * input + log_weight * softplus(-input)
     if weight is not None:
         loss = loss * weight
-    return _reduce(loss, reduction)
+    return reduce_loss(loss, reduction)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xgrad.ops._util import canonical_dim, check_index_range
+from xgrad.ops._util import canonical_dim, check_index_range, reduce_loss
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor
 
@@ -51,16 +51,6 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
     return _log_softmax(x, axis=axis if x.ndim else None)
 
 
-def _reduce(loss: Tensor, reduction: str) -> Tensor:
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    if reduction == "none":
-        return loss
-    raise ValueError(f"{reduction} is not a valid value for reduction")
-
-
 def _one_hot(target: Any, shape: tuple[int, ...], axis: int, dtype: Any) -> Any:
     """``target``'s classes as a one-hot array of ``shape`` along ``axis``: elementwise, so a
     batch-sharded ``target`` stays sharded (no gather or scatter of the labels)."""
@@ -96,7 +86,7 @@ def _weighted_cross_entropy(
     if reduction == "mean":
         picked_weight = jnp.where(kept, _one_hot(target, input.shape, axis, input.dtype) * class_weight, 0).sum()
         return loss.sum() / Tensor(picked_weight.astype(input.dtype))
-    return _reduce(loss, reduction)
+    return reduce_loss(loss, reduction)
 
 
 def cross_entropy(
@@ -149,7 +139,7 @@ def cross_entropy(
         if class_weight is not None:
             probs = probs * Tensor(class_weight)
         loss = -(probs * log_softmax(input, dim=axis)).sum(dim=axis)
-        return _reduce(loss, reduction)  # the mean is over the batch, weighted or not, as PyTorch
+        return reduce_loss(loss, reduction)  # the mean is over the batch, weighted or not, as PyTorch
     if not jnp.issubdtype(target_array.dtype, jnp.integer):
         raise RuntimeError(f"expected scalar type Long but found {target_array.dtype}")
     expected = input.shape[:axis] + input.shape[axis + 1 :]
@@ -166,7 +156,7 @@ def cross_entropy(
     if reduction == "mean":
         # PyTorch's mean is over the targets that are not ignored (NaN when all are).
         return loss.sum() / Tensor((target_array != ignore_index).sum().astype(input.dtype))
-    return _reduce(loss, reduction)
+    return reduce_loss(loss, reduction)
 
 
 def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
@@ -177,7 +167,7 @@ def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
     2.0
     """
     diff = input - target
-    return _reduce(diff * diff, reduction)
+    return reduce_loss(diff * diff, reduction)
 
 
 def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
