@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -93,19 +94,18 @@ def _progress(steps: int, desc: str) -> tqdm:
     return tqdm(range(steps), desc=desc, unit="step", dynamic_ncols=True, mininterval=0.2, leave=True)
 
 
-def train_xgrad(model: nn.MLP, batches: list[tuple[jax.Array, jax.Array]], steps: int, compiled: bool) -> Run:
-    """Train ``model`` in place; the warm-up steps are timed apart."""
-    opt = Optax(model.parameters(), optax.adam(LEARNING_RATE))
+def _train_xgrad_steps(
+    name: str, model: nn.MLP, batches: list[tuple[jax.Array, jax.Array]], steps: int,
+    step_fn: Callable[[xgrad.Tensor, xgrad.Tensor], xgrad.Tensor],
+) -> Run:
+    """Run ``step_fn`` on the batches in turn, timing the warm-up steps apart."""
     losses = []
-    bar = _progress(steps, "compiled" if compiled else "eager")
+    bar = _progress(steps, name)
     start = time.perf_counter()
     warmup = 0.0
     for step in bar:
         x, y = batches[step % len(batches)]
-        loss = cross_entropy(model(xgrad.tensor(x)), y)
-        opt.zero_grad()
-        loss.backward(compiled=compiled)
-        opt.step()
+        loss = step_fn(xgrad.tensor(x), xgrad.tensor(y))
         losses.append(loss.array)
         if step == WARMUP_STEPS - 1:
             jax.block_until_ready(next(model.parameters()).array)
@@ -114,8 +114,21 @@ def train_xgrad(model: nn.MLP, batches: list[tuple[jax.Array, jax.Array]], steps
         if step % 25 == 0 or step == steps - 1:
             bar.set_postfix(loss=f"{float(loss.item()):.4f}", refresh=False)
     jax.block_until_ready(next(model.parameters()).array)
-    rate = _rate(steps, time.perf_counter() - start)
-    return Run("xgrad compiled backward" if compiled else "xgrad eager", np.asarray(jnp.stack(losses)), warmup, rate)
+    return Run(name, np.asarray(jnp.stack(losses)), warmup, _rate(steps, time.perf_counter() - start))
+
+
+def train_xgrad(model: nn.MLP, batches: list[tuple[jax.Array, jax.Array]], steps: int, compiled: bool) -> Run:
+    """Train ``model`` in place, eagerly or with the compiled backward."""
+    opt = Optax(model.parameters(), optax.adam(LEARNING_RATE))
+
+    def train_step(x: xgrad.Tensor, y: xgrad.Tensor) -> xgrad.Tensor:
+        loss = cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward(compiled=compiled)
+        opt.step()
+        return loss
+
+    return _train_xgrad_steps("xgrad compiled backward" if compiled else "xgrad eager", model, batches, steps, train_step)
 
 
 def train_xgrad_compile(model: nn.MLP, batches: list[tuple[jax.Array, jax.Array]], steps: int) -> tuple[Run, dict[str, Any]]:
@@ -130,23 +143,7 @@ def train_xgrad_compile(model: nn.MLP, batches: list[tuple[jax.Array, jax.Array]
         opt.step()
         return loss
 
-    losses = []
-    bar = _progress(steps, "xgrad.compile")
-    start = time.perf_counter()
-    warmup = 0.0
-    for step in bar:
-        x, y = batches[step % len(batches)]
-        loss = train_step(xgrad.tensor(x), xgrad.tensor(y))
-        losses.append(loss.array)
-        if step == WARMUP_STEPS - 1:
-            jax.block_until_ready(next(model.parameters()).array)
-            warmup = time.perf_counter() - start
-            start = time.perf_counter()
-        if step % 25 == 0 or step == steps - 1:
-            bar.set_postfix(loss=f"{float(loss.item()):.4f}", refresh=False)
-    jax.block_until_ready(next(model.parameters()).array)
-    rate = _rate(steps, time.perf_counter() - start)
-    return Run("xgrad.compile step", np.asarray(jnp.stack(losses)), warmup, rate), train_step.stats()
+    return _train_xgrad_steps("xgrad.compile step", model, batches, steps, train_step), train_step.stats()
 
 
 def train_jax(params: list[jax.Array], batches: list[tuple[jax.Array, jax.Array]], steps: int) -> Run:
