@@ -303,16 +303,25 @@ def _pytest_in_throwaway_project(tmp_path, args, env, hide_hypothesis=False):
 
 @pytest.mark.parametrize(
     "args, env, expected",
-    [([], {}, "PROFILE 100 False | xgrad imported: False | jax imported: False"),
-     (["-p", "xgrad.testing.pytest_plugin"], {}, "PROFILE 25 False"),
+    [(["-p", "xgrad.testing.pytest_plugin"], {}, "PROFILE 25 False"),
      ([], {"XGRAD_HYPOTHESIS_PROFILE": "thorough"}, "PROFILE 300 False"),
      (["--xgrad-profile", "ci"], {"XGRAD_HYPOTHESIS_PROFILE": "thorough"}, "PROFILE 10 True")],
-    ids=["not asked: untouched", "explicit plugin: dev", "environment", "option wins over environment"],
+    ids=["explicit plugin: dev", "environment", "option wins over environment"],
 )
 def test_pytest_plugin_is_opt_in_and_selects_profiles(tmp_path, args, env, expected):
     result = _pytest_in_throwaway_project(tmp_path, args, env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert expected in result.stdout
+
+
+def test_pytest_plugin_not_asked_leaves_the_run_as_without_xgrad(tmp_path):
+    # Hypothesis's own default (which itself depends on the environment, e.g. CI) is kept.
+    with_xgrad = _pytest_in_throwaway_project(tmp_path, [], {})
+    without_xgrad = _pytest_in_throwaway_project(tmp_path, ["-p", "no:xgrad"], {})
+    assert with_xgrad.returncode == without_xgrad.returncode == 0, with_xgrad.stdout + with_xgrad.stderr
+    line = next(s for s in with_xgrad.stdout.splitlines() if s.startswith("PROFILE"))
+    assert line == next(s for s in without_xgrad.stdout.splitlines() if s.startswith("PROFILE"))
+    assert line.endswith("xgrad imported: False | jax imported: False")
 
 
 def test_pytest_plugin_without_hypothesis(tmp_path):
