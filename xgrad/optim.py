@@ -181,6 +181,14 @@ def _check_betas(betas: tuple[float, float]) -> None:
             raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
 
 
+def _check_adam_arguments(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    """PyTorch's argument checks of Adam and AdamW, in its order and words."""
+    _check_nonnegative("learning rate", lr)
+    _check_nonnegative("epsilon value", eps)
+    _check_betas(betas)
+    _check_nonnegative("weight_decay value", weight_decay)
+
+
 class _WithLearningRate(Optax):
     """An ``Optax`` whose transform was built by ``optax.inject_hyperparams`` with a ``learning_rate``."""
 
@@ -301,10 +309,7 @@ class Adam(_WithLearningRate):
         self, params: Iterable[Tensor] | Mapping[str, Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False,
     ) -> None:
-        _check_nonnegative("learning rate", lr)
-        _check_nonnegative("epsilon value", eps)
-        _check_betas(betas)
-        _check_nonnegative("weight_decay value", weight_decay)
+        _check_adam_arguments(lr, betas, eps, weight_decay)
 
         def make(learning_rate: Any) -> optax.GradientTransformation:
             parts = [optax.scale(-1.0)] if maximize else []
@@ -335,10 +340,7 @@ class AdamW(_WithLearningRate):
         self, params: Iterable[Tensor] | Mapping[str, Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
     ) -> None:
-        _check_nonnegative("learning rate", lr)
-        _check_nonnegative("epsilon value", eps)
-        _check_betas(betas)
-        _check_nonnegative("weight_decay value", weight_decay)
+        _check_adam_arguments(lr, betas, eps, weight_decay)
 
         def make(learning_rate: Any) -> optax.GradientTransformation:
             parts = [optax.scale(-1.0)] if maximize else []
