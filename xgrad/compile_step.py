@@ -31,6 +31,20 @@
 # (``.item()``, ``if t > 0``, ``.numpy()``) makes the call run eagerly after a
 # one-time warning naming the user's line, or raises under ``fallback="error"``; a
 # signature that fell back is remembered and runs eagerly without retracing.
+#
+# NOTE [Index checks in a compiled step]
+# Eager ops raise ``IndexError`` for an out-of-range index (``check_index_range`` in
+# ``xgrad/ops/_util.py``); JAX would clamp a read and drop a write. While a step is
+# traced, a check whose index is a tracer of this trace becomes a ``_Check``: a flag
+# (any entry out of range), the first bad entry, the message, and the state writes
+# as they stand at that point of ``fn`` (what eager would have done before raising:
+# a ``zero_grad()`` that ran, an in-place update). The program returns the flags as
+# one vector; a call reads it (one small device-to-host copy, only for programs with
+# checks) and, when a flag is set, applies the writes of the first failed check
+# instead of the final ones and raises the eager error. Host hooks after a failed
+# check are skipped (they see whether a check failed before them), so hooks run as
+# eagerly: up to the failing op. Checks under a ``jax.jit``/``vmap`` nested in ``fn``
+# run at another trace level and keep JAX's behaviour, as under plain ``jax.jit``.
 """
 
 from __future__ import annotations
@@ -38,6 +52,7 @@ from __future__ import annotations
 import collections
 import functools
 import os
+import sys
 import threading
 import time
 import warnings
@@ -49,11 +64,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
-from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
+from jax.extend.core import ClosedJaxpr, get_opaque_trace_state, jaxpr_as_fun
 
 from xgrad.engine import hooks as hooks_module
 from xgrad.engine.anomaly import ANOMALY
 from xgrad.grad_mode import is_grad_enabled
+from xgrad.ops import _util as ops_util
+from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
 from xgrad.tensor import Tensor
 
 __all__ = ["CompileFallbackError", "CompileFallbackWarning", "CompiledFunction", "RecompileWarning", "compile"]
@@ -153,6 +170,24 @@ class _Recorder:
         # Tensors made during the trace: never state, their arrays stay constants.
         # (By id: a WeakSet would compare tensors with ``==``, an op.)
         self.born: dict[int, weakref.ref[Tensor]] = {}
+        self.trace: Any = None  # the step's own trace level (set once ``fn`` is called)
+        self.outputs: list[Any] = []  # the program's outputs, each once (``output``)
+        self.output_index: dict[int, int] = {}
+        self.checks: list[_Check] = []
+
+    def output(self, value: Any) -> int:
+        """The position of ``value`` among the program's outputs (added on first use)."""
+        index = self.output_index.get(id(value))
+        if index is None:
+            index = self.output_index[id(value)] = len(self.outputs)
+            self.outputs.append(value)
+        return index
+
+    def failed_so_far(self) -> Any:
+        """A traced flag: whether an index check traced before this point failed (``None``: no checks yet)."""
+        if not self.checks:
+            return None
+        return jnp.stack([check.failed for check in self.checks]).any()
 
     def is_born(self, t: Tensor) -> bool:
         ref = self.born.get(id(t))
@@ -177,6 +212,18 @@ class _Recorder:
             self.keep.append(array)
         if source not in entries:
             entries.append(source)
+
+
+class _Check:
+    """One index check traced into a step (NOTE [Index checks in a compiled step])."""
+
+    __slots__ = ("failed", "first", "message", "writes")
+
+    def __init__(self, failed: Any, first: Any, message: str, writes: list[Any]) -> None:
+        self.failed = failed  # traced: any entry out of range
+        self.first = first  # traced, then its output position: the first bad entry
+        self.message = message
+        self.writes = writes  # the state writes as they stood at the check
 
 
 _active: _Recorder | None = None
@@ -222,6 +269,18 @@ def _set_grad(t: Tensor, value: Any) -> None:
     _GRAD.__set__(t, value)
 
 
+def _trace_check(index: Any, size: int, message: str, negative: bool, ignore: int | None) -> None:
+    """``check_index_range`` on a tracer while a step is traced: a ``_Check`` of the program."""
+    rec = _active
+    if rec is None or rec.thread != threading.get_ident() or get_opaque_trace_state(convention="xgrad") != rec.trace:
+        return  # another thread, or a JAX transformation inside ``fn``: JAX's behaviour
+    if not jnp.issubdtype(index.dtype, jnp.integer):
+        return
+    failed, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
+    writes = _state_writes(rec, _caller_site())
+    rec.checks.append(_Check(failed, first, message, writes))
+
+
 def tracing() -> bool:
     """Whether this thread is tracing an ``xgrad.compile`` function."""
     rec = _active
@@ -243,11 +302,14 @@ class _Recording:
         setattr(Tensor, "_grad", property(_get_grad, _set_grad))  # noqa: B010
         self.outer_wrap = hooks_module.trace_wrapper
         hooks_module.trace_wrapper = _host_hook
+        self.outer_check = ops_util.traced_check
+        ops_util.traced_check = _trace_check
         return self.recorder
 
     def __exit__(self, *exc: object) -> None:
         global _active
         hooks_module.trace_wrapper = self.outer_wrap
+        ops_util.traced_check = self.outer_check
         if self.outer is None:
             setattr(Tensor, "_array", _ARRAY)  # noqa: B010
             setattr(Tensor, "_grad", _GRAD)  # noqa: B010
@@ -303,10 +365,13 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...]) -> Any:
             )
         return tuple(np.asarray(r._array, dtype=a.dtype) for r, a in zip(r_leaves, first_leaves, strict=True))
 
+    def unchanged(*concrete: Any) -> Any:
+        return tuple(np.asarray(c) for c in concrete[:n_first])
+
     if n_first == 0:
-        io_callback(lambda *c: host(*c) and None, None, *arrays, ordered=True)
+        _ordered_host_call(lambda *c: host(*c) and None, lambda *c: None, None, arrays)
         return None
-    out = io_callback(host, tuple(_struct(a) for a in arrays[:n_first]), *arrays, ordered=True)
+    out = _ordered_host_call(host, unchanged, tuple(_struct(a) for a in arrays[:n_first]), arrays)
     replaced = jax.tree_util.tree_unflatten(first_tree, [Tensor(o) for o in out])
     return replaced
 
@@ -335,18 +400,52 @@ def _post_accumulate_on_host(fn: Any, var: Tensor) -> None:
             )
         return np.asarray(new_a, dtype=a.dtype), np.asarray(new_g._array, dtype=g.dtype)
 
-    new_array, new_grad = io_callback(host, (_struct(array), _struct(grad._array)), array, grad._array, ordered=True)
+    new_array, new_grad = _ordered_host_call(
+        host, lambda a, g: (np.asarray(a), np.asarray(g)), (_struct(array), _struct(grad._array)), (array, grad._array)
+    )
     var._array = new_array
     var._grad = Tensor(new_grad)
 
 
+def _ordered_host_call(host: Callable[..., Any], unchanged: Callable[..., Any], result_shapes: Any, arrays: Any) -> Any:
+    """``host(*arrays)`` on concrete values at this point of the program, in program order.
+
+    Once an index check traced before this point failed, the call is ``unchanged(*arrays)``
+    instead: eager would have raised before reaching it (NOTE [Index checks in a compiled step]).
+    """
+    rec = _active
+    failed = rec.failed_so_far() if rec is not None else None
+    if failed is None:
+        return io_callback(host, result_shapes, *arrays, ordered=True)
+
+    def guarded(failed: Any, *concrete: Any) -> Any:
+        return unchanged(*concrete) if failed else host(*concrete)
+
+    return io_callback(guarded, result_shapes, failed, *arrays, ordered=True)
+
+
 # -- the compiled function ------------------------------------------------------------
 def _user_site(tb: Any) -> str:
-    """The innermost frame of a traceback (or the stack) outside xgrad and JAX: the user's line."""
+    """The innermost frame of a traceback outside xgrad and JAX: the user's line."""
     frames = []
     while tb is not None:
         frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
         tb = tb.tb_next
+    return _innermost_user_frame(frames)
+
+
+def _caller_site() -> str:
+    """The innermost frame of the current stack outside xgrad and JAX: the user's line."""
+    frames = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        frames.append((frame.f_code.co_filename, frame.f_lineno))
+        frame = frame.f_back  # type: ignore[assignment]
+    frames.reverse()
+    return _innermost_user_frame(frames)
+
+
+def _innermost_user_frame(frames: list[tuple[str, int]]) -> str:
     for filename, lineno in reversed(frames):
         path = os.path.abspath(filename)
         if not path.startswith((_XGRAD_DIR, _JAX_DIR)) and "/jax/" not in path and "/jaxlib/" not in path:
@@ -380,14 +479,16 @@ class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "consts", "guards", "inputs", "jitted", "n_dyn_args", "outputs", "result_template", "result_tree",
-        "writes",
+        "aliased", "arg_tensor_slots", "checks", "consts", "flags", "guards", "inputs", "jitted", "n_dyn_args", "result_template",
+        "result_tree", "writes",
     )
     aliased: list[list[Any]]
     arg_tensor_slots: tuple[int, ...]
+    checks: tuple[tuple[str, int, list[Any]], ...]  # message, first bad entry's output, writes at the check
     consts: list[tuple[str, Any]]
     guards: list[tuple[Any, bool, tuple[Any, ...]]]
     inputs: list[tuple[int, Any]]
+    flags: int | None  # the output holding the checks' flags (NOTE [Index checks in a compiled step])
     jitted: Any
     n_dyn_args: int
     result_template: list[tuple[str, Any, Any]]
@@ -510,17 +611,13 @@ class CompiledFunction:
             leaf = leaves[i]
             inputs.append(leaf._array if isinstance(leaf, Tensor) else leaf)
         outs = entry.jitted(*inputs)
-        for target, what, index, version_delta in entry.writes:
-            t = target() if type(target) is weakref.ref else _resolve(target, leaves)
-            if t is None:
-                continue
-            if what == "array":
-                t._array = outs[index]
-                t._version += version_delta
-            elif what == "grad":
-                t._grad = None if index is None else Tensor(outs[index])
-            else:  # requires_grad
-                t._requires_grad = index
+        if entry.flags is not None:
+            failed = np.asarray(outs[entry.flags])  # the one device-to-host read of a program with checks
+            if failed.any():
+                message, first, writes = entry.checks[int(np.argmax(failed))]
+                _apply_writes(writes, outs, leaves)  # the state as eager leaves it when the op raises
+                raise IndexOutOfRangeError(message.format(index=int(outs[first])))
+        _apply_writes(entry.writes, outs, leaves)
         results = []
         for how, value, grad_index in entry.result_template:
             if how == "out":
@@ -569,6 +666,7 @@ class CompiledFunction:
         fn = self.fn
 
         def traced(*tracers: Any) -> Any:
+            recorder.trace = get_opaque_trace_state(convention="xgrad")
             call_leaves = list(leaves)
             for i, tracer in zip(dyn_slots, tracers, strict=True):
                 leaf = leaves[i]
@@ -608,7 +706,7 @@ class CompiledFunction:
         entry = _Entry()
         entry.arg_tensor_slots = tuple(dyn_slots)
         entry.n_dyn_args = len(dyn_slots)
-        outputs, entry.writes, entry.result_template, entry.result_tree, guard_refs = found["layout"]
+        entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags = found["layout"]
         entry.guards = [(ref, grad_read, _guard(ref(), grad_read)) for ref, grad_read in guard_refs if ref() is not None]
         consts: list[tuple[str, Any]] = []
         for c in closed.consts:
@@ -647,14 +745,41 @@ def _source_value(target: Any, leaves: list[Any]) -> Any:
 
 def _collect(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
     """Inside the trace, after ``fn``: the program's outputs and where each goes (NOTE [Whole-step compile], 2)."""
-    outputs: list[Any] = []
     leaves, result_tree = jax.tree_util.tree_flatten(result, is_leaf=_is_tensor)
     returned = [weakref.ref(leaf) if isinstance(leaf, Tensor) else None for leaf in leaves]
     returned_values = [_returned_value(leaf) for leaf in leaves]
     del result, leaves
-    writes: list[Any] = []
+    writes = _state_writes(recorder, "the end of the compiled function")
     guards: list[Any] = []
-    site = "the end of the compiled function"
+    for key, snap in recorder.snapshots.items():
+        # Arguments are keyed by the signature, grads by their owner.
+        if snap.ref() is not None and type(snap.target) is weakref.ref:
+            guards.append((snap.ref, key in recorder.grad_read))
+    template: list[Any] = []
+    for ref, value in zip(returned, returned_values, strict=True):
+        t = ref() if ref is not None else None
+        if t is not None and id(t) in recorder.snapshots:
+            template.append(("same", recorder.snapshots[id(t)].target, None))
+        elif ref is not None:
+            array, grad = value
+            template.append(("out", recorder.output(array), None if grad is None else recorder.output(grad)))
+        elif isinstance(value, (jax.Array, jax.core.Tracer)):
+            template.append(("array", recorder.output(value), None))
+        else:
+            template.append(("static", value, None))
+    checks = tuple((c.message, recorder.output(c.first), c.writes) for c in recorder.checks)
+    flags = recorder.output(jnp.stack([c.failed for c in recorder.checks])) if checks else None
+    found["layout"] = (writes, template, result_tree, guards, checks, flags)
+    return recorder.outputs
+
+
+def _state_writes(recorder: _Recorder, site: str) -> list[Any]:
+    """How the state tensors differ from their snapshots now: what a call writes back (NOTE [Whole-step compile], 2).
+
+    Each write is ``(target, what, value, version_delta)``; ``value`` is an output
+    position (``None`` for a ``.grad`` set to ``None``), or the new ``requires_grad``.
+    """
+    writes: list[Any] = []
     for key, snap in recorder.snapshots.items():
         t = snap.ref()
         if t is None:
@@ -666,40 +791,35 @@ def _collect(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[An
                 f"an in-place op gave a tensor from outside the function (shape {list(array.shape)}) autograd history, "
                 "which cannot leave the program", site,
             )
-        if type(snap.target) is weakref.ref:  # arguments are keyed by the signature, grads by their owner
-            guards.append((snap.ref, key in recorder.grad_read))
         if array is not snap.start:
-            writes.append((snap.target, "array", len(outputs), t._version - snap.version))
-            outputs.append(array)
-        if grad is not snap.grad:
+            writes.append((snap.target, "array", recorder.output(array), t._version - snap.version))
+        # A ``.grad`` set to ``None`` is written even if it was ``None`` when traced: unless
+        # the trace read it, a call may find it set (``zero_grad()`` before a step's first backward).
+        if grad is not snap.grad or (grad is None and key in recorder.grad_written):
             if grad is not None and grad.grad_fn is not None:
                 raise _NotCompilable(
                     "a .grad with autograd history (backward(create_graph=True)) cannot leave the program; use "
                     "autograd.grad(..., create_graph=True) inside the function instead", site,
                 )
-            writes.append((snap.target, "grad", None if grad is None else len(outputs), 0))
-            if grad is not None:
-                outputs.append(_ARRAY.__get__(grad, Tensor))
+            writes.append((snap.target, "grad", None if grad is None else recorder.output(_ARRAY.__get__(grad, Tensor)), 0))
         if t._requires_grad != snap.requires_grad:
             writes.append((snap.target, "requires_grad", t._requires_grad, 0))
-    template: list[Any] = []
-    for ref, value in zip(returned, returned_values, strict=True):
-        t = ref() if ref is not None else None
-        if t is not None and id(t) in recorder.snapshots:
-            template.append(("same", recorder.snapshots[id(t)].target, None))
-        elif ref is not None:
-            array, grad = value
-            template.append(("out", len(outputs), None if grad is None else len(outputs) + 1))
-            outputs.append(array)
-            if grad is not None:
-                outputs.append(grad)
-        elif isinstance(value, (jax.Array, jax.core.Tracer)):
-            template.append(("array", len(outputs), None))
-            outputs.append(value)
-        else:
-            template.append(("static", value, None))
-    found["layout"] = (None, writes, template, result_tree, guards)
-    return outputs
+    return writes
+
+
+def _apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
+    """Rebind the state a call changed, on the same tensor objects."""
+    for target, what, index, version_delta in writes:
+        t = target() if type(target) is weakref.ref else _resolve(target, leaves)
+        if t is None:
+            continue
+        if what == "array":
+            t._array = outs[index]
+            t._version += version_delta
+        elif what == "grad":
+            t._grad = None if index is None else Tensor(outs[index])
+        else:  # requires_grad
+            t._requires_grad = index
 
 
 def _returned_value(leaf: Any) -> Any:
