@@ -27,7 +27,10 @@
 #
 # Hooks not marked ``compiled.pure_hook`` run through ``io_callback(ordered=True)`` at
 # their point in the program, with concrete tensors, in eager order
-# (``_host_hook``); pure hooks are traced inline. Python needing a concrete value
+# (``_host_hook``); pure hooks are traced inline. Hooks registered while tracing are
+# taken out again when the trace ends; one that would stay on a tensor or node that
+# outlives the call is not compiled (eager adds one more per call, and all run).
+# Python needing a concrete value
 # (``.item()``, ``if t > 0``, ``.numpy()``) makes the call run eagerly after a
 # one-time warning naming the user's line, or raises under ``fallback="error"``; a
 # signature that fell back is remembered and runs eagerly without retracing.
@@ -68,6 +71,7 @@ from jax.extend.core import ClosedJaxpr, get_opaque_trace_state, jaxpr_as_fun
 
 from xgrad.engine import hooks as hooks_module
 from xgrad.engine.anomaly import ANOMALY
+from xgrad.engine.node import AccumulateGrad, Node, _sequence
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.ops import _util as ops_util
 from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
@@ -91,6 +95,10 @@ ERR_FALLBACK = "xgrad.compile cannot compile {name}: {reason} (at {site}). Use f
 WARN_RECOMPILE = (
     "xgrad.compile recompiled {name} {count} times; the last change: {reason}. Keep shapes, dtypes, shardings and "
     "the state fn touches fixed between calls, or pad inputs to a few sizes."
+)
+HOOK_KEPT = (
+    "a hook registered inside the function stays on a tensor or node that outlives the call (eager adds one more every "
+    "call, and they pile up); register it once outside the function, or remove its handle inside it"
 )
 _CONCRETE_ERRORS = (
     jax.errors.ConcretizationTypeError,
@@ -174,6 +182,9 @@ class _Recorder:
         self.outputs: list[Any] = []  # the program's outputs, each once (``output``)
         self.output_index: dict[int, int] = {}
         self.checks: list[_Check] = []
+        # Hooks added while tracing: (their dict, handle id, the user's line, whether the owner outlives the call).
+        self.added_hooks: list[tuple[Any, int, str, bool]] = []
+        self.first_sequence_nr = _sequence.next()  # nodes made by the trace number above it
 
     def output(self, value: Any) -> int:
         """The position of ``value`` among the program's outputs (added on first use)."""
@@ -281,6 +292,21 @@ def _trace_check(index: Any, size: int, message: str, negative: bool, ignore: in
     rec.checks.append(_Check(failed, first, message, writes))
 
 
+def _trace_added(hooks: Any, handle: Any) -> None:
+    """A hook was registered while a step is traced: note it, and whether its owner outlives the call."""
+    rec = _active
+    if rec is None or rec.thread != threading.get_ident():
+        return
+    owner = sys._getframe(2).f_locals.get("self")  # the ``register_*`` method's tensor or node
+    if isinstance(owner, AccumulateGrad):
+        owner = owner.variable
+    if isinstance(owner, Tensor):
+        outlives = not rec.is_born(owner)
+    else:
+        outlives = isinstance(owner, Node) and owner.sequence_nr < rec.first_sequence_nr
+    rec.added_hooks.append((weakref.ref(hooks), handle.id, _caller_site(), outlives))
+
+
 def tracing() -> bool:
     """Whether this thread is tracing an ``xgrad.compile`` function."""
     rec = _active
@@ -304,12 +330,15 @@ class _Recording:
         hooks_module.trace_wrapper = _host_hook
         self.outer_check = ops_util.traced_check
         ops_util.traced_check = _trace_check
+        self.outer_added = hooks_module.trace_added
+        hooks_module.trace_added = _trace_added
         return self.recorder
 
     def __exit__(self, *exc: object) -> None:
         global _active
         hooks_module.trace_wrapper = self.outer_wrap
         ops_util.traced_check = self.outer_check
+        hooks_module.trace_added = self.outer_added
         if self.outer is None:
             setattr(Tensor, "_array", _ARRAY)  # noqa: B010
             setattr(Tensor, "_grad", _GRAD)  # noqa: B010
@@ -703,6 +732,9 @@ class CompiledFunction:
                     t = snap.ref()
                     if t is not None:
                         snap.restore(t)
+                kept = _remove_added_hooks(recorder)
+            if kept is not None:
+                raise _NotCompilable(HOOK_KEPT, kept)
         entry = _Entry()
         entry.arg_tensor_slots = tuple(dyn_slots)
         entry.n_dyn_args = len(dyn_slots)
@@ -724,6 +756,20 @@ class CompiledFunction:
         self._stats["compiles"] += 1
         self._stats["compile_seconds"] += time.perf_counter() - start
         return entry
+
+
+def _remove_added_hooks(recorder: _Recorder) -> str | None:
+    """Take out the hooks the trace registered (a call's own effects are the program's).
+
+    Returns the line that registered one that stayed on a tensor or node outliving the
+    call: eager adds one more such hook every call, which one program cannot do.
+    """
+    kept = None
+    for hooks_ref, handle_id, site, outlives in recorder.added_hooks:
+        hooks = hooks_ref()
+        if hooks is not None and hooks.pop(handle_id, None) is not None and outlives and kept is None:
+            kept = site
+    return kept
 
 
 def _resolve(target: Any, leaves: list[Any]) -> Any:

@@ -1,0 +1,88 @@
+"""Hooks registered and callbacks queued inside an ``xgrad.compile`` step, against the same step run eagerly.
+
+Eager (PyTorch) semantics: a hook registered inside the step on a tensor that outlives
+it stays, so every call adds one more and they all run; one registered and removed
+inside the step runs once per call; a final callback queued during a backward runs once
+when that backward ends, after the hooks, with the values of that moment.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import xgrad
+from xgrad.compile_step import HOOK_KEPT, CompileFallbackError, CompileFallbackWarning
+
+
+def f64(data, requires_grad=False):
+    return xgrad.tensor(np.asarray(data, np.float64), requires_grad=requires_grad)
+
+
+def piling_setup(kind):
+    w = f64([1.0, -2.0], requires_grad=True)
+    log = []
+
+    def step(x):
+        w.grad = None
+        if kind == "tensor":
+            w.register_hook(lambda g: log.append(g.numpy().tolist()))
+        else:
+            w.register_post_accumulate_grad_hook(lambda t: log.append(t.grad.numpy().tolist()))
+        (w * x).sum().backward()
+
+    return w, log, step
+
+
+@pytest.mark.parametrize("kind", ["tensor", "post_accumulate"])
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_hooks_registered_inside_the_step_on_a_lasting_tensor_pile_up(mode, kind):
+    w, log, step = piling_setup(kind)
+    run = xgrad.compile(step) if mode == "compile" else step
+    x = f64([3.0, 4.0])
+    if mode == "compile":
+        # It runs eagerly, after one warning that names the registering line and the fix.
+        with pytest.warns(CompileFallbackWarning, match=re.escape(HOOK_KEPT) + r" \(at .*test_compile_hooks\.py:\d+\)"):
+            run(x)
+    else:
+        run(x)
+    for _ in range(2):
+        run(x)
+    assert log == [[3.0, 4.0]] * (1 + 2 + 3)
+    hooks = w._backward_hooks if kind == "tensor" else w._post_accumulate_grad_hooks
+    assert len(hooks) == 3
+    np.testing.assert_allclose(w.grad.numpy(), [3.0, 4.0])
+
+
+@pytest.mark.parametrize("kind", ["tensor", "post_accumulate"])
+def test_a_piling_hook_under_fallback_error_raises_and_leaves_no_hook(kind):
+    w, log, step = piling_setup(kind)
+    strict = xgrad.compile(step, fallback="error")
+    with pytest.raises(CompileFallbackError, match=re.escape(HOOK_KEPT) + r" \(at .*test_compile_hooks\.py:\d+\)"):
+        strict(f64([3.0, 4.0]))
+    assert not w._backward_hooks and not w._post_accumulate_grad_hooks and w.grad is None and log == []
+    (w * 2).sum().backward()  # the next backward works, with no hook
+    assert w.grad.tolist() == [2.0, 2.0] and log == []
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_a_hook_registered_and_removed_inside_the_step_runs_once_per_call(mode):
+    w = f64([1.0, -2.0], requires_grad=True)
+    log = []
+
+    def step(x):
+        w.grad = None
+        handle = w.register_hook(lambda g: log.append(g.numpy().tolist()) or g * 2)
+        (w * x).sum().backward()
+        handle.remove()
+
+    run = xgrad.compile(step, fallback="error") if mode == "compile" else step
+    for i in range(3):
+        run(f64([3.0, 4.0 + i]))
+    assert log == [[3.0, 4.0], [3.0, 5.0], [3.0, 6.0]]
+    np.testing.assert_allclose(w.grad.numpy(), [6.0, 12.0])
+    assert not w._backward_hooks
+    if mode == "compile":
+        assert run.stats()["compiles"] == 1
