@@ -86,3 +86,57 @@ def test_a_hook_registered_and_removed_inside_the_step_runs_once_per_call(mode):
     assert not w._backward_hooks
     if mode == "compile":
         assert run.stats()["compiles"] == 1
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_final_callbacks_queued_by_hooks_run_once_per_call_after_the_hooks_with_that_moments_values(mode):
+    w = f64([1.0, -2.0], requires_grad=True)
+    b = f64([0.5, 0.5], requires_grad=True)
+    opt = xgrad.optim.SGD([w, b], lr=0.1)
+    log = []
+
+    def scale_grads():
+        log.append(("callback", w.grad.numpy().tolist(), b.grad.numpy().tolist(), w.numpy().tolist()))
+        with xgrad.no_grad():
+            w.grad.mul_(0.5)  # a callback may change state: the step goes on from there
+        xgrad.autograd.queue_callback(lambda: log.append(("queued by a callback", w.grad.numpy().tolist())))
+
+    def on_grad(g):
+        log.append(("hook", g.numpy().tolist()))
+        xgrad.autograd.queue_callback(scale_grads)
+
+    w.register_hook(on_grad)
+    b.register_post_accumulate_grad_hook(lambda t: log.append(("post", t.grad.numpy().tolist())))
+
+    def step(x):
+        opt.zero_grad()
+        loss = ((w * x).sum() + (b * x).sum()) ** 2
+        loss.backward()
+        opt.step()
+        return loss
+
+    run = xgrad.compile(step, fallback="error") if mode == "compile" else step
+    x = f64([1.0, 2.0])
+    expected_w, expected_b = np.array([1.0, -2.0]), np.array([0.5, 0.5])
+    for _ in range(3):
+        del log[:]
+        s = float((expected_w + expected_b) @ x.numpy())
+        grad = 2 * s * x.numpy()
+        run(x)
+        # The hooks in either order (the engine's accumulation order), then the callbacks, in queue order.
+        assert sorted(entry[0] for entry in log[:2]) == ["hook", "post"]
+        assert [entry[0] for entry in log[2:]] == ["callback", "queued by a callback"]
+        entries = dict((entry[0], entry[1:]) for entry in log)
+        np.testing.assert_allclose(entries["hook"][0], grad)
+        np.testing.assert_allclose(entries["post"][0], grad)
+        np.testing.assert_allclose(entries["callback"][0], grad)  # .grad at the end of the backward, concrete
+        np.testing.assert_allclose(entries["callback"][1], grad)
+        np.testing.assert_allclose(entries["callback"][2], expected_w)  # parameters before opt.step()
+        np.testing.assert_allclose(entries["queued by a callback"][0], grad / 2)
+        expected_w = expected_w - 0.1 * grad / 2  # the optimizer saw the halved .grad
+        expected_b = expected_b - 0.1 * grad
+        np.testing.assert_allclose(w.numpy(), expected_w, rtol=1e-12)
+        np.testing.assert_allclose(w.grad.numpy(), grad / 2, rtol=1e-12)
+        np.testing.assert_allclose(b.numpy(), expected_b, rtol=1e-12)
+    if mode == "compile":
+        assert run.stats()["compiles"] == 1

@@ -30,6 +30,12 @@
 # (``_host_hook``); pure hooks are traced inline. Hooks registered while tracing are
 # taken out again when the trace ends; one that would stay on a tensor or node that
 # outlives the call is not compiled (eager adds one more per call, and all run).
+# A host hook runs with a stand-in for its backward's ``GraphTask`` (``_HostGraphTask``),
+# so ``queue_callback`` inside it works; where the traced backward ran its final
+# callbacks, one more host call runs the ones queued during this call, in queue order,
+# with the state tensors showing their values at that point (``_state_on_host``; what
+# a callback rebinds flows on). Callbacks queued by traced code (a pure hook, a custom
+# Function's backward) run when traced, like the rest of that code's Python.
 # Python needing a concrete value
 # (``.item()``, ``if t > 0``, ``.numpy()``) makes the call run eagerly after a
 # one-time warning naming the user's line, or raises under ``fallback="error"``; a
@@ -71,7 +77,8 @@ from jax.extend.core import ClosedJaxpr, get_opaque_trace_state, jaxpr_as_fun
 
 from xgrad.engine import hooks as hooks_module
 from xgrad.engine.anomaly import ANOMALY
-from xgrad.engine.node import AccumulateGrad, Node, _sequence
+from xgrad.engine.engine import queue_callback
+from xgrad.engine.node import AccumulateGrad, Node, _sequence, current_task
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.ops import _util as ops_util
 from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
@@ -185,6 +192,7 @@ class _Recorder:
         # Hooks added while tracing: (their dict, handle id, the user's line, whether the owner outlives the call).
         self.added_hooks: list[tuple[Any, int, str, bool]] = []
         self.first_sequence_nr = _sequence.next()  # nodes made by the trace number above it
+        self.host_tasks: dict[int, tuple[Any, _HostGraphTask]] = {}  # id(traced GraphTask) -> it, its stand-in
 
     def output(self, value: Any) -> int:
         """The position of ``value`` among the program's outputs (added on first use)."""
@@ -365,14 +373,15 @@ def _host_hook(fn: Any, hooks: Any) -> Any:
         return fn
 
     def call(*args: Any) -> Any:
+        graph_task = _host_graph_task()
         if len(args) == 1 and isinstance(args[0], Tensor) and args[0]._post_accumulate_grad_hooks is hooks:
-            return _post_accumulate_on_host(fn, args[0])
-        return _replacing_hook_on_host(fn, args)
+            return _post_accumulate_on_host(fn, args[0], graph_task)
+        return _replacing_hook_on_host(fn, args, graph_task)
 
     return call
 
 
-def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...]) -> Any:
+def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> Any:
     """A hook whose non-``None`` result replaces its first argument (tensor, pre and post hooks)."""
     leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=_is_tensor)
     first_leaves, first_tree = jax.tree_util.tree_flatten(args[0], is_leaf=_is_tensor)
@@ -382,7 +391,7 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...]) -> Any:
 
     def host(*concrete: Any) -> Any:
         call_args = jax.tree_util.tree_unflatten(tree, [Tensor(jnp.asarray(c)) for c in concrete])
-        result = fn(*call_args)
+        result = _in_backward(graph_task, fn, *call_args)
         if result is None:
             return tuple(np.asarray(c) for c in concrete[:n_first])
         if isinstance(result, list):
@@ -405,35 +414,119 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...]) -> Any:
     return replaced
 
 
-def _post_accumulate_on_host(fn: Any, var: Tensor) -> None:
+def _post_accumulate_on_host(fn: Any, var: Tensor, graph_task: Any) -> None:
     """A post-accumulate-grad hook: run on the real leaf with concrete values; what it rebinds flows on."""
-    grad = var._grad
-    assert grad is not None
-    array = var._array
+    _state_on_host(lambda: _in_backward(graph_task, fn, var), [var])
 
-    def host(a: Any, g: Any) -> Any:
-        saved = (_ARRAY.__get__(var, Tensor), _GRAD.__get__(var, Tensor), var._version)
-        _ARRAY.__set__(var, jnp.asarray(a))
-        _GRAD.__set__(var, Tensor(jnp.asarray(g)))
+
+def _state_on_host(call: Callable[[], Any], tensors: list[Tensor]) -> None:
+    """Run ``call()`` on the host at this point of the program, ``tensors`` showing their values and ``.grad``s then.
+
+    The real tensors hold these concrete values while ``call`` runs; what it rebinds
+    (an array or a ``.grad``) flows on in the program.
+    """
+    slots = [(t, _GRAD.__get__(t, Tensor) is not None) for t in tensors]
+    arrays = []
+    for t, has_grad in slots:
+        arrays.append(_ARRAY.__get__(t, Tensor))
+        if has_grad:
+            arrays.append(_GRAD.__get__(t, Tensor)._array)
+
+    def host(*concrete: Any) -> Any:
+        saved = [(_ARRAY.__get__(t, Tensor), _GRAD.__get__(t, Tensor), t._version) for t, _ in slots]
+        values = iter(concrete)
+        for t, has_grad in slots:
+            _ARRAY.__set__(t, jnp.asarray(next(values)))
+            _GRAD.__set__(t, Tensor(jnp.asarray(next(values))) if has_grad else None)
         try:
-            fn(var)
-            new_a, new_g = _ARRAY.__get__(var, Tensor), _GRAD.__get__(var, Tensor)
+            call()
+            new = []
+            for t, has_grad in slots:
+                new.append(_ARRAY.__get__(t, Tensor))
+                grad = _GRAD.__get__(t, Tensor)
+                if (grad is not None) != has_grad:
+                    raise RuntimeError(
+                        "under xgrad.compile a hook or final callback cannot set a .grad to None or set one that was "
+                        "None; zero it instead, or run this step eagerly"
+                    )
+                if grad is not None:
+                    new.append(grad._array)
         finally:
-            _ARRAY.__set__(var, saved[0])
-            _GRAD.__set__(var, saved[1])
-            var._version = saved[2]
-        if new_g is None:
-            raise RuntimeError(
-                "under xgrad.compile a post-accumulate-grad hook cannot set .grad to None; zero it instead, or run "
-                "this step eagerly"
-            )
-        return np.asarray(new_a, dtype=a.dtype), np.asarray(new_g._array, dtype=g.dtype)
+            for (t, _), (array, grad, version) in zip(slots, saved, strict=True):
+                _ARRAY.__set__(t, array)
+                _GRAD.__set__(t, grad)
+                t._version = version
+        return tuple(np.asarray(n, dtype=c.dtype) for n, c in zip(new, concrete, strict=True))
 
-    new_array, new_grad = _ordered_host_call(
-        host, lambda a, g: (np.asarray(a), np.asarray(g)), (_struct(array), _struct(grad._array)), (array, grad._array)
+    outs = iter(
+        _ordered_host_call(host, lambda *c: tuple(np.asarray(a) for a in c), tuple(_struct(a) for a in arrays), arrays)
     )
-    var._array = new_array
-    var._grad = Tensor(new_grad)
+    for t, has_grad in slots:
+        t._array = next(outs)
+        if has_grad:
+            t._grad = Tensor(next(outs))
+
+
+class _HostGraphTask:
+    """Stands in on the host for a traced backward's ``GraphTask``: what its hooks queue waits here."""
+
+    __slots__ = ("final_callbacks", "mutex")
+
+    def __init__(self) -> None:
+        self.final_callbacks: list[Callable[[], None]] = []
+        self.mutex = threading.Lock()  # ``queue_callback`` takes it
+
+
+def _host_graph_task() -> _HostGraphTask | None:
+    """While tracing a backward: its host stand-in, whose callbacks run, on the host, when it ends."""
+    graph_task = current_task.graph_task
+    rec = _active
+    if graph_task is None or rec is None:
+        return None
+    known = rec.host_tasks.get(id(graph_task))
+    if known is not None:
+        return known[1]
+    stand_in = _HostGraphTask()
+    rec.host_tasks[id(graph_task)] = (graph_task, stand_in)
+    # Queued now, it runs where the traced backward runs its final callbacks.
+    queue_callback(lambda: _final_callbacks_on_host(stand_in))
+    return stand_in
+
+
+def _in_backward(graph_task: _HostGraphTask | None, fn: Any, *args: Any) -> Any:
+    """Call a hook on the host as the engine would: ``queue_callback`` inside it queues on ``graph_task``."""
+    previous = current_task.graph_task
+    current_task.graph_task = graph_task
+    try:
+        return fn(*args)
+    finally:
+        current_task.graph_task = previous
+
+
+def _final_callbacks_on_host(graph_task: _HostGraphTask) -> None:
+    """At the end of a traced backward: a host call that runs the callbacks its hooks queued during this call.
+
+    They see the state's values at that point (``_state_on_host``), as eager's do.
+    """
+
+    def run() -> None:
+        callbacks = graph_task.final_callbacks
+        try:
+            i = 0
+            while i < len(callbacks):  # callbacks may queue more: index, do not iterate
+                _in_backward(graph_task, callbacks[i])
+                i += 1
+        finally:
+            callbacks.clear()
+
+    rec = _active
+    assert rec is not None
+    owners = []
+    for snap in rec.snapshots.values():
+        t = snap.ref()
+        if t is not None and type(snap.target) is not tuple:  # a ``.grad`` comes with its owner
+            owners.append(t)
+    _state_on_host(run, owners)
 
 
 def _ordered_host_call(host: Callable[..., Any], unchanged: Callable[..., Any], result_shapes: Any, arrays: Any) -> Any:
