@@ -41,6 +41,15 @@
 # one-time warning naming the user's line, or raises under ``fallback="error"``; a
 # signature that fell back is remembered and runs eagerly without retracing.
 #
+# Shared with the compiled backward (``xgrad/engine/compiled``): ``RecompileWarning``
+# and ``RECOMPILE_WARNING_LIMIT``, ``TRACER_ERRORS`` (what means "needs a concrete
+# value") and ``call_site`` (the user's line). Not shared, because the concern differs:
+# how hooks reach the host (the backward splits its program into segments and calls
+# hooks between them; a step is one jaxpr traced by running user code, so hooks go
+# through ``io_callback``), the cache (the backward's is process-wide, locked and
+# keyed by graph structure; a step's is per function and keyed by its arguments) and
+# so the stats and recompile reasons (call sites and nodes there, argument leaves here).
+#
 # NOTE [Index checks in a compiled step]
 # Eager ops raise ``IndexError`` for an out-of-range index (``check_index_range`` in
 # ``xgrad/ops/_util.py``); JAX would clamp a read and drop a write. While a step is
@@ -77,6 +86,8 @@ from jax.extend.core import ClosedJaxpr, get_opaque_trace_state, jaxpr_as_fun
 
 from xgrad.engine import hooks as hooks_module
 from xgrad.engine.anomaly import ANOMALY
+from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT, call_site
+from xgrad.engine.compiled.switch import TRACER_ERRORS, RecompileWarning
 from xgrad.engine.engine import queue_callback
 from xgrad.engine.node import AccumulateGrad, Node, _sequence, current_task
 from xgrad.grad_mode import is_grad_enabled
@@ -86,8 +97,6 @@ from xgrad.tensor import Tensor
 
 __all__ = ["CompileFallbackError", "CompileFallbackWarning", "CompiledFunction", "RecompileWarning", "compile"]
 
-#: Misses of one compiled function beyond this many warn once, naming what changed.
-RECOMPILE_WARNING_LIMIT = 8
 #: Signatures kept per compiled function (least recently used dropped first).
 CACHE_SIZE = 64
 
@@ -107,12 +116,6 @@ HOOK_KEPT = (
     "a hook registered inside the function stays on a tensor or node that outlives the call (eager adds one more every "
     "call, and they pile up); register it once outside the function, or remove its handle inside it"
 )
-_CONCRETE_ERRORS = (
-    jax.errors.ConcretizationTypeError,
-    jax.errors.TracerArrayConversionError,
-    jax.errors.TracerIntegerConversionError,
-    jax.errors.TracerBoolConversionError,
-)
 
 
 class CompileFallbackWarning(UserWarning):
@@ -121,10 +124,6 @@ class CompileFallbackWarning(UserWarning):
 
 class CompileFallbackError(RuntimeError):
     """Raised instead of running eagerly under ``xgrad.compile(fn, fallback="error")``."""
-
-
-class RecompileWarning(UserWarning):
-    """An ``xgrad.compile`` function keeps missing its cache."""
 
 
 class _NotCompilable(Exception):
@@ -296,7 +295,7 @@ def _trace_check(index: Any, size: int, message: str, negative: bool, ignore: in
     if not jnp.issubdtype(index.dtype, jnp.integer):
         return
     failed, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
-    writes = _state_writes(rec, _caller_site())
+    writes = _state_writes(rec, call_site())
     rec.checks.append(_Check(failed, first, message, writes))
 
 
@@ -312,7 +311,7 @@ def _trace_added(hooks: Any, handle: Any) -> None:
         outlives = not rec.is_born(owner)
     else:
         outlives = isinstance(owner, Node) and owner.sequence_nr < rec.first_sequence_nr
-    rec.added_hooks.append((weakref.ref(hooks), handle.id, _caller_site(), outlives))
+    rec.added_hooks.append((weakref.ref(hooks), handle.id, call_site(), outlives))
 
 
 def tracing() -> bool:
@@ -553,21 +552,6 @@ def _user_site(tb: Any) -> str:
     while tb is not None:
         frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
         tb = tb.tb_next
-    return _innermost_user_frame(frames)
-
-
-def _caller_site() -> str:
-    """The innermost frame of the current stack outside xgrad and JAX: the user's line."""
-    frames = []
-    frame = sys._getframe(1)
-    while frame is not None:
-        frames.append((frame.f_code.co_filename, frame.f_lineno))
-        frame = frame.f_back  # type: ignore[assignment]
-    frames.reverse()
-    return _innermost_user_frame(frames)
-
-
-def _innermost_user_frame(frames: list[tuple[str, int]]) -> str:
     for filename, lineno in reversed(frames):
         path = os.path.abspath(filename)
         if not path.startswith((_XGRAD_DIR, _JAX_DIR)) and "/jax/" not in path and "/jaxlib/" not in path:
@@ -656,7 +640,6 @@ class CompiledFunction:
         self._warned_sites: set[str] = set()
         self._last_signature: Any = None
         self._recompile_warned = False
-        self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
     def stats(self) -> dict[str, Any]:
@@ -815,9 +798,9 @@ class CompiledFunction:
         with _Recording(recorder):
             try:
                 closed = jax.make_jaxpr(traced)(*dyn_values)
-            except _CONCRETE_ERRORS as exc:
+            except TRACER_ERRORS as exc:
                 raise _NotCompilable(
-                    "Python needs a concrete value here (.item(), .numpy(), bool() or int() of a tensor)",
+                    "Python needs a concrete value here (.item(), .numpy(), bool() or int() of a tensor, a boolean mask)",
                     _user_site(exc.__traceback__),
                 ) from exc
             finally:
