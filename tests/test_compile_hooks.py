@@ -140,3 +140,31 @@ def test_final_callbacks_queued_by_hooks_run_once_per_call_after_the_hooks_with_
         np.testing.assert_allclose(b.numpy(), expected_b, rtol=1e-12)
     if mode == "compile":
         assert run.stats()["compiles"] == 1
+
+
+@pytest.mark.parametrize("held", [True, False])
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_node_hooks_registered_inside_the_step_pile_up_only_on_a_node_that_lives_on(mode, held):
+    # A leaf's AccumulateGrad lives while something holds it: here the test, or nothing.
+    w = f64([1.0, -2.0], requires_grad=True)
+    kept = [xgrad.autograd.graph.get_gradient_edge(w).node] if held else []
+    log = []
+
+    def step(x):
+        w.grad = None
+        node = xgrad.autograd.graph.get_gradient_edge(w).node
+        node.register_prehook(lambda grads: log.append(grads[0].numpy().tolist()))
+        (w * x).sum().backward()
+
+    run = xgrad.compile(step) if mode == "compile" else step
+    x = f64([3.0, 4.0])
+    if mode == "compile" and held:
+        with pytest.warns(CompileFallbackWarning, match=re.escape(HOOK_KEPT)):
+            run(x)
+    else:
+        run(x)
+    run(x)
+    assert log == [[3.0, 4.0]] * (1 + 2 if held else 2)
+    assert len(kept) == held
+    if mode == "compile" and not held:
+        assert run.stats()["compiles"] == 1 and run.stats()["fallbacks"] == 0

@@ -191,7 +191,7 @@ class _Recorder:
         # Hooks added while tracing: (their dict, handle id, the user's line, whether the owner outlives the call).
         self.added_hooks: list[tuple[Any, int, str, bool]] = []
         self.first_sequence_nr = _sequence.next()  # nodes made by the trace number above it
-        self.host_tasks: dict[int, tuple[Any, _HostGraphTask]] = {}  # id(traced GraphTask) -> it, its stand-in
+        self.host_tasks: dict[int, _HostGraphTask] = {}  # id(a traced GraphTask still running) -> its stand-in
 
     def output(self, value: Any) -> int:
         """The position of ``value`` among the program's outputs (added on first use)."""
@@ -482,13 +482,16 @@ def _host_graph_task() -> _HostGraphTask | None:
     rec = _active
     if graph_task is None or rec is None:
         return None
-    known = rec.host_tasks.get(id(graph_task))
-    if known is not None:
-        return known[1]
-    stand_in = _HostGraphTask()
-    rec.host_tasks[id(graph_task)] = (graph_task, stand_in)
-    # Queued now, it runs where the traced backward runs its final callbacks.
-    queue_callback(lambda: _final_callbacks_on_host(stand_in))
+    key = id(graph_task)
+    stand_in = rec.host_tasks.get(key)
+    if stand_in is None:
+        stand_in = rec.host_tasks[key] = _HostGraphTask()
+
+        def at_the_end() -> None:  # queued now, it runs where the traced backward runs its final callbacks
+            del rec.host_tasks[key]  # the task is done: its id may come again
+            _final_callbacks_on_host(stand_in)
+
+        queue_callback(at_the_end)
     return stand_in
 
 
