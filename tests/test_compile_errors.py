@@ -179,3 +179,23 @@ def test_a_grad_cleared_by_the_step_is_cleared_at_every_call(mode):
         assert w.grad is None
     if mode == "compile":
         assert run.stats()["compiles"] == 1
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_a_grad_accumulated_before_the_failing_op_stays_accumulated(mode):
+    w = f64([1.0, -2.0, 0.5], requires_grad=True)
+    w.grad = f64([10.0, 20.0, 30.0])
+    grad_object = w.grad
+
+    def step(x, index):
+        (w * x).sum().backward()  # accumulates into the existing .grad, in place
+        return xgrad.gather(w, 0, index).sum()
+
+    run = xgrad.compile(step) if mode == "compile" else step
+    x = f64([1.0, 2.0, 3.0])
+    with pytest.raises(IndexError, match=r"^index 5 is out of bounds for dimension 0 with size 3$"):
+        run(x, xgrad.tensor([5]))
+    np.testing.assert_allclose(w.grad.numpy(), [11.0, 22.0, 33.0])
+    assert w.grad is grad_object
+    assert run(x, xgrad.tensor([2])).item() == 0.5
+    np.testing.assert_allclose(w.grad.numpy(), [12.0, 24.0, 36.0])
