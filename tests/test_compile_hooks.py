@@ -168,3 +168,44 @@ def test_node_hooks_registered_inside_the_step_pile_up_only_on_a_node_that_lives
     assert len(kept) == held
     if mode == "compile" and not held:
         assert run.stats()["compiles"] == 1 and run.stats()["fallbacks"] == 0
+
+
+class Logged(xgrad.autograd.Function):
+    """A Function whose backward queues a final callback (traced into a compiled step)."""
+
+    log: list = []
+    weight: xgrad.Tensor
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        Logged.log.append(("backward",))
+        xgrad.autograd.queue_callback(
+            lambda: Logged.log.append(("callback", Logged.weight.grad.numpy().tolist()))
+            or xgrad.autograd.queue_callback(lambda: Logged.log.append(("queued by a callback",)))
+        )
+        return g * 2
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_a_callback_queued_by_traced_code_runs_once_per_call_with_that_moments_values(mode):
+    w = f64([1.0, -2.0], requires_grad=True)
+    Logged.weight, Logged.log = w, []
+
+    def step(x):
+        w.grad = None
+        (Logged.apply(w) * x).sum().backward()
+
+    run = xgrad.compile(step, fallback="error") if mode == "compile" else step
+    for i in range(3):
+        run(f64([3.0, 4.0 + i]))
+    backwards = [e for e in Logged.log if e[0] == "backward"]
+    # The backward's Python runs when traced under xgrad.compile; its callback on every call.
+    assert len(backwards) == (1 if mode == "compile" else 3)
+    expected = []
+    for i in range(3):
+        expected += [("callback", [6.0, 8.0 + 2 * i]), ("queued by a callback",)]
+    assert [e for e in Logged.log if e[0] != "backward"] == expected

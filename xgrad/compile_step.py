@@ -34,8 +34,9 @@
 # so ``queue_callback`` inside it works; where the traced backward ran its final
 # callbacks, one more host call runs the ones queued during this call, in queue order,
 # with the state tensors showing their values at that point (``_state_on_host``; what
-# a callback rebinds flows on). Callbacks queued by traced code (a pure hook, a custom
-# Function's backward) run when traced, like the rest of that code's Python.
+# a callback rebinds flows on). A callback queued by traced code (a pure hook, a custom
+# Function's backward) is such a host call too, at its place in the traced backward's
+# list (``_TracedCallbacks``: while tracing, ``GraphTask.final_callbacks`` is one).
 # Python needing a concrete value
 # (``.item()``, ``if t > 0``, ``.numpy()``) makes the call run eagerly after a
 # one-time warning naming the user's line, or raises under ``fallback="error"``; a
@@ -88,7 +89,7 @@ from xgrad.engine import hooks as hooks_module
 from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT, call_site
 from xgrad.engine.compiled.switch import TRACER_ERRORS, RecompileWarning
-from xgrad.engine.engine import queue_callback
+from xgrad.engine.engine import GraphTask
 from xgrad.engine.node import AccumulateGrad, Node, _sequence, current_task
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.ops import _util as ops_util
@@ -136,6 +137,7 @@ class _NotCompilable(Exception):
 # -- recording the state a trace touches ---------------------------------------------
 _ARRAY = Tensor.__dict__["_array"]  # the slots' own descriptors
 _GRAD = Tensor.__dict__["_grad"]
+_FINAL_CALLBACKS = GraphTask.__dict__["final_callbacks"]
 _trace_lock = threading.RLock()  # one trace at a time: the descriptors are per class
 
 
@@ -333,6 +335,7 @@ class _Recording:
         _active = self.recorder
         setattr(Tensor, "_array", property(_get_array, _set_array))  # noqa: B010 (a slot: mypy would object)
         setattr(Tensor, "_grad", property(_get_grad, _set_grad))  # noqa: B010
+        setattr(GraphTask, "final_callbacks", property(_FINAL_CALLBACKS.__get__, _set_final_callbacks))  # noqa: B010
         self.outer_wrap = hooks_module.trace_wrapper
         hooks_module.trace_wrapper = _host_hook
         self.outer_check = ops_util.traced_check
@@ -349,6 +352,7 @@ class _Recording:
         if self.outer is None:
             setattr(Tensor, "_array", _ARRAY)  # noqa: B010
             setattr(Tensor, "_grad", _GRAD)  # noqa: B010
+            setattr(GraphTask, "final_callbacks", _FINAL_CALLBACKS)  # noqa: B010
         _active = self.outer
         _trace_lock.release()
 
@@ -491,7 +495,8 @@ def _host_graph_task() -> _HostGraphTask | None:
             del rec.host_tasks[key]  # the task is done: its id may come again
             _final_callbacks_on_host(stand_in)
 
-        queue_callback(at_the_end)
+        with graph_task.mutex:
+            list.append(graph_task.final_callbacks, at_the_end)  # itself not a host call: not wrapped
     return stand_in
 
 
@@ -505,30 +510,55 @@ def _in_backward(graph_task: _HostGraphTask | None, fn: Any, *args: Any) -> Any:
         current_task.graph_task = previous
 
 
-def _final_callbacks_on_host(graph_task: _HostGraphTask) -> None:
-    """At the end of a traced backward: a host call that runs the callbacks its hooks queued during this call.
+class _TracedCallbacks(list):  # type: ignore[type-arg]
+    """A traced backward's final callbacks: one queued while tracing runs on the host, once per call, in its place."""
 
-    They see the state's values at that point (``_state_on_host``), as eager's do.
-    """
+    def append(self, callback: Callable[[], None]) -> None:
+        def on_host() -> None:
+            graph_task = _HostGraphTask()
+            graph_task.final_callbacks.append(callback)
+            _run_final_callbacks(graph_task)
 
-    def run() -> None:
-        callbacks = graph_task.final_callbacks
-        try:
-            i = 0
-            while i < len(callbacks):  # callbacks may queue more: index, do not iterate
-                _in_backward(graph_task, callbacks[i])
-                i += 1
-        finally:
-            callbacks.clear()
+        super().append(lambda: _state_on_host(on_host, _state_owners()))
 
+
+def _set_final_callbacks(graph_task: GraphTask, value: list[Callable[[], None]]) -> None:
+    rec = _active
+    if rec is not None and rec.thread == threading.get_ident():
+        value = _TracedCallbacks(value)
+    _FINAL_CALLBACKS.__set__(graph_task, value)
+
+
+def _state_owners() -> list[Tensor]:
+    """While tracing: the state tensors touched so far (a ``.grad`` comes with its owner)."""
     rec = _active
     assert rec is not None
     owners = []
     for snap in rec.snapshots.values():
         t = snap.ref()
-        if t is not None and type(snap.target) is not tuple:  # a ``.grad`` comes with its owner
+        if t is not None and type(snap.target) is not tuple:
             owners.append(t)
-    _state_on_host(run, owners)
+    return owners
+
+
+def _final_callbacks_on_host(graph_task: _HostGraphTask) -> None:
+    """At the end of a traced backward: a host call that runs the callbacks its hooks queued during this call.
+
+    They see the state's values at that point (``_state_on_host``), as eager's do.
+    """
+    _state_on_host(lambda: _run_final_callbacks(graph_task), _state_owners())
+
+
+def _run_final_callbacks(graph_task: _HostGraphTask) -> None:
+    """On the host: run and clear ``graph_task``'s callbacks, as ``GraphTask.exec_post_processing`` does."""
+    callbacks = graph_task.final_callbacks
+    try:
+        i = 0
+        while i < len(callbacks):  # callbacks may queue more: index, do not iterate
+            _in_backward(graph_task, callbacks[i])
+            i += 1
+    finally:
+        callbacks.clear()
 
 
 def _ordered_host_call(host: Callable[..., Any], unchanged: Callable[..., Any], result_shapes: Any, arrays: Any) -> Any:
