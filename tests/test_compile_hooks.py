@@ -209,3 +209,23 @@ def test_a_callback_queued_by_traced_code_runs_once_per_call_with_that_moments_v
     for i in range(3):
         expected += [("callback", [6.0, 8.0 + 2 * i]), ("queued by a callback",)]
     assert [e for e in Logged.log if e[0] != "backward"] == expected
+
+
+def test_a_final_callback_changing_a_tensor_the_step_left_alone_raises_under_compile():
+    # Such a tensor stays on the device while callbacks run (NOTE [Whole-step compile]): a clear error, not a lost update.
+    w = f64([1.0, -2.0], requires_grad=True)
+
+    def clip():
+        with xgrad.no_grad():
+            w.clamp_(-1.0, 1.0)
+
+    w.register_hook(lambda g: xgrad.autograd.queue_callback(clip))
+
+    @xgrad.compile
+    def step(x):
+        w.grad = None
+        (w * x).sum().backward()
+
+    with pytest.raises(RuntimeError, match=r"a final callback cannot change a tensor \(shape \[2\]\) that the step had not"):
+        step(f64([3.0, 4.0]))
+    assert w.tolist() == [1.0, -2.0] and w.grad is None

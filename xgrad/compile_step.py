@@ -33,8 +33,10 @@
 # A host hook runs with a stand-in for its backward's ``GraphTask`` (``_HostGraphTask``),
 # so ``queue_callback`` inside it works; where the traced backward ran its final
 # callbacks, one more host call runs the ones queued during this call, in queue order,
-# with the state tensors showing their values at that point (``_state_on_host``; what
-# a callback rebinds flows on). A callback queued by traced code (a pure hook, a custom
+# with the state tensors showing their values at that point (``_state_on_host``: the
+# ``.grad``s and the arrays the step changed so far go to the host, and what a callback
+# rebinds among them flows on; an array the step left alone stays on the device, and a
+# callback that changes one raises). A callback queued by traced code (a pure hook, a custom
 # Function's backward) is such a host call too, at its place in the traced backward's
 # list (``_TracedCallbacks``: while tracing, ``GraphTask.final_callbacks`` is one).
 # Python needing a concrete value
@@ -422,31 +424,47 @@ def _post_accumulate_on_host(fn: Any, var: Tensor, graph_task: Any) -> None:
     _state_on_host(lambda: _in_backward(graph_task, fn, var), [var])
 
 
-def _state_on_host(call: Callable[[], Any], tensors: list[Tensor]) -> None:
+def _state_on_host(call: Callable[[], Any], tensors: list[Tensor], only_changed: bool = False) -> None:
     """Run ``call()`` on the host at this point of the program, ``tensors`` showing their values and ``.grad``s then.
 
     The real tensors hold these concrete values while ``call`` runs; what it rebinds
-    (an array or a ``.grad``) flows on in the program.
+    (an array or a ``.grad``) flows on in the program. With ``only_changed``, an array
+    the step has not rebound so far stays on the device: the real tensor holds that
+    value already, and ``call`` must leave it alone.
     """
-    slots = [(t, _GRAD.__get__(t, Tensor) is not None) for t in tensors]
+    rec = _active
+    assert rec is not None
+    slots = []  # (tensor, whether its array goes to the host, whether it has a .grad)
     arrays = []
-    for t, has_grad in slots:
-        arrays.append(_ARRAY.__get__(t, Tensor))
-        if has_grad:
-            arrays.append(_GRAD.__get__(t, Tensor)._array)
+    for t in tensors:
+        array, grad = _ARRAY.__get__(t, Tensor), _GRAD.__get__(t, Tensor)
+        snap = rec.snapshots.get(id(t))
+        sent = not only_changed or snap is None or array is not snap.start
+        slots.append((t, sent, grad is not None))
+        if sent:
+            arrays.append(array)
+        if grad is not None:
+            arrays.append(grad._array)
 
     def host(*concrete: Any) -> Any:
-        saved = [(_ARRAY.__get__(t, Tensor), _GRAD.__get__(t, Tensor), t._version) for t, _ in slots]
+        saved = [(_ARRAY.__get__(t, Tensor), _GRAD.__get__(t, Tensor), t._version) for t, _, _ in slots]
         values = iter(concrete)
-        for t, has_grad in slots:
-            _ARRAY.__set__(t, jnp.asarray(next(values)))
+        for t, sent, has_grad in slots:
+            if sent:
+                _ARRAY.__set__(t, jnp.asarray(next(values)))
             _GRAD.__set__(t, Tensor(jnp.asarray(next(values))) if has_grad else None)
         try:
             call()
             new = []
-            for t, has_grad in slots:
-                new.append(_ARRAY.__get__(t, Tensor))
-                grad = _GRAD.__get__(t, Tensor)
+            for (t, sent, has_grad), (before, _, _) in zip(slots, saved, strict=True):
+                array, grad = _ARRAY.__get__(t, Tensor), _GRAD.__get__(t, Tensor)
+                if sent:
+                    new.append(array)
+                elif array is not before:
+                    raise RuntimeError(
+                        f"under xgrad.compile a final callback cannot change a tensor (shape {list(array.shape)}) "
+                        "that the step had not changed before it; change it in the step, or run this step eagerly"
+                    )
                 if (grad is not None) != has_grad:
                     raise RuntimeError(
                         "under xgrad.compile a hook or final callback cannot set a .grad to None or set one that was "
@@ -455,7 +473,7 @@ def _state_on_host(call: Callable[[], Any], tensors: list[Tensor]) -> None:
                 if grad is not None:
                     new.append(grad._array)
         finally:
-            for (t, _), (array, grad, version) in zip(slots, saved, strict=True):
+            for (t, _, _), (array, grad, version) in zip(slots, saved, strict=True):
                 _ARRAY.__set__(t, array)
                 _GRAD.__set__(t, grad)
                 t._version = version
@@ -464,8 +482,9 @@ def _state_on_host(call: Callable[[], Any], tensors: list[Tensor]) -> None:
     outs = iter(
         _ordered_host_call(host, lambda *c: tuple(np.asarray(a) for a in c), tuple(_struct(a) for a in arrays), arrays)
     )
-    for t, has_grad in slots:
-        t._array = next(outs)
+    for t, sent, has_grad in slots:
+        if sent:
+            t._array = next(outs)
         if has_grad:
             t._grad = Tensor(next(outs))
 
@@ -519,7 +538,7 @@ class _TracedCallbacks(list):  # type: ignore[type-arg]
             graph_task.final_callbacks.append(callback)
             _run_final_callbacks(graph_task)
 
-        super().append(lambda: _state_on_host(on_host, _state_owners()))
+        super().append(lambda: _state_on_host(on_host, _state_owners(), only_changed=True))
 
 
 def _set_final_callbacks(graph_task: GraphTask, value: list[Callable[[], None]]) -> None:
@@ -546,7 +565,7 @@ def _final_callbacks_on_host(graph_task: _HostGraphTask) -> None:
 
     They see the state's values at that point (``_state_on_host``), as eager's do.
     """
-    _state_on_host(lambda: _run_final_callbacks(graph_task), _state_owners())
+    _state_on_host(lambda: _run_final_callbacks(graph_task), _state_owners(), only_changed=True)
 
 
 def _run_final_callbacks(graph_task: _HostGraphTask) -> None:
