@@ -36,7 +36,9 @@
 # with the state tensors showing their values at that point (``_state_on_host``: the
 # ``.grad``s and the arrays the step changed so far go to the host, and what a callback
 # rebinds among them flows on; an array the step left alone stays on the device, and a
-# callback that changes one raises). A callback queued by traced code (a pure hook, a custom
+# callback that changes one raises). That call sits under a ``lax.cond`` on flags the
+# host hooks return (whether callbacks wait), so hooks that queue nothing cost one
+# flag each. A callback queued by traced code (a pure hook, a custom
 # Function's backward) is such a host call too, at its place in the traced backward's
 # list (``_TracedCallbacks``: while tracing, ``GraphTask.final_callbacks`` is one).
 # Python needing a concrete value
@@ -196,6 +198,7 @@ class _Recorder:
         self.added_hooks: list[tuple[Any, int, str, bool]] = []
         self.first_sequence_nr = _sequence.next()  # nodes made by the trace number above it
         self.host_tasks: dict[int, _HostGraphTask] = {}  # id(a traced GraphTask still running) -> its stand-in
+        self.queued: dict[int, list[Any]] = {}  # id(a stand-in) -> traced flags: callbacks wait on it
 
     def output(self, value: Any) -> int:
         """The position of ``value`` among the program's outputs (added on first use)."""
@@ -412,25 +415,28 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
         return tuple(np.asarray(c) for c in concrete[:n_first])
 
     if n_first == 0:
-        _ordered_host_call(lambda *c: host(*c) and None, lambda *c: None, None, arrays)
+        _ordered_host_call(lambda *c: host(*c) and None, lambda *c: None, None, arrays, graph_task)
         return None
-    out = _ordered_host_call(host, unchanged, tuple(_struct(a) for a in arrays[:n_first]), arrays)
+    out = _ordered_host_call(host, unchanged, tuple(_struct(a) for a in arrays[:n_first]), arrays, graph_task)
     replaced = jax.tree_util.tree_unflatten(first_tree, [Tensor(o) for o in out])
     return replaced
 
 
 def _post_accumulate_on_host(fn: Any, var: Tensor, graph_task: Any) -> None:
     """A post-accumulate-grad hook: run on the real leaf with concrete values; what it rebinds flows on."""
-    _state_on_host(lambda: _in_backward(graph_task, fn, var), [var])
+    _state_on_host(lambda: _in_backward(graph_task, fn, var), [var], reports=graph_task)
 
 
-def _state_on_host(call: Callable[[], Any], tensors: list[Tensor], only_changed: bool = False) -> None:
+def _state_on_host(
+    call: Callable[[], Any], tensors: list[Tensor], only_changed: bool = False, reports: Any = None, when: Any = None
+) -> None:
     """Run ``call()`` on the host at this point of the program, ``tensors`` showing their values and ``.grad``s then.
 
     The real tensors hold these concrete values while ``call`` runs; what it rebinds
     (an array or a ``.grad``) flows on in the program. With ``only_changed``, an array
     the step has not rebound so far stays on the device: the real tensor holds that
-    value already, and ``call`` must leave it alone.
+    value already, and ``call`` must leave it alone. ``reports``: as for
+    ``_ordered_host_call``; ``when``: a traced flag, the call is made only if it is set.
     """
     rec = _active
     assert rec is not None
@@ -479,9 +485,10 @@ def _state_on_host(call: Callable[[], Any], tensors: list[Tensor], only_changed:
                 t._version = version
         return tuple(np.asarray(n, dtype=c.dtype) for n, c in zip(new, concrete, strict=True))
 
-    outs = iter(
-        _ordered_host_call(host, lambda *c: tuple(np.asarray(a) for a in c), tuple(_struct(a) for a in arrays), arrays)
-    )
+    def on_host(arrays: Any) -> Any:
+        return _ordered_host_call(host, lambda *c: tuple(np.asarray(a) for a in c), tuple(_struct(a) for a in arrays), arrays, reports)
+
+    outs = iter(on_host(arrays) if when is None else jax.lax.cond(when, on_host, tuple, arrays))
     for t, sent, has_grad in slots:
         if sent:
             t._array = next(outs)
@@ -563,9 +570,15 @@ def _state_owners() -> list[Tensor]:
 def _final_callbacks_on_host(graph_task: _HostGraphTask) -> None:
     """At the end of a traced backward: a host call that runs the callbacks its hooks queued during this call.
 
-    They see the state's values at that point (``_state_on_host``), as eager's do.
+    They see the state's values at that point (``_state_on_host``), as eager's do. The
+    call is made only when a hook did queue one: each reports it (``_ordered_host_call``).
     """
-    _state_on_host(lambda: _run_final_callbacks(graph_task), _state_owners(), only_changed=True)
+    rec = _active
+    assert rec is not None
+    queued = rec.queued.pop(id(graph_task), None)
+    if queued:
+        when = jnp.stack(queued).any()
+        _state_on_host(lambda: _run_final_callbacks(graph_task), _state_owners(), only_changed=True, when=when)
 
 
 def _run_final_callbacks(graph_task: _HostGraphTask) -> None:
@@ -580,21 +593,44 @@ def _run_final_callbacks(graph_task: _HostGraphTask) -> None:
         callbacks.clear()
 
 
-def _ordered_host_call(host: Callable[..., Any], unchanged: Callable[..., Any], result_shapes: Any, arrays: Any) -> Any:
+def _ordered_host_call(
+    host: Callable[..., Any], unchanged: Callable[..., Any], result_shapes: Any, arrays: Any, reports: Any = None
+) -> Any:
     """``host(*arrays)`` on concrete values at this point of the program, in program order.
 
     Once an index check traced before this point failed, the call is ``unchanged(*arrays)``
     instead: eager would have raised before reaching it (NOTE [Index checks in a compiled step]).
+    With ``reports`` (a ``_HostGraphTask``), the call also returns whether callbacks wait on
+    it, a flag the end of the backward reads (``_final_callbacks_on_host``).
     """
     rec = _active
-    failed = rec.failed_so_far() if rec is not None else None
+    assert rec is not None
+    failed = rec.failed_so_far()
+    shapes = result_shapes
+    if reports is not None:
+        host, unchanged = _reporting(host, reports), _reporting(unchanged, None)
+        shapes = (*(result_shapes or ()), jax.ShapeDtypeStruct((), np.bool_))
     if failed is None:
-        return io_callback(host, result_shapes, *arrays, ordered=True)
+        outs = io_callback(host, shapes, *arrays, ordered=True)
+    else:
 
-    def guarded(failed: Any, *concrete: Any) -> Any:
-        return unchanged(*concrete) if failed else host(*concrete)
+        def guarded(failed: Any, *concrete: Any) -> Any:
+            return unchanged(*concrete) if failed else host(*concrete)
 
-    return io_callback(guarded, result_shapes, failed, *arrays, ordered=True)
+        outs = io_callback(guarded, shapes, failed, *arrays, ordered=True)
+    if reports is None:
+        return outs
+    rec.queued.setdefault(id(reports), []).append(outs[-1])
+    return None if result_shapes is None else tuple(outs[:-1])
+
+
+def _reporting(fn: Callable[..., Any], graph_task: _HostGraphTask | None) -> Callable[..., Any]:
+    """``fn``'s results, and whether ``graph_task`` has callbacks waiting (never, for ``None``)."""
+
+    def call(*concrete: Any) -> Any:
+        return (*(fn(*concrete) or ()), np.bool_(graph_task is not None and bool(graph_task.final_callbacks)))
+
+    return call
 
 
 # -- the compiled function ------------------------------------------------------------
