@@ -52,7 +52,7 @@ CASES = {
 }
 
 
-def setup(op, mode):
+def setup(op, mode, update_buffer=True):
     w = f64(W, requires_grad=True)
     buffer = xgrad.zeros(2)
     opt = Optax([w], optax.adam(0.1))
@@ -61,8 +61,9 @@ def setup(op, mode):
 
     def step(index):
         opt.zero_grad()
-        with xgrad.no_grad():
-            buffer.add_(1.0)  # before the op: eager has done it when the op raises
+        if update_buffer:
+            with xgrad.no_grad():
+                buffer.add_(1.0)  # before the op: eager has done it when the op raises
         loss = op(w, index).sum()
         loss.backward()
         opt.step()
@@ -93,11 +94,21 @@ def assert_states_equal(a, b, rtol=0.0):
             np.testing.assert_allclose(a[key], b[key], rtol=rtol, atol=rtol * 1e-3, err_msg=key)
 
 
+def _checked_in_program(step):
+    """Whether the compiled step reads its index checks from the program (else on the host, before it)."""
+    (entry,) = step._cache.values()
+    assert (entry.flags is None) != (not entry.host_checks)
+    return entry.flags is not None
+
+
 @pytest.mark.parametrize("mode", ["eager", "compile"])
+@pytest.mark.parametrize("update_buffer", [True, False], ids=["after-a-buffer-update", "after-zero_grad"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_out_of_range_index_raises_and_leaves_the_state_eager_leaves(case, mode):
+def test_out_of_range_index_raises_and_leaves_the_state_eager_leaves(case, update_buffer, mode):
+    """After a buffer update the check is in the program; after only ``zero_grad()`` an index
+    argument is checked on the host before the program runs (NOTE [Index checks in a compiled step])."""
     op, good, bad, message = CASES[case]
-    s, reference = setup(op, mode), setup(op, "eager")
+    s, reference = setup(op, mode, update_buffer), setup(op, "eager", update_buffer)
     good_index, bad_index = xgrad.tensor(np.asarray(good)), xgrad.tensor(np.asarray(bad))
     s["step"](good_index), reference["step"](good_index)
     before = state(s)
@@ -107,8 +118,8 @@ def test_out_of_range_index_raises_and_leaves_the_state_eager_leaves(case, mode)
     after = state(s)
     # What ran before the op did (zero_grad, the buffer update); nothing after it (hook, backward, optimizer).
     assert after["grad"] is None and after["hooks"] == 1
-    np.testing.assert_array_equal(after["buffer"], before["buffer"] + 1.0)
-    assert after["buffer_version"] == before["buffer_version"] + 1
+    np.testing.assert_array_equal(after["buffer"], before["buffer"] + update_buffer)
+    assert after["buffer_version"] == before["buffer_version"] + update_buffer
     assert_states_equal({**after, "grad": None, "buffer": None, "buffer_version": None},
                         {**before, "grad": None, "buffer": None, "buffer_version": None})
     # The same as eager, and the next good call works.
@@ -120,6 +131,7 @@ def test_out_of_range_index_raises_and_leaves_the_state_eager_leaves(case, mode)
         assert_states_equal(state(s), state(reference), rtol=1e-12)
     if mode == "compile":
         assert s["step"].stats()["compiles"] == 1 and s["step"].stats()["fallbacks"] == 0
+        assert _checked_in_program(s["step"]) == update_buffer
 
 
 @pytest.mark.parametrize("mode", ["eager", "compile"])

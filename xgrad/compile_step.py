@@ -68,6 +68,12 @@
 # check are skipped (they see whether a check failed before them), so hooks run as
 # eagerly: up to the failing op. Checks under a ``jax.jit``/``vmap`` nested in ``fn``
 # run at another trace level and keep JAX's behaviour, as under plain ``jax.jit``.
+# Reading the flags waits for the whole program, which costs a loop that never waits on
+# its steps JAX's asynchronous dispatch. So the common check, of indices the call was
+# given as they are (targets, token ids), reached before any state but cleared grads
+# changed and before any hook ran, is done on the host before the program is
+# dispatched, by eager's own ``check_index_range`` (a NumPy read on CPU); it raises
+# with the same state eager leaves. Only the other checks need the flags.
 """
 
 from __future__ import annotations
@@ -194,6 +200,11 @@ class _Recorder:
         self.outputs: list[Any] = []  # the program's outputs, each once (``output``)
         self.output_index: dict[int, int] = {}
         self.checks: list[_Check] = []
+        # Checks of an argument's own index values, done on the host before the program runs
+        # (NOTE [Index checks in a compiled step]): (leaf, size, message, negative, ignore, writes).
+        self.host_checks: list[tuple[int, int, str, bool, int | None, list[Any]]] = []
+        self.arg_leaves: dict[int, int] = {}  # id(an argument's tracer) -> its leaf
+        self.host_calls = 0  # ordered host calls traced so far (hooks)
         # Hooks added while tracing: (their dict, handle id, the user's line, whether the owner outlives the call).
         self.added_hooks: list[tuple[Any, int, str, bool]] = []
         self.first_sequence_nr = _sequence.next()  # nodes made by the trace number above it
@@ -301,8 +312,17 @@ def _trace_check(index: Any, size: int, message: str, negative: bool, ignore: in
         return  # another thread, or a JAX transformation inside ``fn``: JAX's behaviour
     if not jnp.issubdtype(index.dtype, jnp.integer):
         return
-    failed, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
     writes = _state_writes(rec, call_site())
+    leaf = rec.arg_leaves.get(id(index))
+    if (
+        leaf is not None
+        and not rec.checks
+        and not rec.host_calls
+        and all(what == "requires_grad" or (what == "grad" and value is None) for _, what, value, _ in writes)
+    ):
+        rec.host_checks.append((leaf, size, message, negative, ignore, writes))
+        return
+    failed, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
     rec.checks.append(_Check(failed, first, message, writes))
 
 
@@ -605,6 +625,7 @@ def _ordered_host_call(
     """
     rec = _active
     assert rec is not None
+    rec.host_calls += 1
     failed = rec.failed_so_far()
     shapes = result_shapes
     if reports is not None:
@@ -673,14 +694,15 @@ class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "checks", "consts", "flags", "guards", "inputs", "jitted", "n_dyn_args", "result_template",
-        "result_tree", "writes",
+        "aliased", "arg_tensor_slots", "checks", "consts", "flags", "guards", "host_checks", "inputs", "jitted", "n_dyn_args",
+        "result_template", "result_tree", "writes",
     )
     aliased: list[list[Any]]
     arg_tensor_slots: tuple[int, ...]
     checks: tuple[tuple[str, int, list[Any]], ...]  # message, first bad entry's output, writes at the check
     consts: list[tuple[str, Any]]
     guards: list[tuple[Any, bool, tuple[Any, ...]]]
+    host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
     inputs: list[tuple[int, Any]]
     flags: int | None  # the output holding the checks' flags (NOTE [Index checks in a compiled step])
     jitted: Any
@@ -792,6 +814,12 @@ class CompiledFunction:
         return True
 
     def _run(self, entry: _Entry, leaves: list[Any]) -> Any:
+        for leaf, size, message, negative, ignore, writes in entry.host_checks:
+            try:
+                ops_util.check_index_range(leaves[leaf], size, message, negative, ignore)
+            except IndexOutOfRangeError:
+                _apply_writes(writes, (), leaves)  # the state as eager leaves it when the op raises
+                raise
         inputs = []
         for kind, source in entry.inputs:  # one loop, no calls for the common kinds: it runs every step
             if kind == 0:
@@ -862,6 +890,7 @@ class CompiledFunction:
             recorder.trace = get_opaque_trace_state(convention="xgrad")
             call_leaves = list(leaves)
             for i, tracer in zip(dyn_slots, tracers, strict=True):
+                recorder.arg_leaves[id(tracer)] = i
                 leaf = leaves[i]
                 if isinstance(leaf, Tensor):
                     snap = recorder.snapshots.get(id(leaf))
@@ -902,7 +931,8 @@ class CompiledFunction:
         entry = _Entry()
         entry.arg_tensor_slots = tuple(dyn_slots)
         entry.n_dyn_args = len(dyn_slots)
-        entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags = found["layout"]
+        (entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags,
+         entry.host_checks) = found["layout"]
         entry.guards = [(ref, grad_read, _guard(ref(), grad_read)) for ref, grad_read in guard_refs if ref() is not None]
         consts: list[tuple[str, Any]] = []
         for c in closed.consts:
@@ -979,7 +1009,7 @@ def _collect(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[An
             template.append(("static", value, None))
     checks = tuple((c.message, recorder.output(c.first), c.writes) for c in recorder.checks)
     flags = recorder.output(jnp.stack([c.failed for c in recorder.checks])) if checks else None
-    found["layout"] = (writes, template, result_tree, guards, checks, flags)
+    found["layout"] = (writes, template, result_tree, guards, checks, flags, tuple(recorder.host_checks))
     return recorder.outputs
 
 
