@@ -305,6 +305,8 @@ SHAPE_ERRORS = [
     ("cat sizes", lambda: xgrad.cat([xgrad.zeros(2, 3), xgrad.zeros(2, 2)]), RuntimeError, r"^Sizes of tensors must match except in dimension 0. Expected size 3 but got size 2 for tensor number 1 in the list.$"),
     ("cat 0-dim", lambda: xgrad.cat([xgrad.tensor(1.0)]), RuntimeError, r"^zero-dimensional tensor \(at position 0\) cannot be concatenated$"),
     ("cat empty", lambda: xgrad.cat([]), RuntimeError, "non-empty list of Tensors"),
+    ("where float condition", lambda: xgrad.where(xgrad.ones(2), 1.0, 0.0), RuntimeError,
+     "^where expected condition to be a boolean tensor, but got a tensor with dtype Float$"),
     ("item of many", lambda: xgrad.zeros(2, 3).item(), RuntimeError, "^a Tensor with 6 elements cannot be converted to Scalar$"),
     ("bool of many", lambda: bool(xgrad.zeros(2)), RuntimeError, "^Boolean value of Tensor with more than one value is ambiguous$"),
     ("bool of none", lambda: bool(xgrad.zeros(0)), RuntimeError, "^Boolean value of Tensor with no values is ambiguous$"),

@@ -16,7 +16,7 @@ import numpy as np
 
 from xgrad.ops._util import as_array, nondiff
 from xgrad.ops.registry import defprim
-from xgrad.tensor import Tensor
+from xgrad.tensor import Tensor, torch_dtype_name
 
 _SQRT_2 = math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -305,7 +305,12 @@ def where(condition: Any, x: Any, y: Any) -> Tensor:
     >>> xgrad.where(x > 0, x, 0.0).tolist()
     [1.0, 0.0]
     """
-    return where_(as_array(condition), x, y)
+    condition = as_array(condition)
+    if jnp.result_type(condition) != jnp.bool_:  # JAX would take any nonzero as true
+        raise RuntimeError(
+            f"where expected condition to be a boolean tensor, but got a tensor with dtype {torch_dtype_name(jnp.result_type(condition))}"
+        )
+    return where_(condition, x, y)
 
 
 def _clamp_x_grad(g: Tensor, out: Any, x: Tensor, lo: Any, hi: Any) -> Tensor:
