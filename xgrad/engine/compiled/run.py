@@ -21,6 +21,7 @@ from xgrad.engine.compiled.key import Walk
 from xgrad.engine.compiled.lower import (
     Program,
     Segment,
+    Traced,
     Values,
     Variant,
     abstract,
@@ -54,12 +55,12 @@ def _call(variant: Variant, args: list[Any]) -> Any:
     device = variant.device
     if device is None:
         try:
-            return variant.plain(*args)
+            return variant.traced.plain(*args)
         except ValueError as exc:
             if "incompatible devices" not in str(exc):
                 raise
             device = variant.device = _one_device(args)
-    return variant.plain(*[jax.device_put(a, device) for a in args])
+    return variant.traced.plain(*[jax.device_put(a, device) for a in args])
 
 
 def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tensor], create_graph: bool) -> Any:
@@ -80,23 +81,24 @@ def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tenso
             live_tree, old_mask, tuple((a.shape, a.dtype) for a in live_arrays), tuple((g._array.shape, g._array.dtype) for g in old)
         )
         variant = segment.variants.get(signature)
-        start = time.perf_counter() if variant is None or variant.fresh else 0.0
+        start = time.perf_counter() if variant is None or variant.traced.fresh else 0.0
         if variant is None:
             arrays = [*map(array_of, saved), *live_arrays, *(t._array for t in root_tensors), *(g._array for g in old)]
             layout = (len(saved), live_tree, len(live_leaves), len(root_tensors), old_mask)
             variant = compile_variant(segment, [abstract(a.shape, a.dtype) for a in arrays], layout, signature)
-        run_start = time.perf_counter() if variant.fresh else 0.0
+        traced = variant.traced
+        run_start = time.perf_counter() if traced.fresh else 0.0
         if create_graph:
-            outs = _run_differentiable(variant, saved, live_leaves, root_tensors, old)
+            outs = _run_differentiable(traced, saved, live_leaves, root_tensors, old)
         else:
             inputs = [*saved, *live_arrays, *(t._array for t in root_tensors), *(g._array for g in old)]
-            args = [inputs[i] for i in variant.used]
+            args = [inputs[i] for i in traced.used]
             if variant.shardings is None:
                 variant.shardings = [getattr(a, "sharding", None) for a in args]
             outs = [Tensor(a) for a in _call(variant, args)]
-        if variant.fresh:  # the first call compiles: count it as compile time
+        if traced.fresh:  # the first call compiles: count it as compile time
             jax.block_until_ready([t._array for t in outs])
-            variant.fresh = False
+            traced.fresh = False
             end = time.perf_counter()
             counters.add("compile_seconds", end - run_start)
             walk.compile_seconds += end - start
@@ -117,18 +119,18 @@ def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tenso
     return live, grads, captures, retained
 
 
-def _run_differentiable(variant: Variant, saved: list[Any], live: list[Tensor], roots: list[Tensor], old: list[Tensor]) -> list[Tensor]:
+def _run_differentiable(traced: Traced, saved: list[Any], live: list[Tensor], roots: list[Tensor], old: list[Tensor]) -> list[Tensor]:
     """Run a segment as one ``from_jax`` op: its outputs are differentiable (create_graph).
 
     An output that depends on no input requiring grad is detached, as eager's would
     have no ``grad_fn``.
     """
     tensors = [x if isinstance(x, Tensor) else Tensor(jnp.asarray(x)) for x in saved] + live + roots + old
-    if not variant.deps:
+    if not traced.deps:
         return []
-    outs = list(variant.op(*tensors))
+    outs = list(traced.op(*tensors))
     requires = [t.requires_grad for t in tensors]
-    return [o if any(requires[i] for i in deps) else Tensor(o._array) for o, deps in zip(outs, variant.deps, strict=True)]
+    return [o if any(requires[i] for i in deps) else Tensor(o._array) for o, deps in zip(outs, traced.deps, strict=True)]
 
 
 def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tensor], keep_graph: bool, create_graph: bool,
