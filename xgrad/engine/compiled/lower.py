@@ -481,10 +481,12 @@ def tracing() -> Iterator[None]:
 # costs the walk plus a few compiles, whatever its length; a hit costs one call per
 # chunk.
 
-#: A segment with more steps than this is compiled in chunks (NOTE [Chunks]).
-CHUNK_THRESHOLD = 600
+#: A segment with more steps than this is compiled in chunks (NOTE [Chunks]). Measured
+#: on CPU (benchmarks/RESULTS.md): a miss costs about 0.4 ms a step plus 0.1 s a program,
+#: and each chunk adds one call, about 60 µs, to a hit.
+CHUNK_THRESHOLD = 1500
 #: The most steps in one chunk.
-CHUNK_STEPS = 300
+CHUNK_STEPS = 500
 
 
 def _chunk_cuts(steps: list[_Step], phases: list[tuple[int, int]]) -> list[int]:
@@ -557,6 +559,13 @@ class Segment:
         self.first_slot = self.leaf_steps[0].leaf_slot if self.leaf_steps else 0
         self.chunk_key: Any = None  # a chunk's structure, set once the program has all its segments
         self.chunked = chunked
+        # A chunk's inputs and outputs in flight are the buffers of its own steps and of
+        # the steps it sends grads to; others pass it by on the host, so that a grad on its
+        # way to a far step (a long skip) does not make equal chunks differ.
+        self.touches: frozenset[int] | None = None
+        if chunked:
+            targets = (t[0] for op, pos in phases if op == ROUTE for t in steps[pos].targets if t is not None)
+            self.touches = frozenset((*(pos for _, pos in phases), *targets))
 
     @property
     def first(self) -> bool:
@@ -565,6 +574,15 @@ class Segment:
     @property
     def last(self) -> bool:
         return self.index == len(self.program.segments) - 1
+
+    def split_live(self, live: Any) -> tuple[Any, dict[int, Any]]:
+        """``live`` (``Values.live``) as what this segment takes in, and the buffers that pass it by."""
+        if self.touches is None:
+            return live, {}
+        buffers, current = live
+        touches = self.touches
+        inside = {pos: g for pos, g in buffers.items() if pos in touches}
+        return (inside, current), {pos: g for pos, g in buffers.items() if pos not in touches}
 
     def structure(self) -> tuple[Any, ...]:
         """This chunk's structure, positions relative to its first step (NOTE [Chunks])."""
@@ -847,32 +865,36 @@ def pretrace(program: Program, walk: Walk, roots: list[Tensor]) -> None:
     Each segment's live inputs are the previous one's live outputs (host hooks keep
     shapes and dtypes: eager checks what they return); old ``.grad``s come from the key.
     """
-    live_leaves, live_tree = jax.tree_util.tree_flatten(Values().live())
-    live_avals: list[tuple[Any, Any]] = []
+    live: Any = Values().live()  # the grads in flight, abstract
     for item in program.items:
         if type(item) is tuple:
             op, pos = item
             if op == BODY:  # a device move on the host: find what it leaves behind, abstractly
-                live_avals, live_tree = _host_body_avals(program, pos, live_tree, live_avals)
+                live = _host_body_avals(program, pos, live)
             continue
         segment = item
+        live_in, passing = segment.split_live(live)
+        live_avals, live_tree = jax.tree_util.tree_flatten(live_in)
         saved = [abstract(array_of(x).shape, array_of(x).dtype) for x in walk.flat[segment.arg_lo:segment.arg_hi]]
         old_keys = [program.node_keys[s.pos][2] for s in segment.leaf_steps]
         old_mask = tuple(k is not None for k in old_keys)
         old_avals = tuple(k for k in old_keys if k is not None)
         root_avals = [abstract(r._array.shape, r._array.dtype) for r in roots] if segment.first else []
         layout = (len(saved), live_tree, len(live_avals), len(root_avals), old_mask)
-        avals = [*saved, *(abstract(*a) for a in live_avals), *root_avals, *(abstract(*a) for a in old_avals)]
-        variant = compile_variant(segment, avals, layout, (live_tree, old_mask, tuple(live_avals), old_avals))
-        out_avals = variant.traced.out_avals
-        live = jax.tree_util.tree_unflatten(variant.out_tree, range(len(out_avals)))[0]
-        if live is not None:
-            live_leaves, live_tree = jax.tree_util.tree_flatten(live)
-            live_avals = [(out_avals[i].shape, out_avals[i].dtype) for i in live_leaves]
+        avals = [*saved, *live_avals, *root_avals, *(abstract(*a) for a in old_avals)]
+        signature = (live_tree, old_mask, tuple((a.shape, a.dtype) for a in live_avals), old_avals)
+        variant = compile_variant(segment, avals, layout, signature)
+        out = [abstract(a.shape, a.dtype) for a in variant.traced.out_avals]
+        live_out = jax.tree_util.tree_unflatten(variant.out_tree, out)[0]
+        if live_out is not None:
+            live = live_out
+            live[0].update(passing)
 
 
-def _host_body_avals(program: Program, pos: int, live_tree: Any, live_avals: list[tuple[Any, Any]]) -> tuple[list[Any], Any]:
+def _host_body_avals(program: Program, pos: int, live: Any) -> Any:
+    """The grads in flight after a host body (a device move), abstractly, from those before it."""
     step = program.steps[pos]
+    live_avals, live_tree = jax.tree_util.tree_flatten(live)
 
     def body(*arrays: Any) -> Any:
         live = jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in arrays])
@@ -892,6 +914,5 @@ def _host_body_avals(program: Program, pos: int, live_tree: Any, live_avals: lis
         return jax.tree_util.tree_map(array_of, values.live(), is_leaf=is_tensor)
 
     with tracing():
-        out = jax.eval_shape(body, *(abstract(*a) for a in live_avals))
-    leaves, tree = jax.tree_util.tree_flatten(out)
-    return [(a.shape, a.dtype) for a in leaves], tree
+        out = jax.eval_shape(body, *live_avals)
+    return jax.tree_util.tree_map(lambda a: abstract(a.shape, a.dtype), out)

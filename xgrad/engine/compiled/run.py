@@ -66,7 +66,8 @@ def _call(variant: Variant, args: list[Any]) -> Any:
 def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tensor], create_graph: bool) -> Any:
     nodes = walk.nodes
     saved = walk.flat[segment.arg_lo:segment.arg_hi]
-    live_leaves, live_tree = jax.tree_util.tree_flatten(values.live(), is_leaf=is_tensor)
+    live_in, passing = segment.split_live(values.live())
+    live_leaves, live_tree = jax.tree_util.tree_flatten(live_in, is_leaf=is_tensor)
     leaves = [nodes[s.pos].variable for s in segment.leaf_steps]  # type: ignore[attr-defined]
     root_tensors = roots if segment.first else []
     # Read, add and write .grad under eager's accumulate lock: concurrent backwards into
@@ -116,6 +117,8 @@ def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tenso
                     var._grad = grad
                 else:
                     store_into_grad(old_grad, grad._array)
+    if passing:  # what went by this chunk goes on to the next (NOTE [Chunks])
+        live[0].update(passing)
     return live, grads, captures, retained
 
 
