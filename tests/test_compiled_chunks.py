@@ -159,6 +159,29 @@ def test_a_hook_in_the_middle_runs_between_chunks_as_in_eager():
     assert s["chunk_reuses"] > 0
 
 
+def test_retained_grads_inside_reused_chunks():
+    """``retain_grad`` on every fourth value: equal chunks each record their own retained grads."""
+    def run(flag: bool) -> list[np.ndarray]:
+        x = xgrad.tensor(np.array([0.5, 1.5]), requires_grad=True)
+        h, kept = x, []
+        for i in range(32):
+            h = h * 1.1
+            if i % CHUNK == 1:
+                h.retain_grad()
+                kept.append(h)
+        (h * h).sum().backward(compiled=flag)
+        return [x.grad.numpy(), *(t.grad.numpy() for t in kept)]
+
+    eager = run(False)
+    for _ in range(2):
+        got = run(True)
+        assert len(got) == len(eager)
+        for a, b in zip(got, eager, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-12)
+    s = compiled.stats()
+    assert s["chunk_reuses"] > 0 and s["hits"] == 1
+
+
 class Cube(Function):
     @staticmethod
     def forward(ctx, x):  # noqa: ANN001, ANN205

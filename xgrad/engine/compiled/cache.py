@@ -14,7 +14,7 @@ from xgrad.engine.compiled.switch import WARN_RECOMPILE, RecompileWarning
 
 DEFAULT_CACHE_SIZE = 256
 #: Compiled chunks of long graphs kept for reuse (NOTE [Chunks] in lower.py), least recently used go first.
-CHUNK_CACHE_SIZE = 1024
+CHUNK_CACHE_SIZE = 256
 #: Misses at one call site beyond this many warn once, naming what changed in the key.
 RECOMPILE_WARNING_LIMIT = 8
 _XGRAD_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -3,9 +3,10 @@
 NOTE [Compiled backward], stage 3. ``Program`` turns the walk's nodes into ``_Step``s
 (the static facts of each node, none of its values) and the steps into phases
 (capture, pre-hooks, body, post-hooks, route): the eager engine's per-node work,
-run here on tracers. ``Segment`` is a maximal run of traced phases; ``Variant`` is
-a segment traced and jitted for one layout of its inputs. ``pretrace`` traces every
-segment before any runs.
+run here on tracers. ``Segment`` is a maximal run of traced phases, or a chunk of a
+long one (NOTE [Chunks]); ``Traced`` is a segment traced and jitted for one layout of
+its inputs, and ``Variant`` a segment's use of one (chunks of equal structure share a
+``Traced``). ``pretrace`` traces every segment before any runs.
 """
 
 from __future__ import annotations
@@ -470,16 +471,20 @@ def tracing() -> Iterator[None]:
 # to the next, as across a hook). A cut falls between two steps, at the latest point
 # in the second half of the window where the fewest grads are in flight, so the chunks
 # of a repeating graph (a chain, a deep model's identical blocks) start at the same
-# point of the repeat and have the same structure.
-# Each chunk is cached by that structure (``cache.chunks``): its steps' keys without the
-# discovery indices of their edges, its edges as positions relative to its first step,
-# its phases, whether it is first or last, and the layout and avals of its inputs. A
-# chunk equal to one compiled before takes that one's ``Traced`` (its jaxpr and jitted
-# callable) without tracing anything: the flat inputs and outputs line up, since every
-# position and leaf slot in them differs by one offset and pytrees order dict keys by
-# value; only the output pytree is renumbered (``Variant``). So a miss on a long chain
-# costs the walk plus a few compiles, whatever its length; a hit costs one call per
-# chunk.
+# point of the repeat and have the same structure. A chunk takes in and gives back
+# only the grads in flight to its own steps and to those it sends grads to; the rest
+# (a long skip's grad, on its way to a far step) pass it by on the host.
+# Each chunk is cached by that structure (``cache.chunks``, bounded, emptied by
+# ``reset``): its steps' keys without the discovery indices of their edges, its edges
+# as positions relative to its first step, its phases, whether it is first or last,
+# and the layout and avals of its inputs. A chunk equal to one compiled before takes
+# that one's ``Traced`` (its jaxpr and jitted callable) without tracing anything: the
+# flat inputs and outputs line up, since every position and leaf slot in them differs
+# by one offset and pytrees order dict keys by value; only the output pytree is
+# renumbered (``Variant``). So a miss on a long chain costs the walk plus a few
+# compiles, whatever its length; a hit costs one call per chunk. ``Program.hlo_text(i)``
+# shows chunk ``i``; a cached ``Traced`` keeps the program it was traced in (its
+# ``op`` retraces that segment under create_graph), none of a user's graph.
 
 #: A segment with more steps than this is compiled in chunks (NOTE [Chunks]). Measured
 #: on CPU (benchmarks/RESULTS.md): a miss costs about 0.4 ms a step plus 0.1 s a program,
