@@ -76,6 +76,8 @@ class _NodeView(Node):
 
 def _traced_metadata(meta: tuple[Any, ...]) -> tuple[Any, ...]:
     """Input metadata without shardings: inside a program XLA places the values."""
+    if len(meta) == 1 and meta[0] is not None:  # most nodes: one output
+        return (InputMetadata(meta[0].shape, meta[0].dtype, None),)
     return tuple(None if m is None else InputMetadata(m.shape, m.dtype, None) for m in meta)
 
 
@@ -207,6 +209,7 @@ def _hook_views(name: str, meta: tuple[Any, ...], key: Any) -> tuple[Any, Any]:
 def _build_steps(walk: Walk) -> list[_Step]:
     nodes = walk.nodes
     position = {node: pos for pos, node in enumerate(nodes)}
+    views_of: dict[Node, _NodeView] = {}
     steps = []
     leaf_slots = 0
     for pos, (node, nkey) in enumerate(zip(nodes, walk.key[4], strict=True)):
@@ -231,7 +234,11 @@ def _build_steps(walk: Walk) -> list[_Step]:
         for next_fn, input_nr in node.next_edges:
             target = position.get(next_fn) if next_fn is not None else None
             targets.append(None if target is None else (target, input_nr))
-            view = None if next_fn is None else _NodeView(next_fn.name(), _traced_metadata(next_fn.input_metadata))
+            view = None
+            if next_fn is not None:
+                view = views_of.get(next_fn)
+                if view is None:  # one view per node, shared by the edges into it
+                    view = views_of[next_fn] = _NodeView(next_fn.name(), _traced_metadata(next_fn.input_metadata))
             views.append(Edge(view, input_nr))
         step.targets = targets
         step.edge_views = tuple(views)
