@@ -119,6 +119,57 @@ def test_op_compiled_matches_eager(spec):
     assert_grads_match(spec.op, *inputs, reference=spec.ref, modes=("eager", "compiled"))
 
 
+@pytest.fixture
+def unfused_rules():
+    """Every primitive forgets its fused rules: the next eager backward of each signature runs op by op."""
+    for prim in xgrad.ops.REGISTRY.values():
+        prim._fused.clear()
+
+
+@pytest.mark.parametrize("spec", ONE_PER_OP, ids=[s.id for s in ONE_PER_OP])
+def test_op_fused_rules_match_jax(spec, unfused_rules):
+    """The first eager backward runs each node's rules op by op; the second runs them as one jitted
+    call where that pays (NOTE [Fused eager rules]): both against jax."""
+    inputs = spec.sample(np.random.default_rng(4), 0)
+    for _ in range(2):
+        assert_grads_match(spec.op, *inputs, reference=spec.ref, modes=("eager", "jax"))
+
+
+def test_fused_rules_dispatch_once_per_node(unfused_rules):
+    x_np = np.linspace(-1.0, 1.0, 5)
+    x = xgrad.tensor(x_np, requires_grad=True)
+    for _ in range(2):  # the first backward learns what each node's rules dispatch
+        x.grad = None
+        xgrad.tanh(x).sum().backward()
+    x.grad = None
+    loss = xgrad.tanh(x).sum()
+    before = xgrad.ops.registry._dispatches
+    loss.backward()
+    # SumBackward (broadcast, reshape) and TanhBackward (g * (1 - out * out)) each ran as one
+    # jitted call, which does not pass through Primitive.dispatch.
+    assert xgrad.ops.registry._dispatches == before
+    np.testing.assert_allclose(np.asarray(x.grad.array), 1 - np.tanh(x_np) ** 2, rtol=1e-12)
+    # Recording a graph of the backward (create_graph) still runs the rules op by op.
+    x.grad = None
+    (g,) = xgrad.autograd.grad(xgrad.tanh(x).sum(), x, create_graph=True)
+    (gg,) = xgrad.autograd.grad(g.sum(), x)
+    np.testing.assert_allclose(np.asarray(gg.array), -2 * np.tanh(x_np) * (1 - np.tanh(x_np) ** 2), rtol=1e-12)
+
+
+def test_a_rule_that_reads_a_concrete_value_stays_op_by_op(unfused_rules):
+    def rule(g, out, x):
+        return g * float(x.sum().item())  # a concrete value: cannot be traced
+
+    op = xgrad.ops.defprim("fused_test_concrete_rule", jnp.sin, (rule,))
+    try:
+        for values in ([1.0, 2.0], [3.0, 4.0], [5.0, 6.0]):
+            x = xgrad.tensor(np.array(values), requires_grad=True)
+            op(x).sum().backward()
+            np.testing.assert_allclose(np.asarray(x.grad.array), [sum(values)] * 2)
+    finally:
+        del xgrad.ops.REGISTRY[op.primitive.name]
+
+
 def test_to_device_compiled_second_order():
     """Compiled ``create_graph=True`` through a device move (``.to`` is differentiable compiled too)."""
     x = np.linspace(-1, 1, 3)

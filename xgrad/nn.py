@@ -764,8 +764,7 @@ class Linear(Module):
         self.bias = Parameter(jax.random.uniform(kb, (out_features,), dtype, -bound, bound)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        y = x @ self.weight.T
-        return y + self.bias if self.bias is not None else y
+        return ops.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

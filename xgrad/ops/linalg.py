@@ -1,5 +1,6 @@
 """Contractions and norms: ``matmul`` (rules in xgrad ops), ``einsum`` and ``conv2d`` (rules from jax.vjp),
-``norm`` (a 2-norm primitive), and the composites ``outer``, ``bmm``, ``baddbmm``, ``linear``, ``normalize``."""
+``norm`` (a 2-norm primitive), ``linear`` (a primitive, as PyTorch's addmm), and the composites ``outer``, ``bmm``,
+``baddbmm``, ``normalize``."""
 
 from __future__ import annotations
 
@@ -219,6 +220,31 @@ def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, dtyp
     return sum(abs(x) ** p, dim=axes, keepdim=keepdim) ** (1.0 / p)
 
 
+def _linear_impl(x: Any, w: Any, b: Any) -> Any:
+    y = jnp.matmul(x, w.T)
+    return y if b is None else y + b
+
+
+def _linear_input_grad(g: Tensor, out: Any, x: Any, w: Tensor, b: Any) -> Tensor:
+    return g @ w
+
+
+def _linear_weight_grad(g: Tensor, out: Any, x: Tensor, w: Any, b: Any) -> Tensor:
+    if x.ndim == 1:
+        return g.unsqueeze(-1) * x
+    if x.ndim > 2:  # the batch flattened: one GEMM, not a batched product summed down
+        g, x = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+    return g.mT @ x
+
+
+def _linear_bias_grad(g: Tensor, out: Any, x: Any, w: Any, b: Any) -> Tensor:
+    return g.sum_to((g.shape[-1],))
+
+
+# One node for ``x @ w.T + b``, as PyTorch's addmm: one dispatch forward, one rule call backward.
+_linear = defprim("linear", _linear_impl, (_linear_input_grad, _linear_weight_grad, _linear_bias_grad))
+
+
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear``: ``input @ weight.T + bias`` with ``weight`` of shape ``(out_features, in_features)``.
 
@@ -226,6 +252,14 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     >>> xgrad.linear(xgrad.tensor([[1.0, 2.0]]), xgrad.tensor([[1.0, 1.0], [0.0, 1.0]]), xgrad.tensor([0.5, 0.0])).tolist()
     [[3.5, 2.0]]
     """
+    if (
+        weight.ndim == 2
+        and input.ndim >= 1
+        and input.shape[-1] == weight.shape[1]
+        and (bias is None or bias.shape == (weight.shape[0],))
+    ):
+        return _linear(input, weight, bias)
+    # Other shapes (a 1-D weight, a broadcasting bias, a mismatch to report) as the composite.
     out = matmul(input, weight.mT if weight.ndim == 2 else weight)
     return out if bias is None else out + bias
 

@@ -47,7 +47,7 @@ class Primitive:
     """
 
     __slots__ = (
-        "_jitted", "_reads", "_saves", "impl", "jit", "joint_vjp", "name", "node_name", "num_outputs", "save", "save_out", "vjps",
+        "_fused", "_jitted", "_reads", "_saves", "impl", "jit", "joint_vjp", "name", "node_name", "num_outputs", "save", "save_out", "vjps",
     )
 
     def __init__(
@@ -71,6 +71,7 @@ class Primitive:
         self.num_outputs = num_outputs
         self.jit = jit
         self._jitted: dict[Any, Callable[..., Any]] = {}
+        self._fused: dict[Any, Any] = {}  # NOTE [Fused eager rules]
         self._reads = None if self.vjps is None else tuple(_rule_reads(rule) for rule in self.vjps)
         self._saves: dict[tuple[bool, ...], tuple[frozenset[int] | None, bool]] = {}
 
@@ -115,6 +116,8 @@ class Primitive:
         # every op a backward rule calls. Params that cannot be hashed (index arrays)
         # run the plain ``impl``.
         """
+        global _dispatches
+        _dispatches += 1
         if not self.jit:
             return self.impl(*arrays, **params)
         try:
@@ -148,6 +151,47 @@ class Primitive:
             i += 1
         return grads
 
+    def eager_backward(self, g: Any, out: Any, inputs: Sequence[Any], params: dict[str, Any], needed: Sequence[bool]) -> list[Any]:
+        """``backward`` for the eager engine without ``create_graph``: one jitted call when that pays.
+
+        # NOTE [Fused eager rules]
+        # A rule written in xgrad ops dispatches each op on its own (``g @ y.mT`` is two
+        # jitted calls, tanh's ``g * (1 - out * out)`` three), and on small tensors each
+        # dispatch costs more than its arithmetic. Where no graph is recorded, a node's
+        # rules run instead as one ``jax.jit`` of those same rules, traced on tensors that
+        # wrap tracers and cached per primitive and static signature: the static params,
+        # which grads are needed, and what each rule argument is (an array, a Python
+        # float passed as a weakly typed scalar, or a static value such as an ``Aval``).
+        # The first node of a signature runs op by op and counts its dispatches; only a
+        # signature whose rules made two or more is fused (a rule that returns ``g`` as
+        # it is, or makes one call, gains nothing), so a model's first step compiles no
+        # more than before. Rules that cannot be traced (they read a concrete value),
+        # traced values (``xgrad.compile``, vmap), anomaly mode and primitives made with
+        # ``register=False`` (whose rules may be instrumented) stay op by op. A registered
+        # rule is pure (NOTE [Derivatives are data]): it runs when traced, as under ``jax.jit``.
+        """
+        if REGISTRY.get(self.name) is not self:  # made at run time (``register=False``): rules run as written
+            return self.backward(g, out, inputs, params, needed)
+        key, g_arrays, arrays = _fusion_signature(g, out, inputs, params, needed)
+        if key is None:
+            return self.backward(g, out, inputs, params, needed)
+        fused = self._fused.get(key)
+        if fused is None:
+            before = _dispatches
+            grads = self.backward(g, out, inputs, params, needed)
+            if len(self._fused) >= _MAX_FUSED:
+                self._fused.clear()
+            self._fused[key] = _fuse(self, key, params) if _dispatches - before >= 2 else _UNFUSED
+            return grads
+        if fused is not _UNFUSED:
+            try:
+                results = fused(g_arrays, arrays)
+            except Exception:  # noqa: BLE001 - untraceable rules: op by op raises any real error
+                self._fused[key] = _UNFUSED
+            else:
+                return [None if r is None else Tensor(r) for r in results]
+        return self.backward(g, out, inputs, params, needed)
+
     @property
     def host_only(self) -> bool:
         """Registered primitives that do not jit their forward are device moves: one XLA
@@ -156,6 +200,82 @@ class Primitive:
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"
+
+
+_dispatches = 0  # Primitive.dispatch calls so far (NOTE [Fused eager rules])
+_MAX_FUSED = 256  # signatures kept per primitive
+_UNFUSED = object()  # a signature whose rules stay op by op
+_ARRAY = object()  # in a signature: an argument passed as an array
+_SCALAR = object()  # in a signature: a Python float passed as a weakly typed scalar
+
+
+def _fusion_signature(g: Any, out: Any, inputs: Sequence[Any], params: dict[str, Any], needed: Sequence[bool]) -> tuple[Any, Any, list[Any]]:
+    """The static key of a node's rules and their array arguments, or ``(None, ...)`` when they cannot be fused."""
+    arrays: list[Any] = []
+    signature: list[Any] = []
+    for value in inputs:
+        kind = type(value)
+        if kind is Tensor or isinstance(value, Tensor):  # Parameters too: never a static value
+            signature.append(_ARRAY)
+            arrays.append(value._array)
+        elif kind is float:
+            signature.append(_SCALAR)
+            arrays.append(_device_scalar(value))
+        else:
+            signature.append(value)
+    # What the rules get as ``out``: the output(s) saved, or only their metadata (shape and dtype).
+    if isinstance(out, Tensor):
+        out_signature: Any = ("array",)
+        arrays.append(out._array)
+    elif type(out) is InputMetadata:
+        out_signature = ("metadata", out.shape, out.dtype)
+    elif type(out) is tuple and out and isinstance(out[0], Tensor):
+        out_signature = ("arrays", len(out))
+        arrays.extend(o._array for o in out)
+    elif type(out) is tuple:
+        out_signature = ("metadatas", tuple((m.shape, m.dtype) for m in out))
+    else:
+        return None, None, arrays
+    g_arrays = g._array if isinstance(g, Tensor) else tuple(gi._array for gi in g)
+    for a in arrays:
+        if isinstance(a, jax.core.Tracer):
+            return None, None, arrays
+    if isinstance(g_arrays, jax.core.Tracer) or (type(g_arrays) is tuple and any(isinstance(a, jax.core.Tracer) for a in g_arrays)):
+        return None, None, arrays
+    try:
+        key = (tuple(params.items()) if params else (), tuple(needed), tuple(signature), out_signature)
+        hash(key)
+    except TypeError:  # unhashable params or constants (index arrays)
+        return None, None, arrays
+    return key, g_arrays, arrays
+
+
+def _fuse(prim: Primitive, key: Any, params: dict[str, Any]) -> Callable[..., Any]:
+    """One ``jax.jit`` of ``prim``'s rules for the signature ``key`` (NOTE [Fused eager rules])."""
+    _, needed, signature, out_signature = key
+
+    def rules(g_arrays: Any, arrays: list[Any]) -> list[Any]:
+        it = iter(arrays)
+        inputs = [Tensor(next(it)) if s is _ARRAY else next(it) if s is _SCALAR else s for s in signature]
+        kind = out_signature[0]
+        if kind == "array":
+            out: Any = Tensor(next(it))
+        elif kind == "arrays":
+            out = tuple(Tensor(next(it)) for _ in range(out_signature[1]))
+        elif kind == "metadata":
+            out = InputMetadata(out_signature[1], out_signature[2], None)
+        else:
+            out = tuple(InputMetadata(shape, dtype, None) for shape, dtype in out_signature[1])
+        g = Tensor(g_arrays) if type(g_arrays) is not tuple else tuple(Tensor(a) for a in g_arrays)
+        previous = _grad_state.enabled
+        _grad_state.enabled = False  # a retrace may happen outside the engine's no-grad backward
+        try:
+            grads = prim.backward(g, out, inputs, params, needed)
+        finally:
+            _grad_state.enabled = previous
+        return [None if gi is None else gi._array for gi in grads]
+
+    return jax.jit(rules)
 
 
 REGISTRY: dict[str, Primitive] = {}
@@ -415,6 +535,8 @@ class PrimitiveNode(RuleNode):
 
     __slots__ = ()  # the fields are RuleNode's
 
+    prim: Primitive  # a RuleNode's ``Rules``, here always a registry primitive
+
     def __init__(
         self,
         prim: Primitive,
@@ -453,7 +575,12 @@ class PrimitiveNode(RuleNode):
         if self.holds_tensors:
             inputs = [s.unpack(self) if type(s) is SavedTensor else s for s in inputs]
         out: Any = self.input_metadata if self.saved_out is None else tuple(s.unpack(self) for s in self.saved_out)
-        return self.prim.backward(g, out[0] if num_outputs == 1 else out, inputs, self.params, self.needed_outputs())
+        prim = self.prim
+        if num_outputs == 1:
+            out = out[0]
+        if _grad_state.enabled or not prim.jit or ANOMALY.enabled:  # NOTE [Fused eager rules]
+            return prim.backward(g, out, inputs, self.params, self.needed_outputs())
+        return prim.eager_backward(g, out, inputs, self.params, self.needed_outputs())
 
     def release_variables(self) -> None:
         # Avals and constants stay: a node that saved no tensor can run again, as in PyTorch.
