@@ -528,7 +528,7 @@ def _chunk_cuts(steps: list[_Step], phases: list[tuple[int, int]]) -> list[int]:
     lo = first
     while last - lo + 1 > CHUNK_STEPS:
         best = None
-        for pos in range(lo + CHUNK_STEPS, lo + CHUNK_STEPS // 2 - 1, -1):
+        for pos in range(lo + CHUNK_STEPS, max(lo, lo + CHUNK_STEPS // 2 - 1), -1):  # never at lo: each chunk has a step
             if pos in phase_of and (best is None or in_flight[pos - first] < in_flight[best - first]):
                 best = pos
         if best is None:  # no step starts in the window (cannot happen: segments hold whole runs of steps)
