@@ -494,11 +494,11 @@ def tracing() -> Iterator[None]:
 # ``op`` retraces that segment under create_graph), none of a user's graph.
 
 #: A segment with more steps than this is compiled in chunks (NOTE [Chunks]). Measured
-#: on CPU (benchmarks/RESULTS.md): a miss costs about 0.4 ms a step plus 0.1 s a program,
-#: and each chunk adds one call, about 60 µs, to a hit.
-CHUNK_THRESHOLD = 1500
+#: on CPU (benchmarks/RESULTS.md): a program's compile grows faster than its number of
+#: steps, and each chunk adds one call, about 60 µs, to a hit.
+CHUNK_THRESHOLD = 1024
 #: The most steps in one chunk.
-CHUNK_STEPS = 500
+CHUNK_STEPS = 256
 
 
 def _chunk_cuts(steps: list[_Step], phases: list[tuple[int, int]]) -> list[int]:
