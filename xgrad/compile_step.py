@@ -27,10 +27,53 @@
 #
 # Hooks not marked ``compiled.pure_hook`` run through ``io_callback(ordered=True)`` at
 # their point in the program, with concrete tensors, in eager order
-# (``_host_hook``); pure hooks are traced inline. Python needing a concrete value
+# (``_host_hook``); pure hooks are traced inline. Hooks registered while tracing are
+# taken out again when the trace ends; one that would stay on a tensor or node that
+# outlives the call is not compiled (eager adds one more per call, and all run).
+# A host hook runs with a stand-in for its backward's ``GraphTask`` (``_HostGraphTask``),
+# so ``queue_callback`` inside it works; where the traced backward ran its final
+# callbacks, one more host call runs the ones queued during this call, in queue order,
+# with the state tensors showing their values at that point (``_state_on_host``: the
+# ``.grad``s and the arrays the step changed so far go to the host, and what a callback
+# rebinds among them flows on; an array the step left alone stays on the device, and a
+# callback that changes one raises). That call sits under a ``lax.cond`` on flags the
+# host hooks return (whether callbacks wait), so hooks that queue nothing cost one
+# flag each. A callback queued by traced code (a pure hook, a custom
+# Function's backward) is such a host call too, at its place in the traced backward's
+# list (``_TracedCallbacks``: while tracing, ``GraphTask.final_callbacks`` is one).
+# Python needing a concrete value
 # (``.item()``, ``if t > 0``, ``.numpy()``) makes the call run eagerly after a
 # one-time warning naming the user's line, or raises under ``fallback="error"``; a
 # signature that fell back is remembered and runs eagerly without retracing.
+#
+# Shared with the compiled backward (``xgrad/engine/compiled``): ``RecompileWarning``
+# and ``RECOMPILE_WARNING_LIMIT``, ``TRACER_ERRORS`` (what means "needs a concrete
+# value") and ``call_site`` (the user's line). Not shared, because the concern differs:
+# how hooks reach the host (the backward splits its program into segments and calls
+# hooks between them; a step is one jaxpr traced by running user code, so hooks go
+# through ``io_callback``), the cache (the backward's is process-wide, locked and
+# keyed by graph structure; a step's is per function and keyed by its arguments) and
+# so the stats and recompile reasons (call sites and nodes there, argument leaves here).
+#
+# NOTE [Index checks in a compiled step]
+# Eager ops raise ``IndexError`` for an out-of-range index (``check_index_range`` in
+# ``xgrad/ops/_util.py``); JAX would clamp a read and drop a write. While a step is
+# traced, a check whose index is a tracer of this trace becomes a ``_Check``: a flag
+# (any entry out of range), the first bad entry, the message, and the state writes
+# as they stand at that point of ``fn`` (what eager would have done before raising:
+# a ``zero_grad()`` that ran, an in-place update). The program returns the flags as
+# one vector; a call reads it (one small device-to-host copy, only for programs with
+# checks) and, when a flag is set, applies the writes of the first failed check
+# instead of the final ones and raises the eager error. Host hooks after a failed
+# check are skipped (they see whether a check failed before them), so hooks run as
+# eagerly: up to the failing op. Checks under a ``jax.jit``/``vmap`` nested in ``fn``
+# run at another trace level and keep JAX's behaviour, as under plain ``jax.jit``.
+# Reading the flags waits for the whole program, which costs a loop that never waits on
+# its steps JAX's asynchronous dispatch. So the common check, of indices the call was
+# given as they are (targets, token ids), reached before any state but cleared grads
+# changed and before any hook ran, is done on the host before the program is
+# dispatched, by eager's own ``check_index_range`` (a NumPy read on CPU); it raises
+# with the same state eager leaves. Only the other checks need the flags.
 """
 
 from __future__ import annotations
@@ -38,6 +81,7 @@ from __future__ import annotations
 import collections
 import functools
 import os
+import sys
 import threading
 import time
 import warnings
@@ -49,17 +93,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
-from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
+from jax.extend.core import ClosedJaxpr, get_opaque_trace_state, jaxpr_as_fun
 
 from xgrad.engine import hooks as hooks_module
 from xgrad.engine.anomaly import ANOMALY
+from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT, call_site
+from xgrad.engine.compiled.switch import TRACER_ERRORS, RecompileWarning
+from xgrad.engine.engine import GraphTask
+from xgrad.engine.node import AccumulateGrad, Node, _sequence, current_task
 from xgrad.grad_mode import is_grad_enabled
+from xgrad.ops import _util as ops_util
+from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
 from xgrad.tensor import Tensor
 
 __all__ = ["CompileFallbackError", "CompileFallbackWarning", "CompiledFunction", "RecompileWarning", "compile"]
 
-#: Misses of one compiled function beyond this many warn once, naming what changed.
-RECOMPILE_WARNING_LIMIT = 8
 #: Signatures kept per compiled function (least recently used dropped first).
 CACHE_SIZE = 64
 
@@ -75,11 +123,9 @@ WARN_RECOMPILE = (
     "xgrad.compile recompiled {name} {count} times; the last change: {reason}. Keep shapes, dtypes, shardings and "
     "the state fn touches fixed between calls, or pad inputs to a few sizes."
 )
-_CONCRETE_ERRORS = (
-    jax.errors.ConcretizationTypeError,
-    jax.errors.TracerArrayConversionError,
-    jax.errors.TracerIntegerConversionError,
-    jax.errors.TracerBoolConversionError,
+HOOK_KEPT = (
+    "a hook registered inside the function stays on a tensor or node that outlives the call (eager adds one more every "
+    "call, and they pile up); register it once outside the function, or remove its handle inside it"
 )
 
 
@@ -89,10 +135,6 @@ class CompileFallbackWarning(UserWarning):
 
 class CompileFallbackError(RuntimeError):
     """Raised instead of running eagerly under ``xgrad.compile(fn, fallback="error")``."""
-
-
-class RecompileWarning(UserWarning):
-    """An ``xgrad.compile`` function keeps missing its cache."""
 
 
 class _NotCompilable(Exception):
@@ -105,6 +147,7 @@ class _NotCompilable(Exception):
 # -- recording the state a trace touches ---------------------------------------------
 _ARRAY = Tensor.__dict__["_array"]  # the slots' own descriptors
 _GRAD = Tensor.__dict__["_grad"]
+_FINAL_CALLBACKS = GraphTask.__dict__["final_callbacks"]
 _trace_lock = threading.RLock()  # one trace at a time: the descriptors are per class
 
 
@@ -153,6 +196,34 @@ class _Recorder:
         # Tensors made during the trace: never state, their arrays stay constants.
         # (By id: a WeakSet would compare tensors with ``==``, an op.)
         self.born: dict[int, weakref.ref[Tensor]] = {}
+        self.trace: Any = None  # the step's own trace level (set once ``fn`` is called)
+        self.outputs: list[Any] = []  # the program's outputs, each once (``output``)
+        self.output_index: dict[int, int] = {}
+        self.checks: list[_Check] = []
+        # Checks of an argument's own index values, done on the host before the program runs
+        # (NOTE [Index checks in a compiled step]): (leaf, size, message, negative, ignore, writes).
+        self.host_checks: list[tuple[int, int, str, bool, int | None, list[Any]]] = []
+        self.arg_leaves: dict[int, int] = {}  # id(an argument's tracer) -> its leaf
+        self.host_calls = 0  # ordered host calls traced so far (hooks)
+        # Hooks added while tracing: (their dict, handle id, the user's line, whether the owner outlives the call).
+        self.added_hooks: list[tuple[Any, int, str, bool]] = []
+        self.first_sequence_nr = _sequence.next()  # nodes made by the trace number above it
+        self.host_tasks: dict[int, _HostGraphTask] = {}  # id(a traced GraphTask still running) -> its stand-in
+        self.queued: dict[int, list[Any]] = {}  # id(a stand-in) -> traced flags: callbacks wait on it
+
+    def output(self, value: Any) -> int:
+        """The position of ``value`` among the program's outputs (added on first use)."""
+        index = self.output_index.get(id(value))
+        if index is None:
+            index = self.output_index[id(value)] = len(self.outputs)
+            self.outputs.append(value)
+        return index
+
+    def failed_so_far(self) -> Any:
+        """A traced flag: whether an index check traced before this point failed (``None``: no checks yet)."""
+        if not self.checks:
+            return None
+        return jnp.stack([check.failed for check in self.checks]).any()
 
     def is_born(self, t: Tensor) -> bool:
         ref = self.born.get(id(t))
@@ -177,6 +248,18 @@ class _Recorder:
             self.keep.append(array)
         if source not in entries:
             entries.append(source)
+
+
+class _Check:
+    """One index check traced into a step (NOTE [Index checks in a compiled step])."""
+
+    __slots__ = ("failed", "first", "message", "writes")
+
+    def __init__(self, failed: Any, first: Any, message: str, writes: list[Any]) -> None:
+        self.failed = failed  # traced: any entry out of range
+        self.first = first  # traced, then its output position: the first bad entry
+        self.message = message
+        self.writes = writes  # the state writes as they stood at the check
 
 
 _active: _Recorder | None = None
@@ -222,6 +305,42 @@ def _set_grad(t: Tensor, value: Any) -> None:
     _GRAD.__set__(t, value)
 
 
+def _trace_check(index: Any, size: int, message: str, negative: bool, ignore: int | None) -> None:
+    """``check_index_range`` on a tracer while a step is traced: a ``_Check`` of the program."""
+    rec = _active
+    if rec is None or rec.thread != threading.get_ident() or get_opaque_trace_state(convention="xgrad") != rec.trace:
+        return  # another thread, or a JAX transformation inside ``fn``: JAX's behaviour
+    if not jnp.issubdtype(index.dtype, jnp.integer):
+        return
+    writes = _state_writes(rec, call_site())
+    leaf = rec.arg_leaves.get(id(index))
+    if (
+        leaf is not None
+        and not rec.checks
+        and not rec.host_calls
+        and all(what == "requires_grad" or (what == "grad" and value is None) for _, what, value, _ in writes)
+    ):
+        rec.host_checks.append((leaf, size, message, negative, ignore, writes))
+        return
+    failed, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
+    rec.checks.append(_Check(failed, first, message, writes))
+
+
+def _trace_added(hooks: Any, handle: Any) -> None:
+    """A hook was registered while a step is traced: note it, and whether its owner outlives the call."""
+    rec = _active
+    if rec is None or rec.thread != threading.get_ident():
+        return
+    owner = sys._getframe(2).f_locals.get("self")  # the ``register_*`` method's tensor or node
+    if isinstance(owner, AccumulateGrad):
+        owner = owner.variable
+    if isinstance(owner, Tensor):
+        outlives = not rec.is_born(owner)
+    else:
+        outlives = isinstance(owner, Node) and owner.sequence_nr < rec.first_sequence_nr
+    rec.added_hooks.append((weakref.ref(hooks), handle.id, call_site(), outlives))
+
+
 def tracing() -> bool:
     """Whether this thread is tracing an ``xgrad.compile`` function."""
     rec = _active
@@ -241,16 +360,24 @@ class _Recording:
         _active = self.recorder
         setattr(Tensor, "_array", property(_get_array, _set_array))  # noqa: B010 (a slot: mypy would object)
         setattr(Tensor, "_grad", property(_get_grad, _set_grad))  # noqa: B010
+        setattr(GraphTask, "final_callbacks", property(_FINAL_CALLBACKS.__get__, _set_final_callbacks))  # noqa: B010
         self.outer_wrap = hooks_module.trace_wrapper
         hooks_module.trace_wrapper = _host_hook
+        self.outer_check = ops_util.traced_check
+        ops_util.traced_check = _trace_check
+        self.outer_added = hooks_module.trace_added
+        hooks_module.trace_added = _trace_added
         return self.recorder
 
     def __exit__(self, *exc: object) -> None:
         global _active
         hooks_module.trace_wrapper = self.outer_wrap
+        ops_util.traced_check = self.outer_check
+        hooks_module.trace_added = self.outer_added
         if self.outer is None:
             setattr(Tensor, "_array", _ARRAY)  # noqa: B010
             setattr(Tensor, "_grad", _GRAD)  # noqa: B010
+            setattr(GraphTask, "final_callbacks", _FINAL_CALLBACKS)  # noqa: B010
         _active = self.outer
         _trace_lock.release()
 
@@ -274,14 +401,15 @@ def _host_hook(fn: Any, hooks: Any) -> Any:
         return fn
 
     def call(*args: Any) -> Any:
+        graph_task = _host_graph_task()
         if len(args) == 1 and isinstance(args[0], Tensor) and args[0]._post_accumulate_grad_hooks is hooks:
-            return _post_accumulate_on_host(fn, args[0])
-        return _replacing_hook_on_host(fn, args)
+            return _post_accumulate_on_host(fn, args[0], graph_task)
+        return _replacing_hook_on_host(fn, args, graph_task)
 
     return call
 
 
-def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...]) -> Any:
+def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> Any:
     """A hook whose non-``None`` result replaces its first argument (tensor, pre and post hooks)."""
     leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=_is_tensor)
     first_leaves, first_tree = jax.tree_util.tree_flatten(args[0], is_leaf=_is_tensor)
@@ -291,7 +419,7 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...]) -> Any:
 
     def host(*concrete: Any) -> Any:
         call_args = jax.tree_util.tree_unflatten(tree, [Tensor(jnp.asarray(c)) for c in concrete])
-        result = fn(*call_args)
+        result = _in_backward(graph_task, fn, *call_args)
         if result is None:
             return tuple(np.asarray(c) for c in concrete[:n_first])
         if isinstance(result, list):
@@ -303,46 +431,232 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...]) -> Any:
             )
         return tuple(np.asarray(r._array, dtype=a.dtype) for r, a in zip(r_leaves, first_leaves, strict=True))
 
+    def unchanged(*concrete: Any) -> Any:
+        return tuple(np.asarray(c) for c in concrete[:n_first])
+
     if n_first == 0:
-        io_callback(lambda *c: host(*c) and None, None, *arrays, ordered=True)
+        _ordered_host_call(lambda *c: host(*c) and None, lambda *c: None, None, arrays, graph_task)
         return None
-    out = io_callback(host, tuple(_struct(a) for a in arrays[:n_first]), *arrays, ordered=True)
+    out = _ordered_host_call(host, unchanged, tuple(_struct(a) for a in arrays[:n_first]), arrays, graph_task)
     replaced = jax.tree_util.tree_unflatten(first_tree, [Tensor(o) for o in out])
     return replaced
 
 
-def _post_accumulate_on_host(fn: Any, var: Tensor) -> None:
+def _post_accumulate_on_host(fn: Any, var: Tensor, graph_task: Any) -> None:
     """A post-accumulate-grad hook: run on the real leaf with concrete values; what it rebinds flows on."""
-    grad = var._grad
-    assert grad is not None
-    array = var._array
+    _state_on_host(lambda: _in_backward(graph_task, fn, var), [var], reports=graph_task)
 
-    def host(a: Any, g: Any) -> Any:
-        saved = (_ARRAY.__get__(var, Tensor), _GRAD.__get__(var, Tensor), var._version)
-        _ARRAY.__set__(var, jnp.asarray(a))
-        _GRAD.__set__(var, Tensor(jnp.asarray(g)))
+
+def _state_on_host(
+    call: Callable[[], Any], tensors: list[Tensor], only_changed: bool = False, reports: Any = None, when: Any = None
+) -> None:
+    """Run ``call()`` on the host at this point of the program, ``tensors`` showing their values and ``.grad``s then.
+
+    The real tensors hold these concrete values while ``call`` runs; what it rebinds
+    (an array or a ``.grad``) flows on in the program. With ``only_changed``, an array
+    the step has not rebound so far stays on the device: the real tensor holds that
+    value already, and ``call`` must leave it alone. ``reports``: as for
+    ``_ordered_host_call``; ``when``: a traced flag, the call is made only if it is set.
+    """
+    rec = _active
+    assert rec is not None
+    slots = []  # (tensor, whether its array goes to the host, whether it has a .grad)
+    arrays = []
+    for t in tensors:
+        array, grad = _ARRAY.__get__(t, Tensor), _GRAD.__get__(t, Tensor)
+        snap = rec.snapshots.get(id(t))
+        sent = not only_changed or snap is None or array is not snap.start
+        slots.append((t, sent, grad is not None))
+        if sent:
+            arrays.append(array)
+        if grad is not None:
+            arrays.append(grad._array)
+
+    def host(*concrete: Any) -> Any:
+        saved = [(_ARRAY.__get__(t, Tensor), _GRAD.__get__(t, Tensor), t._version) for t, _, _ in slots]
+        values = iter(concrete)
+        for t, sent, has_grad in slots:
+            if sent:
+                _ARRAY.__set__(t, jnp.asarray(next(values)))
+            _GRAD.__set__(t, Tensor(jnp.asarray(next(values))) if has_grad else None)
         try:
-            fn(var)
-            new_a, new_g = _ARRAY.__get__(var, Tensor), _GRAD.__get__(var, Tensor)
+            call()
+            new = []
+            for (t, sent, has_grad), (before, _, _) in zip(slots, saved, strict=True):
+                array, grad = _ARRAY.__get__(t, Tensor), _GRAD.__get__(t, Tensor)
+                if sent:
+                    new.append(array)
+                elif array is not before:
+                    raise RuntimeError(
+                        f"under xgrad.compile a final callback cannot change a tensor (shape {list(array.shape)}) "
+                        "that the step had not changed before it; change it in the step, or run this step eagerly"
+                    )
+                if (grad is not None) != has_grad:
+                    raise RuntimeError(
+                        "under xgrad.compile a hook or final callback cannot set a .grad to None or set one that was "
+                        "None; zero it instead, or run this step eagerly"
+                    )
+                if grad is not None:
+                    new.append(grad._array)
         finally:
-            _ARRAY.__set__(var, saved[0])
-            _GRAD.__set__(var, saved[1])
-            var._version = saved[2]
-        if new_g is None:
-            raise RuntimeError(
-                "under xgrad.compile a post-accumulate-grad hook cannot set .grad to None; zero it instead, or run "
-                "this step eagerly"
-            )
-        return np.asarray(new_a, dtype=a.dtype), np.asarray(new_g._array, dtype=g.dtype)
+            for (t, _, _), (array, grad, version) in zip(slots, saved, strict=True):
+                _ARRAY.__set__(t, array)
+                _GRAD.__set__(t, grad)
+                t._version = version
+        return tuple(np.asarray(n, dtype=c.dtype) for n, c in zip(new, concrete, strict=True))
 
-    new_array, new_grad = io_callback(host, (_struct(array), _struct(grad._array)), array, grad._array, ordered=True)
-    var._array = new_array
-    var._grad = Tensor(new_grad)
+    def on_host(arrays: Any) -> Any:
+        return _ordered_host_call(host, lambda *c: tuple(np.asarray(a) for a in c), tuple(_struct(a) for a in arrays), arrays, reports)
+
+    outs = iter(on_host(arrays) if when is None else jax.lax.cond(when, on_host, tuple, arrays))
+    for t, sent, has_grad in slots:
+        if sent:
+            t._array = next(outs)
+        if has_grad:
+            t._grad = Tensor(next(outs))
+
+
+class _HostGraphTask:
+    """Stands in on the host for a traced backward's ``GraphTask``: what its hooks queue waits here."""
+
+    __slots__ = ("final_callbacks", "mutex")
+
+    def __init__(self) -> None:
+        self.final_callbacks: list[Callable[[], None]] = []
+        self.mutex = threading.Lock()  # ``queue_callback`` takes it
+
+
+def _host_graph_task() -> _HostGraphTask | None:
+    """While tracing a backward: its host stand-in, whose callbacks run, on the host, when it ends."""
+    graph_task = current_task.graph_task
+    rec = _active
+    if graph_task is None or rec is None:
+        return None
+    key = id(graph_task)
+    stand_in = rec.host_tasks.get(key)
+    if stand_in is None:
+        stand_in = rec.host_tasks[key] = _HostGraphTask()
+
+        def at_the_end() -> None:  # queued now, it runs where the traced backward runs its final callbacks
+            del rec.host_tasks[key]  # the task is done: its id may come again
+            _final_callbacks_on_host(stand_in)
+
+        with graph_task.mutex:
+            list.append(graph_task.final_callbacks, at_the_end)  # itself not a host call: not wrapped
+    return stand_in
+
+
+def _in_backward(graph_task: _HostGraphTask | None, fn: Any, *args: Any) -> Any:
+    """Call a hook on the host as the engine would: ``queue_callback`` inside it queues on ``graph_task``."""
+    previous = current_task.graph_task
+    current_task.graph_task = graph_task
+    try:
+        return fn(*args)
+    finally:
+        current_task.graph_task = previous
+
+
+class _TracedCallbacks(list):  # type: ignore[type-arg]
+    """A traced backward's final callbacks: one queued while tracing runs on the host, once per call, in its place."""
+
+    def append(self, callback: Callable[[], None]) -> None:
+        def on_host() -> None:
+            graph_task = _HostGraphTask()
+            graph_task.final_callbacks.append(callback)
+            _run_final_callbacks(graph_task)
+
+        super().append(lambda: _state_on_host(on_host, _state_owners(), only_changed=True))
+
+
+def _set_final_callbacks(graph_task: GraphTask, value: list[Callable[[], None]]) -> None:
+    rec = _active
+    if rec is not None and rec.thread == threading.get_ident():
+        value = _TracedCallbacks(value)
+    _FINAL_CALLBACKS.__set__(graph_task, value)
+
+
+def _state_owners() -> list[Tensor]:
+    """While tracing: the state tensors touched so far (a ``.grad`` comes with its owner)."""
+    rec = _active
+    assert rec is not None
+    owners = []
+    for snap in rec.snapshots.values():
+        t = snap.ref()
+        if t is not None and type(snap.target) is not tuple:
+            owners.append(t)
+    return owners
+
+
+def _final_callbacks_on_host(graph_task: _HostGraphTask) -> None:
+    """At the end of a traced backward: a host call that runs the callbacks its hooks queued during this call.
+
+    They see the state's values at that point (``_state_on_host``), as eager's do. The
+    call is made only when a hook did queue one: each reports it (``_ordered_host_call``).
+    """
+    rec = _active
+    assert rec is not None
+    queued = rec.queued.pop(id(graph_task), None)
+    if queued:
+        when = jnp.stack(queued).any()
+        _state_on_host(lambda: _run_final_callbacks(graph_task), _state_owners(), only_changed=True, when=when)
+
+
+def _run_final_callbacks(graph_task: _HostGraphTask) -> None:
+    """On the host: run and clear ``graph_task``'s callbacks, as ``GraphTask.exec_post_processing`` does."""
+    callbacks = graph_task.final_callbacks
+    try:
+        i = 0
+        while i < len(callbacks):  # callbacks may queue more: index, do not iterate
+            _in_backward(graph_task, callbacks[i])
+            i += 1
+    finally:
+        callbacks.clear()
+
+
+def _ordered_host_call(
+    host: Callable[..., Any], unchanged: Callable[..., Any], result_shapes: Any, arrays: Any, reports: Any = None
+) -> Any:
+    """``host(*arrays)`` on concrete values at this point of the program, in program order.
+
+    Once an index check traced before this point failed, the call is ``unchanged(*arrays)``
+    instead: eager would have raised before reaching it (NOTE [Index checks in a compiled step]).
+    With ``reports`` (a ``_HostGraphTask``), the call also returns whether callbacks wait on
+    it, a flag the end of the backward reads (``_final_callbacks_on_host``).
+    """
+    rec = _active
+    assert rec is not None
+    rec.host_calls += 1
+    failed = rec.failed_so_far()
+    shapes = result_shapes
+    if reports is not None:
+        host, unchanged = _reporting(host, reports), _reporting(unchanged, None)
+        shapes = (*(result_shapes or ()), jax.ShapeDtypeStruct((), np.bool_))
+    if failed is None:
+        outs = io_callback(host, shapes, *arrays, ordered=True)
+    else:
+
+        def guarded(failed: Any, *concrete: Any) -> Any:
+            return unchanged(*concrete) if failed else host(*concrete)
+
+        outs = io_callback(guarded, shapes, failed, *arrays, ordered=True)
+    if reports is None:
+        return outs
+    rec.queued.setdefault(id(reports), []).append(outs[-1])
+    return None if result_shapes is None else tuple(outs[:-1])
+
+
+def _reporting(fn: Callable[..., Any], graph_task: _HostGraphTask | None) -> Callable[..., Any]:
+    """``fn``'s results, and whether ``graph_task`` has callbacks waiting (never, for ``None``)."""
+
+    def call(*concrete: Any) -> Any:
+        return (*(fn(*concrete) or ()), np.bool_(graph_task is not None and bool(graph_task.final_callbacks)))
+
+    return call
 
 
 # -- the compiled function ------------------------------------------------------------
 def _user_site(tb: Any) -> str:
-    """The innermost frame of a traceback (or the stack) outside xgrad and JAX: the user's line."""
+    """The innermost frame of a traceback outside xgrad and JAX: the user's line."""
     frames = []
     while tb is not None:
         frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
@@ -380,14 +694,17 @@ class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "consts", "guards", "inputs", "jitted", "n_dyn_args", "outputs", "result_template", "result_tree",
-        "writes",
+        "aliased", "arg_tensor_slots", "checks", "consts", "flags", "guards", "host_checks", "inputs", "jitted", "n_dyn_args",
+        "result_template", "result_tree", "writes",
     )
     aliased: list[list[Any]]
     arg_tensor_slots: tuple[int, ...]
+    checks: tuple[tuple[str, int, list[Any]], ...]  # message, first bad entry's output, writes at the check
     consts: list[tuple[str, Any]]
     guards: list[tuple[Any, bool, tuple[Any, ...]]]
+    host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
     inputs: list[tuple[int, Any]]
+    flags: int | None  # the output holding the checks' flags (NOTE [Index checks in a compiled step])
     jitted: Any
     n_dyn_args: int
     result_template: list[tuple[str, Any, Any]]
@@ -433,7 +750,6 @@ class CompiledFunction:
         self._warned_sites: set[str] = set()
         self._last_signature: Any = None
         self._recompile_warned = False
-        self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
 
     def stats(self) -> dict[str, Any]:
@@ -498,6 +814,12 @@ class CompiledFunction:
         return True
 
     def _run(self, entry: _Entry, leaves: list[Any]) -> Any:
+        for leaf, size, message, negative, ignore, writes in entry.host_checks:
+            try:
+                ops_util.check_index_range(leaves[leaf], size, message, negative, ignore)
+            except IndexOutOfRangeError:
+                _apply_writes(writes, (), leaves)  # the state as eager leaves it when the op raises
+                raise
         inputs = []
         for kind, source in entry.inputs:  # one loop, no calls for the common kinds: it runs every step
             if kind == 0:
@@ -510,17 +832,13 @@ class CompiledFunction:
             leaf = leaves[i]
             inputs.append(leaf._array if isinstance(leaf, Tensor) else leaf)
         outs = entry.jitted(*inputs)
-        for target, what, index, version_delta in entry.writes:
-            t = target() if type(target) is weakref.ref else _resolve(target, leaves)
-            if t is None:
-                continue
-            if what == "array":
-                t._array = outs[index]
-                t._version += version_delta
-            elif what == "grad":
-                t._grad = None if index is None else Tensor(outs[index])
-            else:  # requires_grad
-                t._requires_grad = index
+        if entry.flags is not None:
+            failed = np.asarray(outs[entry.flags])  # the one device-to-host read of a program with checks
+            if failed.any():
+                message, first, writes = entry.checks[int(np.argmax(failed))]
+                _apply_writes(writes, outs, leaves)  # the state as eager leaves it when the op raises
+                raise IndexOutOfRangeError(message.format(index=int(outs[first])))
+        _apply_writes(entry.writes, outs, leaves)
         results = []
         for how, value, grad_index in entry.result_template:
             if how == "out":
@@ -569,8 +887,10 @@ class CompiledFunction:
         fn = self.fn
 
         def traced(*tracers: Any) -> Any:
+            recorder.trace = get_opaque_trace_state(convention="xgrad")
             call_leaves = list(leaves)
             for i, tracer in zip(dyn_slots, tracers, strict=True):
+                recorder.arg_leaves[id(tracer)] = i
                 leaf = leaves[i]
                 if isinstance(leaf, Tensor):
                     snap = recorder.snapshots.get(id(leaf))
@@ -595,9 +915,9 @@ class CompiledFunction:
         with _Recording(recorder):
             try:
                 closed = jax.make_jaxpr(traced)(*dyn_values)
-            except _CONCRETE_ERRORS as exc:
+            except TRACER_ERRORS as exc:
                 raise _NotCompilable(
-                    "Python needs a concrete value here (.item(), .numpy(), bool() or int() of a tensor)",
+                    "Python needs a concrete value here (.item(), .numpy(), bool() or int() of a tensor, a boolean mask)",
                     _user_site(exc.__traceback__),
                 ) from exc
             finally:
@@ -605,10 +925,14 @@ class CompiledFunction:
                     t = snap.ref()
                     if t is not None:
                         snap.restore(t)
+                kept = _remove_added_hooks(recorder)
+            if kept is not None:
+                raise _NotCompilable(HOOK_KEPT, kept)
         entry = _Entry()
         entry.arg_tensor_slots = tuple(dyn_slots)
         entry.n_dyn_args = len(dyn_slots)
-        outputs, entry.writes, entry.result_template, entry.result_tree, guard_refs = found["layout"]
+        (entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags,
+         entry.host_checks) = found["layout"]
         entry.guards = [(ref, grad_read, _guard(ref(), grad_read)) for ref, grad_read in guard_refs if ref() is not None]
         consts: list[tuple[str, Any]] = []
         for c in closed.consts:
@@ -626,6 +950,20 @@ class CompiledFunction:
         self._stats["compiles"] += 1
         self._stats["compile_seconds"] += time.perf_counter() - start
         return entry
+
+
+def _remove_added_hooks(recorder: _Recorder) -> str | None:
+    """Take out the hooks the trace registered (a call's own effects are the program's).
+
+    Returns the line that registered one that stayed on a tensor or node outliving the
+    call: eager adds one more such hook every call, which one program cannot do.
+    """
+    kept = None
+    for hooks_ref, handle_id, site, outlives in recorder.added_hooks:
+        hooks = hooks_ref()
+        if hooks is not None and hooks.pop(handle_id, None) is not None and outlives and kept is None:
+            kept = site
+    return kept
 
 
 def _resolve(target: Any, leaves: list[Any]) -> Any:
@@ -647,14 +985,41 @@ def _source_value(target: Any, leaves: list[Any]) -> Any:
 
 def _collect(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
     """Inside the trace, after ``fn``: the program's outputs and where each goes (NOTE [Whole-step compile], 2)."""
-    outputs: list[Any] = []
     leaves, result_tree = jax.tree_util.tree_flatten(result, is_leaf=_is_tensor)
     returned = [weakref.ref(leaf) if isinstance(leaf, Tensor) else None for leaf in leaves]
     returned_values = [_returned_value(leaf) for leaf in leaves]
     del result, leaves
-    writes: list[Any] = []
+    writes = _state_writes(recorder, "the end of the compiled function")
     guards: list[Any] = []
-    site = "the end of the compiled function"
+    for key, snap in recorder.snapshots.items():
+        # Arguments are keyed by the signature, grads by their owner.
+        if snap.ref() is not None and type(snap.target) is weakref.ref:
+            guards.append((snap.ref, key in recorder.grad_read))
+    template: list[Any] = []
+    for ref, value in zip(returned, returned_values, strict=True):
+        t = ref() if ref is not None else None
+        if t is not None and id(t) in recorder.snapshots:
+            template.append(("same", recorder.snapshots[id(t)].target, None))
+        elif ref is not None:
+            array, grad = value
+            template.append(("out", recorder.output(array), None if grad is None else recorder.output(grad)))
+        elif isinstance(value, (jax.Array, jax.core.Tracer)):
+            template.append(("array", recorder.output(value), None))
+        else:
+            template.append(("static", value, None))
+    checks = tuple((c.message, recorder.output(c.first), c.writes) for c in recorder.checks)
+    flags = recorder.output(jnp.stack([c.failed for c in recorder.checks])) if checks else None
+    found["layout"] = (writes, template, result_tree, guards, checks, flags, tuple(recorder.host_checks))
+    return recorder.outputs
+
+
+def _state_writes(recorder: _Recorder, site: str) -> list[Any]:
+    """How the state tensors differ from their snapshots now: what a call writes back (NOTE [Whole-step compile], 2).
+
+    Each write is ``(target, what, value, version_delta)``; ``value`` is an output
+    position (``None`` for a ``.grad`` set to ``None``), or the new ``requires_grad``.
+    """
+    writes: list[Any] = []
     for key, snap in recorder.snapshots.items():
         t = snap.ref()
         if t is None:
@@ -666,40 +1031,35 @@ def _collect(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[An
                 f"an in-place op gave a tensor from outside the function (shape {list(array.shape)}) autograd history, "
                 "which cannot leave the program", site,
             )
-        if type(snap.target) is weakref.ref:  # arguments are keyed by the signature, grads by their owner
-            guards.append((snap.ref, key in recorder.grad_read))
         if array is not snap.start:
-            writes.append((snap.target, "array", len(outputs), t._version - snap.version))
-            outputs.append(array)
-        if grad is not snap.grad:
+            writes.append((snap.target, "array", recorder.output(array), t._version - snap.version))
+        # A ``.grad`` set to ``None`` is written even if it was ``None`` when traced: unless
+        # the trace read it, a call may find it set (``zero_grad()`` before a step's first backward).
+        if grad is not snap.grad or (grad is None and key in recorder.grad_written):
             if grad is not None and grad.grad_fn is not None:
                 raise _NotCompilable(
                     "a .grad with autograd history (backward(create_graph=True)) cannot leave the program; use "
                     "autograd.grad(..., create_graph=True) inside the function instead", site,
                 )
-            writes.append((snap.target, "grad", None if grad is None else len(outputs), 0))
-            if grad is not None:
-                outputs.append(_ARRAY.__get__(grad, Tensor))
+            writes.append((snap.target, "grad", None if grad is None else recorder.output(_ARRAY.__get__(grad, Tensor)), 0))
         if t._requires_grad != snap.requires_grad:
             writes.append((snap.target, "requires_grad", t._requires_grad, 0))
-    template: list[Any] = []
-    for ref, value in zip(returned, returned_values, strict=True):
-        t = ref() if ref is not None else None
-        if t is not None and id(t) in recorder.snapshots:
-            template.append(("same", recorder.snapshots[id(t)].target, None))
-        elif ref is not None:
-            array, grad = value
-            template.append(("out", len(outputs), None if grad is None else len(outputs) + 1))
-            outputs.append(array)
-            if grad is not None:
-                outputs.append(grad)
-        elif isinstance(value, (jax.Array, jax.core.Tracer)):
-            template.append(("array", len(outputs), None))
-            outputs.append(value)
-        else:
-            template.append(("static", value, None))
-    found["layout"] = (None, writes, template, result_tree, guards)
-    return outputs
+    return writes
+
+
+def _apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
+    """Rebind the state a call changed, on the same tensor objects."""
+    for target, what, index, version_delta in writes:
+        t = target() if type(target) is weakref.ref else _resolve(target, leaves)
+        if t is None:
+            continue
+        if what == "array":
+            t._array = outs[index]
+            t._version += version_delta
+        elif what == "grad":
+            t._grad = None if index is None else Tensor(outs[index])
+        else:  # requires_grad
+            t._requires_grad = index
 
 
 def _returned_value(leaf: Any) -> Any:

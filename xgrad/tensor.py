@@ -411,6 +411,9 @@ class Tensor:
 
     def item(self) -> Any:
         self._check_addressable("Tensor.item()")
+        size = self._array.size
+        if size != 1:
+            raise RuntimeError(f"a Tensor with {size} elements cannot be converted to Scalar")
         return self._array.item()
 
     def tolist(self) -> Any:
@@ -430,6 +433,9 @@ class Tensor:
 
     def __bool__(self) -> bool:
         self._check_addressable("bool(tensor)")
+        size = self._array.size
+        if size != 1:
+            raise RuntimeError(f"Boolean value of Tensor with {'no values' if size == 0 else 'more than one value'} is ambiguous")
         return bool(self._array)
 
     def detach(self) -> Tensor:

@@ -13,6 +13,9 @@ _next_id = itertools.count()
 # Set by ``xgrad.compile`` while it traces a step: ``trace_wrapper(fn, hooks)`` returns
 # what to call instead of ``fn`` (a host callback), so hooks see concrete values.
 trace_wrapper: Any = None
+# Also set while it traces: ``trace_added(hooks, handle)`` learns of each hook added, so
+# one added inside the step to a tensor that outlives it is found.
+trace_added: Any = None
 
 
 class RemovableHandle:
@@ -55,6 +58,8 @@ def add_hook(hooks: HookDict, fn: Any) -> RemovableHandle:
         raise TypeError(f"hook must be callable, got {type(hook).__name__}")
     handle = RemovableHandle(hooks)
     hooks[handle.id] = fn
+    if trace_added is not None:
+        trace_added(hooks, handle)
     return handle
 
 

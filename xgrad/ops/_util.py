@@ -84,6 +84,12 @@ class IndexOutOfRangeError(IndexError, RuntimeError):
     PyTorch raises from ``gather``/``scatter_add``, so either ``except`` catches it."""
 
 
+#: Set by ``xgrad.compile`` while it traces a step: called with the arguments of each
+#: check whose index is a tracer, it turns the check into a flag of the program
+#: (NOTE [Index checks in a compiled step] in ``xgrad/compile_step.py``).
+traced_check: Callable[..., None] | None = None
+
+
 @functools.partial(jax.jit, static_argnames=("negative", "ignore"))
 def _first_out_of_range(index: Any, size: int, negative: bool, ignore: int | None) -> Any:
     """Whether any entry lies outside ``[-size, size)`` (``[0, size)`` unless ``negative``), and the first such.
@@ -107,8 +113,10 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
     JAX clamps (reads) or drops (writes) out-of-range indices silently; PyTorch raises.
     Python ints, lists, NumPy arrays and arrays on CPU devices are checked on the host
     with NumPy; an array on an accelerator by one small jitted reduction and a host sync
-    (the costs are in ``benchmarks/RESULTS.md``). Under a JAX trace the values are unknown and JAX's own
-    out-of-range behaviour applies.
+    (the costs are in ``benchmarks/RESULTS.md``). Inside an ``xgrad.compile`` step the
+    check becomes part of the program and the call raises the same error; under a plain
+    ``jax.jit``/``jax.vmap`` the values are unknown and JAX's own out-of-range behaviour
+    (clamped reads, dropped writes) applies.
 
     >>> check_index_range([0, -3, 2], 3, "index {index} is out of bounds")
     >>> check_index_range([0, 3], 3, "index {index} is out of bounds")
@@ -118,6 +126,8 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
     if isinstance(index, Tensor):
         index = index._array
     if isinstance(index, jax.core.Tracer):
+        if traced_check is not None:
+            traced_check(index, size, message, negative, ignore)
         return
     if isinstance(index, jax.Array):
         if not jnp.issubdtype(index.dtype, jnp.integer):

@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from xgrad.ops._util import as_array, nondiff
 from xgrad.ops.registry import defprim
@@ -79,18 +80,39 @@ def _pow_exponent_grad(g: Tensor, out: Tensor, x: Any, y: Any) -> Tensor:
     return g * where(x == 0, at_zero, out * log(where(x == 0, 1.0, x)))
 
 
-pow = defprim(
-    "pow",
-    jnp.power,
-    (_pow_base_grad, _pow_exponent_grad),
-    save_out=True,
-    doc="""``x ** y`` elementwise; differentiable in both the base and the exponent.
+_pow = defprim("pow", jnp.power, (_pow_base_grad, _pow_exponent_grad), save_out=True)
+
+
+def _is_integral(v: Any) -> bool:
+    if isinstance(v, Tensor):
+        return bool(jnp.issubdtype(v.dtype, jnp.integer))
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _has_negative(v: Any) -> bool:
+    if isinstance(v, Tensor):
+        if isinstance(v._array, jax.core.Tracer):  # unknown under a trace: JAX's integer power
+            return False
+        return bool(np.any(np.asarray(v._array) < 0))
+    return v < 0
+
+
+def pow(x: Any, y: Any) -> Tensor:
+    """``x ** y`` elementwise; differentiable in both the base and the exponent.
+
+    An integer base to a negative integer power raises, as in PyTorch (JAX would return garbage).
 
     >>> import xgrad
     >>> xgrad.pow(xgrad.tensor([2.0, 3.0]), 2.0).tolist()
     [4.0, 9.0]
-    """,
-)
+    >>> xgrad.pow(xgrad.tensor([2, 3]), -1)
+    Traceback (most recent call last):
+    RuntimeError: Integers to negative integer powers are not allowed.
+    """
+    if _is_integral(x) and _is_integral(y) and _has_negative(y):
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+    return _pow(x, y)
+
 
 # -- transcendental ------------------------------------------------------------------
 exp = defprim("exp", jnp.exp, (lambda g, out, x: g * out,), save=(), save_out=True, doc="""Elementwise ``e ** x``.

@@ -197,7 +197,8 @@ def index_select(x: Tensor, dim: int, index: Any) -> Tensor:
         raise IndexError("index_select(): Index is supposed to be a vector")
     if not jnp.issubdtype(index_array.dtype, jnp.integer):
         raise IndexError(f"index_select(): Expected dtype int32 or int64 for index, got {index_array.dtype}")
-    check_index_range(index_array, x.shape[dim] if x.ndim else 1, "index out of range in self")
+    # PyTorch's index_select and embedding take no negative indices (unlike indexing).
+    check_index_range(index_array, x.shape[dim] if x.ndim else 1, "index out of range in self", negative=False)
     if x.ndim == 0:
         return _getitem(x, index=())
     return _getitem(x, index=(slice(None),) * dim + (index_array.reshape(-1),))
@@ -216,7 +217,7 @@ def embedding(input: Any, weight: Tensor) -> Tensor:
     index_array = _index_array(input)
     if not jnp.issubdtype(index_array.dtype, jnp.integer):
         raise RuntimeError(f"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; but got {index_array.dtype} instead")
-    check_index_range(index_array, weight.shape[0], "index out of range in self")
+    check_index_range(index_array, weight.shape[0], "index out of range in self", negative=False)
     return _getitem(weight, index=index_array)
 
 

@@ -30,7 +30,7 @@ class CompiledFallbackWarning(UserWarning):
 
 
 class RecompileWarning(UserWarning):
-    """One call site keeps compiling new backward programs.
+    """One call site (a compiled backward, or an ``xgrad.compile`` function) keeps compiling new programs.
 
     >>> from xgrad.autograd.compiled import RecompileWarning
     >>> issubclass(RecompileWarning, UserWarning)
