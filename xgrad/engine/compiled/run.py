@@ -63,10 +63,11 @@ def _call(variant: Variant, args: list[Any]) -> Any:
     return variant.traced.plain(*[jax.device_put(a, device) for a in args])
 
 
-def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tensor], create_graph: bool) -> Any:
+def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], create_graph: bool) -> Any:
+    """Run one segment on the grads in flight (``Values.live``); return what it gives back."""
     nodes = walk.nodes
     saved = walk.flat[segment.arg_lo:segment.arg_hi]
-    live_in, passing = segment.split_live(values.live())
+    live_in, passing = segment.split_live(live)
     live_leaves, live_tree = jax.tree_util.tree_flatten(live_in, is_leaf=is_tensor)
     leaves = [nodes[s.pos].variable for s in segment.leaf_steps]  # type: ignore[attr-defined]
     root_tensors = roots if segment.first else []
@@ -141,7 +142,10 @@ def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tenso
     nodes = walk.nodes
     steps = program.steps
     captured: list[Tensor | None] = [None] * n_captured
-    values = Values()
+    # The grads in flight pass from segment to segment as a pytree (``Values.live``), and
+    # become ``Values`` only for host phases: chunks follow each other without any.
+    live: Any = Values().live()
+    values: Values | None = None
     prev_grad_mode, prev_task = _grad_state.enabled, current_task.graph_task
     _grad_state.enabled = create_graph
     current_task.graph_task = graph_task  # so hooks can queue_callback
@@ -149,10 +153,13 @@ def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tenso
         for item in program.items:
             if type(item) is tuple:  # a host phase: eager's hook runner on the real node
                 op, pos = item
+                if values is None:
+                    values = Values.from_live(live)
                 run_phase(steps, steps[pos], op, nodes[pos], values, iter(()), roots, {})
                 continue
-            live, grads, captures, retained = _run_segment(item, walk, values, roots, create_graph)
-            values = Values() if live is None else Values.from_live(live)
+            if values is not None:
+                live, values = values.live(), None
+            live, grads, captures, retained = _run_segment(item, walk, live, roots, create_graph)
             for (pos, nr), grad in retained.items():
                 retain = (nodes[pos]._retains_grad_hooks or {}).get(nr)
                 if retain is not None:
