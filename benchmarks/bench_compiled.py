@@ -1,6 +1,7 @@
 """Compiled backward against eager xgrad and against the jitted JAX pullback, side by side.
 
-Run: ``python benchmarks/bench_compiled.py`` (``--quick`` for fewer repeats).
+Run: ``python benchmarks/bench_compiled.py`` (``--quick`` for fewer repeats; ``--miss`` for
+section 4 alone).
 
 1. A chain of N=1000 elementwise ops on 1-element tensors: eager backward vs compiled
    backward on a cache hit, and the structural-key walk per node (the hit path's, and
@@ -11,6 +12,13 @@ Run: ``python benchmarks/bench_compiled.py`` (``--quick`` for fewer repeats).
    ``jax.vjp`` pullback (the floor), and the compile time of a miss.
 3. How hooks that are not pure run: splitting the program at the hook (what xgrad
    does) vs one program with an ordered ``io_callback``.
+4. The miss on long chains (N = 100 ... 10000 multiplies): the first compiled backward
+   after ``compiled.reset()`` (walk, trace, compile, run, grads waited for), the hit of the
+   same graph, and the chunks compiled and reused (NOTE [Chunks] in
+   ``xgrad/engine/compiled/lower.py``). It uses only the public API, so it can time another
+   checkout of xgrad too (``PYTHONPATH=that/checkout``). Then the same for a deep model
+   of identical blocks (``--layers``, 400 residual layers). Set ``XGRAD_COMPILATION_CACHE=0``
+   to time cold compiles: JAX's persistent cache would read programs back from disk.
 
 Times are medians of many repeats, the compared variants timed in turns (eager, compiled hit,
 floor, eager, ...) so that load on the shared machine hits them alike; the forward is rebuilt,
@@ -305,13 +313,64 @@ def hook_rows(repeats: int) -> list[tuple[str, ...]]:
     ]
 
 
+MISS_SIZES = (100, 1000, 3000, 10000)
+
+
+def miss_rows(sizes: tuple[int, ...], repeats: int) -> list[tuple[str, ...]]:
+    x = xgrad.tensor([0.5], requires_grad=True)
+    mul_chain(x, 10).backward(compiled=True)  # the process's first compiled backward jits the rules
+    rows = []
+    for n in sizes:
+        def build(n: int = n) -> xgrad.Tensor:
+            return mul_chain(x, n)
+
+        miss = miss_seconds(build, [x])
+        s = compiled.stats()  # another checkout may have no chunk counters
+        chunks = f"{s.get('chunk_compiles', '-')} / {s.get('chunk_reuses', '-')}"
+        hit = interleaved({"hit": lambda build=build: backward_seconds(build, [x], True)}, repeats, warmup=1)["hit"]
+        rows.append((str(n), f"{miss:.2f}", f"{miss / n * 1e3:.3f}", f"{hit * 1e3:.2f}", f"{hit / n * 1e6:.2f}", chunks))
+    return rows
+
+
+def residual_rows(layers: int, repeats: int) -> list[tuple[str, ...]]:
+    """A deep model of identical blocks: ``h = (h @ w + b).tanh() + h``, each ``w`` and ``b`` a leaf."""
+    rng = np.random.default_rng(0)
+    ws = [xgrad.tensor(rng.standard_normal((16, 16)).astype(np.float32) * 0.25, requires_grad=True) for _ in range(layers)]
+    bs = [xgrad.tensor(np.zeros(16, np.float32), requires_grad=True) for _ in range(layers)]
+    x = xgrad.tensor(rng.standard_normal((4, 16)).astype(np.float32))
+
+    def build() -> xgrad.Tensor:
+        h = x
+        for w, b in zip(ws, bs, strict=True):
+            h = (h @ w + b).tanh() + h
+        return (h * h).sum()
+
+    miss = miss_seconds(build, ws + bs)
+    s = compiled.stats()
+    chunks = f"{s.get('chunk_compiles', '-')} / {s.get('chunk_reuses', '-')}"
+    hit = interleaved({"hit": lambda: backward_seconds(build, ws + bs, True)}, repeats, warmup=1)["hit"]
+    return [(str(layers), f"{miss:.2f}", f"{hit * 1e3:.1f}", chunks)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--miss", action="store_true", help="only the misses on long chains (section 4)")
+    parser.add_argument("--sizes", default=",".join(map(str, MISS_SIZES)), help="chain lengths for --miss")
+    parser.add_argument("--layers", type=int, default=400, help="residual layers for --miss (0: none)")
     args = parser.parse_args()
     repeats = 5 if args.quick else 25
     rng = np.random.default_rng(0)
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} CPUs; medians of {repeats} runs\n")
+    if args.miss:
+        sizes = tuple(int(n) for n in args.sizes.split(","))
+        print("Chains of N one-element multiplies: the first compiled backward (miss) and later ones (hit)\n")
+        header = ("N", "miss s", "miss ms / node", "hit ms", "hit us / node", "chunks compiled / reused")
+        print(table(miss_rows(sizes, repeats), header))
+        if args.layers:
+            print(f"\n{args.layers} residual layers h = (h @ w + b).tanh() + h (16x16, batch 4; w, b leaves)\n")
+            print(table(residual_rows(args.layers, repeats), ("layers", "miss s", "hit ms", "chunks compiled / reused")))
+        return
     print(f"Chain of {N} one-element multiplies\n")
     print(table(chain_rows(repeats), ("backward", "us / node", "ms total")))
     labels = rng.integers(0, 10, 64)

@@ -7,6 +7,12 @@ On a cache hit the backward rules of xgrad's ops and everything marked ``pure_ho
 their bodies run only when traced. Hooks not marked pure and custom Function
 backwards run on the host at their point, on every call, exactly as in eager.
 
+A long backward (more than ``CHUNK_THRESHOLD`` steps between host hooks, 1024; in
+``xgrad.engine.compiled.lower``) is compiled in chunks of at most ``CHUNK_STEPS`` (256),
+each cached by its own structure, so chunks that repeat (the links of a chain, a deep
+model's identical blocks) compile once: ``stats()`` counts ``chunk_compiles`` and
+``chunk_reuses``. Each chunk is one more call on a cache hit.
+
 >>> import xgrad
 >>> w = xgrad.tensor([1.0, 2.0], requires_grad=True)
 >>> with xgrad.autograd.compiled.enable():

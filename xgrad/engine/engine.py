@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from xgrad.engine.anomaly import ANOMALY, with_forward_trace
 from xgrad.engine.hooks import run_in_order
-from xgrad.engine.node import Edge, GraphRoot, Node, current_task
+from xgrad.engine.node import Edge, GraphRoot, Node, current_task, sharding_of
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
 
@@ -424,7 +424,7 @@ def _fit_gradient(i: int, grad: Any, meta: Any, producer: Any, note: str) -> Ten
         return grad
     # A traced gradient (``grad(..., is_grads_batched=True)`` under vmap, or a step
     # under ``xgrad.compile``) has no sharding to compare: XLA places it.
-    grad_sharding = getattr(grad._array, "sharding", None)
+    grad_sharding = sharding_of(grad._array)
     if grad_sharding is None:
         return grad
     if grad_sharding is not sharding and grad_sharding != sharding and grad_sharding.device_set != sharding.device_set:

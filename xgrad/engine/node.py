@@ -30,7 +30,24 @@ from xgrad.engine.hooks import HookDict, RemovableHandle, add_hook, run_in_order
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.tensor import Tensor
 
-__all__ = ["AccumulateGrad", "Edge", "GraphRoot", "InputMetadata", "Node", "grad_accumulator"]
+__all__ = ["AccumulateGrad", "Edge", "GraphRoot", "InputMetadata", "Node", "grad_accumulator", "sharding_of"]
+
+
+def sharding_of(array: Any) -> Any:
+    """``array.sharding``, or ``None`` for a traced value, which XLA places.
+
+    Never ``getattr(tracer, "sharding", None)``: a tracer's ``AttributeError`` describes
+    the whole trace so far, so that read costs time growing with the trace (milliseconds
+    after a few thousand ops), which made long traces quadratic.
+
+    >>> import jax.numpy as jnp
+    >>> from xgrad.engine.node import sharding_of
+    >>> sharding_of(jnp.ones(2)) is not None, sharding_of(3.0)
+    (True, None)
+    """
+    if isinstance(array, jax.core.Tracer):
+        return None
+    return getattr(array, "sharding", None)
 
 
 class Edge(NamedTuple):
@@ -56,7 +73,7 @@ class InputMetadata(NamedTuple):
 
     @staticmethod
     def of(array: Any) -> InputMetadata:
-        return InputMetadata(array.shape, array.dtype, getattr(array, "sharding", None))
+        return InputMetadata(array.shape, array.dtype, sharding_of(array))
 
 
 class _SequenceCounter(threading.local):
@@ -326,7 +343,7 @@ def _on_leaf_sharding(grad: Tensor, sharding: Any, create_graph: bool) -> Tensor
     """
     if not isinstance(sharding, jax.sharding.NamedSharding) or len(sharding.device_set) < 2:
         return grad
-    current = getattr(grad._array, "sharding", None)
+    current = sharding_of(grad._array)
     if current is None or current == sharding or current.is_equivalent_to(sharding, grad._array.ndim):
         return grad
     if create_graph and grad.grad_fn is not None:

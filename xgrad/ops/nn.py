@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xgrad.engine.node import sharding_of
 from xgrad.ops._util import canonical_dim, check_index_range, reduce_loss
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor
@@ -228,7 +229,7 @@ def dropout(x: Tensor, p: float = 0.5, key: Any = None, training: bool = True) -
     from xgrad.creation import next_key
 
     key = next_key() if key is None else key
-    sharding = getattr(x._array, "sharding", None)
+    sharding = sharding_of(x._array)
     if isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1:
         # The mask is made where x lives, each device drawing its own part (threefry is
         # partitionable: the same values as unsharded); the key is replicated over x's mesh,

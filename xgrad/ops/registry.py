@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.engine.anomaly import ANOMALY, record_forward_trace
-from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator
+from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator, sharding_of
 from xgrad.engine.rules import Aval, RuleNode, incoming_grad
 from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
@@ -366,14 +366,14 @@ def _check_same_devices(tensors: list[Tensor], arrays: list[Any], positions: lis
     first = None
     for t in tensors:
         # Traced values (the compiled backward) have no sharding: XLA places them.
-        sharding = getattr(t._array, "sharding", None)
+        sharding = sharding_of(t._array)
         if sharding is not None and t._array.ndim:
             first = sharding
             break
     if first is None:
         return
     for t, pos in zip(tensors, positions, strict=True):
-        sharding = getattr(t._array, "sharding", None)
+        sharding = sharding_of(t._array)
         if sharding is None or sharding is first or sharding == first or sharding.device_set == first.device_set:
             continue
         if t._array.ndim == 0:
@@ -466,11 +466,7 @@ def _differentiable_dtype(dtype: Any) -> bool:
 
 
 def _metadata(array: Any) -> InputMetadata:
-    try:
-        sharding = array.sharding
-    except AttributeError:  # a tracer: XLA places it
-        sharding = None
-    return InputMetadata(array.shape, array.dtype, sharding)
+    return InputMetadata(array.shape, array.dtype, sharding_of(array))
 
 
 def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any) -> Any:

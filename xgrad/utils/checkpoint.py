@@ -25,7 +25,7 @@ from typing import Any
 from xgrad import creation
 from xgrad.engine.api import backward
 from xgrad.engine.function import Function
-from xgrad.engine.node import current_task
+from xgrad.engine.node import current_task, sharding_of
 from xgrad.engine.saved import saved_tensors_hooks
 from xgrad.grad_mode import enable_grad
 from xgrad.tensor import Tensor
@@ -160,7 +160,7 @@ class _Holder:
 
 
 def _metadata(t: Tensor) -> dict[str, Any]:
-    sharding = getattr(t._array, "sharding", None)  # None under a trace (xgrad.compile): XLA places values
+    sharding = sharding_of(t._array)  # None under a trace (xgrad.compile): XLA places values
     return {"shape": tuple(t.shape), "dtype": t.dtype, "device": None if sharding is None else sorted(d.id for d in sharding.device_set)}
 
 

@@ -4,8 +4,8 @@ The package, one room per concern, in the order a call goes through them:
 
 - ``switch.py``: ``enable``/``set_enabled``, ``pure_hook``, the fallback warning and error;
 - ``key.py``: the walks, the structural key, the structure fragments (stage 2);
-- ``cache.py``: the bounded program cache, ``stats``/``reset``, recompile reasons;
-- ``lower.py``: steps, phases, segments, tracing and jitting (stage 3);
+- ``cache.py``: the bounded program and chunk caches, ``stats``/``reset``, recompile reasons;
+- ``lower.py``: steps, phases, segments and chunks, tracing and jitting (stage 3);
 - ``run.py``: running a program, writing ``.grad`` (stage 4);
 - this file: ``execute``, which ties them together, and the fallback to eager.
 
@@ -59,7 +59,10 @@ in ``engine/rules.py``): nothing here imports ``xgrad.ops``.
 #    was chosen over ``io_callback(ordered=True)`` by measurement (benchmarks/
 #    bench_compiled.py: on CPU one program with an ordered callback took 3.7x as long
 #    as two programs with the hook between them, and ordered callbacks gather sharded
-#    operands to one device). Each
+#    operands to one device). A long segment is cut into chunks, segments of at most
+#    ``lower.CHUNK_STEPS`` steps, each cached by its own structure so that a chunk
+#    that repeats (a chain, a deep model's identical blocks) is traced and compiled
+#    once (NOTE [Chunks] in lower.py). Each
 #    segment is traced once with ``jax.make_jaxpr``; inputs no equation reads are
 #    dropped (a saved value whose rule reads only its shape, say), and
 #    the rest run through ``jax.jit`` of the jaxpr. No buffer is donated: the old

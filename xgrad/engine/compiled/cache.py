@@ -13,6 +13,8 @@ from xgrad.engine.compiled.key import FIELDS, K_ACC, K_FUNC, K_PRIM, K_ROOT, TOP
 from xgrad.engine.compiled.switch import WARN_RECOMPILE, RecompileWarning
 
 DEFAULT_CACHE_SIZE = 256
+#: Compiled chunks of long graphs kept for reuse (NOTE [Chunks] in lower.py), least recently used go first.
+CHUNK_CACHE_SIZE = 256
 #: Misses at one call site beyond this many warn once, naming what changed in the key.
 RECOMPILE_WARNING_LIMIT = 8
 _XGRAD_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,6 +30,8 @@ class _Stats:
         self.misses = 0
         self.compiles = 0
         self.traces = 0
+        self.chunk_compiles = 0
+        self.chunk_reuses = 0
         self.compile_seconds = 0.0
         self.fallbacks: collections.Counter[str] = collections.Counter()
         self.recompile_reasons: collections.deque[str] = collections.deque(maxlen=16)
@@ -41,6 +45,7 @@ class _Stats:
 
 counters = _Stats()
 programs: collections.OrderedDict[CacheKey, Any] = collections.OrderedDict()
+chunks: collections.OrderedDict[Any, Any] = collections.OrderedDict()  # a chunk's structure -> its traced program
 _cache_lock = threading.Lock()
 _cache_size = DEFAULT_CACHE_SIZE
 warned_reasons: set[str] = set()
@@ -51,7 +56,12 @@ def stats() -> dict[str, Any]:
 
     Keys: ``hits``, ``misses``, ``compiles`` (segments compiled), ``traces`` (times
     the backward rules were traced), ``fallbacks`` (a dict: reason kind → count),
-    ``compile_seconds``, ``cache_size`` and ``recompile_reasons`` (latest last).
+    ``compile_seconds``, ``cache_size`` and ``recompile_reasons`` (latest last). A long
+    graph is compiled in chunks, each cached by its own structure so a repeated chunk
+    (the links of a chain, a deep model's identical blocks) compiles once:
+    ``chunk_compiles`` counts the chunks traced and compiled (also in ``compiles``),
+    ``chunk_reuses`` those that took an already compiled chunk, ``chunk_cache_size``
+    the chunks kept.
 
     >>> import xgrad
     >>> xgrad.autograd.compiled.reset()
@@ -69,14 +79,17 @@ def stats() -> dict[str, Any]:
             "compiles": counters.compiles,
             "traces": counters.traces,
             "fallbacks": dict(counters.fallbacks),
+            "chunk_compiles": counters.chunk_compiles,
+            "chunk_reuses": counters.chunk_reuses,
             "compile_seconds": counters.compile_seconds,
             "cache_size": len(programs),
+            "chunk_cache_size": len(chunks),
             "recompile_reasons": list(counters.recompile_reasons),
         }
 
 
 def reset() -> None:
-    """Empty the program cache and zero the statistics (one-time warnings warn again).
+    """Empty the program and chunk caches and zero the statistics (one-time warnings warn again).
 
     >>> import xgrad
     >>> xgrad.autograd.compiled.reset(); xgrad.autograd.compiled.stats()["cache_size"]
@@ -84,6 +97,7 @@ def reset() -> None:
     """
     with _cache_lock:
         programs.clear()
+        chunks.clear()
         counters.clear()
         warned_reasons.clear()
 
@@ -132,22 +146,25 @@ class CacheKey:
         return True
 
 
-def lookup(key: CacheKey) -> Any:
-    entry = programs.get(key)
+def lookup(key: Any, table: collections.OrderedDict[Any, Any] = programs) -> Any:
+    """The entry cached under ``key`` in ``table`` (programs, or ``chunks``), or ``None``."""
+    entry = table.get(key)
     if entry is not None:
         try:
-            programs.move_to_end(key)
+            table.move_to_end(key)
         except KeyError:  # evicted by another thread just now; the entry still works
             pass
     return entry
 
 
-def insert(key: CacheKey, entry: Any) -> Any:
+def insert(key: Any, entry: Any, table: collections.OrderedDict[Any, Any] = programs) -> Any:
+    """Cache ``entry`` under ``key`` unless another thread did first; return the cached one."""
     with _cache_lock:
-        entry = programs.setdefault(key, entry)
-        programs.move_to_end(key)
-        while len(programs) > _cache_size:
-            programs.popitem(last=False)
+        entry = table.setdefault(key, entry)
+        table.move_to_end(key)
+        size = _cache_size if table is programs else CHUNK_CACHE_SIZE
+        while len(table) > size:
+            table.popitem(last=False)
     return entry
 
 

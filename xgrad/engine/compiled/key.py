@@ -33,6 +33,7 @@ FIELDS = {
 }
 TOP_FIELDS = ("create_graph", "accumulate into .grad", "number of inputs", "root input slot")
 HOOKS_FIELD = {K_CAPTURED: 1, K_PRIM: 6, K_ACC: 3, K_FUNC: 6}
+EDGES_FIELD = {K_PRIM: 5, K_ROOT: 1, K_FUNC: 5}  # edges as discovery indices: a chunk's key drops them
 
 SCALARS = frozenset((float, int, bool, complex, type(None), str))
 HOST = "host"  # hooks key: a hook group with a hook that is not pure runs on the host

@@ -21,6 +21,7 @@ from xgrad.engine.compiled.key import Walk
 from xgrad.engine.compiled.lower import (
     Program,
     Segment,
+    Traced,
     Values,
     Variant,
     abstract,
@@ -54,18 +55,20 @@ def _call(variant: Variant, args: list[Any]) -> Any:
     device = variant.device
     if device is None:
         try:
-            return variant.plain(*args)
+            return variant.traced.plain(*args)
         except ValueError as exc:
             if "incompatible devices" not in str(exc):
                 raise
             device = variant.device = _one_device(args)
-    return variant.plain(*[jax.device_put(a, device) for a in args])
+    return variant.traced.plain(*[jax.device_put(a, device) for a in args])
 
 
-def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tensor], create_graph: bool) -> Any:
+def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], create_graph: bool) -> Any:
+    """Run one segment on the grads in flight (``Values.live``); return what it gives back."""
     nodes = walk.nodes
     saved = walk.flat[segment.arg_lo:segment.arg_hi]
-    live_leaves, live_tree = jax.tree_util.tree_flatten(values.live(), is_leaf=is_tensor)
+    live_in, passing = segment.split_live(live)
+    live_leaves, live_tree = jax.tree_util.tree_flatten(live_in, is_leaf=is_tensor)
     leaves = [nodes[s.pos].variable for s in segment.leaf_steps]  # type: ignore[attr-defined]
     root_tensors = roots if segment.first else []
     # Read, add and write .grad under eager's accumulate lock: concurrent backwards into
@@ -80,23 +83,24 @@ def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tenso
             live_tree, old_mask, tuple((a.shape, a.dtype) for a in live_arrays), tuple((g._array.shape, g._array.dtype) for g in old)
         )
         variant = segment.variants.get(signature)
-        start = time.perf_counter() if variant is None or variant.fresh else 0.0
+        start = time.perf_counter() if variant is None or variant.traced.fresh else 0.0
         if variant is None:
             arrays = [*map(array_of, saved), *live_arrays, *(t._array for t in root_tensors), *(g._array for g in old)]
             layout = (len(saved), live_tree, len(live_leaves), len(root_tensors), old_mask)
             variant = compile_variant(segment, [abstract(a.shape, a.dtype) for a in arrays], layout, signature)
-        run_start = time.perf_counter() if variant.fresh else 0.0
+        traced = variant.traced
+        run_start = time.perf_counter() if traced.fresh else 0.0
         if create_graph:
-            outs = _run_differentiable(variant, saved, live_leaves, root_tensors, old)
+            outs = _run_differentiable(traced, saved, live_leaves, root_tensors, old)
         else:
             inputs = [*saved, *live_arrays, *(t._array for t in root_tensors), *(g._array for g in old)]
-            args = [inputs[i] for i in variant.used]
+            args = [inputs[i] for i in traced.used]
             if variant.shardings is None:
                 variant.shardings = [getattr(a, "sharding", None) for a in args]
             outs = [Tensor(a) for a in _call(variant, args)]
-        if variant.fresh:  # the first call compiles: count it as compile time
+        if traced.fresh:  # the first call compiles: count it as compile time
             jax.block_until_ready([t._array for t in outs])
-            variant.fresh = False
+            traced.fresh = False
             end = time.perf_counter()
             counters.add("compile_seconds", end - run_start)
             walk.compile_seconds += end - start
@@ -114,21 +118,23 @@ def _run_segment(segment: Segment, walk: Walk, values: Values, roots: list[Tenso
                     var._grad = grad
                 else:
                     store_into_grad(old_grad, grad._array)
+    if passing:  # what went by this chunk goes on to the next (NOTE [Chunks])
+        live[0].update(passing)
     return live, grads, captures, retained
 
 
-def _run_differentiable(variant: Variant, saved: list[Any], live: list[Tensor], roots: list[Tensor], old: list[Tensor]) -> list[Tensor]:
+def _run_differentiable(traced: Traced, saved: list[Any], live: list[Tensor], roots: list[Tensor], old: list[Tensor]) -> list[Tensor]:
     """Run a segment as one ``from_jax`` op: its outputs are differentiable (create_graph).
 
     An output that depends on no input requiring grad is detached, as eager's would
     have no ``grad_fn``.
     """
     tensors = [x if isinstance(x, Tensor) else Tensor(jnp.asarray(x)) for x in saved] + live + roots + old
-    if not variant.deps:
+    if not traced.deps:
         return []
-    outs = list(variant.op(*tensors))
+    outs = list(traced.op(*tensors))
     requires = [t.requires_grad for t in tensors]
-    return [o if any(requires[i] for i in deps) else Tensor(o._array) for o, deps in zip(outs, variant.deps, strict=True)]
+    return [o if any(requires[i] for i in deps) else Tensor(o._array) for o, deps in zip(outs, traced.deps, strict=True)]
 
 
 def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tensor], keep_graph: bool, create_graph: bool,
@@ -136,7 +142,10 @@ def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tenso
     nodes = walk.nodes
     steps = program.steps
     captured: list[Tensor | None] = [None] * n_captured
-    values = Values()
+    # The grads in flight pass from segment to segment as a pytree (``Values.live``), and
+    # become ``Values`` only for host phases: chunks follow each other without any.
+    live: Any = Values().live()
+    values: Values | None = None
     prev_grad_mode, prev_task = _grad_state.enabled, current_task.graph_task
     _grad_state.enabled = create_graph
     current_task.graph_task = graph_task  # so hooks can queue_callback
@@ -144,10 +153,13 @@ def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tenso
         for item in program.items:
             if type(item) is tuple:  # a host phase: eager's hook runner on the real node
                 op, pos = item
+                if values is None:
+                    values = Values.from_live(live)
                 run_phase(steps, steps[pos], op, nodes[pos], values, iter(()), roots, {})
                 continue
-            live, grads, captures, retained = _run_segment(item, walk, values, roots, create_graph)
-            values = Values() if live is None else Values.from_live(live)
+            if values is not None:
+                live, values = values.live(), None
+            live, grads, captures, retained = _run_segment(item, walk, live, roots, create_graph)
             for (pos, nr), grad in retained.items():
                 retain = (nodes[pos]._retains_grad_hooks or {}).get(nr)
                 if retain is not None:
