@@ -104,6 +104,12 @@ def _first_out_of_range(index: Any, size: int, negative: bool, ignore: int | Non
     return bad.any(), index.ravel()[jnp.argmax(bad.ravel())] if index.size else jnp.zeros((), index.dtype)
 
 
+@functools.cache
+def _cpu_only() -> bool:
+    """Whether JAX runs on the CPU alone here: every array is then in host memory."""
+    return jax.default_backend() == "cpu"
+
+
 def check_index_range(index: Any, size: int, message: str, negative: bool = True, ignore: int | None = None) -> None:
     """Raise ``IndexOutOfRangeError(message.format(index=i))`` if an integer ``index`` is outside ``[-size, size)``.
 
@@ -130,9 +136,9 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
             traced_check(index, size, message, negative, ignore)
         return
     if isinstance(index, jax.Array):
-        if not jnp.issubdtype(index.dtype, jnp.integer):
+        if index.dtype.kind not in "iu":  # (``jnp.issubdtype`` costs as much as the whole check)
             return
-        if index.is_fully_addressable and all(getattr(d, "platform", None) == "cpu" for d in index.devices()):
+        if index.is_fully_addressable and (_cpu_only() or all(getattr(d, "platform", None) == "cpu" for d in index.devices())):
             # Host memory already: NumPy reads it without a copy, far cheaper than a dispatch.
             index = np.asarray(index)
         else:
@@ -143,7 +149,10 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
     array = np.asarray(index)
     if array.dtype.kind not in "iu" or not array.size:
         return
-    bad = (array < (-size if negative else 0)) | (array >= size)
+    low = -size if negative else 0
+    if array.min() >= low and array.max() < size:  # the common case, without temporaries
+        return
+    bad = (array < low) | (array >= size)
     if ignore is not None:
         bad &= array != ignore
     if bad.any():
