@@ -211,3 +211,44 @@ def test_a_grad_accumulated_before_the_failing_op_stays_accumulated(mode):
     assert w.grad is grad_object
     assert run(x, xgrad.tensor([2])).item() == 0.5
     np.testing.assert_allclose(w.grad.numpy(), [12.0, 24.0, 36.0])
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_a_step_without_hooks_checks_its_targets_while_its_program_runs(mode):
+    """No host calls in the program: it is dispatched before the host check, and a failed check
+    drops its outputs, so nothing after the failing op shows (NOTE [Index checks in a compiled step])."""
+    w = f64(W, requires_grad=True)
+    opt = Optax([w], optax.adam(0.1))
+
+    def step(target):
+        opt.zero_grad()
+        loss = xgrad.cross_entropy(w, target)
+        loss.backward()
+        opt.step()
+        return loss
+
+    run = xgrad.compile(step, fallback="error") if mode == "compile" else step
+    good, bad = xgrad.tensor(np.asarray([0, 2, 1, 2])), xgrad.tensor(np.asarray([0, 3, 1, 2]))
+    losses = [run(good).item() for _ in range(2)]
+    before = w.numpy().copy(), w._version, [np.asarray(x).copy() for x in jax.tree.leaves(opt.state)]
+    with pytest.raises(IndexError, match=r"^Target 3 is out of bounds\.$"):
+        run(bad)
+    assert w.grad is None  # the zero_grad() before the op ran; the backward and the step did not
+    np.testing.assert_array_equal(w.numpy(), before[0])
+    assert w._version == before[1]
+    for x, y in zip(jax.tree.leaves(opt.state), before[2], strict=True):
+        np.testing.assert_array_equal(np.asarray(x), y)
+    losses.append(run(good).item())
+    reference_w = f64(W, requires_grad=True)
+    reference_opt = Optax([reference_w], optax.adam(0.1))
+    expected = []
+    for _ in range(3):
+        reference_opt.zero_grad()
+        loss = xgrad.cross_entropy(reference_w, good)
+        loss.backward()
+        reference_opt.step()
+        expected.append(loss.item())
+    np.testing.assert_allclose(losses, expected, rtol=1e-12)
+    if mode == "compile":
+        ((entry),) = run._cache.values()
+        assert entry.host_checks and not entry.has_host_calls and entry.flags is None

@@ -71,9 +71,11 @@
 # Reading the flags waits for the whole program, which costs a loop that never waits on
 # its steps JAX's asynchronous dispatch. So the common check, of indices the call was
 # given as they are (targets, token ids), reached before any state but cleared grads
-# changed and before any hook ran, is done on the host before the program is
-# dispatched, by eager's own ``check_index_range`` (a NumPy read on CPU); it raises
-# with the same state eager leaves. Only the other checks need the flags.
+# changed and before any hook ran, is done on the host by eager's own
+# ``check_index_range`` (a NumPy read on CPU) and raises with the same state eager
+# leaves. A program without host calls is dispatched first and checked while it runs
+# (a failed check drops its outputs: nothing was written back, no hook ran); one with
+# hooks is checked before it is dispatched. Only the other checks need the flags.
 """
 
 from __future__ import annotations
@@ -694,8 +696,8 @@ class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "checks", "consts", "flags", "guards", "host_checks", "inputs", "jitted", "n_dyn_args",
-        "result_template", "result_tree", "writes",
+        "aliased", "arg_tensor_slots", "checks", "consts", "flags", "guards", "has_host_calls", "host_checks", "inputs", "jitted",
+        "n_dyn_args", "result_template", "result_tree", "writes",
     )
     aliased: list[list[Any]]
     arg_tensor_slots: tuple[int, ...]
@@ -703,6 +705,7 @@ class _Entry:
     consts: list[tuple[str, Any]]
     guards: list[tuple[Any, bool, tuple[Any, ...]]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
+    has_host_calls: bool  # hooks or callbacks run from inside the program
     inputs: list[tuple[int, Any]]
     flags: int | None  # the output holding the checks' flags (NOTE [Index checks in a compiled step])
     jitted: Any
@@ -814,12 +817,8 @@ class CompiledFunction:
         return True
 
     def _run(self, entry: _Entry, leaves: list[Any]) -> Any:
-        for leaf, size, message, negative, ignore, writes in entry.host_checks:
-            try:
-                ops_util.check_index_range(leaves[leaf], size, message, negative, ignore)
-            except IndexOutOfRangeError:
-                _apply_writes(writes, (), leaves)  # the state as eager leaves it when the op raises
-                raise
+        if entry.has_host_calls:  # its hooks must not run if a check fails: check before
+            _check_on_host(entry.host_checks, leaves)
         inputs = []
         for kind, source in entry.inputs:  # one loop, no calls for the common kinds: it runs every step
             if kind == 0:
@@ -832,6 +831,9 @@ class CompiledFunction:
             leaf = leaves[i]
             inputs.append(leaf._array if isinstance(leaf, Tensor) else leaf)
         outs = entry.jitted(*inputs)
+        if not entry.has_host_calls:
+            # While the program runs: if a check fails its outputs are dropped, as if it never ran.
+            _check_on_host(entry.host_checks, leaves)
         if entry.flags is not None:
             failed = np.asarray(outs[entry.flags])  # the one device-to-host read of a program with checks
             if failed.any():
@@ -946,10 +948,21 @@ class CompiledFunction:
         jaxpr = closed.jaxpr
         program = jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(constvars=[], invars=[*jaxpr.constvars, *jaxpr.invars]), []))
         entry.jitted = jax.jit(program)
+        entry.has_host_calls = bool(closed.effects)
         entry.jitted.lower(*[refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in consts], *dyn_values).compile()
         self._stats["compiles"] += 1
         self._stats["compile_seconds"] += time.perf_counter() - start
         return entry
+
+
+def _check_on_host(host_checks: Any, leaves: list[Any]) -> None:
+    """Eager's range checks of argument indices (NOTE [Index checks in a compiled step]); raise as eager would."""
+    for leaf, size, message, negative, ignore, writes in host_checks:
+        try:
+            ops_util.check_index_range(leaves[leaf], size, message, negative, ignore)
+        except IndexOutOfRangeError:
+            _apply_writes(writes, (), leaves)  # the state as eager leaves it when the op raises
+            raise
 
 
 def _remove_added_hooks(recorder: _Recorder) -> str | None:
