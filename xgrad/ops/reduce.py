@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.ops._util import canonical_dim, norm_axes
-from xgrad.ops.registry import defprim
+from xgrad.ops.registry import _differentiable_dtype, defprim
 from xgrad.tensor import Tensor, torch_dtype_name
 
 
@@ -110,7 +110,7 @@ def mean(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None,
     >>> xgrad.mean(xgrad.tensor([[1.0, 2.0], [3.0, 4.0]]), dim=1).tolist()
     [1.5, 3.5]
     """
-    if not _inexact(x):  # JAX would average integers as floats
+    if not _differentiable_dtype(x.dtype):  # JAX would average integers as floats
         raise RuntimeError(
             "mean(): could not infer output dtype. Input dtype must be either a floating point or complex dtype. "
             f"Got: {torch_dtype_name(x.dtype)}"
@@ -121,8 +121,6 @@ def mean(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None,
     return _sum(x, axis=axes, keepdims=keepdim) / n
 
 
-def _inexact(x: Tensor) -> bool:
-    return bool(jnp.issubdtype(x.dtype, jnp.inexact))
 
 
 def _axes(dim: Any, x: Tensor) -> tuple[int, ...] | None:
@@ -160,7 +158,7 @@ def var(
     >>> xgrad.var(xgrad.tensor([1.0, 2.0, 3.0])).item()
     1.0
     """
-    if not _inexact(x):
+    if not _differentiable_dtype(x.dtype):
         raise RuntimeError("std and var only support floating point and complex dtypes")
     if correction is None and (axis is not None or ddof is not None):
         correction = 0 if ddof is None else ddof
