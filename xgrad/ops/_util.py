@@ -86,7 +86,7 @@ class IndexOutOfRangeError(IndexError, RuntimeError):
 
 #: Set by ``xgrad.compile`` while it traces a step: called with the arguments of each
 #: check whose index is a tracer, it turns the check into a flag of the program
-#: (NOTE [Index checks in a compiled step] in ``xgrad/compile_step.py``).
+#: (NOTE [Index checks in a compiled step] in ``xgrad/compile_step/__init__.py``).
 traced_check: Callable[..., None] | None = None
 
 

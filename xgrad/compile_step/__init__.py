@@ -1,0 +1,89 @@
+"""``xgrad.compile``: a whole PyTorch-style training step as one cached XLA program.
+
+The package: ``recording`` (the state a trace touches), ``intercept`` (what the engine and
+ops call while a step is traced, and installing it), ``host`` (hooks and final callbacks
+as ordered host callbacks), ``writeback`` (the program's outputs and where they go) and
+``program`` (``CompiledFunction``: the cache, the guards, compiling and running).
+
+# NOTE [Whole-step compile]
+# ``xgrad.compile(fn)`` runs ``fn`` (forward, ``backward()``/``autograd.grad``,
+# ``Optax.step()``, in-place updates) once under ``jax.make_jaxpr`` with the eager
+# engine running on tensors that wrap tracers, and caches the jaxpr as one ``jax.jit``
+# program per input signature. Three pieces make that the same as calling ``fn``:
+#
+# 1. Finding the state. While ``fn`` is traced, ``Tensor._array`` and ``Tensor._grad``
+#    are swapped for recording descriptors (``_Recorder``): every tensor whose storage
+#    or ``.grad`` is read or rebound is snapshotted on first touch. A concrete array
+#    a traced op reads becomes a constant of the jaxpr (``ClosedJaxpr.consts``); each
+#    constant that came from a tensor that outlives the trace (a parameter, a
+#    ``.grad``, an optimizer-state tensor, found through closures, attributes or
+#    globals alike) becomes a program input, read from that tensor at every call.
+#    Constants from tensors made during the trace stay constants.
+# 2. Writing back. A surviving tensor whose storage or ``.grad`` was rebound is an
+#    output; after the call its new value is rebound on the same object and
+#    ``_version`` moves as it did while tracing. Every touched tensor is restored from
+#    its snapshot when the trace ends, so tracing has no effect of its own. What cannot
+#    be written back (a ``.grad`` or an in-place result that carries autograd history
+#    out of the program) is not compiled (below).
+# 3. Guards. The trace took Python branches on the state it saw: whether a ``.grad``
+#    was ``None`` (set or accumulate), ``requires_grad``, the hooks present, shapes
+#    and dtypes. A cache entry keeps these per state tensor and a call whose state
+#    differs is a miss, traced again.
+#
+# Hooks not marked ``compiled.pure_hook`` run through ``io_callback(ordered=True)`` at
+# their point in the program, with concrete tensors, in eager order
+# (``_host_hook``); pure hooks are traced inline. Hooks registered while tracing are
+# taken out again when the trace ends; one that would stay on a tensor or node that
+# outlives the call is not compiled (eager adds one more per call, and all run).
+# A host hook runs with a stand-in for its backward's ``GraphTask`` (``_HostGraphTask``),
+# so ``queue_callback`` inside it works; where the traced backward ran its final
+# callbacks, one more host call runs the ones queued during this call, in queue order,
+# with the state tensors showing their values at that point (``_state_on_host``: the
+# ``.grad``s and the arrays the step changed so far go to the host, and what a callback
+# rebinds among them flows on; an array the step left alone stays on the device, and a
+# callback that changes one raises). That call sits under a ``lax.cond`` on flags the
+# host hooks return (whether callbacks wait), so hooks that queue nothing cost one
+# flag each. A callback queued by traced code (a pure hook, a custom
+# Function's backward) is such a host call too, at its place in the traced backward's
+# list (``_TracedCallbacks``: while tracing, ``GraphTask.final_callbacks`` is one).
+# Python needing a concrete value
+# (``.item()``, ``if t > 0``, ``.numpy()``) makes the call run eagerly after a
+# one-time warning naming the user's line, or raises under ``fallback="error"``; a
+# signature that fell back is remembered and runs eagerly without retracing.
+#
+# Shared with the compiled backward (``xgrad/engine/compiled``): ``RecompileWarning``
+# and ``RECOMPILE_WARNING_LIMIT``, ``TRACER_ERRORS`` (what means "needs a concrete
+# value") and ``call_site`` (the user's line). Not shared, because the concern differs:
+# how hooks reach the host (the backward splits its program into segments and calls
+# hooks between them; a step is one jaxpr traced by running user code, so hooks go
+# through ``io_callback``), the cache (the backward's is process-wide, locked and
+# keyed by graph structure; a step's is per function and keyed by its arguments) and
+# so the stats and recompile reasons (call sites and nodes there, argument leaves here).
+#
+# NOTE [Index checks in a compiled step]
+# Eager ops raise ``IndexError`` for an out-of-range index (``check_index_range`` in
+# ``xgrad/ops/_util.py``); JAX would clamp a read and drop a write. While a step is
+# traced, a check whose index is a tracer of this trace becomes a ``_Check``: a flag
+# (any entry out of range), the first bad entry, the message, and the state writes
+# as they stand at that point of ``fn`` (what eager would have done before raising:
+# a ``zero_grad()`` that ran, an in-place update). The program returns the flags as
+# one vector; a call reads it (one small device-to-host copy, only for programs with
+# checks) and, when a flag is set, applies the writes of the first failed check
+# instead of the final ones and raises the eager error. Host hooks after a failed
+# check are skipped (they see whether a check failed before them), so hooks run as
+# eagerly: up to the failing op. Checks under a ``jax.jit``/``vmap`` nested in ``fn``
+# run at another trace level and keep JAX's behaviour, as under plain ``jax.jit``.
+# Reading the flags waits for the whole program, which costs a loop that never waits on
+# its steps JAX's asynchronous dispatch. So the common check, of indices the call was
+# given as they are (targets, token ids), reached before any state but cleared grads
+# changed and before any hook ran, is done on the host by eager's own
+# ``check_index_range`` (a NumPy read on CPU) and raises with the same state eager
+# leaves. A program without host calls is dispatched first and checked while it runs
+# (a failed check drops its outputs: nothing was written back, no hook ran); one with
+# hooks is checked before it is dispatched. Only the other checks need the flags.
+"""
+
+from xgrad.compile_step.errors import HOOK_KEPT, CompileFallbackError, CompileFallbackWarning, RecompileWarning
+from xgrad.compile_step.program import CompiledFunction, compile
+
+__all__ = ["HOOK_KEPT", "CompileFallbackError", "CompileFallbackWarning", "CompiledFunction", "RecompileWarning", "compile"]

@@ -1,0 +1,37 @@
+"""The errors and warnings of ``xgrad.compile``, and their texts."""
+
+from __future__ import annotations
+
+from xgrad.engine.compiled.switch import RecompileWarning
+
+__all__ = ["HOOK_KEPT", "CompileFallbackError", "CompileFallbackWarning", "RecompileWarning"]
+
+WARN_FALLBACK = (
+    "xgrad.compile ran {name} eagerly: {reason} (at {site}). The results are the same, without the speed; "
+    "use fallback='error' to make this an error. (Warned once per line.)"
+)
+ERR_FALLBACK = "xgrad.compile cannot compile {name}: {reason} (at {site}). Use fallback='eager' to run such calls eagerly."
+WARN_RECOMPILE = (
+    "xgrad.compile recompiled {name} {count} times; the last change: {reason}. Keep shapes, dtypes, shardings and "
+    "the state fn touches fixed between calls, or pad inputs to a few sizes."
+)
+HOOK_KEPT = (
+    "a hook registered inside the function stays on a tensor or node that outlives the call (eager adds one more every "
+    "call, and they pile up); register it once outside the function, or remove its handle inside it"
+)
+
+
+class CompileFallbackWarning(UserWarning):
+    """A call of an ``xgrad.compile`` function ran eagerly (the warning says why and where)."""
+
+
+class CompileFallbackError(RuntimeError):
+    """Raised instead of running eagerly under ``xgrad.compile(fn, fallback="error")``."""
+
+
+class _NotCompilable(Exception):
+    def __init__(self, reason: str, site: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.site = site
+

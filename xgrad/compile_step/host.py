@@ -1,0 +1,283 @@
+"""Hooks and final callbacks of a traced step as ordered host callbacks (NOTE [Whole-step compile] in ``__init__``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+from xgrad.compile_step import recording
+from xgrad.compile_step.recording import _ARRAY, _GRAD, tracing
+from xgrad.engine.node import current_task
+from xgrad.tensor import Tensor
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+def _struct(array: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(array.shape, array.dtype)
+
+
+def _host_hook(fn: Any, hooks: Any) -> Any:
+    """``fn`` as called inside a traced step: through an ordered host callback, unless it is pure."""
+    from xgrad.autograd.compiled import PureHook
+
+    if isinstance(fn, tuple):  # a tensor hook: (input_nr, hook)
+        return (fn[0], _host_hook(fn[1], hooks))
+    if isinstance(fn, PureHook) or not tracing():
+        return fn
+
+    def call(*args: Any) -> Any:
+        graph_task = _host_graph_task()
+        if len(args) == 1 and isinstance(args[0], Tensor) and args[0]._post_accumulate_grad_hooks is hooks:
+            return _post_accumulate_on_host(fn, args[0], graph_task)
+        return _replacing_hook_on_host(fn, args, graph_task)
+
+    return call
+
+
+def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> Any:
+    """A hook whose non-``None`` result replaces its first argument (tensor, pre and post hooks)."""
+    leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=_is_tensor)
+    first_leaves, first_tree = jax.tree_util.tree_flatten(args[0], is_leaf=_is_tensor)
+    first_tree_any: Any = first_tree
+    arrays = [leaf._array for leaf in leaves]
+    n_first = len(first_leaves)
+
+    def host(*concrete: Any) -> Any:
+        call_args = jax.tree_util.tree_unflatten(tree, [Tensor(jnp.asarray(c)) for c in concrete])
+        result = _in_backward(graph_task, fn, *call_args)
+        if result is None:
+            return tuple(np.asarray(c) for c in concrete[:n_first])
+        if isinstance(result, list):
+            result = tuple(result)
+        r_leaves, r_tree = jax.tree_util.tree_flatten(result, is_leaf=_is_tensor)
+        if r_tree != first_tree_any or not all(isinstance(r, Tensor) for r in r_leaves):
+            raise RuntimeError(
+                f"under xgrad.compile, hook {fn!r} returned a value shaped {r_tree}, but it replaces {first_tree}"
+            )
+        return tuple(np.asarray(r._array, dtype=a.dtype) for r, a in zip(r_leaves, first_leaves, strict=True))
+
+    def unchanged(*concrete: Any) -> Any:
+        return tuple(np.asarray(c) for c in concrete[:n_first])
+
+    if n_first == 0:
+        _ordered_host_call(lambda *c: host(*c) and None, lambda *c: None, None, arrays, graph_task)
+        return None
+    out = _ordered_host_call(host, unchanged, tuple(_struct(a) for a in arrays[:n_first]), arrays, graph_task)
+    replaced = jax.tree_util.tree_unflatten(first_tree, [Tensor(o) for o in out])
+    return replaced
+
+
+def _post_accumulate_on_host(fn: Any, var: Tensor, graph_task: Any) -> None:
+    """A post-accumulate-grad hook: run on the real leaf with concrete values; what it rebinds flows on."""
+    _state_on_host(lambda: _in_backward(graph_task, fn, var), [var], reports=graph_task)
+
+
+def _state_on_host(
+    call: Callable[[], Any], tensors: list[Tensor], only_changed: bool = False, reports: Any = None, when: Any = None
+) -> None:
+    """Run ``call()`` on the host at this point of the program, ``tensors`` showing their values and ``.grad``s then.
+
+    The real tensors hold these concrete values while ``call`` runs; what it rebinds
+    (an array or a ``.grad``) flows on in the program. With ``only_changed``, an array
+    the step has not rebound so far stays on the device: the real tensor holds that
+    value already, and ``call`` must leave it alone. ``reports``: as for
+    ``_ordered_host_call``; ``when``: a traced flag, the call is made only if it is set.
+    """
+    rec = recording.active()
+    assert rec is not None
+    slots = []  # (tensor, whether its array goes to the host, whether it has a .grad)
+    arrays = []
+    for t in tensors:
+        array, grad = _ARRAY.__get__(t, Tensor), _GRAD.__get__(t, Tensor)
+        snap = rec.snapshots.get(id(t))
+        sent = not only_changed or snap is None or array is not snap.start
+        slots.append((t, sent, grad is not None))
+        if sent:
+            arrays.append(array)
+        if grad is not None:
+            arrays.append(grad._array)
+
+    def host(*concrete: Any) -> Any:
+        saved = [(_ARRAY.__get__(t, Tensor), _GRAD.__get__(t, Tensor), t._version) for t, _, _ in slots]
+        values = iter(concrete)
+        for t, sent, has_grad in slots:
+            if sent:
+                _ARRAY.__set__(t, jnp.asarray(next(values)))
+            _GRAD.__set__(t, Tensor(jnp.asarray(next(values))) if has_grad else None)
+        try:
+            call()
+            new = []
+            for (t, sent, has_grad), (before, _, _) in zip(slots, saved, strict=True):
+                array, grad = _ARRAY.__get__(t, Tensor), _GRAD.__get__(t, Tensor)
+                if sent:
+                    new.append(array)
+                elif array is not before:
+                    raise RuntimeError(
+                        f"under xgrad.compile a final callback cannot change a tensor (shape {list(array.shape)}) "
+                        "that the step had not changed before it; change it in the step, or run this step eagerly"
+                    )
+                if (grad is not None) != has_grad:
+                    raise RuntimeError(
+                        "under xgrad.compile a hook or final callback cannot set a .grad to None or set one that was "
+                        "None; zero it instead, or run this step eagerly"
+                    )
+                if grad is not None:
+                    new.append(grad._array)
+        finally:
+            for (t, _, _), (array, grad, version) in zip(slots, saved, strict=True):
+                _ARRAY.__set__(t, array)
+                _GRAD.__set__(t, grad)
+                t._version = version
+        return tuple(np.asarray(n, dtype=c.dtype) for n, c in zip(new, concrete, strict=True))
+
+    def on_host(arrays: Any) -> Any:
+        return _ordered_host_call(host, lambda *c: tuple(np.asarray(a) for a in c), tuple(_struct(a) for a in arrays), arrays, reports)
+
+    outs = iter(on_host(arrays) if when is None else jax.lax.cond(when, on_host, tuple, arrays))
+    for t, sent, has_grad in slots:
+        if sent:
+            t._array = next(outs)
+        if has_grad:
+            t._grad = Tensor(next(outs))
+
+
+class _HostGraphTask:
+    """Stands in on the host for a traced backward's ``GraphTask``: what its hooks queue waits here."""
+
+    __slots__ = ("final_callbacks", "mutex")
+
+    def __init__(self) -> None:
+        self.final_callbacks: list[Callable[[], None]] = []
+        self.mutex = threading.Lock()  # ``queue_callback`` takes it
+
+
+def _host_graph_task() -> _HostGraphTask | None:
+    """While tracing a backward: its host stand-in, whose callbacks run, on the host, when it ends."""
+    graph_task = current_task.graph_task
+    rec = recording.active()
+    if graph_task is None or rec is None:
+        return None
+    key = id(graph_task)
+    stand_in = rec.host_tasks.get(key)
+    if stand_in is None:
+        stand_in = rec.host_tasks[key] = _HostGraphTask()
+
+        def at_the_end() -> None:  # queued now, it runs where the traced backward runs its final callbacks
+            del rec.host_tasks[key]  # the task is done: its id may come again
+            _final_callbacks_on_host(stand_in)
+
+        with graph_task.mutex:
+            list.append(graph_task.final_callbacks, at_the_end)  # itself not a host call: not wrapped
+    return stand_in
+
+
+def _in_backward(graph_task: _HostGraphTask | None, fn: Any, *args: Any) -> Any:
+    """Call a hook on the host as the engine would: ``queue_callback`` inside it queues on ``graph_task``."""
+    previous = current_task.graph_task
+    current_task.graph_task = graph_task
+    try:
+        return fn(*args)
+    finally:
+        current_task.graph_task = previous
+
+
+class _TracedCallbacks(list):  # type: ignore[type-arg]
+    """A traced backward's final callbacks: one queued while tracing runs on the host, once per call, in its place."""
+
+    def append(self, callback: Callable[[], None]) -> None:
+        def on_host() -> None:
+            graph_task = _HostGraphTask()
+            graph_task.final_callbacks.append(callback)
+            _run_final_callbacks(graph_task)
+
+        super().append(lambda: _state_on_host(on_host, _state_owners(), only_changed=True))
+
+
+
+def _state_owners() -> list[Tensor]:
+    """While tracing: the state tensors touched so far (a ``.grad`` comes with its owner)."""
+    rec = recording.active()
+    assert rec is not None
+    owners = []
+    for snap in rec.snapshots.values():
+        t = snap.ref()
+        if t is not None and type(snap.target) is not tuple:
+            owners.append(t)
+    return owners
+
+
+def _final_callbacks_on_host(graph_task: _HostGraphTask) -> None:
+    """At the end of a traced backward: a host call that runs the callbacks its hooks queued during this call.
+
+    They see the state's values at that point (``_state_on_host``), as eager's do. The
+    call is made only when a hook did queue one: each reports it (``_ordered_host_call``).
+    """
+    rec = recording.active()
+    assert rec is not None
+    queued = rec.queued.pop(id(graph_task), None)
+    if queued:
+        when = jnp.stack(queued).any()
+        _state_on_host(lambda: _run_final_callbacks(graph_task), _state_owners(), only_changed=True, when=when)
+
+
+def _run_final_callbacks(graph_task: _HostGraphTask) -> None:
+    """On the host: run and clear ``graph_task``'s callbacks, as ``GraphTask.exec_post_processing`` does."""
+    callbacks = graph_task.final_callbacks
+    try:
+        i = 0
+        while i < len(callbacks):  # callbacks may queue more: index, do not iterate
+            _in_backward(graph_task, callbacks[i])
+            i += 1
+    finally:
+        callbacks.clear()
+
+
+def _ordered_host_call(
+    host: Callable[..., Any], unchanged: Callable[..., Any], result_shapes: Any, arrays: Any, reports: Any = None
+) -> Any:
+    """``host(*arrays)`` on concrete values at this point of the program, in program order.
+
+    Once an index check traced before this point failed, the call is ``unchanged(*arrays)``
+    instead: eager would have raised before reaching it (NOTE [Index checks in a compiled step]).
+    With ``reports`` (a ``_HostGraphTask``), the call also returns whether callbacks wait on
+    it, a flag the end of the backward reads (``_final_callbacks_on_host``).
+    """
+    rec = recording.active()
+    assert rec is not None
+    rec.host_calls += 1
+    failed = rec.failed_so_far()
+    shapes = result_shapes
+    if reports is not None:
+        host, unchanged = _reporting(host, reports), _reporting(unchanged, None)
+        shapes = (*(result_shapes or ()), jax.ShapeDtypeStruct((), np.bool_))
+    if failed is None:
+        outs = io_callback(host, shapes, *arrays, ordered=True)
+    else:
+
+        def guarded(failed: Any, *concrete: Any) -> Any:
+            return unchanged(*concrete) if failed else host(*concrete)
+
+        outs = io_callback(guarded, shapes, failed, *arrays, ordered=True)
+    if reports is None:
+        return outs
+    rec.queued.setdefault(id(reports), []).append(outs[-1])
+    return None if result_shapes is None else tuple(outs[:-1])
+
+
+def _reporting(fn: Callable[..., Any], graph_task: _HostGraphTask | None) -> Callable[..., Any]:
+    """``fn``'s results, and whether ``graph_task`` has callbacks waiting (never, for ``None``)."""
+
+    def call(*concrete: Any) -> Any:
+        return (*(fn(*concrete) or ()), np.bool_(graph_task is not None and bool(graph_task.final_callbacks)))
+
+    return call
+

@@ -1,0 +1,401 @@
+"""``CompiledFunction``: a step's cache of programs, its guards, compiling it and running it."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import time
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend.core import ClosedJaxpr, get_opaque_trace_state, jaxpr_as_fun
+
+from xgrad.compile_step.errors import (
+    ERR_FALLBACK,
+    HOOK_KEPT,
+    WARN_FALLBACK,
+    WARN_RECOMPILE,
+    CompileFallbackError,
+    CompileFallbackWarning,
+    RecompileWarning,
+    _NotCompilable,
+)
+from xgrad.compile_step.host import _is_tensor
+from xgrad.compile_step.intercept import _Recording
+from xgrad.compile_step.recording import _ARRAY, _GRAD, _Recorder, tracing
+from xgrad.compile_step.writeback import (
+    _apply_writes,
+    _check_on_host,
+    _collect,
+    _remove_added_hooks,
+    _resolve,
+    _source_value,
+)
+from xgrad.engine.anomaly import ANOMALY
+from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
+from xgrad.engine.compiled.switch import TRACER_ERRORS
+from xgrad.grad_mode import is_grad_enabled
+from xgrad.ops._util import IndexOutOfRangeError
+from xgrad.tensor import Tensor
+
+__all__ = ["CompiledFunction", "compile"]
+
+#: Signatures kept per compiled function (least recently used dropped first).
+CACHE_SIZE = 64
+
+_XGRAD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__))
+
+
+def _user_site(tb: Any) -> str:
+    """The innermost frame of a traceback outside xgrad and JAX: the user's line."""
+    frames = []
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    for filename, lineno in reversed(frames):
+        path = os.path.abspath(filename)
+        if not path.startswith((_XGRAD_DIR, _JAX_DIR)) and "/jax/" not in path and "/jaxlib/" not in path:
+            return f"{filename}:{lineno}"
+    return "unknown location"
+
+
+def _leaf_key(leaf: Any) -> Any:
+    if isinstance(leaf, Tensor):
+        a = _ARRAY.__get__(leaf, Tensor)
+        return ("tensor", a.shape, a.dtype, getattr(a, "sharding", None), *_guard(leaf, True)[2:])
+    if isinstance(leaf, jax.Array):
+        return ("array", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
+    if isinstance(leaf, np.ndarray):
+        return ("ndarray", leaf.shape, leaf.dtype)
+    return ("static", type(leaf), leaf)
+
+
+def _guard(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
+    """What a trace's Python decided on about a state tensor (NOTE [Whole-step compile], 3)."""
+    a = _ARRAY.__get__(t, Tensor)
+    g = _GRAD.__get__(t, Tensor)
+    return (
+        a.shape, a.dtype, t.grad_fn, t._requires_grad, g is None if grad_read else None,
+        None if g is None or not grad_read else g._array.shape,
+        tuple(t._backward_hooks or ()), tuple(t._post_accumulate_grad_hooks or ()),
+    )
+
+
+class _Entry:
+    """One compiled signature: the program, where its inputs come from, where its outputs go."""
+
+    __slots__ = (
+        "aliased", "arg_tensor_slots", "checks", "consts", "flags", "guards", "has_host_calls", "host_checks", "inputs", "jitted",
+        "n_dyn_args", "result_template", "result_tree", "writes",
+    )
+    aliased: list[list[Any]]
+    arg_tensor_slots: tuple[int, ...]
+    checks: tuple[tuple[str, int, list[Any]], ...]  # message, first bad entry's output, writes at the check
+    consts: list[tuple[str, Any]]
+    guards: list[tuple[Any, bool, tuple[Any, ...]]]
+    host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
+    has_host_calls: bool  # hooks or callbacks run from inside the program
+    inputs: list[tuple[int, Any]]
+    flags: int | None  # the output holding the checks' flags (NOTE [Index checks in a compiled step])
+    jitted: Any
+    n_dyn_args: int
+    result_template: list[tuple[str, Any, Any]]
+    result_tree: Any
+    writes: list[tuple[Any, str, Any, int]]
+
+
+_FALLBACK = object()
+
+
+def _describe_change(old: Any, new: Any) -> str:
+    if old is None:
+        return "first call"
+    (old_tree, old_leaves, old_alias, old_mode), (new_tree, new_leaves, new_alias, new_mode) = old, new
+    if old_tree != new_tree:
+        return f"the arguments' structure changed from {old_tree} to {new_tree}"
+    for i, (a, b) in enumerate(zip(old_leaves, new_leaves, strict=True)):
+        if a != b:
+            return f"argument leaf {i} changed from {_describe_leaf(a)} to {_describe_leaf(b)}"
+    if old_alias != new_alias:
+        return "which arguments are the same tensor changed"
+    if old_mode != new_mode:
+        return f"grad mode changed from {old_mode[0]} to {new_mode[0]}"
+    return "the state fn reads (a .grad set or cleared, requires_grad, hooks, or a shape)"
+
+
+def _describe_leaf(key: Any) -> str:
+    if key[0] == "static":
+        return f"the value {key[2]!r}"
+    return f"a {key[0]} of shape {list(key[1])} and dtype {key[2]}" + (f" on {key[3]}" if len(key) > 3 else "")
+
+
+class CompiledFunction:
+    """``fn`` run as one cached ``jax.jit`` program per input signature (see ``xgrad.compile``)."""
+
+    def __init__(self, fn: Callable[..., Any], fallback: str) -> None:
+        if fallback not in ("eager", "error"):
+            raise ValueError(f"fallback must be 'eager' or 'error', got {fallback!r}")
+        self.fn = fn
+        self.fallback = fallback
+        self._cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._stats = {"compiles": 0, "hits": 0, "misses": 0, "fallbacks": 0, "compile_seconds": 0.0}
+        self._warned_sites: set[str] = set()
+        self._last_signature: Any = None
+        self._recompile_warned = False
+        functools.update_wrapper(self, fn)
+
+    def stats(self) -> dict[str, Any]:
+        """``{"compiles", "hits", "misses", "fallbacks", "compile_seconds"}`` for this function."""
+        return dict(self._stats)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if tracing() or ANOMALY.enabled:
+            # Inside another compiled function the body is part of that trace; anomaly
+            # mode records forward tracebacks per op, which only an eager run has.
+            if ANOMALY.enabled and not tracing():
+                self._stats["fallbacks"] += 1
+            return self.fn(*args, **kwargs)
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
+        if any(isinstance(leaf, jax.core.Tracer) or (isinstance(leaf, Tensor) and isinstance(leaf._array, jax.core.Tracer)) for leaf in leaves):
+            return self.fn(*args, **kwargs)  # under a plain jax transformation: part of its trace
+        alias: list[int] = []
+        first: dict[int, int] = {}
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, Tensor):
+                alias.append(first.setdefault(id(leaf), i))
+        try:
+            signature = (tree, tuple(_leaf_key(leaf) for leaf in leaves), tuple(alias), (is_grad_enabled(),))
+            hash(signature)
+        except TypeError:
+            raise TypeError(
+                "xgrad.compile: an argument that is not a Tensor or array must be hashable (it is a static part of "
+                "the signature)"
+            ) from None
+        entry = self._cache.get(signature)
+        if entry is _FALLBACK:
+            self._stats["fallbacks"] += 1
+            return self.fn(*args, **kwargs)
+        if entry is not None and self._guards_hold(entry, leaves):
+            self._cache.move_to_end(signature)
+            self._stats["hits"] += 1
+            return self._run(entry, leaves)
+        self._stats["misses"] += 1
+        self._note_miss(signature)
+        try:
+            entry = self._compile(leaves, tree)
+        except _NotCompilable as exc:
+            self._cache[signature] = _FALLBACK
+            self._fall_back(exc)
+            return self.fn(*args, **kwargs)
+        self._cache[signature] = entry
+        if len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return self._run(entry, leaves)
+
+    # -- hit path ----------------------------------------------------------------------
+    @staticmethod
+    def _guards_hold(entry: _Entry, leaves: list[Any]) -> bool:
+        for ref, grad_read, expected in entry.guards:
+            t = ref()
+            if t is None or _guard(t, grad_read) != expected:
+                return False
+        for refs in entry.aliased:
+            values = [_source_value(s, leaves) for s in refs]
+            if any(v is not values[0] for v in values[1:]):
+                return False
+        return True
+
+    def _run(self, entry: _Entry, leaves: list[Any]) -> Any:
+        if entry.has_host_calls:  # its hooks must not run if a check fails: check before
+            _check_on_host(entry.host_checks, leaves)
+        inputs = []
+        for kind, source in entry.inputs:  # one loop, no calls for the common kinds: it runs every step
+            if kind == 0:
+                inputs.append(source)
+            elif kind == 1:
+                inputs.append(source()._array)
+            else:
+                inputs.append(_source_value(source, leaves))
+        for i in entry.arg_tensor_slots:
+            leaf = leaves[i]
+            inputs.append(leaf._array if isinstance(leaf, Tensor) else leaf)
+        outs = entry.jitted(*inputs)
+        if not entry.has_host_calls:
+            # While the program runs: if a check fails its outputs are dropped, as if it never ran.
+            _check_on_host(entry.host_checks, leaves)
+        if entry.flags is not None:
+            failed = np.asarray(outs[entry.flags])  # the one device-to-host read of a program with checks
+            if failed.any():
+                message, first, writes = entry.checks[int(np.argmax(failed))]
+                _apply_writes(writes, outs, leaves)  # the state as eager leaves it when the op raises
+                raise IndexOutOfRangeError(message.format(index=int(outs[first])))
+        _apply_writes(entry.writes, outs, leaves)
+        results = []
+        for how, value, grad_index in entry.result_template:
+            if how == "out":
+                t = Tensor(outs[value])
+                if grad_index is not None:
+                    _GRAD.__set__(t, Tensor(outs[grad_index]))
+                results.append(t)
+            elif how == "array":
+                results.append(outs[value])
+            elif how == "same":
+                results.append(_resolve(value, leaves))
+            else:
+                results.append(value)
+        return jax.tree_util.tree_unflatten(entry.result_tree, results)
+
+    # -- miss path ---------------------------------------------------------------------
+    def _note_miss(self, signature: Any) -> None:
+        previous, self._last_signature = self._last_signature, signature
+        if self._stats["misses"] > RECOMPILE_WARNING_LIMIT and not self._recompile_warned:
+            self._recompile_warned = True
+            warnings.warn(
+                WARN_RECOMPILE.format(name=self._name(), count=self._stats["misses"], reason=_describe_change(previous, signature)),
+                RecompileWarning,
+                stacklevel=3,
+            )
+
+    def _name(self) -> str:
+        return getattr(self.fn, "__qualname__", repr(self.fn))
+
+    def _fall_back(self, exc: _NotCompilable) -> None:
+        if self.fallback == "error":
+            raise CompileFallbackError(ERR_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site)) from exc
+        self._stats["fallbacks"] += 1
+        if exc.site not in self._warned_sites:
+            self._warned_sites.add(exc.site)
+            warnings.warn(
+                WARN_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site), CompileFallbackWarning, stacklevel=3
+            )
+
+    def _compile(self, leaves: list[Any], tree: Any) -> _Entry:
+        start = time.perf_counter()
+        recorder = _Recorder()
+        dyn_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array, np.ndarray))]
+        dyn_values = [_ARRAY.__get__(leaves[i], Tensor) if isinstance(leaves[i], Tensor) else leaves[i] for i in dyn_slots]
+        found: dict[str, Any] = {}
+        fn = self.fn
+
+        def traced(*tracers: Any) -> Any:
+            recorder.trace = get_opaque_trace_state(convention="xgrad")
+            call_leaves = list(leaves)
+            for i, tracer in zip(dyn_slots, tracers, strict=True):
+                recorder.arg_leaves[id(tracer)] = i
+                leaf = leaves[i]
+                if isinstance(leaf, Tensor):
+                    snap = recorder.snapshots.get(id(leaf))
+                    if snap is None:
+                        recorder.touch(leaf)
+                        snap = recorder.snapshots[id(leaf)]
+                        snap.start = tracer
+                        snap.target = i
+                        _ARRAY.__set__(leaf, tracer)
+                else:
+                    call_leaves[i] = tracer
+            call_args, call_kwargs = jax.tree_util.tree_unflatten(tree, call_leaves)
+            return _collect(recorder, fn(*call_args, **call_kwargs), found)
+
+        for i in dyn_slots:
+            leaf = leaves[i]
+            if isinstance(leaf, Tensor) and leaf.grad_fn is not None:
+                raise _NotCompilable(
+                    f"argument leaf {i} has autograd history from outside the function (detach it, or compute it inside)",
+                    "the call",
+                )
+        with _Recording(recorder):
+            try:
+                closed = jax.make_jaxpr(traced)(*dyn_values)
+            except TRACER_ERRORS as exc:
+                raise _NotCompilable(
+                    "Python needs a concrete value here (.item(), .numpy(), bool() or int() of a tensor, a boolean mask)",
+                    _user_site(exc.__traceback__),
+                ) from exc
+            finally:
+                for snap in recorder.snapshots.values():
+                    t = snap.ref()
+                    if t is not None:
+                        snap.restore(t)
+                kept = _remove_added_hooks(recorder)
+            if kept is not None:
+                raise _NotCompilable(HOOK_KEPT, kept)
+        entry = _Entry()
+        entry.arg_tensor_slots = tuple(dyn_slots)
+        entry.n_dyn_args = len(dyn_slots)
+        (entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags,
+         entry.host_checks) = found["layout"]
+        entry.guards = [(ref, grad_read, _guard(ref(), grad_read)) for ref, grad_read in guard_refs if ref() is not None]
+        consts: list[tuple[str, Any]] = []
+        for c in closed.consts:
+            live = [s for s in recorder.sources.get(id(c), ()) if _resolve(s, leaves) is not None]
+            consts.append(("state", live) if live else ("const", c))
+        entry.consts = consts
+        entry.aliased = [refs for kind, refs in consts if kind != "const" and len(refs) > 1]
+        entry.inputs = [
+            (0, refs) if kind == "const" else (1, refs[0]) if type(refs[0]) is weakref.ref else (2, refs[0]) for kind, refs in consts
+        ]
+        jaxpr = closed.jaxpr
+        program = jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(constvars=[], invars=[*jaxpr.constvars, *jaxpr.invars]), []))
+        entry.jitted = jax.jit(program)
+        entry.has_host_calls = bool(closed.effects)
+        entry.jitted.lower(*[refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in consts], *dyn_values).compile()
+        self._stats["compiles"] += 1
+        self._stats["compile_seconds"] += time.perf_counter() - start
+        return entry
+
+
+
+def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") -> Any:
+    """Run ``fn`` — forward, ``backward()``, ``Optax.step()``, in-place updates — as one XLA program.
+
+    Usable as ``@xgrad.compile`` or ``xgrad.compile(fn, fallback="error")``. Each input
+    signature (shapes, dtypes and shardings of the Tensor and array arguments; other
+    arguments are static and must be hashable) is traced once into a cached
+    ``jax.jit`` program (NOTE [Whole-step compile] in ``xgrad/compile_step/__init__.py``).
+
+    Calling it has the effects calling ``fn`` has: the same return values (returned
+    Tensors come back without autograd history: the graph stays in the program),
+    ``.grad`` on leaves (accumulated when not zeroed), and parameters and optimizer
+    state updated in place on the same Tensor objects. Tensors ``fn`` reads or
+    rebinds through closures, attributes or globals are found by themselves: pass
+    only the data.
+
+    Args:
+        fn: the step function.
+        fallback: ``"eager"`` (default): a call that cannot be traced — Python needing
+            a concrete value inside ``fn`` (``.item()``, ``if t > 0``, ``.numpy()``) —
+            runs eagerly, after a one-time warning naming the line; ``"error"``: raise
+            ``CompileFallbackError`` instead.
+
+    Hooks registered on tensors or nodes (inside ``fn`` or before) run once per call
+    with concrete values in eager order, through host callbacks;
+    ``xgrad.autograd.compiled.pure_hook`` hooks are traced into the program. Plain
+    Python side effects in ``fn``'s body (``print``, appending to a list) run when
+    ``fn`` is traced, on the first call of each signature, not on every call, as
+    under ``jax.jit``. ``step.stats()`` returns ``{"compiles", "hits", "misses",
+    "fallbacks", "compile_seconds"}``.
+
+    >>> import optax, xgrad
+    >>> w = xgrad.tensor([1.0, -2.0], requires_grad=True)
+    >>> opt = xgrad.optim.Optax([w], optax.sgd(0.1))
+    >>> @xgrad.compile
+    ... def step(x):
+    ...     opt.zero_grad()
+    ...     loss = ((w * x).sum() - 1.0) ** 2
+    ...     loss.backward()
+    ...     opt.step()
+    ...     return loss
+    >>> [round(step(xgrad.tensor([1.0, 1.0])).item(), 4) for _ in range(3)]
+    [4.0, 1.44, 0.5184]
+    >>> [round(g, 4) for g in w.grad.tolist()], step.stats()["compiles"], step.stats()["hits"]
+    ([-1.44, -1.44], 1, 2)
+    """
+    if fn is None:
+        return lambda f: CompiledFunction(f, fallback)
+    return CompiledFunction(fn, fallback)

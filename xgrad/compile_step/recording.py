@@ -1,0 +1,189 @@
+"""Recording the state a traced step touches (NOTE [Whole-step compile], 1, in ``__init__``)."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from xgrad.engine.engine import GraphTask
+from xgrad.engine.node import _sequence
+from xgrad.tensor import Tensor
+
+_ARRAY = Tensor.__dict__["_array"]  # the slots' own descriptors
+_GRAD = Tensor.__dict__["_grad"]
+_FINAL_CALLBACKS = GraphTask.__dict__["final_callbacks"]
+_trace_lock = threading.RLock()  # one trace at a time: the descriptors are per class
+
+
+class _Snapshot:
+    """A tensor's autograd-visible state when a trace first touched it."""
+
+    __slots__ = (
+        "array", "grad", "grad_fn", "output_nr", "ref", "requires_grad", "retains_grad", "start", "target", "version",
+    )
+
+    def __init__(self, t: Tensor) -> None:
+        self.ref = weakref.ref(t)
+        # Where the tensor is found at a call (``_resolve``): an argument's leaf index (a
+        # new object each call), ``("grad", owner's target)``, or a weak reference.
+        self.target: Any = self.ref
+        self.array = _ARRAY.__get__(t, Tensor)
+        self.start = self.array  # what counts as unchanged (a tracer for an argument)
+        self.grad = _GRAD.__get__(t, Tensor)
+        self.grad_fn = t.grad_fn
+        self.output_nr = t._output_nr
+        self.version = t._version
+        self.requires_grad = t._requires_grad
+        self.retains_grad = t._retains_grad
+
+    def restore(self, t: Tensor) -> None:
+        _ARRAY.__set__(t, self.array)
+        _GRAD.__set__(t, self.grad)
+        t.grad_fn = self.grad_fn
+        t._output_nr = self.output_nr
+        t._version = self.version
+        t._requires_grad = self.requires_grad
+        t._retains_grad = self.retains_grad
+
+
+class _Recorder:
+    """What one trace touched: snapshots, where concrete arrays came from, which ``.grad``s decided branches."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.snapshots: dict[int, _Snapshot] = {}
+        self.sources: dict[int, list[Any]] = {}  # id(array) -> targets of the tensors holding it
+        self.keep: list[Any] = []  # the arrays whose ids key ``sources`` stay alive
+        self.grad_owner: dict[int, weakref.ref[Tensor]] = {}
+        self.grad_read: set[int] = set()  # ``.grad`` read before this trace rebound it
+        self.grad_written: set[int] = set()
+        # Tensors made during the trace: never state, their arrays stay constants.
+        # (By id: a WeakSet would compare tensors with ``==``, an op.)
+        self.born: dict[int, weakref.ref[Tensor]] = {}
+        self.trace: Any = None  # the step's own trace level (set once ``fn`` is called)
+        self.outputs: list[Any] = []  # the program's outputs, each once (``output``)
+        self.output_index: dict[int, int] = {}
+        self.checks: list[_Check] = []
+        # Checks of an argument's own index values, done on the host before the program runs
+        # (NOTE [Index checks in a compiled step]): (leaf, size, message, negative, ignore, writes).
+        self.host_checks: list[tuple[int, int, str, bool, int | None, list[Any]]] = []
+        self.arg_leaves: dict[int, int] = {}  # id(an argument's tracer) -> its leaf
+        self.host_calls = 0  # ordered host calls traced so far (hooks)
+        # Hooks added while tracing: (their dict, handle id, the user's line, whether the owner outlives the call).
+        self.added_hooks: list[tuple[Any, int, str, bool]] = []
+        self.first_sequence_nr = _sequence.next()  # nodes made by the trace number above it
+        self.host_tasks: dict[int, Any] = {}  # id(a traced GraphTask still running) -> its stand-in
+        self.queued: dict[int, list[Any]] = {}  # id(a stand-in) -> traced flags: callbacks wait on it
+
+    def output(self, value: Any) -> int:
+        """The position of ``value`` among the program's outputs (added on first use)."""
+        index = self.output_index.get(id(value))
+        if index is None:
+            index = self.output_index[id(value)] = len(self.outputs)
+            self.outputs.append(value)
+        return index
+
+    def failed_so_far(self) -> Any:
+        """A traced flag: whether an index check traced before this point failed (``None``: no checks yet)."""
+        if not self.checks:
+            return None
+        return jnp.stack([check.failed for check in self.checks]).any()
+
+    def is_born(self, t: Tensor) -> bool:
+        ref = self.born.get(id(t))
+        return ref is not None and ref() is t
+
+    def touch(self, t: Tensor) -> None:
+        if id(t) not in self.snapshots and not self.is_born(t):
+            snap = self.snapshots[id(t)] = _Snapshot(t)
+            ref = self.grad_owner.get(id(t))
+            owner = ref() if ref is not None else None
+            if owner is not None and _GRAD.__get__(owner, Tensor) is t:
+                # A ``.grad``: at the next call it is whatever tensor its owner holds then.
+                snap.target = ("grad", self.snapshots[id(owner)].target)
+
+    def read(self, t: Tensor, array: Any) -> None:
+        if self.is_born(t):
+            return
+        self.touch(t)
+        source = self.snapshots[id(t)].target
+        entries = self.sources.setdefault(id(array), [])
+        if not entries:
+            self.keep.append(array)
+        if source not in entries:
+            entries.append(source)
+
+
+class _Check:
+    """One index check traced into a step (NOTE [Index checks in a compiled step])."""
+
+    __slots__ = ("failed", "first", "message", "writes")
+
+    def __init__(self, failed: Any, first: Any, message: str, writes: list[Any]) -> None:
+        self.failed = failed  # traced: any entry out of range
+        self.first = first  # traced, then its output position: the first bad entry
+        self.message = message
+        self.writes = writes  # the state writes as they stood at the check
+
+
+_active: _Recorder | None = None
+
+
+def _get_array(t: Tensor) -> Any:
+    value = _ARRAY.__get__(t, Tensor)
+    rec = _active
+    if rec is not None and rec.thread == threading.get_ident() and not isinstance(value, jax.core.Tracer):
+        rec.read(t, value)
+    return value
+
+
+def _set_array(t: Tensor, value: Any) -> None:
+    rec = _active
+    if rec is not None and rec.thread == threading.get_ident():
+        try:
+            _ARRAY.__get__(t, Tensor)
+        except AttributeError:  # the first assignment, in ``Tensor.__init__``
+            rec.born[id(t)] = weakref.ref(t)
+        else:
+            rec.touch(t)
+    _ARRAY.__set__(t, value)
+
+
+def _get_grad(t: Tensor) -> Any:
+    value = _GRAD.__get__(t, Tensor)
+    rec = _active
+    if rec is not None and rec.thread == threading.get_ident() and not rec.is_born(t):
+        rec.touch(t)
+        if id(t) not in rec.grad_written:
+            rec.grad_read.add(id(t))
+        if value is not None:
+            rec.grad_owner[id(value)] = weakref.ref(t)
+    return value
+
+
+def _set_grad(t: Tensor, value: Any) -> None:
+    rec = _active
+    if rec is not None and rec.thread == threading.get_ident():
+        rec.touch(t)
+        rec.grad_written.add(id(t))
+    _GRAD.__set__(t, value)
+
+
+def active() -> _Recorder | None:
+    """The recorder of the trace in progress (any thread's), ``None`` when none is."""
+    return _active
+
+
+def set_active(recorder: _Recorder | None) -> None:
+    global _active
+    _active = recorder
+
+
+def tracing() -> bool:
+    """Whether this thread is tracing an ``xgrad.compile`` function."""
+    rec = _active
+    return rec is not None and rec.thread == threading.get_ident()

@@ -1,0 +1,144 @@
+"""A traced step's outputs and where they go: the state it wrote, its results (NOTE [Whole-step compile], 2)."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from xgrad.compile_step.errors import _NotCompilable
+from xgrad.compile_step.host import _is_tensor
+from xgrad.compile_step.recording import _ARRAY, _GRAD, _Recorder
+from xgrad.ops import _util as ops_util
+from xgrad.ops._util import IndexOutOfRangeError
+from xgrad.tensor import Tensor
+
+
+def _check_on_host(host_checks: Any, leaves: list[Any]) -> None:
+    """Eager's range checks of argument indices (NOTE [Index checks in a compiled step]); raise as eager would."""
+    for leaf, size, message, negative, ignore, writes in host_checks:
+        try:
+            ops_util.check_index_range(leaves[leaf], size, message, negative, ignore)
+        except IndexOutOfRangeError:
+            _apply_writes(writes, (), leaves)  # the state as eager leaves it when the op raises
+            raise
+
+
+def _remove_added_hooks(recorder: _Recorder) -> str | None:
+    """Take out the hooks the trace registered (a call's own effects are the program's).
+
+    Returns the line that registered one that stayed on a tensor or node outliving the
+    call: eager adds one more such hook every call, which one program cannot do.
+    """
+    kept = None
+    for hooks_ref, handle_id, site, outlives in recorder.added_hooks:
+        hooks = hooks_ref()
+        if hooks is not None and hooks.pop(handle_id, None) is not None and outlives and kept is None:
+            kept = site
+    return kept
+
+
+def _resolve(target: Any, leaves: list[Any]) -> Any:
+    """The tensor a target names at this call (``_Snapshot.target``), ``None`` if it is gone."""
+    if type(target) is int:
+        return leaves[target]
+    if type(target) is tuple:
+        owner = _resolve(target[1], leaves)
+        return None if owner is None else _GRAD.__get__(owner, Tensor)
+    return target()
+
+
+def _source_value(target: Any, leaves: list[Any]) -> Any:
+    t = _resolve(target, leaves)
+    if t is None:
+        raise RuntimeError("xgrad.compile: a tensor the program reads was freed (internal error: please report it)")
+    return _ARRAY.__get__(t, Tensor)
+
+
+def _collect(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
+    """Inside the trace, after ``fn``: the program's outputs and where each goes (NOTE [Whole-step compile], 2)."""
+    leaves, result_tree = jax.tree_util.tree_flatten(result, is_leaf=_is_tensor)
+    returned = [weakref.ref(leaf) if isinstance(leaf, Tensor) else None for leaf in leaves]
+    returned_values = [_returned_value(leaf) for leaf in leaves]
+    del result, leaves
+    writes = _state_writes(recorder, "the end of the compiled function")
+    guards: list[Any] = []
+    for key, snap in recorder.snapshots.items():
+        # Arguments are keyed by the signature, grads by their owner.
+        if snap.ref() is not None and type(snap.target) is weakref.ref:
+            guards.append((snap.ref, key in recorder.grad_read))
+    template: list[Any] = []
+    for ref, value in zip(returned, returned_values, strict=True):
+        t = ref() if ref is not None else None
+        if t is not None and id(t) in recorder.snapshots:
+            template.append(("same", recorder.snapshots[id(t)].target, None))
+        elif ref is not None:
+            array, grad = value
+            template.append(("out", recorder.output(array), None if grad is None else recorder.output(grad)))
+        elif isinstance(value, (jax.Array, jax.core.Tracer)):
+            template.append(("array", recorder.output(value), None))
+        else:
+            template.append(("static", value, None))
+    checks = tuple((c.message, recorder.output(c.first), c.writes) for c in recorder.checks)
+    flags = recorder.output(jnp.stack([c.failed for c in recorder.checks])) if checks else None
+    found["layout"] = (writes, template, result_tree, guards, checks, flags, tuple(recorder.host_checks))
+    return recorder.outputs
+
+
+def _state_writes(recorder: _Recorder, site: str) -> list[Any]:
+    """How the state tensors differ from their snapshots now: what a call writes back (NOTE [Whole-step compile], 2).
+
+    Each write is ``(target, what, value, version_delta)``; ``value`` is an output
+    position (``None`` for a ``.grad`` set to ``None``), or the new ``requires_grad``.
+    """
+    writes: list[Any] = []
+    for key, snap in recorder.snapshots.items():
+        t = snap.ref()
+        if t is None:
+            continue
+        array = _ARRAY.__get__(t, Tensor)
+        grad = _GRAD.__get__(t, Tensor)
+        if t.grad_fn is not snap.grad_fn:
+            raise _NotCompilable(
+                f"an in-place op gave a tensor from outside the function (shape {list(array.shape)}) autograd history, "
+                "which cannot leave the program", site,
+            )
+        if array is not snap.start:
+            writes.append((snap.target, "array", recorder.output(array), t._version - snap.version))
+        # A ``.grad`` set to ``None`` is written even if it was ``None`` when traced: unless
+        # the trace read it, a call may find it set (``zero_grad()`` before a step's first backward).
+        if grad is not snap.grad or (grad is None and key in recorder.grad_written):
+            if grad is not None and grad.grad_fn is not None:
+                raise _NotCompilable(
+                    "a .grad with autograd history (backward(create_graph=True)) cannot leave the program; use "
+                    "autograd.grad(..., create_graph=True) inside the function instead", site,
+                )
+            writes.append((snap.target, "grad", None if grad is None else recorder.output(_ARRAY.__get__(grad, Tensor)), 0))
+        if t._requires_grad != snap.requires_grad:
+            writes.append((snap.target, "requires_grad", t._requires_grad, 0))
+    return writes
+
+
+def _apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
+    """Rebind the state a call changed, on the same tensor objects."""
+    for target, what, index, version_delta in writes:
+        t = target() if type(target) is weakref.ref else _resolve(target, leaves)
+        if t is None:
+            continue
+        if what == "array":
+            t._array = outs[index]
+            t._version += version_delta
+        elif what == "grad":
+            t._grad = None if index is None else Tensor(outs[index])
+        else:  # requires_grad
+            t._requires_grad = index
+
+
+def _returned_value(leaf: Any) -> Any:
+    if not isinstance(leaf, Tensor):
+        return leaf
+    grad = _GRAD.__get__(leaf, Tensor)
+    return _ARRAY.__get__(leaf, Tensor), None if grad is None else _ARRAY.__get__(grad, Tensor)
+
