@@ -10,10 +10,12 @@ Each is stepped as: an ``xgrad.compile`` step (forward, ``backward()``,
 one program (the floor); xgrad eager; xgrad eager forward with the compiled backward;
 and PyTorch eager when ``torch`` is importable (MLP only). Timings are interleaved
 (one step of each in turn) and medians; each step ends when its parameters are ready.
-Then the cold start: the first eager step of the demo model in a fresh process.
+Then the cold start: the first eager and the first ``xgrad.compile`` step of the demo model in a
+fresh process, without and with the persistent compilation cache.
 
     python benchmarks/bench_step.py            # ~2 min on 2 CPU cores
     python benchmarks/bench_step.py --quick
+    python benchmarks/bench_step.py --cold-start   # the cold start rows alone
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable
@@ -173,7 +176,7 @@ def transformer_timers() -> dict[str, Callable[[], float]]:
 
 COLD_START = textwrap.dedent(
     """
-    import time
+    import sys, time
     start = time.perf_counter()
     import jax, optax, xgrad
     from xgrad import demo
@@ -183,12 +186,19 @@ COLD_START = textwrap.dedent(
     x, y = demo.make_batches(device)[0]
     model = demo.make_model(device)
     opt = Optax(model.parameters(), optax.adam(1e-2))
-    made = time.perf_counter()
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = xgrad.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    if sys.argv[1] == "compile":
+        step = xgrad.compile(step)
     for _ in range(2):
         step_start, cpu_start = time.perf_counter(), time.process_time()
-        opt.zero_grad()
-        xgrad.cross_entropy(model(xgrad.tensor(x)), y).backward()
-        opt.step()
+        step(xgrad.tensor(x), y)
         jax.block_until_ready(next(model.parameters()).array)
         print(time.perf_counter() - step_start, time.process_time() - cpu_start)
     print(imported - start)
@@ -197,29 +207,37 @@ COLD_START = textwrap.dedent(
 
 
 def cold_start_rows() -> list[tuple[str, ...]]:
-    """The first eager step in fresh processes: without xgrad's compilation cache, then twice with it."""
+    """The first step of the demo model in fresh processes, eager and ``xgrad.compile``:
+    without the persistent compilation cache (the default), then twice with it
+    (``XGRAD_COMPILATION_CACHE=DIR``, a fresh directory: the first run fills it)."""
     rows = []
-    for label, setting in (("no compilation cache", "0"), ("with the cache", None), ("with the cache, again", None)):
-        env = os.environ.copy()
-        if setting is not None:
-            env["XGRAD_COMPILATION_CACHE"] = setting
-        out = subprocess.run([sys.executable, "-c", COLD_START], capture_output=True, text=True, check=True, env=env)
-        first, first_cpu, second, _, imports = (float(v) for v in out.stdout.split())
-        rows.append((label, f"{imports:.2f}", f"{first:.2f}", f"{first_cpu:.2f}", f"{second:.3f}"))
+    with tempfile.TemporaryDirectory() as cache:
+        for mode in ("eager", "compile"):
+            for label, setting in (("no compilation cache", None), ("with the cache", cache), ("with the cache, again", cache)):
+                env = os.environ.copy()
+                env.pop("XGRAD_COMPILATION_CACHE", None)
+                if setting is not None:
+                    env["XGRAD_COMPILATION_CACHE"] = os.path.join(setting, mode)
+                out = subprocess.run([sys.executable, "-c", COLD_START, mode], capture_output=True, text=True, check=True, env=env)
+                first, first_cpu, second, _, imports = (float(v) for v in out.stdout.split())
+                step = "first eager step" if mode == "eager" else "first xgrad.compile step"
+                rows.append((f"{step}, {label}", f"{imports:.2f}", f"{first:.2f}", f"{first_cpu:.2f}", f"{second:.3f}"))
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--cold-start", action="store_true", help="only the cold start rows")
     args = parser.parse_args()
     repeats = 10 if args.quick else 40
-    print(f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} CPUs; interleaved medians of {repeats} steps\n")
-    rows = rows_for("MLP", mlp_timers(), repeats * 3)
-    rows += rows_for("transformer", transformer_timers(), repeats)
-    print(table(rows, ("step", "steps/s", "ms / step", "vs floor")))
+    if not args.cold_start:
+        print(f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} CPUs; interleaved medians of {repeats} steps\n")
+        rows = rows_for("MLP", mlp_timers(), repeats * 3)
+        rows += rows_for("transformer", transformer_timers(), repeats)
+        print(table(rows, ("step", "steps/s", "ms / step", "vs floor")))
     print("\nCold start\n")
-    print(table(cold_start_rows(), ("first eager step of the demo model", "import s", "step 1 s", "step 1 CPU s", "step 2 s")))
+    print(table(cold_start_rows(), ("demo model, fresh process", "import s", "step 1 s", "step 1 CPU s", "step 2 s")))
 
 
 if __name__ == "__main__":
