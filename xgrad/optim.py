@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from xgrad.nn import clear_grads
+from xgrad.grads import clear_grads
 from xgrad.tensor import Tensor
 
 __all__ = ["SGD", "Adam", "AdamW", "Optax", "get_lr", "lr_scheduler", "set_lr"]

@@ -1,0 +1,35 @@
+"""``Module``, ``Parameter``, buffers, containers and the layers PyTorch users reach for first.
+
+A module's state lives in its attributes, as in PyTorch: an ``nn.Parameter`` attribute
+is a parameter, a ``register_buffer`` name is a buffer, a ``Module`` attribute is a
+submodule, and so is every Module inside a list, tuple or dict attribute (named
+``attr.0``, ``attr.key``, as ``ModuleList``/``ModuleDict`` would name them), so a
+submodule is never silently left out. Containers (``Sequential``, ``ModuleList``,
+``ModuleDict``) hold their children by key, so ``state_dict`` keys are PyTorch's:
+``0.weight`` in a ``Sequential``, and a PyTorch checkpoint saved as safetensors loads
+without renaming.
+
+>>> import xgrad
+>>> model = xgrad.nn.MLP([4, 8, 3], key=0)
+>>> [name for name, _ in model.named_parameters()]
+['0.weight', '0.bias', '2.weight', '2.bias']
+>>> model(xgrad.ones(2, 4)).shape
+(2, 3)
+"""
+
+from xgrad.nn import functional, init
+from xgrad.nn.activation import GELU, ReLU, Sigmoid, SiLU, Tanh
+from xgrad.nn.containers import ModuleDict, ModuleList, Sequential
+from xgrad.nn.conv import Conv2d
+from xgrad.nn.dropout import Dropout
+from xgrad.nn.embedding import Embedding
+from xgrad.nn.linear import MLP, Identity, Linear
+from xgrad.nn.module import Module, Parameter
+from xgrad.nn.normalization import BatchNorm1d, BatchNorm2d, LayerNorm
+from xgrad.nn.transformer import MultiheadAttention, TransformerEncoderLayer
+
+__all__ = [
+    "GELU", "MLP", "BatchNorm1d", "BatchNorm2d", "Conv2d", "Dropout", "Embedding", "Identity", "LayerNorm", "Linear",
+    "Module", "ModuleDict", "ModuleList", "MultiheadAttention", "Parameter", "ReLU", "Sequential", "SiLU", "Sigmoid",
+    "Tanh", "TransformerEncoderLayer", "functional", "init",
+]

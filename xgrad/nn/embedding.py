@@ -1,0 +1,33 @@
+"""``Embedding``: a lookup table of vectors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from xgrad import ops
+from xgrad.nn.init import prng_key
+from xgrad.nn.module import Module, Parameter
+from xgrad.tensor import Tensor
+
+
+class Embedding(Module):
+    """A lookup table of ``num_embeddings`` vectors of size ``embedding_dim``, initialised N(0, 1).
+
+    >>> import xgrad
+    >>> emb = xgrad.nn.Embedding(10, 3, key=0)
+    >>> emb(xgrad.tensor([[1, 2], [3, 4]])).shape
+    (2, 2, 3)
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, key: Any = None, dtype: Any = jnp.float32) -> None:
+        self.weight = Parameter(jax.random.normal(prng_key(key), (num_embeddings, embedding_dim), dtype))
+
+    def forward(self, indices: Any) -> Tensor:
+        return ops.embedding(indices, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, {self.weight.shape[1]}"
+
