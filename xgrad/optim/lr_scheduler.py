@@ -24,13 +24,12 @@ scheduler was made; schedulers do not chain (one scheduler per optimizer).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax.numpy as jnp
 import optax
 
-if TYPE_CHECKING:
-    from xgrad.optim import Optax
+from xgrad.optim.optimizer import Optax, get_lr, set_lr
 
 __all__ = ["CosineAnnealingLR", "ExponentialLR", "LRScheduler", "LambdaLR", "LinearLR", "StepLR"]
 
@@ -45,7 +44,6 @@ class LRScheduler:
     """
 
     def __init__(self, optimizer: Optax, schedule: Callable[[int], Any], last_epoch: int = -1) -> None:
-        from xgrad.optim import get_lr
 
         self.optimizer = optimizer
         self.base_lrs = [get_lr(optimizer)]
@@ -56,7 +54,6 @@ class LRScheduler:
 
     def step(self) -> None:
         """Move to the next epoch and set its learning rate in the optimizer."""
-        from xgrad.optim import set_lr
 
         self.last_epoch += 1
         lr = float(self.schedule(self.last_epoch))
@@ -71,7 +68,6 @@ class LRScheduler:
         return {"last_epoch": self.last_epoch, "base_lrs": list(self.base_lrs), "_last_lr": list(self._last_lr)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from xgrad.optim import set_lr
 
         self.last_epoch = int(state["last_epoch"])
         self.base_lrs = list(state["base_lrs"])
@@ -80,7 +76,6 @@ class LRScheduler:
 
 
 def _base_lr(optimizer: Optax) -> float:
-    from xgrad.optim import get_lr
 
     return get_lr(optimizer)
 

@@ -1,25 +1,8 @@
-"""Optimizers: any ``optax`` gradient transformation, applied to parameters' ``.grad``.
-
-There is no hand-written optimizer here: ``Optax`` reads the ``.grad`` arrays, runs
-the transformation's ``update`` and ``optax.apply_updates`` over all parameters as
-one ``jax.jit`` program (a pytree in, a pytree out), and rebinds each stepped
-parameter's storage directly, bumping ``_version`` as any in-place op does. ``SGD``,
-``Adam`` and ``AdamW`` take PyTorch's arguments and build the matching optax chain;
-``xgrad.optim.lr_scheduler`` changes their learning rate between steps.
-
-# NOTE [Optimizer state in Tensors]
-# The optax state's arrays are held by Tensors (``Optax.state`` rebuilds the optax
-# pytree from them; assigning a state of the same structure rebinds their storage).
-# That makes the state what every other piece of training state is, a Tensor whose
-# storage is rebound: ``xgrad.compile`` finds the Tensors a step reads and rebinds, so
-# an optimizer stepped (or its learning rate set) inside a compiled function needs no
-# special case.
-"""
+"""``Optax``: any optax gradient transformation as an optimizer of parameters' ``.grad`` (NOTE [Optimizer state in Tensors] in ``__init__``)."""
 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -29,8 +12,6 @@ import optax
 
 from xgrad.grads import clear_grads
 from xgrad.tensor import Tensor
-
-__all__ = ["SGD", "Adam", "AdamW", "Optax", "get_lr", "lr_scheduler", "set_lr"]
 
 
 def _mirrors_params(node: Any, shapes: tuple[tuple[int, ...], ...]) -> bool:
@@ -161,10 +142,10 @@ class Optax:
         clear_grads(self.params, set_to_none)
 
 
-# -- PyTorch's optimizers, as optax chains ----------------------------------------------
+# -- what PyTorch's optimizers share ------------------------------------------------------
 #
-# Each class below only translates PyTorch's arguments into a chain of stock optax
-# transforms and hands it to ``Optax``: the update rules are optax's. The learning rate
+# PyTorch's optimizers (``sgd.py``, ``adam.py``) only translate PyTorch's arguments into a
+# chain of stock optax transforms and hand it to ``Optax``: the update rules are optax's. The learning rate
 # goes through ``optax.inject_hyperparams``, so it lives in the optimizer state where
 # ``lr`` and the schedulers in ``xgrad.optim.lr_scheduler`` can change it between steps
 # without a recompile.
@@ -225,133 +206,3 @@ def _hyperparams(state: Any) -> dict[str, Any]:
         )
     return hyperparams
 
-
-class SGD(_WithLearningRate):
-    """``torch.optim.SGD``: stochastic gradient descent with momentum, dampening, weight decay, Nesterov.
-
-    PyTorch's update, from optax pieces: ``g += weight_decay * p``; with momentum,
-    ``buf = g`` on the first step and ``buf = momentum * buf + (1 - dampening) * g`` after;
-    ``g = g + momentum * buf`` (Nesterov) or ``buf``; ``p -= lr * g``.
-
-    Args:
-        params: the parameters (``model.parameters()``) or a mapping name → Tensor.
-        lr, momentum, dampening, weight_decay, nesterov, maximize: as PyTorch, with its defaults.
-
-    >>> import xgrad
-    >>> w = xgrad.tensor([1.0, 2.0], requires_grad=True)
-    >>> opt = xgrad.optim.SGD([w], lr=0.5, momentum=0.9)
-    >>> (w * w).sum().backward()
-    >>> opt.step(); w.tolist()
-    [0.0, 0.0]
-    """
-
-    def __init__(
-        self, params: Iterable[Tensor] | Mapping[str, Tensor], lr: float = 1e-3, momentum: float = 0.0,
-        dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
-    ) -> None:
-        _check_nonnegative("learning rate", lr)
-        _check_nonnegative("momentum value", momentum)
-        _check_nonnegative("weight_decay value", weight_decay)
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-
-        def make(learning_rate: Any) -> optax.GradientTransformation:
-            parts = [optax.scale(-1.0)] if maximize else []
-            if weight_decay:
-                parts.append(optax.add_decayed_weights(weight_decay))
-            if momentum:
-                if dampening:
-                    # PyTorch's first buffer is the gradient itself; dampening starts at step 2.
-                    parts.append(optax.scale_by_schedule(lambda count: jnp.where(count == 0, 1.0, 1.0 - dampening)))
-                parts.append(optax.trace(decay=momentum, nesterov=nesterov))
-            parts.append(optax.scale_by_learning_rate(learning_rate))
-            return optax.chain(*parts)
-
-        super().__init__(params, optax.inject_hyperparams(make)(learning_rate=lr))
-
-
-def _adam(
-    b1: float, b2: float, eps: float, amsgrad: bool,
-) -> optax.GradientTransformation:
-    if not amsgrad:
-        return optax.scale_by_adam(b1, b2, eps)
-    # PyTorch keeps the maximum of the raw second moment and bias-corrects it at each
-    # step: m̂ / (sqrt(max v / (1 - b2^t)) + eps) = sqrt(1 - b2^t) m̂ / (sqrt(max v) + eps sqrt(1 - b2^t)).
-    # optax's amsgrad without nu bias correction keeps the raw maximum; the step-dependent
-    # eps and factor come in as schedules.
-    def correction(count: Any) -> Any:
-        return jnp.sqrt(1.0 - b2 ** (count + 1))
-
-    return optax.chain(
-        optax.inject_hyperparams(optax.scale_by_amsgrad, static_args=("bias_correction_nu",))(
-            b1=b1, b2=b2, eps=lambda count: eps * correction(count), bias_correction_nu=False
-        ),
-        optax.scale_by_schedule(correction),
-    )
-
-
-class Adam(_WithLearningRate):
-    """``torch.optim.Adam``; ``weight_decay`` is an L2 term added to the gradient, as PyTorch's.
-
-    Args:
-        params: the parameters (``model.parameters()``) or a mapping name → Tensor.
-        lr, betas, eps, weight_decay, amsgrad, maximize: as PyTorch, with its defaults.
-
-    >>> import xgrad
-    >>> w = xgrad.tensor([1.0, -1.0], requires_grad=True)
-    >>> opt = xgrad.optim.Adam([w], lr=0.1)
-    >>> (w * w).sum().backward()
-    >>> opt.step(); [round(v, 4) for v in w.tolist()]
-    [0.9, -0.9]
-    """
-
-    def __init__(
-        self, params: Iterable[Tensor] | Mapping[str, Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False,
-    ) -> None:
-        _check_adam_arguments(lr, betas, eps, weight_decay)
-
-        def make(learning_rate: Any) -> optax.GradientTransformation:
-            parts = [optax.scale(-1.0)] if maximize else []
-            if weight_decay:
-                parts.append(optax.add_decayed_weights(weight_decay))
-            parts += [_adam(betas[0], betas[1], eps, amsgrad), optax.scale_by_learning_rate(learning_rate)]
-            return optax.chain(*parts)
-
-        super().__init__(params, optax.inject_hyperparams(make)(learning_rate=lr))
-
-
-class AdamW(_WithLearningRate):
-    """``torch.optim.AdamW``: Adam with decoupled weight decay, ``p -= lr * weight_decay * p`` each step.
-
-    Args:
-        params: the parameters (``model.parameters()``) or a mapping name → Tensor.
-        lr, betas, eps, weight_decay (default 0.01), amsgrad, maximize: as PyTorch.
-
-    >>> import xgrad
-    >>> w = xgrad.tensor([1.0], requires_grad=True)
-    >>> opt = xgrad.optim.AdamW([w], lr=0.1, weight_decay=0.5)
-    >>> (w * 0).sum().backward()  # a zero gradient: only the decay moves w
-    >>> opt.step(); round(w.item(), 4)
-    0.95
-    """
-
-    def __init__(
-        self, params: Iterable[Tensor] | Mapping[str, Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
-    ) -> None:
-        _check_adam_arguments(lr, betas, eps, weight_decay)
-
-        def make(learning_rate: Any) -> optax.GradientTransformation:
-            parts = [optax.scale(-1.0)] if maximize else []
-            parts += [_adam(betas[0], betas[1], eps, amsgrad), optax.add_decayed_weights(weight_decay),
-                      optax.scale_by_learning_rate(learning_rate)]
-            return optax.chain(*parts)
-
-        super().__init__(params, optax.inject_hyperparams(make)(learning_rate=lr))
-
-
-from xgrad import lr_scheduler  # noqa: E402  (it reads the optimizers above)
-
-# ``from xgrad.optim.lr_scheduler import StepLR`` works as with torch.optim.
-sys.modules[f"{__name__}.lr_scheduler"] = lr_scheduler
