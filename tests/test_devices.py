@@ -1,7 +1,7 @@
 """Per-device scheduling: graphs that hop across host devices, where each node runs, where grads land.
 
 The four-device checks run in one subprocess with the host split into four devices
-(NOTE [Device threads] in engine.py); the test process compares its numbers with
+(NOTE [Device threads] in engine/threads.py); the test process compares its numbers with
 ``jax.grad`` of the same function on plain arrays on one device. The rest runs in the
 main session's two devices.
 """

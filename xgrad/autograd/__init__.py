@@ -9,9 +9,10 @@ from xgrad.autograd import compiled, graph
 from xgrad.engine import engine as _engine
 from xgrad.engine.anomaly import detect_anomaly, is_anomaly_check_nan_enabled, is_anomaly_enabled, set_detect_anomaly
 from xgrad.engine.api import backward, grad
-from xgrad.engine.engine import is_multithreading_enabled, queue_callback, set_multithreading_enabled
+from xgrad.engine.engine import queue_callback
 from xgrad.engine.function import Function, FunctionCtx, once_differentiable
 from xgrad.engine.order import get_execution_order
+from xgrad.engine.threads import is_multithreading_enabled, set_multithreading_enabled
 from xgrad.profiler import profile
 
 __all__ = [

@@ -28,7 +28,7 @@ from xgrad.compile_step.recording import (
 from xgrad.compile_step.writeback import _state_writes
 from xgrad.engine import hooks as hooks_module
 from xgrad.engine.compiled.cache import call_site
-from xgrad.engine.engine import GraphTask
+from xgrad.engine.graph_task import GraphTask
 from xgrad.engine.node import AccumulateGrad, Node
 from xgrad.ops import _util as ops_util
 from xgrad.ops._util import _first_out_of_range

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from xgrad.engine.engine import GraphTask
+from xgrad.engine.graph_task import GraphTask
 from xgrad.engine.node import _sequence
 from xgrad.tensor import Tensor
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from xgrad.engine import engine
 from xgrad.engine.node import Edge, Node, gradient_edge
+from xgrad.engine.threads import set_multithreading_enabled
 from xgrad.tensor import Tensor
 
 __all__ = ["GradientEdge", "backward", "grad"]
@@ -350,7 +351,7 @@ def _batched_grads(
 
     def one_row(*arrays: jax.Array) -> list[jax.Array | None]:
         row = [Tensor(a) for a in arrays]
-        with engine.set_multithreading_enabled(False):
+        with set_multithreading_enabled(False):
             if compiled:
                 from xgrad.engine import compiled as compiled_module
 

@@ -41,11 +41,13 @@ from xgrad.engine.compiled.key import (
     is_array,
 )
 from xgrad.engine.compiled.switch import TRACER_ERRORS, NotTraceable, state
-from xgrad.engine.engine import InputBuffer, call_post_hooks, call_pre_hooks, call_tensor_pre_hooks, validate_outputs
+from xgrad.engine.engine import call_post_hooks, call_pre_hooks, call_tensor_pre_hooks
 from xgrad.engine.function import FunctionCtx, FunctionNode
+from xgrad.engine.graph_task import InputBuffer
 from xgrad.engine.node import NO_EDGE, AccumulateGrad, Edge, InputMetadata, Node
 from xgrad.engine.rules import Aval, RuleNode, Rules, incoming_grad, jax_op
 from xgrad.engine.saved import SavedTensor
+from xgrad.engine.validate import validate_outputs
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
 

@@ -30,8 +30,10 @@ from xgrad.engine.compiled.lower import (
     is_tensor,
     run_phase,
 )
-from xgrad.engine.engine import validate_outputs
+from xgrad.engine.graph_task import NO_DEVICE, GraphTask, ReadyQueue
 from xgrad.engine.node import Edge, _accumulate_lock, current_task, run_post_accumulate_grad_hooks, store_into_grad
+from xgrad.engine.threads import _devices, _tls
+from xgrad.engine.validate import validate_outputs
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
 
@@ -182,21 +184,21 @@ def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tenso
 # -- misses, fallbacks, recompile reasons --------------------------------------------
 
 
-def hit_task(root_edges: list[Edge], root_grads: list[Tensor], keep_graph: bool, create_graph: bool) -> engine.GraphTask:
+def hit_task(root_edges: list[Edge], root_grads: list[Tensor], keep_graph: bool, create_graph: bool) -> GraphTask:
     """``engine.prepare`` for a call without ``inputs``, less the dependency count: a hit does not read it."""
-    engine._devices.initialize_device_threads_pool()
+    _devices.initialize_device_threads_pool(engine.thread_main)
     validate_outputs(root_edges, root_grads)
-    tls = engine._tls
+    tls = _tls
     if tls.local_ready_queue is None:
-        tls.local_ready_queue = engine.ReadyQueue()
-    reentrant = tls.worker_device != engine.NO_DEVICE
-    graph_task = engine.GraphTask(
+        tls.local_ready_queue = ReadyQueue()
+    reentrant = tls.worker_device != NO_DEVICE
+    graph_task = GraphTask(
         keep_graph, create_graph, tls.total_depth + 1 if reentrant else 0, tls.local_ready_queue,
         [e.node for e in root_edges if e.node is not None],  # root edges always lead to a node
     )
     parent = current_task.graph_task if reentrant else None
     if tls.multithreading_enabled and (parent is None or parent.device_queues):
-        graph_task.device_queues = engine._devices.queues
+        graph_task.device_queues = _devices.queues
     return graph_task
 
 
