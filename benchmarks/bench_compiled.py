@@ -15,7 +15,7 @@ section 4 alone).
 4. The miss on long chains (N = 100 ... 10000 multiplies): the first compiled backward
    after ``compiled.reset()`` (walk, trace, compile, run, grads waited for), the hit of the
    same graph, and the chunks compiled and reused (NOTE [Chunks] in
-   ``xgrad/engine/compiled/lower.py``). It uses only the public API, so it can time another
+   ``xgrad/engine/compiled/program.py``). It uses only the public API, so it can time another
    checkout of xgrad too (``PYTHONPATH=that/checkout``). Then the same for a deep model
    of identical blocks (``--layers``, 400 residual layers). Set ``XGRAD_COMPILATION_CACHE=0``
    to time cold compiles: JAX's persistent cache would read programs back from disk.

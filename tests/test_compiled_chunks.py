@@ -1,4 +1,4 @@
-"""Compiled backward of long graphs: chunks cached by their own structure (NOTE [Chunks] in compiled/lower.py).
+"""Compiled backward of long graphs: chunks cached by their own structure (NOTE [Chunks] in compiled/program.py).
 
 The chunk sizes are lowered here so that small graphs are long: every test compares a
 chunked compiled backward with eager and, where the function is plain math, with
@@ -19,21 +19,21 @@ import pytest
 import xgrad
 from xgrad.autograd import Function, compiled
 from xgrad.engine import compiled as compiled_engine
-from xgrad.engine.compiled import lower
+from xgrad.engine.compiled import program as compiled_program
 
 CHUNK = 4
 
 
 @pytest.fixture(autouse=True)
 def short_chunks(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(lower, "CHUNK_THRESHOLD", 2 * CHUNK)
-    monkeypatch.setattr(lower, "CHUNK_STEPS", CHUNK)
+    monkeypatch.setattr(compiled_program, "CHUNK_THRESHOLD", 2 * CHUNK)
+    monkeypatch.setattr(compiled_program, "CHUNK_STEPS", CHUNK)
     compiled.reset()
     yield
     compiled.reset()
 
 
-def the_program() -> lower.Program:
+def the_program() -> compiled_program.Program:
     """The program of the latest backward."""
     return next(reversed(compiled_engine.cache.programs.values()))
 

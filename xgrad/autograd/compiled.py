@@ -8,7 +8,7 @@ their bodies run only when traced. Hooks not marked pure and custom Function
 backwards run on the host at their point, on every call, exactly as in eager.
 
 A long backward (more than ``CHUNK_THRESHOLD`` steps between host hooks, 1024; in
-``xgrad.engine.compiled.lower``) is compiled in chunks of at most ``CHUNK_STEPS`` (256),
+``xgrad.engine.compiled.program``) is compiled in chunks of at most ``CHUNK_STEPS`` (256),
 each cached by its own structure, so chunks that repeat (the links of a chain, a deep
 model's identical blocks) compile once: ``stats()`` counts ``chunk_compiles`` and
 ``chunk_reuses``. Each chunk is one more call on a cache hit.

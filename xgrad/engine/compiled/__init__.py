@@ -5,7 +5,8 @@ The package, one room per concern, in the order a call goes through them:
 - ``switch.py``: ``enable``/``set_enabled``, ``pure_hook``, the fallback warning and error;
 - ``key.py``: the walks, the structural key, the structure fragments (stage 2);
 - ``cache.py``: the bounded program and chunk caches, ``stats``/``reset``, recompile reasons;
-- ``lower.py``: steps, phases, segments and chunks, tracing and jitting (stage 3);
+- ``lower.py``: steps and their phases, run on traced or concrete values (stage 3);
+- ``program.py``: segments and chunks of a program, tracing and jitting them (stage 3);
 - ``run.py``: running a program, writing ``.grad`` (stage 4);
 - this file: ``execute``, which ties them together, and the fallback to eager.
 
@@ -48,7 +49,7 @@ in ``engine/rules.py``): nothing here imports ``xgrad.ops``.
 #      version checks and saved-tensor hooks behave as in eager. Its key is the one
 #      recompile reasons are described from.
 #    A lookup hashes the key once (``cache.CacheKey``).
-# 3. Compile (a miss). ``lower.Program`` turns the walked nodes into steps and each step
+# 3. Compile (a miss). ``program.Program`` turns the walked nodes into steps and each step
 #    into phases (capture, pre-hooks, body, post-hooks, route). The body runs the
 #    same code eager runs: a rule node's ``prim.backward`` / a pure ``FunctionNode.compute`` on
 #    tensors wrapping tracers, ``InputBuffer`` sums in arrival order,
@@ -60,9 +61,9 @@ in ``engine/rules.py``): nothing here imports ``xgrad.ops``.
 #    bench_compiled.py: on CPU one program with an ordered callback took 3.7x as long
 #    as two programs with the hook between them, and ordered callbacks gather sharded
 #    operands to one device). A long segment is cut into chunks, segments of at most
-#    ``lower.CHUNK_STEPS`` steps, each cached by its own structure so that a chunk
+#    ``program.CHUNK_STEPS`` steps, each cached by its own structure so that a chunk
 #    that repeats (a chain, a deep model's identical blocks) is traced and compiled
-#    once (NOTE [Chunks] in lower.py). Each
+#    once (NOTE [Chunks] in program.py). Each
 #    segment is traced once with ``jax.make_jaxpr``; inputs no equation reads are
 #    dropped (a saved value whose rule reads only its shape, say), and
 #    the rest run through ``jax.jit`` of the jaxpr. No buffer is donated: the old
@@ -116,7 +117,7 @@ from xgrad.engine.compiled.cache import (
     warned_reasons,
 )
 from xgrad.engine.compiled.key import Walk, hit_order, record_fragment, walk_schedule, walk_structure
-from xgrad.engine.compiled.lower import Program, pretrace
+from xgrad.engine.compiled.program import Program, pretrace
 from xgrad.engine.compiled.run import hit_task, run_and_record
 from xgrad.engine.compiled.switch import (
     ERR_FALLBACK,

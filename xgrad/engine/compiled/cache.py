@@ -13,7 +13,7 @@ from xgrad.engine.compiled.key import FIELDS, K_ACC, K_FUNC, K_PRIM, K_ROOT, TOP
 from xgrad.engine.compiled.switch import WARN_RECOMPILE, RecompileWarning
 
 DEFAULT_CACHE_SIZE = 256
-#: Compiled chunks of long graphs kept for reuse (NOTE [Chunks] in lower.py), least recently used go first.
+#: Compiled chunks of long graphs kept for reuse (NOTE [Chunks] in program.py), least recently used go first.
 CHUNK_CACHE_SIZE = 256
 #: Misses at one call site beyond this many warn once, naming what changed in the key.
 RECOMPILE_WARNING_LIMIT = 8

@@ -18,17 +18,16 @@ from xgrad import profiler
 from xgrad.engine import engine
 from xgrad.engine.compiled.cache import counters
 from xgrad.engine.compiled.key import Walk
-from xgrad.engine.compiled.lower import (
+from xgrad.engine.compiled.lower import Values, run_phase
+from xgrad.engine.compiled.program import (
     Program,
     Segment,
     Traced,
-    Values,
     Variant,
     abstract,
     array_of,
     compile_variant,
     is_tensor,
-    run_phase,
 )
 from xgrad.engine.graph_task import NO_DEVICE, GraphTask, ReadyQueue
 from xgrad.engine.node import Edge, _accumulate_lock, current_task, run_post_accumulate_grad_hooks, store_into_grad
