@@ -554,7 +554,7 @@ class Tensor:
             return self.grad_fn.add_tensor_pre_hook(self._output_nr, hook)
         if self._backward_hooks is None:
             self._backward_hooks = HookDict()
-        return add_hook(self._backward_hooks, (0, hook))
+        return add_hook(self._backward_hooks, (0, hook), self)
 
     def retain_grad(self) -> None:
         """Make a non-leaf keep its ``.grad`` after backward (a no-op on leaves).
@@ -611,7 +611,7 @@ class Tensor:
         _check_arity(hook, 1, "Tensor.register_post_accumulate_grad_hook expects hook(tensor)")
         if self._post_accumulate_grad_hooks is None:
             self._post_accumulate_grad_hooks = HookDict()
-        return add_hook(self._post_accumulate_grad_hooks, hook)
+        return add_hook(self._post_accumulate_grad_hooks, hook, self)
 
     # -- PyTorch conveniences: layout, devices, factories ------------------------------
     def contiguous(self, memory_format: Any = None) -> Tensor:

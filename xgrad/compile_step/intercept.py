@@ -1,9 +1,7 @@
-"""What the engine and ops call while a step is traced, and installing it for one trace."""
+"""What the engine and ops ask of a step being traced (NOTE [The step-trace seam]), and installing it for one trace."""
 
 from __future__ import annotations
 
-import sys
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +9,6 @@ from typing import Any
 import jax.numpy as jnp
 from jax.extend.core import get_opaque_trace_state
 
-from xgrad.compile_step import recording
 from xgrad.compile_step.host import _host_hook, _TracedCallbacks
 from xgrad.compile_step.recording import (
     _ARRAY,
@@ -24,88 +21,89 @@ from xgrad.compile_step.recording import (
     _set_array,
     _set_grad,
     _trace_lock,
+    active,
 )
 from xgrad.compile_step.writeback import _state_writes
-from xgrad.engine import hooks as hooks_module
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.graph_task import GraphTask
 from xgrad.engine.node import AccumulateGrad, Node
-from xgrad.ops import _util as ops_util
-from xgrad.ops._util import _first_out_of_range
+from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
+from xgrad.step_trace import _CURRENT
 from xgrad.tensor import Tensor
 
 
-def _trace_check(index: Any, size: int, message: str, negative: bool, ignore: int | None) -> None:
-    """``check_index_range`` on a tracer while a step is traced: a ``_Check`` of the program."""
-    rec = recording.active()
-    if rec is None or rec.thread != threading.get_ident() or get_opaque_trace_state(convention="xgrad") != rec.trace:
-        return  # another thread, or a JAX transformation inside ``fn``: JAX's behaviour
-    if not jnp.issubdtype(index.dtype, jnp.integer):
-        return
-    writes = _state_writes(rec, call_site())
-    leaf = rec.arg_leaves.get(id(index))
-    if (
-        leaf is not None
-        and not rec.checks
-        and not rec.host_calls
-        and all(what == "requires_grad" or (what == "grad" and value is None) for _, what, value, _ in writes)
-    ):
-        rec.host_checks.append((leaf, size, message, negative, ignore, writes))
-        return
-    failed, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
-    rec.checks.append(_Check(failed, first, message, writes))
+class _StepRecorder(_Recorder):
+    """A ``_Recorder`` answering the engine's and the ops' questions (``StepTrace``) for its step."""
 
+    def wrap_hook(self, fn: Any, hooks: Any) -> Any:
+        return _host_hook(fn, hooks)
 
-def _trace_added(hooks: Any, handle: Any) -> None:
-    """A hook was registered while a step is traced: note it, and whether its owner outlives the call."""
-    rec = recording.active()
-    if rec is None or rec.thread != threading.get_ident():
-        return
-    owner = sys._getframe(2).f_locals.get("self")  # the ``register_*`` method's tensor or node
-    if isinstance(owner, AccumulateGrad):
-        owner = owner.variable
-    if isinstance(owner, Tensor):
-        outlives = not rec.is_born(owner)
-    else:
-        outlives = isinstance(owner, Node) and owner.sequence_nr < rec.first_sequence_nr
-    rec.added_hooks.append((weakref.ref(hooks), handle.id, call_site(), outlives))
+    def hook_added(self, hooks: Any, handle: Any, owner: Any) -> None:
+        """Note the hook, and whether its owner outlives the call (then it would pile up, as in eager)."""
+        if isinstance(owner, AccumulateGrad):
+            owner = owner.variable
+        if isinstance(owner, Tensor):
+            outlives = not self.is_born(owner)
+        else:
+            outlives = isinstance(owner, Node) and owner.sequence_nr < self.first_sequence_nr
+        self.added_hooks.append((weakref.ref(hooks), handle.id, call_site(), outlives))
+
+    def at_step_level(self) -> bool:
+        return get_opaque_trace_state(convention="xgrad") == self.trace
+
+    def check(self, failed: Any, make_error: Callable[[Any], BaseException], detail: Any = None) -> bool:
+        """A value check as a flag of the program (NOTE [Checks in a compiled step])."""
+        if not self.at_step_level():
+            return False  # a JAX transformation inside ``fn``: JAX's behaviour
+        self.checks.append(_Check(failed, detail, make_error, _state_writes(self, call_site())))
+        return True
+
+    def check_index(self, index: Any, size: int, message: str, negative: bool, ignore: int | None) -> bool:
+        """``check_index_range`` on a traced index: on the host before the program when it can, else a flag."""
+        if not self.at_step_level():
+            return False
+        if not jnp.issubdtype(index.dtype, jnp.integer):
+            return True
+        writes = _state_writes(self, call_site())
+        leaf = self.arg_leaves.get(id(index))
+        if (
+            leaf is not None
+            and not self.checks
+            and not self.host_calls
+            and all(what == "requires_grad" or (what == "grad" and value is None) for _, what, value, _ in writes)
+        ):
+            self.host_checks.append((leaf, size, message, negative, ignore, writes))
+            return True
+        failed, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
+        self.checks.append(_Check(failed, first, lambda i: IndexOutOfRangeError(message.format(index=int(i))), writes))
+        return True
 
 
 def _set_final_callbacks(graph_task: GraphTask, value: list[Callable[[], None]]) -> None:
-    rec = recording.active()
-    if rec is not None and rec.thread == threading.get_ident():
+    if active() is not None:
         value = _TracedCallbacks(value)
     _FINAL_CALLBACKS.__set__(graph_task, value)
 
 
 class _Recording:
-    """Install the recording descriptors and the host-hook wrapper for one trace."""
+    """Make ``recorder`` the step this context traces, with the recording descriptors installed."""
 
-    def __init__(self, recorder: _Recorder) -> None:
+    def __init__(self, recorder: _StepRecorder) -> None:
         self.recorder = recorder
 
     def __enter__(self) -> _Recorder:
         _trace_lock.acquire()
-        self.outer = recording.active()
-        recording.set_active(self.recorder)
+        self.outer = active()
+        self.token = _CURRENT.set(self.recorder)
         setattr(Tensor, "_array", property(_get_array, _set_array))  # noqa: B010 (a slot: mypy would object)
         setattr(Tensor, "_grad", property(_get_grad, _set_grad))  # noqa: B010
         setattr(GraphTask, "final_callbacks", property(_FINAL_CALLBACKS.__get__, _set_final_callbacks))  # noqa: B010
-        self.outer_wrap = hooks_module.trace_wrapper
-        hooks_module.trace_wrapper = _host_hook
-        self.outer_check = ops_util.traced_check
-        ops_util.traced_check = _trace_check
-        self.outer_added = hooks_module.trace_added
-        hooks_module.trace_added = _trace_added
         return self.recorder
 
     def __exit__(self, *exc: object) -> None:
-        hooks_module.trace_wrapper = self.outer_wrap
-        ops_util.traced_check = self.outer_check
-        hooks_module.trace_added = self.outer_added
         if self.outer is None:
             setattr(Tensor, "_array", _ARRAY)  # noqa: B010
             setattr(Tensor, "_grad", _GRAD)  # noqa: B010
             setattr(GraphTask, "final_callbacks", _FINAL_CALLBACKS)  # noqa: B010
-        recording.set_active(self.outer)
+        _CURRENT.reset(self.token)
         _trace_lock.release()

@@ -26,8 +26,8 @@ from xgrad.compile_step.errors import (
     _NotCompilable,
 )
 from xgrad.compile_step.host import _is_tensor
-from xgrad.compile_step.intercept import _Recording
-from xgrad.compile_step.recording import _ARRAY, _GRAD, _Recorder, tracing
+from xgrad.compile_step.intercept import _Recording, _StepRecorder
+from xgrad.compile_step.recording import _ARRAY, _GRAD, tracing
 from xgrad.compile_step.writeback import (
     _apply_writes,
     _check_on_host,
@@ -40,7 +40,6 @@ from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
 from xgrad.engine.compiled.switch import TRACER_ERRORS
 from xgrad.grad_mode import is_grad_enabled
-from xgrad.ops._util import IndexOutOfRangeError
 from xgrad.tensor import Tensor
 
 __all__ = ["CompiledFunction", "compile"]
@@ -96,7 +95,7 @@ class _Entry:
     )
     aliased: list[list[Any]]
     arg_tensor_slots: tuple[int, ...]
-    checks: tuple[tuple[str, int, list[Any]], ...]  # message, first bad entry's output, writes at the check
+    checks: tuple[tuple[Callable[[Any], BaseException], int | None, list[Any]], ...]  # error, detail's output, writes
     consts: list[tuple[str, Any]]
     guards: list[tuple[Any, bool, tuple[Any, ...]]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
@@ -232,9 +231,9 @@ class CompiledFunction:
         if entry.flags is not None:
             failed = np.asarray(outs[entry.flags])  # the one device-to-host read of a program with checks
             if failed.any():
-                message, first, writes = entry.checks[int(np.argmax(failed))]
+                make_error, detail, writes = entry.checks[int(np.argmax(failed))]
                 _apply_writes(writes, outs, leaves)  # the state as eager leaves it when the op raises
-                raise IndexOutOfRangeError(message.format(index=int(outs[first])))
+                raise make_error(None if detail is None else outs[detail])
         _apply_writes(entry.writes, outs, leaves)
         results = []
         for how, value, grad_index in entry.result_template:
@@ -277,7 +276,7 @@ class CompiledFunction:
 
     def _compile(self, leaves: list[Any], tree: Any) -> _Entry:
         start = time.perf_counter()
-        recorder = _Recorder()
+        recorder = _StepRecorder()
         dyn_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array, np.ndarray))]
         dyn_values = [_ARRAY.__get__(leaves[i], Tensor) if isinstance(leaves[i], Tensor) else leaves[i] for i in dyn_slots]
         found: dict[str, Any] = {}

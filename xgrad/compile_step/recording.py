@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from xgrad import step_trace
 from xgrad.engine.graph_task import GraphTask
 from xgrad.engine.node import _sequence
+from xgrad.step_trace import StepTrace
 from xgrad.tensor import Tensor
 
 _ARRAY = Tensor.__dict__["_array"]  # the slots' own descriptors
@@ -50,11 +53,10 @@ class _Snapshot:
         t._retains_grad = self.retains_grad
 
 
-class _Recorder:
+class _Recorder(StepTrace):
     """What one trace touched: snapshots, where concrete arrays came from, which ``.grad``s decided branches."""
 
     def __init__(self) -> None:
-        self.thread = threading.get_ident()
         self.snapshots: dict[int, _Snapshot] = {}
         self.sources: dict[int, list[Any]] = {}  # id(array) -> targets of the tensors holding it
         self.keep: list[Any] = []  # the arrays whose ids key ``sources`` stay alive
@@ -119,31 +121,34 @@ class _Recorder:
 
 
 class _Check:
-    """One index check traced into a step (NOTE [Index checks in a compiled step])."""
+    """One check traced into a step (NOTE [Checks in a compiled step])."""
 
-    __slots__ = ("failed", "first", "message", "writes")
+    __slots__ = ("detail", "failed", "make_error", "writes")
 
-    def __init__(self, failed: Any, first: Any, message: str, writes: list[Any]) -> None:
-        self.failed = failed  # traced: any entry out of range
-        self.first = first  # traced, then its output position: the first bad entry
-        self.message = message
+    def __init__(self, failed: Any, detail: Any, make_error: Callable[[Any], BaseException], writes: list[Any]) -> None:
+        self.failed = failed  # traced: whether the check fails
+        self.detail = detail  # traced (or ``None``), then its output position: what the message shows
+        self.make_error = make_error  # the error to raise, given the detail's value
         self.writes = writes  # the state writes as they stood at the check
 
 
-_active: _Recorder | None = None
+def active() -> _Recorder | None:
+    """The recorder of the step this context is tracing, ``None`` when none is."""
+    trace = step_trace.current()
+    return trace if isinstance(trace, _Recorder) else None
 
 
 def _get_array(t: Tensor) -> Any:
     value = _ARRAY.__get__(t, Tensor)
-    rec = _active
-    if rec is not None and rec.thread == threading.get_ident() and not isinstance(value, jax.core.Tracer):
+    rec = active()
+    if rec is not None and not isinstance(value, jax.core.Tracer):
         rec.read(t, value)
     return value
 
 
 def _set_array(t: Tensor, value: Any) -> None:
-    rec = _active
-    if rec is not None and rec.thread == threading.get_ident():
+    rec = active()
+    if rec is not None:
         try:
             _ARRAY.__get__(t, Tensor)
         except AttributeError:  # the first assignment, in ``Tensor.__init__``
@@ -155,8 +160,8 @@ def _set_array(t: Tensor, value: Any) -> None:
 
 def _get_grad(t: Tensor) -> Any:
     value = _GRAD.__get__(t, Tensor)
-    rec = _active
-    if rec is not None and rec.thread == threading.get_ident() and not rec.is_born(t):
+    rec = active()
+    if rec is not None and not rec.is_born(t):
         rec.touch(t)
         if id(t) not in rec.grad_written:
             rec.grad_read.add(id(t))
@@ -166,24 +171,13 @@ def _get_grad(t: Tensor) -> Any:
 
 
 def _set_grad(t: Tensor, value: Any) -> None:
-    rec = _active
-    if rec is not None and rec.thread == threading.get_ident():
+    rec = active()
+    if rec is not None:
         rec.touch(t)
         rec.grad_written.add(id(t))
     _GRAD.__set__(t, value)
 
 
-def active() -> _Recorder | None:
-    """The recorder of the trace in progress (any thread's), ``None`` when none is."""
-    return _active
-
-
-def set_active(recorder: _Recorder | None) -> None:
-    global _active
-    _active = recorder
-
-
 def tracing() -> bool:
-    """Whether this thread is tracing an ``xgrad.compile`` function."""
-    rec = _active
-    return rec is not None and rec.thread == threading.get_ident()
+    """Whether this context is tracing an ``xgrad.compile`` function."""
+    return active() is not None

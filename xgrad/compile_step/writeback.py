@@ -81,7 +81,9 @@ def _collect(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[An
             template.append(("array", recorder.output(value), None))
         else:
             template.append(("static", value, None))
-    checks = tuple((c.message, recorder.output(c.first), c.writes) for c in recorder.checks)
+    checks = tuple(
+        (c.make_error, None if c.detail is None else recorder.output(c.detail), c.writes) for c in recorder.checks
+    )
     flags = recorder.output(jnp.stack([c.failed for c in recorder.checks])) if checks else None
     found["layout"] = (writes, template, result_tree, guards, checks, flags, tuple(recorder.host_checks))
     return recorder.outputs

@@ -319,7 +319,7 @@ def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], 
             new = Tensor._from_graph(o._array, node, i)
         wrapped.setdefault(id(o), new)
         outs.append(new)
-    node.saved = [_save(t, wrapped, returned) for t in ctx._to_save]
+    node.saved = [_save(t, wrapped, returned, node.function.__name__) for t in ctx._to_save]
     ctx._to_save = ()
     return tuple(outs) if is_tuple else outs[0]
 
@@ -335,12 +335,12 @@ def _rebase_history(tensor: Tensor, node: FunctionNode, output_nr: int) -> Tenso
     return tensor
 
 
-def _save(tensor: Tensor | None, wrapped: dict[int, Tensor], returned: set[int]) -> SavedTensor | None:
+def _save(tensor: Tensor | None, wrapped: dict[int, Tensor], returned: set[int], saver: str) -> SavedTensor | None:
     if tensor is None:
         return None
     if id(tensor) in returned:
-        return SavedTensor(wrapped[id(tensor)], is_output=True)
-    return SavedTensor(tensor, is_output=False)
+        return SavedTensor(wrapped[id(tensor)], is_output=True, saver=saver)
+    return SavedTensor(tensor, is_output=False, saver=saver)
 
 
 class _DelayedError(Function):

@@ -6,16 +6,11 @@ import itertools
 import weakref
 from typing import Any
 
+from xgrad import step_trace
+
 __all__ = ["RemovableHandle", "add_hook"]
 
 _next_id = itertools.count()
-
-# Set by ``xgrad.compile`` while it traces a step: ``trace_wrapper(fn, hooks)`` returns
-# what to call instead of ``fn`` (a host callback), so hooks see concrete values.
-trace_wrapper: Any = None
-# Also set while it traces: ``trace_added(hooks, handle)`` learns of each hook added, so
-# one added inside the step to a tensor that outlives it is found.
-trace_added: Any = None
 
 
 class RemovableHandle:
@@ -51,15 +46,21 @@ class HookDict(dict):  # type: ignore[type-arg]
     __slots__ = ("__weakref__",)
 
 
-def add_hook(hooks: HookDict, fn: Any) -> RemovableHandle:
-    """Add ``fn`` (or an ``(input_nr, fn)`` pair, for tensor hooks) and return its handle."""
+def add_hook(hooks: HookDict, fn: Any, owner: Any) -> RemovableHandle:
+    """Add ``fn`` (or an ``(input_nr, fn)`` pair, for tensor hooks) to ``owner``'s ``hooks``; return its handle.
+
+    ``owner`` is the tensor or node the hooks belong to: a step being traced learns of
+    each hook added (NOTE [The step-trace seam]), so one added inside the step to a
+    tensor that outlives it is found.
+    """
     hook = fn[1] if isinstance(fn, tuple) else fn
     if not callable(hook):
         raise TypeError(f"hook must be callable, got {type(hook).__name__}")
     handle = RemovableHandle(hooks)
     hooks[handle.id] = fn
-    if trace_added is not None:
-        trace_added(hooks, handle)
+    trace = step_trace.current()
+    if trace is not None:
+        trace.hook_added(hooks, handle, owner)
     return handle
 
 
@@ -68,11 +69,12 @@ def run_in_order(hooks: HookDict | None) -> tuple[Any, ...]:
 
     A hook removed (by itself or by another hook) while the snapshot is being run
     still runs in that pass; one registered meanwhile waits for the next pass.
-    While ``xgrad.compile`` traces a step, each comes wrapped by ``trace_wrapper``.
+    While ``xgrad.compile`` traces a step, each comes as the step calls it (a host
+    callback; NOTE [The step-trace seam]).
     """
     if not hooks:
         return ()
-    wrap = trace_wrapper
-    if wrap is None:
+    trace = step_trace.current()
+    if trace is None:
         return tuple(hooks.values())
-    return tuple(wrap(fn, hooks) for fn in hooks.values())
+    return tuple(trace.wrap_hook(fn, hooks) for fn in hooks.values())

@@ -195,7 +195,7 @@ class Node:
         _check_arity(fn, 1, "Node.register_prehook expects fn(grad_outputs)")
         if self._pre_hooks is None:
             self._pre_hooks = HookDict()
-        return add_hook(self._pre_hooks, fn)
+        return add_hook(self._pre_hooks, fn, self)
 
     def register_hook(self, fn: Any) -> RemovableHandle:
         """Register ``fn(grad_inputs, grad_outputs) -> tuple | None``, run after the node.
@@ -207,7 +207,7 @@ class Node:
         _check_arity(fn, 2, "Node.register_hook expects fn(grad_inputs, grad_outputs)")
         if self._post_hooks is None:
             self._post_hooks = HookDict()
-        return add_hook(self._post_hooks, fn)
+        return add_hook(self._post_hooks, fn, self)
 
     # -- engine interface ---------------------------------------------------------
     def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
@@ -223,7 +223,7 @@ class Node:
     def add_tensor_pre_hook(self, input_nr: int, fn: Any) -> RemovableHandle:
         if self._tensor_pre_hooks is None:
             self._tensor_pre_hooks = HookDict()
-        return add_hook(self._tensor_pre_hooks, (input_nr, fn))
+        return add_hook(self._tensor_pre_hooks, (input_nr, fn), self)
 
     def should_compute_output(self, i: int) -> bool:
         """Whether next edge ``i`` leads anywhere the current graph task needs."""

@@ -51,9 +51,15 @@ class _HookStack(threading.local):
         self.stack: list[saved_tensors_hooks] = []
         # Set by ``disable_saved_tensors_hooks``: entering hooks raises with it.
         self.disabled_message: str | None = None
+        self.saver = "?"  # the op whose save a pack hook is running for (``saving_op``)
 
 
 _hooks = _HookStack()
+
+
+def saving_op() -> str:
+    """Inside a pack hook: the name of the op (primitive or ``Function``) saving the tensor, ``"?"`` if unknown."""
+    return _hooks.saver
 
 
 class saved_tensors_hooks:
@@ -227,7 +233,7 @@ class SavedTensor:
     _ref: Tensor | weakref.ref[Tensor] | None  # the Tensor itself exactly in state "input"
     _graph: tuple[Node | None, int, AccumulateGrad | None, bool] | None  # hooked inputs: where they sit in the graph
 
-    def __init__(self, tensor: Tensor, is_output: bool) -> None:
+    def __init__(self, tensor: Tensor, is_output: bool, saver: str = "?") -> None:
         self._saved_version = tensor._version
         self._output_nr = tensor._output_nr
         hooks = current_hooks()
@@ -240,7 +246,11 @@ class SavedTensor:
             if not is_output:
                 leaf_acc = grad_accumulator(tensor) if tensor.grad_fn is None and tensor.requires_grad else None
                 self._graph = (tensor.grad_fn, tensor._output_nr, leaf_acc, tensor.requires_grad)
-            self._packed = pack(tensor)
+            outer, _hooks.saver = _hooks.saver, saver
+            try:
+                self._packed = pack(tensor)
+            finally:
+                _hooks.saver = outer
             if tensor._version != self._saved_version:
                 raise RuntimeError(ERR_PACK_INPLACE)
             self._state = "hooked_output" if is_output else "hooked_input"

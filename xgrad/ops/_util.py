@@ -12,10 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xgrad import step_trace
 from xgrad.tensor import Tensor
 
 __all__ = [
-    "IndexOutOfRangeError", "as_array", "canonical_dim", "check_index_range", "check_nonnegative_shape", "norm_axes",
+    "IndexOutOfRangeError", "as_array", "canonical_dim", "check_index_range", "check_nonnegative_shape", "check_values",
+    "norm_axes",
     "nondiff", "reduce_loss",
 ]
 
@@ -84,12 +86,6 @@ class IndexOutOfRangeError(IndexError, RuntimeError):
     PyTorch raises from ``gather``/``scatter_add``, so either ``except`` catches it."""
 
 
-#: Set by ``xgrad.compile`` while it traces a step: called with the arguments of each
-#: check whose index is a tracer, it turns the check into a flag of the program
-#: (NOTE [Index checks in a compiled step] in ``xgrad/compile_step/__init__.py``).
-traced_check: Callable[..., None] | None = None
-
-
 @functools.partial(jax.jit, static_argnames=("negative", "ignore"))
 def _first_out_of_range(index: Any, size: int, negative: bool, ignore: int | None) -> Any:
     """Whether any entry lies outside ``[-size, size)`` (``[0, size)`` unless ``negative``), and the first such.
@@ -132,8 +128,9 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
     if isinstance(index, Tensor):
         index = index._array
     if isinstance(index, jax.core.Tracer):
-        if traced_check is not None:
-            traced_check(index, size, message, negative, ignore)
+        trace = step_trace.current()  # inside ``xgrad.compile``: a flag of the program
+        if trace is not None:
+            trace.check_index(index, size, message, negative, ignore)
         return
     if isinstance(index, jax.Array):
         if index.dtype.kind not in "iu":  # (``jnp.issubdtype`` costs as much as the whole check)
@@ -157,6 +154,38 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
         bad &= array != ignore
     if bad.any():
         raise IndexOutOfRangeError(message.format(index=int(array[bad].flat[0])))
+
+
+def check_values(failed: Callable[[Any], Any], value: Any, make_error: Callable[[], BaseException]) -> None:
+    """Raise ``make_error()`` if ``failed(value)`` is true: a check of values, eager's and compiled.
+
+    ``failed`` maps ``value``'s array (a NumPy array for values in host memory, else a
+    JAX array or tracer) to one boolean: write it with operators and ``.any()``/``.all()``
+    so both kinds work. Every check an op makes on values goes through here: inside an
+    ``xgrad.compile`` step it becomes a flag of the program and the call raises the same
+    error, with the state eager leaves (NOTE [Checks in a compiled step] in
+    ``xgrad/compile_step``); under a plain ``jax.jit``/``jax.vmap`` the values are unknown
+    and the check is skipped, as JAX would.
+
+    >>> import xgrad
+    >>> check_values(lambda a: (a < 0).any(), [1, 2], lambda: RuntimeError("negative"))
+    >>> check_values(lambda a: (a < 0).any(), xgrad.tensor([1, -2]), lambda: RuntimeError("negative"))
+    Traceback (most recent call last):
+    RuntimeError: negative
+    """
+    array = value._array if isinstance(value, Tensor) else value
+    if isinstance(array, jax.core.Tracer):
+        trace = step_trace.current()
+        if trace is not None and trace.at_step_level():
+            trace.check(jnp.asarray(failed(array)), lambda _: make_error())
+        return
+    if isinstance(array, jax.Array):
+        if array.is_fully_addressable and (_cpu_only() or all(getattr(d, "platform", None) == "cpu" for d in array.devices())):
+            array = np.asarray(array)  # host memory already: NumPy reads it without a dispatch
+    else:
+        array = np.asarray(array)
+    if bool(failed(array)):
+        raise make_error()
 
 
 def as_array(x: Any) -> Any:

@@ -12,9 +12,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from xgrad.ops._util import as_array, nondiff
+from xgrad.ops._util import as_array, check_values, nondiff
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor, torch_dtype_name
 
@@ -89,12 +88,8 @@ def _is_integral(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _has_negative(v: Any) -> bool:
-    if isinstance(v, Tensor):
-        if isinstance(v._array, jax.core.Tracer):  # unknown under a trace: JAX's integer power
-            return False
-        return bool(np.any(np.asarray(v._array) < 0))
-    return v < 0
+def _negative_int_power() -> RuntimeError:
+    return RuntimeError("Integers to negative integer powers are not allowed.")
 
 
 def pow(x: Any, y: Any) -> Tensor:
@@ -109,9 +104,16 @@ def pow(x: Any, y: Any) -> Tensor:
     Traceback (most recent call last):
     RuntimeError: Integers to negative integer powers are not allowed.
     """
-    if _is_integral(x) and _is_integral(y) and _has_negative(y):
-        raise RuntimeError("Integers to negative integer powers are not allowed.")
+    if _is_integral(x) and _is_integral(y):
+        if isinstance(y, Tensor):
+            check_values(_any_negative, y, _negative_int_power)
+        elif y < 0:
+            raise _negative_int_power()
     return _pow(x, y)
+
+
+def _any_negative(a: Any) -> Any:
+    return (a < 0).any()
 
 
 # -- transcendental ------------------------------------------------------------------

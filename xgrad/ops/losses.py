@@ -6,21 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
-from xgrad.ops._util import as_array, reduce_loss
+from xgrad.ops._util import as_array, check_index_range, check_values, reduce_loss
 from xgrad.ops.elementwise import clamp, log, log1p, maximum, softplus
 from xgrad.ops.index import gather
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor
 
 __all__ = ["binary_cross_entropy", "binary_cross_entropy_with_logits", "nll_loss"]
-
-
-def _concrete(array: Any) -> bool:
-    """Whether values can be checked (not under a ``jax`` trace)."""
-    return not isinstance(array, jax.core.Tracer)
 
 
 def nll_loss(
@@ -58,11 +52,8 @@ def nll_loss(
     n_classes = input.shape[class_dim]
     if weight is not None and weight.shape != (n_classes,):
         raise RuntimeError(f"weight tensor should be defined either for all {n_classes} classes or no classes but got weight tensor of shape: {list(weight.shape)}")
+    check_index_range(target_array, n_classes, "Target {index} is out of bounds.", negative=False, ignore=ignore_index)
     valid = target_array != ignore_index
-    if _concrete(target_array):
-        bad = valid & ((target_array < 0) | (target_array >= n_classes))
-        if bool(bad.any()):
-            raise IndexError(f"Target {int(target_array[bad].ravel()[0])} is out of bounds.")
     safe = jnp.where(valid, target_array, 0)  # ignored positions pick class 0, then count 0
     picked = gather(input, class_dim, Tensor(jnp.expand_dims(safe, class_dim))).squeeze(class_dim)
     mask = valid.astype(input.dtype)
@@ -91,6 +82,14 @@ _binary_cross_entropy = defprim(
 )
 
 
+def _outside_unit_interval(a: Any) -> Any:
+    return ((a < 0) | (a > 1)).any()
+
+
+def _bce_input_error() -> RuntimeError:
+    return RuntimeError("all elements of input should be between 0 and 1")
+
+
 def binary_cross_entropy(input: Tensor, target: Any, weight: Tensor | None = None, reduction: str = "mean") -> Tensor:
     """``F.binary_cross_entropy`` on probabilities ``input`` in ``[0, 1]``; logs are clamped at -100 as in PyTorch.
 
@@ -106,8 +105,7 @@ def binary_cross_entropy(input: Tensor, target: Any, weight: Tensor | None = Non
             f"Using a target size ({target.shape}) that is different to the input size ({input.shape}) is deprecated. "
             "Please ensure they have the same size."
         )
-    if _concrete(input._array) and bool(((input._array < 0) | (input._array > 1)).any()):
-        raise RuntimeError("all elements of input should be between 0 and 1")
+    check_values(_outside_unit_interval, input, _bce_input_error)
     loss = _binary_cross_entropy(input, target)
     if weight is not None:
         loss = loss * weight

@@ -494,7 +494,7 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
     for a in args:
         if type(a) is Tensor or isinstance(a, Tensor):
             if save is None or i in save:
-                saved.append(SavedTensor(a, is_output=False))
+                saved.append(SavedTensor(a, is_output=False, saver=prim.name))
                 holds_tensors = True
             else:
                 array = a._array
@@ -508,7 +508,7 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
         if _differentiable_dtype(out.dtype):
             result.grad_fn = node  # output 0: Tensor's default _output_nr
         if save_out:
-            node.saved_out = (SavedTensor(result, is_output=True),)
+            node.saved_out = (SavedTensor(result, is_output=True, saver=prim.name),)
         on_record = PrimitiveNode.on_record  # NOTE [Rule nodes]
         if on_record is not None:
             on_record(node)
@@ -519,7 +519,7 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
         [Tensor._from_graph(o, node, k) if _differentiable_dtype(o.dtype) else Tensor(o) for k, o in enumerate(outs)]
     )
     if save_out:
-        node.saved_out = tuple([SavedTensor(r, is_output=True) for r in results])
+        node.saved_out = tuple([SavedTensor(r, is_output=True, saver=prim.name) for r in results])
     on_record = PrimitiveNode.on_record
     if on_record is not None:
         on_record(node)

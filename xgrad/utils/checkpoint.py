@@ -15,8 +15,8 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
+import traceback
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -26,7 +26,7 @@ from xgrad import creation
 from xgrad.engine.api import backward
 from xgrad.engine.function import Function
 from xgrad.engine.node import current_task, sharding_of
-from xgrad.engine.saved import saved_tensors_hooks
+from xgrad.engine.saved import saved_tensors_hooks, saving_op
 from xgrad.grad_mode import enable_grad
 from xgrad.tensor import Tensor
 
@@ -229,16 +229,13 @@ _OWN_DIR = __file__.rsplit("/", 2)[0]  # the xgrad package
 
 
 def _op_trace_line(t: Tensor) -> str:
-    """For debug mode: the op that saved ``t`` and the line of user code that ran it."""
-    frame: Any = sys._getframe(2)
-    op = "?"
-    while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
-        prim = frame.f_locals.get("prim") if frame.f_code.co_name == "_record" else None
-        if prim is not None:  # the primitive whose node saved it
-            op = prim.name
-        frame = frame.f_back
-    where = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}" if frame is not None else "?"
-    return f"{op} saved {t.dtype}{list(t.shape)} ({where})"
+    """For debug mode, inside a pack hook: the op that saved ``t`` and the line of user code that ran it."""
+    where = "?"
+    for frame, lineno in traceback.walk_stack(None):
+        if not frame.f_code.co_filename.startswith(_OWN_DIR):
+            where = f"{frame.f_code.co_filename}:{lineno} in {frame.f_code.co_name}"
+            break
+    return f"{saving_op()} saved {t.dtype}{list(t.shape)} ({where})"
 
 
 DEBUG_TIP = (

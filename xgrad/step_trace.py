@@ -1,0 +1,67 @@
+"""The one seam between ``xgrad.compile`` and the code it traces: the step being traced now.
+
+# NOTE [The step-trace seam]
+# While ``xgrad.compile`` traces a step, the engine and the ops meet cases that an eager
+# run decides on values (a range check, a random draw) or that must reach the host (a
+# hook). They ask ``current()``: ``None`` outside a traced step (the eager case, one
+# context-variable read), else the ``StepTrace`` of the step this thread (this context)
+# is tracing, whose methods decide. Nothing is patched while a step is traced: a trace
+# is a value in a ``ContextVar``, so two threads trace two steps at once and a third
+# thread running eagerly never sees either.
+#
+# ``StepTrace`` lists what may be asked; ``xgrad.compile_step`` implements it. The
+# defaults are eager's answers, so this module needs nothing above it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from typing import Any
+
+__all__ = ["StepTrace", "current", "tracing_step"]
+
+
+class StepTrace:
+    """What the engine and the ops ask of a step being traced (NOTE [The step-trace seam])."""
+
+    def wrap_hook(self, fn: Any, hooks: Any) -> Any:
+        """``fn`` (a hook of ``hooks``, or an ``(input_nr, hook)`` pair) as the traced step calls it."""
+        return fn
+
+    def hook_added(self, hooks: Any, handle: Any, owner: Any) -> None:
+        """A hook was registered on ``owner`` (a tensor or a node) while the step is traced."""
+
+    def check(self, failed: Any, make_error: Callable[[Any], BaseException], detail: Any = None) -> bool:
+        """Make a value check part of the program: raise ``make_error(detail)`` when ``failed`` is set.
+
+        ``failed`` is a traced boolean, ``detail`` a traced value the message shows (or
+        ``None``). Returns whether the step took the check; ``False`` (a check under a
+        JAX transformation nested in the step) leaves JAX's behaviour.
+        """
+        return False
+
+    def check_index(self, index: Any, size: int, message: str, negative: bool, ignore: int | None) -> bool:
+        """An index range check on a traced ``index``; ``False`` if the step did not take it (as ``check``)."""
+        return False
+
+    def at_step_level(self) -> bool:
+        """Whether the innermost JAX trace now is the step's own (not a ``jax.jit``/``vmap`` nested in it)."""
+        return False
+
+
+_CURRENT: ContextVar[StepTrace | None] = ContextVar("xgrad_step_trace", default=None)
+
+#: The step being traced in this context, ``None`` when none is.
+current: Callable[[], StepTrace | None] = _CURRENT.get
+
+
+@contextlib.contextmanager
+def tracing_step(trace: StepTrace) -> Iterator[StepTrace]:
+    """Make ``trace`` the step this context traces, for the body of the ``with``."""
+    token = _CURRENT.set(trace)
+    try:
+        yield trace
+    finally:
+        _CURRENT.reset(token)
