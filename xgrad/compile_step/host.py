@@ -139,10 +139,21 @@ def _state_on_host(
                 t._version = version
         return tuple(np.asarray(n, dtype=c.dtype) for n, c in zip(new, concrete, strict=True))
 
-    def on_host(arrays: Any) -> Any:
-        return _ordered_host_call(host, lambda *c: tuple(np.asarray(a) for a in c), tuple(_struct(a) for a in arrays), arrays, reports)
+    def unchanged(*concrete: Any) -> Any:
+        return tuple(np.asarray(a) for a in concrete)
 
-    outs = iter(on_host(arrays) if when is None else jax.lax.cond(when, on_host, tuple, arrays))
+    if when is None:
+        outs = iter(_ordered_host_call(host, unchanged, tuple(_struct(a) for a in arrays), arrays, reports))
+    else:  # the call's flags leave the ``cond`` as outputs: checks are registered at the step's own level
+
+        def on_host(arrays: Any) -> Any:
+            raised: list[Any] = []
+            out = _ordered_host_call(host, unchanged, tuple(_struct(a) for a in arrays), arrays, reports, raised)
+            return (*out, raised[0])
+
+        *values, flag = jax.lax.cond(when, on_host, lambda arrays: (*arrays, jnp.bool_(False)), arrays)
+        _host_raised(flag)
+        outs = iter(values)
     for t, sent, has_grad in slots:
         if sent:
             t._array = next(outs)
@@ -242,12 +253,17 @@ def _run_final_callbacks(graph_task: _HostGraphTask) -> None:
 
 
 def _ordered_host_call(
-    host: Callable[..., Any], unchanged: Callable[..., Any], result_shapes: Any, arrays: Any, reports: Any = None
+    host: Callable[..., Any], unchanged: Callable[..., Any], result_shapes: Any, arrays: Any, reports: Any = None,
+    raised: list[Any] | None = None,
 ) -> Any:
     """``host(*arrays)`` on concrete values at this point of the program, in program order.
 
-    Once an index check traced before this point failed, the call is ``unchanged(*arrays)``
-    instead: eager would have raised before reaching it (NOTE [Index checks in a compiled step]).
+    Once a check traced before this point failed, the call is ``unchanged(*arrays)``
+    instead: eager would have raised before reaching it (NOTE [Checks in a compiled step]).
+    An exception ``host`` raises (any ``BaseException``) is kept and becomes a check of
+    the program, so the call raises it, as eager would, with the state at this point;
+    with ``raised`` (a list), the traced flag of that check is appended there instead,
+    for a caller inside a ``lax.cond`` to register outside it (``_host_raised``).
     With ``reports`` (a ``_HostGraphTask``), the call also returns whether callbacks wait on
     it, a flag the end of the backward reads (``_final_callbacks_on_host``).
     """
@@ -255,10 +271,11 @@ def _ordered_host_call(
     assert rec is not None
     rec.host_calls += 1
     failed = rec.failed_so_far()
-    shapes = result_shapes
     if reports is not None:
         host, unchanged = _reporting(host, reports), _reporting(unchanged, None)
-        shapes = (*(result_shapes or ()), jax.ShapeDtypeStruct((), np.bool_))
+    host, unchanged = _catching(host, unchanged, rec.host_errors), _not_raising(unchanged)
+    shapes = (*(result_shapes or ()), *((jax.ShapeDtypeStruct((), np.bool_),) if reports is not None else ()))
+    shapes = (*shapes, jax.ShapeDtypeStruct((), np.bool_))
     if failed is None:
         outs = io_callback(host, shapes, *arrays, ordered=True)
     else:
@@ -267,10 +284,49 @@ def _ordered_host_call(
             return unchanged(*concrete) if failed else host(*concrete)
 
         outs = io_callback(guarded, shapes, failed, *arrays, ordered=True)
+    outs, flag = tuple(outs[:-1]), outs[-1]
+    if raised is None:
+        _host_raised(flag)
+    else:
+        raised.append(flag)
     if reports is None:
-        return outs
+        return outs if result_shapes is not None else None
     rec.queued.setdefault(id(reports), []).append(outs[-1])
     return None if result_shapes is None else tuple(outs[:-1])
+
+
+def _host_raised(flag: Any) -> None:
+    """Make an exception raised in a host call (``flag``: whether one was) a check of the program."""
+    rec = recording.active()
+    assert rec is not None
+    errors = rec.host_errors
+
+    def kept(_: Any) -> BaseException:
+        error = errors[0]
+        errors.clear()  # one call raises one; the host calls after it were skipped
+        return error
+
+    rec.check(flag, kept)
+
+
+def _catching(fn: Callable[..., Any], unchanged: Callable[..., Any], errors: list[BaseException]) -> Callable[..., Any]:
+    """``fn``'s results and ``False``; if it raises, the exception is kept and ``unchanged``'s results and ``True`` come back."""
+
+    def call(*concrete: Any) -> Any:
+        try:
+            return (*(fn(*concrete) or ()), np.bool_(False))
+        except BaseException as exc:  # the user's, whatever it is: it is raised again after the program
+            errors.append(exc)
+            return (*(unchanged(*concrete) or ()), np.bool_(True))
+
+    return call
+
+
+def _not_raising(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*concrete: Any) -> Any:
+        return (*(fn(*concrete) or ()), np.bool_(False))
+
+    return call
 
 
 def _reporting(fn: Callable[..., Any], graph_task: _HostGraphTask | None) -> Callable[..., Any]:

@@ -80,6 +80,8 @@ class _Recorder(StepTrace):
         self.first_sequence_nr = _sequence.next()  # nodes made by the trace number above it
         self.host_tasks: dict[int, Any] = {}  # id(a traced GraphTask still running) -> its stand-in
         self.queued: dict[int, list[Any]] = {}  # id(a stand-in) -> traced flags: callbacks wait on it
+        # What host calls raised, kept until the call raises it again (NOTE [Checks in a compiled step]).
+        self.host_errors: list[BaseException] = []
 
     def output(self, value: Any) -> int:
         """The position of ``value`` among the program's outputs (added on first use)."""

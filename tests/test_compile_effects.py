@@ -1,0 +1,176 @@
+"""``xgrad.compile`` has eager's effects: value checks, exceptions from hooks, and the state they leave.
+
+Each test runs the same step eagerly and under ``xgrad.compile`` and compares the error
+(type, message) and the state afterwards (parameters, ``.grad``s, optimizer state).
+"""
+
+from __future__ import annotations
+
+import re
+import traceback
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import xgrad
+from xgrad.optim import Optax
+
+MODES = ["eager", "compile"]
+
+
+def f64(data, requires_grad=False):
+    return xgrad.tensor(np.asarray(data, np.float64), requires_grad=requires_grad)
+
+
+def run(step, mode):
+    return xgrad.compile(step, fallback="error") if mode == "compile" else step
+
+
+# Every check the op library makes on values (not on shapes or dtypes), with an argument that
+# passes, one that fails, the exception type and PyTorch's message. Index checks are
+# covered one per op in test_compile_errors.py; here each value check and one index check.
+VALUE_CHECKS = {
+    "binary_cross_entropy input in [0, 1]": (
+        lambda w, a: xgrad.binary_cross_entropy(w * 0.0 + a, xgrad.ones(3, dtype=np.float64)),
+        [0.5, 0.25, 0.1], [0.5, 1.5, 0.1], RuntimeError, "all elements of input should be between 0 and 1",
+    ),
+    "pow: integer to a negative integer power": (
+        lambda w, a: (w * (xgrad.tensor([2, 3, 4]) ** a.long()).double()),
+        [1, 2, 0], [1, -1, 0], RuntimeError, "Integers to negative integer powers are not allowed.",
+    ),
+    "nll_loss target in range": (
+        lambda w, a: xgrad.nll_loss(w.reshape(1, 3).log_softmax(-1), a.long()[:1]),
+        [2, 0, 0], [3, 0, 0], IndexError, "Target 3 is out of bounds.",
+    ),
+    "nll_loss target negative": (
+        lambda w, a: xgrad.nll_loss(w.reshape(1, 3).log_softmax(-1), a.long()[:1]),
+        [1, 0, 0], [-2, 0, 0], IndexError, "Target -2 is out of bounds.",
+    ),
+    "cross_entropy target in range": (
+        lambda w, a: xgrad.cross_entropy(w.reshape(1, 3), a.long()[:1]),
+        [2, 0, 0], [5, 0, 0], IndexError, "Target 5 is out of bounds.",
+    ),
+}
+
+
+def _check_setup(op, mode):
+    w = f64([0.3, -0.2, 0.9], requires_grad=True)
+    opt = Optax([w], optax.sgd(0.1))
+
+    def step(a):
+        opt.zero_grad()
+        # The values the check reads are computed inside the step: the check is a flag of the program.
+        loss = op(w, a * 1).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return w, run(step, mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", list(VALUE_CHECKS))
+def test_every_value_check_raises_in_both_modes(case, mode):
+    op, good, bad, error, message = VALUE_CHECKS[case]
+    w, step = _check_setup(op, mode)
+    ref_w, ref_step = _check_setup(op, "eager")
+    for args in (good, good):
+        a = f64(args)
+        np.testing.assert_allclose(step(a).numpy(), ref_step(a).numpy(), rtol=1e-12)
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        step(f64(bad))
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        ref_step(f64(bad))
+    # The state eager leaves: zero_grad() ran, nothing after the op did.
+    assert w.grad is None and ref_w.grad is None
+    np.testing.assert_allclose(w.numpy(), ref_w.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(step(f64(good)).numpy(), ref_step(f64(good)).numpy(), rtol=1e-12)
+    if mode == "compile":
+        assert step.stats()["fallbacks"] == 0
+
+
+def test_value_checks_under_a_plain_jax_transformation_keep_jax_behaviour():
+    out = jax.jit(lambda x: xgrad.binary_cross_entropy(xgrad.Tensor(x), xgrad.ones(2, dtype=np.float64)).array)(
+        np.asarray([0.5, 1.5])
+    )
+    assert np.isnan(np.asarray(out)) or np.isfinite(np.asarray(out))  # no error: the values are unknown when traced
+
+
+# -- exceptions from hooks ---------------------------------------------------------------
+
+
+class HookError(Exception):
+    pass
+
+
+def _hooked(mode, raise_on_call, exc_type):
+    w = f64([1.0, 2.0], requires_grad=True)
+    v = f64([3.0, -1.0], requires_grad=True)
+    opt = Optax([w, v], optax.sgd(0.1))
+    calls = []
+
+    def hook(g):
+        calls.append(1)
+        if len(calls) == raise_on_call:
+            raise exc_type("from the hook")
+        return g * 2
+
+    w.register_hook(hook)
+
+    def step(x):
+        loss = (w * x).sum() + (v * v * x).sum()
+        loss.backward()  # no zero_grad: .grad accumulates, so a partial backward shows
+        opt.step()
+        return loss
+
+    return {"w": w, "v": v, "calls": calls, "step": run(step, mode)}
+
+
+def _state(s):
+    return [None if t.grad is None else t.grad.numpy().copy() for t in (s["w"], s["v"])] + [s["w"].numpy(), s["v"].numpy()]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("exc_type", [HookError, ValueError, KeyboardInterrupt])
+def test_an_exception_in_a_hook_comes_out_as_itself_with_eager_state(exc_type, mode):
+    s, ref = _hooked(mode, 2, exc_type), _hooked("eager", 2, exc_type)
+    x = f64([1.0, 0.5])
+    s["step"](x), ref["step"](x)
+    with pytest.raises(exc_type, match="from the hook") as info:
+        s["step"](x)
+    with pytest.raises(exc_type, match="from the hook"):
+        ref["step"](x)
+    # The user's traceback: the line that raised is in it.
+    assert any(frame.name == "hook" for frame in traceback.extract_tb(info.value.__traceback__))
+    for a, b in zip(_state(s), _state(ref), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)  # the partial accumulation eager leaves; no optimizer step
+    assert len(s["calls"]) == len(ref["calls"]) == 2
+    s["step"](x), ref["step"](x)  # and the next call works
+    for a, b in zip(_state(s), _state(ref), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_exception_in_a_final_callback_comes_out_as_itself(mode):
+    w = f64([1.0, 2.0], requires_grad=True)
+    calls = []
+
+    def callback():
+        calls.append(1)
+        if len(calls) == 2:
+            raise HookError("from the callback")
+
+    w.register_hook(lambda g: xgrad.autograd.queue_callback(callback))
+
+    def step(x):
+        (w * x).sum().backward()
+
+    step = run(step, mode)
+    step(f64([1.0, 1.0]))
+    with pytest.raises(HookError, match="from the callback"):
+        step(f64([1.0, 1.0]))
+    np.testing.assert_allclose(w.grad.numpy(), [2.0, 2.0])
+    step(f64([1.0, 1.0]))
+    assert len(calls) == 3
