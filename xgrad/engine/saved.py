@@ -215,6 +215,22 @@ def current_hooks() -> saved_tensors_hooks | None:
     return stack[-1] if stack else None
 
 
+def _call_unpack_hook(unpack: Callable[[Any], Tensor], packed: Any) -> Any:
+    """``unpack(packed)``, leaving the thread's saved-tensor hooks as they were before it.
+
+    PyTorch runs every node under the hooks state of the moment its backward started
+    and restores the caller's state afterwards, so an unpack hook that exits its own
+    context (or enters one) changes nothing outside the node: no pop from an empty
+    stack later, and no hooks left behind to pack every later saved tensor.
+    """
+    stack, disabled = list(_hooks.stack), _hooks.disabled_message
+    try:
+        return unpack(packed)
+    finally:
+        _hooks.stack[:] = stack
+        _hooks.disabled_message = disabled
+
+
 class _Gone:
     __slots__ = ("__weakref__",)
 
@@ -232,6 +248,7 @@ class SavedTensor:
     # output alive), "hooked" (packed by saved-tensor hooks) or "freed".
     _ref: Tensor | weakref.ref[Tensor] | None  # the Tensor itself exactly in state "input"
     _graph: tuple[Node | None, int, AccumulateGrad | None, bool] | None  # hooked inputs: where they sit in the graph
+    _unpack: Callable[[Any], Tensor] | None  # the unpack hook, while hooked
 
     def __init__(self, tensor: Tensor, is_output: bool, saver: str = "?") -> None:
         self._saved_version = tensor._version
@@ -279,7 +296,8 @@ class SavedTensor:
             if original is not None:
                 return original
             return Tensor._from_graph(self._array, node, self._output_nr)
-        unpacked = self._unpack(self._packed)
+        assert self._unpack is not None, "a hooked saved tensor keeps its unpack hook until released"
+        unpacked = _call_unpack_hook(self._unpack, self._packed)
         if not isinstance(unpacked, Tensor):
             raise TypeError(
                 f"Output of saved tensor unpack_hook expected to be a Tensor but got result of type "
@@ -289,6 +307,8 @@ class SavedTensor:
             return Tensor._from_graph(unpacked._array, node, self._output_nr)
         assert self._graph is not None, "a hooked input keeps where it sits in the graph"
         grad_fn, output_nr, leaf_acc, requires_grad = self._graph
+        if grad_fn is None and not requires_grad and not unpacked.requires_grad:
+            return unpacked  # nothing to re-attach: the hook's tensor itself, as PyTorch returns it
         return Tensor._attached(unpacked._array, grad_fn, output_nr, leaf_acc, requires_grad)
 
     def _raise_version_error(self, tensor: Tensor, node: Node) -> None:
@@ -306,3 +326,4 @@ class SavedTensor:
         self._array = None
         self._packed = None
         self._graph = None
+        self._unpack = None  # the hook may hold the graph (a checkpoint's recomputation does)
