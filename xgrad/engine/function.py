@@ -319,8 +319,15 @@ def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], 
             new = Tensor._from_graph(o._array, node, i)
         wrapped.setdefault(id(o), new)
         outs.append(new)
-    node.saved = [_save(t, wrapped, returned, node.function.__name__) for t in ctx._to_save]
-    ctx._to_save = ()
+    try:
+        node.saved = [_save(t, wrapped, returned, node.function.__name__) for t in ctx._to_save]
+    except BaseException:
+        # A pack hook raised (a checkpoint's recomputation stops this way): nothing may
+        # keep the tensors to save, and the ctx <-> node cycle must not outlive this call.
+        ctx._node = None
+        raise
+    finally:
+        ctx._to_save = ()
     return tuple(outs) if is_tuple else outs[0]
 
 

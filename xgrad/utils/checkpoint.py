@@ -15,8 +15,10 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import traceback
+import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -30,15 +32,23 @@ from xgrad.engine.saved import saved_tensors_hooks, saving_op
 from xgrad.grad_mode import enable_grad
 from xgrad.tensor import Tensor
 
-__all__ = ["CheckpointError", "checkpoint", "set_checkpoint_debug_enabled", "set_checkpoint_early_stop"]
+__all__ = ["CheckpointError", "checkpoint", "checkpoint_sequential", "set_checkpoint_debug_enabled", "set_checkpoint_early_stop"]
 
 ERR_REENTRANT_GRAD = (
-    "Checkpointing is not compatible with .grad() or when an `inputs` parameter is passed to .backward(). "
-    "Please use .backward() and do not pass its `inputs` argument, or use checkpoint(..., use_reentrant=False)."
+    "When use_reentrant=True, xgrad.utils.checkpoint is incompatible with .grad() or passing an `inputs` "
+    "parameter to .backward(). To resolve this error, you can either set use_reentrant=False, or call "
+    ".backward() without passing the `inputs` argument."
 )
 ERR_NO_OUTPUT_GRAD = "none of output has requires_grad=True, this checkpoint() is not necessary"
 ERR_REENTRANT_KWARGS = "Unexpected keyword arguments: {names}; only checkpoint(..., use_reentrant=False) passes keyword arguments to fn"
 WARN_NO_INPUT_GRAD = "None of the inputs have requires_grad=True. Gradients will be None"
+WARN_USE_REENTRANT = (
+    "xgrad.utils.checkpoint: the use_reentrant parameter should be passed explicitly. use_reentrant=False is "
+    "recommended, but if you need to preserve the current default behavior, you can pass use_reentrant=True. "
+    "Refer to the docs for the differences between the two variants."
+)
+ERR_REENTRANT_OPTIONS = "Passing `context_fn` or `debug` is only supported when use_reentrant=False."
+ERR_DEBUG_CONTEXT = "debug=True is incompatible with non-default context_fn"
 ERR_MORE_SAVED = (
     "xgrad.utils.checkpoint: trying to save more tensors during recomputation than during the original "
     "forward pass ({n} saved in the forward). The checkpointed function must do the same work both times."
@@ -149,14 +159,24 @@ class _StopRecomputation(Exception):  # noqa: N818  (a signal, not an error)
 
 
 class _Holder:
-    """What a saved-tensor pack hook keeps instead of the value: its slot in each task's recomputation."""
+    """What a saved-tensor pack hook keeps instead of the value: its position among the block's saved tensors."""
 
-    __slots__ = ("__weakref__", "handles", "index")
+    __slots__ = ("__weakref__", "index")
 
     def __init__(self, index: int) -> None:
         self.index = index
-        # graph task id -> True while that task's recomputed value is waiting, False once used.
-        self.handles: dict[int, bool] = {}
+
+
+def _task_key(task: Any) -> Any:
+    """A weakly referenceable object that lives exactly as long as graph task ``task``.
+
+    Every graph task (the engine's, the compiled backward's and ``xgrad.compile``'s host
+    stand-in) has the lock ``queue_callback`` takes; keyed by it, a block's recomputed
+    values go when their task does, and a new task is never mistaken for an old one
+    that had the same ``id``. Outside any backward (a ``ctx.saved_tensors`` read
+    directly) each unpack is a task of its own.
+    """
+    return task.mutex if task is not None else threading.Lock()
 
 
 def _metadata(t: Tensor) -> dict[str, Any]:
@@ -165,8 +185,10 @@ def _metadata(t: Tensor) -> dict[str, Any]:
 
 
 class _Settings(threading.local):
+    """What ``set_checkpoint_early_stop`` / ``set_checkpoint_debug_enabled`` impose (``None``: each call decides)."""
+
     def __init__(self) -> None:
-        self.early_stop = True
+        self.early_stop: bool | None = None
         self.debug: bool | None = None
 
 
@@ -177,7 +199,9 @@ class set_checkpoint_early_stop:
     """Context manager: whether non-reentrant recomputation stops once every needed value is back.
 
     On by default, as in PyTorch. Off, the whole function reruns, and a recomputation
-    that saves more tensors than the forward did raises.
+    that saves more tensors than the forward did raises. Inside it, this setting wins
+    over each call's ``early_stop=`` argument, for the checkpoints made inside it (their
+    backward may run after it ends).
 
     >>> import xgrad
     >>> from xgrad.utils import checkpoint, set_checkpoint_early_stop
@@ -195,7 +219,7 @@ class set_checkpoint_early_stop:
 
     def __init__(self, enable: bool) -> None:
         self.enable = bool(enable)
-        self.previous = _settings.early_stop
+        self.previous: bool | None = _settings.early_stop
 
     def __enter__(self) -> None:
         self.previous = _settings.early_stop
@@ -238,6 +262,11 @@ def _op_trace_line(t: Tensor) -> str:
     return f"{saving_op()} saved {t.dtype}{list(t.shape)} ({where})"
 
 
+DEBUG_EXPLANATION = (
+    "You are seeing this error because you passed `debug=True` to checkpoint and the tensors saved during the "
+    "original forward differ from those saved during recomputation: different operators ran in the two. "
+    "Compare the two lists above, op by op, to find where they part."
+)
 DEBUG_TIP = (
     "\nTip: to see the ops run during the original forward and during recomputation, pass debug=True to "
     "checkpoint(...) or wrap the code in `with xgrad.utils.set_checkpoint_debug_enabled(True):`."
@@ -249,23 +278,22 @@ class _Frame:
 
     def __init__(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], rng_state: Any,
-        determinism_check: str, debug: bool,
+        determinism_check: str, debug: bool, early_stop: bool, recompute_context: Any,
     ) -> None:
         self.fn = fn
         self.args = args
         self.kwargs = kwargs
         self.rng_state = rng_state
-        self.early_stop = _settings.early_stop
+        self.early_stop = _settings.early_stop if _settings.early_stop is not None else early_stop
+        self.recompute_context = recompute_context
         self.check_metadata = determinism_check == "default"
         self.debug = debug
         self.forward_completed = False
         self.holders: list[weakref.ref[_Holder]] = []
         self.metadata: list[dict[str, Any]] = []
         self.forward_trace: list[str] = []
-        # graph task id -> holder index -> recomputed value; the tasks themselves, so an
-        # id is not reused while it keys something here.
-        self.recomputed: dict[int, dict[int, Tensor]] = {}
-        self.tasks: dict[int, Any] = {}
+        # graph task (its key) -> holder index -> recomputed value not yet unpacked.
+        self.recomputed: weakref.WeakKeyDictionary[Any, dict[int, Tensor]] = weakref.WeakKeyDictionary()
 
     def pack(self, t: Tensor) -> _Holder:
         holder = _Holder(len(self.holders))
@@ -276,21 +304,14 @@ class _Frame:
         return holder
 
     def unpack(self, holder: _Holder) -> Tensor:
-        # Outside any backward (a Function's ctx.saved_tensors read directly) each unpack is its own task.
-        task = current_task.graph_task if current_task.graph_task is not None else object()
-        gid = id(task)
-        if self.tasks.get(gid) is not task:
-            self.tasks[gid] = task
-            self.recomputed[gid] = {}
-            for ref in self.holders:
-                alive = ref()
-                if alive is not None:
-                    alive.handles.pop(gid, None)
-            self.recompute(gid)
-        if not holder.handles.get(gid):
+        key = _task_key(current_task.graph_task)
+        values = self.recomputed.get(key)
+        if values is None:
+            values = self.recomputed[key] = {}
+            self.recompute(values)
+        if holder.index not in values:
             raise CheckpointError(ERR_UNPACK_TWICE)
-        holder.handles[gid] = False
-        return self.recomputed[gid].pop(holder.index)
+        return values.pop(holder.index)
 
     def _error(self, message: str, recompute_trace: list[str]) -> CheckpointError:
         if not self.debug:
@@ -299,12 +320,13 @@ class _Frame:
         recomputed = "\n".join(f"  {i}: {line}" for i, line in enumerate(recompute_trace))
         return CheckpointError(
             f"{message}\n\nSaved by the original forward:\n{forward}\n\nSaved by the recomputation:\n{recomputed}"
+            f"\n\n{DEBUG_EXPLANATION}"
         )
 
-    def recompute(self, gid: int) -> None:
+    def recompute(self, values: dict[int, Tensor]) -> None:
+        """Rerun the block, putting each saved value whose holder is alive into ``values``."""
         count = 0
         mismatches = []
-        values = self.recomputed[gid]
         trace: list[str] = []
         n = len(self.holders)
 
@@ -314,31 +336,39 @@ class _Frame:
             count += 1
             if self.debug:
                 trace.append(_op_trace_line(t))
+            # Detached, as PyTorch keeps it: packing ``t`` itself would make each node of
+            # the recomputed graph hold itself (node -> saved ``t`` -> ``t.grad_fn``), a cycle
+            # only the garbage collector frees. A tensor that needs no graph stays the very
+            # object the block saved (a Function's ``ctx.saved_tensors`` keeps identity).
+            detached = Tensor(t._array) if t.requires_grad else t
             if i >= n:
                 if not self.forward_completed:
-                    return t  # recomputed while the forward is still running: it saved no more yet
+                    return detached  # recomputed while the forward is still running: it saved no more yet
                 raise self._error(ERR_MORE_SAVED.format(n=n), trace)
             if self.check_metadata:
                 meta = _metadata(t)
                 if meta != self.metadata[i]:
                     mismatches.append(f"tensor at position {i}:\nsaved metadata: {self.metadata[i]}\nrecomputed metadata: {meta}")
-            holder = self.holders[i]()
-            if holder is not None:  # a holder that is gone belongs to a node already freed
-                holder.handles[gid] = True
-                values[i] = Tensor(t._array)
+            if self.holders[i]() is not None:  # a holder that is gone belongs to a node already freed
+                values[i] = detached
             if self.early_stop and count == n:
                 raise _StopRecomputation
-            return t
+            return detached
 
         def inner_unpack(t: Tensor) -> Tensor:
             return t  # a value saved by the rerun function itself (it called grad, or nests a checkpoint)
 
         stopped = False
         try:
-            with _replayed_rng(self.rng_state), enable_grad(), saved_tensors_hooks(inner_pack, inner_unpack):
+            with _replayed_rng(self.rng_state), enable_grad(), self.recompute_context, \
+                    saved_tensors_hooks(inner_pack, inner_unpack):
                 self.fn(*self.args, **self.kwargs)
-        except _StopRecomputation:
+        except _StopRecomputation as stop:
             stopped = True
+            # Raised inside a backward the block runs itself (it calls grad), the signal is
+            # also that task's stored error, and its traceback holds the task's frames: a
+            # cycle that would keep the recomputed graph alive until a garbage collection.
+            stop.__traceback__ = None
         if mismatches:
             raise self._error(ERR_METADATA.format(details="\n".join(mismatches)), trace)
         if not stopped and count < n and self.forward_completed:
@@ -348,13 +378,19 @@ class _Frame:
 # -- entry point ----------------------------------------------------------------------
 
 
+def _no_context() -> tuple[contextlib.nullcontext[None], contextlib.nullcontext[None]]:
+    return contextlib.nullcontext(), contextlib.nullcontext()
+
+
 def checkpoint(
     function: Callable[..., Any],
     *args: Any,
-    use_reentrant: bool = True,
+    use_reentrant: bool | None = None,
+    context_fn: Callable[[], tuple[Any, Any]] = _no_context,
     preserve_rng_state: bool = True,
     determinism_check: str = "default",
     debug: bool = False,
+    early_stop: bool = True,
     **kwargs: Any,
 ) -> Any:
     """Run ``function(*args)`` without keeping its intermediate values; backward recomputes them.
@@ -365,7 +401,10 @@ def checkpoint(
         use_reentrant: recompute inside a custom Function's backward (``True``,
             ``backward`` only) or through saved-tensor hooks (``False``: also
             ``autograd.grad``, ``inputs=``, double backward, nesting, and a function
-            that calls ``autograd.grad`` itself).
+            that calls ``autograd.grad`` itself). Pass it: leaving it out warns, as in
+            PyTorch, and means ``True``.
+        context_fn: returns two context managers, the forward runs inside the first and
+            the recomputation inside the second (``use_reentrant=False`` only).
         preserve_rng_state: replay the default random key (``dropout(key=None)``,
             ``rand``/``randn``) so the recomputation draws the same values.
         determinism_check: ``"default"`` compares each recomputed saved tensor's shape,
@@ -374,9 +413,9 @@ def checkpoint(
         debug: on a recomputation error, list what the original forward and the
             recomputation saved, op by op, with the lines that ran them
             (``use_reentrant=False`` only).
+        early_stop: stop the recomputation once every saved value is back
+            (``use_reentrant=False`` only; ``set_checkpoint_early_stop`` overrides it).
         kwargs: keyword arguments for ``function`` (``use_reentrant=False`` only).
-
-    Recomputation stops once every saved value is back (see ``set_checkpoint_early_stop``).
 
     >>> import xgrad
     >>> from xgrad.utils import checkpoint
@@ -385,18 +424,76 @@ def checkpoint(
     >>> y.backward(); [round(v, 4) for v in x.grad.tolist()]
     [1.3818, 0.077]
     """
+    if use_reentrant is None:
+        warnings.warn(WARN_USE_REENTRANT, UserWarning, stacklevel=2)
+        use_reentrant = True
     if determinism_check not in ("default", "none"):
         raise ValueError(f"determinism_check should be one of ['default', 'none'], but got {determinism_check}")
     rng_state = _rng_state() if preserve_rng_state else None
     if use_reentrant:
         if kwargs:
             raise ValueError(ERR_REENTRANT_KWARGS.format(names=", ".join(sorted(kwargs))))
+        if context_fn is not _no_context or debug is not False:
+            raise ValueError(ERR_REENTRANT_OPTIONS)
         if not any(isinstance(a, Tensor) and a.requires_grad for a in args):
             warnings.warn(WARN_NO_INPUT_GRAD, UserWarning, stacklevel=2)
         return CheckpointFunction.apply(function, rng_state, *args)
     debug_enabled = _settings.debug if _settings.debug is not None else debug
-    frame = _Frame(function, args, kwargs, rng_state, determinism_check, debug_enabled)
-    with saved_tensors_hooks(frame.pack, frame.unpack):
+    if debug_enabled and context_fn is not _no_context:
+        raise ValueError(ERR_DEBUG_CONTEXT)
+    forward_context, recompute_context = context_fn()
+    frame = _Frame(function, args, kwargs, rng_state, determinism_check, debug_enabled, early_stop, recompute_context)
+    with forward_context, saved_tensors_hooks(frame.pack, frame.unpack):
         out = function(*args, **kwargs)
     frame.forward_completed = True
     return out
+
+
+def checkpoint_sequential(
+    functions: Any, segments: int, input: Any, use_reentrant: bool | None = None, preserve_rng_state: bool = True,
+) -> Any:
+    """Run a sequence of layers in ``segments`` chunks, checkpointing every chunk but the last.
+
+    Args:
+        functions: an ``nn.Sequential`` (its children run in order) or a list of callables.
+        segments: how many chunks to cut ``functions`` into.
+        input: the first layer's input.
+        use_reentrant, preserve_rng_state: as in ``checkpoint``.
+
+    >>> import xgrad
+    >>> from xgrad.utils.checkpoint import checkpoint_sequential
+    >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> y = checkpoint_sequential([xgrad.sin, xgrad.exp, xgrad.sum], 2, x, use_reentrant=False)
+    >>> y.backward(); x.grad.shape
+    (2,)
+    """
+    if use_reentrant is None:
+        warnings.warn(WARN_USE_REENTRANT, UserWarning, stacklevel=2)
+        use_reentrant = True
+    layers = list(functions.children()) if hasattr(functions, "children") else list(functions)
+
+    def run(start: int, end: int) -> Callable[[Any], Any]:
+        def forward(x: Any) -> Any:
+            for layer in layers[start : end + 1]:
+                x = layer(x)
+            return x
+
+        return forward
+
+    size = len(layers) // segments
+    end = -1
+    for start in range(0, size * (segments - 1), size):
+        end = start + size - 1
+        input = checkpoint(run(start, end), input, use_reentrant=use_reentrant, preserve_rng_state=preserve_rng_state)
+    return run(end + 1, len(layers) - 1)(input)
+
+
+class _CheckpointModule(types.ModuleType):
+    """This module, callable as ``checkpoint``: ``xgrad.utils.checkpoint(fn, *args, ...)`` and
+    PyTorch's ``xgrad.utils.checkpoint.checkpoint(fn, *args, ...)`` are the same call."""
+
+    def __call__(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return checkpoint(function, *args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CheckpointModule
