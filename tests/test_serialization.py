@@ -220,3 +220,109 @@ def test_sharded_arrays_come_back_on_their_sharding(tmp_path, fmt):
     onto_rows = xgrad.load(path, device=rows)
     assert onto_rows["b"].sharding == rows and onto_rows["step"].sharding == replicated
     assert onto_rows["step"].item() == 5 and onto_rows["b"].tolist() == [0.0, 1.0]
+
+
+# -- a save killed mid-write, and corruption after the write -----------------------------------
+_KILLED_MID_SAVE = """
+import sys, time
+import numpy as np
+import xgrad
+from xgrad import serialization
+
+real = serialization._serialize
+
+
+def half_then_hang(fmt, arrays, meta):
+    write = real(fmt, arrays, meta)
+
+    def partial(f):
+        import io
+        buf = io.BytesIO()
+        write(buf)
+        data = buf.getvalue()
+        f.write(data[: len(data) // 2])
+        f.flush()
+        print("mid-save", flush=True)
+        time.sleep(120)  # the test kills us here
+
+    return partial
+
+
+serialization._serialize = half_then_hang
+xgrad.save({"w": xgrad.tensor(np.arange(100000.0))}, sys.argv[1])
+"""
+
+
+def _temporaries(folder):
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_a_save_killed_mid_write_leaves_a_temporary_the_next_save_removes(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "ckpt.safetensors"  # the temporaries are the same for both formats
+    xgrad.save({"w": xgrad.arange(3.0)}, path)
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_MID_SAVE, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "mid-save"  # its temporary is half written
+        (stale,) = _temporaries(tmp_path)
+        assert (tmp_path / stale).stat().st_size > 0
+        xgrad.save({"w": xgrad.arange(4.0)}, path)  # a live writer's temporary is left alone
+        assert _temporaries(tmp_path) == [stale]
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=60)
+        child.stdout.close()
+    assert _temporaries(tmp_path) == [stale]  # SIGKILL runs no cleanup
+    assert xgrad.load(path)["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    xgrad.save({"w": xgrad.arange(5.0)}, path)  # the next save of the same target removes it
+    assert _temporaries(tmp_path) == []
+    assert xgrad.load(path)["w"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_only_temporaries_of_the_same_target_old_enough_or_written_are_removed(tmp_path):
+    from xgrad import serialization
+
+    path = tmp_path / "a.npz"
+    fresh_empty = tmp_path / ".a.npz.0123456789abcdef.tmp"  # a save that has not locked it yet
+    old_empty = tmp_path / ".a.npz.fedcba9876543210.tmp"
+    written = tmp_path / ".a.npz.00000000aaaaaaaa.tmp"
+    other_target = tmp_path / ".b.npz.00000000bbbbbbbb.tmp"
+    not_ours = tmp_path / ".a.npz.keep.tmp"
+    for p in (fresh_empty, old_empty, written, other_target, not_ours):
+        p.write_bytes(b"" if "empty" in str(p) or p in (fresh_empty, old_empty) else b"x" * 100)
+    old = os.stat(old_empty).st_mtime - 2 * serialization.UNLOCKED_GRACE_SECONDS
+    os.utime(old_empty, (old, old))
+    xgrad.save(xgrad.ones(2), path)
+    assert _temporaries(tmp_path) == sorted([fresh_empty.name, other_target.name, not_ours.name])
+
+
+def _flip_a_bit_of(path, array):
+    data = bytearray(path.read_bytes())
+    at = bytes(data).index(np.ascontiguousarray(array).tobytes()) + 3
+    data[at] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_flipped_bit_raises_naming_the_path(tmp_path, fmt):
+    values = np.linspace(0.125, 4.0, 32)
+    path = tmp_path / f"ckpt.{fmt}"
+    xgrad.save({"layer": {"w": xgrad.tensor(values)}, "b": xgrad.ones(3)}, path)
+    _flip_a_bit_of(path, values)
+    with pytest.raises(ValueError, match=rf"{path.name}.*(checksum|CRC)") as info:
+        xgrad.load(path)
+    assert str(path) in str(info.value) and "layer/w" in str(info.value)
+
+
+def test_each_safetensors_entry_carries_its_checksum(tmp_path):
+    values = np.linspace(0.125, 4.0, 32)
+    path = tmp_path / "plain.safetensors"
+    xgrad.save({"w": xgrad.tensor(values)}, path)
+    meta = json.loads(__import__("safetensors").safe_open(str(path), "np").metadata()["__xgrad__"])
+    assert set(meta["crc32"]) == {"w"}  # one checksum per entry, in the structure record

@@ -9,7 +9,16 @@ loading a file cannot run code.
 # A save writes a temporary file next to the destination, flushes it to disk and
 # renames it over the destination (``os.replace`` is atomic on POSIX and Windows). A
 # failure or a kill mid-save leaves the previous checkpoint as it was; a failure
-# removes the temporary file.
+# removes the temporary file. A kill cannot: the writer holds an exclusive ``flock``
+# on its temporary file while writing, which the kernel releases when the process
+# dies, so the next save of the same target removes every temporary of it that it
+# can lock (a live writer's, in another process, stays locked and is left alone). A
+# just-created empty one is left for a minute: its writer may not have locked it yet.
+#
+# NOTE [Checksums]
+# A safetensors file stores a CRC-32 of each entry's bytes in its structure record;
+# ``load`` verifies each entry it reads, so a flipped bit raises instead of loading a
+# changed value. An npz archive already has one per member, which ``zipfile`` checks.
 
 # NOTE [Sharded checkpoints]
 # An array that spans devices of other processes (``jax.distributed``) is never
@@ -32,8 +41,11 @@ import contextlib
 import json
 import math
 import os
-import tempfile
+import re
+import secrets
+import time
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
 
@@ -62,6 +74,7 @@ ERR_NOT_ZIP = (
     "truncated, or another format with an .npz name)"
 )
 ERR_CORRUPT = "xgrad.load: {path!r} is not a valid xgrad checkpoint: {why}"
+WHY_CHECKSUM = "entry {name!r} does not match its checksum: the file changed after it was written (a flipped bit?)"
 ERR_NO_MESH = (
     "xgrad.load: {name!r} was saved sharded over devices {ids} and this process cannot see them all; "
     "pass device= (a Sharding or a device) to load it onto another placement"
@@ -85,6 +98,19 @@ def _storable(array: np.ndarray) -> np.ndarray:
     if array.dtype.kind == "V":
         array = array.view(np.dtype(f"u{array.dtype.itemsize}"))
     return np.require(array, requirements="C")  # keeps 0-d arrays 0-d
+
+
+def _crc32(array: np.ndarray) -> int:
+    """CRC-32 of the bytes a file stores for ``array`` (NOTE [Checksums])."""
+    return zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
+
+
+def _verified(path: str, name: str, array: np.ndarray, checksums: Mapping[str, int] | None) -> np.ndarray:
+    """``array`` as read for entry ``name``, or a ``ValueError`` when its recorded checksum disagrees."""
+    expected = None if checksums is None else checksums.get(name)
+    if expected is not None and _crc32(array) != expected:
+        raise ValueError(ERR_CORRUPT.format(path=path, why=WHY_CHECKSUM.format(name=name)))
+    return array
 
 
 # -- shardings as JSON ---------------------------------------------------------------
@@ -160,12 +186,14 @@ def _flatten(obj: Any, path: str, out: _Collected) -> Any:
 
 def _serialize(fmt: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Callable[[BinaryIO], None]:
     """A writer of one file in ``fmt`` holding ``arrays`` and the JSON ``meta``."""
-    text = json.dumps(meta)
     if fmt == ".npz":
         if META_KEY in arrays:
             raise ValueError(f"xgrad.save: the key {META_KEY!r} is reserved")
+        text = json.dumps(meta)
         return lambda f: np.savez(f, **{**arrays, META_KEY: np.array(text)})  # type: ignore[arg-type]
     from safetensors.numpy import save as to_bytes
+
+    text = json.dumps({**meta, "crc32": {name: _crc32(a) for name, a in arrays.items()}})
 
     def write_safetensors(f: BinaryIO) -> None:
         f.write(to_bytes(arrays, metadata={META_KEY: text}))
@@ -173,27 +201,68 @@ def _serialize(fmt: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) ->
     return write_safetensors
 
 
-def _new_file_mode() -> int:
-    """The mode ``open()`` gives a new file under this process's umask (read once: setting it is not thread-safe)."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return 0o666 & ~umask
 
 
-_NEW_FILE_MODE = _new_file_mode()
+#: How long a temporary file with nothing written in it may be another save's, not yet locked.
+UNLOCKED_GRACE_SECONDS = 60.0
+
+
+def _temporary_name(base: str) -> str:
+    return f".{base}.{secrets.token_hex(8)}.tmp"
+
+
+def _lock(fd: int, wait: bool) -> bool:
+    """An exclusive ``flock`` on ``fd``; False when another process holds one (or locks are not supported)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): no temporary is ever taken for stale
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def _remove_stale_temporaries(folder: str, base: str) -> None:
+    """Remove the temporaries of ``base`` that saves killed mid-write left behind (NOTE [Atomic saves])."""
+    pattern = re.compile(re.escape(f".{base}.") + r"[0-9a-f]{16}\.tmp")
+    try:
+        names = [n for n in os.listdir(folder) if pattern.fullmatch(n)]
+    except OSError:
+        return
+    for name in names:
+        tmp = os.path.join(folder, name)
+        try:
+            fd = os.open(tmp, os.O_RDONLY)
+        except OSError:
+            continue  # gone meanwhile: its save finished
+        try:
+            if not _lock(fd, wait=False):
+                continue  # a live writer holds it
+            stat = os.fstat(fd)
+            if stat.st_size == 0 and time.time() - stat.st_mtime < UNLOCKED_GRACE_SECONDS:
+                continue
+            with contextlib.suppress(OSError):
+                if os.stat(tmp).st_ino == stat.st_ino:  # still that file, not a new save's
+                    os.unlink(tmp)
+        finally:
+            os.close(fd)
 
 
 def _write_atomic(path: str, write: Callable[[BinaryIO], None]) -> None:
     """Run ``write`` on a temporary file next to ``path``, then rename it over ``path`` (NOTE [Atomic saves])."""
     folder, base = os.path.split(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=folder)
+    _remove_stale_temporaries(folder, base)
+    tmp = os.path.join(folder, _temporary_name(base))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
     try:
-        os.chmod(tmp, _NEW_FILE_MODE)  # mkstemp makes the file private
+        _lock(fd, wait=True)  # held until the file is renamed or removed, or this process dies
         with open(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)  # still locked: a cleaner never sees it unlocked under its temporary name
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -257,20 +326,22 @@ def _open(path: str, fmt: str) -> Iterator[tuple[Callable[[str], np.ndarray], li
             raise ValueError(ERR_NOT_ZIP.format(path=path))
         try:
             npz = np.load(path, allow_pickle=False)
-        except ValueError as exc:
+        except (ValueError, zipfile.BadZipFile) as exc:
             raise ValueError(ERR_CORRUPT.format(path=path, why=exc)) from None
         with npz:
-            names = [n for n in npz.files if n != META_KEY]
-            meta = str(npz[META_KEY]) if META_KEY in npz.files else None
 
             def read_npz(name: str) -> np.ndarray:
                 try:
                     return npz[name]
+                except zipfile.BadZipFile as exc:  # a member's CRC-32 (NOTE [Checksums]) or its headers
+                    raise ValueError(ERR_CORRUPT.format(path=path, why=f"entry {name!r}: {exc}")) from None
                 except ValueError as exc:
                     if "pickle" in str(exc).lower():
                         raise ValueError(ERR_PICKLE.format(path=path)) from None
                     raise ValueError(ERR_CORRUPT.format(path=path, why=exc)) from None
 
+            names = [n for n in npz.files if n != META_KEY]
+            meta = str(read_npz(META_KEY)) if META_KEY in npz.files else None
             yield read_npz, names, meta
         return
     from safetensors import safe_open
@@ -331,8 +402,9 @@ def _sharded_reader(
     count = int(meta["num_processes"])
     pieces: dict[str, list[tuple[list[list[int]], Callable[[], np.ndarray]]]] = {}
 
-    def reader(read: Callable[[str], np.ndarray], key: str) -> Callable[[], np.ndarray]:
-        return lambda: read(key)
+    def reader(shard_file: str, read: Callable[[str], np.ndarray], key: str,
+               checksums: Mapping[str, int] | None) -> Callable[[], np.ndarray]:
+        return lambda: _verified(shard_file, key, read(key), checksums)
 
     for process in range(count):
         shard_file = _shard_path(path, process, count)
@@ -344,9 +416,10 @@ def _sharded_reader(
             raise ValueError(ERR_CORRUPT.format(
                 path=path, why=f"its shard file {shard_file!r} belongs to another save (an interrupted save left files "
                 "of two checkpoints); save again"))
+        checksums = shard_meta.get("crc32")
         for name, entries in shard_meta["shards"].items():
             for bounds, key in entries:
-                pieces.setdefault(name, []).append((bounds, reader(read, key)))
+                pieces.setdefault(name, []).append((bounds, reader(shard_file, read, key, checksums)))
 
     def region(name: str, node: dict[str, Any], index: tuple[slice, ...]) -> np.ndarray:
         shape = tuple(node["shape"])
@@ -373,7 +446,10 @@ def load(path: str | os.PathLike[str], device: Any = None) -> Any:
     """Read what ``save`` wrote: a Tensor or a (nested) dict of Tensors.
 
     Checks what it reads against the recorded format version, dtypes, shapes and
-    element counts, and raises ``ValueError`` naming the entry when they disagree.
+    element counts, and raises ``ValueError`` naming the path and the entry when they
+    disagree, or when the file's bytes changed after it was written (a flipped bit:
+    each entry of a safetensors file carries a CRC-32, each member of an npz archive
+    one of its own).
     Arrays saved sharded come back on their saved sharding when this run has those
     devices; a checkpoint written by several processes is read by each of them,
     every process reading only the pieces its devices hold.
@@ -437,6 +513,7 @@ def load(path: str | os.PathLike[str], device: Any = None) -> Any:
                 raise ValueError(ERR_CORRUPT.format(path=path, why=f"entry {name!r} is missing (a truncated or edited file?)"))
             # A whole array goes back on its sharding only if this process holds all of it.
             saved = None if desc is None else _rebuild_sharding(desc, jax.local_devices())
-            return Tensor(place(_checked(path, name, read(name), node), saved), requires_grad=requires_grad)
+            stored = _verified(path, name, read(name), meta.get("crc32"))
+            return Tensor(place(_checked(path, name, stored, node), saved), requires_grad=requires_grad)
 
         return build(meta.get("tree"), "")
