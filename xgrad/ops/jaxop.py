@@ -122,7 +122,7 @@ def _scatter_grads(diff_grads: Any, diff_mask: tuple[bool, ...]) -> tuple[Any, .
     return tuple(next(grads) if d else None for d in diff_mask)
 
 
-def from_jax(fn: Callable[..., Any], name: str | None = None) -> Callable[..., Any]:
+def from_jax(fn: Callable[..., Any], name: str | None = None, *, trace: bool = False) -> Callable[..., Any]:
     """Turn a JAX-traceable function of arrays into an xgrad op.
 
     The op takes tensors (or pytrees of them) where ``fn`` takes arrays, plus static
@@ -132,6 +132,11 @@ def from_jax(fn: Callable[..., Any], name: str | None = None) -> Callable[..., A
     Args:
         fn: a function of arrays (pytrees in and out) that ``jax.vjp`` can trace.
         name: the op's name (nodes show ``<Name>Backward``); default ``fn.__name__``.
+        trace: run ``fn`` equation by equation as xgrad nodes instead of as one node, so
+            that hooks, anomaly mode, the profiler and ``xgrad.viz`` see inside it, and
+            ``xgrad.intermediates()`` collects its intermediate values by name (NOTE
+            [Traced from_jax] in ``xgrad/ops/jaxtrace.py``). Arrays and Tensors in the
+            arguments are inputs; any other leaf (an activation function, an int) is static.
 
     >>> import xgrad, jax.numpy as jnp
     >>> cube = xgrad.ops.from_jax(lambda x: x ** 3, name="cube")
@@ -140,7 +145,12 @@ def from_jax(fn: Callable[..., Any], name: str | None = None) -> Callable[..., A
     >>> g.item(), xgrad.autograd.grad(g, x)[0].item()
     (12.0, 12.0)
     """
-    return _JaxFunction(fn, name or getattr(fn, "__name__", "from_jax").strip("<>"))
+    name = name or getattr(fn, "__name__", "from_jax").strip("<>")
+    if trace:
+        from xgrad.ops.jaxtrace import TracedJaxFunction  # it builds on this module
+
+        return TracedJaxFunction(fn, name)
+    return _JaxFunction(fn, name)
 
 
 _vjp_cache: dict[Any, _JaxFunction] = {}

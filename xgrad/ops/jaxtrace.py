@@ -1,0 +1,377 @@
+"""``from_jax(fn, trace=True)``: a JAX function run equation by equation as xgrad nodes.
+
+# NOTE [Traced from_jax]
+# ``from_jax(fn)`` makes one node whose backward is ``jax.vjp`` of all of ``fn``. With
+# ``trace=True``, ``fn`` is traced once per input signature (``jax.make_jaxpr``) and each
+# equation of its jaxpr becomes a node of its own, whose backward is the equation's
+# ``jax.vjp`` (jitted; under ``create_graph`` a ``from_jax`` op, so gradients of any order
+# work). The forward runs all equations as one jitted program that returns every
+# intermediate value, and records one node per equation from them. Chaining the equations'
+# vjps is JAX's own reverse mode of ``fn``: the gradients equal ``jax.grad(fn)``. What
+# changes is that every intermediate value is a Tensor with a ``grad_fn``, which hooks,
+# ``retain_grad``, anomaly mode, the profiler and ``xgrad.viz`` see. Equations that hold
+# a jaxpr of their own (a nested ``jit``, ``custom_vjp``/``custom_jvp``, ``scan``,
+# ``while``, ``cond``, ``remat``) stay one node each, whose vjp is JAX's (custom rules
+# included).
+#
+# Names. Each equation belongs to a group: its JAX name stack where the library set one
+# (Flax linen module paths such as ``MLP/Dense_0``, Equinox class paths such as
+# ``eqx.nn.MLP/eqx.nn.Linear``, any ``jax.named_scope``), else the user's source line
+# that made it (``model.py:12 (forward)``). A maximal run of consecutive equations of
+# one group is one call of that scope or line; its value is the last floating-point
+# output of the run (a layer's output). The n-th run of a group, counted in an
+# ``intermediates()`` block, is keyed ``group#n`` (the first keeps the bare name). Two
+# calls of one scope with nothing in between form one run. Nodes are named
+# ``<Primitive>Backward[<key>]`` with the key of their run in the call.
+#
+# Only public JAX APIs: ``jax.make_jaxpr``, ``jax.extend.core`` (``Jaxpr``,
+# ``ClosedJaxpr``, ``Var``, ``DropVar``, ``Literal``, ``jaxpr_as_fun``) and
+# ``jax.extend.source_info_util.summarize``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jex
+from jax.extend import source_info_util
+
+from xgrad.engine.anomaly import ANOMALY, TRACEBACK_KEY
+from xgrad.grad_mode import _state as _grad_state
+from xgrad.ops.jaxop import _freeze, from_jax
+from xgrad.ops.registry import Primitive, _record, defprim
+from xgrad.tensor import Tensor
+
+__all__ = ["Intermediates", "TracedJaxFunction", "intermediates"]
+
+
+class Intermediates(dict[str, Tensor]):
+    """The intermediate Tensors of ``from_jax(fn, trace=True)`` calls, by name, in order.
+
+    A name is the JAX name stack of the values' scope (a Flax or Equinox module path), or
+    the source line that computed them; ``name#2``, ``name#3`` … for later calls of the
+    same scope or line. Each Tensor is the last floating-point value the scope computed
+    (a layer's output). Made by ``xgrad.intermediates()``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._counts: dict[str, int] = {}
+
+    def _add(self, group: str, value: Tensor) -> None:
+        n = self._counts[group] = self._counts.get(group, 0) + 1
+        self[group if n == 1 else f"{group}#{n}"] = value
+
+    def __repr__(self) -> str:
+        rows = ", ".join(f"{k!r}: {list(v.shape)} {v.dtype}" for k, v in self.items())
+        return f"Intermediates({{{rows}}})"
+
+
+class _Collectors(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[Intermediates] = []
+
+
+_collectors = _Collectors()
+
+
+@contextmanager
+def intermediates() -> Iterator[Intermediates]:
+    """Collect the intermediate Tensors of ``from_jax(fn, trace=True)`` calls in this block.
+
+    Yields a dict (``Intermediates``) from name to Tensor, filled as traced functions run:
+    register hooks on them before ``backward()``, ``retain_grad()`` them to read their
+    gradients, or read their values. Blocks nest (a call fills the innermost); the
+    collection is per thread.
+
+    >>> import jax, jax.numpy as jnp, xgrad
+    >>> def layer(x, w):
+    ...     with jax.named_scope("dense"):
+    ...         h = jnp.tanh(x @ w)
+    ...     return (h ** 2).sum()
+    >>> f = xgrad.from_jax(layer, trace=True)
+    >>> w = xgrad.tensor([[1.0, -1.0], [0.5, 2.0]], requires_grad=True)
+    >>> with xgrad.intermediates() as acts:
+    ...     loss = f(xgrad.tensor([[1.0, 2.0]]), w)
+    >>> list(acts)[0]
+    'dense'
+    >>> _ = acts["dense"].register_hook(lambda g: 2 * g)  # double the gradient through the layer
+    >>> loss.backward()
+    >>> bool(jnp.allclose(w.grad.array, 2 * jax.grad(layer, argnums=1)(jnp.array([[1.0, 2.0]]), w.array)))
+    True
+    """
+    collected = Intermediates()
+    _collectors.stack.append(collected)
+    try:
+        yield collected
+    finally:
+        stack = _collectors.stack
+        del stack[next(i for i in range(len(stack) - 1, -1, -1) if stack[i] is collected)]  # by identity
+
+
+_SUMMARY = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?::\d+)? \((?P<fn>.*)\)$")
+
+
+def _location(eqn: Any) -> str:
+    """The equation's source line, as ``file.py:line (function)`` with the file's base name.
+
+    The line, not the column: one line (``x = relu(self.dense(x))``) is one step of the user's code.
+    """
+    summary = source_info_util.summarize(eqn.source_info)
+    match = _SUMMARY.match(summary)
+    if match is None:
+        return summary
+    return f"{os.path.basename(match['file'])}:{match['line']} ({match['fn']})"
+
+
+def _group(eqn: Any) -> str:
+    """The name an equation's value is collected under: its name stack, else its source line."""
+    stack = str(eqn.source_info.name_stack)
+    return stack if stack else _location(eqn)
+
+
+def _inexact(aval: Any) -> bool:
+    return bool(jnp.issubdtype(aval.dtype, jnp.inexact))
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in re.split(r"[_\W]+", name) if part)
+
+
+def _standalone(eqn: Any) -> Any:
+    """``eqn`` with a variable for each output it drops, so that a jaxpr can return all of them."""
+    if not any(isinstance(v, jex.DropVar) for v in eqn.outvars):
+        return eqn
+    return eqn.replace(outvars=[jex.Var(v.aval) if isinstance(v, jex.DropVar) else v for v in eqn.outvars])
+
+
+def _jaxpr_function(invars: list[Any], outvars: list[Any], eqns: list[Any], effects: Any, consts: list[Any],
+                    what: str) -> Callable[..., list[Any]]:
+    debug = jex.DebugInfo("xgrad.from_jax", what, tuple(str(v) for v in invars), tuple(str(v) for v in outvars))
+    constvars = [v for v, _ in consts]
+    closed = jex.ClosedJaxpr(jex.Jaxpr(constvars, invars, outvars, eqns, effects, debug), [c for _, c in consts])
+    return jex.jaxpr_as_fun(closed)  # type: ignore[no-any-return]
+
+
+class _EquationVjp:
+    """The vjp of one equation, w.r.t. its floating inputs.
+
+    It is the static argument of the jitted ``_run_vjp``, equal to another one when both
+    compute the same thing (primitive, parameters, literal operands, input types and
+    context): equations alike, such as the layers of a deep model, share one compiled vjp.
+    """
+
+    __slots__ = ("_hash", "diff_mask", "key", "out_avals", "run")
+
+    def __init__(self, eqn: Any, invars: list[Any], run: Callable[..., list[Any]]) -> None:
+        self.run = run  # holds ``eqn``: ids that ``_freeze`` puts in the key stay unique while it lives
+        self.diff_mask = tuple(_inexact(v.aval) for v in invars)
+        self.out_avals = tuple(v.aval for v in eqn.outvars)
+        operands = tuple(("literal", _freeze(v.val), v.aval) if isinstance(v, jex.Literal) else invars.index(v) for v in eqn.invars)
+        self.key = (eqn.primitive, _freeze(eqn.params), operands, tuple(v.aval for v in invars), repr(eqn.ctx))
+        self._hash = hash(self.key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _EquationVjp) and self.key == other.key
+
+    def __call__(self, *args: Any) -> tuple[Any, ...]:
+        n_in = len(self.diff_mask)
+        primals, cotangents = args[:n_in], args[n_in:]
+        diff_idx = [i for i, d in enumerate(self.diff_mask) if d]
+
+        def of_diff(*diff_args: Any) -> Any:
+            full = list(primals)
+            for i, a in zip(diff_idx, diff_args, strict=True):
+                full[i] = a
+            return tuple(self.run(*full))
+
+        _, pullback = jax.vjp(of_diff, *(primals[i] for i in diff_idx))
+        # Integer and boolean outputs take JAX's float0 cotangent (their grads are zeros here).
+        cts = tuple(ct if _inexact(aval) else np.zeros(aval.shape, jax.dtypes.float0) for ct, aval in zip(cotangents, self.out_avals, strict=True))
+        return tuple(pullback(cts))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _run_vjp(vjp: _EquationVjp, *args: Any) -> tuple[Any, ...]:
+    return vjp(*args)
+
+
+def _equation_primitive(eqn: Any, invars: list[Any], key: str) -> Primitive:
+    """One xgrad primitive for the (standalone) equation ``eqn``; its backward is the equation's ``jax.vjp``."""
+    outvars = list(eqn.outvars)
+    run = _jaxpr_function(invars, outvars, [eqn], eqn.effects, [], f"{eqn.primitive.name} at {_location(eqn)}")
+    num_outputs = len(outvars)
+
+    def impl(*arrays: Any) -> Any:
+        outs = run(*arrays)
+        return tuple(outs) if num_outputs > 1 else outs[0]
+
+    name = eqn.primitive.name
+    if "name" in eqn.params and isinstance(eqn.params["name"], str):  # a nested jit: its function's name
+        name = f"{name}_{eqn.params['name']}"
+    vjp = _EquationVjp(eqn, invars, run)
+    diff_mask = vjp.diff_mask
+    vjp_op = from_jax(vjp, name=f"{name}_vjp")
+
+    def joint_vjp(g: Any, out: Any, *inputs: Any) -> tuple[Any, ...]:
+        args = (*inputs, *(g if num_outputs > 1 else (g,)))
+        if _grad_state.enabled:  # a recorded backward (create_graph): the vjp as an op, differentiable again
+            grads = iter(vjp_op(*args))
+        else:
+            grads = iter([Tensor(a) for a in _run_vjp(vjp, *[a._array if isinstance(a, Tensor) else a for a in args])])
+        return tuple(next(grads) if d else None for d in diff_mask)
+
+    apply = defprim(name, impl, joint_vjp=joint_vjp, num_outputs=num_outputs, register=False, jit=False)
+    prim: Primitive = apply.primitive  # type: ignore[attr-defined]
+    prim.node_name = f"{_camel(name)}Backward[{key}]"
+    return prim
+
+
+class _Step:
+    """One equation of a traced program: its primitive, where its inputs come from, where its outputs go."""
+
+    __slots__ = ("invars", "location", "outvars", "prim")
+
+    def __init__(self, prim: Primitive, invars: list[Any], outvars: list[Any], location: str) -> None:
+        self.prim = prim
+        self.invars = invars
+        self.outvars = outvars
+        self.location = location
+
+
+class _Program:
+    """``fn`` traced for one input signature: its steps, and the values collected by name."""
+
+    def __init__(self, closed: Any, out_tree: Any) -> None:
+        jaxpr = closed.jaxpr
+        self.invars = list(jaxpr.invars)
+        self.outvars = list(jaxpr.outvars)
+        self.consts = list(zip(jaxpr.constvars, closed.consts, strict=True))
+        self.out_tree = out_tree
+        # Runs of consecutive equations of one group (NOTE [Traced from_jax]): the key of
+        # each equation, and per run the value collected (step, output) under its group.
+        groups = [_group(eqn) for eqn in jaxpr.eqns]
+        runs_seen: dict[str, int] = {}
+        keys: list[str] = []
+        self.collected: list[tuple[str, int, int]] = []
+        for k, group in enumerate(groups):
+            if k == 0 or group != groups[k - 1]:
+                n = runs_seen[group] = runs_seen.get(group, 0) + 1
+                self.collected.append((group, -1, -1))
+            keys.append(group if n == 1 else f"{group}#{n}")
+            floats = [j for j, v in enumerate(jaxpr.eqns[k].outvars) if _inexact(v.aval)]
+            if floats:
+                self.collected[-1] = (group, k, floats[-1])
+        self.collected = [c for c in self.collected if c[1] >= 0]
+        eqns = [_standalone(eqn) for eqn in jaxpr.eqns]
+        self.steps = []
+        for eqn, key in zip(eqns, keys, strict=True):
+            invars = list(dict.fromkeys(v for v in eqn.invars if not isinstance(v, jex.Literal)))
+            self.steps.append(_Step(_equation_primitive(eqn, invars, key), invars, list(eqn.outvars), _location(eqn)))
+        # The forward of every equation at once, one program returning all their outputs:
+        # one compile per signature instead of one per equation.
+        every_output = [v for eqn in eqns for v in eqn.outvars]
+        self.forward = jax.jit(_jaxpr_function(self.invars, every_output, eqns, jaxpr.effects, self.consts, "forward"))
+
+    def run(self, inputs: list[Any]) -> Any:
+        values = self.forward(*[x._array if isinstance(x, Tensor) else x for x in inputs])
+        env: dict[Any, Any] = dict(self.consts)
+        env.update(zip(self.invars, inputs, strict=True))
+        outputs: list[tuple[Any, ...]] = []
+        record = _grad_state.enabled
+        anomaly = ANOMALY.enabled
+        position = 0
+        for step in self.steps:
+            n = step.prim.num_outputs
+            arrays = values[position : position + n]
+            position += n
+            args = tuple([env[v] for v in step.invars])
+            if record and any(isinstance(a, Tensor) and (a.grad_fn is not None or a._requires_grad) for a in args):
+                out = _record(step.prim, args, {}, arrays[0] if n == 1 else tuple(arrays))
+                outs = out if n > 1 else (out,)
+                if anomaly:
+                    _note_equation(outs, step)
+            else:
+                outs = tuple([Tensor(a) for a in arrays])
+            env.update(zip(step.outvars, outs, strict=True))
+            outputs.append(outs)
+        if _collectors.stack:
+            collected = _collectors.stack[-1]
+            for group, k, j in self.collected:
+                collected._add(group, outputs[k][j])
+        results = [v.val if isinstance(v, jex.Literal) else env[v] for v in self.outvars]
+        results = [r if isinstance(r, Tensor) else Tensor(jnp.asarray(r)) for r in results]
+        return jax.tree_util.tree_unflatten(self.out_tree, results)
+
+
+def _note_equation(outs: tuple[Tensor, ...], step: _Step) -> None:
+    """Anomaly mode: the node's forward trace ends at the JAX equation and the user's line that made it."""
+    for t in outs:
+        node = t.grad_fn
+        if node is not None:
+            trace = node.metadata.get(TRACEBACK_KEY, "")
+            node.metadata[TRACEBACK_KEY] = f"{trace}  JAX equation {step.prim.name} of the traced function, at {step.location}\n"
+            return
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+def _is_dynamic(x: Any) -> bool:
+    """Arrays and Tensors are inputs of the traced program; every other leaf is static."""
+    return isinstance(x, (Tensor, jax.Array, np.ndarray, np.generic))
+
+
+def _signature(x: Any) -> tuple[Any, ...]:
+    array = x._array if isinstance(x, Tensor) else x
+    return (tuple(np.shape(array)), jnp.result_type(array), bool(getattr(array, "weak_type", False)))
+
+
+class TracedJaxFunction:
+    """``from_jax(fn, trace=True)``: ``fn`` run equation by equation as xgrad nodes (NOTE [Traced from_jax])."""
+
+    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+        self.fn = fn
+        self.name = name
+        self.programs: dict[Any, _Program] = {}
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **static: Any) -> Any:
+        leaves, treedef = jax.tree_util.tree_flatten(args, is_leaf=_is_tensor)
+        dynamic = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
+        statics = tuple((i, _freeze(x)) for i, x in enumerate(leaves) if not _is_dynamic(x))
+        key = (treedef, statics, _freeze(static), tuple(_signature(leaves[i]) for i in dynamic),
+               jax.config.jax_enable_x64)  # type: ignore[attr-defined]  # JAX's Config stub lists no flags
+        program = self.programs.get(key)
+        if program is None:
+            program = self._trace(leaves, treedef, dynamic, static)
+            with self._lock:
+                program = self.programs.setdefault(key, program)
+        return program.run([leaves[i] for i in dynamic])
+
+    def _trace(self, leaves: list[Any], treedef: Any, dynamic: list[int], static: dict[str, Any]) -> _Program:
+        fn = self.fn
+
+        def of_dynamic(*arrays: Any) -> Any:
+            full = list(leaves)
+            for i, a in zip(dynamic, arrays, strict=True):
+                full[i] = a
+            return fn(*jax.tree_util.tree_unflatten(treedef, full), **static)
+
+        shapes = [jax.ShapeDtypeStruct(*_signature(leaves[i])[:2], weak_type=_signature(leaves[i])[2]) for i in dynamic]
+        closed, out_shape = jax.make_jaxpr(of_dynamic, return_shape=True)(*shapes)
+        return _Program(closed, jax.tree_util.tree_structure(out_shape))
