@@ -19,7 +19,8 @@ import logging
 import os
 
 import jax
-from jax.experimental.compilation_cache import compilation_cache
+
+from xgrad.jax_internals import reset_compilation_cache
 
 __all__ = ["ENV", "cache_dir", "default_cache_dir", "enable_compilation_cache", "setup"]
 
@@ -96,7 +97,7 @@ def enable_compilation_cache(path: str | None = None) -> str | None:
     if getattr(jax.config, "jax_persistent_cache_min_compile_time_secs") == 1.0:  # noqa: B009
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     # JAX decides once, at the first compile, whether the cache is used: make it look again.
-    compilation_cache.reset_cache()
+    reset_compilation_cache()
     return path
 
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad.grad_mode import is_grad_enabled, no_grad
+from xgrad.jax_internals import ARRAY_OPERATOR_CODES
 
 if TYPE_CHECKING:
     from xgrad.engine.hooks import HookDict, RemovableHandle
@@ -26,10 +27,6 @@ if TYPE_CHECKING:
     from xgrad.ops.views import ViewInfo
 
 __all__ = ["Tensor", "can_cast", "is_differentiable_dtype", "torch_dtype_name"]
-
-
-# The module whose ``_operator_*`` functions implement ``jax.Array``'s operators.
-_JAX_OPERATORS = "jax._src.numpy.array_methods"
 
 
 def is_differentiable_dtype(dtype: Any) -> bool:
@@ -391,8 +388,7 @@ class Tensor:
         >>> (jnp.ones(2) * t).grad_fn.name(), type(jnp.sin(t)).__name__
         ('MulBackward', 'ArrayImpl')
         """
-        caller = sys._getframe(1)
-        if caller.f_code.co_name.startswith("_operator_") and caller.f_globals.get("__name__") == _JAX_OPERATORS:
+        if sys._getframe(1).f_code in ARRAY_OPERATOR_CODES:  # behaviour 1 in ``xgrad/jax_internals.py``
             return self  # type: ignore[return-value]  # not an accepted operand: jax returns NotImplemented
         return self._array
 

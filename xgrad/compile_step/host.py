@@ -9,11 +9,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import io_callback
 
 from xgrad.compile_step import recording
 from xgrad.compile_step.recording import _ARRAY, _GRAD, tracing
 from xgrad.engine.node import current_task
+from xgrad.jax_internals import io_callback
 from xgrad.tensor import Tensor
 
 

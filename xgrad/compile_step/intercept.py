@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
-from jax.extend.core import get_opaque_trace_state
 
 from xgrad.compile_step.host import _host_hook, _TracedCallbacks
 from xgrad.compile_step.recording import (
@@ -27,6 +26,7 @@ from xgrad.compile_step.writeback import _state_writes
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.graph_task import GraphTask
 from xgrad.engine.node import AccumulateGrad, Node
+from xgrad.jax_internals import get_opaque_trace_state
 from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
 from xgrad.step_trace import _CURRENT
 from xgrad.tensor import Tensor

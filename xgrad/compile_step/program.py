@@ -13,7 +13,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.extend.core import ClosedJaxpr, get_opaque_trace_state, jaxpr_as_fun
 
 from xgrad.compile_step.errors import (
     ERR_FALLBACK,
@@ -40,6 +39,7 @@ from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
 from xgrad.engine.compiled.switch import TRACER_ERRORS
 from xgrad.grad_mode import is_grad_enabled
+from xgrad.jax_internals import ClosedJaxpr, check_consts_keep_identity, get_opaque_trace_state, jaxpr_as_fun
 from xgrad.tensor import Tensor
 
 __all__ = ["CompiledFunction", "compile"]
@@ -276,6 +276,7 @@ class CompiledFunction:
 
     def _compile(self, leaves: list[Any], tree: Any) -> _Entry:
         start = time.perf_counter()
+        check_consts_keep_identity()  # the program's inputs are found by it (xgrad/jax_internals.py)
         recorder = _StepRecorder()
         dyn_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array, np.ndarray))]
         dyn_values = [_ARRAY.__get__(leaves[i], Tensor) if isinstance(leaves[i], Tensor) else leaves[i] for i in dyn_slots]

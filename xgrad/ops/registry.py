@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import dis
 import functools
 import sys
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator, sh
 from xgrad.engine.rules import Aval, RuleNode, incoming_grad
 from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
+from xgrad.jax_internals import loaded_names
 from xgrad.tensor import Tensor
 
 __all__ = ["REGISTRY", "Aval", "Primitive", "PrimitiveNode", "bind", "defprim"]
@@ -292,10 +292,7 @@ def _rule_reads(rule: Rule | None) -> tuple[frozenset[int], bool] | None:
     if code is None or code.co_flags & 0x04 or {"locals", "vars"} & set(code.co_names):  # 0x04: CO_VARARGS
         return None
     names = code.co_varnames[: code.co_argcount]
-    loaded = set(code.co_cellvars)
-    for ins in dis.get_instructions(code):
-        if ins.opname.startswith("LOAD"):
-            loaded.update(ins.argval if isinstance(ins.argval, tuple) else (ins.argval,))
+    loaded = loaded_names(code)
     inputs = frozenset(i - 2 for i, name in enumerate(names) if i >= 2 and name in loaded)
     return inputs, len(names) > 1 and names[1] in loaded
 

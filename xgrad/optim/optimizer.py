@@ -49,7 +49,7 @@ def _step(
 
 def _committed(array: Any, device: Any) -> Any:
     """``array`` committed to ``device`` (the step's outputs are), unless it is already committed."""
-    if device is None or getattr(array, "_committed", True):
+    if device is None or getattr(array, "committed", True):
         return array
     return jax.device_put(array, device)
 

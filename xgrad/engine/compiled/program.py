@@ -15,7 +15,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.extend.core import Literal, jaxpr_as_fun
 
 from xgrad.engine.compiled.cache import chunks, counters, insert, lookup
 from xgrad.engine.compiled.key import (
@@ -42,6 +41,7 @@ from xgrad.engine.compiled.lower import (
 )
 from xgrad.engine.graph_task import InputBuffer
 from xgrad.engine.rules import jax_op
+from xgrad.jax_internals import Literal, jaxpr_as_fun
 from xgrad.tensor import Tensor
 
 # -- segments and their compiled variants --------------------------------------------

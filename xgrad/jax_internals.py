@@ -1,0 +1,163 @@
+"""Every JAX (and CPython) behaviour xgrad relies on beyond JAX's stable public API, in one place.
+
+What xgrad uses of JAX, by how stable it is:
+
+- Public: ``jax.Array`` and its documented attributes (``aval``, ``weak_type``,
+  ``committed``, ``sharding``), ``jax.core.Tracer``, ``jax.jit``/``make_jaxpr``/``vjp``,
+  ``jax.tree_util``, ``jax.dtypes``, ``jax.config.update``.
+- Public but unstable, re-exported here so that a JAX upgrade that moves them is
+  handled once: ``jax.extend.core`` (``ClosedJaxpr``, ``Literal``, ``jaxpr_as_fun``,
+  ``get_opaque_trace_state``, and a jaxpr's ``eqns``/``invars``/``outvars``/
+  ``constvars``/``effects``), ``jax.experimental.io_callback`` and
+  ``jax.experimental.compilation_cache.compilation_cache.reset_cache``.
+- Behaviour no public API promises, checked by a self-test: at import for what needs
+  no device (``_self_test``), at the first use for what needs one
+  (``check_consts_keep_identity``):
+
+  1. ``jax.Array``'s binary operators call ``other.__jax_array__()`` before deciding
+     whether to defer to ``other``: ``Tensor.__jax_array__`` returns the Tensor itself
+     when called from one of them (found by its code object, ``ARRAY_OPERATOR_CODES``,
+     read off ``jax.core.ShapedArray``'s operator methods, which both concrete arrays
+     and tracers use), so ``jnp.ones(2) * t`` defers to ``Tensor.__rmul__`` and is
+     recorded. There is no public way for a non-Array type to take part in
+     ``jax.Array``'s operators.
+  2. The arrays a ``jax.make_jaxpr`` trace closes over come back as the very objects
+     in ``ClosedJaxpr.consts``: ``xgrad.compile`` finds which tensor a constant came
+     from by identity (NOTE [Whole-step compile] in ``xgrad/compile_step``).
+  3. CPython bytecode: ``loaded_names`` reads which parameters a backward rule loads
+     (NOTE [Save what the needed rules read] in ``ops/registry.py``), matching opcodes
+     by name (``LOAD_FAST``, 3.12's ``LOAD_FAST_AND_CLEAR``, 3.13's combined
+     ``LOAD_FAST_LOAD_FAST``/``STORE_FAST_LOAD_FAST``, 3.14's ``LOAD_FAST_BORROW``, ...).
+
+The versions tested are those ``pyproject.toml`` declares.
+"""
+
+from __future__ import annotations
+
+import dis
+import threading
+from types import CodeType
+from typing import Any
+
+import jax
+from jax.core import ShapedArray
+from jax.experimental import io_callback
+from jax.experimental.compilation_cache import compilation_cache
+from jax.extend.core import ClosedJaxpr, Literal, get_opaque_trace_state, jaxpr_as_fun
+
+__all__ = [
+    "ARRAY_OPERATOR_CODES", "ClosedJaxpr", "JaxBehaviourChanged", "Literal", "check_consts_keep_identity",
+    "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names", "reset_compilation_cache",
+]
+
+ERR_CHANGED = (
+    "xgrad relies on a JAX or Python behaviour that changed in this version (JAX {jax}): {what}. "
+    "Install a JAX version that pyproject.toml declares, or report this to xgrad."
+)
+
+
+class JaxBehaviourChanged(ImportError):
+    """A behaviour xgrad relies on is not what this JAX or Python version does (the message says which)."""
+
+
+def _changed(what: str) -> JaxBehaviourChanged:
+    return JaxBehaviourChanged(ERR_CHANGED.format(jax=jax.__version__, what=what))
+
+
+# -- 1. jax.Array's operators consult __jax_array__ ---------------------------------------
+
+_BINARY = (
+    "add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "divmod", "pow", "and", "or", "xor", "lshift", "rshift",
+)
+_COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
+def _operator_codes() -> frozenset[CodeType]:
+    codes = set()
+    for name in (*_BINARY, *(f"r{n}" for n in _BINARY), *_COMPARE):
+        method = getattr(ShapedArray, f"_{name}", None)
+        code = getattr(method, "__code__", None)
+        if code is None or "__jax_array__" not in code.co_consts:
+            raise _changed(f"jax.Array's operator {name!r} no longer asks its other operand for __jax_array__")
+        codes.add(code)
+    return frozenset(codes)
+
+
+#: The code objects of ``jax.Array``'s binary and comparison operators (behaviour 1).
+ARRAY_OPERATOR_CODES = _operator_codes()
+
+
+# -- 2. ClosedJaxpr.consts are the arrays the trace closed over ---------------------------
+
+_consts_checked = False
+_consts_lock = threading.Lock()
+
+
+def check_consts_keep_identity() -> None:
+    """Raise ``JaxBehaviourChanged`` unless ``make_jaxpr`` hands back closed-over arrays as themselves (behaviour 2).
+
+    Run once, by the first ``xgrad.compile`` trace (it needs a device).
+
+    >>> check_consts_keep_identity()
+    """
+    global _consts_checked
+    if _consts_checked:
+        return
+    with _consts_lock:
+        if _consts_checked:
+            return
+        array = jax.numpy.arange(3.0)
+        closed = jax.make_jaxpr(lambda x: x * array)(1.0)
+        if not any(c is array for c in closed.consts):
+            raise _changed("ClosedJaxpr.consts no longer holds the closed-over arrays themselves")
+        _consts_checked = True
+
+
+# -- 3. which names a function's bytecode loads -------------------------------------------
+
+
+def loaded_names(code: CodeType) -> set[str]:
+    """The local, cell and global names ``code`` loads (a superset: attribute names come too).
+
+    Every opcode whose name contains ``LOAD`` counts; a combined opcode's argument is a
+    tuple of names, all counted (a superset is safe: it only saves more).
+
+    >>> def rule(g, out, x, y):
+    ...     return g * x
+    >>> sorted(loaded_names(rule.__code__) & {"g", "out", "x", "y"})
+    ['g', 'x']
+    """
+    loaded = set(code.co_cellvars)
+    for ins in dis.get_instructions(code):
+        if "LOAD" in ins.opname:
+            loaded.update(ins.argval if isinstance(ins.argval, tuple) else (ins.argval,))
+    return loaded
+
+
+def _self_test_loaded_names() -> None:
+    def pair(g: Any, out: Any, a: Any, b: Any) -> Any:
+        return a + b  # 3.13: one LOAD_FAST_LOAD_FAST
+
+    def stored(g: Any, out: Any, a: Any, b: Any) -> Any:
+        c = g
+        return c * b  # 3.13: STORE_FAST_LOAD_FAST
+
+    def closure(g: Any, out: Any, a: Any, b: Any) -> Any:
+        return (lambda: a)()  # a cell
+
+    def comprehension(g: Any, out: Any, a: Any, b: Any) -> Any:
+        return [g for _ in b]  # 3.12: inlined, LOAD_FAST_AND_CLEAR
+
+    expected = {pair: {"a", "b"}, stored: {"g", "b"}, closure: {"a"}, comprehension: {"g", "b"}}
+    for fn, names in expected.items():
+        found = loaded_names(fn.__code__) & {"g", "out", "a", "b"}
+        if found != names:
+            raise _changed(f"the bytecode scan of a rule like {fn.__name__!r} finds {sorted(found)}, not {sorted(names)}")
+
+
+def reset_compilation_cache() -> None:
+    """Make JAX read ``jax_compilation_cache_dir`` again (it decides once, at its first compile)."""
+    compilation_cache.reset_cache()
+
+
+_self_test_loaded_names()
