@@ -418,11 +418,17 @@ class Tensor:
 
     def __float__(self) -> float:
         self._check_addressable("float(tensor)")
+        self._check_one_element()
         return float(self._array)
 
     def __int__(self) -> int:
         self._check_addressable("int(tensor)")
+        self._check_one_element()
         return int(self._array)
+
+    def _check_one_element(self) -> None:
+        if self._array.size != 1:
+            raise ValueError("only one element tensors can be converted to Python scalars")
 
     def __index__(self) -> int:
         return int(self._array.__index__())

@@ -192,14 +192,20 @@ def as_array(x: Any) -> Any:
     return x._array if isinstance(x, Tensor) else x
 
 
-def nondiff(fn: Callable[..., Any], name: str, example: str) -> Callable[..., Tensor]:
+def nondiff(
+    fn: Callable[..., Any], name: str, example: str, shape_rule: Callable[..., None] | None = None
+) -> Callable[..., Tensor]:
     """Wrap an array function whose result has no gradient (comparisons, argmax, …).
 
-    ``example`` is a doctest line (call and result) for the wrapper's docstring.
+    ``example`` is a doctest line (call and result) for the wrapper's docstring;
+    ``shape_rule`` checks the arrays first, as a primitive's (NOTE [Shape rules]).
     """
 
     def op(*args: Any, **kwargs: Any) -> Tensor:
-        return Tensor(fn(*(as_array(a) for a in args), **kwargs))
+        arrays = [as_array(a) for a in args]
+        if shape_rule is not None:
+            shape_rule(*arrays)
+        return Tensor(fn(*arrays, **kwargs))
 
     op.__name__ = name
     op.__qualname__ = name

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xgrad.ops import shape_rules
 from xgrad.ops._util import as_array
 from xgrad.ops.jaxop import from_jax
 from xgrad.ops.registry import defprim
@@ -75,7 +76,7 @@ def _sdpa_grad(g: Tensor, out: Any, q: Tensor, k: Tensor, v: Tensor, mask: Any, 
     return grad_q, grad_k, grad_v, grad_scores if float_mask else None, None
 
 
-_sdpa = defprim("scaled_dot_product_attention", _sdpa_impl, joint_vjp=_sdpa_grad)
+_sdpa = defprim("scaled_dot_product_attention", _sdpa_impl, joint_vjp=_sdpa_grad, shape_rule=shape_rules.attention)
 
 
 def scaled_dot_product_attention(
@@ -133,7 +134,7 @@ def scaled_dot_product_attention(
     if dropout_p > 0.0:
         from xgrad.creation import next_key
 
-        shape = jnp.broadcast_shapes(query.shape[:-1] + (key.shape[-2],), key.shape[:-2] + (1, 1))
+        shape = shape_rules.broadcast_shapes(query.shape[:-1] + (key.shape[-2],), key.shape[:-2] + (1, 1))
         draw_key = next_key() if dropout_key is None else dropout_key
         keep = jax.random.bernoulli(draw_key, 1.0 - dropout_p, shape).astype(query.dtype) / (1.0 - dropout_p) if dropout_p < 1.0 else jnp.zeros(shape, query.dtype)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)

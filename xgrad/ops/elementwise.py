@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xgrad.ops import shape_rules
 from xgrad.ops._util import as_array, check_values, nondiff
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor, torch_dtype_name
@@ -22,19 +23,19 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 # -- arithmetic ----------------------------------------------------------------------
-add = defprim("add", jnp.add, (lambda g, out, x, y: g, lambda g, out, x, y: g), save=(), doc="""Elementwise sum with broadcasting.
+add = defprim("add", jnp.add, (lambda g, out, x, y: g, lambda g, out, x, y: g), save=(), shape_rule=shape_rules.elementwise, doc="""Elementwise sum with broadcasting.
 
     >>> import xgrad
     >>> xgrad.add(xgrad.tensor([1.0, 2.0]), 1.0).tolist()
     [2.0, 3.0]
     """)
-sub = defprim("sub", jnp.subtract, (lambda g, out, x, y: g, lambda g, out, x, y: -g), save=(), doc="""Elementwise difference with broadcasting.
+sub = defprim("sub", jnp.subtract, (lambda g, out, x, y: g, lambda g, out, x, y: -g), save=(), shape_rule=shape_rules.elementwise, doc="""Elementwise difference with broadcasting.
 
     >>> import xgrad
     >>> xgrad.sub(xgrad.tensor([3.0, 5.0]), xgrad.tensor([1.0, 2.0])).tolist()
     [2.0, 3.0]
     """)
-mul = defprim("mul", jnp.multiply, (lambda g, out, x, y: g * y, lambda g, out, x, y: g * x), doc="""Elementwise product with broadcasting.
+mul = defprim("mul", jnp.multiply, (lambda g, out, x, y: g * y, lambda g, out, x, y: g * x), shape_rule=shape_rules.elementwise, doc="""Elementwise product with broadcasting.
 
     >>> import xgrad
     >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
@@ -42,7 +43,7 @@ mul = defprim("mul", jnp.multiply, (lambda g, out, x, y: g * y, lambda g, out, x
     >>> x.grad.tolist()
     [3.0, 4.0]
     """)
-div = defprim("div", jnp.true_divide, (lambda g, out, x, y: g / y, lambda g, out, x, y: -g * x / (y * y)), doc="""Elementwise true division with broadcasting.
+div = defprim("div", jnp.true_divide, (lambda g, out, x, y: g / y, lambda g, out, x, y: -g * x / (y * y)), shape_rule=shape_rules.elementwise, doc="""Elementwise true division with broadcasting.
 
     >>> import xgrad
     >>> xgrad.div(xgrad.tensor([1.0, 3.0]), 2.0).tolist()
@@ -79,7 +80,7 @@ def _pow_exponent_grad(g: Tensor, out: Tensor, x: Any, y: Any) -> Tensor:
     return g * where(x == 0, at_zero, out * log(where(x == 0, 1.0, x)))
 
 
-_pow = defprim("pow", jnp.power, (_pow_base_grad, _pow_exponent_grad), save_out=True)
+_pow = defprim("pow", jnp.power, (_pow_base_grad, _pow_exponent_grad), save_out=True, shape_rule=shape_rules.elementwise)
 
 
 def _is_integral(v: Any) -> bool:
@@ -209,7 +210,21 @@ sigmoid = defprim("sigmoid", jax.nn.sigmoid, (lambda g, out, x: g * out * (1 - o
     >>> xgrad.sigmoid(xgrad.tensor([0.0])).tolist()
     [0.5]
     """)
-relu = defprim("relu", jax.nn.relu, (lambda g, out, x: g * (out > 0),), save=(), save_out=True, doc="""Elementwise ``max(x, 0)``; the gradient at 0 is 0.
+threshold_backward: Callable[..., Any] = defprim(
+    "threshold_backward",
+    lambda g, out: jnp.where(out > 0, g, jnp.zeros((), g.dtype)),
+    # As PyTorch's: differentiable in ``out`` too, with a zero derivative, so that a gradient
+    # of ``relu`` taken with ``create_graph=True`` requires grad as PyTorch's does.
+    (lambda gg, o, g, out: threshold_backward(gg, out), lambda gg, o, g, out: gg * 0),
+    shape_rule=shape_rules.elementwise,
+    doc="""``relu``'s backward: ``g`` where ``out > 0``, else 0.
+
+    >>> import xgrad
+    >>> xgrad.ops.elementwise.threshold_backward(xgrad.tensor([1.0, 2.0]), xgrad.tensor([0.0, 3.0])).tolist()
+    [0.0, 2.0]
+    """,
+)
+relu = defprim("relu", jax.nn.relu, (lambda g, out, x: threshold_backward(g, out),), save=(), save_out=True, doc="""Elementwise ``max(x, 0)``; the gradient at 0 is 0.
 
     >>> import xgrad
     >>> xgrad.relu(xgrad.tensor([-1.0, 2.0])).tolist()
@@ -263,14 +278,16 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
 
 # -- selection -----------------------------------------------------------------------
 def _tie_split(x: Any, y: Any) -> Any:
-    # PyTorch splits the gradient evenly between equal operands of maximum/minimum.
-    return (x > y) + (x == y) * 0.5
+    # PyTorch's maximum/minimum rules: the gradient goes where x is not below y, split evenly
+    # between equal operands; with a NaN operand neither comparison holds, so both get it whole.
+    return where(x < y, 0.0, where(x == y, 0.5, 1.0))
 
 
 maximum = defprim(
     "maximum",
     jnp.maximum,
     (lambda g, out, x, y: g * _tie_split(x, y), lambda g, out, x, y: g * _tie_split(y, x)),
+    shape_rule=shape_rules.elementwise,
     doc="""Elementwise maximum; equal operands share the gradient evenly.
 
     >>> import xgrad
@@ -284,6 +301,7 @@ minimum = defprim(
     "minimum",
     jnp.minimum,
     (lambda g, out, x, y: g * _tie_split(y, x), lambda g, out, x, y: g * _tie_split(x, y)),
+    shape_rule=shape_rules.elementwise,
     doc="""Elementwise minimum; equal operands share the gradient evenly.
 
     >>> import xgrad
@@ -296,6 +314,7 @@ where_ = defprim(
     jnp.where,
     (None, lambda g, out, c, x, y: where(c, g, 0.0), lambda g, out, c, x, y: where(c, 0.0, g)),
     save=(0,),
+    shape_rule=shape_rules.elementwise,
 )
 
 
@@ -332,6 +351,7 @@ clamp_ = defprim(
         lambda g, out, x, lo, hi: g * (x < lo),
         lambda g, out, x, lo, hi: g * (x > hi),
     ),
+    shape_rule=shape_rules.elementwise,
 )
 
 
@@ -381,16 +401,16 @@ def to_device(x: Tensor, device: Any) -> Tensor:
 
 
 # -- non-differentiable --------------------------------------------------------------
-eq = nondiff(jnp.equal, "eq", '>>> xgrad.eq(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[False, True]')
-ne = nondiff(jnp.not_equal, "ne", '>>> xgrad.ne(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[True, False]')
-lt = nondiff(jnp.less, "lt", '>>> xgrad.lt(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[True, False]')
-le = nondiff(jnp.less_equal, "le", '>>> xgrad.le(xgrad.tensor([1.0, 3.0]), 2.0).tolist()\n[True, False]')
-gt = nondiff(jnp.greater, "gt", '>>> xgrad.gt(xgrad.tensor([1.0, 3.0]), 2.0).tolist()\n[False, True]')
-ge = nondiff(jnp.greater_equal, "ge", '>>> xgrad.ge(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[False, True]')
-logical_and = nondiff(jnp.logical_and, "logical_and", '>>> xgrad.logical_and(xgrad.tensor([True, True]), xgrad.tensor([True, False])).tolist()\n[True, False]')
-logical_or = nondiff(jnp.logical_or, "logical_or", '>>> xgrad.logical_or(xgrad.tensor([False, False]), xgrad.tensor([True, False])).tolist()\n[True, False]')
+eq = nondiff(jnp.equal, "eq", '>>> xgrad.eq(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[False, True]', shape_rules.elementwise)
+ne = nondiff(jnp.not_equal, "ne", '>>> xgrad.ne(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[True, False]', shape_rules.elementwise)
+lt = nondiff(jnp.less, "lt", '>>> xgrad.lt(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[True, False]', shape_rules.elementwise)
+le = nondiff(jnp.less_equal, "le", '>>> xgrad.le(xgrad.tensor([1.0, 3.0]), 2.0).tolist()\n[True, False]', shape_rules.elementwise)
+gt = nondiff(jnp.greater, "gt", '>>> xgrad.gt(xgrad.tensor([1.0, 3.0]), 2.0).tolist()\n[False, True]', shape_rules.elementwise)
+ge = nondiff(jnp.greater_equal, "ge", '>>> xgrad.ge(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[False, True]', shape_rules.elementwise)
+logical_and = nondiff(jnp.logical_and, "logical_and", '>>> xgrad.logical_and(xgrad.tensor([True, True]), xgrad.tensor([True, False])).tolist()\n[True, False]', shape_rules.elementwise)
+logical_or = nondiff(jnp.logical_or, "logical_or", '>>> xgrad.logical_or(xgrad.tensor([False, False]), xgrad.tensor([True, False])).tolist()\n[True, False]', shape_rules.elementwise)
 logical_not = nondiff(jnp.logical_not, "logical_not", '>>> xgrad.logical_not(xgrad.tensor([True, False])).tolist()\n[False, True]')
-logical_xor = nondiff(jnp.logical_xor, "logical_xor", '>>> xgrad.logical_xor(xgrad.tensor([True, True]), xgrad.tensor([True, False])).tolist()\n[False, True]')
+logical_xor = nondiff(jnp.logical_xor, "logical_xor", '>>> xgrad.logical_xor(xgrad.tensor([True, True]), xgrad.tensor([True, False])).tolist()\n[False, True]', shape_rules.elementwise)
 isnan = nondiff(jnp.isnan, "isnan", ">>> xgrad.isnan(xgrad.tensor([1.0, float('nan')])).tolist()\n[False, True]")
 isfinite = nondiff(jnp.isfinite, "isfinite", ">>> xgrad.isfinite(xgrad.tensor([1.0, float('inf')])).tolist()\n[True, False]")
 floor = nondiff(jnp.floor, "floor", '>>> xgrad.floor(xgrad.tensor([1.5, -1.5])).tolist()\n[1.0, -2.0]')

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
+from xgrad.ops import shape_rules
 from xgrad.ops._util import canonical_dim, check_index_range
 from xgrad.ops.registry import defprim
 from xgrad.ops.views import is_basic_index, track_view
@@ -41,6 +42,7 @@ _getitem = defprim(
     lambda x, index: x[index],
     (lambda g, out, x, index: _index_scatter(g, index=index, shape=x.shape),),
     save=(),
+    shape_rule=shape_rules.index,
 )
 _index_scatter: Callable[..., Any] = defprim(
     "index_scatter",
@@ -53,6 +55,7 @@ _index_put: Callable[..., Any] = defprim(
     lambda x, v, index: x.at[index].set(v),
     (lambda g, out, x, v, index: _index_put(g, 0.0, index=index), lambda g, out, x, v, index: _getitem(g, index=index)),
     save=(),
+    shape_rule=shape_rules.index,
 )
 
 
@@ -168,6 +171,9 @@ def gather(x: Tensor, dim: int, index: Any) -> Tensor:
     dim = canonical_dim(dim, x.ndim)
     index = index if isinstance(index, Tensor) else Tensor(_index_array(index))
     _check_scatter_gather("gather", x, dim, index)
+    if index.ndim != x.ndim and x.ndim:
+        # An empty index of another rank (the checks allow no other): an empty result of its shape.
+        return _gather(x, index.reshape((0,) * x.ndim), dim=dim).reshape(index.shape)
     return _gather(x, index, dim=dim)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xgrad.ops import shape_rules
 from xgrad.ops.jaxop import vjp_of
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor
@@ -34,11 +35,12 @@ def _matmul_y_grad(g: Tensor, out: Any, x: Tensor, y: Any) -> Tensor:
     if y.ndim == 2 and x.ndim > 2:
         # A batch against one matrix (x @ W): one GEMM over the flattened batch, rather
         # than a batched product summed down afterwards.
-        return x.reshape(-1, x.shape[-1]).mT @ g.reshape(-1, g.shape[-1])
+        rows = math.prod(x.shape[:-1])  # not -1: a dim of size 0 leaves -1 undetermined
+        return x.reshape(rows, x.shape[-1]).mT @ g.reshape(rows, g.shape[-1])
     return x.mT @ g
 
 
-matmul = defprim("matmul", jnp.matmul, (_matmul_x_grad, _matmul_y_grad), doc="""Matrix product with NumPy's batching and 1-D rules.
+matmul = defprim("matmul", jnp.matmul, (_matmul_x_grad, _matmul_y_grad), shape_rule=shape_rules.matmul, doc="""Matrix product with NumPy's batching and 1-D rules.
 
     >>> import xgrad
     >>> a = xgrad.tensor([[1.0, 2.0], [3.0, 4.0]])
@@ -56,7 +58,7 @@ def _einsum_grad(g: Tensor, out: Any, *operands: Any, subscripts: str) -> Any:
     return grads if isinstance(grads, tuple) else (grads,)
 
 
-_einsum = defprim("einsum", _einsum_impl, joint_vjp=_einsum_grad)
+_einsum = defprim("einsum", _einsum_impl, joint_vjp=_einsum_grad, shape_rule=shape_rules.einsum)
 
 
 def einsum(subscripts: str, *operands: Tensor) -> Tensor:
@@ -87,13 +89,16 @@ def _conv2d_grad(g: Tensor, out: Any, x: Tensor, w: Tensor, **params: Any) -> An
     return vjp_of("conv2d", _conv2d_impl, **params)(g, x, w)
 
 
-_conv2d = defprim("conv2d", _conv2d_impl, joint_vjp=_conv2d_grad)
+_conv2d = defprim("conv2d", _conv2d_impl, joint_vjp=_conv2d_grad, shape_rule=shape_rules.conv2d)
 
 
 def conv2d(
     input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1
 ) -> Tensor:
-    """``F.conv2d`` on NCHW input and OIHW weight; ``padding`` an int, pair, ``"same"`` or ``"valid"``.
+    """``F.conv2d`` on NCHW (or unbatched CHW) input and OIHW weight; ``padding`` an int, pair, ``"same"`` or ``"valid"``.
+
+    PyTorch's checks hold: channels and groups, non-negative padding, positive stride and
+    dilation, a kernel no larger than the padded input (NOTE [Shape rules]).
 
     >>> import xgrad
     >>> x = xgrad.ones(1, 1, 3, 3)
@@ -103,14 +108,24 @@ def conv2d(
     ((1, 1, 2, 2), [4.0, 4.0])
     """
     if isinstance(padding, str):
+        if padding not in ("same", "valid"):
+            raise RuntimeError(f"Invalid padding string: '{padding}'")
         pad: Any = padding.upper()
     else:
         ph, pw = _pair(padding)
         pad = ((ph, ph), (pw, pw))
+    if bias is not None and (bias.ndim != 1 or weight.ndim and bias.shape[0] != weight.shape[0]):
+        raise RuntimeError(
+            f"Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with "
+            f"{weight.shape[0] if weight.ndim else 0} elements, but got bias of size {list(bias.shape)} instead"
+        )
+    unbatched = input.ndim == 3  # (C, H, W), as PyTorch takes it
+    if unbatched:
+        input = input.unsqueeze(0)
     out = _conv2d(input, weight, stride=_pair(stride), padding=pad, dilation=_pair(dilation), groups=groups)
     if bias is not None:
         out = out + bias.reshape((1, -1, 1, 1))
-    return out
+    return out.squeeze(0) if unbatched else out
 
 
 # -- products and norms PyTorch users reach for ----------------------------------------
@@ -233,7 +248,8 @@ def _linear_weight_grad(g: Tensor, out: Any, x: Tensor, w: Any, b: Any) -> Tenso
     if x.ndim == 1:
         return g.unsqueeze(-1) * x
     if x.ndim > 2:  # the batch flattened: one GEMM, not a batched product summed down
-        g, x = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+        rows = math.prod(x.shape[:-1])  # not -1: a dim of size 0 leaves -1 undetermined
+        g, x = g.reshape(rows, g.shape[-1]), x.reshape(rows, x.shape[-1])
     return g.mT @ x
 
 
@@ -242,7 +258,9 @@ def _linear_bias_grad(g: Tensor, out: Any, x: Any, w: Any, b: Any) -> Tensor:
 
 
 # One node for ``x @ w.T + b``, as PyTorch's addmm: one dispatch forward, one rule call backward.
-_linear = defprim("linear", _linear_impl, (_linear_input_grad, _linear_weight_grad, _linear_bias_grad))
+_linear = defprim(
+    "linear", _linear_impl, (_linear_input_grad, _linear_weight_grad, _linear_bias_grad), shape_rule=shape_rules.linear
+)
 
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -260,6 +278,8 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     ):
         return _linear(input, weight, bias)
     # Other shapes (a 1-D weight, a broadcasting bias, a mismatch to report) as the composite.
+    if weight.ndim == 2:
+        shape_rules.linear(input, weight, bias)
     out = matmul(input, weight.mT if weight.ndim == 2 else weight)
     return out if bias is None else out + bias
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad.engine.node import sharding_of
+from xgrad.ops import shape_rules
 from xgrad.ops._util import canonical_dim, check_index_range, reduce_loss
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor
@@ -20,6 +21,7 @@ _softmax = defprim(
     (lambda g, out, x, axis: out * (g - (g * out).sum(dim=axis, keepdim=True)),),
     save=(),
     save_out=True,
+    shape_rule=shape_rules.float_only("softmax_lastdim_kernel_impl"),
 )
 _log_softmax = defprim(
     "log_softmax",
@@ -27,6 +29,7 @@ _log_softmax = defprim(
     (lambda g, out, x, axis: g - out.exp() * g.sum(dim=axis, keepdim=True),),
     save=(),
     save_out=True,
+    shape_rule=shape_rules.float_only("log_softmax_lastdim_kernel_impl"),
 )
 
 
@@ -73,7 +76,10 @@ def _cross_entropy_grad(g: Tensor, out: Any, x: Tensor, target: Tensor, axis: in
     return (softmax(x, dim=axis) - Tensor(smoothed)) * (g * kept).unsqueeze(axis)
 
 
-_cross_entropy = defprim("cross_entropy", _cross_entropy_impl, (_cross_entropy_grad, None))
+_cross_entropy = defprim(
+    "cross_entropy", _cross_entropy_impl, (_cross_entropy_grad, None),
+    shape_rule=shape_rules.float_only("log_softmax_lastdim_kernel_impl"),
+)
 
 
 def _weighted_cross_entropy(

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from xgrad.ops import shape_rules
 from xgrad.ops._util import canonical_dim, norm_axes
 from xgrad.ops.registry import _differentiable_dtype, defprim
 from xgrad.tensor import Tensor, torch_dtype_name
@@ -41,8 +42,14 @@ def _extremum_grad(g: Tensor, out: Tensor, x: Tensor, axis: Any, keepdims: bool)
     return _keep(g, x.ndim, axis, keepdims) * mask / count
 
 
-_amax = defprim("amax", lambda x, axis, keepdims: jnp.max(x, axis=axis, keepdims=keepdims), (_extremum_grad,), save_out=True)
-_amin = defprim("amin", lambda x, axis, keepdims: jnp.min(x, axis=axis, keepdims=keepdims), (_extremum_grad,), save_out=True)
+_amax = defprim(
+    "amax", lambda x, axis, keepdims: jnp.max(x, axis=axis, keepdims=keepdims), (_extremum_grad,), save_out=True,
+    shape_rule=shape_rules.nonempty_reduction("amax"),
+)
+_amin = defprim(
+    "amin", lambda x, axis, keepdims: jnp.min(x, axis=axis, keepdims=keepdims), (_extremum_grad,), save_out=True,
+    shape_rule=shape_rules.nonempty_reduction("amin"),
+)
 
 
 def _evenly_distribute_grad(g: Tensor, out: Tensor, x: Tensor) -> Tensor:
@@ -171,6 +178,17 @@ def var(
     return _sum(centered * centered, axis=axes, keepdims=keepdim) / builtins.max(n - correction, 0)
 
 
+def _std_of_var_grad(g: Tensor, out: Tensor, v: Any) -> Tensor:
+    # PyTorch's std_backward: 0 where the result is 0 (a constant slice), not g / 0.
+    from xgrad.ops.elementwise import where
+
+    return where(out == 0, 0.0, g / (out * 2))
+
+
+# The square root that ends ``std``, with PyTorch's gradient at 0.
+_std_of_var = defprim("std", jnp.sqrt, (_std_of_var_grad,), save=(), save_out=True)
+
+
 def std(
     x: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *, correction: int | None = None,
     axis: Any = None, keepdims: bool | None = None, ddof: int | None = None,
@@ -181,7 +199,7 @@ def std(
     >>> xgrad.std(xgrad.tensor([1.0, 3.0]), correction=0).item()
     1.0
     """
-    return var(x, dim, unbiased, keepdim, correction=correction, axis=axis, keepdims=keepdims, ddof=ddof).sqrt()
+    return _std_of_var(var(x, dim, unbiased, keepdim, correction=correction, axis=axis, keepdims=keepdims, ddof=ddof))
 
 
 def prod(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
@@ -250,7 +268,8 @@ def _check_nonempty(x: Tensor, name: str) -> None:
 
 
 def max(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Any:
-    """With ``dim``: ``(values, indices)``, the gradient to the chosen index; without: ``amax``.
+    """With ``dim``: ``(values, indices)``, the gradient to the chosen index; without: ``amax``;
+    with a tensor in place of ``dim``: the elementwise ``maximum``.
 
     NumPy's ``axis=``/``keepdims=`` give ``jnp.max``'s result instead: the values alone.
 
@@ -261,6 +280,10 @@ def max(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any =
     """
     if axis is not None or keepdims is not None:
         return amax(x, dim, keepdim, axis=axis, keepdims=keepdims)
+    if isinstance(dim, Tensor):  # max(input, other): PyTorch's elementwise maximum
+        from xgrad.ops.elementwise import maximum
+
+        return maximum(x, dim)
     if dim is None:
         _check_nonempty(x, "max")
         return _max_all(x)
@@ -268,7 +291,8 @@ def max(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any =
 
 
 def min(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Any:
-    """With ``dim``: ``(values, indices)``, the gradient to the chosen index; without: ``amin``.
+    """With ``dim``: ``(values, indices)``, the gradient to the chosen index; without: ``amin``;
+    with a tensor in place of ``dim``: the elementwise ``minimum``.
 
     NumPy's ``axis=``/``keepdims=`` give ``jnp.min``'s result instead: the values alone.
 
@@ -279,6 +303,10 @@ def min(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any =
     """
     if axis is not None or keepdims is not None:
         return amin(x, dim, keepdim, axis=axis, keepdims=keepdims)
+    if isinstance(dim, Tensor):  # min(input, other): PyTorch's elementwise minimum
+        from xgrad.ops.elementwise import minimum
+
+        return minimum(x, dim)
     if dim is None:
         _check_nonempty(x, "min")
         return _min_all(x)
@@ -327,6 +355,8 @@ def sum_to(x: Tensor, shape: tuple[int, ...]) -> Tensor:
 
 def _arg_axis(dim: int | None, x: Tensor, name: str) -> int | None:
     """``dim`` checked for ``argmax``/``argmin`` (``None`` for a 0-dim input: its only element)."""
+    if x.dtype == jnp.bool_:
+        raise RuntimeError(f"{name}(): does not support bool input")
     if dim is None:
         _check_nonempty(x, name)
         return None

@@ -60,10 +60,11 @@ class Primitive:
         save_out: bool,
         num_outputs: int,
         jit: bool = True,
+        shape_rule: Callable[..., None] | None = None,
     ) -> None:
         self.name = name
         self.node_name = "".join(part.capitalize() for part in name.split("_")) + "Backward"
-        self.impl = impl
+        self.impl = impl if shape_rule is None else _checked(impl, shape_rule)
         self.vjps = tuple(vjps) if vjps is not None else None
         self.joint_vjp = joint_vjp
         self.save = None if save is None else frozenset(save)
@@ -128,7 +129,15 @@ class Primitive:
         if fn is None:
             fn = jax.jit(functools.partial(self.impl, **params)) if params else jax.jit(self.impl)
             self._jitted[key] = fn
-        return fn(*arrays)
+        try:
+            return fn(*arrays)
+        except Exception as e:
+            # A shape rule's error leaves the trace with JAX's note about its hidden frames
+            # appended; the message is xgrad's alone (NOTE [Shape rules]).
+            notes = getattr(e, "__notes__", None)
+            if notes:
+                notes[:] = [n for n in notes if "JAX_TRACEBACK_FILTERING" not in n]
+            raise
 
     def backward(self, g: Any, out: Any, inputs: Sequence[Any], params: dict[str, Any], needed: Sequence[bool]) -> list[Any]:
         """The rules applied to given values; the eager node and the compiled lowering both call it."""
@@ -281,6 +290,16 @@ def _fuse(prim: Primitive, key: Any, params: dict[str, Any]) -> Callable[..., An
 REGISTRY: dict[str, Primitive] = {}
 
 
+def _checked(impl: Callable[..., Any], shape_rule: Callable[..., None]) -> Callable[..., Any]:
+    """``impl`` that runs ``shape_rule`` first: when jitted, once per traced signature (NOTE [Shape rules])."""
+
+    def checked(*arrays: Any, **params: Any) -> Any:
+        shape_rule(*arrays, **params)
+        return impl(*arrays, **params)
+
+    return checked
+
+
 def _rule_reads(rule: Rule | None) -> tuple[frozenset[int], bool] | None:
     """The inputs ``rule(g, out, *inputs, **params)`` reads, and whether it reads ``out``.
 
@@ -308,6 +327,7 @@ def defprim(
     num_outputs: int = 1,
     register: bool = True,
     jit: bool = True,
+    shape_rule: Callable[..., None] | None = None,
     doc: str | None = None,
 ) -> Callable[..., Any]:
     """Register a primitive and return the function that applies it to tensors.
@@ -326,6 +346,8 @@ def defprim(
             registry-driven tests cannot know about.
         jit: dispatch the forward through ``jax.jit`` (NOTE [Jitted dispatch]); ``False``
             for forwards that are jitted already or must run eagerly (device moves).
+        shape_rule: ``shape_rule(*arrays, **params)`` raises PyTorch's error for arguments whose
+            shapes or dtypes the op refuses (NOTE [Shape rules] in ``shape_rules.py``).
         doc: the docstring of the returned function (summary and ``>>>`` example).
 
     >>> import jax.numpy as jnp, xgrad
@@ -339,7 +361,7 @@ def defprim(
         raise ValueError(f"primitive {name!r} needs exactly one of vjp= and joint_vjp=")
     if register and name in REGISTRY:
         raise ValueError(f"primitive {name!r} is already registered")
-    prim = Primitive(name, impl, vjp, joint_vjp, save, save_out, num_outputs, jit)
+    prim = Primitive(name, impl, vjp, joint_vjp, save, save_out, num_outputs, jit, shape_rule)
     if register:
         REGISTRY[name] = prim
 

@@ -12,6 +12,7 @@ from xgrad.ops._util import as_array, canonical_dim, norm_axes
 from xgrad.ops.elementwise import where
 from xgrad.ops.index import gather
 from xgrad.ops.shape import broadcast_to
+from xgrad.ops.shape_rules import broadcast_shapes
 from xgrad.tensor import Tensor
 
 __all__ = ["all", "any", "argsort", "masked_fill", "masked_select", "nonzero", "one_hot", "topk"]
@@ -61,7 +62,7 @@ def masked_select(x: Tensor, mask: Any) -> Tensor:
     [3.0, 4.0]
     """
     mask_array = _bool_mask(mask, "masked_select")
-    shape = jnp.broadcast_shapes(x.shape, mask_array.shape)
+    shape = broadcast_shapes(x.shape, mask_array.shape)
     return broadcast_to(x, shape)[jnp.broadcast_to(mask_array, shape)]
 
 

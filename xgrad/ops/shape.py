@@ -3,6 +3,7 @@ and the composites PyTorch users know them by (view, expand, squeeze, stack, spl
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -77,10 +78,20 @@ _tril: Callable[..., Any] = defprim("tril", lambda x, k: jnp.tril(x, k), (lambda
 _triu: Callable[..., Any] = defprim("triu", lambda x, k: jnp.triu(x, k), (lambda g, out, x, k: _triu(g, k=k),), save=())
 
 
-def _shape_arg(shape: Sequence[Any]) -> tuple[int, ...]:
+def _shape_arg(shape: Sequence[Any], op: str = "reshape", arg: str = "shape") -> tuple[int, ...]:
+    """Sizes given as ``f(2, 3)`` or ``f((2, 3))``, checked to be ints (PyTorch's ``TypeError`` otherwise)."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        return tuple(shape[0])
-    return tuple(shape)
+        shape = shape[0]
+    shape = tuple(shape)
+    for pos, s in enumerate(shape):
+        if type(s) is not int:
+            if isinstance(s, bool) or not hasattr(s, "__index__"):
+                raise TypeError(
+                    f"{op}(): argument '{arg}' (position 1) must be tuple of ints, but found element of type "
+                    f"{type(s).__name__} at pos {pos}"
+                )
+            return tuple(operator.index(v) for v in shape)  # NumPy or 0-dim integers
+    return shape
 
 
 def _infer_shape(shape: tuple[int, ...], numel: int) -> tuple[int, ...]:
@@ -189,7 +200,7 @@ def broadcast_to(x: Tensor, *shape: Any) -> Tensor:
     >>> xgrad.broadcast_to(xgrad.tensor([1.0, 2.0]), 2, 2).tolist()
     [[1.0, 2.0], [1.0, 2.0]]
     """
-    target = _shape_arg(shape)
+    target = _shape_arg(shape, "broadcast_to", "size")
     if target == x.shape:
         return x
     _check_expand(x.shape, target)
@@ -221,7 +232,7 @@ def expand(x: Tensor, *sizes: Any) -> Tensor:
     >>> xgrad.expand(xgrad.tensor([[1.0], [2.0]]), -1, 3).tolist()
     [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
     """
-    target = _shape_arg(sizes)
+    target = _shape_arg(sizes, "expand", "size")
     lead = len(target) - x.ndim
     if lead < 0:
         _check_expand(x.shape, target)
@@ -238,7 +249,7 @@ def permute(x: Tensor, *dims: Any) -> Tensor:
     >>> xgrad.permute(xgrad.zeros(2, 3, 4), 2, 0, 1).shape
     (4, 2, 3)
     """
-    wanted = _shape_arg(dims)
+    wanted = _shape_arg(dims, "permute", "dims")
     if len(wanted) != x.ndim:
         raise RuntimeError(
             "permute: number of dimensions in the tensor input does not match the length of the desired ordering "
@@ -287,6 +298,20 @@ def mT(x: Tensor) -> Tensor:
     return transpose(x, -2, -1)
 
 
+def _tensor_list(tensors: Any, op: str) -> list[Tensor]:
+    """``cat``/``stack``'s sequence of tensors, with PyTorch's errors for anything else."""
+    if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{op}(): argument 'tensors' (position 1) must be tuple of Tensors, not {type(tensors).__name__}")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"expected Tensor as element {i} in argument 0, but got {type(t).__name__}")
+    if not tensors:
+        if op == "stack":
+            raise RuntimeError("stack expects a non-empty TensorList")
+        raise ValueError(f"torch.{op}(): expected a non-empty list of Tensors")
+    return list(tensors)
+
+
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """Concatenate along an existing dim.
 
@@ -294,9 +319,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     >>> xgrad.cat([xgrad.tensor([1.0]), xgrad.tensor([2.0, 3.0])]).tolist()
     [1.0, 2.0, 3.0]
     """
-    tensors = list(tensors)
-    if not tensors:
-        raise RuntimeError("cat expects a non-empty list of Tensors")
+    tensors = _tensor_list(tensors, "cat")
     first = tensors[0]
     axis = canonical_dim(dim, first.ndim)
     for i, t in enumerate(tensors):
@@ -323,9 +346,7 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     >>> xgrad.stack([xgrad.tensor([1.0, 2.0]), xgrad.tensor([3.0, 4.0])], dim=1).tolist()
     [[1.0, 3.0], [2.0, 4.0]]
     """
-    tensors = list(tensors)
-    if not tensors:
-        raise RuntimeError("stack expects a non-empty list of Tensors")
+    tensors = _tensor_list(tensors, "stack")
     for i, t in enumerate(tensors):
         if t.shape != tensors[0].shape:
             raise RuntimeError(

@@ -320,6 +320,8 @@ def _build_specs() -> list[OpSpec]:
     add(_unary("sigmoid", X.sigmoid, jax.nn.sigmoid))
     add(_unary("relu", X.relu, jax.nn.relu, Domain(lo=0.1, hi=2.0), label="positive"))
     add(_unary("relu", X.relu, jax.nn.relu, Domain(lo=-2.0, hi=-0.1), label="negative"))
+    add(OpSpec("threshold_backward", _prim("threshold_backward"), lambda g, o: jnp.where(o > 0, g, 0.0), BINARY_SHAPES[:2],
+               (REAL, REAL)))
     add(_unary("gelu", X.gelu, lambda x: jax.nn.gelu(x, approximate=False)))
     add(_unary("gelu", lambda x: X.gelu(x, approximate="tanh"), lambda x: jax.nn.gelu(x, approximate=True), label="tanh"))
     add(_unary("silu", X.silu, jax.nn.silu))

@@ -1,0 +1,241 @@
+"""PyTorch's argument checks of the op library, and the values PyTorch defines where JAX's differ.
+
+One table of bad inputs (one row per case): each call must raise PyTorch's exception type
+with PyTorch's phrase (the phrases are PyTorch 2.13's, from running the same call there).
+Shape and dtype rows come from the registry's shape rules (NOTE [Shape rules]), so they
+hold the same inside ``xgrad.compile``. Then the gradients PyTorch defines at special
+points (``std`` of a constant, ``maximum``/``minimum`` with NaN, ``relu``'s double
+backward) under the eager and the compiled backward and ``xgrad.compile``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import xgrad
+from tests._backward_modes import eager_and_compiled  # noqa: F401 (fixture)
+
+z = xgrad.zeros
+i64 = jnp.int64
+
+BAD_INPUTS = [
+    # -- broadcasting: elementwise, comparisons, where, masked_fill, clamp, losses
+    ("add", lambda: z(2, 3) + z(4), RuntimeError, r"^The size of tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 1$"),
+    ("mul 3-d", lambda: z(2, 3, 5) * z(4, 1), RuntimeError, r"tensor a \(3\) must match the size of tensor b \(4\) at non-singleton dimension 1"),
+    ("pow", lambda: z(2) ** z(3), RuntimeError, "must match the size of tensor b"),
+    ("maximum", lambda: xgrad.maximum(z(2), z(3)), RuntimeError, "must match the size of tensor b"),
+    ("lt", lambda: z(2, 3) < z(4), RuntimeError, r"tensor a \(3\) must match the size of tensor b \(4\)"),
+    ("logical_and", lambda: xgrad.logical_and(z(2) > 0, z(3) > 0), RuntimeError, "must match the size of tensor b"),
+    ("where", lambda: xgrad.where(z(2, 3) > 0, z(4), 0.0), RuntimeError, r"tensor a \(3\) must match the size of tensor b \(4\)"),
+    ("masked_fill", lambda: z(2, 3).masked_fill(z(4) > 0, 0.0), RuntimeError, r"tensor a \(4\) must match the size of tensor b \(3\)"),
+    ("masked_select", lambda: xgrad.masked_select(z(2, 3), z(4) > 0), RuntimeError, "must match the size of tensor b"),
+    ("clamp", lambda: xgrad.clamp(z(2, 3), z(4)), RuntimeError, "must match the size of tensor b"),
+    ("mse_loss", lambda: xgrad.mse_loss(z(2, 3), z(4)), RuntimeError, "must match the size of tensor b"),
+    # -- contractions
+    ("matmul 2-d", lambda: z(2, 3) @ z(2, 3), RuntimeError, r"^mat1 and mat2 shapes cannot be multiplied \(2x3 and 2x3\)$"),
+    ("matmul 1-d", lambda: z(3) @ z(2), RuntimeError, r"^inconsistent tensor size, expected tensor \[3\] and src \[2\]"),
+    ("matmul mat-vec", lambda: z(2, 3) @ z(2), RuntimeError, r"^size mismatch, got input \(2\), mat \(2x3\), vec \(2\)$"),
+    ("matmul vec-mat", lambda: z(3) @ z(2, 3), RuntimeError, r"shapes cannot be multiplied \(1x3 and 2x3\)"),
+    ("matmul batch-mat", lambda: z(2, 2, 3) @ z(2, 3), RuntimeError, r"shapes cannot be multiplied \(4x3 and 2x3\)"),
+    ("matmul batched", lambda: z(2, 2, 3) @ z(2, 2, 3), RuntimeError, r"^Expected size for first two dimensions of batch2 tensor to be: \[2, 3\] but got: \[2, 2\]\.$"),
+    ("matmul batch dims", lambda: z(2, 2, 3) @ z(3, 3, 3), RuntimeError, r"tensor a \(2\) must match the size of tensor b \(3\) at non-singleton dimension 0"),
+    ("matmul 0-d", lambda: z() @ z(3), RuntimeError, r"^both arguments to matmul need to be at least 1D, but they are 0D and 1D$"),
+    ("matmul int float", lambda: z(1, 2, dtype=i64) @ z(2, 2), RuntimeError, r"^expected m1 and m2 to have the same dtype, but got: long int != (float|double)$"),
+    ("matmul float32 float64", lambda: z(2, 2, dtype=jnp.float32) @ z(2, 2, dtype=jnp.float64), RuntimeError, "float != double"),
+    ("dot int float", lambda: z(2, dtype=i64) @ z(2), RuntimeError, r"^dot : expected both vectors to have same dtype, but found Long and"),
+    ("linear", lambda: xgrad.linear(z(2, 3), z(4, 2)), RuntimeError, r"shapes cannot be multiplied \(2x3 and 2x4\)"),
+    ("linear int", lambda: xgrad.linear(z(2, 3, dtype=i64), z(4, 3)), RuntimeError, "expected m1 and m2 to have the same dtype, but got: long int"),
+    ("linear bias", lambda: xgrad.linear(z(2, 3), z(4, 3), z(3)), RuntimeError, r"The expanded size of the tensor \(4\) must match the existing size \(3\)"),
+    ("bmm", lambda: xgrad.bmm(z(2, 2, 3), z(2, 2, 3)), RuntimeError, r"batch2 tensor to be: \[2, 3\] but got: \[2, 2\]"),
+    ("baddbmm", lambda: xgrad.baddbmm(z(2, 3), z(1, 2, 3), z(1, 2, 3)), RuntimeError, r"batch2 tensor to be: \[1, 3\] but got: \[1, 2\]"),
+    ("einsum sizes", lambda: xgrad.einsum("ij,jk->ik", z(2, 3), z(2, 3)), RuntimeError, r"^einsum\(\): subscript j has size 2 for operand 1 which does not broadcast with previously seen size 3$"),
+    ("einsum operands", lambda: xgrad.einsum("ij,jk->ik", z(2, 3)), RuntimeError, r"^einsum\(\): fewer operands were provided than specified in the equation$"),
+    ("einsum ndim", lambda: xgrad.einsum("ij,jk->ik", z(2, 3), z(3)), RuntimeError, r"the number of subscripts in the equation \(2\) does not match the number of dimensions \(1\) for operand 1"),
+    ("sdpa q k", lambda: xgrad.scaled_dot_product_attention(z(1, 2, 3), z(1, 2, 4), z(1, 2, 4)), RuntimeError, r"batch2 tensor to be: \[1, 3\] but got: \[1, 4\]"),
+    ("sdpa v", lambda: xgrad.scaled_dot_product_attention(z(1, 2, 3), z(1, 2, 3), z(1, 4, 4)), RuntimeError, r"batch2 tensor to be: \[1, 2\] but got: \[1, 4\]"),
+    ("sdpa mask", lambda: xgrad.scaled_dot_product_attention(z(1, 2, 3), z(1, 2, 3), z(1, 2, 3), attn_mask=z(3, 3)), RuntimeError, "must match the size of tensor b"),
+    # -- conv2d
+    ("conv2d negative padding", lambda: xgrad.conv2d(z(1, 1, 4, 4), z(1, 1, 3, 3), padding=-1), RuntimeError, "^negative padding is not supported$"),
+    ("conv2d same strided", lambda: xgrad.conv2d(z(1, 1, 4, 4), z(1, 1, 3, 3), padding="same", stride=2), RuntimeError, "^padding='same' is not supported for strided convolutions$"),
+    ("conv2d kernel too large", lambda: xgrad.conv2d(z(1, 1, 2, 2), z(1, 1, 3, 3)), RuntimeError, r"^Calculated padded input size per channel: \(2 x 2\)\. Kernel size: \(3 x 3\)\. Kernel size can't be greater than actual input size$"),
+    ("conv2d stride 0", lambda: xgrad.conv2d(z(1, 1, 4, 4), z(1, 1, 3, 3), stride=0), RuntimeError, "^non-positive stride is not supported$"),
+    ("conv2d dilation 0", lambda: xgrad.conv2d(z(1, 1, 4, 4), z(1, 1, 3, 3), dilation=0), RuntimeError, r"^dilation should be greater than zero, but got \[0, 0\]$"),
+    ("conv2d groups 0", lambda: xgrad.conv2d(z(1, 1, 4, 4), z(1, 1, 3, 3), groups=0), RuntimeError, "^non-positive groups is not supported$"),
+    ("conv2d groups", lambda: xgrad.conv2d(z(1, 2, 4, 4), z(3, 1, 3, 3), groups=2), RuntimeError, "expected weight to be divisible by 2 at dimension 0"),
+    ("conv2d channels", lambda: xgrad.conv2d(z(1, 2, 4, 4), z(1, 1, 3, 3)), RuntimeError, r"^Given groups=1, weight of size \[1, 1, 3, 3\], expected input\[1, 2, 4, 4\] to have 1 channels, but got 2 channels instead$"),
+    ("conv2d padding string", lambda: xgrad.conv2d(z(1, 1, 4, 4), z(1, 1, 3, 3), padding="bogus"), RuntimeError, "^Invalid padding string: 'bogus'$"),
+    ("conv2d 2-d input", lambda: xgrad.conv2d(z(4, 4), z(1, 1, 3, 3)), RuntimeError, r"^Expected 3D \(unbatched\) or 4D \(batched\) input to conv2d, but got input of size: \[4, 4\]$"),
+    ("conv2d bias", lambda: xgrad.conv2d(z(1, 1, 4, 4), z(2, 1, 3, 3), z(3)), RuntimeError, r"expected bias to be 1-dimensional with 2 elements, but got bias of size \[3\] instead"),
+    ("conv2d dtypes", lambda: xgrad.conv2d(z(1, 1, 4, 4, dtype=i64), z(1, 1, 3, 3)), RuntimeError, "^expected scalar type Long but found"),
+    # -- dtypes PyTorch's kernels refuse
+    ("softmax int", lambda: xgrad.softmax(xgrad.tensor([1, 2]), 0), NotImplementedError, "^\"softmax_lastdim_kernel_impl\" not implemented for '(Long|Int)'$"),
+    ("log_softmax int", lambda: xgrad.log_softmax(xgrad.tensor([1, 2]), 0), NotImplementedError, "\"log_softmax_lastdim_kernel_impl\" not implemented"),
+    ("cross_entropy int", lambda: xgrad.cross_entropy(xgrad.tensor([[1, 2]]), xgrad.tensor([0])), NotImplementedError, "\"log_softmax_lastdim_kernel_impl\" not implemented"),
+    ("argmax bool", lambda: xgrad.argmax(xgrad.tensor([True, False])), RuntimeError, r"^argmax\(\): does not support bool input$"),
+    ("argmin bool", lambda: xgrad.argmin(xgrad.tensor([True, False]), 0), RuntimeError, r"^argmin\(\): does not support bool input$"),
+    # -- indexing and reductions
+    ("float index", lambda: z(3)[xgrad.tensor([0.0])], IndexError, "^tensors used as indices must be long, int, byte or bool tensors$"),
+    ("float index write", lambda: z(3).__setitem__(xgrad.tensor([0.0]), 1.0), IndexError, "^tensors used as indices must be long"),
+    ("index shapes", lambda: z(3, 3)[xgrad.tensor([0, 1]), xgrad.tensor([0, 1, 2])], IndexError, r"^shape mismatch: indexing tensors could not be broadcast together with shapes \[2\], \[3\]$"),
+    ("amax empty dim", lambda: xgrad.amax(z(2, 0), 1), IndexError, r"^amax\(\): Expected reduction dim 1 to have non-zero size\.$"),
+    ("amin empty dim", lambda: xgrad.amin(z(0, 2), 0), IndexError, r"^amin\(\): Expected reduction dim 0 to have non-zero size\.$"),
+    ("amax empty", lambda: xgrad.amax(z(2, 0)), RuntimeError, r"^amax\(\): Expected reduction dim to be specified for input.numel\(\) == 0"),
+    # -- sequences and sizes
+    ("cat tensor", lambda: xgrad.cat(z(2, 2)), TypeError, r"^cat\(\): argument 'tensors' \(position 1\) must be tuple of Tensors, not Tensor$"),
+    ("cat None", lambda: xgrad.cat([z(2), None]), TypeError, "^expected Tensor as element 1 in argument 0, but got NoneType$"),
+    ("stack tensor", lambda: xgrad.stack(z(2)), TypeError, r"^stack\(\): argument 'tensors' \(position 1\) must be tuple of Tensors, not Tensor$"),
+    ("stack empty", lambda: xgrad.stack([]), RuntimeError, "^stack expects a non-empty TensorList$"),
+    ("reshape floats", lambda: z(6).reshape(2.0, 3.0), TypeError, r"^reshape\(\): argument 'shape' \(position 1\) must be tuple of ints, but found element of type float at pos 0$"),
+    ("view floats", lambda: z(6).view((2, 3.0)), TypeError, "but found element of type float at pos 1"),
+    ("permute floats", lambda: z(2, 3).permute(0.0, 1), TypeError, r"^permute\(\): argument 'dims'"),
+    ("float of many", lambda: float(z(2)), ValueError, "^only one element tensors can be converted to Python scalars$"),
+    ("int of many", lambda: int(z(2, 2)), ValueError, "^only one element tensors can be converted to Python scalars$"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", [r[1:] for r in BAD_INPUTS], ids=[r[0] for r in BAD_INPUTS])
+def test_bad_input_raises_pytorchs_error(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+@pytest.mark.parametrize("name", ["add", "matmul 2-d", "conv2d channels", "einsum sizes", "index shapes"])
+def test_shape_rules_hold_inside_xgrad_compile(name):
+    # The rule runs when the step is traced: the same error, not JAX's.
+    _, call, error, message = next(r for r in BAD_INPUTS if r[0] == name)
+    step = xgrad.compile(lambda: call(), fallback="error")
+    with pytest.raises(error, match=message.rstrip("$")):  # the step's trace appends JAX's note
+        step()
+
+
+def test_a_rule_runs_once_per_signature():
+    # The rule runs inside the jitted forward's trace: a cache hit does not call it again.
+    from xgrad.ops import shape_rules
+
+    calls = []
+    original = shape_rules._matmul_shapes
+    shape_rules._matmul_shapes = lambda *a: calls.append(a) or original(*a)
+    try:
+        a, b = xgrad.ones(7, 13), xgrad.ones(13, 5)  # a signature no other test uses
+        for _ in range(3):
+            a @ b
+    finally:
+        shape_rules._matmul_shapes = original
+    assert len(calls) == 1
+
+
+VALID_EDGES = [
+    ("matmul with an empty dim", lambda: z(2, 3, 1) @ z(1, 0), np.zeros((2, 3, 0))),
+    ("conv2d unbatched", lambda: xgrad.conv2d(xgrad.ones(1, 3, 3), xgrad.ones(1, 1, 2, 2)), np.full((1, 2, 2), 4.0)),
+    ("conv2d kernel equal to the padded input", lambda: xgrad.conv2d(xgrad.ones(1, 1, 1, 1), xgrad.ones(1, 1, 3, 3), padding=1), np.ones((1, 1, 1, 1))),
+    ("max of two tensors", lambda: xgrad.max(xgrad.tensor([1.0, 3.0]), xgrad.tensor([2.0, 0.0])), [2.0, 3.0]),
+    ("min of two tensors", lambda: xgrad.min(xgrad.tensor([1.0, 3.0]), xgrad.tensor([2.0, 0.0])), [1.0, 0.0]),
+    ("gather empty index of lower rank", lambda: xgrad.gather(z(2, 3), 1, xgrad.zeros(0, dtype=i64)), np.zeros(0)),
+    ("reshape NumPy ints", lambda: z(6).reshape(np.int64(2), 3), np.zeros((2, 3))),
+    ("einsum broadcast size 1", lambda: xgrad.einsum("ij,ij->ij", xgrad.ones(2, 1), xgrad.ones(2, 3)), np.ones((2, 3))),
+]
+
+
+@pytest.mark.parametrize("call, expected", [r[1:] for r in VALID_EDGES], ids=[r[0] for r in VALID_EDGES])
+def test_valid_edge_cases(call, expected):
+    out = call()
+    assert out.shape == np.shape(expected)
+    np.testing.assert_allclose(out.numpy(), expected)
+
+
+# -- gradients PyTorch defines ----------------------------------------------------------
+def _grads(fn, *values, compiled_step=False):
+    """``fn``'s input gradients through ``backward()``: eagerly (the fixture picks the engine) or in ``xgrad.compile``."""
+    leaves = [xgrad.tensor(v, dtype=jnp.float64, requires_grad=True) for v in values]
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        fn(*leaves).sum().backward()
+
+    (xgrad.compile(step, fallback="error") if compiled_step else step)()
+    return [t.grad.numpy() for t in leaves]
+
+
+STEP = pytest.mark.parametrize("compiled_step", [False, True], ids=["step", "xgrad.compile"])
+
+
+@pytest.mark.usefixtures("eager_and_compiled")
+@STEP
+@pytest.mark.parametrize(
+    "call, values, expected",
+    [
+        (lambda t: t.std(dim=0), [[1.0, 2.0], [1.0, 3.0]], [[0.0, -math.sqrt(0.5)], [0.0, math.sqrt(0.5)]]),
+        (lambda t: t.std(correction=0), [1.0], [0.0]),
+        (lambda t: t.std(), [2.0, 2.0, 2.0], [0.0, 0.0, 0.0]),
+        (lambda t: t.std(dim=1, keepdim=True, correction=0), [[1.0, 1.0], [0.0, 2.0]], [[0.0, 0.0], [-0.5, 0.5]]),
+    ],
+    ids=["dim=0 constant column", "one element, correction=0", "constant", "keepdim"],
+)
+def test_std_gradient_is_zero_where_std_is_zero(call, values, expected, compiled_step):
+    (grad,) = _grads(call, values, compiled_step=compiled_step)
+    np.testing.assert_allclose(grad, expected, atol=1e-12)
+
+
+@pytest.mark.usefixtures("eager_and_compiled")
+@STEP
+@pytest.mark.parametrize("op", ["maximum", "minimum"])
+def test_maximum_minimum_send_the_gradient_through_a_nan_operand(op, compiled_step):
+    # PyTorch: where(x == y, g / 2, g) masked to 0 where x loses; with a NaN operand neither
+    # comparison holds, so both operands get the whole gradient (values from PyTorch 2.13).
+    nan = math.nan
+    x, y = [nan, 1.0, 2.0, nan, 3.0], [0.0, 2.0, 2.0, nan, 1.0]
+    gx, gy = _grads(getattr(xgrad, op), x, y, compiled_step=compiled_step)
+    wins = [1.0, 0.0, 0.5, 1.0, 1.0] if op == "maximum" else [1.0, 1.0, 0.5, 1.0, 0.0]
+    loses = [1.0, 1.0, 0.5, 1.0, 0.0] if op == "maximum" else [1.0, 0.0, 0.5, 1.0, 1.0]
+    np.testing.assert_allclose(gx, wins)
+    np.testing.assert_allclose(gy, loses)
+
+
+@pytest.mark.usefixtures("eager_and_compiled")
+@pytest.mark.parametrize(
+    "call, shape, requires_grad",
+    [
+        (xgrad.relu, (3,), True),
+        (xgrad.relu, (0,), True),
+        (lambda a: a.exp(), (0,), True),
+        (lambda a: xgrad.roll(a, 1, 0), (3,), False),
+        (lambda a: xgrad.roll(a, 1, 0), (0,), False),
+        (lambda a: xgrad.index_select(a, 0, xgrad.tensor([0, 2])), (3,), False),
+        (lambda a: a * 2, (0,), False),
+    ],
+    ids=["relu", "relu empty", "exp empty", "roll", "roll empty", "index_select", "mul empty"],
+)
+def test_create_graph_grad_requires_grad_as_pytorchs(call, shape, requires_grad):
+    # PyTorch 2.13: relu's backward (threshold_backward) is differentiable in relu's output, with
+    # a zero derivative, so its grad requires grad and the second derivative is zeros, not None.
+    a = xgrad.tensor(np.linspace(-1.0, 1.0, shape[0]), requires_grad=True)
+    (g,) = xgrad.autograd.grad(call(a).sum(), a, create_graph=True)
+    assert g.requires_grad is requires_grad
+    if requires_grad:
+        (gg,) = xgrad.autograd.grad(g.sum(), a, allow_unused=True)
+        assert gg is not None and gg.shape == shape and not np.any(gg.numpy())
+
+
+@pytest.mark.usefixtures("eager_and_compiled")
+def test_empty_matmul_and_linear_backward():
+    a, b = xgrad.zeros(2, 3, 1, requires_grad=True), xgrad.zeros(1, 0, requires_grad=True)
+    (a @ b).sum().backward()
+    assert a.grad.shape == (2, 3, 1) and b.grad.shape == (1, 0)
+    x, w = xgrad.zeros(2, 0, 3, requires_grad=True), xgrad.ones(4, 3, requires_grad=True)
+    xgrad.linear(x, w).sum().backward()
+    assert x.grad.shape == (2, 0, 3)
+    np.testing.assert_array_equal(w.grad.numpy(), np.zeros((4, 3)))
+
+
+@pytest.mark.usefixtures("eager_and_compiled")
+def test_gather_with_an_empty_index_of_lower_rank_has_its_shape():
+    x = xgrad.ones(2, 3, requires_grad=True)
+    out = xgrad.gather(x, 1, xgrad.zeros(0, dtype=i64))
+    assert out.shape == (0,) and out.requires_grad
+    out.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.zeros((2, 3)))
