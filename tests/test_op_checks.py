@@ -45,7 +45,7 @@ BAD_INPUTS = [
     ("matmul batch dims", lambda: z(2, 2, 3) @ z(3, 3, 3), RuntimeError, r"tensor a \(2\) must match the size of tensor b \(3\) at non-singleton dimension 0"),
     ("matmul 0-d", lambda: z() @ z(3), RuntimeError, r"^both arguments to matmul need to be at least 1D, but they are 0D and 1D$"),
     ("matmul int float", lambda: z(1, 2, dtype=i64) @ z(2, 2), RuntimeError, r"^expected m1 and m2 to have the same dtype, but got: long int != (float|double)$"),
-    ("matmul float32 float64", lambda: z(2, 2, dtype=jnp.float32) @ z(2, 2, dtype=jnp.float64), RuntimeError, "float != double"),
+    ("matmul int int32", lambda: z(2, 2, dtype=i64) @ z(2, 2, dtype=jnp.int32) @ z(2, 2, dtype=jnp.bool_), RuntimeError, "long int != bool"),
     ("dot int float", lambda: z(2, dtype=i64) @ z(2), RuntimeError, r"^dot : expected both vectors to have same dtype, but found Long and"),
     ("linear", lambda: xgrad.linear(z(2, 3), z(4, 2)), RuntimeError, r"shapes cannot be multiplied \(2x3 and 2x4\)"),
     ("linear int", lambda: xgrad.linear(z(2, 3, dtype=i64), z(4, 3)), RuntimeError, "expected m1 and m2 to have the same dtype, but got: long int"),
@@ -136,6 +136,8 @@ VALID_EDGES = [
     ("min of two tensors", lambda: xgrad.min(xgrad.tensor([1.0, 3.0]), xgrad.tensor([2.0, 0.0])), [1.0, 0.0]),
     ("gather empty index of lower rank", lambda: xgrad.gather(z(2, 3), 1, xgrad.zeros(0, dtype=i64)), np.zeros(0)),
     ("reshape NumPy ints", lambda: z(6).reshape(np.int64(2), 3), np.zeros((2, 3))),
+    # PyTorch refuses two float widths; xgrad promotes them, as JAX does (x64 makes xgrad.ones float64).
+    ("matmul float32 float64", lambda: xgrad.ones(1, 2, dtype=jnp.float32) @ xgrad.ones(2, 1), [[2.0]]),
     ("einsum broadcast size 1", lambda: xgrad.einsum("ij,ij->ij", xgrad.ones(2, 1), xgrad.ones(2, 3)), np.ones((2, 3))),
 ]
 

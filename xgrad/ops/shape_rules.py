@@ -45,6 +45,16 @@ def _dtype(a: Any) -> Any:
     return getattr(a, "dtype", None)
 
 
+def _kinds_differ(a: Any, b: Any) -> bool:
+    """Whether dtypes ``a`` and ``b`` are of different kinds (integer or bool against float).
+
+    PyTorch also refuses two float widths (float32 with float64); xgrad promotes those, as
+    JAX does: with x64 on, ``xgrad.ones`` is float64 while a module's parameters may be float32.
+    """
+    return a != b and (a is None or b is None or (jnp.dtype(a).kind in "fc") != (jnp.dtype(b).kind in "fc")
+                       or jnp.dtype(a).kind == "b" or jnp.dtype(b).kind == "b")
+
+
 def same_dtype_name(dtype: Any) -> str:
     """PyTorch's C++ name of ``dtype`` (``long int``, ``float``), as in its matmul dtype message.
 
@@ -121,7 +131,7 @@ def matmul(x: Any, y: Any) -> None:
 def _matmul_shapes(xs: tuple[int, ...], ys: tuple[int, ...], x_dtype: Any, y_dtype: Any) -> None:
     if not xs or not ys:
         raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are {len(xs)}D and {len(ys)}D")
-    if x_dtype != y_dtype:
+    if _kinds_differ(x_dtype, y_dtype):
         if len(xs) == 1 and len(ys) == 1:
             raise RuntimeError(
                 f"dot : expected both vectors to have same dtype, but found {torch_dtype_name(x_dtype)} and "
@@ -212,7 +222,7 @@ def conv2d(x: Any, w: Any, stride: tuple[int, int], padding: Any, dilation: tupl
         raise RuntimeError(
             f"weight should have at least three dimensions and as many as the input: got weight of size {list(ws)}"
         )
-    if _dtype(x) != _dtype(w):
+    if _kinds_differ(_dtype(x), _dtype(w)):
         raise RuntimeError(
             f"expected scalar type {torch_dtype_name(_dtype(x))} but found {torch_dtype_name(_dtype(w))}"
         )
