@@ -65,7 +65,19 @@ from xgrad.ops.elementwise import (
 )
 from xgrad.ops.index import embedding, gather, getitem, index_select, scatter_add, setitem, sort
 from xgrad.ops.jaxop import from_jax
-from xgrad.ops.layout import expand_as, narrow, repeat, repeat_interleave, reshape_as, select, unbind, view_as
+from xgrad.ops.layout import (
+    diag,
+    expand_as,
+    movedim,
+    narrow,
+    repeat,
+    repeat_interleave,
+    reshape_as,
+    select,
+    unbind,
+    unfold,
+    view_as,
+)
 from xgrad.ops.linalg import baddbmm, bmm, conv2d, einsum, linear, matmul, norm, normalize, outer
 from xgrad.ops.losses import binary_cross_entropy, binary_cross_entropy_with_logits, nll_loss
 from xgrad.ops.nn import cross_entropy, dropout, layer_norm, log_softmax, mse_loss, softmax
@@ -126,6 +138,7 @@ DIFFERENTIABLE_OPS = (
     "baddbmm", "binary_cross_entropy", "binary_cross_entropy_with_logits", "bmm", "clamp_max", "clamp_min", "expand_as",
     "interpolate", "linear", "masked_fill", "masked_select", "narrow", "nll_loss", "norm", "normalize", "outer", "repeat",
     "repeat_interleave", "reshape_as", "scaled_dot_product_attention", "select", "topk", "unbind", "view_as",
+    "diag", "movedim", "unfold",
 )
 
 # Written out in full (not computed from DIFFERENTIABLE_OPS) so that type checkers see the
@@ -134,17 +147,17 @@ DIFFERENTIABLE_OPS = (
 __all__ = [
     "abs", "add", "all", "amax", "amin", "any", "argmax", "argmin", "argsort", "astype", "baddbmm",
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "bmm", "broadcast_to", "cat", "ceil", "chunk", "clamp",
-    "clamp_max", "clamp_min", "clone", "concatenate", "conv2d", "cos", "cross_entropy", "cumsum", "defprim", "div",
+    "clamp_max", "clamp_min", "clone", "concatenate", "conv2d", "cos", "cross_entropy", "cumsum", "defprim", "diag", "div",
     "dropout", "einsum", "embedding", "eq", "erf", "exp", "expand", "expand_as", "expm1", "flatten", "flip", "floor",
     "from_jax", "gather", "ge", "gelu", "getitem", "gt", "index_select", "interpolate", "isfinite", "isnan",
     "layer_norm", "le", "linear", "log", "log1p", "log_softmax", "logical_and", "logical_not", "logical_or",
     "logical_xor", "logsumexp", "lt", "masked_fill", "masked_select", "matmul", "max", "maximum", "mean", "min",
-    "minimum", "mse_loss", "mT", "mul", "narrow", "ne", "neg", "nll_loss", "nonzero", "norm", "normalize", "one_hot",
+    "minimum", "movedim", "mse_loss", "mT", "mul", "narrow", "ne", "neg", "nll_loss", "nonzero", "norm", "normalize", "one_hot",
     "outer", "pad", "permute", "pow", "Primitive", "prod", "REGISTRY", "relu", "repeat", "repeat_interleave", "reshape",
     "reshape_as", "roll", "round", "rsqrt", "scaled_dot_product_attention", "scatter_add", "select", "setitem",
     "sigmoid", "sign", "silu", "sin", "softmax", "softplus", "sort", "split", "sqrt", "squeeze", "stack", "std", "sub",
-    "sum", "sum_to", "T", "tan", "tanh", "to_device", "topk", "transpose", "tril", "triu", "unbind", "unsqueeze", "var",
-    "view", "view_as", "where",
+    "sum", "sum_to", "T", "tan", "tanh", "to_device", "topk", "transpose", "tril", "triu", "unbind", "unfold", "unsqueeze",
+    "var", "view", "view_as", "where",
 ]
 
 
@@ -249,6 +262,7 @@ _METHODS: dict[str, Any] = {
     "nonzero": nonzero, "any": any, "all": all, "argsort": argsort, "topk": topk, "norm": norm, "outer": outer,
     "bmm": bmm, "baddbmm": baddbmm, "repeat": repeat, "repeat_interleave": repeat_interleave, "unbind": unbind,
     "narrow": narrow, "select": select, "expand_as": expand_as, "view_as": view_as, "reshape_as": reshape_as,
+    "movedim": movedim, "moveaxis": movedim, "diag": diag, "unfold": unfold,
 }
 for _name in ("add", "sub", "mul", "div", "pow", "clamp", "exp", "log", "sqrt", "neg", "abs", "tanh", "sigmoid", "relu", "sin", "cos",
               "clamp_min", "clamp_max", "masked_fill"):

@@ -1,6 +1,6 @@
 """Layout ops PyTorch users reach for: ``unbind`` (one multi-output primitive), and the
 composites ``narrow``, ``select``, ``repeat``, ``repeat_interleave``, ``expand_as``,
-``view_as``, ``reshape_as``."""
+``view_as``, ``reshape_as``, ``movedim``, ``diag``, ``unfold``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from xgrad.ops._util import canonical_dim
 from xgrad.ops.registry import defprim
@@ -16,7 +17,10 @@ from xgrad.ops.shape import broadcast_to, expand, reshape, stack
 from xgrad.ops.views import track_view
 from xgrad.tensor import Tensor
 
-__all__ = ["expand_as", "narrow", "repeat", "repeat_interleave", "reshape_as", "select", "unbind", "view_as"]
+__all__ = [
+    "diag", "expand_as", "movedim", "narrow", "repeat", "repeat_interleave", "reshape_as", "select", "unbind", "unfold",
+    "view_as",
+]
 
 
 # NOTE [unbind is one node]
@@ -198,3 +202,82 @@ def reshape_as(x: Tensor, other: Tensor) -> Tensor:
     (3, 2)
     """
     return reshape(x, other.shape)
+
+
+def movedim(x: Tensor, source: Any, destination: Any) -> Tensor:
+    """Move the dims ``source`` to the positions ``destination``; the others keep their order (a view).
+
+    >>> import xgrad
+    >>> xgrad.movedim(xgrad.zeros(2, 3, 4), 0, -1).shape
+    (3, 4, 2)
+    >>> xgrad.movedim(xgrad.zeros(2, 3, 4), (0, 1), (2, 0)).shape
+    (3, 4, 2)
+    """
+    src = (source,) if isinstance(source, int) else tuple(source)
+    dst = (destination,) if isinstance(destination, int) else tuple(destination)
+    if len(src) != len(dst):
+        raise RuntimeError(
+            f"movedim: Invalid source or destination dims: source ({list(src)} dims) should contain the same number "
+            f"of dims as destination ({list(dst)} dims)"
+        )
+    src = tuple(canonical_dim(d, x.ndim) for d in src)
+    dst = tuple(canonical_dim(d, x.ndim) for d in dst)
+    for name, dims in (("source", src), ("destination", dst)):
+        if len(set(dims)) != len(dims):
+            raise RuntimeError(f"movedim: repeated dim in `{name}` ({list(dims)})")
+    order = [-1] * x.ndim
+    for s, d in zip(src, dst, strict=True):
+        order[d] = s
+    rest = iter(a for a in range(x.ndim) if a not in src)
+    return x.permute(tuple(a if a >= 0 else next(rest) for a in order))
+
+
+def _diagonal_index(rows: int, cols: int, diagonal: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row and column indices of diagonal ``diagonal`` of a ``rows x cols`` matrix."""
+    start_row, start_col = max(-diagonal, 0), max(diagonal, 0)
+    n = max(min(rows - start_row, cols - start_col), 0)
+    return np.arange(n) + start_row, np.arange(n) + start_col
+
+
+def diag(x: Tensor, diagonal: int = 0) -> Tensor:
+    """``torch.diag``: a 1-D ``x`` as the ``diagonal``-th diagonal of a square matrix, or that diagonal of a 2-D ``x``.
+
+    >>> import xgrad
+    >>> xgrad.diag(xgrad.tensor([1.0, 2.0])).tolist()
+    [[1.0, 0.0], [0.0, 2.0]]
+    >>> xgrad.diag(xgrad.tensor([[1.0, 2.0], [3.0, 4.0]]), 1).tolist()
+    [2.0]
+    """
+    from xgrad.ops.index import _index_put
+
+    if x.ndim == 1:
+        side = x.shape[0] + abs(diagonal)
+        rows, cols = _diagonal_index(side, side, diagonal)
+        return _index_put(Tensor(jnp.zeros((side, side), x.dtype)), x, index=(rows, cols))
+    if x.ndim == 2:
+        return x[_diagonal_index(x.shape[0], x.shape[1], diagonal)]
+    raise RuntimeError(f"diag(): Supports 1D or 2D tensors. Got {x.ndim}D")
+
+
+def unfold(x: Tensor, dimension: int, size: int, step: int) -> Tensor:
+    """``Tensor.unfold``: the windows of ``size`` elements ``step`` apart along ``dimension``, as a new last dim.
+
+    A copy, not a view as in PyTorch: writing into it leaves ``x`` alone.
+
+    >>> import xgrad
+    >>> xgrad.arange(5.0).unfold(0, 2, 2).tolist()
+    [[0.0, 1.0], [2.0, 3.0]]
+    """
+    axis = canonical_dim(dimension, x.ndim)
+    length = x.shape[axis] if x.ndim else 1
+    if size < 0:
+        raise RuntimeError(f"size is {size} but must be >= 0")
+    if size > length:
+        raise RuntimeError(f"maximum size for tensor at dimension {axis} is {length} but size is {size}")
+    if step <= 0:
+        raise RuntimeError(f"step is {step} but must be > 0")
+    if x.ndim == 0:
+        return x.reshape(1)
+    starts = np.arange((length - size) // step + 1) * step
+    windows = x[(slice(None),) * axis + (starts[:, None] + np.arange(size),)]  # (..., n, size, ...)
+    return movedim(windows, axis + 1, -1)

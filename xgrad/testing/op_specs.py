@@ -529,6 +529,16 @@ def _build_specs() -> list[OpSpec]:
     add(_unary("narrow", lambda x: X.narrow(x, 0, -2, 2), lambda x: x[-2:], label="negative start", shapes=(((3, 2),),)))
     add(_unary("select", lambda x: x.select(0, -1), lambda x: x[-1], shapes=(((3, 2),),)))
     add(_unary("select", lambda x: X.select(x, 1, 2), lambda x: x[:, 2], label="dim=1", shapes=(((2, 3),),)))
+    add(_unary("movedim", lambda x: X.movedim(x, (0, 1), (2, 0)), lambda x: jnp.moveaxis(x, (0, 1), (2, 0)),
+               shapes=(((2, 3, 4),),)))
+    add(_unary("movedim", lambda x: x.movedim(-1, 0), lambda x: jnp.moveaxis(x, -1, 0), label="one dim", shapes=(((2, 3),),)))
+    add(_unary("diag", X.diag, jnp.diag, label="vector", shapes=(((3,),),)))
+    add(_unary("diag", lambda x: X.diag(x, -1), lambda x: jnp.diag(x, -1), label="vector, diagonal=-1", shapes=(((2,),),)))
+    add(_unary("diag", lambda x: x.diag(1), lambda x: jnp.diag(x, 1), label="matrix, diagonal=1", shapes=(((3, 4),), ((4, 2),))))
+    add(_unary("unfold", lambda x: x.unfold(1, 2, 1), lambda x: jnp.stack([x[:, i : i + 2] for i in range(4)], axis=1),
+               shapes=(((2, 5),),)))
+    add(_unary("unfold", lambda x: x.unfold(0, 2, 2), lambda x: jnp.stack([x[i : i + 2] for i in (0, 2)], axis=0).swapaxes(1, 2),
+               label="step 2", shapes=(((5, 3),),)))
     add(_unary("expand_as", lambda x: x.expand_as(X.zeros(2, 3, 4)), lambda x: jnp.broadcast_to(x, (2, 3, 4)),
                shapes=(((3, 1),), ((),))))
     add(_unary("view_as", lambda x: x.view_as(X.zeros(3, 2)), lambda x: x.reshape(3, 2), shapes=(((2, 3),),)))
