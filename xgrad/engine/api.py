@@ -266,16 +266,18 @@ def grad(
             from xgrad.engine import compiled as compiled_module
 
             result = compiled_module.execute(edges, root_grads, retain_graph, create_graph, False, input_edges)
+            result = [_on_device_of(t, g) for t, g in zip(ins, result, strict=True)]
         else:
             result = engine.execute(edges, root_grads, retain_graph, create_graph, False, input_edges)
     batch = (grads[0].shape[0],) if is_grads_batched else ()
     final: list[Tensor | None] = []
+    if materialize_grads and any(g is None and isinstance(t, GradientEdge) for t, g in zip(ins, result, strict=True)):
+        raise RuntimeError(ERR_MATERIALIZE_EDGE)
     for t, g in zip(ins, result, strict=True):
         if g is None:
             if materialize_grads:
-                # Requiring grad, as PyTorch's ``zeros_like(input, requires_grad=True)``:
-                # a further ``grad`` of it (materialize_grads again) works.
-                g = Tensor(_zeros_for(t, batch), requires_grad=True)
+                # PyTorch's ``zeros_like(input, requires_grad=create_graph)``.
+                g = Tensor(_zeros_for(t, batch), requires_grad=create_graph)
             elif not allow_unused:
                 raise RuntimeError(ERR_UNUSED)
         elif not create_graph and g.grad_fn is not None:
@@ -284,13 +286,24 @@ def grad(
     return tuple(final)
 
 
+def _on_device_of(value: Tensor | GradientEdge, grad: Tensor | None) -> Tensor | None:
+    """``grad`` where eager leaves it: on its input's devices (one compiled program runs on one device)."""
+    if grad is None or not isinstance(value, Tensor):
+        return grad
+    want = value._array.sharding
+    if grad._array.sharding.device_set == want.device_set:
+        return grad
+    return grad.to(want)
+
+
+ERR_MATERIALIZE_EDGE = "materialize_grads cannot be used when the given input is a GradientEdge"
+
+
 def _zeros_for(value: Tensor | GradientEdge, batch: tuple[int, ...]) -> jax.Array:
-    """Zeros for an unused input: shaped like the tensor, or like the edge's slot, after ``batch``."""
-    if isinstance(value, Tensor):
-        like = value._array
-        return jnp.zeros(batch + like.shape, like.dtype, device=like.sharding if not batch else None)
-    meta = value.node.input_metadata[value.output_nr]
-    return jnp.zeros(batch + tuple(meta.shape), meta.dtype)
+    """Zeros shaped like the unused input tensor ``value``, after ``batch``."""
+    assert isinstance(value, Tensor), "unused GradientEdges are refused before"
+    like = value._array
+    return jnp.zeros(batch + like.shape, like.dtype, device=like.sharding if not batch else None)
 
 
 ERR_BATCHED_GRADS = (
