@@ -171,10 +171,17 @@ class Primitive:
         # wrap tracers and cached per primitive and static signature: the static params,
         # which grads are needed, and what each rule argument is (an array, a Python
         # float passed as a weakly typed scalar, or a static value such as an ``Aval``).
-        # The first node of a signature runs op by op and counts its dispatches; only a
-        # signature whose rules made two or more is fused (a rule that returns ``g`` as
-        # it is, or makes one call, gains nothing), so a model's first step compiles no
-        # more than before. Rules that cannot be traced (they read a concrete value),
+        # The first node of a signature traces its rules once and counts their
+        # dispatches; only a signature whose rules make two or more is fused (a rule that
+        # returns ``g`` as it is, or makes one call, gains nothing). Every node of a
+        # signature then runs the same way, the first one included, so a backward gives
+        # the same bits on its first call as on later ones. The fused rules are compiled
+        # without XLA's algebraic simplifier, whose rewrites are not IEEE-exact where NaN
+        # and inf appear (``g * mask`` becomes a select, so ``inf * 0`` gives 0 instead of
+        # NaN; ``a / b`` becomes ``a * (1 / b)``): they then agree with the rules run op
+        # by op (``create_graph``, anomaly mode) on NaN and inf exactly, as PyTorch's
+        # formulas compute them, and on finite values up to the rounding of contracted
+        # multiply-adds. Rules that cannot be traced (they read a concrete value),
         # traced values (``xgrad.compile``, vmap), anomaly mode and primitives made with
         # ``register=False`` (whose rules may be instrumented) stay op by op. A registered
         # rule is pure (NOTE [Derivatives are data]): it runs when traced, as under ``jax.jit``.
@@ -186,12 +193,10 @@ class Primitive:
             return self.backward(g, out, inputs, params, needed)
         fused = self._fused.get(key)
         if fused is None:
-            before = _dispatches
-            grads = self.backward(g, out, inputs, params, needed)
+            fused = _fuse(self, key, params, g_arrays, arrays)
             if len(self._fused) >= _MAX_FUSED:
                 self._fused.clear()
-            self._fused[key] = _fuse(self, key, params) if _dispatches - before >= 2 else _UNFUSED
-            return grads
+            self._fused[key] = fused
         if fused is not _UNFUSED:
             try:
                 results = fused(g_arrays, arrays)
@@ -259,8 +264,16 @@ def _fusion_signature(g: Any, out: Any, inputs: Sequence[Any], params: dict[str,
     return key, g_arrays, arrays
 
 
-def _fuse(prim: Primitive, key: Any, params: dict[str, Any]) -> Callable[..., Any]:
-    """One ``jax.jit`` of ``prim``'s rules for the signature ``key`` (NOTE [Fused eager rules])."""
+# XLA's algebraic simplifier rewrites float arithmetic in ways that change NaN and inf
+# (NOTE [Fused eager rules]); the fused rules are compiled without it.
+_FUSED_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}
+
+
+def _fuse(prim: Primitive, key: Any, params: dict[str, Any], g_arrays: Any, arrays: list[Any]) -> Any:
+    """One ``jax.jit`` of ``prim``'s rules for the signature ``key``, or ``_UNFUSED`` (NOTE [Fused eager rules]).
+
+    The rules are traced once on the first node's values to count their dispatches.
+    """
     _, needed, signature, out_signature = key
 
     def rules(g_arrays: Any, arrays: list[Any]) -> list[Any]:
@@ -284,7 +297,14 @@ def _fuse(prim: Primitive, key: Any, params: dict[str, Any]) -> Callable[..., An
             _grad_state.enabled = previous
         return [None if gi is None else gi._array for gi in grads]
 
-    return jax.jit(rules)
+    before = _dispatches
+    try:
+        jax.make_jaxpr(rules)(g_arrays, arrays)
+    except Exception:  # noqa: BLE001 - untraceable rules run op by op, which raises any real error
+        return _UNFUSED
+    if _dispatches - before < 2:
+        return _UNFUSED
+    return jax.jit(rules, compiler_options=_FUSED_COMPILER_OPTIONS)
 
 
 REGISTRY: dict[str, Primitive] = {}
