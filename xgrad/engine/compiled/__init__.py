@@ -96,6 +96,7 @@ in ``engine/rules.py``): nothing here imports ``xgrad.ops``.
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from typing import Any
@@ -135,6 +136,7 @@ from xgrad.engine.compiled.switch import (
 )
 from xgrad.engine.node import Edge, GraphRoot, Node, current_task
 from xgrad.engine.rules import RuleNode
+from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
 
 __all__ = [
@@ -178,6 +180,44 @@ def _root_node(root_edges: list[Edge], root_grads: list[Tensor]) -> Node:
     return node
 
 
+# NOTE [Nested compiled backwards]
+# A custom Function's backward runs on the host inside a compiled backward, and may
+# start a backward of its own (a reentrant backward), compiled too: each level adds
+# the compiled path's frames to the Python stack. As the eager engine does past
+# ``MAX_REENTRANT_DEPTH`` (NOTE [Reentrant backward]), past ``MAX_NESTED_DEPTH`` nested
+# calls on one thread the next one runs on a fresh thread, with this thread's grad mode
+# and compiled switch, while this one waits: the stack never grows without bound.
+MAX_NESTED_DEPTH = 20
+
+
+class _Nesting(threading.local):
+    depth = 0
+
+
+_nesting = _Nesting()
+
+
+def _on_fresh_thread(args: tuple[Any, ...]) -> list[Tensor | None]:
+    """``execute(*args)`` on a new thread that starts with this one's modes; its result or its exception."""
+    modes = (_grad_state.enabled, _grad_state.inference, state.enabled, state.fallback)
+    outcome: list[Any] = []
+
+    def run() -> None:
+        _grad_state.enabled, _grad_state.inference, state.enabled, state.fallback = modes
+        try:
+            outcome.append((True, execute(*args)))
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="xgrad-nested-compiled-backward", daemon=True)
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
 def execute(
     root_edges: list[Edge],
     root_grads: list[Tensor],
@@ -188,6 +228,17 @@ def execute(
 ) -> list[Tensor | None]:
     """``engine.execute``, compiled: the same arguments, effects and return value (NOTE [Compiled backward])."""
     args = (root_edges, root_grads, keep_graph, create_graph, accumulate_grad, outputs)
+    if _nesting.depth >= MAX_NESTED_DEPTH:  # NOTE [Nested compiled backwards]
+        return _on_fresh_thread(args)
+    _nesting.depth += 1
+    try:
+        return _execute(args)
+    finally:
+        _nesting.depth -= 1
+
+
+def _execute(args: tuple[Any, ...]) -> list[Tensor | None]:
+    root_edges, root_grads, keep_graph, create_graph, accumulate_grad, outputs = args
     if state.tracing:
         raise NotTraceable("it runs a backward of its own (a reentrant backward)", "reentrant backward")
     if ANOMALY.enabled:
