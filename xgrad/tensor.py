@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.jax_internals import ARRAY_OPERATOR_CODES
 
@@ -46,6 +47,14 @@ WARN_NON_LEAF_GRAD = (
     "instead. See github.com/pytorch/pytorch/pull/30531 for more informations."
 )
 ERR_LEAF_INPLACE = "a leaf Variable that requires grad is being used in an in-place operation."
+ERR_INFERENCE_INPLACE = (
+    "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone to get a normal "
+    "tensor before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 for more details."
+)
+ERR_NUMPY_REQUIRES_GRAD = "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
+ERR_DEEPCOPY_NON_LEAF = (
+    "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol at the moment."
+)
 ERR_NOT_ADDRESSABLE = (
     "{what}: this tensor of shape {shape} spans devices of other processes ({sharding}), so this process holds "
     "only part of its values. Gather it on every process with "
@@ -121,6 +130,7 @@ class Tensor:
         "_backward_hooks",
         "_grad",
         "_grad_accumulator",
+        "_inference",
         "_output_nr",
         "_post_accumulate_grad_hooks",
         "_requires_grad",
@@ -175,6 +185,8 @@ class Tensor:
         self._requires_grad = False
         self._view: ViewInfo | None = None  # NOTE [Views write through]
         self._views: list[weakref.ref[Tensor]] | None = None
+        # An inference tensor: made inside ``inference_mode()`` (NOTE [Inference tensors]).
+        self._inference = _grad_state.inference
         if requires_grad:
             self.requires_grad_(True)
 
@@ -345,6 +357,10 @@ class Tensor:
             self._check_assigned_grad(value)
         self._grad = value
 
+    @grad.deleter
+    def grad(self) -> None:
+        self._grad = None
+
     def _check_assigned_grad(self, value: Any) -> None:
         """PyTorch's checks on ``x.grad = value``, in its order: itself, type, device, size."""
         if not isinstance(value, Tensor):
@@ -402,6 +418,12 @@ class Tensor:
         return out.astype(dtype) if dtype is not None else out
 
     def numpy(self) -> np.ndarray:
+        """The values as a NumPy array; raises for a tensor that requires grad, as PyTorch does.
+
+        >>> import xgrad
+        >>> xgrad.tensor([1.0, 2.0], requires_grad=True).detach().numpy()
+        array([1., 2.], dtype=float32)
+        """
         self._check_addressable("Tensor.numpy()")
         return np.asarray(self._array)
 
@@ -468,6 +490,7 @@ class Tensor:
         # result never keeps that result's graph alive.
         source: Callable[[], Tensor | None] = weakref.ref(self) if self._view is None else (lambda: self)
         t._alias_of = (source, shares_version)
+        t._inference = self._inference
         if shares_version:
             t._version = self._version
         return t
@@ -481,6 +504,44 @@ class Tensor:
         return self
 
     __hash__ = object.__hash__
+
+    # -- copying and pickling ----------------------------------------------------------
+    def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
+        """A new leaf with the same (immutable) array, ``requires_grad`` and a copy of ``.grad``, as PyTorch's.
+
+        A non-leaf raises PyTorch's error: its graph cannot be copied.
+        """
+        if self.grad_fn is not None:
+            raise RuntimeError(ERR_DEEPCOPY_NON_LEAF)
+        new = Tensor(self._array)
+        memo[id(self)] = new
+        new._requires_grad = self._requires_grad
+        new._inference = self._inference
+        if self._grad is not None:
+            new._grad = Tensor(self._grad._array)
+        return new
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        """Pickle the values and ``requires_grad`` (not ``.grad`` nor the graph), as PyTorch does.
+
+        >>> import pickle, xgrad
+        >>> t = pickle.loads(pickle.dumps(xgrad.tensor([1.0, 2.0], requires_grad=True)))
+        >>> t.tolist(), t.requires_grad, t.is_leaf
+        ([1.0, 2.0], True, True)
+        """
+        self._check_addressable("pickle")
+        return (_unpickle_tensor, (np.asarray(self._array), self.requires_grad))
+
+    def is_inference(self) -> bool:
+        """Whether this is an inference tensor: made inside ``xgrad.inference_mode()`` (NOTE [Inference tensors]).
+
+        >>> import xgrad
+        >>> with xgrad.inference_mode():
+        ...     t = xgrad.ones(2)
+        >>> t.is_inference(), xgrad.ones(2).is_inference()
+        (True, False)
+        """
+        return self._inference
 
     def __repr__(self) -> str:
         extras = []
@@ -717,6 +778,8 @@ class Tensor:
 
     # -- in-place plumbing -----------------------------------------------------------
     def _check_inplace(self) -> None:
+        if self._inference and not _grad_state.inference:
+            raise RuntimeError(ERR_INFERENCE_INPLACE)
         if self._view is not None:
             self._view.check_writable(self)
         elif self.grad_fn is None and self._requires_grad and is_grad_enabled():
@@ -726,9 +789,16 @@ class Tensor:
         """A second handle on this tensor's value and graph position, for in-place ops.
 
         The out-of-place op runs on the alias, so what it saves keeps version 0 while
-        ``self`` moves on; nodes that saved ``self`` itself see the bump and raise.
+        ``self`` moves on; nodes that saved ``self`` itself see the bump and raise. A
+        view whose base has a graph is made afresh from the base (``views.view_alias``).
         """
+        view = self._view
+        if view is not None and _grad_state.enabled and view.base.requires_grad:
+            from xgrad.ops.views import view_alias
+
+            return view_alias(self)
         t = Tensor(self._array)
+        t._inference = self._inference
         t.grad_fn = self.grad_fn
         t._output_nr = self._output_nr
         t._requires_grad = self._requires_grad
@@ -809,6 +879,10 @@ class Tensor:
             self._output_nr = result._output_nr
             if self._retains_grad:
                 self._install_retains_grad_hook()
+
+
+def _unpickle_tensor(values: np.ndarray, requires_grad: bool) -> Tensor:
+    return Tensor(jnp.asarray(values), requires_grad=requires_grad)
 
 
 # PyTorch's names for dtypes, used in its error messages.

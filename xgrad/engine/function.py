@@ -40,6 +40,17 @@ ERR_GRAD_FOR_NON_TENSOR = (
 ERR_ONCE_DIFFERENTIABLE = "trying to differentiate twice a function that was marked with @once_differentiable"
 ERR_DIRTY_NOT_OUTPUT = "Some elements marked as dirty during the forward method were not returned as output."
 ERR_NOT_OUTPUT = "{what} only accepts tensors that are outputs of forward; argument {i} is not one"
+ERR_LEGACY_FUNCTION = (
+    "Legacy autograd function with non-static forward method is deprecated. Please use new-style autograd function "
+    "with static forward method. (Example: https://pytorch.org/docs/stable/autograd.html#torch.autograd.Function)"
+)
+ERR_DIRTY_VIEW_MULTIPLE_OUTPUTS = (
+    "If your Function modifies inplace an input that is a view of another Tensor, your Function cannot return "
+    "more than one Tensor. This is not supported by the current autograd engine. You should either make sure the "
+    "input is not a view (using .clone() for example) or make your Function only return one Tensor (potentially "
+    "splitting it into two Functions: one doing the inplace that returns a single Tensor and a second one that "
+    "does the other operations)."
+)
 
 
 # ``FunctionNode.compute``'s saved values in eager mode: ``ctx.saved_tensors`` unpacks
@@ -240,6 +251,9 @@ class Function:
     def backward(ctx: FunctionCtx, *grads: Any) -> Any:
         raise NotImplementedError("You must implement either the backward or vjp method for your custom autograd.Function to use it with backward mode AD.")
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(ERR_LEGACY_FUNCTION)
+
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
         """Run ``forward`` on ``args`` and record the backward node when a gradient is needed."""
@@ -303,6 +317,8 @@ def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], 
             continue
         differentiable = id(o) not in non_diff and jnp.issubdtype(o._array.dtype, jnp.inexact)
         if id(o) in dirty:
+            if o._view is not None and sum(isinstance(r, Tensor) for r in raw) > 1:
+                raise RuntimeError(ERR_DIRTY_VIEW_MULTIPLE_OUTPUTS)
             new = _rebase_history(o, node, i) if differentiable else o
         elif not differentiable:
             new = o if id(o) not in input_ids else Tensor(o._array)
@@ -332,7 +348,19 @@ def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], 
 
 
 def _rebase_history(tensor: Tensor, node: FunctionNode, output_nr: int) -> Tensor:
-    """Make the in-place-modified input ``tensor`` an output of ``node`` (``mark_dirty``)."""
+    """Make the in-place-modified input ``tensor`` an output of ``node`` (``mark_dirty``).
+
+    A view's new value is written through to its base, so the base's history records
+    it and the view (regenerated from the base) leads through ``node``.
+    """
+    if tensor._view is not None:
+        from xgrad.ops.views import ERR_VIEW_OF_LEAF, write_through  # ops sit above the engine
+
+        base = tensor._view.base
+        if base.grad_fn is None and base._requires_grad:
+            raise RuntimeError(ERR_VIEW_OF_LEAF)
+        write_through(tensor, Tensor._from_graph(tensor._array, node, output_nr))
+        return tensor
     if tensor.grad_fn is None and tensor._requires_grad:
         raise RuntimeError(ERR_LEAF_INPLACE)
     tensor.grad_fn = node

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from xgrad.engine.node import grad_accumulator
+from xgrad.engine.node import current_task, grad_accumulator
 from xgrad.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -38,6 +38,11 @@ ERR_PACK_INPLACE = (
     "pack hook can not be modified by in-place operations as this can lead to unexpected "
     "side-effects. Please open an issue if you need to perform in-place operations on the "
     "input to a pack hook."
+)
+
+ERR_INFERENCE_SAVED = (
+    "Inference tensors cannot be saved for backward. To work around you can make a clone to get a normal tensor "
+    "and use it in autograd."
 )
 
 ERR_VERSION_HINT = (
@@ -161,6 +166,7 @@ class disable_saved_tensors_hooks:
         _hooks.disabled_message = self._previous
 
 
+ERR_MUTATION_NESTED = "allow_mutation_on_saved_tensors contexts cannot be nested"
 ERR_MUTATION_OUTSIDE = (
     "Trying to backward outside of the 'allow_mutation_on_saved_tensors' context in which the graph was "
     "originally recorded."
@@ -192,6 +198,12 @@ class allow_mutation_on_saved_tensors(saved_tensors_hooks):
         self.closed = False
         super().__init__(self._pack, self._unpack)
 
+    def __enter__(self) -> allow_mutation_on_saved_tensors:
+        if any(isinstance(hooks, allow_mutation_on_saved_tensors) for hooks in _hooks.stack):
+            raise RuntimeError(ERR_MUTATION_NESTED)
+        super().__enter__()
+        return self
+
     @staticmethod
     def _pack(t: Tensor) -> Any:
         return t._array
@@ -200,10 +212,6 @@ class allow_mutation_on_saved_tensors(saved_tensors_hooks):
         if self.closed:
             raise RuntimeError(ERR_MUTATION_OUTSIDE)
         return Tensor(array)
-
-    def __enter__(self) -> allow_mutation_on_saved_tensors:
-        super().__enter__()
-        return self
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
@@ -251,6 +259,8 @@ class SavedTensor:
     _unpack: Callable[[Any], Tensor] | None  # the unpack hook, while hooked
 
     def __init__(self, tensor: Tensor, is_output: bool, saver: str = "?") -> None:
+        if tensor._inference:
+            raise RuntimeError(ERR_INFERENCE_SAVED)
         self._saved_version = tensor._version
         self._output_nr = tensor._output_nr
         hooks = current_hooks()
@@ -297,7 +307,12 @@ class SavedTensor:
                 return original
             return Tensor._from_graph(self._array, node, self._output_nr)
         assert self._unpack is not None, "a hooked saved tensor keeps its unpack hook until released"
-        unpacked = _call_unpack_hook(self._unpack, self._packed)
+        # The hook runs as part of ``node``: ``current_node()`` inside it is that node.
+        previous, current_task.node = current_task.node, node
+        try:
+            unpacked = _call_unpack_hook(self._unpack, self._packed)
+        finally:
+            current_task.node = previous
         if not isinstance(unpacked, Tensor):
             raise TypeError(
                 f"Output of saved tensor unpack_hook expected to be a Tensor but got result of type "

@@ -48,6 +48,12 @@ ERR_NO_GRAD_VIEW = (
     "and the inplace either both inside the no_grad block (if you don't want the inplace to be tracked) or both "
     "outside (if you want the inplace to be tracked)."
 )
+ERR_INFERENCE_VIEW = (
+    "A view was created in inference mode and is being modified inplace with grad mode enabled. Given that this "
+    "use case is ambiguous and error-prone, it is forbidden. You can clarify your code by moving both the view "
+    "and the inplace either both inside the inference_mode block (if you don't want the inplace to be tracked) or "
+    "both outside (if you want the inplace to be tracked)."
+)
 ERR_OVERLAP = (
     "unsupported operation: more than one element of the written-to tensor refers to a single memory location. "
     "Please clone() the tensor before performing the operation."
@@ -60,7 +66,7 @@ _PRUNE_FROM = 64
 class ViewInfo:
     """How a view was made from its parent: the primitive's name and params, and the grad mode then."""
 
-    __slots__ = ("base", "grad_mode", "offset", "params", "parent", "prim_name", "strides")
+    __slots__ = ("base", "grad_mode", "inference_mode", "offset", "params", "parent", "prim_name", "strides")
 
     def __init__(self, parent: Tensor, prim_name: str, params: dict[str, Any], grad_mode: bool) -> None:
         self.parent = parent
@@ -68,6 +74,7 @@ class ViewInfo:
         self.prim_name = prim_name
         self.params = params
         self.grad_mode = grad_mode
+        self.inference_mode = _grad_state.inference
         # Where the view's elements sit in its base (PyTorch's storage offset and
         # strides, in elements), computed when first asked (``strides_of``).
         self.strides: tuple[int, ...] | None = None
@@ -80,7 +87,7 @@ class ViewInfo:
         if _grad_state.enabled:
             base = self.base
             if not self.grad_mode and base.requires_grad:
-                raise RuntimeError(ERR_NO_GRAD_VIEW)
+                raise RuntimeError(ERR_INFERENCE_VIEW if self.inference_mode else ERR_NO_GRAD_VIEW)
             if base.grad_fn is None and base._requires_grad:
                 raise RuntimeError(ERR_VIEW_OF_LEAF)
 
@@ -234,6 +241,18 @@ def track_view(parent: Tensor, out: Tensor, prim_name: str, params: dict[str, An
     """
     if out is parent:
         return out
+    if parent._inference:
+        # NOTE [Inference tensors]: a view of an inference tensor is a new inference
+        # tensor, outside autograd, and not a view.
+        out.grad_fn = None
+        out._requires_grad = False
+        out._inference = True
+        return out
+    if _grad_state.inference and parent.requires_grad:
+        # Taken inside inference_mode from a tensor that requires grad: no graph was
+        # recorded, yet the view requires grad, as PyTorch's does (a leaf outside the
+        # base's graph; an in-place op on it outside inference_mode raises).
+        out._requires_grad = True
     if prim_name == "reshape" and parent._view is not None:
         if _reshape_strides(parent.shape, strides_of(parent), out.shape) is None:
             return out
@@ -260,12 +279,11 @@ def _inverse(axes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(inv)
 
 
-def _scatter(info: ViewInfo, new: Tensor) -> Tensor:
-    """The parent's new value once its view holds ``new``."""
-    parent = info.parent
+def _scatter(info: ViewInfo, parent: Tensor, new: Tensor) -> Tensor:
+    """The parent's new value once its view holds ``new``; ``parent`` is the parent's current value."""
     name = info.prim_name
     if name == "getitem":
-        return _bind("index_put", (parent._alias(), new), info.params)
+        return _bind("index_put", (parent, new), info.params)
     if name == "reshape":
         return _bind("reshape", (new,), {"shape": parent.shape})
     if name == "transpose":
@@ -273,16 +291,50 @@ def _scatter(info: ViewInfo, new: Tensor) -> Tensor:
     raise AssertionError(f"xgrad internal error: a {name} view was written; please report a bug")
 
 
+def _chain(view: Tensor) -> list[ViewInfo]:
+    """How ``view`` was made from its root base: one ``ViewInfo`` per step, base first."""
+    infos = []
+    t = view
+    while t._view is not None:
+        infos.append(t._view)
+        t = t._view.parent
+    infos.reverse()
+    return infos
+
+
+def _replay(infos: list[ViewInfo]) -> list[Tensor]:
+    """The values of the base and of each step of ``infos``, made afresh from the base's current history.
+
+    An in-place op on a view takes its input from here, never from the view's own
+    ``grad_fn``: as PyTorch's ``CopySlices``, the gradient of the written region goes
+    to the base directly, and hooks registered on the view before the op stay behind
+    with its old ``grad_fn`` (they do not fire).
+    """
+    values = [infos[0].base._alias()]
+    for info in infos:
+        values.append(_bind(info.prim_name, (values[-1],), info.params))
+    return values
+
+
+def view_alias(view: Tensor) -> Tensor:
+    """The input of an in-place op on ``view``: its value, made afresh from its base (``_replay``)."""
+    return _replay(_chain(view))[-1]
+
+
 def write_through(view: Tensor, value: Tensor) -> None:
     """Make ``value`` the view's new value by updating its base; then regenerate the base's views."""
     written = _region(view)
-    t, new = view, value
-    while t._view is not None:
-        info = t._view
-        new = _scatter(info, new)
-        t = info.parent
-    t._take_value(new)
-    regenerate_views(t, written)
+    infos = _chain(view)
+    base = infos[0].base
+    if _grad_state.enabled and base.requires_grad:
+        values = _replay(infos)
+    else:  # the base has no graph to route around: the current values will do
+        values = [base._alias(), *(info.parent._alias() for info in infos[1:]), view]
+    new = value
+    for info, parent in zip(reversed(infos), reversed(values[:-1]), strict=True):
+        new = _scatter(info, parent, new)
+    base._take_value(new)
+    regenerate_views(base, written)
 
 
 def regenerate_views(base: Tensor, written: tuple[int, int] | None | bool = True) -> None:
