@@ -20,7 +20,14 @@ from xgrad import compile_cache as _compile_cache
 from xgrad.compile_cache import enable_compilation_cache
 from xgrad.compile_step import compile
 from xgrad.creation import arange, eye, full, manual_seed, ones, ones_like, rand, randn, tensor, zeros, zeros_like
-from xgrad.grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
+from xgrad.grad_mode import (
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_grad_enabled,
+)
 from xgrad.ops.jaxtrace import intermediates
 from xgrad.serialization import load, save
 from xgrad.tensor import Tensor
@@ -31,6 +38,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     *_ops_all, "Tensor", "arange", "autograd", "compile", "enable_compilation_cache", "enable_grad", "eye", "full", "inference_mode", "intermediates", "is_grad_enabled",
-    "load", "manual_seed", "nn", "no_grad", "ones", "ones_like", "ops", "optim", "profiler", "rand", "randn", "save",
+    "is_inference_mode_enabled", "load", "manual_seed", "nn", "no_grad", "ones", "ones_like", "ops", "optim", "profiler", "rand", "randn", "save",
     "set_grad_enabled", "tensor", "viz", "zeros", "zeros_like",
 ]

@@ -37,7 +37,13 @@ def is_grad_enabled() -> bool:
 
 
 def is_inference_mode_enabled() -> bool:
-    """Whether this thread is inside ``inference_mode()``."""
+    """Whether this thread is inside ``inference_mode()``.
+
+    >>> import xgrad
+    >>> with xgrad.inference_mode():
+    ...     xgrad.is_inference_mode_enabled()
+    True
+    """
     return _state.inference
 
 
@@ -195,8 +201,18 @@ class set_grad_enabled(_GradModeContext):
         return super().__call__(fn)
 
 
+# NOTE [Inference tensors]
+# As in PyTorch, a tensor made inside ``inference_mode()`` (by a factory or an op) is
+# an inference tensor (``Tensor.is_inference()``): it is outside autograd for good. It
+# may not be saved for backward ("Inference tensors cannot be saved for backward") nor
+# changed in place outside inference mode, and a view of it is another inference
+# tensor, not a view. A leaf inference tensor that requires grad still takes part in
+# ops that save nothing of it (``c + s``). A view taken inside inference mode of a normal
+# tensor is a normal tensor and a view: it requires grad when its base does, with no
+# ``grad_fn``, and an in-place op on it outside inference mode raises. In-place ops
+# inside inference mode on normal tensors keep them normal.
 class inference_mode(_GradModeContext):
-    """Like ``no_grad``, and marks the thread as in inference mode.
+    """Like ``no_grad``, and marks the thread as in inference mode (NOTE [Inference tensors]).
 
     Args:
         mode: ``False`` leaves inference mode and enables grad inside the context (as
