@@ -13,7 +13,7 @@ import numpy as np
 
 from xgrad.ops._util import canonical_dim
 from xgrad.ops.registry import defprim
-from xgrad.ops.shape import broadcast_to, expand, reshape, stack
+from xgrad.ops.shape import broadcast_to, expand, reshape, stack, view
 from xgrad.ops.views import track_view
 from xgrad.tensor import Tensor
 
@@ -191,7 +191,7 @@ def view_as(x: Tensor, other: Tensor) -> Tensor:
     >>> xgrad.view_as(xgrad.arange(4.0), xgrad.zeros(2, 2)).shape
     (2, 2)
     """
-    return reshape(x, other.shape)
+    return view(x, other.shape)
 
 
 def reshape_as(x: Tensor, other: Tensor) -> Tensor:

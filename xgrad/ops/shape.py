@@ -145,8 +145,10 @@ def view(x: Tensor, *shape: Any) -> Tensor:
     >>> x.tolist()
     [[0.0, 0.0, 0.0], [0.0, 1.0, 1.0]]
     """
-    out = reshape(x, *shape)
-    if out is not x and out._view is None:  # PyTorch's strides cannot express it: reshape copied
+    # A new view even when the shape is unchanged, as PyTorch's (``reshape`` returns ``x``).
+    out = _reshape(x, shape=_infer_shape(_shape_arg(shape), x.numel()))
+    out = track_view(x, out, "reshape", {"shape": out.shape})
+    if out._view is None and not x._inference:  # PyTorch's strides cannot express it: reshape copied
         raise RuntimeError(ERR_VIEW_STRIDES)
     return out
 

@@ -248,6 +248,7 @@ def track_view(parent: Tensor, out: Tensor, prim_name: str, params: dict[str, An
         out._requires_grad = False
         out._inference = True
         return out
+    out._inference = False  # a view of a normal tensor is normal, even inside inference_mode
     if _grad_state.inference and parent.requires_grad:
         # Taken inside inference_mode from a tensor that requires grad: no graph was
         # recorded, yet the view requires grad, as PyTorch's does (a leaf outside the
