@@ -14,7 +14,7 @@ import numpy as np
 from xgrad.ops._util import canonical_dim
 from xgrad.ops.registry import defprim
 from xgrad.ops.shape import broadcast_to, expand, reshape, stack, view
-from xgrad.ops.views import track_view
+from xgrad.ops.views import mark_multi_output, track_view
 from xgrad.tensor import Tensor
 
 __all__ = [
@@ -69,9 +69,10 @@ def unbind(x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
         return (reshape(x, x.shape[:axis] + x.shape[axis + 1 :]),)
     # Each slice is a view of x (NOTE [Views write through]), as x[:, i] would be.
     lead = (slice(None),) * axis
-    return tuple(
+    views = tuple(
         track_view(x, out, "getitem", {"index": (*lead, i)}) for i, out in enumerate(_unbind_prim(n)(x, axis=axis))
     )
+    return mark_multi_output(views, "Unbind")
 
 
 def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from xgrad.ops._util import canonical_dim, norm_axes
 from xgrad.ops.registry import defprim
-from xgrad.ops.views import track_view
+from xgrad.ops.views import mark_multi_output, track_view
 from xgrad.tensor import Tensor
 
 _reshape = defprim("reshape", lambda x, shape: jnp.reshape(x, shape), (lambda g, out, x, shape: g.reshape(x.shape),), save=())
@@ -391,7 +391,7 @@ def split(x: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor,
         index[axis] = slice(start, start + s)
         out.append(x[tuple(index)])
         start += s
-    return tuple(out)
+    return mark_multi_output(tuple(out), "Split" if isinstance(split_size_or_sections, int) else "SplitWithSizes")
 
 
 def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:

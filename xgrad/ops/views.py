@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from xgrad.tensor import Tensor
 
 __all__ = [
-    "ViewInfo", "is_basic_index", "offset_of", "regenerate_views", "strides_of", "track_view", "write_through",
+    "ViewInfo", "is_basic_index", "mark_multi_output", "offset_of", "regenerate_views", "strides_of", "track_view",
+    "view_alias", "write_through",
 ]
 
 ERR_VIEW_OF_LEAF = "a view of a leaf Variable that requires grad is being used in an in-place operation."
@@ -54,6 +55,11 @@ ERR_INFERENCE_VIEW = (
     "and the inplace either both inside the inference_mode block (if you don't want the inplace to be tracked) or "
     "both outside (if you want the inplace to be tracked)."
 )
+ERR_MULTI_OUTPUT_VIEW = (
+    "{output} is a view and is being modified inplace. This view is the output of a function that returns multiple "
+    "views. Such functions do not allow the output views to be modified inplace. You should replace the inplace "
+    "operation by an out-of-place one."
+)
 ERR_OVERLAP = (
     "unsupported operation: more than one element of the written-to tensor refers to a single memory location. "
     "Please clone() the tensor before performing the operation."
@@ -66,7 +72,7 @@ _PRUNE_FROM = 64
 class ViewInfo:
     """How a view was made from its parent: the primitive's name and params, and the grad mode then."""
 
-    __slots__ = ("base", "grad_mode", "inference_mode", "offset", "params", "parent", "prim_name", "strides")
+    __slots__ = ("base", "grad_mode", "inference_mode", "multi_output", "offset", "params", "parent", "prim_name", "strides")
 
     def __init__(self, parent: Tensor, prim_name: str, params: dict[str, Any], grad_mode: bool) -> None:
         self.parent = parent
@@ -75,6 +81,9 @@ class ViewInfo:
         self.params = params
         self.grad_mode = grad_mode
         self.inference_mode = _grad_state.inference
+        # "Output i of XBackward" for one of several views a function returned at once
+        # (unbind, split, chunk), inherited by views of it (``mark_multi_output``).
+        self.multi_output: str | None = parent._view.multi_output if parent._view is not None else None
         # Where the view's elements sit in its base (PyTorch's storage offset and
         # strides, in elements), computed when first asked (``strides_of``).
         self.strides: tuple[int, ...] | None = None
@@ -88,6 +97,8 @@ class ViewInfo:
             base = self.base
             if not self.grad_mode and base.requires_grad:
                 raise RuntimeError(ERR_INFERENCE_VIEW if self.inference_mode else ERR_NO_GRAD_VIEW)
+            if self.multi_output is not None and base.requires_grad:
+                raise RuntimeError(ERR_MULTI_OUTPUT_VIEW.format(output=self.multi_output))
             if base.grad_fn is None and base._requires_grad:
                 raise RuntimeError(ERR_VIEW_OF_LEAF)
 
@@ -268,6 +279,18 @@ def track_view(parent: Tensor, out: Tensor, prim_name: str, params: dict[str, An
     if n >= _PRUNE_FROM and n & (n - 1) == 0:
         parent._views = [r for r in refs if r() is not None]
     return out
+
+
+def mark_multi_output(views: tuple[Tensor, ...], name: str) -> tuple[Tensor, ...]:
+    """Mark ``views``, the outputs of one call of ``name`` (``"Unbind"``), as PyTorch's multi-output views.
+
+    With grad mode on, an in-place op on one of them (or on a view of one) raises when
+    their base requires grad, as in PyTorch.
+    """
+    for i, v in enumerate(views):
+        if v._view is not None and v._view.grad_mode:
+            v._view.multi_output = f"Output {i} of {name}Backward"
+    return views
 
 
 # -- writing through ------------------------------------------------------------------------
