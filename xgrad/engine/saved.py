@@ -166,6 +166,11 @@ class disable_saved_tensors_hooks:
         _hooks.disabled_message = self._previous
 
 
+class MutationContextError(AssertionError, RuntimeError):
+    """A backward outside its ``allow_mutation_on_saved_tensors`` context: PyTorch raises an
+    ``AssertionError`` there; it is a ``RuntimeError`` too, as xgrad's other errors."""
+
+
 ERR_MUTATION_NESTED = "allow_mutation_on_saved_tensors contexts cannot be nested"
 ERR_MUTATION_OUTSIDE = (
     "Trying to backward outside of the 'allow_mutation_on_saved_tensors' context in which the graph was "
@@ -210,7 +215,7 @@ class allow_mutation_on_saved_tensors(saved_tensors_hooks):
 
     def _unpack(self, array: Any) -> Tensor:
         if self.closed:
-            raise RuntimeError(ERR_MUTATION_OUTSIDE)
+            raise MutationContextError(ERR_MUTATION_OUTSIDE)
         return Tensor(array)
 
     def __exit__(self, *exc: object) -> None:
