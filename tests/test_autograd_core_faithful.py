@@ -48,6 +48,17 @@ def test_unused_grad_requires_grad_with_materialize():
 
 
 @pytest.mark.usefixtures("eager_and_compiled")
+def test_an_unused_second_derivative_is_none():
+    x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    w = xgrad.tensor([3.0, 4.0], requires_grad=True)
+    (dydx,) = xgrad.autograd.grad((x * w).sum(), x, create_graph=True)
+    assert dydx.tolist() == [3.0, 4.0] and dydx.requires_grad
+    assert xgrad.autograd.grad(dydx.sum(), x, create_graph=True, allow_unused=True) == (None,)
+    (d2,) = xgrad.autograd.grad(dydx.sum(), w, create_graph=True)
+    assert d2.tolist() == [1.0, 1.0]
+
+
+@pytest.mark.usefixtures("eager_and_compiled")
 def test_grad_of_leaves_on_several_devices_comes_back_on_each_leafs_device():
     first, second = jax.devices()[:2]  # the test session splits the host in two
     a = xgrad.tensor([1.0, 2.0], requires_grad=True, device=first)

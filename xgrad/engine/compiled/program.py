@@ -66,8 +66,8 @@ from xgrad.tensor import Tensor
 # by one offset and pytrees order dict keys by value; only the output pytree is
 # renumbered (``Variant``). So a miss on a long chain costs the walk plus a few
 # compiles, whatever its length; a hit costs one call per chunk. ``Program.hlo_text(i)``
-# shows chunk ``i``; a cached ``Traced`` keeps the program it was traced in (its
-# ``op`` retraces that segment under create_graph), none of a user's graph.
+# shows chunk ``i``; a cached ``Traced`` keeps its jaxpr (its ``op`` runs that jaxpr
+# under create_graph), none of a user's graph.
 
 #: A segment with more steps than this is compiled in chunks (NOTE [Chunks]). Measured
 #: on CPU (benchmarks/RESULTS.md): a program's compile grows faster than its number of
@@ -289,12 +289,10 @@ class Traced:
         # thread may read at any moment (measured in benchmarks/RESULTS.md: donating it
         # saved about 3% of an accumulating backward).
         self.plain = jax.jit(run)
-
-        def program(*flat: Any) -> list[Any]:
-            with tracing():
-                return segment.trace(list(flat), layout)[0]
-
-        self.op = jax_op(program, name="compiled")  # create_graph: the segment as one differentiable op
+        # create_graph: the segment as one differentiable op of the inputs it reads, so
+        # an input it never reads gets no edge, and a gradient of the result with respect
+        # to that input is None, as in eager (never zeros).
+        self.op = jax_op(run, name="compiled")
 
 
 def _shift_outputs(outputs: Any, offset: int, slot_offset: int) -> Any:
