@@ -51,11 +51,14 @@ def test_iteration_yields_rows_and_ends():
         iter(xgrad.tensor(1.0))
 
 
-def test_jax_array_protocol_is_untracked():
+def test_jax_array_protocol_gives_the_value_of_a_tensor_outside_the_graph():
     x = xgrad.tensor([0.5, 1.5], requires_grad=True)
-    out = jnp.sin(x)
-    assert isinstance(out, jax.Array)
-    np.testing.assert_allclose(out, np.sin([0.5, 1.5]))
+    for value in (x.detach(), xgrad.tensor([0.5, 1.5])):
+        out = jnp.sin(value)
+        assert isinstance(out, jax.Array)
+        np.testing.assert_allclose(out, np.sin([0.5, 1.5]))
+    with xgrad.no_grad():
+        np.testing.assert_allclose(jnp.sin(x), np.sin([0.5, 1.5]))
     assert x.grad is None
 
 

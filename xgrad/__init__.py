@@ -15,7 +15,7 @@ from xgrad.ops import *  # noqa: F403  (the op library is re-exported at top lev
 from xgrad.ops import __all__ as _ops_all
 
 # isort: on
-from xgrad import autograd, nn, optim, profiler, viz
+from xgrad import autograd, func, nn, optim, profiler, viz
 from xgrad import compile_cache as _compile_cache
 from xgrad.compile_cache import enable_compilation_cache
 from xgrad.compile_step import compile
@@ -37,7 +37,8 @@ _compile_cache.setup()
 __version__ = "0.1.0"
 
 __all__ = [
-    *_ops_all, "Tensor", "arange", "autograd", "compile", "enable_compilation_cache", "enable_grad", "eye", "full", "inference_mode", "intermediates", "is_grad_enabled",
-    "is_inference_mode_enabled", "load", "manual_seed", "nn", "no_grad", "ones", "ones_like", "ops", "optim", "profiler", "rand", "randn", "save",
+    *_ops_all, "Tensor", "arange", "autograd", "compile", "enable_compilation_cache", "enable_grad", "eye", "full", "func",
+    "inference_mode", "intermediates", "is_grad_enabled", "is_inference_mode_enabled",
+    "load", "manual_seed", "nn", "no_grad", "ones", "ones_like", "ops", "optim", "profiler", "rand", "randn", "save",
     "set_grad_enabled", "tensor", "viz", "zeros", "zeros_like",
 ]

@@ -4,7 +4,10 @@ What xgrad uses of JAX, by how stable it is:
 
 - Public: ``jax.Array`` and its documented attributes (``aval``, ``weak_type``,
   ``committed``, ``sharding``), ``jax.core.Tracer``, ``jax.jit``/``make_jaxpr``/``vjp``,
-  ``jax.tree_util``, ``jax.dtypes``, ``jax.config.update``.
+  ``jax.tree_util`` (a Tensor is a pytree node), the ``__jax_array__`` protocol (how ``jnp``
+  functions and ``jax.Array``'s operators convert a Tensor: NOTE [Tensors that require grad
+  become arrays] in ``tensor.py``, pinned by ``tests/test_jax_boundary.py``), ``jax.dtypes``,
+  ``jax.config.update``.
 - Public but unstable, re-exported here so that a JAX upgrade that moves them is
   handled once: ``jax.extend.core`` (``ClosedJaxpr``, ``Literal``, ``jaxpr_as_fun``,
   ``get_opaque_trace_state``, and a jaxpr's ``eqns``/``invars``/``outvars``/
@@ -14,17 +17,10 @@ What xgrad uses of JAX, by how stable it is:
   no device (``_self_test``), at the first use for what needs one
   (``check_consts_keep_identity``):
 
-  1. ``jax.Array``'s binary operators call ``other.__jax_array__()`` before deciding
-     whether to defer to ``other``: ``Tensor.__jax_array__`` returns the Tensor itself
-     when called from one of them (found by its code object, ``ARRAY_OPERATOR_CODES``,
-     read off ``jax.core.ShapedArray``'s operator methods, which both concrete arrays
-     and tracers use), so ``jnp.ones(2) * t`` defers to ``Tensor.__rmul__`` and is
-     recorded. There is no public way for a non-Array type to take part in
-     ``jax.Array``'s operators.
-  2. The arrays a ``jax.make_jaxpr`` trace closes over come back as the very objects
+  1. The arrays a ``jax.make_jaxpr`` trace closes over come back as the very objects
      in ``ClosedJaxpr.consts``: ``xgrad.compile`` finds which tensor a constant came
      from by identity (NOTE [Whole-step compile] in ``xgrad/compile_step``).
-  3. CPython bytecode: ``loaded_names`` reads which parameters a backward rule loads
+  2. CPython bytecode: ``loaded_names`` reads which parameters a backward rule loads
      (NOTE [Save what the needed rules read] in ``ops/registry.py``), matching opcodes
      by name (``LOAD_FAST``, 3.12's ``LOAD_FAST_AND_CLEAR``, 3.13's combined
      ``LOAD_FAST_LOAD_FAST``/``STORE_FAST_LOAD_FAST``, 3.14's ``LOAD_FAST_BORROW``, ...).
@@ -40,13 +36,12 @@ from types import CodeType
 from typing import Any
 
 import jax
-from jax.core import ShapedArray
 from jax.experimental import io_callback
 from jax.experimental.compilation_cache import compilation_cache
 from jax.extend.core import ClosedJaxpr, Literal, get_opaque_trace_state, jaxpr_as_fun
 
 __all__ = [
-    "ARRAY_OPERATOR_CODES", "ClosedJaxpr", "JaxBehaviourChanged", "Literal", "check_consts_keep_identity",
+    "ClosedJaxpr", "JaxBehaviourChanged", "Literal", "check_consts_keep_identity",
     "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names", "reset_compilation_cache",
 ]
 
@@ -64,37 +59,14 @@ def _changed(what: str) -> JaxBehaviourChanged:
     return JaxBehaviourChanged(ERR_CHANGED.format(jax=jax.__version__, what=what))
 
 
-# -- 1. jax.Array's operators consult __jax_array__ ---------------------------------------
-
-_BINARY = (
-    "add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "divmod", "pow", "and", "or", "xor", "lshift", "rshift",
-)
-_COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
-
-
-def _operator_codes() -> frozenset[CodeType]:
-    codes = set()
-    for name in (*_BINARY, *(f"r{n}" for n in _BINARY), *_COMPARE):
-        method = getattr(ShapedArray, f"_{name}", None)
-        code = getattr(method, "__code__", None)
-        if code is None or "__jax_array__" not in code.co_consts:
-            raise _changed(f"jax.Array's operator {name!r} no longer asks its other operand for __jax_array__")
-        codes.add(code)
-    return frozenset(codes)
-
-
-#: The code objects of ``jax.Array``'s binary and comparison operators (behaviour 1).
-ARRAY_OPERATOR_CODES = _operator_codes()
-
-
-# -- 2. ClosedJaxpr.consts are the arrays the trace closed over ---------------------------
+# -- 1. ClosedJaxpr.consts are the arrays the trace closed over ---------------------------
 
 _consts_checked = False
 _consts_lock = threading.Lock()
 
 
 def check_consts_keep_identity() -> None:
-    """Raise ``JaxBehaviourChanged`` unless ``make_jaxpr`` hands back closed-over arrays as themselves (behaviour 2).
+    """Raise ``JaxBehaviourChanged`` unless ``make_jaxpr`` hands back closed-over arrays as themselves (behaviour 1).
 
     Run once, by the first ``xgrad.compile`` trace (it needs a device).
 
@@ -113,7 +85,7 @@ def check_consts_keep_identity() -> None:
         _consts_checked = True
 
 
-# -- 3. which names a function's bytecode loads -------------------------------------------
+# -- 2. which names a function's bytecode loads -------------------------------------------
 
 
 def loaded_names(code: CodeType) -> set[str]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import is_grad_enabled, no_grad
-from xgrad.jax_internals import ARRAY_OPERATOR_CODES
+from xgrad.jax_internals import get_opaque_trace_state
 
 if TYPE_CHECKING:
     from xgrad.engine.hooks import HookDict, RemovableHandle
@@ -70,25 +70,74 @@ def _spans_other_processes(array: Any) -> bool:
     return not array.is_fully_addressable and not array.is_fully_replicated
 
 
+def _in_compiled_step() -> bool:
+    """Whether this thread is tracing an ``xgrad.compile`` step (its tracers stand for eager values)."""
+    from xgrad.compile_step.recording import tracing  # it imports this module
+
+    return tracing()
+
+
+def _converts_outside_jax(t: Tensor, array: Any) -> bool:
+    """Whether converting ``t`` to an array would lose its gradient: JAX is not tracing it for
+    the user (NOTE [Tensors that require grad become arrays])."""
+    if not isinstance(array, jax.core.Tracer) or _in_compiled_step():
+        return True
+    # A jnp function is itself jitted: ``jnp.sin(t)`` converts ``t`` in the very trace
+    # it entered from outside, where a user's transformation would have used it first.
+    entered = getattr(t, "_entered_trace", None)
+    return entered is not None and entered == get_opaque_trace_state(convention="xgrad")
+
+
+def _user_site() -> str:
+    """`` (at file:line)``: the innermost frame outside JAX and xgrad, for messages."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not (module.split(".")[0] in ("jax", "jaxlib", "xgrad") or module.startswith("numpy")):
+            return f" (at {frame.f_code.co_filename}:{frame.f_lineno})"
+        frame = frame.f_back
+    return ""
+
+
 def _index_str(index: tuple[slice, ...]) -> str:
     """``[0:2, :]``: where a shard sits in the whole array."""
     return "[" + ", ".join(f"{'' if s.start is None else s.start}:{'' if s.stop is None else s.stop}" for s in index) + "]"
 
 
 class _TensorMeta:
-    """A Tensor node's pytree metadata: ``requires_grad`` and whether it has history.
-
-    It compares equal to any other (NOTE [Tensor as a pytree]).
+    """A Tensor node's pytree metadata (NOTE [Tensor as a pytree]): ``requires_grad``,
+    whether it has history, whether its array was a tracer when it was flattened (an
+    output of a traced function) and whether it is a gradient (a ``.grad``, or what optax
+    or ``tree_map`` built from one).
     """
 
-    __slots__ = ("has_history", "requires_grad")
+    __slots__ = ("compiled", "grad_enabled", "has_history", "is_grad", "requires_grad", "traced")
 
-    def __init__(self, requires_grad: bool, has_history: bool) -> None:
+    def __init__(self, requires_grad: bool, has_history: bool, traced: bool = False, is_grad: bool = False) -> None:
         self.requires_grad = requires_grad
         self.has_history = has_history
+        self.traced = traced
+        self.is_grad = is_grad
+        # What a trace of it does depends on these (NOTE [Tensors that require grad become arrays]).
+        self.grad_enabled = requires_grad and is_grad_enabled()
+        self.compiled = self.grad_enabled and traced and _in_compiled_step()
+
+    def _raises(self) -> bool:
+        """Whether a trace that takes this tensor in raises (on its history, or converting it to an array)."""
+        return self.compiled if self.traced else self.grad_enabled or self.has_history
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _TensorMeta)
+        if not isinstance(other, _TensorMeta):
+            return False
+        if self.traced and other.traced:  # outputs and carries inside a trace (lax.scan, cond branches)
+            return self.compiled == other.compiled
+        if self.traced or other.traced:  # a jitted function called both inside and outside a trace
+            return self._raises() == other._raises()
+        if self.has_history != other.has_history:
+            return False
+        if self.is_grad or other.is_grad:
+            return True
+        return self.requires_grad == other.requires_grad and self.grad_enabled == other.grad_enabled
 
     def __hash__(self) -> int:
         return 0
@@ -99,13 +148,40 @@ class _TensorMeta:
 
 # NOTE [JAX boundary]
 # A Tensor is a pytree of its array, so JAX transformations and ``jax.device_put`` see
-# the array. Autograd history cannot follow it out: a Tensor with a ``grad_fn`` that
-# comes back concrete from ``jax.jit``/``vmap``, ``device_put`` or ``tree_map`` raises
-# this error instead of becoming a leaf whose gradients go nowhere.
+# the array. Autograd history cannot cross a JAX boundary, and never silently:
+# * A Tensor with history going into a transformation (an argument of jax.jit, vmap,
+#   grad) raises when the transformation traces it: the traced function could not
+#   reach the graph behind it. Its metadata keeps it out of jit caches traced for a
+#   leaf (``_TensorMeta.__eq__``), so a cache hit never skips the error.
+# * What a traced function returns comes out as Tensors without history: the graph
+#   recorded inside the trace (for a ``backward()`` there) belongs to the trace.
+# * A Tensor with history that comes back concrete from ``jax.device_put`` or a
+#   ``tree_map`` (flattened outside any trace) raises instead of becoming a leaf whose
+#   gradients go nowhere.
 ERR_HISTORY_CROSSES_JAX = (
-    "a Tensor with autograd history came out of a JAX transformation (jax.jit, jax.vmap, jax.grad), jax.device_put "
-    "or a tree_map, which would cut its graph. Use xgrad.compile(fn) to jit xgrad code that records autograd, "
-    "tensor.to(device) to move a tensor differentiably, or tensor.detach() to drop the history first."
+    "a Tensor with autograd history came out of jax.device_put or a tree_map, which would cut its graph. "
+    "Use tensor.to(device) to move a tensor differentiably, xgrad.compile(fn) to jit xgrad code that records "
+    "autograd, or tensor.detach() to drop the history first."
+)
+ERR_HISTORY_INTO_JAX = (
+    "a Tensor with autograd history was passed into a JAX function or transformation (jnp.sin, jax.jit, jax.vmap, "
+    "...){where}: JAX computes with its value only, so the gradient would stop there. Use the xgrad op of the same "
+    "name (xgrad.sin(t) for jnp.sin(t)), wrap a JAX function with xgrad.from_jax(fn) to make it differentiable, "
+    "transform xgrad code with xgrad.func or jit it with xgrad.compile(fn); or pass t.detach() for the value only."
+)
+# NOTE [Tensors that require grad become arrays]
+# ``jnp.sin(t)`` converts ``t`` through ``__jax_array__`` and returns a plain array: no
+# graph. On a tensor that requires grad, with grad mode on, that would lose the gradient
+# at one missing ``xgrad.`` prefix, so it raises, as PyTorch's ``numpy()`` does. Inside a
+# plain JAX transformation (the array is a tracer) the conversion is JAX's to
+# differentiate and goes through; inside an ``xgrad.compile`` step it raises as in eager.
+# A ``jax.Array`` on the left of an operator (``jnp_array * t``) converts the Tensor the
+# same way: JAX's public protocol has no way to defer to the Tensor's reflected operator.
+ERR_REQUIRES_GRAD_TO_JAX = (
+    "Can't convert a Tensor that requires grad to a jax.Array: JAX would compute with its value only and the "
+    "gradient would be lost{where}. Use the xgrad op of the same name on the Tensor (xgrad.sin(t) for jnp.sin(t); "
+    "t * a rather than a * t for a jax.Array a), wrap a JAX function with xgrad.from_jax(fn) to make it "
+    "differentiable, or use t.detach() (or xgrad.no_grad()) if you want the value only."
 )
 
 
@@ -129,8 +205,10 @@ class Tensor:
         "_array",
         "_backward_hooks",
         "_grad",
+        "_entered_trace",
         "_grad_accumulator",
         "_inference",
+        "_is_grad",
         "_output_nr",
         "_post_accumulate_grad_hooks",
         "_requires_grad",
@@ -142,6 +220,10 @@ class Tensor:
     )
 
     __array_priority__ = 1000  # NumPy defers binary operators to Tensor
+
+    # Slots left unset on most tensors (read with ``getattr`` and a default).
+    _entered_trace: Any  # the trace a requires-grad tensor entered from outside (NOTE [Tensors that require grad become arrays])
+    _is_grad: bool  # a gradient: its pytree node matches its parameter's (NOTE [Tensor as a pytree])
 
     if TYPE_CHECKING:
         # xgrad.ops attaches the op methods and operators at import; declare them for
@@ -217,35 +299,47 @@ class Tensor:
     # NOTE [Tensor as a pytree]
     # A Tensor is a pytree node with one child, its array, so jax.tree_util, optax and
     # jax.device_put see the array inside. Three choices make trees of Tensors behave:
-    # * ``requires_grad`` rides along as metadata that every Tensor node compares equal
-    #   on (``_TensorMeta``). A tree of parameters (requiring grad) and the tree of their
-    #   grads or optax updates (not requiring grad) then have one structure, so
-    #   ``optax.apply_updates(params, updates)`` works, and what it builds takes the
-    #   first tree's flags: the new parameters are leaves that require grad, ready for the
-    #   next forward. The cost: jit caches keyed on the structure do not tell the flags
-    #   apart (a traced function sees the flags of the call that traced it).
+    # * ``requires_grad`` rides along as metadata (``_TensorMeta``), and two Tensor nodes
+    #   compare equal when their flags agree or one of them is a gradient (a ``.grad``,
+    #   or what was built from one). A tree of parameters and the tree of their grads or
+    #   optax updates then have one structure, so ``optax.apply_updates(params, updates)``
+    #   and ``tree_map(lambda p, g: ..., params, grads)`` work, and what they build takes
+    #   the first tree's flags: the new parameters are leaves that require grad, ready for
+    #   the next forward. A jit cache never serves a call on a tensor that requires grad
+    #   from a trace made for one that does not (``jnp.sin(t.detach())`` before
+    #   ``jnp.sin(t)``): NOTE [Tensors that require grad become arrays].
     # * Unflattening wraps only array-likes (anything with ``shape`` and ``dtype``:
     #   arrays, tracers, ``ShapeDtypeStruct``). Any other leaf value comes back bare, so
     #   ``tree_map(lambda p: p.shape, state_dict)`` gives shapes, not Tensors around tuples.
     #   A leaf count never changes (one child in, one leaf out), except for ``None``,
     #   which is an empty subtree as everywhere in JAX.
-    # * A concrete array coming back to a Tensor that had history (out of jax.jit/vmap,
-    #   jax.device_put or a tree_map) raises: NOTE [JAX boundary].
+    # * History never crosses a JAX boundary silently: NOTE [JAX boundary].
     def tree_flatten(self) -> tuple[tuple[Any], _TensorMeta]:
-        return (self._array,), _TensorMeta(self.requires_grad, self.grad_fn is not None)
+        array = self._array
+        meta = _TensorMeta(
+            self.requires_grad, self.grad_fn is not None, isinstance(array, jax.core.Tracer), getattr(self, "_is_grad", False)
+        )
+        return (array,), meta
 
     @classmethod
     def tree_unflatten(cls, meta: _TensorMeta, children: tuple[Any]) -> Any:
         (child,) = children
         if isinstance(child, Tensor) or not (hasattr(child, "shape") and hasattr(child, "dtype")):
             return child
-        if meta.has_history and isinstance(child, jax.Array) and not isinstance(child, jax.core.Tracer):
-            # The graph cannot come along, and a leaf that claimed requires_grad would
-            # take gradients nobody reads.
-            raise RuntimeError(ERR_HISTORY_CROSSES_JAX)
+        if meta.has_history:
+            if isinstance(child, jax.core.Tracer):
+                if not meta.traced:
+                    raise RuntimeError(ERR_HISTORY_INTO_JAX.format(where=_user_site()))
+            elif not meta.traced:
+                raise RuntimeError(ERR_HISTORY_CROSSES_JAX)
+            return Tensor(child)  # a traced function's output: its graph stayed in the trace
         # JAX may unflatten with abstract leaves: no dtype checks beyond the flag's own.
         t = Tensor(child)
-        t._requires_grad = meta.requires_grad and not meta.has_history and is_differentiable_dtype(child.dtype)
+        t._requires_grad = meta.requires_grad and is_differentiable_dtype(child.dtype)
+        if meta.is_grad:
+            t._is_grad = True
+        if t._requires_grad and not meta.traced and isinstance(child, jax.core.Tracer):
+            t._entered_trace = get_opaque_trace_state(convention="xgrad")
         return t
 
     # -- array attributes ------------------------------------------------------------
@@ -346,8 +440,11 @@ class Tensor:
         warns as PyTorch does: backward never fills it.
         """
         grad = self._grad
-        if grad is None and self.grad_fn is not None and not self._retains_grad:
-            warnings.warn(WARN_NON_LEAF_GRAD, UserWarning, stacklevel=2)
+        if grad is None:
+            if self.grad_fn is not None and not self._retains_grad:
+                warnings.warn(WARN_NON_LEAF_GRAD, UserWarning, stacklevel=2)
+        else:
+            grad._is_grad = True  # its pytree node matches its parameter's (NOTE [Tensor as a pytree])
         return grad
 
     @grad.setter
@@ -395,18 +492,22 @@ class Tensor:
     def __jax_array__(self) -> jax.Array:
         """The array, for ``jnp`` functions: they see the value only, untracked.
 
-        A ``jax.Array`` on the left of an operator (``jnp.ones(2) * t``) is the
-        exception: the array's operator asks for this first; it gets the Tensor back,
-        so it defers and the Tensor's reflected operator records the op.
+        A tensor that requires grad raises instead while grad mode is on, outside a
+        plain JAX transformation (NOTE [Tensors that require grad become arrays]).
 
         >>> import jax.numpy as jnp, xgrad
         >>> t = xgrad.tensor([1.0, 2.0], requires_grad=True)
-        >>> (jnp.ones(2) * t).grad_fn.name(), type(jnp.sin(t)).__name__
-        ('MulBackward', 'ArrayImpl')
+        >>> type(jnp.sin(t.detach())).__name__
+        'ArrayImpl'
+        >>> jnp.sin(t)
+        Traceback (most recent call last):
+        ...
+        RuntimeError: Can't convert a Tensor that requires grad to a jax.Array: ...
         """
-        if sys._getframe(1).f_code in ARRAY_OPERATOR_CODES:  # behaviour 1 in ``xgrad/jax_internals.py``
-            return self  # type: ignore[return-value]  # not an accepted operand: jax returns NotImplemented
-        return self._array
+        array = self._array
+        if self.requires_grad and is_grad_enabled() and _converts_outside_jax(self, array):
+            raise RuntimeError(ERR_REQUIRES_GRAD_TO_JAX.format(where=_user_site()))
+        return array
 
     def _check_addressable(self, what: str) -> None:
         if _spans_other_processes(self._array):

@@ -29,6 +29,7 @@ from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator, sh
 from xgrad.engine.rules import Aval, RuleNode, incoming_grad
 from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
+from xgrad.jax_capture import check_captured_leaves
 from xgrad.jax_internals import loaded_names
 from xgrad.tensor import Tensor
 
@@ -509,6 +510,8 @@ def _metadata(array: Any) -> InputMetadata:
 
 
 def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any) -> Any:
+    if isinstance(out if prim.num_outputs == 1 else out[0], jax.core.Tracer):
+        check_captured_leaves(args, out if prim.num_outputs == 1 else out[0])  # NOTE [Captured leaves]
     edges = []
     wanted = []
     for a in args:

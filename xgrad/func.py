@@ -1,0 +1,463 @@
+"""``xgrad.func``: ``torch.func``'s composable transforms over functions of Tensors, on JAX's.
+
+# NOTE [Function transforms]
+# Each transform turns the user's function of Tensors into a function of arrays (the
+# Tensors it was given become Tensors around JAX's tracers inside, outside xgrad's
+# graph and under ``no_grad``), hands that to the JAX transform of the same meaning
+# (``jax.grad``, ``jax.vjp``, ``jax.jvp``, ``jax.vmap``, ``jax.jacrev``, ``jax.jacfwd``)
+# and wraps the arrays that come back as Tensors. They compose (``vmap(grad(f))``,
+# ``jacfwd(jacrev(f))``) because each one's result is again a function of Tensors.
+# Nothing is cached: every call traces the function afresh, so values read through
+# closures or a module (``functional_call``) are the current ones after an optimizer
+# step. What comes back is outside xgrad's graph (as from ``torch.no_grad``): to
+# differentiate a transform's result, compose another transform.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from xgrad.grad_mode import no_grad
+from xgrad.jax_capture import quiet_captures
+from xgrad.tensor import Tensor
+
+__all__ = ["functional_call", "grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "vjp", "vmap"]
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor)
+
+
+def _arrays(tree: Any) -> Any:
+    """``tree`` with each Tensor replaced by its array."""
+    return jax.tree_util.tree_map(lambda x: x._array if isinstance(x, Tensor) else x, tree, is_leaf=_is_tensor)
+
+
+def _tensors(tree: Any) -> Any:
+    """``tree`` with each array (or tracer) wrapped as a Tensor outside the graph."""
+    return jax.tree_util.tree_map(lambda x: Tensor(x) if isinstance(x, jax.Array) else x, tree)
+
+
+def _inside(tree: Any) -> Any:
+    """The function's view of a tree of arguments: every Tensor a fresh one outside the graph."""
+    return jax.tree_util.tree_map(lambda x: Tensor(x._array) if isinstance(x, Tensor) else x, tree, is_leaf=_is_tensor)
+
+
+def _argnums_tuple(argnums: int | Sequence[int], nargs: int, name: str) -> tuple[int, ...]:
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    if not nums or not all(isinstance(i, int) for i in nums):
+        raise RuntimeError(f"{name}: argnums must be int or Tuple[int, ...], got: {argnums!r}")
+    for i in nums:
+        if not -nargs <= i < nargs:
+            raise RuntimeError(
+                f"{name}: Got argnums={i}, but only {nargs} positional inputs. Please pass a valid argnums or pass "
+                "more positional inputs."
+            )
+    return tuple(i % nargs for i in nums)
+
+
+def _scalar_output(out: Any, name: str) -> Any:
+    if not isinstance(out, Tensor):
+        raise RuntimeError(f"{name}_and_value(f)(*args): Expected f(*args) to return a Tensor, got {type(out).__name__}")
+    if out.ndim != 0:
+        raise RuntimeError(
+            f"{name}_and_value(f)(*args): Expected f(*args) to return a scalar Tensor, got tensor with "
+            f"{out.ndim} dims. Maybe you wanted to use the vjp or jacrev APIs instead?"
+        )
+    return out._array
+
+
+def _split_aux(out: Any, name: str) -> tuple[Any, Any]:
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise RuntimeError(
+            f"{name}(f)(*args): output of function f should be a tuple: (output, aux) if has_aux is True"
+        )
+    return out
+
+
+def _call(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """``func`` on the function's view of its arguments, as the transforms run it."""
+    with no_grad(), quiet_captures():
+        return func(*_inside(tuple(args)), **_inside(dict(kwargs)))
+
+
+def _with_args(args: tuple[Any, ...], nums: tuple[int, ...], values: Sequence[Any]) -> list[Any]:
+    full = list(args)
+    for i, v in zip(nums, values, strict=True):
+        full[i] = _tensors(v)
+    return full
+
+
+def grad_and_value(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0, has_aux: bool = False) -> Callable[..., Any]:
+    """``torch.func.grad_and_value``: the gradient of ``func`` w.r.t. ``args[argnums]`` and its value.
+
+    Args:
+        func: a function of Tensors (pytrees of them) returning a scalar Tensor, or
+            ``(scalar, aux)`` with ``has_aux=True``.
+        argnums: which positional argument(s) to differentiate; a tuple gives a tuple of grads.
+        has_aux: whether ``func`` returns ``(output, aux)``; then the value is ``(output, aux)``.
+
+    >>> import xgrad
+    >>> g, v = xgrad.func.grad_and_value(lambda x: (x ** 2).sum())(xgrad.tensor([1.0, 2.0]))
+    >>> g.tolist(), v.item()
+    ([2.0, 4.0], 5.0)
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        nums = _argnums_tuple(argnums, len(args), "grad_and_value")
+
+        def of_arrays(*diff: Any) -> Any:
+            out = _call(func, _with_args(args, nums, diff), kwargs)
+            aux = None
+            if has_aux:
+                out, aux = _split_aux(out, "grad_and_value")
+            value = _scalar_output(out, "grad")
+            return value, (value, _arrays(aux))
+
+        diff = [_arrays(args[i]) for i in nums]
+        grads, (value, aux) = jax.grad(of_arrays, argnums=tuple(range(len(nums))), has_aux=True)(*diff)
+        grads = _tensors(grads if isinstance(argnums, tuple) else grads[0])
+        return (grads, (Tensor(value), _tensors(aux))) if has_aux else (grads, Tensor(value))
+
+    return wrapper
+
+
+def grad(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0, has_aux: bool = False) -> Callable[..., Any]:
+    """``torch.func.grad``: the gradient of a scalar ``func`` w.r.t. ``args[argnums]``.
+
+    With ``has_aux=True`` returns ``(grad, aux)``. Per-example gradients:
+    ``vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)``.
+
+    >>> import xgrad
+    >>> xgrad.func.grad(lambda x: (x.sin() * x).sum())(xgrad.tensor([0.0, 1.0])).tolist()
+    [0.0, 1.3817732334136963]
+    """
+    both = grad_and_value(func, argnums, has_aux)
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        grads, value = both(*args, **kwargs)
+        return (grads, value[1]) if has_aux else grads
+
+    return wrapper
+
+
+def vjp(func: Callable[..., Any], *primals: Any, has_aux: bool = False) -> Any:
+    """``torch.func.vjp``: ``(output, vjp_fn)``, or ``(output, vjp_fn, aux)`` with ``has_aux``.
+
+    ``vjp_fn(cotangents)`` takes cotangents shaped like the output and returns a tuple
+    with one gradient per primal.
+
+    >>> import xgrad
+    >>> out, vjp_fn = xgrad.func.vjp(lambda x: x * 3, xgrad.tensor([1.0, 2.0]))
+    >>> vjp_fn(xgrad.tensor([1.0, 10.0]))[0].tolist()
+    [3.0, 30.0]
+    """
+
+    def of_arrays(*arrays: Any) -> Any:
+        out = _call(func, [_tensors(a) for a in arrays], {})
+        if has_aux:
+            out, aux = _split_aux(out, "vjp")
+            return _arrays(out), _arrays(aux)
+        return _arrays(out)
+
+    arrays = [_arrays(p) for p in primals]
+    if has_aux:
+        out, pullback, aux = jax.vjp(of_arrays, *arrays, has_aux=True)
+    else:
+        out, pullback = jax.vjp(of_arrays, *arrays)
+
+    def vjp_fn(cotangents: Any) -> tuple[Any, ...]:
+        return tuple(_tensors(pullback(_arrays(cotangents))))
+
+    return (_tensors(out), vjp_fn, _tensors(aux)) if has_aux else (_tensors(out), vjp_fn)
+
+
+def jvp(
+    func: Callable[..., Any], primals: Any, tangents: Any, *, strict: bool = False, has_aux: bool = False
+) -> Any:
+    """``torch.func.jvp``: ``(output, jvp_out)``, or ``(output, jvp_out, aux)`` with ``has_aux``.
+
+    >>> import xgrad
+    >>> out, t = xgrad.func.jvp(lambda x: x ** 2, (xgrad.tensor([1.0, 3.0]),), (xgrad.tensor([1.0, 1.0]),))
+    >>> t.tolist()
+    [2.0, 6.0]
+    """
+    if not isinstance(primals, tuple) or not isinstance(tangents, tuple):
+        raise RuntimeError(
+            "jvp(f, primals, tangents): Expected primals and tangents to be tuples. E.g. jvp(f, (x,), (t,))"
+        )
+    if len(primals) != len(tangents):
+        raise RuntimeError(
+            f"jvp(f, primals, tangents): Expected primals and tangents to have the same python structure: got "
+            f"{len(primals)} primals and {len(tangents)} tangents"
+        )
+
+    def of_arrays(*arrays: Any) -> Any:
+        out = _call(func, [_tensors(a) for a in arrays], {})
+        if has_aux:
+            out, aux = _split_aux(out, "jvp")
+            return _arrays(out), _arrays(aux)
+        return _arrays(out)
+
+    p, t = _arrays(primals), _arrays(tangents)
+    if has_aux:
+        out, tangent_out, aux = jax.jvp(of_arrays, p, t, has_aux=True)
+        return _tensors(out), _tensors(tangent_out), _tensors(aux)
+    out, tangent_out = jax.jvp(of_arrays, p, t)
+    return _tensors(out), _tensors(tangent_out)
+
+
+def vmap(
+    func: Callable[..., Any],
+    in_dims: Any = 0,
+    out_dims: Any = 0,
+    randomness: str = "error",
+    *,
+    chunk_size: int | None = None,
+) -> Callable[..., Any]:
+    """``torch.func.vmap``: ``func`` mapped over a dimension of its inputs.
+
+    Args:
+        func: a function of Tensors (pytrees of them).
+        in_dims: per positional argument, the dimension to map (an int, or ``None`` for an
+            argument shared by every call; a pytree matching the argument for per-leaf
+            dims). One int applies to all arguments. Keyword arguments are not mapped.
+        out_dims: where the mapped dimension goes in each output.
+        randomness: ``"error"`` (the default), ``"different"`` or ``"same"``, accepted for
+            PyTorch's signature; random ops under the transform follow xgrad's rule for
+            plain JAX traces.
+        chunk_size: how many examples to compute at once (``None``: all).
+
+    >>> import xgrad
+    >>> xgrad.func.vmap(lambda row, w: (row * w).sum(), in_dims=(0, None))(xgrad.ones(3, 2), xgrad.tensor([1.0, 2.0])).tolist()
+    [3.0, 3.0, 3.0]
+    """
+    if randomness not in ("error", "different", "same"):
+        raise RuntimeError(f"Only allowed values for randomness are 'error', 'different', or 'same'. Got {randomness}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size <= 0):
+        raise ValueError(f"vmap: chunk_size should be None or greater than 0. (got {chunk_size})")
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        dims = in_dims if isinstance(in_dims, tuple) else (in_dims,) * len(args)
+        if len(dims) != len(args):
+            raise ValueError(
+                f"vmap(func, in_dims={in_dims})(<inputs>): in_dims is not compatible with the structure of inputs. "
+                f"in_dims has structure {len(dims)} but inputs has structure {len(args)}."
+            )
+        mapped = [i for i, d in enumerate(dims) if d is not None]
+
+        def of_arrays(*arrays: Any) -> Any:
+            full = list(args)
+            for i, a in zip(mapped, arrays, strict=True):
+                full[i] = _tensors(a)
+            return _arrays(_call(func, full, kwargs))
+
+        batched = jax.vmap(of_arrays, in_axes=tuple(dims[i] for i in mapped), out_axes=out_dims)
+        arrays = [_arrays(args[i]) for i in mapped]
+        if chunk_size is None:
+            return _tensors(batched(*arrays))
+        return _tensors(_in_chunks(batched, arrays, [dims[i] for i in mapped], out_dims, chunk_size))
+
+    return wrapper
+
+
+def _in_chunks(batched: Callable[..., Any], arrays: list[Any], dims: list[Any], out_dims: Any, chunk_size: int) -> Any:
+    """``batched(*arrays)`` computed ``chunk_size`` examples at a time, concatenated."""
+    import jax.numpy as jnp
+
+    leaves, tree = jax.tree_util.tree_flatten(arrays)
+    leaf_dims = jax.tree_util.tree_leaves(
+        [jax.tree_util.tree_map(lambda _, d=d: d, a) if isinstance(d, int) else d for a, d in zip(arrays, dims, strict=True)]
+    )
+    size = leaves[0].shape[leaf_dims[0]]
+    outs = []
+    for start in range(0, size, chunk_size):
+        chunk = [jax.lax.slice_in_dim(x, start, min(start + chunk_size, size), axis=d) for x, d in zip(leaves, leaf_dims, strict=True)]
+        outs.append(batched(*jax.tree_util.tree_unflatten(tree, chunk)))
+    out_leaves = [jax.tree_util.tree_leaves(o) for o in outs]
+    out_tree = jax.tree_util.tree_structure(outs[0])
+    axes = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda _: out_dims, outs[0])) if isinstance(out_dims, int) else (
+        jax.tree_util.tree_leaves(out_dims)
+    )
+    joined = [jnp.concatenate([o[k] for o in out_leaves], axis=axes[k]) for k in range(len(out_leaves[0]))]
+    return jax.tree_util.tree_unflatten(out_tree, joined)
+
+
+def _jacobian(jax_transform: Callable[..., Any], func: Callable[..., Any], argnums: Any, has_aux: bool, name: str) -> Callable[..., Any]:
+    """``func``'s Jacobian by ``jax.jacrev`` or ``jax.jacfwd``, PyTorch's way round: output dims first."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        nums = _argnums_tuple(argnums, len(args), name)
+
+        def of_arrays(*diff: Any) -> Any:
+            out = _call(func, _with_args(args, nums, diff), kwargs)
+            if has_aux:
+                out, aux = _split_aux(out, name)
+                return _arrays(out), _arrays(aux)
+            return _arrays(out)
+
+        positions = tuple(range(len(nums))) if isinstance(argnums, tuple) else 0
+        result = jax_transform(of_arrays, argnums=positions, has_aux=has_aux)(*[_arrays(args[i]) for i in nums])
+        return (_tensors(result[0]), _tensors(result[1])) if has_aux else _tensors(result)
+
+    return wrapper
+
+
+def jacrev(
+    func: Callable[..., Any], argnums: int | tuple[int, ...] = 0, *, has_aux: bool = False, chunk_size: int | None = None
+) -> Callable[..., Any]:
+    """``torch.func.jacrev``: the Jacobian of ``func`` w.r.t. ``args[argnums]`` by reverse mode.
+
+    For an output of shape ``O`` and an input of shape ``I`` the Jacobian has shape
+    ``O + I``; a tuple ``argnums`` gives a tuple, pytree outputs a pytree. ``chunk_size``
+    is accepted for PyTorch's signature (JAX computes all rows at once).
+
+    >>> import xgrad
+    >>> xgrad.func.jacrev(lambda x: x ** 2)(xgrad.tensor([1.0, 2.0])).tolist()
+    [[2.0, 0.0], [0.0, 4.0]]
+    """
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size <= 0):
+        raise ValueError("jacrev: `chunk_size` should be greater than 0.")
+    return _jacobian(jax.jacrev, func, argnums, has_aux, "jacrev")
+
+
+def jacfwd(
+    func: Callable[..., Any], argnums: int | tuple[int, ...] = 0, has_aux: bool = False, *, randomness: str = "error"
+) -> Callable[..., Any]:
+    """``torch.func.jacfwd``: the Jacobian of ``func`` w.r.t. ``args[argnums]`` by forward mode.
+
+    >>> import xgrad
+    >>> xgrad.func.jacfwd(lambda x: x.sin())(xgrad.tensor([0.0])).tolist()
+    [[1.0]]
+    """
+    if randomness not in ("error", "different", "same"):
+        raise RuntimeError(f"Only allowed values for randomness are 'error', 'different', or 'same'. Got {randomness}")
+    return _jacobian(jax.jacfwd, func, argnums, has_aux, "jacfwd")
+
+
+def hessian(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0) -> Callable[..., Any]:
+    """``torch.func.hessian``: ``jacfwd(jacrev(func, argnums), argnums)``.
+
+    >>> import xgrad
+    >>> xgrad.func.hessian(lambda x: (x ** 3).sum())(xgrad.tensor([1.0, 2.0])).tolist()
+    [[6.0, 0.0], [0.0, 12.0]]
+    """
+    return jacfwd(jacrev(func, argnums), argnums)
+
+
+_MISSING = object()
+
+
+def _merge(parameter_and_buffer_dicts: Any) -> dict[str, Any]:
+    if isinstance(parameter_and_buffer_dicts, Mapping):
+        return dict(parameter_and_buffer_dicts)
+    if isinstance(parameter_and_buffer_dicts, (list, tuple)) and all(isinstance(d, Mapping) for d in parameter_and_buffer_dicts):
+        merged: dict[str, Any] = {}
+        for d in parameter_and_buffer_dicts:
+            for key, value in d.items():
+                if key in merged:
+                    raise ValueError(f"{key} appeared in multiple dictionaries; behavior of functional call is ambiguous")
+                merged[key] = value
+        return merged
+    raise ValueError(
+        "Expected parameter_and_buffer_dicts to be a dict, or a list/tuple of dicts, but got "
+        f"{type(parameter_and_buffer_dicts)}"
+    )
+
+
+def functional_call(
+    module: Any,
+    parameter_and_buffer_dicts: Any,
+    args: Any = None,
+    kwargs: dict[str, Any] | None = None,
+    *,
+    tie_weights: bool = True,
+    strict: bool = False,
+) -> Any:
+    """``torch.func.functional_call``: call ``module`` with these parameters and buffers in place of its own.
+
+    The module is left as it was afterwards. Names are ``named_parameters()``'s and
+    ``named_buffers()``'s; values are Tensors (or arrays). With ``tie_weights`` a value
+    given for one of several names of one tied tensor is used for all of them; with
+    ``strict`` every parameter and buffer must be given, and nothing else.
+
+    Args:
+        module: the ``nn.Module`` to call.
+        parameter_and_buffer_dicts: a dict of name -> value, or a tuple of such dicts.
+        args: the positional arguments (one that is not a tuple is the only one).
+        kwargs: keyword arguments.
+
+    >>> import xgrad
+    >>> lin = xgrad.nn.Linear(2, 1, key=0)
+    >>> params = {"weight": xgrad.tensor([[1.0, 2.0]]), "bias": xgrad.tensor([0.5])}
+    >>> xgrad.func.functional_call(lin, params, (xgrad.tensor([[1.0, 1.0]]),)).tolist()
+    [[3.5]]
+    """
+    values = _merge(parameter_and_buffer_dicts)
+    own: dict[str, Any] = {}
+    for name, t in module.named_parameters(remove_duplicate=False):
+        own[name] = t
+    for name, t in module.named_buffers(remove_duplicate=False):
+        own[name] = t
+    if strict:
+        missing = [k for k in own if k not in values]
+        unexpected = [k for k in values if k not in own]
+        if missing or unexpected:
+            lines = [f"Error(s) in reparametrizing for {type(module).__name__}:"]
+            if unexpected:
+                lines.append("\tUnexpected key(s): " + ", ".join(f"'{k}'" for k in unexpected) + ".")
+            if missing:
+                lines.append("\tMissing key(s): " + ", ".join(f"'{k}'" for k in missing) + ".")
+            raise RuntimeError("\n".join(lines))
+    if tie_weights:
+        tied: dict[int, list[str]] = {}
+        for name, t in own.items():
+            tied.setdefault(id(t), []).append(name)
+        for names in tied.values():
+            given = [n for n in names if n in values]
+            if len(given) > 1 and any(values[n] is not values[given[0]] for n in given[1:]):
+                raise ValueError(
+                    f"functional_call got multiple values for keys {given}, which are tied. Consider using tie_weights=False"
+                )
+            if given:
+                for n in names:
+                    values.setdefault(n, values[given[0]])
+    swapped: list[tuple[Any, str, Any]] = []
+    try:
+        for name, value in values.items():
+            owner, attr = _owner(module, name)
+            swapped.append((owner, attr, owner.__dict__.get(attr, _MISSING)))
+            object.__setattr__(owner, attr, Tensor(value) if isinstance(value, jax.Array) else value)
+        call_args = args if isinstance(args, tuple) else (() if args is None else (args,))
+        return module(*call_args, **(kwargs or {}))
+    finally:
+        for owner, attr, old in reversed(swapped):
+            if old is _MISSING:
+                object.__delattr__(owner, attr)
+            else:
+                object.__setattr__(owner, attr, old)
+
+
+def _owner(module: Any, name: str) -> tuple[Any, str]:
+    """The module holding attribute ``name`` (dotted) directly, and the attribute."""
+    *path, attr = name.split(".")
+    owner = module
+    for part in path:
+        child = owner._modules.get(part) if part in owner._modules else owner.__dict__.get(part)
+        if child is None or not hasattr(child, "_modules"):
+            raise ValueError(
+                f"functional_call: '{name}' does not name a parameter or buffer that a module holds as an attribute "
+                f"('{part}' is not a submodule of {type(owner).__name__})"
+            )
+        owner = child
+    if attr in owner._modules:
+        raise ValueError(f"functional_call: '{name}' names a submodule, not a parameter or buffer")
+    return owner, attr
