@@ -10,12 +10,14 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from xgrad.engine.rules import register_jax_op
 from xgrad.ops.registry import Primitive, bind, defprim
@@ -59,26 +61,39 @@ class _JaxFunction:
 
     def __call__(self, *args: Any, **static: Any) -> Any:
         flat, in_tree = jax.tree_util.tree_flatten(args, is_leaf=_is_tensor)
-        key = (in_tree, _freeze(static), tuple(_differentiable(x) for x in flat))
+        dynamic = [_is_array(x) for x in flat]
+        if not all(dynamic):
+            _check_static(self.fn, args, flat, dynamic)
+        key = (
+            in_tree,
+            _freeze(static),
+            tuple(_differentiable(x) if d else _freeze(x) for x, d in zip(flat, dynamic, strict=True)),
+        )
         entry = self.primitives.get(key)
         if entry is None:
-            entry = self._make_primitive(flat, in_tree, static, key[2])
+            entry = self._make_primitive(flat, dynamic, in_tree, static)
             with _lock:
                 self.primitives.setdefault(key, entry)
         prim, out_tree = entry
-        outs = bind(prim, tuple(flat), {})
+        outs = bind(prim, tuple(x for x, d in zip(flat, dynamic, strict=True) if d), {})
         return jax.tree_util.tree_unflatten(out_tree, outs if prim.num_outputs > 1 else (outs,))
 
-    def _make_primitive(self, flat: list[Any], in_tree: Any, static: dict[str, Any], diff_mask: tuple[bool, ...]) -> tuple[Primitive, Any]:
+    def _make_primitive(self, flat: list[Any], dynamic: list[bool], in_tree: Any, static: dict[str, Any]) -> tuple[Primitive, Any]:
         fn = self.fn
+        template = [None if d else x for x, d in zip(flat, dynamic, strict=True)]  # the static leaves
+        slots = [i for i, d in enumerate(dynamic) if d]
 
         def call_flat(*flat_arrays: Any) -> Any:
-            return fn(*jax.tree_util.tree_unflatten(in_tree, flat_arrays), **static)
+            leaves = list(template)
+            for i, a in zip(slots, flat_arrays, strict=True):
+                leaves[i] = a
+            return fn(*jax.tree_util.tree_unflatten(in_tree, leaves), **static)
 
-        arrays = [x._array if isinstance(x, Tensor) else x for x in flat]
+        arrays = [flat[i]._array if isinstance(flat[i], Tensor) else flat[i] for i in slots]
         out_shape = jax.eval_shape(call_flat, *arrays)
         out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
         num_outputs = len(out_leaves)
+        diff_mask = tuple(_differentiable(flat[i]) for i in slots)
 
         # jit: one trace per input signature instead of one per call (jax.vjp traces).
         @jax.jit
@@ -94,6 +109,42 @@ class _JaxFunction:
 
         apply = defprim(self.name, impl, joint_vjp=joint_vjp, num_outputs=num_outputs, register=False, jit=False)
         return apply.primitive, out_tree  # type: ignore[attr-defined]
+
+
+def _is_array(x: Any) -> bool:
+    """A leaf ``from_jax`` passes as an input (differentiable when a floating Tensor); any other leaf is static."""
+    return isinstance(x, (Tensor, jax.Array, np.ndarray, np.generic))
+
+
+def _check_static(fn: Callable[..., Any], args: tuple[Any, ...], flat: list[Any], dynamic: list[bool]) -> None:
+    """Raise on a static leaf that is an array of some other library: it must not become a constant unseen."""
+    for x, d in zip(flat, dynamic, strict=True):
+        if not d and (hasattr(x, "__jax_array__") or hasattr(x, "__array__") or hasattr(x, "__array_interface__")):
+            break
+    else:
+        return
+    paths = jax.tree_util.tree_flatten_with_path(args, is_leaf=_is_tensor)[0]
+    names = _argument_names(fn, len(args))
+    for (path, x), d in zip(paths, dynamic, strict=True):
+        if not d and (hasattr(x, "__jax_array__") or hasattr(x, "__array__") or hasattr(x, "__array_interface__")):
+            where = names[path[0].idx] + jax.tree_util.keystr(path[1:])  # type: ignore[attr-defined]
+            raise TypeError(
+                f"from_jax: argument {where} is a {type(x).__module__}.{type(x).__qualname__}, an array of another "
+                "library: an xgrad op takes Tensors and jax.Arrays as inputs, and every other leaf as a static value. "
+                f"Convert it with xgrad.tensor(...) (or jnp.asarray(...)) first."
+            )
+
+
+def _argument_names(fn: Callable[..., Any], n: int) -> list[str]:
+    """What the user calls positional argument ``i``: its parameter name, else ``args[i]``."""
+    try:
+        params = [
+            p.name for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"args[{i}]" for i in range(n)]
 
 
 def _vjp_function(impl: Callable[..., Any], name: str, diff_mask: tuple[bool, ...], num_outputs: int) -> _JaxFunction:
@@ -125,9 +176,12 @@ def _scatter_grads(diff_grads: Any, diff_mask: tuple[bool, ...]) -> tuple[Any, .
 def from_jax(fn: Callable[..., Any], name: str | None = None, *, trace: bool = False) -> Callable[..., Any]:
     """Turn a JAX-traceable function of arrays into an xgrad op.
 
-    The op takes tensors (or pytrees of them) where ``fn`` takes arrays, plus static
-    keyword arguments; its backward is ``jax.vjp`` of ``fn``, itself an op, so gradients
-    of any order work.
+    The op takes what ``fn`` takes, with Tensors where ``fn`` takes arrays: any pytrees
+    (an Equinox module, a dict of parameters). As ``eqx.filter_jit`` does, it splits
+    their leaves: Tensors and arrays are the op's inputs (floating Tensors
+    differentiable), every other leaf (an activation function, an int) is static, as
+    are keyword arguments; each new static value makes a new primitive. The backward is
+    ``jax.vjp`` of ``fn``, itself an op, so gradients of any order work.
 
     Args:
         fn: a function of arrays (pytrees in and out) that ``jax.vjp`` can trace.
@@ -144,6 +198,10 @@ def from_jax(fn: Callable[..., Any], name: str | None = None, *, trace: bool = F
     >>> (g,) = xgrad.autograd.grad(cube(x), x, create_graph=True)
     >>> g.item(), xgrad.autograd.grad(g, x)[0].item()
     (12.0, 12.0)
+    >>> layer = {"w": xgrad.tensor([1.0, 2.0], requires_grad=True), "act": jnp.tanh, "scale": 3}
+    >>> y = xgrad.from_jax(lambda p, x: p["act"](p["w"] * x) * p["scale"])(layer, xgrad.tensor(0.0))
+    >>> y.sum().backward(); layer["w"].grad.tolist()
+    [0.0, 0.0]
     """
     name = name or getattr(fn, "__name__", "from_jax").strip("<>")
     if trace:
