@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 
+from xgrad import step_trace
 from xgrad.jax_internals import get_opaque_trace_state
 from xgrad.tensor import Tensor, _user_site
 
@@ -67,11 +68,7 @@ def _describe(t: Tensor) -> str:
 
 def check_captured_leaves(args: tuple[Any, ...], out: Any) -> None:
     """Warn when ``out`` is traced and one of ``args`` is a concrete leaf that requires grad."""
-    if not isinstance(out, jax.core.Tracer) or _state.quiet:
-        return
-    from xgrad.compile_step.recording import tracing  # it imports the ops
-
-    if tracing():
+    if not isinstance(out, jax.core.Tracer) or _state.quiet or step_trace.current() is not None:
         return
     trace = None
     for a in args:

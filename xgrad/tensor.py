@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xgrad import step_trace
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.jax_internals import get_opaque_trace_state
@@ -71,10 +72,8 @@ def _spans_other_processes(array: Any) -> bool:
 
 
 def _in_compiled_step() -> bool:
-    """Whether this thread is tracing an ``xgrad.compile`` step (its tracers stand for eager values)."""
-    from xgrad.compile_step.recording import tracing  # it imports this module
-
-    return tracing()
+    """Whether this context is tracing an ``xgrad.compile`` step (its tracers stand for eager values)."""
+    return step_trace.current() is not None
 
 
 def _converts_outside_jax(t: Tensor, array: Any) -> bool:
