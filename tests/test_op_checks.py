@@ -252,3 +252,74 @@ def test_gather_with_an_empty_index_of_lower_rank_has_its_shape():
     assert out.shape == (0,) and out.requires_grad
     out.sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), np.zeros((2, 3)))
+
+
+# -- what PyTorch accepts ----------------------------------------------------------------
+@pytest.mark.usefixtures("eager_and_compiled")
+@pytest.mark.parametrize("index", [0, [0, 2]], ids=["basic", "advanced"])
+def test_setitem_value_with_extra_leading_unit_dims(index):
+    # PyTorch drops the value's leading size-1 dims before broadcasting it (values from PyTorch 2.13).
+    v = xgrad.tensor([[[7.0, 8.0]]], requires_grad=True)
+    c = xgrad.zeros(3, 2)
+    c[index] = v * 1
+    rows = [0] if index == 0 else [0, 2]
+    np.testing.assert_array_equal(c.numpy(), [[7.0, 8.0] if r in rows else [0.0, 0.0] for r in range(3)])
+    (c * xgrad.arange(6.0).reshape(3, 2)).sum().backward()
+    np.testing.assert_array_equal(v.grad.numpy(), [[[sum(2.0 * r for r in rows), sum(2.0 * r + 1 for r in rows)]]])
+
+
+@pytest.mark.usefixtures("eager_and_compiled")
+@STEP
+def test_write_into_one_row_of_an_expanded_tensor(compiled_step):
+    # PyTorch writes the row's memory, which every row of the expand shares (values from PyTorch 2.13).
+    g = xgrad.ones(2, requires_grad=True)
+
+    def step():
+        g.grad = None
+        b = g * 1
+        e = b.expand(3, 2)
+        e[1] = xgrad.tensor([5.0, 6.0]) * g
+        (e * xgrad.arange(6.0).reshape(3, 2)).sum().backward()
+        return e, b
+
+    e, b = (xgrad.compile(step, fallback="error") if compiled_step else step)()
+    np.testing.assert_array_equal(e.numpy(), [[5.0, 6.0]] * 3)
+    np.testing.assert_array_equal(b.numpy(), [5.0, 6.0])
+    np.testing.assert_array_equal(g.grad.numpy(), [30.0, 54.0])
+
+
+def test_expanded_writes_that_repeat_elements_still_raise():
+    e = xgrad.ones(1).clone().expand(3)
+    e[0] = 0.0  # one element: allowed, and all of e is that element
+    np.testing.assert_array_equal(e.numpy(), [0.0, 0.0, 0.0])
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor refers to a single memory location"):
+        xgrad.ones(1).clone().expand(2, 3)[0] = 0.0
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        xgrad.ones(1).clone().expand(3).add_(1.0)
+
+
+@pytest.mark.usefixtures("eager_and_compiled")
+def test_contiguous_gives_a_tensor_view_accepts():
+    x = xgrad.tensor(np.arange(24.0).reshape(2, 3, 4), requires_grad=True)
+    heads = x.transpose(1, 2)
+    assert not heads.is_contiguous()
+    merged = heads.contiguous().view(2, 12)
+    np.testing.assert_array_equal(merged.numpy(), np.arange(24.0).reshape(2, 3, 4).transpose(0, 2, 1).reshape(2, 12))
+    (merged * xgrad.arange(24.0).reshape(2, 12)).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.arange(24.0).reshape(2, 4, 3).transpose(0, 2, 1))
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        heads.view(2, 12)
+
+
+def test_contiguity_follows_pytorchs_strides():
+    x = xgrad.zeros(2, 3, 4)
+    row = x[1]
+    assert x.contiguous() is x and row.contiguous() is row and row.is_contiguous()
+    assert not x[:, 1].is_contiguous() and not x.transpose(0, 1).is_contiguous()
+    assert xgrad.zeros(3, 1).expand(3, 1).is_contiguous() and not xgrad.zeros(3, 1).expand(3, 4).is_contiguous()
+
+
+def test_legacy_tensor_constructor():
+    t = xgrad.Tensor([1, 2.5])
+    assert t.dtype == jnp.result_type(float) and t.tolist() == [1.0, 2.5] and not t.requires_grad
+    assert xgrad.Tensor([[1.0], [2.0]]).shape == (2, 1)

@@ -188,7 +188,8 @@ ERR_REQUIRES_GRAD_TO_JAX = (
 class Tensor:
     """An array with autograd: ``.grad``, ``.grad_fn``, ``.backward()`` and hooks.
 
-    Create one with ``xgrad.tensor`` or a factory (``xgrad.zeros``, ``xgrad.randn``, …).
+    Create one with ``xgrad.tensor`` or a factory (``xgrad.zeros``, ``xgrad.randn``, …);
+    ``xgrad.Tensor([1.0, 2.0])`` (PyTorch's legacy constructor) takes a list of numbers.
 
     >>> import xgrad
     >>> x = xgrad.tensor([1.0, 2.0, 3.0], requires_grad=True)
@@ -253,6 +254,9 @@ class Tensor:
         def __invert__(self) -> Tensor: ...
 
     def __init__(self, array: Any, requires_grad: bool = False) -> None:
+        if type(array) is list or type(array) is tuple:
+            # PyTorch's legacy constructor ``torch.Tensor([1.0, 2.0])``: data in the default float dtype.
+            array = jnp.asarray(array, dtype=jnp.result_type(float))
         self._array = array
         self._alias_of: tuple[Callable[[], Tensor | None], bool] | None = None
         self.grad_fn: Node | None = None
@@ -778,8 +782,40 @@ class Tensor:
 
     # -- PyTorch conveniences: layout, devices, factories ------------------------------
     def contiguous(self, memory_format: Any = None) -> Tensor:
-        """``self``: a ``jax.Array`` has no strides, so every tensor is contiguous."""
-        return self
+        """``self`` if its PyTorch strides are row-major, else a copy (recorded as a clone) that is.
+
+        A view with other strides (a transpose) cannot be ``view``-ed to most shapes: its
+        contiguous copy can, as in PyTorch.
+
+        >>> import xgrad
+        >>> x = xgrad.zeros(2, 3, 4).transpose(1, 2)
+        >>> x.contiguous().view(2, 12).shape
+        (2, 12)
+        """
+        if self._view is None or self.is_contiguous():
+            return self
+        from xgrad.ops.elementwise import clone
+
+        return clone(self)
+
+    def is_contiguous(self, memory_format: Any = None) -> bool:
+        """Whether PyTorch's strides of this tensor are row-major (size-1 dims aside).
+
+        >>> import xgrad
+        >>> x = xgrad.zeros(2, 3)
+        >>> x.is_contiguous(), x.T.is_contiguous()
+        (True, False)
+        """
+        if self._view is None:
+            return True
+        from xgrad.ops.views import strides_of
+
+        expected = 1
+        for n, stride in zip(reversed(self.shape), reversed(strides_of(self)), strict=True):
+            if n != 1 and stride != expected:
+                return False
+            expected *= n
+        return True
 
     def element_size(self) -> int:
         """Bytes per element.

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from xgrad.ops import shape_rules
 from xgrad.ops._util import canonical_dim, check_index_range
 from xgrad.ops.registry import defprim
-from xgrad.ops.views import is_basic_index, track_view
+from xgrad.ops.views import is_basic_index, strides_of, track_view
 from xgrad.tensor import Tensor
 
 
@@ -114,9 +114,23 @@ def setitem(x: Tensor, index: Any, value: Any) -> None:
     >>> x.tolist()
     [0.0, 5.0, 0.0]
     """
+    shape = getattr(value, "shape", ())
+    if shape and shape[0] == 1:  # PyTorch drops the value's leading size-1 dims (``slicePrefix1sSize``)
+        lead = next((i for i, n in enumerate(shape) if n != 1), len(shape))
+        value = value.reshape(shape[lead:])
+    if x._view is not None and is_basic_index(index) and _repeats_elements(x):
+        # An expanded tensor: the write goes to the view ``x[index]``, which is allowed when
+        # it has no repeated elements itself (``e[0] = v``), as in PyTorch.
+        sub = getitem(x, index)
+        sub.copy_(value if isinstance(value, Tensor) else Tensor(jnp.asarray(value, sub.dtype)))
+        return
     x._check_inplace()
     check_index_bounds(x.shape, index)
     x._rebind(_index_put(x._alias(), value, index=_index_arg(index)))
+
+
+def _repeats_elements(x: Tensor) -> bool:
+    return any(s == 0 and n > 1 for s, n in zip(strides_of(x), x.shape, strict=True))
 
 
 def _along(index: Any, dim: int) -> tuple[Any, ...]:

@@ -21,7 +21,8 @@ and in-place ops that write through them to the base.
 # Which results are views follows PyTorch's strides (``strides_of``): basic indexing,
 # permute/transpose, expand/broadcast_to, and reshape/view when the strides allow it;
 # otherwise reshape copies, as PyTorch's does. An expanded view cannot be written, since
-# several of its elements are one element of the base.
+# several of its elements are one element of the base; a view of it without repeated
+# elements (``e[0]``) can, and writes its base elements by their offset and strides.
 """
 
 from __future__ import annotations
@@ -350,15 +351,33 @@ def write_through(view: Tensor, value: Tensor) -> None:
     written = _region(view)
     infos = _chain(view)
     base = infos[0].base
-    if _grad_state.enabled and base.requires_grad:
-        values = _replay(infos)
-    else:  # the base has no graph to route around: the current values will do
-        values = [base._alias(), *(info.parent._alias() for info in infos[1:]), view]
-    new = value
-    for info, parent in zip(reversed(infos), reversed(values[:-1]), strict=True):
-        new = _scatter(info, parent, new)
+    if any(info.prim_name == "broadcast_to" for info in infos):
+        new = _strided_put(base, view, value)
+    else:
+        if _grad_state.enabled and base.requires_grad:
+            values = _replay(infos)
+        else:  # the base has no graph to route around: the current values will do
+            values = [base._alias(), *(info.parent._alias() for info in infos[1:]), view]
+        new = value
+        for info, parent in zip(reversed(infos), reversed(values[:-1]), strict=True):
+            new = _scatter(info, parent, new)
     base._take_value(new)
     regenerate_views(base, written)
+
+
+def _strided_put(base: Tensor, view: Tensor, value: Tensor) -> Tensor:
+    """The base's new value once ``view`` holds ``value``, by the view's place in the base.
+
+    For a view made through an expand, whose steps cannot be undone one by one: the
+    view itself has no repeated elements (``check_writable``), so its offset and strides
+    name one base element per element, as PyTorch writes its memory.
+    """
+    positions = np.full(view.shape, offset_of(view), dtype=np.int64)
+    for axis, (n, stride) in enumerate(zip(view.shape, strides_of(view), strict=True)):
+        positions += (np.arange(n) * stride).reshape((n,) + (1,) * (view.ndim - axis - 1))
+    flat = _bind("reshape", (base._alias(),), {"shape": (base.numel(),)})
+    written = _bind("index_put", (flat, value), {"index": positions})
+    return _bind("reshape", (written,), {"shape": base.shape})
 
 
 def regenerate_views(base: Tensor, written: tuple[int, int] | None | bool = True) -> None:
