@@ -323,3 +323,55 @@ def test_legacy_tensor_constructor():
     t = xgrad.Tensor([1, 2.5])
     assert t.dtype == jnp.result_type(float) and t.tolist() == [1.0, 2.5] and not t.requires_grad
     assert xgrad.Tensor([[1.0], [2.0]]).shape == (2, 1)
+
+
+# -- modules ---------------------------------------------------------------------------------
+nn = xgrad.nn
+
+MODULE_ERRORS = [
+    ("Conv2d padding string", lambda: nn.Conv2d(1, 1, 3, padding="bogus", key=0), ValueError, r"^Invalid padding string 'bogus', should be one of \{'same', 'valid'\}$"),
+    ("Conv2d same strided", lambda: nn.Conv2d(1, 1, 3, padding="same", stride=2, key=0), ValueError, "^padding='same' is not supported for strided convolutions$"),
+    ("Conv2d groups 0", lambda: nn.Conv2d(2, 2, 3, groups=0, key=0), ValueError, "^groups must be a positive integer$"),
+    ("Conv2d in_channels", lambda: nn.Conv2d(3, 2, 3, groups=2, key=0), ValueError, "^in_channels must be divisible by groups$"),
+    ("Conv2d out_channels", lambda: nn.Conv2d(2, 3, 3, groups=2, key=0), ValueError, "^out_channels must be divisible by groups$"),
+    ("Conv2d negative kernel", lambda: nn.Conv2d(1, 1, -1, key=0), RuntimeError, r"^Trying to create tensor with negative dimension -1: \[1, 1, -1, -1\]$"),
+    ("Conv2d stride 0", lambda: nn.Conv2d(1, 1, 3, stride=0, key=0)(z(1, 1, 4, 4)), RuntimeError, "^non-positive stride is not supported$"),
+    ("Conv2d channels", lambda: nn.Conv2d(2, 3, 3, key=0)(z(1, 1, 4, 4)), RuntimeError, r"expected input\[1, 1, 4, 4\] to have 2 channels, but got 1 channels instead$"),
+    ("LayerNorm negative", lambda: nn.LayerNorm(-1), RuntimeError, r"^Trying to create tensor with negative dimension -1: \[-1\]$"),
+    ("Embedding negative", lambda: nn.Embedding(-3, 2, key=0), RuntimeError, r"^Trying to create tensor with negative dimension -3: \[-3, 2\]$"),
+    ("BatchNorm2d channels", lambda: nn.BatchNorm2d(3)(z(2, 2, 4, 4)), RuntimeError, "^running_mean should contain 2 elements not 3$"),
+    ("BatchNorm1d channels", lambda: nn.BatchNorm1d(3)(z(2, 2)), RuntimeError, "^running_mean should contain 2 elements not 3$"),
+    ("BatchNorm2d rank", lambda: nn.BatchNorm2d(3)(z(2, 3)), ValueError, r"^expected 4D input \(got 2D input\)$"),
+    ("Linear on int64", lambda: nn.Linear(2, 2, key=0)(z(1, 2, dtype=i64)), RuntimeError, "to have the same dtype, but got: long int != float"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", [r[1:] for r in MODULE_ERRORS], ids=[r[0] for r in MODULE_ERRORS])
+def test_bad_module_arguments_raise_pytorchs_error(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_empty_conv_kernel_builds_as_in_pytorch():
+    conv = nn.Conv2d(1, 2, 0, key=0)  # PyTorch builds it: an empty weight, no fan-in for the bias bound
+    assert conv.weight.shape == (2, 1, 0, 0)
+    np.testing.assert_array_equal(conv.bias.numpy(), np.zeros(2))
+    assert nn.LayerNorm(0).weight.shape == (0,)
+
+
+def test_assigning_a_non_parameter_to_a_parameter_raises():
+    model = nn.Linear(2, 2, key=0)
+    with pytest.raises(TypeError, match=r"^cannot assign 'float' as parameter 'weight' \(Parameter or None expected\)$"):
+        model.weight = 3.0
+    with pytest.raises(TypeError, match="cannot assign 'Tensor' as parameter 'weight'"):
+        model.weight = xgrad.zeros(2, 2)
+    assert [n for n, _ in model.named_parameters()] == ["weight", "bias"]  # nothing was dropped
+    model.weight = nn.Parameter(xgrad.zeros(2, 2))
+    model.bias = None
+    assert [n for n, _ in model.named_parameters()] == ["weight"]
+    outer = nn.Module()
+    outer.inner = nn.Linear(1, 1, key=0)
+    with pytest.raises(TypeError, match=r"^cannot assign 'int' as child module 'inner' \(Module or None expected\)$"):
+        outer.inner = 3
+    outer.inner = None
+    assert list(outer.named_parameters()) == []

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from xgrad import ops
 from xgrad.nn.init import prng_key
 from xgrad.nn.module import Module, Parameter
+from xgrad.ops._util import check_nonnegative_shape
 from xgrad.tensor import Tensor
 
 
@@ -39,18 +40,30 @@ class Conv2d(Module):
         self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
         groups: int = 1, bias: bool = True, padding_mode: str = "zeros", *, key: Any = None, dtype: Any = jnp.float32,
     ) -> None:
-        if groups <= 0 or in_channels % groups or out_channels % groups:
-            raise ValueError(f"in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible by groups ({groups})")
+        if groups <= 0:
+            raise ValueError("groups must be a positive integer")
+        if in_channels % groups:
+            raise ValueError("in_channels must be divisible by groups")
+        if out_channels % groups:
+            raise ValueError("out_channels must be divisible by groups")
+        if isinstance(padding, str):
+            if padding not in ("same", "valid"):
+                raise ValueError(f"Invalid padding string {padding!r}, should be one of {{'same', 'valid'}}")
+            if padding == "same" and _pair(stride) != (1, 1):
+                raise ValueError("padding='same' is not supported for strided convolutions")
         if padding_mode != "zeros":
             raise ValueError(f"Conv2d supports padding_mode='zeros' only, got {padding_mode!r}; pad the input with xgrad.pad first")
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size, self.stride, self.dilation = _pair(kernel_size), _pair(stride), _pair(dilation)
         self.padding = padding if isinstance(padding, str) else _pair(padding)
         kh, kw = self.kernel_size
-        # kaiming_uniform_(a=sqrt(5)) as PyTorch's reset_parameters: bound 1/sqrt(fan_in), for the bias too.
-        bound = 1.0 / math.sqrt(in_channels // groups * kh * kw)
+        shape = check_nonnegative_shape((out_channels, in_channels // groups, kh, kw))
+        # kaiming_uniform_(a=sqrt(5)) as PyTorch's reset_parameters: bound 1/sqrt(fan_in), for the bias too
+        # (an empty kernel has no fan-in: its weight is empty, and the bias, left alone by PyTorch, is zero).
+        fan_in = in_channels // groups * kh * kw
+        bound = 1.0 / math.sqrt(fan_in) if fan_in else 0.0
         k_weight, k_bias = jax.random.split(prng_key(key))
-        self.weight = Parameter(jax.random.uniform(k_weight, (out_channels, in_channels // groups, kh, kw), dtype, -bound, bound))
+        self.weight = Parameter(jax.random.uniform(k_weight, shape, dtype, -bound, bound))
         self.bias = Parameter(jax.random.uniform(k_bias, (out_channels,), dtype, -bound, bound)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from xgrad import ops
 from xgrad.nn.init import prng_key
 from xgrad.nn.module import Module, Parameter
+from xgrad.ops._util import check_nonnegative_shape
 from xgrad.tensor import Tensor
 
 
@@ -23,7 +24,8 @@ class Embedding(Module):
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *, key: Any = None, dtype: Any = jnp.float32) -> None:
-        self.weight = Parameter(jax.random.normal(prng_key(key), (num_embeddings, embedding_dim), dtype))
+        shape = check_nonnegative_shape((num_embeddings, embedding_dim))  # PyTorch's error, before JAX's
+        self.weight = Parameter(jax.random.normal(prng_key(key), shape, dtype))
 
     def forward(self, indices: Any) -> Tensor:
         return ops.embedding(indices, self.weight)

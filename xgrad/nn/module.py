@@ -178,6 +178,14 @@ class Module:
             return
         elif isinstance(value, Tensor) and value.is_leaf and value.requires_grad and not _is_parameter(value):
             raise TypeError(ERR_PLAIN_TENSOR_ATTRIBUTE.format(name=name, module=type(self).__name__))
+        current = self.__dict__.get(name)
+        if current is not None and value is not None:
+            # As PyTorch: a parameter or child module is replaced only by its own kind (or
+            # None); anything else would silently drop it from parameters() and state_dict().
+            if _is_parameter(current) and not _is_parameter(value):
+                raise TypeError(f"cannot assign '{type(value).__name__}' as parameter '{name}' (Parameter or None expected)")
+            if isinstance(current, Module) and not isinstance(value, Module):
+                raise TypeError(f"cannot assign '{type(value).__name__}' as child module '{name}' (Module or None expected)")
         object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str) -> Any:

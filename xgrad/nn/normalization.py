@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from xgrad import ops
 from xgrad.grad_mode import no_grad
 from xgrad.nn.module import Module, Parameter
+from xgrad.ops._util import check_nonnegative_shape
 from xgrad.tensor import Tensor
 
 
@@ -23,7 +24,9 @@ class LayerNorm(Module):
     """
 
     def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5, elementwise_affine: bool = True, *, dtype: Any = jnp.float32) -> None:
-        self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.normalized_shape = check_nonnegative_shape(
+            (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        )
         self.eps = eps
         self.weight = Parameter(jnp.ones(self.normalized_shape, dtype)) if elementwise_affine else None
         self.bias = Parameter(jnp.zeros(self.normalized_shape, dtype)) if elementwise_affine else None
@@ -43,6 +46,7 @@ class _BatchNorm(Module):
         self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
         track_running_stats: bool = True, *, dtype: Any = jnp.float32,
     ) -> None:
+        check_nonnegative_shape((num_features,))
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
         self.weight = Parameter(jnp.ones((num_features,), dtype)) if affine else None
@@ -61,8 +65,8 @@ class _BatchNorm(Module):
         if x.ndim not in self._input_dims:
             expected = " or ".join(f"{d}D" for d in self._input_dims)
             raise ValueError(f"expected {expected} input (got {x.ndim}D input)")
-        if x.shape[1] != self.num_features:
-            raise ValueError(f"expected input with {self.num_features} channels in dim 1, got shape {list(x.shape)}")
+        if x.shape[1] != self.num_features:  # PyTorch's batch_norm check, naming the running mean
+            raise RuntimeError(f"running_mean should contain {x.shape[1]} elements not {self.num_features}")
         dims = (0, *range(2, x.ndim))
         stat_shape = (1, self.num_features) + (1,) * (x.ndim - 2)
         use_batch_stats = self.training or self.running_mean is None
