@@ -22,7 +22,6 @@ Default dtypes (the rule, as PyTorch's where JAX's ``jax_enable_x64`` switch all
 
 from __future__ import annotations
 
-import threading
 import warnings
 from typing import Any
 
@@ -30,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xgrad.generator import manual_seed, next_key
 from xgrad.ops._util import check_nonnegative_shape
 from xgrad.tensor import Tensor
 
@@ -221,43 +221,6 @@ def ones_like(t: Tensor, dtype: Any = None, requires_grad: bool = False) -> Tens
     """
     _check_like("ones_like", t)
     return Tensor(jnp.ones_like(t._array, dtype=dtype), requires_grad=requires_grad)
-
-
-class _DefaultKey:
-    """The module-level random key, split on every draw; reseeded by ``manual_seed``."""
-
-    def __init__(self, seed: int) -> None:
-        self.lock = threading.Lock()
-        self.seed = seed
-        self.key: Any = None
-
-    def next(self) -> Any:
-        with self.lock:
-            if self.key is None:
-                self.key = jax.random.key(self.seed)
-            self.key, sub = jax.random.split(self.key)
-            return sub
-
-
-_default_key = _DefaultKey(0)
-
-
-def manual_seed(seed: int) -> None:
-    """Reseed the default key used by ``rand``/``randn``/``dropout`` when no key is given.
-
-    >>> import xgrad
-    >>> xgrad.manual_seed(0); a = xgrad.randn(3)
-    >>> xgrad.manual_seed(0); b = xgrad.randn(3)
-    >>> a.tolist() == b.tolist()
-    True
-    """
-    with _default_key.lock:
-        _default_key.seed = int(seed)
-        _default_key.key = None
-
-
-def next_key() -> Any:
-    return _default_key.next()
 
 
 def randn(*shape: Any, key: Any = None, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:

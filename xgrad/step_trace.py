@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["StepTrace", "current", "tracing_step"]
+__all__ = ["StepTrace", "current", "outside", "tracing_step"]
 
 
 class StepTrace:
@@ -63,5 +63,15 @@ def tracing_step(trace: StepTrace) -> Iterator[StepTrace]:
     token = _CURRENT.set(trace)
     try:
         yield trace
+    finally:
+        _CURRENT.reset(token)
+
+
+@contextlib.contextmanager
+def outside() -> Iterator[None]:
+    """Run the body as if no step were traced (to make state that outlives the step, from concrete values)."""
+    token = _CURRENT.set(None)
+    try:
+        yield
     finally:
         _CURRENT.reset(token)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
-
 from xgrad import ops
+from xgrad.generator import KeyState
 from xgrad.nn.init import prng_key
 from xgrad.nn.module import Module
 from xgrad.tensor import Tensor
@@ -30,14 +29,12 @@ class Dropout(Module):
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
         self.p = p
-        self._rng = None if key is None else prng_key(key)
+        self._rng = None if key is None else KeyState(prng_key(key))  # state of a compiled step (NOTE [Random state])
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
-        key = None
-        if self._rng is not None:
-            self._rng, key = jax.random.split(self._rng)
+        key = None if self._rng is None else self._rng.draw()
         return ops.dropout(x, self.p, key=key, training=True)
 
     def extra_repr(self) -> str:

@@ -24,11 +24,11 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from xgrad import creation
 from xgrad.engine.api import backward
 from xgrad.engine.function import Function
 from xgrad.engine.node import current_task, sharding_of
 from xgrad.engine.saved import saved_tensors_hooks, saving_op
+from xgrad.generator import default_generator
 from xgrad.grad_mode import enable_grad
 from xgrad.tensor import Tensor
 
@@ -75,27 +75,27 @@ class CheckpointError(RuntimeError):
 # -- random state -------------------------------------------------------------------
 
 
-def _rng_state() -> tuple[int, Any]:
-    key = creation._default_key
-    with key.lock:
-        return key.seed, key.key
+def _rng_state() -> Any:
+    generator = default_generator
+    with generator.lock:
+        return generator.get()
 
 
 @contextlib.contextmanager
-def _replayed_rng(state: tuple[int, Any] | None) -> Iterator[None]:
+def _replayed_rng(state: Any) -> Iterator[None]:
     """Run the body with the default key at ``state``; restore the caller's key afterwards."""
     if state is None:
         yield
         return
-    key = creation._default_key
+    generator = default_generator
     outer = _rng_state()
-    with key.lock:
-        key.seed, key.key = state
+    with generator.lock:
+        generator.set(state)
     try:
         yield
     finally:
-        with key.lock:
-            key.seed, key.key = outer
+        with generator.lock:
+            generator.set(outer)
 
 
 # -- reentrant ------------------------------------------------------------------------

@@ -1,0 +1,115 @@
+"""Random keys that are state: the default generator and a module's own key.
+
+# NOTE [Random state]
+# A random op without ``key=`` draws from a ``KeyState``: the default one
+# (``manual_seed`` reseeds it) or a module's own (``nn.Dropout(key=...)``). A draw
+# splits the key, keeps one half and returns the other. The key lives in a Tensor
+# (its raw data), so inside ``xgrad.compile`` it is state of the step like a
+# parameter: the program reads it at every call and writes the split key back, and
+# each call draws fresh numbers, the same ones eager draws after the same
+# ``manual_seed``. Tracing leaves the key as it was (the step's snapshot), so no tracer
+# is ever left in a generator. Under a plain ``jax.jit``/``vmap``/``grad`` nothing can
+# write the key back: a draw there raises ``ERR_DRAW_UNDER_JAX`` instead of baking one
+# draw into the program.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import jax
+
+from xgrad import step_trace
+from xgrad.tensor import Tensor
+
+__all__ = ["ERR_DRAW_UNDER_JAX", "KeyState", "default_generator", "manual_seed", "next_key"]
+
+ERR_DRAW_UNDER_JAX = (
+    "a random op without key= ran under a JAX transformation (jax.jit, jax.vmap, jax.grad): it would draw from "
+    "xgrad's default generator, or a module's own key, once at trace time and reuse that draw on every call. Pass "
+    "key= (a jax.random key given to the transformed function), or compile the step with xgrad.compile, which "
+    "threads the generators through the program."
+)
+
+
+class KeyState:
+    """A ``jax.random`` key that random ops split on every draw (NOTE [Random state]).
+
+    Args:
+        key: a typed ``jax.random`` key (``jax.random.key(seed)``), or an int seed,
+            made into a key at the first draw (no JAX work at import).
+
+    >>> import jax
+    >>> state = KeyState(jax.random.key(0))
+    >>> a, b = state.draw(), state.draw()
+    >>> bool((jax.random.key_data(a) != jax.random.key_data(b)).any())
+    True
+    """
+
+    def __init__(self, key: Any) -> None:
+        self.lock = threading.Lock()
+        self.data: Tensor | None = None  # the key's raw data
+        self.impl: Any = None
+        self.seed = 0
+        if isinstance(key, int):
+            self.seed = key
+        else:
+            self.set(key)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> KeyState:
+        return KeyState(self.get())  # a copied module draws what the original would, from its own state
+
+    def _tensor(self) -> Tensor:
+        if self.data is None:
+            # Made outside any step being traced, from concrete values: a Tensor that outlives the step is its state.
+            with step_trace.outside(), jax.ensure_compile_time_eval():
+                key = jax.random.key(self.seed)
+                self.impl = jax.random.key_impl(key)
+                self.data = Tensor(jax.random.key_data(key))
+        return self.data
+
+    def set(self, key: Any) -> None:
+        """Make ``key`` (a typed key) the state; the same Tensor keeps it (a compiled step reads that one)."""
+        data = self._tensor()
+        self.impl = jax.random.key_impl(key)
+        data._array = jax.random.key_data(key)
+
+    def get(self) -> Any:
+        """The key now (a typed key)."""
+        return jax.random.wrap_key_data(self._tensor()._array, impl=self.impl)
+
+    def draw(self) -> Any:
+        """Split the key: keep one half, return the other."""
+        with self.lock:
+            data = self._tensor()
+            new, sub = jax.random.split(jax.random.wrap_key_data(data._array, impl=self.impl))
+            if isinstance(new, jax.core.Tracer):
+                trace = step_trace.current()
+                if trace is None or not trace.at_step_level():
+                    raise RuntimeError(ERR_DRAW_UNDER_JAX)
+            data._array = jax.random.key_data(new)
+            return sub
+
+
+#: The generator random ops draw from when given no ``key=``.
+default_generator = KeyState(0)
+
+
+def manual_seed(seed: int) -> None:
+    """Reseed the default key used by ``rand``/``randn``/``dropout`` when no key is given.
+
+    >>> import xgrad
+    >>> xgrad.manual_seed(0); a = xgrad.randn(3)
+    >>> xgrad.manual_seed(0); b = xgrad.randn(3)
+    >>> a.tolist() == b.tolist()
+    True
+    """
+    generator = default_generator
+    with generator.lock:
+        generator.set(jax.random.key(int(seed)))
+
+
+def next_key() -> Any:
+    """A fresh key from the default generator."""
+    return default_generator.draw()
