@@ -174,3 +174,105 @@ def test_an_exception_in_a_final_callback_comes_out_as_itself(mode):
     np.testing.assert_allclose(w.grad.numpy(), [2.0, 2.0])
     step(f64([1.0, 1.0]))
     assert len(calls) == 3
+
+
+# -- randomness --------------------------------------------------------------------------
+
+
+def _random_step(mode):
+    """A step drawing from the default generator (five ways) and from a module's own key."""
+    xgrad.manual_seed(5)
+    drop, own = xgrad.nn.Dropout(0.5), xgrad.nn.Dropout(0.5, key=1)
+    w = f64(np.ones(6), requires_grad=True)
+    q = f64(np.ones((1, 2, 4)))
+
+    def step(x):
+        y = drop(w * x) + own(w * x) + xgrad.dropout(w * x, 0.5) + xgrad.randn(6, dtype=np.float64)
+        y = y + xgrad.rand(6, dtype=np.float64)
+        attention = xgrad.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+        (y.sum() + attention.sum()).backward()
+        return y, attention
+
+    return w, own, run(step, mode)
+
+
+def test_random_draws_are_fresh_every_call_and_match_eagers_sequence():
+    results = {}
+    for mode in MODES:
+        w, own, step = _random_step(mode)
+        outs = [step(f64(np.arange(6.0))) for _ in range(3)]
+        # The generators are usable eagerly afterwards, where eager leaves them.
+        results[mode] = [[o.numpy() for o in out] for out in outs], w.grad.numpy(), xgrad.randn(3).numpy(), own(xgrad.ones(8)).numpy()
+        if mode == "compile":
+            assert step.stats()["fallbacks"] == 0 and step.stats()["hits"] >= 1
+    (eager_outs, eager_grad, eager_next, eager_own), (outs, grad, after, after_own) = results["eager"], results["compile"]
+    for a, b in zip(eager_outs, outs, strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)  # bit-identical draws
+    assert not np.array_equal(outs[0][0], outs[1][0]) and not np.array_equal(outs[1][1], outs[2][1])  # fresh masks
+    np.testing.assert_array_equal(grad, eager_grad)
+    np.testing.assert_array_equal(after, eager_next)
+    np.testing.assert_array_equal(after_own, eager_own)
+
+
+@pytest.mark.parametrize("transform", ["jit", "vmap", "grad"])
+def test_a_draw_from_a_generator_under_a_plain_jax_transformation_raises(transform):
+    drop = xgrad.nn.Dropout(0.5, key=0)
+    draws = {
+        "default generator": lambda x: xgrad.dropout(xgrad.Tensor(x), 0.5).array.sum(),
+        "module key": lambda x: drop(xgrad.Tensor(x)).array.sum(),
+        "randn": lambda x: (xgrad.randn(3).array * x).sum(),
+    }
+    before = xgrad.randn(2, key=None)  # the default generator works before and after
+    for fn in draws.values():
+        wrapped = {"jit": jax.jit(fn), "vmap": jax.vmap(fn), "grad": jax.grad(fn)}[transform]
+        with pytest.raises(RuntimeError, match=r"random op without key= ran under a JAX transformation.*key=.*xgrad\.compile"):
+            wrapped(jnp_ones())
+    assert xgrad.randn(2).shape == before.shape and drop(xgrad.ones(2)).shape == (2,)
+    # With key= the draw is the caller's business: it works.
+    out = jax.jit(lambda x, k: xgrad.dropout(xgrad.Tensor(x), 0.5, key=k).array)(jnp_ones(), jax.random.key(0))
+    assert out.shape == (3,)
+
+
+def jnp_ones():
+    return jax.numpy.ones((3,))
+
+
+def _nanogpt():
+    import importlib.util
+    import pathlib
+    import sys
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / "nanogpt.py"
+    spec = importlib.util.spec_from_file_location("nanogpt", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["nanogpt"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow  # the eager run compiles each primitive's first call: tens of seconds on 2 busy cores
+def test_nanogpt_with_dropout_compiled_matches_eager():
+    nanogpt = _nanogpt()
+    data = np.arange(200, dtype=np.int32) % 11
+    losses = {}
+    for mode in MODES:
+        config = nanogpt.GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=16, dropout=0.2)
+        xgrad.manual_seed(0)
+        model = nanogpt.GPT(config)
+        optimizer = xgrad.optim.AdamW(model.parameters(), lr=3e-3)
+
+        def step(x, y, model=model, optimizer=optimizer):
+            _, loss = model(x, y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        step = run(step, mode)
+        rng = np.random.default_rng(0)
+        losses[mode] = [step(*nanogpt.get_batch(data, 8, 2, rng)).item() for _ in range(3)]
+        losses[mode + " params"] = [p.numpy() for p in model.parameters()]
+    np.testing.assert_allclose(losses["compile"], losses["eager"], rtol=1e-5)
+    for a, b in zip(losses["compile params"], losses["eager params"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

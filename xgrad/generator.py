@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 import jax
+from jax.extend.core import get_opaque_trace_state
 
 from xgrad import step_trace
 from xgrad.tensor import Tensor
@@ -32,6 +33,8 @@ ERR_DRAW_UNDER_JAX = (
     "threads the generators through the program."
 )
 
+_NOT_TRACING = get_opaque_trace_state(convention="xgrad")  # the same in every thread outside any JAX trace
+
 
 class KeyState:
     """A ``jax.random`` key that random ops split on every draw (NOTE [Random state]).
@@ -41,6 +44,7 @@ class KeyState:
             made into a key at the first draw (no JAX work at import).
 
     >>> import jax
+from jax.extend.core import get_opaque_trace_state
     >>> state = KeyState(jax.random.key(0))
     >>> a, b = state.draw(), state.draw()
     >>> bool((jax.random.key_data(a) != jax.random.key_data(b)).any())
@@ -83,11 +87,11 @@ class KeyState:
         """Split the key: keep one half, return the other."""
         with self.lock:
             data = self._tensor()
-            new, sub = jax.random.split(jax.random.wrap_key_data(data._array, impl=self.impl))
-            if isinstance(new, jax.core.Tracer):
+            if get_opaque_trace_state(convention="xgrad") != _NOT_TRACING:  # under jit, vmap, grad or a step
                 trace = step_trace.current()
                 if trace is None or not trace.at_step_level():
                     raise RuntimeError(ERR_DRAW_UNDER_JAX)
+            new, sub = jax.random.split(jax.random.wrap_key_data(data._array, impl=self.impl))
             data._array = jax.random.key_data(new)
             return sub
 
