@@ -44,7 +44,6 @@ class KeyState:
             made into a key at the first draw (no JAX work at import).
 
     >>> import jax
-from jax.extend.core import get_opaque_trace_state
     >>> state = KeyState(jax.random.key(0))
     >>> a, b = state.draw(), state.draw()
     >>> bool((jax.random.key_data(a) != jax.random.key_data(b)).any())
