@@ -57,8 +57,8 @@ def f(x, w):
 
 
 gx, gw = jax.grad(f, argnums=(0, 1))(x.array, w.array)
-np.testing.assert_allclose(x.grad.numpy(), gx, rtol=1e-5, atol=1e-7)  # float32: XLA may fuse differently
-np.testing.assert_allclose(w.grad.numpy(), gw, rtol=1e-5, atol=1e-7)
+np.testing.assert_allclose(x.grad.detach().numpy(), gx, rtol=1e-5, atol=1e-7)  # float32: XLA may fuse differently
+np.testing.assert_allclose(w.grad.detach().numpy(), gw, rtol=1e-5, atol=1e-7)
 print("matches jax.grad")
 
 # %% [markdown]

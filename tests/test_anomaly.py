@@ -103,7 +103,7 @@ def test_check_nan_false_lets_nan_through():
     x = leaf((0.0, 1.0))
     with detect_anomaly(check_nan=False):
         (x.sqrt() * 0.0).sum().backward()
-    assert np.isnan(x.grad.numpy()[0])
+    assert np.isnan(x.grad.detach().numpy()[0])
 
 
 def test_set_detect_anomaly_function_and_context():
@@ -126,7 +126,7 @@ def test_after_an_anomaly_error_the_next_backward_works():
             (x.sqrt() * 0.0).sum().backward()
         x.grad = None
         (x * 3.0).sum().backward()
-    np.testing.assert_array_equal(x.grad.numpy(), [3.0, 3.0])
+    np.testing.assert_array_equal(x.grad.detach().numpy(), [3.0, 3.0])
 
 
 def test_error_inside_reentrant_backward_carries_the_inner_trace_once():
@@ -174,7 +174,7 @@ def test_nested_detect_anomaly_restores_the_outer_check_nan():
         assert is_anomaly_enabled() and not is_anomaly_check_nan_enabled()
         out.backward()
     assert not is_anomaly_enabled() and is_anomaly_check_nan_enabled()
-    assert np.isnan(x.grad.numpy()).all()
+    assert np.isnan(x.grad.detach().numpy()).all()
 
 
 def test_same_detect_anomaly_object_nested_in_itself():

@@ -35,10 +35,10 @@ Y = np.array([0, 2, 1, 1, 0, 2])
 def assert_same_state(eager, compiled, rtol=1e-10):
     """Parameters, grads and optimizer state of two copies agree."""
     for a, b in zip(eager["params"], compiled["params"], strict=True):
-        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=rtol, atol=1e-12)
+        np.testing.assert_allclose(b.detach().numpy(), a.detach().numpy(), rtol=rtol, atol=1e-12)
         assert (a.grad is None) == (b.grad is None)
         if a.grad is not None:
-            np.testing.assert_allclose(b.grad.numpy(), a.grad.numpy(), rtol=rtol, atol=1e-12)
+            np.testing.assert_allclose(b.grad.detach().numpy(), a.grad.detach().numpy(), rtol=rtol, atol=1e-12)
         assert b._version == a._version
     for a, b in zip(jax.tree.leaves(eager["opt"].state), jax.tree.leaves(compiled["opt"].state), strict=True):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=rtol, atol=1e-12)
@@ -67,7 +67,7 @@ def test_mlp_steps_match_eager_and_compile_once():
     for _ in range(4):
         want = eager["step"](x, y)
         got = step(x, y)
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-10)
         assert not got.requires_grad and got.grad_fn is None  # the graph stayed in the program
         assert_same_state(eager, comp)
     assert all(a is b for a, b in zip(comp["model"].parameters(), params_before, strict=True))
@@ -92,7 +92,7 @@ def test_mlp_matches_jax_value_and_grad_with_optax():
         params = optax.apply_updates(params, updates)
         np.testing.assert_allclose(step(xgrad.tensor(X), xgrad.tensor(Y)).item(), loss, rtol=1e-10)
     for p, ref in zip(comp["params"], params, strict=True):
-        np.testing.assert_allclose(p.numpy(), ref, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(p.detach().numpy(), ref, rtol=1e-9, atol=1e-12)
 
 
 def test_grads_accumulate_when_not_zeroed():
@@ -112,7 +112,7 @@ def test_recompiles_on_a_shape_change_and_warns_after_repeated_misses():
     step = xgrad.compile(comp["step"])
     for n in (6, 4, 6, 4):
         x, y = xgrad.tensor(X[:n]), xgrad.tensor(Y[:n])
-        np.testing.assert_allclose(step(x, y).numpy(), eager["step"](x, y).numpy(), rtol=1e-10)
+        np.testing.assert_allclose(step(x, y).detach().numpy(), eager["step"](x, y).detach().numpy(), rtol=1e-10)
     assert_same_state(eager, comp)
     stats = step.stats()
     assert (stats["compiles"], stats["misses"], stats["hits"]) == (2, 2, 2)
@@ -136,12 +136,12 @@ def test_hooks_run_once_per_call_with_concrete_values_in_eager_order():
         w = f64([1.0, -2.0, 0.5], requires_grad=True)
         log = []
         w.register_hook(lambda g: log.append(("w", np.asarray(g.array).tolist())))
-        w.register_post_accumulate_grad_hook(lambda t: log.append(("post", t.grad.numpy().tolist())))
+        w.register_post_accumulate_grad_hook(lambda t: log.append(("post", t.grad.detach().numpy().tolist())))
 
         def step(x):
             w.grad = None
             h = (w * x).tanh()
-            h.register_hook(lambda g: log.append(("h", type(g.array).__name__, g.numpy().tolist())) or g * 2)
+            h.register_hook(lambda g: log.append(("h", type(g.array).__name__, g.detach().numpy().tolist())) or g * 2)
             h.retain_grad()
             h.grad_fn.register_hook(lambda gi, go: log.append(("node", len(gi))))
             loss = (h * h).sum()
@@ -157,9 +157,9 @@ def test_hooks_run_once_per_call_with_concrete_values_in_eager_order():
     for i in range(3):
         loss_e, h_e = step_e(x)
         loss_c, h_c = step_c(x)
-        np.testing.assert_allclose(loss_c.numpy(), loss_e.numpy())
-        np.testing.assert_allclose(w_c.grad.numpy(), w_e.grad.numpy())
-        np.testing.assert_allclose(h_c.grad.numpy(), h_e.grad.numpy())  # retain_grad on a returned tensor
+        np.testing.assert_allclose(loss_c.detach().numpy(), loss_e.detach().numpy())
+        np.testing.assert_allclose(w_c.grad.detach().numpy(), w_e.grad.detach().numpy())
+        np.testing.assert_allclose(h_c.grad.detach().numpy(), h_e.grad.detach().numpy())  # retain_grad on a returned tensor
         assert [e[0] for e in log_c] == [e[0] for e in log_e] == ["h", "node", "w", "post"] * (i + 1)
     for a, b in zip(log_e, log_c, strict=True):
         assert a[0] == b[0]
@@ -212,15 +212,15 @@ def test_autograd_grad_and_a_gradient_penalty_inside_the_step():
     x = f64([[1.0, 2.0], [-0.5, 0.1]])
     for _ in range(3):
         (loss_e, gx_e), (loss_c, gx_c) = step_e(x), step_c(x)
-        np.testing.assert_allclose(loss_c.numpy(), loss_e.numpy(), rtol=1e-10)
-        np.testing.assert_allclose(gx_c.numpy(), gx_e.numpy(), rtol=1e-10)
-        np.testing.assert_allclose(w_c.numpy(), w_e.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(loss_c.detach().numpy(), loss_e.detach().numpy(), rtol=1e-10)
+        np.testing.assert_allclose(gx_c.detach().numpy(), gx_e.detach().numpy(), rtol=1e-10)
+        np.testing.assert_allclose(w_c.detach().numpy(), w_e.detach().numpy(), rtol=1e-10)
 
     def ref_loss(w, x):
         out = lambda x: jnp.tanh(x @ w).sum()  # noqa: E731
         return out(x) + (jax.grad(out)(x) ** 2).sum()
 
-    np.testing.assert_allclose(w_c.grad.numpy(), jax.grad(ref_loss)(w_c.array + 0.1 * w_c.grad.array, x.array), rtol=1e-9)
+    np.testing.assert_allclose(w_c.grad.detach().numpy(), jax.grad(ref_loss)(w_c.array + 0.1 * w_c.grad.array, x.array), rtol=1e-9)
 
 
 class Cube(xgrad.autograd.Function):
@@ -263,9 +263,9 @@ def test_custom_function_and_checkpointing_inside_the_step(block):
     step_c = xgrad.compile(step_c)
     x = f64([1.0, 2.0, -3.0])
     for _ in range(3):
-        np.testing.assert_allclose(step_c(x).numpy(), step_e(x).numpy(), rtol=1e-10)
-        np.testing.assert_allclose(w_c.numpy(), w_e.numpy(), rtol=1e-10)
-        np.testing.assert_allclose(w_c.grad.numpy(), w_e.grad.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(step_c(x).detach().numpy(), step_e(x).detach().numpy(), rtol=1e-10)
+        np.testing.assert_allclose(w_c.detach().numpy(), w_e.detach().numpy(), rtol=1e-10)
+        np.testing.assert_allclose(w_c.grad.detach().numpy(), w_e.grad.detach().numpy(), rtol=1e-10)
     assert step_c.stats()["fallbacks"] == 0
 
 
@@ -299,7 +299,7 @@ def test_changed_state_retraces():
         setup["params"][0].requires_grad_(False)
         setup["params"][0].grad = None
     for _ in range(2):
-        np.testing.assert_allclose(step(x, y).numpy(), eager["step"](x, y).numpy(), rtol=1e-10)
+        np.testing.assert_allclose(step(x, y).detach().numpy(), eager["step"](x, y).detach().numpy(), rtol=1e-10)
         assert_same_state(eager, comp)
     assert comp["params"][0].grad is None and step.stats()["compiles"] == 2
 
@@ -385,7 +385,7 @@ def test_a_jax_array_on_the_left_of_an_operator_converts_the_tensor_as_jnp_does(
     out = a * t.detach()  # the value only, as JAX computes it
     assert isinstance(out, jax.Array) and out.tolist() == [3.0, 1.0]
     (t * a + t / a - t ** a).sum().backward()  # a Tensor on the left records
-    np.testing.assert_allclose(t.grad.numpy(), jax.grad(lambda v: (v * a + v / a - v ** a).sum())(t.array), rtol=1e-12)
+    np.testing.assert_allclose(t.grad.detach().numpy(), jax.grad(lambda v: (v * a + v / a - v ** a).sum())(t.array), rtol=1e-12)
 
 
 def test_history_never_crosses_a_jax_transformation_or_device_put_silently():
@@ -408,8 +408,8 @@ def test_history_never_crosses_a_jax_transformation_or_device_put_silently():
         (t * t * t).sum().backward()
         return t.grad.array
 
-    np.testing.assert_allclose(jax.jit(grad_inside)(w), 3 * w.numpy() ** 2)
-    np.testing.assert_allclose(jax.grad(lambda a: (xgrad.Tensor(a).tanh() * 2).sum().array)(w.array), 2 / np.cosh(w.numpy()) ** 2)
+    np.testing.assert_allclose(jax.jit(grad_inside)(w), 3 * w.detach().numpy() ** 2)
+    np.testing.assert_allclose(jax.grad(lambda a: (xgrad.Tensor(a).tanh() * 2).sum().array)(w.array), 2 / np.cosh(w.detach().numpy()) ** 2)
     assert w.grad is None  # the traced backward wrote to the traced leaf only
     (w * w).sum().backward()
     assert w.grad.tolist() == [2.0, 4.0]

@@ -78,15 +78,15 @@ def test_every_value_check_raises_in_both_modes(case, mode):
     ref_w, ref_step = _check_setup(op, "eager")
     for args in (good, good):
         a = f64(args)
-        np.testing.assert_allclose(step(a).numpy(), ref_step(a).numpy(), rtol=1e-12)
+        np.testing.assert_allclose(step(a).detach().numpy(), ref_step(a).detach().numpy(), rtol=1e-12)
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
         step(f64(bad))
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
         ref_step(f64(bad))
     # The state eager leaves: zero_grad() ran, nothing after the op did.
     assert w.grad is None and ref_w.grad is None
-    np.testing.assert_allclose(w.numpy(), ref_w.numpy(), rtol=1e-12)
-    np.testing.assert_allclose(step(f64(good)).numpy(), ref_step(f64(good)).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(w.detach().numpy(), ref_w.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(step(f64(good)).detach().numpy(), ref_step(f64(good)).detach().numpy(), rtol=1e-12)
     if mode == "compile":
         assert step.stats()["fallbacks"] == 0
 
@@ -129,7 +129,7 @@ def _hooked(mode, raise_on_call, exc_type):
 
 
 def _state(s):
-    return [None if t.grad is None else t.grad.numpy().copy() for t in (s["w"], s["v"])] + [s["w"].numpy(), s["v"].numpy()]
+    return [None if t.grad is None else t.grad.numpy().copy() for t in (s["w"], s["v"])] + [s["w"].detach().numpy(), s["v"].detach().numpy()]
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -75,8 +75,8 @@ def setup(op, mode, update_buffer=True):
 def state(s):
     w = s["w"]
     return {
-        "w": w.numpy().copy(), "w_version": w._version, "grad": None if w.grad is None else w.grad.numpy().copy(),
-        "buffer": s["buffer"].numpy().copy(), "buffer_version": s["buffer"]._version,
+        "w": w.detach().numpy().copy(), "w_version": w._version, "grad": None if w.grad is None else w.grad.numpy().copy(),
+        "buffer": s["buffer"].detach().numpy().copy(), "buffer_version": s["buffer"]._version,
         "opt": [np.asarray(x).copy() for x in jax.tree.leaves(s["opt"].state)], "hooks": len(s["log"]),
     }
 
@@ -127,7 +127,7 @@ def test_out_of_range_index_raises_and_leaves_the_state_eager_leaves(case, updat
         reference["step"](bad_index)
     assert_states_equal(after, state(reference), rtol=1e-12)
     for _ in range(2):
-        np.testing.assert_allclose(s["step"](good_index).numpy(), reference["step"](good_index).numpy(), rtol=1e-12)
+        np.testing.assert_allclose(s["step"](good_index).detach().numpy(), reference["step"](good_index).detach().numpy(), rtol=1e-12)
         assert_states_equal(state(s), state(reference), rtol=1e-12)
     if mode == "compile":
         assert s["step"].stats()["compiles"] == 1 and s["step"].stats()["fallbacks"] == 0
@@ -138,7 +138,7 @@ def test_out_of_range_index_raises_and_leaves_the_state_eager_leaves(case, updat
 def test_hooks_before_the_failing_op_run_and_those_after_do_not(mode):
     w = f64([1.0, -2.0, 0.5], requires_grad=True)
     log = []
-    w.register_hook(lambda g: log.append(("hook", g.numpy().tolist())))
+    w.register_hook(lambda g: log.append(("hook", g.detach().numpy().tolist())))
     w.register_post_accumulate_grad_hook(lambda t: log.append(("post", t.grad.numpy().tolist())))
 
     def step(x, index):
@@ -150,7 +150,7 @@ def test_hooks_before_the_failing_op_run_and_those_after_do_not(mode):
 
     run = xgrad.compile(step) if mode == "compile" else step
     x = f64([3.0, 4.0, 5.0])
-    np.testing.assert_allclose(run(x, xgrad.tensor([2, 0])).numpy(), [1.25])
+    np.testing.assert_allclose(run(x, xgrad.tensor([2, 0])).detach().numpy(), [1.25])
     assert [e[0] for e in log] == ["hook", "post", "hook", "post"]
     np.testing.assert_allclose(w.grad.numpy(), [5.0, 4.0, 6.0])
     del log[:]
@@ -230,11 +230,11 @@ def test_a_step_without_hooks_checks_its_targets_while_its_program_runs(mode):
     run = xgrad.compile(step, fallback="error") if mode == "compile" else step
     good, bad = xgrad.tensor(np.asarray([0, 2, 1, 2])), xgrad.tensor(np.asarray([0, 3, 1, 2]))
     losses = [run(good).item() for _ in range(2)]
-    before = w.numpy().copy(), w._version, [np.asarray(x).copy() for x in jax.tree.leaves(opt.state)]
+    before = w.detach().numpy().copy(), w._version, [np.asarray(x).copy() for x in jax.tree.leaves(opt.state)]
     with pytest.raises(IndexError, match=r"^Target 3 is out of bounds\.$"):
         run(bad)
     assert w.grad is None  # the zero_grad() before the op ran; the backward and the step did not
-    np.testing.assert_array_equal(w.numpy(), before[0])
+    np.testing.assert_array_equal(w.detach().numpy(), before[0])
     assert w._version == before[1]
     for x, y in zip(jax.tree.leaves(opt.state), before[2], strict=True):
         np.testing.assert_array_equal(np.asarray(x), y)

@@ -28,7 +28,7 @@ def piling_setup(kind):
     def step(x):
         w.grad = None
         if kind == "tensor":
-            w.register_hook(lambda g: log.append(g.numpy().tolist()))
+            w.register_hook(lambda g: log.append(g.detach().numpy().tolist()))
         else:
             w.register_post_accumulate_grad_hook(lambda t: log.append(t.grad.numpy().tolist()))
         (w * x).sum().backward()
@@ -74,7 +74,7 @@ def test_a_hook_registered_and_removed_inside_the_step_runs_once_per_call(mode):
 
     def step(x):
         w.grad = None
-        handle = w.register_hook(lambda g: log.append(g.numpy().tolist()) or g * 2)
+        handle = w.register_hook(lambda g: log.append(g.detach().numpy().tolist()) or g * 2)
         (w * x).sum().backward()
         handle.remove()
 
@@ -96,13 +96,13 @@ def test_final_callbacks_queued_by_hooks_run_once_per_call_after_the_hooks_with_
     log = []
 
     def scale_grads():
-        log.append(("callback", w.grad.numpy().tolist(), b.grad.numpy().tolist(), w.numpy().tolist()))
+        log.append(("callback", w.grad.numpy().tolist(), b.grad.numpy().tolist(), w.detach().numpy().tolist()))
         with xgrad.no_grad():
             w.grad.mul_(0.5)  # a callback may change state: the step goes on from there
         xgrad.autograd.queue_callback(lambda: log.append(("queued by a callback", w.grad.numpy().tolist())))
 
     def on_grad(g):
-        log.append(("hook", g.numpy().tolist()))
+        log.append(("hook", g.detach().numpy().tolist()))
         xgrad.autograd.queue_callback(scale_grads)
 
     w.register_hook(on_grad)
@@ -120,8 +120,8 @@ def test_final_callbacks_queued_by_hooks_run_once_per_call_after_the_hooks_with_
     expected_w, expected_b = np.array([1.0, -2.0]), np.array([0.5, 0.5])
     for _ in range(3):
         del log[:]
-        s = float((expected_w + expected_b) @ x.numpy())
-        grad = 2 * s * x.numpy()
+        s = float((expected_w + expected_b) @ x.detach().numpy())
+        grad = 2 * s * x.detach().numpy()
         run(x)
         # The hooks in either order (the engine's accumulation order), then the callbacks, in queue order.
         assert sorted(entry[0] for entry in log[:2]) == ["hook", "post"]
@@ -135,9 +135,9 @@ def test_final_callbacks_queued_by_hooks_run_once_per_call_after_the_hooks_with_
         np.testing.assert_allclose(entries["queued by a callback"][0], grad / 2)
         expected_w = expected_w - 0.1 * grad / 2  # the optimizer saw the halved .grad
         expected_b = expected_b - 0.1 * grad
-        np.testing.assert_allclose(w.numpy(), expected_w, rtol=1e-12)
+        np.testing.assert_allclose(w.detach().numpy(), expected_w, rtol=1e-12)
         np.testing.assert_allclose(w.grad.numpy(), grad / 2, rtol=1e-12)
-        np.testing.assert_allclose(b.numpy(), expected_b, rtol=1e-12)
+        np.testing.assert_allclose(b.detach().numpy(), expected_b, rtol=1e-12)
     if mode == "compile":
         assert run.stats()["compiles"] == 1
 
@@ -153,7 +153,7 @@ def test_node_hooks_registered_inside_the_step_pile_up_only_on_a_node_that_lives
     def step(x):
         w.grad = None
         node = xgrad.autograd.graph.get_gradient_edge(w).node
-        node.register_prehook(lambda grads: log.append(grads[0].numpy().tolist()))
+        node.register_prehook(lambda grads: log.append(grads[0].detach().numpy().tolist()))
         (w * x).sum().backward()
 
     run = xgrad.compile(step) if mode == "compile" else step

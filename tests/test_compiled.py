@@ -75,7 +75,7 @@ def xgrad_grads(program, arrays, compiled_flag: bool, inputs=None):
     loss = run_program(program, xs, use_jax=False)
     wrt = xs if inputs is None else [xs[i] for i in inputs]
     grads = xgrad.autograd.grad(loss, wrt, allow_unused=True, materialize_grads=True, compiled=compiled_flag)
-    return [g.numpy() for g in grads]
+    return [g.detach().numpy() for g in grads]
 
 
 def jax_grads(program, arrays, inputs=None):
@@ -118,7 +118,7 @@ def backward_grads(program, arrays, compiled_flag: bool):
     """``loss.backward()`` (no ``inputs``: the compiled hit path's one-pass walk); unused inputs read as zeros."""
     xs = [xgrad.tensor(a, requires_grad=True) for a in arrays]
     run_program(program, xs, use_jax=False).backward(compiled=compiled_flag)
-    return [np.zeros(x.shape) if x.grad is None else x.grad.numpy() for x in xs]
+    return [np.zeros(x.shape) if x.grad is None else x.grad.detach().numpy() for x in xs]
 
 
 @given(programs(), st.integers(0, 2**16))
@@ -163,7 +163,7 @@ def test_random_graphs_second_order(program, seed):
         if not projected.requires_grad:  # a linear program: no second-order term at all
             return [np.zeros_like(a) for a in arrays]
         second = xgrad.autograd.grad(projected, xs, allow_unused=True, materialize_grads=True, compiled=flag)
-        return [g.numpy() for g in second]
+        return [g.detach().numpy() for g in second]
 
     expected = jax_second()
     assert_close(xgrad_second(False), expected)
@@ -180,7 +180,7 @@ def test_backward_accumulates_like_eager():
         x, w = (xgrad.tensor(a, requires_grad=True) for a in data)
         for _ in range(3):
             step(flag, x, w)
-        results.append((x.grad.numpy(), w.grad.numpy()))
+        results.append((x.grad.detach().numpy(), w.grad.detach().numpy()))
     assert_close(results[0], results[1])
 
     def loss(x, w):
@@ -196,8 +196,8 @@ def test_backward_inputs_and_retain_grad():
     h = x * w
     (h.exp().sum()).backward(inputs=[h, w], compiled=True)
     assert x.grad is None
-    np.testing.assert_allclose(h.grad.numpy(), np.exp([0.5, -2.0]))
-    np.testing.assert_allclose(w.grad.numpy(), np.exp([0.5, -2.0]) * [1.0, 2.0])
+    np.testing.assert_allclose(h.grad.detach().numpy(), np.exp([0.5, -2.0]))
+    np.testing.assert_allclose(w.grad.detach().numpy(), np.exp([0.5, -2.0]) * [1.0, 2.0])
 
 
 def test_multiple_roots_and_integer_index_params():
@@ -208,7 +208,7 @@ def test_multiple_roots_and_integer_index_params():
         b = (x * x).sum()
         xgrad.autograd.backward([a, b], compiled=True)
         expected = jax.grad(lambda v, i=index: jnp.sum(jnp.sin(v[:, i])) + jnp.sum(v * v))(jnp.arange(6.0).reshape(2, 3))
-        np.testing.assert_allclose(x.grad.numpy(), expected)
+        np.testing.assert_allclose(x.grad.detach().numpy(), expected)
     assert compiled.stats()["hits"] == 1
 
 
@@ -217,7 +217,7 @@ def test_boolean_mask_index_is_keyed_by_value():
     for mask in ([True, False, True], [False, True, True], [True, False, True]):
         x.grad = None
         (x[np.array(mask)] ** 2).sum().backward(compiled=True)
-        np.testing.assert_allclose(x.grad.numpy(), 2 * np.array([1.0, 2.0, 3.0]) * mask)
+        np.testing.assert_allclose(x.grad.detach().numpy(), 2 * np.array([1.0, 2.0, 3.0]) * mask)
     assert compiled.stats()["misses"] == 2
 
 
@@ -239,7 +239,7 @@ def test_create_graph_records_one_differentiable_node():
     (gg,) = xgrad.autograd.grad(g.sum(), x, compiled=True)
     f = lambda v: jnp.sum(jnp.sin(v) * v)  # noqa: E731
     expected = jax.grad(lambda v: jnp.sum(jax.grad(f)(v)))(jnp.array([0.3, -0.7]))
-    np.testing.assert_allclose(gg.numpy(), expected)
+    np.testing.assert_allclose(gg.detach().numpy(), expected)
 
 
 def test_create_graph_grads_of_linear_functions_do_not_require_grad():
@@ -315,7 +315,7 @@ def test_nodes_recorded_before_and_after_the_first_compiled_backward_share_a_pro
     x.grad = None
     late.backward(compiled=True)
     assert (compiled.stats()["misses"], compiled.stats()["hits"]) == (1, 1)
-    np.testing.assert_allclose(x.grad.numpy(), 3 * np.exp([1.0, 2.0]))
+    np.testing.assert_allclose(x.grad.detach().numpy(), 3 * np.exp([1.0, 2.0]))
 
 
 def test_constants_key_their_value_type_and_zero_sign():
@@ -324,8 +324,8 @@ def test_constants_key_their_value_type_and_zero_sign():
         x.grad = None
         (x * constant).sum().backward(compiled=True)
         expected = jax.grad(lambda a, c=constant: jnp.sum(a * c))(jnp.array([1.0, 2.0]))
-        np.testing.assert_array_equal(np.signbit(x.grad.numpy()), np.signbit(expected))
-        np.testing.assert_array_equal(x.grad.numpy(), expected)
+        np.testing.assert_array_equal(np.signbit(x.grad.detach().numpy()), np.signbit(expected))
+        np.testing.assert_array_equal(x.grad.detach().numpy(), expected)
     # 2.0, 3.0, 0.0, -0.0 and the int 2 are five structures; the second 0.0 hits.
     assert (compiled.stats()["misses"], compiled.stats()["hits"]) == (5, 1)
 
@@ -341,7 +341,7 @@ def test_saved_and_unsaved_inputs_of_one_shape_are_different_structures():
         for t, want, e in zip((a, b), wants, expected, strict=True):
             assert (t.grad is not None) == want
             if want:
-                np.testing.assert_allclose(t.grad.numpy(), e, rtol=1e-12)
+                np.testing.assert_allclose(t.grad.detach().numpy(), e, rtol=1e-12)
     assert (compiled.stats()["misses"], compiled.stats()["hits"]) == (3, 1)
 
 
@@ -353,12 +353,12 @@ def test_a_full_fragment_table_starts_afresh_without_mixing_structures(monkeypat
         for op in ops:
             x.grad = None
             op(x).sum().backward(compiled=True)
-            expected = x.grad.numpy()
+            expected = x.grad.detach().numpy()
             x.grad = None
             op(x).sum().backward()
             # Equal up to XLA fusing the compiled rule differently (1 ulp); a program of
             # another op (exp for sin, say) would be far off.
-            np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-6)
+            np.testing.assert_allclose(x.grad.detach().numpy(), expected, rtol=1e-6)
     assert len(compiled_engine.key.fragments) <= 2
 
 
@@ -420,7 +420,7 @@ def test_retain_graph_allows_a_second_compiled_backward():
     y = (x.exp() * x).sum()
     y.backward(retain_graph=True, compiled=True)
     y.backward(compiled=True)
-    np.testing.assert_allclose(x.grad.numpy(), 2 * np.exp([1.0, 2.0]) * ([1.0, 2.0] + np.ones(2)))
+    np.testing.assert_allclose(x.grad.detach().numpy(), 2 * np.exp([1.0, 2.0]) * ([1.0, 2.0] + np.ones(2)))
 
 
 def test_inplace_modification_is_detected():
@@ -450,7 +450,7 @@ def test_inplace_modification_is_detected_on_a_hit_and_the_next_backward_works()
         step(True)
     assert x.grad is None
     step(False)
-    np.testing.assert_allclose(x.grad.numpy(), [2.0, 4.0])
+    np.testing.assert_allclose(x.grad.detach().numpy(), [2.0, 4.0])
     assert compiled.stats()["hits"] == 1
 
 
@@ -480,12 +480,12 @@ def test_old_grad_buffers_are_donated_only_when_unshared():
     held = x.grad
     (x * x).sum().backward(compiled=True)
     assert x.grad is held  # accumulated in place, as eager: the user's reference sees the sum
-    np.testing.assert_allclose(held.numpy(), [6.0, 12.0])
+    np.testing.assert_allclose(held.detach().numpy(), [6.0, 12.0])
     array = held.array
     (x * x).sum().backward(compiled=True)
     assert not array.is_deleted()  # the user holds the old buffer: not donated
     np.testing.assert_allclose(np.asarray(array), [6.0, 12.0])
-    np.testing.assert_allclose(held.numpy(), [8.0, 16.0])
+    np.testing.assert_allclose(held.detach().numpy(), [8.0, 16.0])
 
 
 def test_switches():

@@ -53,7 +53,7 @@ def test_long_chain_matches_eager_and_jax_and_reuses_its_chunks():
     for flag in (False, True, True):
         x = xgrad.tensor(x_np, requires_grad=True)
         chain(x, n).backward(compiled=flag)
-        grads[flag] = x.grad.numpy()
+        grads[flag] = x.grad.detach().numpy()
         np.testing.assert_allclose(grads[flag], expected, rtol=1e-12)
     np.testing.assert_allclose(grads[True], grads[False], rtol=1e-14)
     s = compiled.stats()
@@ -98,7 +98,7 @@ def test_branches_fan_out_and_leaves_across_chunk_borders():
         c = xgrad.tensor(c_np, requires_grad=True)
         for _ in range(2):  # the second call adds into the first's .grad
             blocks(x, ws, c.exp()).backward(compiled=flag)
-        results[flag] = [x.grad.numpy(), np.stack([w.grad.numpy() for w in ws]), c.grad.numpy()]
+        results[flag] = [x.grad.detach().numpy(), np.stack([w.grad.detach().numpy() for w in ws]), c.grad.detach().numpy()]
         for got, want in zip(results[flag], expected, strict=True):
             np.testing.assert_allclose(got, 2 * np.asarray(want), rtol=1e-10)
     for got, want in zip(results[True], results[False], strict=True):
@@ -142,7 +142,7 @@ def hooked_chain(flag: bool, events: list, n: int = 30) -> tuple[np.ndarray, np.
             h.register_hook(compiled.pure_hook(plus_one))
     h.sum().backward(compiled=flag)
     assert retained is not None
-    return x.grad.numpy(), retained.grad.numpy()
+    return x.grad.detach().numpy(), retained.grad.detach().numpy()
 
 
 def test_a_hook_in_the_middle_runs_between_chunks_as_in_eager():
@@ -170,7 +170,7 @@ def test_retained_grads_inside_reused_chunks():
                 h.retain_grad()
                 kept.append(h)
         (h * h).sum().backward(compiled=flag)
-        return [x.grad.numpy(), *(t.grad.numpy() for t in kept)]
+        return [x.grad.detach().numpy(), *(t.grad.detach().numpy() for t in kept)]
 
     eager = run(False)
     for _ in range(2):
@@ -201,7 +201,7 @@ def test_a_function_in_a_long_chain_runs_on_the_host():
         for i in range(24):
             h = Cube.apply(h) if i == 11 else h * 1.01
         h.sum().backward(compiled=flag)
-        return x.grad.numpy()
+        return x.grad.detach().numpy()
 
     def reference(x):  # noqa: ANN001, ANN202
         h = x
@@ -228,9 +228,9 @@ def test_create_graph_through_chunks():
     for flag in (False, True):
         x = xgrad.tensor(x_np, requires_grad=True)
         (g,) = xgrad.autograd.grad(f(x, xgrad.sin), [x], create_graph=True, compiled=flag)
-        np.testing.assert_allclose(g.numpy(), jax.grad(f)(jnp.asarray(x_np)), rtol=1e-12)
+        np.testing.assert_allclose(g.detach().numpy(), jax.grad(f)(jnp.asarray(x_np)), rtol=1e-12)
         g.sum().backward(compiled=flag)
-        np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-10)
+        np.testing.assert_allclose(x.grad.detach().numpy(), expected, rtol=1e-10)
     assert len(the_program().segments) > 1
 
 
@@ -243,7 +243,7 @@ def test_grad_of_inputs_inside_chunks():
             h = (h * 1.1).tanh() if i % 2 else h * 0.95
             if i in (5, 17, 26):
                 mids.append(h)
-        return [g.numpy() for g in xgrad.autograd.grad(h.sum(), [x, *mids], compiled=flag)]
+        return [g.detach().numpy() for g in xgrad.autograd.grad(h.sum(), [x, *mids], compiled=flag)]
 
     for got, want in zip(run(True), run(False), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12)
@@ -264,7 +264,7 @@ def test_leaves_on_two_devices_in_a_long_chain():
             h = h * 0.9
         h.sum().backward(compiled=flag)
         assert x.grad.device == dev0 and w.grad.device == dev1
-        return x.grad.numpy(), w.grad.numpy()
+        return x.grad.detach().numpy(), w.grad.detach().numpy()
 
     for got, want in zip(run(True), run(False), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12)
@@ -314,7 +314,7 @@ def test_the_chunk_cache_is_bounded(monkeypatch: pytest.MonkeyPatch):
     for n in (20, 21):
         x.grad = None
         chain(x, n).backward(compiled=True)
-        np.testing.assert_allclose(x.grad.numpy(), 2 * 0.5 * 1.25 ** (2 * n), rtol=1e-6)
+        np.testing.assert_allclose(x.grad.detach().numpy(), 2 * 0.5 * 1.25 ** (2 * n), rtol=1e-6)
     assert compiled.stats()["chunk_cache_size"] == 2
 
 
@@ -327,7 +327,7 @@ def test_threads_share_chunks():
             for _ in range(3):
                 x = xgrad.tensor(np.array([scale]), requires_grad=True)
                 chain(x, 24).backward(compiled=True)
-                np.testing.assert_allclose(x.grad.numpy(), [2 * scale * 1.25**48], rtol=1e-12)
+                np.testing.assert_allclose(x.grad.detach().numpy(), [2 * scale * 1.25**48], rtol=1e-12)
         except BaseException as exc:  # noqa: BLE001  (reported by the main thread)
             errors.append(exc)
 

@@ -50,7 +50,7 @@ def test_type_promotion_follows_jnp(a_dtype, b_dtype, op):
         expected = getattr(jnp, {"sub": "subtract", "div": "true_divide", "mul": "multiply"}.get(op, op))(jnp.asarray(a), jnp_b)
         got = getattr(xgrad, op)(xgrad.tensor(a), x_b)
     assert got.dtype == expected.dtype
-    np.testing.assert_allclose(got.numpy().astype(np.float64), np.asarray(expected, np.float64))
+    np.testing.assert_allclose(got.detach().numpy().astype(np.float64), np.asarray(expected, np.float64))
 
 
 def test_astype_round_trip_is_differentiable():

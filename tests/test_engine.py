@@ -69,14 +69,14 @@ def test_grad_accumulates_in_place_unless_create_graph(compiled, create_graph):
     a, b = leaves()
     f_np(xgrad, a, b).backward(compiled=compiled)
     first = a.grad
-    first_values = first.numpy().copy()
+    first_values = first.detach().numpy().copy()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # backward(create_graph=True)'s reference-cycle warning
         f_np(xgrad, a, b).backward(create_graph=create_graph, compiled=compiled)
     close(a.grad, 2 * first_values)
     if create_graph:
         assert a.grad is not first
-        np.testing.assert_array_equal(first.numpy(), first_values)
+        np.testing.assert_array_equal(first.detach().numpy(), first_values)
     else:
         assert a.grad is first
         close(first, 2 * first_values)
@@ -412,7 +412,7 @@ def test_property_k_backwards_accumulate_k_times_one(steps, k):
         if x.grad is None:  # an input the output does not depend on
             np.testing.assert_array_equal(g, 0.0)
         else:
-            np.testing.assert_allclose(x.grad.numpy(), k * np.asarray(g), rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(x.grad.detach().numpy(), k * np.asarray(g), rtol=1e-12, atol=1e-12)
 
 
 @given(steps=dags(), subset=st.sets(st.integers(0, 2), min_size=1))
@@ -424,8 +424,8 @@ def test_property_grad_of_a_subset_matches_backward(steps, subset):
     assert all(x.grad is None for x in xs)
     out.backward()
     for i, g in zip(chosen, grads, strict=True):
-        full = xs[i].grad.numpy() if xs[i].grad is not None else np.zeros(2)
-        np.testing.assert_allclose(g.numpy(), full, rtol=1e-12, atol=1e-12)
+        full = xs[i].grad.detach().numpy() if xs[i].grad is not None else np.zeros(2)
+        np.testing.assert_allclose(g.detach().numpy(), full, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("host_grad", [[1.0, 2.0], np.array([1.0, 2.0])])

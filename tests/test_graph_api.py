@@ -72,14 +72,14 @@ def test_multi_grad_hook_all_on_non_leaves_and_with_grad(flag):
     register_multi_grad_hook((a, b, c), lambda grads: calls.append(grads))
     (a * b).sum().backward(compiled=flag)
     (grads,) = calls
-    np.testing.assert_allclose(grads[0].numpy(), np.exp([1.0, 2.0]))
-    np.testing.assert_allclose(grads[1].numpy(), [2.0, 4.0])
+    np.testing.assert_allclose(grads[0].detach().numpy(), np.exp([1.0, 2.0]))
+    np.testing.assert_allclose(grads[1].detach().numpy(), [2.0, 4.0])
     assert grads[2] is None
     a2, b2 = x * 2, x * 3
     register_multi_grad_hook((a2, b2), lambda grads: calls.append(grads))
     (g,) = xgrad.autograd.grad((a2 * b2).sum(), x, compiled=flag)
     assert len(calls) == 2 and calls[1][0].tolist() == b2.tolist() and calls[1][1].tolist() == a2.tolist()
-    np.testing.assert_allclose(g.numpy(), [12.0, 24.0])
+    np.testing.assert_allclose(g.detach().numpy(), [12.0, 24.0])
 
 
 @FLAGS
@@ -126,7 +126,7 @@ def test_a_gradient_edge_outlives_its_tensor(flag):
 
     out, edge = block()
     (g,) = xgrad.autograd.grad(out, [edge], compiled=flag)
-    np.testing.assert_allclose(g.numpy(), [4.0, 8.0])
+    np.testing.assert_allclose(g.detach().numpy(), [4.0, 8.0])
 
 
 def test_gradient_edge_of_a_leaf_and_as_backward_input():
@@ -186,7 +186,7 @@ def test_allow_mutation_on_saved_tensors(flag):
         b.sin_()
         b[0].mul_(3.0)  # through a view too
         out.backward(compiled=flag)
-    np.testing.assert_allclose(a.grad.numpy(), 2 * a.numpy() + np.exp(a.numpy()))
+    np.testing.assert_allclose(a.grad.detach().numpy(), 2 * a.detach().numpy() + np.exp(a.detach().numpy()))
     # Without the context the same mutation is caught.
     b = a * 1.0
     out = (b ** 2).sum()
@@ -260,12 +260,12 @@ def test_batched_grads_match_a_loop_over_rows_and_jacrev(flag):
     assert gu is None and gx.shape == (4, 3) and gw.shape == (4, 3)
     for b in range(4):
         rx, rw = xgrad.autograd.grad((y1, y2), (x, w), (xgrad.tensor(v1[b]), xgrad.tensor(v2[b])), retain_graph=True)
-        np.testing.assert_allclose(gx.numpy()[b], rx.numpy(), rtol=1e-12)
-        np.testing.assert_allclose(gw.numpy()[b], rw.numpy(), rtol=1e-12)
+        np.testing.assert_allclose(gx.detach().numpy()[b], rx.detach().numpy(), rtol=1e-12)
+        np.testing.assert_allclose(gw.detach().numpy()[b], rw.detach().numpy(), rtol=1e-12)
     (jac,) = xgrad.autograd.grad(y1, x, xgrad.tensor(np.eye(3)), is_grads_batched=True, compiled=flag, retain_graph=True)
-    np.testing.assert_allclose(jac.numpy(), jax.jacrev(lambda a: jnp.sin(a * w.array))(x.array), rtol=1e-12)
+    np.testing.assert_allclose(jac.detach().numpy(), jax.jacrev(lambda a: jnp.sin(a * w.array))(x.array), rtol=1e-12)
     (zeros,) = xgrad.autograd.grad(y1, unused, xgrad.tensor(np.eye(3)), is_grads_batched=True, materialize_grads=True)
-    assert zeros.shape == (3, 2) and not zeros.numpy().any()
+    assert zeros.shape == (3, 2) and not zeros.detach().numpy().any()
 
 
 def test_batched_grads_with_create_graph_are_differentiable():
@@ -273,10 +273,10 @@ def test_batched_grads_with_create_graph_are_differentiable():
     y = x.sin() * x
     (jac,) = xgrad.autograd.grad(y, x, xgrad.tensor(np.eye(2)), is_grads_batched=True, create_graph=True)
     expected = jax.jacrev(lambda a: jnp.sin(a) * a)(x.array)
-    np.testing.assert_allclose(jac.numpy(), expected, rtol=1e-12)
+    np.testing.assert_allclose(jac.detach().numpy(), expected, rtol=1e-12)
     (hess_trace,) = xgrad.autograd.grad(jac.sum(), x)
     reference = jax.grad(lambda a: jax.jacrev(lambda b: jnp.sin(b) * b)(a).sum())(x.array)
-    np.testing.assert_allclose(hess_trace.numpy(), reference, rtol=1e-12)
+    np.testing.assert_allclose(hess_trace.detach().numpy(), reference, rtol=1e-12)
 
 
 def test_batched_grads_check_their_shapes():

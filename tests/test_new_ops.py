@@ -46,14 +46,14 @@ def test_shape_methods_against_numpy():
     assert x.contiguous() is x
     assert x.numel() == 6 and x.dim() == 2
     assert x.element_size() == 8 and x.float().element_size() == 4 and x.half().element_size() == 2
-    np.testing.assert_array_equal(x.expand_as(xgrad.zeros(4, 2, 3)).numpy(), np.broadcast_to(a, (4, 2, 3)))
-    np.testing.assert_array_equal(x.view_as(xgrad.zeros(3, 2)).numpy(), a.reshape(3, 2))
-    np.testing.assert_array_equal(x.reshape_as(xgrad.zeros(6)).numpy(), a.ravel())
-    np.testing.assert_array_equal(x.repeat(2, 1, 2).numpy(), np.tile(a, (2, 1, 2)))
-    np.testing.assert_array_equal(x.repeat_interleave(xgrad.tensor([2, 0, 1]), dim=1).numpy(), np.repeat(a, [2, 0, 1], axis=1))
-    np.testing.assert_array_equal(x.narrow(-1, 1, 2).numpy(), a[:, 1:3])
-    np.testing.assert_array_equal(x.select(-1, 0).numpy(), a[:, 0])
-    np.testing.assert_array_equal(xgrad.outer(xgrad.tensor([1.0, 2.0]), xgrad.tensor([3.0, 4.0, 5.0])).numpy(),
+    np.testing.assert_array_equal(x.expand_as(xgrad.zeros(4, 2, 3)).detach().numpy(), np.broadcast_to(a, (4, 2, 3)))
+    np.testing.assert_array_equal(x.view_as(xgrad.zeros(3, 2)).detach().numpy(), a.reshape(3, 2))
+    np.testing.assert_array_equal(x.reshape_as(xgrad.zeros(6)).detach().numpy(), a.ravel())
+    np.testing.assert_array_equal(x.repeat(2, 1, 2).detach().numpy(), np.tile(a, (2, 1, 2)))
+    np.testing.assert_array_equal(x.repeat_interleave(xgrad.tensor([2, 0, 1]), dim=1).detach().numpy(), np.repeat(a, [2, 0, 1], axis=1))
+    np.testing.assert_array_equal(x.narrow(-1, 1, 2).detach().numpy(), a[:, 1:3])
+    np.testing.assert_array_equal(x.select(-1, 0).detach().numpy(), a[:, 0])
+    np.testing.assert_array_equal(xgrad.outer(xgrad.tensor([1.0, 2.0]), xgrad.tensor([3.0, 4.0, 5.0])).detach().numpy(),
                                   np.outer([1.0, 2.0], [3.0, 4.0, 5.0]))
 
 
@@ -67,7 +67,7 @@ def test_dtype_methods(method, dtype):
     x = xgrad.tensor(np.array([1.5, -2.0, 0.0]), requires_grad=True)
     out = getattr(x, method)()
     assert out.dtype == jnp.dtype(dtype)
-    np.testing.assert_array_equal(out.numpy(), np.asarray(x.numpy()).astype(np.dtype(dtype)))
+    np.testing.assert_array_equal(out.detach().numpy(), np.asarray(x.detach().numpy()).astype(np.dtype(dtype)))
     if jnp.issubdtype(dtype, jnp.inexact):
         assert out.requires_grad  # x itself for double(): x is float64 already
     else:  # integer and bool results leave the graph, as in PyTorch
@@ -90,7 +90,7 @@ def test_to_forms_are_differentiable(compiled):
         x.grad = None
         (o.to(dev0).to(jnp.float64) ** 2).sum().backward(compiled=compiled)
         assert x.grad.dtype == jnp.float64 and x.grad.device == dev0
-        np.testing.assert_allclose(x.grad.numpy(), 2 * x.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(x.grad.detach().numpy(), 2 * x.detach().numpy(), rtol=1e-6)
 
 
 def test_to_rejects_unknown_keywords():
@@ -115,7 +115,7 @@ def test_new_factories_follow_self():
     x = xgrad.tensor(np.array([1, 2, 3], dtype=np.int32), device=dev1)
     for t, shape, value in ((x.new_zeros(2, 2), (2, 2), 0), (x.new_ones((3,)), (3,), 1), (x.new_full((1, 2), 7), (1, 2), 7)):
         assert t.shape == shape and t.dtype == jnp.int32 and t.device == dev1 and not t.requires_grad
-        assert (t.numpy() == value).all()
+        assert (t.detach().numpy() == value).all()
     f = x.new_zeros(2, dtype=jnp.float32, device=jax.devices()[0], requires_grad=True)
     assert f.dtype == jnp.float32 and f.device == jax.devices()[0] and f.requires_grad and f.is_leaf
     source = xgrad.tensor([1.5, 2.5], requires_grad=True) * 2
@@ -134,9 +134,9 @@ def test_masked_fill_inplace_rebinds_and_differentiates(compiled):
     version = y._version
     out = y.masked_fill_(y > 1.0, value)
     assert out is y and y._version == version + 1
-    np.testing.assert_array_equal(y.numpy(), np.where(2 * a > 1.0, 4.0, 2 * a))
+    np.testing.assert_array_equal(y.detach().numpy(), np.where(2 * a > 1.0, 4.0, 2 * a))
     (y * y).sum().backward(compiled=compiled)
-    np.testing.assert_allclose(leaf.grad.numpy(), np.where(2 * a > 1.0, 0.0, 8 * a))
+    np.testing.assert_allclose(leaf.grad.detach().numpy(), np.where(2 * a > 1.0, 0.0, 8 * a))
     assert value.grad.item() == pytest.approx(2 * 4.0 * (2 * a > 1.0).sum())
 
 
@@ -170,12 +170,12 @@ def test_masked_select_scatters_the_gradient_back(compiled):
 def test_nonzero_any_all_argsort_are_non_differentiable():
     a = np.array([[0.0, 1.5, 0.0], [2.0, 0.0, -1.0]])
     x = xgrad.tensor(a, requires_grad=True)
-    np.testing.assert_array_equal(x.nonzero().numpy(), np.stack(np.nonzero(a), axis=1))
+    np.testing.assert_array_equal(x.nonzero().detach().numpy(), np.stack(np.nonzero(a), axis=1))
     for got, want in zip(x.nonzero(as_tuple=True), np.nonzero(a), strict=True):
-        np.testing.assert_array_equal(got.numpy(), want)
+        np.testing.assert_array_equal(got.detach().numpy(), want)
     assert x.nonzero().dtype == jnp.int64
-    np.testing.assert_array_equal(x.any(dim=1, keepdim=True).numpy(), np.any(a != 0, axis=1, keepdims=True))
-    np.testing.assert_array_equal(x.all(dim=0).numpy(), np.all(a != 0, axis=0))
+    np.testing.assert_array_equal(x.any(dim=1, keepdim=True).detach().numpy(), np.any(a != 0, axis=1, keepdims=True))
+    np.testing.assert_array_equal(x.all(dim=0).detach().numpy(), np.all(a != 0, axis=0))
     assert x.any().item() is True and x.all().item() is False
     # A 0-dim input, as PyTorch: one row per non-zero scalar and no columns; as_tuple sees a 1-element vector.
     assert xgrad.nonzero(xgrad.tensor(3.0)).shape == (1, 0) and xgrad.nonzero(xgrad.tensor(0.0)).shape == (0, 0)
@@ -212,7 +212,7 @@ def test_one_hot():
     labels = np.array([[0, 2], [1, 0]])
     out = xgrad.one_hot(xgrad.tensor(labels))
     assert out.dtype == jnp.int64 and out.shape == (2, 2, 3) and out.grad_fn is None
-    np.testing.assert_array_equal(out.numpy(), np.eye(3, dtype=np.int64)[labels])
+    np.testing.assert_array_equal(out.detach().numpy(), np.eye(3, dtype=np.int64)[labels])
     assert xgrad.one_hot(xgrad.tensor([1]), num_classes=4).tolist() == [[0, 1, 0, 0]]
     with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
         xgrad.one_hot(xgrad.tensor([0, 3]), num_classes=3)
@@ -228,19 +228,19 @@ def test_norm_gradient_at_zero_is_zero(compiled):
     """PyTorch defines the 2-norm's gradient at the zero vector as 0 (a subgradient), not NaN."""
     x = xgrad.tensor(np.array([[0.0, 0.0, 0.0], [3.0, 0.0, 4.0]]), requires_grad=True)
     (x.norm(dim=1) * xgrad.tensor([1.0, 2.0])).sum().backward(compiled=compiled)
-    np.testing.assert_allclose(x.grad.numpy(), [[0.0, 0.0, 0.0], [1.2, 0.0, 1.6]])
+    np.testing.assert_allclose(x.grad.detach().numpy(), [[0.0, 0.0, 0.0], [1.2, 0.0, 1.6]])
     z = xgrad.zeros(3, dtype=jnp.float64, requires_grad=True)
     (g,) = xgrad.autograd.grad(z.norm(), z, create_graph=True, compiled=compiled)
     assert g.tolist() == [0.0, 0.0, 0.0]
     (g2,) = xgrad.autograd.grad(g.sum(), z, compiled=compiled)
-    assert np.isfinite(g2.numpy()).all()
+    assert np.isfinite(g2.detach().numpy()).all()
 
 
 def test_norm_values_against_numpy():
     a = np.array([[1.0, -2.0, 0.0], [3.0, 0.5, -4.0]])
     x = xgrad.tensor(a)
     for p, dim in ((2, None), ("fro", (0, 1)), (1, 1), (math.inf, 0), (-math.inf, 1), (0, 1), (3, 1)):
-        np.testing.assert_allclose(x.norm(p, dim).numpy(), np.linalg.norm(a if dim is not None else a.ravel(), ord=p, axis=dim)
+        np.testing.assert_allclose(x.norm(p, dim).detach().numpy(), np.linalg.norm(a if dim is not None else a.ravel(), ord=p, axis=dim)
                                    if p != "fro" else np.linalg.norm(a), rtol=1e-12)
     with pytest.raises(NotImplementedError):
         x.norm("nuc")
@@ -251,7 +251,7 @@ def test_normalize_keeps_zero_rows_zero():
     out = xgrad.normalize(x)
     assert out.tolist() == [[0.0, 0.0], [0.6, 0.8]]
     out.sum().backward()
-    assert np.isfinite(x.grad.numpy()).all()
+    assert np.isfinite(x.grad.detach().numpy()).all()
 
 
 # -- unbind: one node, n outputs ----------------------------------------------------------------
@@ -278,7 +278,7 @@ def test_unbind_slices_are_views_that_write_through(compiled):
     assert x.tolist() == [[0.0, 1.0, 2.0], [30.0, 40.0, 50.0]]
     assert first._version == x._version  # the sibling slice sees the new base too
     (x * x).sum().backward(compiled=compiled)
-    np.testing.assert_allclose(leaf.grad.numpy(), [[0.0, 2.0, 4.0], [600.0, 800.0, 1000.0]])
+    np.testing.assert_allclose(leaf.grad.detach().numpy(), [[0.0, 2.0, 4.0], [600.0, 800.0, 1000.0]])
 
 
 def test_unbind_second_order_against_jax():
@@ -314,7 +314,7 @@ def test_baddbmm_with_beta_zero_ignores_nan_input():
     assert out.tolist() == [[[1.5, 1.5], [1.5, 1.5]]]
     out.sum().backward()
     assert nan_input.grad.tolist() == [[[0.0, 0.0], [0.0, 0.0]]]
-    np.testing.assert_allclose(b1.grad.numpy(), np.full((1, 2, 3), 1.0))
+    np.testing.assert_allclose(b1.grad.detach().numpy(), np.full((1, 2, 3), 1.0))
 
 
 def test_linear_with_a_vector_weight():
@@ -332,7 +332,7 @@ def test_binary_cross_entropy_clamps_log_at_minus_100():
     assert loss.tolist() == [100.0, 100.0, 0.0, 0.0]
     loss.sum().backward()
     # PyTorch's rule: (x - t) / max(x (1 - x), 1e-12): finite at the ends.
-    np.testing.assert_allclose(x.grad.numpy(), [-1e12, 1e12, 0.0, 0.0])
+    np.testing.assert_allclose(x.grad.detach().numpy(), [-1e12, 1e12, 0.0, 0.0])
 
 
 def test_binary_cross_entropy_checks():
@@ -347,9 +347,9 @@ def test_binary_cross_entropy_checks():
 def test_binary_cross_entropy_with_logits_is_stable_for_large_logits():
     x = xgrad.tensor(np.array([1000.0, -1000.0, 30.0]), requires_grad=True)
     loss = xgrad.binary_cross_entropy_with_logits(x, xgrad.tensor([0.0, 1.0, 1.0]), reduction="none")
-    np.testing.assert_allclose(loss.numpy(), [1000.0, 1000.0, math.log1p(math.exp(-30.0))], rtol=1e-12)
+    np.testing.assert_allclose(loss.detach().numpy(), [1000.0, 1000.0, math.log1p(math.exp(-30.0))], rtol=1e-12)
     loss.sum().backward()
-    np.testing.assert_allclose(x.grad.numpy(), [1.0, -1.0, -1 / (1 + math.exp(30.0))], rtol=1e-9)
+    np.testing.assert_allclose(x.grad.detach().numpy(), [1.0, -1.0, -1 / (1 + math.exp(30.0))], rtol=1e-9)
 
 
 def test_nll_loss_ignore_index_and_errors():
@@ -413,7 +413,7 @@ def test_sdpa_grouped_query_attention_is_repeated_heads():
     _, k, v = _qkv(seed=1, heads=2)
     grouped = xgrad.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     explicit = xgrad.scaled_dot_product_attention(q, k.repeat_interleave(2, dim=0), v.repeat_interleave(2, dim=0))
-    np.testing.assert_allclose(grouped.numpy(), explicit.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(grouped.detach().numpy(), explicit.detach().numpy(), rtol=1e-12)
 
 
 def test_sdpa_dropout_uses_a_key():
@@ -421,11 +421,11 @@ def test_sdpa_dropout_uses_a_key():
     key = jax.random.PRNGKey(11)
     a = xgrad.scaled_dot_product_attention(q, k, v, dropout_p=0.5, dropout_key=key)
     b = xgrad.scaled_dot_product_attention(q, k, v, dropout_p=0.5, dropout_key=key)
-    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
     xgrad.manual_seed(0)
     c = xgrad.scaled_dot_product_attention(q, k, v, dropout_p=0.5)  # the module default key, as xgrad.dropout
-    assert not np.allclose(a.numpy(), c.numpy())
-    np.testing.assert_allclose(xgrad.scaled_dot_product_attention(q, k, v, dropout_p=1.0).numpy(), 0.0)
+    assert not np.allclose(a.detach().numpy(), c.detach().numpy())
+    np.testing.assert_allclose(xgrad.scaled_dot_product_attention(q, k, v, dropout_p=1.0).detach().numpy(), 0.0)
 
 
 def test_sdpa_errors():
@@ -451,17 +451,17 @@ _UPSAMPLE_DOC = {
 @pytest.mark.parametrize("mode, align_corners", list(_UPSAMPLE_DOC))
 def test_interpolate_matches_pytorch_upsample_docs(mode, align_corners):
     out = xgrad.interpolate(xgrad.tensor(_UPSAMPLE_IN), scale_factor=2, mode=mode, align_corners=align_corners)
-    np.testing.assert_allclose(out.numpy()[0, 0], _UPSAMPLE_DOC[mode, align_corners], rtol=1e-12)
+    np.testing.assert_allclose(out.detach().numpy()[0, 0], _UPSAMPLE_DOC[mode, align_corners], rtol=1e-12)
 
 
 def test_interpolate_bilinear_3x3_matches_pytorch_docs():
     x = np.zeros((1, 1, 3, 3))
     x[0, 0, :2, :2] = _UPSAMPLE_IN[0, 0]
-    out = xgrad.interpolate(xgrad.tensor(x), scale_factor=2, mode="bilinear").numpy()[0, 0]
+    out = xgrad.interpolate(xgrad.tensor(x), scale_factor=2, mode="bilinear").detach().numpy()[0, 0]
     np.testing.assert_allclose(out[:, :5], [
         [1.0, 1.25, 1.75, 1.5, 0.5], [1.5, 1.75, 2.25, 1.875, 0.625], [2.5, 2.75, 3.25, 2.625, 0.875],
         [2.25, 2.4375, 2.8125, 2.25, 0.75], [0.75, 0.8125, 0.9375, 0.75, 0.25], [0.0] * 5], rtol=1e-12)
-    aligned = xgrad.interpolate(xgrad.tensor(x), scale_factor=2, mode="bilinear", align_corners=True).numpy()[0, 0]
+    aligned = xgrad.interpolate(xgrad.tensor(x), scale_factor=2, mode="bilinear", align_corners=True).detach().numpy()[0, 0]
     np.testing.assert_allclose(aligned[:3, :5], [
         [1.0, 1.4, 1.8, 1.6, 0.8], [1.8, 2.2, 2.6, 2.24, 1.12], [2.6, 3.0, 3.4, 2.88, 1.44]], rtol=1e-12)
 
@@ -469,7 +469,7 @@ def test_interpolate_bilinear_3x3_matches_pytorch_docs():
 def test_interpolate_bilinear_upsampling_agrees_with_jax_image_resize():
     x = np.random.default_rng(0).standard_normal((2, 3, 4, 5))
     out = xgrad.interpolate(xgrad.tensor(x), size=(7, 9), mode="bilinear")
-    np.testing.assert_allclose(out.numpy(), jax.image.resize(x, (2, 3, 7, 9), "bilinear"), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out.detach().numpy(), jax.image.resize(x, (2, 3, 7, 9), "bilinear"), rtol=1e-10, atol=1e-12)
 
 
 def test_interpolate_errors():

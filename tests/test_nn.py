@@ -19,18 +19,18 @@ def test_linear_matches_jax_and_pytorch_init_bounds():
     layer = nn.Linear(5, 3, key=1, dtype=jnp.float64)
     assert layer.weight.shape == (3, 5) and layer.bias.shape == (3,)
     bound = 1 / np.sqrt(5)
-    assert np.all(np.abs(layer.weight.numpy()) <= bound) and np.all(np.abs(layer.bias.numpy()) <= bound)
+    assert np.all(np.abs(layer.weight.detach().numpy()) <= bound) and np.all(np.abs(layer.bias.detach().numpy()) <= bound)
     assert layer.weight.is_leaf and layer.weight.requires_grad
     x = np.random.default_rng(0).normal(size=(4, 5))
     out = layer(xgrad.tensor(x))
-    np.testing.assert_allclose(out.numpy(), x @ layer.weight.numpy().T + layer.bias.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(out.detach().numpy(), x @ layer.weight.detach().numpy().T + layer.bias.detach().numpy(), rtol=1e-12)
 
 
 def test_same_key_same_init_and_default_key_differs():
     a, b = nn.Linear(3, 3, key=7), nn.Linear(3, 3, key=7)
-    np.testing.assert_array_equal(a.weight.numpy(), b.weight.numpy())
+    np.testing.assert_array_equal(a.weight.detach().numpy(), b.weight.detach().numpy())
     c, d = nn.Linear(3, 3), nn.Linear(3, 3)
-    assert not np.array_equal(c.weight.numpy(), d.weight.numpy())
+    assert not np.array_equal(c.weight.detach().numpy(), d.weight.detach().numpy())
 
 
 def test_mlp_parameter_discovery_and_grads_match_jax_grad():
@@ -71,7 +71,7 @@ def test_state_dict_round_trip_and_errors():
     assert weight_before.requires_grad and weight_before._version == 1
     for (n1, p1), (n2, p2) in zip(src.named_parameters(), dst.named_parameters(), strict=True):
         assert n1 == n2
-        np.testing.assert_array_equal(p1.numpy(), p2.numpy())
+        np.testing.assert_array_equal(p1.detach().numpy(), p2.detach().numpy())
     with pytest.raises(RuntimeError, match=r'Error\(s\) in loading state_dict for MLP:\n\tMissing key\(s\) in state_dict: "2.bias". '):
         dst.load_state_dict({k: v for k, v in state.items() if k != "2.bias"})
     with pytest.raises(RuntimeError, match=r'\n\tMissing key\(s\) in state_dict: "2.bias". \n\tUnexpected key\(s\) in state_dict: "extra". '):
@@ -79,7 +79,7 @@ def test_state_dict_round_trip_and_errors():
     with pytest.raises(RuntimeError, match=r"size mismatch for 0.weight: copying a param with shape \[5, 5\] from checkpoint, "
                        r"the shape in current model is \[3, 2\]."):
         dst.load_state_dict({**state, "0.bias": xgrad.zeros(3), "0.weight": xgrad.zeros(5, 5)})
-    assert weight_before._version == 1 and not np.any(dst[0].bias.numpy() == 0)  # a failed load copies nothing
+    assert weight_before._version == 1 and not np.any(dst[0].bias.detach().numpy() == 0)  # a failed load copies nothing
     partial = {k: v for k, v in state.items() if k != "2.bias"}
     assert dst.load_state_dict({**partial, "extra": xgrad.zeros(1)}, strict=False) == (["2.bias"], ["extra"])
 
@@ -88,12 +88,12 @@ def test_layer_norm_embedding_match_references():
     ln = nn.LayerNorm(4, dtype=jnp.float64)
     x = np.random.default_rng(2).normal(size=(3, 4))
     mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
-    np.testing.assert_allclose(ln(xgrad.tensor(x)).numpy(), (x - mu) / np.sqrt(var + 1e-5), rtol=1e-10)
+    np.testing.assert_allclose(ln(xgrad.tensor(x)).detach().numpy(), (x - mu) / np.sqrt(var + 1e-5), rtol=1e-10)
     assert [n for n, _ in ln.named_parameters()] == ["weight", "bias"]
     emb = nn.Embedding(10, 3, key=0)
     idx = np.array([[1, 2], [9, 1]])
     out = emb(idx)
-    np.testing.assert_array_equal(out.numpy(), emb.weight.numpy()[idx])
+    np.testing.assert_array_equal(out.detach().numpy(), emb.weight.detach().numpy()[idx])
     out.sum().backward()
     assert emb.weight.grad.numpy()[1].tolist() == [2.0, 2.0, 2.0] and emb.weight.grad.numpy()[0].tolist() == [0.0] * 3
 
@@ -101,9 +101,9 @@ def test_layer_norm_embedding_match_references():
 def test_dropout_train_and_eval():
     model = nn.Sequential(nn.Dropout(0.5, key=0))
     x = xgrad.ones(1000)
-    y = model(x).numpy()
+    y = model(x).detach().numpy()
     assert set(np.unique(y)) <= {0.0, 2.0} and 300 < (y == 0).sum() < 700
-    assert not np.array_equal(y, model(x).numpy())  # each call draws a fresh mask
+    assert not np.array_equal(y, model(x).detach().numpy())  # each call draws a fresh mask
     model.eval()
     assert not model[0].training
     assert model(x) is x
@@ -117,7 +117,7 @@ def test_dropout_train_and_eval():
 ])
 def test_activations(activation, reference):
     x = np.linspace(-3, 3, 7)
-    np.testing.assert_allclose(activation()(xgrad.tensor(x)).numpy(), reference(x), rtol=1e-10)
+    np.testing.assert_allclose(activation()(xgrad.tensor(x)).detach().numpy(), reference(x), rtol=1e-10)
 
 
 @pytest.mark.parametrize("make_transform", [lambda: optax.sgd(0.1, momentum=0.9), lambda: optax.adam(1e-2)], ids=["sgd", "adam"])
@@ -144,7 +144,7 @@ def test_optax_steps_equal_optax_on_jax_arrays(make_transform):
     assert list(model.parameters()) == params_before  # the same tensors, updated in place
     for p, ref in zip(model.parameters(), ref_params, strict=True):
         assert p.is_leaf and p.requires_grad
-        np.testing.assert_allclose(p.numpy(), ref, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(p.detach().numpy(), ref, rtol=1e-10, atol=1e-12)
 
 
 def test_optax_with_named_params_and_missing_grad():
@@ -179,7 +179,7 @@ def test_step_after_backward_uses_new_values():
         loss.backward()
     opt.zero_grad()
     (w * w).sum().backward()  # and the next backward works
-    np.testing.assert_allclose(w.grad.numpy(), 2 * w.numpy())
+    np.testing.assert_allclose(w.grad.numpy(), 2 * w.detach().numpy())
 
 
 # -- Parameter, buffers, discovery -------------------------------------------------------------
@@ -318,12 +318,12 @@ def test_loads_a_state_dict_written_with_pytorch_key_names():
     state = xgrad.load(FIXTURE)
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2), nn.BatchNorm1d(2))
     assert model.load_state_dict(state) == ([], [])  # strict: every key matched by name
-    raw = {k: v.numpy() for k, v in state.items()}
+    raw = {k: v.detach().numpy() for k, v in state.items()}
     assert model[3].num_batches_tracked.item() == 7 and model[3].num_batches_tracked.dtype == jnp.int64
     x = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
     hidden = np.maximum(x @ raw["0.weight"].T + raw["0.bias"], 0) @ raw["2.weight"].T + raw["2.bias"]
     expected = (hidden - raw["3.running_mean"]) / np.sqrt(raw["3.running_var"] + 1e-5) * raw["3.weight"] + raw["3.bias"]
-    np.testing.assert_allclose(model.eval()(xgrad.tensor(x)).numpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.eval()(xgrad.tensor(x)).detach().numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
 # -- layers ---------------------------------------------------------------------------------------
@@ -333,12 +333,12 @@ def test_conv2d_matches_lax_and_pytorch_init():
     conv = nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=1, dilation=1, groups=2, key=0, dtype=jnp.float64)
     assert conv.weight.shape == (6, 2, 3, 2) and [n for n, _ in conv.named_parameters()] == ["weight", "bias"]
     bound = 1 / np.sqrt(2 * 3 * 2)
-    assert np.abs(conv.weight.numpy()).max() <= bound and np.abs(conv.bias.numpy()).max() <= bound
+    assert np.abs(conv.weight.detach().numpy()).max() <= bound and np.abs(conv.bias.detach().numpy()).max() <= bound
     x = np.random.default_rng(0).normal(size=(2, 4, 7, 5))
     expected = jax.lax.conv_general_dilated(
         x, conv.weight.array, (2, 1), ((1, 1), (1, 1)), feature_group_count=2, dimension_numbers=("NCHW", "OIHW", "NCHW")
     ) + conv.bias.array[None, :, None, None]
-    np.testing.assert_allclose(conv(xgrad.tensor(x)).numpy(), expected, rtol=1e-12)
+    np.testing.assert_allclose(conv(xgrad.tensor(x)).detach().numpy(), expected, rtol=1e-12)
     assert nn.Conv2d(2, 2, 3, bias=False, key=0).bias is None
     with pytest.raises(ValueError, match="divisible by groups"):
         nn.Conv2d(3, 4, 1, groups=2)
@@ -362,11 +362,11 @@ def test_batch_norm_training_running_stats_and_eval(cls, shape, compiled):
     for _ in range(2):
         x = rng.normal(1.0, 2.0, size=shape)
         out = bn(xgrad.tensor(x))
-        np.testing.assert_allclose(out.numpy(), _batch_norm_reference(x, np.ones(3), np.zeros(3)), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(out.detach().numpy(), _batch_norm_reference(x, np.ones(3), np.zeros(3)), rtol=1e-10, atol=1e-12)
         running_mean = 0.7 * running_mean + 0.3 * x.mean(dims)
         running_var = 0.7 * running_var + 0.3 * x.var(dims) * count / (count - 1)
-    np.testing.assert_allclose(bn.running_mean.numpy(), running_mean, rtol=1e-12)
-    np.testing.assert_allclose(bn.running_var.numpy(), running_var, rtol=1e-12)
+    np.testing.assert_allclose(bn.running_mean.detach().numpy(), running_mean, rtol=1e-12)
+    np.testing.assert_allclose(bn.running_var.detach().numpy(), running_var, rtol=1e-12)
     assert bn.num_batches_tracked.item() == 2 and [n for n, _ in bn.named_buffers()] == ["running_mean", "running_var", "num_batches_tracked"]
     # the gradient through the batch statistics, against jax.grad of the same formula
     weights = rng.normal(size=shape)
@@ -383,11 +383,11 @@ def test_batch_norm_training_running_stats_and_eval(cls, shape, compiled):
     np.testing.assert_allclose(bn.bias.grad.numpy(), gb, rtol=1e-10)
     # eval: the running statistics, which stay put
     bn.eval()
-    stats = bn.running_mean.numpy(), bn.running_var.numpy()
+    stats = bn.running_mean.detach().numpy(), bn.running_var.detach().numpy()
     shape_ = (1, -1) + (1,) * (len(shape) - 2)
     expected = (x - stats[0].reshape(shape_)) / np.sqrt(stats[1].reshape(shape_) + 1e-5)
-    np.testing.assert_allclose(bn(xgrad.tensor(x)).numpy(), expected, rtol=1e-10)
-    assert bn.num_batches_tracked.item() == 3 and np.array_equal(bn.running_mean.numpy(), stats[0])
+    np.testing.assert_allclose(bn(xgrad.tensor(x)).detach().numpy(), expected, rtol=1e-10)
+    assert bn.num_batches_tracked.item() == 3 and np.array_equal(bn.running_mean.detach().numpy(), stats[0])
 
 
 def test_batch_norm_cumulative_average_and_errors():
@@ -395,7 +395,7 @@ def test_batch_norm_cumulative_average_and_errors():
     xs = [np.random.default_rng(i).normal(size=(4, 2)) for i in range(3)]
     for x in xs:
         bn(xgrad.tensor(x))
-    np.testing.assert_allclose(bn.running_mean.numpy(), np.mean([x.mean(0) for x in xs], axis=0), rtol=1e-12)
+    np.testing.assert_allclose(bn.running_mean.detach().numpy(), np.mean([x.mean(0) for x in xs], axis=0), rtol=1e-12)
     assert list(bn.state_dict()) == ["running_mean", "running_var", "num_batches_tracked"]
     with pytest.raises(ValueError, match=r"expected 2D or 3D input \(got 4D input\)"):
         bn(xgrad.zeros(1, 2, 3, 4))
@@ -404,7 +404,7 @@ def test_batch_norm_cumulative_average_and_errors():
     untracked = nn.BatchNorm2d(2, track_running_stats=False)
     assert list(untracked.state_dict()) == ["weight", "bias"]
     x = np.random.default_rng(5).normal(size=(2, 2, 3, 3)).astype(np.float32)
-    np.testing.assert_allclose(untracked.eval()(xgrad.tensor(x)).numpy(), _batch_norm_reference(x, np.ones(2), np.zeros(2)), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(untracked.eval()(xgrad.tensor(x)).detach().numpy(), _batch_norm_reference(x, np.ones(2), np.zeros(2)), rtol=1e-4, atol=1e-5)
 
 
 def _softmax(s):
@@ -415,7 +415,7 @@ def _softmax(s):
 def _mha_reference(mha, q, k, v, add_mask=0.0):
     """PyTorch's multi_head_attention_forward in NumPy, batch-first."""
     (n, lq, e), h = q.shape, mha.num_heads
-    w, b = mha.in_proj_weight.numpy(), mha.in_proj_bias.numpy()
+    w, b = mha.in_proj_weight.detach().numpy(), mha.in_proj_bias.detach().numpy()
 
     def split(x, i):
         return (x @ w[i * e:(i + 1) * e].T + b[i * e:(i + 1) * e]).reshape(n, -1, h, e // h).transpose(0, 2, 1, 3)
@@ -423,24 +423,24 @@ def _mha_reference(mha, q, k, v, add_mask=0.0):
     scores = split(q, 0) @ split(k, 1).transpose(0, 1, 3, 2) / np.sqrt(e // h) + add_mask
     weights = _softmax(scores)
     out = (weights @ split(v, 2)).transpose(0, 2, 1, 3).reshape(n, lq, e)
-    return out @ mha.out_proj.weight.numpy().T + mha.out_proj.bias.numpy(), weights
+    return out @ mha.out_proj.weight.detach().numpy().T + mha.out_proj.bias.detach().numpy(), weights
 
 
 def test_multihead_attention_matches_pytorch_formula():
     rng = np.random.default_rng(2)
     mha = nn.MultiheadAttention(8, 2, key=0, dtype=jnp.float64)
     assert [n for n, _ in mha.named_parameters()] == ["in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"]
-    assert mha.in_proj_weight.shape == (24, 8) and np.all(mha.in_proj_bias.numpy() == 0) and np.all(mha.out_proj.bias.numpy() == 0)
+    assert mha.in_proj_weight.shape == (24, 8) and np.all(mha.in_proj_bias.detach().numpy() == 0) and np.all(mha.out_proj.bias.detach().numpy() == 0)
     q, k, v = rng.normal(size=(3, 5, 8)), rng.normal(size=(3, 4, 8)), rng.normal(size=(3, 4, 8))
     expected, weights = _mha_reference(mha, q, k, v)
     # (L, N, E) by default
     out, avg = mha(*(xgrad.tensor(a.transpose(1, 0, 2)) for a in (q, k, v)))
-    np.testing.assert_allclose(out.numpy().transpose(1, 0, 2), expected, rtol=1e-10)
-    np.testing.assert_allclose(avg.numpy(), weights.mean(1), rtol=1e-10)
+    np.testing.assert_allclose(out.detach().numpy().transpose(1, 0, 2), expected, rtol=1e-10)
+    np.testing.assert_allclose(avg.detach().numpy(), weights.mean(1), rtol=1e-10)
     mha.batch_first = True
     out, per_head = mha(xgrad.tensor(q), xgrad.tensor(k), xgrad.tensor(v), average_attn_weights=False)
-    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-10)
-    np.testing.assert_allclose(per_head.numpy(), weights, rtol=1e-10)
+    np.testing.assert_allclose(out.detach().numpy(), expected, rtol=1e-10)
+    np.testing.assert_allclose(per_head.detach().numpy(), weights, rtol=1e-10)
     # masks: bool True = not attended; a float mask is added; key padding per batch row
     attn_mask = rng.random((5, 4)) < 0.3
     attn_mask[:, 0] = False
@@ -449,17 +449,17 @@ def test_multihead_attention_matches_pytorch_formula():
     add = np.where(attn_mask, -np.inf, 0.0)[None, None] + np.where(padding, -np.inf, 0.0)[:, None, None, :]
     expected_masked, _ = _mha_reference(mha, q, k, v, add)
     out, _ = mha(xgrad.tensor(q), xgrad.tensor(k), xgrad.tensor(v), attn_mask=attn_mask, key_padding_mask=padding)
-    np.testing.assert_allclose(out.numpy(), expected_masked, rtol=1e-10)
+    np.testing.assert_allclose(out.detach().numpy(), expected_masked, rtol=1e-10)
     float_mask = rng.normal(size=(6, 5, 4))  # (N * H, L, S)
     expected_float, _ = _mha_reference(mha, q, k, v, float_mask.reshape(3, 2, 5, 4))
     out, none = mha(xgrad.tensor(q), xgrad.tensor(k), xgrad.tensor(v), attn_mask=float_mask, need_weights=False)
     assert none is None
-    np.testing.assert_allclose(out.numpy(), expected_float, rtol=1e-10)
+    np.testing.assert_allclose(out.detach().numpy(), expected_float, rtol=1e-10)
     causal, _ = _mha_reference(mha, q, q, q, np.where(np.triu(np.ones((5, 5)), 1) > 0, -np.inf, 0.0))
-    np.testing.assert_allclose(mha(*(xgrad.tensor(q),) * 3, is_causal=True)[0].numpy(), causal, rtol=1e-10)
+    np.testing.assert_allclose(mha(*(xgrad.tensor(q),) * 3, is_causal=True)[0].detach().numpy(), causal, rtol=1e-10)
     # unbatched (L, E)
     out, w = mha(xgrad.tensor(q[0]), xgrad.tensor(k[0]), xgrad.tensor(v[0]))
-    np.testing.assert_allclose(out.numpy(), expected[0], rtol=1e-10)
+    np.testing.assert_allclose(out.detach().numpy(), expected[0], rtol=1e-10)
     assert w.shape == (5, 4)
     with pytest.raises(ValueError, match="divisible by num_heads"):
         nn.MultiheadAttention(6, 4)
@@ -503,7 +503,7 @@ def test_transformer_encoder_layer_matches_pytorch_formula(norm_first, activatio
         "norm2.weight", "norm2.bias",
     ]
     act = (lambda h: np.maximum(h, 0)) if activation == "relu" else (lambda h: np.asarray(jax.nn.gelu(h, approximate=False)))
-    w1, b1, w2, b2 = (t.numpy() for t in (layer.linear1.weight, layer.linear1.bias, layer.linear2.weight, layer.linear2.bias))
+    w1, b1, w2, b2 = (t.detach().numpy() for t in (layer.linear1.weight, layer.linear1.bias, layer.linear2.weight, layer.linear2.bias))
 
     def sa(h):
         return _mha_reference(layer.self_attn, h, h, h)[0]
@@ -518,7 +518,7 @@ def test_transformer_encoder_layer_matches_pytorch_formula(norm_first, activatio
     else:
         h = _layer_norm(x + sa(x))
         expected = _layer_norm(h + ff(h))
-    np.testing.assert_allclose(layer(xgrad.tensor(x)).numpy(), expected, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(layer(xgrad.tensor(x)).detach().numpy(), expected, rtol=1e-9, atol=1e-12)
     with pytest.raises(RuntimeError, match="activation should be relu/gelu, not tanh"):
         nn.TransformerEncoderLayer(8, 2, activation="tanh")
 
@@ -526,9 +526,9 @@ def test_transformer_encoder_layer_matches_pytorch_formula(norm_first, activatio
 def test_transformer_encoder_layer_dropout_follows_the_mode():
     layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.5, batch_first=True, key=0)
     x = xgrad.randn(2, 5, 8, key=jax.random.key(1))
-    assert not np.array_equal(layer(x).numpy(), layer(x).numpy())  # fresh dropout masks while training
+    assert not np.array_equal(layer(x).detach().numpy(), layer(x).detach().numpy())  # fresh dropout masks while training
     layer.eval()
-    np.testing.assert_array_equal(layer(x).numpy(), layer(x).numpy())
+    np.testing.assert_array_equal(layer(x).detach().numpy(), layer(x).detach().numpy())
 
 
 def test_deepcopy_makes_separate_parameters_and_keeps_ties():
@@ -547,4 +547,4 @@ def test_deepcopy_makes_separate_parameters_and_keeps_ties():
     np.testing.assert_allclose(clone[0].weight.grad.numpy(), grad_before, rtol=1e-6)
     with xgrad.no_grad():
         clone[0].weight.copy_(xgrad.zeros(2, 2))
-    assert not np.all(model[0].weight.numpy() == 0)
+    assert not np.all(model[0].weight.detach().numpy() == 0)

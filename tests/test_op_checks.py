@@ -157,7 +157,7 @@ VALID_EDGES = [
 def test_valid_edge_cases(call, expected):
     out = call()
     assert out.shape == np.shape(expected)
-    np.testing.assert_allclose(out.numpy(), expected)
+    np.testing.assert_allclose(out.detach().numpy(), expected)
 
 
 # -- gradients PyTorch defines ----------------------------------------------------------
@@ -171,7 +171,7 @@ def _grads(fn, *values, compiled_step=False):
         fn(*leaves).sum().backward()
 
     (xgrad.compile(step, fallback="error") if compiled_step else step)()
-    return [t.grad.numpy() for t in leaves]
+    return [t.grad.detach().numpy() for t in leaves]
 
 
 STEP = pytest.mark.parametrize("compiled_step", [False, True], ids=["step", "xgrad.compile"])
@@ -231,7 +231,7 @@ def test_create_graph_grad_requires_grad_as_pytorchs(call, shape, requires_grad)
     assert g.requires_grad is requires_grad
     if requires_grad:
         (gg,) = xgrad.autograd.grad(g.sum(), a, allow_unused=True)
-        assert gg is not None and gg.shape == shape and not np.any(gg.numpy())
+        assert gg is not None and gg.shape == shape and not np.any(gg.detach().numpy())
 
 
 @pytest.mark.usefixtures("eager_and_compiled")
@@ -242,7 +242,7 @@ def test_empty_matmul_and_linear_backward():
     x, w = xgrad.zeros(2, 0, 3, requires_grad=True), xgrad.ones(4, 3, requires_grad=True)
     xgrad.linear(x, w).sum().backward()
     assert x.grad.shape == (2, 0, 3)
-    np.testing.assert_array_equal(w.grad.numpy(), np.zeros((4, 3)))
+    np.testing.assert_array_equal(w.grad.detach().numpy(), np.zeros((4, 3)))
 
 
 @pytest.mark.usefixtures("eager_and_compiled")
@@ -251,7 +251,7 @@ def test_gather_with_an_empty_index_of_lower_rank_has_its_shape():
     out = xgrad.gather(x, 1, xgrad.zeros(0, dtype=i64))
     assert out.shape == (0,) and out.requires_grad
     out.sum().backward()
-    np.testing.assert_array_equal(x.grad.numpy(), np.zeros((2, 3)))
+    np.testing.assert_array_equal(x.grad.detach().numpy(), np.zeros((2, 3)))
 
 
 # -- what PyTorch accepts ----------------------------------------------------------------
@@ -263,9 +263,9 @@ def test_setitem_value_with_extra_leading_unit_dims(index):
     c = xgrad.zeros(3, 2)
     c[index] = v * 1
     rows = [0] if index == 0 else [0, 2]
-    np.testing.assert_array_equal(c.numpy(), [[7.0, 8.0] if r in rows else [0.0, 0.0] for r in range(3)])
+    np.testing.assert_array_equal(c.detach().numpy(), [[7.0, 8.0] if r in rows else [0.0, 0.0] for r in range(3)])
     (c * xgrad.arange(6.0).reshape(3, 2)).sum().backward()
-    np.testing.assert_array_equal(v.grad.numpy(), [[[sum(2.0 * r for r in rows), sum(2.0 * r + 1 for r in rows)]]])
+    np.testing.assert_array_equal(v.grad.detach().numpy(), [[[sum(2.0 * r for r in rows), sum(2.0 * r + 1 for r in rows)]]])
 
 
 @pytest.mark.usefixtures("eager_and_compiled")
@@ -283,15 +283,15 @@ def test_write_into_one_row_of_an_expanded_tensor(compiled_step):
         return e, b
 
     e, b = (xgrad.compile(step, fallback="error") if compiled_step else step)()
-    np.testing.assert_array_equal(e.numpy(), [[5.0, 6.0]] * 3)
-    np.testing.assert_array_equal(b.numpy(), [5.0, 6.0])
-    np.testing.assert_array_equal(g.grad.numpy(), [30.0, 54.0])
+    np.testing.assert_array_equal(e.detach().numpy(), [[5.0, 6.0]] * 3)
+    np.testing.assert_array_equal(b.detach().numpy(), [5.0, 6.0])
+    np.testing.assert_array_equal(g.grad.detach().numpy(), [30.0, 54.0])
 
 
 def test_expanded_writes_that_repeat_elements_still_raise():
     e = xgrad.ones(1).clone().expand(3)
     e[0] = 0.0  # one element: allowed, and all of e is that element
-    np.testing.assert_array_equal(e.numpy(), [0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(e.detach().numpy(), [0.0, 0.0, 0.0])
     with pytest.raises(RuntimeError, match="more than one element of the written-to tensor refers to a single memory location"):
         xgrad.ones(1).clone().expand(2, 3)[0] = 0.0
     with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
@@ -304,9 +304,9 @@ def test_contiguous_gives_a_tensor_view_accepts():
     heads = x.transpose(1, 2)
     assert not heads.is_contiguous()
     merged = heads.contiguous().view(2, 12)
-    np.testing.assert_array_equal(merged.numpy(), np.arange(24.0).reshape(2, 3, 4).transpose(0, 2, 1).reshape(2, 12))
+    np.testing.assert_array_equal(merged.detach().numpy(), np.arange(24.0).reshape(2, 3, 4).transpose(0, 2, 1).reshape(2, 12))
     (merged * xgrad.arange(24.0).reshape(2, 12)).sum().backward()
-    np.testing.assert_array_equal(x.grad.numpy(), np.arange(24.0).reshape(2, 4, 3).transpose(0, 2, 1))
+    np.testing.assert_array_equal(x.grad.detach().numpy(), np.arange(24.0).reshape(2, 4, 3).transpose(0, 2, 1))
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         heads.view(2, 12)
 
@@ -355,7 +355,7 @@ def test_bad_module_arguments_raise_pytorchs_error(call, error, message):
 def test_empty_conv_kernel_builds_as_in_pytorch():
     conv = nn.Conv2d(1, 2, 0, key=0)  # PyTorch builds it: an empty weight, no fan-in for the bias bound
     assert conv.weight.shape == (2, 1, 0, 0)
-    np.testing.assert_array_equal(conv.bias.numpy(), np.zeros(2))
+    np.testing.assert_array_equal(conv.bias.detach().numpy(), np.zeros(2))
     assert nn.LayerNorm(0).weight.shape == (0,)
 
 

@@ -201,7 +201,7 @@ def test_from_jax_pytrees_and_static_kwargs():
     assert_grads_match(with_xgrad, w, b, x, reference=with_jax, modes=("eager", "jax"), order=2)
     # Another static value is another primitive: the result follows it.
     out2 = op({"w": xgrad.tensor(w), "b": xgrad.tensor(b)}, xgrad.tensor(x), power=2)["out"]
-    np.testing.assert_allclose(out2.numpy(), np.asarray(_pytree_fn({"w": w, "b": b}, x, power=2)["out"]))
+    np.testing.assert_allclose(out2.detach().numpy(), np.asarray(_pytree_fn({"w": w, "b": b}, x, power=2)["out"]))
 
 
 def test_from_jax_double_backward_against_jax_hessian():
@@ -211,7 +211,7 @@ def test_from_jax_double_backward_against_jax_hessian():
     t = xgrad.tensor(x, requires_grad=True)
     (g,) = xgrad.autograd.grad(op(t), t, create_graph=True)
     assert g.grad_fn is not None and g.grad_fn.name() == "SinsqVjpBackward"
-    rows = [xgrad.autograd.grad(g[i], t, retain_graph=True)[0].numpy() for i in range(3)]
+    rows = [xgrad.autograd.grad(g[i], t, retain_graph=True)[0].detach().numpy() for i in range(3)]
     np.testing.assert_allclose(np.stack(rows), jax.hessian(fn)(x), rtol=1e-12)
     assert gradgradcheck(op, [x])
 
@@ -221,7 +221,7 @@ def test_from_jax_non_float_inputs_get_no_gradient():
     x = xgrad.tensor(np.arange(4.0), requires_grad=True)
     out = op(x, xgrad.tensor(np.array([3, 3, 0])))
     out.sum().backward()
-    np.testing.assert_array_equal(x.grad.numpy(), [2.0, 0.0, 0.0, 4.0])
+    np.testing.assert_array_equal(x.grad.detach().numpy(), [2.0, 0.0, 0.0, 4.0])
 
 
 # -- non-differentiable ops -------------------------------------------------------------
@@ -247,9 +247,9 @@ def test_non_differentiable_ops_record_no_graph(name):
 def test_integer_outputs_match_jnp():
     x = np.array([[0.2, 1.7, -0.4], [0.5, 0.9, 3.0]])
     t = xgrad.tensor(x, requires_grad=True)
-    np.testing.assert_array_equal(xgrad.argmax(t, dim=1).numpy(), jnp.argmax(x, axis=1))
-    np.testing.assert_array_equal(t.max(dim=0).indices.numpy(), jnp.argmax(x, axis=0))
-    np.testing.assert_array_equal(t.sort(dim=1).indices.numpy(), jnp.argsort(x, axis=1))
+    np.testing.assert_array_equal(xgrad.argmax(t, dim=1).detach().numpy(), jnp.argmax(x, axis=1))
+    np.testing.assert_array_equal(t.max(dim=0).indices.detach().numpy(), jnp.argmax(x, axis=0))
+    np.testing.assert_array_equal(t.sort(dim=1).indices.detach().numpy(), jnp.argsort(x, axis=1))
     assert jnp.issubdtype(xgrad.argmax(t).dtype, jnp.integer)
 
 
@@ -301,7 +301,7 @@ def test_to_device_is_differentiable_and_grad_returns_to_source():
     (y.sin() * y).sum().backward()
     assert x.grad.device == dev0
     expected = jax.grad(lambda a: jnp.sum(jnp.sin(a) * a))(np.array([0.5, -1.0, 2.0]))
-    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-12)
+    np.testing.assert_allclose(x.grad.detach().numpy(), expected, rtol=1e-12)
     assert gradgradcheck(lambda t: t.to(dev1).exp(), [x])
 
 
@@ -310,10 +310,10 @@ def test_scalar_operands_keep_python_scalar_semantics():
     x = xgrad.tensor(np.array([1.0, 2.0]))  # float64
     assert (1.0 / (x * 0.0)).tolist() == [np.inf, np.inf]
     assert (1.0 / (x * -0.0)).tolist() == [-np.inf, -np.inf]
-    assert np.isnan((x * float("nan")).numpy()).all()
+    assert np.isnan((x * float("nan")).detach().numpy()).all()
     f32 = xgrad.tensor(np.ones(2, np.float32))
     assert (f32 * 1.0001).dtype == jnp.float32  # weakly typed, as the Python scalar
-    np.testing.assert_allclose((x * 1.0001).numpy(), np.array([1.0001, 2.0002]), rtol=1e-15)  # float64 kept exact
+    np.testing.assert_allclose((x * 1.0001).detach().numpy(), np.array([1.0001, 2.0002]), rtol=1e-15)  # float64 kept exact
     ints = xgrad.tensor(np.array([1, 2], np.int32))
     assert (ints + 2).dtype == jnp.int32 and (ints + 2).tolist() == [3, 4]
     assert (ints * 1.5).tolist() == [1.5, 3.0]

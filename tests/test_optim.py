@@ -31,7 +31,7 @@ def run_xgrad(make_optimizer, steps, scheduler=None):
         opt.step()
         if sched is not None:
             sched.step()
-        trajectory.append(w.numpy().copy())
+        trajectory.append(w.detach().numpy().copy())
     return np.array(trajectory)
 
 

@@ -26,7 +26,7 @@ def test_frozen_and_gradless_parameters_are_left_alone(make_transform):
     frozen = xgrad.tensor(rng.normal(size=(2,)))
     unused = xgrad.tensor(rng.normal(size=(4,)), requires_grad=True)
     x = rng.normal(size=(5, 3))
-    initial_frozen, initial_unused = frozen.numpy().copy(), unused.numpy().copy()
+    initial_frozen, initial_unused = frozen.detach().numpy().copy(), unused.detach().numpy().copy()
     opt = Optax([w, b, frozen, unused], make_transform())
     unused_state = [leaf for leaf in jax.tree.leaves(opt.state) if leaf.shape == (4,)]
 
@@ -43,10 +43,10 @@ def test_frozen_and_gradless_parameters_are_left_alone(make_transform):
         opt.step()
         updates, ref_state = transform.update(jax.grad(loss_fn)(ref), ref_state, ref)
         ref = optax.apply_updates(ref, updates)
-    np.testing.assert_allclose(w.numpy(), ref[0], rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(b.numpy(), ref[1], rtol=1e-10, atol=1e-12)
-    np.testing.assert_array_equal(frozen.numpy(), initial_frozen)
-    np.testing.assert_array_equal(unused.numpy(), initial_unused)
+    np.testing.assert_allclose(w.detach().numpy(), ref[0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(b.detach().numpy(), ref[1], rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(frozen.detach().numpy(), initial_frozen)
+    np.testing.assert_array_equal(unused.detach().numpy(), initial_unused)
     assert unused._version == 0 and w._version == 4
     after = [leaf for leaf in jax.tree.leaves(opt.state) if leaf.shape == (4,)]
     for old, new in zip(unused_state, after, strict=True):
@@ -61,14 +61,14 @@ def test_state_is_the_optax_state_and_can_be_assigned():
     assert int(opt.state[0].count) == 1
     np.testing.assert_allclose(opt.state[0].mu[0], 0.1 * np.array([2.0, 4.0]))
     # A second optimizer given the first one's state continues exactly where it was.
-    w2 = xgrad.tensor(w.numpy(), requires_grad=True)
+    w2 = xgrad.tensor(w.detach().numpy(), requires_grad=True)
     opt2 = Optax([w2], optax.adam(0.1))
     opt2.state = opt.state
     w.grad = w2.grad = xgrad.tensor([1.0, -3.0])
     opt.step()
     opt2.step()
     assert int(opt2.state[0].count) == 2
-    np.testing.assert_array_equal(w2.numpy(), w.numpy())
+    np.testing.assert_array_equal(w2.detach().numpy(), w.detach().numpy())
 
 
 def test_mlp_steps_match_optax_on_arrays_and_keep_parameter_identity():
@@ -94,4 +94,4 @@ def test_mlp_steps_match_optax_on_arrays_and_keep_parameter_identity():
         ref = optax.apply_updates(ref, updates)
     assert all(a is b for a, b in zip(model.parameters(), params, strict=True))
     for p, r in zip(params, ref, strict=True):
-        np.testing.assert_allclose(p.numpy(), r, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(p.detach().numpy(), r, rtol=1e-9, atol=1e-12)

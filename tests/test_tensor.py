@@ -32,7 +32,7 @@ def test_attributes_come_from_the_array():
 
 def test_conversions():
     t = xgrad.tensor([[1.0, 2.0], [3.0, 4.0]])
-    np.testing.assert_array_equal(t.numpy(), np.array([[1.0, 2.0], [3.0, 4.0]]))
+    np.testing.assert_array_equal(t.detach().numpy(), np.array([[1.0, 2.0], [3.0, 4.0]]))
     assert t.tolist() == [[1.0, 2.0], [3.0, 4.0]]
     assert xgrad.tensor(2.5).item() == 2.5 and float(xgrad.tensor(2.5)) == 2.5 and int(xgrad.tensor(3)) == 3
     np.testing.assert_array_equal(np.asarray(t, dtype=np.float32), np.array([[1, 2], [3, 4]], np.float32))
@@ -117,7 +117,7 @@ def test_shape_factories():
     assert xgrad.ones([2]).tolist() == [1.0, 1.0]
     assert xgrad.full((2,), 7.0).tolist() == [7.0, 7.0] and xgrad.full(3, 1).shape == (3,)
     assert xgrad.arange(4).tolist() == [0, 1, 2, 3] and xgrad.arange(1, 6, 2).tolist() == [1, 3, 5]
-    np.testing.assert_array_equal(xgrad.eye(2, 3).numpy(), np.eye(2, 3))
+    np.testing.assert_array_equal(xgrad.eye(2, 3).detach().numpy(), np.eye(2, 3))
     z = xgrad.zeros(2, dtype=jnp.float64, requires_grad=True)
     assert z.requires_grad and z.dtype == jnp.float64
 
@@ -131,8 +131,8 @@ def test_like_factories_keep_shape_dtype_and_device(cpu1):
 
 def test_random_factories_take_a_key_or_the_seeded_default():
     key = jax.random.key(3)
-    np.testing.assert_array_equal(xgrad.randn(2, 3, key=key).numpy(), jax.random.normal(key, (2, 3), jnp.float32))
-    np.testing.assert_array_equal(xgrad.rand((4,), key=key).numpy(), jax.random.uniform(key, (4,), jnp.float32))
+    np.testing.assert_array_equal(xgrad.randn(2, 3, key=key).detach().numpy(), jax.random.normal(key, (2, 3), jnp.float32))
+    np.testing.assert_array_equal(xgrad.rand((4,), key=key).detach().numpy(), jax.random.uniform(key, (4,), jnp.float32))
     xgrad.manual_seed(11)
     first = (xgrad.randn(3).tolist(), xgrad.rand(3).tolist())
     xgrad.manual_seed(11)
@@ -354,7 +354,7 @@ def test_binary_operators_match_jax(name):
     out.backward(cotangent)
     expected, vjp = jax.vjp(op, jnp.asarray(A), jnp.asarray(B))
     ga, gb = vjp(jnp.asarray(cotangent))
-    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-12)
+    np.testing.assert_allclose(out.detach().numpy(), expected, rtol=1e-12)
     np.testing.assert_allclose(a.grad.numpy(), ga, rtol=1e-12)
     np.testing.assert_allclose(b.grad.numpy(), gb, rtol=1e-12)
 
@@ -375,8 +375,8 @@ def test_operators_with_scalars_and_arrays_on_either_side(name):
         out = op(left, right)
         assert isinstance(out, xgrad.Tensor) and out.requires_grad
         (g,) = autograd.grad(out.sum(), a)
-        np.testing.assert_allclose(out.numpy(), ref(jnp.asarray(A)), rtol=1e-12)
-        np.testing.assert_allclose(g.numpy(), jax.grad(lambda v, f=ref: f(v).sum())(jnp.asarray(A)), rtol=1e-12)
+        np.testing.assert_allclose(out.detach().numpy(), ref(jnp.asarray(A)), rtol=1e-12)
+        np.testing.assert_allclose(g.detach().numpy(), jax.grad(lambda v, f=ref: f(v).sum())(jnp.asarray(A)), rtol=1e-12)
 
 
 def test_unary_operators_and_comparisons():
@@ -400,7 +400,7 @@ def test_inplace_operators():
     t /= 4.0
     t **= 2.0
     assert t is original and t._version == 5
-    np.testing.assert_allclose(t.numpy(), (((A + 0.5) * 2.0) / 4.0) ** 2.0, rtol=1e-12)
+    np.testing.assert_allclose(t.detach().numpy(), (((A + 0.5) * 2.0) / 4.0) ** 2.0, rtol=1e-12)
 
 
 def test_integer_index_out_of_range_raises_like_pytorch():

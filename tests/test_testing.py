@@ -160,7 +160,7 @@ def test_broadcastable_shapes_broadcast_and_tensors_follow_their_spec(shapes, da
     dtype = data.draw(xst.dtypes())
     t = data.draw(xst.tensors(shapes[0], dtype=dtype, lo=-1.0, hi=1.0))
     assert t.shape == shapes[0] and t.dtype == dtype and t.requires_grad and t.is_leaf
-    assert np.all(np.abs(t.numpy().astype(np.float64)) <= 1.0)
+    assert np.all(np.abs(t.detach().numpy().astype(np.float64)) <= 1.0)
 
 
 def test_program_source_is_runnable_python():

@@ -96,7 +96,7 @@ def test_concurrent_backwards_on_shared_leaves_accumulate_exactly():
         c = np.array([1.0, 2.0, 3.0]) * (i + 1)
         for _ in range(n_steps):
             y = w_dev * xgrad.tensor(c, device=jax.devices()[1])
-            y.register_hook(lambda g, i=i: seen_by_hooks[i].append(g.numpy()))
+            y.register_hook(lambda g, i=i: seen_by_hooks[i].append(g.detach().numpy()))
             loss = (w_cpu * c).sum() + y.sum().to(jax.devices()[0])
             loss.backward()
 

@@ -128,7 +128,7 @@ def test_write_into_a_base_without_grad_makes_it_require_grad():
     x[:, 2:].mul_(w)
     assert x.requires_grad and x.grad_fn is not None
     (x * x).sum().backward()
-    np.testing.assert_allclose(w.grad.numpy(), 2 * 3.0 * a.numpy()[:, 2:] ** 2)
+    np.testing.assert_allclose(w.grad.numpy(), 2 * 3.0 * a.detach().numpy()[:, 2:] ** 2)
 
 
 @pytest.mark.parametrize("flag", [False, True], ids=["eager", "compiled"])
@@ -161,8 +161,8 @@ def test_the_written_view_and_its_base_both_backpropagate(flag):
     v = b[1:]
     v.mul_(y)
     assert b.grad_fn.name() == "IndexPutBackward" and v.grad_fn is not None
-    np.testing.assert_allclose(b.numpy(), [2.0, 20.0, 30.0])
-    np.testing.assert_allclose(v.numpy(), [20.0, 30.0])
+    np.testing.assert_allclose(b.detach().numpy(), [2.0, 20.0, 30.0])
+    np.testing.assert_allclose(v.detach().numpy(), [20.0, 30.0])
     v.sum().backward(compiled=flag, retain_graph=True)
     np.testing.assert_allclose(x.grad.numpy(), [0.0, 10.0, 10.0])
     np.testing.assert_allclose(y.grad.numpy(), 10.0)
@@ -197,7 +197,7 @@ def test_no_grad_writes_through_views_reach_the_parameter(flag):
     assert p.is_leaf and p.grad_fn is None and p._version == 3 and col._version == 3
     assert col.tolist() == [7.0, 7.0]
     (p * p).sum().backward(compiled=flag)
-    np.testing.assert_allclose(p.grad.numpy(), 2 * p.numpy())
+    np.testing.assert_allclose(p.grad.numpy(), 2 * p.detach().numpy())
 
 
 def test_a_view_made_under_no_grad_cannot_be_written_with_grad_on():

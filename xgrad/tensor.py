@@ -528,6 +528,8 @@ class Tensor:
         >>> xgrad.tensor([1.0, 2.0], requires_grad=True).detach().numpy()
         array([1., 2.], dtype=float32)
         """
+        if self.requires_grad:
+            raise RuntimeError(ERR_NUMPY_REQUIRES_GRAD)
         self._check_addressable("Tensor.numpy()")
         return np.asarray(self._array)
 
