@@ -202,7 +202,7 @@ def test_random_draws_are_fresh_every_call_and_match_eagers_sequence():
         w, own, step = _random_step(mode)
         outs = [step(f64(np.arange(6.0))) for _ in range(3)]
         # The generators are usable eagerly afterwards, where eager leaves them.
-        results[mode] = [[o.numpy() for o in out] for out in outs], w.grad.numpy(), xgrad.randn(3).numpy(), own(xgrad.ones(8)).numpy()
+        results[mode] = [[o.detach().numpy() for o in out] for out in outs], w.grad.numpy(), xgrad.randn(3).detach().numpy(), own(xgrad.ones(8)).detach().numpy()
         if mode == "compile":
             assert step.stats()["fallbacks"] == 0 and step.stats()["hits"] >= 1
     (eager_outs, eager_grad, eager_next, eager_own), (outs, grad, after, after_own) = results["eager"], results["compile"]
@@ -272,7 +272,7 @@ def test_nanogpt_with_dropout_compiled_matches_eager():
         step = run(step, mode)
         rng = np.random.default_rng(0)
         losses[mode] = [step(*nanogpt.get_batch(data, 8, 2, rng)).item() for _ in range(3)]
-        losses[mode + " params"] = [p.numpy() for p in model.parameters()]
+        losses[mode + " params"] = [p.detach().numpy() for p in model.parameters()]
     np.testing.assert_allclose(losses["compile"], losses["eager"], rtol=1e-5)
     for a, b in zip(losses["compile params"], losses["eager params"], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
