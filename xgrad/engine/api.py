@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xgrad.engine import engine
+from xgrad.engine import engine, engine_ops
 from xgrad.engine.node import Edge, Node, gradient_edge
 from xgrad.engine.threads import set_multithreading_enabled
 from xgrad.tensor import Tensor
@@ -357,9 +357,7 @@ def _batched_grads(
                 continue
             like = present[0]
             filled = [c if c is not None else Tensor(jnp.zeros_like(like._array)) for c in column]
-            from xgrad.ops import stack
-
-            stacked.append(stack(filled))
+            stacked.append(engine_ops.stack(filled))
         return stacked
 
     def one_row(*arrays: jax.Array) -> list[jax.Array | None]:

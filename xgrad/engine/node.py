@@ -26,6 +26,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 
+from xgrad.engine import engine_ops
 from xgrad.engine.hooks import HookDict, RemovableHandle, add_hook, run_in_order
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.tensor import Tensor
@@ -347,9 +348,7 @@ def _on_leaf_sharding(grad: Tensor, sharding: Any, create_graph: bool) -> Tensor
     if current is None or current == sharding or current.is_equivalent_to(sharding, grad._array.ndim):
         return grad
     if create_graph and grad.grad_fn is not None:
-        from xgrad.ops import to_device
-
-        return to_device(grad, sharding)
+        return engine_ops.to_device(grad, sharding)
     return Tensor(jax.device_put(grad._array, sharding))
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from xgrad.engine import engine_ops
 from xgrad.engine.node import Edge, sharding_of
 from xgrad.engine.threads import _devices
 from xgrad.tensor import Tensor
@@ -83,9 +84,7 @@ def _fit_gradient(i: int, grad: Any, meta: Any, producer: Any, note: str) -> Ten
                     f"compatible with {list(meta.shape)}"
                 )
             )
-        from xgrad.ops import sum_to
-
-        grad = sum_to(grad, meta.shape)
+        grad = engine_ops.sum_to(grad, meta.shape)
     if grad._array.dtype != meta.dtype:
         if not jnp.issubdtype(grad._array.dtype, jnp.inexact):
             raise RuntimeError(
@@ -104,9 +103,7 @@ def _fit_gradient(i: int, grad: Any, meta: Any, producer: Any, note: str) -> Ten
         return grad
     if grad_sharding is not sharding and grad_sharding != sharding and grad_sharding.device_set != sharding.device_set:
         if grad._array.ndim == 0 and len(sharding.device_set) == 1:
-            from xgrad.ops import to_device
-
-            return to_device(grad, next(iter(sharding.device_set)))
+            return engine_ops.to_device(grad, next(iter(sharding.device_set)))
         raise RuntimeError(
             _error_text(
                 producer,

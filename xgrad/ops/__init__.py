@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xgrad.engine import engine_ops
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.ops.attention import scaled_dot_product_attention
 from xgrad.ops.elementwise import (
@@ -274,3 +275,5 @@ for _name, _fn in _METHODS.items():
 Tensor.T = property(T)  # type: ignore[attr-defined]
 Tensor.mT = property(mT)  # type: ignore[attr-defined]
 del _name, _fn, _op
+
+engine_ops.register(sum_to=sum_to, to_device=to_device, stack=stack)

@@ -1,0 +1,46 @@
+"""The differentiable ops the engine itself applies to gradients, registered by ``xgrad.ops`` at import.
+
+The engine sits below the op library (NOTE [Layers] in ``engine/README.md``): it never
+imports ``xgrad.ops``. Where it must record an op on a gradient (summing a broadcast
+gradient down, moving one to its input's device, stacking batched rows) it calls the
+function ``xgrad.ops`` registered here, once, when it was imported.
+
+>>> import xgrad
+>>> from xgrad.engine import engine_ops
+>>> engine_ops.sum_to(xgrad.ones(2, 3), (3,)).tolist()
+[2.0, 2.0, 2.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from xgrad.tensor import Tensor
+
+__all__ = ["register", "stack", "sum_to", "to_device"]
+
+ERR_UNREGISTERED = "xgrad internal error (the engine applied {name} before xgrad.ops registered it); please report a bug."
+
+
+def _unregistered(name: str) -> Callable[..., Any]:
+    def missing(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(ERR_UNREGISTERED.format(name=name))
+
+    return missing
+
+
+#: ``sum_to(grad, shape)``: a broadcast gradient summed down to ``shape``.
+sum_to: Callable[[Tensor, tuple[int, ...]], Tensor] = _unregistered("sum_to")
+#: ``to_device(grad, device_or_sharding)``: a gradient moved, differentiably.
+to_device: Callable[[Tensor, Any], Tensor] = _unregistered("to_device")
+#: ``stack(tensors)``: rows stacked along a new first dim.
+stack: Callable[[Sequence[Tensor]], Tensor] = _unregistered("stack")
+
+
+def register(
+    *, sum_to: Callable[[Tensor, tuple[int, ...]], Tensor], to_device: Callable[[Tensor, Any], Tensor],
+    stack: Callable[[Sequence[Tensor]], Tensor],
+) -> None:
+    """Called once by ``xgrad.ops`` at import: the ops the engine applies."""
+    globals().update(sum_to=sum_to, to_device=to_device, stack=stack)
