@@ -23,6 +23,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from xgrad.engine import engine_ops
 from xgrad.engine.anomaly import record_forward_trace
 from xgrad.engine.node import NO_EDGE, InputMetadata, Node, gradient_edge
 from xgrad.engine.saved import ERR_FREED, SavedTensor
@@ -208,6 +209,9 @@ class FunctionNode(Node):
             self.saved = None
 
 
+ERR_VIEW_OF_LEAF = "a view of a leaf Variable that requires grad is being used in an in-place operation."
+
+
 def _overrides_setup_context(cls: type[Function]) -> bool:
     return getattr(cls.setup_context, "__func__", cls.setup_context) is not _base_setup_context
 
@@ -354,12 +358,10 @@ def _rebase_history(tensor: Tensor, node: FunctionNode, output_nr: int) -> Tenso
     it and the view (regenerated from the base) leads through ``node``.
     """
     if tensor._view is not None:
-        from xgrad.ops.views import ERR_VIEW_OF_LEAF, write_through  # ops sit above the engine
-
         base = tensor._view.base
         if base.grad_fn is None and base._requires_grad:
             raise RuntimeError(ERR_VIEW_OF_LEAF)
-        write_through(tensor, Tensor._from_graph(tensor._array, node, output_nr))
+        engine_ops.write_through(tensor, Tensor._from_graph(tensor._array, node, output_nr))
         return tensor
     if tensor.grad_fn is None and tensor._requires_grad:
         raise RuntimeError(ERR_LEAF_INPLACE)

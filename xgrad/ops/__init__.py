@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from xgrad.engine import engine_ops
 from xgrad.grad_mode import is_grad_enabled
+from xgrad.ops import views
 from xgrad.ops.attention import scaled_dot_product_attention
 from xgrad.ops.elementwise import (
     abs,
@@ -276,4 +277,4 @@ Tensor.T = property(T)  # type: ignore[attr-defined]
 Tensor.mT = property(mT)  # type: ignore[attr-defined]
 del _name, _fn, _op
 
-engine_ops.register(sum_to=sum_to, to_device=to_device, stack=stack)
+engine_ops.register(sum_to=sum_to, to_device=to_device, stack=stack, write_through=views.write_through)

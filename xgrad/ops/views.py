@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from xgrad.engine.function import ERR_VIEW_OF_LEAF
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import no_grad
 
@@ -43,7 +44,6 @@ __all__ = [
     "view_alias", "write_through",
 ]
 
-ERR_VIEW_OF_LEAF = "a view of a leaf Variable that requires grad is being used in an in-place operation."
 ERR_NO_GRAD_VIEW = (
     "A view was created in no_grad mode and is being modified inplace with grad mode enabled. Given that this "
     "use case is ambiguous and error-prone, it is forbidden. You can clarify your code by moving both the view "
