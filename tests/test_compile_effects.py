@@ -276,3 +276,43 @@ def test_nanogpt_with_dropout_compiled_matches_eager():
     np.testing.assert_allclose(losses["compile"], losses["eager"], rtol=1e-5)
     for a, b in zip(losses["compile params"], losses["eager params"], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+# -- Python state in the step's body -----------------------------------------------------
+
+CALLS = 0
+
+
+def test_a_step_rebinding_a_global_or_a_closed_over_name_warns_once_naming_the_line():
+    w = f64([1.0], requires_grad=True)
+    count = 0
+
+    def step(x):
+        global CALLS
+        nonlocal count
+        CALLS += 1
+        count += 1
+        return (w * x).sum()
+
+    compiled = xgrad.compile(step)
+    with pytest.warns(xgrad.compile_step.CompileSideEffectWarning) as record:
+        compiled(f64([1.0]))
+    messages = sorted(str(r.message) for r in record)
+    assert len(messages) == 2
+    assert "global variable 'CALLS'" in messages[1] and "closed-over variable 'count'" in messages[0]
+    line = step.__code__.co_firstlineno + 3
+    assert f"test_compile_effects.py:{line}" in messages[1]
+    compiled(f64([1.0]))  # once: no warning on later calls (warnings are errors here)
+    assert CALLS == count == 1  # the body ran once, when traced
+
+
+def test_a_step_writing_only_what_it_owns_does_not_warn():
+    w = f64([1.0], requires_grad=True)
+
+    def step(x):
+        total = 0
+        for _ in range(2):
+            total += 1
+        return (w * x * total).sum()
+
+    xgrad.compile(step)(f64([1.0]))  # warnings are errors in this suite

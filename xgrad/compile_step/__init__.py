@@ -83,7 +83,16 @@ as ordered host callbacks), ``writeback`` (the program's outputs and where they 
 # hooks is checked before it is dispatched. Only the other checks need the flags.
 """
 
-from xgrad.compile_step.errors import HOOK_KEPT, CompileFallbackError, CompileFallbackWarning, RecompileWarning
+from xgrad.compile_step.errors import (
+    HOOK_KEPT,
+    CompileFallbackError,
+    CompileFallbackWarning,
+    CompileSideEffectWarning,
+    RecompileWarning,
+)
 from xgrad.compile_step.program import CompiledFunction, compile
 
-__all__ = ["HOOK_KEPT", "CompileFallbackError", "CompileFallbackWarning", "CompiledFunction", "RecompileWarning", "compile"]
+__all__ = [
+    "HOOK_KEPT", "CompileFallbackError", "CompileFallbackWarning", "CompileSideEffectWarning", "CompiledFunction",
+    "RecompileWarning", "compile",
+]

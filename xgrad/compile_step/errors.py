@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from xgrad.engine.compiled.switch import RecompileWarning
 
-__all__ = ["HOOK_KEPT", "CompileFallbackError", "CompileFallbackWarning", "RecompileWarning"]
+__all__ = ["HOOK_KEPT", "CompileFallbackError", "CompileFallbackWarning", "CompileSideEffectWarning", "RecompileWarning"]
 
 WARN_FALLBACK = (
     "xgrad.compile ran {name} eagerly: {reason} (at {site}). The results are the same, without the speed; "
@@ -15,6 +15,11 @@ WARN_RECOMPILE = (
     "xgrad.compile recompiled {name} {count} times; the last change: {reason}. Keep shapes, dtypes, shardings and "
     "the state fn touches fixed between calls, or pad inputs to a few sizes."
 )
+WARN_REBINDS = (
+    "xgrad.compile: {name} rebinds the {kind} variable {var!r} at {site}; plain Python in a compiled function runs "
+    "when it is traced (the first call of each signature), not at every call, as under jax.jit. Keep such state in a "
+    "Tensor, return it, or run the function eagerly."
+)
 HOOK_KEPT = (
     "a hook registered inside the function stays on a tensor or node that outlives the call (eager adds one more every "
     "call, and they pile up); register it once outside the function, or remove its handle inside it"
@@ -23,6 +28,10 @@ HOOK_KEPT = (
 
 class CompileFallbackWarning(UserWarning):
     """A call of an ``xgrad.compile`` function ran eagerly (the warning says why and where)."""
+
+
+class CompileSideEffectWarning(UserWarning):
+    """A compiled function's own code rebinds a global or closed-over variable: that runs at trace time only."""
 
 
 class CompileFallbackError(RuntimeError):

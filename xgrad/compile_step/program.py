@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dis
 import functools
 import os
 import time
@@ -18,9 +19,11 @@ from xgrad.compile_step.errors import (
     ERR_FALLBACK,
     HOOK_KEPT,
     WARN_FALLBACK,
+    WARN_REBINDS,
     WARN_RECOMPILE,
     CompileFallbackError,
     CompileFallbackWarning,
+    CompileSideEffectWarning,
     RecompileWarning,
     _NotCompilable,
 )
@@ -49,6 +52,35 @@ CACHE_SIZE = 64
 
 _XGRAD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__))
+
+
+def _warn_rebinds(fn: Any, name: str) -> None:
+    """Warn once per variable that ``fn``'s own code rebinds and that outlives the call (a global, a closed-over name).
+
+    Only ``fn``'s own bytecode is read: a write through a call (``log.append(x)``, an
+    attribute set) looks like the bookkeeping xgrad and optax do below the step, so it
+    is not told apart (README, "Plain Python side effects").
+    """
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is None:
+        return
+    seen = set()
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+            kind = "global"
+        elif instruction.opname in ("STORE_DEREF", "DELETE_DEREF") and instruction.argval in code.co_freevars:
+            kind = "closed-over"
+        else:
+            continue
+        if instruction.argval in seen:
+            continue
+        seen.add(instruction.argval)
+        line = instruction.positions.lineno if instruction.positions is not None else None
+        site = f"{code.co_filename}:{line}"
+        warnings.warn(
+            WARN_REBINDS.format(name=name, kind=kind, var=instruction.argval, site=site), CompileSideEffectWarning,
+            stacklevel=3,
+        )
 
 
 def _user_site(tb: Any) -> str:
@@ -186,6 +218,8 @@ class CompiledFunction:
             return self._run(entry, leaves)
         self._stats["misses"] += 1
         self._note_miss(signature)
+        if self._stats["misses"] == 1:
+            _warn_rebinds(self.fn, self._name())
         try:
             entry = self._compile(leaves, tree)
         except _NotCompilable as exc:
