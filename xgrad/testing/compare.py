@@ -10,6 +10,7 @@ fixed random projection of that vjp: the same numbers, three ways.
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,7 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import xgrad
+from xgrad.ops.jaxop import from_jax
 from xgrad.tensor import Tensor
+from xgrad.testing.functions import is_jax_function, tensor_function
 
 __all__ = ["GradientMismatch", "assert_grads_match"]
 
@@ -123,6 +126,43 @@ def _compare(a: Any, b: Any, atol: float, rtol: float) -> str | None:
     )
 
 
+ACCEPTED = (
+    "assert_grads_match: fn must be fn(np, *xs), written once against an array namespace (np is xgrad or "
+    "jax.numpy); an xgrad function of Tensors, with reference= the same function in plain JAX; or a function of "
+    "jax.Arrays, such as a jax.custom_vjp, whose derivative is compared with JAX's autodiff of the function it "
+    "wraps; got {what}"
+)
+
+
+def _accepts(fn: Callable[..., Any], n: int) -> bool | None:
+    """Whether ``fn`` can be called with ``n`` positional arguments (``None``: no signature to tell)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*range(n))
+    except TypeError:
+        return False
+    return True
+
+
+def _functions(fn: Any, reference: Callable[..., Any] | None, n: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The xgrad function of Tensors and the plain-JAX reference that ``fn`` (and ``reference``) stand for."""
+    if not callable(fn):
+        raise TypeError(ACCEPTED.format(what=type(fn).__name__))
+    if reference is not None:
+        return tensor_function(fn, "assert_grads_match"), reference
+    if is_jax_function(fn) or (_accepts(fn, n) and not _accepts(fn, n + 1)):
+        # A function of arrays: xgrad runs it as one op (its own vjp, a custom rule included);
+        # the reference is JAX's autodiff of what a custom_vjp/custom_jvp wraps.
+        wrapped = fn.fun if isinstance(fn, (jax.custom_vjp, jax.custom_jvp)) else fn
+        return from_jax(fn, name=getattr(fn, "__name__", "fn")), wrapped
+    if _accepts(fn, n + 1) is False:
+        raise TypeError(ACCEPTED.format(what=f"a function that takes neither {n} nor {n + 1} positional arguments"))
+    return functools.partial(fn, xgrad), functools.partial(fn, jnp)
+
+
 def assert_grads_match(
     fn: Callable[..., Any],
     *inputs: Any,
@@ -137,7 +177,12 @@ def assert_grads_match(
 
     Args:
         fn: ``fn(np, *xs)`` written against an array namespace (``np`` is ``xgrad`` or
-            ``jax.numpy``); with ``reference``, an xgrad function ``fn(*tensors)``.
+            ``jax.numpy``); with ``reference``, an xgrad function ``fn(*tensors)``; or a
+            function of ``jax.Array``s (one positional argument per input, or a
+            ``jax.custom_vjp``/``custom_jvp``/jitted function), which xgrad runs through
+            ``xgrad.from_jax`` (its own vjp: a custom rule) and which is compared with
+            JAX's autodiff of the function a ``custom_vjp``/``custom_jvp`` wraps
+            (``fn.fun``), unless ``reference`` is given.
         inputs: arrays (or Tensors); the floating ones are differentiated.
         reference: ``reference(*arrays)`` in plain JAX, when ``fn`` is xgrad-only.
         modes: any of ``"eager"``, ``"compiled"`` (``autograd.grad(..., compiled=True)``)
@@ -152,18 +197,26 @@ def assert_grads_match(
     >>> import numpy as np
     >>> from xgrad.testing import assert_grads_match
     >>> assert_grads_match(lambda np, x: np.sum(np.tanh(x) * x), np.linspace(-1, 1, 5), modes=("eager", "jax"))
+    >>> import jax, jax.numpy as jnp
+    >>> @jax.custom_vjp
+    ... def softplus(x):
+    ...     return jnp.logaddexp(x, 0.0)
+    >>> softplus.defvjp(lambda x: (softplus(x), x), lambda x, g: (g * jax.nn.sigmoid(x),))
+    >>> assert_grads_match(softplus, np.linspace(-3, 3, 7), modes=("eager", "jax"))  # the rule vs JAX's autodiff
     """
     unknown = [m for m in modes if m not in MODES]
     if unknown or len(modes) < 2:
         raise ValueError(f"modes must be at least two of {MODES}, got {tuple(modes)}")
     if order not in (1, 2):
         raise ValueError(f"order must be 1 or 2, got {order}")
+    bad = [type(x).__name__ for x in inputs if not isinstance(x, (Tensor, jax.Array, np.ndarray, np.generic, int, float, list))]
+    if bad:
+        raise TypeError(f"assert_grads_match: inputs must be arrays (jax.Array or NumPy), Tensors, Python numbers or lists; got {', '.join(bad)}")
     arrays = [x.array if isinstance(x, Tensor) else jnp.asarray(x) for x in inputs]
     diff = [i for i, a in enumerate(arrays) if jnp.issubdtype(a.dtype, jnp.inexact)]
     if not diff:
         raise ValueError("assert_grads_match needs at least one floating-point input to differentiate")
-    xgrad_fn = fn if reference is not None else functools.partial(fn, xgrad)
-    ref_fn = reference if reference is not None else functools.partial(fn, jnp)
+    xgrad_fn, ref_fn = _functions(fn, reference, len(inputs))
 
     rng = np.random.default_rng(seed)
     shapes = jax.eval_shape(lambda *a: _float_leaves(ref_fn(*a)), *arrays)

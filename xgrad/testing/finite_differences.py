@@ -19,6 +19,7 @@ import numpy as np
 
 import xgrad
 from xgrad.tensor import Tensor
+from xgrad.testing.functions import check_inputs, tensor_function
 
 __all__ = ["GradcheckError", "gradcheck", "gradgradcheck"]
 
@@ -188,7 +189,9 @@ def gradcheck(
     """Check ``fn``'s gradients against central finite differences in float64.
 
     Args:
-        fn: takes xgrad tensors, returns a Tensor or a pytree of them.
+        fn: takes xgrad tensors, returns a Tensor or a pytree of them; or a function of
+            ``jax.Array``s (a ``jax.custom_vjp``), checked through ``xgrad.from_jax``,
+            so that its JAX derivative (the custom rule) is what is checked.
         inputs: a Tensor or a sequence; Tensors that require grad (and plain floating
             arrays) are checked, others are passed through. Floating inputs are upcast
             to float64.
@@ -209,6 +212,8 @@ def gradcheck(
     >>> gradcheck(lambda x: (x.sin() * x).sum(), (x,))
     True
     """
+    fn = tensor_function(fn, "gradcheck")
+    check_inputs(inputs, "gradcheck")
     with _float64():
         args, diff = _prepare(inputs)
         for i in diff:
@@ -300,6 +305,8 @@ def gradgradcheck(
     >>> gradgradcheck(lambda x: x.exp() * x, (x,))
     True
     """
+    fn = tensor_function(fn, "gradgradcheck")
+    check_inputs(inputs, "gradgradcheck")
     with _float64():
         args, diff = _prepare(inputs)
         for i in diff:

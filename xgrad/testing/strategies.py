@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from hypothesis import strategies as st
@@ -26,8 +27,15 @@ __all__ = ["broadcastable_shapes", "dtypes", "graphs_with_hooks", "programs", "s
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
-def dtypes(names: Sequence[str] = FLOAT_DTYPES) -> st.SearchStrategy[Any]:
-    """Floating dtypes (``jnp.dtype``), by default float16, bfloat16, float32 and float64."""
+def _x64() -> bool:
+    """Whether float64 arrays exist now (``jax_enable_x64``, also inside a scoped ``jax.enable_x64``)."""
+    return bool(jax.dtypes.canonicalize_dtype(np.float64) == np.float64)
+
+
+def dtypes(names: Sequence[str] | None = None) -> st.SearchStrategy[Any]:
+    """Floating dtypes (``jnp.dtype``); by default float16, bfloat16, float32, and float64 when x64 is on."""
+    if names is None:
+        names = FLOAT_DTYPES if _x64() else tuple(n for n in FLOAT_DTYPES if n != "float64")
     return st.sampled_from([jnp.dtype(n) for n in names])
 
 
@@ -43,38 +51,64 @@ def broadcastable_shapes(n: int = 2, min_dims: int = 0, max_dims: int = 3, max_s
     )
 
 
-def _elements(dtype: Any, lo: float, hi: float) -> st.SearchStrategy[float]:
+def _elements(dtype: Any, lo: float | None, hi: float | None, kinks: Sequence[float], allow_nan: bool,
+              allow_infinity: bool) -> st.SearchStrategy[float]:
     width: Literal[16, 32, 64] = 16 if jnp.dtype(dtype).itemsize <= 2 else 32 if jnp.dtype(dtype).itemsize == 4 else 64
-    return st.floats(lo, hi, allow_nan=False, allow_infinity=False, width=width)
+    if jnp.dtype(dtype) == jnp.bfloat16:  # bfloat16 has float32's range, not float16's
+        width = 32
+    floats = st.floats(lo, hi, allow_nan=allow_nan, allow_infinity=allow_infinity and (lo is None or hi is None), width=width)
+    return st.one_of(st.sampled_from(list(kinks)), floats) if kinks else floats
 
 
 @st.composite
 def tensors(
     draw: Any,
     shape: Any = None,
-    dtype: Any = jnp.float64,
+    dtype: Any = None,
     elements: st.SearchStrategy[float] | None = None,
     requires_grad: bool = True,
-    lo: float = -3.0,
-    hi: float = 3.0,
+    lo: float | None = -3.0,
+    hi: float | None = 3.0,
+    kinks: Sequence[float] = (),
+    allow_nan: bool = False,
+    allow_infinity: bool = False,
 ) -> xgrad.Tensor:
     """An ``xgrad.Tensor``.
 
     Args:
         shape: a shape, a shape strategy, or ``None`` for ``shapes()``.
-        dtype: a dtype or a dtype strategy.
-        elements: element strategy (default: finite floats in ``[lo, hi]``).
+        dtype: a dtype or a dtype strategy; ``None``: float64 when x64 is on, else float32
+            (no float64 request that JAX would truncate with a warning).
+        elements: a strategy for the elements (drawn as floats); replaces the options below.
         requires_grad: whether the tensor is a leaf that requires grad.
+        lo, hi: the range of the elements (default ``[-3, 3]``); ``None`` for no bound, up to
+            the dtype's largest finite value, to test overflow (``exp`` of 100 in float32).
+        kinks: values drawn often and exactly, where a function has a kink or a
+            boundary (``kinks=(0.0,)`` for ``relu``, ``abs``, ``sqrt``).
+        allow_nan, allow_infinity: also draw NaN, or ±inf (the latter only with an open range).
+
+    >>> from hypothesis import given
+    >>> from xgrad.testing import strategies as xst
+    >>> @given(xst.tensors(shape=(3,), lo=-1.0, hi=1.0, kinks=(0.0,)))
+    ... def test_relu_kink(x):
+    ...     assert ((x.relu() == 0) | (x > 0)).all().item()
+    >>> test_relu_kink()
     """
     if shape is None:
         shape = shapes()
     if isinstance(shape, st.SearchStrategy):
         shape = draw(shape)
+    if dtype is None:
+        dtype = jnp.float64 if _x64() else jnp.float32
     if isinstance(dtype, st.SearchStrategy):
         dtype = draw(dtype)
     dtype = jnp.dtype(dtype)
-    values = draw(hnp.arrays(np.float64, tuple(shape), elements=elements if elements is not None else _elements(dtype, lo, hi)))
-    return xgrad.tensor(jnp.asarray(values).astype(dtype), requires_grad=requires_grad)
+    if elements is None:
+        elements = _elements(dtype, lo, hi, kinks, allow_nan, allow_infinity)
+    values = draw(hnp.arrays(np.float64, tuple(shape), elements=elements))
+    # Cast in NumPy: an explicit float64 request of JAX with x64 off would warn and truncate.
+    with np.errstate(over="ignore"):
+        return xgrad.tensor(values.astype(dtype), requires_grad=requires_grad)
 
 
 @st.composite
