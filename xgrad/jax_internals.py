@@ -11,7 +11,10 @@ What xgrad uses of JAX, by how stable it is:
 - Public but unstable, re-exported here so that a JAX upgrade that moves them is
   handled once: ``jax.extend.core`` (``ClosedJaxpr``, ``Literal``, ``jaxpr_as_fun``,
   ``get_opaque_trace_state``, and a jaxpr's ``eqns``/``invars``/``outvars``/
-  ``constvars``/``effects``), ``jax.experimental.io_callback`` and
+  ``constvars``/``effects``; ``Jaxpr``, ``Var``, ``DropVar``, ``DebugInfo`` and an
+  equation's ``replace``/``params``/``ctx``/``source_info`` for ``from_jax(fn,
+  trace=True)``, NOTE [Traced from_jax]), ``jax.extend.source_info_util.summarize``
+  (an equation's source line), ``jax.experimental.io_callback`` and
   ``jax.experimental.compilation_cache.compilation_cache.reset_cache``.
 - Behaviour no public API promises, checked by a self-test: at import for what needs
   no device (``_self_test``), at the first use for what needs one
@@ -38,11 +41,13 @@ from typing import Any
 import jax
 from jax.experimental import io_callback
 from jax.experimental.compilation_cache import compilation_cache
-from jax.extend.core import ClosedJaxpr, Literal, get_opaque_trace_state, jaxpr_as_fun
+from jax.extend.core import ClosedJaxpr, DebugInfo, DropVar, Jaxpr, Literal, Var, get_opaque_trace_state, jaxpr_as_fun
+from jax.extend.source_info_util import summarize as summarize_source_info
 
 __all__ = [
-    "ClosedJaxpr", "JaxBehaviourChanged", "Literal", "check_consts_keep_identity",
+    "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged", "Literal", "Var", "check_consts_keep_identity",
     "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names", "reset_compilation_cache",
+    "summarize_source_info",
 ]
 
 ERR_CHANGED = (

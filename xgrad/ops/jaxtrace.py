@@ -26,7 +26,7 @@
 #
 # Only public JAX APIs: ``jax.make_jaxpr``, ``jax.extend.core`` (``Jaxpr``,
 # ``ClosedJaxpr``, ``Var``, ``DropVar``, ``Literal``, ``jaxpr_as_fun``) and
-# ``jax.extend.source_info_util.summarize``.
+# ``jax.extend.source_info_util.summarize``, taken from ``xgrad.jax_internals``.
 """
 
 from __future__ import annotations
@@ -42,9 +42,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend import core as jex
-from jax.extend import source_info_util
 
+from xgrad import jax_internals as jex
 from xgrad.engine.anomaly import ANOMALY, TRACEBACK_KEY
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.ops.jaxop import _freeze, from_jax
@@ -126,7 +125,7 @@ def _location(eqn: Any) -> str:
 
     The line, not the column: one line (``x = relu(self.dense(x))``) is one step of the user's code.
     """
-    summary = source_info_util.summarize(eqn.source_info)
+    summary = jex.summarize_source_info(eqn.source_info)
     match = _SUMMARY.match(summary)
     if match is None:
         return summary
