@@ -4,9 +4,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import xgrad
+from xgrad import nn
 
 
 def _as_tensors(tree):
@@ -38,3 +40,68 @@ def test_from_jax_names_a_bad_argument_by_its_path():
 
     with pytest.raises(TypeError, match=r"argument params\['layers'\]\[0\]\['w'\] is a .*Foreign, an array of another library"):
         op({"layers": [{"w": Foreign()}]}, xgrad.ones(2))
+
+
+# -- nn.Module as a pytree --------------------------------------------------------------
+
+
+def _model():
+    return nn.Sequential(nn.Linear(3, 4, key=0, dtype=jnp.float64), nn.Tanh(), nn.Linear(4, 2, key=1, dtype=jnp.float64))
+
+
+def _loss(model, x, y):
+    return ((model(x) - y) ** 2).mean().array
+
+
+def test_a_module_is_a_pytree_of_its_parameters_and_buffers():
+    model = _model()
+    x, y = np.linspace(-1, 1, 15).reshape(5, 3), np.linspace(0, 1, 10).reshape(5, 2)
+    assert all(a is p.array for a, p in zip(jax.tree_util.tree_leaves(model), model.parameters(), strict=True))
+    doubled = jax.tree_util.tree_map(lambda a: a * 2, model)
+    assert type(doubled) is nn.Sequential and [n for n, _ in doubled.named_parameters()] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert all(p.requires_grad and p.is_leaf for p in doubled.parameters())
+    np.testing.assert_allclose(doubled[0].weight.numpy(), 2 * model[0].weight.numpy())
+    assert jax.tree_util.tree_map(lambda a: a.shape, model)[0].weight == (4, 3)
+    # jit, vmap and Equinox's filter_jit with the model as an argument (no constants captured)
+    eager = model(xgrad.tensor(x)).numpy()
+    np.testing.assert_allclose(jax.jit(lambda m, x: m(x))(model, x).numpy(), eager, rtol=1e-12)
+    np.testing.assert_allclose(jax.vmap(lambda m, r: m(r), in_axes=(None, 0))(model, x).numpy(), eager, rtol=1e-12)
+    np.testing.assert_allclose(eqx.filter_jit(lambda m, x: m(x))(model, x).numpy(), eager, rtol=1e-12)
+    # jax.grad gives a model-shaped tree of grads, equal to what backward accumulates
+    grads = jax.grad(_loss)(model, x, y)
+    assert type(grads) is nn.Sequential
+    xgrad.mse_loss(model(xgrad.tensor(x)), y).backward()
+    for g, p in zip(grads.parameters(), model.parameters(), strict=True):
+        np.testing.assert_allclose(g.numpy(), p.grad.numpy(), rtol=1e-12)
+    # optax on the model itself: an updated model, the old one untouched
+    tx = optax.adam(0.1)
+    state = tx.init(model)
+    updates, state = tx.update(grads, state, model)
+    new = optax.apply_updates(model, updates)
+    assert type(new) is nn.Sequential and new is not model
+    raw = [p.array for p in model.parameters()]
+    raw_updates, _ = tx.update([g.array for g in grads.parameters()], tx.init(raw), raw)
+    for p, e in zip(new.parameters(), optax.apply_updates(raw, raw_updates), strict=True):
+        np.testing.assert_allclose(p.numpy(), e, rtol=1e-12)
+    xgrad.mse_loss(new(xgrad.tensor(x)), y).backward()  # the new model trains eagerly
+    assert all(p.grad is not None for p in new.parameters())
+    # eager mutation as before, and a jitted function of the model sees it
+    f = jax.jit(_loss)
+    before = float(f(model, x, y))
+    with xgrad.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+    assert float(f(model, x, y)) != before
+    np.testing.assert_allclose(float(f(model, x, y)), float(_loss(model, xgrad.tensor(x), y)), rtol=1e-12)
+
+
+def test_module_configuration_and_mode_are_static():
+    model = nn.Sequential(nn.Linear(2, 3, key=0), nn.BatchNorm1d(3))
+    x = np.random.default_rng(0).normal(size=(4, 2)).astype(np.float32)
+    leaves = jax.tree_util.tree_leaves(model)
+    assert len(leaves) == 4 + 3  # weight, bias, BN weight and bias; running mean, var and count
+    f = jax.jit(lambda m, x: m(x))
+    train = f(model, x)
+    model.eval()  # another static value: traced again, with the running statistics
+    np.testing.assert_allclose(f(model, x).numpy(), model(xgrad.tensor(x)).numpy(), rtol=1e-6)
+    assert not np.allclose(train.numpy(), f(model, x).numpy())

@@ -82,8 +82,8 @@ def check_captured_leaves(args: tuple[Any, ...], out: Any) -> None:
                 trace = get_opaque_trace_state(convention="xgrad")
                 if _state.trace is None or _state.trace != trace:
                     _state.trace, _state.warned = trace, set()
-            if id(a) in _state.warned:
-                continue
+            if id(a) in _state.warned or getattr(a, "_entered_trace", None) == trace:
+                continue  # warned already, or an argument of this trace (``vmap``'s unmapped ones stay concrete)
             _state.warned.add(id(a))
             warnings.warn(
                 WARN_CAPTURED_LEAF.format(leaf=_describe(a), where=_user_site()), CapturedLeafWarning, stacklevel=2

@@ -314,8 +314,9 @@ class Tensor:
     # * Unflattening wraps only array-likes (anything with ``shape`` and ``dtype``:
     #   arrays, tracers, ``ShapeDtypeStruct``). Any other leaf value comes back bare, so
     #   ``tree_map(lambda p: p.shape, state_dict)`` gives shapes, not Tensors around tuples.
-    #   A leaf count never changes (one child in, one leaf out), except for ``None``,
-    #   which is an empty subtree as everywhere in JAX.
+    #   The exceptions are ``None`` and ``bool``s, which stay in a Tensor node: with them
+    #   Equinox splits a tree into masks, arrays and ``None``s (``eqx.partition``) and
+    #   joins it again (``eqx.combine``), which needs every tree to keep its structure.
     # * History never crosses a JAX boundary silently: NOTE [JAX boundary].
     def tree_flatten(self) -> tuple[tuple[Any], _TensorMeta]:
         array = self._array
@@ -327,6 +328,8 @@ class Tensor:
     @classmethod
     def tree_unflatten(cls, meta: _TensorMeta, children: tuple[Any]) -> Any:
         (child,) = children
+        if child is None or isinstance(child, bool):
+            return Tensor(child)  # a placeholder in a tree Equinox splits and joins
         if isinstance(child, Tensor) or not (hasattr(child, "shape") and hasattr(child, "dtype")):
             return child
         if meta.has_history:
@@ -341,7 +344,8 @@ class Tensor:
         t._requires_grad = meta.requires_grad and is_differentiable_dtype(child.dtype)
         if meta.is_grad:
             t._is_grad = True
-        if t._requires_grad and not meta.traced and isinstance(child, jax.core.Tracer):
+        if t._requires_grad and not meta.traced:
+            # An argument of the trace it is unflattened in, never a constant it captured.
             t._entered_trace = get_opaque_trace_state(convention="xgrad")
         return t
 

@@ -14,6 +14,7 @@ import numpy as np
 from xgrad.creation import resolve_device
 from xgrad.grad_mode import no_grad
 from xgrad.grads import clear_grads
+from xgrad.nn.module_pytree import register_module_pytree
 from xgrad.tensor import Tensor
 
 ERR_PLAIN_TENSOR_ATTRIBUTE = (
@@ -159,6 +160,10 @@ class Module:
 
     def __init__(self) -> None:
         pass
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        register_module_pytree(cls)  # NOTE [Module as a pytree]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.forward(*args, **kwargs)
@@ -538,6 +543,9 @@ class Module:
             return f"{type(self).__name__}({self.extra_repr()})"
         body = "\n".join(f"  ({name}): " + repr(m).replace("\n", "\n  ") for name, m in children)
         return f"{type(self).__name__}(\n{body}\n)"
+
+
+register_module_pytree(Module)
 
 
 def _replace_storage(t: Tensor, array: Any) -> None:
