@@ -121,7 +121,7 @@ def _flatten(module: Any) -> tuple[list[tuple[Any, Any]], _ModuleAux]:
         # A Tensor's array is the child itself (not a Tensor node), so that trees built
         # leaf by leaf (``eqx.partition``'s masks and ``None``s) keep the model's structure.
         paths, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=_stop_at_tensors_and_modules)
-        infos = []
+        infos: list[Any] = []
         for path, leaf in paths:
             key = jax.tree_util.GetAttrKey(name + jax.tree_util.keystr(path))
             if isinstance(leaf, Tensor):
