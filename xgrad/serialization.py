@@ -442,8 +442,8 @@ def _sharded_reader(
     return region
 
 
-def load(path: str | os.PathLike[str], device: Any = None) -> Any:
-    """Read what ``save`` wrote: a Tensor or a (nested) dict of Tensors.
+def load(path: str | os.PathLike[str], device: Any = None, *, arrays: bool = False) -> Any:
+    """Read what ``save`` wrote: a Tensor or a (nested) dict of Tensors (of ``jax.Array``s with ``arrays=True``).
 
     Checks what it reads against the recorded format version, dtypes, shapes and
     element counts, and raises ``ValueError`` naming the path and the entry when they
@@ -460,13 +460,22 @@ def load(path: str | os.PathLike[str], device: Any = None) -> Any:
         device: where to put the arrays (a ``jax.Device``, a ``Sharding`` or a name
             such as ``"cpu:1"``); ``None``: each array's saved sharding where this
             run has its devices, else the default device.
+        arrays: return plain ``jax.Array``s in place of Tensors, for JAX code (optax,
+            orbax, a Flax or Equinox model's parameters).
 
     >>> import os, tempfile, xgrad
     >>> path = os.path.join(tempfile.mkdtemp(), "x.npz")
-    >>> xgrad.save(xgrad.arange(3), path)
-    >>> xgrad.load(path).tolist()
-    [0, 1, 2]
+    >>> xgrad.save({"w": xgrad.arange(3)}, path)
+    >>> xgrad.load(path)["w"].tolist(), type(xgrad.load(path, arrays=True)["w"]).__name__
+    ([0, 1, 2], 'ArrayImpl')
     """
+    loaded = _load(path, device)
+    if arrays:
+        return jax.tree_util.tree_map(lambda t: t.array, loaded, is_leaf=lambda t: isinstance(t, Tensor))
+    return loaded
+
+
+def _load(path: str | os.PathLike[str], device: Any) -> Any:
     path = os.fspath(path)
     fmt = _format(path)
     target = resolve_device(device)

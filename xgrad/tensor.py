@@ -210,6 +210,7 @@ class Tensor:
         "_inference",
         "_is_grad",
         "_output_nr",
+        "_placeholder_meta",
         "_post_accumulate_grad_hooks",
         "_requires_grad",
         "_retains_grad",
@@ -224,6 +225,7 @@ class Tensor:
     # Slots left unset on most tensors (read with ``getattr`` and a default).
     _entered_trace: Any  # the trace a requires-grad tensor entered from outside (NOTE [Tensors that require grad become arrays])
     _is_grad: bool  # a gradient: its pytree node matches its parameter's (NOTE [Tensor as a pytree])
+    _placeholder_meta: _TensorMeta  # a placeholder's: the node it stands in (NOTE [Tensor as a pytree])
 
     if TYPE_CHECKING:
         # xgrad.ops attaches the op methods and operators at import; declare them for
@@ -311,15 +313,20 @@ class Tensor:
     #   the next forward. A jit cache never serves a call on a tensor that requires grad
     #   from a trace made for one that does not (``jnp.sin(t.detach())`` before
     #   ``jnp.sin(t)``): NOTE [Tensors that require grad become arrays].
-    # * Unflattening wraps only array-likes (anything with ``shape`` and ``dtype``:
-    #   arrays, tracers, ``ShapeDtypeStruct``). Any other leaf value comes back bare, so
-    #   ``tree_map(lambda p: p.shape, state_dict)`` gives shapes, not Tensors around tuples.
-    #   The exceptions are ``None`` and ``bool``s, which stay in a Tensor node: with them
-    #   Equinox splits a tree into masks, arrays and ``None``s (``eqx.partition``) and
-    #   joins it again (``eqx.combine``), which needs every tree to keep its structure.
+    # * Unflattening wraps array-likes (anything with ``shape`` and ``dtype``: arrays,
+    #   tracers, ``ShapeDtypeStruct``) as Tensors. A tuple or list comes back bare, so
+    #   ``tree_map(lambda p: p.shape, state_dict)`` gives shapes. Any other value (a
+    #   string, a number, ``None``, a ``bool`` mask, a library's per-leaf object) stays in
+    #   a Tensor node as a placeholder, so that ``tree_map`` keeps the tree's structure:
+    #   libraries that build trees leaf by leaf and zip them together again
+    #   (``eqx.partition``/``combine``, orbax's names and save arguments) rely on it.
+    #   ``tree_leaves`` of such a tree gives the values themselves.
     # * History never crosses a JAX boundary silently: NOTE [JAX boundary].
     def tree_flatten(self) -> tuple[tuple[Any], _TensorMeta]:
         array = self._array
+        placeholder_meta = getattr(self, "_placeholder_meta", None)
+        if placeholder_meta is not None:
+            return (array,), placeholder_meta
         meta = _TensorMeta(
             self.requires_grad, self.grad_fn is not None, isinstance(array, jax.core.Tracer), getattr(self, "_is_grad", False)
         )
@@ -328,10 +335,14 @@ class Tensor:
     @classmethod
     def tree_unflatten(cls, meta: _TensorMeta, children: tuple[Any]) -> Any:
         (child,) = children
-        if child is None or isinstance(child, bool):
-            return Tensor(child)  # a placeholder in a tree Equinox splits and joins
-        if isinstance(child, Tensor) or not (hasattr(child, "shape") and hasattr(child, "dtype")):
+        if isinstance(child, Tensor):
             return child
+        if not (hasattr(child, "shape") and hasattr(child, "dtype")):
+            if isinstance(child, (tuple, list)):
+                return child
+            placeholder = Tensor(child)  # in a tree a library builds leaf by leaf: it flattens as the original
+            placeholder._placeholder_meta = meta
+            return placeholder
         if meta.has_history:
             if isinstance(child, jax.core.Tracer):
                 if not meta.traced:
