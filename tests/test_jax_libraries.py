@@ -16,6 +16,7 @@ def _as_tensors(tree):
     return jax.tree_util.tree_map(lambda a: xgrad.tensor(a, requires_grad=True) if eqx.is_inexact_array(a) else a, tree)
 
 
+@pytest.mark.slow
 def test_from_jax_takes_an_equinox_module_with_static_leaves():
     mlp = eqx.nn.MLP(3, 2, 4, 2, activation=jax.nn.softplus, key=jax.random.key(0))
     x = jnp.linspace(-1.0, 1.0, 3)
@@ -60,19 +61,19 @@ def test_a_module_is_a_pytree_of_its_parameters_and_buffers():
     doubled = jax.tree_util.tree_map(lambda a: a * 2, model)
     assert type(doubled) is nn.Sequential and [n for n, _ in doubled.named_parameters()] == ["0.weight", "0.bias", "2.weight", "2.bias"]
     assert all(p.requires_grad and p.is_leaf for p in doubled.parameters())
-    np.testing.assert_allclose(doubled[0].weight.numpy(), 2 * model[0].weight.numpy())
+    np.testing.assert_allclose(doubled[0].weight.detach().numpy(), 2 * model[0].weight.detach().numpy())
     assert jax.tree_util.tree_map(lambda a: a.shape, model)[0].weight == (4, 3)
     # jit, vmap and Equinox's filter_jit with the model as an argument (no constants captured)
-    eager = model(xgrad.tensor(x)).numpy()
-    np.testing.assert_allclose(jax.jit(lambda m, x: m(x))(model, x).numpy(), eager, rtol=1e-12)
-    np.testing.assert_allclose(jax.vmap(lambda m, r: m(r), in_axes=(None, 0))(model, x).numpy(), eager, rtol=1e-12)
-    np.testing.assert_allclose(eqx.filter_jit(lambda m, x: m(x))(model, x).numpy(), eager, rtol=1e-12)
+    eager = model(xgrad.tensor(x)).detach().numpy()
+    np.testing.assert_allclose(jax.jit(lambda m, x: m(x))(model, x).detach().numpy(), eager, rtol=1e-12)
+    np.testing.assert_allclose(jax.vmap(lambda m, r: m(r), in_axes=(None, 0))(model, x).detach().numpy(), eager, rtol=1e-12)
+    np.testing.assert_allclose(eqx.filter_jit(lambda m, x: m(x))(model, x).detach().numpy(), eager, rtol=1e-12)
     # jax.grad gives a model-shaped tree of grads, equal to what backward accumulates
     grads = jax.grad(_loss)(model, x, y)
     assert type(grads) is nn.Sequential
     xgrad.mse_loss(model(xgrad.tensor(x)), y).backward()
     for g, p in zip(grads.parameters(), model.parameters(), strict=True):
-        np.testing.assert_allclose(g.numpy(), p.grad.numpy(), rtol=1e-12)
+        np.testing.assert_allclose(g.detach().numpy(), p.grad.detach().numpy(), rtol=1e-12)
     # optax on the model itself: an updated model, the old one untouched
     tx = optax.adam(0.1)
     state = tx.init(model)
@@ -82,7 +83,7 @@ def test_a_module_is_a_pytree_of_its_parameters_and_buffers():
     raw = [p.array for p in model.parameters()]
     raw_updates, _ = tx.update([g.array for g in grads.parameters()], tx.init(raw), raw)
     for p, e in zip(new.parameters(), optax.apply_updates(raw, raw_updates), strict=True):
-        np.testing.assert_allclose(p.numpy(), e, rtol=1e-12)
+        np.testing.assert_allclose(p.detach().numpy(), e, rtol=1e-12)
     xgrad.mse_loss(new(xgrad.tensor(x)), y).backward()  # the new model trains eagerly
     assert all(p.grad is not None for p in new.parameters())
     # eager mutation as before, and a jitted function of the model sees it
@@ -103,8 +104,8 @@ def test_module_configuration_and_mode_are_static():
     f = jax.jit(lambda m, x: m(x))
     train = f(model, x)
     model.eval()  # another static value: traced again, with the running statistics
-    np.testing.assert_allclose(f(model, x).numpy(), model(xgrad.tensor(x)).numpy(), rtol=1e-6)
-    assert not np.allclose(train.numpy(), f(model, x).numpy())
+    np.testing.assert_allclose(f(model, x).detach().numpy(), model(xgrad.tensor(x)).detach().numpy(), rtol=1e-6)
+    assert not np.allclose(train.detach().numpy(), f(model, x).detach().numpy())
 
 
 # -- orbax and xgrad.load for JAX code --------------------------------------------------
@@ -122,7 +123,7 @@ def test_orbax_saves_and_restores_a_state_dict_and_a_model(tmp_path):
     assert set(restored) == set(state)
     for key, t in restored.items():
         assert isinstance(t, xgrad.Tensor) and t.dtype == state[key].dtype
-        np.testing.assert_array_equal(t.numpy(), state[key].numpy())
+        np.testing.assert_array_equal(t.detach().numpy(), state[key].detach().numpy())
     fresh = nn.Sequential(nn.Linear(3, 4, key=5), nn.BatchNorm1d(4))
     fresh.load_state_dict(restored)
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, model)
@@ -132,7 +133,7 @@ def test_orbax_saves_and_restores_a_state_dict_and_a_model(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         np.testing.assert_array_equal(np.asarray(c), np.asarray(b))
     x = xgrad.tensor(np.linspace(-1, 1, 6).reshape(2, 3).astype(np.float32))
-    np.testing.assert_allclose(back(x).numpy(), model(x).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(back(x).detach().numpy(), model(x).detach().numpy(), rtol=1e-6)
 
 
 def test_xgrad_load_gives_plain_arrays_for_jax_code(tmp_path):
@@ -140,6 +141,6 @@ def test_xgrad_load_gives_plain_arrays_for_jax_code(tmp_path):
     xgrad.save(model.state_dict(), tmp_path / "m.safetensors")
     params = xgrad.load(tmp_path / "m.safetensors", arrays=True)
     assert all(type(a) is type(jnp.zeros(1)) for a in params.values())
-    np.testing.assert_array_equal(params["weight"], model.weight.numpy())
+    np.testing.assert_array_equal(params["weight"], model.weight.detach().numpy())
     updates = jax.tree_util.tree_map(jnp.ones_like, params)
     assert set(optax.apply_updates(params, updates)) == {"weight", "bias"}
