@@ -46,6 +46,10 @@ class StepTrace:
         """An index range check on a traced ``index``; ``False`` if the step did not take it (as ``check``)."""
         return False
 
+    def final_callbacks(self) -> list[Callable[[], None]]:
+        """The list a backward traced in the step queues its final callbacks on."""
+        return []
+
     def at_step_level(self) -> bool:
         """Whether the innermost JAX trace now is the step's own (not a ``jax.jit``/``vmap`` nested in it)."""
         return False

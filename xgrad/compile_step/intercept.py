@@ -11,7 +11,6 @@ import jax.numpy as jnp
 from xgrad.compile_step.host import _host_hook, _TracedCallbacks
 from xgrad.compile_step.recording import (
     _ARRAY,
-    _FINAL_CALLBACKS,
     _GRAD,
     _Check,
     _get_array,
@@ -24,7 +23,6 @@ from xgrad.compile_step.recording import (
 )
 from xgrad.compile_step.writeback import _state_writes
 from xgrad.engine.compiled.cache import call_site
-from xgrad.engine.graph_task import GraphTask
 from xgrad.engine.node import AccumulateGrad, Node
 from xgrad.jax_internals import get_opaque_trace_state
 from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
@@ -47,6 +45,9 @@ class _StepRecorder(_Recorder):
         else:
             outlives = isinstance(owner, Node) and owner.sequence_nr < self.first_sequence_nr
         self.added_hooks.append((weakref.ref(hooks), handle.id, call_site(), outlives))
+
+    def final_callbacks(self) -> list[Callable[[], None]]:
+        return _TracedCallbacks()
 
     def at_step_level(self) -> bool:
         return get_opaque_trace_state(convention="xgrad") == self.trace
@@ -79,12 +80,6 @@ class _StepRecorder(_Recorder):
         return True
 
 
-def _set_final_callbacks(graph_task: GraphTask, value: list[Callable[[], None]]) -> None:
-    if active() is not None:
-        value = _TracedCallbacks(value)
-    _FINAL_CALLBACKS.__set__(graph_task, value)
-
-
 class _Recording:
     """Make ``recorder`` the step this context traces, with the recording descriptors installed."""
 
@@ -97,13 +92,11 @@ class _Recording:
         self.token = _CURRENT.set(self.recorder)
         setattr(Tensor, "_array", property(_get_array, _set_array))  # noqa: B010 (a slot: mypy would object)
         setattr(Tensor, "_grad", property(_get_grad, _set_grad))  # noqa: B010
-        setattr(GraphTask, "final_callbacks", property(_FINAL_CALLBACKS.__get__, _set_final_callbacks))  # noqa: B010
         return self.recorder
 
     def __exit__(self, *exc: object) -> None:
         if self.outer is None:
             setattr(Tensor, "_array", _ARRAY)  # noqa: B010
             setattr(Tensor, "_grad", _GRAD)  # noqa: B010
-            setattr(GraphTask, "final_callbacks", _FINAL_CALLBACKS)  # noqa: B010
         _CURRENT.reset(self.token)
         _trace_lock.release()

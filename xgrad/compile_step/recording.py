@@ -11,14 +11,12 @@ import jax
 import jax.numpy as jnp
 
 from xgrad import step_trace
-from xgrad.engine.graph_task import GraphTask
 from xgrad.engine.node import _sequence
 from xgrad.step_trace import StepTrace
 from xgrad.tensor import Tensor
 
 _ARRAY = Tensor.__dict__["_array"]  # the slots' own descriptors
 _GRAD = Tensor.__dict__["_grad"]
-_FINAL_CALLBACKS = GraphTask.__dict__["final_callbacks"]
 _trace_lock = threading.RLock()  # one trace at a time: the descriptors are per class
 
 

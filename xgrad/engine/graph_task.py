@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from xgrad import step_trace
 from xgrad.engine.anomaly import ANOMALY, with_forward_trace
 from xgrad.engine.node import Edge, Node, current_task
 from xgrad.tensor import Tensor
@@ -152,7 +153,8 @@ class GraphTask:
         self.exec_info: dict[Node, ExecInfo] = {}
         self.captured_vars: list[Tensor | None] = []
         self.outstanding_tasks = 0
-        self.final_callbacks: list[Callable[[], None]] = []
+        trace = step_trace.current()  # a backward traced in a compiled step queues its callbacks there
+        self.final_callbacks: list[Callable[[], None]] = [] if trace is None else trace.final_callbacks()
         self.exception: BaseException | None = None
         self.has_error = False
         self.future_completed = False
