@@ -145,7 +145,7 @@ def mlp_timers() -> dict[str, Callable[[], float]]:
     x, y = xgrad.tensor(batch[0]), xgrad.tensor(batch[1])
     timers = xgrad_steps(loss_fn, params, [x, y])
     # The targets as a constant of the program: cross_entropy checks them when traced, so
-    # the program has no index check (NOTE [Index checks in a compiled step]); the
+    # the program has no index check (NOTE [Checks in a compiled step]); the
     # difference to the row above is what the check costs per step.
     no_check = xgrad_steps(lambda ps, x: loss_fn(ps, x, y), params, [x], hows=("xgrad.compile step",))
     timers["xgrad.compile step, no index check"] = no_check["xgrad.compile step"]

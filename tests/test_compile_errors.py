@@ -106,7 +106,7 @@ def _checked_in_program(step):
 @pytest.mark.parametrize("case", list(CASES))
 def test_out_of_range_index_raises_and_leaves_the_state_eager_leaves(case, update_buffer, mode):
     """After a buffer update the check is in the program; after only ``zero_grad()`` an index
-    argument is checked on the host before the program runs (NOTE [Index checks in a compiled step])."""
+    argument is checked on the host before the program runs (NOTE [Checks in a compiled step])."""
     op, good, bad, message = CASES[case]
     s, reference = setup(op, mode, update_buffer), setup(op, "eager", update_buffer)
     good_index, bad_index = xgrad.tensor(np.asarray(good)), xgrad.tensor(np.asarray(bad))
@@ -216,7 +216,7 @@ def test_a_grad_accumulated_before_the_failing_op_stays_accumulated(mode):
 @pytest.mark.parametrize("mode", ["eager", "compile"])
 def test_a_step_without_hooks_checks_its_targets_while_its_program_runs(mode):
     """No host calls in the program: it is dispatched before the host check, and a failed check
-    drops its outputs, so nothing after the failing op shows (NOTE [Index checks in a compiled step])."""
+    drops its outputs, so nothing after the failing op shows (NOTE [Checks in a compiled step])."""
     w = f64(W, requires_grad=True)
     opt = Optax([w], optax.adam(0.1))
 

@@ -11,8 +11,11 @@ as ordered host callbacks), ``writeback`` (the program's outputs and where they 
 # engine running on tensors that wrap tracers, and caches the jaxpr as one ``jax.jit``
 # program per input signature. Three pieces make that the same as calling ``fn``:
 #
-# 1. Finding the state. While ``fn`` is traced, ``Tensor._array`` and ``Tensor._grad``
-#    are swapped for recording descriptors (``_Recorder``): every tensor whose storage
+# 1. Finding the state. While ``fn`` is traced, the step's ``_Recorder`` is the trace of
+#    this context (NOTE [The step-trace seam] in ``xgrad/step_trace.py``: hooks, checks,
+#    random draws and a backward's final callbacks ask it), and ``Tensor._array`` and
+#    ``Tensor._grad`` are swapped for recording descriptors that ask it too (one trace
+#    at a time, under a lock, while they are per class): every tensor whose storage
 #    or ``.grad`` is read or rebound is snapshotted on first touch. A concrete array
 #    a traced op reads becomes a constant of the jaxpr (``ClosedJaxpr.consts``); each
 #    constant that came from a tensor that outlives the trace (a parameter, a
@@ -45,7 +48,7 @@ as ordered host callbacks), ``writeback`` (the program's outputs and where they 
 # host hooks return (whether callbacks wait), so hooks that queue nothing cost one
 # flag each. A callback queued by traced code (a pure hook, a custom
 # Function's backward) is such a host call too, at its place in the traced backward's
-# list (``_TracedCallbacks``: while tracing, ``GraphTask.final_callbacks`` is one).
+# list (``_TracedCallbacks``: a ``GraphTask`` made while tracing takes one from the recorder).
 # Python needing a concrete value
 # (``.item()``, ``if t > 0``, ``.numpy()``) makes the call run eagerly after a
 # one-time warning naming the user's line, or raises under ``fallback="error"``; a
@@ -60,16 +63,20 @@ as ordered host callbacks), ``writeback`` (the program's outputs and where they 
 # keyed by graph structure; a step's is per function and keyed by its arguments) and
 # so the stats and recompile reasons (call sites and nodes there, argument leaves here).
 #
-# NOTE [Index checks in a compiled step]
+# NOTE [Checks in a compiled step]
 # Eager ops raise ``IndexError`` for an out-of-range index (``check_index_range`` in
-# ``xgrad/ops/_util.py``); JAX would clamp a read and drop a write. While a step is
-# traced, a check whose index is a tracer of this trace becomes a ``_Check``: a flag
-# (any entry out of range), the first bad entry, the message, and the state writes
+# ``xgrad/ops/_util.py``); JAX would clamp a read and drop a write. Other checks of
+# values (``check_values``: a BCE input outside [0, 1], an integer to a negative power)
+# and an exception a host call raised (a hook, a final callback: kept on the host, its
+# flag returned to the program) take the same road. While a step is
+# traced, a check whose values are tracers of this trace becomes a ``_Check``: a flag
+# (the check fails), a detail for the message (the first bad entry), the error to
+# raise (the eager one; the user's own exception, as itself, for a host call), and the state writes
 # as they stand at that point of ``fn`` (what eager would have done before raising:
 # a ``zero_grad()`` that ran, an in-place update). The program returns the flags as
 # one vector; a call reads it (one small device-to-host copy, only for programs with
 # checks) and, when a flag is set, applies the writes of the first failed check
-# instead of the final ones and raises the eager error. Host hooks after a failed
+# instead of the final ones and raises its error. Host hooks after a failed
 # check are skipped (they see whether a check failed before them), so hooks run as
 # eagerly: up to the failing op. Checks under a ``jax.jit``/``vmap`` nested in ``fn``
 # run at another trace level and keep JAX's behaviour, as under plain ``jax.jit``.

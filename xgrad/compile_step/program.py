@@ -133,7 +133,7 @@ class _Entry:
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
     has_host_calls: bool  # hooks or callbacks run from inside the program
     inputs: list[tuple[int, Any]]
-    flags: int | None  # the output holding the checks' flags (NOTE [Index checks in a compiled step])
+    flags: int | None  # the output holding the checks' flags (NOTE [Checks in a compiled step])
     jitted: Any
     n_dyn_args: int
     result_template: list[tuple[str, Any, Any]]

@@ -69,7 +69,7 @@ class _Recorder(StepTrace):
         self.output_index: dict[int, int] = {}
         self.checks: list[_Check] = []
         # Checks of an argument's own index values, done on the host before the program runs
-        # (NOTE [Index checks in a compiled step]): (leaf, size, message, negative, ignore, writes).
+        # (NOTE [Checks in a compiled step]): (leaf, size, message, negative, ignore, writes).
         self.host_checks: list[tuple[int, int, str, bool, int | None, list[Any]]] = []
         self.arg_leaves: dict[int, int] = {}  # id(an argument's tracer) -> its leaf
         self.host_calls = 0  # ordered host calls traced so far (hooks)

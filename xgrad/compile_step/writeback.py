@@ -17,7 +17,7 @@ from xgrad.tensor import Tensor
 
 
 def _check_on_host(host_checks: Any, leaves: list[Any]) -> None:
-    """Eager's range checks of argument indices (NOTE [Index checks in a compiled step]); raise as eager would."""
+    """Eager's range checks of argument indices (NOTE [Checks in a compiled step]); raise as eager would."""
     for leaf, size, message, negative, ignore, writes in host_checks:
         try:
             ops_util.check_index_range(leaves[leaf], size, message, negative, ignore)
