@@ -11,7 +11,8 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("
 
 def test_notebooks_exist():
     names = {p.name for p in NOTEBOOKS}
-    assert {"01_quickstart.py", "02_compiled_backward.py", "03_testing_your_gradients.py", "04_hooks_and_debugging.py"} <= names
+    assert {"01_quickstart.py", "02_compiled_backward.py", "03_testing_your_gradients.py", "04_hooks_and_debugging.py",
+            "05_for_jax_users.py"} <= names
 
 
 @pytest.mark.slow
