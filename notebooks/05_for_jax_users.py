@@ -134,6 +134,36 @@ per_example = func.vmap(func.grad(example_loss), in_dims=(None, 0, 0))(dict(net.
 print({k: tuple(v.shape) for k, v in per_example.items()})
 
 # %% [markdown]
+# ## Modules are pytrees: `jax.grad`, optax, orbax
+# An `xgrad.nn.Module` goes through JAX's tools as an Equinox module does.
+
+# %%
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import optax  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
+
+
+def mse(m, xi, yi):
+    return ((m(xi) - yi) ** 2).mean().array
+
+
+grads = jax.jit(jax.grad(mse))(net, xs, ys)  # an MLP-shaped tree of gradients
+tx = optax.adam(1e-2)
+opt_state = tx.init(net)
+updates, opt_state = tx.update(grads, opt_state, net)
+net = optax.apply_updates(net, updates)  # an MLP again
+print(type(net).__name__, float(mse(net, xs, ys)))
+
+with tempfile.TemporaryDirectory() as tmp:
+    ckpt = ocp.StandardCheckpointer()
+    ckpt.save(Path(tmp) / "state", net.state_dict())
+    ckpt.wait_until_finished()
+    restored = ckpt.restore(Path(tmp) / "state", net.state_dict())
+print(sorted(restored))
+
+# %% [markdown]
 # ## Sharding
 # A Tensor keeps its array's sharding, and gradients come back with it.
 
