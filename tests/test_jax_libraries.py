@@ -32,6 +32,22 @@ def test_from_jax_takes_an_equinox_module_with_static_leaves():
     np.testing.assert_allclose(out.item(), float(jnp.sum(mlp(x) ** 2)), rtol=1e-6)
 
 
+@pytest.mark.slow
+def test_from_jax_takes_a_flax_nnx_graphdef_and_state():
+    from flax import nnx
+
+    model = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    params = _as_tensors(state)
+    x = jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)
+    out = xgrad.from_jax(lambda g, s, x: jnp.sum(nnx.merge(g, s)(x) ** 2))(graphdef, params, xgrad.tensor(x))
+    out.backward()
+    expected = nnx.grad(lambda m, x: jnp.sum(m(x) ** 2))(model, x)
+    got = [t.grad.array for t in jax.tree_util.tree_leaves(params, is_leaf=lambda t: isinstance(t, xgrad.Tensor))]
+    for g, e in zip(got, jax.tree_util.tree_leaves(expected), strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-5)
+
+
 def test_from_jax_names_a_bad_argument_by_its_path():
     op = xgrad.from_jax(lambda params, x: params["layers"][0]["w"] * x)
 
