@@ -14,6 +14,7 @@ import pytest
 
 import xgrad
 from tests._backward_modes import eager_and_compiled  # noqa: F401
+from tests._helpers import close
 from xgrad.autograd.graph import allow_mutation_on_saved_tensors
 
 pytestmark = pytest.mark.usefixtures("eager_and_compiled")
@@ -23,10 +24,6 @@ MODIFIED = "variables needed for gradient computation has been modified by an in
 
 def rand(*shape, requires_grad=False):
     return xgrad.tensor(np.random.default_rng(0).random(shape), dtype=jnp.float64, requires_grad=requires_grad)
-
-
-def close(a, b):
-    np.testing.assert_allclose(a.detach().array, b.detach().array, rtol=1e-12)
 
 
 def test_basic():

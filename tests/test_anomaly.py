@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import xgrad
+from tests._helpers import leaf
 from xgrad.autograd import (
     Function,
     detect_anomaly,
@@ -13,9 +14,7 @@ from xgrad.autograd import (
 )
 from xgrad.engine.anomaly import TRACE_HEADER, TRACEBACK_KEY
 
-
-def leaf(values=(0.5, 1.5)):
-    return xgrad.tensor(np.asarray(values, dtype=np.float64), requires_grad=True)
+X0 = (0.5, 1.5)
 
 
 class Fails(Function):
@@ -34,12 +33,12 @@ def forward_site_of_fails(x):
 
 def test_off_by_default_and_nodes_record_nothing():
     assert not is_anomaly_enabled()
-    y = leaf().exp()
+    y = leaf(X0).exp()
     assert y.grad_fn._metadata is None
 
 
 def test_nodes_created_in_anomaly_mode_store_the_forward_trace():
-    x = leaf()
+    x = leaf(X0)
     with detect_anomaly():
         y = x.exp()
         z = Fails.apply(y)
@@ -50,7 +49,7 @@ def test_nodes_created_in_anomaly_mode_store_the_forward_trace():
 
 
 def test_error_in_backward_is_reraised_with_forward_trace_and_same_type():
-    x = leaf()
+    x = leaf(X0)
     with detect_anomaly():
         y = forward_site_of_fails(x).sum()
         with pytest.raises(ValueError, match="bad backward") as info:
@@ -62,14 +61,14 @@ def test_error_in_backward_is_reraised_with_forward_trace_and_same_type():
 
 
 def test_without_anomaly_mode_the_error_is_unchanged():
-    y = forward_site_of_fails(leaf()).sum()
+    y = forward_site_of_fails(leaf(X0)).sum()
     with pytest.raises(ValueError) as info:
         y.backward()
     assert str(info.value) == "bad backward"
 
 
 def test_nodes_recorded_outside_anomaly_mode_add_no_trace():
-    y = forward_site_of_fails(leaf()).sum()
+    y = forward_site_of_fails(leaf(X0)).sum()
     with detect_anomaly(), pytest.raises(ValueError) as info:
         y.backward()
     assert str(info.value) == "bad backward"
@@ -94,7 +93,7 @@ def test_nan_check_for_custom_function():
         def backward(ctx, g):
             return g, g * float("nan")
 
-    x, w = leaf(), leaf()
+    x, w = leaf(X0), leaf(X0)
     with detect_anomaly(), pytest.raises(RuntimeError, match="Function 'NanGradBackward' returned nan values in its 1th output."):
         NanGrad.apply(x, w).sum().backward()
 
@@ -145,7 +144,7 @@ def test_error_inside_reentrant_backward_carries_the_inner_trace_once():
             return g
 
     with detect_anomaly():
-        y = Outer.apply(leaf()).sum()
+        y = Outer.apply(leaf(X0)).sum()
         with pytest.raises(ValueError, match="bad backward") as info:
             y.backward()
     assert str(info.value).count(TRACE_HEADER.strip()) == 1
@@ -165,7 +164,7 @@ def test_nested_detect_anomaly_restores_the_outer_check_nan():
     """PyTorch's test_anomaly_mode_no_check_nan: the inner context's check_nan holds
     inside it, and the outer setting is back after it."""
     with detect_anomaly(check_nan=False):
-        x = leaf()
+        x = leaf(X0)
         out = NanBackward.apply(x).sum()
         out.backward(retain_graph=True)  # NaN allowed
         with detect_anomaly(check_nan=True):
@@ -227,7 +226,7 @@ def test_double_backward_error_shows_the_parent_forward_trace(fail_0th):
     """PyTorch's test_nested_anomaly_detect_nan: InnerFn's node was recorded by
     OuterFn's backward, so the error shows InnerFn's forward trace, then "Previous
     calculation was induced by OuterFnBackward" with OuterFn's forward trace."""
-    x = leaf()
+    x = leaf(X0)
     with detect_anomaly():
         out = _outer_forward_site(x, fail_0th)
         (gx,) = xgrad.autograd.grad(out, (x,), create_graph=True)
@@ -241,12 +240,12 @@ def test_double_backward_error_shows_the_parent_forward_trace(fail_0th):
     assert parent.startswith("Traceback of forward call that induced the previous calculation:\n")
     assert "_outer_forward_site" in parent and "_inner_forward_site" not in parent
     with detect_anomaly():  # the next backward works
-        out = _outer_forward_site(leaf(), fail_0th)
+        out = _outer_forward_site(leaf(X0), fail_0th)
         out.sum().backward()
 
 
 def test_parent_without_a_forward_trace_says_so():
-    x = leaf()
+    x = leaf(X0)
     out = OuterFn.apply(x, True)  # recorded outside anomaly mode: no trace
     with detect_anomaly():
         (gx,) = xgrad.autograd.grad(out, (x,), create_graph=True)

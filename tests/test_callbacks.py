@@ -4,15 +4,14 @@ import numpy as np
 import pytest
 
 import xgrad
+from tests._helpers import leaf
 from xgrad.autograd import Function, queue_callback
 
-
-def leaf():
-    return xgrad.tensor(np.array([1.0, 2.0]), requires_grad=True)
+X0 = (1.0, 2.0)
 
 
 def test_callback_runs_once_after_every_node_before_backward_returns():
-    x = leaf()
+    x = leaf(X0)
     events = []
     y = x * 3.0
 
@@ -27,7 +26,7 @@ def test_callback_runs_once_after_every_node_before_backward_returns():
 
 
 def test_callbacks_run_in_order_and_callbacks_queued_by_callbacks_run_too():
-    x = leaf()
+    x = leaf(X0)
     events = []
 
     def second():
@@ -49,7 +48,7 @@ def test_callback_outside_backward_raises():
 
 
 def test_each_backward_runs_its_own_callbacks():
-    x = leaf()
+    x = leaf(X0)
     events = []
     x.register_hook(lambda g: queue_callback(lambda: events.append("done")))
     y = (x * x).sum()
@@ -60,7 +59,7 @@ def test_each_backward_runs_its_own_callbacks():
 
 
 def test_callback_during_grad():
-    x = leaf()
+    x = leaf(X0)
     events = []
     x.register_hook(lambda g: queue_callback(lambda: events.append("done")))
     (g,) = xgrad.autograd.grad((x * x).sum(), x)
@@ -86,13 +85,13 @@ def test_callback_of_reentrant_backward_runs_when_the_inner_task_finishes():
             queue_callback(lambda: events.append("outer-callback"))
             return g
 
-    x = leaf()
+    x = leaf(X0)
     Reentrant.apply(x).sum().backward()
     assert events == ["inner-callback", "inner-backward-returned", "outer-callback"]
 
 
 def test_failing_callback_raises_from_backward_and_engine_recovers():
-    x = leaf()
+    x = leaf(X0)
     handle = x.register_hook(lambda g: queue_callback(lambda: 1 / 0))
     with pytest.raises(ZeroDivisionError):
         x.sum().backward()

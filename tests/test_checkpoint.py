@@ -7,6 +7,7 @@ import pytest
 
 import xgrad
 from tests._backward_modes import eager_and_compiled  # noqa: F401  (a fixture)
+from tests._helpers import close, leaf
 from xgrad.autograd import compiled
 from xgrad.utils import CheckpointError, checkpoint, set_checkpoint_debug_enabled, set_checkpoint_early_stop
 
@@ -14,14 +15,6 @@ pytestmark = pytest.mark.usefixtures("eager_and_compiled")  # every test, eager 
 
 X0 = np.array([[0.5, -1.0, 0.25], [1.5, 0.75, -0.5]])
 W0 = np.array([[0.2, -0.4], [0.6, 0.1], [-0.3, 0.8]])
-
-
-def leaf(values):
-    return xgrad.tensor(np.asarray(values, dtype=np.float64), requires_grad=True)
-
-
-def close(a, b):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
 
 
 def block(np_, x, w):

@@ -345,8 +345,8 @@ def test_saved_and_unsaved_inputs_of_one_shape_are_different_structures():
     assert (compiled.stats()["misses"], compiled.stats()["hits"]) == (3, 1)
 
 
-def test_a_full_fragment_table_starts_afresh_without_mixing_structures(monkeypatch):
-    monkeypatch.setattr(compiled_engine.key, "MAX_FRAGMENTS", 2)
+def test_a_full_fragment_table_drops_its_oldest_without_mixing_structures(monkeypatch):
+    monkeypatch.setattr(compiled_engine.key.fragments, "maxsize", 2)
     x = xgrad.tensor([1.0, 2.0], requires_grad=True)
     ops = [lambda v: v.exp(), lambda v: v.sin(), lambda v: v * 2.0, lambda v: v.tanh()]
     for _ in range(2):

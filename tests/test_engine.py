@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import xgrad
+from tests._helpers import close
 from xgrad import autograd
 from xgrad.ops import defprim
 
@@ -43,10 +44,6 @@ def arrays():
 def leaves():
     a, b = arrays()
     return xgrad.tensor(a, requires_grad=True), xgrad.tensor(b, requires_grad=True)
-
-
-def close(t, expected):
-    np.testing.assert_allclose(np.asarray(t.array), np.asarray(expected), rtol=1e-12, atol=1e-12)
 
 
 # -- backward and .grad ---------------------------------------------------------------------

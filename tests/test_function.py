@@ -7,20 +7,13 @@ import pytest
 
 import xgrad
 from tests._backward_modes import eager_and_compiled  # noqa: F401  (a fixture)
+from tests._helpers import close, leaf
 from xgrad.autograd import Function, FunctionCtx, once_differentiable
 
 pytestmark = pytest.mark.usefixtures("eager_and_compiled")  # every test, eager and compiled
 
 X0 = np.array([0.5, -1.5, 2.0])
 W0 = np.array([1.25, 0.5, -0.75])
-
-
-def leaf(values=X0):
-    return xgrad.tensor(np.asarray(values, dtype=np.float64), requires_grad=True)
-
-
-def close(a, b):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
 
 
 class MulSin(Function):
@@ -42,7 +35,7 @@ def mul_sin(x, w):
 
 
 def test_forward_backward_match_jax_vjp():
-    x, w = leaf(), leaf(W0)
+    x, w = leaf(X0), leaf(W0)
     y = MulSin.apply(x, w)
     assert y.grad_fn.name() == "MulSinBackward"
     assert not y.is_leaf and y.requires_grad
@@ -56,7 +49,7 @@ def test_forward_backward_match_jax_vjp():
 
 
 def test_node_edges_point_at_inputs():
-    x, w = leaf(), leaf(W0)
+    x, w = leaf(X0), leaf(W0)
     y = MulSin.apply(x * 2.0, w)
     (mul_node, _), (acc, _) = y.grad_fn.next_functions
     assert mul_node.name() == "MulBackward"
@@ -76,7 +69,7 @@ def test_forward_runs_under_no_grad_and_output_gets_node_only_when_needed():
         def backward(ctx, g):
             return g * 2.0
 
-    x = leaf()
+    x = leaf(X0)
     assert Probe.apply(x).grad_fn is not None
     assert Probe.apply(xgrad.tensor(X0)).grad_fn is None
     with xgrad.no_grad():
@@ -102,7 +95,7 @@ def test_setup_context_variant():
             assert ctx.input_shape == (3,)
             return g * out
 
-    x = leaf()
+    x = leaf(X0)
     Exp.apply(x).sum().backward()
     close(x.grad.array, np.exp(X0))
 
@@ -120,7 +113,7 @@ def test_ctx_attributes_needs_input_grad_and_non_tensor_args():
         def backward(ctx, g):
             return g * ctx.factor, None, g
 
-    x, w = leaf(), xgrad.tensor(W0)
+    x, w = leaf(X0), xgrad.tensor(W0)
     y = Scale.apply(x, 3.0, w, offset=1.0)
     assert y.grad_fn.ctx.flags == (True, False, False)
     close(y.array, X0 * 3.0 + W0 + 1.0)
@@ -144,7 +137,7 @@ def test_tuple_outputs_and_materialized_zero_grads():
             (x,) = ctx.saved_tensors
             return gs * x.cos() - gc * x.sin()
 
-    x = leaf()
+    x = leaf(X0)
     s, c = SinCos.apply(x)
     assert s.grad_fn is c.grad_fn and (s.output_nr, c.output_nr) == (0, 1)
     s.sum().backward()
@@ -167,7 +160,7 @@ def test_set_materialize_grads_false_passes_none():
             received.append((g1, g2))
             return g1 if g2 is None else g1 + 2.0 * g2
 
-    x = leaf()
+    x = leaf(X0)
     a, _ = Two.apply(x)
     a.sum().backward()
     assert received[0][1] is None
@@ -191,7 +184,7 @@ def test_mark_non_differentiable():
             idx = order.array.astype(jnp.int32)
             return xgrad.tensor(jnp.zeros(3).at[idx].set(g.array))
 
-    x = leaf()
+    x = leaf(X0)
     values, order = SortWithIndex.apply(x)
     assert values.requires_grad and not order.requires_grad and order.grad_fn is None
     (values * xgrad.tensor([1.0, 2.0, 3.0])).sum().backward()
@@ -211,7 +204,7 @@ def test_mark_dirty_rewrites_history_of_in_place_input():
         def backward(ctx, g):
             return g * 1.0
 
-    base = leaf()
+    base = leaf(X0)
     y = base * 3.0
     version = y._version
     z = AddOneInPlace.apply(y)
@@ -234,7 +227,7 @@ def test_mark_dirty_on_leaf_that_requires_grad_raises():
             return g
 
     with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
-        Dirty.apply(leaf())
+        Dirty.apply(leaf(X0))
 
 
 def test_wrong_number_of_gradients_raises_pytorch_error():
@@ -247,7 +240,7 @@ def test_wrong_number_of_gradients_raises_pytorch_error():
         def backward(ctx, g):
             return (g,)
 
-    x, w = leaf(), leaf(W0)
+    x, w = leaf(X0), leaf(W0)
     y = Bad.apply(x, w).sum()
     with pytest.raises(RuntimeError, match=r"function BadBackward returned an incorrect number of gradients \(expected 2, got 1\)"):
         y.backward()
@@ -263,7 +256,7 @@ def test_extra_none_gradients_are_allowed():
         def backward(ctx, g):
             return g * 2.0, None, None
 
-    x = leaf()
+    x = leaf(X0)
     Extra.apply(x).sum().backward()
     close(x.grad.array, np.full(3, 2.0))
 
@@ -279,7 +272,7 @@ def test_gradient_for_non_tensor_input_raises():
             return g, g
 
     with pytest.raises(RuntimeError, match="returned a gradient different than None at position 1"):
-        Bad.apply(leaf(), 2.0).sum().backward()
+        Bad.apply(leaf(X0), 2.0).sum().backward()
 
 
 def test_bad_gradient_shape_comes_from_validate_outputs():
@@ -292,7 +285,7 @@ def test_bad_gradient_shape_comes_from_validate_outputs():
         def backward(ctx, g):
             return xgrad.ones(2, 4, dtype=jnp.float64)
 
-    x = leaf()
+    x = leaf(X0)
     with pytest.raises(RuntimeError, match=r"Function BadBackward returned an invalid gradient at index 0 - got \[2, 4\] but expected shape compatible with \[3\]"):
         Bad.apply(x).backward()
     # A grad that only broadcasts is summed down, as for any node.
@@ -310,7 +303,7 @@ def test_bad_gradient_shape_comes_from_validate_outputs():
 
 
 def test_saved_tensors_freed_after_backward_and_version_checked():
-    x, w = leaf(), leaf(W0)
+    x, w = leaf(X0), leaf(W0)
     y = MulSin.apply(x, w)
     y.sum().backward()
     with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
@@ -339,7 +332,7 @@ def test_saved_output_does_not_keep_a_cycle_and_unpacks():
             (out,) = ctx.saved_tensors
             return g * out
 
-    x = leaf()
+    x = leaf(X0)
     y = Exp.apply(x)
     assert y.grad_fn.saved[0]._state == "output"
     (g,) = xgrad.autograd.grad(y.sum(), x, create_graph=True)
@@ -349,7 +342,7 @@ def test_saved_output_does_not_keep_a_cycle_and_unpacks():
 
 
 def test_retain_graph_allows_a_second_backward():
-    x, w = leaf(), leaf(W0)
+    x, w = leaf(X0), leaf(W0)
     y = MulSin.apply(x, w).sum()
     y.backward(retain_graph=True)
     y.backward()
@@ -357,7 +350,7 @@ def test_retain_graph_allows_a_second_backward():
 
 
 def test_double_backward_through_function_matches_jax():
-    x, w = leaf(), leaf(W0)
+    x, w = leaf(X0), leaf(W0)
     (gx, gw) = xgrad.autograd.grad(MulSin.apply(x, w).sum(), [x, w], create_graph=True)
     (ggx, ggw) = xgrad.autograd.grad((gx * gw).sum(), [x, w])
 
@@ -384,7 +377,7 @@ class OnceSquare(Function):
 
 
 def test_once_differentiable_first_order_and_second_order_error():
-    x = leaf()
+    x = leaf(X0)
     OnceSquare.apply(x).sum().backward()
     close(x.grad.array, 2 * X0)
     x.grad = None
@@ -399,7 +392,7 @@ def test_once_differentiable_first_order_and_second_order_error():
 
 def test_function_node_compute_is_pure_given_values():
     """``compute`` runs the backward on given saved values: nothing is unpacked."""
-    x, w = leaf(), leaf(W0)
+    x, w = leaf(X0), leaf(W0)
     y = MulSin.apply(x, w)
     node = y.grad_fn
     other = (xgrad.tensor(W0), xgrad.tensor(X0))
@@ -435,7 +428,7 @@ class ReentrantSquare(Function):
 
 @pytest.mark.parametrize("depth", [1, 5])
 def test_reentrant_backward(depth):
-    x = leaf()
+    x = leaf(X0)
     ReentrantSquare.apply(x, depth).sum().backward()
     close(x.grad.array, 2 * X0)
 
@@ -444,7 +437,7 @@ def test_reentrant_backward(depth):
 def test_reentrant_backward_deeper_than_max_reentrant_depth():
     depth = 70
     assert depth > xgrad.autograd.MAX_REENTRANT_DEPTH
-    x = leaf()
+    x = leaf(X0)
     ReentrantSquare.apply(x, depth).sum().backward()
     close(x.grad.array, 2 * X0)
 
@@ -453,7 +446,7 @@ def test_reentrant_backward_with_small_max_depth_uses_pool():
     saved = xgrad.autograd.MAX_REENTRANT_DEPTH
     xgrad.autograd.MAX_REENTRANT_DEPTH = 2
     try:
-        x = leaf()
+        x = leaf(X0)
         ReentrantSquare.apply(x, 8).sum().backward()
         close(x.grad.array, 2 * X0)
     finally:
@@ -470,7 +463,7 @@ def test_error_in_function_backward_leaves_engine_usable():
         def backward(ctx, g):
             raise ValueError("boom in backward")
 
-    x = leaf()
+    x = leaf(X0)
     with pytest.raises(ValueError, match="boom in backward"):
         Boom.apply(x).sum().backward()
     MulSin.apply(x, leaf(W0)).sum().backward()
@@ -495,7 +488,7 @@ def test_return_duplicate(compiled):
         def backward(ctx, grad1, grad2):
             return grad1 * 2 + grad2 * 2
 
-    x = leaf()
+    x = leaf(X0)
     a, b = DoubleDuplicate.apply(x)
     assert a is b
     assert a.output_nr == 1 and a.grad_fn.name() == "DoubleDuplicateBackward"
@@ -517,7 +510,7 @@ def test_input_returned_twice_gives_two_outputs(compiled):
         def backward(ctx, g1, g2):
             return g1 + 3 * g2
 
-    x = leaf()
+    x = leaf(X0)
     a, b = Twice.apply(x)
     assert a is not b and a is not x
     assert (a.output_nr, b.output_nr) == (0, 1) and a.grad_fn is b.grad_fn
@@ -539,7 +532,7 @@ def test_save_output_nr(compiled):
         def backward(ctx, *grad):
             return xgrad.cat(grad)
 
-    a = leaf()
+    a = leaf(X0)
     b, c = MultiOutputFn.apply(a)
     assert (b.output_nr, c.output_nr) == (0, 1)
     seen = []
@@ -582,7 +575,7 @@ def test_saved_output_and_recomputed_input_keep_their_place_in_the_graph(hooked,
             seen.append((out.grad_fn is node, out.output_nr, x.grad_fn is x_fn, x.output_nr, w.is_leaf))
             return g_out * out, g_w + g_out * out / w
 
-    a = leaf()
+    a = leaf(X0)
     w = leaf(W0)
     x = a * 1.0
     x_fn = x.grad_fn

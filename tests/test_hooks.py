@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import xgrad
 from tests._backward_modes import eager_and_compiled  # noqa: F401  (a fixture)
+from tests._helpers import close, leaf
 from xgrad.autograd import get_execution_order, set_multithreading_enabled
 
 pytestmark = pytest.mark.usefixtures("eager_and_compiled")  # every test, eager and compiled
@@ -20,19 +21,11 @@ pytestmark = pytest.mark.usefixtures("eager_and_compiled")  # every test, eager 
 X0 = np.array([0.3, -1.2, 0.7])
 
 
-def leaf(values=X0):
-    return xgrad.tensor(np.asarray(values, dtype=np.float64), requires_grad=True)
-
-
-def close(a, b):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
-
-
 # -- Tensor.register_hook ---------------------------------------------------------------
 
 
 def test_hook_on_non_leaf_replaces_its_gradient():
-    x = leaf()
+    x = leaf(X0)
     y = x * 2.0
     y.register_hook(lambda g: g * 3.0)
     (x.exp() * y).sum().backward()
@@ -46,7 +39,7 @@ def test_hook_on_non_leaf_replaces_its_gradient():
 
 
 def test_hook_on_leaf_sees_the_summed_gradient_once():
-    x = leaf()
+    x = leaf(X0)
     seen = []
     x.register_hook(lambda g: seen.append(np.asarray(g.array)))
     (x.sin() + x * x).sum().backward()
@@ -56,7 +49,7 @@ def test_hook_on_leaf_sees_the_summed_gradient_once():
 
 
 def test_hooks_run_in_registration_order_each_seeing_the_last_result():
-    x = leaf()
+    x = leaf(X0)
     y = x.tanh()
     calls = []
     y.register_hook(lambda g: calls.append(("a", np.asarray(g.array))) or g + 1.0)
@@ -71,7 +64,7 @@ def test_hooks_run_in_registration_order_each_seeing_the_last_result():
 
 
 def test_removed_hook_does_not_run():
-    x = leaf()
+    x = leaf(X0)
     calls = []
     handle = x.register_hook(lambda g: calls.append(1))
     handle.remove()
@@ -82,7 +75,7 @@ def test_removed_hook_does_not_run():
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_remove_from_inside_a_hook_during_backward(compiled):
-    x = leaf()
+    x = leaf(X0)
     y = x * 1.0
     calls = []
     handles = {}
@@ -104,7 +97,7 @@ def test_remove_from_inside_a_hook_during_backward(compiled):
 
 
 def test_hooks_registered_before_and_after_use_in_the_graph():
-    x = leaf()
+    x = leaf(X0)
     calls = []
     x.register_hook(lambda g: calls.append("leaf-before"))
     y = x * 3.0
@@ -131,7 +124,7 @@ def test_hook_on_tensor_that_does_not_require_grad_raises():
     ],
 )
 def test_bad_hook_result_raises_and_next_backward_works(bad, exc, phrase):
-    x = leaf()
+    x = leaf(X0)
     y = x.exp()
     handle = y.register_hook(bad)
     with pytest.raises(exc, match=phrase):
@@ -142,7 +135,7 @@ def test_bad_hook_result_raises_and_next_backward_works(bad, exc, phrase):
 
 
 def test_replacing_a_none_gradient_raises():
-    x = leaf()
+    x = leaf(X0)
     a, b = xgrad.ops.from_jax(lambda v: (v * 1.0, v * 2.0))(x)  # one node, two outputs
     b.register_hook(lambda g: xgrad.ones(3, dtype=jnp.float64))  # b gets no gradient: its slot stays None
     with pytest.raises(RuntimeError, match="can't replace a None gradient with a non-None value"):
@@ -153,7 +146,7 @@ def test_replacing_a_none_gradient_raises():
 
 
 def test_retain_grad_keeps_value_after_tensor_hooks():
-    x = leaf()
+    x = leaf(X0)
     y = x.sin()
     y.retain_grad()  # registered before the hook, still sees its result
     y.register_hook(lambda g: g * 5.0)
@@ -164,7 +157,7 @@ def test_retain_grad_keeps_value_after_tensor_hooks():
 
 
 def test_retained_grad_accumulates_and_leaf_retain_is_noop():
-    x = leaf()
+    x = leaf(X0)
     x.retain_grad()
     assert not x.retains_grad
     y = x * 2.0
@@ -182,7 +175,7 @@ def test_retain_grad_without_requires_grad_raises():
 
 
 def test_non_leaf_without_retain_grad_has_no_grad():
-    x = leaf()
+    x = leaf(X0)
     y = x * 2.0
     y.sum().backward()
     assert not y.retains_grad
@@ -194,7 +187,7 @@ def test_non_leaf_without_retain_grad_has_no_grad():
 
 
 def test_post_accumulate_hook_sees_updated_grad_and_the_tensor():
-    x = leaf()
+    x = leaf(X0)
     x.grad = xgrad.tensor(np.ones(3))
     seen = []
     x.register_post_accumulate_grad_hook(lambda t: seen.append((t, np.asarray(t.grad.array))))
@@ -206,7 +199,7 @@ def test_post_accumulate_hook_sees_updated_grad_and_the_tensor():
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_post_accumulate_hook_returning_a_value_raises(compiled):
     """PyTorch's test_post_accumulate_grad_hook_returns_not_None."""
-    x = leaf()
+    x = leaf(X0)
     handle = x.register_post_accumulate_grad_hook(lambda t: t.grad)
     with pytest.raises(RuntimeError, match=r"^Tensor post accumulate grad hooks should return None\.$"):
         (x * x).sum().backward(compiled=compiled)
@@ -251,7 +244,7 @@ def test_post_accumulate_grad_hook_ordering(compiled):
 def test_accumulators_ready_together_run_in_edge_order(compiled, x_first):
     """PyTorch gives AccumulateGrad the highest sequence number: the two accumulators
     made ready by MulBackward tie and run in its edge order, hooks included."""
-    x, w = leaf(), leaf([0.5, 0.25, 2.0])
+    x, w = leaf(X0), leaf([0.5, 0.25, 2.0])
     events = []
     for name, t in (("x", x), ("w", w)):
         t.register_hook(lambda g, name=name: events.append(f"tensor:{name}"))
@@ -268,7 +261,7 @@ def test_accumulators_ready_together_run_in_edge_order(compiled, x_first):
 
 @pytest.mark.parametrize("register", ["register_hook", "register_post_accumulate_grad_hook"])
 def test_tensor_hooks_are_checked_at_registration(register):
-    x = leaf()
+    x = leaf(X0)
     with pytest.raises(TypeError, match="hook must be callable"):
         getattr(x, register)(3)
     with pytest.raises(TypeError, match="cannot be called with 1 positional argument"):
@@ -278,13 +271,13 @@ def test_tensor_hooks_are_checked_at_registration(register):
 
 
 def test_post_accumulate_hook_on_non_leaf_raises():
-    y = leaf() * 2.0
+    y = leaf(X0) * 2.0
     with pytest.raises(RuntimeError, match="post accumulate grad hooks cannot be registered on non-leaf tensors"):
         y.register_post_accumulate_grad_hook(lambda t: None)
 
 
 def test_post_accumulate_hook_does_not_run_for_grad():
-    x = leaf()
+    x = leaf(X0)
     calls = []
     x.register_post_accumulate_grad_hook(lambda t: calls.append(1))
     (g,) = xgrad.autograd.grad((x * x).sum(), x)
@@ -296,7 +289,7 @@ def test_post_accumulate_hook_does_not_run_for_grad():
 
 
 def test_node_prehook_and_hook_replace_grads():
-    x = leaf()
+    x = leaf(X0)
     w = leaf([1.5, 2.0, -0.5])
     y = x * w
     node = y.grad_fn
@@ -325,7 +318,7 @@ def test_node_prehook_and_hook_replace_grads():
 
 
 def test_hooks_on_accumulate_grad_node():
-    x = leaf()
+    x = leaf(X0)
     y = x * 3.0
     acc = y.grad_fn.next_functions[0][0]
     assert acc.name() == "AccumulateGrad" and acc.variable is x
@@ -342,13 +335,13 @@ def test_hooks_on_accumulate_grad_node():
 
 @pytest.mark.parametrize("method, phrase", [("register_prehook", r"fn\(grad_outputs\)"), ("register_hook", r"fn\(grad_inputs, grad_outputs\)")])
 def test_node_hook_with_wrong_arity_raises_at_registration(method, phrase):
-    node = (leaf() * 2.0).grad_fn
+    node = (leaf(X0) * 2.0).grad_fn
     with pytest.raises(TypeError, match=phrase):
         getattr(node, method)(lambda a, b, c: None)
 
 
 def test_node_hook_returning_wrong_number_of_grads_raises():
-    x = leaf()
+    x = leaf(X0)
     y = x * 2.0
     y.grad_fn.register_prehook(lambda go: (go[0], go[0]))
     with pytest.raises(RuntimeError, match="must return None or a tuple of 1 gradients, got 2"):
@@ -356,7 +349,7 @@ def test_node_hook_returning_wrong_number_of_grads_raises():
 
 
 def test_node_hook_handle_remove():
-    x = leaf()
+    x = leaf(X0)
     y = x * 2.0
     calls = []
     handle = y.grad_fn.register_prehook(lambda go: calls.append(1))
@@ -369,7 +362,7 @@ def test_node_hook_handle_remove():
 
 
 def test_tensor_hook_on_captured_input_changes_the_captured_value():
-    x = leaf()
+    x = leaf(X0)
     x.register_hook(lambda g: g * 4.0)
     (g,) = xgrad.autograd.grad((x * x).sum(), x)
     close(g.array, 8.0 * X0)
@@ -377,7 +370,7 @@ def test_tensor_hook_on_captured_input_changes_the_captured_value():
 
 
 def test_hooks_on_pruned_nodes_never_run():
-    x = leaf()
+    x = leaf(X0)
     w = leaf([1.0, 2.0, 3.0])
     events = []
     ww = w * 2.0
@@ -424,7 +417,7 @@ def node_events(name, leaf=False, retained=True):
 
 
 def diamond():
-    x = leaf()
+    x = leaf(X0)
     a = x * 2.0  # MulBackward
     b = a.exp()
     c = a.sin()  # created after b: higher sequence_nr, runs first
@@ -448,7 +441,7 @@ def test_order_of_every_hook_kind_on_a_diamond():
 
 
 def test_order_with_shared_leaf_and_two_roots():
-    x = leaf()
+    x = leaf(X0)
     w = leaf([0.5, 0.25, 2.0])
     p = x * w  # creates x's AccumulateGrad, then w's
     s = x + w

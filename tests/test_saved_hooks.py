@@ -7,20 +7,13 @@ import pytest
 
 import xgrad
 from tests._backward_modes import eager_and_compiled  # noqa: F401  (a fixture)
+from tests._helpers import close, leaf
 from xgrad.autograd import Function
 from xgrad.autograd.graph import save_on_cpu, saved_tensors_hooks
 
 pytestmark = pytest.mark.usefixtures("eager_and_compiled")  # every test, eager and compiled
 
 X0 = np.array([0.3, -0.8, 1.2])
-
-
-def leaf(values=X0):
-    return xgrad.tensor(np.asarray(values, dtype=np.float64), requires_grad=True)
-
-
-def close(a, b):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
 
 
 class Recorder:
@@ -37,7 +30,7 @@ class Recorder:
 
 
 def test_pack_at_save_unpack_at_backward_and_grads_unchanged():
-    x, w = leaf(), leaf([1.0, 2.0, 3.0])
+    x, w = leaf(X0), leaf([1.0, 2.0, 3.0])
     log = []
     rec = Recorder("a", log)
     with saved_tensors_hooks(rec.pack, rec.unpack):
@@ -52,7 +45,7 @@ def test_pack_at_save_unpack_at_backward_and_grads_unchanged():
 
 
 def test_unpack_runs_only_when_backward_needs_the_value():
-    x = leaf()
+    x = leaf(X0)
     log = []
     rec = Recorder("a", log)
     with saved_tensors_hooks(rec.pack, rec.unpack):
@@ -64,7 +57,7 @@ def test_unpack_runs_only_when_backward_needs_the_value():
 
 
 def test_nested_contexts_use_the_innermost():
-    x = leaf()
+    x = leaf(X0)
     log = []
     outer, inner = Recorder("outer", log), Recorder("inner", log)
     with saved_tensors_hooks(outer.pack, outer.unpack):
@@ -91,7 +84,7 @@ def test_hooks_apply_to_function_saved_tensors():
             x, out = ctx.saved_tensors
             return 3.0 * out / x * g
 
-    x = leaf()
+    x = leaf(X0)
     log = []
     rec = Recorder("f", log)
     with saved_tensors_hooks(rec.pack, rec.unpack):
@@ -104,7 +97,7 @@ def test_hooks_apply_to_function_saved_tensors():
 
 def test_unpacked_value_is_what_backward_uses():
     """The hooks own the value: an unpack returning other data changes the gradient accordingly."""
-    x = leaf()
+    x = leaf(X0)
     with saved_tensors_hooks(lambda t: t, lambda t: xgrad.tensor(np.asarray(t.array) * 2.0)):
         y = x * x
     y.sum().backward()
@@ -112,7 +105,7 @@ def test_unpacked_value_is_what_backward_uses():
 
 
 def test_double_backward_through_unpacked_tensors():
-    x = leaf()
+    x = leaf(X0)
     with saved_tensors_hooks(lambda t: np.asarray(t.array), lambda a: xgrad.tensor(a)):
         y = (x * x * x).sum()
     (g,) = xgrad.autograd.grad(y, x, create_graph=True)
@@ -122,7 +115,7 @@ def test_double_backward_through_unpacked_tensors():
 
 
 def test_unpack_returning_non_tensor_raises():
-    x = leaf()
+    x = leaf(X0)
     with saved_tensors_hooks(lambda t: t, lambda t: "not a tensor"):
         y = x.exp()
     with pytest.raises(TypeError, match="unpack_hook expected to be a Tensor but got result of type str"):
@@ -130,7 +123,7 @@ def test_unpack_returning_non_tensor_raises():
 
 
 def test_version_check_still_applies_with_hooks():
-    x = leaf()
+    x = leaf(X0)
     h = x * 1.0
     with saved_tensors_hooks(lambda t: t, lambda t: t):
         y = h.exp() * h
@@ -172,7 +165,7 @@ def test_each_saved_tensors_access_unpacks_again(accesses, compiled):
                 close(x.array, X0)
             return g * 3.0
 
-    x = leaf()
+    x = leaf(X0)
     log = []
     rec = Recorder("f", log)
     for _ in range(2):  # compiled: a miss, then a hit
@@ -202,7 +195,7 @@ def test_saved_tensors_access_checks_the_version_each_time(compiled):
             ctx.saved_tensors  # noqa: B018
             return g
 
-    h = leaf() * 1.0
+    h = leaf(X0) * 1.0
     y = Peek.apply(h)
     with pytest.raises(RuntimeError, match=r"modified by an inplace operation.*saved by PeekBackward"):
         y.sum().backward(compiled=compiled)
@@ -228,7 +221,7 @@ def test_pack_hook_modifying_its_input_in_place_raises(saver):
             t.add_(1.0)
         return t
 
-    a = leaf()
+    a = leaf(X0)
     x = a * 1.0
     with saved_tensors_hooks(inc, lambda t: t):
         with pytest.raises(RuntimeError, match=r"^A saved tensors pack hook is modifying its input in place\. Tensors provided"):

@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 __all__ = ["Tensor", "can_cast", "is_differentiable_dtype", "torch_dtype_name"]
 
 
+def is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a Tensor (the ``is_leaf`` of pytree walks that stop at Tensors)."""
+    return isinstance(x, Tensor)
+
+
 def is_differentiable_dtype(dtype: Any) -> bool:
     return jnp.issubdtype(dtype, jnp.inexact)
 

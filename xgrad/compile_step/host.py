@@ -14,11 +14,7 @@ from xgrad.compile_step import recording
 from xgrad.compile_step.recording import _ARRAY, _GRAD, tracing
 from xgrad.engine.node import current_task
 from xgrad.jax_internals import io_callback
-from xgrad.tensor import Tensor
-
-
-def _is_tensor(x: Any) -> bool:
-    return isinstance(x, Tensor)
+from xgrad.tensor import Tensor, is_tensor
 
 
 def _struct(array: Any) -> jax.ShapeDtypeStruct:
@@ -45,8 +41,8 @@ def _host_hook(fn: Any, hooks: Any) -> Any:
 
 def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> Any:
     """A hook whose non-``None`` result replaces its first argument (tensor, pre and post hooks)."""
-    leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=_is_tensor)
-    first_leaves, first_tree = jax.tree_util.tree_flatten(args[0], is_leaf=_is_tensor)
+    leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=is_tensor)
+    first_leaves, first_tree = jax.tree_util.tree_flatten(args[0], is_leaf=is_tensor)
     first_tree_any: Any = first_tree
     arrays = [leaf._array for leaf in leaves]
     n_first = len(first_leaves)
@@ -58,7 +54,7 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
             return tuple(np.asarray(c) for c in concrete[:n_first])
         if isinstance(result, list):
             result = tuple(result)
-        r_leaves, r_tree = jax.tree_util.tree_flatten(result, is_leaf=_is_tensor)
+        r_leaves, r_tree = jax.tree_util.tree_flatten(result, is_leaf=is_tensor)
         if r_tree != first_tree_any or not all(isinstance(r, Tensor) for r in r_leaves):
             raise RuntimeError(
                 f"under xgrad.compile, hook {fn!r} returned a value shaped {r_tree}, but it replaces {first_tree}"

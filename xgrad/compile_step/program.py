@@ -27,7 +27,6 @@ from xgrad.compile_step.errors import (
     RecompileWarning,
     _NotCompilable,
 )
-from xgrad.compile_step.host import _is_tensor
 from xgrad.compile_step.intercept import _Recording, _StepRecorder
 from xgrad.compile_step.recording import _ARRAY, _GRAD, tracing
 from xgrad.compile_step.writeback import (
@@ -43,7 +42,7 @@ from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
 from xgrad.engine.compiled.switch import TRACER_ERRORS
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.jax_internals import ClosedJaxpr, check_consts_keep_identity, get_opaque_trace_state, jaxpr_as_fun
-from xgrad.tensor import Tensor
+from xgrad.tensor import Tensor, is_tensor
 
 __all__ = ["CompiledFunction", "compile"]
 
@@ -192,7 +191,7 @@ class CompiledFunction:
             if ANOMALY.enabled and not tracing():
                 self._stats["fallbacks"] += 1
             return self.fn(*args, **kwargs)
-        leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=_is_tensor)
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
         if any(isinstance(leaf, jax.core.Tracer) or (isinstance(leaf, Tensor) and isinstance(leaf._array, jax.core.Tracer)) for leaf in leaves):
             return self.fn(*args, **kwargs)  # under a plain jax transformation: part of its trace
         alias: list[int] = []

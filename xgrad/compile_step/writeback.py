@@ -9,11 +9,10 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.compile_step.errors import _NotCompilable
-from xgrad.compile_step.host import _is_tensor
 from xgrad.compile_step.recording import _ARRAY, _GRAD, _Recorder
 from xgrad.ops import _util as ops_util
 from xgrad.ops._util import IndexOutOfRangeError
-from xgrad.tensor import Tensor
+from xgrad.tensor import Tensor, is_tensor
 
 
 def _check_on_host(host_checks: Any, leaves: list[Any]) -> None:
@@ -59,7 +58,7 @@ def _source_value(target: Any, leaves: list[Any]) -> Any:
 
 def _collect(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
     """Inside the trace, after ``fn``: the program's outputs and where each goes (NOTE [Whole-step compile], 2)."""
-    leaves, result_tree = jax.tree_util.tree_flatten(result, is_leaf=_is_tensor)
+    leaves, result_tree = jax.tree_util.tree_flatten(result, is_leaf=is_tensor)
     returned = [weakref.ref(leaf) if isinstance(leaf, Tensor) else None for leaf in leaves]
     returned_values = [_returned_value(leaf) for leaf in leaves]
     del result, leaves

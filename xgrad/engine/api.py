@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xgrad.bounded_cache import BoundedCache
 from xgrad.engine import engine, engine_ops
 from xgrad.engine.node import Edge, Node, gradient_edge
 from xgrad.engine.threads import set_multithreading_enabled
@@ -75,8 +76,8 @@ def _as_tensors(value: Any, what: str) -> tuple[Tensor, ...]:
 # The implicit root grads, one array per (shape, dtype, weak type, sharding): arrays are
 # immutable, so every backward of a scalar loss can share its ``1``. (This dict's
 # reference also keeps the compiled backward from donating one that became a ``.grad``.)
-_ROOT_ONES: dict[Any, jax.Array] = {}
 _MAX_ROOT_ONES = 256
+_ROOT_ONES: BoundedCache[Any, jax.Array] = BoundedCache(_MAX_ROOT_ONES)
 
 
 def _ones_like(array: jax.Array) -> jax.Array:
@@ -88,8 +89,6 @@ def _ones_like(array: jax.Array) -> jax.Array:
     key = (array.aval, array.sharding)
     ones = _ROOT_ONES.get(key)
     if ones is None:
-        if len(_ROOT_ONES) >= _MAX_ROOT_ONES:
-            _ROOT_ONES.clear()
         ones = _ROOT_ONES.setdefault(key, jax.jit(jnp.ones_like, out_shardings=array.sharding)(array))
     return ones
 

@@ -136,7 +136,7 @@ DIFFERENTIABLE_OPS = (
     "prod", "relu", "reshape", "roll", "rsqrt", "scatter_add", "sigmoid", "sign", "silu", "sin", "softmax",
     "softplus", "sort", "split", "sqrt", "squeeze", "stack", "std", "sub", "sum", "sum_to", "T", "tan", "tanh",
     "to_device", "transpose", "tril", "triu", "unsqueeze", "var", "view", "where",
-    # PyTorch names added for issue 15
+    # Names PyTorch users reach for
     "baddbmm", "binary_cross_entropy", "binary_cross_entropy_with_logits", "bmm", "clamp_max", "clamp_min", "expand_as",
     "interpolate", "linear", "masked_fill", "masked_select", "narrow", "nll_loss", "norm", "normalize", "outer", "repeat",
     "repeat_interleave", "reshape_as", "scaled_dot_product_attention", "select", "topk", "unbind", "view_as",
@@ -256,7 +256,7 @@ _METHODS: dict[str, Any] = {
     "float": lambda self: _to(self, jnp.float32), "double": lambda self: _to(self, jnp.float64),
     "half": lambda self: _to(self, jnp.float16), "bfloat16": lambda self: _to(self, jnp.bfloat16),
     "zero_": _zero_, "fill_": _fill_, "copy_": _copy_,
-    # PyTorch names added for issue 15 (contiguous, cpu, cuda, new_* ... are in tensor.py)
+    # More names PyTorch users reach for (contiguous, cpu, cuda, new_* ... are in tensor.py)
     # long(): int64 where x64 allows it, else int32 without a warning (indices work either way).
     "long": lambda self: _to(self, jax.dtypes.canonicalize_dtype(jnp.int64)), "int": lambda self: _to(self, jnp.int32),
     "bool": lambda self: _to(self, jnp.bool_),

@@ -21,13 +21,9 @@ import numpy as np
 
 from xgrad.engine.rules import register_jax_op
 from xgrad.ops.registry import Primitive, bind, defprim
-from xgrad.tensor import Tensor
+from xgrad.tensor import Tensor, is_tensor
 
 __all__ = ["from_jax", "vjp_of"]
-
-
-def _is_tensor(x: Any) -> bool:
-    return isinstance(x, Tensor)
 
 
 def _freeze(value: Any) -> Any:
@@ -60,7 +56,7 @@ class _JaxFunction:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **static: Any) -> Any:
-        flat, in_tree = jax.tree_util.tree_flatten(args, is_leaf=_is_tensor)
+        flat, in_tree = jax.tree_util.tree_flatten(args, is_leaf=is_tensor)
         dynamic = [_is_array(x) for x in flat]
         if not all(dynamic):
             _check_static(self.fn, args, flat, dynamic)
@@ -123,7 +119,7 @@ def _check_static(fn: Callable[..., Any], args: tuple[Any, ...], flat: list[Any]
             break
     else:
         return
-    paths = jax.tree_util.tree_flatten_with_path(args, is_leaf=_is_tensor)[0]
+    paths = jax.tree_util.tree_flatten_with_path(args, is_leaf=is_tensor)[0]
     names = _argument_names(fn, len(args))
     for (path, x), d in zip(paths, dynamic, strict=True):
         if not d and (hasattr(x, "__jax_array__") or hasattr(x, "__array__") or hasattr(x, "__array_interface__")):

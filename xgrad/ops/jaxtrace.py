@@ -48,7 +48,7 @@ from xgrad.engine.anomaly import ANOMALY, TRACEBACK_KEY
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.ops.jaxop import _freeze, from_jax
 from xgrad.ops.registry import Primitive, _record, defprim
-from xgrad.tensor import Tensor
+from xgrad.tensor import Tensor, is_tensor
 
 __all__ = ["Intermediates", "TracedJaxFunction", "intermediates"]
 
@@ -325,10 +325,6 @@ def _note_equation(outs: tuple[Tensor, ...], step: _Step) -> None:
             return
 
 
-def _is_tensor(x: Any) -> bool:
-    return isinstance(x, Tensor)
-
-
 def _is_dynamic(x: Any) -> bool:
     """Arrays and Tensors are inputs of the traced program; every other leaf is static."""
     return isinstance(x, (Tensor, jax.Array, np.ndarray, np.generic))
@@ -350,7 +346,7 @@ class TracedJaxFunction:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **static: Any) -> Any:
-        leaves, treedef = jax.tree_util.tree_flatten(args, is_leaf=_is_tensor)
+        leaves, treedef = jax.tree_util.tree_flatten(args, is_leaf=is_tensor)
         dynamic = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
         statics = tuple((i, _freeze(x)) for i, x in enumerate(leaves) if not _is_dynamic(x))
         key = (treedef, statics, _freeze(static), tuple(_signature(leaves[i]) for i in dynamic),

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -24,6 +25,7 @@ from typing import Any, cast
 import jax
 import jax.numpy as jnp
 
+from xgrad.bounded_cache import BoundedCache
 from xgrad.engine.anomaly import ANOMALY, record_forward_trace
 from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator, sharding_of
 from xgrad.engine.rules import Aval, RuleNode, incoming_grad
@@ -32,6 +34,8 @@ from xgrad.grad_mode import _state as _grad_state
 from xgrad.jax_capture import check_captured_leaves
 from xgrad.jax_internals import loaded_names
 from xgrad.tensor import Tensor
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["REGISTRY", "Aval", "Primitive", "PrimitiveNode", "bind", "defprim"]
 
@@ -73,7 +77,7 @@ class Primitive:
         self.num_outputs = num_outputs
         self.jit = jit
         self._jitted: dict[Any, Callable[..., Any]] = {}
-        self._fused: dict[Any, Any] = {}  # NOTE [Fused eager rules]
+        self._fused: BoundedCache[Any, Any] = BoundedCache(_MAX_FUSED)  # NOTE [Fused eager rules]
         self._reads = None if self.vjps is None else tuple(_rule_reads(rule) for rule in self.vjps)
         self._saves: dict[tuple[bool, ...], tuple[frozenset[int] | None, bool]] = {}
 
@@ -118,8 +122,6 @@ class Primitive:
         # every op a backward rule calls. Params that cannot be hashed (index arrays)
         # run the plain ``impl``.
         """
-        global _dispatches
-        _dispatches += 1
         if not self.jit:
             return self.impl(*arrays, **params)
         try:
@@ -172,8 +174,9 @@ class Primitive:
         # wrap tracers and cached per primitive and static signature: the static params,
         # which grads are needed, and what each rule argument is (an array, a Python
         # float passed as a weakly typed scalar, or a static value such as an ``Aval``).
-        # The first node of a signature traces its rules once and counts their
-        # dispatches; only a signature whose rules make two or more is fused (a rule that
+        # The first node of a signature traces its rules once and counts the ops in the
+        # trace (its own: another thread's dispatches never count); only a signature whose
+        # rules make two or more is fused (a rule that
         # returns ``g`` as it is, or makes one call, gains nothing). Every node of a
         # signature then runs the same way, the first one included, so a backward gives
         # the same bits on its first call as on later ones. The fused rules are compiled
@@ -195,13 +198,12 @@ class Primitive:
         fused = self._fused.get(key)
         if fused is None:
             fused = _fuse(self, key, params, g_arrays, arrays)
-            if len(self._fused) >= _MAX_FUSED:
-                self._fused.clear()
             self._fused[key] = fused
         if fused is not _UNFUSED:
             try:
                 results = fused(g_arrays, arrays)
             except Exception:  # noqa: BLE001 - untraceable rules: op by op raises any real error
+                logger.debug("%s: the fused rules failed; they run op by op from now on", self.node_name, exc_info=True)
                 self._fused[key] = _UNFUSED
             else:
                 return [None if r is None else Tensor(r) for r in results]
@@ -217,7 +219,6 @@ class Primitive:
         return f"Primitive({self.name})"
 
 
-_dispatches = 0  # Primitive.dispatch calls so far (NOTE [Fused eager rules])
 _MAX_FUSED = 256  # signatures kept per primitive
 _UNFUSED = object()  # a signature whose rules stay op by op
 _ARRAY = object()  # in a signature: an argument passed as an array
@@ -273,7 +274,7 @@ _FUSED_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}
 def _fuse(prim: Primitive, key: Any, params: dict[str, Any], g_arrays: Any, arrays: list[Any]) -> Any:
     """One ``jax.jit`` of ``prim``'s rules for the signature ``key``, or ``_UNFUSED`` (NOTE [Fused eager rules]).
 
-    The rules are traced once on the first node's values to count their dispatches.
+    The rules are traced once on the first node's values to count their ops.
     """
     _, needed, signature, out_signature = key
 
@@ -298,12 +299,12 @@ def _fuse(prim: Primitive, key: Any, params: dict[str, Any], g_arrays: Any, arra
             _grad_state.enabled = previous
         return [None if gi is None else gi._array for gi in grads]
 
-    before = _dispatches
     try:
-        jax.make_jaxpr(rules)(g_arrays, arrays)
+        closed = jax.make_jaxpr(rules)(g_arrays, arrays)
     except Exception:  # noqa: BLE001 - untraceable rules run op by op, which raises any real error
+        logger.debug("%s: its rules cannot be traced as one program; they run op by op", prim.node_name, exc_info=True)
         return _UNFUSED
-    if _dispatches - before < 2:
+    if len(closed.jaxpr.eqns) < 2:  # one op or none: fusing would save no dispatch
         return _UNFUSED
     return jax.jit(rules, compiler_options=_FUSED_COMPILER_OPTIONS)
 
@@ -441,8 +442,8 @@ def _check_same_devices(tensors: list[Tensor], arrays: list[Any], positions: lis
 # gives it the same abstract value, the same promotion and the same executable as
 # the scalar itself. Only with concrete operands: under a trace a scalar stays a
 # literal of the program.
-_DEVICE_SCALARS: dict[tuple[Any, ...], Any] = {}
 _MAX_DEVICE_SCALARS = 1024
+_DEVICE_SCALARS: BoundedCache[tuple[Any, ...], Any] = BoundedCache(_MAX_DEVICE_SCALARS)
 
 
 def _device_scalar(value: Any) -> Any:
@@ -453,8 +454,6 @@ def _device_scalar(value: Any) -> Any:
     if array is None:
         if value != value:  # NaN never equals a key: pass it as it is
             return value
-        if len(_DEVICE_SCALARS) >= _MAX_DEVICE_SCALARS:
-            _DEVICE_SCALARS.clear()
         array = _DEVICE_SCALARS[key] = jnp.asarray(value)
     return array
 

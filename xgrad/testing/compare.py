@@ -21,7 +21,7 @@ import numpy as np
 
 import xgrad
 from xgrad.ops.jaxop import from_jax
-from xgrad.tensor import Tensor
+from xgrad.tensor import Tensor, is_tensor
 from xgrad.testing.functions import is_jax_function, tensor_function
 
 __all__ = ["GradientMismatch", "assert_grads_match"]
@@ -38,12 +38,8 @@ class GradientMismatch(AssertionError):
     """
 
 
-def _is_tensor(x: Any) -> bool:
-    return isinstance(x, Tensor)
-
-
 def _float_leaves(tree: Any) -> list[Any]:
-    leaves = jax.tree_util.tree_leaves(tree, is_leaf=_is_tensor)
+    leaves = jax.tree_util.tree_leaves(tree, is_leaf=is_tensor)
     return [x for x in leaves if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
 
 

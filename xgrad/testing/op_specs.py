@@ -225,7 +225,7 @@ _MASK = np.array([[True, False, True], [False, False, True]])
 _GATHER_INDEX = np.array([[0, 2, 1, 0], [1, 1, 0, 2]])
 
 
-# -- references for the ops PyTorch users reach for (issue 15) --------------------------
+# -- references for the ops PyTorch users reach for ------------------------------------
 _NLL_TARGET_IGNORED = np.array([2, -100, 0, -100])
 _NLL_WEIGHT = np.array([0.5, 2.0, 1.0])
 _SDPA_MASK = np.array([[True, False, True, True, False], [True, True, False, True, True], [False, True, True, True, True]])
@@ -486,7 +486,7 @@ def _build_specs() -> list[OpSpec]:
                (((2, 2, 5, 4), (2, 2, 3, 3), (2,)),), (REAL, REAL, REAL), label="bias, stride, padding"))
     add(OpSpec("conv2d", lambda x, w: X.conv2d(x, w, groups=2), lambda x, w: _ref_conv2d(x, w, groups=2),
                (((1, 4, 4, 4), (2, 2, 3, 3)),), (REAL, REAL), label="groups"))
-    # -- issue 15: Tensor methods and functions PyTorch users reach for ------------------
+    # -- Tensor methods and functions PyTorch users reach for ---------------------------
     add(_unary("clamp_min", lambda x: X.clamp_min(x, -0.5), lambda x: jnp.maximum(x, -0.5)))
     add(_unary("clamp_max", lambda x: x.clamp_max(0.5), lambda x: jnp.minimum(x, 0.5)))
     add(OpSpec("masked_fill", lambda x, m: X.masked_fill(x, m, -1.5), lambda x, m: jnp.where(m, -1.5, x),

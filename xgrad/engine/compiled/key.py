@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from xgrad.bounded_cache import BoundedCache
 from xgrad.engine.compiled.switch import NotTraceable, PureHook
 from xgrad.engine.function import FunctionCtx, FunctionNode
 from xgrad.engine.node import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, GraphRoot, InputMetadata, Node
@@ -386,13 +387,13 @@ def walk_schedule(graph_task: Any, root: Node, create_graph: bool, accumulate_gr
 # the key hashes and compares as flat ints.
 # Once a compiled backward has run in the process, primitives get their fragment as
 # they are recorded (``RuleNode.on_record``); nodes recorded before then get it on
-# their first walk. Ids are never reused: past ``MAX_FRAGMENTS`` the table starts
-# afresh, and a structure keyed with old ids only misses once more. Nodes with hooks,
+# their first walk. Ids are never reused: past ``MAX_FRAGMENTS`` the oldest entry
+# goes, and a structure keyed with its old id only misses once more. Nodes with hooks,
 # unhashable params or saved values with effects (hooked, freed), and every other kind
 # of node, are keyed by ``_node_key`` as in the schedule walk.
 
 MAX_FRAGMENTS = 1 << 16
-fragments: dict[tuple[Any, ...], tuple[int, tuple[int, ...], bool]] = {}
+fragments: BoundedCache[tuple[Any, ...], tuple[int, tuple[int, ...], bool]] = BoundedCache(MAX_FRAGMENTS)
 _next_fragment = itertools.count().__next__
 _NO_FRAGMENT = (-1, (), False)  # ``structure`` of a primitive node that ``_node_key`` keys
 
@@ -440,8 +441,6 @@ def _fragment(node: RuleNode) -> tuple[int, tuple[int, ...], bool]:
     frozen = tuple(key)
     structure = fragments.get(frozen)
     if structure is None:
-        if len(fragments) >= MAX_FRAGMENTS:
-            fragments.clear()
         structure = fragments.setdefault(frozen, (_next_fragment(), tuple(gather), saved_out is not None))
     return structure
 

@@ -42,7 +42,7 @@ from xgrad.engine.compiled.lower import (
 from xgrad.engine.graph_task import InputBuffer
 from xgrad.engine.rules import jax_op
 from xgrad.jax_internals import Literal, jaxpr_as_fun
-from xgrad.tensor import Tensor
+from xgrad.tensor import Tensor, is_tensor
 
 # -- segments and their compiled variants --------------------------------------------
 
@@ -406,10 +406,6 @@ class Program:
 
 
 # -- compiling: trace every segment before any runs -------------------------------
-
-
-def is_tensor(x: Any) -> bool:
-    return isinstance(x, Tensor)
 
 
 def array_of(x: Any) -> Any:

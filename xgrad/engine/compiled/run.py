@@ -27,14 +27,13 @@ from xgrad.engine.compiled.program import (
     abstract,
     array_of,
     compile_variant,
-    is_tensor,
 )
 from xgrad.engine.graph_task import NO_DEVICE, GraphTask, ReadyQueue
 from xgrad.engine.node import Edge, _accumulate_lock, current_task, run_post_accumulate_grad_hooks, store_into_grad
 from xgrad.engine.threads import _devices, _tls
 from xgrad.engine.validate import validate_outputs
 from xgrad.grad_mode import _state as _grad_state
-from xgrad.tensor import Tensor
+from xgrad.tensor import Tensor, is_tensor
 
 
 def _one_device(arrays: list[Any]) -> Any:

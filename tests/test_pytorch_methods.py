@@ -1,4 +1,4 @@
-"""The Tensor methods and functions PyTorch users reach for (issue 15), beyond what the
+"""The Tensor methods and functions PyTorch users reach for, beyond what the
 op-spec table checks: method wiring, dtype and device conversions, non-differentiable
 outputs, in-place ``masked_fill_``, ``unbind``'s one node, error cases, and values
 PyTorch documents (BCE's log clamp, ``nn.Upsample``'s examples, the norm's gradient at 0).
