@@ -22,6 +22,11 @@ _SQRT_2 = math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
+def _inexact(x: Any) -> Any:
+    """``x`` in the default float dtype if it is an integer or bool array, as PyTorch promotes for ``sigmoid``/``rsqrt``."""
+    return x if jnp.dtype(x.dtype).kind in "fc" else x.astype(jnp.result_type(float))
+
+
 # -- arithmetic ----------------------------------------------------------------------
 add = defprim("add", jnp.add, (lambda g, out, x, y: g, lambda g, out, x, y: g), save=(), shape_rule=shape_rules.elementwise, doc="""Elementwise sum with broadcasting.
 
@@ -29,7 +34,7 @@ add = defprim("add", jnp.add, (lambda g, out, x, y: g, lambda g, out, x, y: g), 
     >>> xgrad.add(xgrad.tensor([1.0, 2.0]), 1.0).tolist()
     [2.0, 3.0]
     """)
-sub = defprim("sub", jnp.subtract, (lambda g, out, x, y: g, lambda g, out, x, y: -g), save=(), shape_rule=shape_rules.elementwise, doc="""Elementwise difference with broadcasting.
+sub = defprim("sub", jnp.subtract, (lambda g, out, x, y: g, lambda g, out, x, y: -g), save=(), shape_rule=shape_rules.subtraction, doc="""Elementwise difference with broadcasting.
 
     >>> import xgrad
     >>> xgrad.sub(xgrad.tensor([3.0, 5.0]), xgrad.tensor([1.0, 2.0])).tolist()
@@ -49,7 +54,10 @@ div = defprim("div", jnp.true_divide, (lambda g, out, x, y: g / y, lambda g, out
     >>> xgrad.div(xgrad.tensor([1.0, 3.0]), 2.0).tolist()
     [0.5, 1.5]
     """)
-neg = defprim("neg", jnp.negative, (lambda g, out, x: -g,), save=(), doc="""Elementwise negation.
+neg = defprim("neg", jnp.negative, (lambda g, out, x: -g,), save=(), shape_rule=shape_rules.not_bool(
+    "Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or "
+    "`logical_not()` operator instead."
+), doc="""Elementwise negation.
 
     >>> import xgrad
     >>> xgrad.neg(xgrad.tensor([1.0, -2.0])).tolist()
@@ -154,19 +162,19 @@ sqrt = defprim("sqrt", jnp.sqrt, (lambda g, out, x: g / (out * 2),), save=(), sa
     >>> xgrad.sqrt(xgrad.tensor([4.0, 9.0])).tolist()
     [2.0, 3.0]
     """)
-rsqrt = defprim("rsqrt", jax.lax.rsqrt, (lambda g, out, x: g * out * out * out * -0.5,), save=(), save_out=True, doc="""Elementwise reciprocal square root ``1 / sqrt(x)``.
+rsqrt = defprim("rsqrt", lambda x: jax.lax.rsqrt(_inexact(x)), (lambda g, out, x: g * out * out * out * -0.5,), save=(), save_out=True, doc="""Elementwise reciprocal square root ``1 / sqrt(x)``.
 
     >>> import xgrad
     >>> xgrad.rsqrt(xgrad.tensor([4.0, 16.0])).tolist()
     [0.5, 0.25]
     """)
-abs = defprim("abs", jnp.abs, (lambda g, out, x: g * sign(x),), doc="""Elementwise absolute value; the gradient at 0 is 0.
+abs = defprim("abs", jnp.abs, (lambda g, out, x: g * sign(x),), shape_rule=shape_rules.not_bool_kernel("abs_cpu"), doc="""Elementwise absolute value; the gradient at 0 is 0.
 
     >>> import xgrad
     >>> xgrad.abs(xgrad.tensor([-1.5, 2.0])).tolist()
     [1.5, 2.0]
     """)
-sign: Callable[..., Any] = defprim("sign", jnp.sign, (lambda g, out, x: g * 0,), save=(), doc="""Elementwise sign (-1, 0 or 1); its gradient is 0.
+sign: Callable[..., Any] = defprim("sign", lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x), (lambda g, out, x: g * 0,), save=(), doc="""Elementwise sign (-1, 0 or 1); its gradient is 0.
 
     >>> import xgrad
     >>> xgrad.sign(xgrad.tensor([-2.0, 0.0, 3.0])).tolist()
@@ -204,7 +212,7 @@ erf = defprim("erf", jax.scipy.special.erf, (lambda g, out, x: g * exp(-(x * x))
     """)
 
 # -- activations (fused: one node each instead of a chain) ---------------------------
-sigmoid = defprim("sigmoid", jax.nn.sigmoid, (lambda g, out, x: g * out * (1 - out),), save=(), save_out=True, doc="""Elementwise logistic sigmoid ``1 / (1 + exp(-x))``.
+sigmoid = defprim("sigmoid", lambda x: jax.nn.sigmoid(_inexact(x)), (lambda g, out, x: g * out * (1 - out),), save=(), save_out=True, doc="""Elementwise logistic sigmoid ``1 / (1 + exp(-x))``.
 
     >>> import xgrad
     >>> xgrad.sigmoid(xgrad.tensor([0.0])).tolist()
@@ -224,19 +232,20 @@ threshold_backward: Callable[..., Any] = defprim(
     [0.0, 2.0]
     """,
 )
-relu = defprim("relu", jax.nn.relu, (lambda g, out, x: threshold_backward(g, out),), save=(), save_out=True, doc="""Elementwise ``max(x, 0)``; the gradient at 0 is 0.
+relu = defprim("relu", jax.nn.relu, (lambda g, out, x: threshold_backward(g, out),), save=(), save_out=True,
+              shape_rule=shape_rules.not_bool("Boolean inputs not supported for relu"), doc="""Elementwise ``max(x, 0)``; the gradient at 0 is 0.
 
     >>> import xgrad
     >>> xgrad.relu(xgrad.tensor([-1.0, 2.0])).tolist()
     [0.0, 2.0]
     """)
-silu = defprim("silu", jax.nn.silu, (lambda g, out, x: g * (sigmoid(x) * (1 + x * (1 - sigmoid(x)))),), doc="""Elementwise SiLU (swish), ``x * sigmoid(x)``.
+silu = defprim("silu", jax.nn.silu, (lambda g, out, x: g * (sigmoid(x) * (1 + x * (1 - sigmoid(x)))),), shape_rule=shape_rules.float_only("silu_cpu"), doc="""Elementwise SiLU (swish), ``x * sigmoid(x)``.
 
     >>> import xgrad
     >>> print(f"{xgrad.silu(xgrad.tensor(1.0)).item():.4f}")
     0.7311
     """)
-softplus = defprim("softplus", jax.nn.softplus, (lambda g, out, x: g * sigmoid(x),), doc="""Elementwise ``log(1 + exp(x))``, computed stably.
+softplus = defprim("softplus", jax.nn.softplus, (lambda g, out, x: g * sigmoid(x),), shape_rule=shape_rules.float_only("softplus_cpu"), doc="""Elementwise ``log(1 + exp(x))``, computed stably.
 
     >>> import xgrad
     >>> print(f"{xgrad.softplus(xgrad.tensor(0.0)).item():.4f}")
@@ -259,7 +268,7 @@ def _gelu_grad(g: Tensor, out: Any, x: Tensor, approximate: bool) -> Tensor:
     return g * (cdf + x * pdf)
 
 
-_gelu = defprim("gelu", _gelu_impl, (_gelu_grad,))
+_gelu = defprim("gelu", _gelu_impl, (_gelu_grad,), shape_rule=shape_rules.float_only("GeluKernelImpl"))
 
 
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from xgrad.ops import shape_rules
 from xgrad.ops.jaxop import vjp_of
 from xgrad.ops.registry import defprim
-from xgrad.tensor import Tensor
+from xgrad.tensor import Tensor, torch_dtype_name
 
 
 def _matmul_x_grad(g: Tensor, out: Any, x: Any, y: Tensor) -> Tensor:
@@ -217,6 +217,10 @@ def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, dtyp
 
     if dtype is not None:
         x = x.to(dtype)
+    if x.dtype.kind not in "fc":
+        raise RuntimeError(
+            f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {torch_dtype_name(x.dtype)}"
+        )
     axes = _axes(dim, x)
     if p == "nuc":
         raise NotImplementedError("norm(p='nuc') is not supported: use jnp.linalg.norm through xgrad.ops.from_jax")

@@ -8,6 +8,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from xgrad.ops import shape_rules
 from xgrad.ops._util import as_array, check_index_range, check_values, reduce_loss
 from xgrad.ops.elementwise import clamp, log, log1p, maximum, softplus
 from xgrad.ops.index import gather
@@ -41,6 +42,7 @@ def nll_loss(
     target_array = jnp.asarray(as_array(target))
     if not jnp.issubdtype(target_array.dtype, jnp.integer):
         raise RuntimeError(f"expected scalar type Long but found {target_array.dtype}")
+    shape_rules.check_float(input, "nll_loss_out_frame")
     if input.ndim == 0:
         raise RuntimeError("nll_loss: input must have a class dim, got a 0-dim tensor")
     class_dim = 1 if input.ndim > 1 else 0
@@ -105,6 +107,7 @@ def binary_cross_entropy(input: Tensor, target: Any, weight: Tensor | None = Non
             f"Using a target size ({target.shape}) that is different to the input size ({input.shape}) is deprecated. "
             "Please ensure they have the same size."
         )
+    shape_rules.check_float(input, "binary_cross_entropy")
     check_values(_outside_unit_interval, input, _bce_input_error)
     loss = _binary_cross_entropy(input, target)
     if weight is not None:
@@ -126,6 +129,7 @@ def binary_cross_entropy_with_logits(
     target = target if isinstance(target, Tensor) else Tensor(jnp.asarray(target, dtype=input.dtype))
     if target.shape != input.shape:
         raise ValueError(f"Target size ({target.shape}) must be the same as input size ({input.shape})")
+    shape_rules.check_float(input, "log_sigmoid_cpu")
     # -log sigmoid(x) = softplus(-x) and -log(1 - sigmoid(x)) = x + softplus(-x).
     log_weight = 1.0 if pos_weight is None else (pos_weight - 1) * target + 1
     loss = (1 - target) * input + log_weight * softplus(-input)

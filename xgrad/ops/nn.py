@@ -13,7 +13,7 @@ from xgrad.engine.node import sharding_of
 from xgrad.ops import shape_rules
 from xgrad.ops._util import canonical_dim, check_index_range, reduce_loss
 from xgrad.ops.registry import defprim
-from xgrad.tensor import Tensor
+from xgrad.tensor import Tensor, torch_dtype_name
 
 _softmax = defprim(
     "softmax",
@@ -21,7 +21,7 @@ _softmax = defprim(
     (lambda g, out, x, axis: out * (g - (g * out).sum(dim=axis, keepdim=True)),),
     save=(),
     save_out=True,
-    shape_rule=shape_rules.float_only("softmax_lastdim_kernel_impl"),
+    shape_rule=shape_rules.softmax("softmax"),
 )
 _log_softmax = defprim(
     "log_softmax",
@@ -29,7 +29,7 @@ _log_softmax = defprim(
     (lambda g, out, x, axis: g - out.exp() * g.sum(dim=axis, keepdim=True),),
     save=(),
     save_out=True,
-    shape_rule=shape_rules.float_only("log_softmax_lastdim_kernel_impl"),
+    shape_rule=shape_rules.softmax("log_softmax"),
 )
 
 
@@ -173,6 +173,8 @@ def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
     >>> xgrad.mse_loss(xgrad.tensor([1.0, 3.0]), xgrad.tensor([1.0, 1.0])).item()
     2.0
     """
+    if not isinstance(target, Tensor) or target.dtype.kind not in "fc":
+        shape_rules.check_float(input, "mse_cpu")  # PyTorch promotes a float target with an integer input
     diff = input - target
     return reduce_loss(diff * diff, reduction)
 
@@ -184,6 +186,7 @@ def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, b
     >>> xgrad.layer_norm(xgrad.tensor([[1.0, 3.0]]), (2,), eps=0.0).tolist()
     [[-1.0, 1.0]]
     """
+    shape_rules.check_float(x, "LayerNormKernelImpl")
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     n = len(shape)
     if n == 0:
@@ -228,7 +231,11 @@ def dropout(x: Tensor, p: float = 0.5, key: Any = None, training: bool = True) -
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-    if not training or p == 0.0:
+    if not training:
+        return x
+    if x.dtype.kind not in "fc":  # the kept values are scaled by 1 / (1 - p)
+        raise RuntimeError(f"result type Float can't be cast to the desired output type {torch_dtype_name(x.dtype)}")
+    if p == 0.0:
         return x
     if p == 1.0:
         return x * 0.0

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xgrad.ops import shape_rules
 from xgrad.tensor import Tensor
 
 __all__ = ["interpolate"]
@@ -47,6 +48,15 @@ def _take(x: Tensor, axis: int, index: np.ndarray) -> Tensor:
     return x[(slice(None),) * axis + (index,)]
 
 
+def _check_sizes(in_sizes: Sequence[int], out_sizes: Sequence[int]) -> None:
+    if any(s <= 0 for s in (*in_sizes, *out_sizes)):
+        names = "DHW"[-len(in_sizes):]
+        show = lambda sizes: ", ".join(f"{n}: {s}" for n, s in zip(names, sizes, strict=True))  # noqa: E731
+        raise RuntimeError(
+            f"Input and output sizes should be greater than 0, but got input ({show(in_sizes)}) output ({show(out_sizes)})"
+        )
+
+
 def interpolate(
     input: Tensor,
     size: Any = None,
@@ -76,6 +86,7 @@ def interpolate(
         raise NotImplementedError(f"interpolate: mode {mode!r} is not supported; use one of {', '.join(_MODES)}")
     if antialias:
         raise NotImplementedError("interpolate: antialias=True is not supported")
+    shape_rules.check_float(input, f"upsample_{mode.replace('-', '_')}{max(input.ndim - 2, 1)}d_channels_last")
     n_spatial = input.ndim - 2
     if n_spatial < 1:
         raise ValueError(f"interpolate expects (N, C, *spatial) input with at least 3 dims, got {input.ndim}D")
@@ -92,6 +103,7 @@ def interpolate(
     in_sizes = input.shape[2:]
     if size is not None:
         out_sizes = [int(s) for s in _per_dim(size, n_spatial, "size")]
+        _check_sizes(in_sizes, out_sizes)
         scales = [i / o for i, o in zip(in_sizes, out_sizes, strict=True)]
     else:
         factors = [float(f) for f in _per_dim(scale_factor, n_spatial, "scale_factor")]
@@ -100,8 +112,7 @@ def interpolate(
             scales = [i / o for i, o in zip(in_sizes, out_sizes, strict=True)]
         else:
             scales = [1.0 / f for f in factors]
-    if any(o <= 0 for o in out_sizes):
-        raise ValueError(f"interpolate: the output size must be positive, got {out_sizes}")
+    _check_sizes(in_sizes, out_sizes)
     out = input
     for d, (n_in, n_out, scale) in enumerate(zip(in_sizes, out_sizes, scales, strict=True)):
         axis = 2 + d

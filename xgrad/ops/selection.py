@@ -144,6 +144,8 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = 
     >>> values.tolist(), indices.tolist()
     ([4.0, 3.0], [1, 3])
     """
+    if x.dtype == jnp.bool_:
+        raise RuntimeError("topk does not support bool dtypes on CPU")
     if x.ndim == 0:  # as a 1-element vector, then back to 0-dim
         canonical_dim(dim, 0)
         values, indices = topk(x.reshape(1), k, 0, largest, sorted)

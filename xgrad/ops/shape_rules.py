@@ -25,8 +25,8 @@ import numpy as np
 from xgrad.tensor import torch_dtype_name
 
 __all__ = [
-    "attention", "broadcast_shapes", "conv2d", "einsum", "elementwise", "float_only", "index", "linear", "matmul",
-    "nonempty_reduction", "same_dtype_name",
+    "attention", "broadcast_shapes", "check_float", "conv2d", "einsum", "elementwise", "float_only", "index", "linear",
+    "matmul", "nonempty_reduction", "not_bool", "not_bool_kernel", "same_dtype_name", "softmax", "subtraction",
 ]
 
 # PyTorch's C++ names of dtypes, as its matmul messages print them.
@@ -100,6 +100,65 @@ def elementwise(*operands: Any, **params: Any) -> None:
         broadcast_shapes(*shapes)
 
 
+def check_float(x: Any, kernel: str) -> None:
+    """PyTorch's ``NotImplementedError`` for a kernel it has for floating (and complex) dtypes only.
+
+    >>> import jax.numpy as jnp
+    >>> check_float(jnp.zeros(2, jnp.int32), "mse_cpu")
+    Traceback (most recent call last):
+    NotImplementedError: "mse_cpu" not implemented for 'Int'
+    """
+    dtype = _dtype(x)
+    if dtype is not None and jnp.dtype(dtype).kind not in "fc":
+        raise NotImplementedError(f'"{kernel}" not implemented for \'{torch_dtype_name(dtype)}\'')
+
+
+def not_bool(message: str) -> Callable[..., None]:
+    """A rule for ops PyTorch refuses on bool tensors, with its ``RuntimeError`` ``message``."""
+
+    def rule(*operands: Any, **params: Any) -> None:
+        if any(_dtype(a) == jnp.bool_ for a in operands):
+            raise RuntimeError(message)
+
+    return rule
+
+
+def not_bool_kernel(kernel: str) -> Callable[..., None]:
+    """A rule for ops PyTorch has no bool kernel for: its ``NotImplementedError``."""
+
+    def rule(x: Any, *rest: Any, **params: Any) -> None:
+        if _dtype(x) == jnp.bool_:
+            raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\'')
+
+    return rule
+
+
+def subtraction(x: Any, y: Any) -> None:
+    """``sub``'s rules: broadcastable operands, neither of them bool (PyTorch's ``sub_check``)."""
+    elementwise(x, y)
+    bools = (_dtype(x) == jnp.bool_) + (_dtype(y) == jnp.bool_)
+    if bools == 2:
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` "
+            "operator instead."
+        )
+    if bools:
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a mask, "
+            "use the `~` or `logical_not()` operator instead."
+        )
+
+
+def softmax(kernel: str) -> Callable[..., None]:
+    """``softmax``/``log_softmax``'s rule: floating input (PyTorch names its kernel by the dim)."""
+
+    def rule(x: Any, axis: Any) -> None:
+        last = axis is None or axis == len(_shape(x)) - 1
+        check_float(x, f"{kernel}_lastdim_kernel_impl" if last else f"{kernel}_kernel_impl")
+
+    return rule
+
+
 def float_only(kernel: str) -> Callable[..., None]:
     """A rule for ops PyTorch implements for floating (and complex) dtypes only: its ``NotImplementedError``.
 
@@ -110,9 +169,7 @@ def float_only(kernel: str) -> Callable[..., None]:
     """
 
     def rule(x: Any, *rest: Any, **params: Any) -> None:
-        dtype = _dtype(x)
-        if dtype is not None and jnp.dtype(dtype).kind not in "fc":
-            raise NotImplementedError(f'"{kernel}" not implemented for \'{torch_dtype_name(dtype)}\'')
+        check_float(x, kernel)
 
     return rule
 
@@ -131,6 +188,9 @@ def matmul(x: Any, y: Any) -> None:
 def _matmul_shapes(xs: tuple[int, ...], ys: tuple[int, ...], x_dtype: Any, y_dtype: Any) -> None:
     if not xs or not ys:
         raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are {len(xs)}D and {len(ys)}D")
+    if x_dtype == jnp.bool_ and y_dtype == jnp.bool_:
+        kernel = "dot" if len(xs) == len(ys) == 1 else "addmm_impl_cpu_" if len(ys) <= 2 else "bmm"
+        raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\'')
     if _kinds_differ(x_dtype, y_dtype):
         if len(xs) == 1 and len(ys) == 1:
             raise RuntimeError(
