@@ -246,12 +246,21 @@ def test_maximum_minimum_send_the_gradient_through_a_nan_operand(op, compiled_st
         (lambda a: xgrad.roll(a, 1, 0), (0,), False),
         (lambda a: xgrad.index_select(a, 0, xgrad.tensor([0, 2])), (3,), False),
         (lambda a: a * 2, (0,), False),
+        (lambda a: xgrad.maximum(a, a * 0), (3,), False),
+        (lambda a: a.clamp(-0.5, 0.5), (3,), False),
+        (lambda a: a.clamp(-0.5, 0.5), (0,), False),
+        (lambda a: a.amax(), (3,), False),
+        (lambda a: xgrad.roll(xgrad.relu(a), 1, 0), (3,), True),
+        (lambda a: xgrad.roll(a, 1, 0) * a, (0,), True),
     ],
-    ids=["relu", "relu empty", "exp empty", "roll", "roll empty", "index_select", "mul empty"],
+    ids=["relu", "relu empty", "exp empty", "roll", "roll empty", "index_select", "mul empty", "maximum", "clamp",
+         "clamp empty", "amax", "roll of relu", "roll times input, empty"],
 )
 def test_create_graph_grad_requires_grad_as_pytorchs(call, shape, requires_grad):
     # PyTorch 2.13: relu's backward (threshold_backward) is differentiable in relu's output, with
-    # a zero derivative, so its grad requires grad and the second derivative is zeros, not None.
+    # a zero derivative, so its grad requires grad and the second derivative is zeros, not None;
+    # maximum's, clamp's and amax's read their input through comparisons only: no grad. The
+    # compiled backward decides it from its program's data flow, op by op, as eager does.
     a = xgrad.tensor(np.linspace(-1.0, 1.0, shape[0]), requires_grad=True)
     (g,) = xgrad.autograd.grad(call(a).sum(), a, create_graph=True)
     assert g.requires_grad is requires_grad

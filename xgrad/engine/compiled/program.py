@@ -228,6 +228,11 @@ class Segment:
         return [t._array for t in leaves], tree
 
 
+def _inexact(aval: Any) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    return dtype is not None and jnp.dtype(dtype).kind in "fc"
+
+
 class Traced:
     """A segment traced for one layout of its inputs, and jitted; chunks of equal structure share one.
 
@@ -255,17 +260,24 @@ class Traced:
         self.out_avals = closed.out_avals
         jaxpr = closed.jaxpr
         index = {v: i for i, v in enumerate(jaxpr.invars)}
+        # Which inputs each value depends on as eager's ``requires_grad`` would: an op's
+        # float result depends on its float arguments, an integer or bool result (a
+        # comparison, an index) on nothing. Each xgrad op of a rule is one equation here
+        # (its jitted forward), so the flow is eager's, op by op: ``relu``'s backward,
+        # differentiable in ``relu``'s output, keeps it; ``maximum``'s, which reads its
+        # inputs through comparisons only, does not.
         depends: dict[Any, frozenset[int]] = {v: frozenset((i,)) for v, i in index.items()}
         used: set[int] = set()
         for eqn in jaxpr.eqns:
             sources: frozenset[int] = frozenset()
             for v in eqn.invars:
                 if not isinstance(v, Literal):
-                    sources = sources | depends.get(v, frozenset())
+                    if _inexact(v.aval):
+                        sources = sources | depends.get(v, frozenset())
                     if v in index:
                         used.add(index[v])
             for v in eqn.outvars:
-                depends[v] = sources
+                depends[v] = sources if _inexact(v.aval) else frozenset()
         self.deps: list[frozenset[int]] = []
         for v in jaxpr.outvars:
             if isinstance(v, Literal):
