@@ -159,6 +159,8 @@ def _check_scatter_gather(op: str, x: Tensor, dim: int, index: Tensor, src: Tens
         raise RuntimeError(f"{op}(): Expected dtype int64 for index, got {index.dtype}")
     if index.ndim != x.ndim and index.numel() > 0:
         raise RuntimeError("Index tensor must have the same number of dimensions as input tensor")
+    if src is not None and src.dtype != x.dtype:
+        raise RuntimeError("scatter(): Expected self.dtype to be equal to src.dtype")
     others = [("self", x)] + ([("src", src)] if src is not None else [])
     for name, t in others:
         if name == "src" and index.ndim != t.ndim:
@@ -216,7 +218,7 @@ def index_select(x: Tensor, dim: int, index: Any) -> Tensor:
     if index_array.ndim > 1:
         raise IndexError("index_select(): Index is supposed to be a vector")
     if not jnp.issubdtype(index_array.dtype, jnp.integer):
-        raise IndexError(f"index_select(): Expected dtype int32 or int64 for index, got {index_array.dtype}")
+        raise RuntimeError(f"index_select(): Expected dtype int32 or int64 for index, got {index_array.dtype}")
     # PyTorch's index_select and embedding take no negative indices (unlike indexing).
     check_index_range(index_array, x.shape[dim] if x.ndim else 1, "index out of range in self", negative=False)
     if x.ndim == 0:

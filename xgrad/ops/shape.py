@@ -7,6 +7,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from xgrad.ops._util import canonical_dim, norm_axes
@@ -58,12 +59,13 @@ _concatenate = defprim(
 
 
 def _pad_grad(g: Tensor, out: Any, x: Any, pad_width: tuple[tuple[int, int], ...], value: float) -> Tensor:
-    return g[tuple(slice(lo, lo + n) for (lo, _), n in zip(pad_width, x.shape, strict=True))]
+    # The adjoint of padding (or cropping, for negative widths) is cropping (padding) by as much.
+    return _pad(g, pad_width=tuple((-lo, -hi) for lo, hi in pad_width), value=0.0)
 
 
-_pad = defprim(
+_pad: Callable[..., Any] = defprim(
     "pad",
-    lambda x, pad_width, value: jnp.pad(x, pad_width, constant_values=value),
+    lambda x, pad_width, value: jax.lax.pad(x, jnp.asarray(value, x.dtype), [(lo, hi, 0) for lo, hi in pad_width]),
     (_pad_grad,),
     save=(),
 )
@@ -410,7 +412,7 @@ def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
 
 
 def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float = 0.0) -> Tensor:
-    """PyTorch's ``F.pad``: ``pad`` lists (left, right) pairs from the last dim backwards.
+    """PyTorch's ``F.pad``: ``pad`` lists (left, right) pairs from the last dim backwards; negative widths crop.
 
     >>> import xgrad
     >>> xgrad.pad(xgrad.tensor([1.0, 2.0]), (1, 2)).tolist()
@@ -423,6 +425,9 @@ def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float = 0.
     widths = [(0, 0)] * x.ndim
     for i in range(len(pad) // 2):
         widths[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    for (lo, hi), n in zip(widths, x.shape, strict=True):
+        if n + lo + hi < 0:  # negative widths crop, as in PyTorch, but not past nothing
+            raise RuntimeError("narrow(): length must be non-negative.")
     return _pad(x, pad_width=tuple(widths), value=value)
 
 

@@ -433,6 +433,8 @@ def _build_specs() -> list[OpSpec]:
     add(_unary("pad", lambda x: X.pad(x, (1, 2)), lambda x: jnp.pad(x, ((0, 0), (1, 2))), shapes=(((2, 3),),)))
     add(_unary("pad", lambda x: X.pad(x, (1, 0, 0, 2), value=1.5), lambda x: jnp.pad(x, ((0, 2), (1, 0)), constant_values=1.5),
                label="2 dims, value", shapes=(((2, 3),),)))
+    add(_unary("pad", lambda x: X.pad(x, (-1, 2, 1, -2), value=0.5), lambda x: jnp.pad(x[:1, 1:], ((1, 0), (0, 2)), constant_values=0.5),
+               label="negative widths crop", shapes=(((3, 4),),)))
     add(_unary("flip", lambda x: X.flip(x, (0, -1)), lambda x: jnp.flip(x, (0, -1)), shapes=(((2, 3),),)))
     add(_unary("roll", lambda x: X.roll(x, 1, 1), lambda x: jnp.roll(x, 1, 1), shapes=(((2, 3),),)))
     add(_unary("roll", lambda x: X.roll(x, 2), lambda x: jnp.roll(x, 2), label="flat", shapes=(((2, 3),),)))
