@@ -103,7 +103,7 @@ BAD_INPUTS = [
     ("float index write", lambda: z(3).__setitem__(xgrad.tensor([0.0]), 1.0), IndexError, "^tensors used as indices must be long"),
     ("index shapes", lambda: z(3, 3)[xgrad.tensor([0, 1]), xgrad.tensor([0, 1, 2])], IndexError, r"^shape mismatch: indexing tensors could not be broadcast together with shapes \[2\], \[3\]$"),
     ("index_select float index", lambda: xgrad.index_select(z(3), 0, xgrad.tensor([0.0])), RuntimeError, r"^index_select\(\): Expected dtype int32 or int64 for index"),
-    ("scatter_add dtypes", lambda: xgrad.scatter_add(z(3), 0, xgrad.tensor([0]), xgrad.ones(1, dtype=jnp.float32)), RuntimeError, r"^scatter\(\): Expected self.dtype to be equal to src.dtype$"),
+    ("scatter_add dtypes", lambda: xgrad.scatter_add(z(3), 0, xgrad.tensor([0]), xgrad.tensor([1])), RuntimeError, r"^scatter\(\): Expected self.dtype to be equal to src.dtype$"),
     ("pad crops past nothing", lambda: xgrad.pad(z(3), (-2, -2)), RuntimeError, r"^narrow\(\): length must be non-negative\.$"),
     ("amax empty dim", lambda: xgrad.amax(z(2, 0), 1), IndexError, r"^amax\(\): Expected reduction dim 1 to have non-zero size\.$"),
     ("amin empty dim", lambda: xgrad.amin(z(0, 2), 0), IndexError, r"^amin\(\): Expected reduction dim 0 to have non-zero size\.$"),

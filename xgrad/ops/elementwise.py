@@ -24,7 +24,7 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 def _inexact(x: Any) -> Any:
     """``x`` in the default float dtype if it is an integer or bool array, as PyTorch promotes for ``sigmoid``/``rsqrt``."""
-    return x if jnp.dtype(x.dtype).kind in "fc" else x.astype(jnp.result_type(float))
+    return x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(jnp.result_type(float))
 
 
 # -- arithmetic ----------------------------------------------------------------------

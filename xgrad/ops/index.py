@@ -159,7 +159,8 @@ def _check_scatter_gather(op: str, x: Tensor, dim: int, index: Tensor, src: Tens
         raise RuntimeError(f"{op}(): Expected dtype int64 for index, got {index.dtype}")
     if index.ndim != x.ndim and index.numel() > 0:
         raise RuntimeError("Index tensor must have the same number of dimensions as input tensor")
-    if src is not None and src.dtype != x.dtype:
+    if src is not None and jnp.issubdtype(src.dtype, jnp.inexact) != jnp.issubdtype(x.dtype, jnp.inexact):
+        # PyTorch also refuses two float widths; xgrad casts, as JAX (with x64, float64 meets float32 often).
         raise RuntimeError("scatter(): Expected self.dtype to be equal to src.dtype")
     others = [("self", x)] + ([("src", src)] if src is not None else [])
     for name, t in others:

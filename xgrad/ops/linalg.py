@@ -217,7 +217,7 @@ def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, dtyp
 
     if dtype is not None:
         x = x.to(dtype)
-    if x.dtype.kind not in "fc":
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
         raise RuntimeError(
             f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {torch_dtype_name(x.dtype)}"
         )

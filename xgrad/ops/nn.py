@@ -12,7 +12,7 @@ import numpy as np
 from xgrad.engine.node import sharding_of
 from xgrad.ops import shape_rules
 from xgrad.ops._util import canonical_dim, check_index_range, reduce_loss
-from xgrad.ops.registry import defprim
+from xgrad.ops.registry import _differentiable_dtype, defprim
 from xgrad.tensor import Tensor, torch_dtype_name
 
 _softmax = defprim(
@@ -173,7 +173,7 @@ def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
     >>> xgrad.mse_loss(xgrad.tensor([1.0, 3.0]), xgrad.tensor([1.0, 1.0])).item()
     2.0
     """
-    if not isinstance(target, Tensor) or target.dtype.kind not in "fc":
+    if not isinstance(target, Tensor) or not _differentiable_dtype(target.dtype):
         shape_rules.check_float(input, "mse_cpu")  # PyTorch promotes a float target with an integer input
     diff = input - target
     return reduce_loss(diff * diff, reduction)
@@ -233,7 +233,7 @@ def dropout(x: Tensor, p: float = 0.5, key: Any = None, training: bool = True) -
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training:
         return x
-    if x.dtype.kind not in "fc":  # the kept values are scaled by 1 / (1 - p)
+    if not _differentiable_dtype(x.dtype):  # the kept values are scaled by 1 / (1 - p)
         raise RuntimeError(f"result type Float can't be cast to the desired output type {torch_dtype_name(x.dtype)}")
     if p == 0.0:
         return x

@@ -45,14 +45,17 @@ def _dtype(a: Any) -> Any:
     return getattr(a, "dtype", None)
 
 
+def _inexact(dtype: Any) -> bool:
+    return dtype is not None and bool(jnp.issubdtype(dtype, jnp.inexact))  # bfloat16 too (its kind is "V")
+
+
 def _kinds_differ(a: Any, b: Any) -> bool:
     """Whether dtypes ``a`` and ``b`` are of different kinds (integer or bool against float).
 
     PyTorch also refuses two float widths (float32 with float64); xgrad promotes those, as
     JAX does: with x64 on, ``xgrad.ones`` is float64 while a module's parameters may be float32.
     """
-    return a != b and (a is None or b is None or (jnp.dtype(a).kind in "fc") != (jnp.dtype(b).kind in "fc")
-                       or jnp.dtype(a).kind == "b" or jnp.dtype(b).kind == "b")
+    return a != b and (a is None or b is None or _inexact(a) != _inexact(b) or a == jnp.bool_ or b == jnp.bool_)
 
 
 def same_dtype_name(dtype: Any) -> str:
@@ -109,7 +112,7 @@ def check_float(x: Any, kernel: str) -> None:
     NotImplementedError: "mse_cpu" not implemented for 'Int'
     """
     dtype = _dtype(x)
-    if dtype is not None and jnp.dtype(dtype).kind not in "fc":
+    if dtype is not None and not _inexact(dtype):
         raise NotImplementedError(f'"{kernel}" not implemented for \'{torch_dtype_name(dtype)}\'')
 
 

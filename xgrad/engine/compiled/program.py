@@ -230,7 +230,7 @@ class Segment:
 
 def _inexact(aval: Any) -> bool:
     dtype = getattr(aval, "dtype", None)
-    return dtype is not None and jnp.dtype(dtype).kind in "fc"
+    return dtype is not None and bool(jnp.issubdtype(dtype, jnp.inexact))  # bfloat16's kind is "V"
 
 
 class Traced:
