@@ -5,11 +5,19 @@ and one vjp per output element. Fast mode (the default for large inputs) compare
 single number per (input, output) pair: ``u^T J v`` for random unit ``u`` and ``v``,
 numerically from one directional difference and analytically from one vjp; on a
 mismatch it builds that pair's full Jacobian to name the worst element.
+
+Around the Jacobians it checks what PyTorch's ``gradcheck`` checks: every vjp is
+computed twice and must agree (a backward that is not reentrant, nondeterministic);
+the outputs keep their shapes and dtypes when an input is perturbed; a zero
+``grad_output`` gives zero gradients (a backward not multiplied by ``grad_output``);
+the backward handles undefined (``None``) output gradients; a function with no
+differentiable output has a zero numerical gradient.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -18,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import xgrad
+from xgrad.engine.function import Function
 from xgrad.tensor import Tensor
 from xgrad.testing.functions import check_inputs, tensor_function
 
@@ -26,16 +35,46 @@ __all__ = ["GradcheckError", "gradcheck", "gradgradcheck"]
 #: Above this many input-times-output elements, ``fast_mode=None`` picks fast mode.
 FAST_MODE_THRESHOLD = 4096
 
-class GradcheckError(AssertionError):
-    """An analytical gradient disagrees with finite differences.
+class GradcheckError(RuntimeError):
+    """A gradient check failed: an analytical gradient disagrees with finite differences,
+    or the backward misbehaves (see the module notes). A ``RuntimeError``, as PyTorch's.
 
     >>> from xgrad.testing import GradcheckError
     >>> try:
     ...     raise GradcheckError("Jacobian mismatch")
-    ... except AssertionError as e:
+    ... except RuntimeError as e:
     ...     print(type(e).__name__)
     GradcheckError
     """
+
+
+ERR_NOT_REENTRANT = (
+    "Backward is not reentrant, i.e., running backward with same input and grad_output multiple times gives "
+    "different values, although analytical gradient matches numerical gradient. The tolerance for nondeterminism "
+    "was {tol}. If the backward is meant to be nondeterministic, pass nondet_tol= the variation it may have."
+)
+ERR_NOT_MULTIPLIED = "backward not multiplied by grad_output"
+ERR_UNDEFINED_RAISES = (
+    "Expected backward function to handle undefined output grads: the backward raised when an output's gradient "
+    "was undefined (None)"
+)
+ERR_UNDEFINED_NONZERO = (
+    "Expected all input grads to be undefined or zero when all output grads are undefined or zero"
+)
+WARN_UNDEFINED = (
+    "Backwards compatibility: New undefined gradient support checking feature is enabled by default, but it may "
+    'break existing callers of this function. If this is true for you, you can call this function with '
+    '"check_undefined_grad=False" to disable the feature'
+)
+ERR_NUMERICAL_NOT_ZERO = "Numerical gradient for function expected to be zero"
+WARN_NOT_DOUBLE = (
+    "Input #{i} requires gradient and is not a double precision floating point or complex. gradcheck checks it "
+    "upcast to float64, not at its own dtype {dtype}."
+)
+ERR_PERTURBED = (
+    "Expected `func` to return outputs with the same {what} when inputs are perturbed by {eps}, but got: "
+    "{what}s {a} and {b}."
+)
 
 
 @contextlib.contextmanager
@@ -55,6 +94,14 @@ def _float64() -> Iterator[None]:
         scope = experimental_scope
     with scope(True):
         yield
+
+
+def _warn_non_double(inputs: Any) -> None:
+    """PyTorch's warning for each input that requires grad in a precision below double."""
+    items = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
+    for i, x in enumerate(items):
+        if isinstance(x, Tensor) and x.requires_grad and x.dtype not in (jnp.float64, jnp.complex128):
+            warnings.warn(WARN_NOT_DOUBLE.format(i=i, dtype=x.dtype), UserWarning, stacklevel=3)
 
 
 def _prepare(inputs: Any) -> tuple[list[Any], list[int]]:
@@ -91,21 +138,39 @@ def _outputs(fn: Callable[..., Any], args: Sequence[Any]) -> list[Tensor]:
     return [t for t in leaves if isinstance(t, Tensor) and jnp.issubdtype(t.dtype, jnp.inexact)]
 
 
-def _evaluate(fn: Callable[..., Any], args: list[Any], i: int, value: Any) -> list[np.ndarray]:
-    """The outputs (as float64 NumPy) with input ``i`` replaced by ``value``."""
+def _perturbed_outputs(fn: Callable[..., Any], args: list[Any], i: int, value: Any) -> list[Tensor]:
+    """The floating outputs with input ``i`` replaced by ``value``."""
     probe = list(args)
     # Grad mode stays on and the probe requires grad as the input did: ``fn`` may itself
     # differentiate (gradgradcheck checks a function that calls ``autograd.grad``).
     probe[i] = Tensor(value).requires_grad_(args[i].requires_grad)
-    return [np.asarray(o.array, dtype=np.float64) for o in _outputs(fn, probe)]
+    return _outputs(fn, probe)
+
+
+def _evaluate(fn: Callable[..., Any], args: list[Any], i: int, value: Any) -> list[np.ndarray]:
+    """The outputs (as float64 NumPy) with input ``i`` replaced by ``value``."""
+    return [np.asarray(o.array, dtype=np.float64) for o in _perturbed_outputs(fn, args, i, value)]
+
+
+def _check_same_dtype_and_shape(plus: list[Tensor], minus: list[Tensor], eps: float) -> None:
+    """Outputs whose shape or dtype depend on the input values have no Jacobian: an
+    ``AssertionError``, as PyTorch raises (not a ``GradcheckError``: it is a misuse)."""
+    for a, b in zip(plus, minus, strict=True):
+        if a.shape != b.shape:
+            raise AssertionError(ERR_PERTURBED.format(what="shape", eps=eps, a=tuple(a.shape), b=tuple(b.shape)))
+        if a.dtype != b.dtype:
+            raise AssertionError(ERR_PERTURBED.format(what="dtype", eps=eps, a=a.dtype, b=b.dtype))
 
 
 def _numerical_column(fn: Callable[..., Any], args: list[Any], i: int, direction: Any, eps: float) -> list[np.ndarray]:
     """Central difference of every output along ``direction`` in input ``i``."""
     x = args[i].array
-    plus = _evaluate(fn, args, i, x + eps * direction)
-    minus = _evaluate(fn, args, i, x - eps * direction)
-    return [(p - m) / (2 * eps) for p, m in zip(plus, minus, strict=True)]
+    plus = _perturbed_outputs(fn, args, i, x + eps * direction)
+    minus = _perturbed_outputs(fn, args, i, x - eps * direction)
+    if len(plus) != len(minus):
+        raise AssertionError(ERR_PERTURBED.format(what="number of output", eps=eps, a=len(plus), b=len(minus)))
+    _check_same_dtype_and_shape(plus, minus, eps)
+    return [(np.asarray(p.array, np.float64) - np.asarray(m.array, np.float64)) / (2 * eps) for p, m in zip(plus, minus, strict=True)]
 
 
 def _vjp(outs: list[Tensor], wrt: list[Tensor], j: int, cotangent: Any) -> list[np.ndarray]:
@@ -122,8 +187,22 @@ def _vjp(outs: list[Tensor], wrt: list[Tensor], j: int, cotangent: Any) -> list[
     return result
 
 
+def _reentrant_vjp(outs: list[Tensor], wrt: list[Tensor], j: int, cotangent: Any, nondet_tol: float) -> list[np.ndarray]:
+    """``_vjp`` computed twice, which must agree within ``nondet_tol`` (PyTorch's reentrancy check).
+
+    As in PyTorch, a NaN anywhere in the difference passes: NaN compares false.
+    """
+    first = _vjp(outs, wrt, j, cotangent)
+    second = _vjp(outs, wrt, j, cotangent)
+    for a, b in zip(first, second, strict=True):
+        if a.size and np.max(np.abs(a - b)) > nondet_tol:
+            raise GradcheckError(ERR_NOT_REENTRANT.format(tol=nondet_tol))
+    return first
+
+
 def _full_jacobians(fn: Callable[..., Any], args: list[Any], diff: list[int], outs: list[Tensor], eps: float,
-                    pairs: Sequence[tuple[int, int]] | None = None) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+                    pairs: Sequence[tuple[int, int]] | None = None,
+                    nondet_tol: float = 0.0) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
     """``{(input, output): (numerical, analytical)}``, each of shape (output size, input size)."""
     wrt = [args[i] for i in diff]
     wanted = set(pairs) if pairs is not None else {(i, j) for i in diff for j in range(len(outs))}
@@ -145,7 +224,7 @@ def _full_jacobians(fn: Callable[..., Any], args: list[Any], diff: list[int], ou
         rows = []
         for k in range(out.array.size):
             basis = jnp.zeros(out.array.size, out.dtype).at[k].set(1).reshape(out.shape)
-            rows.append(_vjp(outs, wrt, j, basis))
+            rows.append(_reentrant_vjp(outs, wrt, j, basis, nondet_tol))
         for pos, i in enumerate(diff):
             analytical[(i, j)] = np.stack([r[pos].ravel() for r in rows]) if rows else np.zeros((0, args[i].array.size))
     return {p: (numerical[p], analytical[p]) for p in wanted}
@@ -183,6 +262,8 @@ def gradcheck(
     raise_exception: bool = True,
     fast_mode: bool | None = None,
     *,
+    nondet_tol: float = 0.0,
+    check_undefined_grad: bool = True,
     seed: int = 0,
     _prefix: str = "",
 ) -> bool:
@@ -194,42 +275,59 @@ def gradcheck(
             so that its JAX derivative (the custom rule) is what is checked.
         inputs: a Tensor or a sequence; Tensors that require grad (and plain floating
             arrays) are checked, others are passed through. Floating inputs are upcast
-            to float64.
+            to float64 (a Tensor that requires grad in a lower precision warns, as in
+            PyTorch). The outputs that require grad are checked; when none does, the
+            numerical gradient must be zero.
         eps: finite-difference step.
         atol, rtol: tolerance, ``|numerical - analytical| <= atol + rtol * |numerical|``.
-        raise_exception: raise ``GradcheckError`` on a mismatch (else return False).
+        raise_exception: raise ``GradcheckError`` on a failed check (else return False).
+            An output whose shape or dtype changes with a perturbed input raises
+            ``AssertionError`` either way, and so does anything ``fn`` raises.
         fast_mode: compare one random direction per (input, output) pair instead of the
             full Jacobian; default: fast when the Jacobian has more than
             ``FAST_MODE_THRESHOLD`` elements.
+        nondet_tol: how much two backwards with the same inputs and ``grad_output`` may
+            differ (``0.0``: bit for bit).
+        check_undefined_grad: also check that the backward handles undefined (``None``)
+            output gradients.
         seed: seeds the random directions of fast mode.
 
     Returns:
-        True when every gradient matches.
+        True when every check passes.
 
     >>> import xgrad
     >>> from xgrad.testing import gradcheck
-    >>> x = xgrad.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    >>> x = xgrad.tensor([0.5, -1.0, 2.0], dtype="float64", requires_grad=True)
     >>> gradcheck(lambda x: (x.sin() * x).sum(), (x,))
     True
     """
     fn = tensor_function(fn, "gradcheck")
     check_inputs(inputs, "gradcheck")
+    _warn_non_double(inputs)
     with _float64():
         args, diff = _prepare(inputs)
         for i in diff:
             args[i] = Tensor(args[i].array).requires_grad_(True)
-        outs = _outputs(fn, args)
-        if not outs:
-            raise ValueError("gradcheck: fn returned no floating-point Tensor")
+        all_outs = _outputs(fn, args)
+        keep = [j for j, o in enumerate(all_outs) if o.requires_grad]
+        outs = [all_outs[j] for j in keep]
+        differentiable = _differentiable_outputs(fn, keep)
         n_in = sum(args[i].array.size for i in diff)
         n_out = sum(o.array.size for o in outs)
         if fast_mode is None:
             fast_mode = n_in * n_out > FAST_MODE_THRESHOLD
         try:
+            if not outs:
+                _check_no_differentiable_outputs(fn, args, diff, eps)
+                return True
+            _warm_up(outs, [args[i] for i in diff])
             if fast_mode:
-                _check_fast(fn, args, diff, outs, eps, atol, rtol, seed, _prefix)
+                _check_fast(differentiable, args, diff, outs, eps, atol, rtol, seed, _prefix, nondet_tol)
             else:
-                _check_full(fn, args, diff, outs, eps, atol, rtol, _prefix)
+                _check_full(differentiable, args, diff, outs, eps, atol, rtol, _prefix, nondet_tol)
+            _check_backward_mul_by_grad_output(outs, [args[i] for i in diff], _prefix)
+            if check_undefined_grad:
+                _check_undefined_grad(differentiable, args, diff, len(outs), _prefix)
         except GradcheckError:
             if raise_exception:
                 raise
@@ -237,21 +335,100 @@ def gradcheck(
         return True
 
 
+def _warm_up(outs: list[Tensor], wrt: list[Tensor]) -> None:
+    """One backward of the graph before the analytical Jacobians.
+
+    The eager engine runs a primitive's backward rules op by op the first time it
+    meets their signature and through one fused program afterwards; the two may differ
+    in the last bit. Without a first run here, the reentrancy check would compare one
+    of each, and flag that (order-dependent) difference as a nondeterministic backward.
+    """
+    cotangents = [Tensor(jnp.ones(o.shape, o.dtype, device=o.sharding)) for o in outs]
+    xgrad.autograd.grad(outs, wrt, cotangents, retain_graph=True, allow_unused=True)
+
+
+def _differentiable_outputs(fn: Callable[..., Any], keep: list[int]) -> Callable[..., list[Tensor]]:
+    """``fn`` returning only its floating outputs at positions ``keep`` (those that required grad)."""
+
+    def selected(*args: Any) -> list[Tensor]:
+        outs = _outputs(fn, args)
+        return [outs[j] for j in keep if j < len(outs)]
+
+    return selected
+
+
+def _check_no_differentiable_outputs(fn: Callable[..., Any], args: list[Any], diff: list[int], eps: float) -> None:
+    """No output requires grad: the function must then not depend on the inputs (PyTorch's check)."""
+    for i in diff:
+        x = args[i].array
+        for k in range(x.size):
+            basis = jnp.zeros(x.size, x.dtype).at[k].set(1).reshape(x.shape)
+            if any(np.any(c != 0) for c in _numerical_column(fn, args, i, basis, eps)):
+                raise GradcheckError(ERR_NUMERICAL_NOT_ZERO)
+
+
+def _check_backward_mul_by_grad_output(outs: list[Tensor], wrt: list[Tensor], prefix: str) -> None:
+    """A zero ``grad_output`` must give zero gradients of the inputs' dtype, shape and device."""
+    zeros = [Tensor(jnp.zeros(o.shape, o.dtype, device=o.sharding)) for o in outs]
+    grads = xgrad.autograd.grad(outs, wrt, zeros, allow_unused=True)
+    for g, x in zip(grads, wrt, strict=True):
+        if g is None:
+            continue
+        if not bool(jnp.all(g.array == 0)):
+            raise GradcheckError(prefix + ERR_NOT_MULTIPLIED)
+        if g.dtype != x.dtype:
+            raise GradcheckError(f"{prefix}grad is incorrect type")
+        if g.shape != x.shape:
+            raise GradcheckError(f"{prefix}grad is incorrect size")
+        if g.array.sharding.device_set != x.array.sharding.device_set:
+            raise GradcheckError(f"{prefix}grad is incorrect device")
+
+
+class _UndefinedGrad(Function):
+    """Identity whose backward sends an undefined (``None``) gradient on: PyTorch's ``UndefinedGrad``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        return Tensor(x.array)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> None:
+        return None
+
+
+def _check_undefined_grad(fn: Callable[..., list[Tensor]], args: list[Any], diff: list[int], n_outs: int, prefix: str) -> None:
+    """The backward must work when every output's gradient is undefined, and, with several
+    outputs, when one at a time is; the input gradients must then be ``None`` or zero."""
+    wrt = [args[i] for i in diff]
+    cases = [set(range(n_outs))] + ([{k} for k in range(n_outs)] if n_outs > 1 else [])
+    for undefined in cases:
+        outs = [_UndefinedGrad.apply(o) if k in undefined else o for k, o in enumerate(fn(*args))]
+        zeros = [Tensor(jnp.zeros(o.shape, o.dtype, device=o.sharding)) for o in outs]
+        try:
+            grads = xgrad.autograd.grad(outs, wrt, zeros, allow_unused=True)
+        except RuntimeError as exc:
+            warnings.warn(WARN_UNDEFINED, UserWarning, stacklevel=4)
+            raise GradcheckError(f"{prefix}{ERR_UNDEFINED_RAISES}: {exc}") from exc
+        if any(g is not None and not bool(jnp.all(g.array == 0)) for g in grads):
+            warnings.warn(WARN_UNDEFINED, UserWarning, stacklevel=4)
+            raise GradcheckError(prefix + ERR_UNDEFINED_NONZERO)
+
+
 def _check_full(fn: Callable[..., Any], args: list[Any], diff: list[int], outs: list[Tensor], eps: float, atol: float,
-                rtol: float, prefix: str) -> None:
-    for (i, j), (num, ana) in sorted(_full_jacobians(fn, args, diff, outs, eps).items()):
+                rtol: float, prefix: str, nondet_tol: float = 0.0) -> None:
+    for (i, j), (num, ana) in sorted(_full_jacobians(fn, args, diff, outs, eps, nondet_tol=nondet_tol).items()):
         worst = _worst(num, ana, atol, rtol)
         if worst is not None:
             raise GradcheckError(_describe(i, j, num, ana, worst, args[i].shape, outs[j].shape, prefix))
 
 
 def _check_fast(fn: Callable[..., Any], args: list[Any], diff: list[int], outs: list[Tensor], eps: float, atol: float,
-                rtol: float, seed: int, prefix: str) -> None:
+                rtol: float, seed: int, prefix: str, nondet_tol: float = 0.0) -> None:
     rng = np.random.default_rng(seed)
     directions = {i: _unit(rng, args[i].shape) for i in diff}
     cotangents = [_unit(rng, o.shape) for o in outs]
     wrt = [args[i] for i in diff]
-    analytical = [_vjp(outs, wrt, j, jnp.asarray(u, outs[j].dtype)) for j, u in enumerate(cotangents)]
+    analytical = [_reentrant_vjp(outs, wrt, j, jnp.asarray(u, outs[j].dtype), nondet_tol) for j, u in enumerate(cotangents)]
     for pos, i in enumerate(diff):
         columns = _numerical_column(fn, args, i, jnp.asarray(directions[i]), eps)
         for j, u in enumerate(cotangents):
@@ -261,7 +438,7 @@ def _check_fast(fn: Callable[..., Any], args: list[Any], diff: list[int], outs: 
                 continue
             # Locate the bad element: this pair's full Jacobian, when small enough to build.
             if args[i].array.size * outs[j].array.size <= 16 * FAST_MODE_THRESHOLD:
-                (num_j, ana_j), = _full_jacobians(fn, args, diff, outs, eps, pairs=[(i, j)]).values()
+                (num_j, ana_j), = _full_jacobians(fn, args, diff, outs, eps, pairs=[(i, j)], nondet_tol=nondet_tol).values()
                 worst = _worst(num_j, ana_j, atol, rtol)
                 if worst is not None:
                     detail = _describe(i, j, num_j, ana_j, worst, args[i].shape, outs[j].shape, prefix)
@@ -288,6 +465,8 @@ def gradgradcheck(
     raise_exception: bool = True,
     fast_mode: bool | None = None,
     *,
+    nondet_tol: float = 0.0,
+    check_undefined_grad: bool = True,
     seed: int = 0,
 ) -> bool:
     """Check second derivatives: ``gradcheck`` of the vjp of ``fn`` (``create_graph=True``).
@@ -296,17 +475,19 @@ def gradgradcheck(
     checked against finite differences, w.r.t. the inputs and the grad_outputs.
 
     Args:
-        fn, inputs, eps, atol, rtol, raise_exception, fast_mode, seed: as in ``gradcheck``.
+        fn, inputs, eps, atol, rtol, raise_exception, fast_mode, nondet_tol,
+        check_undefined_grad, seed: as in ``gradcheck``.
         grad_outputs: one cotangent per floating output (default: random, seeded).
 
     >>> import xgrad
     >>> from xgrad.testing import gradgradcheck
-    >>> x = xgrad.tensor([0.5, -1.0], requires_grad=True)
+    >>> x = xgrad.tensor([0.5, -1.0], dtype="float64", requires_grad=True)
     >>> gradgradcheck(lambda x: x.exp() * x, (x,))
     True
     """
     fn = tensor_function(fn, "gradgradcheck")
     check_inputs(inputs, "gradgradcheck")
+    _warn_non_double(inputs)
     with _float64():
         args, diff = _prepare(inputs)
         for i in diff:
@@ -334,4 +515,5 @@ def gradgradcheck(
         checked = [args[k].requires_grad_(True) if k in diff else args[k] for k in range(n)]
         checked += [c.requires_grad_(True) for c in cotangents]
         return gradcheck(first_derivative, checked, eps, atol, rtol, raise_exception, fast_mode, seed=seed,
+                         nondet_tol=nondet_tol, check_undefined_grad=check_undefined_grad,
                          _prefix=f"second-order (gradgradcheck; inputs from {n} on are the grad_outputs): ")
