@@ -36,7 +36,8 @@ x = xgrad.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], requires_grad=True)
 print(x)
 print(x.shape, x.dtype, x.device, x.is_leaf)
 print(type(x.array))
-print(jnp.sin(x))  # jnp functions accept Tensors (untracked)
+print(jnp.sin(x.detach()))  # jnp functions accept Tensors; one that requires grad must be detached first,
+# or the gradient would be lost silently: use xgrad.sin(x) to keep it, as the next cell does
 
 # %% [markdown]
 # ## Backward
