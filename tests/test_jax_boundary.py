@@ -76,7 +76,7 @@ def test_a_plain_jax_trace_capturing_requires_grad_leaves_warns_once_per_trace()
     forward = jax.jit(lambda x: model(x).sum().array)
     messages = _captures(forward, x)
     assert len(messages) == 2  # weight and bias, once each
-    assert "a parameter of shape [2, 3]" in messages[0] and "test_jax_boundary.py" in messages[0]
+    assert "the parameter Linear.weight of shape [2, 3]" in messages[0] and "test_jax_boundary.py" in messages[0]
     assert "as an argument" in messages[0] and "xgrad.compile" in messages[0]
     assert _captures(forward, x) == []  # a cache hit traces nothing
     assert len(_captures(forward, jnp.ones((5, 3)))) == 2  # a new trace warns again

@@ -60,9 +60,10 @@ class quiet_captures:
 
 
 def _describe(t: Tensor) -> str:
-    from xgrad.nn import Parameter  # nn imports the ops, which import this module
+    from xgrad import nn  # nn imports the ops, which import this module
 
-    kind = "a parameter" if isinstance(t, Parameter) else "a tensor"
+    name = nn.module.parameter_name(t)
+    kind = f"the parameter {name}" if name else "a parameter" if isinstance(t, nn.Parameter) else "a tensor"
     return f"{kind} of shape {list(t.shape)}, dtype {t.dtype}"
 
 

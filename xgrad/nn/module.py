@@ -35,11 +35,24 @@ ERR_PLAIN_TENSOR_ATTRIBUTE = (
 # pytree] in tensor.py). The mark is a weak registry by id, so a parameter that is
 # dropped leaves nothing behind.
 _PARAMETER_IDS: dict[int, weakref.ref[Tensor]] = {}
+_PARAMETER_NAMES: dict[int, str] = {}  # ``Linear.weight``: where a parameter was first set, for messages
 
 
-def _mark_parameter(t: Tensor) -> None:
+def _forget_parameter(key: int) -> None:
+    _PARAMETER_IDS.pop(key, None)
+    _PARAMETER_NAMES.pop(key, None)
+
+
+def _mark_parameter(t: Tensor, name: str | None = None) -> None:
     key = id(t)
-    _PARAMETER_IDS[key] = weakref.ref(t, lambda _ref: _PARAMETER_IDS.pop(key, None))
+    _PARAMETER_IDS[key] = weakref.ref(t, lambda _ref: _forget_parameter(key))
+    if name is not None:
+        _PARAMETER_NAMES.setdefault(key, name)
+
+
+def parameter_name(t: Tensor) -> str | None:
+    """``Linear.weight``: the class and attribute a parameter was first set on, ``None`` if unknown."""
+    return _PARAMETER_NAMES.get(id(t)) if _is_parameter(t) else None
 
 
 def _is_parameter(obj: Any) -> bool:
@@ -191,6 +204,8 @@ class Module:
                 raise TypeError(f"cannot assign '{type(value).__name__}' as parameter '{name}' (Parameter or None expected)")
             if isinstance(current, Module) and not isinstance(value, Module):
                 raise TypeError(f"cannot assign '{type(value).__name__}' as child module '{name}' (Module or None expected)")
+        if isinstance(value, Tensor) and _is_parameter(value):
+            _PARAMETER_NAMES.setdefault(id(value), f"{type(self).__name__}.{name}")
         object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str) -> Any:

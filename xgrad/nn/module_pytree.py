@@ -160,7 +160,7 @@ def _unflatten(aux: _ModuleAux, children: Any) -> Any:
                 meta, is_parameter = info
                 child = Tensor.tree_unflatten(meta, (child,))
                 if is_parameter and isinstance(child, Tensor):
-                    _mark_parameter(child)
+                    _mark_parameter(child, f"{aux.cls.__name__}.{name}")
             leaves.append(child)
         values[name] = jax.tree_util.tree_unflatten(treedef, leaves)
     values["_modules"] = dict(zip(aux.modules, children, strict=True))
