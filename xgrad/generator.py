@@ -69,14 +69,14 @@ class KeyState:
             with step_trace.outside(), jax.ensure_compile_time_eval():
                 key = jax.random.key(self.seed)
                 self.impl = jax.random.key_impl(key)
-                self.data = Tensor(jax.random.key_data(key))
+                self.data = Tensor(_committed(jax.random.key_data(key)))
         return self.data
 
     def set(self, key: Any) -> None:
         """Make ``key`` (a typed key) the state; the same Tensor keeps it (a compiled step reads that one)."""
         data = self._tensor()
         self.impl = jax.random.key_impl(key)
-        data._array = jax.random.key_data(key)
+        data._array = _committed(jax.random.key_data(key))
 
     def get(self) -> Any:
         """The key now (a typed key)."""
@@ -93,6 +93,14 @@ class KeyState:
             new, sub = jax.random.split(jax.random.wrap_key_data(data._array, impl=self.impl))
             data._array = jax.random.key_data(new)
             return sub
+
+
+def _committed(data: Any) -> Any:
+    """``data`` committed to a device, as a compiled step's outputs are: else the step's first hit compiles again."""
+    if isinstance(data, jax.core.Tracer) or getattr(data, "committed", True):
+        return data
+    device = getattr(jax.config, "jax_default_device", None) or jax.devices()[0]
+    return jax.device_put(data, device)
 
 
 #: The generator random ops draw from when given no ``key=``.
