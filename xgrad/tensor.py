@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad import step_trace
+from xgrad.engine.dual import LEVEL
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.jax_internals import get_opaque_trace_state
@@ -209,6 +210,7 @@ class Tensor:
         "_alias_of",
         "_array",
         "_backward_hooks",
+        "_fw_grad",
         "_grad",
         "_entered_trace",
         "_grad_accumulator",
@@ -279,6 +281,7 @@ class Tensor:
         self._views: list[weakref.ref[Tensor]] | None = None
         # An inference tensor: made inside ``inference_mode()`` (NOTE [Inference tensors]).
         self._inference = _grad_state.inference
+        self._fw_grad: tuple[Any, Tensor] | None = None  # NOTE [Dual levels] in engine/dual.py
         if requires_grad:
             self.requires_grad_(True)
 
@@ -961,6 +964,7 @@ class Tensor:
         t._output_nr = self._output_nr
         t._requires_grad = self._requires_grad
         t._grad_accumulator = self._grad_accumulator
+        t._fw_grad = self._fw_grad
         if self.grad_fn is None and self._requires_grad:
             from xgrad.engine.node import grad_accumulator
 
@@ -1026,6 +1030,12 @@ class Tensor:
         """Hold ``result``'s array and, when it has one, its place in the graph; bump ``_version``."""
         self._array = result._array
         self._version += 1
+        # The tangent follows the value: a dual tensor given a value without one (``zero_``,
+        # ``copy_`` of a plain tensor) has a zero tangent, as in PyTorch.
+        fw = result._fw_grad
+        if fw is None and self._fw_grad is not None and self._fw_grad[0] is LEVEL.current:
+            fw = (LEVEL.current, Tensor(jnp.zeros(self._array.shape, self._fw_grad[1].dtype)))
+        self._fw_grad = fw
         if result.grad_fn is not None:
             if self._retains_grad and self.grad_fn is not None:
                 # The retains-grad hook moves to the new grad_fn, as in PyTorch: .grad is the

@@ -255,7 +255,7 @@ _NO_TENSOR: weakref.ref[Any] = weakref.ref(_Gone())
 class SavedTensor:
     """One tensor saved by a node: the value, its version, and where it sits in the graph."""
 
-    __slots__ = ("_array", "_graph", "_output_nr", "_packed", "_ref", "_saved_version", "_state", "_unpack")
+    __slots__ = ("_array", "_fw_grad", "_graph", "_output_nr", "_packed", "_ref", "_saved_version", "_state", "_unpack")
 
     # _state: "input" (strong ref), "output" (weak ref: a node must not keep its own
     # output alive), "hooked" (packed by saved-tensor hooks) or "freed".
@@ -268,6 +268,8 @@ class SavedTensor:
             raise RuntimeError(ERR_INFERENCE_SAVED)
         self._saved_version = tensor._version
         self._output_nr = tensor._output_nr
+        # The tangent comes back with a value rebuilt on unpack (NOTE [Dual levels]).
+        self._fw_grad = tensor._fw_grad
         hooks = current_hooks()
         if hooks is not None:
             pack, self._unpack = hooks.pack_hook, hooks.unpack_hook
@@ -310,7 +312,7 @@ class SavedTensor:
         if state == "output":
             if original is not None:
                 return original
-            return Tensor._from_graph(self._array, node, self._output_nr)
+            return self._with_tangent(Tensor._from_graph(self._array, node, self._output_nr))
         assert self._unpack is not None, "a hooked saved tensor keeps its unpack hook until released"
         # The hook runs as part of ``node``: ``current_node()`` inside it is that node.
         previous, current_task.node = current_task.node, node
@@ -324,12 +326,16 @@ class SavedTensor:
                 f"{type(unpacked).__name__}"
             )
         if state == "hooked_output":
-            return Tensor._from_graph(unpacked._array, node, self._output_nr)
+            return self._with_tangent(Tensor._from_graph(unpacked._array, node, self._output_nr))
         assert self._graph is not None, "a hooked input keeps where it sits in the graph"
         grad_fn, output_nr, leaf_acc, requires_grad = self._graph
         if grad_fn is None and not requires_grad and not unpacked.requires_grad:
             return unpacked  # nothing to re-attach: the hook's tensor itself, as PyTorch returns it
-        return Tensor._attached(unpacked._array, grad_fn, output_nr, leaf_acc, requires_grad)
+        return self._with_tangent(Tensor._attached(unpacked._array, grad_fn, output_nr, leaf_acc, requires_grad))
+
+    def _with_tangent(self, t: Tensor) -> Tensor:
+        t._fw_grad = self._fw_grad
+        return t
 
     def _raise_version_error(self, tensor: Tensor, node: Node) -> None:
         where = f", which is output {tensor._output_nr} of {tensor.grad_fn.name()}," if tensor.grad_fn else ""
@@ -347,3 +353,4 @@ class SavedTensor:
         self._packed = None
         self._graph = None
         self._unpack = None  # the hook may hold the graph (a checkpoint's recomputation does)
+        self._fw_grad = None

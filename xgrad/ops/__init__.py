@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from xgrad.engine import engine_ops
 from xgrad.grad_mode import is_grad_enabled
+from xgrad.ops import tangents as _tangents  # noqa: F401 - installs every primitive's forward-mode rule
 from xgrad.ops import views
 from xgrad.ops.attention import scaled_dot_product_attention
 from xgrad.ops.elementwise import (

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from xgrad.bounded_cache import BoundedCache
 from xgrad.engine.anomaly import ANOMALY, record_forward_trace
+from xgrad.engine.dual import LEVEL, set_tangent, tangents_on
 from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator, sharding_of
 from xgrad.engine.rules import Aval, RuleNode, incoming_grad
 from xgrad.engine.saved import SavedTensor
@@ -481,11 +482,30 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     if scalars and prim.jit and tensors and not isinstance(arrays[positions[0]], jax.core.Tracer):  # NOTE [Scalar constants]
         arrays = [_device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
     out = prim.dispatch(arrays, params)
+    tangents = None
+    if LEVEL.current is not None and tensors and tangents_on():  # NOTE [Tangents are jvp of the forward]
+        tangents = tangent_rule(prim, args, params)
     if not (needs_graph and _grad_state.enabled):
         if prim.num_outputs == 1:
-            return Tensor(out)
-        return tuple(Tensor(o) for o in out)
-    return _record(prim, args, params, out)
+            result = Tensor(out)
+            if tangents is not None:
+                set_tangent(result, tangents[0])
+            return result
+        results = tuple(Tensor(o) for o in out)
+        if tangents is not None:
+            for r, t in zip(results, tangents, strict=True):
+                set_tangent(r, t)
+        return results
+    return _record(prim, args, params, out, tangents)
+
+
+def _no_tangent_rule(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> tuple[Tensor | None, ...] | None:
+    raise AssertionError("xgrad internal error: xgrad.ops.tangents was not imported; please report a bug")
+
+
+# The forward-mode rule of every primitive: ``xgrad.ops.tangents`` sets it (it builds on
+# ``from_jax``, which builds on this module).
+tangent_rule: Callable[[Primitive, tuple[Any, ...], dict[str, Any]], tuple[Tensor | None, ...] | None] = _no_tangent_rule
 
 
 # NOTE [Recording cost]
@@ -508,7 +528,7 @@ def _metadata(array: Any) -> InputMetadata:
     return InputMetadata(array.shape, array.dtype, sharding_of(array))
 
 
-def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any) -> Any:
+def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any, tangents: tuple[Any, ...] | None) -> Any:
     if isinstance(out if prim.num_outputs == 1 else out[0], jax.core.Tracer):
         check_captured_leaves(args, out if prim.num_outputs == 1 else out[0])  # NOTE [Captured leaves]
     edges = []
@@ -548,6 +568,8 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
         result = Tensor(out)
         if _differentiable_dtype(out.dtype):
             result.grad_fn = node  # output 0: Tensor's default _output_nr
+        if tangents is not None:  # before saving: a saved output keeps its tangent
+            set_tangent(result, tangents[0])
         if save_out:
             node.saved_out = (SavedTensor(result, is_output=True, saver=prim.name),)
         on_record = PrimitiveNode.on_record  # NOTE [Rule nodes]
@@ -559,6 +581,9 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
     results = tuple(
         [Tensor._from_graph(o, node, k) if _differentiable_dtype(o.dtype) else Tensor(o) for k, o in enumerate(outs)]
     )
+    if tangents is not None:
+        for r, t in zip(results, tangents, strict=True):
+            set_tangent(r, t)
     if save_out:
         node.saved_out = tuple([SavedTensor(r, is_output=True, saver=prim.name) for r in results])
     on_record = PrimitiveNode.on_record

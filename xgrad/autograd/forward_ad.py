@@ -1,0 +1,163 @@
+"""Forward-mode AD with PyTorch's ``torch.autograd.forward_ad`` API.
+
+Inside a ``dual_level()``, ``make_dual(x, v)`` gives ``x`` a tangent ``v``; every op
+computes its outputs' tangents (Jacobian-vector products) along with their values
+(NOTE [Tangents are jvp of the forward] in ``xgrad/ops/tangents.py``), and
+``unpack_dual(y)`` returns ``(primal, tangent)``. Leaving the level drops every tangent
+made in it (NOTE [Dual levels] in ``xgrad/engine/dual.py``). Only one level at a time, as
+in PyTorch.
+
+>>> import xgrad
+>>> import xgrad.autograd.forward_ad as fwAD
+>>> x = xgrad.tensor([0.0, 1.0])
+>>> with fwAD.dual_level():
+...     y = fwAD.make_dual(x, xgrad.ones(2)).sin()
+...     fwAD.unpack_dual(y).tangent.tolist()
+[1.0, 0.5403023...]
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+
+from xgrad.engine.dual import LEVEL, DualLevel, set_tangent, tangent_of, tangents_off
+from xgrad.tensor import Tensor
+
+__all__ = ["UnpackedDualTensor", "dual_level", "enter_dual_level", "exit_dual_level", "make_dual", "unpack_dual"]
+
+ERR_NESTED = "Nested forward mode AD is not supported at the moment"
+ERR_EXIT_NOT_LAST = "Trying to exit a forward AD level that was not the last one that was created. This is not supported."
+ERR_EXIT_NONE = "Dual level must be a positive number."
+ERR_NO_LEVEL = (
+    "Trying to create a dual Tensor for forward AD but no level exists, make sure to enter_dual_level() first."
+)
+ERR_TANGENT_SIZE = (
+    "Trying to set a forward gradient that has a different size than that of the original Tensor, this is not "
+    "supported. Tensor is of size {primal} while the given forward gradient is of size {tangent}."
+)
+
+
+def enter_dual_level() -> int:
+    """Enter a forward AD level (there can be one at a time) and return its number, 0.
+
+    >>> import xgrad.autograd.forward_ad as fwAD
+    >>> level = fwAD.enter_dual_level()
+    >>> level
+    0
+    >>> fwAD.exit_dual_level()
+    """
+    if LEVEL.current is not None:
+        raise RuntimeError(ERR_NESTED)
+    LEVEL.current = DualLevel(0)
+    return 0
+
+
+def exit_dual_level(*, level: int | None = None) -> None:
+    """Leave the forward AD level: every tangent made in it is dropped.
+
+    Args:
+        level: the level to leave (default: the current one); only the last entered may be left.
+    """
+    current = LEVEL.current
+    if current is None:
+        raise RuntimeError(ERR_EXIT_NONE)
+    if level is not None and level != current.number:
+        raise RuntimeError(ERR_EXIT_NOT_LAST)
+    LEVEL.current = None
+
+
+class dual_level:  # noqa: N801 - PyTorch's name
+    """Context manager (and decorator) for a forward AD level; ``as`` gives its number.
+
+    >>> import xgrad, xgrad.autograd.forward_ad as fwAD
+    >>> with fwAD.dual_level():
+    ...     y = fwAD.make_dual(xgrad.tensor(2.0), xgrad.tensor(1.0)) ** 3
+    ...     fwAD.unpack_dual(y).tangent.item()
+    12.0
+    >>> fwAD.unpack_dual(y).tangent is None    # gone with its level
+    True
+    """
+
+    def __enter__(self) -> int:
+        return enter_dual_level()
+
+    def __exit__(self, *exc: object) -> None:
+        exit_dual_level()
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with dual_level():
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+def _checked_level(level: int | None, what: str) -> DualLevel | None:
+    current = LEVEL.current
+    if level is None or current is None:
+        return current
+    if level != current.number:
+        raise RuntimeError(f"Invalid level given to {what}")
+    return current
+
+
+def _alias_without_tangent(tensor: Tensor) -> Tensor:
+    """A view of ``tensor`` (same graph position for backward), with no tangent of its own."""
+    with tangents_off():
+        alias = tensor[...]
+    alias._fw_grad = None
+    return alias
+
+
+def make_dual(tensor: Tensor, tangent: Tensor, *, level: int | None = None) -> Tensor:
+    """A view of ``tensor`` whose tangent is ``tangent`` (kept as it is), for forward AD.
+
+    Differentiable in reverse mode: gradients reach ``tensor`` through the result, and
+    ``tangent`` through everything computed from the result's tangent.
+
+    Args:
+        tensor: the primal, a floating or complex tensor.
+        tangent: its tangent, of the same shape.
+        level: the level (default: the current one, which must exist).
+    """
+    current = _checked_level(level, "_make_dual")
+    if current is None:
+        raise RuntimeError(ERR_NO_LEVEL)
+    if not jnp.issubdtype(tensor.dtype, jnp.inexact):
+        raise ValueError(f"Expected primal to be floating point or complex, but got: {_dtype_name(tensor.dtype)}")
+    if not jnp.issubdtype(tangent.dtype, jnp.inexact):
+        raise ValueError(f"Expected tangent to be floating point or complex, but got: {_dtype_name(tangent.dtype)}")
+    if tangent.shape != tensor.shape:
+        raise RuntimeError(ERR_TANGENT_SIZE.format(primal=list(tensor.shape), tangent=list(tangent.shape)))
+    dual = _alias_without_tangent(tensor)
+    set_tangent(dual, tangent)
+    return dual
+
+
+def _dtype_name(dtype: Any) -> str:
+    """PyTorch's spelling of a dtype in these messages (``torch.int64``)."""
+    return f"torch.{jnp.dtype(dtype).name}"
+
+
+class UnpackedDualTensor(NamedTuple):
+    """What ``unpack_dual`` returns: the primal (a view without tangent) and the tangent (or ``None``)."""
+
+    primal: Tensor
+    tangent: Tensor | None
+
+
+def unpack_dual(tensor: Tensor, *, level: int | None = None) -> UnpackedDualTensor:
+    """``(primal, tangent)`` of ``tensor`` at the level (``tangent`` is ``None`` for a tensor without one).
+
+    The primal is a view of ``tensor`` that carries no tangent; both are differentiable
+    in reverse mode. Outside any level the tensor comes back as it is, with ``None``.
+    """
+    current = _checked_level(level, "_fw_primal")
+    if current is None:
+        return UnpackedDualTensor(tensor, None)
+    return UnpackedDualTensor(_alias_without_tangent(tensor), tangent_of(tensor))
