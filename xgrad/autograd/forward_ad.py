@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from xgrad.engine.dual import LEVEL, DualLevel, set_tangent, tangent_of, tangents_off
+from xgrad.engine.dual import ERR_TANGENT_SIZE, LEVEL, DualLevel, set_tangent, tangent_of, tangents_off
 from xgrad.tensor import Tensor
 
 __all__ = ["UnpackedDualTensor", "dual_level", "enter_dual_level", "exit_dual_level", "make_dual", "unpack_dual"]
@@ -34,10 +34,6 @@ ERR_EXIT_NOT_LAST = "Trying to exit a forward AD level that was not the last one
 ERR_EXIT_NONE = "Dual level must be a positive number."
 ERR_NO_LEVEL = (
     "Trying to create a dual Tensor for forward AD but no level exists, make sure to enter_dual_level() first."
-)
-ERR_TANGENT_SIZE = (
-    "Trying to set a forward gradient that has a different size than that of the original Tensor, this is not "
-    "supported. Tensor is of size {primal} while the given forward gradient is of size {tangent}."
 )
 
 

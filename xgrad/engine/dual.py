@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from xgrad.tensor import Tensor
 
-__all__ = ["LEVEL", "DualLevel", "set_tangent", "tangent_of", "tangents_off", "tangents_on"]
+__all__ = ["ERR_TANGENT_SIZE", "LEVEL", "DualLevel", "set_tangent", "tangent_of", "tangents_off", "tangents_on"]
+
+ERR_TANGENT_SIZE = (
+    "Trying to set a forward gradient that has a different size than that of the original Tensor, this is not "
+    "supported. Tensor is of size {primal} while the given forward gradient is of size {tangent}."
+)
 
 
 class DualLevel:

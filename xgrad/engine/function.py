@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from xgrad.engine import engine_ops
 from xgrad.engine.anomaly import record_forward_trace
+from xgrad.engine.dual import ERR_TANGENT_SIZE, LEVEL, set_tangent, tangent_of, tangents_off
 from xgrad.engine.node import NO_EDGE, InputMetadata, Node, gradient_edge
 from xgrad.engine.saved import ERR_FREED, SavedTensor
 from xgrad.grad_mode import _state as _grad_state
@@ -84,6 +85,7 @@ class FunctionCtx:
         self.needs_input_grad: tuple[bool, ...] = ()
         self.materialize_grads = True
         self._to_save: tuple[Tensor | None, ...] = ()
+        self._to_save_for_forward: tuple[Tensor | None, ...] = ()
         self._non_differentiable: tuple[Tensor, ...] = ()
         self._dirty: tuple[Tensor, ...] = ()
         self._node: FunctionNode | None = None
@@ -99,6 +101,13 @@ class FunctionCtx:
             if t is not None and not isinstance(t, Tensor):
                 raise TypeError(f"save_for_backward can only save Tensors or None, but argument {i} is {type(t).__name__}")
         self._to_save = tensors
+
+    def save_for_forward(self, *tensors: Tensor | None) -> None:
+        """Keep ``tensors`` for ``jvp``, where ``ctx.saved_tensors`` returns them (forward-mode AD)."""
+        for i, t in enumerate(tensors):
+            if t is not None and not isinstance(t, Tensor):
+                raise TypeError(f"save_for_forward expects all arguments to be tensors; but got {type(t).__name__} at {i}")
+        self._to_save_for_forward = tensors
 
     @property
     def saved_tensors(self) -> tuple[Tensor | None, ...]:
@@ -258,6 +267,13 @@ class Function:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(ERR_LEGACY_FUNCTION)
 
+    @staticmethod
+    def jvp(ctx: FunctionCtx, *tangents: Any) -> Any:
+        """Forward-mode AD: one tangent per forward input (zeros for a tensor without one,
+        ``None`` for a non-tensor) to one tangent per output; ``ctx.saved_tensors`` holds
+        what ``ctx.save_for_forward`` kept."""
+        raise NotImplementedError("You must implement the jvp function for custom autograd.Function to use it with forward mode AD.")
+
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
         """Run ``forward`` on ``args`` and record the backward node when a gradient is needed."""
@@ -272,15 +288,27 @@ class Function:
         ctx.needs_input_grad = needs
         # Edges point at the inputs' graph positions before forward: a dirty input moves.
         edges = tuple(gradient_edge(a) if need else NO_EDGE for a, need in zip(args, needs, strict=True))
-        with no_grad():
-            if separate_setup:
-                output = cls.forward(*args, **kwargs)
-                cls.setup_context(ctx, args, output)
-            else:
-                output = cls.forward(ctx, *args, **kwargs)
-        if not any(needs):
-            return output
-        return _wrap_outputs(cls, ctx, args, edges, output)
+        dual = LEVEL.current is not None and any(isinstance(a, Tensor) and tangent_of(a) is not None for a in args)
+        # The forward sees plain values, as in PyTorch: its inputs show no tangent and its
+        # ops compute none (``jvp`` gives the outputs theirs).
+        stashed = [(a, a._fw_grad) for a in args if isinstance(a, Tensor) and a._fw_grad is not None] if dual else []
+        for a, _ in stashed:
+            a._fw_grad = None
+        try:
+            with no_grad(), tangents_off():
+                if separate_setup:
+                    output = cls.forward(*args, **kwargs)
+                    cls.setup_context(ctx, args, output)
+                else:
+                    output = cls.forward(ctx, *args, **kwargs)
+        finally:
+            for a, fw in stashed:
+                a._fw_grad = fw
+        if any(needs):
+            output = _wrap_outputs(cls, ctx, args, edges, output)
+        if dual:
+            _forward_ad(cls, ctx, args, output)
+        return output
 
 
 _base_setup_context = Function.setup_context
@@ -349,6 +377,35 @@ def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], 
     finally:
         ctx._to_save = ()
     return tuple(outs) if is_tuple else outs[0]
+
+
+def _forward_ad(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], output: Any) -> None:
+    """Give ``output``'s tensors the tangents ``cls.jvp`` computes from the inputs' tangents."""
+    tangents = []
+    for a in args:
+        if not isinstance(a, Tensor):
+            tangents.append(None)
+            continue
+        t = tangent_of(a)
+        tangents.append(t if t is not None else Tensor(jnp.zeros(a.shape, a.dtype)))
+    ctx._saved_values = ctx._to_save_for_forward
+    try:
+        with tangents_off():
+            result = cls.jvp(ctx, *tangents)
+    finally:
+        ctx._saved_values = None
+    outs = output if isinstance(output, tuple) else (output,)
+    results = result if isinstance(result, tuple) else (result,)
+    if len(results) != len(outs):
+        raise RuntimeError(
+            f"{cls.__name__}.jvp returned an incorrect number of forward gradients (expected {len(outs)}, got {len(results)})"
+        )
+    for o, t in zip(outs, results, strict=True):
+        if not isinstance(o, Tensor) or t is None or not jnp.issubdtype(o.dtype, jnp.inexact):
+            continue
+        if t.shape != o.shape:
+            raise RuntimeError(ERR_TANGENT_SIZE.format(primal=list(o.shape), tangent=list(t.shape)))
+        set_tangent(o, t)
 
 
 def _rebase_history(tensor: Tensor, node: FunctionNode, output_nr: int) -> Tensor:

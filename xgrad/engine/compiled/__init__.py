@@ -103,6 +103,7 @@ from typing import Any
 
 from xgrad.engine import engine
 from xgrad.engine.anomaly import ANOMALY
+from xgrad.engine.dual import LEVEL
 from xgrad.engine.compiled.cache import (
     DEFAULT_CACHE_SIZE,
     RECOMPILE_WARNING_LIMIT,
@@ -239,6 +240,9 @@ def execute(
 
 def _execute(args: tuple[Any, ...]) -> list[Tensor | None]:
     root_edges, root_grads, keep_graph, create_graph, accumulate_grad, outputs = args
+    # Inside a dual level the saved tensors carry tangents: the program runs as an op on
+    # them, as under create_graph, and its outputs' tangents are jax.jvp of the program.
+    on_tensors = create_graph or LEVEL.current is not None
     if state.tracing:
         raise NotTraceable("it runs a backward of its own (a reentrant backward)", "reentrant backward")
     if ANOMALY.enabled:
@@ -249,7 +253,7 @@ def _execute(args: tuple[Any, ...]) -> list[Tensor | None]:
     structure = None
     if not outputs:
         root = _root_node(root_edges, root_grads)
-        structure = walk_structure(root, create_graph, root_nr)
+        structure = walk_structure(root, on_tensors, root_nr)
     cache_key = None
     if structure is not None:
         cache_key = CacheKey(structure.key)
@@ -275,7 +279,7 @@ def _execute(args: tuple[Any, ...]) -> list[Tensor | None]:
     # eager (a checkpoint recomputes once per graph task).
     prev_task, current_task.graph_task = current_task.graph_task, graph_task
     try:
-        walk = walk_schedule(graph_task, graph_root, create_graph, accumulate_grad, len(outputs), root_nr)
+        walk = walk_schedule(graph_task, graph_root, on_tensors, accumulate_grad, len(outputs), root_nr)
     except NotTraceable as exc:
         return _fallback(exc, args)
     finally:

@@ -63,8 +63,12 @@ def _call(variant: Variant, args: list[Any]) -> Any:
     return variant.traced.plain(*[jax.device_put(a, device) for a in args])
 
 
-def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], create_graph: bool) -> Any:
-    """Run one segment on the grads in flight (``Values.live``); return what it gives back."""
+def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], create_graph: bool, on_tensors: bool) -> Any:
+    """Run one segment on the grads in flight (``Values.live``); return what it gives back.
+
+    ``on_tensors``: run it as an op on the saved tensors (their graph under ``create_graph``,
+    their tangents inside a dual level), not on bare arrays.
+    """
     nodes = walk.nodes
     saved = walk.flat[segment.arg_lo:segment.arg_hi]
     live_in, passing = segment.split_live(live)
@@ -90,7 +94,7 @@ def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], c
             variant = compile_variant(segment, [abstract(a.shape, a.dtype) for a in arrays], layout, signature)
         traced = variant.traced
         run_start = time.perf_counter() if traced.fresh else 0.0
-        if create_graph:
+        if on_tensors:
             outs = _run_differentiable(traced, saved, live_leaves, root_tensors, old)
         else:
             inputs = [*saved, *live_arrays, *(t._array for t in root_tensors), *(g._array for g in old)]
@@ -159,7 +163,7 @@ def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tenso
                 continue
             if values is not None:
                 live, values = values.live(), None
-            live, grads, captures, retained = _run_segment(item, walk, live, roots, create_graph)
+            live, grads, captures, retained = _run_segment(item, walk, live, roots, create_graph, program.create_graph)
             for (pos, nr), grad in retained.items():
                 retain = (nodes[pos]._retains_grad_hooks or {}).get(nr)
                 if retain is not None:
