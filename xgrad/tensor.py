@@ -630,6 +630,7 @@ class Tensor:
         self.grad_fn = None
         self._output_nr = 0
         self._requires_grad = False
+        self._fw_grad = None  # detached in forward mode too, as in PyTorch
         return self
 
     __hash__ = object.__hash__
@@ -693,6 +694,9 @@ class Tensor:
             extras.append(f"grad_fn=<{self.grad_fn.name()}>")
         elif self._requires_grad:
             extras.append("requires_grad=True")
+        fw = self._fw_grad
+        if fw is not None and fw[0] is LEVEL.current:
+            extras.append(f"tangent={fw[1]!r}")
         return "tensor(" + ", ".join([body, *extras]) + ")"
 
     # -- autograd entry points -------------------------------------------------------
@@ -1016,8 +1020,10 @@ class Tensor:
             self._alias_of = None
             return False
         version = source._version
+        written = Tensor(result._array)
+        written._fw_grad = source._fw_grad  # the source keeps its own tangent (NOTE [Dual levels])
         with no_grad():
-            source._rebind(Tensor(result._array))
+            source._rebind(written)
         if not shares_version:
             source._version = version
         self._take_value(result)  # the alias's own history, if the written value has one
@@ -1030,12 +1036,8 @@ class Tensor:
         """Hold ``result``'s array and, when it has one, its place in the graph; bump ``_version``."""
         self._array = result._array
         self._version += 1
-        # The tangent follows the value: a dual tensor given a value without one (``zero_``,
-        # ``copy_`` of a plain tensor) has a zero tangent, as in PyTorch.
-        fw = result._fw_grad
-        if fw is None and self._fw_grad is not None and self._fw_grad[0] is LEVEL.current:
-            fw = (LEVEL.current, Tensor(jnp.zeros(self._array.shape, self._fw_grad[1].dtype)))
-        self._fw_grad = fw
+        if self._fw_grad is not None or result._fw_grad is not None:
+            self._take_tangent(result)
         if result.grad_fn is not None:
             if self._retains_grad and self.grad_fn is not None:
                 # The retains-grad hook moves to the new grad_fn, as in PyTorch: .grad is the
@@ -1047,6 +1049,27 @@ class Tensor:
             self._output_nr = result._output_nr
             if self._retains_grad:
                 self._install_retains_grad_hook()
+
+
+    def _take_tangent(self, result: Tensor) -> None:
+        """The tangent follows the value of an in-place op (NOTE [Dual levels]).
+
+        As in PyTorch, a dual tensor's tangent is updated in place (whoever holds it sees
+        the new one), and one given a value without a tangent (``zero_``, ``copy_`` of a
+        plain tensor) gets a zero tangent.
+        """
+        level = LEVEL.current
+        old = self._fw_grad[1] if self._fw_grad is not None and self._fw_grad[0] is level else None
+        new = result._fw_grad[1] if result._fw_grad is not None and result._fw_grad[0] is level else None
+        if old is None or new is old:
+            self._fw_grad = result._fw_grad if new is not None else None
+            return
+        if new is None:
+            new = Tensor(jnp.zeros(old.shape, old.dtype))
+        if old.grad_fn is None and old._requires_grad and is_grad_enabled():
+            self._fw_grad = (level, new)  # a leaf that requires grad cannot be written in place
+            return
+        old._rebind(new)
 
 
 def _unpickle_tensor(values: np.ndarray, requires_grad: bool) -> Tensor:

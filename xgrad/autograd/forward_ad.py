@@ -19,12 +19,13 @@ in PyTorch.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from xgrad.engine.dual import ERR_TANGENT_SIZE, LEVEL, DualLevel, set_tangent, tangent_of, tangents_off
+from xgrad.engine.dual import ERR_TANGENT_SIZE, LEVEL, DualLevel, set_tangent, tangent_of
 from xgrad.tensor import Tensor
 
 __all__ = ["UnpackedDualTensor", "dual_level", "enter_dual_level", "exit_dual_level", "make_dual", "unpack_dual"]
@@ -103,10 +104,16 @@ def _checked_level(level: int | None, what: str) -> DualLevel | None:
 
 
 def _alias_without_tangent(tensor: Tensor) -> Tensor:
-    """A view of ``tensor`` (same graph position for backward), with no tangent of its own."""
-    with tangents_off():
-        alias = tensor[...]
+    """``tensor``'s value and graph position without its tangent.
+
+    PyTorch's forward non-differentiable view: an in-place op on it reaches ``tensor``'s
+    value (NOTE [Detached aliases]) but not its tangent, and backward goes through it to
+    ``tensor``'s history.
+    """
+    alias = tensor._alias()
     alias._fw_grad = None
+    alias._version = tensor._version
+    alias._alias_of = (weakref.ref(tensor) if tensor._view is None else (lambda: tensor), True)
     return alias
 
 

@@ -47,7 +47,8 @@ def _random_like(rng: np.random.Generator, x: Any) -> np.ndarray:
     return np.asarray(rng.standard_normal(np.shape(x)), dtype=jnp.result_type(x))
 
 
-def _run_jax(ref: Callable[..., Any], arrays: list[Any], diff: list[int], cotangents: Any, weights: Any, order: int) -> dict[str, list[Any]]:
+def _run_jax(ref: Callable[..., Any], arrays: list[Any], diff: list[int], cotangents: Any, weights: Any, order: int,
+             tangents: list[Any] | None) -> dict[str, list[Any]]:
     def of_diff(*d: Any) -> list[Any]:
         full = list(arrays)
         for i, a in zip(diff, d, strict=True):
@@ -66,13 +67,21 @@ def _run_jax(ref: Callable[..., Any], arrays: list[Any], diff: list[int], cotang
         result = {"outputs": list(outs), "grads": list(pullback(list(cotangents)))}
         if order == 2:
             result["grads2"] = list(jax.grad(projected, argnums=tuple(range(len(diff))))(*primals))
+        if tangents is not None:
+            result["jvps"] = list(jax.jvp(of_diff, primals, tuple(tangents))[1])
+            if order == 2:  # reverse over forward: the gradient of <jvp, cotangent>
+                def jvp_projected(*d: Any) -> Any:
+                    outs = jax.jvp(of_diff, d, tuple(tangents))[1]
+                    return sum(jnp.vdot(c, o) for c, o in zip(cotangents, outs, strict=True))
+
+                result["jvp_grads"] = list(jax.grad(jvp_projected, argnums=tuple(range(len(diff))))(*primals))
         return result
 
     return run(*(arrays[i] for i in diff))
 
 
 def _run_xgrad(fn: Callable[..., Any], arrays: list[Any], diff: list[int], cotangents: Any, weights: Any, order: int,
-               compiled: bool) -> dict[str, list[Any]]:
+               compiled: bool, tangents: list[Any] | None) -> dict[str, list[Any]]:
     tensors = [xgrad.tensor(a, requires_grad=i in diff) for i, a in enumerate(arrays)]
     wrt = [tensors[i] for i in diff]
     outs = _float_leaves(fn(*tensors))
@@ -94,10 +103,39 @@ def _run_xgrad(fn: Callable[..., Any], arrays: list[Any], diff: list[int], cotan
                 total = total + t
             grads2 = xgrad.autograd.grad(total, wrt, allow_unused=True, compiled=compiled)
         result["grads2"] = [jnp.zeros_like(t.array) if g is None else g.array for g, t in zip(grads2, wrt, strict=True)]
+    if tangents is not None:
+        result.update(_run_forward(fn, tensors, diff, cotangents, tangents, order, compiled))
     return result
 
 
-_WHAT = {"outputs": "forward output {k}", "grads": "gradient w.r.t. input {i}", "grads2": "second-order gradient w.r.t. input {i}"}
+def _run_forward(fn: Callable[..., Any], tensors: list[Tensor], diff: list[int], cotangents: Any, tangents: list[Any],
+                 order: int, compiled: bool) -> dict[str, list[Any]]:
+    """Forward mode: the outputs' tangents inside a dual level, and (order 2) their gradients."""
+    from xgrad.autograd import forward_ad
+
+    wrt = [tensors[i] for i in diff]
+    with forward_ad.dual_level():
+        duals = list(tensors)
+        for i, t in zip(diff, tangents, strict=True):
+            duals[i] = forward_ad.make_dual(tensors[i], xgrad.tensor(t))
+        outs = [forward_ad.unpack_dual(o).tangent for o in _float_leaves(fn(*duals))]
+    result = {"jvps": [jnp.zeros(np.shape(c), np.result_type(c)) if o is None else o.array for o, c in zip(outs, cotangents, strict=True)]}
+    if order == 2:
+        terms = [(o * xgrad.tensor(c)).sum() for o, c in zip(outs, cotangents, strict=True) if o is not None and o.requires_grad]
+        grads: Sequence[Any] = (None,) * len(wrt)
+        if terms:
+            total = terms[0]
+            for t in terms[1:]:
+                total = total + t
+            grads = xgrad.autograd.grad(total, wrt, allow_unused=True, compiled=compiled)
+        result["jvp_grads"] = [jnp.zeros_like(t.array) if g is None else g.array for g, t in zip(grads, wrt, strict=True)]
+    return result
+
+
+_WHAT = {
+    "outputs": "forward output {k}", "grads": "gradient w.r.t. input {i}", "grads2": "second-order gradient w.r.t. input {i}",
+    "jvps": "forward-mode tangent of output {k}", "jvp_grads": "gradient of the forward-mode tangents w.r.t. input {i}",
+}
 
 
 def _compare(a: Any, b: Any, atol: float, rtol: float) -> str | None:
@@ -168,6 +206,7 @@ def assert_grads_match(
     atol: float = 1e-6,
     rtol: float = 1e-5,
     seed: int = 0,
+    forward: bool = False,
 ) -> None:
     """Check that xgrad eager, xgrad compiled and ``jax`` agree on ``fn``'s values and gradients.
 
@@ -186,6 +225,9 @@ def assert_grads_match(
         order: ``2`` also compares the gradient of a random projection of the vjp.
         atol, rtol: tolerance, ``|a - b| <= atol + rtol * |b|`` elementwise.
         seed: seeds the random cotangents and projections.
+        forward: also compare forward mode: the outputs' tangents for one random tangent per
+            input (``xgrad.autograd.forward_ad`` against ``jax.jvp``) and, with ``order=2``,
+            the gradient of their projection on the cotangents (reverse over forward).
 
     Raises:
         GradientMismatch: naming the pair of modes, the output or input, and the worst element.
@@ -218,25 +260,26 @@ def assert_grads_match(
     shapes = jax.eval_shape(lambda *a: _float_leaves(ref_fn(*a)), *arrays)
     cotangents = [_random_like(rng, s) for s in shapes]
     weights = [_random_like(rng, arrays[i]) for i in diff]
+    tangents = [_random_like(rng, arrays[i]) for i in diff] if forward else None
 
     results = {}
     for mode in modes:
         if mode == "jax":
-            results[mode] = _run_jax(ref_fn, arrays, diff, cotangents, weights, order)
+            results[mode] = _run_jax(ref_fn, arrays, diff, cotangents, weights, order, tangents)
         elif mode == "compiled":
             from xgrad.engine.compiled import RecompileWarning
 
             # Each checked function is a new graph: recompiling is the point here, not a storm.
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RecompileWarning)
-                results[mode] = _run_xgrad(xgrad_fn, arrays, diff, cotangents, weights, order, compiled=True)
+                results[mode] = _run_xgrad(xgrad_fn, arrays, diff, cotangents, weights, order, True, tangents)
         else:
-            results[mode] = _run_xgrad(xgrad_fn, arrays, diff, cotangents, weights, order, compiled=False)
+            results[mode] = _run_xgrad(xgrad_fn, arrays, diff, cotangents, weights, order, False, tangents)
 
     for pos, first in enumerate(modes):
         for second in modes[pos + 1 :]:
             a, b = results[first], results[second]
-            for key in ("outputs", "grads", "grads2"):
+            for key in ("outputs", "grads", "grads2", "jvps", "jvp_grads"):
                 if key not in a:
                     continue
                 if len(a[key]) != len(b[key]):
@@ -244,5 +287,5 @@ def assert_grads_match(
                 for k, (va, vb) in enumerate(zip(a[key], b[key], strict=True)):
                     problem = _compare(va, vb, atol, rtol)
                     if problem is not None:
-                        where = _WHAT[key].format(k=k, i=diff[k] if key != "outputs" else k)
+                        where = _WHAT[key].format(k=k, i=diff[k] if key not in ("outputs", "jvps") else k)
                         raise GradientMismatch(f"{first} vs {second} disagree on the {where}: {problem}")

@@ -239,12 +239,12 @@ def _worst(num: np.ndarray, ana: np.ndarray, atol: float, rtol: float) -> tuple[
 
 
 def _describe(i: int, j: int, num: np.ndarray, ana: np.ndarray, worst: tuple[int, int], in_shape: tuple[int, ...],
-              out_shape: tuple[int, ...], prefix: str) -> str:
+              out_shape: tuple[int, ...], prefix: str, mode: str = "") -> str:
     r, c = worst
     out_idx = tuple(int(v) for v in np.unravel_index(r, out_shape)) if out_shape else ()
     in_idx = tuple(int(v) for v in np.unravel_index(c, in_shape)) if in_shape else ()
     lines = [
-        f"{prefix}Jacobian mismatch for output {j} with respect to input {i}: worst element "
+        f"{prefix}Jacobian {mode}mismatch for output {j} with respect to input {i}: worst element "
         f"d output[{j}]{list(out_idx)} / d input[{i}]{list(in_idx)}: numerical {float(num[r, c])!r} vs analytical {float(ana[r, c])!r} "
         f"(analytical / numerical = {ana[r, c] / num[r, c] if num[r, c] else float('nan'):.4g})",
     ]
@@ -264,6 +264,8 @@ def gradcheck(
     *,
     nondet_tol: float = 0.0,
     check_undefined_grad: bool = True,
+    check_forward_ad: bool = False,
+    check_backward_ad: bool = True,
     seed: int = 0,
     _prefix: str = "",
 ) -> bool:
@@ -290,6 +292,9 @@ def gradcheck(
             differ (``0.0``: bit for bit).
         check_undefined_grad: also check that the backward handles undefined (``None``)
             output gradients.
+        check_forward_ad: also check forward mode (``xgrad.autograd.forward_ad``): the
+            outputs' tangents along each input direction against the same differences.
+        check_backward_ad: check reverse mode (vector-Jacobian products), the default.
         seed: seeds the random directions of fast mode.
 
     Returns:
@@ -320,14 +325,17 @@ def gradcheck(
             if not outs:
                 _check_no_differentiable_outputs(fn, args, diff, eps)
                 return True
-            _warm_up(outs, [args[i] for i in diff])
-            if fast_mode:
-                _check_fast(differentiable, args, diff, outs, eps, atol, rtol, seed, _prefix, nondet_tol)
-            else:
-                _check_full(differentiable, args, diff, outs, eps, atol, rtol, _prefix, nondet_tol)
-            _check_backward_mul_by_grad_output(outs, [args[i] for i in diff], _prefix)
-            if check_undefined_grad:
-                _check_undefined_grad(differentiable, args, diff, len(outs), _prefix)
+            if check_backward_ad:
+                _warm_up(outs, [args[i] for i in diff])
+                if fast_mode:
+                    _check_fast(differentiable, args, diff, outs, eps, atol, rtol, seed, _prefix, nondet_tol)
+                else:
+                    _check_full(differentiable, args, diff, outs, eps, atol, rtol, _prefix, nondet_tol)
+                _check_backward_mul_by_grad_output(outs, [args[i] for i in diff], _prefix)
+                if check_undefined_grad:
+                    _check_undefined_grad(differentiable, args, diff, len(outs), _prefix)
+            if check_forward_ad:
+                _check_forward(fn, args, diff, outs, eps, atol, rtol, seed, _prefix, fast_mode)
         except GradcheckError:
             if raise_exception:
                 raise
@@ -447,6 +455,44 @@ def _check_fast(fn: Callable[..., Any], args: list[Any], diff: list[int], outs: 
                 f"{prefix}Jacobian mismatch for output {j} with respect to input {i} in fast mode: "
                 f"u^T J v numerical {num!r} vs analytical {ana!r}; rerun with fast_mode=False to see the worst element"
             )
+
+
+def _jvp(fn: Callable[..., Any], args: list[Any], i: int, direction: Any) -> list[np.ndarray]:
+    """Forward mode: every output's tangent along ``direction`` in input ``i`` (zeros where it has none)."""
+    from xgrad.autograd import forward_ad
+
+    with forward_ad.dual_level():
+        probe = list(args)
+        probe[i] = forward_ad.make_dual(args[i], Tensor(jnp.asarray(direction, args[i].dtype)))
+        outs = _outputs(fn, probe)
+        tangents = [forward_ad.unpack_dual(o).tangent for o in outs]
+    return [np.zeros(o.shape) if t is None else np.asarray(t.array, dtype=np.float64) for o, t in zip(outs, tangents, strict=True)]
+
+
+def _check_forward(fn: Callable[..., Any], args: list[Any], diff: list[int], outs: list[Tensor], eps: float, atol: float,
+                   rtol: float, seed: int, prefix: str, fast_mode: bool) -> None:
+    """Forward-mode Jacobian-vector products against central differences along the same directions."""
+    rng = np.random.default_rng(seed + 1)
+    for i in diff:
+        x = args[i].array
+        if fast_mode:
+            directions = [_unit(rng, x.shape)]
+        else:
+            directions = [np.eye(x.size, 1, -k).reshape(x.shape) for k in range(x.size)]
+        numerical = [_numerical_column(fn, args, i, jnp.asarray(d, x.dtype), eps) for d in directions]
+        forward = [_jvp(fn, args, i, d) for d in directions]
+        for j, out in enumerate(outs):
+            num = np.stack([c[j].ravel() for c in numerical], axis=1)
+            fwd = np.stack([c[j].ravel() for c in forward], axis=1)
+            worst = _worst(num, fwd, atol, rtol)
+            if worst is None:
+                continue
+            if fast_mode:
+                raise GradcheckError(
+                    f"{prefix}Jacobian computed with forward mode mismatch for output {j} with respect to input {i} "
+                    f"in fast mode: J v numerical {num.ravel()!r} vs forward mode {fwd.ravel()!r}"
+                )
+            raise GradcheckError(_describe(i, j, num, fwd, worst, x.shape, out.shape, prefix, "computed with forward mode "))
 
 
 def _unit(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
