@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from xgrad.engine.dual import ERR_TANGENT_SIZE, LEVEL, DualLevel, set_tangent, tangent_of
+from xgrad.engine.dual import ERR_TANGENT_SIZE, LEVEL, DualLevel, set_tangent, tangent_of, tangents_off
+from xgrad.ops.registry import REGISTRY, bind
 from xgrad.tensor import Tensor
 
 __all__ = ["UnpackedDualTensor", "dual_level", "enter_dual_level", "exit_dual_level", "make_dual", "unpack_dual"]
@@ -110,11 +111,16 @@ def _alias_without_tangent(tensor: Tensor) -> Tensor:
     value (NOTE [Detached aliases]) but not its tangent, and backward goes through it to
     ``tensor``'s history.
     """
-    alias = tensor._alias()
-    alias._fw_grad = None
+    with tangents_off():  # an identity op: the alias's own node leads to ``tensor``'s history
+        alias = _identity(tensor, shape=tensor.shape)
+    alias._array = tensor._array  # the same array, so that writes reach ``tensor``
     alias._version = tensor._version
     alias._alias_of = (weakref.ref(tensor) if tensor._view is None else (lambda: tensor), True)
     return alias
+
+
+def _identity(tensor: Tensor, shape: tuple[int, ...]) -> Tensor:
+    return bind(REGISTRY["reshape"], (tensor,), {"shape": shape})  # type: ignore[no-any-return]
 
 
 def make_dual(tensor: Tensor, tangent: Tensor, *, level: int | None = None) -> Tensor:

@@ -187,8 +187,9 @@ class Primitive:
         # by op (``create_graph``, anomaly mode) on NaN and inf exactly, as PyTorch's
         # formulas compute them, and on finite values up to the rounding of contracted
         # multiply-adds. Rules that cannot be traced (they read a concrete value),
-        # traced values (``xgrad.compile``, vmap), anomaly mode and primitives made with
-        # ``register=False`` (whose rules may be instrumented) stay op by op. A registered
+        # traced values (``xgrad.compile``, vmap), anomaly mode, a live dual level (tangents
+        # pass through the rules' ops) and primitives made with ``register=False`` (whose
+        # rules may be instrumented) stay op by op. A registered
         # rule is pure (NOTE [Derivatives are data]): it runs when traced, as under ``jax.jit``.
         """
         if REGISTRY.get(self.name) is not self:  # made at run time (``register=False``): rules run as written
@@ -640,7 +641,9 @@ class PrimitiveNode(RuleNode):
         prim = self.prim
         if num_outputs == 1:
             out = out[0]
-        if _grad_state.enabled or not prim.jit or ANOMALY.enabled:  # NOTE [Fused eager rules]
+        # Op by op where a graph is recorded, or where tangents must pass through the rules
+        # (a dual level: forward over reverse); else fused (NOTE [Fused eager rules]).
+        if _grad_state.enabled or not prim.jit or ANOMALY.enabled or LEVEL.current is not None:
             return prim.backward(g, out, inputs, self.params, self.needed_outputs())
         return prim.eager_backward(g, out, inputs, self.params, self.needed_outputs())
 
