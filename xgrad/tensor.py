@@ -968,7 +968,10 @@ class Tensor:
         t._output_nr = self._output_nr
         t._requires_grad = self._requires_grad
         t._grad_accumulator = self._grad_accumulator
-        t._fw_grad = self._fw_grad
+        # Its tangent is an alias too: the in-place op's forward rule saves it, and the
+        # tangent itself is then updated in place (NOTE [Dual levels]).
+        fw = self._fw_grad
+        t._fw_grad = None if fw is None else (fw[0], fw[1]._alias())
         if self.grad_fn is None and self._requires_grad:
             from xgrad.engine.node import grad_accumulator
 

@@ -279,7 +279,8 @@ class GraphRoot(Node):
     def device(self) -> Any:
         for g in self.outputs:
             if g is not None:
-                return single_device(g._array.sharding)
+                sharding = sharding_of(g._array)  # a traced grad (``xgrad.compile``) has none: the caller's queue
+                return None if sharding is None else single_device(sharding)
         return None
 
 

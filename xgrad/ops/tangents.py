@@ -15,7 +15,8 @@
 #   the backward rules, which are ops like any other.
 # The rule's own ops compute no tangents (one level, as in PyTorch). Params that hold
 # arrays (integer indices) and float operands are arguments of the rule, not part of its
-# cache key; other constants (ints, ``None``) and slices are keyed by value.
+# cache key; other constants (ints, ``None``), slices and boolean masks (which decide
+# output shapes) are keyed by value.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 
 from xgrad.engine.dual import tangent_of, tangents_off
 from xgrad.ops import registry
+from xgrad.ops.registry import bind
 from xgrad.ops.jaxop import from_jax
 from xgrad.tensor import Tensor
 
@@ -51,11 +53,34 @@ def _hashable(leaf: Any) -> Any:
     return leaf
 
 
+def _is_operand_param(leaf: Any) -> bool:
+    # Boolean masks decide output shapes: they stay constants of the rule, keyed by value.
+    return _is_array(leaf) and leaf.dtype != bool
+
+
+class _Mask:
+    """A boolean mask param, hashed by its value."""
+
+    __slots__ = ("array", "key")
+
+    def __init__(self, array: Any) -> None:
+        self.array = np.asarray(array)
+        self.key = (self.array.shape, self.array.tobytes())
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Mask) and self.key == other.key
+
+
 def _split_params(params: dict[str, Any]) -> tuple[Any, list[Any], tuple[Any, ...]]:
     """``params`` as (structure, array leaves, static leaves with the arrays marked)."""
     leaves, tree = jax.tree_util.tree_flatten(params)
-    arrays = [leaf for leaf in leaves if _is_array(leaf)]
-    static = tuple(_PARAM_ARRAY if _is_array(leaf) else leaf for leaf in leaves)
+    arrays = [leaf for leaf in leaves if _is_operand_param(leaf)]
+    static = tuple(
+        _PARAM_ARRAY if _is_operand_param(leaf) else _Mask(leaf) if _is_array(leaf) else leaf for leaf in leaves
+    )
     return tree, arrays, static
 
 
@@ -72,7 +97,9 @@ def _jvp_rule(prim: Any, tree: Any, static: tuple[Any, ...], constants: tuple[An
 
     def rule(param_arrays: list[Any], operands: list[Any], tangents: list[Any]) -> Any:
         it = iter(param_arrays)
-        params = jax.tree_util.tree_unflatten(tree, [next(it) if s is _PARAM_ARRAY else s for s in static])
+        params = jax.tree_util.tree_unflatten(
+            tree, [next(it) if s is _PARAM_ARRAY else s.array if isinstance(s, _Mask) else s for s in static]
+        )
         ops = iter(operands)
         args = [next(ops) if c is _PARAM_ARRAY else c for c in constants]
 
@@ -96,6 +123,10 @@ def _jvp_rule(prim: Any, tree: Any, static: tuple[Any, ...], constants: tuple[An
     return from_jax(rule, name=f"{prim.name}_jvp")
 
 
+def _tangents_of(args: Sequence[Any]) -> list[Tensor | None]:
+    return [tangent_of(a) if isinstance(a, Tensor) else None for a in args]
+
+
 def output_tangents(prim: Any, args: Sequence[Any], params: dict[str, Any]) -> tuple[Tensor | None, ...] | None:
     """The tangents of ``prim(*args, **params)``'s outputs at the live level; ``None`` when no input has one."""
     tangents: list[Tensor] = []
@@ -107,6 +138,16 @@ def output_tangents(prim: Any, args: Sequence[Any], params: dict[str, Any]) -> t
             tangents.append(t)
     if not tangents:
         return None
+    if prim.host_only:
+        # A device move (a registered primitive that runs outside jit) is linear, and one
+        # XLA program cannot move values between devices: the tangent makes the same move.
+        linear_args = [
+            t if t is not None else Tensor(jnp.zeros_like(a._array)) if isinstance(a, Tensor) else a
+            for a, t in zip(args, _tangents_of(args), strict=True)
+        ]
+        with tangents_off():
+            moved = bind(prim, tuple(linear_args), params)
+        return moved if isinstance(moved, tuple) else (moved,)
     tree, param_arrays, static = _split_params(params)
     constants = tuple(_PARAM_ARRAY if _is_operand(a) else a for a in args)
     operands = [a for a in args if _is_operand(a)]

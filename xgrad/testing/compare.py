@@ -121,7 +121,8 @@ def _run_forward(fn: Callable[..., Any], tensors: list[Tensor], diff: list[int],
         outs = [forward_ad.unpack_dual(o).tangent for o in _float_leaves(fn(*duals))]
     result = {"jvps": [jnp.zeros(np.shape(c), np.result_type(c)) if o is None else o.array for o, c in zip(outs, cotangents, strict=True)]}
     if order == 2:
-        terms = [(o * xgrad.tensor(c)).sum() for o, c in zip(outs, cotangents, strict=True) if o is not None and o.requires_grad]
+        terms = [(o * Tensor(jax.device_put(c, o.sharding))).sum() for o, c in zip(outs, cotangents, strict=True)
+                 if o is not None and o.requires_grad]
         grads: Sequence[Any] = (None,) * len(wrt)
         if terms:
             total = terms[0]
