@@ -392,7 +392,7 @@ W = np.array([[0.2, -0.4], [0.6, 0.3]])
 V = np.array([[1.0, -1.0], [0.5, 2.0]])
 
 
-def test_forward_over_reverse_hvp(eager_and_compiled):
+def test_forward_over_reverse_hvp():
     expected = jax.jvp(lambda x: jax.grad(f_jax)(x, jnp.asarray(W)), (jnp.asarray(X),), (jnp.asarray(V),))[1]
     x = xgrad.tensor(X, requires_grad=True)
     w = xgrad.tensor(W)
@@ -419,7 +419,7 @@ def test_forward_over_reverse_through_saved_outputs():
         close(fwAD.unpack_dual(g).tangent, expected)
 
 
-def test_reverse_over_forward_hvp(eager_and_compiled):
+def test_reverse_over_forward_hvp():
     expected_x = jax.grad(lambda x: jnp.vdot(jnp.ones(()), jax.jvp(lambda a: f_jax(a, jnp.asarray(W)), (x,), (jnp.asarray(V),))[1]))(
         jnp.asarray(X))
     expected_v = jax.grad(lambda v: jax.jvp(lambda a: f_jax(a, jnp.asarray(W)), (jnp.asarray(X),), (v,))[1])(jnp.asarray(V))

@@ -6,6 +6,8 @@ its independent ``jnp`` reference (forward values, first- and second-order
 gradients) through ``xgrad.testing.assert_grads_match``, the code users get.
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,6 @@ import xgrad
 from xgrad.testing import assert_grads_match, gradcheck, gradgradcheck
 from xgrad.testing.op_specs import OP_SPECS, uncovered_ops
 
-import os
 CASES = [(spec, v) for spec in OP_SPECS for v in range(len(spec.shapes))]
 FORWARD = os.environ.get("FWD", "1") == "1"
 

@@ -366,10 +366,8 @@ def _jacobian_vectorized(inputs: tuple[Tensor, ...], outputs: tuple[Tensor, ...]
     total = sum(numels)
     basis = tuple(Tensor(b) for b in _standard_basis(outputs, numels))
     flat = tuple(o.reshape(-1) for o in outputs)
-    grads = list(_autograd_grad(flat, inputs, basis, create_graph=create_graph, is_grads_batched=True))
-    for i, g in enumerate(grads):
-        if g is None:
-            grads[i] = _zeros_like(inputs[i]).expand((total, *inputs[i].shape))
+    batched = _autograd_grad(flat, inputs, basis, create_graph=create_graph, is_grads_batched=True)
+    grads = [_zeros_like(inp).expand((total, *inp.shape)) if g is None else g for g, inp in zip(batched, inputs, strict=True)]
     per_input = []
     for g, inp in zip(grads, inputs, strict=True):
         parts = []

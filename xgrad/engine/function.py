@@ -381,7 +381,7 @@ def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], 
 
 def _forward_ad(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], output: Any) -> None:
     """Give ``output``'s tensors the tangents ``cls.jvp`` computes from the inputs' tangents."""
-    tangents = []
+    tangents: list[Tensor | None] = []
     for a in args:
         if not isinstance(a, Tensor):
             tangents.append(None)

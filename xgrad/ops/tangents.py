@@ -31,8 +31,8 @@ import numpy as np
 
 from xgrad.engine.dual import tangent_of, tangents_off
 from xgrad.ops import registry
-from xgrad.ops.registry import bind
 from xgrad.ops.jaxop import from_jax
+from xgrad.ops.registry import bind
 from xgrad.tensor import Tensor
 
 __all__ = ["output_tangents"]

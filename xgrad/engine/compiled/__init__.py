@@ -103,7 +103,6 @@ from typing import Any
 
 from xgrad.engine import engine
 from xgrad.engine.anomaly import ANOMALY
-from xgrad.engine.dual import LEVEL
 from xgrad.engine.compiled.cache import (
     DEFAULT_CACHE_SIZE,
     RECOMPILE_WARNING_LIMIT,
@@ -135,6 +134,7 @@ from xgrad.engine.compiled.switch import (
     set_enabled,
     state,
 )
+from xgrad.engine.dual import LEVEL
 from xgrad.engine.node import Edge, GraphRoot, Node, current_task
 from xgrad.engine.rules import RuleNode
 from xgrad.grad_mode import _state as _grad_state
