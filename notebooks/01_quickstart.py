@@ -16,7 +16,8 @@
 #
 # xgrad gives JAX users PyTorch-style eager autograd: a `Tensor` wraps a `jax.Array`,
 # every op records a backward node, and `.backward()` runs the recorded graph.
-# This notebook covers tensors, `backward`, hooks, `retain_grad` and a picture of the graph.
+# This notebook covers tensors, `backward`, forward mode and Jacobians, hooks, `retain_grad`
+# and a picture of the graph.
 
 # %%
 import shutil
@@ -72,6 +73,40 @@ t = xgrad.tensor(2.0, requires_grad=True)
 (dy,) = xgrad.autograd.grad(t**3, t, create_graph=True)
 (d2y,) = xgrad.autograd.grad(dy, t)
 print(dy.item(), d2y.item())  # 3 t^2 = 12, 6 t = 12
+
+# %% [markdown]
+# ## Forward mode, Jacobians and Hessian-vector products
+# `xgrad.autograd.forward_ad` is PyTorch's forward-mode API: inside a `dual_level()`,
+# `make_dual(x, v)` gives `x` a tangent and every op computes its output's tangent
+# (the Jacobian-vector product) along with the value. `xgrad.autograd.functional` has
+# PyTorch's `jacobian`, `hessian`, `vjp`, `jvp`, `hvp` and `vhp`. Here they take the
+# Jacobian of a small model's output with respect to its input, and a Hessian-vector
+# product of its loss two ways.
+
+# %%
+import xgrad.autograd.forward_ad as fwAD
+from xgrad.autograd.functional import hvp, jacobian
+
+net = xgrad.nn.MLP([3, 4, 2], activation=xgrad.nn.Tanh, key=1)
+point = xgrad.tensor([0.5, -1.0, 2.0])
+jac = jacobian(net, point)  # d net(point) / d point, shape (2, 3): one backward per output
+jac_fwd = jacobian(net, point, vectorize=True, strategy="forward-mode")  # one vmapped forward pass
+np.testing.assert_allclose(jac.numpy(), jac_fwd.numpy(), rtol=1e-5, atol=1e-6)
+print(jac)
+
+
+def loss_of(inp):
+    return (net(inp) ** 2).sum()
+
+
+v = xgrad.tensor([1.0, 0.0, -1.0])
+_, hv = hvp(loss_of, point, v)  # PyTorch's double-backward trick
+with fwAD.dual_level():  # forward over reverse: the tangent of the gradient is H v
+    dual = fwAD.make_dual(point.detach().requires_grad_(), v)
+    (g,) = xgrad.autograd.grad(loss_of(dual), dual)
+    hv_fwd = fwAD.unpack_dual(g).tangent
+np.testing.assert_allclose(hv.numpy(), hv_fwd.numpy(), rtol=1e-5, atol=1e-6)
+print(hv)
 
 # %% [markdown]
 # ## Hooks and retain_grad

@@ -1,11 +1,12 @@
-"""``xgrad.autograd``: ``backward``, ``grad``, custom Functions, anomaly mode, engine settings."""
+"""``xgrad.autograd``: ``backward``, ``grad``, custom Functions, anomaly mode, engine settings,
+forward mode (``forward_ad``) and ``functional`` (Jacobians, Hessians and their products)."""
 
 from __future__ import annotations
 
 import sys
 import types
 
-from xgrad.autograd import compiled, graph
+from xgrad.autograd import compiled, forward_ad, functional, graph
 from xgrad.engine import engine as _engine
 from xgrad.engine.anomaly import detect_anomaly, is_anomaly_check_nan_enabled, is_anomaly_enabled, set_detect_anomaly
 from xgrad.engine.api import backward, grad
@@ -16,7 +17,8 @@ from xgrad.engine.threads import is_multithreading_enabled, set_multithreading_e
 from xgrad.profiler import profile
 
 __all__ = [
-    "MAX_REENTRANT_DEPTH", "Function", "FunctionCtx", "backward", "compiled", "detect_anomaly", "get_execution_order", "grad",
+    "MAX_REENTRANT_DEPTH", "Function", "FunctionCtx", "backward", "compiled", "detect_anomaly", "forward_ad", "functional",
+    "get_execution_order", "grad",
     "graph", "is_anomaly_check_nan_enabled", "is_anomaly_enabled", "is_multithreading_enabled", "once_differentiable",
     "profile",
     "queue_callback", "set_detect_anomaly", "set_multithreading_enabled",

@@ -79,7 +79,9 @@ in ``engine/rules.py``): nothing here imports ``xgrad.ops``.
 #
 # ``create_graph=True`` runs each segment as one ``from_jax`` op over the saved
 # tensors, root grads and old grads: one differentiable node whose backward is
-# ``jax.vjp`` of the program. Outputs that depend on no input requiring grad (from
+# ``jax.vjp`` of the program. A backward inside a forward AD level runs the same way
+# (under its own grad mode): the saved tensors carry tangents, and the op's outputs get
+# theirs from ``jax.jvp`` of the program (NOTE [Tangents are jvp of the forward]). Outputs that depend on no input requiring grad (from
 # the jaxpr's data flow) are detached, as eager's would have no ``grad_fn``.
 # Under ``xgrad.autograd.profile()`` a compiled backward is one "CompiledBackward"
 # span (from after the task is built to the end of the run), marked ``cache="hit"``/``"miss"``
