@@ -3,7 +3,8 @@
 The table (``xgrad.testing.op_specs``) must cover every registry primitive and every
 name in ``DIFFERENTIABLE_OPS``; each spec's xgrad call is compared with ``jax.vjp`` of
 its independent ``jnp`` reference (forward values, first- and second-order
-gradients) through ``xgrad.testing.assert_grads_match``, the code users get.
+gradients) and, in forward mode, with ``jax.jvp`` (tangents, and their gradients)
+through ``xgrad.testing.assert_grads_match``, the code users get.
 """
 
 import os
@@ -56,7 +57,7 @@ def test_op_matches_jax(case):
     order = 2 if spec.second_order and variant == 0 else 1
     # forward=True: the forward-mode column, every op's tangents against ``jax.jvp`` (and, at
     # order 2, reverse over forward); an op without a working forward rule fails here.
-    assert_grads_match(spec.op, *inputs, reference=spec.ref, modes=("eager", "jax"), order=order, forward=FORWARD)
+    assert_grads_match(spec.op, *inputs, reference=spec.ref, modes=("eager", "jax"), order=order, forward=True)
 
 
 def _one_input_cases():
