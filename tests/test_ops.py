@@ -7,8 +7,6 @@ gradients) and, in forward mode, with ``jax.jvp`` (tangents, and their gradients
 through ``xgrad.testing.assert_grads_match``, the code users get.
 """
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,7 +17,6 @@ from xgrad.testing import assert_grads_match, gradcheck, gradgradcheck
 from xgrad.testing.op_specs import OP_SPECS, uncovered_ops
 
 CASES = [(spec, v) for spec in OP_SPECS for v in range(len(spec.shapes))]
-FORWARD = os.environ.get("FWD", "1") == "1"
 
 
 def _case_id(case):
