@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.extend.core import Literal
 import numpy as np
 
 from xgrad.engine.rules import register_jax_op
@@ -52,7 +53,7 @@ class _JaxFunction:
     def __init__(self, fn: Callable[..., Any], name: str) -> None:
         self.fn = fn
         self.name = name
-        self.primitives: dict[Any, tuple[Primitive, Any]] = {}
+        self.primitives: dict[Any, tuple[Primitive, Any, list[frozenset[int]]]] = {}
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **static: Any) -> Any:
@@ -70,11 +71,16 @@ class _JaxFunction:
             entry = self._make_primitive(flat, dynamic, in_tree, static)
             with _lock:
                 self.primitives.setdefault(key, entry)
-        prim, out_tree = entry
-        outs = bind(prim, tuple(x for x, d in zip(flat, dynamic, strict=True) if d), {})
-        return jax.tree_util.tree_unflatten(out_tree, outs if prim.num_outputs > 1 else (outs,))
+        prim, out_tree, deps = entry
+        inputs = tuple(x for x, d in zip(flat, dynamic, strict=True) if d)
+        outs = bind(prim, inputs, {})
+        outs = outs if prim.num_outputs > 1 else (outs,)
+        if any(o.grad_fn is not None for o in outs):
+            outs = _detach_independent(outs, inputs, deps)
+        return jax.tree_util.tree_unflatten(out_tree, outs)
 
-    def _make_primitive(self, flat: list[Any], dynamic: list[bool], in_tree: Any, static: dict[str, Any]) -> tuple[Primitive, Any]:
+    def _make_primitive(self, flat: list[Any], dynamic: list[bool], in_tree: Any,
+                        static: dict[str, Any]) -> tuple[Primitive, Any, list[frozenset[int]]]:
         fn = self.fn
         template = [None if d else x for x, d in zip(flat, dynamic, strict=True)]  # the static leaves
         slots = [i for i, d in enumerate(dynamic) if d]
@@ -86,7 +92,8 @@ class _JaxFunction:
             return fn(*jax.tree_util.tree_unflatten(in_tree, leaves), **static)
 
         arrays = [flat[i]._array if isinstance(flat[i], Tensor) else flat[i] for i in slots]
-        out_shape = jax.eval_shape(call_flat, *arrays)
+        closed, out_shape = jax.make_jaxpr(call_flat, return_shape=True)(*arrays)
+        deps = output_deps(closed.jaxpr)
         out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
         num_outputs = len(out_leaves)
         diff_mask = tuple(_differentiable(flat[i]) for i in slots)
@@ -104,7 +111,42 @@ class _JaxFunction:
             return _scatter_grads(vjp_op(*inputs, *cotangents), diff_mask)
 
         apply = defprim(self.name, impl, joint_vjp=joint_vjp, num_outputs=num_outputs, register=False, jit=False)
-        return apply.primitive, out_tree  # type: ignore[attr-defined]
+        return apply.primitive, out_tree, deps  # type: ignore[attr-defined]
+
+
+# NOTE [Outputs independent of the graph]
+# An output of a ``from_jax`` op that depends on no input requiring grad (by the jaxpr's
+# data flow) leaves the graph, as eager's ops would give it no ``grad_fn``: the vjp of a
+# linear function (the double-backward trick, a compiled backward recorded under
+# ``create_graph``) does not depend on the primals, and must not claim to.
+def output_deps(jaxpr: Any) -> list[frozenset[int]]:
+    """For each output of ``jaxpr``, the inputs it depends on (through nested jit calls)."""
+    depends: dict[Any, frozenset[int]] = {v: frozenset((i,)) for i, v in enumerate(jaxpr.invars)}
+    none: frozenset[int] = frozenset()
+    for eqn in jaxpr.eqns:
+        ins = [none if isinstance(v, Literal) else depends.get(v, none) for v in eqn.invars]
+        inner = eqn.params.get("jaxpr") if eqn.primitive.name in ("pjit", "jit", "closed_call") else None
+        if inner is not None:
+            inner_deps = output_deps(getattr(inner, "jaxpr", inner))
+            outs = [none.union(*(ins[j] for j in d)) for d in inner_deps]
+        else:  # any other primitive: every output may depend on every input
+            outs = [none.union(*ins)] * len(eqn.outvars)
+        for v, d in zip(eqn.outvars, outs, strict=True):
+            depends[v] = d
+    return [none if isinstance(v, Literal) else depends.get(v, none) for v in jaxpr.outvars]
+
+
+def _detach_independent(outs: tuple[Tensor, ...], inputs: tuple[Any, ...], deps: list[frozenset[int]]) -> tuple[Tensor, ...]:
+    """``outs`` with those that depend on no input requiring grad detached (NOTE [Outputs independent of the graph])."""
+    requires = [isinstance(x, Tensor) and x.requires_grad for x in inputs]
+    result = []
+    for o, d in zip(outs, deps, strict=True):
+        if o.grad_fn is not None and not any(requires[i] for i in d):
+            detached = Tensor(o._array)
+            detached._fw_grad = o._fw_grad
+            o = detached
+        result.append(o)
+    return tuple(result)
 
 
 def _is_array(x: Any) -> bool:
