@@ -9,11 +9,11 @@ in PyTorch.
 
 >>> import xgrad
 >>> import xgrad.autograd.forward_ad as fwAD
->>> x = xgrad.tensor([0.0, 1.0])
+>>> x = xgrad.tensor([0.0, 2.0])
 >>> with fwAD.dual_level():
-...     y = fwAD.make_dual(x, xgrad.ones(2)).sin()
+...     y = fwAD.make_dual(x, xgrad.tensor([1.0, 0.5])) ** 2
 ...     fwAD.unpack_dual(y).tangent.tolist()
-[1.0, 0.5403023...]
+[0.0, 2.0]
 """
 
 from __future__ import annotations
