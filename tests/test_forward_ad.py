@@ -437,6 +437,7 @@ def test_backward_inside_dual_level_accumulates():
     with fwAD.dual_level():
         dual = fwAD.make_dual(x, xgrad.tensor(V))
         f_xgrad(dual, xgrad.tensor(W)).backward()
+        assert fwAD.unpack_dual(x.grad).tangent is None  # .grad is stored detached, as PyTorch's first one
     close(x.grad, jax.grad(f_jax)(jnp.asarray(X), jnp.asarray(W)))
 
 

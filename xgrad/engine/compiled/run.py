@@ -118,8 +118,11 @@ def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], c
                 if variant.device is not None:  # the segment ran on one of several devices
                     grad = Tensor(jax.device_put(grad._array, var._array.sharding))
                 old_grad = var._grad
-                if old_grad is None or create_graph:
+                if create_graph:
                     var._grad = grad
+                elif old_grad is None:
+                    # As eager's: detached (inside a dual level the run's outputs carry tangents).
+                    var._grad = Tensor(grad._array) if on_tensors else grad
                 else:
                     store_into_grad(old_grad, grad._array)
     if passing:  # what went by this chunk goes on to the next (NOTE [Chunks])
