@@ -17,8 +17,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.extend.core import Literal
 import numpy as np
+from jax.extend.core import Literal
 
 from xgrad.engine.rules import register_jax_op
 from xgrad.ops.registry import Primitive, bind, defprim

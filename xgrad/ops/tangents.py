@@ -150,7 +150,8 @@ def output_tangents(prim: Any, args: Sequence[Any], params: dict[str, Any]) -> t
         return moved if isinstance(moved, tuple) else (moved,)
     tree, param_arrays, static = _split_params(params)
     constants = tuple(_PARAM_ARRAY if _is_operand(a) else a for a in args)
-    operands = [a for a in args if _is_operand(a)]
+    # Python floats as weakly typed arrays: operands of the rule, not constants it is keyed by.
+    operands = [jnp.asarray(a) if type(a) is float else a for a in args if _is_operand(a)]
     key: Any = (prim, tree, tuple(_hashable(s) for s in static), constants, tuple(with_tangent))
     try:
         rule = _rules.get(key)
