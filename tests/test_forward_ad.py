@@ -481,3 +481,17 @@ def test_views_and_inplace_against_jax():
     with fwAD.dual_level():
         out = prog(xgrad, fwAD.make_dual(xgrad.tensor(x0), xgrad.tensor(v0)))
         close(fwAD.unpack_dual(out).tangent, expected)
+
+
+@pytest.mark.parametrize("trace", [False, True])
+def test_from_jax_ops_carry_tangents(trace):
+    """A ``from_jax`` op, run whole or equation by equation (``trace=True``), has forward mode too."""
+    def f(x):
+        return jnp.sin(x) * jnp.exp(x)
+
+    op = xgrad.from_jax(f, trace=trace)
+    x0, v0 = np.array([0.5, 1.0]), np.array([1.0, -2.0])
+    expected = jax.jvp(f, (x0,), (v0,))[1]
+    with fwAD.dual_level():
+        for x in (xgrad.tensor(x0), xgrad.tensor(x0, requires_grad=True)):
+            close(fwAD.unpack_dual(op(fwAD.make_dual(x, xgrad.tensor(v0)))).tangent, expected)

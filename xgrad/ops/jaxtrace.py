@@ -45,7 +45,9 @@ import numpy as np
 
 from xgrad import jax_internals as jex
 from xgrad.engine.anomaly import ANOMALY, TRACEBACK_KEY
+from xgrad.engine.dual import set_tangent, tangents_on
 from xgrad.grad_mode import _state as _grad_state
+from xgrad.ops import registry
 from xgrad.ops.jaxop import _freeze, from_jax
 from xgrad.ops.registry import Primitive, _record, defprim
 from xgrad.tensor import Tensor, is_tensor
@@ -291,19 +293,26 @@ class _Program:
         outputs: list[tuple[Any, ...]] = []
         record = _grad_state.enabled
         anomaly = ANOMALY.enabled
+        # Inside a dual level each equation's outputs get their tangents as a bound op's would
+        # (NOTE [Tangents are jvp of the forward]).
+        dual = tangents_on()
         position = 0
         for step in self.steps:
             n = step.prim.num_outputs
             arrays = values[position : position + n]
             position += n
             args = tuple([env[v] for v in step.invars])
+            tangents = registry.tangent_rule(step.prim, args, {}) if dual else None
             if record and any(isinstance(a, Tensor) and (a.grad_fn is not None or a._requires_grad) for a in args):
-                out = _record(step.prim, args, {}, arrays[0] if n == 1 else tuple(arrays))
+                out = _record(step.prim, args, {}, arrays[0] if n == 1 else tuple(arrays), tangents)
                 outs = out if n > 1 else (out,)
                 if anomaly:
                     _note_equation(outs, step)
             else:
                 outs = tuple([Tensor(a) for a in arrays])
+                if tangents is not None:
+                    for o, t in zip(outs, tangents, strict=True):
+                        set_tangent(o, t)
             env.update(zip(step.outvars, outs, strict=True))
             outputs.append(outs)
         if _collectors.stack:
