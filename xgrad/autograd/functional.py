@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from xgrad.autograd import forward_ad
 from xgrad.engine.api import grad as _grad
 from xgrad.grad_mode import enable_grad, is_grad_enabled, set_grad_enabled
+from xgrad.jax_capture import quiet_captures
 from xgrad.tensor import Tensor
 
 __all__ = ["hessian", "hvp", "jacobian", "jvp", "vhp", "vjp"]
@@ -307,7 +308,10 @@ def _jacfwd(func: Fn, inputs: Any, strict: bool, vectorize: bool) -> Any:
                 jv.append(jnp.zeros(out.shape, out.dtype) if tangent is None else tangent._array)
             return tuple(jv)
 
-    batched = jax.vmap(jvp_of)(_standard_basis(inputs, numels))
+    # The inputs are constants of the vmapped pass (forward mode records no graph through it),
+    # whatever their requires_grad: not leaves captured by mistake.
+    with quiet_captures():
+        batched = jax.vmap(jvp_of)(_standard_basis(inputs, numels))
     is_outputs_tuple, out_meta = output_info
     jacobian_rows = []
     for jac, (out_shape, _) in zip(batched, out_meta, strict=True):

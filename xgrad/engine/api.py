@@ -12,7 +12,7 @@ import numpy as np
 
 from xgrad.bounded_cache import BoundedCache
 from xgrad.engine import engine, engine_ops
-from xgrad.engine.node import Edge, Node, gradient_edge
+from xgrad.engine.node import Edge, Node, gradient_edge, sharding_of
 from xgrad.engine.threads import set_multithreading_enabled
 from xgrad.tensor import Tensor
 
@@ -289,8 +289,8 @@ def _on_device_of(value: Tensor | GradientEdge, grad: Tensor | None) -> Tensor |
     """``grad`` where eager leaves it: on its input's devices (one compiled program runs on one device)."""
     if grad is None or not isinstance(value, Tensor):
         return grad
-    want = value._array.sharding
-    if grad._array.sharding.device_set == want.device_set:
+    want, have = sharding_of(value._array), sharding_of(grad._array)
+    if want is None or have is None or have.device_set == want.device_set:  # traced (``xgrad.compile``): XLA places it
         return grad
     return grad.to(want)
 
