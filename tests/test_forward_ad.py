@@ -31,8 +31,8 @@ def no_level_left():
 
 
 def close(a, b):
-    a = a.numpy() if isinstance(a, xgrad.Tensor) else np.asarray(a)
-    b = b.numpy() if isinstance(b, xgrad.Tensor) else np.asarray(b)
+    a = a.detach().numpy() if isinstance(a, xgrad.Tensor) else np.asarray(a)
+    b = b.detach().numpy() if isinstance(b, xgrad.Tensor) else np.asarray(b)
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
