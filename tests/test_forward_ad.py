@@ -18,6 +18,7 @@ import xgrad
 import xgrad.autograd.forward_ad as fwAD
 from tests._backward_modes import eager_and_compiled  # noqa: F401 - the fixture
 from xgrad.autograd import compiled
+from xgrad.testing import GradcheckError, gradcheck
 
 pytestmark = pytest.mark.usefixtures("eager_and_compiled")
 
@@ -495,3 +496,26 @@ def test_from_jax_ops_carry_tangents(trace):
     with fwAD.dual_level():
         for x in (xgrad.tensor(x0), xgrad.tensor(x0, requires_grad=True)):
             close(fwAD.unpack_dual(op(fwAD.make_dual(x, xgrad.tensor(v0)))).tangent, expected)
+
+
+def test_gradcheck_checks_forward_mode():
+    x = xgrad.tensor(np.array([0.5, -1.0, 2.0]), requires_grad=True)
+    assert gradcheck(lambda x: (x.sin() * x, x.exp()), (x,), check_forward_ad=True)
+    assert gradcheck(lambda x: (x.sin() * x, x.exp()), (x,), check_forward_ad=True, fast_mode=True)
+
+    class WrongJvp(xgrad.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+        @staticmethod
+        def jvp(ctx, t):
+            return t * 3
+
+    with pytest.raises(GradcheckError, match="Jacobian computed with forward mode mismatch for output 0 with respect to input 0"):
+        gradcheck(WrongJvp.apply, (x,), check_forward_ad=True)
+    assert gradcheck(WrongJvp.apply, (x,))  # its backward is right
