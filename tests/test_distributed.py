@@ -150,7 +150,8 @@ def worker(out: str, num_processes: int, process_id: int, port: int) -> None:  #
     found["repr"] = repr(xs)
     found["str_is_repr"] = str(xs) == repr(xs)
     found["errors"] = {}
-    for what, read in [("numpy", xs.numpy), ("tolist", xs.tolist), ("item", xs.item), ("float", lambda: float(xs))]:
+    read_only = xs.detach()  # numpy() of a tensor that requires grad raises, as PyTorch's does
+    for what, read in [("numpy", read_only.numpy), ("tolist", xs.tolist), ("item", xs.item), ("float", lambda: float(xs))]:
         try:
             read()
             found["errors"][what] = None

@@ -2,6 +2,7 @@
 
 import importlib.metadata
 import pathlib
+import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -22,7 +23,11 @@ def test_project_urls_and_classifiers():
     assert all(url.startswith("https://") for url in urls.values())
     classifiers = meta.get_all("Classifier")
     assert "Typing :: Typed" in classifiers
-    assert f"Programming Language :: Python :: {meta['Requires-Python'].removeprefix('>=')}" in classifiers
+    # Every Python the project admits has its classifier, so an index lists the project under it.
+    (oldest,) = re.findall(r">=\s*3\.(\d+)", meta["Requires-Python"])
+    (beyond,) = re.findall(r"<\s*3\.(\d+)", meta["Requires-Python"])
+    for minor in range(int(oldest), int(beyond)):
+        assert f"Programming Language :: Python :: 3.{minor}" in classifiers
 
 
 def test_pytest_entry_point_is_the_import_free_module():

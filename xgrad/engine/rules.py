@@ -106,13 +106,17 @@ _jax_op: Callable[..., Callable[..., Any]] | None = None
 
 
 def register_jax_op(factory: Callable[..., Callable[..., Any]]) -> None:
-    """Set the factory ``factory(fn, name=...)`` that makes a differentiable op of a JAX function (``from_jax``)."""
+    """Set the factory ``factory(fn, name=..., deps=...)`` that makes a differentiable op of a JAX function (``from_jax``)."""
     global _jax_op
     _jax_op = factory
 
 
-def jax_op(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """``fn`` (a function of arrays) as a differentiable op, by the registered factory."""
+def jax_op(fn: Callable[..., Any], name: str, deps: list[frozenset[int]]) -> Callable[..., Any]:
+    """``fn`` (a function of arrays) as a differentiable op, by the registered factory.
+
+    ``deps[k]`` are the inputs output ``k`` depends on as eager's ``requires_grad`` would
+    see it, op by op; an output that depends on none requiring grad leaves the graph.
+    """
     if _jax_op is None:
         raise RuntimeError("no JAX op factory is registered: import xgrad, which registers from_jax")
-    return _jax_op(fn, name=name)
+    return _jax_op(fn, name=name, deps=deps)

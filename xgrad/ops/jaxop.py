@@ -50,9 +50,10 @@ _lock = threading.Lock()
 class _JaxFunction:
     """``fn`` as a family of primitives, one per input structure and static kwargs."""
 
-    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+    def __init__(self, fn: Callable[..., Any], name: str, deps: list[frozenset[int]] | None = None) -> None:
         self.fn = fn
         self.name = name
+        self.deps = deps  # which inputs each output depends on, when the caller knows better than the jaxpr
         self.primitives: dict[Any, tuple[Primitive, Any, list[frozenset[int]]]] = {}
         functools.update_wrapper(self, fn)
 
@@ -93,7 +94,7 @@ class _JaxFunction:
 
         arrays = [flat[i]._array if isinstance(flat[i], Tensor) else flat[i] for i in slots]
         closed, out_shape = jax.make_jaxpr(call_flat, return_shape=True)(*arrays)
-        deps = output_deps(closed.jaxpr)
+        deps = output_deps(closed.jaxpr) if self.deps is None else self.deps
         out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
         num_outputs = len(out_leaves)
         diff_mask = tuple(_differentiable(flat[i]) for i in slots)
@@ -275,4 +276,9 @@ def vjp_of(name: str, impl: Callable[..., Any], **params: Any) -> Callable[..., 
     return bound
 
 
-register_jax_op(from_jax)  # the compiled backward runs create_graph segments as from_jax ops (NOTE [Rule nodes])
+def _program_op(fn: Callable[..., Any], name: str, deps: list[frozenset[int]]) -> _JaxFunction:
+    """A compiled backward segment as one op, its outputs' dependencies given by the segment's ops."""
+    return _JaxFunction(fn, name, deps)
+
+
+register_jax_op(_program_op)  # the compiled backward runs create_graph segments as from_jax ops (NOTE [Rule nodes])

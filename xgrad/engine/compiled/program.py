@@ -304,7 +304,8 @@ class Traced:
         # create_graph: the segment as one differentiable op of the inputs it reads, so
         # an input it never reads gets no edge, and a gradient of the result with respect
         # to that input is None, as in eager (never zeros).
-        self.op = jax_op(run, name="compiled")
+        position = {i: k for k, i in enumerate(used_idx)}  # an input's place among the op's inputs
+        self.op = jax_op(run, name="compiled", deps=[frozenset(position[i] for i in d) for d in self.deps])
 
 
 def _shift_outputs(outputs: Any, offset: int, slot_offset: int) -> Any:

@@ -139,9 +139,7 @@ def _run_differentiable(traced: Traced, saved: list[Any], live: list[Tensor], ro
     tensors = [x if isinstance(x, Tensor) else Tensor(jnp.asarray(x)) for x in saved] + live + roots + old
     if not traced.deps:
         return []
-    outs = list(traced.op(*[tensors[i] for i in traced.used]))
-    requires = [t.requires_grad for t in tensors]
-    return [o if any(requires[i] for i in deps) else Tensor(o._array) for o, deps in zip(outs, traced.deps, strict=True)]
+    return list(traced.op(*[tensors[i] for i in traced.used]))
 
 
 def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tensor], keep_graph: bool, create_graph: bool,
