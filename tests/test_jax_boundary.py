@@ -4,6 +4,7 @@ These pin down behaviour that rests on JAX's public protocols (pytrees, ``__jax_
 tracers): a JAX upgrade that changes any of it fails here.
 """
 
+import inspect
 import warnings
 
 import jax
@@ -60,6 +61,27 @@ def test_jnp_on_a_tensor_that_requires_grad_raises_outside_a_trace():
     step = xgrad.compile(lambda: jnp.sin(t).sum(), fallback="error")
     with pytest.raises(RuntimeError, match="requires grad to a jax.Array"):
         step()
+
+
+def test_boundary_errors_and_the_captured_leaf_warning_name_the_users_line():
+    # The message says "(at file:line)" of the innermost frame outside JAX and xgrad, and
+    # the warning is attributed to that line too (its stacklevel reaches past both).
+    w = xgrad.tensor(X, requires_grad=True)
+    line = inspect.currentframe().f_lineno + 2
+    with pytest.raises(RuntimeError, match="requires grad to a jax.Array") as converted:
+        jnp.sin(w)
+    assert f"(at {__file__}:{line})" in str(converted.value)
+    line = inspect.currentframe().f_lineno + 2
+    with pytest.raises(RuntimeError, match="history was passed into a JAX function") as crossed:
+        jax.jit(lambda t: t * 2)(w * 1.0)
+    assert f"(at {__file__}:{line})" in str(crossed.value)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        jax.jit(lambda x: (w * xgrad.Tensor(x)).sum().array)(jnp.ones(3))
+    (warning,) = [c for c in caught if issubclass(c.category, CapturedLeafWarning)]
+    assert f"(at {__file__}:{line})" in str(warning.message)
+    assert (warning.filename, warning.lineno) == (__file__, line)
 
 
 def _captures(fn, *args):

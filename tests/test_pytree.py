@@ -1,4 +1,4 @@
-"""Tensor as a pytree (NOTE [Tensor as a pytree] in xgrad/tensor.py): tree_map, raw optax, jax transforms."""
+"""Tensor as a pytree (NOTE [Tensor as a pytree] in xgrad/tensor/jax_boundary.py): tree_map, raw optax, jax transforms."""
 
 import jax
 import jax.numpy as jnp

@@ -22,7 +22,7 @@ import jax
 
 from xgrad import step_trace
 from xgrad.jax_internals import get_opaque_trace_state
-from xgrad.tensor import Tensor, _user_site
+from xgrad.tensor import Tensor, user_site, user_stacklevel
 
 __all__ = ["CapturedLeafWarning", "check_captured_leaves", "quiet_captures"]
 
@@ -87,5 +87,7 @@ def check_captured_leaves(args: tuple[Any, ...], out: Any) -> None:
                 continue  # warned already, or an argument of this trace (``vmap``'s unmapped ones stay concrete)
             _state.warned.add(id(a))
             warnings.warn(
-                WARN_CAPTURED_LEAF.format(leaf=_describe(a), where=_user_site()), CapturedLeafWarning, stacklevel=2
+                WARN_CAPTURED_LEAF.format(leaf=_describe(a), where=user_site()),
+                CapturedLeafWarning,
+                stacklevel=user_stacklevel(),  # attributed to the user's line, as the message says
             )

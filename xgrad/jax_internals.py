@@ -6,7 +6,7 @@ What xgrad uses of JAX, by how stable it is:
   ``committed``, ``sharding``), ``jax.core.Tracer``, ``jax.jit``/``make_jaxpr``/``vjp``,
   ``jax.tree_util`` (a Tensor is a pytree node), the ``__jax_array__`` protocol (how ``jnp``
   functions and ``jax.Array``'s operators convert a Tensor: NOTE [Tensors that require grad
-  become arrays] in ``tensor.py``, pinned by ``tests/test_jax_boundary.py``), ``jax.dtypes``,
+  become arrays] in ``tensor/jax_boundary.py``, pinned by ``tests/test_jax_boundary.py``), ``jax.dtypes``,
   ``jax.config.update``.
 - Public but unstable, re-exported here so that a JAX upgrade that moves them is
   handled once: ``jax.extend.core`` (``ClosedJaxpr``, ``Literal``, ``jaxpr_as_fun``,

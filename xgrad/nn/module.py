@@ -32,7 +32,7 @@ ERR_PLAIN_TENSOR_ATTRIBUTE = (
 # its own pytree node type, so a tree of parameters and the tree of their grads (plain
 # Tensors) would not match and ``optax.apply_updates(params, updates)`` or
 # ``tx.update(grads, state, params)`` would fail on the structure (see NOTE [Tensor as a
-# pytree] in tensor.py). The mark is a weak registry by id, so a parameter that is
+# pytree] in tensor/jax_boundary.py). The mark is a weak registry by id, so a parameter that is
 # dropped leaves nothing behind.
 _PARAMETER_IDS: dict[int, weakref.ref[Tensor]] = {}
 _PARAMETER_NAMES: dict[int, str] = {}  # ``Linear.weight``: where a parameter was first set, for messages

@@ -257,7 +257,7 @@ _METHODS: dict[str, Any] = {
     "float": lambda self: _to(self, jnp.float32), "double": lambda self: _to(self, jnp.float64),
     "half": lambda self: _to(self, jnp.float16), "bfloat16": lambda self: _to(self, jnp.bfloat16),
     "zero_": _zero_, "fill_": _fill_, "copy_": _copy_,
-    # More names PyTorch users reach for (contiguous, cpu, cuda, new_* ... are in tensor.py)
+    # More names PyTorch users reach for (contiguous, cpu, cuda, new_* ... are in tensor/pytorch_methods.py)
     # long(): int64 where x64 allows it, else int32 without a warning (indices work either way).
     "long": lambda self: _to(self, jax.dtypes.canonicalize_dtype(jnp.int64)), "int": lambda self: _to(self, jnp.int32),
     "bool": lambda self: _to(self, jnp.bool_),

@@ -1,0 +1,170 @@
+"""A ``Tensor``'s values leaving it: NumPy, Python scalars and lists, ``repr``, copies and pickles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xgrad.engine.dual import LEVEL
+from xgrad.tensor import core
+
+__all__ = [
+    "deepcopy", "item", "numpy", "reduce_ex", "tensor_repr", "to_bool", "to_float", "to_index",
+    "to_int", "to_numpy_array", "tolist",
+]
+
+ERR_NUMPY_REQUIRES_GRAD = "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
+ERR_DEEPCOPY_NON_LEAF = (
+    "Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol at the moment."
+)
+ERR_NOT_ADDRESSABLE = (
+    "{what}: this tensor of shape {shape} spans devices of other processes ({sharding}), so this process holds "
+    "only part of its values. Gather it on every process with "
+    "jax.experimental.multihost_utils.process_allgather(t.array, tiled=True), or read this process's parts "
+    "from t.array.addressable_shards."
+)
+
+
+def _spans_other_processes(array: Any) -> bool:
+    """Whether ``array`` has values this process does not hold (a replicated one it holds whole)."""
+    if isinstance(array, jax.core.Tracer) or not isinstance(array, jax.Array):
+        return False
+    return not array.is_fully_addressable and not array.is_fully_replicated
+
+
+def _index_str(index: tuple[slice, ...]) -> str:
+    """``[0:2, :]``: where a shard sits in the whole array."""
+    return "[" + ", ".join(f"{'' if s.start is None else s.start}:{'' if s.stop is None else s.stop}" for s in index) + "]"
+
+
+def _check_addressable(self: core.Tensor, what: str) -> None:
+    if _spans_other_processes(self._array):
+        raise RuntimeError(ERR_NOT_ADDRESSABLE.format(what=what, shape=self.shape, sharding=self._array.sharding))
+
+
+def to_numpy_array(self: core.Tensor, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    _check_addressable(self, "np.asarray(tensor)")
+    out = np.asarray(self._array)
+    return out.astype(dtype) if dtype is not None else out
+
+
+def numpy(self: core.Tensor) -> np.ndarray:
+    """The values as a NumPy array; raises for a tensor that requires grad, as PyTorch does.
+
+    >>> import xgrad
+    >>> xgrad.tensor([1.0, 2.0], requires_grad=True).detach().numpy()
+    array([1., 2.], dtype=float32)
+    """
+    if self.requires_grad:
+        raise RuntimeError(ERR_NUMPY_REQUIRES_GRAD)
+    _check_addressable(self, "Tensor.numpy()")
+    return np.asarray(self._array)
+
+
+def item(self: core.Tensor) -> Any:
+    _check_addressable(self, "Tensor.item()")
+    size = self._array.size
+    if size != 1:
+        raise RuntimeError(f"a Tensor with {size} elements cannot be converted to Scalar")
+    return self._array.item()
+
+
+def tolist(self: core.Tensor) -> Any:
+    _check_addressable(self, "Tensor.tolist()")
+    return np.asarray(self._array).tolist()
+
+
+def to_float(self: core.Tensor) -> float:
+    _check_addressable(self, "float(tensor)")
+    _check_one_element(self)
+    return float(self._array)
+
+
+def to_int(self: core.Tensor) -> int:
+    _check_addressable(self, "int(tensor)")
+    _check_one_element(self)
+    return int(self._array)
+
+
+def _check_one_element(self: core.Tensor) -> None:
+    if self._array.size != 1:
+        raise ValueError("only one element tensors can be converted to Python scalars")
+
+
+def to_index(self: core.Tensor) -> int:
+    return int(self._array.__index__())
+
+
+def to_bool(self: core.Tensor) -> bool:
+    _check_addressable(self, "bool(tensor)")
+    size = self._array.size
+    if size != 1:
+        raise RuntimeError(f"Boolean value of Tensor with {'no values' if size == 0 else 'more than one value'} is ambiguous")
+    return bool(self._array)
+
+
+def deepcopy(self: core.Tensor, memo: dict[int, Any]) -> core.Tensor:
+    """A new leaf with the same (immutable) array, ``requires_grad`` and a copy of ``.grad``, as PyTorch's.
+
+    A non-leaf raises PyTorch's error: its graph cannot be copied.
+    """
+    if self.grad_fn is not None:
+        raise RuntimeError(ERR_DEEPCOPY_NON_LEAF)
+    new = core.Tensor(self._array)
+    memo[id(self)] = new
+    new._requires_grad = self._requires_grad
+    new._inference = self._inference
+    if self._grad is not None:
+        new._grad = core.Tensor(self._grad._array)
+    return new
+
+
+def reduce_ex(self: core.Tensor, protocol: Any) -> tuple[Any, ...]:
+    """Pickle the values and ``requires_grad`` (not ``.grad`` nor the graph), as PyTorch does.
+
+    >>> import pickle, xgrad
+    >>> t = pickle.loads(pickle.dumps(xgrad.tensor([1.0, 2.0], requires_grad=True)))
+    >>> t.tolist(), t.requires_grad, t.is_leaf
+    ([1.0, 2.0], True, True)
+    """
+    _check_addressable(self, "pickle")
+    return (_unpickle_tensor, (np.asarray(self._array), self.requires_grad))
+
+
+def tensor_repr(self: core.Tensor) -> str:
+    extras = []
+    if _spans_other_processes(self._array):
+        # Only this process's parts can be printed; say what the whole is.
+        array = self._array
+        parts = [
+            f"{shard.device} {_index_str(shard.index)}: "
+            + np.array2string(np.asarray(shard.data), separator=", ", prefix="  ")
+            for shard in array.addressable_shards
+        ]
+        body = f"shape={tuple(array.shape)}, dtype={array.dtype}, sharding={array.sharding}, local shards:\n  " + (
+            "\n  ".join(parts)
+        )
+    else:
+        body = np.array2string(np.asarray(self._array), separator=", ", prefix="tensor(")
+        if self._array.dtype not in (jnp.float32, jnp.int32, jnp.bool_):
+            extras.append(f"dtype={self._array.dtype}")
+    if self.grad_fn is not None:
+        extras.append(f"grad_fn=<{self.grad_fn.name()}>")
+    elif self._requires_grad:
+        extras.append("requires_grad=True")
+    fw = self._fw_grad
+    if fw is not None and fw[0] is LEVEL.current:
+        extras.append(f"tangent={fw[1]!r}")
+    return "tensor(" + ", ".join([body, *extras]) + ")"
+
+
+def _unpickle_tensor(values: np.ndarray, requires_grad: bool) -> core.Tensor:
+    return core.Tensor(jnp.asarray(values), requires_grad=requires_grad)
+
+
+# Pickles name it ``xgrad.tensor._unpickle_tensor`` (re-exported there), a name that stays
+# when the package's modules change.
+_unpickle_tensor.__module__ = "xgrad.tensor"

@@ -1,0 +1,233 @@
+"""Where a ``Tensor`` meets JAX: the pytree node, ``__jax_array__``, and the errors that
+keep autograd history from crossing into JAX silently (NOTE [JAX boundary])."""
+
+from __future__ import annotations
+
+import inspect
+from types import FrameType
+from typing import Any
+
+import jax
+
+from xgrad import step_trace
+from xgrad.grad_mode import is_grad_enabled
+from xgrad.jax_internals import get_opaque_trace_state
+from xgrad.tensor import core
+from xgrad.tensor.dtypes import is_differentiable_dtype
+
+__all__ = ["jax_array", "tree_flatten", "tree_unflatten", "user_site", "user_stacklevel"]
+
+
+def _in_compiled_step() -> bool:
+    """Whether this context is tracing an ``xgrad.compile`` step (its tracers stand for eager values)."""
+    return step_trace.current() is not None
+
+
+def _converts_outside_jax(t: core.Tensor, array: Any) -> bool:
+    """Whether converting ``t`` to an array would lose its gradient: JAX is not tracing it for
+    the user (NOTE [Tensors that require grad become arrays])."""
+    if not isinstance(array, jax.core.Tracer) or _in_compiled_step():
+        return True
+    # A jnp function is itself jitted: ``jnp.sin(t)`` converts ``t`` in the very trace
+    # it entered from outside, where a user's transformation would have used it first.
+    entered = getattr(t, "_entered_trace", None)
+    return entered is not None and entered == get_opaque_trace_state(convention="xgrad")
+
+
+def _is_library_frame(frame: FrameType) -> bool:
+    module = frame.f_globals.get("__name__", "")
+    return module.split(".")[0] in ("jax", "jaxlib", "xgrad") or module.startswith("numpy")
+
+
+def _user_frame(frame: FrameType | None) -> tuple[int, FrameType] | None:
+    """The innermost frame from ``frame`` outwards outside JAX, NumPy and xgrad, with its
+    stack level (``frame`` is level 1), or ``None`` when there is none."""
+    level = 1
+    while frame is not None:
+        if not _is_library_frame(frame):
+            return level, frame
+        frame = frame.f_back
+        level += 1
+    return None
+
+
+def _caller_frame() -> FrameType | None:
+    """The frame of whoever called the function that calls this one."""
+    frame = inspect.currentframe()
+    return None if frame is None or frame.f_back is None else frame.f_back.f_back
+
+
+def user_site() -> str:
+    """`` (at file:line)``: the innermost frame outside JAX, NumPy and xgrad, for messages."""
+    found = _user_frame(_caller_frame())
+    return "" if found is None else f" (at {found[1].f_code.co_filename}:{found[1].f_lineno})"
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` in the caller name the user's line
+    (the innermost frame outside JAX, NumPy and xgrad), as ``user_site`` does."""
+    found = _user_frame(_caller_frame())
+    return 1 if found is None else found[0]
+
+
+class _TensorMeta:
+    """A Tensor node's pytree metadata (NOTE [Tensor as a pytree]): ``requires_grad``,
+    whether it has history, whether its array was a tracer when it was flattened (an
+    output of a traced function) and whether it is a gradient (a ``.grad``, or what optax
+    or ``tree_map`` built from one).
+    """
+
+    __slots__ = ("compiled", "grad_enabled", "has_history", "is_grad", "requires_grad", "traced")
+
+    def __init__(self, requires_grad: bool, has_history: bool, traced: bool = False, is_grad: bool = False) -> None:
+        self.requires_grad = requires_grad
+        self.has_history = has_history
+        self.traced = traced
+        self.is_grad = is_grad
+        # What a trace of it does depends on these (NOTE [Tensors that require grad become arrays]).
+        self.grad_enabled = requires_grad and is_grad_enabled()
+        self.compiled = self.grad_enabled and traced and _in_compiled_step()
+
+    def _raises(self) -> bool:
+        """Whether a trace that takes this tensor in raises (on its history, or converting it to an array)."""
+        return self.compiled if self.traced else self.grad_enabled or self.has_history
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _TensorMeta):
+            return False
+        if self.traced and other.traced:  # outputs and carries inside a trace (lax.scan, cond branches)
+            return self.compiled == other.compiled
+        if self.traced or other.traced:  # a jitted function called both inside and outside a trace
+            return self._raises() == other._raises()
+        if self.has_history != other.has_history:
+            return False
+        if self.is_grad or other.is_grad:
+            return True
+        return self.requires_grad == other.requires_grad and self.grad_enabled == other.grad_enabled
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return f"Tensor(requires_grad={self.requires_grad})"
+
+
+# NOTE [JAX boundary]
+# A Tensor is a pytree of its array, so JAX transformations and ``jax.device_put`` see
+# the array. Autograd history cannot cross a JAX boundary, and never silently:
+# * A Tensor with history going into a transformation (an argument of jax.jit, vmap,
+#   grad) raises when the transformation traces it: the traced function could not
+#   reach the graph behind it. Its metadata keeps it out of jit caches traced for a
+#   leaf (``_TensorMeta.__eq__``), so a cache hit never skips the error.
+# * What a traced function returns comes out as Tensors without history: the graph
+#   recorded inside the trace (for a ``backward()`` there) belongs to the trace.
+# * A Tensor with history that comes back concrete from ``jax.device_put`` or a
+#   ``tree_map`` (flattened outside any trace) raises instead of becoming a leaf whose
+#   gradients go nowhere.
+ERR_HISTORY_CROSSES_JAX = (
+    "a Tensor with autograd history came out of jax.device_put or a tree_map, which would cut its graph. "
+    "Use tensor.to(device) to move a tensor differentiably, xgrad.compile(fn) to jit xgrad code that records "
+    "autograd, or tensor.detach() to drop the history first."
+)
+ERR_HISTORY_INTO_JAX = (
+    "a Tensor with autograd history was passed into a JAX function or transformation (jnp.sin, jax.jit, jax.vmap, "
+    "...){where}: JAX computes with its value only, so the gradient would stop there. Use the xgrad op of the same "
+    "name (xgrad.sin(t) for jnp.sin(t)), wrap a JAX function with xgrad.from_jax(fn) to make it differentiable, "
+    "transform xgrad code with xgrad.func or jit it with xgrad.compile(fn); or pass t.detach() for the value only."
+)
+# NOTE [Tensors that require grad become arrays]
+# ``jnp.sin(t)`` converts ``t`` through ``__jax_array__`` and returns a plain array: no
+# graph. On a tensor that requires grad, with grad mode on, that would lose the gradient
+# at one missing ``xgrad.`` prefix, so it raises, as PyTorch's ``numpy()`` does. Inside a
+# plain JAX transformation (the array is a tracer) the conversion is JAX's to
+# differentiate and goes through; inside an ``xgrad.compile`` step it raises as in eager.
+# A ``jax.Array`` on the left of an operator (``jnp_array * t``) converts the Tensor the
+# same way: JAX's public protocol has no way to defer to the Tensor's reflected operator.
+ERR_REQUIRES_GRAD_TO_JAX = (
+    "Can't convert a Tensor that requires grad to a jax.Array: JAX would compute with its value only and the "
+    "gradient would be lost{where}. Use the xgrad op of the same name on the Tensor (xgrad.sin(t) for jnp.sin(t); "
+    "t * a rather than a * t for a jax.Array a), wrap a JAX function with xgrad.from_jax(fn) to make it "
+    "differentiable, or use t.detach() (or xgrad.no_grad()) if you want the value only."
+)
+
+
+# NOTE [Tensor as a pytree]
+# A Tensor is a pytree node with one child, its array, so jax.tree_util, optax and
+# jax.device_put see the array inside. Three choices make trees of Tensors behave:
+# * ``requires_grad`` rides along as metadata (``_TensorMeta``), and two Tensor nodes
+#   compare equal when their flags agree or one of them is a gradient (a ``.grad``,
+#   or what was built from one). A tree of parameters and the tree of their grads or
+#   optax updates then have one structure, so ``optax.apply_updates(params, updates)``
+#   and ``tree_map(lambda p, g: ..., params, grads)`` work, and what they build takes
+#   the first tree's flags: the new parameters are leaves that require grad, ready for
+#   the next forward. A jit cache never serves a call on a tensor that requires grad
+#   from a trace made for one that does not (``jnp.sin(t.detach())`` before
+#   ``jnp.sin(t)``): NOTE [Tensors that require grad become arrays].
+# * Unflattening wraps array-likes (anything with ``shape`` and ``dtype``: arrays,
+#   tracers, ``ShapeDtypeStruct``) as Tensors. A tuple or list comes back bare, so
+#   ``tree_map(lambda p: p.shape, state_dict)`` gives shapes. Any other value (a
+#   string, a number, ``None``, a ``bool`` mask, a library's per-leaf object) stays in
+#   a Tensor node as a placeholder, so that ``tree_map`` keeps the tree's structure:
+#   libraries that build trees leaf by leaf and zip them together again
+#   (``eqx.partition``/``combine``, orbax's names and save arguments) rely on it.
+#   ``tree_leaves`` of such a tree gives the values themselves.
+# * History never crosses a JAX boundary silently: NOTE [JAX boundary].
+def tree_flatten(self: core.Tensor) -> tuple[tuple[Any], _TensorMeta]:
+    array = self._array
+    placeholder_meta = getattr(self, "_placeholder_meta", None)
+    if placeholder_meta is not None:
+        return (array,), placeholder_meta
+    meta = _TensorMeta(
+        self.requires_grad, self.grad_fn is not None, isinstance(array, jax.core.Tracer), getattr(self, "_is_grad", False)
+    )
+    return (array,), meta
+
+
+def tree_unflatten(meta: _TensorMeta, children: tuple[Any]) -> Any:
+    (child,) = children
+    if isinstance(child, core.Tensor):
+        return child
+    if not (hasattr(child, "shape") and hasattr(child, "dtype")):
+        if isinstance(child, (tuple, list)):
+            return child
+        placeholder = core.Tensor(child)  # in a tree a library builds leaf by leaf: it flattens as the original
+        placeholder._placeholder_meta = meta
+        return placeholder
+    if meta.has_history:
+        if isinstance(child, jax.core.Tracer):
+            if not meta.traced:
+                raise RuntimeError(ERR_HISTORY_INTO_JAX.format(where=user_site()))
+        elif not meta.traced:
+            raise RuntimeError(ERR_HISTORY_CROSSES_JAX)
+        return core.Tensor(child)  # a traced function's output: its graph stayed in the trace
+    # JAX may unflatten with abstract leaves: no dtype checks beyond the flag's own.
+    t = core.Tensor(child)
+    t._requires_grad = meta.requires_grad and is_differentiable_dtype(child.dtype)
+    if meta.is_grad:
+        t._is_grad = True
+    if t._requires_grad and not meta.traced:
+        # An argument of the trace it is unflattened in, never a constant it captured.
+        t._entered_trace = get_opaque_trace_state(convention="xgrad")
+    return t
+
+
+def jax_array(self: core.Tensor) -> jax.Array:
+    """The array, for ``jnp`` functions: they see the value only, untracked.
+
+    A tensor that requires grad raises instead while grad mode is on, outside a
+    plain JAX transformation (NOTE [Tensors that require grad become arrays]).
+
+    >>> import jax.numpy as jnp, xgrad
+    >>> t = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> type(jnp.sin(t.detach())).__name__
+    'ArrayImpl'
+    >>> jnp.sin(t)
+    Traceback (most recent call last):
+    ...
+    RuntimeError: Can't convert a Tensor that requires grad to a jax.Array: ...
+    """
+    array = self._array
+    if self.requires_grad and is_grad_enabled() and _converts_outside_jax(self, array):
+        raise RuntimeError(ERR_REQUIRES_GRAD_TO_JAX.format(where=user_site()))
+    return array
+
