@@ -25,7 +25,7 @@ from xgrad.tensor import Tensor
 if TYPE_CHECKING:
     from xgrad.engine.saved import SavedTensor
 
-__all__ = ["Aval", "RuleNode", "Rules", "incoming_grad", "jax_op", "register_jax_op"]
+__all__ = ["Aval", "RuleArgs", "RuleNode", "Rules", "incoming_grad", "jax_op", "register_jax_op"]
 
 
 class Aval(NamedTuple):
@@ -44,6 +44,22 @@ class Aval(NamedTuple):
         return len(self.shape)
 
 
+class RuleArgs(NamedTuple):
+    """What a node's backward rules are applied to: the one call the eager node, the fused
+    eager rules and the compiled lowering all make (``Rules.backward``).
+
+    ``g`` is the incoming gradient (a tuple for several outputs), ``out`` the saved
+    output(s) or their metadata, ``inputs`` the saved inputs (values, ``Aval``s or
+    constants), ``params`` the static parameters and ``needed`` which inputs want a gradient.
+    """
+
+    g: Any
+    out: Any
+    inputs: Sequence[Any]
+    params: dict[str, Any]
+    needed: Sequence[bool]
+
+
 class Rules(Protocol):
     """A primitive as its node's backward sees it: names, arity and the rules themselves."""
 
@@ -56,8 +72,7 @@ class Rules(Protocol):
         """Whether its backward must run on the host, outside any one XLA program (device moves)."""
         ...
 
-    def backward(self, g: Any, out: Any, inputs: Sequence[Any], params: dict[str, Any],
-                 needed: Sequence[bool]) -> list[Tensor | None]:
+    def backward(self, args: RuleArgs) -> list[Tensor | None]:
         """The rules applied to given values: one gradient (or ``None``) per input."""
         ...
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import operator
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -193,12 +192,13 @@ def as_array(x: Any) -> Any:
 
 
 def nondiff(
-    fn: Callable[..., Any], name: str, example: str, shape_rule: Callable[..., None] | None = None
+    fn: Callable[..., Any], name: str, example: str, shape_rule: Callable[..., None] | None = None, *, module: str
 ) -> Callable[..., Tensor]:
     """Wrap an array function whose result has no gradient (comparisons, argmax, …).
 
     ``example`` is a doctest line (call and result) for the wrapper's docstring;
-    ``shape_rule`` checks the arrays first, as a primitive's (NOTE [Shape rules]).
+    ``shape_rule`` checks the arrays first, as a primitive's (NOTE [Shape rules]);
+    ``module`` is the ``__name__`` of the module that defines the op.
     """
 
     def op(*args: Any, **kwargs: Any) -> Tensor:
@@ -211,7 +211,7 @@ def nondiff(
     op.__qualname__ = name
     op.__doc__ = f"``{name}`` on arrays; the result records no graph.\n\n>>> import xgrad\n{example}\n"
     # Owned by the module that defined it, so doctest finds its example.
-    op.__module__ = sys._getframe(1).f_globals.get("__name__", op.__module__)
+    op.__module__ = module
     return op
 
 

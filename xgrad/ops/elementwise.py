@@ -410,21 +410,21 @@ def to_device(x: Tensor, device: Any) -> Tensor:
 
 
 # -- non-differentiable --------------------------------------------------------------
-eq = nondiff(jnp.equal, "eq", '>>> xgrad.eq(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[False, True]', shape_rules.elementwise)
-ne = nondiff(jnp.not_equal, "ne", '>>> xgrad.ne(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[True, False]', shape_rules.elementwise)
-lt = nondiff(jnp.less, "lt", '>>> xgrad.lt(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[True, False]', shape_rules.elementwise)
-le = nondiff(jnp.less_equal, "le", '>>> xgrad.le(xgrad.tensor([1.0, 3.0]), 2.0).tolist()\n[True, False]', shape_rules.elementwise)
-gt = nondiff(jnp.greater, "gt", '>>> xgrad.gt(xgrad.tensor([1.0, 3.0]), 2.0).tolist()\n[False, True]', shape_rules.elementwise)
-ge = nondiff(jnp.greater_equal, "ge", '>>> xgrad.ge(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[False, True]', shape_rules.elementwise)
-logical_and = nondiff(jnp.logical_and, "logical_and", '>>> xgrad.logical_and(xgrad.tensor([True, True]), xgrad.tensor([True, False])).tolist()\n[True, False]', shape_rules.elementwise)
-logical_or = nondiff(jnp.logical_or, "logical_or", '>>> xgrad.logical_or(xgrad.tensor([False, False]), xgrad.tensor([True, False])).tolist()\n[True, False]', shape_rules.elementwise)
-logical_not = nondiff(jnp.logical_not, "logical_not", '>>> xgrad.logical_not(xgrad.tensor([True, False])).tolist()\n[False, True]')
-logical_xor = nondiff(jnp.logical_xor, "logical_xor", '>>> xgrad.logical_xor(xgrad.tensor([True, True]), xgrad.tensor([True, False])).tolist()\n[False, True]', shape_rules.elementwise)
-isnan = nondiff(jnp.isnan, "isnan", ">>> xgrad.isnan(xgrad.tensor([1.0, float('nan')])).tolist()\n[False, True]")
-isfinite = nondiff(jnp.isfinite, "isfinite", ">>> xgrad.isfinite(xgrad.tensor([1.0, float('inf')])).tolist()\n[True, False]")
-floor = nondiff(jnp.floor, "floor", '>>> xgrad.floor(xgrad.tensor([1.5, -1.5])).tolist()\n[1.0, -2.0]')
-ceil = nondiff(jnp.ceil, "ceil", '>>> xgrad.ceil(xgrad.tensor([1.5, -1.5])).tolist()\n[2.0, -1.0]')
-round = nondiff(jnp.round, "round", '>>> xgrad.round(xgrad.tensor([0.5, 1.5, 2.25])).tolist()\n[0.0, 2.0, 2.0]')
+eq = nondiff(jnp.equal, "eq", '>>> xgrad.eq(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[False, True]', shape_rules.elementwise, module=__name__)
+ne = nondiff(jnp.not_equal, "ne", '>>> xgrad.ne(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[True, False]', shape_rules.elementwise, module=__name__)
+lt = nondiff(jnp.less, "lt", '>>> xgrad.lt(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[True, False]', shape_rules.elementwise, module=__name__)
+le = nondiff(jnp.less_equal, "le", '>>> xgrad.le(xgrad.tensor([1.0, 3.0]), 2.0).tolist()\n[True, False]', shape_rules.elementwise, module=__name__)
+gt = nondiff(jnp.greater, "gt", '>>> xgrad.gt(xgrad.tensor([1.0, 3.0]), 2.0).tolist()\n[False, True]', shape_rules.elementwise, module=__name__)
+ge = nondiff(jnp.greater_equal, "ge", '>>> xgrad.ge(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[False, True]', shape_rules.elementwise, module=__name__)
+logical_and = nondiff(jnp.logical_and, "logical_and", '>>> xgrad.logical_and(xgrad.tensor([True, True]), xgrad.tensor([True, False])).tolist()\n[True, False]', shape_rules.elementwise, module=__name__)
+logical_or = nondiff(jnp.logical_or, "logical_or", '>>> xgrad.logical_or(xgrad.tensor([False, False]), xgrad.tensor([True, False])).tolist()\n[True, False]', shape_rules.elementwise, module=__name__)
+logical_not = nondiff(jnp.logical_not, "logical_not", '>>> xgrad.logical_not(xgrad.tensor([True, False])).tolist()\n[False, True]', module=__name__)
+logical_xor = nondiff(jnp.logical_xor, "logical_xor", '>>> xgrad.logical_xor(xgrad.tensor([True, True]), xgrad.tensor([True, False])).tolist()\n[False, True]', shape_rules.elementwise, module=__name__)
+isnan = nondiff(jnp.isnan, "isnan", ">>> xgrad.isnan(xgrad.tensor([1.0, float('nan')])).tolist()\n[False, True]", module=__name__)
+isfinite = nondiff(jnp.isfinite, "isfinite", ">>> xgrad.isfinite(xgrad.tensor([1.0, float('inf')])).tolist()\n[True, False]", module=__name__)
+floor = nondiff(jnp.floor, "floor", '>>> xgrad.floor(xgrad.tensor([1.5, -1.5])).tolist()\n[1.0, -2.0]', module=__name__)
+ceil = nondiff(jnp.ceil, "ceil", '>>> xgrad.ceil(xgrad.tensor([1.5, -1.5])).tolist()\n[2.0, -1.0]', module=__name__)
+round = nondiff(jnp.round, "round", '>>> xgrad.round(xgrad.tensor([0.5, 1.5, 2.25])).tolist()\n[0.0, 2.0, 2.0]', module=__name__)
 
 
 def clamp_min(x: Tensor, min: Any) -> Tensor:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -29,7 +28,7 @@ from xgrad.bounded_cache import BoundedCache
 from xgrad.engine.anomaly import ANOMALY, record_forward_trace
 from xgrad.engine.dual import LEVEL, set_tangent, tangents_on
 from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator, sharding_of
-from xgrad.engine.rules import Aval, RuleNode, incoming_grad
+from xgrad.engine.rules import Aval, RuleArgs, RuleNode, incoming_grad
 from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.jax_capture import check_captured_leaves
@@ -143,8 +142,9 @@ class Primitive:
                 notes[:] = [n for n in notes if "JAX_TRACEBACK_FILTERING" not in n]
             raise
 
-    def backward(self, g: Any, out: Any, inputs: Sequence[Any], params: dict[str, Any], needed: Sequence[bool]) -> list[Any]:
+    def backward(self, args: RuleArgs) -> list[Any]:
         """The rules applied to given values; the eager node and the compiled lowering both call it."""
+        g, out, inputs, params, needed = args
         vjps = self.vjps
         if vjps is None:  # one joint rule (``defprim`` takes exactly one of the two)
             if not any(needed):
@@ -164,7 +164,7 @@ class Primitive:
             i += 1
         return grads
 
-    def eager_backward(self, g: Any, out: Any, inputs: Sequence[Any], params: dict[str, Any], needed: Sequence[bool]) -> list[Any]:
+    def eager_backward(self, args: RuleArgs) -> list[Any]:
         """``backward`` for the eager engine without ``create_graph``: one jitted call when that pays.
 
         # NOTE [Fused eager rules]
@@ -193,13 +193,13 @@ class Primitive:
         # rule is pure (NOTE [Derivatives are data]): it runs when traced, as under ``jax.jit``.
         """
         if REGISTRY.get(self.name) is not self:  # made at run time (``register=False``): rules run as written
-            return self.backward(g, out, inputs, params, needed)
-        key, g_arrays, arrays = _fusion_signature(g, out, inputs, params, needed)
+            return self.backward(args)
+        key, g_arrays, arrays = _fusion_signature(args)
         if key is None:
-            return self.backward(g, out, inputs, params, needed)
+            return self.backward(args)
         fused = self._fused.get(key)
         if fused is None:
-            fused = _fuse(self, key, params, g_arrays, arrays)
+            fused = _fuse(self, key, args.params, g_arrays, arrays)
             self._fused[key] = fused
         if fused is not _UNFUSED:
             try:
@@ -209,7 +209,7 @@ class Primitive:
                 self._fused[key] = _UNFUSED
             else:
                 return [None if r is None else Tensor(r) for r in results]
-        return self.backward(g, out, inputs, params, needed)
+        return self.backward(args)
 
     @property
     def host_only(self) -> bool:
@@ -227,8 +227,9 @@ _ARRAY = object()  # in a signature: an argument passed as an array
 _SCALAR = object()  # in a signature: a Python float passed as a weakly typed scalar
 
 
-def _fusion_signature(g: Any, out: Any, inputs: Sequence[Any], params: dict[str, Any], needed: Sequence[bool]) -> tuple[Any, Any, list[Any]]:
+def _fusion_signature(args: RuleArgs) -> tuple[Any, Any, list[Any]]:
     """The static key of a node's rules and their array arguments, or ``(None, ...)`` when they cannot be fused."""
+    g, out, inputs, params, needed = args
     arrays: list[Any] = []
     signature: list[Any] = []
     for value in inputs:
@@ -296,7 +297,7 @@ def _fuse(prim: Primitive, key: Any, params: dict[str, Any], g_arrays: Any, arra
         previous = _grad_state.enabled
         _grad_state.enabled = False  # a retrace may happen outside the engine's no-grad backward
         try:
-            grads = prim.backward(g, out, inputs, params, needed)
+            grads = prim.backward(RuleArgs(g, out, inputs, params, needed))
         finally:
             _grad_state.enabled = previous
         return [None if gi is None else gi._array for gi in grads]
@@ -395,8 +396,10 @@ def defprim(
     apply.__name__ = name
     apply.__qualname__ = name
     apply.__doc__ = doc
-    # Owned by the module that defined it (as namedtuple does), so doctest finds its example.
-    apply.__module__ = sys._getframe(1).f_globals.get("__name__", apply.__module__)
+    # Owned by the module that defines its rules, and so the op, so doctest finds its example.
+    rules = [joint_vjp] if joint_vjp is not None else [rule for rule in vjp or () if rule is not None]
+    if rules:
+        apply.__module__ = getattr(rules[0], "__module__", apply.__module__)
     apply.primitive = prim  # type: ignore[attr-defined]
     return apply
 
@@ -644,8 +647,8 @@ class PrimitiveNode(RuleNode):
         # Op by op where a graph is recorded, or where tangents must pass through the rules
         # (a dual level: forward over reverse); else fused (NOTE [Fused eager rules]).
         if _grad_state.enabled or not prim.jit or ANOMALY.enabled or LEVEL.current is not None:
-            return prim.backward(g, out, inputs, self.params, self.needed_outputs())
-        return prim.eager_backward(g, out, inputs, self.params, self.needed_outputs())
+            return prim.backward(RuleArgs(g, out, inputs, self.params, self.needed_outputs()))
+        return prim.eager_backward(RuleArgs(g, out, inputs, self.params, self.needed_outputs()))
 
     def release_variables(self) -> None:
         # Avals and constants stay: a node that saved no tensor can run again, as in PyTorch.

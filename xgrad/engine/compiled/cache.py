@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import collections
+import inspect
 import os
-import sys
 import threading
 import warnings
 from typing import Any
@@ -173,7 +173,8 @@ def insert(key: Any, entry: Any, table: collections.OrderedDict[Any, Any] = prog
 
 
 def call_site() -> str:
-    frame = sys._getframe(1)
+    """``file:line`` of the innermost frame outside xgrad: the user's line, for messages."""
+    frame = inspect.currentframe()
     while frame is not None and frame.f_code.co_filename.startswith(_XGRAD_DIR):
         frame = frame.f_back  # type: ignore[assignment]
     return "<unknown>" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"

@@ -39,7 +39,7 @@ from xgrad.engine.engine import call_post_hooks, call_pre_hooks, call_tensor_pre
 from xgrad.engine.function import FunctionCtx, FunctionNode
 from xgrad.engine.graph_task import InputBuffer
 from xgrad.engine.node import NO_EDGE, AccumulateGrad, Edge, InputMetadata, Node
-from xgrad.engine.rules import Aval, RuleNode, Rules, incoming_grad
+from xgrad.engine.rules import Aval, RuleArgs, RuleNode, Rules, incoming_grad
 from xgrad.engine.saved import SavedTensor
 from xgrad.engine.validate import validate_outputs
 from xgrad.grad_mode import _state as _grad_state
@@ -417,7 +417,7 @@ def _prim_body(step: _Step, grads: list[Any], args: Iterator[Any]) -> list[Any]:
     out: Any = tuple(values[len(values) - n_out:]) if n_out else step.meta
     if step.num_outputs == 1:
         out = out[0]
-    return step.prim.backward(g, out, inputs, params, [t is not None for t in step.targets])
+    return step.prim.backward(RuleArgs(g, out, inputs, params, [t is not None for t in step.targets]))
 
 
 def _function_body(step: _Step, grads: list[Any], args: Iterator[Any]) -> list[Any]:
