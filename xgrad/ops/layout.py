@@ -1,6 +1,6 @@
-"""Layout ops PyTorch users reach for: ``unbind`` (one multi-output primitive), and the
-composites ``narrow``, ``select``, ``repeat``, ``repeat_interleave``, ``expand_as``,
-``view_as``, ``reshape_as``, ``movedim``, ``diag``, ``unfold``."""
+"""Layout ops PyTorch users reach for: ``unbind`` (one multi-output primitive), ``unfold``
+(a primitive, a view), and the composites ``narrow``, ``select``, ``repeat``,
+``repeat_interleave``, ``expand_as``, ``view_as``, ``reshape_as``, ``movedim``, ``diag``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad.ops._util import canonical_dim
+from xgrad.ops.index import _index_scatter
 from xgrad.ops.registry import defprim
 from xgrad.ops.shape import broadcast_to, expand, reshape, stack, view
 from xgrad.ops.views import mark_multi_output, track_view
@@ -260,14 +261,48 @@ def diag(x: Tensor, diagonal: int = 0) -> Tensor:
     raise RuntimeError(f"diag(): Supports 1D or 2D tensors. Got {x.ndim}D")
 
 
+def _window_index(length: int, size: int, step: int) -> np.ndarray:
+    """Row ``i`` holds the positions of window ``i``: ``i * step .. i * step + size - 1``."""
+    starts = np.arange((length - size) // step + 1) * step
+    return starts[:, None] + np.arange(size)
+
+
+def _unfold_impl(x: Any, axis: int, size: int, step: int) -> Any:
+    windows = jnp.take(x, _window_index(x.shape[axis], size, step), axis=axis)  # (..., n, size, ...)
+    return jnp.moveaxis(windows, axis + 1, -1)
+
+
+def _unfold_grad(g: Tensor, out: Any, x: Any, axis: int, size: int, step: int) -> Tensor:
+    # Each window element's grad goes back to its element of x; overlapping windows add up.
+    index = (slice(None),) * axis + (_window_index(x.shape[axis], size, step),)
+    return _index_scatter(movedim(g, -1, axis + 1), index=index, shape=x.shape)
+
+
+_unfold = defprim("unfold", _unfold_impl, (_unfold_grad,), save=())
+
+
 def unfold(x: Tensor, dimension: int, size: int, step: int) -> Tensor:
     """``Tensor.unfold``: the windows of ``size`` elements ``step`` apart along ``dimension``, as a new last dim.
 
-    A copy, not a view as in PyTorch: writing into it leaves ``x`` alone.
+    A view, as in PyTorch: writing into it writes ``x`` (NOTE [Views write through]).
+    Its strides are ``x``'s with ``dimension``'s times ``step``, and ``dimension``'s
+    stride for the new dim. Unlike PyTorch, which leaves the result undefined, an
+    in-place op on overlapping windows (``step < size`` with more than one window)
+    raises, as on an expanded view: one element of ``x`` would take several values.
+
+    Args:
+        dimension: the dim the windows slide along.
+        size: the number of elements in each window.
+        step: how far apart the windows start.
 
     >>> import xgrad
-    >>> xgrad.arange(5.0).unfold(0, 2, 2).tolist()
+    >>> x = xgrad.arange(5.0)
+    >>> w = x.unfold(0, 2, 2)
+    >>> w.tolist()
     [[0.0, 1.0], [2.0, 3.0]]
+    >>> _ = w[1].fill_(9.0)
+    >>> x.tolist()
+    [0.0, 1.0, 9.0, 9.0, 4.0]
     """
     axis = canonical_dim(dimension, x.ndim)
     length = x.shape[axis] if x.ndim else 1
@@ -279,6 +314,5 @@ def unfold(x: Tensor, dimension: int, size: int, step: int) -> Tensor:
         raise RuntimeError(f"step is {step} but must be > 0")
     if x.ndim == 0:
         return x.reshape(1)
-    starts = np.arange((length - size) // step + 1) * step
-    windows = x[(slice(None),) * axis + (starts[:, None] + np.arange(size),)]  # (..., n, size, ...)
-    return movedim(windows, axis + 1, -1)
+    params = {"axis": axis, "size": size, "step": step}
+    return track_view(x, _unfold(x, **params), "unfold", params)
