@@ -15,6 +15,7 @@ import optax
 import pytest
 
 import xgrad
+from xgrad.compile_step import CompileFallbackError, CompileFallbackWarning
 from xgrad.optim import Optax
 
 MODES = ["eager", "compile"]
@@ -174,6 +175,242 @@ def test_an_exception_in_a_final_callback_comes_out_as_itself(mode):
     np.testing.assert_allclose(w.grad.numpy(), [2.0, 2.0])
     step(f64([1.0, 1.0]))
     assert len(calls) == 3
+
+
+# -- custom Function backwards -----------------------------------------------------------
+# A Function's backward is user Python: under xgrad.compile it runs on the host at every call,
+# as eagerly, unless marked pure_hook (then traced, running once per signature, as under jax.jit).
+
+FN_MODES = [*MODES, "compiled backward"]
+
+
+def run_fn(step, mode):
+    if mode != "compiled backward":
+        return run(step, mode)
+
+    def compiled_step(x):
+        with xgrad.autograd.compiled.enable(fallback="error"):
+            return step(x)
+
+    return compiled_step
+
+
+def cube_function(raise_on=None, exc_type=ValueError, pure=False):
+    """``scale * x ** 3`` (``scale`` a float kept on ctx) whose backward counts its calls and raises on call ``raise_on``."""
+    calls = []
+
+    def backward(ctx, g):
+        calls.append(1)
+        if len(calls) == raise_on:
+            raise exc_type("from the backward")
+        (x,) = ctx.saved_tensors
+        return g * 3 * x * x * ctx.scale, None
+
+    class Cube(xgrad.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, scale):
+            ctx.save_for_backward(x)
+            ctx.scale = scale
+            return x * x * x * scale
+
+    Cube.backward = staticmethod(xgrad.autograd.compiled.pure_hook(backward) if pure else backward)
+    return Cube, calls
+
+
+def cube_loss(np_, w, v, x, function=None):
+    """The steps' loss, written once for xgrad (through ``function``) and for jax.numpy (its math)."""
+    h = w * x
+    cubed = 2.0 * h ** 3 if function is None else function.apply(h, 2.0)
+    return np_.sin(cubed).sum() + (v * v * x).sum()
+
+
+def _function_step(mode, function):
+    w = f64([0.5, -1.0, 0.25], requires_grad=True)
+    v = f64([1.5, 0.5, -0.5], requires_grad=True)
+    opt = Optax([w, v], optax.sgd(0.1))
+
+    def step(x):
+        # No zero_grad: .grad accumulates, so a partial backward shows. The (v * v * x) branch is
+        # recorded last, so its grads reach v before the Function's backward runs.
+        loss = cube_loss(xgrad, w, v, x, function)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return {"w": w, "v": v, "step": run_fn(step, mode)}
+
+
+X = [1.0, 0.5, -2.0]
+
+
+@pytest.mark.parametrize("mode", FN_MODES)
+def test_a_function_backward_runs_at_every_call_with_eagers_grads(mode):
+    function, calls = cube_function()
+    s = _function_step(mode, function)
+    ref_function, ref_calls = cube_function()
+    ref = _function_step("eager", ref_function)
+    w0, v0 = s["w"].detach().numpy().copy(), s["v"].detach().numpy().copy()
+    s["step"](f64(X))
+    expected = jax.grad(lambda w, v: cube_loss(jax.numpy, w, v, np.asarray(X)), argnums=(0, 1))(w0, v0)
+    np.testing.assert_allclose(s["w"].grad.numpy(), expected[0], rtol=1e-12)
+    np.testing.assert_allclose(s["v"].grad.numpy(), expected[1], rtol=1e-12)
+    for _ in range(2):
+        s["step"](f64(X))
+    for _ in range(3):
+        ref["step"](f64(X))
+    assert len(calls) == len(ref_calls) == 3
+    for a, b in zip(_state(s), _state(ref), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    if mode == "compile":
+        stats = s["step"].stats()
+        assert (stats["compiles"], stats["hits"], stats["fallbacks"]) == (2, 1, 0)  # .grad None, then set
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("exc_type", [ValueError, KeyboardInterrupt])
+def test_an_exception_in_a_function_backward_comes_out_as_itself_with_eager_state(exc_type, mode):
+    (function, calls), (ref_function, ref_calls) = cube_function(2, exc_type), cube_function(2, exc_type)
+    s, ref = _function_step(mode, function), _function_step("eager", ref_function)
+    s["step"](f64(X)), ref["step"](f64(X))
+    with pytest.raises(exc_type, match="from the backward") as info:
+        s["step"](f64(X))
+    with pytest.raises(exc_type, match="from the backward"):
+        ref["step"](f64(X))
+    assert any(frame.name == "backward" for frame in traceback.extract_tb(info.value.__traceback__))
+    # v's grads accumulated before the backward raised; w's did not; the optimizer did not step.
+    for a, b in zip(_state(s), _state(ref), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    assert len(calls) == len(ref_calls) == 2
+    s["step"](f64(X)), ref["step"](f64(X))  # and the next call works
+    for a, b in zip(_state(s), _state(ref), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def test_a_pure_function_backward_is_traced_with_the_same_numbers():
+    (function, calls), (ref_function, ref_calls) = cube_function(pure=True), cube_function(pure=True)
+    s, ref = _function_step("compile", function), _function_step("eager", ref_function)
+    for _ in range(3):
+        s["step"](f64(X)), ref["step"](f64(X))
+    # Once per trace, as under jax.jit (two signatures: .grad None at the first call, then set).
+    assert len(calls) == s["step"].stats()["compiles"] == 2 and len(ref_calls) == 3
+    for a, b in zip(_state(s), _state(ref), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+class PowerAndExp(xgrad.autograd.Function):
+    """``(x ** power, exp(x))``: saved input and output, non-tensor ctx attributes, a tensor kept on ctx."""
+
+    seen: list = []
+
+    @staticmethod
+    def forward(ctx, x, power, label):
+        y = x ** power
+        ctx.save_for_backward(x, y)
+        ctx.power, ctx.label, ctx.sizes = power, label, {"n": x.shape[0]}
+        ctx.exp_x = x.exp()  # a tensor on ctx without save_for_backward
+        ctx.set_materialize_grads(False)
+        return y, ctx.exp_x
+
+    @staticmethod
+    def backward(ctx, gy, gexp):
+        PowerAndExp.seen.append((ctx.label, ctx.sizes["n"], gexp is None))
+        x, y = ctx.saved_tensors
+        gx = gy * ctx.power * y / x
+        if gexp is not None:
+            gx = gx + gexp * ctx.exp_x
+        return gx, None, None
+
+
+@pytest.mark.parametrize("mode", FN_MODES)
+@pytest.mark.parametrize("both", [False, True])
+def test_a_function_backward_on_the_host_reads_its_ctx_as_eager(both, mode):
+    w = f64([0.5, -1.0, 2.0], requires_grad=True)
+
+    def step(x):
+        w.grad = None
+        y, e = PowerAndExp.apply(w * x, 3, "cube")
+        ((y.sin() + (e if both else 0.0)).sum()).backward()
+        return w.grad
+
+    PowerAndExp.seen = []
+    step = run_fn(step, mode)
+    for scale in (1.0, 2.0):
+        grad = step(f64([scale, scale, scale])).numpy()
+        expected = jax.grad(lambda w, c: (jax.numpy.sin((w * c) ** 3) + (jax.numpy.exp(w * c) if both else 0.0)).sum())
+        np.testing.assert_allclose(grad, expected(w.detach().numpy(), scale), rtol=1e-12)
+    assert PowerAndExp.seen == [("cube", 3, not both)] * 2
+
+
+class OnceSquare(xgrad.autograd.Function):
+    calls: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    @xgrad.autograd.once_differentiable
+    def backward(ctx, g):
+        OnceSquare.calls.append(1)
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_once_differentiable_backward_runs_at_every_call(mode):
+    w = f64([0.5, -1.5], requires_grad=True)
+
+    def step(x):
+        w.grad = None
+        OnceSquare.apply(w * x).sum().backward()
+        return w.grad
+
+    OnceSquare.calls = []
+    step = run(step, mode)
+    for scale in (1.0, 3.0, -1.0):
+        np.testing.assert_allclose(step(f64([scale, scale])).numpy(), 2 * scale * scale * w.detach().numpy(), rtol=1e-12)
+    assert len(OnceSquare.calls) == 3
+
+
+class NoGradForX(xgrad.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return None
+
+
+def test_a_host_backward_returning_none_for_an_input_that_requires_grad_raises_under_compile():
+    # Eager leaves w.grad None; the compiled step laid its gradients out when traced, and says so.
+    w = f64([1.0, 2.0], requires_grad=True)
+
+    def step(x):
+        (NoGradForX.apply(w * x) + w).sum().backward()
+
+    step(f64([1.0, 1.0]))
+    assert w.grad.tolist() == [1.0, 1.0]
+    w.grad = None
+    with pytest.raises(RuntimeError, match=r"NoGradForXBackward returned None as the gradient of input 0, which requires grad.*pure_hook"):
+        run(step, "compile")(f64([1.0, 1.0]))
+    assert w.grad is None  # raised before anything reached w
+
+
+def test_a_host_backward_under_create_graph_runs_the_step_eagerly():
+    w = f64([0.5, -1.0], requires_grad=True)
+
+    def step(x):
+        (gw,) = xgrad.autograd.grad(OnceSquare.apply(w * x).sum() * 0 + (w * w * x).sum(), w, create_graph=True)
+        return gw
+
+    with pytest.raises(CompileFallbackError, match="create_graph=True"):
+        run(step, "compile")(f64([1.0, 2.0]))
+    compiled = xgrad.compile(step)
+    with pytest.warns(CompileFallbackWarning, match="create_graph=True"):
+        np.testing.assert_allclose(compiled(f64([1.0, 2.0])).detach().numpy(), [1.0, -4.0])
+    assert compiled.stats()["fallbacks"] == 1
 
 
 # -- randomness --------------------------------------------------------------------------

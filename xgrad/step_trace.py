@@ -33,6 +33,10 @@ class StepTrace:
     def hook_added(self, hooks: Any, handle: Any, owner: Any) -> None:
         """A hook was registered on ``owner`` (a tensor or a node) while the step is traced."""
 
+    def function_backward(self, node: Any, grads: list[Any]) -> list[Any] | None:
+        """A custom Function's backward (of ``node``) on ``grads`` as the traced step runs it; ``None``: trace it in."""
+        return None
+
     def check(self, failed: Any, make_error: Callable[[Any], BaseException], detail: Any = None) -> bool:
         """Make a value check part of the program: raise ``make_error(detail)`` when ``failed`` is set.
 

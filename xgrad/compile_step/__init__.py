@@ -1,8 +1,8 @@
 """``xgrad.compile``: a whole PyTorch-style training step as one cached XLA program.
 
 The package: ``recording`` (the state a trace touches), ``intercept`` (what the engine and
-ops call while a step is traced, and installing it), ``host`` (hooks and final callbacks
-as ordered host callbacks), ``writeback`` (the program's outputs and where they go) and
+ops call while a step is traced, and installing it), ``host`` (hooks, final callbacks and
+custom Function backwards as ordered host callbacks), ``writeback`` (the program's outputs and where they go) and
 ``program`` (``CompiledFunction``: the cache, the guards, compiling and running).
 
 # NOTE [Whole-step compile]
@@ -46,8 +46,8 @@ as ordered host callbacks), ``writeback`` (the program's outputs and where they 
 # rebinds among them flows on; an array the step left alone stays on the device, and a
 # callback that changes one raises). That call sits under a ``lax.cond`` on flags the
 # host hooks return (whether callbacks wait), so hooks that queue nothing cost one
-# flag each. A callback queued by traced code (a pure hook, a custom
-# Function's backward) is such a host call too, at its place in the traced backward's
+# flag each. A callback queued by traced code (a pure hook, a traced Function's
+# backward) is such a host call too, at its place in the traced backward's
 # list (``_TracedCallbacks``: a ``GraphTask`` made while tracing takes one from the recorder).
 # Python needing a concrete value
 # (``.item()``, ``if t > 0``, ``.numpy()``) makes the call run eagerly after a
@@ -62,6 +62,22 @@ as ordered host callbacks), ``writeback`` (the program's outputs and where they 
 # through ``io_callback``), the cache (the backward's is process-wide, locked and
 # keyed by graph structure; a step's is per function and keyed by its arguments) and
 # so the stats and recompile reasons (call sites and nodes there, argument leaves here).
+#
+# NOTE [Functions in a compiled step]
+# A custom Function's backward is user Python, so it runs as a hook does: one ordered
+# host call at its point in the program, every call (``_function_on_host``), under
+# ``no_grad`` and the backward's host stand-in (``queue_callback`` works), on a fresh
+# ctx per call holding the Function's own attributes, with the grads, the saved tensors
+# (unpacked when traced) and any tensor among the attributes as their values at that
+# point. Its results are validated there as the engine validates them, so they come
+# back with the shapes and dtypes of the inputs they flow into; the program is laid out
+# when traced, so a ``None`` for an input that requires grad raises, naming the fix.
+# What it raises is kept as a hook's is. Traced in instead: a backward marked
+# ``pure_hook`` (its body then runs once per trace, as under ``jax.jit``), xgrad's own
+# Functions (``Function._traced_in_step``: a reentrant checkpoint accumulates into the
+# step's parameters, which a host call cannot), and any backward under a JAX
+# transformation nested in ``fn``. Under ``create_graph`` a backward's graph must be
+# recorded, which a host call cannot do: the step runs eagerly (a fallback).
 #
 # NOTE [Checks in a compiled step]
 # Eager ops raise ``IndexError`` for an out-of-range index (``check_index_range`` in

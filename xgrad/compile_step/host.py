@@ -1,4 +1,7 @@
-"""Hooks and final callbacks of a traced step as ordered host callbacks (NOTE [Whole-step compile] in ``__init__``)."""
+"""Hooks, final callbacks and custom Function backwards of a traced step as ordered host callbacks.
+
+NOTE [Whole-step compile] and NOTE [Functions in a compiled step] in ``__init__``.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +14,28 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad.compile_step import recording
+from xgrad.compile_step.errors import _NotCompilable
 from xgrad.compile_step.recording import _ARRAY, _GRAD, tracing
-from xgrad.engine.node import current_task
+from xgrad.engine.compiled.cache import call_site
+from xgrad.engine.compiled.key import traced_function
+from xgrad.engine.compiled.lower import _FunctionRules
+from xgrad.engine.function import FunctionCtx, FunctionNode
+from xgrad.engine.node import Edge, InputMetadata, current_task
+from xgrad.engine.validate import validate_outputs
+from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.jax_internals import io_callback
 from xgrad.tensor import Tensor, is_tensor
+
+ERR_NO_GRAD_FROM_HOST = (
+    "under xgrad.compile, {name} returned None as the gradient of input {i}, which requires grad: its backward runs "
+    "on the host at every call, in a program whose gradients were laid out when it was traced. Return zeros instead, "
+    "mark the backward xgrad.autograd.compiled.pure_hook if it is traceable, or run this step eagerly"
+)
+FALLBACK_CREATE_GRAPH = (
+    "the backward of {name} runs under create_graph=True, and its graph must be recorded, which a host call cannot do "
+    "(mark it xgrad.autograd.compiled.pure_hook if it is traceable)"
+)
+_CTX_OWN = frozenset(vars(FunctionCtx()))  # what autograd keeps on a ctx; the rest is the Function's
 
 
 def _struct(array: Any) -> jax.ShapeDtypeStruct:
@@ -155,6 +176,69 @@ def _state_on_host(
             t._array = next(outs)
         if has_grad:
             t._grad = Tensor(next(outs))
+
+
+class _Into:
+    """Stands in for the node a Function's gradient flows into: its input's metadata, all ``validate_outputs`` reads."""
+
+    __slots__ = ("input_metadata",)
+
+    def __init__(self, meta: InputMetadata) -> None:
+        self.input_metadata = (meta,)
+
+
+def _function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
+    """``node``'s backward on ``grads`` as an ordered host call of the program (NOTE [Functions in a compiled step]).
+
+    ``None`` for a backward the step traces in: one marked ``pure_hook`` or one of xgrad's own.
+    """
+    function = node.function
+    if function._traced_in_step or traced_function(function):
+        return None
+    name = node.name()
+    if is_grad_enabled():  # create_graph: the engine runs backwards in grad mode only then
+        raise _NotCompilable(FALLBACK_CREATE_GRAPH.format(name=name), call_site())
+    ctx = node.ctx
+    attrs = {k: v for k, v in vars(ctx).items() if k not in _CTX_OWN}
+    leaves, tree = jax.tree_util.tree_flatten((grads, node.unpack_saved(), attrs), is_leaf=is_tensor)
+    sent = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array))]
+    arrays = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in sent]
+    is_tensor_leaf = [isinstance(leaves[i], Tensor) for i in sent]
+    for i in sent:  # the program keeps ``host``: not the tracers
+        leaves[i] = None
+    # Where each gradient goes: the metadata its value must fit (``None``: nowhere, dropped as eager drops it).
+    into = [None if n is None else InputMetadata(*n.input_metadata[nr][:2], None) for n, nr in node.next_edges]
+    edges = [Edge(None if m is None else _Into(m), 0) for m in into]  # type: ignore[arg-type]
+    metas = [m for m in into if m is not None]
+    needs, materialize, input_is_tensor = ctx.needs_input_grad, ctx.materialize_grads, node.input_is_tensor
+    graph_task = _host_graph_task()
+
+    def host(*concrete: Any) -> Any:
+        values = list(leaves)
+        for i, c, wrap in zip(sent, concrete, is_tensor_leaf, strict=True):
+            values[i] = Tensor(jnp.asarray(c)) if wrap else jnp.asarray(c)
+        host_grads, saved, host_attrs = jax.tree_util.tree_unflatten(tree, values)
+        host_ctx = FunctionCtx()  # a fresh ctx per call, as each eager call has its own
+        host_ctx.needs_input_grad, host_ctx.materialize_grads = needs, materialize
+        vars(host_ctx).update(host_attrs)
+        rules = _FunctionRules(name, function, input_is_tensor, len(into), host_ctx)
+        with no_grad():  # as the engine runs a backward without create_graph
+            results = _in_backward(graph_task, rules.compute, list(host_grads), tuple(saved))
+        validate_outputs(edges, results, name)
+        out = []
+        for i, (g, m) in enumerate(zip(results, into, strict=True)):
+            if m is not None:
+                if g is None:
+                    raise RuntimeError(ERR_NO_GRAD_FROM_HOST.format(name=name, i=i))
+                out.append(np.asarray(g._array))
+        return tuple(out)
+
+    def unchanged(*concrete: Any) -> Any:
+        return tuple(np.zeros(m.shape, m.dtype) for m in metas)
+
+    outs = iter(_ordered_host_call(host, unchanged, tuple(jax.ShapeDtypeStruct(m.shape, m.dtype) for m in metas), arrays,
+                                   graph_task))
+    return [None if m is None else Tensor(next(outs)) for m in into]
 
 
 class _HostGraphTask:

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from xgrad.compile_step.host import _host_hook, _TracedCallbacks
+from xgrad.compile_step.host import _function_on_host, _host_hook, _TracedCallbacks
 from xgrad.compile_step.recording import (
     _ARRAY,
     _GRAD,
@@ -45,6 +45,9 @@ class _StepRecorder(_Recorder):
         else:
             outlives = isinstance(owner, Node) and owner.sequence_nr < self.first_sequence_nr
         self.added_hooks.append((weakref.ref(hooks), handle.id, call_site(), outlives))
+
+    def function_backward(self, node: Any, grads: list[Any]) -> list[Any] | None:
+        return _function_on_host(node, grads) if self.at_step_level() else None
 
     def final_callbacks(self) -> list[Callable[[], None]]:
         return _TracedCallbacks()

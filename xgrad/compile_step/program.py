@@ -406,9 +406,10 @@ def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") ->
             runs eagerly, after a one-time warning naming the line; ``"error"``: raise
             ``CompileFallbackError`` instead.
 
-    Hooks registered on tensors or nodes (inside ``fn`` or before) run once per call
-    with concrete values in eager order, through host callbacks;
-    ``xgrad.autograd.compiled.pure_hook`` hooks are traced into the program. Plain
+    Hooks registered on tensors or nodes (inside ``fn`` or before) and custom
+    ``Function.backward``s run once per call with concrete values in eager order,
+    through host callbacks; those marked ``xgrad.autograd.compiled.pure_hook`` are
+    traced into the program. Plain
     Python side effects in ``fn``'s body (``print``, appending to a list) run when
     ``fn`` is traced, on the first call of each signature, not on every call, as
     under ``jax.jit``. ``step.stats()`` returns ``{"compiles", "hits", "misses",

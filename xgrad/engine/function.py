@@ -23,6 +23,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from xgrad import step_trace
 from xgrad.engine import engine_ops
 from xgrad.engine.anomaly import record_forward_trace
 from xgrad.engine.dual import ERR_TANGENT_SIZE, LEVEL, set_tangent, tangent_of, tangents_off
@@ -172,6 +173,11 @@ class FunctionNode(Node):
                 Tensor(jnp.zeros(m.shape, m.dtype, device=m.sharding)) if g is None and m is not None else g
                 for g, m in zip(grads, self.input_metadata, strict=True)
             ]
+        trace = step_trace.current()
+        if trace is not None:  # an ``xgrad.compile`` step may run it on the host (NOTE [Functions in a compiled step])
+            outputs = trace.function_backward(self, grads)
+            if outputs is not None:
+                return outputs
         return self.compute(grads, UNPACK_ON_ACCESS)
 
     def compute(self, grads: list[Any], saved_values: tuple[Any, ...]) -> list[Any]:
@@ -251,6 +257,11 @@ class Function:
     >>> y.backward(); x.grad.item()
     12.0
     """
+
+    # xgrad's own Functions (a reentrant checkpoint, ...) write the step's state from their backward: an
+    # ``xgrad.compile`` step traces them in, where a user's backward runs on the host at every call
+    # (NOTE [Functions in a compiled step]).
+    _traced_in_step = False
 
     @staticmethod
     def forward(*args: Any, **kwargs: Any) -> Any:

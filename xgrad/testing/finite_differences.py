@@ -395,6 +395,8 @@ def _check_backward_mul_by_grad_output(outs: list[Tensor], wrt: list[Tensor], pr
 class _UndefinedGrad(Function):
     """Identity whose backward sends an undefined (``None``) gradient on: PyTorch's ``UndefinedGrad``."""
 
+    _traced_in_step = True  # its ``None`` flows on as eager's (a host call returns arrays)
+
     @staticmethod
     def forward(ctx: Any, x: Tensor) -> Tensor:
         return Tensor(x.array)

@@ -109,6 +109,8 @@ def _detached(args: tuple[Any, ...]) -> tuple[Any, ...]:
 class CheckpointFunction(Function):
     """The reentrant variant: forward without a graph, backward recomputes and runs ``backward``."""
 
+    _traced_in_step = True  # its backward accumulates into the block's parameters: the step's state
+
     @staticmethod
     def forward(ctx: Any, run_function: Callable[..., Any], rng_state: Any, *args: Any) -> Any:
         ctx.run_function = run_function

@@ -172,7 +172,7 @@ class PureHook:
 
 
 def pure_hook(fn: Callable[..., Any]) -> PureHook:
-    """Mark a hook as JAX-traceable with no side effects, so compiled backwards trace it in.
+    """Mark a hook as JAX-traceable with no side effects, so compiled backwards and ``xgrad.compile`` trace it in.
 
     Any hook kind can be marked, and so can a custom ``Function.backward`` (decorate
     it below ``@staticmethod``). Eager backwards call it as usual; compiled ones call
