@@ -398,6 +398,37 @@ def test_a_host_backward_returning_none_for_an_input_that_requires_grad_raises_u
     assert w.grad is None  # raised before anything reached w
 
 
+class AccumulatesIntoW(xgrad.autograd.Function):
+    """Identity whose backward runs a backward of its own into the module-level ``W`` (as a hand-made checkpoint would)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        with xgrad.enable_grad():
+            (W * W).sum().backward()
+        return g
+
+
+W = f64([1.0, 2.0], requires_grad=True)
+
+
+def test_a_host_backward_changing_the_steps_state_raises_under_compile():
+    v = f64([3.0, 4.0], requires_grad=True)
+
+    def step(x):
+        W.grad = None
+        (AccumulatesIntoW.apply(v * x) + W * x).sum().backward()
+
+    step(f64([1.0, 1.0]))  # eagerly: W.grad has x and 2 W
+    assert W.grad.tolist() == [3.0, 5.0]
+    with pytest.raises(RuntimeError, match=r"the backward of AccumulatesIntoWBackward changed the storage or \.grad of a tensor the step uses \(shape \[2\]\).*pure_hook"):
+        run(step, "compile")(f64([1.0, 1.0]))
+    assert W.tolist() == [1.0, 2.0]
+
+
 def test_a_host_backward_under_create_graph_runs_the_step_eagerly():
     w = f64([0.5, -1.0], requires_grad=True)
 

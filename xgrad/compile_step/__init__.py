@@ -72,7 +72,9 @@ custom Function backwards as ordered host callbacks), ``writeback`` (the program
 # point. Its results are validated there as the engine validates them, so they come
 # back with the shapes and dtypes of the inputs they flow into; the program is laid out
 # when traced, so a ``None`` for an input that requires grad raises, naming the fix.
-# What it raises is kept as a hook's is. Traced in instead: a backward marked
+# The step's state is the program's while it runs: a backward that changes a state
+# tensor's storage or ``.grad`` on the host (a backward of its own accumulating into
+# parameters) is undone and raises. What it raises is kept as a hook's is. Traced in instead: a backward marked
 # ``pure_hook`` (its body then runs once per trace, as under ``jax.jit``), xgrad's own
 # Functions (``Function._traced_in_step``: a reentrant checkpoint accumulates into the
 # step's parameters, which a host call cannot), and any backward under a JAX

@@ -6,6 +6,7 @@ NOTE [Whole-step compile] and NOTE [Functions in a compiled step] in ``__init__`
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,11 @@ ERR_NO_GRAD_FROM_HOST = (
 FALLBACK_CREATE_GRAPH = (
     "the backward of {name} runs under create_graph=True, and its graph must be recorded, which a host call cannot do "
     "(mark it xgrad.autograd.compiled.pure_hook if it is traceable)"
+)
+ERR_STATE_FROM_HOST = (
+    "under xgrad.compile, the backward of {name} changed the storage or .grad of a tensor the step uses (shape {shape}), "
+    "as a backward of its own does when it accumulates into parameters: it runs on the host, where the step's state "
+    "cannot change. Mark it xgrad.autograd.compiled.pure_hook if it is traceable, or run this step eagerly"
 )
 _CTX_OWN = frozenset(vars(FunctionCtx()))  # what autograd keeps on a ctx; the rest is the Function's
 
@@ -178,6 +184,12 @@ def _state_on_host(
             t._grad = Tensor(next(outs))
 
 
+def _storage(t: Tensor) -> tuple[Any, Any, Any]:
+    """What a host call must leave as it is on a tensor of the step's state: its array, its ``.grad`` and that one's array."""
+    grad = _GRAD.__get__(t, Tensor)
+    return _ARRAY.__get__(t, Tensor), grad, None if grad is None else _ARRAY.__get__(grad, Tensor)
+
+
 class _Into:
     """Stands in for the node a Function's gradient flows into: its input's metadata, all ``validate_outputs`` reads."""
 
@@ -212,6 +224,7 @@ def _function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
     metas = [m for m in into if m is not None]
     needs, materialize, input_is_tensor = ctx.needs_input_grad, ctx.materialize_grads, node.input_is_tensor
     graph_task = _host_graph_task()
+    state = [weakref.ref(t) for t in _state_owners()]
 
     def host(*concrete: Any) -> Any:
         values = list(leaves)
@@ -222,8 +235,20 @@ def _function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
         host_ctx.needs_input_grad, host_ctx.materialize_grads = needs, materialize
         vars(host_ctx).update(host_attrs)
         rules = _FunctionRules(name, function, input_is_tensor, len(into), host_ctx)
-        with no_grad():  # as the engine runs a backward without create_graph
-            results = _in_backward(graph_task, rules.compute, list(host_grads), tuple(saved))
+        tensors = [t for t in (ref() for ref in state) if t is not None]
+        before = [_storage(t) for t in tensors]
+        try:
+            with no_grad():  # as the engine runs a backward without create_graph
+                results = _in_backward(graph_task, rules.compute, list(host_grads), tuple(saved))
+        finally:
+            changed = [t for t, b in zip(tensors, before, strict=True) if any(x is not y for x, y in zip(_storage(t), b, strict=True))]
+            for t, (array, grad, grad_array) in zip(tensors, before, strict=True):
+                _ARRAY.__set__(t, array)
+                _GRAD.__set__(t, grad)
+                if grad is not None:
+                    _ARRAY.__set__(grad, grad_array)
+        if changed:
+            raise RuntimeError(ERR_STATE_FROM_HOST.format(name=name, shape=list(changed[0].shape)))
         validate_outputs(edges, results, name)
         out = []
         for i, (g, m) in enumerate(zip(results, into, strict=True)):
