@@ -129,17 +129,40 @@ def rows_for(name: str, timers: dict[str, Callable[[], float]], repeats: int) ->
     ]
 
 
+def _tanh_backward(ctx: Any, g: xgrad.Tensor) -> xgrad.Tensor:
+    (out,) = ctx.saved_tensors
+    return g * (1 - out * out)
+
+
+class HostTanh(xgrad.autograd.Function):
+    """tanh with a hand-written backward: under ``xgrad.compile`` it runs on the host at every call."""
+
+    @staticmethod
+    def forward(ctx: Any, x: xgrad.Tensor) -> xgrad.Tensor:
+        out = x.tanh()
+        ctx.save_for_backward(out)
+        return out
+
+    backward = staticmethod(_tanh_backward)
+
+
+class PureTanh(HostTanh):
+    """The same backward marked ``pure_hook``: traced into the program."""
+
+    backward = staticmethod(xgrad.autograd.compiled.pure_hook(_tanh_backward))
+
+
 def mlp_timers() -> dict[str, Callable[[], float]]:
     batch = demo.make_batches(jax.devices()[0])[0]
     model = demo.make_model(jax.devices()[0])
     params = list(model.parameters())
 
-    def loss_fn(ps: list[xgrad.Tensor], x: xgrad.Tensor, y: xgrad.Tensor) -> xgrad.Tensor:
+    def loss_fn(ps: list[xgrad.Tensor], x: xgrad.Tensor, y: xgrad.Tensor, tanh: Callable[..., Any] = xgrad.tanh) -> xgrad.Tensor:
         h = x
         for i in range(0, len(ps), 2):
             h = h @ ps[i].T + ps[i + 1]
             if i + 2 < len(ps):
-                h = h.tanh()
+                h = tanh(h)
         return xgrad.cross_entropy(h, y)
 
     x, y = xgrad.tensor(batch[0]), xgrad.tensor(batch[1])
@@ -149,6 +172,13 @@ def mlp_timers() -> dict[str, Callable[[], float]]:
     # difference to the row above is what the check costs per step.
     no_check = xgrad_steps(lambda ps, x: loss_fn(ps, x, y), params, [x], hows=("xgrad.compile step",))
     timers["xgrad.compile step, no index check"] = no_check["xgrad.compile step"]
+    # tanh as a custom Function: its backward is one ordered host call per layer and step
+    # (NOTE [Functions in a compiled step]), or traced in when marked pure_hook.
+    for label, function in (("tanh a Function, host backward", HostTanh), ("tanh a Function, pure_hook", PureTanh)):
+        steps = xgrad_steps(
+            lambda ps, x, y, f=function: loss_fn(ps, x, y, f.apply), params, [x, y], hows=("xgrad.compile step",)
+        )
+        timers[f"xgrad.compile step, {label}"] = steps["xgrad.compile step"]
     timers["jax.jit(value_and_grad) + optax (floor)"] = floor_step(demo.jax_loss, [p.array for p in params], list(batch))
     torch_timer = torch_mlp_step([p.array for p in params], np.asarray(batch[0]), np.asarray(batch[1]))
     if torch_timer is not None:
