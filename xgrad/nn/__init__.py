@@ -26,10 +26,12 @@ from xgrad.nn.embedding import Embedding
 from xgrad.nn.linear import MLP, Identity, Linear
 from xgrad.nn.module import Module, Parameter
 from xgrad.nn.normalization import BatchNorm1d, BatchNorm2d, LayerNorm
+from xgrad.nn.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from xgrad.nn.transformer import MultiheadAttention, TransformerEncoderLayer
 
 __all__ = [
-    "GELU", "MLP", "BatchNorm1d", "BatchNorm2d", "Conv2d", "Dropout", "Embedding", "Identity", "LayerNorm", "Linear",
-    "Module", "ModuleDict", "ModuleList", "MultiheadAttention", "Parameter", "ReLU", "Sequential", "SiLU", "Sigmoid",
-    "Tanh", "TransformerEncoderLayer", "functional", "init",
+    "GELU", "GRU", "LSTM", "MLP", "RNN", "BatchNorm1d", "BatchNorm2d", "Conv2d", "Dropout", "Embedding", "GRUCell",
+    "Identity", "LSTMCell", "LayerNorm", "Linear", "Module", "ModuleDict", "ModuleList", "MultiheadAttention",
+    "Parameter", "RNNCell", "ReLU", "Sequential", "SiLU", "Sigmoid", "Tanh", "TransformerEncoderLayer", "functional",
+    "init",
 ]

@@ -26,6 +26,7 @@ import numpy as np
 
 import xgrad
 from xgrad.ops.registry import REGISTRY, bind
+from xgrad.testing.rnn_reference import reference_lstm, reference_recurrent
 
 __all__ = ["OP_SPECS", "Domain", "OpSpec", "POSITIVE", "REAL", "UNIT", "ints", "specs_for", "uncovered_ops"]
 
@@ -590,6 +591,21 @@ def _build_specs() -> list[OpSpec]:
     add(_unary("interpolate", lambda x: X.interpolate(x, size=(5, 2), mode="bilinear", align_corners=True),
                lambda x: _ref_interpolate(x, (5, 2), "bilinear", align_corners=True), label="bilinear, align_corners",
                shapes=(((1, 2, 3, 4),),)))
+    # One direction of one recurrent layer: x (T, B, I), h0 (B, H), weights with G gates of H rows. Few
+    # specs, one second-order: each compiles a scan, its vjp and its jvp (tests/test_rnn.py covers the rest).
+    def scan_shapes(gates: int, bias: bool, lstm: bool = False) -> tuple[tuple[Shape, ...], ...]:
+        states = ((2, 4),) * (2 if lstm else 1)
+        return (((3, 2, 3), *states, (gates * 4, 3), (gates * 4, 4), *(((gates * 4,),) * 2 if bias else ())),)
+
+    for mode, gates, reverse, bias in (("rnn_tanh", 1, False, True), ("rnn_relu", 1, True, False), ("gru", 3, True, True)):
+        scan = _prim("recurrent_scan", mode=mode, reverse=reverse)
+        add(OpSpec("recurrent_scan", (lambda *a, f=scan: f(*a, *(None,) * (6 - len(a)))),
+                   (lambda *a, m=mode, r=reverse: reference_recurrent(*a, mode=m, reverse=r)),
+                   scan_shapes(gates, bias), (UNIT,) * (6 if bias else 4), label=f"{mode}, reverse={reverse}, bias={bias}",
+                   smooth=mode != "rnn_relu", second_order=mode == "rnn_tanh"))
+    lstm = _prim("lstm_scan", reverse=True)
+    add(OpSpec("lstm_scan", lstm, lambda *a: reference_lstm(*a, reverse=True), scan_shapes(4, True, lstm=True), (UNIT,) * 7,
+               label="reverse", second_order=False))
     return specs
 
 
