@@ -18,8 +18,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import Literal
 
+from xgrad.engine.dataflow import output_deps
 from xgrad.engine.rules import register_jax_op
 from xgrad.ops.registry import Primitive, bind, defprim
 from xgrad.tensor import Tensor, is_tensor
@@ -120,23 +120,6 @@ class _JaxFunction:
 # data flow) leaves the graph, as eager's ops would give it no ``grad_fn``: the vjp of a
 # linear function (the double-backward trick, a compiled backward recorded under
 # ``create_graph``) does not depend on the primals, and must not claim to.
-def output_deps(jaxpr: Any) -> list[frozenset[int]]:
-    """For each output of ``jaxpr``, the inputs it depends on (through nested jit calls)."""
-    depends: dict[Any, frozenset[int]] = {v: frozenset((i,)) for i, v in enumerate(jaxpr.invars)}
-    none: frozenset[int] = frozenset()
-    for eqn in jaxpr.eqns:
-        ins = [none if isinstance(v, Literal) else depends.get(v, none) for v in eqn.invars]
-        inner = eqn.params.get("jaxpr") if eqn.primitive.name in ("pjit", "jit", "closed_call") else None
-        if inner is not None:
-            inner_deps = output_deps(getattr(inner, "jaxpr", inner))
-            outs = [none.union(*(ins[j] for j in d)) for d in inner_deps]
-        else:  # any other primitive: every output may depend on every input
-            outs = [none.union(*ins)] * len(eqn.outvars)
-        for v, d in zip(eqn.outvars, outs, strict=True):
-            depends[v] = d
-    return [none if isinstance(v, Literal) else depends.get(v, none) for v in jaxpr.outvars]
-
-
 def _detach_independent(outs: tuple[Tensor, ...], inputs: tuple[Any, ...], deps: list[frozenset[int]]) -> tuple[Tensor, ...]:
     """``outs`` with those that depend on no input requiring grad detached (NOTE [Outputs independent of the graph])."""
     requires = [isinstance(x, Tensor) and x.requires_grad for x in inputs]

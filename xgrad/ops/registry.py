@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from xgrad.bounded_cache import BoundedCache
 from xgrad.engine.anomaly import ANOMALY, record_forward_trace
+from xgrad.engine.dataflow import PRIMITIVE_JIT_PREFIX
 from xgrad.engine.dual import LEVEL, set_tangent, tangents_on
 from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator, sharding_of
 from xgrad.engine.rules import Aval, RuleArgs, RuleNode, incoming_grad
@@ -130,7 +131,7 @@ class Primitive:
         except TypeError:
             return self.impl(*arrays, **params)
         if fn is None:
-            fn = jax.jit(functools.partial(self.impl, **params)) if params else jax.jit(self.impl)
+            fn = jax.jit(_named(functools.partial(self.impl, **params) if params else self.impl, self.name))
             self._jitted[key] = fn
         try:
             return fn(*arrays)
@@ -313,6 +314,16 @@ def _fuse(prim: Primitive, key: Any, params: dict[str, Any], g_arrays: Any, arra
 
 
 REGISTRY: dict[str, Primitive] = {}
+
+
+def _named(impl: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``impl`` under the name its ``jit`` equation carries in a traced program (NOTE [Data flow as eager sees it])."""
+
+    def primitive(*arrays: Any) -> Any:
+        return impl(*arrays)
+
+    primitive.__name__ = primitive.__qualname__ = PRIMITIVE_JIT_PREFIX + name
+    return primitive
 
 
 def _checked(impl: Callable[..., Any], shape_rule: Callable[..., None]) -> Callable[..., Any]:

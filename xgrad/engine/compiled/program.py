@@ -39,6 +39,7 @@ from xgrad.engine.compiled.lower import (
     run_phase,
     tracing,
 )
+from xgrad.engine.dataflow import output_deps
 from xgrad.engine.graph_task import InputBuffer
 from xgrad.engine.rules import jax_op
 from xgrad.jax_internals import Literal, jaxpr_as_fun
@@ -228,11 +229,6 @@ class Segment:
         return [t._array for t in leaves], tree
 
 
-def _inexact(aval: Any) -> bool:
-    dtype = getattr(aval, "dtype", None)
-    return dtype is not None and bool(jnp.issubdtype(dtype, jnp.inexact))  # bfloat16's kind is "V"
-
-
 class Traced:
     """A segment traced for one layout of its inputs, and jitted; chunks of equal structure share one.
 
@@ -259,33 +255,13 @@ class Traced:
         self.out_tree = trees[0]
         self.out_avals = closed.out_avals
         jaxpr = closed.jaxpr
+        # Which inputs each output depends on as eager's ``requires_grad`` would see it,
+        # op by op (NOTE [Data flow as eager sees it]): ``relu``'s backward keeps ``relu``'s
+        # output, ``maximum``'s, which reads its inputs through comparisons only, does not.
+        self.deps: list[frozenset[int]] = output_deps(jaxpr)
         index = {v: i for i, v in enumerate(jaxpr.invars)}
-        # Which inputs each value depends on as eager's ``requires_grad`` would: an op's
-        # float result depends on its float arguments, an integer or bool result (a
-        # comparison, an index) on nothing. Each xgrad op of a rule is one equation here
-        # (its jitted forward), so the flow is eager's, op by op: ``relu``'s backward,
-        # differentiable in ``relu``'s output, keeps it; ``maximum``'s, which reads its
-        # inputs through comparisons only, does not.
-        depends: dict[Any, frozenset[int]] = {v: frozenset((i,)) for v, i in index.items()}
-        used: set[int] = set()
-        for eqn in jaxpr.eqns:
-            sources: frozenset[int] = frozenset()
-            for v in eqn.invars:
-                if not isinstance(v, Literal):
-                    if _inexact(v.aval):
-                        sources = sources | depends.get(v, frozenset())
-                    if v in index:
-                        used.add(index[v])
-            for v in eqn.outvars:
-                depends[v] = sources if _inexact(v.aval) else frozenset()
-        self.deps: list[frozenset[int]] = []
-        for v in jaxpr.outvars:
-            if isinstance(v, Literal):
-                self.deps.append(frozenset())
-                continue
-            self.deps.append(depends.get(v, frozenset()))
-            if v in index:
-                used.add(index[v])
+        used = {index[v] for eqn in jaxpr.eqns for v in eqn.invars if not isinstance(v, Literal) and v in index}
+        used.update(index[v] for v in jaxpr.outvars if not isinstance(v, Literal) and v in index)
         self.used = sorted(used)
         run_all = jaxpr_as_fun(closed)
         n_in = len(avals)
