@@ -49,6 +49,14 @@ VALUE_CHECKS = {
         lambda w, a: xgrad.nll_loss(w.reshape(1, 3).log_softmax(-1), a.long()[:1]),
         [1, 0, 0], [-2, 0, 0], IndexError, "Target -2 is out of bounds.",
     ),
+    "one_hot class values below num_classes": (
+        lambda w, a: w * xgrad.one_hot(a.long(), 3).double(),
+        [2, 0, 1], [0, 3, 1], RuntimeError, "Class values must be smaller than num_classes.",
+    ),
+    "one_hot class values non-negative": (
+        lambda w, a: w * xgrad.one_hot(a.long(), 3).double(),
+        [2, 0, 1], [0, -1, 1], RuntimeError, "Class values must be non-negative.",
+    ),
     "cross_entropy target in range": (
         lambda w, a: xgrad.cross_entropy(w.reshape(1, 3), a.long()[:1]),
         [2, 0, 0], [5, 0, 0], IndexError, "Target 5 is out of bounds.",

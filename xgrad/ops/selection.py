@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from xgrad.ops._util import as_array, canonical_dim, norm_axes
+from xgrad.ops._util import as_array, canonical_dim, check_values, norm_axes
 from xgrad.ops.elementwise import where
 from xgrad.ops.index import gather
 from xgrad.ops.shape import broadcast_to
@@ -170,15 +170,17 @@ def one_hot(x: Any, num_classes: int = -1) -> Tensor:
     array = jnp.asarray(as_array(x))
     if not jnp.issubdtype(array.dtype, jnp.integer):
         raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
-    if array.size and int(array.min()) < 0:
-        raise RuntimeError("Class values must be non-negative.")
+    if num_classes < -1:
+        raise RuntimeError(f"num_classes should be -1 or non-negative, got {num_classes}")
+    if array.size:  # value checks, eager's and compiled (a given num_classes keeps the shape static)
+        check_values(lambda a: (a < 0).any(), array, lambda: RuntimeError("Class values must be non-negative."))
     if num_classes == -1:
         if not array.size:
             raise RuntimeError("Can not infer total number of classes from empty tensor.")
         num_classes = int(array.max()) + 1
-    elif num_classes < 0:
-        raise RuntimeError(f"num_classes should be -1 or non-negative, got {num_classes}")
-    elif array.size and int(array.max()) >= num_classes:
-        raise RuntimeError("Class values must be smaller than num_classes.")
+    elif array.size:
+        check_values(
+            lambda a: (a >= num_classes).any(), array, lambda: RuntimeError("Class values must be smaller than num_classes.")
+        )
     int_dtype = jnp.asarray(0).dtype  # int64 with x64 on, as PyTorch's LongTensor
     return Tensor((array[..., None] == jnp.arange(num_classes)).astype(int_dtype))
