@@ -37,6 +37,7 @@ def _torch_layer(name, data):
         "lstm_cell": lambda: nn.LSTMCell(3, 4, dtype=F64),
         "gru_cell": lambda: nn.GRUCell(3, 4, dtype=F64),
         "rnn_cell": lambda: nn.RNNCell(3, 4, nonlinearity="relu", dtype=F64),
+        "lstm_proj": lambda: nn.LSTM(3, 4, num_layers=2, bidirectional=True, proj_size=2, dtype=F64),
     }
     layer = layers[name]()
     state = {k: v for k, v in data.items() if k not in ("x", "h0", "c0", "out", "h_n", "c_n") and not k.startswith("grad/")}
@@ -44,7 +45,7 @@ def _torch_layer(name, data):
     return layer
 
 
-TORCH_CASES = ["lstm", "gru", "rnn_relu", "rnn_tanh_unbatched", "lstm_cell", "gru_cell", "rnn_cell"]
+TORCH_CASES = ["lstm", "gru", "rnn_relu", "rnn_tanh_unbatched", "lstm_cell", "gru_cell", "rnn_cell", "lstm_proj"]
 
 
 @pytest.mark.usefixtures("eager_and_compiled")
@@ -73,7 +74,7 @@ def test_outputs_and_gradients_match_pytorch(name):
         np.testing.assert_allclose(p.grad.numpy(), data[f"grad/{key}"], rtol=1e-9, atol=1e-12, err_msg=key)
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru", "rnn_relu", "gru_cell"])
+@pytest.mark.parametrize("name", ["lstm", "gru", "rnn_relu", "gru_cell", "lstm_proj"])
 def test_state_dict_has_pytorchs_keys_and_shapes(name):
     data = _case(name)
     layer = _torch_layer(name, data)
@@ -287,7 +288,9 @@ def test_initialisation_is_pytorchs_uniform_and_follows_the_key():
 
 
 @pytest.mark.parametrize(("make", "error", "match"), [
-    (lambda: nn.LSTM(3, 4, proj_size=2), RuntimeError, "proj_size"),
+    (lambda: nn.LSTM(3, 4, proj_size=4), ValueError, "proj_size has to be smaller than hidden_size"),
+    (lambda: nn.LSTM(3, 4, proj_size=2)(xgrad.ones(2, 1, 3), (xgrad.zeros(1, 1, 4), xgrad.zeros(1, 1, 4))), RuntimeError,
+     r"Expected hidden\[0\] size \(1, 1, 2\), got \[1, 1, 4\]"),
     (lambda: nn.RNN(3, 4, nonlinearity="gelu"), ValueError, "Unknown nonlinearity 'gelu'"),
     (lambda: nn.GRU(3, 0), ValueError, "hidden_size must be greater than zero"),
     (lambda: nn.GRU(3, 4, num_layers=0), ValueError, "num_layers must be greater than zero"),

@@ -88,26 +88,24 @@ class RNNBase(Module):
             raise ValueError("proj_size should be a positive integer or zero to disable projections")
         if proj_size >= hidden_size:
             raise ValueError("proj_size has to be smaller than hidden_size")
-        if proj_size:
-            raise RuntimeError(
-                f"xgrad's LSTM does not support proj_size (got proj_size={proj_size}): use proj_size=0 and a Linear "
-                "layer on the output"
-            )
         self.mode = mode
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
         self.bidirectional, self.proj_size = bidirectional, proj_size
         gate_size = _GATES[mode] * hidden_size
         directions = 2 if bidirectional else 1
+        state_size = proj_size or hidden_size  # the hidden state's features, projected or not
         shapes: dict[str, tuple[int, ...]] = {}
         for layer in range(num_layers):
-            layer_input = input_size if layer == 0 else hidden_size * directions
+            layer_input = input_size if layer == 0 else state_size * directions
             for suffix in self._suffixes(layer):
                 shapes[f"weight_ih{suffix}"] = (gate_size, layer_input)
-                shapes[f"weight_hh{suffix}"] = (gate_size, hidden_size)
+                shapes[f"weight_hh{suffix}"] = (gate_size, state_size)
                 if bias:
                     shapes[f"bias_ih{suffix}"] = (gate_size,)
                     shapes[f"bias_hh{suffix}"] = (gate_size,)
+                if proj_size:
+                    shapes[f"weight_hr{suffix}"] = (proj_size, hidden_size)
         dropout_key = _uniform_parameters(self, shapes, hidden_size, key, dtype)
         self._rng = KeyState(dropout_key)  # state of a compiled step (NOTE [Random state])
 
@@ -115,8 +113,8 @@ class RNNBase(Module):
         return [f"_l{layer}", f"_l{layer}_reverse"] if self.bidirectional else [f"_l{layer}"]
 
     def _layer_weights(self, suffix: str) -> list[Tensor | None]:
-        names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-        return [getattr(self, name + suffix, None) for name in names]  # no bias_* without bias
+        names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh") + (("weight_hr",) if self.mode == "lstm" else ())
+        return [getattr(self, name + suffix, None) for name in names]  # None: no bias, no projection
 
     @property
     def all_weights(self) -> list[list[Tensor]]:
@@ -137,13 +135,13 @@ class RNNBase(Module):
             raise RuntimeError(f"input.size(-1) must be equal to input_size. Expected {self.input_size}, got {x.shape[-1]}")
         return x.ndim == 3
 
-    def _initial_state(self, hx: Tensor | None, batch: int, dtype: Any, which: str) -> list[Tensor]:
-        """The initial state of each layer and direction, from ``hx`` of shape (D * num_layers, B, H), or zeros."""
+    def _initial_state(self, hx: Tensor | None, batch: int, size: int, dtype: Any, which: str) -> list[Tensor]:
+        """The initial state of each layer and direction, from ``hx`` of shape (D * num_layers, B, size), or zeros."""
         count = self.num_layers * (2 if self.bidirectional else 1)
         if hx is None:
-            zeros = Tensor(jnp.zeros((batch, self.hidden_size), dtype))
+            zeros = Tensor(jnp.zeros((batch, size), dtype))
             return [zeros] * count
-        expected = (count, batch, self.hidden_size)
+        expected = (count, batch, size)
         if tuple(hx.shape) != expected:
             raise RuntimeError(f"Expected {which} size {expected}, got {list(hx.shape)}")
         return list(hx.unbind(0))
@@ -180,9 +178,11 @@ class RNNBase(Module):
             if self.batch_first:
                 input = input.transpose(0, 1)
         batch = input.shape[1]
-        h0 = self._initial_state(hx[0] if lstm and hx is not None else hx, batch, input.dtype,
-                                 "hidden[0]" if lstm else "hidden")
-        c0 = self._initial_state(None if hx is None else hx[1], batch, input.dtype, "hidden[1]") if lstm else None
+        h0 = self._initial_state(hx[0] if lstm and hx is not None else hx, batch, self.proj_size or self.hidden_size,
+                                 input.dtype, "hidden[0]" if lstm else "hidden")
+        c0 = None
+        if lstm:
+            c0 = self._initial_state(None if hx is None else hx[1], batch, self.hidden_size, input.dtype, "hidden[1]")
         output, h_n, c_n = self._layers(input, h0, c0)
         if batched and self.batch_first:
             output = output.transpose(0, 1)
@@ -199,7 +199,8 @@ class RNNBase(Module):
             text += f", num_layers={self.num_layers}"
         if self.mode == "rnn_relu":
             text += ", nonlinearity='relu'"
-        for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0), ("bidirectional", False)):
+        for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0), ("bidirectional", False),
+                              ("proj_size", 0)):
             if getattr(self, name) != default:
                 text += f", {name}={getattr(self, name)}"
         return text
@@ -262,7 +263,8 @@ class LSTM(RNNBase):
     """LSTM with PyTorch's gates (i, f, g, o), stacked and optionally bidirectional.
 
     ``forward(input, hx=None)`` with ``hx = (h_0, c_0)`` returns ``(output, (h_n, c_n))``, shapes as
-    ``RNN``'s. ``proj_size`` other than 0 raises.
+    ``RNN``'s. With ``proj_size > 0`` each hidden state is projected by ``weight_hr_l{k}`` of shape
+    ``(proj_size, hidden_size)``: ``output``, ``h_0`` and ``h_n`` have ``proj_size`` features.
 
     >>> import xgrad
     >>> lstm = xgrad.nn.LSTM(3, 4, batch_first=True, key=0)
@@ -401,6 +403,7 @@ class LSTMCell(RNNCellBase):
         x = input if batched else input.unsqueeze(0)
         h0 = self._state(None if hx is None else hx[0], x, batched)
         c0 = self._state(None if hx is None else hx[1], x, batched)
-        hs, c = lstm_scan(x.unsqueeze(0), h0, c0, self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh, reverse=False)
+        weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
+        hs, c = lstm_scan(x.unsqueeze(0), h0, c0, *weights, None, reverse=False)
         h = hs[0]
         return (h, c) if batched else (h.squeeze(0), c.squeeze(0))

@@ -56,12 +56,14 @@ def _recurrent_scan_impl(x: Any, h0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh:
     return hs
 
 
-def _lstm_scan_impl(x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, *, reverse: bool) -> Any:
+def _lstm_scan_impl(x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, w_hr: Any, *, reverse: bool) -> Any:
     def step(carry: tuple[Any, Any], x_proj: Any) -> tuple[tuple[Any, Any], Any]:
         h, c = carry
         i, f, g, o = jnp.split(x_proj + _affine(h, w_hh, b_hh), 4, axis=-1)
         c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
         h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        if w_hr is not None:  # PyTorch's proj_size: the hidden state projected to fewer features
+            h = jnp.matmul(h, w_hr.T)
         return (h, c), h
 
     (_, c_n), hs = jax.lax.scan(step, (h0, c0), _affine(x, w_ih, b_ih), reverse=reverse)
@@ -109,14 +111,16 @@ One direction of one Elman RNN (``mode="rnn_tanh"`` or ``"rnn_relu"``) or GRU (`
 lstm_scan = defprim("lstm_scan", _lstm_scan_impl, joint_vjp=_lstm_scan_grad, num_outputs=2, doc="""\
 One direction of one LSTM layer: ``(hidden states, last cell state)``.
 
-    ``lstm_scan(x, h0, c0, w_ih, w_hh, b_ih, b_hh, reverse=...)`` with ``x`` of shape
+    ``lstm_scan(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, reverse=...)`` with ``x`` of shape
     ``(T, B, input_size)``, ``h0`` and ``c0`` of ``(B, hidden_size)`` and PyTorch's weight layout
-    (gates i, f, g, o; biases may be ``None``).
+    (gates i, f, g, o; biases may be ``None``); ``w_hr``, PyTorch's ``weight_hr`` of shape
+    ``(proj_size, hidden_size)`` or ``None``, projects each hidden state (``h0`` then has
+    ``proj_size`` features, and so does ``w_hh``'s second dim).
 
     >>> import xgrad
     >>> from xgrad.ops.rnn import lstm_scan
     >>> hs, c = lstm_scan(xgrad.ones(3, 1, 1), xgrad.zeros(1, 2), xgrad.zeros(1, 2), xgrad.ones(8, 1), xgrad.zeros(8, 2),
-    ...                   None, None, reverse=False)
+    ...                   None, None, None, reverse=False)
     >>> hs.shape, c.shape
     ((3, 1, 2), (1, 2))
     """)

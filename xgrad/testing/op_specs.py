@@ -604,7 +604,7 @@ def _build_specs() -> list[OpSpec]:
                    scan_shapes(gates, bias), (UNIT,) * (6 if bias else 4), label=f"{mode}, reverse={reverse}, bias={bias}",
                    smooth=mode != "rnn_relu", second_order=mode == "rnn_tanh"))
     lstm = _prim("lstm_scan", reverse=True)
-    add(OpSpec("lstm_scan", lstm, lambda *a: reference_lstm(*a, reverse=True), scan_shapes(4, True, lstm=True), (UNIT,) * 7,
+    add(OpSpec("lstm_scan", lambda *a: lstm(*a, None), lambda *a: reference_lstm(*a, reverse=True), scan_shapes(4, True, lstm=True), (UNIT,) * 7,
                label="reverse", second_order=False))
     return specs
 

@@ -55,9 +55,12 @@ def reference_recurrent(x: Any, h0: Any, w_ih: Any, w_hh: Any, b_ih: Any = None,
     return jnp.stack(hs)
 
 
-def reference_lstm(x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any = None, b_hh: Any = None, *,
-                   reverse: bool) -> tuple[Any, Any]:
-    """Hidden states (T, B, H) and last cell state (B, H) of one LSTM layer direction (gates i, f, g, o)."""
+def reference_lstm(x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any = None, b_hh: Any = None, w_hr: Any = None,
+                   *, reverse: bool) -> tuple[Any, Any]:
+    """Hidden states (T, B, H) and last cell state (B, H) of one LSTM layer direction (gates i, f, g, o).
+
+    With ``w_hr`` (``proj_size``), each hidden state is ``W_hr h``, of ``proj_size`` features.
+    """
     (w_ii, b_ii), (w_if, b_if), (w_ig, b_ig), (w_io, b_io) = _gates(w_ih, b_ih, 4)
     (w_hi, b_hi), (w_hf, b_hf), (w_hg, b_hg), (w_ho, b_ho) = _gates(w_hh, b_hh, 4)
     h, c = h0, c0
@@ -69,5 +72,7 @@ def reference_lstm(x: Any, h0: Any, c0: Any, w_ih: Any, w_hh: Any, b_ih: Any = N
         o = jax.nn.sigmoid(_linear(x[t], w_io, b_io) + _linear(h, w_ho, b_ho))
         c = f * c + i * g
         h = o * jnp.tanh(c)
+        if w_hr is not None:
+            h = h @ w_hr.T
         hs[t] = h
     return jnp.stack(hs), c
