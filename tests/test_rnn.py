@@ -81,6 +81,13 @@ def test_state_dict_has_pytorchs_keys_and_shapes(name):
     torch_keys = [k for k in data if not k.startswith("grad/") and k not in ("x", "h0", "c0", "out", "h_n", "c_n")]
     assert list(layer.state_dict()) == torch_keys
     assert all(v.shape == data[k].shape for k, v in layer.state_dict().items())
+    if "cell" not in name:  # PyTorch's all_weights: per layer and direction, the parameters in state-dict order
+        params = dict(layer.named_parameters())
+        flat = [next(k for k, p in params.items() if p is w) for ws in layer.all_weights for w in ws]
+        assert flat == torch_keys
+        assert len(layer.all_weights) == layer.num_layers * (2 if layer.bidirectional else 1)
+        layer.flatten_parameters()  # PyTorch programs call it (word_language_model's does): nothing to do here
+        assert list(layer.state_dict()) == torch_keys
 
 
 # -- against the equations, through the whole stack -------------------------------------------
