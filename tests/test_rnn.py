@@ -86,7 +86,7 @@ def test_state_dict_has_pytorchs_keys_and_shapes(name):
         flat = [next(k for k, p in params.items() if p is w) for ws in layer.all_weights for w in ws]
         assert flat == torch_keys
         assert len(layer.all_weights) == layer.num_layers * (2 if layer.bidirectional else 1)
-        layer.flatten_parameters()  # PyTorch programs call it (word_language_model's does): nothing to do here
+        layer.flatten_parameters()  # PyTorch programs call it for cuDNN: nothing to do here
         assert list(layer.state_dict()) == torch_keys
 
 
