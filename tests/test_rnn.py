@@ -310,6 +310,9 @@ def test_initialisation_is_pytorchs_uniform_and_follows_the_key():
      "For unbatched 2-D input, hx and cx should also be 2-D"),
     (lambda: nn.RNN(3, 4)(xgrad.ones(2, 2, 3), xgrad.zeros(1, 4)), RuntimeError, "For batched 3-D input, hx should also be 3-D"),
     (lambda: nn.LSTMCell(3, 4)(xgrad.ones(2, 2, 3)), ValueError, "LSTMCell: Expected input to be 1D or 2D, got 3D"),
+    (lambda: nn.LSTM(3, 4)(xgrad.ones(2, 1, 3, dtype=F64)), ValueError,
+     r"RNN input dtype \(float64\) does not match weight dtype \(float32\)"),
+    (lambda: nn.GRUCell(3, 4)(xgrad.ones(2, 3, dtype=F64)), RuntimeError, "mat1 and mat2 must have the same dtype, but got Double and Float"),
 ])
 def test_pytorchs_errors(make, error, match):
     with pytest.raises(error, match=match):

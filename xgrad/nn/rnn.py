@@ -29,6 +29,7 @@ from xgrad.nn.init import prng_key
 from xgrad.nn.module import Module, Parameter
 from xgrad.ops.rnn import lstm_scan, recurrent_scan
 from xgrad.tensor import Tensor
+from xgrad.tensor.dtypes import torch_dtype_name
 
 __all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNCell"]
 
@@ -133,6 +134,12 @@ class RNNBase(Module):
             raise ValueError(f"{type(self).__name__}: Expected input to be 2D or 3D, got {x.ndim}D tensor instead")
         if x.shape[-1] != self.input_size:
             raise RuntimeError(f"input.size(-1) must be equal to input_size. Expected {self.input_size}, got {x.shape[-1]}")
+        weight = self.weight_ih_l0.dtype
+        if x.dtype != weight:  # PyTorch's check: JAX would promote the weights silently
+            raise ValueError(
+                f"RNN input dtype ({x.dtype}) does not match weight dtype ({weight}). Convert input: "
+                f"input.to({weight}), or convert model: model.to({x.dtype})"
+            )
         return x.ndim == 3
 
     def _initial_state(self, hx: Tensor | None, batch: int, size: int, dtype: Any, which: str) -> list[Tensor]:
@@ -321,6 +328,11 @@ class RNNCellBase(Module):
             raise ValueError(f"{type(self).__name__}: Expected input to be 1D or 2D, got {x.ndim}D instead")
         if x.shape[-1] != self.input_size:
             raise RuntimeError(f"input has inconsistent input_size: got {x.shape[-1]} expected {self.input_size}")
+        if x.dtype != self.weight_ih.dtype:  # PyTorch's matmul error: JAX would promote the weights silently
+            raise RuntimeError(
+                "mat1 and mat2 must have the same dtype, but got "
+                f"{torch_dtype_name(x.dtype)} and {torch_dtype_name(self.weight_ih.dtype)}"
+            )
         return x.ndim == 2
 
     def _state(self, hx: Tensor | None, x: Tensor, batched: bool) -> Tensor:
