@@ -7,6 +7,8 @@ same objects), optimizer state and hook calls; a few compare with ``jax.grad``.
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -93,6 +95,55 @@ def test_mlp_matches_jax_value_and_grad_with_optax():
         np.testing.assert_allclose(step(xgrad.tensor(X), xgrad.tensor(Y)).item(), loss, rtol=1e-10)
     for p, ref in zip(comp["params"], params, strict=True):
         np.testing.assert_allclose(p.detach().numpy(), ref, rtol=1e-9, atol=1e-12)
+
+
+def test_two_threads_trace_two_steps_at_the_same_time():
+    """A trace is this thread's alone (NOTE [The step-trace seam]): two threads trace two
+    different steps at once, each finding its own state, and both match eager."""
+    barrier = threading.Barrier(2, timeout=30)
+
+    def setup(hidden, transform, key):
+        model = nn.MLP([2, hidden, 3], activation=nn.Tanh, key=key, dtype=jnp.float64)
+        opt = Optax(model.parameters(), transform)
+
+        def step(x, y, traced=False):
+            if traced:
+                barrier.wait()  # the body runs only while traced: both traces are inside it together
+            opt.zero_grad()
+            loss = xgrad.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return {"params": list(model.parameters()), "opt": opt, "step": step}
+
+    def both():
+        return [setup(8, optax.adam(1e-2), 0), setup(5, optax.sgd(0.1, momentum=0.9), 1)]
+
+    eager, comp = both(), both()
+    data = [(xgrad.tensor(X), xgrad.tensor(Y)), (xgrad.tensor(X[::-1] * 2.0), xgrad.tensor(Y[::-1]))]
+    steps = [xgrad.compile(lambda x, y, s=c["step"]: s(x, y, traced=True)) for c in comp]
+    got: list[list[float]] = [[], []]
+    errors: list[BaseException] = []
+
+    def run(i):
+        try:
+            for _ in range(3):
+                got[i].append(steps[i](*data[i]).item())
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for i in range(2):
+        want = [eager[i]["step"](*data[i]).item() for _ in range(3)]
+        np.testing.assert_allclose(got[i], want, rtol=1e-10)
+        assert_same_state(eager[i], comp[i])
+        assert steps[i].stats()["compiles"] == 1 and steps[i].stats()["fallbacks"] == 0
 
 
 def test_grads_accumulate_when_not_zeroed():

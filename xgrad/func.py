@@ -23,6 +23,7 @@ import jax
 
 from xgrad.grad_mode import no_grad
 from xgrad.jax_capture import quiet_captures
+from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
 
 __all__ = ["functional_call", "grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "vjp", "vmap"]
@@ -30,7 +31,7 @@ __all__ = ["functional_call", "grad", "grad_and_value", "hessian", "jacfwd", "ja
 
 def _arrays(tree: Any) -> Any:
     """``tree`` with each Tensor replaced by its array."""
-    return jax.tree_util.tree_map(lambda x: x._array if isinstance(x, Tensor) else x, tree, is_leaf=is_tensor)
+    return jax.tree_util.tree_map(lambda x: array_of(x) if isinstance(x, Tensor) else x, tree, is_leaf=is_tensor)
 
 
 def _tensors(tree: Any) -> Any:
@@ -40,7 +41,7 @@ def _tensors(tree: Any) -> Any:
 
 def _inside(tree: Any) -> Any:
     """The function's view of a tree of arguments: every Tensor a fresh one outside the graph."""
-    return jax.tree_util.tree_map(lambda x: Tensor(x._array) if isinstance(x, Tensor) else x, tree, is_leaf=is_tensor)
+    return jax.tree_util.tree_map(lambda x: Tensor(array_of(x)) if isinstance(x, Tensor) else x, tree, is_leaf=is_tensor)
 
 
 def _argnums_tuple(argnums: int | Sequence[int], nargs: int, name: str) -> tuple[int, ...]:

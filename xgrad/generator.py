@@ -76,11 +76,18 @@ class KeyState:
         """Make ``key`` (a typed key) the state; the same Tensor keeps it (a compiled step reads that one)."""
         data = self._tensor()
         self.impl = jax.random.key_impl(key)
+        trace = step_trace.current()
+        if trace is not None:  # NOTE [The step-trace seam]
+            trace.write(data)
         data._array = _committed(jax.random.key_data(key))
 
     def get(self) -> Any:
         """The key now (a typed key)."""
-        return jax.random.wrap_key_data(self._tensor()._array, impl=self.impl)
+        data = self._tensor()
+        trace = step_trace.current()
+        if trace is not None:
+            trace.read(data)
+        return jax.random.wrap_key_data(data._array, impl=self.impl)
 
     def draw(self) -> Any:
         """Split the key: keep one half, return the other."""
@@ -90,6 +97,8 @@ class KeyState:
                 trace = step_trace.current()
                 if trace is None or not trace.at_step_level():
                     raise RuntimeError(ERR_DRAW_UNDER_JAX)
+                trace.read(data)  # the key is state of the step, threaded through it
+                trace.write(data)
             new, sub = jax.random.split(jax.random.wrap_key_data(data._array, impl=self.impl))
             data._array = jax.random.key_data(new)
             return sub

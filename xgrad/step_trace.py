@@ -9,6 +9,14 @@
 # is a value in a ``ContextVar``, so two threads trace two steps at once and a third
 # thread running eagerly never sees either.
 #
+# The same seam carries what the step must learn about tensor state: ``Tensor`` reports
+# each tensor made (``made``), and the code that reads a tensor's array into a
+# computation or changes its state (``bind``, the engine's ``AccumulateGrad``, in-place
+# ops, the optimizer, the random generator, ``.grad`` and ``requires_grad_``) reports it
+# first (``read``, ``write``, ``grad_read``, ``grad_write``), so the step finds its
+# parameters, buffers, optimizer state and ``.grad``s (NOTE [Whole-step compile], 1).
+# Eagerly each report is the one ``current()`` read and a branch not taken.
+#
 # ``StepTrace`` lists what may be asked; ``xgrad.compile_step`` implements it. The
 # defaults are eager's answers, so this module needs nothing above it.
 """
@@ -20,7 +28,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["StepTrace", "current", "outside", "tracing_step"]
+__all__ = ["StepTrace", "array_of", "current", "outside", "tracing_step"]
 
 
 class StepTrace:
@@ -58,11 +66,34 @@ class StepTrace:
         """Whether the innermost JAX trace now is the step's own (not a ``jax.jit``/``vmap`` nested in it)."""
         return False
 
+    def made(self, t: Any) -> None:
+        """The tensor ``t`` was made while the step is traced (it is none of the step's state)."""
+
+    def read(self, t: Any) -> None:
+        """``t``'s array is about to enter a computation of the step (or another tensor)."""
+
+    def write(self, t: Any) -> None:
+        """``t``'s array, version, history or ``requires_grad`` is about to change."""
+
+    def grad_read(self, t: Any) -> None:
+        """``t``'s ``.grad`` is about to be read (the step's Python may decide on it)."""
+
+    def grad_write(self, t: Any) -> None:
+        """``t``'s ``.grad`` is about to be rebound."""
+
 
 _CURRENT: ContextVar[StepTrace | None] = ContextVar("xgrad_step_trace", default=None)
 
 #: The step being traced in this context, ``None`` when none is.
 current: Callable[[], StepTrace | None] = _CURRENT.get
+
+
+def array_of(t: Any) -> Any:
+    """The Tensor ``t``'s array, told first (``StepTrace.read``) to the step being traced, if any."""
+    trace = _CURRENT.get()
+    if trace is not None:
+        trace.read(t)
+    return t._array
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from xgrad.engine.dual import ERR_TANGENT_SIZE, LEVEL, DualLevel, set_tangent, tangent_of, tangents_off
 from xgrad.ops.registry import REGISTRY, bind
+from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor
 
 __all__ = ["UnpackedDualTensor", "dual_level", "enter_dual_level", "exit_dual_level", "make_dual", "unpack_dual"]
@@ -113,7 +114,7 @@ def _alias_without_tangent(tensor: Tensor) -> Tensor:
     """
     with tangents_off():  # an identity op: the alias's own node leads to ``tensor``'s history
         alias = _identity(tensor, shape=tensor.shape)
-    alias._array = tensor._array  # the same array, so that writes reach ``tensor``
+    alias._array = array_of(tensor)  # the same array, so that writes reach ``tensor``
     alias._version = tensor._version
     alias._alias_of = (weakref.ref(tensor) if tensor._view is None else (lambda: tensor), True)
     return alias

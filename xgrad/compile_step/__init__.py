@@ -1,7 +1,7 @@
 """``xgrad.compile``: a whole PyTorch-style training step as one cached XLA program.
 
 The package: ``recording`` (the state a trace touches), ``intercept`` (what the engine and
-ops call while a step is traced, and installing it), ``host`` (hooks, final callbacks and
+ops call while a step is traced), ``host`` (hooks, final callbacks and
 custom Function backwards as ordered host callbacks), ``writeback`` (the program's outputs and where they go) and
 ``program`` (``CompiledFunction``: the cache, the guards, compiling and running).
 
@@ -13,10 +13,13 @@ custom Function backwards as ordered host callbacks), ``writeback`` (the program
 #
 # 1. Finding the state. While ``fn`` is traced, the step's ``_Recorder`` is the trace of
 #    this context (NOTE [The step-trace seam] in ``xgrad/step_trace.py``: hooks, checks,
-#    random draws and a backward's final callbacks ask it), and ``Tensor._array`` and
-#    ``Tensor._grad`` are swapped for recording descriptors that ask it too (one trace
-#    at a time, under a lock, while they are per class): every tensor whose storage
-#    or ``.grad`` is read or rebound is snapshotted on first touch. A concrete array
+#    random draws and a backward's final callbacks ask it). The code that reads a
+#    tensor's array into a computation or changes a tensor's state tells it first
+#    (``bind`` for every op, ``AccumulateGrad``, in-place ops, the optimizer, the random
+#    generator, ``.grad``, ``requires_grad_``, ``.array``), and ``Tensor`` tells it of
+#    each tensor made meanwhile: every tensor from before the trace whose storage or
+#    ``.grad`` is read or rebound is snapshotted on first touch. Nothing global changes,
+#    so two threads trace two steps at once. A concrete array
 #    a traced op reads becomes a constant of the jaxpr (``ClosedJaxpr.consts``); each
 #    constant that came from a tensor that outlives the trace (a parameter, a
 #    ``.grad``, an optimizer-state tensor, found through closures, attributes or

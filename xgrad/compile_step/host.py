@@ -16,7 +16,7 @@ import numpy as np
 
 from xgrad.compile_step import recording
 from xgrad.compile_step.errors import _NotCompilable
-from xgrad.compile_step.recording import _ARRAY, _GRAD, tracing
+from xgrad.compile_step.recording import tracing
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.compiled.key import traced_function
 from xgrad.engine.compiled.lower import _FunctionRules
@@ -25,6 +25,7 @@ from xgrad.engine.node import Edge, InputMetadata, current_task
 from xgrad.engine.validate import validate_outputs
 from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.jax_internals import io_callback
+from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
 
 ERR_NO_GRAD_FROM_HOST = (
@@ -120,7 +121,7 @@ def _state_on_host(
     slots = []  # (tensor, whether its array goes to the host, whether it has a .grad)
     arrays = []
     for t in tensors:
-        array, grad = _ARRAY.__get__(t, Tensor), _GRAD.__get__(t, Tensor)
+        array, grad = t._array, t._grad
         snap = rec.snapshots.get(id(t))
         sent = not only_changed or snap is None or array is not snap.start
         slots.append((t, sent, grad is not None))
@@ -130,17 +131,17 @@ def _state_on_host(
             arrays.append(grad._array)
 
     def host(*concrete: Any) -> Any:
-        saved = [(_ARRAY.__get__(t, Tensor), _GRAD.__get__(t, Tensor), t._version) for t, _, _ in slots]
+        saved = [(t._array, t._grad, t._version) for t, _, _ in slots]
         values = iter(concrete)
         for t, sent, has_grad in slots:
             if sent:
-                _ARRAY.__set__(t, jnp.asarray(next(values)))
-            _GRAD.__set__(t, Tensor(jnp.asarray(next(values))) if has_grad else None)
+                t._array = jnp.asarray(next(values))
+            t._grad = Tensor(jnp.asarray(next(values))) if has_grad else None
         try:
             call()
             new = []
             for (t, sent, has_grad), (before, _, _) in zip(slots, saved, strict=True):
-                array, grad = _ARRAY.__get__(t, Tensor), _GRAD.__get__(t, Tensor)
+                array, grad = t._array, t._grad
                 if sent:
                     new.append(array)
                 elif array is not before:
@@ -157,8 +158,8 @@ def _state_on_host(
                     new.append(grad._array)
         finally:
             for (t, _, _), (array, grad, version) in zip(slots, saved, strict=True):
-                _ARRAY.__set__(t, array)
-                _GRAD.__set__(t, grad)
+                t._array = array
+                t._grad = grad
                 t._version = version
         return tuple(np.asarray(n, dtype=c.dtype) for n, c in zip(new, concrete, strict=True))
 
@@ -186,8 +187,8 @@ def _state_on_host(
 
 def _storage(t: Tensor) -> tuple[Any, Any, Any]:
     """What a host call must leave as it is on a tensor of the step's state: its array, its ``.grad`` and that one's array."""
-    grad = _GRAD.__get__(t, Tensor)
-    return _ARRAY.__get__(t, Tensor), grad, None if grad is None else _ARRAY.__get__(grad, Tensor)
+    grad = t._grad
+    return t._array, grad, None if grad is None else grad._array
 
 
 class _Into:
@@ -214,7 +215,7 @@ def _function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
     attrs = {k: v for k, v in vars(ctx).items() if k not in _CTX_OWN}
     leaves, tree = jax.tree_util.tree_flatten((grads, node.unpack_saved(), attrs), is_leaf=is_tensor)
     sent = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array))]
-    arrays = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in sent]
+    arrays = [array_of(leaves[i]) if isinstance(leaves[i], Tensor) else leaves[i] for i in sent]
     is_tensor_leaf = [isinstance(leaves[i], Tensor) for i in sent]
     for i in sent:  # the program keeps ``host``: not the tracers
         leaves[i] = None
@@ -243,10 +244,10 @@ def _function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
         finally:
             changed = [t for t, b in zip(tensors, before, strict=True) if any(x is not y for x, y in zip(_storage(t), b, strict=True))]
             for t, (array, grad, grad_array) in zip(tensors, before, strict=True):
-                _ARRAY.__set__(t, array)
-                _GRAD.__set__(t, grad)
+                t._array = array
+                t._grad = grad
                 if grad is not None:
-                    _ARRAY.__set__(grad, grad_array)
+                    grad._array = grad_array
         if changed:
             raise RuntimeError(ERR_STATE_FROM_HOST.format(name=name, shape=list(changed[0].shape)))
         validate_outputs(edges, results, name)

@@ -1,4 +1,4 @@
-"""What the engine and ops ask of a step being traced (NOTE [The step-trace seam]), and installing it for one trace."""
+"""What the engine and ops ask of a step being traced (NOTE [The step-trace seam])."""
 
 from __future__ import annotations
 
@@ -9,24 +9,12 @@ from typing import Any
 import jax.numpy as jnp
 
 from xgrad.compile_step.host import _function_on_host, _host_hook, _TracedCallbacks
-from xgrad.compile_step.recording import (
-    _ARRAY,
-    _GRAD,
-    _Check,
-    _get_array,
-    _get_grad,
-    _Recorder,
-    _set_array,
-    _set_grad,
-    _trace_lock,
-    active,
-)
+from xgrad.compile_step.recording import _Check, _Recorder
 from xgrad.compile_step.writeback import _state_writes
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.node import AccumulateGrad, Node
 from xgrad.jax_internals import get_opaque_trace_state
 from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
-from xgrad.step_trace import _CURRENT
 from xgrad.tensor import Tensor
 
 
@@ -81,25 +69,3 @@ class _StepRecorder(_Recorder):
         failed, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
         self.checks.append(_Check(failed, first, lambda i: IndexOutOfRangeError(message.format(index=int(i))), writes))
         return True
-
-
-class _Recording:
-    """Make ``recorder`` the step this context traces, with the recording descriptors installed."""
-
-    def __init__(self, recorder: _StepRecorder) -> None:
-        self.recorder = recorder
-
-    def __enter__(self) -> _Recorder:
-        _trace_lock.acquire()
-        self.outer = active()
-        self.token = _CURRENT.set(self.recorder)
-        setattr(Tensor, "_array", property(_get_array, _set_array))  # noqa: B010 (a slot: mypy would object)
-        setattr(Tensor, "_grad", property(_get_grad, _set_grad))  # noqa: B010
-        return self.recorder
-
-    def __exit__(self, *exc: object) -> None:
-        if self.outer is None:
-            setattr(Tensor, "_array", _ARRAY)  # noqa: B010
-            setattr(Tensor, "_grad", _GRAD)  # noqa: B010
-        _CURRENT.reset(self.token)
-        _trace_lock.release()

@@ -27,8 +27,8 @@ from xgrad.compile_step.errors import (
     RecompileWarning,
     _NotCompilable,
 )
-from xgrad.compile_step.intercept import _Recording, _StepRecorder
-from xgrad.compile_step.recording import _ARRAY, _GRAD, tracing
+from xgrad.compile_step.intercept import _StepRecorder
+from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.writeback import (
     _apply_writes,
     _check_on_host,
@@ -42,6 +42,7 @@ from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
 from xgrad.engine.compiled.switch import TRACER_ERRORS
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.jax_internals import ClosedJaxpr, check_consts_keep_identity, get_opaque_trace_state, jaxpr_as_fun
+from xgrad.step_trace import tracing_step
 from xgrad.tensor import Tensor, is_tensor
 
 __all__ = ["CompiledFunction", "compile"]
@@ -97,7 +98,7 @@ def _user_site(tb: Any) -> str:
 
 def _leaf_key(leaf: Any) -> Any:
     if isinstance(leaf, Tensor):
-        a = _ARRAY.__get__(leaf, Tensor)
+        a = leaf._array
         return ("tensor", a.shape, a.dtype, getattr(a, "sharding", None), *_guard(leaf, True)[2:])
     if isinstance(leaf, jax.Array):
         return ("array", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
@@ -108,8 +109,8 @@ def _leaf_key(leaf: Any) -> Any:
 
 def _guard(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
     """What a trace's Python decided on about a state tensor (NOTE [Whole-step compile], 3)."""
-    a = _ARRAY.__get__(t, Tensor)
-    g = _GRAD.__get__(t, Tensor)
+    a = t._array
+    g = t._grad
     return (
         a.shape, a.dtype, t.grad_fn, t._requires_grad, g is None if grad_read else None,
         None if g is None or not grad_read else g._array.shape,
@@ -273,7 +274,7 @@ class CompiledFunction:
             if how == "out":
                 t = Tensor(outs[value])
                 if grad_index is not None:
-                    _GRAD.__set__(t, Tensor(outs[grad_index]))
+                    t._grad = Tensor(outs[grad_index])
                 results.append(t)
             elif how == "array":
                 results.append(outs[value])
@@ -312,7 +313,7 @@ class CompiledFunction:
         check_consts_keep_identity()  # the program's inputs are found by it (xgrad/jax_internals.py)
         recorder = _StepRecorder()
         dyn_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array, np.ndarray))]
-        dyn_values = [_ARRAY.__get__(leaves[i], Tensor) if isinstance(leaves[i], Tensor) else leaves[i] for i in dyn_slots]
+        dyn_values = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in dyn_slots]
         found: dict[str, Any] = {}
         fn = self.fn
 
@@ -329,7 +330,7 @@ class CompiledFunction:
                         snap = recorder.snapshots[id(leaf)]
                         snap.start = tracer
                         snap.target = i
-                        _ARRAY.__set__(leaf, tracer)
+                        leaf._array = tracer
                 else:
                     call_leaves[i] = tracer
             call_args, call_kwargs = jax.tree_util.tree_unflatten(tree, call_leaves)
@@ -342,7 +343,7 @@ class CompiledFunction:
                     f"argument leaf {i} has autograd history from outside the function (detach it, or compute it inside)",
                     "the call",
                 )
-        with _Recording(recorder):
+        with tracing_step(recorder):  # this context's trace: another thread may trace another step meanwhile
             try:
                 closed = jax.make_jaxpr(traced)(*dyn_values)
             except TRACER_ERRORS as exc:

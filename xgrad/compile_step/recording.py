@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -14,10 +13,6 @@ from xgrad import step_trace
 from xgrad.engine.node import _sequence
 from xgrad.step_trace import StepTrace
 from xgrad.tensor import Tensor
-
-_ARRAY = Tensor.__dict__["_array"]  # the slots' own descriptors
-_GRAD = Tensor.__dict__["_grad"]
-_trace_lock = threading.RLock()  # one trace at a time: the descriptors are per class
 
 
 class _Snapshot:
@@ -32,9 +27,9 @@ class _Snapshot:
         # Where the tensor is found at a call (``_resolve``): an argument's leaf index (a
         # new object each call), ``("grad", owner's target)``, or a weak reference.
         self.target: Any = self.ref
-        self.array = _ARRAY.__get__(t, Tensor)
+        self.array = t._array
         self.start = self.array  # what counts as unchanged (a tracer for an argument)
-        self.grad = _GRAD.__get__(t, Tensor)
+        self.grad = t._grad
         self.grad_fn = t.grad_fn
         self.output_nr = t._output_nr
         self.version = t._version
@@ -42,8 +37,8 @@ class _Snapshot:
         self.retains_grad = t._retains_grad
 
     def restore(self, t: Tensor) -> None:
-        _ARRAY.__set__(t, self.array)
-        _GRAD.__set__(t, self.grad)
+        t._array = self.array
+        t._grad = self.grad
         t.grad_fn = self.grad_fn
         t._output_nr = self.output_nr
         t._version = self.version
@@ -52,14 +47,18 @@ class _Snapshot:
 
 
 class _Recorder(StepTrace):
-    """What one trace touched: snapshots, where concrete arrays came from, which ``.grad``s decided branches."""
+    """What one trace touched: snapshots, where concrete arrays came from, which ``.grad``s decided branches.
+
+    The engine, the ops, the optimizer and ``Tensor`` report, through the step-trace
+    seam, the tensors they are about to read or change (NOTE [Whole-step compile], 1).
+    """
 
     def __init__(self) -> None:
         self.snapshots: dict[int, _Snapshot] = {}
         self.sources: dict[int, list[Any]] = {}  # id(array) -> targets of the tensors holding it
         self.keep: list[Any] = []  # the arrays whose ids key ``sources`` stay alive
         self.grad_owner: dict[int, weakref.ref[Tensor]] = {}
-        self.grad_read: set[int] = set()  # ``.grad`` read before this trace rebound it
+        self.read_grads: set[int] = set()  # ``.grad`` read before this trace rebound it
         self.grad_written: set[int] = set()
         # Tensors made during the trace: never state, their arrays stay constants.
         # (By id: a WeakSet would compare tensors with ``==``, an op.)
@@ -100,16 +99,22 @@ class _Recorder(StepTrace):
         return ref is not None and ref() is t
 
     def touch(self, t: Tensor) -> None:
+        """Snapshot ``t`` if it is state seen for the first time."""
         if id(t) not in self.snapshots and not self.is_born(t):
             snap = self.snapshots[id(t)] = _Snapshot(t)
             ref = self.grad_owner.get(id(t))
             owner = ref() if ref is not None else None
-            if owner is not None and _GRAD.__get__(owner, Tensor) is t:
+            if owner is not None and owner._grad is t:
                 # A ``.grad``: at the next call it is whatever tensor its owner holds then.
                 snap.target = ("grad", self.snapshots[id(owner)].target)
 
-    def read(self, t: Tensor, array: Any) -> None:
-        if self.is_born(t):
+    # -- what the seam reports (``StepTrace``) -----------------------------------------
+    def made(self, t: Tensor) -> None:
+        self.born[id(t)] = weakref.ref(t)
+
+    def read(self, t: Tensor) -> None:
+        array = t._array
+        if isinstance(array, jax.core.Tracer) or self.is_born(t):
             return
         self.touch(t)
         source = self.snapshots[id(t)].target
@@ -118,6 +123,23 @@ class _Recorder(StepTrace):
             self.keep.append(array)
         if source not in entries:
             entries.append(source)
+
+    def write(self, t: Tensor) -> None:
+        self.touch(t)
+
+    def grad_read(self, t: Tensor) -> None:
+        if self.is_born(t):
+            return
+        self.touch(t)
+        if id(t) not in self.grad_written:
+            self.read_grads.add(id(t))
+        grad = t._grad
+        if grad is not None:
+            self.grad_owner[id(grad)] = weakref.ref(t)
+
+    def grad_write(self, t: Tensor) -> None:
+        self.touch(t)
+        self.grad_written.add(id(t))
 
 
 class _Check:
@@ -136,46 +158,6 @@ def active() -> _Recorder | None:
     """The recorder of the step this context is tracing, ``None`` when none is."""
     trace = step_trace.current()
     return trace if isinstance(trace, _Recorder) else None
-
-
-def _get_array(t: Tensor) -> Any:
-    value = _ARRAY.__get__(t, Tensor)
-    rec = active()
-    if rec is not None and not isinstance(value, jax.core.Tracer):
-        rec.read(t, value)
-    return value
-
-
-def _set_array(t: Tensor, value: Any) -> None:
-    rec = active()
-    if rec is not None:
-        try:
-            _ARRAY.__get__(t, Tensor)
-        except AttributeError:  # the first assignment, in ``Tensor.__init__``
-            rec.born[id(t)] = weakref.ref(t)
-        else:
-            rec.touch(t)
-    _ARRAY.__set__(t, value)
-
-
-def _get_grad(t: Tensor) -> Any:
-    value = _GRAD.__get__(t, Tensor)
-    rec = active()
-    if rec is not None and not rec.is_born(t):
-        rec.touch(t)
-        if id(t) not in rec.grad_written:
-            rec.grad_read.add(id(t))
-        if value is not None:
-            rec.grad_owner[id(value)] = weakref.ref(t)
-    return value
-
-
-def _set_grad(t: Tensor, value: Any) -> None:
-    rec = active()
-    if rec is not None:
-        rec.touch(t)
-        rec.grad_written.add(id(t))
-    _GRAD.__set__(t, value)
 
 
 def tracing() -> bool:

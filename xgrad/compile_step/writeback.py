@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.compile_step.errors import _NotCompilable
-from xgrad.compile_step.recording import _ARRAY, _GRAD, _Recorder
+from xgrad.compile_step.recording import _Recorder
 from xgrad.ops import _util as ops_util
 from xgrad.ops._util import IndexOutOfRangeError
 from xgrad.tensor import Tensor, is_tensor
@@ -45,7 +45,7 @@ def _resolve(target: Any, leaves: list[Any]) -> Any:
         return leaves[target]
     if type(target) is tuple:
         owner = _resolve(target[1], leaves)
-        return None if owner is None else _GRAD.__get__(owner, Tensor)
+        return None if owner is None else owner._grad
     return target()
 
 
@@ -53,7 +53,7 @@ def _source_value(target: Any, leaves: list[Any]) -> Any:
     t = _resolve(target, leaves)
     if t is None:
         raise RuntimeError("xgrad.compile: a tensor the program reads was freed (internal error: please report it)")
-    return _ARRAY.__get__(t, Tensor)
+    return t._array
 
 
 def _collect(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
@@ -67,7 +67,7 @@ def _collect(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[An
     for key, snap in recorder.snapshots.items():
         # Arguments are keyed by the signature, grads by their owner.
         if snap.ref() is not None and type(snap.target) is weakref.ref:
-            guards.append((snap.ref, key in recorder.grad_read))
+            guards.append((snap.ref, key in recorder.read_grads))
     template: list[Any] = []
     for ref, value in zip(returned, returned_values, strict=True):
         t = ref() if ref is not None else None
@@ -99,8 +99,8 @@ def _state_writes(recorder: _Recorder, site: str) -> list[Any]:
         t = snap.ref()
         if t is None:
             continue
-        array = _ARRAY.__get__(t, Tensor)
-        grad = _GRAD.__get__(t, Tensor)
+        array = t._array
+        grad = t._grad
         if t.grad_fn is not snap.grad_fn:
             raise _NotCompilable(
                 f"an in-place op gave a tensor from outside the function (shape {list(array.shape)}) autograd history, "
@@ -116,7 +116,7 @@ def _state_writes(recorder: _Recorder, site: str) -> list[Any]:
                     "a .grad with autograd history (backward(create_graph=True)) cannot leave the program; use "
                     "autograd.grad(..., create_graph=True) inside the function instead", site,
                 )
-            writes.append((snap.target, "grad", None if grad is None else recorder.output(_ARRAY.__get__(grad, Tensor)), 0))
+            writes.append((snap.target, "grad", None if grad is None else recorder.output(grad._array), 0))
         if t._requires_grad != snap.requires_grad:
             writes.append((snap.target, "requires_grad", t._requires_grad, 0))
     return writes
@@ -140,6 +140,6 @@ def _apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
 def _returned_value(leaf: Any) -> Any:
     if not isinstance(leaf, Tensor):
         return leaf
-    grad = _GRAD.__get__(leaf, Tensor)
-    return _ARRAY.__get__(leaf, Tensor), None if grad is None else _ARRAY.__get__(grad, Tensor)
+    grad = leaf._grad
+    return leaf._array, None if grad is None else grad._array
 

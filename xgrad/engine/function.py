@@ -31,6 +31,7 @@ from xgrad.engine.node import NO_EDGE, InputMetadata, Node, gradient_edge
 from xgrad.engine.saved import ERR_FREED, SavedTensor
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import no_grad
+from xgrad.step_trace import array_of
 from xgrad.tensor import ERR_LEAF_INPLACE, Tensor
 
 __all__ = ["Function", "FunctionCtx", "FunctionNode", "once_differentiable"]
@@ -364,7 +365,7 @@ def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], 
                 raise RuntimeError(ERR_DIRTY_VIEW_MULTIPLE_OUTPUTS)
             new = _rebase_history(o, node, i) if differentiable else o
         elif not differentiable:
-            new = o if id(o) not in input_ids else Tensor(o._array)
+            new = o if id(o) not in input_ids else Tensor(array_of(o))
         elif id(o) in input_ids:
             # A fresh tensor for each return of an input (PyTorch returns a view of it):
             # the input keeps its history.
@@ -457,7 +458,7 @@ class _DelayedError(Function):
 
     @staticmethod
     def forward(ctx: FunctionCtx, num_outputs: int, *tensors: Any) -> Any:
-        return tuple(Tensor(t._array) if isinstance(t, Tensor) else t for t in tensors[:num_outputs])
+        return tuple(Tensor(array_of(t)) if isinstance(t, Tensor) else t for t in tensors[:num_outputs])
 
     @staticmethod
     def backward(ctx: FunctionCtx, *grads: Any) -> Any:

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import jax
 
+from xgrad import step_trace
 from xgrad.engine import engine_ops
 from xgrad.engine.hooks import HookDict, RemovableHandle, add_hook, run_in_order
 from xgrad.grad_mode import is_grad_enabled
@@ -321,14 +322,23 @@ class AccumulateGrad(Node):
         create_graph = is_grad_enabled()
         new_grad = _on_leaf_sharding(new_grad, self.input_metadata[0].sharding, create_graph)
         # ``_grad``, not the validating ``grad`` setter: validate_outputs fitted new_grad.
+        trace = step_trace.current()
+        if trace is not None:  # NOTE [The step-trace seam]
+            trace.grad_read(var)
         with _accumulate_lock:
             old = var._grad
             if old is None:
+                if trace is not None:
+                    trace.grad_write(var)
                 # A detached wrapper: the caller's gradient tensor must not alias .grad.
                 var._grad = new_grad if create_graph and new_grad.grad_fn is not None else Tensor(new_grad._array)
             elif create_graph:
+                if trace is not None:
+                    trace.grad_write(var)
                 var._grad = old + new_grad
             else:
+                if trace is not None:
+                    trace.read(old)
                 store_into_grad(old, old._array + new_grad._array)
         run_post_accumulate_grad_hooks(var)
         return []
@@ -361,6 +371,9 @@ def store_into_grad(grad: Tensor, array: Any) -> None:
     ``.grad`` before a backward, or held by a hook, sees the sum. Like any in-place
     op here it rebinds the tensor's storage and bumps its version.
     """
+    trace = step_trace.current()
+    if trace is not None:
+        trace.write(grad)
     grad._array = array
     grad._version += 1
 

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xgrad import step_trace
 from xgrad.creation import resolve_device
 from xgrad.grad_mode import no_grad
 from xgrad.grads import clear_grads
@@ -567,6 +568,9 @@ def _replace_storage(t: Tensor, array: Any) -> None:
     """Give ``t`` a new array (possibly another dtype or device) as an in-place op would: the version moves on."""
     if array is t.array:
         return
+    trace = step_trace.current()
+    if trace is not None:  # NOTE [The step-trace seam]
+        trace.write(t)
     t._array = array
     t._version += 1
 

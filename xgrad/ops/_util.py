@@ -188,7 +188,8 @@ def check_values(failed: Callable[[Any], Any], value: Any, make_error: Callable[
 
 
 def as_array(x: Any) -> Any:
-    return x._array if isinstance(x, Tensor) else x
+    """``x``'s array if it is a Tensor (told to a step being traced: NOTE [The step-trace seam]), else ``x``."""
+    return step_trace.array_of(x) if isinstance(x, Tensor) else x
 
 
 def nondiff(

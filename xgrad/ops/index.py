@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from xgrad.ops import shape_rules
-from xgrad.ops._util import canonical_dim, check_index_range
+from xgrad.ops._util import as_array, canonical_dim, check_index_range
 from xgrad.ops.registry import defprim
 from xgrad.ops.views import is_basic_index, strides_of, track_view
 from xgrad.tensor import Tensor
@@ -17,7 +17,7 @@ from xgrad.tensor import Tensor
 def _index_arg(index: Any) -> Any:
     """A Python index with tensors replaced by their arrays."""
     if isinstance(index, Tensor):
-        return index._array
+        return as_array(index)
     if isinstance(index, tuple):
         return tuple(_index_arg(i) for i in index)
     if isinstance(index, list):
@@ -28,7 +28,7 @@ def _index_arg(index: Any) -> Any:
 def _index_array(index: Any) -> Any:
     """An index as an array; an empty list is an empty integer index, as in PyTorch."""
     if isinstance(index, Tensor):
-        return index._array
+        return as_array(index)
     array = jnp.asarray(index)
     return array.astype(int) if array.size == 0 and isinstance(index, (list, tuple)) else array
 
@@ -261,6 +261,6 @@ def sort(x: Tensor, dim: int = -1, descending: bool = False) -> Sorted:
     if x.ndim == 0:
         indices = Tensor(jnp.zeros((), int))
     else:
-        indices = Tensor(jnp.argsort(x._array, axis=dim, descending=descending, stable=True))
+        indices = Tensor(jnp.argsort(as_array(x), axis=dim, descending=descending, stable=True))
     # argsort's indices are in range by construction: no check needed.
     return Sorted(_gather(x, indices, dim=dim), indices)

@@ -11,7 +11,7 @@ import numpy as np
 
 from xgrad.engine.node import sharding_of
 from xgrad.ops import shape_rules
-from xgrad.ops._util import canonical_dim, check_index_range, reduce_loss
+from xgrad.ops._util import as_array, canonical_dim, check_index_range, reduce_loss
 from xgrad.ops.registry import _differentiable_dtype, defprim
 from xgrad.tensor import Tensor, torch_dtype_name
 
@@ -136,7 +136,7 @@ def cross_entropy(
             raise RuntimeError("the derivative for 'weight' is not implemented.")
         # Shaped to broadcast along the class dim.
         class_weight = weight._array.reshape((classes,) + (1,) * (input.ndim - 1 - axis))
-    target_array = target._array if isinstance(target, Tensor) else jnp.asarray(target)
+    target_array = as_array(target) if isinstance(target, Tensor) else jnp.asarray(target)
     if target_array.shape == input.shape:
         if not jnp.issubdtype(target_array.dtype, jnp.floating):
             raise RuntimeError(f"Expected floating point type for target with class probabilities, got {target_array.dtype}")

@@ -34,6 +34,7 @@ from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.jax_capture import check_captured_leaves
 from xgrad.jax_internals import loaded_names
+from xgrad.step_trace import current as _current_step
 from xgrad.tensor import Tensor
 
 logger = logging.getLogger(__name__)
@@ -492,6 +493,10 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
             arrays.append(a)
             if type(a) is float or type(a) is int:
                 scalars = True
+    trace = _current_step()
+    if trace is not None:  # a step being traced finds its state here (NOTE [The step-trace seam])
+        for tensor in tensors:
+            trace.read(tensor)
     if len(tensors) > 1:
         _check_same_devices(tensors, arrays, positions)
     if scalars and prim.jit and tensors and not isinstance(arrays[positions[0]], jax.core.Tracer):  # NOTE [Scalar constants]

@@ -153,7 +153,7 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = 
     axis = canonical_dim(dim, x.ndim)
     if not 0 <= k <= x.shape[axis]:
         raise RuntimeError("selected index k out of range")
-    order = jnp.argsort(x._array, axis=axis, descending=largest, stable=True)
+    order = jnp.argsort(as_array(x), axis=axis, descending=largest, stable=True)
     indices = Tensor(jnp.take(order, jnp.arange(k), axis=axis))
     return TopK(gather(x, axis, indices), indices)
 

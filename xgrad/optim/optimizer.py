@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from xgrad import step_trace
 from xgrad.grads import clear_grads
 from xgrad.tensor import Tensor
 
@@ -107,6 +108,10 @@ class Optax:
     @property
     def state(self) -> Any:
         """The optax state of the transformation (NOTE [Optimizer state in Tensors])."""
+        trace = step_trace.current()
+        if trace is not None:  # a step being traced finds the state here (NOTE [The step-trace seam])
+            for t in self._state_tensors:
+                trace.read(t)
         return jax.tree.unflatten(self._state_def, [t._array for t in self._state_tensors])
 
     @state.setter
@@ -114,6 +119,7 @@ class Optax:
         leaves, treedef = jax.tree.flatten(value)
         old_def = getattr(self, "_state_def", None)
         if old_def is not None and old_def == treedef:  # same structure: the same Tensors, rebound
+            _writing(self._state_tensors)
             for t, leaf in zip(self._state_tensors, leaves, strict=True):
                 t._array = _committed(jnp.asarray(leaf), self._home)
             return
@@ -123,6 +129,13 @@ class Optax:
     def step(self) -> None:
         """Apply one update from the current ``.grad``s to the parameters that have one."""
         params = self.params
+        trace = step_trace.current()
+        if trace is not None:  # a step being traced finds the parameters and grads here (NOTE [The step-trace seam])
+            for p in params:
+                trace.grad_read(p)
+                trace.read(p)
+                if p._grad is not None:
+                    trace.read(p._grad)
         stepped = tuple(p._grad is not None and p.requires_grad for p in params)
         if not any(stepped):
             return
@@ -130,6 +143,8 @@ class Optax:
         grads = [p._grad._array if s else None for p, s in zip(params, stepped, strict=True)]  # type: ignore[union-attr]
         new_arrays, new_state = self._jitted_step(stepped, arrays, grads, self.state)
         # A direct rebind of each stepped parameter: no op recorded, as under no_grad.
+        _writing(params)
+        _writing(self._state_tensors)
         for p, new in zip(params, new_arrays, strict=True):
             if new is not None:
                 p._array = new
@@ -149,6 +164,14 @@ class Optax:
 # goes through ``optax.inject_hyperparams``, so it lives in the optimizer state where
 # ``lr`` and the schedulers in ``xgrad.optim.lr_scheduler`` can change it between steps
 # without a recompile.
+
+
+def _writing(tensors: list[Tensor]) -> None:
+    """Tell a step being traced that ``tensors`` are about to be rebound (NOTE [The step-trace seam])."""
+    trace = step_trace.current()
+    if trace is not None:
+        for t in tensors:
+            trace.write(t)
 
 
 def _check_nonnegative(name: str, value: float) -> None:

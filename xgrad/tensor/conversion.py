@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad.engine.dual import LEVEL
+from xgrad.step_trace import array_of
 from xgrad.tensor import core
 
 __all__ = [
@@ -113,12 +114,12 @@ def deepcopy(self: core.Tensor, memo: dict[int, Any]) -> core.Tensor:
     """
     if self.grad_fn is not None:
         raise RuntimeError(ERR_DEEPCOPY_NON_LEAF)
-    new = core.Tensor(self._array)
+    new = core.Tensor(array_of(self))
     memo[id(self)] = new
     new._requires_grad = self._requires_grad
     new._inference = self._inference
     if self._grad is not None:
-        new._grad = core.Tensor(self._grad._array)
+        new._grad = core.Tensor(array_of(self._grad))
     return new
 
 

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.grad_mode import _state as _grad_state
+from xgrad.step_trace import array_of
+from xgrad.step_trace import current as _current_step
 from xgrad.tensor import conversion, inplace, jax_boundary, pytorch_methods
 from xgrad.tensor.dtypes import ERR_REQUIRES_GRAD_DTYPE, is_differentiable_dtype
 
@@ -118,6 +120,9 @@ class Tensor(TensorOpMethods):
         # An inference tensor: made inside ``inference_mode()`` (NOTE [Inference tensors]).
         self._inference = _grad_state.inference
         self._fw_grad: tuple[Any, Tensor] | None = None  # NOTE [Dual levels] in engine/dual.py
+        trace = _current_step()
+        if trace is not None:  # made inside a traced step: none of its state (NOTE [The step-trace seam])
+            trace.made(self)
         if requires_grad:
             self.requires_grad_(True)
 
@@ -155,7 +160,7 @@ class Tensor(TensorOpMethods):
     @property
     def array(self) -> jax.Array:
         """The underlying ``jax.Array`` (no copy)."""
-        return self._array
+        return array_of(self)
 
     @property
     def data(self) -> Tensor:
@@ -238,6 +243,9 @@ class Tensor(TensorOpMethods):
             raise RuntimeError(ERR_NON_LEAF_REQUIRES_GRAD)
         if requires_grad and not is_differentiable_dtype(self._array.dtype):
             raise RuntimeError(ERR_REQUIRES_GRAD_DTYPE.format(dtype=self._array.dtype))
+        trace = _current_step()
+        if trace is not None:
+            trace.write(self)
         self._requires_grad = bool(requires_grad)
         return self
 
@@ -248,6 +256,9 @@ class Tensor(TensorOpMethods):
         Reading it on a non-leaf that does not retain grad, before anything set it,
         warns as PyTorch does: backward never fills it.
         """
+        trace = _current_step()
+        if trace is not None:
+            trace.grad_read(self)
         grad = self._grad
         if grad is None:
             if self.grad_fn is not None and not self._retains_grad:
@@ -261,10 +272,16 @@ class Tensor(TensorOpMethods):
         # The engine writes ``_grad`` directly: validate_outputs already fitted its grads.
         if value is not None:
             self._check_assigned_grad(value)
+        trace = _current_step()
+        if trace is not None:
+            trace.grad_write(self)
         self._grad = value
 
     @grad.deleter
     def grad(self) -> None:
+        trace = _current_step()
+        if trace is not None:
+            trace.grad_write(self)
         self._grad = None
 
     def _check_assigned_grad(self, value: Any) -> None:
@@ -423,6 +440,9 @@ class Tensor(TensorOpMethods):
             if tensor is None or grad is None:
                 return
             # Out of place, as PyTorch does, so the engine's buffer is never aliased.
+            trace = _current_step()
+            if trace is not None:
+                trace.grad_write(tensor)
             tensor._grad = Tensor(grad._array) if tensor._grad is None else Tensor(tensor._grad._array + grad._array)
 
         node = self.grad_fn

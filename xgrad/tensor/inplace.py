@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from xgrad.engine.dual import LEVEL
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import is_grad_enabled, no_grad
+from xgrad.step_trace import current as _current_step
 from xgrad.tensor import core
 from xgrad.tensor.dtypes import can_cast, torch_dtype_name
 
@@ -47,6 +48,9 @@ def alias(self: core.Tensor) -> core.Tensor:
         from xgrad.ops.views import view_alias
 
         return view_alias(self)
+    trace = _current_step()
+    if trace is not None:
+        trace.read(self)
     t = core.Tensor(self._array)
     t._inference = self._inference
     t.grad_fn = self.grad_fn
@@ -125,6 +129,9 @@ def write_to_source(self: core.Tensor, result: core.Tensor) -> bool:
 
 def take_value(self: core.Tensor, result: core.Tensor) -> None:
     """Hold ``result``'s array and, when it has one, its place in the graph; bump ``_version``."""
+    trace = _current_step()
+    if trace is not None:
+        trace.write(self)
     self._array = result._array
     self._version += 1
     if self._fw_grad is not None or result._fw_grad is not None:
@@ -174,6 +181,9 @@ def take_tangent(self: core.Tensor, result: core.Tensor) -> None:
 # itself. An alias whose source has since been given another value has parted from
 # it (the write stays on the alias): JAX cannot make the two share a buffer.
 def detached_alias(self: core.Tensor, shares_version: bool) -> core.Tensor:
+    trace = _current_step()
+    if trace is not None:
+        trace.read(self)
     t = core.Tensor(self._array)
     # A view is held strongly (``m[1].data.fill_(7.0)``: nothing else keeps that view
     # alive, and it holds its base anyway); any other source weakly, so an alias of a

@@ -12,6 +12,7 @@ import jax
 from xgrad import step_trace
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.jax_internals import get_opaque_trace_state
+from xgrad.step_trace import array_of
 from xgrad.tensor import core
 from xgrad.tensor.dtypes import is_differentiable_dtype
 
@@ -173,7 +174,7 @@ ERR_REQUIRES_GRAD_TO_JAX = (
 #   ``tree_leaves`` of such a tree gives the values themselves.
 # * History never crosses a JAX boundary silently: NOTE [JAX boundary].
 def tree_flatten(self: core.Tensor) -> tuple[tuple[Any], _TensorMeta]:
-    array = self._array
+    array = array_of(self)
     placeholder_meta = getattr(self, "_placeholder_meta", None)
     if placeholder_meta is not None:
         return (array,), placeholder_meta
@@ -226,7 +227,7 @@ def jax_array(self: core.Tensor) -> jax.Array:
     ...
     RuntimeError: Can't convert a Tensor that requires grad to a jax.Array: ...
     """
-    array = self._array
+    array = array_of(self)
     if self.requires_grad and is_grad_enabled() and _converts_outside_jax(self, array):
         raise RuntimeError(ERR_REQUIRES_GRAD_TO_JAX.format(where=user_site()))
     return array

@@ -30,6 +30,7 @@ from xgrad.engine.node import current_task, sharding_of
 from xgrad.engine.saved import saved_tensors_hooks, saving_op
 from xgrad.generator import default_generator
 from xgrad.grad_mode import enable_grad
+from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor
 
 __all__ = ["CheckpointError", "checkpoint", "checkpoint_sequential", "set_checkpoint_debug_enabled", "set_checkpoint_early_stop"]
@@ -103,7 +104,7 @@ def _replayed_rng(state: Any) -> Iterator[None]:
 
 def _detached(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """New leaves for the tensors in ``args``, requiring grad where the originals did."""
-    return tuple(Tensor(a._array, requires_grad=a.requires_grad) if isinstance(a, Tensor) else a for a in args)
+    return tuple(Tensor(array_of(a), requires_grad=a.requires_grad) if isinstance(a, Tensor) else a for a in args)
 
 
 class CheckpointFunction(Function):
@@ -342,7 +343,7 @@ class _Frame:
             # the recomputed graph hold itself (node -> saved ``t`` -> ``t.grad_fn``), a cycle
             # only the garbage collector frees. A tensor that needs no graph stays the very
             # object the block saved (a Function's ``ctx.saved_tensors`` keeps identity).
-            detached = Tensor(t._array) if t.requires_grad else t
+            detached = Tensor(array_of(t)) if t.requires_grad else t
             if i >= n:
                 if not self.forward_completed:
                     return detached  # recomputed while the forward is still running: it saved no more yet

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from xgrad import profiler
+from xgrad import profiler, step_trace
 from xgrad.engine import engine
 from xgrad.engine.compiled.cache import counters
 from xgrad.engine.compiled.key import Walk
@@ -78,6 +78,14 @@ def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], c
     # Read, add and write .grad under eager's accumulate lock: concurrent backwards into
     # shared leaves stay exact. The program is dispatched asynchronously, so the lock is
     # held for the dispatch, not the computation.
+    trace = step_trace.current()
+    if trace is not None:  # a step being traced finds the leaves and their grads here (NOTE [The step-trace seam])
+        for t in [*leaves, *live_leaves, *root_tensors]:
+            trace.read(t)
+        for v in leaves:
+            trace.grad_read(v)
+            if v._grad is not None:
+                trace.read(v._grad)
     with _accumulate_lock if leaves else contextlib.nullcontext():
         old = [v._grad for v in leaves]
         old_mask = tuple(g is not None for g in old)
@@ -118,6 +126,8 @@ def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], c
                 if variant.device is not None:  # the segment ran on one of several devices
                     grad = Tensor(jax.device_put(grad._array, var._array.sharding))
                 old_grad = var._grad
+                if trace is not None and (create_graph or old_grad is None):
+                    trace.grad_write(var)
                 if create_graph:
                     var._grad = grad
                 elif old_grad is None:
