@@ -326,7 +326,6 @@ def gradcheck(
                 _check_no_differentiable_outputs(fn, args, diff, eps)
                 return True
             if check_backward_ad:
-                _warm_up(outs, [args[i] for i in diff])
                 if fast_mode:
                     _check_fast(differentiable, args, diff, outs, eps, atol, rtol, seed, _prefix, nondet_tol)
                 else:
@@ -341,18 +340,6 @@ def gradcheck(
                 raise
             return False
         return True
-
-
-def _warm_up(outs: list[Tensor], wrt: list[Tensor]) -> None:
-    """One backward of the graph before the analytical Jacobians.
-
-    The eager engine runs a primitive's backward rules op by op the first time it
-    meets their signature and through one fused program afterwards; the two may differ
-    in the last bit. Without a first run here, the reentrancy check would compare one
-    of each, and flag that (order-dependent) difference as a nondeterministic backward.
-    """
-    cotangents = [Tensor(jnp.ones(o.shape, o.dtype, device=o.sharding)) for o in outs]
-    xgrad.autograd.grad(outs, wrt, cotangents, retain_graph=True, allow_unused=True)
 
 
 def _differentiable_outputs(fn: Callable[..., Any], keep: list[int]) -> Callable[..., list[Tensor]]:
