@@ -12,6 +12,9 @@ import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
+# Scripts that regenerate fixtures need libraries the tests do not (PyTorch): never collected.
+collect_ignore = ["tests/fixtures"]
+
 # xgrad's own suite opts in to its hypothesis profiles (dev unless asked otherwise).
 pytest_plugins = ["xgrad.testing.pytest_plugin"]
 
