@@ -113,10 +113,8 @@ class GPT(nn.Module):
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
-        # nanoGPT's torch.nn.init.normal_(module.weight, std=0.02), as an in-place copy.
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            with xgrad.no_grad():
-                module.weight.copy_(xgrad.randn(*module.weight.shape) * 0.02)
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx: xgrad.Tensor, targets: xgrad.Tensor | None = None) -> tuple[xgrad.Tensor, xgrad.Tensor | None]:
         _, t = idx.shape
