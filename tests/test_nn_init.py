@@ -132,6 +132,22 @@ def test_reproducible_under_manual_seed_and_generator(fill):
     np.testing.assert_array_equal(fill(f64_zeros(4, 3), 3).detach().numpy(), fill(f64_zeros(4, 3), 3).detach().numpy())
 
 
+def test_generator_keystate_and_bad_generator():
+    from xgrad.generator import KeyState
+
+    a, b = KeyState(5), KeyState(5)
+    first = init.normal_(f64_zeros(3), generator=a).detach().numpy()
+    np.testing.assert_array_equal(init.normal_(f64_zeros(3), generator=b).detach().numpy(), first)
+    assert not np.array_equal(init.normal_(f64_zeros(3), generator=a).detach().numpy(), first)  # the state advanced
+    with pytest.raises(TypeError, match="generator must be None .* got str"):
+        init.uniform_(f64_zeros(3), generator="cuda")
+
+
+def test_trunc_normal_warns_for_a_mean_far_from_the_interval():
+    with pytest.warns(UserWarning, match=r"mean is more than 2 std from \[a, b\] in nn.init.trunc_normal_"):
+        init.trunc_normal_(f64_zeros(3), mean=10.0)
+
+
 def test_random_init_inside_compile_draws_as_eager():
     w = f64_zeros(3, 4)
 

@@ -3,7 +3,8 @@
 Random fills draw from xgrad's default generator (``xgrad.manual_seed`` makes them
 reproducible; inside ``xgrad.compile`` the key is state of the step, as for ``randn``),
 or from ``generator=``: a ``jax.random`` key or an int seed, what ``key=`` takes
-elsewhere. The formulas (fans, gains, bounds) are PyTorch's.
+elsewhere, or a ``KeyState`` (``xgrad.generator``), drawn from as a
+``torch.Generator`` would be. The formulas (fans, gains, bounds) are PyTorch's.
 
 >>> import xgrad
 >>> w = xgrad.nn.init.xavier_uniform_(xgrad.zeros(3, 5))
@@ -22,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.creation import next_key
+from xgrad.generator import KeyState
 from xgrad.grad_mode import no_grad
 from xgrad.tensor import Tensor
 
@@ -74,6 +76,20 @@ def calculate_gain(nonlinearity: str, param: Any = None) -> float:
     raise ValueError(f"Unsupported nonlinearity {nonlinearity}")
 
 
+ERR_GENERATOR_TYPE = (
+    "generator must be None (the default generator), a jax.random key, an int seed or an xgrad KeyState, got {name}"
+)
+
+
+def _generator_key(generator: Any) -> Any:
+    """The key a fill draws from: ``generator`` split as a ``torch.Generator`` advances, or the key it is."""
+    if isinstance(generator, KeyState):
+        return generator.draw()
+    if generator is None or isinstance(generator, (int, jax.Array)):
+        return prng_key(generator)
+    raise TypeError(ERR_GENERATOR_TYPE.format(name=type(generator).__name__))
+
+
 def _fill(tensor: Tensor, values: Any) -> Tensor:
     with no_grad():
         return tensor.copy_(Tensor(jnp.asarray(values, tensor.dtype)))
@@ -87,7 +103,7 @@ def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0, generator: Any = No
     >>> bool(((w >= -1) & (w < 1)).all())
     True
     """
-    return _fill(tensor, jax.random.uniform(prng_key(generator), tensor.shape, tensor.dtype, a, b))
+    return _fill(tensor, jax.random.uniform(_generator_key(generator), tensor.shape, tensor.dtype, a, b))
 
 
 def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator: Any = None) -> Tensor:
@@ -97,7 +113,7 @@ def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator: Any 
     >>> normal_(xgrad.zeros(2, 3), std=0.02).shape
     (2, 3)
     """
-    return _fill(tensor, mean + std * jax.random.normal(prng_key(generator), tensor.shape, tensor.dtype))
+    return _fill(tensor, mean + std * jax.random.normal(_generator_key(generator), tensor.shape, tensor.dtype))
 
 
 def trunc_normal_(
@@ -110,8 +126,13 @@ def trunc_normal_(
     >>> bool(((w >= -0.5) & (w <= 0.5)).all())
     True
     """
+    if mean < a - 2 * std or mean > b + 2 * std:
+        warnings.warn(
+            "mean is more than 2 std from [a, b] in nn.init.trunc_normal_. The distribution of values may be incorrect.",
+            stacklevel=2,
+        )
     lower, upper = (a - mean) / std, (b - mean) / std
-    standard = jax.random.truncated_normal(prng_key(generator), lower, upper, tensor.shape, tensor.dtype)
+    standard = jax.random.truncated_normal(_generator_key(generator), lower, upper, tensor.shape, tensor.dtype)
     return _fill(tensor, jnp.clip(mean + std * standard, a, b))  # clip as PyTorch does, against rounding
 
 
@@ -250,7 +271,7 @@ def orthogonal_(tensor: Tensor, gain: float = 1, generator: Any = None) -> Tenso
         return tensor  # nothing to fill, as PyTorch
     rows = tensor.shape[0]
     cols = tensor.numel() // rows
-    flattened = jax.random.normal(prng_key(generator), (rows, cols), tensor.dtype)
+    flattened = jax.random.normal(_generator_key(generator), (rows, cols), tensor.dtype)
     if rows < cols:
         flattened = flattened.T
     q, r = jnp.linalg.qr(flattened)
