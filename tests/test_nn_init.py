@@ -255,3 +255,22 @@ def test_training_step_with_clipping_compiled_matches_eager(norm_type):
     bad = xgrad.tensor(np.full((5, 4), np.inf))
     with pytest.raises(RuntimeError, match="is non-finite, so it cannot be clipped"):
         step_c(bad, xgrad.tensor(np.zeros((5, 3))))
+
+
+def test_tensor_uniform_and_normal_methods():
+    xgrad.manual_seed(2)
+    u = f64_zeros(300).uniform_(-2.0, 1.0).detach().numpy()
+    xgrad.manual_seed(2)
+    np.testing.assert_array_equal(init.uniform_(f64_zeros(300), -2.0, 1.0).detach().numpy(), u)
+    assert u.min() >= -2.0 and u.max() < 1.0
+    xgrad.manual_seed(2)
+    n = f64_zeros(300).normal_(1.0, 0.5)
+    xgrad.manual_seed(2)
+    np.testing.assert_array_equal(init.normal_(f64_zeros(300), 1.0, 0.5).detach().numpy(), n.detach().numpy())
+    leaf = xgrad.zeros(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
+        leaf.normal_()
+    y = leaf * 2
+    y.uniform_(generator=0)  # a refill cuts the history: no gradient reaches the leaf through it
+    y.sum().backward()
+    np.testing.assert_array_equal(leaf.grad.detach().numpy(), np.zeros(3))

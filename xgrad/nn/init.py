@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.creation import next_key
-from xgrad.generator import KeyState
 from xgrad.grad_mode import no_grad
+from xgrad.ops.tensor_methods import generator_key
 from xgrad.tensor import Tensor
 
 __all__ = [
@@ -76,20 +76,6 @@ def calculate_gain(nonlinearity: str, param: Any = None) -> float:
     raise ValueError(f"Unsupported nonlinearity {nonlinearity}")
 
 
-ERR_GENERATOR_TYPE = (
-    "generator must be None (the default generator), a jax.random key, an int seed or an xgrad KeyState, got {name}"
-)
-
-
-def _generator_key(generator: Any) -> Any:
-    """The key a fill draws from: ``generator`` split as a ``torch.Generator`` advances, or the key it is."""
-    if isinstance(generator, KeyState):
-        return generator.draw()
-    if generator is None or isinstance(generator, (int, jax.Array)):
-        return prng_key(generator)
-    raise TypeError(ERR_GENERATOR_TYPE.format(name=type(generator).__name__))
-
-
 def _fill(tensor: Tensor, values: Any) -> Tensor:
     with no_grad():
         return tensor.copy_(Tensor(jnp.asarray(values, tensor.dtype)))
@@ -103,7 +89,8 @@ def uniform_(tensor: Tensor, a: float = 0.0, b: float = 1.0, generator: Any = No
     >>> bool(((w >= -1) & (w < 1)).all())
     True
     """
-    return _fill(tensor, jax.random.uniform(_generator_key(generator), tensor.shape, tensor.dtype, a, b))
+    with no_grad():
+        return tensor.uniform_(a, b, generator=generator)
 
 
 def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator: Any = None) -> Tensor:
@@ -113,7 +100,8 @@ def normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, generator: Any 
     >>> normal_(xgrad.zeros(2, 3), std=0.02).shape
     (2, 3)
     """
-    return _fill(tensor, mean + std * jax.random.normal(_generator_key(generator), tensor.shape, tensor.dtype))
+    with no_grad():
+        return tensor.normal_(mean, std, generator=generator)
 
 
 def trunc_normal_(
@@ -132,7 +120,7 @@ def trunc_normal_(
             stacklevel=2,
         )
     lower, upper = (a - mean) / std, (b - mean) / std
-    standard = jax.random.truncated_normal(_generator_key(generator), lower, upper, tensor.shape, tensor.dtype)
+    standard = jax.random.truncated_normal(generator_key(generator), lower, upper, tensor.shape, tensor.dtype)
     return _fill(tensor, jnp.clip(mean + std * standard, a, b))  # clip as PyTorch does, against rounding
 
 
@@ -271,7 +259,7 @@ def orthogonal_(tensor: Tensor, gain: float = 1, generator: Any = None) -> Tenso
         return tensor  # nothing to fill, as PyTorch
     rows = tensor.shape[0]
     cols = tensor.numel() // rows
-    flattened = jax.random.normal(_generator_key(generator), (rows, cols), tensor.dtype)
+    flattened = jax.random.normal(generator_key(generator), (rows, cols), tensor.dtype)
     if rows < cols:
         flattened = flattened.T
     q, r = jnp.linalg.qr(flattened)

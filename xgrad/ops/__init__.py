@@ -127,6 +127,7 @@ from xgrad.ops.tensor_methods import (
     differentiable_names,
     fill_,
     install,
+    normal_,
     to,
     to_bfloat16,
     to_bool,
@@ -136,6 +137,7 @@ from xgrad.ops.tensor_methods import (
     to_float64,
     to_int32,
     to_int64,
+    uniform_,
     zero_,
 )
 
@@ -289,6 +291,8 @@ OPS: tuple[Op, ...] = (
     Op(zero_, "zero_", exported=False),
     Op(fill_, "fill_", exported=False),
     Op(copy_, "copy_", exported=False),
+    Op(uniform_, "uniform_", differentiable=False, exported=False),
+    Op(normal_, "normal_", differentiable=False, exported=False),
 )
 
 #: The differentiable ops a user calls (the registry-driven tests cover each one).

@@ -19,12 +19,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xgrad.generator import KeyState, next_key
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.ops.elementwise import astype, to_device, where
 from xgrad.ops.shape import broadcast_to
 from xgrad.tensor import Tensor
 
-__all__ = ["Op", "differentiable_names", "exported_names", "install", "methods"]
+__all__ = ["ERR_GENERATOR_TYPE", "Op", "differentiable_names", "exported_names", "generator_key", "install", "methods"]
+
+ERR_GENERATOR_TYPE = (
+    "generator must be None (the default generator), a jax.random key, an int seed or an xgrad KeyState, got {name}"
+)
 
 
 @dataclass(frozen=True)
@@ -186,3 +191,27 @@ def fill_(self: Tensor, value: Any) -> Tensor:
 
 def copy_(self: Tensor, src: Any) -> Tensor:
     return _overwrite(self, src if isinstance(src, Tensor) else Tensor(jnp.asarray(src)))
+
+
+def generator_key(generator: Any) -> Any:
+    """The key a random fill draws from: the default generator's next, a ``KeyState``'s next
+    (it advances as a ``torch.Generator`` does), a key as given, or an int seed's key."""
+    if generator is None:
+        return next_key()
+    if isinstance(generator, KeyState):
+        return generator.draw()
+    if isinstance(generator, int):
+        return jax.random.key(generator)
+    if isinstance(generator, jax.Array):
+        return generator
+    raise TypeError(ERR_GENERATOR_TYPE.format(name=type(generator).__name__))
+
+
+def uniform_(self: Tensor, from_: float = 0.0, to: float = 1.0, *, generator: Any = None) -> Tensor:
+    """Fill with draws from ``U(from_, to)`` in place (``generator``: see ``generator_key``)."""
+    return _overwrite(self, Tensor(jax.random.uniform(generator_key(generator), self.shape, self.dtype, from_, to)))
+
+
+def normal_(self: Tensor, mean: float = 0.0, std: float = 1.0, *, generator: Any = None) -> Tensor:
+    """Fill with draws from ``N(mean, std^2)`` in place (``generator``: see ``generator_key``)."""
+    return _overwrite(self, Tensor(mean + std * jax.random.normal(generator_key(generator), self.shape, self.dtype)))
