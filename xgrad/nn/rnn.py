@@ -359,7 +359,18 @@ class RNNCellBase(Module):
         return text
 
 
-class RNNCell(RNNCellBase):
+class _HiddenStateCell(RNNCellBase):
+    """A cell whose state is one hidden tensor (``RNNCell``, ``GRUCell``)."""
+
+    def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
+        """The new hidden state from ``input`` and ``hx`` (zeros when ``None``); unbatched in, unbatched out."""
+        batched = self._check_input(input)
+        x = input if batched else input.unsqueeze(0)
+        h = self._step(x, self._state(hx, x, batched))
+        return h if batched else h.squeeze(0)
+
+
+class RNNCell(_HiddenStateCell):
     """One Elman RNN step: ``forward(input, hx=None)`` returns ``h'`` (``(B, hidden_size)``, or ``(hidden_size,)`` unbatched).
 
     >>> import xgrad
@@ -373,14 +384,8 @@ class RNNCell(RNNCellBase):
         self.nonlinearity = nonlinearity
         super().__init__(_nonlinearity_mode(nonlinearity), input_size, hidden_size, bias, key, dtype)
 
-    def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
-        batched = self._check_input(input)
-        x = input if batched else input.unsqueeze(0)
-        h = self._step(x, self._state(hx, x, batched))
-        return h if batched else h.squeeze(0)
 
-
-class GRUCell(RNNCellBase):
+class GRUCell(_HiddenStateCell):
     """One GRU step (gates r, z, n as ``GRU``'s): ``forward(input, hx=None)`` returns ``h'``.
 
     >>> import xgrad
@@ -390,12 +395,6 @@ class GRUCell(RNNCellBase):
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, *, key: Any = None, dtype: Any = jnp.float32) -> None:
         super().__init__("gru", input_size, hidden_size, bias, key, dtype)
-
-    def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
-        batched = self._check_input(input)
-        x = input if batched else input.unsqueeze(0)
-        h = self._step(x, self._state(hx, x, batched))
-        return h if batched else h.squeeze(0)
 
 
 class LSTMCell(RNNCellBase):
