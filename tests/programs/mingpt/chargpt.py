@@ -1,3 +1,7 @@
+# From github.com/karpathy/minGPT (commit 37baab7), projects/chargpt/chargpt.py; MIT License,
+# Copyright (c) 2020 Andrej Karpathy: see tests/programs/LICENSE-minGPT.
+# Changed for xgrad's tests, each change marked "xgrad:": the imports (the test writes a small
+# synthetic input.txt and passes small sizes on the command line).
 """
 Trains a character-level language model.
 """
@@ -5,9 +9,9 @@ Trains a character-level language model.
 import os
 import sys
 
-import torch
-from torch.utils.data import Dataset
-from torch.utils.data.dataloader import DataLoader
+import xgrad as torch  # xgrad: the imports
+from xgrad.utils.data import Dataset
+from xgrad.utils.data.dataloader import DataLoader
 
 from mingpt.model import GPT
 from mingpt.trainer import Trainer
@@ -117,7 +121,7 @@ if __name__ == '__main__':
                 # sample from the model...
                 context = "O God, O God!"
                 x = torch.tensor([train_dataset.stoi[s] for s in context], dtype=torch.long)[None,...].to(trainer.device)
-                y = model.generate(x, 500, temperature=1.0, do_sample=True, top_k=10)[0]
+                y = model.generate(x, 20, temperature=1.0, do_sample=True, top_k=10)[0]  # xgrad: size (was 500)
                 completion = ''.join([train_dataset.itos[int(i)] for i in y])
                 print(completion)
             # save the latest model

@@ -1,10 +1,14 @@
+# From github.com/pytorch/examples (commit 77f55b9), mnist/main.py; BSD 3-Clause License,
+# Copyright (c) 2017, Pytorch contributors: see tests/programs/LICENSE-pytorch-examples.
+# Changed for xgrad's tests, each change marked "xgrad:": the imports, the data (synthetic,
+# no download) and sizes.
 import argparse
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-import torch.optim as optim
-from torchvision import datasets, transforms
-from torch.optim.lr_scheduler import StepLR
+import numpy as np  # xgrad: for the synthetic data
+import xgrad as torch  # xgrad: the imports
+import xgrad.nn as nn
+import xgrad.nn.functional as F
+import xgrad.optim as optim
+from xgrad.optim.lr_scheduler import StepLR
 
 
 class Net(nn.Module):
@@ -113,14 +117,12 @@ def main():
         train_kwargs.update(accel_kwargs)
         test_kwargs.update(accel_kwargs)
 
-    transform=transforms.Compose([
-        transforms.ToTensor(),
-        transforms.Normalize((0.1307,), (0.3081,))
-        ])
-    dataset1 = datasets.MNIST('../data', train=True, download=True,
-                       transform=transform)
-    dataset2 = datasets.MNIST('../data', train=False,
-                       transform=transform)
+    # xgrad: synthetic data (random 28x28 images and labels) instead of downloading MNIST
+    rng = np.random.default_rng(args.seed)
+    dataset1 = torch.utils.data.TensorDataset(torch.from_numpy(rng.standard_normal((12, 1, 28, 28))),
+                                              torch.from_numpy(rng.integers(0, 10, 12)))
+    dataset2 = torch.utils.data.TensorDataset(torch.from_numpy(rng.standard_normal((6, 1, 28, 28))),
+                                              torch.from_numpy(rng.integers(0, 10, 6)))
     train_loader = torch.utils.data.DataLoader(dataset1,**train_kwargs)
     test_loader = torch.utils.data.DataLoader(dataset2, **test_kwargs)
 

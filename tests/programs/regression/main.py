@@ -1,9 +1,13 @@
 #!/usr/bin/env python
+# From github.com/pytorch/examples (commit 77f55b9), regression/main.py; BSD 3-Clause License,
+# Copyright (c) 2017, Pytorch contributors: see tests/programs/LICENSE-pytorch-examples.
+# Changed for xgrad's tests, each change marked "xgrad:": the imports (its data is
+# already synthetic).
 from __future__ import print_function
 from itertools import count
 
-import torch
-import torch.nn.functional as F
+import xgrad as torch  # xgrad: the imports
+import xgrad.nn.functional as F
 
 POLY_DEGREE = 4
 W_target = torch.randn(POLY_DEGREE, 1) * 5

@@ -1,17 +1,21 @@
+# From github.com/pytorch/examples (commit 77f55b9), vae/main.py; BSD 3-Clause License,
+# Copyright (c) 2017, Pytorch contributors: see tests/programs/LICENSE-pytorch-examples.
+# Changed for xgrad's tests, each change marked "xgrad:": the imports, the data (synthetic,
+# no download) and sizes.
 from __future__ import print_function
 import argparse
-import torch
-import torch.utils.data
-from torch import nn, optim
-from torch.nn import functional as F
-from torchvision import datasets, transforms
-from torchvision.utils import save_image
+import numpy as np  # xgrad: for the synthetic data
+import xgrad as torch  # xgrad: the imports
+import xgrad.utils.data
+from xgrad import nn, optim
+from xgrad.nn import functional as F
+from torchvision_stand_in import save_image  # xgrad: torchvision is not PyTorch: a stand-in that checks the shape
 
 
 parser = argparse.ArgumentParser(description='VAE MNIST Example')
-parser.add_argument('--batch-size', type=int, default=128, metavar='N',
+parser.add_argument('--batch-size', type=int, default=16, metavar='N',  # xgrad: size (was 128)
                     help='input batch size for training (default: 128)')
-parser.add_argument('--epochs', type=int, default=10, metavar='N',
+parser.add_argument('--epochs', type=int, default=3, metavar='N',  # xgrad: size (was 10)
                     help='number of epochs to train (default: 10)')
 parser.add_argument('--no-accel', action='store_true', 
                     help='disables accelerator')
@@ -34,12 +38,14 @@ else:
 print(f"Using device: {device}")
 
 kwargs = {'num_workers': 1, 'pin_memory': True} if use_accel else {}
+# xgrad: synthetic data (one batch of random images in [0, 1] per epoch, so the shuffled order cannot
+# change the summed loss) instead of downloading MNIST
+rng = np.random.default_rng(args.seed)
 train_loader = torch.utils.data.DataLoader(
-    datasets.MNIST('../data', train=True, download=True,
-                   transform=transforms.ToTensor()),
+    torch.utils.data.TensorDataset(torch.from_numpy(rng.random((16, 1, 28, 28))), torch.from_numpy(rng.integers(0, 10, 16))),
     batch_size=args.batch_size, shuffle=True, **kwargs)
 test_loader = torch.utils.data.DataLoader(
-    datasets.MNIST('../data', train=False, transform=transforms.ToTensor()),
+    torch.utils.data.TensorDataset(torch.from_numpy(rng.random((16, 1, 28, 28))), torch.from_numpy(rng.integers(0, 10, 16))),
     batch_size=args.batch_size, shuffle=False, **kwargs)
 
 

@@ -1,7 +1,10 @@
+# From github.com/pytorch/examples (commit 77f55b9), word_language_model/model.py; BSD 3-Clause License,
+# Copyright (c) 2017, Pytorch contributors: see tests/programs/LICENSE-pytorch-examples.
+# Changed for xgrad's tests, each change marked "xgrad:": the imports.
 import math
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+import xgrad as torch  # xgrad: the imports
+import xgrad.nn as nn
+import xgrad.nn.functional as F
 
 class RNNModel(nn.Module):
     """Container module with an encoder, a recurrent module, and a decoder."""

@@ -1,3 +1,6 @@
+# From github.com/karpathy/minGPT (commit 37baab7), mingpt/model.py; MIT License,
+# Copyright (c) 2020 Andrej Karpathy: see tests/programs/LICENSE-minGPT.
+# Changed for xgrad's tests, each change marked "xgrad:": the imports.
 """
 Full definition of a GPT Language Model, all of it in this single file.
 
@@ -10,9 +13,9 @@ https://github.com/huggingface/transformers/blob/main/src/transformers/models/gp
 
 import math
 
-import torch
-import torch.nn as nn
-from torch.nn import functional as F
+import xgrad as torch  # xgrad: the imports
+import xgrad.nn as nn
+from xgrad.nn import functional as F
 
 from mingpt.utils import CfgNode as CN
 

@@ -1,3 +1,6 @@
+# From github.com/karpathy/minGPT (commit 37baab7), mingpt/trainer.py; MIT License,
+# Copyright (c) 2020 Andrej Karpathy: see tests/programs/LICENSE-minGPT.
+# Changed for xgrad's tests, each change marked "xgrad:": the imports.
 """
 Simple training loop; Boilerplate that could apply to any arbitrary neural network,
 so nothing in this file really has anything to do with GPT specifically.
@@ -6,8 +9,8 @@ so nothing in this file really has anything to do with GPT specifically.
 import time
 from collections import defaultdict
 
-import torch
-from torch.utils.data.dataloader import DataLoader
+import xgrad as torch  # xgrad: the imports
+from xgrad.utils.data.dataloader import DataLoader
 from mingpt.utils import CfgNode as CN
 
 class Trainer:

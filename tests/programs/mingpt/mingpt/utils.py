@@ -1,3 +1,6 @@
+# From github.com/karpathy/minGPT (commit 37baab7), mingpt/utils.py; MIT License,
+# Copyright (c) 2020 Andrej Karpathy: see tests/programs/LICENSE-minGPT.
+# Changed for xgrad's tests, each change marked "xgrad:": the imports.
 
 import os
 import sys
@@ -6,7 +9,7 @@ import random
 from ast import literal_eval
 
 import numpy as np
-import torch
+import xgrad as torch  # xgrad: the imports
 
 # -----------------------------------------------------------------------------
 
