@@ -60,6 +60,7 @@ from xgrad.ops.elementwise import (
     tanh,
     to_device,
     where,
+    with_sharding_constraint,
 )
 from xgrad.ops.index import embedding, gather, getitem, index_select, scatter_add, setitem, sort
 from xgrad.ops.jaxop import from_jax
@@ -178,6 +179,7 @@ OPS: tuple[Op, ...] = (
     Op(astype),
     Op(clone, "clone"),
     Op(to_device),
+    Op(with_sharding_constraint),
     Op(eq, "eq __eq__", differentiable=False),
     Op(ne, "ne __ne__", differentiable=False),
     Op(lt, "lt __lt__", differentiable=False),
@@ -315,7 +317,7 @@ __all__ = [
     "scaled_dot_product_attention", "scatter_add", "select", "setitem", "sigmoid", "sign", "silu", "sin", "softmax",
     "softplus", "sort", "split", "sqrt", "squeeze", "stack", "std", "sub", "sum", "sum_to", "T", "tan", "tanh",
     "to_device", "topk", "transpose", "tril", "triu", "unbind", "unfold", "unsqueeze", "var", "view", "view_as",
-    "where",
+    "where", "with_sharding_constraint",
 ]
 # -- end of generated code --
 

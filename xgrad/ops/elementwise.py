@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xgrad.engine.node import sharding_of
 from xgrad.ops import shape_rules
 from xgrad.ops._util import as_array, check_values, nondiff
 from xgrad.ops.registry import defprim
@@ -408,6 +409,46 @@ def to_device(x: Tensor, device: Any) -> Tensor:
         target = jax.sharding.SingleDeviceSharding(target)
     return to_device_(x, sharding=target, source=x._array.sharding)
 
+
+
+def _with_sharding_constraint_backward(g: Tensor, out: Any, x: Any, sharding: Any, source: Any) -> Tensor:
+    # JAX's transpose of a sharding constraint: the cotangent is constrained the same way.
+    g = with_sharding_constraint_(g, sharding=sharding, source=None)
+    if source is not None and source.device_set != sharding.device_set:
+        g = to_device_(g, sharding=source, source=sharding)  # eagerly, a gradient lives where its input did
+    return g
+
+
+with_sharding_constraint_: Callable[..., Any] = defprim(
+    "with_sharding_constraint",
+    lambda x, sharding, source: jax.lax.with_sharding_constraint(x, sharding),
+    (_with_sharding_constraint_backward,),
+    save=(),
+)
+
+
+def with_sharding_constraint(x: Tensor, sharding: Any) -> Tensor:
+    """``x`` laid out as ``sharding`` (a ``jax.sharding.Sharding``); its gradient is laid out the same way.
+
+    What ``jax.lax.with_sharding_constraint`` is to arrays, in every mode: eagerly the
+    result is placed so, and inside a compiled backward or ``xgrad.compile`` it is a
+    constraint on XLA's partitioner, as under ``jax.jit``. Use it to ask for the FSDP
+    pattern: constrain a weight sharded over ``data`` to be replicated where it is used,
+    and its gradient comes back reduced onto the shards.
+
+    >>> import jax, xgrad
+    >>> from jax.sharding import NamedSharding, PartitionSpec as P
+    >>> mesh = jax.sharding.Mesh(jax.devices()[:1], ("data",))
+    >>> y = xgrad.with_sharding_constraint(xgrad.ones(4), NamedSharding(mesh, P("data")))
+    >>> y.sharding.mesh.axis_names
+    ('data',)
+    """
+    if not isinstance(sharding, jax.sharding.Sharding):
+        raise TypeError(
+            "with_sharding_constraint: sharding must be a jax.sharding.Sharding (for example "
+            f"NamedSharding(mesh, PartitionSpec(...))), got {type(sharding).__name__}"
+        )
+    return with_sharding_constraint_(x, sharding=sharding, source=sharding_of(x._array))
 
 # -- non-differentiable --------------------------------------------------------------
 eq = nondiff(jnp.equal, "eq", '>>> xgrad.eq(xgrad.tensor([1.0, 2.0]), 2.0).tolist()\n[False, True]', shape_rules.elementwise, module=__name__)

@@ -220,6 +220,11 @@ def _second_device() -> Any:
     return devices[1] if len(devices) > 1 else devices[0]
 
 
+def _replicated() -> Any:
+    """Replicated on the default device, where the inputs are: a constraint any shape can take."""
+    return jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",)), jax.sharding.PartitionSpec())
+
+
 _DROPOUT_KEY = jax.random.PRNGKey(7)
 _INT_INDEX = np.array([2, 0, 2])
 _MASK = np.array([[True, False, True], [False, False, True]])
@@ -342,6 +347,8 @@ def _build_specs() -> list[OpSpec]:
     # smooth=False: the float32 forward is too coarse for float64 finite differences.
     add(_unary("astype", lambda x: x.astype(jnp.float32), lambda x: x.astype(jnp.float32), smooth=False))
     add(_unary("to_device", lambda x: X.to_device(x, _second_device()), lambda x: jax.device_put(x, _second_device())))
+    add(_unary("with_sharding_constraint", lambda x: X.with_sharding_constraint(x, _replicated()),
+               lambda x: jax.lax.with_sharding_constraint(x, _replicated())))
     # -- reductions --------------------------------------------------------------------
     specs += _reduction("sum", X.sum, jnp.sum, expr="np.sum({0}, axis=-1, keepdims=True)")
     add(_unary("sum", lambda x: X.sum(x, dim=-1), lambda x: x, label="0-dim, dim=-1", shapes=(((),),)))
