@@ -116,3 +116,25 @@ def test_hlo_text_is_compiled_for_the_input_shardings_it_ran_with():
     (program,) = compiled_engine.cache.programs.values()
     assert "all-reduce" in program.hlo_text()
     compiled.reset()
+
+
+def test_hlo_text_of_a_graph_mixing_a_mesh_and_the_default_device():
+    """Mesh tensors and a default-device scalar in one backward: it trains, and its program text shows."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from xgrad.engine import compiled as compiled_engine
+
+    compiled.reset()
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    rng = np.random.default_rng(1)
+    x_np, w_np = rng.standard_normal((4, 3)), rng.standard_normal((3, 2))
+    x = xgrad.tensor(jax.device_put(x_np, NamedSharding(mesh, P("data"))))
+    w = xgrad.tensor(jax.device_put(w_np, NamedSharding(mesh, P())), requires_grad=True)
+    scale = xgrad.tensor(np.array(3.0), requires_grad=True)
+    ((x @ w).tanh().sum().to(jax.devices()[0]) * scale).backward(compiled=True)
+    np.testing.assert_allclose(w.grad.numpy(), x_np.T @ (3 * (1 - np.tanh(x_np @ w_np) ** 2)), rtol=1e-12)
+    np.testing.assert_allclose(scale.grad.numpy(), np.tanh(x_np @ w_np).sum(), rtol=1e-12)
+    (program,) = compiled_engine.cache.programs.values()
+    assert any("all-reduce" in program.hlo_text(i) for i in range(len(program.segments)))
+    compiled.reset()

@@ -384,7 +384,10 @@ class Program:
         traced = variant.traced
         args = [traced.example[i] for i in traced.used]
         if variant.shardings is not None:
-            args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in zip(args, variant.shardings, strict=True)]
+            shardings = variant.shardings
+            if variant.device is not None:  # inputs from several devices ran on one (``_call`` in ``run.py``)
+                shardings = [jax.sharding.SingleDeviceSharding(variant.device)] * len(args)
+            args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in zip(args, shardings, strict=True)]
         text = traced.plain.lower(*args).compile().as_text()
         if text is None:
             raise RuntimeError("this backend gives no HLO text")
