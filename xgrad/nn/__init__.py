@@ -17,7 +17,7 @@ without renaming.
 (2, 3)
 """
 
-from xgrad.nn import functional, init, utils
+from xgrad.nn import functional, init, modules, utils
 from xgrad.nn.activation import GELU, ReLU, Sigmoid, SiLU, Tanh
 from xgrad.nn.containers import ModuleDict, ModuleList, Sequential
 from xgrad.nn.conv import Conv2d
@@ -33,5 +33,5 @@ __all__ = [
     "GELU", "GRU", "LSTM", "MLP", "RNN", "BatchNorm1d", "BatchNorm2d", "Conv2d", "Dropout", "Embedding", "GRUCell",
     "Identity", "LSTMCell", "LayerNorm", "Linear", "Module", "ModuleDict", "ModuleList", "MultiheadAttention",
     "Parameter", "RNNCell", "ReLU", "Sequential", "SiLU", "Sigmoid", "Tanh", "TransformerEncoderLayer", "functional",
-    "init", "utils",
+    "init", "modules", "utils",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -15,6 +16,7 @@ from xgrad import step_trace
 from xgrad.creation import resolve_device
 from xgrad.grad_mode import no_grad
 from xgrad.grads import clear_grads
+from xgrad.nn.hooks import HOOK_DICTS, ModuleHooks
 from xgrad.nn.module_pytree import register_module_pytree
 from xgrad.tensor import Tensor
 
@@ -97,7 +99,7 @@ class Parameter(Tensor, metaclass=_ParameterMeta):
 # -- Module ---------------------------------------------------------------------------
 
 # Attributes that hold a module's own bookkeeping, never its state.
-_INTERNAL = frozenset({"_buffers", "_modules", "training"})
+_INTERNAL = frozenset({"_buffers", "_modules", "training", *HOOK_DICTS})
 
 
 def _contained(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
@@ -140,7 +142,7 @@ class _IncompatibleKeys(NamedTuple):
     unexpected_keys: list[str]
 
 
-class Module:
+class Module(ModuleHooks):
     """Base class: parameters, buffers and submodules are found among the attributes.
 
     Subclasses set attributes in ``__init__`` (calling ``super().__init__()`` is optional)
@@ -170,6 +172,8 @@ class Module:
         object.__setattr__(self, "_buffers", {})  # buffer name -> persistent
         object.__setattr__(self, "_modules", {})  # children held by key (containers, add_module)
         object.__setattr__(self, "training", True)
+        for name in HOOK_DICTS:
+            object.__setattr__(self, name, OrderedDict())
         return self
 
     def __init__(self) -> None:
@@ -180,6 +184,8 @@ class Module:
         register_module_pytree(cls)  # NOTE [Module as a pytree]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._has_hooks():
+            return self._call_with_hooks(args, kwargs)
         return self.forward(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from xgrad.nn.hooks import HOOK_DICTS
 from xgrad.tensor import Tensor
 
 __all__ = ["register_module_pytree"]
@@ -150,8 +151,9 @@ def _unflatten(aux: _ModuleAux, children: Any) -> Any:
     children = iter(children)
     module = Module.__new__(aux.cls)
     values = dict(aux.static)
-    if isinstance(values.get("_buffers"), dict):
-        values["_buffers"] = dict(values["_buffers"])  # the new module's own, as ``register_buffer`` writes to it
+    for own in ("_buffers", *HOOK_DICTS):  # the new module's own, as ``register_buffer`` and hooks write to them
+        if isinstance(values.get(own), dict):
+            values[own] = type(values[own])(values[own])
     for name, treedef, infos in aux.entries:
         leaves = []
         for info in infos:
