@@ -12,11 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xgrad import step_trace
-from xgrad.creation import resolve_device
 from xgrad.grad_mode import no_grad
 from xgrad.grads import clear_grads
 from xgrad.nn.hooks import HOOK_DICTS, ModuleHooks
+from xgrad.nn.module_placement import ModulePlacement
 from xgrad.nn.module_pytree import register_module_pytree
 from xgrad.tensor import Tensor
 
@@ -142,7 +141,7 @@ class _IncompatibleKeys(NamedTuple):
     unexpected_keys: list[str]
 
 
-class Module(ModuleHooks):
+class Module(ModuleHooks, ModulePlacement):
     """Base class: parameters, buffers and submodules are found among the attributes.
 
     Subclasses set attributes in ``__init__`` (calling ``super().__init__()`` is optional)
@@ -301,6 +300,42 @@ class Module(ModuleHooks):
                 seen.add(id(value))
                 yield name, value
 
+    def get_submodule(self, target: str) -> Module:
+        """The submodule at dotted path ``target`` (``""`` is ``self``), with PyTorch's errors.
+
+        >>> import xgrad
+        >>> xgrad.nn.Sequential(xgrad.nn.Linear(2, 2, key=0), xgrad.nn.ReLU()).get_submodule("1")
+        ReLU()
+        """
+        found = dict(self.named_modules(remove_duplicate=False)).get(target)
+        if found is not None:
+            return found
+        module: Any = self
+        for item in target.split("."):
+            if not hasattr(module, item):
+                raise AttributeError(f"{type(module).__name__} has no attribute `{item}`")
+            module = getattr(module, item)
+            if not isinstance(module, Module):
+                raise AttributeError(f"`{item}` is not an nn.Module")
+        return module  # type: ignore[no-any-return]
+
+    def get_parameter(self, target: str) -> Tensor:
+        """The parameter at dotted path ``target`` (``"0.weight"``), with PyTorch's errors."""
+        return self._get_tensor(target, dict(self.named_parameters(remove_duplicate=False)), "an nn.Parameter")
+
+    def get_buffer(self, target: str) -> Tensor:
+        """The buffer at dotted path ``target`` (``"1.running_mean"``), with PyTorch's errors."""
+        return self._get_tensor(target, dict(self.named_buffers(remove_duplicate=False)), "a buffer")
+
+    def _get_tensor(self, target: str, named: dict[str, Tensor], kind: str) -> Tensor:
+        if target in named:
+            return named[target]
+        module_path, _, name = target.rpartition(".")
+        module = self.get_submodule(module_path)
+        if not hasattr(module, name):
+            raise AttributeError(f"{type(module).__name__} has no attribute `{name}`")
+        raise AttributeError(f"`{name}` is not {kind}")
+
     def children(self) -> Iterator[Module]:
         """The direct submodules."""
         for _, module in self.named_children():
@@ -408,47 +443,6 @@ class Module(ModuleHooks):
     def eval(self) -> Module:
         """``train(False)``."""
         return self.train(False)
-
-    # -- placement -------------------------------------------------------------------
-    def to(self, *args: Any, device: Any = None, dtype: Any = None) -> Module:
-        """Move parameters and buffers to a device and/or cast the floating ones to a dtype, in place.
-
-        ``to(device)``, ``to(dtype)``, ``to(device, dtype)`` or keywords, as in PyTorch:
-        a device is a ``jax.Device``, a ``Sharding`` or a name (``"cpu"``, ``"cuda:1"``);
-        integer buffers keep their dtype. The same Tensor objects are kept (optimizers
-        holding them stay valid); their ``.grad`` moves with them.
-
-        >>> import xgrad, jax.numpy as jnp
-        >>> layer = xgrad.nn.Linear(2, 2, key=0).to(jnp.float16)
-        >>> layer.weight.dtype, layer.weight.requires_grad
-        (dtype('float16'), True)
-        """
-        for arg in args:
-            if isinstance(arg, (str, jax.Device, jax.sharding.Sharding)):
-                device = arg
-            else:
-                dtype = arg
-        target = resolve_device(device)
-        if dtype is not None:
-            dtype = jnp.dtype(dtype)
-            if not jnp.issubdtype(dtype, jnp.inexact):
-                raise TypeError(f"nn.Module.to only accepts floating point or complex dtypes, but got desired dtype={dtype}")
-
-        def convert(array: Any) -> Any:
-            if dtype is not None and jnp.issubdtype(array.dtype, jnp.inexact):
-                array = array.astype(dtype)
-            return array if target is None else jax.device_put(array, target)
-
-        seen: set[int] = set()
-        tensors = [t for _, t in self.named_parameters()] + [t for _, t in self.named_buffers()]
-        for t in tensors:
-            if id(t) in seen:
-                continue
-            seen.add(id(t))
-            _replace_storage(t, convert(t.array))
-            if t.grad is not None:
-                t._grad = Tensor(convert(t.grad.array))
-        return self
 
     # -- state -----------------------------------------------------------------------
     def _state_items(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
@@ -560,23 +554,16 @@ class Module(ModuleHooks):
         return ""
 
     def __repr__(self) -> str:
-        children = list(self.named_children())
-        if not children:
-            return f"{type(self).__name__}({self.extra_repr()})"
-        body = "\n".join(f"  ({name}): " + repr(m).replace("\n", "\n  ") for name, m in children)
-        return f"{type(self).__name__}(\n{body}\n)"
+        # PyTorch's layout: the extra_repr lines, then one line per child, indented.
+        extra = self.extra_repr()
+        extra_lines = extra.split("\n") if extra else []
+        child_lines = [f"({name}): " + repr(m).replace("\n", "\n  ") for name, m in self.named_children()]
+        if len(extra_lines) == 1 and not child_lines:
+            return f"{type(self).__name__}({extra_lines[0]})"
+        lines = extra_lines + child_lines
+        body = "\n  " + "\n  ".join(lines) + "\n" if lines else ""
+        return f"{type(self).__name__}({body})"
 
 
 register_module_pytree(Module)
-
-
-def _replace_storage(t: Tensor, array: Any) -> None:
-    """Give ``t`` a new array (possibly another dtype or device) as an in-place op would: the version moves on."""
-    if array is t.array:
-        return
-    trace = step_trace.current()
-    if trace is not None:  # NOTE [The step-trace seam]
-        trace.write(t)
-    t._array = array
-    t._version += 1
 

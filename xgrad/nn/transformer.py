@@ -127,9 +127,6 @@ class MultiheadAttention(Module):
             weights = weights.mean(dim=1)
         return out, (weights if batched else weights.squeeze(0))
 
-    def extra_repr(self) -> str:
-        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}"
-
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": ops.relu, "gelu": ops.gelu}
 
