@@ -1,231 +1,400 @@
-"""``Optax``: any optax gradient transformation as an optimizer of parameters' ``.grad`` (NOTE [Optimizer state in Tensors] in ``__init__``)."""
+"""``Optimizer``: PyTorch's optimizer base, with parameter groups, per-parameter state and state dicts.
+
+# NOTE [PyTorch optimizers]
+# ``param_groups`` is a list of dicts as in PyTorch; users and schedulers set their
+# entries between steps. An entry an update reads as a number (``lr``, ``betas``,
+# ``weight_decay``, ...; the class's ``_hyper``) is also held by a Tensor that setting
+# the entry rebinds (``_ParamGroup``), and ``step`` passes those Tensors' arrays to the
+# jitted update: a new rate is a new input, not a new program, and inside
+# ``xgrad.compile`` the Tensors are program inputs read at every call (NOTE [Optimizer
+# state in Tensors]). Entries that choose code (``nesterov``, ``maximize``, ``amsgrad``)
+# are static arguments of the update. ``state[p]`` holds Tensors too, made when the
+# parameter joins the optimizer rather than at its first step (PyTorch's moment), so a
+# compiled step never makes state; ``state_dict()`` lists only parameters that have
+# stepped, as PyTorch's does. Each step checks, eagerly, that a parameter's state sits
+# where the parameter does and moves it along when the parameter was moved or resharded.
+"""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterable, Mapping
-from typing import Any
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
-import optax
+import numpy as np
 
 from xgrad import step_trace
+from xgrad.grad_mode import enable_grad
 from xgrad.grads import clear_grads
+from xgrad.optim.optax_optimizer import _writing
 from xgrad.tensor import Tensor
 
-
-def _mirrors_params(node: Any, shapes: tuple[tuple[int, ...], ...]) -> bool:
-    """Whether ``node`` is a per-parameter entry of the state (``mu``, ``nu``, a momentum)."""
-    return (
-        isinstance(node, (list, tuple))
-        and len(node) == len(shapes)
-        and all(getattr(leaf, "shape", None) == shape for leaf, shape in zip(node, shapes, strict=True))
-    )
+_OWN_DTYPE = ("step", "mu_product")  # state kept in PyTorch's scalar type, not the parameter's dtype
 
 
-def _keep_frozen(new: Any, old: Any, stepped: tuple[bool, ...], shapes: tuple[tuple[int, ...], ...]) -> Any:
-    """``new`` state, except that the per-parameter entries of parameters not stepped keep ``old``."""
-
-    def select(n: Any, o: Any) -> Any:
-        if _mirrors_params(n, shapes):
-            return type(n)(ni if s else oi for ni, oi, s in zip(n, o, stepped, strict=True))
-        return n
-
-    return jax.tree.map(select, new, old, is_leaf=lambda node: _mirrors_params(node, shapes))
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_))
 
 
-def _step(
-    transform: optax.GradientTransformation, stepped: tuple[bool, ...], params: list[Any], grads: list[Any], state: Any
-) -> tuple[list[Any], Any]:
-    """One update of every parameter; those not ``stepped`` (no grad) keep their value and state."""
-    full_grads = [g if s else jnp.zeros_like(p) for p, g, s in zip(params, grads, stepped, strict=True)]
-    updates, new_state = transform.update(full_grads, state, params)
-    new_params = optax.apply_updates(params, updates)
-    if all(stepped):
-        return new_params, new_state
-    shapes = tuple(p.shape for p in params)
-    return [n if s else None for n, s in zip(new_params, stepped, strict=True)], _keep_frozen(new_state, state, stepped, shapes)
+def _hyper_array(value: Any) -> jax.Array:
+    """A hyperparameter as the update reads it: the default float type, the same at every step (no recompile)."""
+    if isinstance(value, Tensor):
+        value = value.array
+    return jnp.asarray(value, dtype=jnp.result_type(float))
 
 
-def _committed(array: Any, device: Any) -> Any:
-    """``array`` committed to ``device`` (the step's outputs are), unless it is already committed."""
-    if device is None or getattr(array, "committed", True):
-        return array
-    return jax.device_put(array, device)
+class _ParamGroup(dict):
+    """A parameter group: a dict whose numeric entries named in ``hyper`` are mirrored in Tensors (NOTE [PyTorch optimizers])."""
+
+    def __init__(self, hyper: tuple[str, ...], entries: Mapping[str, Any]) -> None:
+        super().__init__()
+        self._hyper = hyper
+        self._tensors: dict[str, Tensor] = {}
+        self.update(entries)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        if key not in self._hyper:
+            return
+        if not (_is_number(value) or isinstance(value, Tensor) or isinstance(value, tuple) and all(map(_is_number, value))):
+            raise TypeError(f"param group entry {key!r} must be a number (or a tuple of numbers), got {value!r}")
+        tensor = self._tensors.get(key)
+        array = _hyper_array(value)
+        if tensor is None or tensor.shape != array.shape:
+            self._tensors[key] = Tensor(array)
+        else:
+            _writing([tensor])
+            tensor._array = array
+
+    def update(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def hyper_arrays(self) -> dict[str, jax.Array]:
+        """The arrays of the numeric hyperparameters, each reported read to a step being traced."""
+        trace = step_trace.current()
+        if trace is not None:
+            for t in self._tensors.values():
+                trace.read(t)
+        return {key: t._array for key, t in self._tensors.items()}
 
 
-class Optax:
-    """Update parameters in place with an ``optax`` transformation of their ``.grad``.
+def _param_list(params: Any) -> list[Any]:
+    """PyTorch's reading of one group's ``params``: a tensor, or an ordered collection of them."""
+    if isinstance(params, Tensor):
+        return [params]
+    if isinstance(params, set):
+        raise TypeError(
+            "optimizer parameters need to be organized in ordered collections, but the ordering of tensors in sets "
+            "will change between runs. Please use a list instead."
+        )
+    if isinstance(params, Mapping):
+        return list(params.values())
+    return [p[1] if isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) else p for p in params]
 
-    Args:
-        params: the parameters: an iterable of leaf Tensors (``model.parameters()``)
-            or a mapping name → Tensor (``dict(model.named_parameters())``).
-        transform: an ``optax.GradientTransformation`` (``optax.sgd(0.1)``,
-            ``optax.adam(1e-3)``, a chain, …).
 
-    A parameter whose ``.grad`` is ``None``, or that does not require grad, is left
-    alone, as PyTorch's optimizers do: its value does not move (not even by weight
-    decay) and its entries in the optimizer state (moments, momentum) stay as they
-    were. ``state`` is the optax state (read and assignable).
+def _scalar_sharding(sharding: Any) -> Any:
+    """Where a per-parameter scalar (``step``) lives: replicated over the parameter's devices."""
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    if len(sharding.device_set) == 1:
+        return jax.sharding.SingleDeviceSharding(next(iter(sharding.device_set)))
+    return None
 
-    >>> import optax, xgrad
-    >>> w = xgrad.tensor([1.0, 2.0], requires_grad=True)
-    >>> frozen = xgrad.tensor([5.0], requires_grad=True)
-    >>> opt = xgrad.optim.Optax([w, frozen], optax.adamw(0.5, weight_decay=0.1))
-    >>> (w * w).sum().backward()
-    >>> opt.step(); [round(v, 4) for v in w.tolist()], frozen.tolist()
-    ([0.45, 1.4], [5.0])
+
+def _placed_like(array: Any, param: Tensor) -> jax.Array:
+    """``array`` on the parameter's devices: sharded as the parameter if it has its shape, else replicated."""
+    sharding = param._array.sharding
+    array = jnp.asarray(array)
+    if array.shape != param.shape:
+        sharding = _scalar_sharding(sharding)
+        if sharding is None:
+            return array
+    return jax.device_put(array, sharding)
+
+
+def _group_step(
+    update: Callable[..., tuple[Any, dict[str, Any]]], options: tuple[tuple[str, Any], ...],
+    hyper: dict[str, Any], params: list[Any], grads: list[Any], states: list[dict[str, Any]],
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """One group's update, parameter by parameter, as one jitted program."""
+    opts = dict(options)
+    results = [update(opts, hyper, p, g, s) for p, g, s in zip(params, grads, states, strict=True)]
+    return [r[0] for r in results], [r[1] for r in results]
+
+
+_jitted_group_step = jax.jit(_group_step, static_argnums=(0, 1))
+
+
+class Optimizer:
+    """``torch.optim.Optimizer``: parameter groups, per-parameter ``state``, ``step``, ``zero_grad``, state dicts.
+
+    A subclass names its numeric hyperparameters (``_hyper``), makes a parameter's
+    initial state (``_init_state``) and gives the update of one parameter
+    (``_update(options, hyper, param, grad, state) -> (param, state)``, a pure JAX
+    function: ``hyper`` holds arrays, ``options`` the other group entries).
     """
 
-    _state_def: Any
-    _state_tensors: list[Tensor]
+    _hyper: ClassVar[tuple[str, ...]] = ()
+    _hidden_state: ClassVar[frozenset[str]] = frozenset()  # state kept for the update that PyTorch does not save
 
-    def __init__(self, params: Iterable[Tensor] | Mapping[str, Tensor], transform: optax.GradientTransformation) -> None:
-        tensors = list(params.values()) if isinstance(params, Mapping) else list(params)
-        if not tensors:
+    def __init__(self, params: Any, defaults: dict[str, Any]) -> None:
+        if defaults.get("differentiable"):
+            raise NotImplementedError(
+                "differentiable=True is not supported: differentiate through an update with xgrad.func or jax.grad "
+                "of a pure function instead"
+            )
+        self.defaults = defaults
+        self.state: defaultdict[Tensor, dict[str, Tensor]] = defaultdict(dict)
+        self.param_groups: list[_ParamGroup] = []
+        if isinstance(params, Tensor):
+            raise TypeError(
+                "params argument given to the optimizer should be an iterable of Tensors or dicts, but got "
+                f"{type(params).__module__}.{type(params).__name__}"
+            )
+        groups = list(params.values()) if isinstance(params, Mapping) else list(params)
+        if not groups:
             raise ValueError("optimizer got an empty parameter list")
-        for i, p in enumerate(tensors):
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for group in groups:
+            self.add_param_group(group)
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            lines += [f"    {key}: {group[key]}" for key in sorted(group) if key != "params"]
+        return "\n".join([*lines, ")"])
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group of parameters with its own hyperparameters (the defaults fill in the rest)."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
+        params = _param_list(param_group["params"])
+        for p in params:
             if not isinstance(p, Tensor):
-                raise TypeError(f"optimizer can only optimize Tensors, but parameter {i} is a {type(p).__name__}")
+                raise TypeError(f"optimizer can only optimize Tensors, but one of the params is {type(p).__name__}")
             if not p.is_leaf:
-                raise ValueError(f"can't optimize a non-leaf Tensor (parameter {i}, grad_fn={p.grad_fn.name()})")  # type: ignore[union-attr]
-        if len({id(p) for p in tensors}) != len(tensors):
-            raise ValueError("some parameters appear more than once in the parameter list")
-        # The step's outputs are committed to their devices; an uncommitted parameter or
-        # state array (jax.random, optax's init on the default device) would make every
-        # primitive of the second step compile again, for committed inputs. Only when
-        # everything sits on one device: sharded parameters keep what they have.
-        devices = {d for p in tensors for d in p._array.sharding.device_set}
-        self._home = next(iter(devices)) if len(devices) == 1 else None
-        for p in tensors:
-            p._array = _committed(p._array, self._home)
-        self.params = tensors
-        self.transform = transform
-        self.state = transform.init([p.array for p in tensors])
-        self._jitted_step = jax.jit(functools.partial(_step, transform), static_argnums=0)
+                raise ValueError("can't optimize a non-leaf Tensor")
+        entries = dict(param_group, params=params)
+        for name, default in self.defaults.items():
+            entries.setdefault(name, default)
+        if len({id(p) for p in params}) != len(params):
+            warnings.warn(
+                "optimizer contains a parameter group with duplicate parameters; in future, this will cause an error; "
+                "see github.com/pytorch/pytorch/issues/40967 for more information",
+                stacklevel=3,
+            )
+        known = {id(p) for group in self.param_groups for p in group["params"]}
+        if any(id(p) in known for p in params):
+            raise ValueError("some parameters appear in more than one parameter group")
+        group = _ParamGroup(self._hyper, entries)
+        self.param_groups.append(group)
+        for p in params:
+            self._ensure_state(p, group)
 
-    @property
-    def state(self) -> Any:
-        """The optax state of the transformation (NOTE [Optimizer state in Tensors])."""
-        trace = step_trace.current()
-        if trace is not None:  # a step being traced finds the state here (NOTE [The step-trace seam])
-            for t in self._state_tensors:
-                trace.read(t)
-        return jax.tree.unflatten(self._state_def, [t._array for t in self._state_tensors])
+    # -- state --------------------------------------------------------------------------
 
-    @state.setter
-    def state(self, value: Any) -> None:
-        leaves, treedef = jax.tree.flatten(value)
-        old_def = getattr(self, "_state_def", None)
-        if old_def is not None and old_def == treedef:  # same structure: the same Tensors, rebound
-            _writing(self._state_tensors)
-            for t, leaf in zip(self._state_tensors, leaves, strict=True):
-                t._array = _committed(jnp.asarray(leaf), self._home)
+    def _state_keys(self, group: dict[str, Any]) -> set[str]:
+        """The state entries a parameter of ``group`` has (some depend on the group's entries)."""
+        return set()
+
+    def _init_state(self, param: Tensor, group: dict[str, Any]) -> dict[str, Any]:
+        """The state of ``param`` before its first step (arrays): PyTorch's names and initial values."""
+        return {}
+
+    def _ensure_state(self, param: Tensor, group: dict[str, Any]) -> None:
+        """Give ``param`` the state entries its group's entries call for (made when they change, outside compiled steps)."""
+        state = self.state[param]
+        keys = self._state_keys(group)
+        if state.keys() == keys:
             return
-        self._state_def = treedef
-        self._state_tensors = [Tensor(_committed(jnp.asarray(leaf), self._home)) for leaf in leaves]
+        for key, value in self._init_state(param, group).items():
+            if key in keys and key not in state:
+                state[key] = Tensor(_placed_like(value, param))
+        for key in [k for k in state if k not in keys]:
+            del state[key]
 
-    def step(self) -> None:
-        """Apply one update from the current ``.grad``s to the parameters that have one."""
-        params = self.params
+    def _follow_param(self, param: Tensor, state: dict[str, Tensor]) -> None:
+        """Move ``param``'s state to where ``param`` now is, in its dtype (``module.to`` since the state was made)."""
+        sharding = param._array.sharding
+        for key, t in state.items():
+            if key not in _OWN_DTYPE and t.shape == param.shape and t.dtype != param.dtype:
+                t._array = t._array.astype(param.dtype)
+            target = sharding if t.shape == param.shape else _scalar_sharding(sharding)
+            if target is not None and not t._array.sharding.is_equivalent_to(target, t.ndim):
+                t._array = jax.device_put(t._array, target)
+
+    # -- the step -----------------------------------------------------------------------
+
+    @staticmethod
+    def _update(options: dict[str, Any], hyper: dict[str, Any], param: Any, grad: Any, state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        raise NotImplementedError
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One update of every parameter that has a ``.grad``; returns ``closure()``'s loss (called first, with grad enabled)."""
+        loss = None
+        if closure is not None:
+            with enable_grad():
+                loss = closure()
         trace = step_trace.current()
-        if trace is not None:  # a step being traced finds the parameters and grads here (NOTE [The step-trace seam])
-            for p in params:
-                trace.grad_read(p)
-                trace.read(p)
-                if p._grad is not None:
+        for group in self.param_groups:
+            stepped = []
+            for p in group["params"]:
+                if trace is not None:  # a step being traced finds the parameters and grads here (NOTE [The step-trace seam])
+                    trace.grad_read(p)
+                    trace.read(p)
+                if p._grad is None or not p.requires_grad:
+                    continue
+                self._ensure_state(p, group)
+                state = self.state[p]
+                if trace is None:
+                    self._follow_param(p, state)
+                else:
                     trace.read(p._grad)
-        stepped = tuple(p._grad is not None and p.requires_grad for p in params)
-        if not any(stepped):
-            return
-        arrays = [p._array for p in params]
-        grads = [p._grad._array if s else None for p, s in zip(params, stepped, strict=True)]  # type: ignore[union-attr]
-        new_arrays, new_state = self._jitted_step(stepped, arrays, grads, self.state)
-        # A direct rebind of each stepped parameter: no op recorded, as under no_grad.
+                    for t in state.values():
+                        trace.read(t)
+                stepped.append(p)
+            if stepped:
+                self._step_group(group, stepped)
+        return loss
+
+    def _step_group(self, group: _ParamGroup, params: list[Tensor]) -> None:
+        options = tuple(sorted((k, v) for k, v in group.items() if isinstance(v, (bool, str, type(None)))))
+        states = [self.state[p] for p in params]
+        new_params, new_states = _jitted_group_step(
+            type(self)._update, options, group.hyper_arrays(), [p._array for p in params],
+            [p._grad._array for p in params],  # type: ignore[union-attr]
+            [{k: t._array for k, t in s.items()} for s in states],
+        )
+        # A direct rebind of each parameter and state Tensor: no op recorded, as under no_grad.
         _writing(params)
-        _writing(self._state_tensors)
-        for p, new in zip(params, new_arrays, strict=True):
-            if new is not None:
-                p._array = new
-                p._version += 1
-        for t, leaf in zip(self._state_tensors, jax.tree.leaves(new_state), strict=True):
-            t._array = leaf
+        for p, new in zip(params, new_params, strict=True):
+            p._array = new
+            p._version += 1
+        for state, new_state in zip(states, new_states, strict=True):
+            _writing(list(state.values()))
+            for key, t in state.items():
+                t._array = new_state[key]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the parameters' ``.grad`` (to ``None``, or to zeros)."""
-        clear_grads(self.params, set_to_none)
+        """Clear every parameter's ``.grad`` (to ``None``, or to zeros)."""
+        clear_grads([p for group in self.param_groups for p in group["params"]], set_to_none)
+
+    # -- state dicts --------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """PyTorch's layout: ``{"state": {index: {name: Tensor}}, "param_groups": [{..., "params": [index, ...]}]}``.
+
+        Parameters are numbered in group order; a parameter that never stepped has no
+        entry, as in PyTorch. The Tensors are snapshots: later steps do not change them.
+        """
+        index: dict[int, int] = {}
+        groups = []
+        for group in self.param_groups:
+            ids = [index.setdefault(id(p), len(index)) for p in group["params"]]
+            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": ids})
+        state: dict[int, dict[str, Tensor]] = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                saved = {k: _snapshot(v) for k, v in self.state.get(p, {}).items() if k not in self._hidden_state}
+                if saved and self._has_stepped(self.state[p]):
+                    state[index[id(p)]] = saved
+        return {"state": state, "param_groups": groups}
+
+    def _has_stepped(self, state: dict[str, Tensor]) -> bool:
+        return "step" not in state or float(state["step"]._array) > 0
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load a state dict in PyTorch's layout (from ``state_dict()``, or PyTorch's with arrays for tensors).
+
+        Each state array is cast to its parameter's dtype (``step`` keeps its own) and
+        placed on the parameter's devices, sharded as the parameter for arrays of its shape.
+        """
+        saved_groups = list(state_dict["param_groups"])
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        for group, saved in zip(self.param_groups, saved_groups, strict=True):
+            if len(group["params"]) != len(saved["params"]):
+                raise ValueError(
+                    "loaded state dict contains a parameter group that doesn't match the size of optimizer's group"
+                )
+        saved_state = {int(k): v for k, v in state_dict["state"].items()}
+        for group, saved in zip(self.param_groups, saved_groups, strict=True):
+            group.update({k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k != "params"})
+            for p, i in zip(group["params"], saved["params"], strict=True):
+                self._load_param_state(p, group, saved_state.get(int(i), {}))
+
+    def _load_param_state(self, param: Tensor, group: dict[str, Any], saved: Mapping[str, Any]) -> None:
+        self.state.pop(param, None)
+        self._ensure_state(param, group)  # entries the dict lacks start fresh, as a parameter that never stepped
+        state = self.state[param]
+        for key, value in saved.items():
+            if key not in state or value is None:
+                continue
+            array = loaded_value(value)
+            dtype = state[key].dtype if key in _OWN_DTYPE else param.dtype
+            state[key]._array = _placed_like(jnp.asarray(array, dtype=dtype), param)
+        self._loaded(state, saved)
+
+    def _loaded(self, state: dict[str, Tensor], saved: Mapping[str, Any]) -> None:
+        """Set state PyTorch does not save from what it does (SGD's step count)."""
 
 
-# -- what PyTorch's optimizers share ------------------------------------------------------
-#
-# PyTorch's optimizers (``sgd.py``, ``adam.py``) only translate PyTorch's arguments into a
-# chain of stock optax transforms and hand it to ``Optax``: the update rules are optax's. The learning rate
-# goes through ``optax.inject_hyperparams``, so it lives in the optimizer state where
-# ``lr`` and the schedulers in ``xgrad.optim.lr_scheduler`` can change it between steps
-# without a recompile.
+# -- argument checks shared by the optimizers, in PyTorch's words ------------------------------
 
 
-def _writing(tensors: list[Tensor]) -> None:
-    """Tell a step being traced that ``tensors`` are about to be rebound (NOTE [The step-trace seam])."""
-    trace = step_trace.current()
-    if trace is not None:
-        for t in tensors:
-            trace.write(t)
+def _snapshot(value: Any) -> Any:
+    """A state value as a state dict holds it: Tensors that later steps leave alone."""
+    if isinstance(value, Tensor):
+        return Tensor(value._array)
+    if isinstance(value, jax.Array):
+        return Tensor(value)
+    if isinstance(value, list):
+        return [_snapshot(v) for v in value]
+    return value
 
 
-def _check_nonnegative(name: str, value: float) -> None:
+def loaded_value(value: Any) -> Any:
+    """A state dict's value as state holds it: arrays for Tensors and NumPy arrays, lists item by item."""
+    if isinstance(value, Tensor):
+        return value._array
+    if isinstance(value, np.ndarray):
+        return jnp.asarray(value)
+    if isinstance(value, list):
+        return [loaded_value(v) for v in value]
+    return value
+
+
+def check_nonnegative(name: str, value: Any) -> None:
+    if isinstance(value, Tensor):
+        value = value.item()
     if not value >= 0.0:
         raise ValueError(f"Invalid {name}: {value}")
 
 
-def _check_betas(betas: tuple[float, float]) -> None:
+def check_betas(betas: tuple[float, float]) -> None:
     for i, beta in enumerate(betas):
         if not 0.0 <= beta < 1.0:
             raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
 
 
-def _check_adam_arguments(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
-    """PyTorch's argument checks of Adam and AdamW, in its order and words."""
-    _check_nonnegative("learning rate", lr)
-    _check_nonnegative("epsilon value", eps)
-    _check_betas(betas)
-    _check_nonnegative("weight_decay value", weight_decay)
+def step_of(state: dict[str, Any], dtype: Any) -> tuple[Any, Any]:
+    """The incremented step count (kept in its own dtype) and its value in ``dtype`` for the update."""
+    step = state["step"] + 1
+    return step, step.astype(dtype)
 
 
-class _WithLearningRate(Optax):
-    """An ``Optax`` whose transform was built by ``optax.inject_hyperparams`` with a ``learning_rate``."""
-
-    @property
-    def lr(self) -> float:
-        """The current learning rate (what a scheduler sets; assignable)."""
-        return get_lr(self)
-
-    @lr.setter
-    def lr(self, value: float) -> None:
-        set_lr(self, value)
-
-
-def get_lr(optimizer: Optax) -> float:
-    """The learning rate held in ``optimizer``'s state (its transform made by ``optax.inject_hyperparams``)."""
-    return float(_hyperparams(optimizer.state)["learning_rate"])
-
-
-def set_lr(optimizer: Optax, value: float) -> None:
-    """Set the learning rate in ``optimizer``'s state; the next ``step`` uses it (same dtype: no recompile)."""
-    state = optimizer.state
-    hyperparams = _hyperparams(state)
-    old = hyperparams["learning_rate"]
-    hyperparams["learning_rate"] = jnp.asarray(value, dtype=jnp.asarray(old).dtype)
-    optimizer.state = state
-
-
-def _hyperparams(state: Any) -> dict[str, Any]:
-    hyperparams = getattr(state, "hyperparams", None)
-    if not isinstance(hyperparams, dict) or "learning_rate" not in hyperparams:
-        raise TypeError(
-            "this optimizer has no learning rate in its state: build its transform with "
-            "optax.inject_hyperparams(optax.adam)(learning_rate=...) (as optim.SGD/Adam/AdamW do) to schedule it"
-        )
-    return hyperparams
+def scalar_state(dtype: Any = jnp.float32) -> jax.Array:
+    """A fresh per-parameter scalar (``step``), float32 as PyTorch's default scalar type."""
+    return jnp.zeros((), dtype)
 
