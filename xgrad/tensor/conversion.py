@@ -13,7 +13,7 @@ from xgrad.step_trace import array_of
 from xgrad.tensor import core
 
 __all__ = [
-    "deepcopy", "item", "numpy", "reduce_ex", "tensor_repr", "to_bool", "to_float", "to_index",
+    "deepcopy", "item", "numpy", "reduce_ex", "tensor_format", "tensor_repr", "to_bool", "to_float", "to_index",
     "to_int", "to_numpy_array", "tolist",
 ]
 
@@ -133,6 +133,18 @@ def reduce_ex(self: core.Tensor, protocol: Any) -> tuple[Any, ...]:
     """
     _check_addressable(self, "pickle")
     return (_unpickle_tensor, (np.asarray(self._array), self.requires_grad))
+
+
+def tensor_format(self: core.Tensor, format_spec: str) -> str:
+    """A 0-dim tensor formats as its Python number (``f"{loss:.4f}"``), as in PyTorch; others as objects.
+
+    >>> import xgrad
+    >>> f"{xgrad.tensor(2.5):+.2f}"
+    '+2.50'
+    """
+    if self.ndim == 0:
+        return format(self.item(), format_spec)
+    return object.__format__(self, format_spec)
 
 
 def tensor_repr(self: core.Tensor) -> str:

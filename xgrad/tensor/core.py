@@ -325,6 +325,7 @@ class Tensor(TensorOpMethods):
     __index__ = conversion.to_index
     __bool__ = conversion.to_bool
     __repr__ = conversion.tensor_repr
+    __format__ = conversion.tensor_format
 
     def detach(self) -> Tensor:
         """A new leaf sharing the array, outside the graph (NOTE [Detached aliases]).
@@ -487,6 +488,7 @@ class Tensor(TensorOpMethods):
     new_zeros = pytorch_methods.new_zeros
     new_ones = pytorch_methods.new_ones
     new_tensor = pytorch_methods.new_tensor
+    type = pytorch_methods.tensor_type  # PyTorch's name; nothing below in the class body calls the builtin
 
     # -- in-place plumbing -----------------------------------------------------------
     _check_inplace = inplace.check_inplace
