@@ -506,61 +506,6 @@ def test_float32_in_float32_out(name):
     assert_grads_match(spec.op, *inputs, reference=spec.ref, modes=("eager", "jax"), atol=1e-5, rtol=1e-4)
 
 
-# -- multinomial, t, type, format -----------------------------------------------------------
-def test_multinomial_frequencies_follow_the_weights():
-    weights = xgrad.tensor([1.0, 0.0, 3.0])
-    draws = xgrad.multinomial(weights, 4000, replacement=True, generator=0).numpy()
-    assert draws.dtype == np.int64 and set(np.unique(draws)) <= {0, 2}
-    assert abs((draws == 2).mean() - 0.75) < 0.03
-    # without replacement: the first draw follows the weights, the rows' draws are distinct
-    rows = xgrad.multinomial(xgrad.tensor(np.tile([[1.0, 0.0, 3.0, 1.0]], (3000, 1))), 3, generator=1).numpy()
-    assert all(len(set(row)) == 3 and 1 not in row for row in rows)
-    assert abs((rows[:, 0] == 2).mean() - 0.6) < 0.03
-
-
-def test_multinomial_draws_from_the_generator():
-    weights = xgrad.tensor([0.2, 0.3, 0.5])
-    same = [xgrad.multinomial(weights, 5, replacement=True, generator=7).tolist() for _ in range(2)]
-    assert same[0] == same[1]
-    xgrad.manual_seed(3)
-    first = weights.multinomial(5, True).tolist()
-    xgrad.manual_seed(3)
-    assert weights.multinomial(5, True).tolist() == first
-
-
-@pytest.mark.parametrize("weights, num_samples, replacement, message", [
-    ([[[1.0]]], 1, True, "^prob_dist must be 1 or 2 dim$"),
-    ([1, 2], 1, True, "^multinomial only supports floating-point dtypes for input"),
-    ([1.0, 2.0], 0, True, r"^cannot sample n_sample <= 0 samples$"),
-    ([1.0, 2.0], 3, False, r"^cannot sample n_sample > prob_dist.size\(-1\) samples without replacement$"),
-    ([1.0, -2.0], 1, True, "^probability tensor contains either `inf`, `nan` or element < 0$"),
-    ([1.0, float("nan")], 1, True, "^probability tensor contains either `inf`, `nan` or element < 0$"),
-    ([0.0, 0.0], 1, True, r"^invalid multinomial distribution \(sum of probabilities <= 0\)$"),
-    ([1.0, 0.0], 2, False, r"^invalid multinomial distribution \(with replacement=False, not enough non-negative"),
-])
-def test_multinomial_errors_are_pytorchs(weights, num_samples, replacement, message):
-    with pytest.raises(RuntimeError, match=message):
-        xgrad.multinomial(xgrad.tensor(weights), num_samples, replacement)
-
-
-def test_t_transposes_at_most_two_dims():
-    x = xgrad.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
-    np.testing.assert_array_equal(x.t().detach().numpy(), np.arange(6.0).reshape(2, 3).T)
-    vector = xgrad.tensor([1.0, 2.0])
-    assert vector.t() is not vector and vector.t().tolist() == [1.0, 2.0]
-    with pytest.raises(RuntimeError, match=r"^t\(\) expects a tensor with <= 2 dimensions, but self is 3D$"):
-        xgrad.zeros(1, 2, 3).t()
-
-
-def test_type_names_and_converts():
-    x = xgrad.tensor(np.array([1, 2], dtype=np.int64))
-    assert x.type() == "torch.LongTensor" and xgrad.tensor(np.array([1.0])).type() == "torch.DoubleTensor"
-    assert x.type(jnp.float64).dtype == jnp.float64 and x.type("torch.FloatTensor").dtype == jnp.float32
-    assert x.type(jnp.int64) is x
-    with pytest.raises(ValueError, match="^invalid type: 'torch.Nope'$"):
-        x.type("torch.Nope")
-
-
 def test_format_of_a_zero_dim_tensor_is_its_numbers():
     assert f"{xgrad.tensor(2.5):.3f}" == "2.500" and f"{xgrad.tensor([1.25, 2.0])[0]:+.2f}" == "+1.25"
     with pytest.raises(TypeError):

@@ -98,7 +98,7 @@ from xgrad.ops.reduce import (
 )
 from xgrad.ops.registry import REGISTRY, Primitive, defprim
 from xgrad.ops.resample import interpolate
-from xgrad.ops.selection import all, any, argsort, masked_fill, masked_select, multinomial, nonzero, one_hot, topk
+from xgrad.ops.selection import all, any, argsort, masked_fill, masked_select, nonzero, one_hot, topk
 from xgrad.ops.shape import (
     T,
     broadcast_to,
@@ -116,7 +116,6 @@ from xgrad.ops.shape import (
     split,
     squeeze,
     stack,
-    t,
     transpose,
     tril,
     triu,
@@ -229,7 +228,6 @@ OPS: tuple[Op, ...] = (
     Op(triu, "triu"),
     Op(T, properties="T"),
     Op(mT, properties="mT"),
-    Op(t, "t"),
     Op(cat),
     Op(concatenate, name="concatenate"),
     Op(stack),
@@ -254,7 +252,6 @@ OPS: tuple[Op, ...] = (
     Op(embedding),
     Op(sort, "sort"),
     Op(topk, "topk"),
-    Op(multinomial, "multinomial", differentiable=False),
     Op(masked_fill, "masked_fill", inplace="masked_fill_"),
     Op(masked_select, "masked_select"),
     Op(nonzero, "nonzero", differentiable=False),
@@ -314,11 +311,11 @@ __all__ = [
     "flatten", "flip", "floor", "from_jax", "gather", "ge", "gelu", "getitem", "gt", "index_select", "interpolate",
     "isfinite", "isnan", "layer_norm", "le", "linear", "log", "log1p", "log_softmax", "logical_and", "logical_not",
     "logical_or", "logical_xor", "logsumexp", "lt", "masked_fill", "masked_select", "matmul", "max", "maximum",
-    "mean", "min", "minimum", "movedim", "mse_loss", "mT", "mul", "multinomial", "narrow", "ne", "neg", "nll_loss",
-    "nonzero", "norm", "normalize", "one_hot", "outer", "pad", "permute", "pow", "Primitive", "prod", "REGISTRY",
-    "relu", "repeat", "repeat_interleave", "reshape", "reshape_as", "roll", "round", "rsqrt",
+    "mean", "min", "minimum", "movedim", "mse_loss", "mT", "mul", "narrow", "ne", "neg", "nll_loss", "nonzero",
+    "norm", "normalize", "one_hot", "outer", "pad", "permute", "pow", "Primitive", "prod", "REGISTRY", "relu",
+    "repeat", "repeat_interleave", "reshape", "reshape_as", "roll", "round", "rsqrt",
     "scaled_dot_product_attention", "scatter_add", "select", "setitem", "sigmoid", "sign", "silu", "sin", "softmax",
-    "softplus", "sort", "split", "sqrt", "squeeze", "stack", "std", "sub", "sum", "sum_to", "T", "t", "tan", "tanh",
+    "softplus", "sort", "split", "sqrt", "squeeze", "stack", "std", "sub", "sum", "sum_to", "T", "tan", "tanh",
     "to_device", "topk", "transpose", "tril", "triu", "unbind", "unfold", "unsqueeze", "var", "view", "view_as",
     "where", "with_sharding_constraint",
 ]

@@ -1,12 +1,11 @@
 """Masks and orderings: ``masked_fill``, ``masked_select``, ``topk`` (composites whose
 gradients follow the picked elements), and the non-differentiable ``nonzero``, ``any``,
-``all``, ``argsort``, ``one_hot`` and ``multinomial``."""
+``all``, ``argsort`` and ``one_hot``."""
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import jax
 import jax.numpy as jnp
 
 from xgrad.ops._util import as_array, canonical_dim, check_values, norm_axes
@@ -14,10 +13,9 @@ from xgrad.ops.elementwise import where
 from xgrad.ops.index import gather
 from xgrad.ops.shape import broadcast_to
 from xgrad.ops.shape_rules import broadcast_shapes
-from xgrad.ops.tensor_methods import generator_key
 from xgrad.tensor import Tensor
 
-__all__ = ["all", "any", "argsort", "masked_fill", "masked_select", "multinomial", "nonzero", "one_hot", "topk"]
+__all__ = ["all", "any", "argsort", "masked_fill", "masked_select", "nonzero", "one_hot", "topk"]
 
 
 def _bool_mask(mask: Any, op: str) -> Any:
@@ -186,42 +184,3 @@ def one_hot(x: Any, num_classes: int = -1) -> Tensor:
         )
     int_dtype = jnp.asarray(0).dtype  # int64 with x64 on, as PyTorch's LongTensor
     return Tensor((array[..., None] == jnp.arange(num_classes)).astype(int_dtype))
-
-
-def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *, generator: Any = None) -> Tensor:
-    """``num_samples`` category indices for each row of ``input`` (1-D or 2-D), drawn with probabilities
-    proportional to its non-negative weights; without ``replacement`` a row's indices are distinct.
-
-    ``generator`` as ``Tensor.uniform_``'s (the default generator when omitted). Integer
-    (int64) output, not differentiable. Without replacement the draws are a Gumbel top-k:
-    the first ``num_samples`` of a random order weighted by ``input``.
-
-    >>> import xgrad
-    >>> xgrad.multinomial(xgrad.tensor([0.0, 3.0, 0.0]), 2, replacement=True).tolist()
-    [1, 1]
-    >>> sorted(xgrad.multinomial(xgrad.tensor([1.0, 0.0, 2.0]), 2).tolist())
-    [0, 2]
-    """
-    if input.ndim not in (1, 2):
-        raise RuntimeError("prob_dist must be 1 or 2 dim")
-    if not jnp.issubdtype(input.dtype, jnp.floating):
-        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {input.dtype}")
-    if num_samples <= 0:
-        raise RuntimeError("cannot sample n_sample <= 0 samples")
-    if not replacement and num_samples > input.shape[-1]:
-        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
-    weights = jnp.asarray(as_array(input))
-    check_values(lambda a: ~(a >= 0).all() | (a == jnp.inf).any(), weights,
-                 lambda: RuntimeError("probability tensor contains either `inf`, `nan` or element < 0"))
-    check_values(lambda a: (a.sum(-1) <= 0).any(), weights, lambda: RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)"))
-    if not replacement:
-        check_values(lambda a: ((a > 0).sum(-1) < num_samples).any(), weights, lambda: RuntimeError(
-            "invalid multinomial distribution (with replacement=False, not enough non-negative category to sample)"))
-    key = generator_key(generator)
-    logits = jnp.log(weights)  # a zero weight is never drawn
-    if replacement:
-        draws = jnp.moveaxis(jax.random.categorical(key, logits, shape=(num_samples, *logits.shape[:-1])), 0, -1)
-    else:
-        order = jnp.argsort(logits + jax.random.gumbel(key, logits.shape, logits.dtype), axis=-1, descending=True)
-        draws = order[..., :num_samples]
-    return Tensor(draws.astype(jnp.asarray(0).dtype))  # int64 with x64 on, as PyTorch's LongTensor

@@ -292,18 +292,6 @@ def T(x: Tensor) -> Tensor:
     return permute(x, tuple(reversed(range(x.ndim))))
 
 
-def t(x: Tensor) -> Tensor:
-    """A matrix transposed; a 0-D or 1-D tensor as it is (PyTorch's ``t``, for at most 2 dims).
-
-    >>> import xgrad
-    >>> xgrad.t(xgrad.zeros(2, 3)).shape, xgrad.t(xgrad.zeros(3)).shape
-    ((3, 2), (3,))
-    """
-    if x.ndim > 2:
-        raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {x.ndim}D")
-    return transpose(x, 0, 1) if x.ndim == 2 else view(x, x.shape)  # a view, as PyTorch's, never x itself
-
-
 def mT(x: Tensor) -> Tensor:
     """The last two dims swapped (batched matrix transpose).
 

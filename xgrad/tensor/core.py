@@ -488,7 +488,6 @@ class Tensor(TensorOpMethods):
     new_zeros = pytorch_methods.new_zeros
     new_ones = pytorch_methods.new_ones
     new_tensor = pytorch_methods.new_tensor
-    type = pytorch_methods.tensor_type  # PyTorch's name; nothing below in the class body calls the builtin
 
     # -- in-place plumbing -----------------------------------------------------------
     _check_inplace = inplace.check_inplace

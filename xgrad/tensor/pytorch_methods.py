@@ -12,7 +12,7 @@ from xgrad.tensor import core
 
 __all__ = [
     "contiguous", "cpu", "cuda", "element_size", "is_contiguous", "new_full", "new_ones", "new_tensor",
-    "new_zeros", "tensor_type", "type_as",
+    "new_zeros", "type_as",
 ]
 
 
@@ -106,34 +106,6 @@ def cuda(self: core.Tensor, device: Any = None, non_blocking: bool = False) -> c
 def _new_placement(self: core.Tensor, shape: tuple[int, ...]) -> Any:
     # This tensor's sharding fits only its own shape; other shapes go to its (first) device.
     return self._array.sharding if tuple(shape) == self._array.shape else self.device
-
-
-# PyTorch's tensor type names, by dtype: what ``Tensor.type()`` returns and takes.
-_TYPE_NAMES = {
-    "float32": "torch.FloatTensor", "float64": "torch.DoubleTensor", "float16": "torch.HalfTensor",
-    "bfloat16": "torch.BFloat16Tensor", "int64": "torch.LongTensor", "int32": "torch.IntTensor",
-    "int16": "torch.ShortTensor", "int8": "torch.CharTensor", "uint8": "torch.ByteTensor", "bool": "torch.BoolTensor",
-    "complex64": "torch.ComplexFloatTensor", "complex128": "torch.ComplexDoubleTensor",
-}
-
-
-def tensor_type(self: core.Tensor, dtype: Any = None, non_blocking: bool = False) -> Any:
-    """``Tensor.type``: without ``dtype``, the name of PyTorch's tensor type for this dtype (code
-    compares it with ``"torch.FloatTensor"``); with one (a dtype or such a name), ``self.to(dtype)``.
-
-    >>> import xgrad, jax.numpy as jnp
-    >>> x = xgrad.tensor([1, 2], dtype=jnp.int32)
-    >>> x.type(), x.type(jnp.float32).dtype, x.type("torch.DoubleTensor").dtype
-    ('torch.IntTensor', dtype('float32'), dtype('float64'))
-    """
-    if dtype is None:
-        return _TYPE_NAMES[str(self.dtype)]
-    if isinstance(dtype, str):
-        by_name = {name: dtype_name for dtype_name, name in _TYPE_NAMES.items()}
-        if dtype not in by_name:
-            raise ValueError(f"invalid type: '{dtype}'")
-        dtype = jnp.dtype(by_name[dtype])
-    return self.to(dtype)
 
 
 def new_full(self: core.Tensor, size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> core.Tensor:

@@ -426,7 +426,6 @@ def _build_specs() -> list[OpSpec]:
                shapes=(((3, 1),), ((),), ((4,),))))
     add(_unary("T", X.T, lambda x: x.T, shapes=(((2, 3),), ((2, 3, 4),), ((),))))
     add(_unary("mT", X.mT, lambda x: jnp.swapaxes(x, -1, -2), shapes=(((2, 3),), ((2, 3, 4),))))
-    add(_unary("t", X.t, lambda x: x.T, shapes=(((2, 3),), ((3,),), ((),))))
     add(_unary("transpose", lambda x: x.permute(1, 0, 2).reshape(3, 8), lambda x: jnp.transpose(x, (1, 0, 2)).reshape(3, 8),
                label="composed", shapes=(((2, 3, 4),),)))
     cat_shapes = (((2, 3), (1, 3), (4, 3)),)
