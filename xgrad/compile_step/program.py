@@ -30,9 +30,11 @@ from xgrad.compile_step.errors import (
 from xgrad.compile_step.intercept import _StepRecorder
 from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.writeback import (
+    _apply_fast_writes,
     _apply_writes,
     _check_on_host,
     _collect,
+    _fast_writes,
     _remove_added_hooks,
     _resolve,
     _source_value,
@@ -118,18 +120,26 @@ def _guard(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
     )
 
 
+def _expected(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
+    """``_guard`` as ``_guards_hold`` compares it: the ``.grad``'s shape (``None``: no ``.grad``) only if it was read."""
+    shape, dtype, grad_fn, requires_grad, _, grad_shape, hooks, post_hooks = _guard(t, grad_read)
+    return shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks
+
+
 class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "checks", "consts", "flags", "guards", "has_host_calls", "host_checks", "inputs", "jitted",
+        "aliased", "arg_tensor_slots", "checks", "consts", "fast_writes", "flags", "guards", "has_host_calls", "host_checks", "inputs", "jitted",
         "n_dyn_args", "result_template", "result_tree", "writes",
     )
     aliased: list[list[Any]]
     arg_tensor_slots: tuple[int, ...]
     checks: tuple[tuple[Callable[[Any], BaseException], int | None, list[Any]], ...]  # error, detail's output, writes
     consts: list[tuple[str, Any]]
-    guards: list[tuple[Any, bool, tuple[Any, ...]]]
+    fast_writes: list[tuple[int, Any, Any, int]]  # ``writes`` as ``_apply_fast_writes`` takes them
+    # A tensor's weak reference, whether its .grad was read, the aval that last passed, then ``_expected``.
+    guards: list[list[Any]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
     has_host_calls: bool  # hooks or callbacks run from inside the program
     inputs: list[tuple[int, Any]]
@@ -234,9 +244,27 @@ class CompiledFunction:
     # -- hit path ----------------------------------------------------------------------
     @staticmethod
     def _guards_hold(entry: _Entry, leaves: list[Any]) -> bool:
-        for ref, grad_read, expected in entry.guards:
+        # ``_guard`` inlined, with the expected values unpacked: it runs every step, once per state tensor.
+        for guard in entry.guards:
+            ref, grad_read, aval, shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks = guard
             t = ref()
-            if t is None or _guard(t, grad_read) != expected:
+            if t is None or t.grad_fn is not grad_fn or t._requires_grad != requires_grad:
+                return False
+            a = t._array
+            found_aval = a.aval
+            if found_aval is not aval:  # JAX interns avals: the same one has the shape and dtype seen last
+                if a.shape != shape or a.dtype != dtype:
+                    return False
+                guard[2] = found_aval
+            if grad_read:
+                g = t._grad
+                if (None if g is None else g._array.shape) != grad_shape:
+                    return False
+            found = t._backward_hooks
+            if (tuple(found) if found else ()) != hooks:
+                return False
+            found = t._post_accumulate_grad_hooks
+            if (tuple(found) if found else ()) != post_hooks:
                 return False
         for refs in entry.aliased:
             values = [_source_value(s, leaves) for s in refs]
@@ -268,7 +296,7 @@ class CompiledFunction:
                 make_error, detail, writes = entry.checks[int(np.argmax(failed))]
                 _apply_writes(writes, outs, leaves)  # the state as eager leaves it when the op raises
                 raise make_error(None if detail is None else outs[detail])
-        _apply_writes(entry.writes, outs, leaves)
+        _apply_fast_writes(entry.fast_writes, outs, leaves)
         results = []
         for how, value, grad_index in entry.result_template:
             if how == "out":
@@ -364,7 +392,8 @@ class CompiledFunction:
         entry.n_dyn_args = len(dyn_slots)
         (entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags,
          entry.host_checks) = found["layout"]
-        entry.guards = [(ref, grad_read, _guard(ref(), grad_read)) for ref, grad_read in guard_refs if ref() is not None]
+        entry.fast_writes = _fast_writes(entry.writes)
+        entry.guards = [[ref, grad_read, None, *_expected(ref(), grad_read)] for ref, grad_read in guard_refs if ref() is not None]
         consts: list[tuple[str, Any]] = []
         for c in closed.consts:
             live = [s for s in recorder.sources.get(id(c), ()) if _resolve(s, leaves) is not None]

@@ -15,15 +15,29 @@ from xgrad.ops import _util as ops_util
 from xgrad.ops._util import IndexOutOfRangeError
 from xgrad.tensor import Tensor, is_tensor
 
+# Index arrays that passed a range check, by (id, size, negative, ignore): a jax.Array cannot
+# change, so a check it passed need not run again. The weak reference tells a live array
+# from a later one with the same id, and its callback drops the entry when the array dies.
+_passed: dict[tuple[int, int, bool, int | None], weakref.ref[Any]] = {}
+
 
 def _check_on_host(host_checks: Any, leaves: list[Any]) -> None:
     """Eager's range checks of argument indices (NOTE [Checks in a compiled step]); raise as eager would."""
     for leaf, size, message, negative, ignore, writes in host_checks:
+        index = leaves[leaf]
+        if isinstance(index, Tensor):
+            index = index._array
+        key = (id(index), size, negative, ignore)
+        ref = _passed.get(key)
+        if ref is not None and ref() is index:
+            continue
         try:
-            ops_util.check_index_range(leaves[leaf], size, message, negative, ignore)
+            ops_util.check_index_range(index, size, message, negative, ignore)
         except IndexOutOfRangeError:
             _apply_writes(writes, (), leaves)  # the state as eager leaves it when the op raises
             raise
+        if isinstance(index, jax.Array):
+            _passed[key] = weakref.ref(index, lambda _, key=key: _passed.pop(key, None))  # type: ignore[misc]
 
 
 def _remove_added_hooks(recorder: _Recorder) -> str | None:
@@ -149,6 +163,36 @@ def _apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
             t._grad = None if index is None else Tensor(outs[index])
         else:  # requires_grad
             t._requires_grad = index
+
+
+def _fast_writes(writes: list[Any]) -> list[tuple[int, Any, Any, int]]:
+    """``writes`` as ``_apply_fast_writes`` takes them, each one's kind decided once instead of at every call.
+
+    Kind 0: an array of a tensor held by a weak reference, 1: such a tensor's ``.grad``,
+    2: any other write, kept whole as the target.
+    """
+    return [
+        ({"array": 0, "grad": 1}[what], target, index, delta)
+        if type(target) is weakref.ref and what in ("array", "grad") else (2, (target, what, index, delta), None, 0)
+        for target, what, index, delta in writes
+    ]
+
+
+def _apply_fast_writes(writes: list[tuple[int, Any, Any, int]], outs: Any, leaves: list[Any]) -> None:
+    """``_apply_writes`` of the writes ``_fast_writes`` made, in the same order: a call's final writes, every step."""
+    for kind, target, index, version_delta in writes:
+        if kind == 0:
+            t = target()
+            if t is not None:
+                t._array = outs[index]
+                if version_delta:
+                    t._version += version_delta
+        elif kind == 1:
+            t = target()
+            if t is not None:
+                t._grad = None if index is None else Tensor(outs[index])
+        else:
+            _apply_writes([target], outs, leaves)
 
 
 def _returned_value(leaf: Any) -> Any:

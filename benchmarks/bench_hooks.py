@@ -1,0 +1,145 @@
+"""``xgrad.compile`` against ``jax.jit``, and the same compiled step with observer hooks.
+
+The demo MLP (2-64-64-3, tanh, batch 128, cross-entropy, Adam, float32), stepped over
+the demo's batches in turn as:
+
+1. ``jax.jit`` of ``jax.value_and_grad`` plus ``optax.adam`` in one program (the floor);
+2. an ``xgrad.compile`` step (``zero_grad``, forward, ``backward()``, ``step()``);
+3. the same compiled step with one observer hook per parameter
+   (``p.register_hook(lambda g: norms.append(g.norm()))``, six in all);
+4. that step eagerly, hooks and all;
+5. the hooks' own Python: the six hook calls on concrete gradients, without any step.
+
+Each timer runs a few steps and ends when the last loss and parameter are ready; the
+timers take turns round after round (so load on the shared machine hits them alike) and
+the medians are printed with the ratios the targets name.
+
+    python benchmarks/bench_hooks.py            # ~1 min on 2 CPU cores
+    python benchmarks/bench_hooks.py --rounds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import optax
+from _timing import interleaved, table
+
+import xgrad
+from xgrad import demo
+
+STEPS_PER_ROUND = 10
+
+
+def _xgrad_step(device: Any, hooks: bool) -> tuple[Callable[..., Any], list[Any], list[Any]]:
+    """The demo step on a fresh model and Adam, with six observer hooks or none; also the norms they collect."""
+    model = demo.make_model(device)
+    opt = xgrad.optim.Adam(model.parameters(), lr=1e-3)
+    norms: list[Any] = []
+    if hooks:
+        for p in model.parameters():
+            p.register_hook(lambda g: norms.append(g.norm()))
+
+    def step(x: Any, y: Any) -> Any:
+        opt.zero_grad()
+        loss = xgrad.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step, list(model.parameters()), norms
+
+
+def _timer(run_step: Callable[[Any, Any], Any], last_param: Callable[[], Any], batches: list[Any], steps: int) -> Callable[[], float]:
+    position = [0]
+
+    def timed() -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            x, y = batches[position[0] % len(batches)]
+            position[0] += 1
+            loss = run_step(x, y)
+        jax.block_until_ready((loss, last_param()))
+        return (time.perf_counter() - start) / steps
+
+    return timed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=60)
+    args = parser.parse_args()
+    device = jax.devices()[0]
+    batches = demo.make_batches(device)
+
+    compiled_fn, compiled_params, _ = _xgrad_step(device, hooks=False)
+    compiled = xgrad.compile(compiled_fn)
+    hooked_fn, hooked_params, norms = _xgrad_step(device, hooks=True)
+    hooked = xgrad.compile(hooked_fn)
+    eager_fn, eager_params, eager_norms = _xgrad_step(device, hooks=True)
+
+    tx = optax.adam(1e-3)
+    state = {"params": [p.array for p in demo.make_model(device).parameters()]}
+    state["opt"] = tx.init(state["params"])
+
+    @jax.jit
+    def jit_step(params: Any, opt_state: Any, x: Any, y: Any) -> Any:
+        loss, grads = jax.value_and_grad(demo.jax_loss)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    def run_jit(x: Any, y: Any) -> Any:
+        state["params"], state["opt"], loss = jit_step(state["params"], state["opt"], x, y)
+        return loss
+
+    def run_compiled(x: Any, y: Any) -> Any:
+        return compiled(x, y).array
+
+    def run_hooked(x: Any, y: Any) -> Any:
+        norms.clear()
+        return hooked(x, y).array
+
+    def run_eager(x: Any, y: Any) -> Any:
+        eager_norms.clear()
+        return eager_fn(x, y).array
+
+    grads = [xgrad.Tensor(p.array) for p in hooked_params]
+    hook_fns = [hook for p in hooked_params for _, hook in p._backward_hooks.values()]
+
+    def run_hooks_alone(x: Any, y: Any) -> Any:
+        norms.clear()
+        for hook, g in zip(hook_fns, grads, strict=True):
+            hook(g)
+        return norms[-1].array
+
+    timers = {
+        "jax.jit(value_and_grad) + optax": _timer(run_jit, lambda: state["params"][-1], batches, STEPS_PER_ROUND),
+        "xgrad.compile": _timer(run_compiled, lambda: compiled_params[-1].array, batches, STEPS_PER_ROUND),
+        "xgrad.compile, 6 observer hooks": _timer(run_hooked, lambda: hooked_params[-1].array, batches, STEPS_PER_ROUND),
+        "eager, 6 observer hooks": _timer(run_eager, lambda: eager_params[-1].array, batches, 2),
+        "the 6 hooks' own Python alone": _timer(run_hooks_alone, lambda: hooked_params[-1].array, batches, STEPS_PER_ROUND),
+    }
+    load = os.getloadavg()
+    medians = interleaved(timers, repeats=args.rounds)
+    load_after = os.getloadavg()
+    us = {name: seconds * 1e6 for name, seconds in medians.items()}
+    jit_us, compiled_us, hooked_us = (us[k] for k in list(timers)[:3])
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} CPUs; medians of {args.rounds} "
+          f"interleaved rounds of {STEPS_PER_ROUND} steps; load average {load[0]:.2f} before, {load_after[0]:.2f} after\n")
+    print(table([(name, f"{value:.1f}") for name, value in us.items()], ("demo MLP step", "µs/step")))
+    print()
+    print(table([
+        ("xgrad.compile vs jax.jit (jit time / compile time)", f"{jit_us / compiled_us:.2f}x", ">= 0.95x"),
+        ("6 observer hooks vs none (no hooks / hooks)", f"{compiled_us / hooked_us:.2f}x", ">= 0.8x"),
+        ("6 hooks, compiled vs eager (eager / compiled)", f"{us['eager, 6 observer hooks'] / hooked_us:.2f}x", ""),
+    ], ("ratio", "measured", "target")))
+    print(f"\nhooked compile stats: {hooked.stats()}")
+
+
+if __name__ == "__main__":
+    main()
