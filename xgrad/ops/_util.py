@@ -89,14 +89,19 @@ class IndexOutOfRangeError(IndexError, RuntimeError):
 def _first_out_of_range(index: Any, size: int, negative: bool, ignore: int | None) -> Any:
     """Whether any entry lies outside ``[-size, size)`` (``[0, size)`` unless ``negative``), and the first such.
 
-    One fused reduction, so the device check costs one dispatch and one host sync.
+    One fused program, so the device check costs one dispatch and one host sync. Only
+    reductions to scalars: on a sharded index (a batch's targets) that is two scalar
+    all-reduces, where indexing at an ``argmax`` would gather the whole index.
     """
     bad = index >= size
     if jnp.issubdtype(index.dtype, jnp.signedinteger):
         bad = bad | (index < (-size if negative else 0))
     if ignore is not None:
         bad = bad & (index != ignore)
-    return bad.any(), index.ravel()[jnp.argmax(bad.ravel())] if index.size else jnp.zeros((), index.dtype)
+    flat_bad, flat = bad.ravel(), index.ravel()
+    positions = jnp.arange(flat.size)
+    first = jnp.min(jnp.where(flat_bad, positions, flat.size), initial=flat.size)
+    return first < flat.size, jnp.sum(jnp.where(positions == first, flat, 0))
 
 
 @functools.cache

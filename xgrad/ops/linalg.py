@@ -240,7 +240,10 @@ def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, dtyp
 
 
 def _linear_impl(x: Any, w: Any, b: Any) -> Any:
-    y = jnp.matmul(x, w.T)
+    # ``x @ w.T`` contracting ``w``'s second dim in place, not through a transposed copy:
+    # the backward's ``g @ w`` then reads the same value, so a sharded weight is gathered
+    # once per step for both (an explicit ``w.T`` is a second array XLA gathers again).
+    y = jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
     return y if b is None else y + b
 
 
