@@ -8,11 +8,14 @@ import json
 import math
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
 import xgrad
+from tests._backward_modes import eager_and_compiled  # noqa: F401 (a fixture)
 from xgrad import optim
+from xgrad.optim import lr_scheduler
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "torch_optim.json").read_text())
 W0, B0 = [1.0, -2.0, 0.5], [0.7, -1.3]
@@ -193,3 +196,250 @@ def test_updates_follow_numpy_transcriptions(cls, kwargs, reference):
         opt.step()
         got.append(p.detach().numpy().copy())
     np.testing.assert_allclose(got, reference(np.array(W0), 6, **kwargs), rtol=1e-10, atol=1e-12)
+
+
+# -- LBFGS -----------------------------------------------------------------------------------------
+
+LBFGS_CASES = {
+    "lbfgs": {"lr": 1.0, "max_iter": 5, "history_size": 3},
+    "lbfgs_strong_wolfe": {"line_search_fn": "strong_wolfe", "max_iter": 8, "history_size": 4},
+}
+
+
+@pytest.mark.parametrize("name", LBFGS_CASES)
+def test_lbfgs_follows_pytorch(name):
+    w = xgrad.tensor(np.array(W0), requires_grad=True)
+    b = xgrad.tensor(np.array(B0), requires_grad=True)
+    opt = optim.LBFGS([w, b], **LBFGS_CASES[name])
+    calls = []
+
+    def closure():
+        calls.append(1)
+        opt.zero_grad()
+        loss = loss_of(w, b)
+        loss.backward()
+        return loss
+
+    want = FIXTURE["lbfgs"][name]
+    for step in range(3):
+        np.testing.assert_allclose(float(opt.step(closure)), want["loss"][step], rtol=1e-9)
+        np.testing.assert_allclose(w.detach().numpy(), want["w"][step], rtol=1e-7, atol=1e-10)
+        np.testing.assert_allclose(b.detach().numpy(), want["b"][step], rtol=1e-7, atol=1e-10)
+    assert opt.state[w]["func_evals"] == want["func_evals"] == len(calls) and opt.state[w]["n_iter"] == want["n_iter"]
+    with pytest.raises(ValueError, match="LBFGS doesn't support per-parameter options"):
+        optim.LBFGS([{"params": [w]}, {"params": [b]}])
+
+
+# -- schedulers ------------------------------------------------------------------------------------
+
+EPOCHS = 12
+PLATEAU_METRICS = [5.0, 4.0, 4.0, 3.9, 3.95, 3.0, 3.0, 3.0, 3.0, 2.0, 2.5, 2.5]
+SCHEDULERS = {
+    "step": lambda opt: lr_scheduler.StepLR(opt, step_size=3, gamma=0.5),
+    "multistep": lambda opt: lr_scheduler.MultiStepLR(opt, milestones=[2, 5, 5, 8], gamma=0.5),
+    "constant": lambda opt: lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=4),
+    "linear": lambda opt: lr_scheduler.LinearLR(opt, start_factor=0.25, end_factor=0.75, total_iters=5),
+    "exponential": lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.8),
+    "cosine": lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=4, eta_min=0.01),
+    "warm_restarts": lambda opt: lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=3, T_mult=2, eta_min=0.05),
+    "lambda": lambda opt: lr_scheduler.LambdaLR(opt, [lambda e: 0.9**e, lambda e: 1 / (e + 1)]),
+    "multiplicative": lambda opt: lr_scheduler.MultiplicativeLR(opt, lambda e: 0.95),
+    "sequential": lambda opt: lr_scheduler.SequentialLR(
+        opt, [lr_scheduler.ConstantLR(opt, factor=0.1, total_iters=2), lr_scheduler.ExponentialLR(opt, gamma=0.9)], milestones=[3]
+    ),
+    "chained": lambda opt: lr_scheduler.ChainedScheduler(
+        [lr_scheduler.ConstantLR(opt, factor=0.1, total_iters=2), lr_scheduler.ExponentialLR(opt, gamma=0.9)]
+    ),
+    "one_cycle": lambda opt: lr_scheduler.OneCycleLR(opt, max_lr=[1.0, 0.5], total_steps=EPOCHS),
+    "one_cycle_adam": lambda opt: lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=EPOCHS, three_phase=True, anneal_strategy="linear"),
+    "plateau": lambda opt: lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=1, cooldown=1, threshold=0.1, min_lr=[0.1, 0.2]),
+}
+
+
+def two_group_optimizer(name):
+    w = xgrad.tensor(np.array(W0), requires_grad=True)
+    b = xgrad.tensor(np.array(B0), requires_grad=True)
+    groups = [{"params": [w]}, {"params": [b], "lr": 0.5}]
+    return optim.Adam(groups, lr=1.0) if name.endswith("_adam") else optim.SGD(groups, lr=1.0, momentum=0.9)
+
+
+@pytest.mark.parametrize("name", SCHEDULERS)
+def test_schedulers_follow_pytorch_per_group(name):
+    opt = two_group_optimizer(name)
+    sched = SCHEDULERS[name](opt)
+    lrs, momenta = [], []
+    for epoch in range(EPOCHS):
+        lrs.append(sched.get_last_lr())
+        assert lrs[-1] == [g["lr"] for g in opt.param_groups]
+        momenta.append([g["betas"][0] if "betas" in g else g["momentum"] for g in opt.param_groups])
+        opt.step()
+        sched.step(PLATEAU_METRICS[epoch]) if name == "plateau" else sched.step()
+    np.testing.assert_allclose(lrs, FIXTURE["schedulers"][name]["lr"], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(momenta, FIXTURE["schedulers"][name]["momentum"], rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["cosine", "sequential", "plateau"])
+def test_scheduler_state_dict_resumes(name):
+    def run(opt, sched, epochs):
+        for epoch in epochs:
+            opt.step()
+            sched.step(PLATEAU_METRICS[epoch]) if name == "plateau" else sched.step()
+
+    opt = two_group_optimizer(name)
+    sched = SCHEDULERS[name](opt)
+    run(opt, sched, range(5))
+    saved_opt, saved_sched = opt.state_dict(), sched.state_dict()
+    run(opt, sched, range(5, 9))
+    other = two_group_optimizer(name)
+    other_sched = SCHEDULERS[name](other)
+    other.load_state_dict(saved_opt)
+    other_sched.load_state_dict(saved_sched)
+    run(other, other_sched, range(5, 9))
+    assert other_sched.get_last_lr() == sched.get_last_lr()
+
+
+def test_scheduler_errors():
+    opt = two_group_optimizer("sgd")
+    with pytest.raises(ValueError, match="Expected 2 lr_lambdas, but got 1"):
+        lr_scheduler.LambdaLR(opt, [lambda e: 1.0])
+    with pytest.raises(ValueError, match="You must define either total_steps OR"):
+        lr_scheduler.OneCycleLR(opt, max_lr=1.0)
+    with pytest.raises(ValueError, match="max_lr must have the same length as optimizer.param_groups"):
+        lr_scheduler.OneCycleLR(opt, max_lr=[1.0], total_steps=3)
+    with pytest.raises(KeyError, match=r"param 'initial_lr' is not specified in param_groups\[0\]"):
+        lr_scheduler.StepLR(opt, step_size=1, last_epoch=3)
+    with pytest.raises(ValueError, match="Factor should be < 1.0."):
+        lr_scheduler.ReduceLROnPlateau(opt, factor=1.0)
+    sched = lr_scheduler.OneCycleLR(opt, max_lr=1.0, total_steps=2)
+    sched.step()
+    sched.step()
+    with pytest.raises(ValueError, match="Tried to step 3 times. The specified number of total steps is 2"):
+        sched.step()
+
+
+# -- parameter groups ------------------------------------------------------------------------------
+
+
+def test_param_groups_defaults_state_and_pytorchs_errors():
+    model = xgrad.nn.Sequential(xgrad.nn.Linear(2, 3, key=0), xgrad.nn.Linear(3, 1, key=1))
+    base, head = model[0], model[1]
+    opt = optim.SGD([{"params": base.parameters()}, {"params": head.parameters(), "lr": 1e-3}], lr=0.1, momentum=0.9)
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 1e-3] and opt.param_groups[1]["momentum"] == 0.9
+    assert opt.defaults["lr"] == 0.1 and opt.param_groups[0]["params"] == list(base.parameters())
+    assert set(opt.state[head.weight]) == {"step", "momentum_buffer"}  # keyed by the parameter, as PyTorch
+    with pytest.raises(ValueError, match="some parameters appear in more than one parameter group"):
+        opt.add_param_group({"params": [head.bias]})
+    extra = xgrad.tensor([1.0], requires_grad=True)
+    opt.add_param_group({"params": extra, "momentum": 0.5})
+    assert opt.param_groups[2]["params"] == [extra] and opt.param_groups[2]["lr"] == 0.1
+    with pytest.raises(ValueError, match="can't optimize a non-leaf Tensor"):
+        optim.Adam([extra * 2])
+    with pytest.raises(TypeError, match="should be an iterable of Tensors or dicts, but got"):
+        optim.Adam(extra)
+    with pytest.raises(TypeError, match="ordering of tensors in sets will change between runs"):
+        optim.Adam([{"params": {extra}}])
+    with pytest.raises(ValueError, match="optimizer got an empty parameter list"):
+        optim.SGD([])
+    with pytest.raises(NotImplementedError, match="differentiable=True is not supported"):
+        optim.Adam([extra], differentiable=True)
+    with pytest.warns(UserWarning, match="duplicate parameters"):
+        optim.SGD([extra, extra])
+
+
+def test_zero_grad_step_closure_and_parameters_without_grad():
+    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    idle = xgrad.tensor([3.0], requires_grad=True)
+    opt = optim.Adam([{"params": [w]}, {"params": [idle], "lr": 0.5}], lr=0.1)
+
+    def closure():
+        opt.zero_grad()
+        loss = (w * w).sum()
+        loss.backward()
+        return loss
+
+    assert opt.step(closure).item() == 5.0 and opt.step() is None
+    assert idle.tolist() == [3.0] and idle._version == 0 and 1 not in opt.state_dict()["state"]
+    opt.zero_grad(set_to_none=False)
+    assert w.grad.tolist() == [0.0, 0.0] and idle.grad is None
+    opt.zero_grad()
+    assert w.grad is None
+
+
+@pytest.mark.usefixtures("eager_and_compiled")
+def test_group_entries_set_between_steps_are_used_eager_and_in_xgrad_compile():
+    """A scheduler and a user change lr and betas between steps; a compiled step reads them without retracing."""
+
+    def setup():
+        w = xgrad.tensor(np.array(W0), requires_grad=True)
+        b = xgrad.tensor(np.array(B0), requires_grad=True)
+        opt = optim.Adam([{"params": [w]}, {"params": [b], "lr": 0.05}], lr=0.1, weight_decay=0.1)
+        sched = lr_scheduler.ExponentialLR(opt, gamma=0.7)
+
+        def step():
+            opt.zero_grad()
+            loss = loss_of(w, b)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return w, b, opt, sched, step
+
+    eager, compiled = setup(), setup()
+    compiled_step = xgrad.compile(compiled[4])
+    for i in range(4):
+        want, got = eager[4](), compiled_step()
+        np.testing.assert_allclose(got.item(), want.item(), rtol=1e-12)
+        for _, _, opt, sched, _ in (eager, compiled):
+            sched.step()
+            opt.param_groups[1]["betas"] = (0.9 - 0.1 * i, 0.99)
+    for a, b in zip(eager[:2], compiled[:2], strict=True):
+        np.testing.assert_allclose(b.detach().numpy(), a.detach().numpy(), rtol=1e-12)
+    assert compiled_step.stats()["compiles"] == 1
+
+
+two_devices = pytest.mark.skipif(len(jax.devices()) < 2, reason="needs two devices")
+
+
+@two_devices
+def test_state_follows_parameters_moved_after_the_optimizer_was_built():
+    def train(move):
+        model = xgrad.nn.Linear(3, 2, key=0, dtype=np.float64)
+        opt = optim.Adam(model.parameters(), lr=0.1)
+        x = xgrad.tensor(np.ones((4, 3)))
+        for step in range(3):
+            if move and step == 1:
+                model.to(jax.devices()[1])
+                x = xgrad.tensor(jax.device_put(x.array, jax.devices()[1]))
+            opt.zero_grad()
+            (model(x) ** 2).sum().backward()
+            opt.step()
+        return model, opt
+
+    moved, opt = train(move=True)
+    reference, _ = train(move=False)
+    np.testing.assert_allclose(moved.weight.detach().numpy(), reference.weight.detach().numpy(), rtol=1e-12)
+    for t in opt.state[moved.weight].values():
+        assert t.array.devices() == {jax.devices()[1]}
+
+
+@two_devices
+def test_sharded_state_keeps_its_sharding_through_step_and_load():
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+
+    def sharded_param():
+        return xgrad.tensor(jax.device_put(np.arange(8.0).reshape(4, 2), rows), requires_grad=True)
+
+    w = sharded_param()
+    opt = optim.AdamW([w], lr=0.1)
+    (w * w).sum().backward()
+    opt.step()
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert opt.state[w][key].array.sharding.is_equivalent_to(rows, 2)
+    saved = opt.state_dict()
+    saved["state"][0] = {k: v.numpy() for k, v in saved["state"][0].items()}  # as host arrays, like a loaded file
+    w2 = sharded_param()
+    other = optim.AdamW([w2], lr=0.1)
+    other.load_state_dict(saved)
+    assert other.state[w2]["exp_avg"].array.sharding.is_equivalent_to(rows, 2)
+    np.testing.assert_array_equal(other.state[w2]["exp_avg_sq"].numpy(), opt.state[w]["exp_avg_sq"].numpy())
