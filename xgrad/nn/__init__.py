@@ -27,11 +27,18 @@ from xgrad.nn.linear import MLP, Identity, Linear
 from xgrad.nn.module import Module, Parameter
 from xgrad.nn.normalization import BatchNorm1d, BatchNorm2d, LayerNorm
 from xgrad.nn.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
-from xgrad.nn.transformer import MultiheadAttention, TransformerEncoderLayer
+from xgrad.nn.transformer import (
+    MultiheadAttention,
+    Transformer,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
 
 __all__ = [
     "GELU", "GRU", "LSTM", "MLP", "RNN", "BatchNorm1d", "BatchNorm2d", "Conv2d", "Dropout", "Embedding", "GRUCell",
     "Identity", "LSTMCell", "LayerNorm", "Linear", "Module", "ModuleDict", "ModuleList", "MultiheadAttention",
-    "Parameter", "RNNCell", "ReLU", "Sequential", "SiLU", "Sigmoid", "Tanh", "TransformerEncoderLayer", "functional",
-    "init", "modules", "utils",
+    "Parameter", "RNNCell", "ReLU", "Sequential", "SiLU", "Sigmoid", "Tanh", "Transformer", "TransformerDecoder",
+    "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer", "functional", "init", "modules", "utils",
 ]
