@@ -510,3 +510,13 @@ def test_format_of_a_zero_dim_tensor_is_its_numbers():
     assert f"{xgrad.tensor(2.5):.3f}" == "2.500" and f"{xgrad.tensor([1.25, 2.0])[0]:+.2f}" == "+1.25"
     with pytest.raises(TypeError):
         f"{xgrad.tensor([1.0, 2.0]):.2f}"
+
+
+@pytest.mark.parametrize("a, b, message", [
+    ((2, 3), (2, 3), r"^mat1 and mat2 shapes cannot be multiplied \(2x3 and 2x3\)$"),
+    ((3,), (3, 2), "^self must be a matrix$"),
+    ((2, 3), (3,), "^mat2 must be a matrix$"),
+])
+def test_mm_takes_matrices_only(a, b, message):
+    with pytest.raises(RuntimeError, match=message):
+        xgrad.mm(xgrad.ones(*a), xgrad.ones(*b))

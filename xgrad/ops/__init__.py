@@ -77,7 +77,7 @@ from xgrad.ops.layout import (
     unfold,
     view_as,
 )
-from xgrad.ops.linalg import baddbmm, bmm, conv2d, einsum, linear, matmul, norm, normalize, outer
+from xgrad.ops.linalg import baddbmm, bmm, conv2d, einsum, linear, matmul, mm, norm, normalize, outer
 from xgrad.ops.losses import binary_cross_entropy, binary_cross_entropy_with_logits, nll_loss
 from xgrad.ops.nn import cross_entropy, dropout, layer_norm, log_softmax, mse_loss, softmax
 from xgrad.ops.reduce import (
@@ -261,6 +261,7 @@ OPS: tuple[Op, ...] = (
     Op(one_hot, differentiable=False),
     # -- linear algebra ------------------------------------------------------------------
     Op(einsum),
+    Op(mm, "mm"),
     Op(bmm, "bmm"),
     Op(baddbmm, "baddbmm"),
     Op(outer, "outer"),
@@ -311,9 +312,9 @@ __all__ = [
     "flatten", "flip", "floor", "from_jax", "gather", "ge", "gelu", "getitem", "gt", "index_select", "interpolate",
     "isfinite", "isnan", "layer_norm", "le", "linear", "log", "log1p", "log_softmax", "logical_and", "logical_not",
     "logical_or", "logical_xor", "logsumexp", "lt", "masked_fill", "masked_select", "matmul", "max", "maximum",
-    "mean", "min", "minimum", "movedim", "mse_loss", "mT", "mul", "narrow", "ne", "neg", "nll_loss", "nonzero",
-    "norm", "normalize", "one_hot", "outer", "pad", "permute", "pow", "Primitive", "prod", "REGISTRY", "relu",
-    "repeat", "repeat_interleave", "reshape", "reshape_as", "roll", "round", "rsqrt",
+    "mean", "min", "minimum", "mm", "movedim", "mse_loss", "mT", "mul", "narrow", "ne", "neg", "nll_loss",
+    "nonzero", "norm", "normalize", "one_hot", "outer", "pad", "permute", "pow", "Primitive", "prod", "REGISTRY",
+    "relu", "repeat", "repeat_interleave", "reshape", "reshape_as", "roll", "round", "rsqrt",
     "scaled_dot_product_attention", "scatter_add", "select", "setitem", "sigmoid", "sign", "silu", "sin", "softmax",
     "softplus", "sort", "split", "sqrt", "squeeze", "stack", "std", "sub", "sum", "sum_to", "T", "tan", "tanh",
     "to_device", "topk", "transpose", "tril", "triu", "unbind", "unfold", "unsqueeze", "var", "view", "view_as",

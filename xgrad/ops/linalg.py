@@ -142,6 +142,24 @@ def outer(x: Tensor, y: Tensor) -> Tensor:
     return x.unsqueeze(1) * y
 
 
+def mm(input: Tensor, mat2: Tensor) -> Tensor:
+    """Matrix product of two 2-D tensors, ``(n, m) @ (m, p) -> (n, p)`` (no broadcasting, as PyTorch's ``mm``).
+
+    >>> import xgrad
+    >>> xgrad.mm(xgrad.ones(2, 3), xgrad.ones(3, 1)).tolist()
+    [[3.0], [3.0]]
+    """
+    if input.ndim != 2:
+        raise RuntimeError("self must be a matrix")
+    if mat2.ndim != 2:
+        raise RuntimeError("mat2 must be a matrix")
+    if input.shape[1] != mat2.shape[0]:
+        raise RuntimeError(
+            f"mat1 and mat2 shapes cannot be multiplied ({input.shape[0]}x{input.shape[1]} and {mat2.shape[0]}x{mat2.shape[1]})"
+        )
+    return matmul(input, mat2)
+
+
 def bmm(input: Tensor, mat2: Tensor) -> Tensor:
     """Batched matrix product of two 3-D tensors, ``(b, n, m) @ (b, m, p) -> (b, n, p)``.
 

@@ -521,6 +521,7 @@ def _build_specs() -> list[OpSpec]:
                label="p=3", shapes=(((2, 3),),)))
     add(OpSpec("outer", X.outer, jnp.outer, (((3,), (4,)),), (REAL, REAL)))
     add(OpSpec("bmm", X.bmm, jnp.matmul, (((2, 3, 4), (2, 4, 2)),), (REAL, REAL)))
+    add(OpSpec("mm", X.mm, jnp.matmul, (((2, 3), (3, 4)),), (REAL, REAL)))
     add(OpSpec("baddbmm", lambda i, a, b: X.baddbmm(i, a, b, beta=0.5, alpha=2.0), lambda i, a, b: 0.5 * i + 2.0 * (a @ b),
                (((2, 3, 2), (2, 3, 4), (2, 4, 2)), ((3, 2), (2, 3, 4), (2, 4, 2))), (REAL, REAL, REAL)))
     add(OpSpec("baddbmm", lambda i, a, b: i.baddbmm(a, b, beta=0), lambda i, a, b: a @ b + 0 * i,

@@ -13,7 +13,7 @@ from torchvision_stand_in import save_image  # xgrad: torchvision is not PyTorch
 
 
 parser = argparse.ArgumentParser(description='VAE MNIST Example')
-parser.add_argument('--batch-size', type=int, default=16, metavar='N',  # xgrad: size (was 128)
+parser.add_argument('--batch-size', type=int, default=1, metavar='N',  # xgrad: size (was 128)
                     help='input batch size for training (default: 128)')
 parser.add_argument('--epochs', type=int, default=3, metavar='N',  # xgrad: size (was 10)
                     help='number of epochs to train (default: 10)')
@@ -38,14 +38,14 @@ else:
 print(f"Using device: {device}")
 
 kwargs = {'num_workers': 1, 'pin_memory': True} if use_accel else {}
-# xgrad: synthetic data (one batch of random images in [0, 1] per epoch, so the shuffled order cannot
-# change the summed loss) instead of downloading MNIST
+# xgrad: synthetic data (one random image in [0, 1], so that shuffling, whose order cannot match
+# PyTorch's, has nothing to reorder) instead of downloading MNIST
 rng = np.random.default_rng(args.seed)
 train_loader = torch.utils.data.DataLoader(
-    torch.utils.data.TensorDataset(torch.from_numpy(rng.random((16, 1, 28, 28))), torch.from_numpy(rng.integers(0, 10, 16))),
+    torch.utils.data.TensorDataset(torch.from_numpy(rng.random((1, 1, 28, 28))), torch.from_numpy(rng.integers(0, 10, 1))),
     batch_size=args.batch_size, shuffle=True, **kwargs)
 test_loader = torch.utils.data.DataLoader(
-    torch.utils.data.TensorDataset(torch.from_numpy(rng.random((16, 1, 28, 28))), torch.from_numpy(rng.integers(0, 10, 16))),
+    torch.utils.data.TensorDataset(torch.from_numpy(rng.random((1, 1, 28, 28))), torch.from_numpy(rng.integers(0, 10, 1))),
     batch_size=args.batch_size, shuffle=False, **kwargs)
 
 
