@@ -4,18 +4,20 @@ The demo MLP (2-64-64-3, tanh, batch 128, cross-entropy, Adam, float32), stepped
 the demo's batches in turn as:
 
 1. ``jax.jit`` of ``jax.value_and_grad`` plus ``optax.adam`` in one program (the floor);
-2. an ``xgrad.compile`` step (``zero_grad``, forward, ``backward()``, ``step()``);
+2. an ``xgrad.compile`` step (``zero_grad``, forward, ``backward()``, ``step()``), and its
+   program alone (the jitted call, without the per-call Python around it);
 3. the same compiled step with one observer hook per parameter
    (``p.register_hook(lambda g: norms.append(g.norm()))``, six in all);
 4. that step eagerly, hooks and all;
 5. the hooks' own Python: the six hook calls on concrete gradients, without any step.
 
-Each timer runs a few steps and ends when the last loss and parameter are ready; the
+Each timer runs a few steps and ends when the last loss and parameter are ready (with
+``--sync``, each step does); the
 timers take turns round after round (so load on the shared machine hits them alike) and
 the medians are printed with the ratios the targets name.
 
     python benchmarks/bench_hooks.py            # ~1 min on 2 CPU cores
-    python benchmarks/bench_hooks.py --rounds 20
+    python benchmarks/bench_hooks.py --sync
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from _timing import interleaved, table
 
 import xgrad
 from xgrad import demo
+from xgrad.compile_step.program import _gather_inputs
 
 STEPS_PER_ROUND = 10
 
@@ -55,7 +58,10 @@ def _xgrad_step(device: Any, hooks: bool) -> tuple[Callable[..., Any], list[Any]
     return step, list(model.parameters()), norms
 
 
-def _timer(run_step: Callable[[Any, Any], Any], last_param: Callable[[], Any], batches: list[Any], steps: int) -> Callable[[], float]:
+def _timer(
+    run_step: Callable[[Any, Any], Any], last_param: Callable[[], Any], batches: list[Any], steps: int, sync: bool
+) -> Callable[[], float]:
+    """Seconds per step of ``steps`` steps; with ``sync``, each waited for, so no step's Python overlaps its program."""
     position = [0]
 
     def timed() -> float:
@@ -64,6 +70,8 @@ def _timer(run_step: Callable[[Any, Any], Any], last_param: Callable[[], Any], b
             x, y = batches[position[0] % len(batches)]
             position[0] += 1
             loss = run_step(x, y)
+            if sync:
+                jax.block_until_ready((loss, last_param()))
         jax.block_until_ready((loss, last_param()))
         return (time.perf_counter() - start) / steps
 
@@ -73,6 +81,7 @@ def _timer(run_step: Callable[[Any, Any], Any], last_param: Callable[[], Any], b
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--sync", action="store_true", help="wait for each step's results before the next")
     args = parser.parse_args()
     device = jax.devices()[0]
     batches = demo.make_batches(device)
@@ -108,6 +117,13 @@ def main() -> None:
         eager_norms.clear()
         return eager_fn(x, y).array
 
+    compiled(*batches[0])  # its program alone: the same inputs each time, nothing written back
+    entry = next(iter(compiled._cache.values()))
+    program_inputs = _gather_inputs(entry, list(batches[0]))
+
+    def run_program_alone(x: Any, y: Any) -> Any:
+        return entry.jitted(*program_inputs)
+
     grads = [xgrad.Tensor(p.array) for p in hooked_params]
     hook_fns = [hook for p in hooked_params for _, hook in p._backward_hooks.values()]
 
@@ -118,23 +134,25 @@ def main() -> None:
         return norms[-1].array
 
     timers = {
-        "jax.jit(value_and_grad) + optax": _timer(run_jit, lambda: state["params"][-1], batches, STEPS_PER_ROUND),
-        "xgrad.compile": _timer(run_compiled, lambda: compiled_params[-1].array, batches, STEPS_PER_ROUND),
-        "xgrad.compile, 6 observer hooks": _timer(run_hooked, lambda: hooked_params[-1].array, batches, STEPS_PER_ROUND),
-        "eager, 6 observer hooks": _timer(run_eager, lambda: eager_params[-1].array, batches, 2),
-        "the 6 hooks' own Python alone": _timer(run_hooks_alone, lambda: hooked_params[-1].array, batches, STEPS_PER_ROUND),
+        "jax.jit(value_and_grad) + optax": _timer(run_jit, lambda: state["params"][-1], batches, STEPS_PER_ROUND, args.sync),
+        "xgrad.compile": _timer(run_compiled, lambda: compiled_params[-1].array, batches, STEPS_PER_ROUND, args.sync),
+        "xgrad.compile's program alone": _timer(run_program_alone, lambda: compiled_params[-1].array, batches, STEPS_PER_ROUND, args.sync),
+        "xgrad.compile, 6 observer hooks": _timer(run_hooked, lambda: hooked_params[-1].array, batches, STEPS_PER_ROUND, args.sync),
+        "eager, 6 observer hooks": _timer(run_eager, lambda: eager_params[-1].array, batches, 2, args.sync),
+        "the 6 hooks' own Python alone": _timer(run_hooks_alone, lambda: hooked_params[-1].array, batches, STEPS_PER_ROUND, args.sync),
     }
     load = os.getloadavg()
     medians = interleaved(timers, repeats=args.rounds)
     load_after = os.getloadavg()
     us = {name: seconds * 1e6 for name, seconds in medians.items()}
-    jit_us, compiled_us, hooked_us = (us[k] for k in list(timers)[:3])
+    jit_us, compiled_us, program_us, hooked_us = (us[k] for k in list(timers)[:4])
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} CPUs; medians of {args.rounds} "
-          f"interleaved rounds of {STEPS_PER_ROUND} steps; load average {load[0]:.2f} before, {load_after[0]:.2f} after\n")
+          f"interleaved rounds of {STEPS_PER_ROUND} steps{', each waited for' if args.sync else ''}; load average {load[0]:.2f} before, {load_after[0]:.2f} after\n")
     print(table([(name, f"{value:.1f}") for name, value in us.items()], ("demo MLP step", "µs/step")))
     print()
     print(table([
         ("xgrad.compile vs jax.jit (jit time / compile time)", f"{jit_us / compiled_us:.2f}x", ">= 0.95x"),
+        ("xgrad.compile's program alone vs jax.jit", f"{jit_us / program_us:.2f}x", ""),
         ("6 observer hooks vs none (no hooks / hooks)", f"{compiled_us / hooked_us:.2f}x", ">= 0.8x"),
         ("6 hooks, compiled vs eager (eager / compiled)", f"{us['eager, 6 observer hooks'] / hooked_us:.2f}x", ""),
     ], ("ratio", "measured", "target")))

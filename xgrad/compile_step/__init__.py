@@ -34,11 +34,14 @@ custom Function backwards as ordered host callbacks), ``writeback`` (the program
 # 3. Guards. The trace took Python branches on the state it saw: whether a ``.grad``
 #    was ``None`` (set or accumulate), ``requires_grad``, the hooks present, shapes
 #    and dtypes. A cache entry keeps these per state tensor and a call whose state
-#    differs is a miss, traced again.
+#    differs is a miss, traced again. They run every call, so each is a flat tuple read
+#    without building one, and a state array whose aval is the very one that passed last
+#    time (JAX interns avals) skips its shape and dtype compares.
 #
 # Hooks not marked ``compiled.pure_hook`` run through ``io_callback(ordered=True)`` at
 # their point in the program, with concrete tensors, in eager order
-# (``_host_hook``); pure hooks are traced inline. Hooks registered while tracing are
+# (``_host_hook``), or after it when they only observe (NOTE [Observer hooks]); pure
+# hooks are traced inline. Hooks registered while tracing are
 # taken out again when the trace ends; one that would stay on a tensor or node that
 # outlives the call is not compiled (eager adds one more per call, and all run).
 # A host hook runs with a stand-in for its backward's ``GraphTask`` (``_HostGraphTask``),
@@ -106,9 +109,34 @@ custom Function backwards as ordered host callbacks), ``writeback`` (the program
 # given as they are (targets, token ids), reached before any state but cleared grads
 # changed and before any hook ran, is done on the host by eager's own
 # ``check_index_range`` (a NumPy read on CPU) and raises with the same state eager
-# leaves. A program without host calls is dispatched first and checked while it runs
+# leaves; a ``jax.Array`` cannot change, so one that passed is not read again (a weak
+# reference tells it from a later array with its id). A program without host calls is dispatched first and checked while it runs
 # (a failed check drops its outputs: nothing was written back, no hook ran); one with
 # hooks is checked before it is dispatched. Only the other checks need the flags.
+#
+# NOTE [Observer hooks]
+# One host call costs ~170 µs on CPU, and a program with host calls leaves JAX's C++
+# dispatch path, so hooks that only look at gradients (``norms.append(g.norm())``) would
+# cost more than the step. A hook call that returns ``None`` and queues no callback
+# changes nothing in the program: its effects on Python state are the same whether it
+# runs inside the program or after it (the state tensors hold their values from before
+# the call either way, until the call writes back). So an entry whose host calls are all
+# such hooks (``_replacing_hook_on_host``; final callbacks only if a hook queues one) and
+# whose hooks all observed on its last call is traced once more (``step.stats()["variants"]``;
+# ``fn``'s Python runs a second time for that signature) with ``rec.observing`` set: each hook
+# call becomes its arguments as outputs of the program (``_Observer``) and the variant has no
+# host call. A call runs the variant, checks (a failed one: the exact program runs instead,
+# and raises, no hook having run), then calls the hooks in program order on the outputs,
+# in the calling thread, with a stand-in ``GraphTask`` each. If all observe again, the
+# variant's writes and results are the call's. Once hook ``k`` returns a value, raises or
+# queues a callback, the variant's outputs are dropped and the exact program runs with
+# the first ``k + 1`` hook calls replayed from what they did (``_HookBox.replay``: ``None``,
+# then hook ``k``'s result, exception or queued callbacks), without calling them again,
+# and the rest live: each hook runs once per call, and the call is the exact one. The exact
+# program then serves the entry until its hooks all observe again. An entry with other
+# host calls (a Function's backward, post-accumulate hooks, callbacks queued by traced
+# code) always runs exactly. ``_HookBox.lock`` keeps one call of an entry at a time in
+# this bookkeeping.
 """
 
 from xgrad.compile_step.errors import (

@@ -5,7 +5,6 @@ NOTE [Whole-step compile] and NOTE [Functions in a compiled step] in ``__init__`
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +15,7 @@ import numpy as np
 
 from xgrad.compile_step import recording
 from xgrad.compile_step.errors import _NotCompilable
+from xgrad.compile_step.observers import _HookBox, _HostGraphTask, _in_backward, _Observer
 from xgrad.compile_step.recording import tracing
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.compiled.key import traced_function
@@ -74,10 +74,19 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
     first_tree_any: Any = first_tree
     arrays = [leaf._array for leaf in leaves]
     n_first = len(first_leaves)
+    rec = recording.active()
+    assert rec is not None
+    if rec.observing:  # the observer variant: the hook runs after the program (NOTE [Observer hooks])
+        rec.observers.append(_Observer(fn, tree, [rec.output(a) for a in arrays], graph_task is not None))
+        return None
+    rec.hook_calls += 1
+    if rec.hook_box is None:
+        rec.hook_box = _HookBox()
+    box = rec.hook_box
 
     def host(*concrete: Any) -> Any:
         call_args = jax.tree_util.tree_unflatten(tree, [Tensor(jnp.asarray(c)) for c in concrete])
-        result = _in_backward(graph_task, fn, *call_args)
+        result = box.call(graph_task, fn, call_args)
         if result is None:
             return tuple(np.asarray(c) for c in concrete[:n_first])
         if isinstance(result, list):
@@ -267,16 +276,6 @@ def _function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
     return [None if m is None else Tensor(next(outs)) for m in into]
 
 
-class _HostGraphTask:
-    """Stands in on the host for a traced backward's ``GraphTask``: what its hooks queue waits here."""
-
-    __slots__ = ("final_callbacks", "mutex")
-
-    def __init__(self) -> None:
-        self.final_callbacks: list[Callable[[], None]] = []
-        self.mutex = threading.Lock()  # ``queue_callback`` takes it
-
-
 def _host_graph_task() -> _HostGraphTask | None:
     """While tracing a backward: its host stand-in, whose callbacks run, on the host, when it ends."""
     graph_task = current_task.graph_task
@@ -295,16 +294,6 @@ def _host_graph_task() -> _HostGraphTask | None:
         with graph_task.mutex:
             list.append(graph_task.final_callbacks, at_the_end)  # itself not a host call: not wrapped
     return stand_in
-
-
-def _in_backward(graph_task: _HostGraphTask | None, fn: Any, *args: Any) -> Any:
-    """Call a hook on the host as the engine would: ``queue_callback`` inside it queues on ``graph_task``."""
-    previous = current_task.graph_task
-    current_task.graph_task = graph_task
-    try:
-        return fn(*args)
-    finally:
-        current_task.graph_task = previous
 
 
 class _TracedCallbacks(list):  # type: ignore[type-arg]
@@ -342,6 +331,7 @@ def _final_callbacks_on_host(graph_task: _HostGraphTask) -> None:
     assert rec is not None
     queued = rec.queued.pop(id(graph_task), None)
     if queued:
+        rec.conditional_calls += 1
         when = jnp.stack(queued).any()
         _state_on_host(lambda: _run_final_callbacks(graph_task), _state_owners(), only_changed=True, when=when)
 

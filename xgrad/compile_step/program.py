@@ -28,6 +28,7 @@ from xgrad.compile_step.errors import (
     _NotCompilable,
 )
 from xgrad.compile_step.intercept import _StepRecorder
+from xgrad.compile_step.observers import run_observers
 from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.writeback import (
     _apply_fast_writes,
@@ -130,8 +131,8 @@ class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "checks", "consts", "fast_writes", "flags", "guards", "has_host_calls", "host_checks", "inputs", "jitted",
-        "n_dyn_args", "result_template", "result_tree", "writes",
+        "aliased", "arg_tensor_slots", "checks", "consts", "fast_writes", "flags", "guards", "has_host_calls", "hook_box",
+        "host_checks", "inputs", "jitted", "n_dyn_args", "observers", "observing", "result_template", "result_tree", "writes",
     )
     aliased: list[list[Any]]
     arg_tensor_slots: tuple[int, ...]
@@ -142,6 +143,9 @@ class _Entry:
     guards: list[list[Any]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
     has_host_calls: bool  # hooks or callbacks run from inside the program
+    hook_box: Any  # its hooks' ``_HookBox`` if an observer variant may stand in for it, else ``None``
+    observers: list[Any]  # the observer variant's hooks, run after it in program order
+    observing: Any  # the observer variant once traced (``_NO_VARIANT``: none can be), else ``None``
     inputs: list[tuple[int, Any]]
     flags: int | None  # the output holding the checks' flags (NOTE [Checks in a compiled step])
     jitted: Any
@@ -152,6 +156,7 @@ class _Entry:
 
 
 _FALLBACK = object()
+_NO_VARIANT = object()
 
 
 def _describe_change(old: Any, new: Any) -> str:
@@ -185,14 +190,17 @@ class CompiledFunction:
         self.fn = fn
         self.fallback = fallback
         self._cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-        self._stats = {"compiles": 0, "hits": 0, "misses": 0, "fallbacks": 0, "compile_seconds": 0.0}
+        self._stats = {"compiles": 0, "hits": 0, "misses": 0, "fallbacks": 0, "variants": 0, "compile_seconds": 0.0}
         self._warned_sites: set[str] = set()
         self._last_signature: Any = None
         self._recompile_warned = False
         functools.update_wrapper(self, fn)
 
     def stats(self) -> dict[str, Any]:
-        """``{"compiles", "hits", "misses", "fallbacks", "compile_seconds"}`` for this function."""
+        """``{"compiles", "hits", "misses", "fallbacks", "variants", "compile_seconds"}`` for this function.
+
+        ``variants``: observer variants traced (NOTE [Observer hooks] in ``xgrad/compile_step/__init__.py``).
+        """
         return dict(self._stats)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -225,7 +233,7 @@ class CompiledFunction:
         if entry is not None and self._guards_hold(entry, leaves):
             self._cache.move_to_end(signature)
             self._stats["hits"] += 1
-            return self._run(entry, leaves)
+            return self._run(entry, leaves, tree)
         self._stats["misses"] += 1
         self._note_miss(signature)
         if self._stats["misses"] == 1:
@@ -239,7 +247,7 @@ class CompiledFunction:
         self._cache[signature] = entry
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
-        return self._run(entry, leaves)
+        return self._run(entry, leaves, tree)
 
     # -- hit path ----------------------------------------------------------------------
     @staticmethod
@@ -272,45 +280,35 @@ class CompiledFunction:
                 return False
         return True
 
-    def _run(self, entry: _Entry, leaves: list[Any]) -> Any:
-        if entry.has_host_calls:  # its hooks must not run if a check fails: check before
-            _check_on_host(entry.host_checks, leaves)
-        inputs = []
-        for kind, source in entry.inputs:  # one loop, no calls for the common kinds: it runs every step
-            if kind == 0:
-                inputs.append(source)
-            elif kind == 1:
-                inputs.append(source()._array)
-            else:
-                inputs.append(_source_value(source, leaves))
-        for i in entry.arg_tensor_slots:
-            leaf = leaves[i]
-            inputs.append(leaf._array if isinstance(leaf, Tensor) else leaf)
-        outs = entry.jitted(*inputs)
-        if not entry.has_host_calls:
-            # While the program runs: if a check fails its outputs are dropped, as if it never ran.
-            _check_on_host(entry.host_checks, leaves)
-        if entry.flags is not None:
-            failed = np.asarray(outs[entry.flags])  # the one device-to-host read of a program with checks
-            if failed.any():
-                make_error, detail, writes = entry.checks[int(np.argmax(failed))]
-                _apply_writes(writes, outs, leaves)  # the state as eager leaves it when the op raises
-                raise make_error(None if detail is None else outs[detail])
-        _apply_fast_writes(entry.fast_writes, outs, leaves)
-        results = []
-        for how, value, grad_index in entry.result_template:
-            if how == "out":
-                t = Tensor(outs[value])
-                if grad_index is not None:
-                    t._grad = Tensor(outs[grad_index])
-                results.append(t)
-            elif how == "array":
-                results.append(outs[value])
-            elif how == "same":
-                results.append(_resolve(value, leaves))
-            else:
-                results.append(value)
-        return jax.tree_util.tree_unflatten(entry.result_tree, results)
+    def _run(self, entry: _Entry, leaves: list[Any], tree: Any) -> Any:
+        box = entry.hook_box
+        if box is None:
+            return _run_program(entry, leaves)
+        with box.lock:  # NOTE [Observer hooks]
+            if box.observed:
+                if entry.observing is None:
+                    entry.observing = self._observer_variant(leaves, tree)
+                if entry.observing is not _NO_VARIANT:
+                    variant = entry.observing
+                    outs = variant.jitted(*_gather_inputs(variant, leaves))
+                    _check_on_host(variant.host_checks, leaves)
+                    checked = variant.flags is None or not np.asarray(outs[variant.flags]).any()
+                    # A failed check: the exact program, which no hook has run for yet, raises it.
+                    if checked and run_observers(variant.observers, outs, box):
+                        return _finish(variant, outs, leaves)
+            box.observed = not box.replay  # what the hooks run live now say
+            try:
+                return _run_program(entry, leaves)
+            finally:
+                box.replay.clear()
+
+    def _observer_variant(self, leaves: list[Any], tree: Any) -> Any:
+        """``fn`` traced with its hooks as outputs of the program, run after it; ``_NO_VARIANT`` if a host call stays."""
+        try:
+            variant = self._compile(leaves, tree, observing=True)
+        except Exception:  # ``fn``'s Python, traced once more, took another road: the exact program stays
+            return _NO_VARIANT
+        return _NO_VARIANT if variant.has_host_calls else variant
 
     # -- miss path ---------------------------------------------------------------------
     def _note_miss(self, signature: Any) -> None:
@@ -336,10 +334,11 @@ class CompiledFunction:
                 WARN_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site), CompileFallbackWarning, stacklevel=3
             )
 
-    def _compile(self, leaves: list[Any], tree: Any) -> _Entry:
+    def _compile(self, leaves: list[Any], tree: Any, observing: bool = False) -> _Entry:
         start = time.perf_counter()
         check_consts_keep_identity()  # the program's inputs are found by it (xgrad/jax_internals.py)
         recorder = _StepRecorder()
+        recorder.observing = observing
         dyn_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array, np.ndarray))]
         dyn_values = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in dyn_slots]
         found: dict[str, Any] = {}
@@ -407,11 +406,66 @@ class CompiledFunction:
         program = jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(constvars=[], invars=[*jaxpr.constvars, *jaxpr.invars]), []))
         entry.jitted = jax.jit(program)
         entry.has_host_calls = bool(closed.effects)
+        entry.observers = recorder.observers
+        entry.observing = None
+        # Hooks that may only observe, and no other host call but final callbacks they would queue: an
+        # observer variant may run instead (NOTE [Observer hooks]).
+        only_hooks = 0 < recorder.hook_calls == recorder.host_calls - recorder.conditional_calls
+        entry.hook_box = recorder.hook_box if only_hooks else None
         entry.jitted.lower(*[refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in consts], *dyn_values).compile()
-        self._stats["compiles"] += 1
+        self._stats["variants" if observing else "compiles"] += 1
         self._stats["compile_seconds"] += time.perf_counter() - start
         return entry
 
+
+def _gather_inputs(entry: _Entry, leaves: list[Any]) -> list[Any]:
+    inputs = []
+    for kind, source in entry.inputs:  # one loop, no calls for the common kinds: it runs every step
+        if kind == 0:
+            inputs.append(source)
+        elif kind == 1:
+            inputs.append(source()._array)
+        else:
+            inputs.append(_source_value(source, leaves))
+    for i in entry.arg_tensor_slots:
+        leaf = leaves[i]
+        inputs.append(leaf._array if isinstance(leaf, Tensor) else leaf)
+    return inputs
+
+
+def _run_program(entry: _Entry, leaves: list[Any]) -> Any:
+    if entry.has_host_calls:  # its hooks must not run if a check fails: check before
+        _check_on_host(entry.host_checks, leaves)
+    outs = entry.jitted(*_gather_inputs(entry, leaves))
+    if not entry.has_host_calls:
+        # While the program runs: if a check fails its outputs are dropped, as if it never ran.
+        _check_on_host(entry.host_checks, leaves)
+    if entry.flags is not None:
+        failed = np.asarray(outs[entry.flags])  # the one device-to-host read of a program with checks
+        if failed.any():
+            make_error, detail, writes = entry.checks[int(np.argmax(failed))]
+            _apply_writes(writes, outs, leaves)  # the state as eager leaves it when the op raises
+            raise make_error(None if detail is None else outs[detail])
+    return _finish(entry, outs, leaves)
+
+
+def _finish(entry: _Entry, outs: Any, leaves: list[Any]) -> Any:
+    """Write back a call's state and build its results."""
+    _apply_fast_writes(entry.fast_writes, outs, leaves)
+    results = []
+    for how, value, grad_index in entry.result_template:
+        if how == "out":
+            t = Tensor(outs[value])
+            if grad_index is not None:
+                t._grad = Tensor(outs[grad_index])
+            results.append(t)
+        elif how == "array":
+            results.append(outs[value])
+        elif how == "same":
+            results.append(_resolve(value, leaves))
+        else:
+            results.append(value)
+    return jax.tree_util.tree_unflatten(entry.result_tree, results)
 
 
 def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") -> Any:
@@ -438,12 +492,15 @@ def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") ->
 
     Hooks registered on tensors or nodes (inside ``fn`` or before) and custom
     ``Function.backward``s run once per call with concrete values in eager order,
-    through host callbacks; those marked ``xgrad.autograd.compiled.pure_hook`` are
+    through host callbacks; tensor and node hooks that only observe (return ``None``,
+    queue no callback) run right after the program instead, which costs no host
+    round trip; those marked ``xgrad.autograd.compiled.pure_hook`` are
     traced into the program. Plain
     Python side effects in ``fn``'s body (``print``, appending to a list) run when
     ``fn`` is traced, on the first call of each signature, not on every call, as
-    under ``jax.jit``. ``step.stats()`` returns ``{"compiles", "hits", "misses",
-    "fallbacks", "compile_seconds"}``.
+    under ``jax.jit`` (and once more for a signature whose hooks observe: its observer
+    variant). ``step.stats()`` returns ``{"compiles", "hits", "misses", "fallbacks",
+    "variants", "compile_seconds"}``.
 
     >>> import optax, xgrad
     >>> w = xgrad.tensor([1.0, -2.0], requires_grad=True)

@@ -72,6 +72,11 @@ class _Recorder(StepTrace):
         self.host_checks: list[tuple[int, int, str, bool, int | None, list[Any]]] = []
         self.arg_leaves: dict[int, int] = {}  # id(an argument's tracer) -> its leaf
         self.host_calls = 0  # ordered host calls traced so far (hooks)
+        self.hook_calls = 0  # of which hooks whose result replaces their argument (``_replacing_hook_on_host``)
+        self.conditional_calls = 0  # and final callbacks made only when a hook queued one
+        self.hook_box: Any = None  # the hooks' ``_HookBox`` (NOTE [Observer hooks])
+        self.observing = False  # tracing the observer variant: hooks become outputs and ``observers``
+        self.observers: list[Any] = []
         # Hooks added while tracing: (their dict, handle id, the user's line, whether the owner outlives the call).
         self.added_hooks: list[tuple[Any, int, str, bool]] = []
         self.first_sequence_nr = _sequence.next()  # nodes made by the trace number above it

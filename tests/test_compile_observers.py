@@ -1,0 +1,169 @@
+"""Observer hooks in an ``xgrad.compile`` step (NOTE [Observer hooks]), against the same step run eagerly.
+
+A step whose hooks only observed on its last call runs a variant of its program with
+the hooks' arguments as outputs, and the hooks after it; a hook that starts doing more
+(returning a gradient, raising, queuing a callback) is taken back to the exact program
+with the calls made so far replayed. Each test runs the same step eagerly and compiled
+and compares what the hooks saw, how often they ran, and the state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import xgrad
+
+STEPS = 5
+X = np.array([[1.0, 2.0], [-0.5, 1.5], [2.0, -1.0]])
+
+
+def setup(mode):
+    """A two-parameter model stepped with SGD; its step, eager or compiled with ``fallback="error"``."""
+    w = xgrad.tensor(np.array([[0.3, -0.2], [0.1, 0.4]]), requires_grad=True)
+    b = xgrad.tensor(np.array([0.05, -0.1]), requires_grad=True)
+    opt = xgrad.optim.SGD([w, b], lr=0.1)
+
+    def step(x):
+        opt.zero_grad()
+        loss = (xgrad.tanh(x @ w + b) ** 2).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return w, b, (xgrad.compile(step, fallback="error") if mode == "compile" else step)
+
+
+def state(w, b):
+    return [w.detach().numpy(), b.detach().numpy(), None if w.grad is None else w.grad.numpy(),
+            None if b.grad is None else b.grad.numpy()]
+
+
+def assert_same(got, expected):
+    assert len(got) == len(expected)
+    for a, e in zip(got, expected, strict=True):
+        if e is None:
+            assert a is None
+        else:
+            np.testing.assert_allclose(a, e, rtol=1e-12)
+
+
+def run_both(body):
+    """``body(mode)``'s result for the eager and the compiled step, the compiled one's step last."""
+    return body("eager"), body("compile")
+
+
+def test_observer_hooks_see_eagers_values_in_eagers_order_at_every_step():
+    def body(mode):
+        w, b, step = setup(mode)
+        log = []
+        w.register_hook(lambda g: log.append(("w", g.numpy().copy())))
+        b.register_hook(lambda g: log.append(("b", g.numpy().copy())))
+        losses = [step(xgrad.tensor(X * (1 + i))).item() for i in range(STEPS)]
+        return log, losses, state(w, b), step
+
+    (log, losses, final, _), (c_log, c_losses, c_final, step) = run_both(body)
+    assert [name for name, _ in c_log] == [name for name, _ in log] and len(log) == 2 * STEPS
+    for (_, got), (_, expected) in zip(c_log, log, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-12)
+    np.testing.assert_allclose(c_losses, losses, rtol=1e-12)
+    assert_same(c_final, final)
+    assert step.stats()["variants"] == 1  # the steps after the first ran the observer variant
+
+
+@pytest.mark.parametrize("action", ["replace", "raise", "queue"])
+def test_a_hook_that_starts_doing_more_at_step_3_gets_eagers_results_running_once_per_step(action):
+    def body(mode):
+        w, b, step = setup(mode)
+        calls, seen, events = [], [], []
+
+        def observer(g):
+            seen.append(g.numpy().copy())  # an observer all along, called before the changing hook
+
+        def changing(g):
+            calls.append(len(calls))
+            if len(calls) < 3:
+                return None
+            if action == "replace":
+                return g * 2
+            if action == "raise":
+                raise ValueError(f"bad gradient at call {len(calls)}")
+            xgrad.autograd.queue_callback(lambda: events.append(("callback", w.grad.numpy().copy())))
+            return None
+
+        b.register_hook(observer)  # b's hook runs first: nearer the loss
+        w.register_hook(changing)
+        outcomes = []
+        for i in range(STEPS):
+            try:
+                outcomes.append(step(xgrad.tensor(X * (1 + i))).item())
+            except ValueError as exc:
+                outcomes.append(str(exc))
+            outcomes.append(state(w, b))
+        return calls, seen, events, outcomes, step
+
+    (calls, seen, events, outcomes, _), (c_calls, c_seen, c_events, c_outcomes, step) = run_both(body)
+    assert c_calls == calls == list(range(STEPS))  # once per step, in both
+    assert len(c_seen) == len(seen) == STEPS
+    for got, expected in zip(c_seen, seen, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-12)
+    assert len(c_events) == len(events) == (STEPS - 2 if action == "queue" else 0)
+    for (_, got), (_, expected) in zip(c_events, events, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-12)
+    for got, expected in zip(c_outcomes, outcomes, strict=True):
+        if isinstance(expected, (str, float)):
+            assert got == pytest.approx(expected, rel=1e-12) if isinstance(expected, float) else got == expected
+        else:
+            assert_same(got, expected)
+    if action == "raise":
+        assert outcomes[2 * 2] == "bad gradient at call 3"
+
+
+def test_hooks_added_and_removed_between_steps():
+    def body(mode):
+        w, b, step = setup(mode)
+        log = []
+        handle = w.register_hook(lambda g: log.append(("w", g.numpy().copy())))
+        for i in range(STEPS):
+            if i == 2:
+                b.register_hook(lambda g: log.append(("b", g.numpy().copy())))
+            if i == 3:
+                handle.remove()
+            step(xgrad.tensor(X * (1 + i)))
+        return log, state(w, b)
+
+    (log, final), (c_log, c_final) = run_both(body)
+    assert [name for name, _ in c_log] == [name for name, _ in log] == ["w", "w", "b", "w", "b", "b"]  # b nearer the loss
+    for (_, got), (_, expected) in zip(c_log, log, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-12)
+    assert_same(c_final, final)
+
+
+def test_an_index_check_failing_in_the_observer_variant_raises_as_eager_before_any_hook():
+    def body(mode):
+        w = xgrad.tensor(np.array([[0.3, -0.2, 0.1], [0.1, 0.4, -0.3]]), requires_grad=True)
+        log = []
+        w.register_hook(lambda g: log.append(g.numpy().copy()))
+
+        def step(x, target):
+            w.grad = None
+            loss = xgrad.cross_entropy(x @ w, target)
+            loss.backward()
+            return loss
+
+        run = xgrad.compile(step, fallback="error") if mode == "compile" else step
+        outcomes = []
+        for target in ([0, 1, 2], [2, 1, 0], [0, 3, 1], [1, 1, 1]):
+            try:
+                outcomes.append(run(xgrad.tensor(X), xgrad.tensor(np.array(target))).item())
+            except IndexError as exc:
+                outcomes.append(type(exc).__name__)
+        return log, outcomes, w.grad
+
+    (log, outcomes, grad), (c_log, c_outcomes, c_grad) = run_both(body)
+    assert outcomes[2] == "IndexOutOfRangeError" and len(log) == 3
+    assert c_outcomes[2] == outcomes[2] and len(c_log) == len(log)
+    np.testing.assert_allclose([o for o in c_outcomes if isinstance(o, float)], [o for o in outcomes if isinstance(o, float)])
+    for got, expected in zip(c_log, log, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-12)
+    np.testing.assert_allclose(c_grad.numpy(), grad.numpy(), rtol=1e-12)

@@ -1,0 +1,128 @@
+"""Hook calls on the host: the backward's stand-in, and observer hooks run after the program (NOTE [Observer hooks]).
+
+NOTE [Observer hooks] in ``__init__``.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from xgrad.engine.node import current_task
+from xgrad.tensor import Tensor
+
+
+class _HostGraphTask:
+    """Stands in on the host for a traced backward's ``GraphTask``: what its hooks queue waits here."""
+
+    __slots__ = ("final_callbacks", "mutex")
+
+    def __init__(self) -> None:
+        self.final_callbacks: list[Callable[[], None]] = []
+        self.mutex = threading.Lock()  # ``queue_callback`` takes it
+
+
+def _in_backward(graph_task: _HostGraphTask | None, fn: Any, *args: Any) -> Any:
+    """Call a hook on the host as the engine would: ``queue_callback`` inside it queues on ``graph_task``."""
+    previous = current_task.graph_task
+    current_task.graph_task = graph_task
+    try:
+        return fn(*args)
+    finally:
+        current_task.graph_task = previous
+
+
+class _Outcome:
+    """What one hook call did, to be replayed in the exact program instead of calling the hook again."""
+
+    __slots__ = ("error", "queued", "result")
+
+    def __init__(self, result: Any, error: BaseException | None, queued: tuple[Callable[[], None], ...]) -> None:
+        self.result = result
+        self.error = error
+        self.queued = queued
+
+    def replay(self, graph_task: _HostGraphTask | None) -> Any:
+        if self.queued:
+            assert graph_task is not None  # it queued on a stand-in: it runs in a backward
+            with graph_task.mutex:
+                graph_task.final_callbacks.extend(self.queued)
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+_OBSERVED = _Outcome(None, None, ())
+
+
+class _HookBox:
+    """A traced step's hook calls at run time: whether they all observed, and the outcomes to replay.
+
+    Shared by the exact program's hook calls (``_replacing_hook_on_host``) and the step's
+    observer variant; ``lock`` keeps one call of the entry at a time using them.
+    """
+
+    __slots__ = ("lock", "observed", "replay")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.observed = False  # every hook call of the last run returned None and queued nothing
+        self.replay: collections.deque[_Outcome] = collections.deque()
+
+    def call(self, graph_task: _HostGraphTask | None, fn: Any, args: tuple[Any, ...]) -> Any:
+        """A hook call inside the exact program: the next outcome to replay if one waits, else the hook itself."""
+        if self.replay:
+            return self.replay.popleft().replay(graph_task)
+        queued = None if graph_task is None else len(graph_task.final_callbacks)
+        observed = False
+        try:
+            result = _in_backward(graph_task, fn, *args)
+            observed = result is None and (graph_task is None or len(graph_task.final_callbacks) == queued)
+            return result
+        finally:
+            if not observed:
+                self.observed = False
+
+
+class _Observer:
+    """A hook call of the observer variant: its arguments are outputs of the program, and it runs after it."""
+
+    __slots__ = ("fn", "in_backward", "outputs", "tree")
+
+    def __init__(self, fn: Any, tree: Any, outputs: list[int], in_backward: bool) -> None:
+        self.fn = fn
+        self.tree = tree
+        self.outputs = outputs
+        self.in_backward = in_backward
+
+    def run(self, outs: Any, graph_task: _HostGraphTask) -> _Outcome | None:
+        """Call the hook on the program's values; ``None`` if it observed, else what it did.
+
+        ``graph_task``: an empty stand-in, for a hook called in a backward to queue on.
+        """
+        args = jax.tree_util.tree_unflatten(self.tree, [Tensor(outs[i]) for i in self.outputs])
+        try:
+            result = _in_backward(graph_task if self.in_backward else None, self.fn, *args)
+        except BaseException as exc:  # the user's, whatever it is: the exact program raises it again
+            return _Outcome(None, exc, ())
+        queued = tuple(graph_task.final_callbacks)
+        return None if result is None and not queued else _Outcome(result, None, queued)
+
+
+def run_observers(observers: list[_Observer], outs: Any, box: _HookBox) -> bool:
+    """Run the observer variant's hooks in program order; ``False`` once one does more than observe.
+
+    Its outcome, after the ones that observed, then waits in ``box`` for the exact program.
+    """
+    graph_task = _HostGraphTask()  # stays empty while the hooks observe: one serves them all
+    for k, observer in enumerate(observers):
+        outcome = observer.run(outs, graph_task)
+        if outcome is not None:
+            box.replay.extend([_OBSERVED] * k)
+            box.replay.append(outcome)
+            return False
+    return True
