@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 import xgrad
@@ -401,10 +402,13 @@ two_devices = pytest.mark.skipif(len(jax.devices()) < 2, reason="needs two devic
 
 
 @two_devices
-def test_state_follows_parameters_moved_after_the_optimizer_was_built():
+@pytest.mark.parametrize(
+    "make_optimizer", [lambda ps: optim.Adam(ps, lr=0.1), lambda ps: optim.Optax(ps, optax.adam(0.1))], ids=["Adam", "Optax"]
+)
+def test_state_follows_parameters_moved_after_the_optimizer_was_built(make_optimizer):
     def train(move):
         model = xgrad.nn.Linear(3, 2, key=0, dtype=np.float64)
-        opt = optim.Adam(model.parameters(), lr=0.1)
+        opt = make_optimizer(list(model.parameters()))
         x = xgrad.tensor(np.ones((4, 3)))
         for step in range(3):
             if move and step == 1:
@@ -418,8 +422,9 @@ def test_state_follows_parameters_moved_after_the_optimizer_was_built():
     moved, opt = train(move=True)
     reference, _ = train(move=False)
     np.testing.assert_allclose(moved.weight.detach().numpy(), reference.weight.detach().numpy(), rtol=1e-12)
-    for t in opt.state[moved.weight].values():
-        assert t.array.devices() == {jax.devices()[1]}
+    state = opt.state[moved.weight].values() if isinstance(opt, optim.Optimizer) else jax.tree.leaves(opt.state)
+    for leaf in state:
+        assert jax.numpy.asarray(leaf).devices() == {jax.devices()[1]}
 
 
 @two_devices

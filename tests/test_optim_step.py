@@ -8,7 +8,7 @@ import pytest
 
 import xgrad
 from xgrad import nn
-from xgrad.optim import Optax
+from xgrad.optim import Optax, get_lr, set_lr
 
 
 @pytest.mark.parametrize(
@@ -95,3 +95,15 @@ def test_mlp_steps_match_optax_on_arrays_and_keep_parameter_identity():
     assert all(a is b for a, b in zip(model.parameters(), params, strict=True))
     for p, r in zip(params, ref, strict=True):
         np.testing.assert_allclose(p.detach().numpy(), r, rtol=1e-9, atol=1e-12)
+
+
+def test_learning_rate_of_an_injected_transform_is_read_and_set():
+    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    opt = Optax([w], optax.inject_hyperparams(optax.sgd)(learning_rate=0.5))
+    assert get_lr(opt) == 0.5
+    set_lr(opt, 0.25)
+    w.grad = xgrad.tensor([2.0, 4.0])
+    opt.step()
+    assert get_lr(opt) == 0.25 and w.tolist() == [0.5, 1.0]
+    with pytest.raises(TypeError, match="inject_hyperparams"):
+        get_lr(Optax([w], optax.sgd(0.1)))

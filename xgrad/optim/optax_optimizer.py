@@ -48,6 +48,15 @@ def _step(
     return [n if s else None for n, s in zip(new_params, stepped, strict=True)], _keep_frozen(new_state, state, stepped, shapes)
 
 
+def scalar_sharding(sharding: Any) -> Any:
+    """Where state that is not per-parameter-shaped (a count, a scalar) lives: replicated over ``sharding``'s devices."""
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    if len(sharding.device_set) == 1:
+        return jax.sharding.SingleDeviceSharding(next(iter(sharding.device_set)))
+    return None
+
+
 def _committed(array: Any, device: Any) -> Any:
     """``array`` committed to ``device`` (the step's outputs are), unless it is already committed."""
     if device is None or getattr(array, "committed", True):
@@ -101,6 +110,7 @@ class Optax:
         for p in tensors:
             p._array = _committed(p._array, self._home)
         self.params = tensors
+        self._placement = [p._array.sharding for p in tensors]
         self.transform = transform
         self.state = transform.init([p.array for p in tensors])
         self._jitted_step = jax.jit(functools.partial(_step, transform), static_argnums=0)
@@ -139,6 +149,8 @@ class Optax:
         stepped = tuple(p._grad is not None and p.requires_grad for p in params)
         if not any(stepped):
             return
+        if trace is None:
+            self._follow_params()
         arrays = [p._array for p in params]
         grads = [p._grad._array if s else None for p, s in zip(params, stepped, strict=True)]  # type: ignore[union-attr]
         new_arrays, new_state = self._jitted_step(stepped, arrays, grads, self.state)
@@ -151,6 +163,24 @@ class Optax:
                 p._version += 1
         for t, leaf in zip(self._state_tensors, jax.tree.leaves(new_state), strict=True):
             t._array = leaf
+
+    def _follow_params(self) -> None:
+        """Move the state to where the parameters are now, if they were moved or resharded since it was placed."""
+        placement = [p._array.sharding for p in self.params]
+        if placement == self._placement:
+            return
+        shapes = tuple(p.shape for p in self.params)
+        devices = {d for sharding in placement for d in sharding.device_set}
+        self._home = next(iter(devices)) if len(devices) == 1 else None
+        shared = scalar_sharding(placement[0])
+
+        def place(node: Any) -> Any:
+            if _mirrors_params(node, shapes):
+                return type(node)(jax.device_put(leaf, s) for leaf, s in zip(node, placement, strict=True))
+            return node if shared is None else jax.device_put(node, shared)
+
+        self.state = jax.tree.map(place, self.state, is_leaf=lambda node: _mirrors_params(node, shapes))
+        self._placement = placement
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the parameters' ``.grad`` (to ``None``, or to zeros)."""

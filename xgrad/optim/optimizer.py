@@ -29,7 +29,7 @@ import numpy as np
 from xgrad import step_trace
 from xgrad.grad_mode import enable_grad
 from xgrad.grads import clear_grads
-from xgrad.optim.optax_optimizer import _writing
+from xgrad.optim.optax_optimizer import _writing, scalar_sharding
 from xgrad.tensor import Tensor
 
 _OWN_DTYPE = ("step", "mu_product")  # state kept in PyTorch's scalar type, not the parameter's dtype
@@ -101,21 +101,12 @@ def _param_list(params: Any) -> list[Any]:
     return [p[1] if isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) else p for p in params]
 
 
-def _scalar_sharding(sharding: Any) -> Any:
-    """Where a per-parameter scalar (``step``) lives: replicated over the parameter's devices."""
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
-    if len(sharding.device_set) == 1:
-        return jax.sharding.SingleDeviceSharding(next(iter(sharding.device_set)))
-    return None
-
-
 def _placed_like(array: Any, param: Tensor) -> jax.Array:
     """``array`` on the parameter's devices: sharded as the parameter if it has its shape, else replicated."""
     sharding = param._array.sharding
     array = jnp.asarray(array)
     if array.shape != param.shape:
-        sharding = _scalar_sharding(sharding)
+        sharding = scalar_sharding(sharding)
         if sharding is None:
             return array
     return jax.device_put(array, sharding)
@@ -230,7 +221,7 @@ class Optimizer:
         for key, t in state.items():
             if key not in _OWN_DTYPE and t.shape == param.shape and t.dtype != param.dtype:
                 t._array = t._array.astype(param.dtype)
-            target = sharding if t.shape == param.shape else _scalar_sharding(sharding)
+            target = sharding if t.shape == param.shape else scalar_sharding(sharding)
             if target is not None and not t._array.sharding.is_equivalent_to(target, t.ndim):
                 t._array = jax.device_put(t._array, target)
 
