@@ -89,6 +89,11 @@ def test_state_dict_keep_vars_and_zero_grad_default():
     detached = m.state_dict()
     assert detached["weight"] is not m.weight and not detached["weight"].requires_grad
     np.testing.assert_array_equal(detached["weight"].array, m.weight.array)
+    destination = {"other": 1}
+    assert m.state_dict(destination=destination, prefix="lin.") is destination
+    assert list(destination) == ["other", "lin.weight", "lin.bias"]
+    with pytest.raises(NotImplementedError, match="assign=False"):
+        m.load_state_dict(detached, assign=True)
     m(xgrad.ones(1, 2)).sum().backward()
     m.zero_grad()
     assert m.weight.grad is None and m.bias.grad is None

@@ -445,9 +445,9 @@ class Module(ModuleHooks, ModulePlacement):
         return self.train(False)
 
     # -- state -----------------------------------------------------------------------
-    def _state_items(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+    def _state_items(self) -> Iterator[tuple[str, Tensor]]:
         """``state_dict``'s entries: parameters, then persistent buffers, then children; shared ones under each name."""
-        stack: list[tuple[str, Module]] = [(prefix, self)]
+        stack: list[tuple[str, Module]] = [("", self)]
         while stack:
             name, module = stack.pop()
             dotted = f"{name}." if name else ""
@@ -462,7 +462,7 @@ class Module(ModuleHooks, ModulePlacement):
                     yield dotted + entry, buffer
             stack.extend(reversed(children))
 
-    def state_dict(self, *, prefix: str = "", keep_vars: bool = False) -> dict[str, Tensor]:
+    def state_dict(self, *, destination: dict[str, Any] | None = None, prefix: str = "", keep_vars: bool = False) -> dict[str, Any]:
         """Parameters and persistent buffers by PyTorch's dotted names (``0.weight`` in a ``Sequential``).
 
         Values are detached Tensors sharing the arrays (``keep_vars=True`` gives the
@@ -473,9 +473,12 @@ class Module(ModuleHooks, ModulePlacement):
         >>> list(xgrad.nn.Sequential(xgrad.nn.Linear(2, 3, key=0), xgrad.nn.BatchNorm1d(3)).state_dict())
         ['0.weight', '0.bias', '1.weight', '1.bias', '1.running_mean', '1.running_var', '1.num_batches_tracked']
         """
-        return {name: t if keep_vars else t.detach() for name, t in self._state_items(prefix)}
+        entries = destination if destination is not None else {}
+        # As PyTorch's, ``prefix`` is prepended as it is (``"encoder."``).
+        entries.update((prefix + name, t if keep_vars else t.detach()) for name, t in self._state_items())
+        return entries
 
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> _IncompatibleKeys:
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> _IncompatibleKeys:
         """Copy values from ``state_dict`` into the parameters and buffers, in place (under ``no_grad``).
 
         Nothing is copied unless every entry fits: shapes are checked first, and with
@@ -486,6 +489,7 @@ class Module(ModuleHooks, ModulePlacement):
             state_dict: dotted name → Tensor, ``jax.Array`` or NumPy array (a PyTorch
                 checkpoint converted to safetensors loads as it is).
             strict: raise when keys are missing or unexpected.
+            assign: PyTorch's option to take the state dict's Tensors themselves; ``True`` raises.
 
         Returns:
             ``(missing_keys, unexpected_keys)``, a named tuple.
@@ -497,6 +501,12 @@ class Module(ModuleHooks, ModulePlacement):
         >>> b.weight.tolist() == a.weight.tolist()
         True
         """
+        if assign:
+            raise NotImplementedError(
+                "load_state_dict(assign=True) is not supported: load with assign=False (the default), which copies the "
+                "values into the module's own Tensors, keeping their dtypes and devices; cast or move the module first "
+                "with .to() if it should take the state dict's"
+            )
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict).__name__}.")
         targets = dict(self._state_items())
