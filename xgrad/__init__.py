@@ -8,6 +8,8 @@
 (2, 2)
 """
 
+import builtins
+
 # isort: off
 # The op library first: importing it attaches the ops to Tensor, which the rest uses.
 from xgrad import ops
@@ -15,11 +17,37 @@ from xgrad.ops import *  # noqa: F403  (the op library is re-exported at top lev
 from xgrad.ops import __all__ as _ops_all
 
 # isort: on
-from xgrad import autograd, func, nn, optim, profiler, viz
+from xgrad import accelerator, autograd, cuda, func, jit, nn, onnx, optim, profiler, utils, viz
 from xgrad import compile_cache as _compile_cache
 from xgrad.compile_cache import enable_compilation_cache
 from xgrad.compile_step import compile
-from xgrad.creation import arange, eye, full, manual_seed, ones, ones_like, rand, randn, tensor, zeros, zeros_like
+from xgrad.creation import (
+    Generator,
+    arange,
+    bernoulli,
+    device,
+    empty,
+    empty_like,
+    eye,
+    from_numpy,
+    full,
+    full_like,
+    linspace,
+    manual_seed,
+    multinomial,
+    ones,
+    ones_like,
+    rand,
+    rand_like,
+    randint,
+    randint_like,
+    randn,
+    randn_like,
+    randperm,
+    tensor,
+    zeros,
+    zeros_like,
+)
 from xgrad.grad_mode import (
     enable_grad,
     inference_mode,
@@ -30,15 +58,69 @@ from xgrad.grad_mode import (
 )
 from xgrad.ops.jaxtrace import intermediates
 from xgrad.serialization import load, save
-from xgrad.tensor import Tensor
+from xgrad.tensor import Tensor, is_tensor
+from xgrad.tensor.dtypes import DTYPES as _DTYPES
+from xgrad.tensor.dtypes import dtype, finfo, get_default_dtype, iinfo, set_default_dtype
+from xgrad.tensor.legacy_types import (
+    BFloat16Tensor,
+    BoolTensor,
+    ByteTensor,
+    CharTensor,
+    DoubleTensor,
+    FloatTensor,
+    HalfTensor,
+    IntTensor,
+    LongTensor,
+    ShortTensor,
+)
+
+
+def is_floating_point(input: Tensor) -> builtins.bool:  # noqa: A002  (PyTorch's argument name)
+    """Whether ``input``'s dtype is a real floating one."""
+    return input.is_floating_point()
+
+
+def is_complex(input: Tensor) -> builtins.bool:  # noqa: A002
+    """Whether ``input``'s dtype is complex."""
+    return input.is_complex()
+
+
+# PyTorch's dtype names (the table in xgrad/tensor/dtypes.py), left out of ``__all__`` as torch's are:
+# ``from xgrad import *`` must not shadow the builtins ``float``, ``int`` and ``bool``.
+float16 = _DTYPES["float16"]
+bfloat16 = _DTYPES["bfloat16"]
+float32 = _DTYPES["float32"]
+float64 = _DTYPES["float64"]
+complex64 = _DTYPES["complex64"]
+complex128 = _DTYPES["complex128"]
+uint8 = _DTYPES["uint8"]
+int8 = _DTYPES["int8"]
+int16 = _DTYPES["int16"]
+int32 = _DTYPES["int32"]
+int64 = _DTYPES["int64"]
+bool = _DTYPES["bool"]  # noqa: A001
+half = _DTYPES["half"]
+float = _DTYPES["float"]  # noqa: A001
+double = _DTYPES["double"]
+cfloat = _DTYPES["cfloat"]
+cdouble = _DTYPES["cdouble"]
+short = _DTYPES["short"]
+int = _DTYPES["int"]  # noqa: A001
+long = _DTYPES["long"]
+
 
 _compile_cache.setup()
 
 __version__ = "0.1.0"
 
 __all__ = [
-    *_ops_all, "Tensor", "arange", "autograd", "compile", "enable_compilation_cache", "enable_grad", "eye", "full", "func",
-    "inference_mode", "intermediates", "is_grad_enabled", "is_inference_mode_enabled",
-    "load", "manual_seed", "nn", "no_grad", "ones", "ones_like", "ops", "optim", "profiler", "rand", "randn", "save",
-    "set_grad_enabled", "tensor", "viz", "zeros", "zeros_like",
+    *_ops_all, "BFloat16Tensor", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor",
+    "Generator", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor", "Tensor", "accelerator", "arange", "autograd",
+    "bernoulli", "compile", "cuda", "device", "dtype", "empty", "empty_like", "enable_compilation_cache",
+    "enable_grad", "eye", "finfo", "from_numpy", "full", "full_like", "func", "get_default_dtype", "iinfo",
+    "inference_mode", "intermediates", "is_complex", "is_floating_point", "is_grad_enabled",
+    "is_inference_mode_enabled", "is_tensor", "jit", "linspace", "load", "manual_seed", "multinomial", "nn",
+    "no_grad", "onnx", "ones", "ones_like", "ops", "optim", "profiler", "rand", "rand_like", "randint",
+    "randint_like", "randn", "randn_like", "randperm", "save", "set_default_dtype", "set_grad_enabled", "tensor",
+    "utils", "viz", "zeros", "zeros_like",
 ]

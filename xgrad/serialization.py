@@ -54,9 +54,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad.creation import resolve_device
+from xgrad.restricted_pickle import (
+    add_safe_globals,
+    clear_safe_globals,
+    get_safe_globals,
+    is_restricted_pickle,
+    load_pickled,
+    safe_globals,
+    save_pickled,
+)
 from xgrad.tensor import Tensor
 
-__all__ = ["load", "save"]
+__all__ = ["add_safe_globals", "clear_safe_globals", "get_safe_globals", "load", "safe_globals", "save"]
 
 FORMATS = (".npz", ".safetensors")
 META_KEY = "__xgrad__"  # the npz entry / safetensors metadata field holding the structure
@@ -64,7 +73,11 @@ SEP = "/"
 FORMAT_VERSION = 2  # 2 added shapes, shardings and sharded checkpoints to version 1
 READABLE_VERSIONS = (1, 2)
 
-ERR_SUFFIX = "xgrad.save/load: cannot tell the format of {path!r}: the file name must end in .npz or .safetensors"
+ERR_SUFFIX = (
+    "xgrad.load: cannot tell the format of {path!r}: the file name must end in .npz or .safetensors, or the file be "
+    "a whole-object checkpoint that xgrad.save wrote (a PyTorch .pt file is not one: save its state_dict as "
+    "safetensors in PyTorch and load that)"
+)
 ERR_PICKLE = (
     "xgrad.load: {path!r} contains pickled objects, which xgrad never unpickles (loading a pickle can "
     "run arbitrary code). Re-save the data as plain numeric arrays."
@@ -269,8 +282,18 @@ def _write_atomic(path: str, write: Callable[[BinaryIO], None]) -> None:
         raise
 
 
-def save(obj: Any, path: str | os.PathLike[str]) -> None:
-    """Write a Tensor, an array, or a (nested) dict of them to ``path``, atomically.
+def _is_pickle_target(path: Any) -> bool:
+    """A file object, or a name not ending in ``.npz``/``.safetensors`` (``model.pt``): NOTE [Restricted pickles]."""
+    return not isinstance(path, (str, os.PathLike)) or os.path.splitext(os.fspath(path))[1] not in FORMATS
+
+
+def save(obj: Any, path: Any) -> None:
+    """Write a Tensor, an array, or a (nested) dict of them to ``path``, atomically; or a whole object.
+
+    ``path`` ending in ``.npz`` or ``.safetensors`` picks that format (arrays and dicts
+    only). Any other name (``"model.pt"``) or a binary file object gets a whole-object
+    checkpoint, as ``torch.save(model, f)`` writes: ``load`` rebuilds it with allow-listed
+    classes only (NOTE [Restricted pickles] in ``xgrad/restricted_pickle.py``).
 
     The file is written next to ``path`` under a temporary name and renamed over it,
     so a failure mid-save leaves any previous file at ``path`` intact. Arrays sharded
@@ -282,8 +305,10 @@ def save(obj: Any, path: str | os.PathLike[str]) -> None:
 
     Args:
         obj: a ``Tensor``/``jax.Array``/``np.ndarray`` or a dict of these (a
-            ``state_dict``); dicts may nest.
-        path: ends in ``.npz`` or ``.safetensors``, which picks the format.
+            ``state_dict``); dicts may nest. For a whole-object checkpoint, any object
+            of allow-listable classes (a model).
+        path: ends in ``.npz`` or ``.safetensors``, which picks the format; else a
+            whole-object checkpoint (a name or a binary file object).
 
     >>> import os, tempfile, xgrad
     >>> path = os.path.join(tempfile.mkdtemp(), "w.safetensors")
@@ -292,6 +317,12 @@ def save(obj: Any, path: str | os.PathLike[str]) -> None:
     >>> loaded["w"].tolist(), loaded["w"].requires_grad
     ([1.0, 2.0], True)
     """
+    if _is_pickle_target(path):
+        if isinstance(path, (str, os.PathLike)):
+            _write_atomic(os.fspath(path), lambda f: save_pickled(obj, f))
+        else:
+            save_pickled(obj, path)
+        return
     path = os.fspath(path)
     fmt = _format(path)
     collected = _Collected()
@@ -442,7 +473,8 @@ def _sharded_reader(
     return region
 
 
-def load(path: str | os.PathLike[str], device: Any = None, *, arrays: bool = False) -> Any:
+def load(path: Any, device: Any = None, *, arrays: bool = False, weights_only: bool | None = None,
+         map_location: Any = None, mmap: bool | None = None) -> Any:
     """Read what ``save`` wrote: a Tensor or a (nested) dict of Tensors (of ``jax.Array``s with ``arrays=True``).
 
     Checks what it reads against the recorded format version, dtypes, shapes and
@@ -462,6 +494,12 @@ def load(path: str | os.PathLike[str], device: Any = None, *, arrays: bool = Fal
             run has its devices, else the default device.
         arrays: return plain ``jax.Array``s in place of Tensors, for JAX code (optax,
             orbax, a Flax or Equinox model's parameters).
+        weights_only: accepted for PyTorch's signature; loading is always restricted:
+            a whole-object checkpoint rebuilds only xgrad's modules, containers and the
+            classes allow-listed with ``safe_globals``/``add_safe_globals``, and raises
+            ``pickle.UnpicklingError`` naming anything else, ``weights_only=False`` too.
+        map_location: ``device`` under PyTorch's name.
+        mmap: accepted and ignored.
 
     >>> import os, tempfile, xgrad
     >>> path = os.path.join(tempfile.mkdtemp(), "x.npz")
@@ -469,7 +507,13 @@ def load(path: str | os.PathLike[str], device: Any = None, *, arrays: bool = Fal
     >>> xgrad.load(path)["w"].tolist(), type(xgrad.load(path, arrays=True)["w"]).__name__
     ([0, 1, 2], 'ArrayImpl')
     """
-    loaded = _load(path, device)
+    device = map_location if device is None else device
+    if _is_pickle_target(path):
+        if not is_restricted_pickle(path):
+            raise ValueError(ERR_SUFFIX.format(path=path if not hasattr(path, "read") else "<file object>"))
+        loaded = load_pickled(path, resolve_device(device))
+    else:
+        loaded = _load(path, device)
     if arrays:
         return jax.tree_util.tree_map(lambda t: t.array, loaded, is_leaf=lambda t: isinstance(t, Tensor))
     return loaded

@@ -24,6 +24,7 @@ from xgrad.grad_mode import is_grad_enabled
 from xgrad.ops.elementwise import astype, to_device, where
 from xgrad.ops.shape import broadcast_to
 from xgrad.tensor import Tensor
+from xgrad.tensor.dtypes import resolve_dtype
 
 __all__ = ["ERR_GENERATOR_TYPE", "Op", "differentiable_names", "exported_names", "generator_key", "install", "methods"]
 
@@ -122,6 +123,7 @@ def to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         elif a is not None and not isinstance(a, bool):  # non_blocking/copy given positionally
             dtype = a
     out = self
+    dtype = resolve_dtype(dtype, "Tensor.to")
     if dtype is not None and jnp.dtype(dtype) != self.dtype:
         out = astype(out, dtype=jnp.dtype(dtype))
     if target is not None:

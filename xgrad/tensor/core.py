@@ -24,7 +24,7 @@ from xgrad.grad_mode import _state as _grad_state
 from xgrad.step_trace import array_of
 from xgrad.step_trace import current as _current_step
 from xgrad.tensor import conversion, inplace, jax_boundary, pytorch_methods
-from xgrad.tensor.dtypes import ERR_REQUIRES_GRAD_DTYPE, is_differentiable_dtype
+from xgrad.tensor.dtypes import ERR_REQUIRES_GRAD_DTYPE, default_float, is_differentiable_dtype
 
 if TYPE_CHECKING:
     from xgrad.engine.hooks import HookDict, RemovableHandle
@@ -36,6 +36,18 @@ else:
     TensorOpMethods = object  # the stub's class only: the methods are attached to Tensor itself
 
 __all__ = ["Tensor", "is_tensor"]
+
+
+def legacy_constructor_array(data: Any, sizes: tuple[int, ...]) -> jax.Array:
+    """The array of ``Tensor(data)`` / ``Tensor(*sizes)`` (PyTorch's legacy constructor)."""
+    if type(data) is int:
+        shape = (data, *sizes)
+        if not all(type(n) is int and n >= 0 for n in shape):
+            raise TypeError(f"Tensor(): sizes must be non-negative ints, got {shape}")
+        return jnp.zeros(shape, default_float())
+    if sizes:
+        raise TypeError("Tensor(): pass either data (a list) or sizes (ints), and requires_grad= as a keyword")
+    return jnp.asarray(data, dtype=default_float())
 
 
 def is_tensor(x: Any) -> bool:
@@ -100,10 +112,11 @@ class Tensor(TensorOpMethods):
     _is_grad: bool  # a gradient: its pytree node matches its parameter's (NOTE [Tensor as a pytree])
     _placeholder_meta: _TensorMeta  # a placeholder's: the node it stands in (NOTE [Tensor as a pytree])
 
-    def __init__(self, array: Any, requires_grad: bool = False) -> None:
-        if type(array) is list or type(array) is tuple:
-            # PyTorch's legacy constructor ``torch.Tensor([1.0, 2.0])``: data in the default float dtype.
-            array = jnp.asarray(array, dtype=jnp.result_type(float))
+    def __init__(self, array: Any = (), *sizes: int, requires_grad: bool = False) -> None:
+        if sizes or type(array) in (list, tuple, int):
+            # PyTorch's legacy constructor: ``torch.Tensor([1.0, 2.0])`` (data) or ``torch.Tensor(2, 3)``
+            # (a shape; zeros here, uninitialised there), in the default float dtype.
+            array = legacy_constructor_array(array, sizes)
         self._array = array
         self._alias_of: tuple[Callable[[], Tensor | None], bool] | None = None
         self.grad_fn: Node | None = None
@@ -488,6 +501,16 @@ class Tensor(TensorOpMethods):
     new_zeros = pytorch_methods.new_zeros
     new_ones = pytorch_methods.new_ones
     new_tensor = pytorch_methods.new_tensor
+    new_empty = pytorch_methods.new_empty
+    is_floating_point = pytorch_methods.is_floating_point
+    is_complex = pytorch_methods.is_complex
+    type = pytorch_methods.tensor_type
+    bernoulli_ = pytorch_methods.bernoulli_
+    random_ = pytorch_methods.random_
+    exponential_ = pytorch_methods.exponential_
+    bernoulli = pytorch_methods.bernoulli
+    multinomial = pytorch_methods.multinomial
+    t = pytorch_methods.t
 
     # -- in-place plumbing -----------------------------------------------------------
     _check_inplace = inplace.check_inplace

@@ -191,7 +191,8 @@ def tree_unflatten(meta: _TensorMeta, children: tuple[Any]) -> Any:
     if not (hasattr(child, "shape") and hasattr(child, "dtype")):
         if isinstance(child, (tuple, list)):
             return child
-        placeholder = core.Tensor(child)  # in a tree a library builds leaf by leaf: it flattens as the original
+        placeholder = core.Tensor(None)  # in a tree a library builds leaf by leaf: it flattens as the original
+        placeholder._array = child  # any leaf (an int too: never read as the legacy Tensor(size) constructor)
         placeholder._placeholder_meta = meta
         return placeholder
     if meta.has_history:

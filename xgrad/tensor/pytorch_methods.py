@@ -1,5 +1,6 @@
 """``Tensor`` methods PyTorch users reach for that are not ops: memory layout, devices,
-and factories of new tensors like this one."""
+dtypes (``type``, ``is_floating_point``), factories of new tensors like this one, and
+the in-place random fills beyond ``uniform_``/``normal_``."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from xgrad.tensor import core
+from xgrad.tensor.dtypes import DTYPES, torch_dtype_name
 
 __all__ = [
-    "contiguous", "cpu", "cuda", "element_size", "is_contiguous", "new_full", "new_ones", "new_tensor",
-    "new_zeros", "type_as",
+    "LEGACY_TENSOR_TYPES", "bernoulli", "bernoulli_", "contiguous", "cpu", "cuda", "element_size", "exponential_",
+    "is_complex", "is_contiguous", "is_floating_point", "multinomial", "new_empty", "new_full", "new_ones",
+    "new_tensor", "new_zeros", "random_", "t", "tensor_type", "type_as",
 ]
 
 
@@ -156,3 +160,139 @@ def new_tensor(self: core.Tensor, data: Any, *, dtype: Any = None, device: Any =
     array = data._array if isinstance(data, core.Tensor) else jnp.asarray(data)
     placement = _new_placement(self, array.shape) if device is None else device
     return tensor(array, dtype=self.dtype if dtype is None else dtype, device=placement, requires_grad=requires_grad)
+
+
+def new_empty(self: core.Tensor, *size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> core.Tensor:
+    """``new_zeros``: a ``jax.Array`` always holds values, so PyTorch's uninitialised memory is zeros here."""
+    return new_zeros(self, *size, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def is_floating_point(self: core.Tensor) -> bool:
+    """Whether the dtype is a real floating one (``float16``, ``bfloat16``, ``float32``, ``float64``).
+
+    >>> import xgrad
+    >>> xgrad.zeros(1).is_floating_point(), xgrad.arange(2).is_floating_point()
+    (True, False)
+    """
+    return bool(jnp.issubdtype(self.dtype, jnp.floating))
+
+
+def is_complex(self: core.Tensor) -> bool:
+    return bool(jnp.issubdtype(self.dtype, jnp.complexfloating))
+
+
+#: PyTorch's legacy tensor type names (``"torch.FloatTensor"``) and their dtypes.
+LEGACY_TENSOR_TYPES = {
+    f"{name}Tensor": DTYPES[dtype] for name, dtype in (
+        ("Float", "float32"), ("Double", "float64"), ("Half", "float16"), ("BFloat16", "bfloat16"), ("Long", "int64"),
+        ("Int", "int32"), ("Short", "int16"), ("Char", "int8"), ("Byte", "uint8"), ("Bool", "bool"),
+    )
+}
+
+
+def tensor_type(self: core.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+    """``type()``: PyTorch's type name (``"torch.FloatTensor"``); ``type(dtype)``: ``self`` cast (differentiable).
+
+    ``dtype`` is a dtype, a legacy type (``xgrad.LongTensor``) or its name (``"torch.DoubleTensor"``).
+
+    >>> import xgrad
+    >>> x = xgrad.zeros(2)
+    >>> x.type(), x.type("torch.LongTensor").dtype, x.type(xgrad.float16).dtype
+    ('torch.FloatTensor', dtype('int64'), dtype('float16'))
+    """
+    if dtype is None:
+        return f"torch.{torch_dtype_name(self.dtype)}Tensor"
+    if isinstance(dtype, str) and not dtype.startswith(("torch.", "xgrad.")):
+        dtype = np.dtype(dtype)
+    elif isinstance(dtype, (str, type)) and not isinstance(dtype, np.dtype):
+        name = dtype.rpartition(".")[2] if isinstance(dtype, str) else getattr(dtype, "__name__", "")
+        if name not in LEGACY_TENSOR_TYPES:
+            raise ValueError(f"invalid type: {dtype!r}")
+        dtype = LEGACY_TENSOR_TYPES[name]
+    return self.to(dtype)
+
+
+def _fill(self: core.Tensor, array: Any) -> core.Tensor:
+    from xgrad.ops.tensor_methods import _overwrite
+
+    return _overwrite(self, core.Tensor(array))
+
+
+def bernoulli_(self: core.Tensor, p: Any = 0.5, *, generator: Any = None) -> core.Tensor:
+    """Fill with 1 with probability ``p`` (a number or a tensor of them), else 0, in place.
+
+    >>> import xgrad
+    >>> xgrad.zeros(3).bernoulli_(1.0).tolist()
+    [1.0, 1.0, 1.0]
+    """
+    from xgrad.ops.tensor_methods import generator_key
+
+    probs = jnp.broadcast_to(jnp.asarray(p._array if isinstance(p, core.Tensor) else p), self.shape)
+    return _fill(self, jax.random.bernoulli(generator_key(generator), probs).astype(self.dtype))
+
+
+def random_(self: core.Tensor, from_: int = 0, to: int | None = None, *, generator: Any = None) -> core.Tensor:
+    """Fill with integers uniform in ``[from_, to)``; ``random_(to)`` is ``[0, to)``; with no bound,
+    ``[0, 2**mantissa]`` for floats and the dtype's range for integers, as PyTorch's.
+
+    >>> import xgrad
+    >>> x = xgrad.zeros(50).random_(3, 5)
+    >>> sorted(set(x.tolist()))
+    [3.0, 4.0]
+    """
+    from xgrad.ops.tensor_methods import generator_key
+
+    if to is None and from_ != 0:
+        from_, to = 0, from_
+    if to is None:
+        if jnp.issubdtype(self.dtype, jnp.floating):
+            to = 2 ** (jnp.finfo(self.dtype).nmant + 1) + 1
+        elif self.dtype == jnp.bool_:
+            to = 2
+        else:
+            to = int(jnp.iinfo(self.dtype).max) + 1
+    if not from_ < to:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} >= to={to}")
+    wide = jax.dtypes.canonicalize_dtype(jnp.int64)
+    draws = jax.random.randint(generator_key(generator), self.shape, from_, min(to, int(jnp.iinfo(wide).max)), wide)
+    return _fill(self, draws.astype(self.dtype))
+
+
+def exponential_(self: core.Tensor, lambd: float = 1.0, *, generator: Any = None) -> core.Tensor:
+    """Fill with draws from the exponential distribution of rate ``lambd``, in place.
+
+    >>> import xgrad
+    >>> bool((xgrad.zeros(10).exponential_(2.0) > 0).all())
+    True
+    """
+    from xgrad.ops.tensor_methods import generator_key
+
+    if lambd <= 0:
+        raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
+    return _fill(self, jax.random.exponential(generator_key(generator), self.shape, self.dtype) / lambd)
+
+
+def bernoulli(self: core.Tensor, p: Any = None, *, generator: Any = None) -> core.Tensor:
+    """``xgrad.bernoulli(self, p)``."""
+    from xgrad.creation import bernoulli
+
+    return bernoulli(self, p, generator=generator)
+
+
+def multinomial(self: core.Tensor, num_samples: int, replacement: bool = False, *, generator: Any = None) -> core.Tensor:
+    """``xgrad.multinomial(self, num_samples, replacement)``."""
+    from xgrad.creation import multinomial
+
+    return multinomial(self, num_samples, replacement, generator=generator)
+
+
+def t(self: core.Tensor) -> core.Tensor:
+    """The transpose of a matrix; a 0-D or 1-D tensor as it is (differentiable, a view), as PyTorch's.
+
+    >>> import xgrad
+    >>> xgrad.tensor([[1, 2]]).t().tolist(), xgrad.tensor([1, 2]).t().tolist()
+    ([[1], [2]], [1, 2])
+    """
+    if self.ndim > 2:
+        raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {self.ndim}D")
+    return self.transpose(0, 1) if self.ndim == 2 else self
