@@ -188,3 +188,14 @@ def test_a_malicious_pickle_cannot_run_code(tmp_path, capfd):
             archive.writestr("xgrad_archive/data.pkl", pickle.dumps((eval, ("1",))).replace(b"\x85", b"R"))
         xgrad.load(path)
     assert "this-must-never-run" not in capfd.readouterr().out
+
+
+def test_random_sampler_with_replacement_draws_lazily():
+    from xgrad.utils.data import RandomSampler
+
+    sampler = RandomSampler(range(3), replacement=True, num_samples=int(1e10), generator=xgrad.Generator().manual_seed(0))
+    assert len(sampler) == int(1e10)
+    first = [i for _, i in zip(range(3000), sampler, strict=False)]
+    assert set(first) == {0, 1, 2}
+    repeated = list(RandomSampler(range(3), num_samples=7))
+    assert len(repeated) == 7 and sorted(repeated[:3]) == [0, 1, 2]

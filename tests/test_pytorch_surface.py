@@ -32,6 +32,9 @@ def test_set_default_dtype_reaches_python_floats_and_float_factories():
         made = [xgrad.tensor(1.5), xgrad.tensor([1.0, 2]), xgrad.zeros(2), xgrad.ones(2), xgrad.full((1,), 0.5), xgrad.rand(2),
                 xgrad.randn(2), xgrad.empty(2), xgrad.linspace(0, 1, 3), xgrad.arange(0.0, 1.0, 0.5), xgrad.eye(2),
                 xgrad.Tensor([1.0]), xgrad.Tensor(2, 3)]
+        layers = [xgrad.nn.Linear(2, 2), xgrad.nn.Conv2d(1, 1, 2), xgrad.nn.LayerNorm(2), xgrad.nn.BatchNorm1d(2),
+                  xgrad.nn.Embedding(3, 2), xgrad.nn.LSTM(2, 2), xgrad.nn.GRUCell(2, 2), xgrad.nn.MultiheadAttention(2, 1)]
+        made += [p for layer in layers for p in layer.parameters()]
         assert [t.dtype for t in made] == [jnp.float64] * len(made)
         assert xgrad.tensor(1j).dtype == jnp.complex128 and xgrad.tensor(1).dtype == jnp.int64
         assert xgrad.get_default_dtype() == xgrad.float64

@@ -47,6 +47,9 @@ __all__ = [
 ]
 
 
+_builtin_type = type  # ``device.__new__`` takes an argument named ``type``, as PyTorch's
+
+
 class device(str):  # noqa: N801  (PyTorch's name)
     """PyTorch's device handle: ``device("cuda:0")``, ``device("cuda", 0)``, ``device("cpu")``.
 
@@ -70,7 +73,7 @@ class device(str):  # noqa: N801  (PyTorch's name)
         if isinstance(type, jax.Device):
             type, index = {"gpu": "cuda"}.get(type.platform, type.platform), type.id
         if not isinstance(type, str):
-            raise TypeError(f"device(): argument 'type' must be str, not {builtin_type(type).__name__}")
+            raise TypeError(f"device(): argument 'type' must be str, not {_builtin_type(type).__name__}")
         name, _, number = type.partition(":")
         if number and index is not None:
             raise RuntimeError(f"type (string) must not include an index because index was passed explicitly: {type}")
@@ -99,9 +102,6 @@ class device(str):  # noqa: N801  (PyTorch's name)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (device, (self.type, self.index))
-
-
-builtin_type = type
 
 
 def resolve_device(device: Any) -> Any:

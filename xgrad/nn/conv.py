@@ -6,13 +6,13 @@ import math
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from xgrad import ops
 from xgrad.nn.init import prng_key
 from xgrad.nn.module import Module, Parameter
 from xgrad.ops._util import check_nonnegative_shape
 from xgrad.tensor import Tensor
+from xgrad.tensor.dtypes import parameter_dtype
 
 
 def _pair(value: Any) -> tuple[int, int]:
@@ -38,8 +38,9 @@ class Conv2d(Module):
 
     def __init__(
         self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
-        groups: int = 1, bias: bool = True, padding_mode: str = "zeros", *, key: Any = None, dtype: Any = jnp.float32,
+        groups: int = 1, bias: bool = True, padding_mode: str = "zeros", *, key: Any = None, dtype: Any = None,
     ) -> None:
+        dtype = parameter_dtype(dtype)
         if groups <= 0:
             raise ValueError("groups must be a positive integer")
         if in_channels % groups:

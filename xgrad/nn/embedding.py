@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from xgrad import ops
 from xgrad.nn.init import prng_key
 from xgrad.nn.module import Module, Parameter
 from xgrad.ops._util import check_nonnegative_shape
 from xgrad.tensor import Tensor
+from xgrad.tensor.dtypes import parameter_dtype
 
 
 class Embedding(Module):
@@ -23,7 +23,8 @@ class Embedding(Module):
     (2, 2, 3)
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, key: Any = None, dtype: Any = jnp.float32) -> None:
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, key: Any = None, dtype: Any = None) -> None:
+        dtype = parameter_dtype(dtype)
         shape = check_nonnegative_shape((num_embeddings, embedding_dim))  # PyTorch's error, before JAX's
         self.weight = Parameter(jax.random.normal(prng_key(key), shape, dtype))
 

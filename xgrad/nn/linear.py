@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from xgrad import ops
 from xgrad.nn.activation import ReLU
@@ -16,6 +15,7 @@ from xgrad.nn.init import prng_key
 from xgrad.nn.module import Module, Parameter
 from xgrad.ops._util import check_nonnegative_shape
 from xgrad.tensor import Tensor
+from xgrad.tensor.dtypes import parameter_dtype
 
 
 class Linear(Module):
@@ -27,14 +27,15 @@ class Linear(Module):
         in_features, out_features: sizes.
         bias: whether to add a bias.
         key: a ``jax.random`` key or int seed (the default key when ``None``).
-        dtype: parameter dtype (float32 by default).
+        dtype: parameter dtype (``xgrad.get_default_dtype()``, float32 unless set, by default).
 
     >>> import xgrad
     >>> xgrad.nn.Linear(3, 2, key=0)(xgrad.ones(5, 3)).shape
     (5, 2)
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, key: Any = None, dtype: Any = jnp.float32) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, key: Any = None, dtype: Any = None) -> None:
+        dtype = parameter_dtype(dtype)
         check_nonnegative_shape((out_features, in_features))  # PyTorch's error, before JAX's
         kw, kb = jax.random.split(prng_key(key))
         bound = 1.0 / math.sqrt(in_features) if in_features else 0.0
@@ -64,7 +65,7 @@ class MLP(Sequential):
     ((3, 1), 3)
     """
 
-    def __init__(self, sizes: Sequence[int], activation: Callable[[], Module] | None = None, *, key: Any = None, dtype: Any = jnp.float32) -> None:
+    def __init__(self, sizes: Sequence[int], activation: Callable[[], Module] | None = None, *, key: Any = None, dtype: Any = None) -> None:
         if len(sizes) < 2:
             raise ValueError(f"MLP needs at least an input and an output size, got sizes={list(sizes)}")
         make_activation = activation or ReLU

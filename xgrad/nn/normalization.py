@@ -13,6 +13,7 @@ from xgrad.grad_mode import no_grad
 from xgrad.nn.module import Module, Parameter
 from xgrad.ops._util import check_nonnegative_shape
 from xgrad.tensor import Tensor
+from xgrad.tensor.dtypes import parameter_dtype
 
 
 class LayerNorm(Module):
@@ -23,7 +24,8 @@ class LayerNorm(Module):
     (1, 2)
     """
 
-    def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5, elementwise_affine: bool = True, *, dtype: Any = jnp.float32) -> None:
+    def __init__(self, normalized_shape: int | Sequence[int], eps: float = 1e-5, elementwise_affine: bool = True, *, dtype: Any = None) -> None:
+        dtype = parameter_dtype(dtype)
         self.normalized_shape = check_nonnegative_shape(
             (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         )
@@ -44,8 +46,9 @@ class _BatchNorm(Module):
 
     def __init__(
         self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-        track_running_stats: bool = True, *, dtype: Any = jnp.float32,
+        track_running_stats: bool = True, *, dtype: Any = None,
     ) -> None:
+        dtype = parameter_dtype(dtype)
         check_nonnegative_shape((num_features,))
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats

@@ -29,7 +29,7 @@ from xgrad.nn.init import prng_key
 from xgrad.nn.module import Module, Parameter
 from xgrad.ops.rnn import lstm_scan, recurrent_scan
 from xgrad.tensor import Tensor
-from xgrad.tensor.dtypes import torch_dtype_name
+from xgrad.tensor.dtypes import parameter_dtype, torch_dtype_name
 
 __all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNCell"]
 
@@ -68,8 +68,9 @@ class RNNBase(Module):
     def __init__(
         self, mode: str, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
         batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
-        *, key: Any = None, dtype: Any = jnp.float32,
+        *, key: Any = None, dtype: Any = None,
     ) -> None:
+        dtype = parameter_dtype(dtype)
         if not isinstance(dropout, numbers.Number) or isinstance(dropout, bool) or not 0 <= dropout <= 1:
             raise ValueError(
                 "dropout should be a number in range [0, 1] representing the probability of an element being zeroed"
@@ -247,7 +248,7 @@ class RNN(RNNBase):
         input_size, hidden_size, num_layers, nonlinearity, bias, batch_first, dropout, bidirectional:
             as in PyTorch.
         key: a ``jax.random`` key or int seed for the initialisation and the dropout.
-        dtype: parameter dtype (float32 by default).
+        dtype: parameter dtype (``xgrad.get_default_dtype()``, float32 unless set, by default).
 
     >>> import xgrad
     >>> rnn = xgrad.nn.RNN(3, 4, bidirectional=True, key=0)
@@ -259,7 +260,7 @@ class RNN(RNNBase):
     def __init__(
         self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh", bias: bool = True,
         batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-        *, key: Any = None, dtype: Any = jnp.float32,
+        *, key: Any = None, dtype: Any = None,
     ) -> None:
         self.nonlinearity = nonlinearity
         super().__init__(_nonlinearity_mode(nonlinearity), input_size, hidden_size, num_layers, bias, batch_first,
@@ -283,7 +284,7 @@ class LSTM(RNNBase):
     def __init__(
         self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True, batch_first: bool = False,
         dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
-        *, key: Any = None, dtype: Any = jnp.float32,
+        *, key: Any = None, dtype: Any = None,
     ) -> None:
         super().__init__("lstm", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
                          proj_size, key=key, dtype=dtype)
@@ -303,7 +304,7 @@ class GRU(RNNBase):
 
     def __init__(
         self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True, batch_first: bool = False,
-        dropout: float = 0.0, bidirectional: bool = False, *, key: Any = None, dtype: Any = jnp.float32,
+        dropout: float = 0.0, bidirectional: bool = False, *, key: Any = None, dtype: Any = None,
     ) -> None:
         super().__init__("gru", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
                          key=key, dtype=dtype)
@@ -313,6 +314,7 @@ class RNNCellBase(Module):
     """What the cells share: parameters ``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh`` and one step."""
 
     def __init__(self, mode: str, input_size: int, hidden_size: int, bias: bool, key: Any, dtype: Any) -> None:
+        dtype = parameter_dtype(dtype)
         self.mode = mode
         self.input_size, self.hidden_size, self.bias = input_size, hidden_size, bias
         gate_size = _GATES[mode] * hidden_size
@@ -380,7 +382,7 @@ class RNNCell(_HiddenStateCell):
     """
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh",
-                 *, key: Any = None, dtype: Any = jnp.float32) -> None:
+                 *, key: Any = None, dtype: Any = None) -> None:
         self.nonlinearity = nonlinearity
         super().__init__(_nonlinearity_mode(nonlinearity), input_size, hidden_size, bias, key, dtype)
 
@@ -393,7 +395,7 @@ class GRUCell(_HiddenStateCell):
     (2, 4)
     """
 
-    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, *, key: Any = None, dtype: Any = jnp.float32) -> None:
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, *, key: Any = None, dtype: Any = None) -> None:
         super().__init__("gru", input_size, hidden_size, bias, key, dtype)
 
 
@@ -406,7 +408,7 @@ class LSTMCell(RNNCellBase):
     ((2, 4), (2, 4))
     """
 
-    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, *, key: Any = None, dtype: Any = jnp.float32) -> None:
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, *, key: Any = None, dtype: Any = None) -> None:
         super().__init__("lstm", input_size, hidden_size, bias, key, dtype)
 
     def forward(self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:

@@ -20,6 +20,7 @@ from xgrad.nn.linear import Linear
 from xgrad.nn.module import Module, Parameter
 from xgrad.nn.normalization import LayerNorm
 from xgrad.tensor import Tensor
+from xgrad.tensor.dtypes import parameter_dtype
 
 
 def _additive_mask(mask: Any, dtype: Any) -> Any:
@@ -60,8 +61,9 @@ class MultiheadAttention(Module):
     def __init__(
         self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True, add_bias_kv: bool = False,
         add_zero_attn: bool = False, kdim: int | None = None, vdim: int | None = None, batch_first: bool = False,
-        *, key: Any = None, dtype: Any = jnp.float32,
+        *, key: Any = None, dtype: Any = None,
     ) -> None:
+        dtype = parameter_dtype(dtype)
         if embed_dim <= 0 or num_heads <= 0:
             raise ValueError(f"embed_dim and num_heads must be greater than 0, got embed_dim={embed_dim} and num_heads={num_heads} instead")
         if embed_dim % num_heads:
@@ -175,7 +177,7 @@ class TransformerEncoderLayer(Module):
     def __init__(
         self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, activation: Any = "relu",
         layer_norm_eps: float = 1e-5, batch_first: bool = False, norm_first: bool = False, bias: bool = True,
-        *, key: Any = None, dtype: Any = jnp.float32,
+        *, key: Any = None, dtype: Any = None,
     ) -> None:
         keys = jax.random.split(prng_key(key), 6)
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first, key=keys[0], dtype=dtype)

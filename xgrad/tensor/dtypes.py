@@ -12,7 +12,7 @@ import numpy as np
 
 __all__ = [
     "DTYPES", "ERR_REQUIRES_GRAD_DTYPE", "ERR_X64_OFF", "can_cast", "check_x64", "resolve_dtype", "default_complex", "default_float", "dtype",
-    "finfo", "get_default_dtype", "iinfo", "is_differentiable_dtype", "set_default_dtype", "torch_dtype_name",
+    "finfo", "get_default_dtype", "iinfo", "is_differentiable_dtype", "parameter_dtype", "set_default_dtype", "torch_dtype_name",
     "x64_enabled",
 ]
 
@@ -159,6 +159,11 @@ def resolve_dtype(requested: Any, what: str) -> Any:
         return None
     check_x64(requested, what)
     return jax.dtypes.canonicalize_dtype(np.dtype(requested))
+
+
+def parameter_dtype(requested: Any) -> Any:
+    """A layer's ``dtype=``: the default dtype when None (NOTE [Default dtype]), else ``resolve_dtype``'s."""
+    return default_float() if requested is None else resolve_dtype(requested, "dtype=")
 
 
 # NOTE [Default dtype]

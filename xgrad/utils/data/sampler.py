@@ -40,6 +40,8 @@ class RandomSampler(Sampler):
     when omitted (so ``xgrad.manual_seed`` fixes the order of every epoch).
     """
 
+    CHUNK = 1024  # indices drawn at once with replacement
+
     def __init__(self, data_source: Sized, replacement: bool = False, num_samples: int | None = None,
                  generator: Any = None) -> None:
         self.data_source = data_source
@@ -54,13 +56,15 @@ class RandomSampler(Sampler):
         return len(self.data_source) if self._num_samples is None else self._num_samples
 
     def __iter__(self) -> Iterator[int]:
-        n = len(self.data_source)
-        if self.replacement:
-            return iter(randint(0, n, (self.num_samples,), generator=self.generator).tolist())
-        order: list[int] = []
-        while len(order) < self.num_samples:
-            order += randperm(n, generator=self.generator).tolist()
-        return iter(order[: self.num_samples])
+        # Drawn lazily, a chunk at a time: ``num_samples`` may be huge (minGPT asks for 1e10 with replacement).
+        n, left = len(self.data_source), self.num_samples
+        while left > 0:
+            if self.replacement:
+                chunk = randint(0, n, (min(left, self.CHUNK),), generator=self.generator).tolist()
+            else:
+                chunk = randperm(n, generator=self.generator).tolist()[:left]
+            left -= len(chunk)
+            yield from chunk
 
     def __len__(self) -> int:
         return self.num_samples
