@@ -18,12 +18,53 @@ without renaming.
 """
 
 from xgrad.nn import functional, init, modules, utils
-from xgrad.nn.activation import GELU, ReLU, Sigmoid, SiLU, Tanh
+from xgrad.nn.activation import (
+    CELU,
+    ELU,
+    GELU,
+    GLU,
+    SELU,
+    Hardshrink,
+    Hardsigmoid,
+    Hardswish,
+    Hardtanh,
+    LeakyReLU,
+    LogSigmoid,
+    LogSoftmax,
+    Mish,
+    PReLU,
+    ReLU,
+    ReLU6,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Softmin,
+    Softplus,
+    Softshrink,
+    Softsign,
+    Tanh,
+    Tanhshrink,
+    Threshold,
+)
 from xgrad.nn.containers import ModuleDict, ModuleList, Sequential
 from xgrad.nn.conv import Conv2d
-from xgrad.nn.dropout import Dropout
+from xgrad.nn.dropout import Dropout, Dropout1d, Dropout2d
 from xgrad.nn.embedding import Embedding
 from xgrad.nn.linear import MLP, Identity, Linear
+from xgrad.nn.loss import (
+    BCELoss,
+    BCEWithLogitsLoss,
+    CosineEmbeddingLoss,
+    CosineSimilarity,
+    CrossEntropyLoss,
+    HuberLoss,
+    KLDivLoss,
+    L1Loss,
+    MarginRankingLoss,
+    MSELoss,
+    NLLLoss,
+    SmoothL1Loss,
+)
 from xgrad.nn.module import Module, Parameter
 from xgrad.nn.normalization import BatchNorm1d, BatchNorm2d, LayerNorm
 from xgrad.nn.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
@@ -37,8 +78,13 @@ from xgrad.nn.transformer import (
 )
 
 __all__ = [
-    "GELU", "GRU", "LSTM", "MLP", "RNN", "BatchNorm1d", "BatchNorm2d", "Conv2d", "Dropout", "Embedding", "GRUCell",
-    "Identity", "LSTMCell", "LayerNorm", "Linear", "Module", "ModuleDict", "ModuleList", "MultiheadAttention",
-    "Parameter", "RNNCell", "ReLU", "Sequential", "SiLU", "Sigmoid", "Tanh", "Transformer", "TransformerDecoder",
-    "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer", "functional", "init", "modules", "utils",
+    "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d", "CELU", "Conv2d", "CosineEmbeddingLoss",
+    "CosineSimilarity", "CrossEntropyLoss", "Dropout", "Dropout1d", "Dropout2d", "ELU", "Embedding", "GELU", "GLU",
+    "GRU", "GRUCell", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh", "HuberLoss", "Identity", "KLDivLoss",
+    "L1Loss", "LSTM", "LSTMCell", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid", "LogSoftmax", "MLP", "MSELoss",
+    "MarginRankingLoss", "Mish", "Module", "ModuleDict", "ModuleList", "MultiheadAttention", "NLLLoss", "PReLU",
+    "Parameter", "RNN", "RNNCell", "ReLU", "ReLU6", "SELU", "Sequential", "SiLU", "Sigmoid", "SmoothL1Loss",
+    "Softmax", "Softmin", "Softplus", "Softshrink", "Softsign", "Tanh", "Tanhshrink", "Threshold", "Transformer",
+    "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer", "functional",
+    "init", "modules", "utils",
 ]

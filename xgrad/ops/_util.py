@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ from xgrad.tensor import Tensor
 
 __all__ = [
     "IndexOutOfRangeError", "as_array", "canonical_dim", "check_index_range", "check_nonnegative_shape", "check_values",
-    "norm_axes",
+    "inplace_or_not", "legacy_reduction", "norm_axes",
     "nondiff", "reduce_loss",
 ]
 
@@ -221,6 +222,27 @@ def nondiff(
     return op
 
 
+def legacy_reduction(size_average: bool | None, reduce: bool | None, reduction: str) -> str:
+    """``reduction``, or what PyTorch maps the deprecated ``size_average``/``reduce`` pair to, with its warning.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     legacy_reduction(False, None, "mean")
+    'sum'
+    >>> str(caught[0].message)
+    "size_average and reduce args will be deprecated, please use reduction='sum' instead."
+    """
+    if size_average is None and reduce is None:
+        return reduction
+    size_average = True if size_average is None else size_average
+    reduce = True if reduce is None else reduce
+    mapped = "mean" if size_average and reduce else "sum" if reduce else "none"
+    warnings.warn(f"size_average and reduce args will be deprecated, please use reduction='{mapped}' instead.",
+                  UserWarning, stacklevel=3)
+    return mapped
+
+
 def reduce_loss(loss: Tensor, reduction: str) -> Tensor:
     """A loss's ``reduction`` as PyTorch's functional losses take it: ``"mean"``, ``"sum"`` or ``"none"``."""
     if reduction == "mean":
@@ -230,3 +252,12 @@ def reduce_loss(loss: Tensor, reduction: str) -> Tensor:
     if reduction == "none":
         return loss
     raise ValueError(f"{reduction} is not a valid value for reduction")
+
+
+def inplace_or_not(fn: Callable[..., Tensor], x: Tensor, inplace: bool, *args: Any, **kwargs: Any) -> Tensor:
+    """``fn(x, ...)``; with ``inplace`` ``x`` itself takes the result's value and history, as
+    xgrad's in-place methods do (``inplace=`` of PyTorch's functional activations and dropout)."""
+    if not inplace:
+        return fn(x, *args, **kwargs)
+    x._check_inplace()
+    return x._rebind(fn(x._alias(), *args, **kwargs))

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from xgrad.engine.node import sharding_of
 from xgrad.ops import shape_rules
-from xgrad.ops._util import as_array, check_values, nondiff
+from xgrad.ops._util import as_array, check_values, inplace_or_not, nondiff
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor, torch_dtype_name
 
@@ -233,25 +233,57 @@ threshold_backward: Callable[..., Any] = defprim(
     [0.0, 2.0]
     """,
 )
-relu = defprim("relu", jax.nn.relu, (lambda g, out, x: threshold_backward(g, out),), save=(), save_out=True,
-              shape_rule=shape_rules.not_bool("Boolean inputs not supported for relu"), doc="""Elementwise ``max(x, 0)``; the gradient at 0 is 0.
+_relu = defprim("relu", jax.nn.relu, (lambda g, out, x: threshold_backward(g, out),), save=(), save_out=True,
+               shape_rule=shape_rules.not_bool("Boolean inputs not supported for relu"))
+
+
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
+    """Elementwise ``max(x, 0)``; the gradient at 0 is 0. ``inplace=True`` rebinds ``input``.
 
     >>> import xgrad
     >>> xgrad.relu(xgrad.tensor([-1.0, 2.0])).tolist()
     [0.0, 2.0]
-    """)
-silu = defprim("silu", jax.nn.silu, (lambda g, out, x: g * (sigmoid(x) * (1 + x * (1 - sigmoid(x)))),), shape_rule=shape_rules.float_only("silu_cpu"), doc="""Elementwise SiLU (swish), ``x * sigmoid(x)``.
+    """
+    return inplace_or_not(_relu, input, inplace)
+
+
+_silu = defprim("silu", jax.nn.silu, (lambda g, out, x: g * (sigmoid(x) * (1 + x * (1 - sigmoid(x)))),),
+                shape_rule=shape_rules.float_only("silu_cpu"))
+
+
+def silu(input: Tensor, inplace: bool = False) -> Tensor:
+    """Elementwise SiLU (swish), ``x * sigmoid(x)``. ``inplace=True`` rebinds ``input``.
 
     >>> import xgrad
     >>> print(f"{xgrad.silu(xgrad.tensor(1.0)).item():.4f}")
     0.7311
-    """)
-softplus = defprim("softplus", jax.nn.softplus, (lambda g, out, x: g * sigmoid(x),), shape_rule=shape_rules.float_only("softplus_cpu"), doc="""Elementwise ``log(1 + exp(x))``, computed stably.
+    """
+    return inplace_or_not(_silu, input, inplace)
+
+
+def _softplus_impl(x: Any, beta: float, threshold: float) -> Any:
+    scaled = x * beta
+    return jnp.where(scaled > threshold, x, jax.nn.softplus(scaled) / beta)
+
+
+_softplus = defprim(
+    "softplus",
+    _softplus_impl,
+    (lambda g, out, x, beta, threshold: where(x * beta > threshold, g, g * sigmoid(x * beta)),),
+    shape_rule=shape_rules.float_only("softplus_cpu"),
+)
+
+
+def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """``log(1 + exp(beta * x)) / beta``, computed stably; ``x`` itself where ``beta * x > threshold``, as PyTorch.
 
     >>> import xgrad
     >>> print(f"{xgrad.softplus(xgrad.tensor(0.0)).item():.4f}")
     0.6931
-    """)
+    >>> xgrad.softplus(xgrad.tensor([30.0]), beta=2.0).tolist()
+    [30.0]
+    """
+    return _softplus(input, beta=beta, threshold=threshold)
 
 
 def _gelu_impl(x: Any, approximate: bool) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import jax
@@ -11,7 +12,7 @@ import numpy as np
 
 from xgrad.engine.node import sharding_of
 from xgrad.ops import shape_rules
-from xgrad.ops._util import as_array, canonical_dim, check_index_range, reduce_loss
+from xgrad.ops._util import as_array, canonical_dim, check_index_range, inplace_or_not, legacy_reduction, reduce_loss
 from xgrad.ops.registry import _differentiable_dtype, defprim
 from xgrad.tensor import Tensor, torch_dtype_name
 
@@ -33,24 +34,44 @@ _log_softmax = defprim(
 )
 
 
-def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """Softmax along ``dim``.
+def implicit_softmax_dim(name: str, ndim: int, stacklevel: int) -> int:
+    """PyTorch's deprecated choice of dim for ``softmax(input)`` without one: 0 for 0-, 1- and 3-dim input, else 1."""
+    warnings.warn(
+        f"Implicit dimension choice for {name} has been deprecated. Change the call to include dim=X as an argument.",
+        UserWarning,
+        stacklevel=stacklevel,
+    )
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
+    """Softmax along ``dim``, after casting ``input`` to ``dtype`` if given.
+
+    ``dim=None`` picks PyTorch's implicit dim with its deprecation warning.
 
     >>> import xgrad
-    >>> xgrad.softmax(xgrad.tensor([0.0, 0.0])).tolist()
+    >>> xgrad.softmax(xgrad.tensor([0.0, 0.0]), dim=-1).tolist()
     [0.5, 0.5]
     """
+    if dim is None:
+        dim = implicit_softmax_dim("softmax", input.ndim, _stacklevel)
+    x = input if dtype is None else input.to(dtype)
     axis = canonical_dim(dim, x.ndim)
     return _softmax(x, axis=axis if x.ndim else None)
 
 
-def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """Log-softmax along ``dim``, computed stably.
+def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
+    """Log-softmax along ``dim``, computed stably, after casting ``input`` to ``dtype`` if given.
+
+    ``dim=None`` picks PyTorch's implicit dim with its deprecation warning.
 
     >>> import xgrad
-    >>> [round(v, 4) for v in xgrad.log_softmax(xgrad.tensor([0.0, 0.0])).tolist()]
+    >>> [round(v, 4) for v in xgrad.log_softmax(xgrad.tensor([0.0, 0.0]), dim=0).tolist()]
     [-0.6931, -0.6931]
     """
+    if dim is None:
+        dim = implicit_softmax_dim("log_softmax", input.ndim, _stacklevel)
+    x = input if dtype is None else input.to(dtype)
     axis = canonical_dim(dim, x.ndim)
     return _log_softmax(x, axis=axis if x.ndim else None)
 
@@ -97,8 +118,8 @@ def _weighted_cross_entropy(
 
 
 def cross_entropy(
-    input: Tensor, target: Any, weight: Tensor | None = None, *, ignore_index: int = -100, reduction: str = "mean",
-    label_smoothing: float = 0.0,
+    input: Tensor, target: Any, weight: Tensor | None = None, size_average: bool | None = None, ignore_index: int = -100,
+    reduce: bool | None = None, reduction: str = "mean", label_smoothing: float = 0.0,
 ) -> Tensor:
     """``F.cross_entropy`` with PyTorch's shapes, ``weight``, ``ignore_index``, ``label_smoothing`` and ``reduction``.
 
@@ -111,6 +132,7 @@ def cross_entropy(
         ignore_index: class-index targets equal to it add nothing and are left out of the mean.
         reduction: ``'mean'`` (over the non-ignored targets), ``'sum'`` or ``'none'``.
         label_smoothing: ``ε`` in ``[0, 1]``: the target becomes ``(1 - ε) · one_hot + ε / C``.
+        size_average, reduce: deprecated; mapped to ``reduction`` with PyTorch's warning.
 
     >>> import xgrad
     >>> logits = xgrad.tensor([[0.0, 0.0], [0.0, 0.0]])
@@ -119,6 +141,7 @@ def cross_entropy(
     >>> xgrad.cross_entropy(logits, xgrad.tensor([0, -100]), reduction="none").tolist()[1]
     0.0
     """
+    reduction = legacy_reduction(size_average, reduce, reduction)
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"{reduction} is not a valid value for reduction")
     if not 0.0 <= label_smoothing <= 1.0:
@@ -166,19 +189,6 @@ def cross_entropy(
     return reduce_loss(loss, reduction)
 
 
-def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
-    """``F.mse_loss``: squared error, averaged by default.
-
-    >>> import xgrad
-    >>> xgrad.mse_loss(xgrad.tensor([1.0, 3.0]), xgrad.tensor([1.0, 1.0])).item()
-    2.0
-    """
-    if not isinstance(target, Tensor) or not _differentiable_dtype(target.dtype):
-        shape_rules.check_float(input, "mse_cpu")  # PyTorch promotes a float target with an integer input
-    diff = input - target
-    return reduce_loss(diff * diff, reduction)
-
-
 def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """``F.layer_norm`` over the last ``len(normalized_shape)`` dims.
 
@@ -215,24 +225,96 @@ def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, b
     return out
 
 
-def dropout(x: Tensor, p: float = 0.5, key: Any = None, training: bool = True) -> Tensor:
-    """Zero each element with probability ``p`` and scale the rest by ``1/(1-p)``.
+def _check_probability(p: float) -> None:
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+
+
+def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False, *, key: Any = None) -> Tensor:
+    """``F.dropout``: zero each element with probability ``p`` and scale the rest by ``1/(1-p)``.
 
     Args:
-        key: a ``jax.random`` key; when ``None`` the module default key is split.
+        training: apply dropout; ``False`` returns ``input`` (the third positional argument, as in PyTorch).
+        inplace: ``input`` itself takes the result (xgrad's in-place rebinding).
+        key: a ``jax.random`` key; ``None`` draws from the default generator.
 
     >>> import jax, xgrad
     >>> x = xgrad.ones(4)
-    >>> xgrad.dropout(x, p=0.5, key=jax.random.key(0), training=False).tolist()
+    >>> xgrad.dropout(x, 0.5, False).tolist()
     [1.0, 1.0, 1.0, 1.0]
     >>> kept = xgrad.dropout(x, p=0.5, key=jax.random.key(0)).tolist()
     >>> all(v in (0.0, 2.0) for v in kept)
     True
     """
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    _check_probability(p)
     if not training:
-        return x
+        return input
+    return inplace_or_not(_dropout, input, inplace, p, key, input.shape)
+
+
+def _feature_dropout(input: Tensor, p: float, training: bool, inplace: bool, key: Any, batched: bool) -> Tensor:
+    """Whole channels (dim 1, or dim 0 of an unbatched input) zeroed together: one draw per channel."""
+    if not training:
+        return input
+    channel_dims = 2 if batched else 1
+    mask_shape = input.shape[:channel_dims] + (1,) * (input.ndim - channel_dims)
+    return inplace_or_not(_dropout, input, inplace, p, key, mask_shape)
+
+
+def dropout1d(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False, *, key: Any = None) -> Tensor:
+    """``F.dropout1d``: zero whole channels of ``(N, C, L)`` or ``(C, L)`` input with probability ``p``.
+
+    >>> import xgrad
+    >>> out = xgrad.dropout1d(xgrad.ones(2, 3, 4), 0.5).sum(dim=2).tolist()
+    >>> all(v in (0.0, 8.0) for row in out for v in row)
+    True
+    """
+    _check_probability(p)
+    if input.ndim not in (2, 3):
+        raise RuntimeError(
+            f"dropout1d: Expected 2D or 3D input, but received a {input.ndim}D input. Note that dropout1d exists to "
+            "provide channel-wise dropout on inputs with 1 spatial dimension, a channel dimension, and an optional "
+            "batch dimension (i.e. 2D or 3D inputs)."
+        )
+    return _feature_dropout(input, p, training, inplace, key, batched=input.ndim == 3)
+
+
+def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False, *, key: Any = None) -> Tensor:
+    """``F.dropout2d``: zero whole channels (dim 1) with probability ``p``, with PyTorch's warnings.
+
+    A 3-dim input is taken as ``(N, C, L)`` (channel-wise 1-D dropout), as PyTorch does today.
+
+    >>> import xgrad
+    >>> out = xgrad.dropout2d(xgrad.ones(2, 3, 2, 2), 0.5).sum(dim=(2, 3)).tolist()
+    >>> all(v in (0.0, 8.0) for row in out for v in row)
+    True
+    """
+    _check_probability(p)
+    if input.ndim not in (3, 4):
+        warnings.warn(
+            f"dropout2d: Received a {input.ndim}-D input to dropout2d, which is deprecated and will result in an error "
+            "in a future release. To retain the behavior and silence this warning, please use dropout instead. Note "
+            "that dropout2d exists to provide channel-wise dropout on inputs with 2 spatial dimensions, a channel "
+            "dimension, and an optional batch dimension (i.e. 3D or 4D inputs).",
+            UserWarning,
+            stacklevel=2,
+        )
+    if input.ndim == 3:
+        warnings.warn(
+            "dropout2d: Received a 3D input to dropout2d and assuming that channel-wise 1D dropout behavior is desired "
+            "- input is interpreted as shape (N, C, L), where C is the channel dim. This behavior will change in a "
+            "future release to interpret the input as one without a batch dimension, i.e. shape (C, H, W). To "
+            "maintain the 1D channel-wise dropout behavior, please switch to using dropout1d instead.",
+            UserWarning,
+            stacklevel=2,
+        )
+    if input.ndim < 2:  # PyTorch's feature dropout needs a channel dim
+        raise RuntimeError("Feature dropout requires at least 2 dimensions in the input")
+    return _feature_dropout(input, p, training, inplace, key, batched=True)
+
+
+def _dropout(x: Tensor, p: float, key: Any, mask_shape: tuple[int, ...]) -> Tensor:
+    """``x`` times a mask of ``mask_shape`` (broadcast over ``x``): 0 with probability ``p``, else ``1/(1-p)``."""
     if not _differentiable_dtype(x.dtype):  # the kept values are scaled by 1 / (1 - p)
         raise RuntimeError(f"result type Float can't be cast to the desired output type {torch_dtype_name(x.dtype)}")
     if p == 0.0:
@@ -243,7 +325,7 @@ def dropout(x: Tensor, p: float = 0.5, key: Any = None, training: bool = True) -
 
     key = next_key() if key is None else key
     sharding = sharding_of(x._array)
-    if isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1:
+    if mask_shape == x.shape and isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1:
         # The mask is made where x lives, each device drawing its own part (threefry is
         # partitionable: the same values as unsharded); the key is replicated over x's mesh,
         # as its raw bits: a typed key cannot be put on devices of other processes.
@@ -252,7 +334,7 @@ def dropout(x: Tensor, p: float = 0.5, key: Any = None, training: bool = True) -
         bits = jax.device_put(bits, jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec()))
         impl = jax.random.key_impl(key) if typed else None
         return x * Tensor(_sharded_dropout_scale(bits, impl, 1.0 - p, x.shape, x.dtype, sharding))
-    keep = jax.random.bernoulli(key, 1.0 - p, x.shape)
+    keep = jax.random.bernoulli(key, 1.0 - p, mask_shape)
     return x * Tensor(keep.astype(x.dtype) / (1.0 - p))
 
 

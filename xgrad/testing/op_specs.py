@@ -380,9 +380,10 @@ def _build_specs() -> list[OpSpec]:
     add(_unary("sum_to", lambda x: X.sum_to(x, (3, 1)), lambda x: _ref_sum_to(x, (3, 1)), shapes=(((2, 3, 4),), ((3, 4),))))
     add(_unary("sum_to", lambda x: X.sum_to(x, (2, 3)), lambda x: x, label="same shape", shapes=(((2, 3),),)))
     # -- nn ----------------------------------------------------------------------------
-    add(_unary("softmax", X.softmax, lambda x: jax.nn.softmax(x, axis=-1), shapes=(((3,),), ((2, 4),))))
+    add(_unary("softmax", lambda x: X.softmax(x, -1), lambda x: jax.nn.softmax(x, axis=-1), shapes=(((3,),), ((2, 4),))))
     add(_unary("softmax", lambda x: X.softmax(x, dim=0), lambda x: jax.nn.softmax(x, axis=0), label="dim=0", shapes=(((3, 2),),)))
-    add(_unary("log_softmax", X.log_softmax, lambda x: jax.nn.log_softmax(x, axis=-1), shapes=(((3,),), ((2, 4),))))
+    add(_unary("log_softmax", lambda x: X.log_softmax(x, -1), lambda x: jax.nn.log_softmax(x, axis=-1),
+               shapes=(((3,),), ((2, 4),))))
     add(_unary("log_softmax", lambda x: X.log_softmax(x, dim=0), lambda x: jax.nn.log_softmax(x, axis=0), label="dim=0",
                shapes=(((3, 2),),)))
     for reduction in ("mean", "sum", "none"):
@@ -400,7 +401,7 @@ def _build_specs() -> list[OpSpec]:
                label="probabilities"))
     add(_binary("mse_loss", X.mse_loss, lambda x, y: jnp.mean((x - y) ** 2), shapes=BINARY_SHAPES[:1]))
     add(_binary("mse_loss", lambda x, y: X.mse_loss(x, y, reduction="sum"), lambda x, y: jnp.sum((x - y) ** 2),
-                label="sum", shapes=BINARY_SHAPES[:2]))
+                label="sum", shapes=BINARY_SHAPES[:1]))
     add(_binary("mse_loss", lambda x, y: X.mse_loss(x, y, reduction="none"), lambda x, y: (x - y) ** 2, label="none",
                 shapes=BINARY_SHAPES[:1]))
     add(OpSpec("layer_norm", lambda x, w, b: X.layer_norm(x, (4,), w, b), _ref_layer_norm, (((3, 4), (4,), (4,)),),
@@ -614,6 +615,10 @@ def _build_specs() -> list[OpSpec]:
     lstm = _prim("lstm_scan", reverse=True)
     add(OpSpec("lstm_scan", lambda *a: lstm(*a, None), lambda *a: reference_lstm(*a, reverse=True), scan_shapes(4, True, lstm=True), (UNIT,) * 7,
                label="reverse", second_order=False))
+    # Imported here: that module builds on this one's OpSpec and domains.
+    from xgrad.testing.nn_op_specs import activation_and_loss_specs
+
+    specs += activation_and_loss_specs()
     return specs
 
 
