@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from xgrad import ops
 from xgrad.nn.module import Module, Parameter
 from xgrad.tensor import Tensor
+from xgrad.tensor.dtypes import parameter_dtype
 
 
 class _Activation(Module):
@@ -397,16 +398,18 @@ class Softmin(Softmax):
 class PReLU(Module):
     """``x`` where positive, else ``weight * x`` with a learned ``weight``: one slope, or one per channel (dim 1).
 
+    ``dtype``: the weight's (``xgrad.get_default_dtype()`` by default).
+
     >>> import xgrad
     >>> m = xgrad.nn.PReLU()
     >>> m.weight.tolist(), m(xgrad.tensor([[-4.0, 1.0]])).tolist()
     ([0.25], [[-1.0, 1.0]])
     """
 
-    def __init__(self, num_parameters: int = 1, init: float = 0.25, *, dtype: Any = jnp.float32) -> None:
+    def __init__(self, num_parameters: int = 1, init: float = 0.25, *, dtype: Any = None) -> None:
         self.num_parameters = num_parameters
         self.init = init
-        self.weight = Parameter(jnp.full((num_parameters,), init, dtype))
+        self.weight = Parameter(jnp.full((num_parameters,), init, parameter_dtype(dtype)))
 
     def forward(self, x: Tensor) -> Tensor:
         return ops.prelu(x, self.weight)
