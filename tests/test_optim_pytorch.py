@@ -240,6 +240,7 @@ SCHEDULERS = {
     "multistep": lambda opt: lr_scheduler.MultiStepLR(opt, milestones=[2, 5, 5, 8], gamma=0.5),
     "constant": lambda opt: lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=4),
     "linear": lambda opt: lr_scheduler.LinearLR(opt, start_factor=0.25, end_factor=0.75, total_iters=5),
+    "polynomial": lambda opt: lr_scheduler.PolynomialLR(opt, total_iters=6, power=2.0),
     "exponential": lambda opt: lr_scheduler.ExponentialLR(opt, gamma=0.8),
     "cosine": lambda opt: lr_scheduler.CosineAnnealingLR(opt, T_max=4, eta_min=0.01),
     "warm_restarts": lambda opt: lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=3, T_mult=2, eta_min=0.05),
@@ -448,3 +449,19 @@ def test_sharded_state_keeps_its_sharding_through_step_and_load():
     other.load_state_dict(saved)
     assert other.state[w2]["exp_avg"].array.sharding.is_equivalent_to(rows, 2)
     np.testing.assert_array_equal(other.state[w2]["exp_avg_sq"].numpy(), opt.state[w]["exp_avg_sq"].numpy())
+
+
+def test_lbfgs_step_raises_inside_xgrad_compile_and_without_a_closure():
+    w = xgrad.tensor(np.array(W0), requires_grad=True)
+    opt = optim.LBFGS([w])
+
+    def closure():
+        opt.zero_grad()
+        loss = (w * w).sum()
+        loss.backward()
+        return loss
+
+    with pytest.raises(RuntimeError, match="LBFGS.step calls its closure a data-dependent number of times"):
+        xgrad.compile(lambda: opt.step(closure))()
+    with pytest.raises(TypeError, match="needs a closure"):
+        opt.step()

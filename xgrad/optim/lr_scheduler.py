@@ -33,7 +33,7 @@ from xgrad.optim.optimizer import Optimizer
 
 __all__ = [
     "ChainedScheduler", "ConstantLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "ExponentialLR", "LRScheduler",
-    "LambdaLR", "LinearLR", "MultiStepLR", "MultiplicativeLR", "OneCycleLR", "ReduceLROnPlateau", "SequentialLR", "StepLR",
+    "LambdaLR", "LinearLR", "MultiStepLR", "MultiplicativeLR", "OneCycleLR", "PolynomialLR", "ReduceLROnPlateau", "SequentialLR", "StepLR",
 ]
 
 
@@ -277,6 +277,24 @@ class ExponentialLR(LRScheduler):
 
     def _get_closed_form_lr(self) -> list[float]:
         return [base_lr * self.gamma**self.last_epoch for base_lr in self.base_lrs]
+
+
+class PolynomialLR(LRScheduler):
+    """``lr = base_lr * (1 - min(epoch, total_iters) / total_iters) ** power``."""
+
+    def __init__(self, optimizer: Optimizer, total_iters: int = 5, power: float = 1.0, last_epoch: int = -1) -> None:
+        self.total_iters, self.power = total_iters, power
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        if self.last_epoch == 0 or self.last_epoch > self.total_iters:
+            return [g["lr"] for g in self.optimizer.param_groups]
+        ratio = (1.0 - self.last_epoch / self.total_iters) / (1.0 - (self.last_epoch - 1) / self.total_iters)
+        return [g["lr"] * ratio**self.power for g in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self) -> list[float]:
+        left = 1.0 - min(self.total_iters, self.last_epoch) / self.total_iters
+        return [base_lr * left**self.power for base_lr in self.base_lrs]
 
 
 class CosineAnnealingLR(LRScheduler):
