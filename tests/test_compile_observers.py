@@ -139,7 +139,8 @@ def test_hooks_added_and_removed_between_steps():
     assert_same(c_final, final)
 
 
-def test_an_index_check_failing_in_the_observer_variant_raises_as_eager_before_any_hook():
+@pytest.mark.parametrize("target_from", ["argument", "step"])  # checked on the host, or a flag of the program
+def test_an_index_check_failing_in_the_observer_variant_raises_as_eager_before_any_hook(target_from):
     def body(mode):
         w = xgrad.tensor(np.array([[0.3, -0.2, 0.1], [0.1, 0.4, -0.3]]), requires_grad=True)
         log = []
@@ -147,7 +148,7 @@ def test_an_index_check_failing_in_the_observer_variant_raises_as_eager_before_a
 
         def step(x, target):
             w.grad = None
-            loss = xgrad.cross_entropy(x @ w, target)
+            loss = xgrad.cross_entropy(x @ w, target if target_from == "argument" else target * 1)
             loss.backward()
             return loss
 
