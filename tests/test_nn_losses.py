@@ -198,6 +198,15 @@ def test_dropout2d_warns_as_pytorch_and_dropout1d_rejects_other_ranks():
     assert drop(x) is x
 
 
+def test_alpha_dropout_keeps_a_unit_normal_inputs_mean_and_variance():
+    x = xgrad.tensor(np.random.default_rng(2).standard_normal(20000))
+    assert F.alpha_dropout(x, 0.3) is x  # training=False by default, as PyTorch's
+    out = F.alpha_dropout(x, 0.3, True).numpy()
+    assert abs(out.mean()) < 0.03 and abs(out.var() - 1) < 0.03
+    assert np.isclose(out, -1.7580993408473766 * (0.7 * (1 + 0.3 * 1.7580993408473766**2)) ** -0.5 * 0.7).mean() > 0.25
+    assert repr(nn.AlphaDropout(0.2)) == "AlphaDropout(p=0.2, inplace=False)"
+
+
 def test_dropout_inplace_rebinds_its_input():
     x = xgrad.ones(50, requires_grad=True)
     y = x * 1.0

@@ -48,7 +48,7 @@ from xgrad.nn.activation import (
 )
 from xgrad.nn.containers import ModuleDict, ModuleList, Sequential
 from xgrad.nn.conv import Conv2d
-from xgrad.nn.dropout import Dropout, Dropout1d, Dropout2d
+from xgrad.nn.dropout import AlphaDropout, Dropout, Dropout1d, Dropout2d
 from xgrad.nn.embedding import Embedding
 from xgrad.nn.linear import MLP, Identity, Linear
 from xgrad.nn.loss import (
@@ -78,13 +78,13 @@ from xgrad.nn.transformer import (
 )
 
 __all__ = [
-    "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d", "CELU", "Conv2d", "CosineEmbeddingLoss",
-    "CosineSimilarity", "CrossEntropyLoss", "Dropout", "Dropout1d", "Dropout2d", "ELU", "Embedding", "GELU", "GLU",
-    "GRU", "GRUCell", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh", "HuberLoss", "Identity", "KLDivLoss",
-    "L1Loss", "LSTM", "LSTMCell", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid", "LogSoftmax", "MLP", "MSELoss",
-    "MarginRankingLoss", "Mish", "Module", "ModuleDict", "ModuleList", "MultiheadAttention", "NLLLoss", "PReLU",
-    "Parameter", "RNN", "RNNCell", "ReLU", "ReLU6", "SELU", "Sequential", "SiLU", "Sigmoid", "SmoothL1Loss",
-    "Softmax", "Softmin", "Softplus", "Softshrink", "Softsign", "Tanh", "Tanhshrink", "Threshold", "Transformer",
-    "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer", "functional",
-    "init", "modules", "utils",
+    "AlphaDropout", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d", "CELU", "Conv2d",
+    "CosineEmbeddingLoss", "CosineSimilarity", "CrossEntropyLoss", "Dropout", "Dropout1d", "Dropout2d", "ELU",
+    "Embedding", "GELU", "GLU", "GRU", "GRUCell", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh", "HuberLoss",
+    "Identity", "KLDivLoss", "L1Loss", "LSTM", "LSTMCell", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid",
+    "LogSoftmax", "MLP", "MSELoss", "MarginRankingLoss", "Mish", "Module", "ModuleDict", "ModuleList",
+    "MultiheadAttention", "NLLLoss", "PReLU", "Parameter", "RNN", "RNNCell", "ReLU", "ReLU6", "SELU", "Sequential",
+    "SiLU", "Sigmoid", "SmoothL1Loss", "Softmax", "Softmin", "Softplus", "Softshrink", "Softsign", "Tanh",
+    "Tanhshrink", "Threshold", "Transformer", "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder",
+    "TransformerEncoderLayer", "functional", "init", "modules", "utils",
 ]

@@ -1,4 +1,4 @@
-"""``Dropout``, ``Dropout1d``, ``Dropout2d``: draws from the default generator unless given a key."""
+"""``Dropout``, ``Dropout1d``, ``Dropout2d``, ``AlphaDropout``: draws from the default generator unless given a key."""
 
 from __future__ import annotations
 
@@ -65,3 +65,14 @@ class Dropout2d(Dropout):
     """
 
     fn = staticmethod(ops.dropout2d)
+
+
+class AlphaDropout(Dropout):
+    """Alpha dropout for SELU networks: dropped elements take SELU's saturation value, mean and variance kept.
+
+    >>> import xgrad
+    >>> xgrad.nn.AlphaDropout(0.2).eval()(xgrad.ones(2)).tolist()
+    [1.0, 1.0]
+    """
+
+    fn = staticmethod(ops.alpha_dropout)

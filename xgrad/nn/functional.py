@@ -10,6 +10,7 @@ this module gathers the ones ``torch.nn.functional`` holds, so ``F.relu`` reads 
 """
 
 from xgrad.ops import (
+    alpha_dropout,
     binary_cross_entropy,
     binary_cross_entropy_with_logits,
     celu,
@@ -63,11 +64,11 @@ from xgrad.ops import (
 )
 
 __all__ = [
-    "binary_cross_entropy", "binary_cross_entropy_with_logits", "celu", "conv2d", "cosine_embedding_loss",
-    "cosine_similarity", "cross_entropy", "dropout", "dropout1d", "dropout2d", "elu", "embedding", "gelu", "glu",
-    "hardshrink", "hardsigmoid", "hardswish", "hardtanh", "huber_loss", "interpolate", "kl_div", "l1_loss",
-    "layer_norm", "leaky_relu", "linear", "log_softmax", "logsigmoid", "margin_ranking_loss", "mish", "mse_loss",
-    "nll_loss", "normalize", "one_hot", "pad", "prelu", "relu", "relu6", "scaled_dot_product_attention", "selu",
-    "sigmoid", "silu", "smooth_l1_loss", "softmax", "softmin", "softplus", "softshrink", "softsign", "tanh",
-    "tanhshrink", "threshold",
+    "alpha_dropout", "binary_cross_entropy", "binary_cross_entropy_with_logits", "celu", "conv2d",
+    "cosine_embedding_loss", "cosine_similarity", "cross_entropy", "dropout", "dropout1d", "dropout2d", "elu",
+    "embedding", "gelu", "glu", "hardshrink", "hardsigmoid", "hardswish", "hardtanh", "huber_loss", "interpolate",
+    "kl_div", "l1_loss", "layer_norm", "leaky_relu", "linear", "log_softmax", "logsigmoid", "margin_ranking_loss",
+    "mish", "mse_loss", "nll_loss", "normalize", "one_hot", "pad", "prelu", "relu", "relu6",
+    "scaled_dot_product_attention", "selu", "sigmoid", "silu", "smooth_l1_loss", "softmax", "softmin", "softplus",
+    "softshrink", "softsign", "tanh", "tanhshrink", "threshold",
 ]

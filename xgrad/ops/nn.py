@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from typing import Any
 
@@ -311,6 +312,40 @@ def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: boo
     if input.ndim < 2:  # PyTorch's feature dropout needs a channel dim
         raise RuntimeError("Feature dropout requires at least 2 dimensions in the input")
     return _feature_dropout(input, p, training, inplace, key, batched=True)
+
+
+_SELU_SATURATION = 1.7580993408473766  # SELU's scale * alpha: minus its limit at -inf
+
+
+def alpha_dropout(input: Tensor, p: float = 0.5, training: bool = False, inplace: bool = False, *, key: Any = None) -> Tensor:
+    """``F.alpha_dropout``: dropped elements take SELU's saturation value, and an affine map keeps
+    zero mean and unit variance, as PyTorch's (note ``training=False`` by default, as there).
+
+    >>> import jax, xgrad
+    >>> x = xgrad.ones(3)
+    >>> xgrad.alpha_dropout(x, 0.5) is x
+    True
+    >>> len(set(xgrad.alpha_dropout(x, 0.5, True, key=jax.random.key(0)).tolist())) <= 2
+    True
+    """
+    _check_probability(p)
+    if not training or p == 0.0:
+        return input
+    return inplace_or_not(_alpha_dropout, input, inplace, p, key)
+
+
+def _alpha_dropout(x: Tensor, p: float, key: Any) -> Tensor:
+    if not _differentiable_dtype(x.dtype):
+        raise RuntimeError(f"result type Float can't be cast to the desired output type {torch_dtype_name(x.dtype)}")
+    if p == 1.0:
+        return x * 0.0
+    from xgrad.creation import next_key
+
+    keep = jax.random.bernoulli(next_key() if key is None else key, 1.0 - p, x.shape).astype(x.dtype)
+    # PyTorch's constants: a rescales, b shifts, so a unit normal input keeps mean 0 and variance 1.
+    a = 1.0 / math.sqrt((_SELU_SATURATION**2 * p + 1) * (1 - p))
+    b = (keep - 1) * (_SELU_SATURATION * a) + _SELU_SATURATION * a * p
+    return x * Tensor(keep * a) + Tensor(b)
 
 
 def _dropout(x: Tensor, p: float, key: Any, mask_shape: tuple[int, ...]) -> Tensor:

@@ -51,6 +51,13 @@ def _ref_kl(x: Any, t: Any, log_target: bool = False) -> Any:
     return jnp.sum(pointwise) / x.shape[0]
 
 
+def _ref_alpha_dropout(x: Any, p: float = 0.3) -> Any:
+    saturation = -1.7580993408473766  # SELU's limit at -inf
+    keep = jax.random.bernoulli(_DROPOUT_KEY, 1 - p, x.shape)
+    a = ((1 - p) * (1 + p * saturation**2)) ** -0.5
+    return a * jnp.where(keep, x, saturation) - a * p * saturation
+
+
 def _activation_specs() -> list[OpSpec]:
     X = xgrad
     return [
@@ -82,6 +89,8 @@ def _activation_specs() -> list[OpSpec]:
                lambda x: x * jax.random.bernoulli(_DROPOUT_KEY, 0.7, (2, 3, 1)) / 0.7, shapes=(((2, 3, 4),),)),
         _unary("dropout2d", lambda x: X.dropout2d(x, 0.3, key=_DROPOUT_KEY),
                lambda x: x * jax.random.bernoulli(_DROPOUT_KEY, 0.7, (2, 3, 1, 1)) / 0.7, shapes=(((2, 3, 2, 2),),)),
+        _unary("alpha_dropout", lambda x: X.alpha_dropout(x, 0.3, True, key=_DROPOUT_KEY), _ref_alpha_dropout,
+               shapes=(((4, 5),),)),
     ]
 
 
