@@ -132,3 +132,9 @@ def test_decoder_layer_inside_xgrad_compile_matches_eager():
         return tgt.grad
 
     _close(step(tgt).array, eager)
+
+
+def test_attention_has_pytorchs_submodules():
+    attention = nn.MultiheadAttention(4, 2, dropout=0.5, key=0)
+    assert [name for name, _ in attention.named_modules()] == ["", "out_proj"]
+    assert repr(attention) == "MultiheadAttention(\n  (out_proj): Linear(in_features=4, out_features=4, bias=True)\n)"

@@ -84,7 +84,7 @@ class MultiheadAttention(Module):
         if bias:
             self.out_proj.bias = Parameter(jnp.zeros((embed_dim,), dtype))
         self.dropout = dropout
-        self._dropout = Dropout(dropout, key=k_drop)
+        self._dropout_rng = KeyState(k_drop)  # not a child module: PyTorch's attention has none
 
     def forward(
         self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Any = None, need_weights: bool = True,
@@ -120,7 +120,7 @@ class MultiheadAttention(Module):
             scores = scores + padding.reshape(n, 1, 1, src_len)
         weights = ops.softmax(scores, dim=-1)
         if self.training and self.dropout > 0.0:
-            weights = self._dropout(weights)
+            weights = ops.dropout(weights, self.dropout, key=self._dropout_rng.draw(), training=True)
         out = (weights @ v).transpose(1, 2).reshape(n, tgt_len, e)
         out = self.out_proj(out)
         if not batched:
@@ -282,17 +282,18 @@ class TransformerDecoderLayer(Module):
 
 
 def _clones(layer: Module, n: int) -> ModuleList:
-    """``n`` deep copies of ``layer`` (PyTorch's ``_get_clones``: equal parameters at first), each dropout re-keyed.
+    """``n`` deep copies of ``layer`` (PyTorch's ``_get_clones``: equal parameters at first), each random key re-keyed.
 
     A copied dropout would repeat its original's masks; PyTorch's layers draw from one
-    global generator, so their masks differ. Each copy's keyed dropouts get keys of their own.
+    global generator, so their masks differ. Each copy's random states get keys of their own.
     """
     clones = []
     for i in range(n):
         clone = copy.deepcopy(layer)
         for module in clone.modules():
-            if isinstance(module, Dropout) and module._rng is not None:
-                module._rng = KeyState(jax.random.fold_in(module._rng.draw(), i))
+            for name, value in list(vars(module).items()):
+                if isinstance(value, KeyState):
+                    object.__setattr__(module, name, KeyState(jax.random.fold_in(value.draw(), i)))
         clones.append(clone)
     return ModuleList(clones)
 
