@@ -254,6 +254,10 @@ SCHEDULERS = {
     ),
     "one_cycle": lambda opt: lr_scheduler.OneCycleLR(opt, max_lr=[1.0, 0.5], total_steps=EPOCHS),
     "one_cycle_adam": lambda opt: lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=EPOCHS, three_phase=True, anneal_strategy="linear"),
+    "cyclic": lambda opt: lr_scheduler.CyclicLR(
+        opt, base_lr=[0.1, 0.05], max_lr=[1.0, 0.5], step_size_up=3, step_size_down=2, mode="triangular2"
+    ),
+    "cyclic_adam": lambda opt: lr_scheduler.CyclicLR(opt, base_lr=0.01, max_lr=0.1, step_size_up=2, mode="exp_range", gamma=0.9),
     "plateau": lambda opt: lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=1, cooldown=1, threshold=0.1, min_lr=[0.1, 0.2]),
 }
 

@@ -32,12 +32,12 @@ from typing import Any
 from xgrad.optim.optimizer import Optimizer
 
 __all__ = [
-    "ChainedScheduler", "ConstantLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "ExponentialLR", "LRScheduler",
+    "ChainedScheduler", "ConstantLR", "CyclicLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "ExponentialLR", "LRScheduler",
     "LambdaLR", "LinearLR", "MultiStepLR", "MultiplicativeLR", "OneCycleLR", "PolynomialLR", "ReduceLROnPlateau", "SequentialLR", "StepLR",
 ]
 
 
-def _check_optimizer(optimizer: Any) -> None:
+def check_optimizer(optimizer: Any) -> None:
     if not isinstance(optimizer, Optimizer):
         raise TypeError(
             f"{type(optimizer).__name__} is not an Optimizer (an xgrad.optim.Optax optimizer takes its schedule as part "
@@ -45,7 +45,7 @@ def _check_optimizer(optimizer: Any) -> None:
         )
 
 
-def _per_group(name: str, optimizer: Optimizer, value: Any) -> list[Any]:
+def per_group(name: str, optimizer: Optimizer, value: Any) -> list[Any]:
     """``value`` for each parameter group: a list of one per group, or one for all."""
     if isinstance(value, (list, tuple)):
         if len(value) != len(optimizer.param_groups):
@@ -66,7 +66,7 @@ class LRScheduler:
     """
 
     def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
-        _check_optimizer(optimizer)
+        check_optimizer(optimizer)
         self.optimizer = optimizer
         if last_epoch == -1:
             for group in optimizer.param_groups:
@@ -124,7 +124,7 @@ class LambdaLR(LRScheduler):
     """
 
     def __init__(self, optimizer: Optimizer, lr_lambda: Callable[[int], float] | Sequence[Callable[[int], float]], last_epoch: int = -1) -> None:
-        _check_optimizer(optimizer)
+        check_optimizer(optimizer)
         if isinstance(lr_lambda, (list, tuple)):
             if len(lr_lambda) != len(optimizer.param_groups):
                 raise ValueError(f"Expected {len(optimizer.param_groups)} lr_lambdas, but got {len(lr_lambda)}")
@@ -373,7 +373,7 @@ class SequentialLR(LRScheduler):
     """Run ``schedulers`` one after another, switching at the epochs in ``milestones``."""
 
     def __init__(self, optimizer: Optimizer, schedulers: Sequence[LRScheduler], milestones: Sequence[int], last_epoch: int = -1) -> None:
-        _check_optimizer(optimizer)
+        check_optimizer(optimizer)
         if len(schedulers) < 1:
             raise ValueError(f"{type(self).__name__} expects at least one scheduler, but got no scheduler.")
         for i, scheduler in enumerate(schedulers):
@@ -456,7 +456,7 @@ class ReduceLROnPlateau(LRScheduler):
     ) -> None:
         if factor >= 1.0:
             raise ValueError("Factor should be < 1.0.")
-        _check_optimizer(optimizer)
+        check_optimizer(optimizer)
         self.factor, self.optimizer = factor, optimizer
         if isinstance(min_lr, (list, tuple)):
             if len(min_lr) != len(optimizer.param_groups):
@@ -507,94 +507,5 @@ class ReduceLROnPlateau(LRScheduler):
         return a > (best * (self.threshold + 1.0) if self.threshold_mode == "rel" else best + self.threshold)
 
 
-class OneCycleLR(LRScheduler):
-    """The 1cycle policy: the rate climbs from ``max_lr / div_factor`` to ``max_lr`` and anneals far below, momentum inversely."""
-
-    def __init__(
-        self, optimizer: Optimizer, max_lr: float | Sequence[float], total_steps: int | None = None, epochs: int | None = None,
-        steps_per_epoch: int | None = None, pct_start: float = 0.3, anneal_strategy: str = "cos", cycle_momentum: bool = True,
-        base_momentum: float | Sequence[float] = 0.85, max_momentum: float | Sequence[float] = 0.95, div_factor: float = 25.0,
-        final_div_factor: float = 1e4, three_phase: bool = False, last_epoch: int = -1,
-    ) -> None:
-        _check_optimizer(optimizer)
-        if total_steps is not None:
-            if total_steps <= 0 or not isinstance(total_steps, int):
-                raise ValueError(f"Expected positive integer total_steps, but got {total_steps}")
-            self.total_steps = total_steps
-        elif epochs is not None and steps_per_epoch is not None:
-            if epochs <= 0 or not isinstance(epochs, int):
-                raise ValueError(f"Expected positive integer epochs, but got {epochs}")
-            if steps_per_epoch <= 0 or not isinstance(steps_per_epoch, int):
-                raise ValueError(f"Expected positive integer steps_per_epoch, but got {steps_per_epoch}")
-            self.total_steps = epochs * steps_per_epoch
-        else:
-            raise ValueError("You must define either total_steps OR (epochs AND steps_per_epoch)")
-        if pct_start < 0 or pct_start > 1 or not isinstance(pct_start, float):
-            raise ValueError(f"Expected float between 0 and 1 pct_start, but got {pct_start}")
-        if anneal_strategy not in ("cos", "linear"):
-            raise ValueError(f"anneal_strategy must be one of 'cos' or 'linear', instead got {anneal_strategy}")
-        end = float(pct_start * self.total_steps) - 1
-        self._schedule_phases: list[dict[str, Any]]
-        if three_phase:
-            self._schedule_phases = [
-                {"end_step": end, "start_lr": "initial_lr", "end_lr": "max_lr", "start_momentum": "max_momentum", "end_momentum": "base_momentum"},
-                {"end_step": float(2 * pct_start * self.total_steps) - 2, "start_lr": "max_lr", "end_lr": "initial_lr",
-                 "start_momentum": "base_momentum", "end_momentum": "max_momentum"},
-                {"end_step": self.total_steps - 1, "start_lr": "initial_lr", "end_lr": "min_lr", "start_momentum": "max_momentum",
-                 "end_momentum": "max_momentum"},
-            ]
-        else:
-            self._schedule_phases = [
-                {"end_step": end, "start_lr": "initial_lr", "end_lr": "max_lr", "start_momentum": "max_momentum", "end_momentum": "base_momentum"},
-                {"end_step": self.total_steps - 1, "start_lr": "max_lr", "end_lr": "min_lr", "start_momentum": "base_momentum",
-                 "end_momentum": "max_momentum"},
-            ]
-        self._anneal_func_type = anneal_strategy
-        if last_epoch == -1:
-            for group, lr in zip(optimizer.param_groups, _per_group("max_lr", optimizer, max_lr), strict=True):
-                group["initial_lr"] = lr / div_factor
-                group["max_lr"] = lr
-                group["min_lr"] = group["initial_lr"] / final_div_factor
-        self.cycle_momentum = cycle_momentum
-        if cycle_momentum:
-            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
-                raise ValueError("optimizer must support momentum or beta1 with `cycle_momentum` option enabled")
-            self.use_beta1 = "betas" in optimizer.defaults
-            max_momenta = _per_group("max_momentum", optimizer, max_momentum)
-            base_momenta = _per_group("base_momentum", optimizer, base_momentum)
-            if last_epoch == -1:
-                for top, bottom, group in zip(max_momenta, base_momenta, optimizer.param_groups, strict=True):
-                    self._set_momentum(group, top)
-                    group["max_momentum"], group["base_momentum"] = top, bottom
-        super().__init__(optimizer, last_epoch)
-
-    def _set_momentum(self, group: dict[str, Any], value: float) -> None:
-        if self.use_beta1:
-            group["betas"] = (value, *group["betas"][1:])
-        else:
-            group["momentum"] = value
-
-    def _anneal(self, start: float, end: float, pct: float) -> float:
-        if self._anneal_func_type == "cos":
-            return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
-        return (end - start) * pct + start
-
-    def get_lr(self) -> list[float]:
-        step_num = self.last_epoch
-        if step_num > self.total_steps:
-            raise ValueError(f"Tried to step {step_num} times. The specified number of total steps is {self.total_steps}")
-        lrs = []
-        for group in self.optimizer.param_groups:
-            start_step = 0.0
-            for i, phase in enumerate(self._schedule_phases):
-                end_step = phase["end_step"]
-                if step_num <= end_step or i == len(self._schedule_phases) - 1:
-                    pct = (step_num - start_step) / (end_step - start_step)
-                    lr = self._anneal(group[phase["start_lr"]], group[phase["end_lr"]], pct)
-                    momentum = self._anneal(group[phase["start_momentum"]], group[phase["end_momentum"]], pct) if self.cycle_momentum else None
-                    break
-                start_step = phase["end_step"]
-            lrs.append(lr)
-            if momentum is not None:
-                self._set_momentum(group, momentum)
-        return lrs
+# The cyclical policies build on ``LRScheduler`` above; they live in their own file for size.
+from xgrad.optim.cyclic_lr import CyclicLR, OneCycleLR  # noqa: E402
