@@ -469,3 +469,13 @@ def test_lbfgs_step_raises_inside_xgrad_compile_and_without_a_closure():
         xgrad.compile(lambda: opt.step(closure))()
     with pytest.raises(TypeError, match="needs a closure"):
         opt.step()
+
+
+def test_a_one_element_tensor_learning_rate():
+    w = xgrad.tensor(2.0, requires_grad=True)
+    opt = optim.SGD([w], lr=xgrad.tensor([0.25]))
+    (w * w).backward()
+    opt.step()
+    assert w.shape == () and w.item() == 1.0
+    with pytest.raises(ValueError, match="Tensor lr must be 1-element"):
+        optim.SGD([w], lr=xgrad.tensor([0.1, 0.2]))

@@ -42,7 +42,9 @@ def _is_number(value: Any) -> bool:
 def _hyper_array(value: Any) -> jax.Array:
     """A hyperparameter as the update reads it: the default float type, the same at every step (no recompile)."""
     if isinstance(value, Tensor):
-        value = value.array
+        if value.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        value = value.array.reshape(())
     return jnp.asarray(value, dtype=jnp.result_type(float))
 
 
@@ -368,6 +370,8 @@ def loaded_value(value: Any) -> Any:
 
 def check_nonnegative(name: str, value: Any) -> None:
     if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"Tensor {'lr' if name == 'learning rate' else name} must be 1-element")
         value = value.item()
     if not value >= 0.0:
         raise ValueError(f"Invalid {name}: {value}")
