@@ -17,7 +17,7 @@ from xgrad.ops import *  # noqa: F403  (the op library is re-exported at top lev
 from xgrad.ops import __all__ as _ops_all
 
 # isort: on
-from xgrad import accelerator, autograd, cuda, func, jit, nn, onnx, optim, profiler, utils, viz
+from xgrad import accelerator, autograd, cuda, distributed, func, jit, nn, onnx, optim, profiler, utils, viz
 from xgrad import compile_cache as _compile_cache
 from xgrad.compile_cache import enable_compilation_cache
 from xgrad.compile_step import compile
@@ -116,7 +116,7 @@ __version__ = "0.1.0"
 __all__ = [
     *_ops_all, "BFloat16Tensor", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor",
     "Generator", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor", "Tensor", "accelerator", "arange", "autograd",
-    "bernoulli", "compile", "cuda", "device", "dtype", "empty", "empty_like", "enable_compilation_cache",
+    "bernoulli", "compile", "cuda", "device", "distributed", "dtype", "empty", "empty_like", "enable_compilation_cache",
     "enable_grad", "eye", "finfo", "from_numpy", "full", "full_like", "func", "get_default_dtype", "iinfo",
     "inference_mode", "intermediates", "is_complex", "is_floating_point", "is_grad_enabled",
     "is_inference_mode_enabled", "is_tensor", "jit", "linspace", "load", "manual_seed", "multinomial", "nn",

@@ -89,8 +89,8 @@ ERR_NOT_ZIP = (
 ERR_CORRUPT = "xgrad.load: {path!r} is not a valid xgrad checkpoint: {why}"
 WHY_CHECKSUM = "entry {name!r} does not match its checksum: the file changed after it was written (a flipped bit?)"
 ERR_NO_MESH = (
-    "xgrad.load: {name!r} was saved sharded over devices {ids} and this process cannot see them all; "
-    "pass device= (a Sharding or a device) to load it onto another placement"
+    "xgrad.load: {name!r} was saved sharded over devices {ids} and this process sees neither them all nor as many "
+    "devices; pass device= (a Sharding or a device) to load it onto another placement"
 )
 
 
@@ -145,6 +145,16 @@ def _rebuild_sharding(desc: dict[str, Any], devices: list[Any]) -> jax.sharding.
     mesh = np.array([by_id[i] for i in desc["device_ids"]], dtype=object).reshape(desc["mesh_shape"])
     spec = jax.sharding.PartitionSpec(*(tuple(s) if isinstance(s, list) else s for s in desc["spec"]))
     return jax.sharding.NamedSharding(jax.sharding.Mesh(mesh, tuple(desc["axes"])), spec)
+
+
+def _equivalent_sharding(desc: dict[str, Any], devices: list[Any]) -> jax.sharding.NamedSharding | None:
+    """The saved mesh's shape and axes on ``devices``, when there are as many: the saved devices in id order
+    become ``devices`` in their order (a checkpoint of 2 processes × 2 devices read by 1 process × 4)."""
+    saved_ids = desc["device_ids"]
+    if len(devices) != len(saved_ids):
+        return None
+    by_rank = dict(zip(sorted(saved_ids), (d.id for d in devices), strict=True))
+    return _rebuild_sharding({**desc, "device_ids": [by_rank[i] for i in saved_ids]}, devices)
 
 
 def _bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> list[list[int]]:
@@ -484,7 +494,11 @@ def load(path: Any, device: Any = None, *, arrays: bool = False, weights_only: b
     one of its own).
     Arrays saved sharded come back on their saved sharding when this run has those
     devices; a checkpoint written by several processes is read by each of them,
-    every process reading only the pieces its devices hold.
+    every process reading only the pieces its devices hold. When this run lacks some
+    of the saved devices but has as many in all (a checkpoint of 2 processes × 2
+    devices read by 1 process with 4), the saved mesh's shape and axis names are
+    rebuilt on ``jax.devices()``: the saved devices in id order become this run's
+    devices in their order. Otherwise pass ``device=``.
 
     Args:
         path: an ``.npz`` or ``.safetensors`` file. A file written by other tools
@@ -552,7 +566,8 @@ def _load(path: str | os.PathLike[str], device: Any) -> Any:
             desc = node.get("sharding")
             requires_grad = bool(node.get("requires_grad", False))
             if node.get("sharded"):
-                saved = None if desc is None else _rebuild_sharding(desc, jax.devices())
+                saved = None if desc is None else (
+                    _rebuild_sharding(desc, jax.devices()) or _equivalent_sharding(desc, jax.devices()))
                 sharding = fitted(len(node["shape"])) if target is not None else saved
                 if sharding is None:
                     raise ValueError(ERR_NO_MESH.format(name=name, ids=desc["device_ids"] if desc else "?"))
