@@ -9,7 +9,8 @@
 # once its files are on disk, process 0 renames the directory to ``step_N`` (one atomic
 # rename), removes the checkpoints beyond the newest ``max_to_keep`` and every
 # ``.tmp-`` directory (a save killed earlier: no save of this directory is in flight
-# then, saves being collective), and a second barrier makes ``save`` return in every
+# then, saves being collective; an older checkpoint of the same step is moved to such a
+# name first), and a second barrier makes ``save`` return in every
 # process only once the checkpoint is complete. A kill at any point before the rename
 # leaves a ``.tmp-`` directory, which ``latest_step`` never reads.
 """
@@ -35,7 +36,7 @@ MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 OPTIMIZER_JSON = "optimizer.json"  # param_groups and the state entries that are not tensors
 _COMPLETE = re.compile(r"step_(\d+)")
-_TORN = re.compile(r"step_\d+\.tmp-[0-9a-f]+")
+_TORN = re.compile(r"step_\d+\.tmp-[0-9a-f]+(-replaced)?")
 
 
 def _barrier(name: str) -> None:
@@ -143,12 +144,11 @@ class CheckpointManager:
 
         Collective: every process calls it with the same ``step``. Returns once the
         checkpoint is complete in every process; then only the newest ``max_to_keep``
-        complete checkpoints remain.
+        complete checkpoints remain. A checkpoint of the same step (a run resumed from
+        an earlier one) is replaced.
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"CheckpointManager.save: step must be a non-negative int, got {step!r}")
-        if os.path.exists(self._step_dir(step)):
-            raise ValueError(f"CheckpointManager.save: {self._step_dir(step)!r} already exists (a checkpoint of step {step})")
         # Everything that can fail on the data is checked before any process writes or waits.
         model_state = None if model is None else model.state_dict()
         optimizer_parts = None if optimizer is None else _split_optimizer_state(optimizer.state_dict())
@@ -167,7 +167,10 @@ class CheckpointManager:
                     os.fsync(f.fileno())
         _barrier(f"xgrad checkpoint {step} written")
         if first:
-            os.rename(tmp, self._step_dir(step))
+            final = self._step_dir(step)
+            if os.path.exists(final):  # a rerun from an earlier step: the older save of this step goes
+                os.rename(final, f"{tmp}-replaced")
+            os.rename(tmp, final)
             self._remove_old()
         _barrier(f"xgrad checkpoint {step} complete")
 
