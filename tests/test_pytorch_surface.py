@@ -33,8 +33,10 @@ def test_set_default_dtype_reaches_python_floats_and_float_factories():
                 xgrad.randn(2), xgrad.empty(2), xgrad.linspace(0, 1, 3), xgrad.arange(0.0, 1.0, 0.5), xgrad.eye(2),
                 xgrad.Tensor([1.0]), xgrad.Tensor(2, 3)]
         layers = [xgrad.nn.Linear(2, 2), xgrad.nn.Conv2d(1, 1, 2), xgrad.nn.LayerNorm(2), xgrad.nn.BatchNorm1d(2),
-                  xgrad.nn.Embedding(3, 2), xgrad.nn.LSTM(2, 2), xgrad.nn.GRUCell(2, 2), xgrad.nn.MultiheadAttention(2, 1)]
+                  xgrad.nn.Embedding(3, 2), xgrad.nn.LSTM(2, 2), xgrad.nn.GRUCell(2, 2), xgrad.nn.MultiheadAttention(2, 1),
+                  xgrad.nn.Transformer(2, 1, 1, 1, dim_feedforward=2)]
         made += [p for layer in layers for p in layer.parameters()]
+        made.append(xgrad.nn.Transformer.generate_square_subsequent_mask(2))
         assert [t.dtype for t in made] == [jnp.float64] * len(made)
         assert xgrad.tensor(1j).dtype == jnp.complex128 and xgrad.tensor(1).dtype == jnp.int64
         assert xgrad.get_default_dtype() == xgrad.float64
@@ -174,3 +176,12 @@ def test_t_transposes_matrices_with_gradients_as_jax():
     assert xgrad.tensor([1.0, 2.0]).t().shape == (2,)
     with pytest.raises(RuntimeError, match="expects a tensor with <= 2 dimensions"):
         xgrad.zeros(1, 2, 3).t()
+
+
+def test_no_grad_decorator_passes_keyword_arguments():
+    @xgrad.no_grad()
+    def generate(x, *, temperature=1.0, top_k=None):
+        return x * temperature, top_k, xgrad.is_grad_enabled()
+
+    out, top_k, enabled = generate(xgrad.ones(1, requires_grad=True), temperature=2.0, top_k=3)
+    assert out.tolist() == [2.0] and top_k == 3 and not enabled and not out.requires_grad

@@ -74,10 +74,10 @@ class _GradModeContext:
     def __exit__(self, *exc: object) -> None:
         self._restore(self._saved.pop())
 
-    def _run(self, step: Callable[..., Any], *args: Any) -> Any:
+    def _run(self, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         prev = self._swap()
         try:
-            return step(*args)
+            return step(*args, **kwargs)
         finally:
             self._restore(prev)
 

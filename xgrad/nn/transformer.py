@@ -235,7 +235,7 @@ class TransformerDecoderLayer(Module):
     def __init__(
         self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, activation: Any = "relu",
         layer_norm_eps: float = 1e-5, batch_first: bool = False, norm_first: bool = False, bias: bool = True,
-        *, key: Any = None, dtype: Any = jnp.float32,
+        *, key: Any = None, dtype: Any = None,
     ) -> None:
         keys = jax.random.split(prng_key(key), 8)
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first, key=keys[0], dtype=dtype)
@@ -384,7 +384,7 @@ class Transformer(Module):
         self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
         dim_feedforward: int = 2048, dropout: float = 0.1, activation: Any = "relu", custom_encoder: Module | None = None,
         custom_decoder: Module | None = None, layer_norm_eps: float = 1e-5, batch_first: bool = False,
-        norm_first: bool = False, bias: bool = True, *, key: Any = None, dtype: Any = jnp.float32,
+        norm_first: bool = False, bias: bool = True, *, key: Any = None, dtype: Any = None,
     ) -> None:
         k_enc, k_dec, k_init = jax.random.split(prng_key(key), 3)
         layer_args = (d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias)
@@ -426,5 +426,5 @@ class Transformer(Module):
         >>> xgrad.nn.Transformer.generate_square_subsequent_mask(3).tolist()
         [[0.0, -inf, -inf], [0.0, 0.0, -inf], [0.0, 0.0, 0.0]]
         """
-        mask = jnp.triu(jnp.full((sz, sz), -jnp.inf, jnp.float32 if dtype is None else dtype), 1)
+        mask = jnp.triu(jnp.full((sz, sz), -jnp.inf, parameter_dtype(dtype)), 1)  # the default dtype, as PyTorch
         return Tensor(mask if device is None else jax.device_put(mask, resolve_device(device)))
