@@ -214,6 +214,11 @@ def test_save_restore_in_this_process(tmp_path):
     manager.save(4, model=fresh)  # a rerun from step 3 replaces step 4, and clears the torn save
     assert sorted(os.listdir(tmp_path / "run")) == ["step_3", "step_4"]
     assert os.listdir(tmp_path / "run" / "step_4") == ["model.safetensors"]
+    tensor_lr = xgrad.optim.Adam(model.parameters(), lr=xgrad.tensor(0.1))
+    tensor_lr.step()
+    with pytest.raises(TypeError, match="must be JSON values .* a Tensor lr: pass a float"):
+        manager.save(5, model=model, optimizer=tensor_lr)
+    assert manager.all_steps() == [3, 4] and sorted(os.listdir(tmp_path / "run")) == ["step_3", "step_4"]
     with pytest.raises(ValueError, match="max_to_keep must be a positive int"):
         xgrad.distributed.CheckpointManager(tmp_path, max_to_keep=0)
 

@@ -70,8 +70,8 @@ def _split_optimizer_state(state_dict: dict[str, Any]) -> tuple[dict[str, Any], 
         text = json.dumps({"param_groups": state_dict["param_groups"], "state": others})
     except TypeError as exc:
         raise TypeError(
-            f"CheckpointManager.save: the optimizer's state_dict holds a value that is neither a Tensor nor "
-            f"JSON (numbers, strings, lists, dicts): {exc}"
+            "CheckpointManager.save: the optimizer's param_groups and non-tensor state must be JSON values "
+            f"(numbers, strings, lists, dicts; a Tensor lr: pass a float): {exc}"
         ) from None
     return {"state": tensors}, text
 
