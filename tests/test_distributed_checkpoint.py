@@ -223,6 +223,23 @@ def test_save_restore_in_this_process(tmp_path):
         xgrad.distributed.CheckpointManager(tmp_path, max_to_keep=0)
 
 
+def test_saved_mesh_rebuilt_on_as_many_devices():
+    """Saved devices this run lacks map, in id order, onto ``jax.devices()`` in order; the mesh keeps its shape and axes."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    from xgrad.serialization import _equivalent_sharding
+
+    devices = jax.devices()[:2]
+    desc = {"axes": ["data", "model"], "mesh_shape": [2, 1], "device_ids": [2049, 2048], "spec": [None, "data"]}
+    sharding = _equivalent_sharding(desc, devices)
+    assert sharding is not None
+    assert [d.id for d in sharding.mesh.devices.flat] == [devices[1].id, devices[0].id]
+    assert sharding.mesh.axis_names == ("data", "model") and sharding.mesh.devices.shape == (2, 1)
+    assert sharding.spec == P(None, "data")
+    assert _equivalent_sharding({**desc, "mesh_shape": [3], "device_ids": [7, 8, 9]}, devices) is None
+
+
 if __name__ == "__main__":
     worker(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
            sys.argv[7])
