@@ -288,7 +288,7 @@ def kl_div(
     if reduction not in ("mean", "sum", "none", "batchmean"):
         raise ValueError(f"{reduction} is not a valid value for reduction")
     target = _as_target(target, input)
-    shape_rules.broadcast_shapes(input.shape, target.shape)
+    shape_rules.broadcast_shapes(target.shape, input.shape)  # in PyTorch's order, for its message
     if log_target:
         loss = exp(target) * (target - input)
     else:
@@ -349,7 +349,7 @@ def cosine_embedding_loss(
     # PyTorch's formula: |x1|^2 and |x2|^2 each get 1e-12 before the square root of their product.
     squares = ((input1 * input1).sum(dim=axis) + 1e-12) * ((input2 * input2).sum(dim=axis) + 1e-12)
     cos = (input1 * input2).sum(dim=axis) / squares.sqrt()
-    shape_rules.broadcast_shapes(cos.shape, target.shape)
+    shape_rules.broadcast_shapes(target.shape, cos.shape)  # in PyTorch's order, for its message
     loss = where(target == 1, 1 - cos, 0.0) + where(target == -1, clamp_min(cos - margin, 0.0), 0.0)
     return reduce_loss(loss, reduction)
 
@@ -371,5 +371,5 @@ def margin_ranking_loss(
             "margin_ranking_loss : All input tensors should have same dimension but got sizes: "
             f"input1: {input1.shape}, input2: {input2.shape}, target: {target.shape} "
         )
-    shape_rules.broadcast_shapes(input1.shape, input2.shape, target.shape)
+    shape_rules.broadcast_shapes(target.shape, shape_rules.broadcast_shapes(input1.shape, input2.shape))
     return reduce_loss(clamp_min(-target * (input1 - input2) + margin, 0.0), reduction)
