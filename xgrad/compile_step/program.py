@@ -181,6 +181,24 @@ def _describe_leaf(key: Any) -> str:
     return f"a {key[0]} of shape {list(key[1])} and dtype {key[2]}" + (f" on {key[3]}" if len(key) > 3 else "")
 
 
+def _signature(leaves: list[Any], tree: Any) -> Any:
+    """The cache key of a call: the arguments' structure, each leaf's key, which are one tensor, the grad mode."""
+    alias: list[int] = []
+    first: dict[int, int] = {}
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, Tensor):
+            alias.append(first.setdefault(id(leaf), i))
+    try:
+        signature = (tree, tuple(_leaf_key(leaf) for leaf in leaves), tuple(alias), (is_grad_enabled(),))
+        hash(signature)
+    except TypeError:
+        raise TypeError(
+            "xgrad.compile: an argument that is not a Tensor or array must be hashable (it is a static part of "
+            "the signature)"
+        ) from None
+    return signature
+
+
 class CompiledFunction:
     """``fn`` run as one cached ``jax.jit`` program per input signature (see ``xgrad.compile``)."""
 
@@ -213,19 +231,7 @@ class CompiledFunction:
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
         if any(isinstance(leaf, jax.core.Tracer) or (isinstance(leaf, Tensor) and isinstance(leaf._array, jax.core.Tracer)) for leaf in leaves):
             return self.fn(*args, **kwargs)  # under a plain jax transformation: part of its trace
-        alias: list[int] = []
-        first: dict[int, int] = {}
-        for i, leaf in enumerate(leaves):
-            if isinstance(leaf, Tensor):
-                alias.append(first.setdefault(id(leaf), i))
-        try:
-            signature = (tree, tuple(_leaf_key(leaf) for leaf in leaves), tuple(alias), (is_grad_enabled(),))
-            hash(signature)
-        except TypeError:
-            raise TypeError(
-                "xgrad.compile: an argument that is not a Tensor or array must be hashable (it is a static part of "
-                "the signature)"
-            ) from None
+        signature = _signature(leaves, tree)
         entry = self._cache.get(signature)
         if entry is _FALLBACK:
             self._stats["fallbacks"] += 1
@@ -248,6 +254,31 @@ class CompiledFunction:
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
         return self._run(entry, leaves, tree)
+
+    def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
+        """JAX's ``Lowered`` of the program a call with these arguments runs; nothing runs.
+
+        ``step.lower(x, y).compile().as_text()`` is the optimized HLO (the collectives XLA
+        inserts for sharded state), ``.cost_analysis()`` its costs. The call is traced if
+        no program is cached for it, and the program is kept for the calls (a compile, not
+        a call, in ``stats()``); one that cannot be compiled raises ``CompileFallbackError``.
+
+        >>> import xgrad
+        >>> w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+        >>> step = xgrad.compile(lambda x: (w * x).sum().backward())
+        >>> "multiply" in step.lower(xgrad.tensor([3.0, 4.0])).as_text()
+        True
+        """
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
+        signature = _signature(leaves, tree)
+        entry = self._cache.get(signature)
+        if entry is _FALLBACK or entry is None or not self._guards_hold(entry, leaves):
+            try:
+                entry = self._compile(leaves, tree)
+            except _NotCompilable as exc:
+                raise CompileFallbackError(ERR_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site)) from exc
+            self._cache[signature] = entry
+        return entry.jitted.lower(*_gather_inputs(entry, leaves))
 
     # -- hit path ----------------------------------------------------------------------
     @staticmethod

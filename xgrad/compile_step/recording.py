@@ -46,6 +46,14 @@ class _Snapshot:
         t._retains_grad = self.retains_grad
 
 
+def _same_target(a: Any, b: Any) -> bool:
+    """Whether two targets (``_Snapshot.target``) name one tensor, without ``==`` on the tensors
+    themselves (a weak reference compares its referents, and ``Tensor.__eq__`` is an op)."""
+    if type(a) is weakref.ref or type(b) is weakref.ref:
+        return type(a) is type(b) and a() is b()
+    return bool(a == b)
+
+
 class _Recorder(StepTrace):
     """What one trace touched: snapshots, where concrete arrays came from, which ``.grad``s decided branches.
 
@@ -126,7 +134,7 @@ class _Recorder(StepTrace):
         entries = self.sources.setdefault(id(array), [])
         if not entries:
             self.keep.append(array)
-        if source not in entries:
+        if not any(_same_target(source, e) for e in entries):
             entries.append(source)
 
     def write(self, t: Tensor) -> None:

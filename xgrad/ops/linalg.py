@@ -272,9 +272,8 @@ def _linear_input_grad(g: Tensor, out: Any, x: Any, w: Tensor, b: Any) -> Tensor
 def _linear_weight_grad(g: Tensor, out: Any, x: Tensor, w: Any, b: Any) -> Tensor:
     if x.ndim == 1:
         return g.unsqueeze(-1) * x
-    if x.ndim > 2:  # the batch flattened: one GEMM, not a batched product summed down
-        rows = math.prod(x.shape[:-1])  # not -1: a dim of size 0 leaves -1 undetermined
-        g, x = g.reshape(rows, g.shape[-1]), x.reshape(rows, x.shape[-1])
+    if x.ndim > 2:  # one GEMM contracting every batch dim, not a batched product summed down
+        return einsum("...o,...i->oi", g, x)
     return g.mT @ x
 
 

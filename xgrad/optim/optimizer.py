@@ -253,6 +253,10 @@ class Optimizer:
                 if trace is None:
                     self._follow_param(p, state)
                 else:
+                    if not any(isinstance(t._array, jax.core.Tracer) for t in (p, *state.values())):
+                        # Eagerly, as an eager step moves it: a traced step starts from the moved state.
+                        with jax.ensure_compile_time_eval():
+                            self._follow_param(p, state)
                     trace.read(p._grad)
                     for t in state.values():
                         trace.read(t)
