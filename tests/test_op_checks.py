@@ -360,7 +360,7 @@ def test_contiguity_follows_pytorchs_strides():
 
 def test_legacy_tensor_constructor():
     t = xgrad.Tensor([1, 2.5])
-    assert t.dtype == jnp.result_type(float) and t.tolist() == [1.0, 2.5] and not t.requires_grad
+    assert t.dtype == xgrad.get_default_dtype() == xgrad.float32 and t.tolist() == [1.0, 2.5] and not t.requires_grad  # PyTorch: the default dtype
     assert xgrad.Tensor([[1.0], [2.0]]).shape == (2, 1)
 
 
