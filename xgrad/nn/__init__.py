@@ -47,9 +47,10 @@ from xgrad.nn.activation import (
     Threshold,
 )
 from xgrad.nn.containers import ModuleDict, ModuleList, Sequential
-from xgrad.nn.conv import Conv2d
+from xgrad.nn.conv import Conv1d, Conv2d
 from xgrad.nn.dropout import AlphaDropout, Dropout, Dropout1d, Dropout2d
 from xgrad.nn.embedding import Embedding
+from xgrad.nn.flatten import Flatten, Unflatten
 from xgrad.nn.linear import MLP, Identity, Linear
 from xgrad.nn.loss import (
     BCELoss,
@@ -66,7 +67,16 @@ from xgrad.nn.loss import (
     SmoothL1Loss,
 )
 from xgrad.nn.module import Module, Parameter
-from xgrad.nn.normalization import BatchNorm1d, BatchNorm2d, LayerNorm
+from xgrad.nn.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
+from xgrad.nn.pooling import (
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AdaptiveMaxPool2d,
+    AvgPool1d,
+    AvgPool2d,
+    MaxPool1d,
+    MaxPool2d,
+)
 from xgrad.nn.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from xgrad.nn.transformer import (
     MultiheadAttention,
@@ -78,13 +88,14 @@ from xgrad.nn.transformer import (
 )
 
 __all__ = [
-    "AlphaDropout", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d", "CELU", "Conv2d",
-    "CosineEmbeddingLoss", "CosineSimilarity", "CrossEntropyLoss", "Dropout", "Dropout1d", "Dropout2d", "ELU",
-    "Embedding", "GELU", "GLU", "GRU", "GRUCell", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh", "HuberLoss",
+    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "AlphaDropout", "AvgPool1d", "AvgPool2d",
+    "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d", "CELU", "Conv1d", "Conv2d", "CosineEmbeddingLoss",
+    "CosineSimilarity", "CrossEntropyLoss", "Dropout", "Dropout1d", "Dropout2d", "ELU", "Embedding", "Flatten",
+    "GELU", "GLU", "GRU", "GRUCell", "GroupNorm", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh", "HuberLoss",
     "Identity", "KLDivLoss", "L1Loss", "LSTM", "LSTMCell", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid",
-    "LogSoftmax", "MLP", "MSELoss", "MarginRankingLoss", "Mish", "Module", "ModuleDict", "ModuleList",
-    "MultiheadAttention", "NLLLoss", "PReLU", "Parameter", "RNN", "RNNCell", "ReLU", "ReLU6", "SELU", "Sequential",
-    "SiLU", "Sigmoid", "SmoothL1Loss", "Softmax", "Softmin", "Softplus", "Softshrink", "Softsign", "Tanh",
-    "Tanhshrink", "Threshold", "Transformer", "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder",
-    "TransformerEncoderLayer", "functional", "init", "modules", "utils",
+    "LogSoftmax", "MLP", "MSELoss", "MarginRankingLoss", "MaxPool1d", "MaxPool2d", "Mish", "Module", "ModuleDict",
+    "ModuleList", "MultiheadAttention", "NLLLoss", "PReLU", "Parameter", "RNN", "RNNCell", "ReLU", "ReLU6", "SELU",
+    "Sequential", "SiLU", "Sigmoid", "SmoothL1Loss", "Softmax", "Softmin", "Softplus", "Softshrink", "Softsign",
+    "Tanh", "Tanhshrink", "Threshold", "Transformer", "TransformerDecoder", "TransformerDecoderLayer",
+    "TransformerEncoder", "TransformerEncoderLayer", "Unflatten", "functional", "init", "modules", "utils",
 ]

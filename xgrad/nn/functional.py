@@ -1,7 +1,8 @@
 """``xgrad.nn.functional``: the functional forms of the layers, as ``torch.nn.functional`` names them.
 
 They are xgrad's ops (also at the top level, ``xgrad.relu``, and as Tensor methods);
-this module gathers the ones ``torch.nn.functional`` holds, so ``F.relu`` reads as in PyTorch.
+this module gathers every one that ``torch.nn.functional`` holds, so ``F.relu`` reads as in
+PyTorch. ``F.unfold`` is PyTorch's im2col, not ``Tensor.unfold``: it is not here.
 
 >>> import xgrad
 >>> import xgrad.nn.functional as F
@@ -9,11 +10,20 @@ this module gathers the ones ``torch.nn.functional`` holds, so ``F.relu`` reads 
 [0.0, 2.0]
 """
 
+from typing import Any
+
 from xgrad.ops import (
+    adaptive_avg_pool1d,
+    adaptive_avg_pool2d,
+    adaptive_max_pool2d,
     alpha_dropout,
+    avg_pool1d,
+    avg_pool2d,
+    batch_norm,
     binary_cross_entropy,
     binary_cross_entropy_with_logits,
     celu,
+    conv1d,
     conv2d,
     cosine_embedding_loss,
     cosine_similarity,
@@ -25,11 +35,13 @@ from xgrad.ops import (
     embedding,
     gelu,
     glu,
+    group_norm,
     hardshrink,
     hardsigmoid,
     hardswish,
     hardtanh,
     huber_loss,
+    instance_norm,
     interpolate,
     kl_div,
     l1_loss,
@@ -39,6 +51,8 @@ from xgrad.ops import (
     log_softmax,
     logsigmoid,
     margin_ranking_loss,
+    max_pool1d,
+    max_pool2d,
     mish,
     mse_loss,
     nll_loss,
@@ -62,13 +76,34 @@ from xgrad.ops import (
     tanhshrink,
     threshold,
 )
+from xgrad.tensor import Tensor
+
+
+def max_pool1d_with_indices(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+                            ceil_mode: bool = False, return_indices: bool = True) -> Any:
+    """``max_pool1d`` returning ``(values, indices)``, as PyTorch's name for it."""
+    return max_pool1d(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices=True)
+
+
+def max_pool2d_with_indices(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+                            ceil_mode: bool = False, return_indices: bool = True) -> Any:
+    """``max_pool2d`` returning ``(values, indices)``, as PyTorch's name for it."""
+    return max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices=True)
+
+
+def adaptive_max_pool2d_with_indices(input: Tensor, output_size: Any, return_indices: bool = True) -> Any:
+    """``adaptive_max_pool2d`` returning ``(values, indices)``, as PyTorch's name for it."""
+    return adaptive_max_pool2d(input, output_size, return_indices=True)
+
 
 __all__ = [
-    "alpha_dropout", "binary_cross_entropy", "binary_cross_entropy_with_logits", "celu", "conv2d",
-    "cosine_embedding_loss", "cosine_similarity", "cross_entropy", "dropout", "dropout1d", "dropout2d", "elu",
-    "embedding", "gelu", "glu", "hardshrink", "hardsigmoid", "hardswish", "hardtanh", "huber_loss", "interpolate",
-    "kl_div", "l1_loss", "layer_norm", "leaky_relu", "linear", "log_softmax", "logsigmoid", "margin_ranking_loss",
-    "mish", "mse_loss", "nll_loss", "normalize", "one_hot", "pad", "prelu", "relu", "relu6",
-    "scaled_dot_product_attention", "selu", "sigmoid", "silu", "smooth_l1_loss", "softmax", "softmin", "softplus",
-    "softshrink", "softsign", "tanh", "tanhshrink", "threshold",
+    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool2d", "adaptive_max_pool2d_with_indices",
+    "alpha_dropout", "avg_pool1d", "avg_pool2d", "batch_norm", "binary_cross_entropy",
+    "binary_cross_entropy_with_logits", "celu", "conv1d", "conv2d", "cosine_embedding_loss", "cosine_similarity",
+    "cross_entropy", "dropout", "dropout1d", "dropout2d", "elu", "embedding", "gelu", "glu", "group_norm",
+    "hardshrink", "hardsigmoid", "hardswish", "hardtanh", "huber_loss", "instance_norm", "interpolate", "kl_div",
+    "l1_loss", "layer_norm", "leaky_relu", "linear", "log_softmax", "logsigmoid", "margin_ranking_loss", "max_pool1d",
+    "max_pool1d_with_indices", "max_pool2d", "max_pool2d_with_indices", "mish", "mse_loss", "nll_loss", "normalize",
+    "one_hot", "pad", "prelu", "relu", "relu6", "scaled_dot_product_attention", "selu", "sigmoid", "silu",
+    "smooth_l1_loss", "softmax", "softmin", "softplus", "softshrink", "softsign", "tanh", "tanhshrink", "threshold",
 ]

@@ -1,4 +1,4 @@
-"""Normalisation layers: ``LayerNorm``, ``BatchNorm1d``, ``BatchNorm2d``."""
+"""Normalisation layers: ``LayerNorm``, ``GroupNorm``, ``BatchNorm1d``, ``BatchNorm2d``."""
 
 from __future__ import annotations
 
@@ -40,6 +40,30 @@ class LayerNorm(Module):
         return f"{self.normalized_shape}, eps={self.eps}"
 
 
+class GroupNorm(Module):
+    """Group normalisation (``F.group_norm``) of ``(N, C, *)`` input, with a learned scale and shift per channel.
+
+    >>> import xgrad
+    >>> xgrad.nn.GroupNorm(2, 4)(xgrad.randn(3, 4, 5)).shape
+    (3, 4, 5)
+    """
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, *, dtype: Any = None) -> None:
+        dtype = parameter_dtype(dtype)
+        if num_groups <= 0 or num_channels % num_groups:
+            raise ValueError("num_channels must be divisible by num_groups")
+        check_nonnegative_shape((num_channels,))
+        self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
+        self.weight = Parameter(jnp.ones((num_channels,), dtype)) if affine else None
+        self.bias = Parameter(jnp.zeros((num_channels,), dtype)) if affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
 
 class _BatchNorm(Module):
     _input_dims: tuple[int, ...]
@@ -70,34 +94,16 @@ class _BatchNorm(Module):
             raise ValueError(f"expected {expected} input (got {x.ndim}D input)")
         if x.shape[1] != self.num_features:  # PyTorch's batch_norm check, naming the running mean
             raise RuntimeError(f"running_mean should contain {x.shape[1]} elements not {self.num_features}")
-        dims = (0, *range(2, x.ndim))
-        stat_shape = (1, self.num_features) + (1,) * (x.ndim - 2)
         use_batch_stats = self.training or self.running_mean is None
-        if use_batch_stats:
-            count = x.numel() // self.num_features
-            if self.training and count <= 1:
-                raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(x.shape)}")
-            mean = ops.mean(x, dim=dims, keepdim=True)
-            var = ops.var(x, dim=dims, keepdim=True, correction=0)
-            if self.training and self.running_mean is not None:
-                self._update_running_stats(mean.array.reshape(-1), var.array.reshape(-1) * (count / (count - 1)))
-        else:
-            mean = self.running_mean.reshape(stat_shape)
-            var = self.running_var.reshape(stat_shape)
-        y = (x - mean) * ops.rsqrt(var + self.eps)
-        if self.weight is not None and self.bias is not None:
-            y = y * self.weight.reshape(stat_shape) + self.bias.reshape(stat_shape)
-        return y
-
-    def _update_running_stats(self, batch_mean: jax.Array, unbiased_var: jax.Array) -> None:
-        # PyTorch: running = (1 - factor) * running + factor * batch, the factor being
-        # momentum, or 1/num_batches_tracked (a cumulative average) when momentum is None.
-        with no_grad():
-            tracked = self.num_batches_tracked
-            tracked.copy_(Tensor(tracked.array + 1))
-            factor = 1.0 / float(tracked.array) if self.momentum is None else self.momentum
-            for buffer, batch in ((self.running_mean, batch_mean), (self.running_var, unbiased_var)):
-                buffer.copy_(Tensor(((1 - factor) * buffer.array + factor * batch).astype(buffer.dtype)))
+        momentum = self.momentum
+        if self.training and self.num_batches_tracked is not None:
+            with no_grad():
+                self.num_batches_tracked.copy_(Tensor(self.num_batches_tracked.array + 1))
+            if momentum is None:  # a cumulative average: PyTorch's factor 1 / num_batches_tracked
+                momentum = 1.0 / float(self.num_batches_tracked.array)
+        # Untracked statistics are None buffers: batch statistics then, in eval mode too, as PyTorch.
+        return ops.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, use_batch_stats,
+                              0.0 if momentum is None else momentum, self.eps)
 
     def extra_repr(self) -> str:
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "

@@ -7,8 +7,10 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
+from xgrad.grad_mode import no_grad
 from xgrad.ops import shape_rules
 from xgrad.ops._util import as_array, canonical_dim, check_index_range
+from xgrad.ops.elementwise import where
 from xgrad.ops.registry import defprim
 from xgrad.ops.views import is_basic_index, strides_of, track_view
 from xgrad.tensor import Tensor
@@ -227,8 +229,16 @@ def index_select(x: Tensor, dim: int, index: Any) -> Tensor:
     return _getitem(x, index=(slice(None),) * dim + (index_array.reshape(-1),))
 
 
-def embedding(input: Any, weight: Tensor) -> Tensor:
+def embedding(
+    input: Any, weight: Tensor, padding_idx: int | None = None, max_norm: float | None = None, norm_type: float = 2.0,
+    scale_grad_by_freq: bool = False, sparse: bool = False,
+) -> Tensor:
     """``F.embedding``: rows of ``weight`` at the integer ``input``.
+
+    Args:
+        padding_idx: the row that gets no gradient (its lookups still read it); negative counts from the end.
+        max_norm: before the lookup, the looked-up rows whose ``norm_type``-norm exceeds it are
+            scaled in place to that norm (under ``no_grad``, as PyTorch's ``embedding_renorm_``).
 
     >>> import xgrad
     >>> weight = xgrad.tensor([[0.0, 0.5], [1.0, 1.5]])
@@ -237,11 +247,36 @@ def embedding(input: Any, weight: Tensor) -> Tensor:
     """
     if weight.ndim != 2:
         raise RuntimeError("'weight' must be 2-D")
+    if scale_grad_by_freq or sparse:
+        raise NotImplementedError("embedding: scale_grad_by_freq and sparse gradients are not supported (gradients are "
+                                  "dense arrays); leave both False")
     index_array = _index_array(input)
     if not jnp.issubdtype(index_array.dtype, jnp.integer):
         raise RuntimeError(f"Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; but got {index_array.dtype} instead")
-    check_index_range(index_array, weight.shape[0], "index out of range in self", negative=False)
-    return _getitem(weight, index=index_array)
+    num_embeddings = weight.shape[0]
+    if padding_idx is not None:
+        if not -num_embeddings <= padding_idx < num_embeddings:
+            raise AssertionError("Padding_idx must be within num_embeddings")
+        padding_idx %= num_embeddings
+    check_index_range(index_array, num_embeddings, "index out of range in self", negative=False)
+    if max_norm is not None:
+        _renorm_rows(weight, index_array, float(max_norm), float(norm_type))
+    rows = _getitem(weight, index=index_array)
+    if padding_idx is None:
+        return rows
+    at_padding = Tensor(jnp.expand_dims(index_array == padding_idx, -1))
+    return where(at_padding, rows.detach(), rows)  # the padding row's lookups pass no gradient back
+
+
+def _renorm_rows(weight: Tensor, index: Any, max_norm: float, norm_type: float) -> None:
+    """PyTorch's ``embedding_renorm_``: each looked-up row with norm above ``max_norm`` scaled to ``max_norm / (norm + 1e-7)``."""
+    w = weight.array
+    looked_up = jnp.zeros(w.shape[0], bool).at[index.reshape(-1)].set(True)
+    magnitude = jnp.abs(w)
+    norms = jnp.max(magnitude, axis=1) if norm_type == float("inf") else jnp.sum(magnitude**norm_type, axis=1) ** (1 / norm_type)
+    scale = jnp.where(looked_up & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
+    with no_grad():
+        weight.copy_(Tensor((w * scale[:, None]).astype(w.dtype)))
 
 
 class Sorted(NamedTuple):

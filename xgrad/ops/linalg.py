@@ -110,6 +110,8 @@ def conv2d(
     if isinstance(padding, str):
         if padding not in ("same", "valid"):
             raise RuntimeError(f"Invalid padding string: '{padding}'")
+        if padding == "same" and _pair(stride) != (1, 1):
+            raise RuntimeError("padding='same' is not supported for strided convolutions")
         pad: Any = padding.upper()
     else:
         ph, pw = _pair(padding)
@@ -126,6 +128,36 @@ def conv2d(
     if bias is not None:
         out = out + bias.reshape((1, -1, 1, 1))
     return out.squeeze(0) if unbatched else out
+
+
+def conv1d(
+    input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1
+) -> Tensor:
+    """``F.conv1d`` on ``(N, C, L)`` (or unbatched ``(C, L)``) input and ``(O, C / groups, K)`` weight: ``conv2d`` over a height of one.
+
+    >>> import xgrad
+    >>> xgrad.conv1d(xgrad.tensor([[[1.0, 2.0, 3.0]]]), xgrad.tensor([[[1.0, -1.0]]])).tolist()
+    [[[-1.0, -1.0]]]
+    """
+    if input.ndim not in (2, 3):
+        raise RuntimeError(f"Expected 2D (unbatched) or 3D (batched) input to conv1d, but got input of size: {list(input.shape)}")
+    if weight.ndim != 3:
+        raise RuntimeError(f"Expected 3-dimensional weight for 3-dimensional input {list(input.shape)}, but got weight of "
+                           f"size {list(weight.shape)} instead")
+    # The height of one takes stride 1, padding 0 and dilation 1.
+    pad = padding if isinstance(padding, str) else (0, _one(padding, "padding"))
+    out = conv2d(input.unsqueeze(-2), weight.unsqueeze(-2), bias, (1, _one(stride, "stride")), pad,
+                 (1, _one(dilation, "dilation")), groups)
+    return out.squeeze(-2)
+
+
+def _one(v: int | Sequence[int], name: str) -> int:
+    if isinstance(v, int):
+        return v
+    if len(v) != 1:
+        raise RuntimeError(f"expected {name} to be a single integer value or a list of 1 values to match the convolution "
+                           f"dimensions, but got {name}={list(v)}")
+    return int(v[0])
 
 
 # -- products and norms PyTorch users reach for ----------------------------------------

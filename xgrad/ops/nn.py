@@ -1,4 +1,4 @@
-"""Neural-network ops: softmax family (fused rules), losses, layer norm, dropout."""
+"""Neural-network ops: softmax family (fused rules), losses, layer, group, batch and instance norm, dropout."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad.engine.node import sharding_of
+from xgrad.grad_mode import no_grad
 from xgrad.ops import shape_rules
 from xgrad.ops._util import as_array, canonical_dim, check_index_range, inplace_or_not, legacy_reduction, reduce_loss
 from xgrad.ops.registry import _differentiable_dtype, defprim
@@ -378,3 +379,129 @@ def _sharded_dropout_scale(bits: Any, impl: Any, keep_prob: float, shape: tuple[
     key = bits if impl is None else jax.random.wrap_key_data(bits, impl=impl)
     keep = jax.random.bernoulli(key, keep_prob, shape)
     return jax.lax.with_sharding_constraint(keep.astype(dtype) / keep_prob, sharding)
+
+
+def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """``F.group_norm``: normalise ``(N, C, *)`` input over each group of ``C / num_groups`` channels, then scale per channel.
+
+    >>> import xgrad
+    >>> xgrad.group_norm(xgrad.tensor([[1.0, 3.0, 5.0, 9.0]]), 2, eps=0.0).tolist()
+    [[-1.0, 1.0, -1.0, 1.0]]
+    """
+    shape_rules.check_float(input, "GroupNormKernelImpl")
+    if input.ndim < 2:
+        raise RuntimeError(f"Expected at least 2 dimensions for input tensor but received {input.ndim}")
+    n, channels = input.shape[:2]
+    if num_groups <= 0 or channels % num_groups:
+        raise RuntimeError(f"Expected number of channels in input to be divisible by num_groups, but got input of shape "
+                           f"{list(input.shape)} and num_groups={num_groups}")
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is not None and param.shape != (channels,):
+            raise RuntimeError(f"Expected {name} to be a vector of size equal to the number of channels in input, but got "
+                               f"{name} of shape {list(param.shape)} and input of shape {list(input.shape)}")
+    grouped = input.reshape(n, num_groups, -1)
+    mu = grouped.mean(dim=-1, keepdim=True)
+    centered = grouped - mu
+    variance = (centered * centered).mean(dim=-1, keepdim=True)
+    out = (centered * (variance + eps).rsqrt()).reshape(input.shape)
+    per_channel = (channels,) + (1,) * (input.ndim - 2)
+    if weight is not None:
+        out = out * weight.reshape(per_channel)
+    if bias is not None:
+        out = out + bias.reshape(per_channel)
+    return out
+
+
+def _update_running(running: Tensor, batch: Any, momentum: float) -> None:
+    """PyTorch's in-place ``running = (1 - momentum) * running + momentum * batch``, recorded by no graph."""
+    with no_grad():
+        running.copy_(Tensor(((1 - momentum) * running.array + momentum * batch).astype(running.dtype)))
+
+
+def _normalize_channels(
+    input: Tensor, mean: Tensor, var: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
+) -> Tensor:
+    per_channel = (1, input.shape[1]) + (1,) * (input.ndim - 2)
+    out = (input - mean) * (var + eps).rsqrt()
+    if weight is not None:
+        out = out * weight.reshape(per_channel)
+    if bias is not None:
+        out = out + bias.reshape(per_channel)
+    return out
+
+
+def batch_norm(
+    input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
+    bias: Tensor | None = None, training: bool = False, momentum: float = 0.1, eps: float = 1e-5,
+) -> Tensor:
+    """``F.batch_norm`` over the channels (dim 1) of ``(N, C, *)`` input.
+
+    Training normalises with the batch's mean and biased variance and, when given, updates
+    ``running_mean``/``running_var`` in place by ``momentum`` (the variance unbiased), as
+    PyTorch; otherwise the running statistics normalise.
+
+    >>> import xgrad
+    >>> mean, var = xgrad.zeros(2), xgrad.ones(2)
+    >>> xgrad.batch_norm(xgrad.tensor([[0.0, 1.0], [2.0, 3.0]]), mean, var, training=True, eps=0.0).tolist()
+    [[-1.0, -1.0], [1.0, 1.0]]
+    >>> [round(v, 4) for v in mean.tolist()], [round(v, 4) for v in var.tolist()]
+    ([0.1, 0.2], [1.1, 1.1])
+    """
+    shape_rules.check_float(input, "batch_norm")
+    if input.ndim < 2:
+        raise ValueError(f"Expected 2D or higher input (got {input.ndim}D input)")
+    channels = input.shape[1]
+    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
+        if t is not None and t.numel() != channels:
+            raise RuntimeError(f"{name} should contain {channels} elements not {t.numel()}")
+    stat_shape = (1, channels) + (1,) * (input.ndim - 2)
+    if not training:
+        if running_mean is None or running_var is None:
+            raise RuntimeError("running_mean and running_var must be defined in evaluation mode")
+        return _normalize_channels(input, running_mean.reshape(stat_shape), running_var.reshape(stat_shape), weight, bias, eps)
+    count = input.numel() // channels if channels else 0
+    if count <= 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(input.shape)}")
+    dims = (0, *range(2, input.ndim))
+    mean = input.mean(dim=dims, keepdim=True)
+    var = input.var(dim=dims, keepdim=True, correction=0)
+    if running_mean is not None:
+        _update_running(running_mean, mean.array.reshape(running_mean.shape), momentum)
+    if running_var is not None:
+        _update_running(running_var, var.array.reshape(running_var.shape) * (count / (count - 1)), momentum)
+    return _normalize_channels(input, mean, var, weight, bias, eps)
+
+
+def instance_norm(
+    input: Tensor, running_mean: Tensor | None = None, running_var: Tensor | None = None, weight: Tensor | None = None,
+    bias: Tensor | None = None, use_input_stats: bool = True, momentum: float = 0.1, eps: float = 1e-5,
+) -> Tensor:
+    """``F.instance_norm``: normalise each ``(sample, channel)`` of ``(N, C, *)`` input over its spatial dims.
+
+    With ``use_input_stats`` the running statistics, when given, move towards the batch
+    average of the instances' mean and unbiased variance, as PyTorch; without, they normalise.
+
+    >>> import xgrad
+    >>> xgrad.instance_norm(xgrad.tensor([[[1.0, 3.0]], [[0.0, 4.0]]]), eps=0.0).tolist()
+    [[[-1.0, 1.0]], [[-1.0, 1.0]]]
+    """
+    shape_rules.check_float(input, "instance_norm")
+    if input.ndim < 3:
+        raise ValueError(f"instance_norm expects (N, C, *spatial) input with at least 3 dims, got {input.ndim}D")
+    channels = input.shape[1]
+    stat_shape = (1, channels) + (1,) * (input.ndim - 2)
+    if not use_input_stats:
+        if running_mean is None or running_var is None:
+            raise RuntimeError("Expected running_mean and running_var to be defined when use_input_stats is false")
+        return _normalize_channels(input, running_mean.reshape(stat_shape), running_var.reshape(stat_shape), weight, bias, eps)
+    dims = tuple(range(2, input.ndim))
+    count = math.prod(input.shape[2:])
+    if count <= 1:
+        raise ValueError(f"Expected more than 1 spatial element when training, got input size {list(input.shape)}")
+    mean = input.mean(dim=dims, keepdim=True)
+    var = input.var(dim=dims, keepdim=True, correction=0)
+    if running_mean is not None:
+        _update_running(running_mean, mean.array.reshape(input.shape[:2]).mean(0), momentum)
+    if running_var is not None:
+        _update_running(running_var, (var.array.reshape(input.shape[:2]) * (count / (count - 1))).mean(0), momentum)
+    return _normalize_channels(input, mean, var, weight, bias, eps)

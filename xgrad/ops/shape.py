@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from xgrad.ops._util import canonical_dim, norm_axes
 from xgrad.ops.registry import defprim
@@ -411,24 +412,57 @@ def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     return split(x, -(-n // chunks), dim)
 
 
-def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float = 0.0) -> Tensor:
+_PAD_SOURCES = {
+    "reflect": lambda i, n: np.abs((i + n - 1) % (2 * n - 2) - (n - 1)) if n > 1 else np.zeros_like(i),
+    "replicate": lambda i, n: np.clip(i, 0, n - 1),
+    "circular": lambda i, n: i % n,
+}
+
+
+def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
     """PyTorch's ``F.pad``: ``pad`` lists (left, right) pairs from the last dim backwards; negative widths crop.
+
+    ``mode`` is ``constant`` (``value``, 0 by default), ``reflect`` (mirrored, the edge not
+    repeated), ``replicate`` (the edge repeated) or ``circular`` (wrapped around); the last
+    three pad the trailing 1 to 3 dims of a batched or unbatched input, as PyTorch.
 
     >>> import xgrad
     >>> xgrad.pad(xgrad.tensor([1.0, 2.0]), (1, 2)).tolist()
     [0.0, 1.0, 2.0, 0.0, 0.0]
+    >>> xgrad.pad(xgrad.tensor([[1.0, 2.0, 3.0]]), (2, 1), mode="reflect").tolist()
+    [[3.0, 2.0, 1.0, 2.0, 3.0, 2.0]]
     """
-    if mode != "constant":
-        raise NotImplementedError(f"pad mode {mode!r} is not supported; use mode='constant'")
+    if mode not in ("constant", *_PAD_SOURCES):
+        raise NotImplementedError(f"pad mode {mode!r} is not supported; use one of constant, reflect, replicate, circular")
     if len(pad) % 2 or len(pad) // 2 > x.ndim:
         raise RuntimeError(f"Padding length must be divisible by 2 and at most twice the number of dims, got {len(pad)}")
     widths = [(0, 0)] * x.ndim
     for i in range(len(pad) // 2):
         widths[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    if mode != "constant":
+        if value:
+            raise RuntimeError(f"Padding mode \"{mode}\" doesn't take in value argument")
+        return _pad_by_index(x, widths, len(pad) // 2, mode)
     for (lo, hi), n in zip(widths, x.shape, strict=True):
         if n + lo + hi < 0:  # negative widths crop, as in PyTorch, but not past nothing
             raise RuntimeError("narrow(): length must be non-negative.")
-    return _pad(x, pad_width=tuple(widths), value=value)
+    return _pad(x, pad_width=tuple(widths), value=0.0 if value is None else value)
+
+
+def _pad_by_index(x: Tensor, widths: list[tuple[int, int]], padded_dims: int, mode: str) -> Tensor:
+    """Reflect, replicate or circular padding: each padded dim read at PyTorch's source index (indexing's rule
+    sends the gradient back, summing where an element is read more than once)."""
+    if not 1 <= padded_dims <= 3 or x.ndim not in (padded_dims + 1, padded_dims + 2):
+        raise NotImplementedError(f"Only 2D, 3D, 4D, 5D padding with non-constant padding are supported for now; got "
+                                  f"{len(widths)}D input and a pad of {2 * padded_dims} values")
+    for axis in range(x.ndim - padded_dims, x.ndim):
+        (lo, hi), n = widths[axis], x.shape[axis]
+        if mode == "reflect" and (lo >= n or hi >= n) or mode == "circular" and (lo > n or hi > n) or min(lo, hi) < 0 or n == 0:
+            raise RuntimeError(f"Padding size should be less than the corresponding input dimension, but got: padding "
+                               f"({lo}, {hi}) at dimension {axis} of input {list(x.shape)}")
+        source = _PAD_SOURCES[mode](np.arange(-lo, n + hi), n)
+        x = x[(slice(None),) * axis + (source,)]
+    return x
 
 
 def flip(x: Tensor, dims: Any) -> Tensor:

@@ -26,6 +26,7 @@ import numpy as np
 
 import xgrad
 from xgrad.ops.registry import REGISTRY, bind
+from xgrad.testing.nn_specs import nn_specs
 from xgrad.testing.rnn_reference import reference_lstm, reference_recurrent
 
 __all__ = ["OP_SPECS", "Domain", "OpSpec", "POSITIVE", "REAL", "UNIT", "ints", "specs_for", "uncovered_ops"]
@@ -619,6 +620,7 @@ def _build_specs() -> list[OpSpec]:
     from xgrad.testing.nn_op_specs import activation_and_loss_specs
 
     specs += activation_and_loss_specs()
+    specs += nn_specs()  # pooling, norms, conv1d, embedding options (xgrad/testing/nn_specs.py)
     return specs
 
 
