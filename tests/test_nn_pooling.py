@@ -138,6 +138,8 @@ def test_embedding_padding_idx_and_max_norm_modules():
     emb(idx).sum().backward()
     assert emb.weight.grad[3].tolist() == [0.0, 0.0, 0.0] and emb.weight.grad[1].tolist() == [1.0, 1.0, 1.0]
     assert emb.extra_repr() == "5, 3, padding_idx=3"
+    frozen = nn.Embedding.from_pretrained(xgrad.tensor([[1.0, 2.0], [3.0, 4.0]]), padding_idx=0)
+    assert not frozen.weight.requires_grad and frozen(xgrad.tensor([1, 0])).tolist() == [[3.0, 4.0], [1.0, 2.0]]
     capped = nn.Embedding(4, 2, max_norm=1.0, key=1)
     with xgrad.no_grad():
         capped.weight.copy_(xgrad.tensor([[3.0, 4.0], [0.3, 0.4], [6.0, 8.0], [0.0, 2.0]], dtype="float32"))

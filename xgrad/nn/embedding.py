@@ -57,6 +57,23 @@ class Embedding(Module):
                 weight = weight.at[padding_idx].set(0)
         self.weight = Parameter(weight, requires_grad=not _freeze)
 
+    @classmethod
+    def from_pretrained(
+        cls, embeddings: Any, freeze: bool = True, padding_idx: int | None = None, max_norm: float | None = None,
+        norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False,
+    ) -> Embedding:
+        """An ``Embedding`` whose weight is the 2-D ``embeddings``, frozen (no grad) unless ``freeze=False``, as PyTorch's.
+
+        >>> import xgrad
+        >>> emb = xgrad.nn.Embedding.from_pretrained(xgrad.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        >>> emb(xgrad.tensor([1])).tolist(), emb.weight.requires_grad
+        ([[3.0, 4.0]], False)
+        """
+        if len(getattr(embeddings, "shape", ())) != 2:
+            raise AssertionError("Embeddings parameter is expected to be 2-dimensional")
+        rows, cols = embeddings.shape
+        return cls(rows, cols, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse, _weight=embeddings, _freeze=freeze)
+
     def forward(self, indices: Any) -> Tensor:
         return ops.embedding(indices, self.weight, self.padding_idx, self.max_norm, self.norm_type)
 

@@ -1,4 +1,4 @@
-"""``interpolate``: nearest and (bi/tri)linear resizing of ``(N, C, *spatial)`` input.
+"""``interpolate``: nearest, (bi/tri)linear and area resizing of ``(N, C, *spatial)`` input.
 
 Both modes are separable composites: nearest is one index per spatial dim (its
 gradient is scattered back by indexing's rule), linear is two indexed reads and a
@@ -17,12 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad.ops import shape_rules
+from xgrad.ops.pooling import adaptive_avg_pool1d, adaptive_avg_pool2d
 from xgrad.tensor import Tensor
 
 __all__ = ["interpolate"]
 
 _LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3}
-_MODES = ("nearest", "nearest-exact", *_LINEAR_MODES)
+_MODES = ("nearest", "nearest-exact", "area", *_LINEAR_MODES)
 
 
 def _per_dim(value: Any, n: int, name: str) -> list[Any]:
@@ -66,7 +67,8 @@ def interpolate(
     recompute_scale_factor: bool | None = None,
     antialias: bool = False,
 ) -> Tensor:
-    """``F.interpolate`` on ``(N, C, *spatial)`` input: modes ``nearest``, ``nearest-exact``, ``linear``, ``bilinear``, ``trilinear``.
+    """``F.interpolate`` on ``(N, C, *spatial)`` input: modes ``nearest``, ``nearest-exact``, ``linear``, ``bilinear``,
+    ``trilinear`` and ``area`` (adaptive average pooling to the output size, 1 or 2 spatial dims).
 
     Args:
         size: the output spatial size (an int or one per spatial dim).
@@ -113,6 +115,10 @@ def interpolate(
         else:
             scales = [1.0 / f for f in factors]
     _check_sizes(in_sizes, out_sizes)
+    if mode == "area":
+        if n_spatial > 2:
+            raise NotImplementedError("interpolate: mode 'area' takes 1 or 2 spatial dims here (no adaptive_avg_pool3d)")
+        return (adaptive_avg_pool1d if n_spatial == 1 else adaptive_avg_pool2d)(input, out_sizes)
     out = input
     for d, (n_in, n_out, scale) in enumerate(zip(in_sizes, out_sizes, scales, strict=True)):
         axis = 2 + d
