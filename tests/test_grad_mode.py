@@ -46,6 +46,8 @@ def test_decorators(x):
 
     y, enabled = double(x)
     assert not enabled and not y.requires_grad and xgrad.is_grad_enabled()
+    scaled, enabled = double(t=x)  # keyword arguments reach the function (minGPT's generate(..., top_k=10))
+    assert not enabled and not scaled.requires_grad
     assert double.__name__ == "double"
     with xgrad.no_grad():
         assert triple(x).requires_grad
@@ -177,6 +179,8 @@ def test_decorators_without_parentheses_and_applied_to_a_function(x):
 
     y, enabled = double(x)
     assert not enabled and not y.requires_grad and xgrad.is_grad_enabled()
+    scaled, enabled = double(t=x)  # keyword arguments reach the function (minGPT's generate(..., top_k=10))
+    assert not enabled and not scaled.requires_grad
     assert double.__name__ == "double"
     with xgrad.no_grad():
         assert triple(x).requires_grad and triple.__name__ == "triple"

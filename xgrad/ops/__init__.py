@@ -34,6 +34,7 @@ from xgrad.ops.attention import scaled_dot_product_attention
 from xgrad.ops.elementwise import (
     abs,
     add,
+    add_primitive,
     astype,
     ceil,
     clamp,
@@ -76,6 +77,7 @@ from xgrad.ops.elementwise import (
     softplus,
     sqrt,
     sub,
+    sub_primitive,
     tan,
     tanh,
     to_device,
@@ -198,8 +200,10 @@ from xgrad.ops.tensor_methods import (
 # The op table (NOTE [Op names come from OPS]): each op once, with the Tensor methods that call it.
 OPS: tuple[Op, ...] = (
     # -- elementwise ---------------------------------------------------------------------
-    Op(add, "add __add__", reflected="__radd__", inplace="add_ __iadd__"),
-    Op(sub, "sub __sub__", reflected="__rsub__", inplace="sub_ __isub__"),
+    Op(add, "add", inplace="add_"),
+    Op(add_primitive, "__add__", reflected="__radd__", inplace="__iadd__", exported=False, name="add_primitive"),  # no alpha
+    Op(sub, "sub", inplace="sub_"),
+    Op(sub_primitive, "__sub__", reflected="__rsub__", inplace="__isub__", exported=False, name="sub_primitive"),
     Op(mul, "mul __mul__", reflected="__rmul__", inplace="mul_ __imul__"),
     Op(div, "div __truediv__", reflected="__rtruediv__", inplace="div_ __itruediv__"),
     Op(pow, "pow __pow__", reflected="__rpow__", inplace="pow_ __ipow__"),

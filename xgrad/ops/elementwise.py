@@ -29,13 +29,13 @@ def _inexact(x: Any) -> Any:
 
 
 # -- arithmetic ----------------------------------------------------------------------
-add = defprim("add", jnp.add, (lambda g, out, x, y: g, lambda g, out, x, y: g), save=(), shape_rule=shape_rules.elementwise, doc="""Elementwise sum with broadcasting.
+add_primitive = defprim("add", jnp.add, (lambda g, out, x, y: g, lambda g, out, x, y: g), save=(), shape_rule=shape_rules.elementwise, doc="""Elementwise sum with broadcasting.
 
     >>> import xgrad
     >>> xgrad.add(xgrad.tensor([1.0, 2.0]), 1.0).tolist()
     [2.0, 3.0]
     """)
-sub = defprim("sub", jnp.subtract, (lambda g, out, x, y: g, lambda g, out, x, y: -g), save=(), shape_rule=shape_rules.subtraction, doc="""Elementwise difference with broadcasting.
+sub_primitive = defprim("sub", jnp.subtract, (lambda g, out, x, y: g, lambda g, out, x, y: -g), save=(), shape_rule=shape_rules.subtraction, doc="""Elementwise difference with broadcasting.
 
     >>> import xgrad
     >>> xgrad.sub(xgrad.tensor([3.0, 5.0]), xgrad.tensor([1.0, 2.0])).tolist()
@@ -49,6 +49,28 @@ mul = defprim("mul", jnp.multiply, (lambda g, out, x, y: g * y, lambda g, out, x
     >>> x.grad.tolist()
     [3.0, 4.0]
     """)
+
+
+def add(input: Any, other: Any, /, *, alpha: Any = 1) -> Tensor:
+    """Elementwise ``input + alpha * other`` with broadcasting (PyTorch's ``add``; ``alpha`` scales ``other``).
+
+    >>> import xgrad
+    >>> xgrad.add(xgrad.tensor([1.0, 2.0]), 1.0).tolist(), xgrad.tensor([1.0]).add(xgrad.tensor([2.0]), alpha=-0.5).tolist()
+    ([2.0, 3.0], [0.0])
+    """
+    return add_primitive(input, other if alpha == 1 else mul(other, alpha))
+
+
+def sub(input: Any, other: Any, /, *, alpha: Any = 1) -> Tensor:
+    """Elementwise ``input - alpha * other`` with broadcasting (PyTorch's ``sub``; ``alpha`` scales ``other``).
+
+    >>> import xgrad
+    >>> xgrad.sub(xgrad.tensor([3.0, 5.0]), xgrad.tensor([1.0, 2.0])).tolist()
+    [2.0, 3.0]
+    """
+    return sub_primitive(input, other if alpha == 1 else mul(other, alpha))
+
+
 div = defprim("div", jnp.true_divide, (lambda g, out, x, y: g / y, lambda g, out, x, y: -g * x / (y * y)), shape_rule=shape_rules.elementwise, doc="""Elementwise true division with broadcasting.
 
     >>> import xgrad

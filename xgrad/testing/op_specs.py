@@ -300,6 +300,8 @@ def _build_specs() -> list[OpSpec]:
     # -- arithmetic --------------------------------------------------------------------
     add(_binary("add", X.add, jnp.add, expr="{0} + {1}"))
     add(_binary("sub", X.sub, jnp.subtract, expr="{0} - {1}"))
+    add(_binary("add", lambda a, b: X.add(a, b, alpha=-0.5), lambda a, b: a - 0.5 * b, label="alpha"))
+    add(_binary("sub", lambda a, b: a.sub(b, alpha=2.0), lambda a, b: a - 2.0 * b, label="alpha"))
     add(_binary("mul", X.mul, jnp.multiply, expr="{0} * {1}"))
     add(_binary("div", X.div, jnp.divide, (REAL, POSITIVE), expr="{0} / {1}"))
     add(_unary("neg", X.neg, jnp.negative, expr="-{0}"))
