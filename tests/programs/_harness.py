@@ -11,7 +11,8 @@ both runs see the same three things from outside the program:
 * random draws: ``randn`` and ``randn_like`` draw from a NumPy stream (a VAE's noise,
   the regression's data);
 * dropout, where a program fixes ``p`` in its code rather than its arguments
-  (``dropout_off``): set to 0 at the same first call.
+  (``dropout_off``): set to 0 at the same first call (``Dropout`` modules' ``p`` and
+  ``MultiheadAttention``'s ``dropout``).
 
 Everything else is the program: its argument parsing (``argv``), data loading, model,
 loss, optimizer, scheduler and loop. Each ``Tensor.backward`` call records the value of
@@ -98,6 +99,8 @@ class _Recorder:
             for submodule in model.modules():
                 if type(submodule).__name__.startswith("Dropout"):
                     submodule.p = 0.0
+                elif type(submodule).__name__ == "MultiheadAttention":  # its attention dropout is a float attribute
+                    submodule.dropout = 0.0
 
     def randn(self, *size: Any, **kwargs: Any) -> Any:
         shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size

@@ -18,21 +18,17 @@ import xgrad
 from tests._backward_modes import eager_and_compiled  # noqa: F401
 from tests.programs._harness import CASES, run_program
 
-pytestmark = pytest.mark.usefixtures("eager_and_compiled")
+# Slow: each program's first steps compile its ops (tens of XLA compiles, seconds each on a busy 2-core machine).
+pytestmark = [pytest.mark.usefixtures("eager_and_compiled"), pytest.mark.slow]
 
 # What each program still needs from xgrad (the features being added); the mark goes when they land.
 MISSING = {
-    "chargpt": "set_default_dtype, xgrad.long, xgrad.cuda.is_available/manual_seed_all, xgrad.utils.data "
-               "(Dataset, RandomSampler, dataloader.DataLoader), multinomial",
-    "mnist": "set_default_dtype, from_numpy, accelerator, device, utils.data, F.max_pool2d, optim.Adadelta",
-    "regression": "set_default_dtype, F.smooth_l1_loss",
-    "time_sequence_prediction": "set_default_dtype, from_numpy, xgrad.double, nn.MSELoss, optim.LBFGS",
-    "vae": "set_default_dtype, from_numpy, accelerator, device, utils.data, randn_like",
-    "word_language_model_lstm": "set_default_dtype, int64, device, nn.NLLLoss, Tensor.type, Tensor.t, "
-                                "whole-model save/load with serialization.safe_globals, nn.modules paths",
-    "word_language_model_transformer": "set_default_dtype, int64, device, nn.NLLLoss, Tensor.type, Tensor.t, "
-                                       "nn.Transformer, whole-model save/load with serialization.safe_globals",
+    "mnist": "F.max_pool2d",
 }
+
+# The Transformer language model builds its positional encodings in float32 (``dtype=torch.float``),
+# where PyTorch's and XLA's sin/cos differ in the last bit: its losses agree to float32 rounding.
+RTOL = {"word_language_model_transformer": 1e-6}
 
 TORCH_LOSSES = json.loads((Path(__file__).parents[1] / "fixtures" / "program_losses.json").read_text())
 
@@ -42,4 +38,4 @@ TORCH_LOSSES = json.loads((Path(__file__).parents[1] / "fixtures" / "program_los
              if name in MISSING else name for name in sorted(CASES)])
 def test_program_trains_to_pytorchs_losses(name: str, tmp_path: Path) -> None:
     losses = run_program(xgrad, CASES[name], tmp_path)
-    np.testing.assert_allclose(losses, TORCH_LOSSES[name], rtol=1e-10, atol=0)
+    np.testing.assert_allclose(losses, TORCH_LOSSES[name], rtol=RTOL.get(name, 1e-10), atol=0)

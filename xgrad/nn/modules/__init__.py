@@ -1,5 +1,20 @@
-"""PyTorch's ``torch.nn.modules`` path, so ``from torch.nn.modules.module import ...`` ports with its import changed."""
+"""PyTorch's ``torch.nn.modules`` paths, so ``from torch.nn.modules.module import ...`` and the
+class paths of a whole-model checkpoint's ``safe_globals`` (``torch.nn.modules.rnn.LSTM``) port with
+their import changed."""
 
-from xgrad.nn.modules import module
+from xgrad.nn.modules import (
+    activation,
+    batchnorm,
+    container,
+    conv,
+    dropout,
+    linear,
+    loss,
+    module,
+    normalization,
+    rnn,
+    sparse,
+    transformer,
+)
 
-__all__ = ["module"]
+__all__ = ["activation", "batchnorm", "container", "conv", "dropout", "linear", "loss", "module", "normalization", "rnn", "sparse", "transformer"]

@@ -1,0 +1,5 @@
+"""PyTorch's ``torch.nn.modules.conv`` path (the classes live in ``xgrad.nn.conv``)."""
+
+from xgrad.nn.conv import Conv2d
+
+__all__ = ["Conv2d"]

@@ -1,0 +1,17 @@
+"""PyTorch's ``torch.nn.modules.loss`` path (the classes live in ``xgrad.nn.loss``)."""
+
+from xgrad.nn.loss import (
+    BCELoss,
+    BCEWithLogitsLoss,
+    CosineEmbeddingLoss,
+    CrossEntropyLoss,
+    HuberLoss,
+    KLDivLoss,
+    L1Loss,
+    MarginRankingLoss,
+    MSELoss,
+    NLLLoss,
+    SmoothL1Loss,
+)
+
+__all__ = ["BCELoss", "BCEWithLogitsLoss", "CosineEmbeddingLoss", "CrossEntropyLoss", "HuberLoss", "KLDivLoss", "L1Loss", "MarginRankingLoss", "MSELoss", "NLLLoss", "SmoothL1Loss"]
