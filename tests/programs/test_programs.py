@@ -21,9 +21,6 @@ from tests.programs._harness import CASES, run_program
 # Slow: each program's first steps compile its ops (tens of XLA compiles, seconds each on a busy 2-core machine).
 pytestmark = [pytest.mark.usefixtures("eager_and_compiled"), pytest.mark.slow]
 
-# What each program still needs from xgrad (the features being added); the mark goes when they land.
-MISSING: dict[str, str] = {}
-
 # The Transformer language model builds its positional encodings in float32 (``dtype=torch.float``),
 # where PyTorch's and XLA's sin/cos differ in the last bit: its losses agree to float32 rounding.
 RTOL = {"word_language_model_transformer": 1e-6}
@@ -34,9 +31,10 @@ TORCH_LOSSES = json.loads((Path(__file__).parents[1] / "fixtures" / "program_los
 # chargpt reads its input with open(...).read() and never closes the file ("don't worry we won't
 # run out of file handles"): the program's own ResourceWarning, not xgrad's.
 @pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=pytest.mark.xfail(reason=f"needs {MISSING[name]}", strict=True))
-             if name in MISSING else name for name in sorted(CASES)])
+@pytest.mark.parametrize("name", [  # mnist waits for F.max_pool2d (being added with the pooling functions)
+    pytest.param(name, marks=pytest.mark.xfail(reason="needs F.max_pool2d", strict=True)) if name == "mnist" else name
+    for name in sorted(CASES)
+])
 def test_program_trains_to_pytorchs_losses(name: str, tmp_path: Path) -> None:
     losses = run_program(xgrad, CASES[name], tmp_path)
     np.testing.assert_allclose(losses, TORCH_LOSSES[name], rtol=RTOL.get(name, 1e-10), atol=0)
