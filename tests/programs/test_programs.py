@@ -31,10 +31,7 @@ TORCH_LOSSES = json.loads((Path(__file__).parents[1] / "fixtures" / "program_los
 # chargpt reads its input with open(...).read() and never closes the file ("don't worry we won't
 # run out of file handles"): the program's own ResourceWarning, not xgrad's.
 @pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.parametrize("name", [  # mnist waits for F.max_pool2d (being added with the pooling functions)
-    pytest.param(name, marks=pytest.mark.xfail(reason="needs F.max_pool2d", strict=True)) if name == "mnist" else name
-    for name in sorted(CASES)
-])
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_program_trains_to_pytorchs_losses(name: str, tmp_path: Path) -> None:
     losses = run_program(xgrad, CASES[name], tmp_path)
     np.testing.assert_allclose(losses, TORCH_LOSSES[name], rtol=RTOL.get(name, 1e-10), atol=0)
