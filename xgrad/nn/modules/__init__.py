@@ -8,13 +8,15 @@ from xgrad.nn.modules import (
     container,
     conv,
     dropout,
+    flatten,
     linear,
     loss,
     module,
     normalization,
+    pooling,
     rnn,
     sparse,
     transformer,
 )
 
-__all__ = ["activation", "batchnorm", "container", "conv", "dropout", "linear", "loss", "module", "normalization", "rnn", "sparse", "transformer"]
+__all__ = ["activation", "batchnorm", "container", "conv", "dropout", "flatten", "linear", "loss", "module", "normalization", "pooling", "rnn", "sparse", "transformer"]
