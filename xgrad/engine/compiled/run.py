@@ -109,7 +109,10 @@ def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], c
             args = [inputs[i] for i in traced.used]
             if variant.shardings is None:
                 # An uncommitted input (one JAX may move) gets no sharding: the program places it.
-                variant.shardings = [a.sharding if getattr(a, "committed", False) else None for a in args]
+                variant.shardings = [
+                    a.sharding if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) and a.committed else None
+                    for a in args
+                ]
             outs = [Tensor(a) for a in _call(variant, args)]
         if traced.fresh:  # the first call compiles: count it as compile time
             jax.block_until_ready([t._array for t in outs])
