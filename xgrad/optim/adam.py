@@ -27,6 +27,25 @@ def _decay(options: dict[str, Any], h: dict[str, Any], p: Any, g: Any) -> tuple[
     return p, g + h["weight_decay"].astype(p.dtype) * p
 
 
+def _begin(options: dict[str, Any], h: dict[str, Any], p: Any, g: Any, state: dict[str, Any]) -> tuple[Any, ...]:
+    """What every Adam-family update starts with: ``maximize``, the step count, the betas, weight decay.
+
+    Returns ``(p, g, step, t, b1, b2)``: ``step`` the new count, ``t`` it in the rate's dtype.
+    """
+    g = -g if options["maximize"] else g
+    step = state["step"] + 1
+    b1, b2 = h["betas"][0], h["betas"][1]
+    p, g = _decay(options, h, p, g)
+    return p, g, step, step.astype(h["lr"].dtype), b1, b2
+
+
+def _moments(state: dict[str, Any], g: Any, b1: Any, b2: Any, dtype: Any) -> tuple[Any, Any]:
+    """The first and second moment estimates, updated as PyTorch's Adam does (``lerp``, then ``mul_.addcmul_``)."""
+    exp_avg = _lerp(state["exp_avg"], g, (1 - b1).astype(dtype))
+    exp_avg_sq = state["exp_avg_sq"] * b2.astype(dtype) + (1 - b2).astype(dtype) * g * g
+    return exp_avg, exp_avg_sq
+
+
 def _check(lr: Any, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
     """PyTorch's argument checks of the Adam family, in its order and words."""
     check_nonnegative("learning rate", lr)
@@ -76,13 +95,8 @@ class Adam(_AdamFamily):
 
     @staticmethod
     def _update(options: dict[str, Any], h: dict[str, Any], p: Any, g: Any, state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        g = -g if options["maximize"] else g
-        step = state["step"] + 1
-        t = step.astype(h["lr"].dtype)
-        b1, b2 = h["betas"][0], h["betas"][1]
-        p, g = _decay(options, h, p, g)
-        exp_avg = _lerp(state["exp_avg"], g, (1 - b1).astype(p.dtype))
-        exp_avg_sq = state["exp_avg_sq"] * b2.astype(p.dtype) + (1 - b2).astype(p.dtype) * g * g
+        p, g, step, t, b1, b2 = _begin(options, h, p, g, state)
+        exp_avg, exp_avg_sq = _moments(state, g, b1, b2, p.dtype)
         step_size = (h["lr"] / (1 - b1**t)).astype(p.dtype)
         bias_correction2_sqrt = jnp.sqrt(1 - b2**t).astype(p.dtype)
         new_state = {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
@@ -169,17 +183,12 @@ class NAdam(_AdamFamily):
 
     @staticmethod
     def _update(options: dict[str, Any], h: dict[str, Any], p: Any, g: Any, state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        g = -g if options["maximize"] else g
-        step = state["step"] + 1
-        t = step.astype(h["lr"].dtype)
-        b1, b2 = h["betas"][0], h["betas"][1]
-        p, g = _decay(options, h, p, g)
+        p, g, step, t, b1, b2 = _begin(options, h, p, g, state)
         bias_correction2 = (1 - b2**t).astype(p.dtype)
         mu = b1 * (1 - 0.5 * 0.96 ** (t * h["momentum_decay"]))
         mu_next = b1 * (1 - 0.5 * 0.96 ** ((t + 1) * h["momentum_decay"]))
         mu_product = state["mu_product"] * mu.astype(state["mu_product"].dtype)  # float32, as PyTorch keeps it
-        exp_avg = _lerp(state["exp_avg"], g, (1 - b1).astype(p.dtype))
-        exp_avg_sq = state["exp_avg_sq"] * b2.astype(p.dtype) + (1 - b2).astype(p.dtype) * g * g
+        exp_avg, exp_avg_sq = _moments(state, g, b1, b2, p.dtype)
         denom = jnp.sqrt(exp_avg_sq / bias_correction2) + h["eps"].astype(p.dtype)
         product = mu_product.astype(mu.dtype)
         p = p - (h["lr"] * (1 - mu) / (1 - product)).astype(p.dtype) * g / denom
@@ -204,13 +213,8 @@ class RAdam(_AdamFamily):
 
     @staticmethod
     def _update(options: dict[str, Any], h: dict[str, Any], p: Any, g: Any, state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        g = -g if options["maximize"] else g
-        step = state["step"] + 1
-        t = step.astype(h["lr"].dtype)
-        b1, b2 = h["betas"][0], h["betas"][1]
-        p, g = _decay(options, h, p, g)
-        exp_avg = _lerp(state["exp_avg"], g, (1 - b1).astype(p.dtype))
-        exp_avg_sq = state["exp_avg_sq"] * b2.astype(p.dtype) + (1 - b2).astype(p.dtype) * g * g
+        p, g, step, t, b1, b2 = _begin(options, h, p, g, state)
+        exp_avg, exp_avg_sq = _moments(state, g, b1, b2, p.dtype)
         bias_correction1, bias_correction2 = 1 - b1**t, 1 - b2**t
         corrected = exp_avg / bias_correction1.astype(p.dtype)
         rho_inf = 2 / (1 - b2) - 1
