@@ -168,3 +168,63 @@ def test_an_index_check_failing_in_the_observer_variant_raises_as_eager_before_a
     for got, expected in zip(c_log, log, strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-12)
     np.testing.assert_allclose(c_grad.numpy(), grad.numpy(), rtol=1e-12)
+
+
+
+def test_an_observers_ops_get_eagers_values():
+    """NOTE [Hook ops in the program]: ops on the hook's gradient, on a constant and on another tensor."""
+
+    def body(mode):
+        w, b, step = setup(mode)
+        scale = xgrad.tensor(np.linspace(0.5, 2.0, 32)).reshape(16, 2)  # too large to be a constant of the program
+        norms, other = [], []
+        w.register_hook(lambda g: norms.append(g.norm() * 2))
+        b.register_hook(lambda g: other.append(((g * scale).sum(), g.abs().max(dim=0))))
+        losses = [step(xgrad.tensor(X * (1 + i))).item() for i in range(STEPS)]
+        return [n.item() for n in norms], [(s.item(), m.values.item(), m.indices.item()) for s, m in other], losses, step
+
+    (norms, other, losses, _), (c_norms, c_other, c_losses, step) = run_both(body)
+    np.testing.assert_allclose(c_norms, norms, rtol=1e-12)
+    np.testing.assert_allclose(c_other, other, rtol=1e-12)
+    np.testing.assert_allclose(c_losses, losses, rtol=1e-12)
+    assert step.stats()["variants"] == 1
+
+
+def test_an_observers_learned_ops_dispatch_nothing_and_a_new_op_dispatches(monkeypatch):
+    from xgrad.ops.registry import Primitive
+
+    w, b, step = setup("compile")
+    norms, sums = [], []
+    more = [False]
+
+    def hook(g):
+        norms.append(g.norm() * 2)
+        if more[0]:
+            sums.append(g.sum())
+
+    w.register_hook(hook)
+    dispatch = Primitive.dispatch
+    dispatched = []
+
+    def counting(self, arrays, params):
+        dispatched.append(self.name)
+        return dispatch(self, arrays, params)
+
+    expected_norms, expected_sums = [], []
+    for i in range(STEPS):
+        x = xgrad.tensor(X * (1 + i))
+        with xgrad.no_grad():  # d/dw sum(tanh(x @ w + b) ** 2), before the step updates w
+            t = xgrad.tanh(x @ w + b)
+            grad = x.T @ (2 * t * (1 - t * t))
+        expected_norms.append(grad.norm().item() * 2)
+        more[0] = i == STEPS - 1
+        if more[0]:
+            expected_sums.append(grad.sum().item())
+        dispatched.clear()
+        monkeypatch.setattr(Primitive, "dispatch", counting)
+        step(x)
+        monkeypatch.setattr(Primitive, "dispatch", dispatch)
+        if i >= 2:  # learned in the first call's exact program; the second traces the variant that serves them
+            assert dispatched == (["sum"] if more[0] else []), (i, dispatched)
+    np.testing.assert_allclose([n.item() for n in norms], expected_norms, rtol=1e-10)
+    np.testing.assert_allclose([s.item() for s in sums], expected_sums, rtol=1e-10)

@@ -2,7 +2,8 @@
 
 The package: ``recording`` (the state a trace touches), ``intercept`` (what the engine and
 ops call while a step is traced), ``host`` (hooks, final callbacks and
-custom Function backwards as ordered host callbacks), ``writeback`` (the program's outputs and where they go) and
+custom Function backwards as ordered host callbacks), ``observers`` and ``hook_ops`` (hooks that only
+observe, run after the program, their ops computed in it), ``writeback`` (the program's outputs and where they go) and
 ``program`` (``CompiledFunction``: the cache, the guards, compiling and running).
 
 # NOTE [Whole-step compile]
@@ -133,7 +134,10 @@ custom Function backwards as ordered host callbacks), ``writeback`` (the program
 # the first ``k + 1`` hook calls replayed from what they did (``_HookBox.replay``: ``None``,
 # then hook ``k``'s result, exception or queued callbacks), without calling them again,
 # and the rest live: each hook runs once per call, and the call is the exact one. The exact
-# program then serves the entry until its hooks all observe again. An entry with other
+# program then serves the entry until its hooks all observe again. What the hooks compute
+# from their arguments (``g.norm()``) is computed in the variant as well, learned from
+# their last run in the exact program (NOTE [Hook ops in the program] in ``hook_ops.py``).
+# An entry with other
 # host calls (a Function's backward, post-accumulate hooks, callbacks queued by traced
 # code) always runs exactly. ``_HookBox.lock`` keeps one call of an entry at a time in
 # this bookkeeping.

@@ -77,7 +77,11 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
     rec = recording.active()
     assert rec is not None
     if rec.observing:  # the observer variant: the hook runs after the program (NOTE [Observer hooks])
-        rec.observers.append(_Observer(fn, tree, [rec.output(a) for a in arrays], graph_task is not None))
+        outputs = [rec.output(a) for a in arrays]
+        k = len(rec.observers)
+        ops = rec.learned[k] if k < len(rec.learned) else None
+        planned = ops.trace(arrays, rec.output) if ops is not None and ops.fn is fn else []
+        rec.observers.append(_Observer(fn, tree, outputs, graph_task is not None, planned))
         return None
     rec.hook_calls += 1
     if rec.hook_box is None:
@@ -85,8 +89,8 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
     box = rec.hook_box
 
     def host(*concrete: Any) -> Any:
-        call_args = jax.tree_util.tree_unflatten(tree, [Tensor(jnp.asarray(c)) for c in concrete])
-        result = box.call(graph_task, fn, call_args)
+        tensors = [Tensor(jnp.asarray(c)) for c in concrete]
+        result = box.call(graph_task, fn, jax.tree_util.tree_unflatten(tree, tensors), [t._array for t in tensors])
         if result is None:
             return tuple(np.asarray(c) for c in concrete[:n_first])
         if isinstance(result, list):

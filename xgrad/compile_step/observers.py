@@ -12,7 +12,9 @@ from typing import Any
 
 import jax
 
+from xgrad.compile_step.hook_ops import HookOps, OpLog, Served
 from xgrad.engine.node import current_task
+from xgrad.ops.registry import dispatching_through
 from xgrad.tensor import Tensor
 
 
@@ -66,24 +68,34 @@ class _HookBox:
     observer variant; ``lock`` keeps one call of the entry at a time using them.
     """
 
-    __slots__ = ("lock", "observed", "replay")
+    __slots__ = ("learned", "lock", "observed", "replay")
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.observed = False  # every hook call of the last run returned None and queued nothing
         self.replay: collections.deque[_Outcome] = collections.deque()
+        # Per hook call of the last run of the exact program, in order: the ops it ran
+        # (NOTE [Hook ops in the program]), ``None`` if none could be learned.
+        self.learned: list[HookOps | None] = []
 
-    def call(self, graph_task: _HostGraphTask | None, fn: Any, args: tuple[Any, ...]) -> Any:
-        """A hook call inside the exact program: the next outcome to replay if one waits, else the hook itself."""
+    def call(self, graph_task: _HostGraphTask | None, fn: Any, args: tuple[Any, ...], arrays: list[Any]) -> Any:
+        """A hook call inside the exact program: the next outcome to replay if one waits, else the hook itself.
+
+        ``arrays``: the arrays of the Tensors in ``args``, in order, from which its ops are learned.
+        """
         if self.replay:
+            self.learned.append(None)
             return self.replay.popleft().replay(graph_task)
         queued = None if graph_task is None else len(graph_task.final_callbacks)
         observed = False
+        log = OpLog(fn, arrays)
         try:
-            result = _in_backward(graph_task, fn, *args)
+            with dispatching_through(log):
+                result = _in_backward(graph_task, fn, *args)
             observed = result is None and (graph_task is None or len(graph_task.final_callbacks) == queued)
             return result
         finally:
+            self.learned.append(log.learned())
             if not observed:
                 self.observed = False
 
@@ -91,22 +103,25 @@ class _HookBox:
 class _Observer:
     """A hook call of the observer variant: its arguments are outputs of the program, and it runs after it."""
 
-    __slots__ = ("fn", "in_backward", "outputs", "tree")
+    __slots__ = ("fn", "in_backward", "outputs", "planned", "tree")
 
-    def __init__(self, fn: Any, tree: Any, outputs: list[int], in_backward: bool) -> None:
+    def __init__(self, fn: Any, tree: Any, outputs: list[int], in_backward: bool, planned: list[Any]) -> None:
         self.fn = fn
         self.tree = tree
         self.outputs = outputs
         self.in_backward = in_backward
+        self.planned = planned  # the ops it ran last time, computed in the program (``HookOps.trace``)
 
     def run(self, outs: Any, graph_task: _HostGraphTask) -> _Outcome | None:
         """Call the hook on the program's values; ``None`` if it observed, else what it did.
 
         ``graph_task``: an empty stand-in, for a hook called in a backward to queue on.
         """
-        args = jax.tree_util.tree_unflatten(self.tree, [Tensor(outs[i]) for i in self.outputs])
+        arrays = [outs[i] for i in self.outputs]
+        args = jax.tree_util.tree_unflatten(self.tree, [Tensor(a) for a in arrays])
         try:
-            result = _in_backward(graph_task if self.in_backward else None, self.fn, *args)
+            with dispatching_through(Served(self.planned, arrays, outs)):
+                result = _in_backward(graph_task if self.in_backward else None, self.fn, *args)
         except BaseException as exc:  # the user's, whatever it is: the exact program raises it again
             return _Outcome(None, exc, ())
         queued = tuple(graph_task.final_callbacks)

@@ -318,7 +318,7 @@ class CompiledFunction:
         with box.lock:  # NOTE [Observer hooks]
             if box.observed:
                 if entry.observing is None:
-                    entry.observing = self._observer_variant(leaves, tree)
+                    entry.observing = self._observer_variant(entry, leaves, tree)
                 if entry.observing is not _NO_VARIANT:
                     variant = entry.observing
                     outs = variant.jitted(*_gather_inputs(variant, leaves))
@@ -328,15 +328,16 @@ class CompiledFunction:
                     if checked and run_observers(variant.observers, outs, box):
                         return _finish(variant, outs, leaves)
             box.observed = not box.replay  # what the hooks run live now say
+            box.learned = []
             try:
                 return _run_program(entry, leaves)
             finally:
                 box.replay.clear()
 
-    def _observer_variant(self, leaves: list[Any], tree: Any) -> Any:
+    def _observer_variant(self, entry: _Entry, leaves: list[Any], tree: Any) -> Any:
         """``fn`` traced with its hooks as outputs of the program, run after it; ``_NO_VARIANT`` if a host call stays."""
         try:
-            variant = self._compile(leaves, tree, observing=True)
+            variant = self._compile(leaves, tree, observing=entry.hook_box.learned)
         except Exception:  # ``fn``'s Python, traced once more, took another road: the exact program stays
             return _NO_VARIANT
         return _NO_VARIANT if variant.has_host_calls else variant
@@ -365,11 +366,13 @@ class CompiledFunction:
                 WARN_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site), CompileFallbackWarning, stacklevel=3
             )
 
-    def _compile(self, leaves: list[Any], tree: Any, observing: bool = False) -> _Entry:
+    def _compile(self, leaves: list[Any], tree: Any, observing: list[Any] | None = None) -> _Entry:
+        """Trace ``fn`` into an entry; with ``observing`` (the ops its hooks ran), its observer variant."""
         start = time.perf_counter()
         check_consts_keep_identity()  # the program's inputs are found by it (xgrad/jax_internals.py)
         recorder = _StepRecorder()
-        recorder.observing = observing
+        recorder.observing = observing is not None
+        recorder.learned = observing or []
         dyn_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array, np.ndarray))]
         dyn_values = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in dyn_slots]
         found: dict[str, Any] = {}
@@ -444,7 +447,7 @@ class CompiledFunction:
         only_hooks = 0 < recorder.hook_calls == recorder.host_calls - recorder.conditional_calls
         entry.hook_box = recorder.hook_box if only_hooks else None
         entry.jitted.lower(*[refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in consts], *dyn_values).compile()
-        self._stats["variants" if observing else "compiles"] += 1
+        self._stats["variants" if recorder.observing else "compiles"] += 1
         self._stats["compile_seconds"] += time.perf_counter() - start
         return entry
 

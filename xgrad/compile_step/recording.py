@@ -85,6 +85,7 @@ class _Recorder(StepTrace):
         self.hook_box: Any = None  # the hooks' ``_HookBox`` (NOTE [Observer hooks])
         self.observing = False  # tracing the observer variant: hooks become outputs and ``observers``
         self.observers: list[Any] = []
+        self.learned: list[Any] = []  # the ops each hook call ran last (NOTE [Hook ops in the program])
         # Hooks added while tracing: (their dict, handle id, the user's line, whether the owner outlives the call).
         self.added_hooks: list[tuple[Any, int, str, bool]] = []
         self.first_sequence_nr = _sequence.next()  # nodes made by the trace number above it

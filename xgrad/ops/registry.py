@@ -16,9 +16,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any, cast
 
 import jax
@@ -39,7 +41,7 @@ from xgrad.tensor import Tensor
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["REGISTRY", "Aval", "Primitive", "PrimitiveNode", "bind", "defprim"]
+__all__ = ["REGISTRY", "Aval", "Primitive", "PrimitiveNode", "bind", "defprim", "dispatching_through"]
 
 Rule = Callable[..., Any]
 
@@ -475,6 +477,27 @@ def _device_scalar(value: Any) -> Any:
     return array
 
 
+# NOTE [Dispatch seam]
+# ``bind`` runs a primitive's forward through ``Primitive.dispatch``, unless this context
+# dispatches through a function of its own (``dispatching_through``): ``xgrad.compile``'s
+# observer hooks learn the ops a hook runs on its gradients and, on later calls, find
+# their results among the program's outputs instead of dispatching them (NOTE [Hook ops
+# in the program] in ``xgrad/compile_step/hook_ops.py``). Eagerly it is one context-variable read.
+_DISPATCH: ContextVar[Callable[[Primitive, list[Any], dict[str, Any]], Any] | None] = ContextVar(
+    "xgrad_dispatch", default=None
+)
+
+
+@contextlib.contextmanager
+def dispatching_through(dispatch: Callable[[Primitive, list[Any], dict[str, Any]], Any]) -> Iterator[None]:
+    """Run the forwards ``bind`` dispatches in the body as ``dispatch(prim, arrays, params)`` (NOTE [Dispatch seam])."""
+    token = _DISPATCH.set(dispatch)
+    try:
+        yield
+    finally:
+        _DISPATCH.reset(token)
+
+
 def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     """Run ``prim`` on ``args`` and, when grad mode asks for it, record its node."""
     arrays: list[Any] = []
@@ -501,7 +524,8 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
         _check_same_devices(tensors, arrays, positions)
     if scalars and prim.jit and tensors and not isinstance(arrays[positions[0]], jax.core.Tracer):  # NOTE [Scalar constants]
         arrays = [_device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
-    out = prim.dispatch(arrays, params)
+    dispatch = _DISPATCH.get()
+    out = prim.dispatch(arrays, params) if dispatch is None else dispatch(prim, arrays, params)
     tangents = None
     if LEVEL.current is not None and tensors and tangents_on():  # NOTE [Tangents are jvp of the forward]
         tangents = tangent_rule(prim, args, params)
