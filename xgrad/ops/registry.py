@@ -281,7 +281,7 @@ _FUSED_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}
 def _fuse(prim: Primitive, key: Any, params: dict[str, Any], g_arrays: Any, arrays: list[Any]) -> Any:
     """One ``jax.jit`` of ``prim``'s rules for the signature ``key``, or ``_UNFUSED`` (NOTE [Fused eager rules]).
 
-    The rules are traced once on the first node's values to count their ops.
+    The rules are traced once, by the jit itself, on the first node's values to count their ops.
     """
     _, needed, signature, out_signature = key
 
@@ -306,14 +306,16 @@ def _fuse(prim: Primitive, key: Any, params: dict[str, Any], g_arrays: Any, arra
             _grad_state.enabled = previous
         return [None if gi is None else gi._array for gi in grads]
 
+    fused = jax.jit(rules, compiler_options=_FUSED_COMPILER_OPTIONS)
     try:
-        closed = jax.make_jaxpr(rules)(g_arrays, arrays)
+        # jit's own trace: the first call reuses it instead of tracing the rules again.
+        traced = fused.trace(g_arrays, arrays)
     except Exception:  # noqa: BLE001 - untraceable rules run op by op, which raises any real error
         logger.debug("%s: its rules cannot be traced as one program; they run op by op", prim.node_name, exc_info=True)
         return _UNFUSED
-    if len(closed.jaxpr.eqns) < 2:  # one op or none: fusing would save no dispatch
+    if len(traced.jaxpr.jaxpr.eqns) < 2:  # one op or none: fusing would save no dispatch
         return _UNFUSED
-    return jax.jit(rules, compiler_options=_FUSED_COMPILER_OPTIONS)
+    return fused
 
 
 REGISTRY: dict[str, Primitive] = {}
