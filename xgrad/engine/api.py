@@ -89,7 +89,11 @@ def _ones_like(array: jax.Array) -> jax.Array:
     key = (array.aval, array.sharding)
     ones = _ROOT_ONES.get(key)
     if ones is None:
-        ones = _ROOT_ONES.setdefault(key, jax.jit(jnp.ones_like, out_shardings=array.sharding)(array))
+        if array.aval.weak_type:  # a host array is never weakly typed
+            ones = jax.jit(jnp.ones_like, out_shardings=array.sharding)(array)
+        else:  # a copy from the host: unlike a jitted ``ones_like``, nothing to compile on the first backward
+            ones = jax.device_put(np.ones(array.shape, array.dtype), array.sharding)
+        ones = _ROOT_ONES.setdefault(key, ones)
     return ones
 
 
