@@ -85,18 +85,30 @@ def _one_hot(target: Any, shape: tuple[int, ...], axis: int, dtype: Any) -> Any:
     return (jnp.expand_dims(target, axis) == classes).astype(dtype)
 
 
-def _cross_entropy_impl(x: Any, target: Any, axis: int, ignore_index: int, label_smoothing: float) -> Any:
+def _cross_entropy_impl(x: Any, target: Any, axis: int, ignore_index: int, label_smoothing: float, reduction: str) -> Any:
     logp = jax.nn.log_softmax(x, axis=axis)
     smoothed = (1.0 - label_smoothing) * _one_hot(target, x.shape, axis, x.dtype) + label_smoothing / x.shape[axis]
     loss = -jnp.sum(smoothed * logp, axis=axis)
-    return jnp.where(target != ignore_index, loss, jnp.zeros((), x.dtype))
+    kept = target != ignore_index
+    loss = jnp.where(kept, loss, jnp.zeros((), x.dtype))
+    if reduction == "none":
+        return loss
+    # The reduction in the same program, one node as PyTorch's NllLossBackward: as a sum
+    # and a division of their own, the demo's loss was five more programs to compile and
+    # dispatch. PyTorch's mean is over the targets that are not ignored (NaN when all are).
+    total = jnp.sum(loss)
+    return total if reduction == "sum" else total / jnp.sum(kept).astype(x.dtype)
 
 
-def _cross_entropy_grad(g: Tensor, out: Any, x: Tensor, target: Tensor, axis: int, ignore_index: int, label_smoothing: float) -> Tensor:
+def _cross_entropy_grad(
+    g: Tensor, out: Any, x: Tensor, target: Tensor, axis: int, ignore_index: int, label_smoothing: float, reduction: str = "none",
+) -> Tensor:
     # d loss / d x = softmax(x) - smoothed one-hot (its entries sum to 1), zero where ignored.
     smoothed = (1.0 - label_smoothing) * _one_hot(target._array, x.shape, axis, x.dtype) + label_smoothing / x.shape[axis]
-    kept = Tensor((target._array != ignore_index).astype(x.dtype))
-    return (softmax(x, dim=axis) - Tensor(smoothed)) * (g * kept).unsqueeze(axis)
+    kept = target._array != ignore_index
+    if reduction == "mean":
+        g = g / Tensor(kept.sum().astype(x.dtype))
+    return (softmax(x, dim=axis) - Tensor(smoothed)) * (g * Tensor(kept.astype(x.dtype))).unsqueeze(axis)
 
 
 _cross_entropy = defprim(
@@ -184,11 +196,9 @@ def cross_entropy(
     check_index_range(target_array, classes, "Target {index} is out of bounds.", negative=False, ignore=ignore_index)
     if class_weight is not None:
         return _weighted_cross_entropy(input, target_array, class_weight, axis, ignore_index, reduction, label_smoothing)
-    loss = _cross_entropy(input, Tensor(target_array), axis=axis, ignore_index=ignore_index, label_smoothing=label_smoothing)
-    if reduction == "mean":
-        # PyTorch's mean is over the targets that are not ignored (NaN when all are).
-        return loss.sum() / Tensor((target_array != ignore_index).sum().astype(input.dtype))
-    return reduce_loss(loss, reduction)
+    return _cross_entropy(
+        input, Tensor(target_array), axis=axis, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
+    )
 
 
 def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
