@@ -192,3 +192,53 @@ def test_scheduler_state_and_import_path():
     assert other.get_last_lr() == pytest.approx([0.025]) and other_opt.param_groups[0]["lr"] == pytest.approx(0.025)
     with pytest.raises(TypeError, match="Optax is not an Optimizer"):
         StepLR(optim.Optax([xgrad.tensor(np.zeros(1), requires_grad=True)], optax.sgd(0.1)), step_size=1)
+
+
+
+def _adam_reference(w, counts_and_uses, lr=0.1, b1=0.9, b2=0.999, eps=1e-8):
+    """PyTorch's Adam on one parameter of ``(w * w).sum()``, in NumPy: ``counts_and_uses`` gives each step's use."""
+    m = np.zeros_like(w)
+    v = np.zeros_like(w)
+    t = 0
+    for used, set_count in counts_and_uses:
+        if set_count is not None:
+            t = set_count
+        if not used:
+            continue
+        t += 1
+        g = 2 * w
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        w = w - lr / (1 - b1**t) * m / (np.sqrt(v / (1 - b2**t)) + eps)
+    return w, t
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_step_counts_stay_per_parameter_when_one_skips_a_step_or_loads_its_own(mode):
+    """NOTE [Shared counters]: counters share one array only while their values agree."""
+    rng = np.random.default_rng(0)
+    start = [rng.normal(size=(3,)) for _ in range(3)]
+    ws = [xgrad.tensor(w, requires_grad=True) for w in start]
+    opt = optim.Adam(ws, lr=0.1)
+
+    def step(uses):
+        opt.zero_grad()
+        sum((w * w).sum() for w, used in zip(ws, uses, strict=True) if used).backward()
+        opt.step()
+
+    run = xgrad.compile(step, fallback="error") if mode == "compile" else step
+    assert len({id(opt.state[w]["step"]._array) for w in ws}) == 1
+    uses = [(1, 1, 1), (1, 0, 1), (1, 1, 1), (1, 1, 1)]
+    for u in uses[:2]:
+        run(u)
+    state = opt.state_dict()
+    state["state"][2]["step"] = xgrad.tensor(7.0)  # a count of its own, loaded between steps
+    opt.load_state_dict(state)
+    for u in uses[2:]:
+        run(u)
+    for k, w in enumerate(ws):
+        history = [(u[k], 7 if (k == 2 and i == 2) else None) for i, u in enumerate(uses)]
+        expected, count = _adam_reference(start[k], history)
+        np.testing.assert_allclose(w.detach().numpy(), expected, rtol=1e-12)
+        assert float(opt.state[w]["step"]) == count
+    assert [float(opt.state[w]["step"]) for w in ws] == [4.0, 3.0, 9.0]

@@ -32,7 +32,9 @@ from xgrad.grads import clear_grads
 from xgrad.optim.optax_optimizer import _writing, scalar_sharding
 from xgrad.tensor import Tensor
 
-_OWN_DTYPE = ("step", "mu_product")  # state kept in PyTorch's scalar type, not the parameter's dtype
+# State kept in PyTorch's scalar type, not the parameter's dtype: counters, each a function of
+# itself and the group's hyperparameters only (NOTE [Shared counters]).
+_OWN_DTYPE = ("step", "mu_product")
 
 
 def _is_number(value: Any) -> bool:
@@ -147,6 +149,7 @@ class Optimizer:
             )
         self.defaults = defaults
         self.state: defaultdict[Tensor, dict[str, Tensor]] = defaultdict(dict)
+        self._fresh_counters: dict[tuple[Any, ...], jax.Array] = {}
         self.param_groups: list[_ParamGroup] = []
         if isinstance(params, Tensor):
             raise TypeError(
@@ -213,7 +216,11 @@ class Optimizer:
             return
         for key, value in self._init_state(param, group).items():
             if key in keys and key not in state:
-                state[key] = Tensor(_placed_like(value, param))
+                array = _placed_like(value, param)
+                if key in _OWN_DTYPE:  # one array for the group's fresh counters of this value (NOTE [Shared counters])
+                    fresh = (id(group), key, float(array), array.dtype, array.sharding)
+                    array = self._fresh_counters.setdefault(fresh, array)
+                state[key] = Tensor(array)
         for key in [k for k in state if k not in keys]:
             del state[key]
 
@@ -273,6 +280,18 @@ class Optimizer:
             [p._grad._array for p in params],  # type: ignore[union-attr]
             [{k: t._array for k, t in s.items()} for s in states],
         )
+        # NOTE [Shared counters]
+        # The parameters of a group step together, so their step counts (and NAdam's
+        # ``mu_product``) usually hold one value: they start as one array per group (groups
+        # may step apart), and counters that
+        # held one array before this update hold the first one's result after it (each is
+        # a function of itself and the group's hyperparameters, so all results are equal).
+        # A compiled step then reads and writes one counter, not one per parameter. One
+        # set apart (a loaded state dict, an in-place change) just keeps its own array.
+        shared = {
+            key: new_states[0][key] for key in _OWN_DTYPE
+            if key in states[0] and all(key in s and s[key]._array is states[0][key]._array for s in states)
+        }
         # A direct rebind of each parameter and state Tensor: no op recorded, as under no_grad.
         _writing(params)
         for p, new in zip(params, new_params, strict=True):
@@ -281,7 +300,7 @@ class Optimizer:
         for state, new_state in zip(states, new_states, strict=True):
             _writing(list(state.values()))
             for key, t in state.items():
-                t._array = new_state[key]
+                t._array = shared.get(key, new_state[key])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear every parameter's ``.grad`` (to ``None``, or to zeros)."""
