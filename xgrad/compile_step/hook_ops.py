@@ -108,18 +108,22 @@ def _inputs(sources: tuple[Source, ...], args: list[Any], results: list[tuple[An
 class Served:
     """A dispatch for ``dispatching_through`` that finds a planned op's result among the program's outputs."""
 
-    __slots__ = ("_keep", "_table")
+    __slots__ = ("_keep", "_outs", "_table")
 
-    def __init__(self, planned: list[tuple[Any, ...]], args: list[Any], outs: Any) -> None:
+    def __init__(self, outs: Any) -> None:
+        self._outs = outs
         self._table: dict[tuple[Any, ...], Any] = {}
-        self._keep = []  # the objects whose ids key the table stay alive while it serves
+        self._keep: list[Any] = []  # the objects whose ids key the table stay alive while it serves
+
+    def add(self, planned: list[tuple[Any, ...]], args: list[Any]) -> None:
+        """Serve one hook call's planned ops (``HookOps.trace``), its arguments being ``args``."""
         results: list[tuple[Any, ...]] = []
         for prim, params_key, sources, positions in planned:
             arrays = _inputs(sources, args, results)
-            outs_j = tuple(outs[p] for p in positions)
-            results.append(outs_j)
+            outs = tuple(self._outs[p] for p in positions)
+            results.append(outs)
             self._keep.append(arrays)
-            self._table[(prim, params_key, *map(id, arrays))] = outs_j if prim.num_outputs > 1 else outs_j[0]
+            self._table[(prim, params_key, *map(id, arrays))] = outs if prim.num_outputs > 1 else outs[0]
 
     def __call__(self, prim: Primitive, arrays: list[Any], params: dict[str, Any]) -> Any:
         try:

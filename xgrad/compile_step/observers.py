@@ -117,11 +117,9 @@ class _Observer:
 
         ``graph_task``: an empty stand-in, for a hook called in a backward to queue on.
         """
-        arrays = [outs[i] for i in self.outputs]
-        args = jax.tree_util.tree_unflatten(self.tree, [Tensor(a) for a in arrays])
+        args = jax.tree_util.tree_unflatten(self.tree, [Tensor(outs[i]) for i in self.outputs])
         try:
-            with dispatching_through(Served(self.planned, arrays, outs)):
-                result = _in_backward(graph_task if self.in_backward else None, self.fn, *args)
+            result = _in_backward(graph_task if self.in_backward else None, self.fn, *args)
         except BaseException as exc:  # the user's, whatever it is: the exact program raises it again
             return _Outcome(None, exc, ())
         queued = tuple(graph_task.final_callbacks)
@@ -134,10 +132,14 @@ def run_observers(observers: list[_Observer], outs: Any, box: _HookBox) -> bool:
     Its outcome, after the ones that observed, then waits in ``box`` for the exact program.
     """
     graph_task = _HostGraphTask()  # stays empty while the hooks observe: one serves them all
-    for k, observer in enumerate(observers):
-        outcome = observer.run(outs, graph_task)
-        if outcome is not None:
-            box.replay.extend([_OBSERVED] * k)
-            box.replay.append(outcome)
-            return False
+    served = Served(outs)
+    for observer in observers:
+        served.add(observer.planned, [outs[i] for i in observer.outputs])
+    with dispatching_through(served):
+        for k, observer in enumerate(observers):
+            outcome = observer.run(outs, graph_task)
+            if outcome is not None:
+                box.replay.extend([_OBSERVED] * k)
+                box.replay.append(outcome)
+                return False
     return True
