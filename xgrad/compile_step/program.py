@@ -550,7 +550,8 @@ def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") ->
     ``Function.backward``s run once per call with concrete values in eager order,
     through host callbacks; tensor and node hooks that only observe (return ``None``,
     queue no callback) run right after the program instead, which costs no host
-    round trip; those marked ``xgrad.autograd.compiled.pure_hook`` are
+    round trip, and the ops they ran on their arguments last time (``g.norm()``) are
+    computed in the program and handed to them; those marked ``xgrad.autograd.compiled.pure_hook`` are
     traced into the program. Plain
     Python side effects in ``fn``'s body (``print``, appending to a list) run when
     ``fn`` is traced, on the first call of each signature, not on every call, as
