@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -85,8 +86,47 @@ def _conv2d_impl(x: Any, w: Any, stride: tuple[int, int], padding: Any, dilation
     )
 
 
+# NOTE [Float64 convolutions on CPU]
+# XLA's CPU backend runs float32 convolutions through its Eigen/YNNPACK kernels, but a
+# float64 one as a plain loop nest: the input gradient (a padded convolution with the
+# flipped kernel) and the weight gradient (a convolution over the whole image) of the
+# MNIST CNN's 32->64 conv took 4-5x their matrix-product form on a 2-core VM, eager and
+# in the whole-step program alike. So conv2d's float64 rules on CPU are the vjp of the
+# same convolution written as one product of the input's patches (im2col), the form
+# PyTorch's CPU float64 convolution takes too; its matrix products run at XLA's GEMM
+# speed. The forward stays ``conv_general_dilated``, faster there than its patches.
+# ``lax.platform_dependent`` picks the form when the program is lowered, so other
+# backends keep their own convolution.
+def _conv2d_patches(x: Any, w: Any, stride: tuple[int, int], padding: Any, dilation: tuple[int, int], groups: int) -> Any:
+    """``_conv2d_impl`` as a product of ``x``'s patches (NOTE [Float64 convolutions on CPU])."""
+    n, c, _, _ = x.shape
+    o, cg, kh, kw = w.shape
+    if isinstance(padding, str):
+        padding = jax.lax.padtype_to_pads(x.shape[2:], ((kh - 1) * dilation[0] + 1, (kw - 1) * dilation[1] + 1), stride, padding)
+    x = jax.lax.pad(jnp.transpose(x, (0, 2, 3, 1)), jnp.zeros((), x.dtype), ((0, 0, 0), (*padding[0], 0), (*padding[1], 0), (0, 0, 0)))
+    oh = (x.shape[1] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (x.shape[2] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    patches = jnp.stack([
+        jax.lax.slice(x, (0, i * dilation[0], j * dilation[1], 0),
+                      (n, i * dilation[0] + (oh - 1) * stride[0] + 1, j * dilation[1] + (ow - 1) * stride[1] + 1, c), (1, *stride, 1))
+        for i in range(kh) for j in range(kw)
+    ], axis=3).reshape(n * oh * ow, kh * kw, groups, cg)
+    # (group, pixel, output channel): contracts each patch's offsets and channels with its group's kernels
+    out = jax.lax.dot_general(patches, w.reshape(groups, o // groups, cg, kh * kw), (((1, 3), (3, 2)), ((2,), (0,))))
+    return jnp.transpose(out.reshape(groups, n, oh, ow, o // groups), (1, 0, 4, 2, 3)).reshape(n, o, oh, ow)
+
+
+def _conv2d_differentiated(x: Any, w: Any, **params: Any) -> Any:
+    """The function conv2d's rules are the vjp of: ``_conv2d_impl``, or its patches form for float64 on CPU."""
+    if x.dtype != jnp.float64 or w.size == 0:
+        return _conv2d_impl(x, w, **params)
+    return jax.lax.platform_dependent(
+        x, w, cpu=functools.partial(_conv2d_patches, **params), default=functools.partial(_conv2d_impl, **params)
+    )
+
+
 def _conv2d_grad(g: Tensor, out: Any, x: Tensor, w: Tensor, **params: Any) -> Any:
-    return vjp_of("conv2d", _conv2d_impl, **params)(g, x, w)
+    return vjp_of("conv2d", _conv2d_differentiated, **params)(g, x, w)
 
 
 _conv2d = defprim("conv2d", _conv2d_impl, joint_vjp=_conv2d_grad, shape_rule=shape_rules.conv2d)

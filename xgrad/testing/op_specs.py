@@ -500,6 +500,10 @@ def _build_specs() -> list[OpSpec]:
                (((2, 2, 5, 4), (2, 2, 3, 3), (2,)),), (REAL, REAL, REAL), label="bias, stride, padding"))
     add(OpSpec("conv2d", lambda x, w: X.conv2d(x, w, groups=2), lambda x, w: _ref_conv2d(x, w, groups=2),
                (((1, 4, 4, 4), (2, 2, 3, 3)),), (REAL, REAL), label="groups"))
+    add(OpSpec("conv2d", lambda x, w: X.conv2d(x, w, padding="same", dilation=(2, 1)),
+               lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", rhs_dilation=(2, 1),
+                                                         dimension_numbers=("NCHW", "OIHW", "NCHW")),
+               (((2, 2, 6, 5), (3, 2, 2, 3)),), (REAL, REAL), label="same padding, dilation"))
     # -- Tensor methods and functions PyTorch users reach for ---------------------------
     add(_unary("clamp_min", lambda x: X.clamp_min(x, -0.5), lambda x: jnp.maximum(x, -0.5)))
     add(_unary("clamp_max", lambda x: x.clamp_max(0.5), lambda x: jnp.minimum(x, 0.5)))
