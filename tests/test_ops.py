@@ -83,6 +83,16 @@ def test_op_grad_when_only_one_input_requires_grad(case):
     assert_grads_match(with_xgrad, inputs[i], reference=with_jax, modes=("eager", "jax"), order=order)
 
 
+CONV2D_SPECS = [s for s in OP_SPECS if s.name == "conv2d"]
+
+
+@pytest.mark.parametrize("spec", CONV2D_SPECS, ids=[s.id for s in CONV2D_SPECS])
+def test_conv2d_float32_grads_match_jax(spec):
+    """The table runs float64; float32 has its own rule form on CPU too (NOTE [Convolution gradients on CPU])."""
+    inputs = [a.astype(np.float32) for a in spec.sample(np.random.default_rng(5), 0)]
+    assert_grads_match(spec.op, *inputs, reference=spec.ref, modes=("eager", "compiled", "jax"), order=2, atol=1e-4, rtol=1e-4)
+
+
 def test_mul_by_a_constant_saves_no_tensor():
     x = xgrad.tensor([0.5, 2.0], requires_grad=True)
     assert not any(isinstance(s, xgrad.engine.saved.SavedTensor) for s in (x * 1.5).grad_fn.saved)

@@ -86,19 +86,19 @@ def _conv2d_impl(x: Any, w: Any, stride: tuple[int, int], padding: Any, dilation
     )
 
 
-# NOTE [Float64 convolutions on CPU]
-# XLA's CPU backend runs float32 convolutions through its Eigen/YNNPACK kernels, but a
-# float64 one as a plain loop nest: the input gradient (a padded convolution with the
-# flipped kernel) and the weight gradient (a convolution over the whole image) of the
-# MNIST CNN's 32->64 conv took 4-5x their matrix-product form on a 2-core VM, eager and
-# in the whole-step program alike. So conv2d's float64 rules on CPU are the vjp of the
-# same convolution written as one product of the input's patches (im2col), the form
-# PyTorch's CPU float64 convolution takes too; its matrix products run at XLA's GEMM
-# speed. The forward stays ``conv_general_dilated``, faster there than its patches.
-# ``lax.platform_dependent`` picks the form when the program is lowered, so other
-# backends keep their own convolution.
+# NOTE [Convolution gradients on CPU]
+# XLA's CPU backend runs a float64 convolution as a plain loop nest, and hands the
+# weight gradient's form (a convolution with the whole image as its window) to a
+# YNNPACK kernel that is slow at it in float32 too: on a 2-core VM the 32->64 3x3
+# conv of the MNIST CNN took 4-5x (float64) and 2.4x (float32) the CPU time for its
+# two gradients of the same convolution written as a product of the input's patches
+# (im2col, the form PyTorch's CPU float64 convolution takes), whose matrix products
+# run at XLA's GEMM speed; a 1x1 conv took 25x. So conv2d's float32 and float64 rules
+# on CPU are the vjp of that form, eager and in a compiled program alike. The forward
+# stays ``conv_general_dilated``, faster there than the patches. ``lax.platform_dependent``
+# picks the form when the program is lowered, so other backends keep their convolution.
 def _conv2d_patches(x: Any, w: Any, stride: tuple[int, int], padding: Any, dilation: tuple[int, int], groups: int) -> Any:
-    """``_conv2d_impl`` as a product of ``x``'s patches (NOTE [Float64 convolutions on CPU])."""
+    """``_conv2d_impl`` as a product of ``x``'s patches (NOTE [Convolution gradients on CPU])."""
     n, c, _, _ = x.shape
     o, cg, kh, kw = w.shape
     if isinstance(padding, str):
@@ -117,8 +117,8 @@ def _conv2d_patches(x: Any, w: Any, stride: tuple[int, int], padding: Any, dilat
 
 
 def _conv2d_differentiated(x: Any, w: Any, **params: Any) -> Any:
-    """The function conv2d's rules are the vjp of: ``_conv2d_impl``, or its patches form for float64 on CPU."""
-    if x.dtype != jnp.float64 or w.size == 0:
+    """The function conv2d's rules are the vjp of: ``_conv2d_impl``, or its patches form for float32/64 on CPU."""
+    if x.dtype not in (jnp.float32, jnp.float64) or w.size == 0:
         return _conv2d_impl(x, w, **params)
     return jax.lax.platform_dependent(
         x, w, cpu=functools.partial(_conv2d_patches, **params), default=functools.partial(_conv2d_impl, **params)
