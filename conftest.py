@@ -3,10 +3,15 @@ run in every test session."""
 
 import os
 
+from tests._scripts import FAST_COMPILES  # noqa: E402  (no JAX in it: XLA_FLAGS is read when JAX starts)
+
 # Added to any XLA_FLAGS already set (an empty or unrelated value must not leave one device).
 _flags = os.environ.get("XLA_FLAGS", "")
 if "--xla_force_host_platform_device_count" not in _flags:
-    os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=2".strip()
+    _flags = f"{_flags} --xla_force_host_platform_device_count=2"
+if "--xla_backend_optimization_level" not in _flags:
+    _flags = f"{_flags} {FAST_COMPILES}"
+os.environ["XLA_FLAGS"] = _flags.strip()
 
 import jax  # noqa: E402
 

@@ -10,9 +10,16 @@ import subprocess
 import sys
 import textwrap
 
-PRELUDE = """\
+# XLA options that compile the suite's thousands of tiny CPU programs about twice as fast
+# (LLVM's optimizations and the fusion emitters dominate their compile time); they change
+# how XLA generates code, not what a program computes.
+FAST_COMPILES = (
+    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
+)
+
+PRELUDE = f"""\
 import os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={devices}"
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={{devices}} {FAST_COMPILES}"
 import jax
 jax.config.update("jax_enable_x64", True)
 """

@@ -22,6 +22,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests._scripts import FAST_COMPILES
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH, FEATURES, HIDDEN, CLASSES = 8, 6, 8, 4
 SGD_LR = 0.1
@@ -242,9 +244,7 @@ def launch(argv_of, num_processes: int, devices_per_process: int, timeout: float
     Children that outlive ``timeout`` are killed, and the test fails with what they printed.
     """
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    # The children compile about a hundred tiny programs; LLVM's optimizations would take a third of their time.
-    fast_compiles = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices_per_process} {fast_compiles} {extra_flags}".strip()
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices_per_process} {FAST_COMPILES} {extra_flags}".strip()
     env.pop("XGRAD_HYPOTHESIS_PROFILE", None)
     children = [subprocess.Popen(argv_of(i), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
                 for i in range(num_processes)]

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 
+from tests._scripts import FAST_COMPILES
 from tests.test_distributed import _free_port, launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,8 +102,7 @@ def worker(ckpt: str, num_processes: int, process_id: int, port: int, steps: int
 def _env() -> dict[str, str]:
     """launch's environment for two processes of two devices each."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    env["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=2 "
-                        "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=2 {FAST_COMPILES}"
     env.pop("XGRAD_HYPOTHESIS_PROFILE", None)
     return env
 
