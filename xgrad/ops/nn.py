@@ -92,27 +92,37 @@ def _cross_entropy_impl(x: Any, target: Any, axis: int, ignore_index: int, label
     kept = target != ignore_index
     loss = jnp.where(kept, loss, jnp.zeros((), x.dtype))
     if reduction == "none":
-        return loss
+        return loss, logp
     # The reduction in the same program, one node as PyTorch's NllLossBackward: as a sum
     # and a division of their own, the demo's loss was five more programs to compile and
     # dispatch. PyTorch's mean is over the targets that are not ignored (NaN when all are).
     total = jnp.sum(loss)
-    return total if reduction == "sum" else total / jnp.sum(kept).astype(x.dtype)
+    return total if reduction == "sum" else total / jnp.sum(kept).astype(x.dtype), logp
 
 
 def _cross_entropy_grad(
-    g: Tensor, out: Any, x: Tensor, target: Tensor, axis: int, ignore_index: int, label_smoothing: float, reduction: str = "none",
+    g: Any, out: Any, x: Any, target: Tensor, axis: int, ignore_index: int, label_smoothing: float, reduction: str = "none",
 ) -> Tensor:
-    # d loss / d x = softmax(x) - smoothed one-hot (its entries sum to 1), zero where ignored.
+    # NOTE [Cross-entropy saves its log-probabilities]
+    # The primitive returns the log-probabilities as a second output and saves them, as
+    # PyTorch's log_softmax saves its result: d loss / d x = exp(logp) - smoothed one-hot
+    # (its entries sum to 1), zero where ignored, elementwise in what the forward saved.
+    # Recomputing softmax(x) here instead reduces the logits over the classes a second
+    # time, which steers XLA's sharding propagation of a whole sharded step to a plan that
+    # communicates a third more (benchmarks/RESULTS.md, FSDP). ``g_logp`` is zero but
+    # under ``create_graph``, where the grad of ``exp(logp)`` flows back through it.
+    g_loss, g_logp = g
+    probs = out[1].exp()
     smoothed = (1.0 - label_smoothing) * _one_hot(target._array, x.shape, axis, x.dtype) + label_smoothing / x.shape[axis]
     kept = target._array != ignore_index
     if reduction == "mean":
-        g = g / Tensor(kept.sum().astype(x.dtype))
-    return (softmax(x, dim=axis) - Tensor(smoothed)) * (g * Tensor(kept.astype(x.dtype))).unsqueeze(axis)
+        g_loss = g_loss / Tensor(kept.sum().astype(x.dtype))
+    grad_loss = (probs - Tensor(smoothed)) * (g_loss * Tensor(kept.astype(x.dtype))).unsqueeze(axis)
+    return grad_loss + g_logp - probs * g_logp.sum(dim=axis, keepdim=True)
 
 
 _cross_entropy = defprim(
-    "cross_entropy", _cross_entropy_impl, (_cross_entropy_grad, None),
+    "cross_entropy", _cross_entropy_impl, (_cross_entropy_grad, None), save=(1,), save_out=True, num_outputs=2,
     shape_rule=shape_rules.float_only("log_softmax_lastdim_kernel_impl"),
 )
 
@@ -196,9 +206,10 @@ def cross_entropy(
     check_index_range(target_array, classes, "Target {index} is out of bounds.", negative=False, ignore=ignore_index)
     if class_weight is not None:
         return _weighted_cross_entropy(input, target_array, class_weight, axis, ignore_index, reduction, label_smoothing)
-    return _cross_entropy(
+    loss, _ = _cross_entropy(
         input, Tensor(target_array), axis=axis, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
     )
+    return loss
 
 
 def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
