@@ -218,7 +218,7 @@ class Optimizer:
             if key in keys and key not in state:
                 array = _placed_like(value, param)
                 if key in _OWN_DTYPE:  # one array for the group's fresh counters of this value (NOTE [Shared counters])
-                    fresh = (id(group), key, float(array), array.dtype, array.sharding)
+                    fresh = (id(group), key, float(value), array.dtype, array.sharding)  # ``value``: local, readable
                     array = self._fresh_counters.setdefault(fresh, array)
                 state[key] = Tensor(array)
         for key in [k for k in state if k not in keys]:
