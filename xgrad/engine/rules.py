@@ -14,11 +14,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
+import jax
 import jax.numpy as jnp
 
+from xgrad.bounded_cache import BoundedCache
 from xgrad.engine.node import Node
 from xgrad.tensor import Tensor
 
@@ -111,10 +114,22 @@ def incoming_grad(num_outputs: int, grads: list[Tensor | None], metadata: Any) -
         return grads[0]
     if all(gi is None for gi in grads):
         return None
-    return tuple(
-        gi if gi is not None else Tensor(jnp.zeros(m.shape, m.dtype, device=getattr(m, "sharding", None)))
-        for gi, m in zip(grads, metadata, strict=True)
-    )
+    return tuple(gi if gi is not None else Tensor(_zeros(m)) for gi, m in zip(grads, metadata, strict=True))
+
+
+# Zeros for the outputs no grad reached, one jitted maker per shape, dtype and placement:
+# ``jnp.zeros(..., device=...)`` costs twenty times a jitted call (a node whose rules read
+# a second output, as cross_entropy's log-probabilities, pays it at every backward).
+_ZEROS: BoundedCache[tuple[Any, ...], Callable[[], Any]] = BoundedCache(256)
+
+
+def _zeros(meta: Any) -> Any:
+    sharding = getattr(meta, "sharding", None)
+    key = (meta.shape, meta.dtype, sharding)
+    make = _ZEROS.get(key)
+    if make is None:
+        make = _ZEROS[key] = jax.jit(functools.partial(jnp.zeros, meta.shape, meta.dtype), out_shardings=sharding)
+    return make()
 
 
 _jax_op: Callable[..., Callable[..., Any]] | None = None
