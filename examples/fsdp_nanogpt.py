@@ -105,20 +105,22 @@ def communication(layout: str, config: nanogpt.GPTConfig, batch_size: int) -> di
     params = {name: p.array for name, p in model.named_parameters()}
     buffers = {name: b.array for name, b in model.named_buffers()}
 
-    def loss(params: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
+    def loss(params: dict[str, jax.Array], buffers: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> jax.Array:
         return xgrad.func.functional_call(model, {**params, **buffers}, (xgrad.tensor(x), xgrad.tensor(y)))[1].array
 
     adamw = optax.adamw(3e-3, b1=0.9, b2=0.95, weight_decay=0.1)
 
-    def jax_step(params: Any, state: Any, x: jax.Array, y: jax.Array) -> Any:
-        value, grads = jax.value_and_grad(loss)(params, x, y)
+    def jax_step(params: Any, buffers: Any, state: Any, x: jax.Array, y: jax.Array) -> Any:
+        value, grads = jax.value_and_grad(loss)(params, buffers, x, y)
         updates, state = adamw.update(grads, state, params)
         return optax.apply_updates(params, updates), state, value
 
     shardings = jax.tree.map(lambda a: a.sharding, params)
     state = jax.jit(adamw.init, out_shardings=None)(params)
     jitted = jax.jit(jax_step, out_shardings=(shardings, None, None))
-    theirs = collective_stats(jitted.lower(params, state, x.array, y.array).compile())
+    # The buffers are arguments placed as the module's (the causal mask split as fsdp() splits
+    # it), as xgrad.compile's program reads them: not constants of jax.jit's program.
+    theirs = collective_stats(jitted.lower(params, buffers, state, x.array, y.array).compile())
     return {"xgrad.compile": ours, "jax.jit": theirs}
 
 
