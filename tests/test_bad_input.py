@@ -637,22 +637,21 @@ def test_cross_entropy_bad_arguments():
 
 
 def test_cross_entropy_backward_keeps_batch_sharded_labels_sharded():
-    # The backward rule builds the one-hot elementwise from the labels, so under a batch
-    # sharding XLA partitions it without gathering the labels onto every device.
+    # The forward builds the one-hot elementwise from the labels and the rule reads it, so
+    # under a batch sharding XLA partitions both without gathering the labels onto every device.
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from xgrad.ops.nn import _cross_entropy_grad
+    from xgrad.ops.nn import _cross_entropy_grad, _cross_entropy_impl
 
     devices = jax.devices()[:2]
     mesh = Mesh(np.array(devices), ("batch",))
     rows = NamedSharding(mesh, PartitionSpec("batch"))
 
     def backward(g, logits, labels):
-        logp = xgrad.Tensor(jax.nn.log_softmax(logits, axis=1))  # the forward's second output, which the rule reads
-        grads = (xgrad.Tensor(g), xgrad.Tensor(jnp.zeros_like(logp.array)), None)
-        grad = _cross_entropy_grad(grads, (None, logp, None), xgrad.Tensor(logits), xgrad.Tensor(labels),
-                                   axis=1, ignore_index=-100, label_smoothing=0.1)
-        return grad._array
+        params = {"axis": 1, "ignore_index": -100, "label_smoothing": 0.1}
+        out = [xgrad.Tensor(o) for o in _cross_entropy_impl(logits, labels, reduction="none", **params)]
+        grads = (xgrad.Tensor(g), xgrad.Tensor(jnp.zeros_like(logits)), None, None)
+        return _cross_entropy_grad(grads, out, xgrad.Tensor(logits), xgrad.Tensor(labels), **params)._array
 
     args = (jnp.ones(8), jnp.zeros((8, 16)), jnp.zeros(8, jnp.int32))
     compiled = jax.jit(backward, in_shardings=(rows, rows, rows), out_shardings=rows).lower(*args).compile()

@@ -91,15 +91,16 @@ def _cross_entropy_impl(x: Any, target: Any, axis: int, ignore_index: int, label
     loss = -jnp.sum(smoothed * logp, axis=axis)
     kept = target != ignore_index
     loss = jnp.where(kept, loss, jnp.zeros((), x.dtype))
+    weights = jnp.where(jnp.expand_dims(kept, axis), smoothed, jnp.zeros((), x.dtype))
     if reduction != "mean":
-        return jnp.sum(loss) if reduction == "sum" else loss, logp, jnp.ones((), x.dtype)
+        return jnp.sum(loss) if reduction == "sum" else loss, logp, jnp.ones((), x.dtype), weights
     # The reduction in the same program, one node as PyTorch's NllLossBackward: as a sum
     # and a division of their own, the demo's loss was five more programs to compile and
     # dispatch. PyTorch's mean is over the targets that are not ignored (NaN when all are).
     # Their count is an output the rule reads: counted again there, a batch split over
     # devices would be all-reduced once more in the backward.
     count = jnp.sum(kept).astype(x.dtype)
-    return jnp.sum(loss) / count, logp, count
+    return jnp.sum(loss) / count, logp, count, weights
 
 
 def _cross_entropy_grad(
@@ -111,20 +112,23 @@ def _cross_entropy_grad(
     # (its entries sum to 1), zero where ignored, elementwise in what the forward saved.
     # Recomputing softmax(x) here instead reduces the logits over the classes a second
     # time, which steers XLA's sharding propagation of a whole sharded step to a plan that
-    # communicates a third more (benchmarks/RESULTS.md, FSDP). ``g_logp`` is zero but
-    # under ``create_graph``, where the grad of ``exp(logp)`` flows back through it.
-    g_loss, g_logp, _ = g  # the count of kept targets has no gradient
+    # communicates a third more (benchmarks/RESULTS.md, FSDP). The smoothed one-hot of the
+    # kept targets is saved as well (a fourth output, as JAX's transpose keeps it as a
+    # residual): rebuilt here from the targets, a batch split over devices gathered them
+    # again. ``g_logp`` is zero but under ``create_graph``, where the grad of ``exp(logp)``
+    # flows back through it.
+    g_loss, g_logp, _, _ = g  # the count and the target weights have no gradient
     probs = out[1].exp()
-    smoothed = (1.0 - label_smoothing) * _one_hot(target._array, x.shape, axis, x.dtype) + label_smoothing / x.shape[axis]
-    kept = target._array != ignore_index
+    weights = out[3]
+    kept = weights.sum(dim=axis, keepdim=True) != 0
     if reduction == "mean":
         g_loss = g_loss / out[2]
-    grad_loss = (probs - Tensor(smoothed)) * (g_loss * Tensor(kept.astype(x.dtype))).unsqueeze(axis)
+    grad_loss = (probs * kept - weights) * (g_loss if g_loss.ndim == 0 else g_loss.unsqueeze(axis))
     return grad_loss + g_logp - probs * g_logp.sum(dim=axis, keepdim=True)
 
 
 _cross_entropy = defprim(
-    "cross_entropy", _cross_entropy_impl, (_cross_entropy_grad, None), save=(1,), save_out=True, num_outputs=3,
+    "cross_entropy", _cross_entropy_impl, (_cross_entropy_grad, None), save=(), save_out=True, num_outputs=4,
     shape_rule=shape_rules.float_only("log_softmax_lastdim_kernel_impl"),
 )
 
@@ -208,7 +212,7 @@ def cross_entropy(
     check_index_range(target_array, classes, "Target {index} is out of bounds.", negative=False, ignore=ignore_index)
     if class_weight is not None:
         return _weighted_cross_entropy(input, target_array, class_weight, axis, ignore_index, reduction, label_smoothing)
-    loss, _, _ = _cross_entropy(
+    loss, _, _, _ = _cross_entropy(
         input, Tensor(target_array), axis=axis, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
     )
     return loss
