@@ -127,17 +127,19 @@ def _expected(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
     return shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks
 
 
-def _plain(guard: list[Any]) -> bool:
-    """Whether a guard expects plain state: no history, no requires_grad, no hooks, its ``.grad`` not read."""
-    _, grad_read, _, _, _, grad_fn, requires_grad, _, hooks, post_hooks = guard
-    return not grad_read and grad_fn is None and not requires_grad and not hooks and not post_hooks
+def _guard_entry(ref: Any, grad_read: bool) -> list[Any]:
+    """A guard as ``_guards_hold`` reads it (``_Entry.guards``): plain state's without what it need not compare."""
+    shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks = _expected(ref(), grad_read)
+    plain = not grad_read and grad_fn is None and not requires_grad and not hooks and not post_hooks
+    more = None if plain else (grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks)
+    return [ref, None, shape, dtype, more]
 
 
 class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "checks", "consts", "fast_writes", "flags", "guards", "has_host_calls", "hook_box", "plain_guards",
+        "aliased", "arg_tensor_slots", "checks", "consts", "fast_writes", "flags", "guards", "has_host_calls", "hook_box",
         "host_checks", "inputs", "jitted", "n_dyn_args", "observers", "observing", "result_template", "result_tree", "writes",
     )
     aliased: list[list[Any]]
@@ -145,11 +147,10 @@ class _Entry:
     checks: tuple[tuple[Callable[[Any], BaseException], int | None, list[Any]], ...]  # error, detail's output, writes
     consts: list[tuple[str, Any]]
     fast_writes: list[tuple[int, Any, Any, int]]  # ``writes`` as ``_apply_fast_writes`` takes them
-    # A tensor's weak reference, whether its .grad was read, the aval that last passed, then ``_expected``.
+    # A tensor's weak reference, the aval that last passed, its shape and dtype, then ``None`` for plain
+    # state (no history, no requires_grad, no hooks, .grad not read: optimizer state, buffers), else
+    # whether its .grad was read and the rest of ``_expected``.
     guards: list[list[Any]]
-    # The guards of plain state (no history, no requires_grad, no hooks, .grad not read: optimizer
-    # state, buffers): a weak reference, the aval that last passed, the shape and the dtype.
-    plain_guards: list[list[Any]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
     has_host_calls: bool  # hooks or callbacks run from inside the program
     hook_box: Any  # its hooks' ``_HookBox`` if an observer variant may stand in for it, else ``None``
@@ -293,38 +294,34 @@ class CompiledFunction:
     @staticmethod
     def _guards_hold(entry: _Entry, leaves: list[Any]) -> bool:
         # ``_guard`` inlined, with the expected values unpacked: it runs every step, once per state tensor.
-        for guard in entry.plain_guards:
-            ref, aval, shape, dtype = guard
+        for guard in entry.guards:
+            ref, aval, shape, dtype, more = guard
             t = ref()
-            if t is None or t.grad_fn is not None or t._requires_grad or t._backward_hooks or t._post_accumulate_grad_hooks:
+            if t is None:
                 return False
+            if more is None:  # plain state: no history, no requires_grad, no hooks, its .grad not read
+                if t.grad_fn is not None or t._requires_grad or t._backward_hooks or t._post_accumulate_grad_hooks:
+                    return False
+            else:
+                grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks = more
+                if t.grad_fn is not grad_fn or t._requires_grad != requires_grad:
+                    return False
+                if grad_read:
+                    g = t._grad
+                    if (None if g is None else g._array.shape) != grad_shape:
+                        return False
+                found = t._backward_hooks
+                if (tuple(found) if found else ()) != hooks:
+                    return False
+                found = t._post_accumulate_grad_hooks
+                if (tuple(found) if found else ()) != post_hooks:
+                    return False
             a = t._array
             found_aval = a.aval
             if found_aval is not aval:  # JAX interns avals: the same one has the shape and dtype seen last
                 if a.shape != shape or a.dtype != dtype:
                     return False
                 guard[1] = found_aval
-        for guard in entry.guards:
-            ref, grad_read, aval, shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks = guard
-            t = ref()
-            if t is None or t.grad_fn is not grad_fn or t._requires_grad != requires_grad:
-                return False
-            a = t._array
-            found_aval = a.aval
-            if found_aval is not aval:  # JAX interns avals: the same one has the shape and dtype seen last
-                if a.shape != shape or a.dtype != dtype:
-                    return False
-                guard[2] = found_aval
-            if grad_read:
-                g = t._grad
-                if (None if g is None else g._array.shape) != grad_shape:
-                    return False
-            found = t._backward_hooks
-            if (tuple(found) if found else ()) != hooks:
-                return False
-            found = t._post_accumulate_grad_hooks
-            if (tuple(found) if found else ()) != post_hooks:
-                return False
         for refs in entry.aliased:
             values = [_source_value(s, leaves) for s in refs]
             if any(v is not values[0] for v in values[1:]):
@@ -446,9 +443,7 @@ class CompiledFunction:
         (entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags,
          entry.host_checks) = found["layout"]
         entry.fast_writes = _fast_writes(entry.writes)
-        guards = [[ref, grad_read, None, *_expected(ref(), grad_read)] for ref, grad_read in guard_refs if ref() is not None]
-        entry.plain_guards = [[g[0], None, g[3], g[4]] for g in guards if _plain(g)]
-        entry.guards = [g for g in guards if not _plain(g)]
+        entry.guards = [_guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
         consts: list[tuple[str, Any]] = []
         for c in closed.consts:
             live = [s for s in recorder.sources.get(id(c), ()) if _resolve(s, leaves) is not None]
