@@ -1,5 +1,5 @@
 """Tests and doctests see float64 and two host devices, so the multi-device code paths
-run in every test session."""
+run in every test session, and XLA compiles with its fast CPU options (``FAST_COMPILES``)."""
 
 import os
 
