@@ -14,7 +14,7 @@ import jax
 
 from xgrad.compile_step.hook_ops import HookOps, OpLog, Served
 from xgrad.engine.node import current_task
-from xgrad.ops.registry import dispatching_through
+from xgrad.ops.dispatch import dispatching_through
 from xgrad.tensor import Tensor
 
 

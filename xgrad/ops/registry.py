@@ -16,11 +16,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import jax
@@ -36,12 +34,13 @@ from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.jax_capture import check_captured_leaves
 from xgrad.jax_internals import loaded_names
+from xgrad.ops.dispatch import DISPATCH
 from xgrad.step_trace import current as _current_step
 from xgrad.tensor import Tensor
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["REGISTRY", "Aval", "Primitive", "PrimitiveNode", "bind", "defprim", "dispatching_through"]
+__all__ = ["REGISTRY", "Aval", "Primitive", "PrimitiveNode", "bind", "defprim"]
 
 Rule = Callable[..., Any]
 
@@ -479,27 +478,6 @@ def _device_scalar(value: Any) -> Any:
     return array
 
 
-# NOTE [Dispatch seam]
-# ``bind`` runs a primitive's forward through ``Primitive.dispatch``, unless this context
-# dispatches through a function of its own (``dispatching_through``): ``xgrad.compile``'s
-# observer hooks learn the ops a hook runs on its gradients and, on later calls, find
-# their results among the program's outputs instead of dispatching them (NOTE [Hook ops
-# in the program] in ``xgrad/compile_step/hook_ops.py``). Eagerly it is one context-variable read.
-_DISPATCH: ContextVar[Callable[[Primitive, list[Any], dict[str, Any]], Any] | None] = ContextVar(
-    "xgrad_dispatch", default=None
-)
-
-
-@contextlib.contextmanager
-def dispatching_through(dispatch: Callable[[Primitive, list[Any], dict[str, Any]], Any]) -> Iterator[None]:
-    """Run the forwards ``bind`` dispatches in the body as ``dispatch(prim, arrays, params)`` (NOTE [Dispatch seam])."""
-    token = _DISPATCH.set(dispatch)
-    try:
-        yield
-    finally:
-        _DISPATCH.reset(token)
-
-
 def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     """Run ``prim`` on ``args`` and, when grad mode asks for it, record its node."""
     arrays: list[Any] = []
@@ -526,7 +504,7 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
         _check_same_devices(tensors, arrays, positions)
     if scalars and prim.jit and tensors and not isinstance(arrays[positions[0]], jax.core.Tracer):  # NOTE [Scalar constants]
         arrays = [_device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
-    dispatch = _DISPATCH.get()
+    dispatch = DISPATCH.get()  # NOTE [Dispatch seam] in xgrad/ops/dispatch.py
     out = prim.dispatch(arrays, params) if dispatch is None else dispatch(prim, arrays, params)
     tangents = None
     if LEVEL.current is not None and tensors and tangents_on():  # NOTE [Tangents are jvp of the forward]
