@@ -21,7 +21,8 @@ from typing import Any
 
 import jax
 
-from xgrad.grad_mode import no_grad
+from xgrad.grad_mode import graph_off, is_grad_enabled
+from xgrad.ops import from_jax
 from xgrad.jax_capture import quiet_captures
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
@@ -42,6 +43,33 @@ def _tensors(tree: Any) -> Any:
 def _inside(tree: Any) -> Any:
     """The function's view of a tree of arguments: every Tensor a fresh one outside the graph."""
     return jax.tree_util.tree_map(lambda x: Tensor(array_of(x)) if isinstance(x, Tensor) else x, tree, is_leaf=is_tensor)
+
+
+def _has_history(tree: Any) -> bool:
+    return any(
+        isinstance(x, Tensor) and (x.requires_grad or x.grad_fn is not None)
+        for x in jax.tree_util.tree_leaves(tree, is_leaf=is_tensor)
+    )
+
+
+# NOTE [Transforms keep history]
+# ``torch.func``'s transforms compose with autograd: ``vmap(jacrev(f))(x)`` on an ``x``
+# that requires grad gives a result that ``backward()`` differentiates (a force term in a
+# loss, a MAML inner step). Called with grad mode on and a Tensor argument that requires
+# grad (or has history), a transform here runs as one ``from_jax`` op of the arguments:
+# its result keeps the history, and its backward is JAX's vjp of the transformed function.
+def _keeps_history(transformed: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(transformed)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not is_grad_enabled() or not _has_history((args, kwargs)):
+            return transformed(*args, **kwargs)
+
+        def of_arrays(args: Any, kwargs: Any) -> Any:
+            return _arrays(transformed(*_tensors(args), **_tensors(kwargs)))
+
+        return from_jax(of_arrays, name=getattr(transformed, "__name__", "transform"))(args, kwargs)
+
+    return wrapper
 
 
 def _argnums_tuple(argnums: int | Sequence[int], nargs: int, name: str) -> tuple[int, ...]:
@@ -78,7 +106,7 @@ def _split_aux(out: Any, name: str) -> tuple[Any, Any]:
 
 def _call(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
     """``func`` on the function's view of its arguments, as the transforms run it."""
-    with no_grad(), quiet_captures():
+    with graph_off(), quiet_captures():
         return func(*_inside(tuple(args)), **_inside(dict(kwargs)))
 
 
@@ -121,7 +149,7 @@ def grad_and_value(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0,
         grads = _tensors(grads if isinstance(argnums, tuple) else grads[0])
         return (grads, (Tensor(value), _tensors(aux))) if has_aux else (grads, Tensor(value))
 
-    return wrapper
+    return _keeps_history(wrapper)
 
 
 def grad(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0, has_aux: bool = False) -> Callable[..., Any]:
@@ -262,7 +290,7 @@ def vmap(
             return _tensors(batched(*arrays))
         return _tensors(_in_chunks(batched, arrays, [dims[i] for i in mapped], out_dims, chunk_size))
 
-    return wrapper
+    return _keeps_history(wrapper)
 
 
 def _in_chunks(batched: Callable[..., Any], arrays: list[Any], dims: list[Any], out_dims: Any, chunk_size: int) -> Any:
@@ -305,7 +333,7 @@ def _jacobian(jax_transform: Callable[..., Any], func: Callable[..., Any], argnu
         result = jax_transform(of_arrays, argnums=positions, has_aux=has_aux)(*[_arrays(args[i]) for i in nums])
         return (_tensors(result[0]), _tensors(result[1])) if has_aux else _tensors(result)
 
-    return wrapper
+    return _keeps_history(wrapper)
 
 
 def jacrev(

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from xgrad import step_trace
@@ -30,7 +31,7 @@ from xgrad.engine.dual import ERR_TANGENT_SIZE, LEVEL, set_tangent, tangent_of, 
 from xgrad.engine.node import NO_EDGE, InputMetadata, Node, gradient_edge
 from xgrad.engine.saved import ERR_FREED, SavedTensor
 from xgrad.grad_mode import _state as _grad_state
-from xgrad.grad_mode import no_grad
+from xgrad.grad_mode import graph_off, no_grad
 from xgrad.step_trace import array_of
 from xgrad.tensor import ERR_LEAF_INPLACE, Tensor
 
@@ -295,6 +296,9 @@ class Function:
             # setup_context sees the inputs as forward's signature binds them, defaults
             # filled in, as in PyTorch (they are the node's inputs too).
             args, kwargs = _bind_default_args(cls, args, kwargs)
+        on_jax = _on_jax_trace(args)
+        if on_jax and not cls._traced_in_step:
+            return _apply_on_jax(cls, ctx, args, kwargs, separate_setup)
         record = _grad_state.enabled
         needs = tuple(record and isinstance(a, Tensor) and a.requires_grad for a in args)
         ctx.needs_input_grad = needs
@@ -307,7 +311,9 @@ class Function:
         for a, _ in stashed:
             a._fw_grad = None
         try:
-            with no_grad(), tangents_off():
+            # xgrad's own Functions compute their exact math in the forward: on JAX's AD
+            # it is differentiated as it is (NOTE [Functions on JAX's AD]).
+            with graph_off() if on_jax else no_grad(), tangents_off():
                 if separate_setup:
                     output = cls.forward(*args, **kwargs)
                     cls.setup_context(ctx, args, output)
@@ -324,6 +330,123 @@ class Function:
 
 
 _base_setup_context = Function.setup_context
+
+
+def _on_jax_trace(args: tuple[Any, ...]) -> bool:
+    """Whether ``apply`` runs on a plain JAX transformation's tracers (not an ``xgrad.compile`` step's)."""
+    if step_trace.current() is not None:
+        return False
+    return any(isinstance(a, Tensor) and isinstance(a._array, jax.core.Tracer) for a in args)
+
+
+ERR_DIRTY_ON_JAX = (
+    "{name}.forward marked an input dirty (ctx.mark_dirty) under a JAX transformation (jax.grad, jax.jit, "
+    "jax.vmap, xgrad.func): JAX arrays cannot be modified in place there. Return a new tensor instead of "
+    "modifying the input, or run the step eagerly or under xgrad.compile."
+)
+
+
+# NOTE [Functions on JAX's AD]
+# On a plain JAX transformation's tracers (``jax.grad(loss)(model)``, ``xgrad.func``,
+# ``jax.jit``) a ``Function`` is a ``jax.custom_vjp``: JAX's AD calls the user's
+# ``backward`` (after ``setup_context``/``forward``, with ``ctx.saved_tensors`` the
+# residuals) instead of differentiating ``forward``, so a straight-through estimator
+# gives eager's gradients on every route. The ``ctx`` stays on the Python side (its
+# attributes are not JAX values); the tensors saved for backward are the residuals.
+# ``needs_input_grad`` is True for every floating tensor input, since JAX may ask for
+# any of them; a ``None`` gradient is JAX's zero cotangent. The backward runs with
+# recording off but JAX's AD on, so ``jax.grad`` of ``jax.grad`` differentiates it, as
+# ``create_graph=True`` does; ``once_differentiable``'s ``no_grad`` makes that zero.
+# Non-differentiable outputs go through ``lax.stop_gradient``. Where xgrad records too
+# (a tensor that requires grad, grad mode on), the outputs are one ``from_jax`` op
+# whose backward is ``jax.vjp`` of the custom_vjp, so a ``backward()`` inside the
+# trace runs the user's ``backward`` as well. xgrad's own Functions whose forward is
+# the exact math (``_traced_in_step``: the reentrant checkpoint) are differentiated
+# through their forward instead, as under ``xgrad.compile``.
+def _apply_on_jax(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], kwargs: dict[str, Any], separate_setup: bool) -> Any:
+    positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+    ctx.needs_input_grad = tuple(
+        isinstance(a, Tensor) and jnp.issubdtype(a._array.dtype, jnp.inexact) for a in args
+    )
+    layout: dict[str, Any] = {}  # what the forward returned besides its arrays (filled when it runs)
+
+    def forward(arrays: tuple[Any, ...]) -> tuple[Any, ...]:
+        inner = list(args)
+        for i, array in zip(positions, arrays, strict=True):
+            t = Tensor(array)
+            t._requires_grad = args[i]._requires_grad
+            inner[i] = t
+        with no_grad(), tangents_off():
+            if separate_setup:
+                output = cls.forward(*inner, **kwargs)
+                cls.setup_context(ctx, tuple(inner), output)
+            else:
+                output = cls.forward(ctx, *inner, **kwargs)
+        if ctx._dirty:
+            raise RuntimeError(ERR_DIRTY_ON_JAX.format(name=cls.__name__))
+        raw = output if isinstance(output, tuple) else (output,)
+        non_diff = {id(t) for t in ctx._non_differentiable}
+        layout["tuple"] = isinstance(output, tuple)
+        layout["raw"] = [None if isinstance(o, Tensor) else o for o in raw]
+        layout["avals"] = [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in raw if isinstance(o, Tensor)]
+        return tuple(
+            jax.lax.stop_gradient(o._array) if id(o) in non_diff else o._array for o in raw if isinstance(o, Tensor)
+        )
+
+    @jax.custom_vjp
+    def fn(*arrays: Any) -> tuple[Any, ...]:
+        return forward(arrays)
+
+    def fwd(*arrays: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        outs = forward(arrays)
+        saved = tuple(None if t is None else array_of(t) for t in ctx._to_save)
+        ctx._to_save = ()
+        return outs, saved
+
+    def bwd(saved: tuple[Any, ...], cotangents: tuple[Any, ...]) -> tuple[Any, ...]:
+        it = iter(cotangents)
+        grads: list[Any] = []
+        for o in layout["raw"]:
+            if o is not None:
+                grads.append(None)
+                continue
+            c = next(it)
+            grads.append(None if c.dtype == jax.dtypes.float0 else Tensor(c))
+        ctx._saved_values = tuple(None if a is None else Tensor(a) for a in saved)
+        try:
+            with graph_off():
+                result = cls.backward(ctx, *grads)
+        finally:
+            ctx._saved_values = None
+        results = list(result) if isinstance(result, tuple) else [result]
+        if len(results) > len(args) and all(g is None for g in results[len(args):]):
+            del results[len(args):]
+        if len(results) != len(args):
+            raise RuntimeError(ERR_NUM_GRADS.format(name=f"{cls.__name__}Backward", expected=len(args), got=len(results)))
+        out: list[Any] = []
+        for i in positions:
+            g, array = results[i], args[i]._array
+            if g is None or not jnp.issubdtype(array.dtype, jnp.inexact):
+                out.append(None)
+                continue
+            g = array_of(g) if isinstance(g, Tensor) else jnp.asarray(g)
+            if g.shape != array.shape:
+                g = array_of(engine_ops.sum_to(Tensor(g), array.shape))
+            out.append(g.astype(array.dtype))
+        for i, g in enumerate(results):
+            if g is not None and not isinstance(args[i], Tensor):
+                raise RuntimeError(ERR_GRAD_FOR_NON_TENSOR.format(name=f"{cls.__name__}Backward", i=i))
+        return tuple(out)
+
+    fn.defvjp(fwd, bwd)
+    tensors = [args[i] for i in positions]
+    if _grad_state.enabled and any(t.requires_grad for t in tensors):
+        outs = list(engine_ops.jax_function(fn, tensors))
+    else:
+        outs = [Tensor(a) for a in fn(*[t._array for t in tensors])]
+    it = iter(outs)
+    result = [next(it) if o is None else o for o in layout["raw"]]
+    return tuple(result) if layout["tuple"] else result[0]
 _forward_signatures: weakref.WeakKeyDictionary[type[Function], inspect.Signature] = weakref.WeakKeyDictionary()
 
 

@@ -14,6 +14,14 @@
 # that were parameters are parameters again (``named_parameters`` finds them).
 # Flattening reads the model and changes nothing: eager users mutate parameters in
 # place (``p.data.mul_``, optimizers) exactly as before.
+#
+# NOTE [Frozen state on JAX's AD]
+# Eager backward gives a frozen parameter (``requires_grad=False``) and a buffer no
+# gradient, whatever the loss does with them. ``jax.grad(loss)(model)`` differentiates
+# every leaf, so a module unflattened on tracers (inside a JAX transformation) holds
+# those through ``lax.stop_gradient``: their "gradient" is zeros, and an optimizer's
+# update leaves them as they are, as eager's ``optimizer.step()`` does. Inside an
+# ``xgrad.compile`` step xgrad's own engine differentiates and nothing is wrapped.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from xgrad import step_trace
 from xgrad.nn.hooks import HOOK_DICTS
 from xgrad.tensor import Tensor
 
@@ -160,6 +169,8 @@ def _unflatten(aux: _ModuleAux, children: Any) -> Any:
             child = next(children)
             if info is not None:
                 meta, is_parameter = info
+                if not meta.requires_grad and isinstance(child, jax.core.Tracer) and step_trace.current() is None:
+                    child = jax.lax.stop_gradient(child)  # NOTE [Frozen state on JAX's AD]
                 child = Tensor.tree_unflatten(meta, (child,))
                 if is_parameter and isinstance(child, Tensor):
                     _mark_parameter(child, f"{aux.cls.__name__}.{name}")

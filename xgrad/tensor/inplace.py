@@ -6,6 +6,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
 
 from xgrad.engine.dual import LEVEL
@@ -108,9 +109,9 @@ def write_to_source(self: core.Tensor, result: core.Tensor) -> bool:
     Returns False when the alias has parted from its source.
     """
     assert self._alias_of is not None
-    get_source, shares_version = self._alias_of
+    get_source, shares_version, (source_array, alias_array) = self._alias_of
     source = get_source()
-    if source is None or source._array is not self._array:
+    if source is None or source._array is not source_array or self._array is not alias_array:
         self._alias_of = None
         return False
     version = source._version
@@ -122,6 +123,7 @@ def write_to_source(self: core.Tensor, result: core.Tensor) -> bool:
         source._version = version
     self._take_value(result)  # the alias's own history, if the written value has one
     self._array = source._array
+    self._alias_of = (get_source, shares_version, (source._array, self._array))
     if shares_version:
         self._version = source._version
     return True
@@ -184,12 +186,15 @@ def detached_alias(self: core.Tensor, shares_version: bool) -> core.Tensor:
     trace = _current_step()
     if trace is not None:
         trace.read(self)
-    t = core.Tensor(self._array)
+    array = self._array
+    # On JAX's tracers the alias stops JAX's AD too (NOTE [Grad mode on JAX's AD]); in an
+    # ``xgrad.compile`` step xgrad's own engine differentiates, and the alias stays the array.
+    t = core.Tensor(jax.lax.stop_gradient(array) if trace is None and isinstance(array, jax.core.Tracer) else array)
     # A view is held strongly (``m[1].data.fill_(7.0)``: nothing else keeps that view
     # alive, and it holds its base anyway); any other source weakly, so an alias of a
     # result never keeps that result's graph alive.
     source: Callable[[], core.Tensor | None] = weakref.ref(self) if self._view is None else (lambda: self)
-    t._alias_of = (source, shares_version)
+    t._alias_of = (source, shares_version, (array, t._array))
     t._inference = self._inference
     if shares_version:
         t._version = self._version

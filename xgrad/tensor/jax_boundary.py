@@ -10,13 +10,13 @@ from typing import Any
 import jax
 
 from xgrad import step_trace
-from xgrad.grad_mode import is_grad_enabled
+from xgrad.grad_mode import graph_off, is_grad_enabled
 from xgrad.jax_internals import get_opaque_trace_state
 from xgrad.step_trace import array_of
 from xgrad.tensor import core
 from xgrad.tensor.dtypes import is_differentiable_dtype
 
-__all__ = ["jax_array", "tree_flatten", "tree_unflatten", "user_site", "user_stacklevel"]
+__all__ = ["hook_on_jax", "jax_array", "tree_flatten", "tree_unflatten", "user_site", "user_stacklevel"]
 
 
 def _in_compiled_step() -> bool:
@@ -71,6 +71,46 @@ def user_stacklevel() -> int:
     return 1 if found is None else found[0]
 
 
+# NOTE [Hooks on JAX's AD]
+# On a plain JAX transformation's tracers a tensor hook must see the cotangent JAX's AD
+# computes, or ``jax.grad(loss)(model)`` would skip a gradient clamp that
+# ``loss.backward()`` applies. ``hook_on_jax`` puts the tensor's array through an
+# identity whose ``custom_vjp`` calls the tensor's hooks, in the order they were
+# registered, on the cotangent (as a Tensor; a non-``None`` return replaces it), so
+# every use of the tensor after that point is seen. A parameter's hooks ride in its
+# pytree metadata, so the parameter a JAX transformation unflattens from a tracer gets
+# them too, and keeps them: ``jax.jit(jax.grad(loss))`` unflattens it twice, and the
+# innermost transformation is the one that differentiates. Hooks run with recording off and JAX's AD on, so a hook's ops are
+# differentiated by an outer ``jax.grad`` as ``create_graph=True`` would.
+def _identity_with_hooks(hooks: tuple[Any, ...]) -> Any:
+    @jax.custom_vjp
+    def identity(x: Any) -> Any:
+        return x
+
+    def fwd(x: Any) -> tuple[Any, Any]:
+        return x, jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+    def bwd(aval: Any, g: Any) -> tuple[Any]:
+        grad = core.Tensor(g)
+        with graph_off():
+            for hook in hooks:
+                result = hook(grad)
+                if result is not None:
+                    if not isinstance(result, core.Tensor) or result.shape != aval.shape:
+                        got = getattr(result, "shape", type(result).__name__)
+                        raise RuntimeError(f"hook returned a gradient of shape {got}, expected {tuple(aval.shape)}")
+                    grad = result
+        return (array_of(grad).astype(aval.dtype),)
+
+    identity.defvjp(fwd, bwd)
+    return identity
+
+
+def hook_on_jax(array: Any, hooks: tuple[Any, ...]) -> Any:
+    """``array`` through an identity whose cotangent goes through ``hooks`` (NOTE [Hooks on JAX's AD])."""
+    return _identity_with_hooks(hooks)(array)
+
+
 class _TensorMeta:
     """A Tensor node's pytree metadata (NOTE [Tensor as a pytree]): ``requires_grad``,
     whether it has history, whether its array was a tracer when it was flattened (an
@@ -78,10 +118,13 @@ class _TensorMeta:
     or ``tree_map`` built from one).
     """
 
-    __slots__ = ("compiled", "grad_enabled", "has_history", "is_grad", "requires_grad", "traced")
+    __slots__ = ("compiled", "grad_enabled", "has_history", "hooks", "is_grad", "requires_grad", "traced")
 
-    def __init__(self, requires_grad: bool, has_history: bool, traced: bool = False, is_grad: bool = False) -> None:
+    def __init__(
+        self, requires_grad: bool, has_history: bool, traced: bool = False, is_grad: bool = False, hooks: tuple[Any, ...] = ()
+    ) -> None:
         self.requires_grad = requires_grad
+        self.hooks = hooks  # a leaf's tensor hooks, in order (NOTE [Hooks on JAX's AD])
         self.has_history = has_history
         self.traced = traced
         self.is_grad = is_grad
@@ -100,7 +143,7 @@ class _TensorMeta:
             return self.compiled == other.compiled
         if self.traced or other.traced:  # a jitted function called both inside and outside a trace
             return self._raises() == other._raises()
-        if self.has_history != other.has_history:
+        if self.has_history != other.has_history or self.hooks != other.hooks:
             return False
         if self.is_grad or other.is_grad:
             return True
@@ -144,6 +187,21 @@ ERR_HISTORY_INTO_JAX = (
 # differentiate and goes through; inside an ``xgrad.compile`` step it raises as in eager.
 # A ``jax.Array`` on the left of an operator (``jnp_array * t``) converts the Tensor the
 # same way: JAX's public protocol has no way to defer to the Tensor's reflected operator.
+# NOTE [Outputs of JAX transformations]
+# A plain ``jax.jit``/``jax.vmap`` of xgrad code on tensors that require grad records
+# xgrad's graph inside its trace, and that graph cannot reach the caller's tensors: what
+# comes out has no history. Used as a value (inference, metrics) that is right; used in
+# a graph that requires grad it would silently lose the gradient through the call
+# (``jax.jit(f)(t) + (t * 3).sum()``). So such an output remembers where it was made,
+# and recording an op that mixes it with tensors that require grad raises
+# ``ERR_CUT_BY_JAX`` there, naming the fixes.
+ERR_CUT_BY_JAX = (
+    "a Tensor that came out of a plain JAX transformation (jax.jit, jax.vmap, ...) of xgrad code on tensors that "
+    "require grad{where} is used in a computation that requires grad: its graph stayed inside the transformation, "
+    "so the gradient through that call would be lost. Use xgrad.compile(fn) to jit xgrad code that records "
+    "autograd, xgrad.from_jax(fn) for a JAX function, or xgrad.func's transforms (they keep the history); or "
+    "call the transformation under xgrad.no_grad(), or .detach() its result, if you want its value only."
+)
 ERR_REQUIRES_GRAD_TO_JAX = (
     "Can't convert a Tensor that requires grad to a jax.Array: JAX would compute with its value only and the "
     "gradient would be lost{where}. Use the xgrad op of the same name on the Tensor (xgrad.sin(t) for jnp.sin(t); "
@@ -178,8 +236,13 @@ def tree_flatten(self: core.Tensor) -> tuple[tuple[Any], _TensorMeta]:
     placeholder_meta = getattr(self, "_placeholder_meta", None)
     if placeholder_meta is not None:
         return (array,), placeholder_meta
+    hooks = self._backward_hooks
     meta = _TensorMeta(
-        self.requires_grad, self.grad_fn is not None, isinstance(array, jax.core.Tracer), getattr(self, "_is_grad", False)
+        self.requires_grad,
+        self.grad_fn is not None,
+        isinstance(array, jax.core.Tracer),
+        getattr(self, "_is_grad", False),
+        () if not hooks or self.grad_fn is not None else tuple(fn for _, fn in hooks.values()),
     )
     return (array,), meta
 
@@ -201,12 +264,21 @@ def tree_unflatten(meta: _TensorMeta, children: tuple[Any]) -> Any:
                 raise RuntimeError(ERR_HISTORY_INTO_JAX.format(where=user_site()))
         elif not meta.traced:
             raise RuntimeError(ERR_HISTORY_CROSSES_JAX)
-        return core.Tensor(child)  # a traced function's output: its graph stayed in the trace
+        out = core.Tensor(child)  # a traced function's output: its graph stayed in the trace
+        if not _in_compiled_step():
+            out._cut_site = user_site()  # NOTE [Outputs of JAX transformations]
+        return out
+    if meta.hooks and isinstance(child, jax.core.Tracer) and not _in_compiled_step():
+        child = hook_on_jax(child, meta.hooks)
     # JAX may unflatten with abstract leaves: no dtype checks beyond the flag's own.
     t = core.Tensor(child)
     t._requires_grad = meta.requires_grad and is_differentiable_dtype(child.dtype)
     if meta.is_grad:
         t._is_grad = True
+    if meta.hooks:  # kept, so that a transformation nested in this one runs them on its own cotangents
+        from xgrad.engine.hooks import HookDict
+
+        t._backward_hooks = HookDict((k, (0, hook)) for k, hook in enumerate(meta.hooks))
     if t._requires_grad and not meta.traced:
         # An argument of the trace it is unflattened in, never a constant it captured.
         t._entered_trace = get_opaque_trace_state(convention="xgrad")
