@@ -15,6 +15,14 @@
 # Flattening reads the model and changes nothing: eager users mutate parameters in
 # place (``p.data.mul_``, optimizers) exactly as before.
 #
+# NOTE [Foreign pytrees in a module]
+# A module may hold any pytree with arrays: an Equinox or Flax module, a dict of arrays,
+# a list of Parameters. Its arrays are children (``jax.grad`` differentiates them,
+# optax and ``jax.jit`` see them) and its other leaves (functions, ints) are aux data,
+# as ``eqx.partition`` splits a model. Eager optimizers train what ``parameters()``
+# lists: a foreign pytree's arrays are constants there until they are Parameters
+# (``jax.tree_util.tree_map(nn.Parameter, arrays)``, which ``parameters()`` then finds).
+#
 # NOTE [Frozen state on JAX's AD]
 # Eager backward gives a frozen parameter (``requires_grad=False``) and a buffer no
 # gradient, whatever the loss does with them. ``jax.grad(loss)(model)`` differentiates
@@ -40,26 +48,23 @@ __all__ = ["register_module_pytree"]
 _ARRAYS = (Tensor, jax.Array, np.ndarray)
 
 
-def _is_state(value: Any) -> bool:
-    """Whether an attribute value is (or holds) state: a Tensor, an array or a Module."""
-    from xgrad.nn.module import Module
-
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, (*_ARRAYS, Module)):
-            return True
-        if isinstance(item, (list, tuple)):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-    return False
-
-
 def _stop_at_tensors_and_modules(x: Any) -> bool:
     from xgrad.nn.module import Module
 
     return isinstance(x, (Tensor, Module))
+
+
+def _is_state(value: Any) -> bool:
+    """Whether an attribute value is (or holds) state: a Tensor, an array or a Module, or
+    any pytree (a list, an Equinox or Flax module, a dict) with one among its leaves."""
+    from xgrad.nn.module import Module
+
+    if isinstance(value, (*_ARRAYS, Module)):
+        return True
+    if value is None or isinstance(value, (bool, int, float, str, type)):
+        return False
+    leaves = jax.tree_util.tree_leaves(value, is_leaf=_stop_at_tensors_and_modules)
+    return any(isinstance(leaf, (*_ARRAYS, Module)) for leaf in leaves)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -71,26 +76,69 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
+class _Static:
+    """A leaf of a state attribute that is not an array (an activation function in an
+    Equinox module, an int in a list): aux data, as ``eqx.partition`` makes it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Static) and _same(self.value, other.value)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+# A path from a module to something below it: per step, where it is held ("attr": in
+# the module's ``__dict__``, "key": in its ``_modules``) and under which name.
+Path = tuple[tuple[str, str], ...]
+
+
+class _Tied:
+    """A later occurrence of a tensor or module that a model holds in several places: the
+    path, from the module that found it, of its first occurrence (NOTE [Shared parameters])."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Tied) and self.path == other.path
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+    def __repr__(self) -> str:
+        return f"tied to {'.'.join(name for _, name in self.path)}"
+
+
 class _ModuleAux:
     """A Module node's aux data: its class, which attributes hold children and how, and the rest's values."""
 
-    __slots__ = ("cls", "entries", "modules", "order", "static")
+    __slots__ = ("cls", "entries", "modules", "order", "static", "ties")
 
     def __init__(
         self,
         cls: type,
         order: tuple[str, ...],
         entries: tuple[tuple[str, Any, tuple[Any, ...]], ...],
-        modules: tuple[str, ...],
+        modules: tuple[tuple[str, Any], ...],
         static: tuple[tuple[str, Any], ...],
+        ties: tuple[tuple[Path, _Tied], ...],
     ) -> None:
         self.cls = cls
         self.order = order  # every attribute, in the instance's order (``named_parameters`` follows it)
         # Per attribute holding state: (name, the treedef of its value down to Tensors and
-        # Modules, per leaf ``None`` or a Tensor's (pytree metadata, whether a parameter)).
+        # Modules, per leaf ``None`` (a child), a Tensor's (pytree metadata, whether a
+        # parameter), or a ``_Static`` value).
         self.entries = entries
-        self.modules = modules
+        self.modules = modules  # per child held by key: (name, None for a child, or a _Tied)
         self.static = static
+        self.ties = ties  # the later occurrences below this module, resolved when it is unflattened
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, _ModuleAux):
@@ -99,6 +147,7 @@ class _ModuleAux:
             self.cls is other.cls
             and self.order == other.order
             and self.modules == other.modules
+            and self.ties == other.ties
             and len(self.entries) == len(other.entries)
             and all(
                 n == m and t == u and len(i) == len(j) and all(_same(a, b) for a, b in zip(i, j, strict=True))
@@ -115,9 +164,83 @@ class _ModuleAux:
         return f"{self.cls.__name__}(static={dict(self.static)})"
 
 
+# NOTE [Shared parameters]
+# A model may hold one tensor in several places (tied weights: ``head.weight =
+# emb.weight``) or one submodule twice. As PyTorch's ``named_parameters`` lists it once,
+# the pytree has it once: flattening a module finds, in its subtree and in the order
+# the leaves come (attributes, then children by key, depth first), every later
+# occurrence of a tensor attribute or child module already seen, and flattens, in its
+# place, a ``_Tied`` mark holding the path of the first one (a shallow copy of each
+# submodule on the way carries the mark; the model itself is not changed). Unflattening
+# puts the first occurrence's object back at each mark. So ``jax.grad(loss)(model)``
+# gives a tied weight one gradient, the sum over its uses, and ``optax.apply_updates``
+# builds a model whose head and embedding share one parameter again.
+def _later_occurrences(root: Any) -> list[tuple[Path, _Tied]]:
+    """Every later occurrence below ``root``: (its path, a mark naming the first one's path)."""
+    from xgrad.nn.module import Module
+
+    first: dict[int, Path] = {id(root): ()}
+    later: list[tuple[Path, _Tied]] = []
+    stack: list[tuple[Any, Path]] = [(root, ())]
+    while stack:
+        module, path = stack.pop()
+        below = []
+        held = [("attr", name, value) for name, value in module.__dict__.items() if name != "_modules"]
+        held += [("key", name, value) for name, value in module._modules.items()]
+        for where, name, value in held:
+            if not isinstance(value, (Tensor, Module)):
+                continue
+            here = (*path, (where, name))
+            seen = first.setdefault(id(value), here)
+            if seen != here:
+                later.append((here, _Tied(seen)))
+            elif isinstance(value, Module):
+                below.append((value, here))
+        stack.extend(reversed(below))  # depth first, in order
+    return later
+
+
+def _marked(module: Any, later: list[tuple[Path, _Tied]]) -> Any:
+    """A shallow copy of ``module`` with each later occurrence (paths relative to it) replaced by its mark."""
+    from xgrad.nn.module import Module
+
+    copy = Module.__new__(type(module))
+    state = copy.__dict__
+    state.clear()
+    state.update(module.__dict__)
+    state["_modules"] = dict(module._modules)
+    below: dict[tuple[str, str], list[tuple[Path, _Tied]]] = {}
+    for path, mark in later:
+        if len(path) == 1:
+            _put(copy, path, mark)
+        else:
+            below.setdefault(path[0], []).append((path[1:], mark))
+    for step, marks in below.items():
+        _put(copy, (step,), _marked(_find(copy, (step,)), marks))
+    return copy
+
+
+def _find(module: Any, path: Path) -> Any:
+    for where, name in path:
+        module = module.__dict__[name] if where == "attr" else module._modules[name]
+    return module
+
+
+def _put(module: Any, path: Path, value: Any) -> None:
+    module = _find(module, path[:-1])
+    where, name = path[-1]
+    if where == "attr":
+        module.__dict__[name] = value
+    else:
+        module._modules[name] = value
+
+
 def _flatten(module: Any) -> tuple[list[tuple[Any, Any]], _ModuleAux]:
     from xgrad.nn.module import _is_parameter
 
+    ties = _later_occurrences(module)
+    if ties:
+        module = _marked(module, ties)
     children: list[tuple[Any, Any]] = []
     entries: list[tuple[str, Any, tuple[Any, ...]]] = []
     static: list[tuple[str, Any]] = []
@@ -138,14 +261,20 @@ def _flatten(module: Any) -> tuple[list[tuple[Any, Any]], _ModuleAux]:
                 (array,), meta = leaf.tree_flatten()
                 infos.append((meta, _is_parameter(leaf)))
                 children.append((key, array))
-            else:
+            elif _is_state(leaf):
                 infos.append(None)
                 children.append((key, leaf))
+            else:  # NOTE [Foreign pytrees in a module]
+                infos.append(_Static(leaf))
         entries.append((name, treedef, tuple(infos)))
-    modules = module._modules
-    for name, child in modules.items():
-        children.append((jax.tree_util.GetAttrKey(name), child))
-    aux = _ModuleAux(type(module), tuple(state), tuple(entries), tuple(modules), tuple(static))
+    modules: list[tuple[str, Any]] = []
+    for name, child in module._modules.items():
+        if isinstance(child, _Tied):
+            modules.append((name, child))
+        else:
+            modules.append((name, None))
+            children.append((jax.tree_util.GetAttrKey(name), child))
+    aux = _ModuleAux(type(module), tuple(state), tuple(entries), tuple(modules), tuple(static), tuple(ties))
     return children, aux
 
 
@@ -166,21 +295,34 @@ def _unflatten(aux: _ModuleAux, children: Any) -> Any:
     for name, treedef, infos in aux.entries:
         leaves = []
         for info in infos:
+            if type(info) is _Static:
+                leaves.append(info.value)
+                continue
             child = next(children)
             if info is not None:
                 meta, is_parameter = info
                 if not meta.requires_grad and isinstance(child, jax.core.Tracer) and step_trace.current() is None:
-                    child = jax.lax.stop_gradient(child)  # NOTE [Frozen state on JAX's AD]
+                    child = jax.lax.stop_gradient(child)  # NOTE [Foreign pytrees in a module]
+# A module may hold any pytree with arrays: an Equinox or Flax module, a dict of arrays,
+# a list of Parameters. Its arrays are children (``jax.grad`` differentiates them,
+# optax and ``jax.jit`` see them) and its other leaves (functions, ints) are aux data,
+# as ``eqx.partition`` splits a model. Eager optimizers train what ``parameters()``
+# lists: a foreign pytree's arrays are constants there until they are Parameters
+# (``jax.tree_util.tree_map(nn.Parameter, arrays)``, which ``parameters()`` then finds).
+#
+# NOTE [Frozen state on JAX's AD]
                 child = Tensor.tree_unflatten(meta, (child,))
                 if is_parameter and isinstance(child, Tensor):
                     _mark_parameter(child, f"{aux.cls.__name__}.{name}")
             leaves.append(child)
         values[name] = jax.tree_util.tree_unflatten(treedef, leaves)
-    values["_modules"] = dict(zip(aux.modules, children, strict=True))
+    values["_modules"] = {name: next(children) if mark is None else mark for name, mark in aux.modules}
     state = module.__dict__
     state.clear()
     for name in aux.order:
         state[name] = values[name]
+    for path, mark in aux.ties:
+        _put(module, path, _find(module, mark.path))
     return module
 
 

@@ -14,6 +14,7 @@ from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.step_trace import current as _current_step
 from xgrad.tensor import core
+from xgrad.tensor.jax_boundary import ERR_STATE_WRITTEN_IN_JAX, user_site
 from xgrad.tensor.dtypes import can_cast, torch_dtype_name
 
 __all__ = [
@@ -134,6 +135,8 @@ def take_value(self: core.Tensor, result: core.Tensor) -> None:
     trace = _current_step()
     if trace is not None:
         trace.write(self)
+    elif getattr(self, "_entered_trace", None) is not None and isinstance(self._array, jax.core.Tracer):
+        raise RuntimeError(ERR_STATE_WRITTEN_IN_JAX.format(where=user_site()))  # NOTE [State written inside a JAX transformation]
     self._array = result._array
     self._version += 1
     if self._fw_grad is not None or result._fw_grad is not None:

@@ -3,6 +3,7 @@ keep autograd history from crossing into JAX silently (NOTE [JAX boundary])."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 from types import FrameType
 from typing import Any
@@ -118,13 +119,23 @@ class _TensorMeta:
     or ``tree_map`` built from one).
     """
 
-    __slots__ = ("compiled", "grad_enabled", "has_history", "hooks", "is_grad", "requires_grad", "traced")
+    __slots__ = (
+        "compiled", "grad_enabled", "has_history", "hooked", "hooks", "is_grad", "placeholder", "requires_grad", "traced",
+    )
 
     def __init__(
-        self, requires_grad: bool, has_history: bool, traced: bool = False, is_grad: bool = False, hooks: tuple[Any, ...] = ()
+        self,
+        requires_grad: bool,
+        has_history: bool,
+        traced: bool = False,
+        is_grad: bool = False,
+        hooks: tuple[Any, ...] = (),
+        hooked: tuple[Any, Any] | None = None,
     ) -> None:
         self.requires_grad = requires_grad
         self.hooks = hooks  # a leaf's tensor hooks, in order (NOTE [Hooks on JAX's AD])
+        self.hooked = hooked  # (array, that array through the hooks) when the tensor holds the latter
+        self.placeholder = False  # a placeholder node's: it matches any Tensor node (NOTE [Tensor as a pytree])
         self.has_history = has_history
         self.traced = traced
         self.is_grad = is_grad
@@ -139,6 +150,8 @@ class _TensorMeta:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, _TensorMeta):
             return False
+        if self.placeholder or other.placeholder:
+            return True
         if self.traced and other.traced:  # outputs and carries inside a trace (lax.scan, cond branches)
             return self.compiled == other.compiled
         if self.traced or other.traced:  # a jitted function called both inside and outside a trace
@@ -202,6 +215,21 @@ ERR_CUT_BY_JAX = (
     "autograd, xgrad.from_jax(fn) for a JAX function, or xgrad.func's transforms (they keep the history); or "
     "call the transformation under xgrad.no_grad(), or .detach() its result, if you want its value only."
 )
+# NOTE [State written inside a JAX transformation]
+# A Tensor passed into a plain JAX transformation (a module's buffer or parameter, an
+# argument) is a new Tensor around a tracer inside it. Writing it in place there (a
+# BatchNorm's running statistics in train mode, ``optimizer.step()``, ``t.add_(1)``)
+# changes that inner Tensor only: JAX returns what the function returns, and the
+# caller's tensor would keep its old value, silently. So that write raises, naming the
+# ways that keep it: ``xgrad.compile``, which threads module and optimizer state
+# through its program and writes it back, or an update kept functional.
+ERR_STATE_WRITTEN_IN_JAX = (
+    "a Tensor passed into a plain JAX transformation (jax.jit, jax.vmap, jax.grad, ...) was modified in place "
+    "inside it{where}: the caller's tensor would keep its old value (a BatchNorm's running statistics in train "
+    "mode, an optimizer step). Use xgrad.compile(fn), which writes module and optimizer state back after each "
+    "call; or keep the update functional (return the new values, e.g. xgrad.func.functional_call with the buffers "
+    "passed in); or call model.eval() for a forward that writes nothing."
+)
 ERR_REQUIRES_GRAD_TO_JAX = (
     "Can't convert a Tensor that requires grad to a jax.Array: JAX would compute with its value only and the "
     "gradient would be lost{where}. Use the xgrad op of the same name on the Tensor (xgrad.sin(t) for jnp.sin(t); "
@@ -229,7 +257,9 @@ ERR_REQUIRES_GRAD_TO_JAX = (
 #   a Tensor node as a placeholder, so that ``tree_map`` keeps the tree's structure:
 #   libraries that build trees leaf by leaf and zip them together again
 #   (``eqx.partition``/``combine``, orbax's names and save arguments) rely on it.
-#   ``tree_leaves`` of such a tree gives the values themselves.
+#   ``tree_leaves`` of such a tree gives the values themselves. A placeholder node
+#   matches any Tensor node: ``eqx.combine`` zips the ``None``s of a partition made
+#   outside a transformation with the tracers inside it (``eqx.filter_grad``).
 # * History never crosses a JAX boundary silently: NOTE [JAX boundary].
 def tree_flatten(self: core.Tensor) -> tuple[tuple[Any], _TensorMeta]:
     array = array_of(self)
@@ -237,12 +267,14 @@ def tree_flatten(self: core.Tensor) -> tuple[tuple[Any], _TensorMeta]:
     if placeholder_meta is not None:
         return (array,), placeholder_meta
     hooks = self._backward_hooks
+    jax_hooks = getattr(self, "_jax_hooks", None)
     meta = _TensorMeta(
         self.requires_grad,
         self.grad_fn is not None,
         isinstance(array, jax.core.Tracer),
         getattr(self, "_is_grad", False),
         () if not hooks or self.grad_fn is not None else tuple(fn for _, fn in hooks.values()),
+        None if jax_hooks is None or array is jax_hooks[0] else (jax_hooks[0], array),
     )
     return (array,), meta
 
@@ -256,7 +288,9 @@ def tree_unflatten(meta: _TensorMeta, children: tuple[Any]) -> Any:
             return child
         placeholder = core.Tensor(None)  # in a tree a library builds leaf by leaf: it flattens as the original
         placeholder._array = child  # any leaf (an int too: never read as the legacy Tensor(size) constructor)
-        placeholder._placeholder_meta = meta
+        placeholder_meta = copy.copy(meta)
+        placeholder_meta.placeholder = True
+        placeholder._placeholder_meta = placeholder_meta
         return placeholder
     if meta.has_history:
         if isinstance(child, jax.core.Tracer):
@@ -268,18 +302,26 @@ def tree_unflatten(meta: _TensorMeta, children: tuple[Any]) -> Any:
         if not _in_compiled_step():
             out._cut_site = user_site()  # NOTE [Outputs of JAX transformations]
         return out
-    if meta.hooks and isinstance(child, jax.core.Tracer) and not _in_compiled_step():
-        child = hook_on_jax(child, meta.hooks)
+    on_jax = isinstance(child, jax.core.Tracer) and not _in_compiled_step()
+    jax_hooks = None
+    if meta.hooks and on_jax:
+        if meta.hooked is not None and child is meta.hooked[1]:  # already through them (a tree_map in the trace)
+            jax_hooks = meta.hooked[0], list(meta.hooks)
+        else:
+            jax_hooks = child, list(meta.hooks)
+            child = hook_on_jax(child, meta.hooks)
     # JAX may unflatten with abstract leaves: no dtype checks beyond the flag's own.
     t = core.Tensor(child)
     t._requires_grad = meta.requires_grad and is_differentiable_dtype(child.dtype)
     if meta.is_grad:
         t._is_grad = True
-    if meta.hooks:  # kept, so that a transformation nested in this one runs them on its own cotangents
+    if meta.hooks:  # kept: the model optax builds has them, and a nested transformation runs them on its cotangents
         from xgrad.engine.hooks import HookDict
 
         t._backward_hooks = HookDict((k, (0, hook)) for k, hook in enumerate(meta.hooks))
-    if t._requires_grad and not meta.traced:
+    if jax_hooks is not None:
+        t._jax_hooks = jax_hooks
+    if (t._requires_grad or on_jax) and not meta.traced:
         # An argument of the trace it is unflattened in, never a constant it captured.
         t._entered_trace = get_opaque_trace_state(convention="xgrad")
     return t
