@@ -38,6 +38,7 @@ class _GradState(threading.local):
     enabled: bool = True
     inference: bool = False
     stop_trace: Any = None  # the JAX trace in which a user turned grad off, else None
+    transform: str | None = None  # the xgrad.func transform whose function runs on this thread, if any
 
 
 _state = _GradState()
@@ -65,15 +66,17 @@ def is_inference_mode_enabled() -> bool:
 
 
 @contextlib.contextmanager
-def graph_off() -> Iterator[None]:
+def graph_off(transform: str | None = None) -> Iterator[None]:
     """No graph recorded, and JAX's AD left as it is: for xgrad's own machinery that runs
-    user code on JAX's tracers (NOTE [Grad mode on JAX's AD])."""
-    prev = (_state.enabled, _state.stop_trace)
-    _state.enabled, _state.stop_trace = False, None
+    user code on JAX's tracers (NOTE [Grad mode on JAX's AD]). ``transform`` names the
+    ``xgrad.func`` transform whose function runs (``"grad"`` for the AD ones, ``"vmap"``),
+    for the checks on in-place writes (NOTE [In-place writes in xgrad.func])."""
+    prev = (_state.enabled, _state.stop_trace, _state.transform)
+    _state.enabled, _state.stop_trace, _state.transform = False, None, transform
     try:
         yield
     finally:
-        _state.enabled, _state.stop_trace = prev
+        _state.enabled, _state.stop_trace, _state.transform = prev
 
 
 def stops_gradients(arrays: Any) -> bool:

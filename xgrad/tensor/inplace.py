@@ -130,6 +130,27 @@ def write_to_source(self: core.Tensor, result: core.Tensor) -> bool:
     return True
 
 
+# NOTE [In-place writes in xgrad.func]
+# As in torch.func: an in-place op inside ``vmap``/``jvp`` on a tensor passed to the
+# transform changes the caller's tensor (``xgrad.func`` writes the new value back after
+# the transform), and one on a tensor the function captured from outside, with a value
+# computed from the transform's inputs, raises torch.func's error: JAX's tracer would
+# otherwise be left in the caller's tensor.
+ERR_MUTATE_CAPTURED = {
+    "grad": (
+        "During a grad (vjp, jvp, grad, etc) transform, the function provided attempted to call in-place operation "
+        "that would mutate a captured Tensor. A 'captured' Tensor is one that is not passed as an input to the "
+        "transform function. Please pass it as an input, or make a copy of it (tensor.clone()) before modifying it "
+        "in place."
+    ),
+    "vmap": (
+        "vmap: inplace arithmetic(self, *extra_args) is not possible because there exists a Tensor `other` in "
+        "extra_args that has more elements than `self`. This happened due to `other` being vmapped over but `self` "
+        "not being vmapped over in a vmap. Please try to use out-of-place operators instead of inplace arithmetic."
+    ),
+}
+
+
 def take_value(self: core.Tensor, result: core.Tensor) -> None:
     """Hold ``result``'s array and, when it has one, its place in the graph; bump ``_version``."""
     trace = _current_step()
@@ -137,6 +158,9 @@ def take_value(self: core.Tensor, result: core.Tensor) -> None:
         trace.write(self)
     elif getattr(self, "_entered_trace", None) is not None and isinstance(self._array, jax.core.Tracer):
         raise RuntimeError(ERR_STATE_WRITTEN_IN_JAX.format(where=user_site()))  # NOTE [State written inside a JAX transformation]
+    elif _grad_state.transform is not None and isinstance(result._array, jax.core.Tracer) and not isinstance(self._array, jax.core.Tracer):
+        # NOTE [In-place writes in xgrad.func]: a value of the transform written into a tensor from outside it
+        raise RuntimeError(ERR_MUTATE_CAPTURED[_grad_state.transform])
     self._array = result._array
     self._version += 1
     if self._fw_grad is not None or result._fw_grad is not None:
