@@ -22,8 +22,8 @@ from typing import Any
 import jax
 
 from xgrad.grad_mode import graph_off, is_grad_enabled
-from xgrad.ops import from_jax
 from xgrad.jax_capture import quiet_captures
+from xgrad.ops import from_jax
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
 from xgrad.tensor.inplace import ERR_MUTATE_CAPTURED

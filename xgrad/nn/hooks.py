@@ -27,11 +27,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xgrad import step_trace
 from xgrad.engine import engine_ops
 from xgrad.engine.compiled.switch import pure_hook
 from xgrad.engine.function import Function, FunctionCtx
 from xgrad.engine.hooks import RemovableHandle
-from xgrad import step_trace
 from xgrad.grad_mode import graph_off, is_grad_enabled
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor

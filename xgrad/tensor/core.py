@@ -333,7 +333,7 @@ class Tensor(TensorOpMethods):
         return self._output_nr
 
     # -- conversion ------------------------------------------------------------------
-    __jax_array__ = jax_boundary.jax_array
+    __jax_array__ = jax_boundary.JaxArrayProtocol()
     __array__ = conversion.to_numpy_array
     numpy = conversion.numpy
     item = conversion.item

@@ -14,8 +14,8 @@ from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.step_trace import current as _current_step
 from xgrad.tensor import core
-from xgrad.tensor.jax_boundary import ERR_STATE_WRITTEN_IN_JAX, user_site
 from xgrad.tensor.dtypes import can_cast, torch_dtype_name
+from xgrad.tensor.jax_boundary import ERR_STATE_WRITTEN_IN_JAX, user_site
 
 __all__ = [
     "ERR_INFERENCE_INPLACE", "ERR_LEAF_INPLACE", "alias", "check_inplace", "detached_alias", "rebind", "take_tangent",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import sys
 from types import FrameType
 from typing import Any
 
@@ -12,7 +13,7 @@ import jax
 
 from xgrad import step_trace
 from xgrad.grad_mode import graph_off, is_grad_enabled
-from xgrad.jax_internals import get_opaque_trace_state
+from xgrad.jax_internals import abstractifying, get_opaque_trace_state
 from xgrad.step_trace import array_of
 from xgrad.tensor import core
 from xgrad.tensor.dtypes import is_differentiable_dtype
@@ -325,6 +326,26 @@ def tree_unflatten(meta: _TensorMeta, children: tuple[Any]) -> Any:
         # An argument of the trace it is unflattened in, never a constant it captured.
         t._entered_trace = get_opaque_trace_state(convention="xgrad")
     return t
+
+
+ERR_TENSOR_WHERE_JAX_WANTS_AN_ARRAY = (
+    "a Tensor was given where JAX wants an array{where}: jax.grad needs the function to return a scalar jax.Array "
+    "(return loss.array, or use xgrad.func.grad, which takes functions returning Tensors), and lax functions take "
+    "arrays (pass tensor.array, or use the xgrad op of the same name)."
+)
+
+
+class JaxArrayProtocol:
+    """``Tensor.__jax_array__``: ``jax_array`` for ``jnp`` functions; when JAX's abstractification
+    looks it up (``jax.grad``'s check of its output) it raises ``ERR_TENSOR_WHERE_JAX_WANTS_AN_ARRAY``,
+    whose text names the fix, instead of JAX's error about ``__jax_array__``."""
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return jax_array
+        if abstractifying(sys._getframe(1)):
+            raise ValueError(ERR_TENSOR_WHERE_JAX_WANTS_AN_ARRAY.format(where=user_site()))
+        return jax_array.__get__(obj, objtype)
 
 
 def jax_array(self: core.Tensor) -> jax.Array:
