@@ -65,7 +65,17 @@ from xgrad.restricted_pickle import (
 )
 from xgrad.tensor import Tensor
 
-__all__ = ["add_safe_globals", "clear_safe_globals", "get_safe_globals", "load", "safe_globals", "save"]
+__all__ = ["CorruptCheckpointError", "add_safe_globals", "clear_safe_globals", "get_safe_globals", "load", "safe_globals",
+           "save"]
+
+
+class CorruptCheckpointError(RuntimeError, ValueError):
+    """A checkpoint file whose bytes are not what was written (truncated, edited, a flipped bit).
+
+    The message names the file. A ``RuntimeError``, as PyTorch's ``torch.load`` raises
+    for a damaged file, and a ``ValueError``, as xgrad raised for one before this class.
+    Raised by ``xgrad.load`` and ``xgrad.distributed.CheckpointManager.restore``.
+    """
 
 FORMATS = (".npz", ".safetensors")
 META_KEY = "__xgrad__"  # the npz entry / safetensors metadata field holding the structure
