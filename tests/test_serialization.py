@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import xgrad
+from xgrad.serialization import CorruptCheckpointError
 
 FORMATS = ["npz", "safetensors"]
 
@@ -314,9 +315,10 @@ def test_a_flipped_bit_raises_naming_the_path(tmp_path, fmt):
     path = tmp_path / f"ckpt.{fmt}"
     xgrad.save({"layer": {"w": xgrad.tensor(values)}, "b": xgrad.ones(3)}, path)
     _flip_a_bit_of(path, values)
-    with pytest.raises(ValueError, match=rf"{path.name}.*(checksum|CRC)") as info:
+    with pytest.raises(CorruptCheckpointError, match=rf"{path.name}.*(checksum|CRC)") as info:
         xgrad.load(path)
     assert str(path) in str(info.value) and "layer/w" in str(info.value)
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, ValueError)  # torch.load's type, and xgrad's
 
 
 def test_each_safetensors_entry_carries_its_checksum(tmp_path):

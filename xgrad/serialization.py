@@ -129,10 +129,10 @@ def _crc32(array: np.ndarray) -> int:
 
 
 def _verified(path: str, name: str, array: np.ndarray, checksums: Mapping[str, int] | None) -> np.ndarray:
-    """``array`` as read for entry ``name``, or a ``ValueError`` when its recorded checksum disagrees."""
+    """``array`` as read for entry ``name``, or a ``CorruptCheckpointError`` when its recorded checksum disagrees."""
     expected = None if checksums is None else checksums.get(name)
     if expected is not None and _crc32(array) != expected:
-        raise ValueError(ERR_CORRUPT.format(path=path, why=WHY_CHECKSUM.format(name=name)))
+        raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=WHY_CHECKSUM.format(name=name)))
     return array
 
 
@@ -374,22 +374,22 @@ def _open(path: str, fmt: str) -> Iterator[tuple[Callable[[str], np.ndarray], li
         if not zipfile.is_zipfile(path):
             if not os.path.exists(path):
                 raise FileNotFoundError(f"xgrad.load: no such file: {path!r}")
-            raise ValueError(ERR_NOT_ZIP.format(path=path))
+            raise CorruptCheckpointError(ERR_NOT_ZIP.format(path=path))
         try:
             npz = np.load(path, allow_pickle=False)
         except (ValueError, zipfile.BadZipFile) as exc:
-            raise ValueError(ERR_CORRUPT.format(path=path, why=exc)) from None
+            raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=exc)) from None
         with npz:
 
             def read_npz(name: str) -> np.ndarray:
                 try:
                     return npz[name]
                 except zipfile.BadZipFile as exc:  # a member's CRC-32 (NOTE [Checksums]) or its headers
-                    raise ValueError(ERR_CORRUPT.format(path=path, why=f"entry {name!r}: {exc}")) from None
+                    raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"entry {name!r}: {exc}")) from None
                 except ValueError as exc:
                     if "pickle" in str(exc).lower():
                         raise ValueError(ERR_PICKLE.format(path=path)) from None
-                    raise ValueError(ERR_CORRUPT.format(path=path, why=exc)) from None
+                    raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=exc)) from None
 
             names = [n for n in npz.files if n != META_KEY]
             meta = str(read_npz(META_KEY)) if META_KEY in npz.files else None
@@ -402,7 +402,7 @@ def _open(path: str, fmt: str) -> Iterator[tuple[Callable[[str], np.ndarray], li
     except FileNotFoundError:
         raise
     except Exception as exc:  # safetensors raises its own error type for a bad header
-        raise ValueError(ERR_CORRUPT.format(path=path, why=exc)) from None
+        raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=exc)) from None
     with handle as f:
         yield f.get_tensor, list(f.keys()), (f.metadata() or {}).get(META_KEY)  # noqa: SIM118  (no Mapping)
 
@@ -411,9 +411,9 @@ def _parse_meta(path: str, text: str) -> dict[str, Any]:
     try:
         meta = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(ERR_CORRUPT.format(path=path, why=f"its structure record is not JSON ({exc})")) from None
+        raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"its structure record is not JSON ({exc})")) from None
     if not isinstance(meta, dict) or "version" not in meta:
-        raise ValueError(ERR_CORRUPT.format(path=path, why="its structure record has no format version"))
+        raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why="its structure record has no format version"))
     version = meta["version"]
     if version not in READABLE_VERSIONS:
         raise ValueError(
@@ -428,20 +428,20 @@ def _checked(path: str, name: str, array: np.ndarray, node: dict[str, Any]) -> n
     try:
         dtype = jnp.dtype(node["dtype"])
     except TypeError:
-        raise ValueError(ERR_CORRUPT.format(path=path, why=f"entry {name!r} has unknown dtype {node['dtype']!r}")) from None
+        raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"entry {name!r} has unknown dtype {node['dtype']!r}")) from None
     if array.dtype != dtype:
         if array.dtype.itemsize != dtype.itemsize or array.dtype.kind not in "biuf":
-            raise ValueError(ERR_CORRUPT.format(
+            raise CorruptCheckpointError(ERR_CORRUPT.format(
                 path=path, why=f"entry {name!r} is stored as {array.dtype} but recorded as {dtype}"))
         array = array.view(dtype)
     shape = node.get("shape")
     if shape is not None:
         if math.prod(shape) != array.size:
-            raise ValueError(ERR_CORRUPT.format(
+            raise CorruptCheckpointError(ERR_CORRUPT.format(
                 path=path, why=f"entry {name!r} holds {array.size} elements but its recorded shape {tuple(shape)} has "
                 f"{math.prod(shape)}"))
         if tuple(shape) != array.shape:
-            raise ValueError(ERR_CORRUPT.format(
+            raise CorruptCheckpointError(ERR_CORRUPT.format(
                 path=path, why=f"entry {name!r} has shape {array.shape} but its recorded shape is {tuple(shape)}"))
     return array
 
@@ -460,11 +460,11 @@ def _sharded_reader(
     for process in range(count):
         shard_file = _shard_path(path, process, count)
         if not os.path.exists(shard_file):
-            raise ValueError(ERR_CORRUPT.format(path=path, why=f"its shard file {shard_file!r} is missing"))
+            raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"its shard file {shard_file!r} is missing"))
         read, _, text = stack.enter_context(_open(shard_file, fmt))
         shard_meta = _parse_meta(shard_file, text or "")
         if shard_meta.get("save_id") != meta.get("save_id"):
-            raise ValueError(ERR_CORRUPT.format(
+            raise CorruptCheckpointError(ERR_CORRUPT.format(
                 path=path, why=f"its shard file {shard_file!r} belongs to another save (an interrupted save left files "
                 "of two checkpoints); save again"))
         checksums = shard_meta.get("crc32")
@@ -487,7 +487,7 @@ def _sharded_reader(
             out[dst] = piece[src]
             filled += math.prod(hi - lo for lo, hi in overlap)
         if filled != out.size:
-            raise ValueError(ERR_CORRUPT.format(path=path, why=f"the shard files do not cover all of {name!r}"))
+            raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"the shard files do not cover all of {name!r}"))
         return out
 
     return region
@@ -497,11 +497,12 @@ def load(path: Any, device: Any = None, *, arrays: bool = False, weights_only: b
          map_location: Any = None, mmap: bool | None = None) -> Any:
     """Read what ``save`` wrote: a Tensor or a (nested) dict of Tensors (of ``jax.Array``s with ``arrays=True``).
 
-    Checks what it reads against the recorded format version, dtypes, shapes and
-    element counts, and raises ``ValueError`` naming the path and the entry when they
-    disagree, or when the file's bytes changed after it was written (a flipped bit:
-    each entry of a safetensors file carries a CRC-32, each member of an npz archive
-    one of its own).
+    Checks what it reads against the recorded dtypes, shapes and element counts, and
+    raises ``CorruptCheckpointError`` (a ``RuntimeError`` and a ``ValueError``) naming
+    the path and the entry when they disagree, or when the file's bytes changed after
+    it was written (a flipped bit: each entry of a safetensors file carries a CRC-32,
+    each member of an npz archive one of its own). A format version newer than this
+    xgrad reads raises ``ValueError``.
     Arrays saved sharded come back on their saved sharding when this run has those
     devices; a checkpoint written by several processes is read by each of them,
     every process reading only the pieces its devices hold. When this run lacks some
@@ -567,12 +568,12 @@ def _load(path: str | os.PathLike[str], device: Any) -> Any:
 
         def build(node: Any, where: str) -> Any:
             if not isinstance(node, dict):
-                raise ValueError(ERR_CORRUPT.format(path=path, why=f"bad structure record at {where or 'the top level'}"))
+                raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"bad structure record at {where or 'the top level'}"))
             if "dict" in node:
                 return {key: build(child, f"{where}{SEP}{key}" if where else key) for key, child in node["dict"].items()}
             name = node.get("tensor")
             if name is None or "dtype" not in node:
-                raise ValueError(ERR_CORRUPT.format(path=path, why=f"bad structure record at {where or 'the top level'}"))
+                raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"bad structure record at {where or 'the top level'}"))
             desc = node.get("sharding")
             requires_grad = bool(node.get("requires_grad", False))
             if node.get("sharded"):
@@ -588,7 +589,7 @@ def _load(path: str | os.PathLike[str], device: Any) -> Any:
                     tuple(node["shape"]), sharding, lambda index: region(name, node, tuple(index or ())))
                 return Tensor(array, requires_grad=requires_grad)
             if name not in names:
-                raise ValueError(ERR_CORRUPT.format(path=path, why=f"entry {name!r} is missing (a truncated or edited file?)"))
+                raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"entry {name!r} is missing (a truncated or edited file?)"))
             # A whole array goes back on its sharding only if this process holds all of it.
             saved = None if desc is None else _rebuild_sharding(desc, jax.local_devices())
             stored = _verified(path, name, read(name), meta.get("crc32"))
