@@ -12,8 +12,10 @@ loading a file cannot run code.
 # removes the temporary file. A kill cannot: the writer holds an exclusive ``flock``
 # on its temporary file while writing, which the kernel releases when the process
 # dies, so the next save of the same target removes every temporary of it that it
-# can lock (a live writer's, in another process, stays locked and is left alone). A
-# just-created empty one is left for a minute: its writer may not have locked it yet.
+# can lock (a live writer's, in another process, stays locked and is left alone),
+# empty ones included. A cleaner may lock and remove a temporary in the instant
+# between its creation and its writer's ``flock``: the writer, once it holds the lock,
+# checks that its name still leads to its file, and otherwise starts on a new name.
 #
 # NOTE [Checksums]
 # A safetensors file stores a CRC-32 of each entry's bytes in its structure record;
@@ -43,7 +45,6 @@ import math
 import os
 import re
 import secrets
-import time
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -236,9 +237,6 @@ def _serialize(fmt: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) ->
 
 
 
-#: How long a temporary file with nothing written in it may be another save's, not yet locked.
-UNLOCKED_GRACE_SECONDS = 60.0
-
 
 def _temporary_name(base: str) -> str:
     return f".{base}.{secrets.token_hex(8)}.tmp"
@@ -273,24 +271,38 @@ def _remove_stale_temporaries(folder: str, base: str) -> None:
         try:
             if not _lock(fd, wait=False):
                 continue  # a live writer holds it
-            stat = os.fstat(fd)
-            if stat.st_size == 0 and time.time() - stat.st_mtime < UNLOCKED_GRACE_SECONDS:
-                continue
             with contextlib.suppress(OSError):
-                if os.stat(tmp).st_ino == stat.st_ino:  # still that file, not a new save's
+                if _names_file(tmp, fd):  # still that file, not a new save's
                     os.unlink(tmp)
         finally:
             os.close(fd)
+
+
+def _names_file(name: str, fd: int) -> bool:
+    """Whether ``name`` is the file open as ``fd`` (not removed, nor replaced by another)."""
+    try:
+        return os.stat(name).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _locked_temporary(folder: str, base: str) -> tuple[str, int]:
+    """A new temporary file for ``base`` in ``folder``, locked, as ``(path, fd)`` (NOTE [Atomic saves])."""
+    while True:
+        tmp = os.path.join(folder, _temporary_name(base))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+        # Held until the file is renamed or removed, or this process dies.
+        if not _lock(fd, wait=True) or _names_file(tmp, fd):
+            return tmp, fd
+        os.close(fd)  # another save's cleaner took it for stale before we locked it
 
 
 def _write_atomic(path: str, write: Callable[[BinaryIO], None]) -> None:
     """Run ``write`` on a temporary file next to ``path``, then rename it over ``path`` (NOTE [Atomic saves])."""
     folder, base = os.path.split(os.path.abspath(path))
     _remove_stale_temporaries(folder, base)
-    tmp = os.path.join(folder, _temporary_name(base))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+    tmp, fd = _locked_temporary(folder, base)
     try:
-        _lock(fd, wait=True)  # held until the file is renamed or removed, or this process dies
         with open(fd, "wb") as f:
             write(f)
             f.flush()
