@@ -163,7 +163,7 @@ def test_killed_job_resumes_from_latest_complete_checkpoint(tmp_path):
         assert _losses(killed[1])[step] == pytest.approx(uninterrupted[step], rel=1e-12, abs=1e-12)
     assert sorted(os.listdir(tmp_path)) == ["step_4", "step_6"]
     assert sorted(os.listdir(tmp_path / "step_6")) == [
-        "model.safetensors", "model.shard0-of-2.safetensors", "model.shard1-of-2.safetensors", "optimizer.json",
+        "checkpoint.manifest", "model.safetensors", "model.shard0-of-2.safetensors", "model.shard1-of-2.safetensors", "optimizer.json",
         "optimizer.safetensors", "optimizer.shard0-of-2.safetensors", "optimizer.shard1-of-2.safetensors"]
 
     # What two processes saved restores in one process over four devices, to the same losses after.
@@ -213,7 +213,7 @@ def test_save_restore_in_this_process(tmp_path):
         manager.restore(1, model=fresh)
     manager.save(4, model=fresh)  # a rerun from step 3 replaces step 4, and clears the torn save
     assert sorted(os.listdir(tmp_path / "run")) == ["step_3", "step_4"]
-    assert os.listdir(tmp_path / "run" / "step_4") == ["model.safetensors"]
+    assert sorted(os.listdir(tmp_path / "run" / "step_4")) == ["checkpoint.manifest", "model.safetensors"]
     tensor_lr = xgrad.optim.Adam(model.parameters(), lr=xgrad.tensor(0.1))
     tensor_lr.step()
     with pytest.raises(TypeError, match="must be JSON values .* a Tensor lr: pass a float"):
