@@ -200,5 +200,42 @@ def test_a_sigkill_mid_save_leaves_each_step_old_or_new(tmp_path, bases):
         _check_old_or_new(directory, scenario)
 
 
+def test_every_changed_byte_of_a_checkpoint_raises_naming_its_file(tmp_path):
+    """Each byte of each file (manifest, safetensors, the optimizer's JSON) changed in turn: restore raises, loads nothing."""
+    import xgrad
+    from xgrad.serialization import CorruptCheckpointError
+
+    model = xgrad.nn.Linear(2, 1)
+    optimizer = xgrad.optim.Adam(model.parameters(), lr=0.1)  # betas (0.9, 0.999)
+    model(xgrad.ones(3, 2)).sum().backward()
+    optimizer.step()
+    manager = xgrad.distributed.CheckpointManager(tmp_path, max_to_keep=1)
+    manager.save(1, model=model, optimizer=optimizer)
+    folder = tmp_path / "step_1"
+    names = sorted(os.listdir(folder))
+    assert names == ["checkpoint.manifest", "model.safetensors", "optimizer.json", "optimizer.safetensors"]
+    assert b'"betas": [0.9, 0.999]' in (folder / "optimizer.json").read_bytes()
+    fresh, fresh_optimizer = _pair(0)
+    for name in names:
+        path = folder / name
+        original = path.read_bytes()
+        for at in range(len(original)):
+            damaged = bytearray(original)
+            damaged[at] ^= 0x04  # "0.9" becomes "4.9" at the betas' first byte
+            path.write_bytes(bytes(damaged))
+            try:  # not pytest.raises: this runs 2,700 times
+                manager.restore(1, model=fresh, optimizer=fresh_optimizer)
+            except CorruptCheckpointError as exc:
+                assert repr(str(path)) in str(exc), (name, at, exc)
+            else:
+                pytest.fail(f"byte {at} of {name} changed, and the checkpoint restored")
+        path.write_bytes(original)
+    assert fresh.weight.detach().numpy().tolist() == [[0.0, 0.0]] and fresh_optimizer.param_groups[0]["lr"] == 0.0
+    assert fresh_optimizer.state_dict()["state"] == {}  # nothing was loaded from a damaged checkpoint
+    manager.restore(1, model=fresh, optimizer=fresh_optimizer)
+    assert fresh_optimizer.param_groups[0]["betas"] == (0.9, 0.999)
+    np.testing.assert_array_equal(fresh.weight.detach().numpy(), model.weight.detach().numpy())
+
+
 if __name__ == "__main__":
     child(sys.argv[1], sys.argv[2], int(sys.argv[3]), bool(int(sys.argv[4])))

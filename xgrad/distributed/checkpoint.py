@@ -109,14 +109,24 @@ def _joined_optimizer_state(tensors: dict[str, Any], text: str) -> dict[str, Any
     return {"state": state, "param_groups": rest["param_groups"]}
 
 
-def _stateful(where: str, argument: str, obj: Any, kind: str) -> None:
-    """A ``TypeError`` unless ``obj`` is ``None`` or has ``state_dict``/``load_state_dict`` (a module, an optimizer)."""
-    if obj is None or (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
-        return
-    hint = (" (a state dict: load it into its object with load_state_dict and pass that object, or save the dict "
-            "itself with xgrad.save)" if isinstance(obj, dict) else "")
-    raise TypeError(f"CheckpointManager.{where}: {argument}= takes {kind}, an object with state_dict() and "
-                    f"load_state_dict(); got {type(obj).__name__}{hint}")
+# What save/restore call on each argument: (what it is, its attributes used).
+_ARGUMENTS = {"model": ("a module", ("state_dict()", "load_state_dict()")),
+              "optimizer": ("an optimizer", ("state_dict()", "load_state_dict()", "param_groups"))}
+
+
+def _check_arguments(where: str, model: Any, optimizer: Any) -> None:
+    """A ``TypeError`` naming the argument that is neither ``None`` nor what ``where`` (save, restore) uses."""
+    for argument, obj in (("model", model), ("optimizer", optimizer)):
+        kind, attributes = _ARGUMENTS[argument]
+        if obj is None or all(hasattr(obj, a.removesuffix("()")) for a in attributes):
+            continue
+        hint = (" (a state dict: load it into its object with load_state_dict and pass that object, or save the dict "
+                "itself with xgrad.save)" if isinstance(obj, dict) else "")
+        raise TypeError(f"CheckpointManager.{where}: {argument}= takes {kind}, an object with {', '.join(attributes[:-1])} "
+                        f"and {attributes[-1]}; got {type(obj).__name__}{hint}")
+    if model is None and optimizer is None:
+        raise TypeError(f"CheckpointManager.{where}: nothing to {where}{' into' if where == 'restore' else ''}: pass "
+                        "model=, optimizer= or both")
 
 
 def _file_digest(path: str) -> str:
@@ -266,10 +276,7 @@ class CheckpointManager:
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"CheckpointManager.save: step must be a non-negative int, got {step!r}")
-        _stateful("save", "model", model, "a module")
-        _stateful("save", "optimizer", optimizer, "an optimizer")
-        if model is None and optimizer is None:
-            raise TypeError("CheckpointManager.save: nothing to save: pass model=, optimizer= or both")
+        _check_arguments("save", model, optimizer)
         # Everything that can fail on the data is checked before any process writes or waits.
         model_state = None if model is None else model.state_dict()
         optimizer_parts = None if optimizer is None else _split_optimizer_state(optimizer.state_dict())
@@ -335,10 +342,7 @@ class CheckpointManager:
         checkpoint is checked against its SHA-256 first: a damaged one raises
         ``xgrad.serialization.CorruptCheckpointError`` naming it, before anything loads.
         """
-        _stateful("restore", "model", model, "a module")
-        _stateful("restore", "optimizer", optimizer, "an optimizer")
-        if model is None and optimizer is None:
-            raise TypeError("CheckpointManager.restore: nothing to restore into: pass model=, optimizer= or both")
+        _check_arguments("restore", model, optimizer)
         folder = self._restorable().get(step, self._step_dir(step))
         if not os.path.isdir(folder):
             raise FileNotFoundError(
