@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -49,6 +50,8 @@ from xgrad.tensor import Tensor
 
 __all__ = ["CheckpointManager"]
 
+logger = logging.getLogger(__name__)
+
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 OPTIMIZER_JSON = "optimizer.json"  # param_groups and the state entries that are not tensors
@@ -56,10 +59,22 @@ MANIFEST = "checkpoint.manifest"  # NOTE [Complete checkpoints]
 MANIFEST_VERSION = 1
 # ``step_N``, or one of its side directories: a save in flight (tmp), an older copy (old), going (trash).
 _NAME = re.compile(r"step_(0|[1-9][0-9]*)(?:\.(tmp|old|trash)-([0-9a-f]+))?")
+# The files a save of each part writes (besides its shard files), and a shard file's name.
+_FILES_OF = {"model": (MODEL_FILE,), "optimizer": (OPTIMIZER_FILE, OPTIMIZER_JSON)}
+_SHARD = re.compile(r"(model|optimizer)\.shard[0-9]+-of-([0-9]+)\.safetensors")
 
 ERR_CORRUPT_FILE = (
     "CheckpointManager: {path!r} {why}; the checkpoint is damaged (restore another step: all_steps() lists them)"
 )
+WHY_NO_MANIFEST = ("is missing: the directory is not a complete checkpoint (a save killed midway, or files copied in "
+                   "by hand)")
+WARN_NO_MANIFEST = (
+    "CheckpointManager: %r, the checkpoint of step %d, was written by an older xgrad and has no manifest: only the "
+    "CRC-32 of each tensor is verified, optimizer.json and the files' structure records cannot be. It is restored as "
+    "it is; the next save of step %d writes it with a manifest"
+)
+# The directories whose missing manifest was logged, each once per process.
+_warned_without_manifest: set[str] = set()
 
 
 def _barrier(name: str) -> None:
@@ -152,9 +167,7 @@ def _read_manifest(folder: str) -> dict[str, Any]:
         with open(path, "rb") as f:
             digest, _, body = f.read().partition(b"\n")
     except FileNotFoundError:
-        raise CorruptCheckpointError(ERR_CORRUPT_FILE.format(
-            path=path, why="is missing: the directory is not a complete checkpoint (a save killed midway, or files "
-            "copied in by hand)")) from None
+        raise CorruptCheckpointError(ERR_CORRUPT_FILE.format(path=path, why=WHY_NO_MANIFEST)) from None
     if hashlib.sha256(body).hexdigest().encode() != digest:
         raise CorruptCheckpointError(ERR_CORRUPT_FILE.format(path=path, why="does not match its own checksum"))
     manifest = json.loads(body)
@@ -165,17 +178,54 @@ def _read_manifest(folder: str) -> dict[str, Any]:
     return files
 
 
+def _missing_without_manifest(folder: str) -> str | None:
+    """The first file that ``folder``, a checkpoint without a manifest, lacks (NOTE [Checkpoints without a manifest]).
+
+    ``None`` when it has all an older xgrad's save wrote; the manifest's name when it holds no checkpoint file at all.
+    """
+    names = set(os.listdir(folder))
+    wanted: set[str] = set()
+    for name in names:
+        shard = _SHARD.fullmatch(name)
+        if shard:
+            stem: str | None = shard.group(1)
+            count = int(shard.group(2))
+            wanted |= {f"{stem}.shard{p}-of-{count}.safetensors" for p in range(count)}
+        else:
+            stem = next((s for s, files in _FILES_OF.items() if name in files), None)
+        if stem is not None:
+            wanted |= set(_FILES_OF[stem])
+    if not wanted:
+        return MANIFEST
+    missing = sorted(wanted - names)
+    return missing[0] if missing else None
+
+
 def _is_complete(folder: str) -> bool:
     """Whether ``folder``'s manifest is intact and every file it lists is there at its size (no file read)."""
     try:
+        if not os.path.lexists(os.path.join(folder, MANIFEST)):
+            return _missing_without_manifest(folder) is None
         files = _read_manifest(folder)
         return all(os.path.getsize(os.path.join(folder, name)) == entry["size"] for name, entry in files.items())
     except (OSError, ValueError):  # CorruptCheckpointError is a ValueError
         return False
 
 
-def _verified_files(folder: str) -> dict[str, Any]:
-    """The files of the checkpoint in ``folder``, each read whole against its SHA-256 first."""
+def _verified_files(folder: str, step: int) -> set[str]:
+    """The files of the checkpoint of ``step`` in ``folder``, each read whole against its SHA-256 first.
+
+    One without a manifest (NOTE [Checkpoints without a manifest]) is only checked for missing files, and logged.
+    """
+    if not os.path.lexists(os.path.join(folder, MANIFEST)):
+        missing = _missing_without_manifest(folder)
+        if missing is not None:
+            why = WHY_NO_MANIFEST if missing == MANIFEST else "is missing"
+            raise CorruptCheckpointError(ERR_CORRUPT_FILE.format(path=os.path.join(folder, missing), why=why))
+        if folder not in _warned_without_manifest:
+            _warned_without_manifest.add(folder)
+            logger.warning(WARN_NO_MANIFEST, folder, step, step)
+        return set(os.listdir(folder))
     files = _read_manifest(folder)
     for name, entry in files.items():
         path = os.path.join(folder, name)
@@ -187,7 +237,23 @@ def _verified_files(folder: str) -> dict[str, Any]:
             raise CorruptCheckpointError(ERR_CORRUPT_FILE.format(
                 path=path, why="does not match the SHA-256 its checkpoint's manifest records: it changed after it was "
                 "written (a flipped bit, an edit, a truncation)"))
-    return files
+    return set(files)
+
+
+def _read_optimizer_state(folder: str) -> dict[str, Any]:
+    """The optimizer's ``state_dict`` saved in ``folder``; ``CorruptCheckpointError`` naming a JSON half that is not one.
+
+    Only a checkpoint without a manifest can get that far with a damaged ``optimizer.json``.
+    """
+    tensors = load(os.path.join(folder, OPTIMIZER_FILE))
+    path = os.path.join(folder, OPTIMIZER_JSON)
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return _joined_optimizer_state(tensors, raw.decode())
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # JSON and UTF-8 errors are ValueErrors
+        raise CorruptCheckpointError(ERR_CORRUPT_FILE.format(
+            path=path, why=f"is not an optimizer's param_groups and state ({type(exc).__name__}: {exc})")) from None
 
 
 class CheckpointManager:
@@ -341,6 +407,8 @@ class CheckpointManager:
         is placed like its parameter (``Optimizer.load_state_dict``). Every file of the
         checkpoint is checked against its SHA-256 first: a damaged one raises
         ``xgrad.serialization.CorruptCheckpointError`` naming it, before anything loads.
+        A checkpoint of an older xgrad, without that manifest, is restored as it is
+        (NOTE [Checkpoints without a manifest]), with a warning logged once.
         """
         _check_arguments("restore", model, optimizer)
         folder = self._restorable().get(step, self._step_dir(step))
@@ -349,14 +417,15 @@ class CheckpointManager:
                 f"CheckpointManager.restore: no complete checkpoint of step {step} in {self.directory!r} "
                 f"(complete ones: {self.all_steps()})"
             )
-        files = _verified_files(folder)  # an incomplete step_N raises here, naming what is wrong
+        files = _verified_files(folder, step)  # an incomplete step_N raises here, naming what is wrong
         for wanted, name in ((model, MODEL_FILE), (optimizer, OPTIMIZER_FILE)):
             if wanted is not None and name not in files:
                 raise ValueError(f"CheckpointManager.restore: the checkpoint of step {step} in {self.directory!r} holds "
                                  f"no {name.split('.')[0]} state (it was saved without {name.split('.')[0]}=)")
+        # Everything is read before anything loads: a damaged file found while reading changes nothing.
+        model_state = None if model is None else load(os.path.join(folder, MODEL_FILE))
+        optimizer_state = None if optimizer is None else _read_optimizer_state(folder)
         if model is not None:
-            model.load_state_dict(load(os.path.join(folder, MODEL_FILE)))
+            model.load_state_dict(model_state)
         if optimizer is not None:
-            with open(os.path.join(folder, OPTIMIZER_JSON)) as f:
-                text = f.read()
-            optimizer.load_state_dict(_joined_optimizer_state(load(os.path.join(folder, OPTIMIZER_FILE)), text))
+            optimizer.load_state_dict(optimizer_state)
