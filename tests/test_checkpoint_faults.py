@@ -1,16 +1,20 @@
 """``CheckpointManager`` under kills and damaged files: every step is left old or new, and a changed byte is caught.
 
+Checkpoints that an older xgrad wrote (no manifest) stay listed and restorable, under kills too.
+
 A kill is injected at every point where a save changes the directory (each
 ``os.rename``/``os.replace``/``os.unlink``/``os.remove``/``os.rmdir``, inside
 ``shutil.rmtree`` too), before and after the call, in a first save that removes an old
-step and in a re-save of an existing step; the simulated kill is a ``BaseException``
-after which nothing more reaches the disk, and a few points are also a real SIGKILL of
-a child process. ``python tests/test_checkpoint_faults.py DIR SCENARIO AT AFTER`` is
+step, in a re-save of an existing step, and in one that replaces and removes steps an
+older xgrad wrote; the simulated kill is a ``BaseException`` after which nothing more
+reaches the disk, and a few points are also a real SIGKILL of a child process. ``python tests/test_checkpoint_faults.py DIR SCENARIO AT AFTER`` is
 that child.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shutil
 import signal
@@ -22,8 +26,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEEP = 2
-# name: (steps saved first with version 10 * step, the step saved then, its version)
-SCENARIOS = {"first save, removing step 1": (2, 3, 30), "re-save of step 2": (2, 2, 21)}
+# name: (steps saved first with version 10 * step, the step saved then, its version, whether an older xgrad saved the first)
+SCENARIOS = {"first save, removing step 1": (2, 3, 30, False), "re-save of step 2": (2, 2, 21, False),
+             "re-save of step 3 and removal of step 1, both an older xgrad's": (3, 3, 31, True)}
+FIRST, RESAVE, _ = SCENARIOS
 DISK_CHANGES = ("rename", "replace", "unlink", "remove", "rmdir")
 
 
@@ -84,23 +90,51 @@ def _save(directory, step: int, version: int) -> None:
     xgrad.distributed.CheckpointManager(directory, max_to_keep=KEEP).save(step, model=model, optimizer=optimizer)
 
 
-def _restored_version(manager, step: int) -> int:
-    model, optimizer = _pair(0)
-    manager.restore(step, model=model, optimizer=optimizer)
+def _write_as_older_xgrad(folder, model=None, optimizer=None) -> None:
+    """A checkpoint as xgrad wrote it before manifests: the folder ``step_N`` holding ``model.safetensors`` (the
+    model's state_dict), ``optimizer.safetensors`` (``{"state": {"<index>": {its Tensor entries}}}``, indices with no
+    Tensor left out) and ``optimizer.json`` (``param_groups``, and the other state entries keyed alike), nothing else."""
+    import xgrad
+
+    os.makedirs(folder)
+    if model is not None:
+        xgrad.save(model.state_dict(), os.path.join(folder, "model.safetensors"))
+    if optimizer is not None:
+        state_dict = optimizer.state_dict()
+        tensors: dict = {}
+        others: dict = {}
+        for index, entries in state_dict["state"].items():
+            for name, value in entries.items():
+                (tensors if isinstance(value, xgrad.Tensor) else others).setdefault(str(index), {})[name] = value
+        xgrad.save({"state": tensors}, os.path.join(folder, "optimizer.safetensors"))
+        with open(os.path.join(folder, "optimizer.json"), "w") as f:
+            f.write(json.dumps({"param_groups": state_dict["param_groups"], "state": others}))
+
+
+def _save_as_older_xgrad(directory, step: int, version: int) -> None:
+    _write_as_older_xgrad(os.path.join(directory, f"step_{step}"), *_pair(version))
+
+
+def _restored_version(manager, step: int, optimizer: bool = True) -> int:
+    """The version of the model (and optimizer) that ``step`` restores, checked to be one version throughout."""
+    model, fresh_optimizer = _pair(0)
+    manager.restore(step, model=model, optimizer=fresh_optimizer if optimizer else None)
     weights = np.concatenate([model.weight.detach().numpy().ravel(), model.bias.detach().numpy()])
     version = int(weights[0])
-    assert (weights == version).all() and optimizer.param_groups[0]["lr"] == version / 8, (step, weights)
+    assert (weights == version).all(), (step, weights)
+    assert not optimizer or fresh_optimizer.param_groups[0]["lr"] == version / 8, step
     return version
 
 
 def _base(directory, scenario: str) -> None:
     """The checkpoints before the scenario's save: steps 1.. with versions 10, 20, ..."""
-    for step in range(1, SCENARIOS[scenario][0] + 1):
-        _save(directory, step, 10 * step)
+    before, _, _, older = SCENARIOS[scenario]
+    for step in range(1, before + 1):
+        (_save_as_older_xgrad if older else _save)(directory, step, 10 * step)
 
 
 def _run(directory, scenario: str) -> None:
-    _, step, version = SCENARIOS[scenario]
+    _, step, version, _ = SCENARIOS[scenario]
     _save(directory, step, version)
 
 
@@ -108,7 +142,7 @@ def _check_old_or_new(directory, scenario: str) -> None:
     """Each listed step restores its old or its new values, no step that existed is lost, and the next save works."""
     import xgrad
 
-    before, step, version = SCENARIOS[scenario]
+    before, step, version, _ = SCENARIOS[scenario]
     old = {s: 10 * s for s in range(1, before + 1)}
     new = {s: version if s == step else old[s] for s in sorted(set(old) | {step})[-KEEP:]}
     manager = xgrad.distributed.CheckpointManager(directory, max_to_keep=KEEP)
@@ -177,14 +211,13 @@ def child(directory: str, scenario: str, at: int, after: bool) -> None:  # pragm
 
 def test_a_sigkill_mid_save_leaves_each_step_old_or_new(tmp_path, bases):
     """A real SIGKILL at three points: between a re-save's two renames, before a new step's rename, mid-delete."""
-    first, resave = SCENARIOS
     kills = []
     for scenario, after, pick in (
-        (resave, True, lambda calls: next(at for at, (name, args) in enumerate(calls)
+        (RESAVE, True, lambda calls: next(at for at, (name, args) in enumerate(calls)
                                           if name == "rename" and ".old-" in os.fspath(args[1]))),
-        (first, False, lambda calls: next(at for at, (name, args) in enumerate(calls)
+        (FIRST, False, lambda calls: next(at for at, (name, args) in enumerate(calls)
                                           if name == "rename" and os.fspath(args[1]).endswith("step_3"))),
-        (first, False, lambda calls: [at for at, (name, _) in enumerate(calls) if name == "unlink"][1]),  # mid-rmtree
+        (FIRST, False, lambda calls: [at for at, (name, _) in enumerate(calls) if name == "unlink"][1]),  # mid-rmtree
     ):
         kills.append((scenario, pick(_kill_points(tmp_path / f"dry{len(kills)}", scenario)), after))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), "JAX_PLATFORMS": "cpu"}
@@ -237,6 +270,84 @@ def test_every_changed_byte_of_a_checkpoint_raises_naming_its_file(tmp_path):
     manager.restore(1, model=fresh, optimizer=fresh_optimizer)
     assert fresh_optimizer.param_groups[0]["betas"] == (0.9, 0.999)
     np.testing.assert_array_equal(fresh.weight.detach().numpy(), model.weight.detach().numpy())
+
+
+def _snapshot(directory) -> dict[str, bytes]:
+    """Every file under ``directory``, by its path there, with its bytes."""
+    return {str(path.relative_to(directory)): path.read_bytes() for path in directory.rglob("*") if path.is_file()}
+
+
+def test_checkpoints_of_an_older_xgrad_are_listed_restored_and_counted(tmp_path, caplog):
+    """Steps an older xgrad wrote complete are listed and restore exactly, unchanged; its torn ones are not listed."""
+    import xgrad
+    from xgrad.serialization import CorruptCheckpointError
+
+    model = xgrad.nn.Linear(2, 1)
+    optimizer = xgrad.optim.Adam(model.parameters(), lr=0.125)
+    model(xgrad.ones(3, 2)).sum().backward()
+    optimizer.step()  # Tensor state (step, exp_avg, exp_avg_sq) and param_groups to restore
+    _write_as_older_xgrad(tmp_path / "step_1", model, optimizer)
+    _write_as_older_xgrad(tmp_path / "step_2", _pair(20)[0])  # saved without optimizer=
+    # What an older save killed before its rename left, and older removals killed mid-delete:
+    _write_as_older_xgrad(tmp_path / "step_3.tmp-0123abcd", *_pair(30))
+    _write_as_older_xgrad(tmp_path / "step_0", *_pair(0))
+    os.remove(tmp_path / "step_0" / "optimizer.json")
+    _write_as_older_xgrad(tmp_path / "step_4", _pair(40)[0])  # a model sharded over 2 processes, one shard gone
+    shutil.copy(tmp_path / "step_4" / "model.safetensors", tmp_path / "step_4" / "model.shard0-of-2.safetensors")
+
+    manager = xgrad.distributed.CheckpointManager(tmp_path, max_to_keep=3)
+    assert manager.all_steps() == [1, 2] and manager.latest_step() == 2
+    before = _snapshot(tmp_path)
+    fresh, fresh_optimizer = _pair(0)
+    with caplog.at_level(logging.WARNING, logger="xgrad.distributed.checkpoint"):
+        manager.restore(1, model=fresh, optimizer=fresh_optimizer)
+        manager.restore(1, model=fresh, optimizer=fresh_optimizer)
+    assert [r.getMessage() for r in caplog.records] == [  # once per directory
+        f"CheckpointManager: {str(tmp_path / 'step_1')!r}, the checkpoint of step 1, was written by an older xgrad "
+        "and has no manifest: only the CRC-32 of each tensor is verified, optimizer.json and the files' structure "
+        "records cannot be. It is restored as it is; the next save of step 1 writes it with a manifest"]
+    assert _snapshot(tmp_path) == before  # restore writes nothing into a checkpoint
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(fresh.state_dict()[name].numpy(), value.numpy())
+    restored, saved = fresh_optimizer.state_dict(), optimizer.state_dict()
+    assert restored["param_groups"] == saved["param_groups"]
+    assert {i: sorted(e) for i, e in restored["state"].items()} == {i: ["exp_avg", "exp_avg_sq", "step"] for i in (0, 1)}
+    for index, entries in saved["state"].items():
+        for name, value in entries.items():
+            np.testing.assert_array_equal(restored["state"][index][name].numpy(), value.numpy())
+    assert _restored_version(manager, 2, optimizer=False) == 20
+    with pytest.raises(CorruptCheckpointError, match=r"step_0/optimizer.json' is missing; the checkpoint is damaged"):
+        manager.restore(0, model=fresh)
+    with pytest.raises(CorruptCheckpointError, match=r"step_4/model.shard1-of-2.safetensors' is missing"):
+        manager.restore(4, model=fresh)
+    with pytest.raises(FileNotFoundError, match=r"no complete checkpoint of step 3 .* \(complete ones: \[1, 2\]\)"):
+        manager.restore(3, model=fresh)
+
+    # New saves beside them: the older ones count for max_to_keep=3; a re-save of one writes it anew.
+    for step in (5, 6):
+        _save(tmp_path, step, 10 * step)
+    manager.save(2, model=_pair(21)[0])
+    assert manager.all_steps() == [2, 5, 6]
+    assert _restored_version(manager, 2, optimizer=False) == 21
+    assert "checkpoint.manifest" in os.listdir(tmp_path / "step_2")
+    # The torn save went, as an older xgrad's next save removed it; the half-deleted steps are neither listed nor removed.
+    assert sorted(os.listdir(tmp_path)) == ["step_0", "step_2", "step_4", "step_5", "step_6"]
+
+
+@pytest.mark.parametrize("damage", [b'{"param_groups": [', b"\xff\xfe", b"[]", b'{"param_groups": [], "state": {"a": {}}}'])
+def test_a_damaged_optimizer_json_without_manifest_raises_naming_it(tmp_path, damage):
+    """Nothing checksums an older xgrad's optimizer.json: what does not parse as one raises the documented error."""
+    import xgrad
+    from xgrad.serialization import CorruptCheckpointError
+
+    _save_as_older_xgrad(tmp_path, 1, 10)
+    (tmp_path / "step_1" / "optimizer.json").write_bytes(damage)
+    manager = xgrad.distributed.CheckpointManager(tmp_path)
+    assert manager.all_steps() == [1]  # listed by its files' names alone
+    model, optimizer = _pair(0)
+    with pytest.raises(CorruptCheckpointError, match=r"step_1/optimizer.json' is not an optimizer's param_groups"):
+        manager.restore(1, model=model, optimizer=optimizer)
+    assert model.weight.detach().numpy().tolist() == [[0.0, 0.0]]  # nothing loaded, the model neither
 
 
 if __name__ == "__main__":

@@ -236,7 +236,8 @@ def test_max_to_keep_keeps_the_newest_k(tmp_path, keep):
 
 
 def test_only_restorable_checkpoints_are_listed(tmp_path):
-    """``step_07`` is not step 7; a step directory missing a file or its manifest is not listed, and restore names it."""
+    """``step_07`` is not step 7; a step directory missing a file, or its manifest and every checkpoint file, is not
+    listed, and restore names what is missing (one with its files but no manifest is an older xgrad's: listed)."""
     import shutil
 
     import xgrad
@@ -249,7 +250,8 @@ def test_only_restorable_checkpoints_are_listed(tmp_path):
     shutil.copytree(tmp_path / "step_7", tmp_path / "step_07")
     shutil.copytree(tmp_path / "step_7", tmp_path / "step_9.old")  # not this manager's naming either
     os.remove(tmp_path / "step_5" / "model.safetensors")  # half deleted
-    os.remove(tmp_path / "step_7" / "checkpoint.manifest")  # as an older xgrad wrote it, or torn
+    for name in ("checkpoint.manifest", "model.safetensors"):  # no checkpoint left in it
+        os.remove(tmp_path / "step_7" / name)
     assert manager.all_steps() == [3] and manager.latest_step() == 3
     with pytest.raises(CorruptCheckpointError, match=r"step_5/model.safetensors' is missing"):
         manager.restore(5, model=model)
