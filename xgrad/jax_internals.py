@@ -13,8 +13,9 @@ What xgrad uses of JAX, by how stable it is:
   ``get_opaque_trace_state``, and a jaxpr's ``eqns``/``invars``/``outvars``/
   ``constvars``/``effects``; ``Jaxpr``, ``Var``, ``DropVar``, ``DebugInfo`` and an
   equation's ``replace``/``params``/``ctx``/``source_info`` for ``from_jax(fn,
-  trace=True)``, NOTE [Traced from_jax]), ``jax.extend.source_info_util.summarize``
-  (an equation's source line), ``jax.experimental.io_callback`` and
+  trace=True)``, NOTE [Traced from_jax]), an equation's name stack (its ``stack`` of
+  ``Scope``/``Transform`` entries, read by ``name_scopes``, checked at import) and
+  traceback (its ``frames``, read by ``source_frames``), ``jax.experimental.io_callback`` and
   ``jax.experimental.compilation_cache.compilation_cache.reset_cache``.
 - Behaviour no public API promises, checked by a self-test: at import for what needs
   no device (``_self_test``), at the first use for what needs one
@@ -42,13 +43,13 @@ import jax
 from jax.experimental import io_callback
 from jax.experimental.compilation_cache import compilation_cache
 from jax.extend.core import ClosedJaxpr, DebugInfo, DropVar, Jaxpr, Literal, Var, get_opaque_trace_state, jaxpr_as_fun
-from jax.extend.source_info_util import summarize as summarize_source_info
+from jax.extend.source_info_util import new_name_stack
 
 __all__ = [
     "abstractifying",
     "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged", "Literal", "Var", "check_consts_keep_identity",
-    "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names", "reset_compilation_cache",
-    "summarize_source_info",
+    "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names", "name_scopes", "reset_compilation_cache",
+    "source_frames",
 ]
 
 ERR_CHANGED = (
@@ -145,9 +146,30 @@ def abstractifying(frame: FrameType | None) -> bool:
     )
 
 
+# -- 3. An equation's name stack and Python frames (NOTE [Traced from_jax]) ---------------
+
+
+def name_scopes(name_stack: Any) -> tuple[str, ...]:
+    """The ``jax.named_scope`` names of an equation's name stack, outermost first, without transforms (``vmap``)."""
+    return tuple(entry.name for entry in name_stack.stack if type(entry).__name__ == "Scope")
+
+
+def source_frames(source_info: Any) -> list[tuple[str, int, str]]:
+    """The Python frames that made an equation, innermost first: ``(file, line, qualified function name)``."""
+    traceback = source_info.traceback
+    return [] if traceback is None else [(f.file_name, f.line_num, f.function_name) for f in traceback.frames]
+
+
+def _self_test_name_scopes() -> None:
+    stack = new_name_stack("model").extend("layer").transform("vmap").extend("dense")
+    if name_scopes(stack) != ("model", "layer", "dense"):
+        raise _changed(f"a name stack's scopes read as {name_scopes(stack)}, not ('model', 'layer', 'dense')")
+
+
 def reset_compilation_cache() -> None:
     """Make JAX read ``jax_compilation_cache_dir`` again (it decides once, at its first compile)."""
     compilation_cache.reset_cache()
 
 
 _self_test_loaded_names()
+_self_test_name_scopes()
