@@ -46,9 +46,8 @@ from jax.extend.core import ClosedJaxpr, DebugInfo, DropVar, Jaxpr, Literal, Var
 from jax.extend.source_info_util import new_name_stack
 
 __all__ = [
-    "abstractifying",
-    "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged", "Literal", "Var", "check_consts_keep_identity",
-    "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names", "name_scopes", "reset_compilation_cache",
+    "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged", "Literal", "Var", "abstractifying",
+    "check_consts_keep_identity", "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names", "name_scopes", "reset_compilation_cache",
     "source_frames",
 ]
 
