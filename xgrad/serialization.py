@@ -43,6 +43,7 @@ import contextlib
 import json
 import math
 import os
+import pickle
 import re
 import secrets
 import zipfile
@@ -66,8 +67,8 @@ from xgrad.restricted_pickle import (
 )
 from xgrad.tensor import Tensor
 
-__all__ = ["CorruptCheckpointError", "add_safe_globals", "clear_safe_globals", "get_safe_globals", "load", "safe_globals",
-           "save"]
+__all__ = ["CorruptCheckpointError", "RestrictedUnpicklingError", "add_safe_globals", "clear_safe_globals",
+           "get_safe_globals", "load", "safe_globals", "save"]
 
 
 class CorruptCheckpointError(RuntimeError, ValueError):
@@ -77,6 +78,18 @@ class CorruptCheckpointError(RuntimeError, ValueError):
     for a damaged file, and a ``ValueError``, as xgrad raised for one before this class.
     Raised by ``xgrad.load`` and ``xgrad.distributed.CheckpointManager.restore``.
     """
+
+
+class RestrictedUnpicklingError(CorruptCheckpointError, pickle.UnpicklingError):
+    """The ``CorruptCheckpointError`` of a whole-object checkpoint (``xgrad.save(model, "m.pt")``).
+
+    Raised for an archive that is corrupt or truncated, that exceeds the loader's limits
+    (NOTE [Loader limits] in ``xgrad/restricted_pickle.py``: a zip bomb), that names a
+    class nobody allow-listed or asks what the restricted unpickler refuses, or that is
+    no archive ``xgrad.save`` wrote; the message names the file. Also a
+    ``pickle.UnpicklingError``, as PyTorch's weights-only ``torch.load`` raises.
+    """
+
 
 FORMATS = (".npz", ".safetensors")
 META_KEY = "__xgrad__"  # the npz entry / safetensors metadata field holding the structure
