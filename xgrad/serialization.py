@@ -60,7 +60,6 @@ from xgrad.restricted_pickle import (
     add_safe_globals,
     clear_safe_globals,
     get_safe_globals,
-    is_restricted_pickle,
     load_pickled,
     safe_globals,
     save_pickled,
@@ -546,8 +545,11 @@ def load(path: Any, device: Any = None, *, arrays: bool = False, weights_only: b
             orbax, a Flax or Equinox model's parameters).
         weights_only: accepted for PyTorch's signature; loading is always restricted:
             a whole-object checkpoint rebuilds only xgrad's modules, containers and the
-            classes allow-listed with ``safe_globals``/``add_safe_globals``, and raises
-            ``pickle.UnpicklingError`` naming anything else, ``weights_only=False`` too.
+            classes allow-listed with ``safe_globals``/``add_safe_globals``, never by
+            calling them, and raises ``RestrictedUnpicklingError`` (a ``CorruptCheckpointError``
+            and a ``pickle.UnpicklingError``) naming the file and anything else it names,
+            ``weights_only=False`` too; as for a corrupt, truncated or inflating archive
+            (NOTE [Loader limits] in ``xgrad/restricted_pickle.py``).
         map_location: ``device`` under PyTorch's name.
         mmap: accepted and ignored.
 
@@ -559,14 +561,23 @@ def load(path: Any, device: Any = None, *, arrays: bool = False, weights_only: b
     """
     device = map_location if device is None else device
     if _is_pickle_target(path):
-        if not is_restricted_pickle(path):
-            raise ValueError(ERR_SUFFIX.format(path=path if not hasattr(path, "read") else "<file object>"))
-        loaded = load_pickled(path, resolve_device(device))
+        loaded = _load_whole_object(path, resolve_device(device))
     else:
         loaded = _load(path, device)
     if arrays:
         return jax.tree_util.tree_map(lambda t: t.array, loaded, is_leaf=lambda t: isinstance(t, Tensor))
     return loaded
+
+
+def _load_whole_object(f: Any, device: Any) -> Any:
+    """``load_pickled``, its every failure but a missing or unopenable file raised as one ``RestrictedUnpicklingError``."""
+    try:
+        return load_pickled(f, device)
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        raise
+    except Exception as exc:  # whatever a hostile or corrupt file makes zipfile, NumPy or the unpickler raise
+        name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else getattr(f, "name", "<file object>")
+        raise RestrictedUnpicklingError(f"xgrad.load: cannot load {name!r}: {exc}") from exc
 
 
 def _load(path: str | os.PathLike[str], device: Any) -> Any:
