@@ -151,6 +151,19 @@ def test_plain_values_round_trip(tmp_path):
     assert jax.random.key_data(loaded["key"].get()).tolist() == jax.random.key_data(values["key"].get()).tolist()
 
 
+def test_arrays_true_keeps_what_the_file_shares(tmp_path):
+    # Converting Tensors by a pass over the result visited a list shared at each of n levels 2**n times.
+    shared = [xgrad.ones(2)]
+    for _ in range(3):
+        shared = [shared, shared]
+    buffer = io.BytesIO()
+    xgrad.save(shared, buffer)
+    buffer.seek(0)
+    loaded = xgrad.load(buffer, arrays=True)
+    assert loaded[0] is loaded[1] and loaded[0][0] is loaded[0][1] and loaded[0][0][0] is loaded[1][1][1]
+    assert isinstance(loaded[0][0][0][0], jax.Array) and loaded[0][0][0][0].tolist() == [1.0, 1.0]
+
+
 # -- what a file can make the loader allocate ----------------------------------------------
 @pytest.mark.parametrize("member", [PICKLE, ARRAY])
 def test_a_zip_bomb_is_refused_before_it_inflates(tmp_path, member):

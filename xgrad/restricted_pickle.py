@@ -231,14 +231,18 @@ def _check_arguments(func: Any, args: tuple[Any, ...]) -> None:
 class RestrictedUnpickler:
     """Runs a pickle, rebuilding only allow-listed classes, never by calling them (NOTE [Restricted pickles]).
 
-    ``arrays(name)`` reads the stored array that a persistent id names.
+    ``arrays(name)`` reads the stored array that a persistent id names. With ``tensors=False``
+    stored Tensors come back as their ``jax.Array``s (``xgrad.load(..., arrays=True)``): made
+    here, not by a pass over the result, which could visit an object shared in a file
+    exponentially many times.
     """
 
-    def __init__(self, data: bytes, arrays: Callable[[str], np.ndarray], device: Any) -> None:
+    def __init__(self, data: bytes, arrays: Callable[[str], np.ndarray], device: Any, tensors: bool = True) -> None:
         self.data = data
         self.pos = 0
         self.arrays = arrays
         self.device = device
+        self.tensors = tensors  # False: a stored Tensor comes back as its jax.Array
         self.stack: list[Any] = []
         self.marks: list[list[Any]] = []  # the stacks that MARK set aside
         self.memo: dict[int, Any] = {}
@@ -361,7 +365,7 @@ class RestrictedUnpickler:
         if kind == "ndarray":
             return values
         array = jax.device_put(values, self.device) if self.device is not None else jax.numpy.asarray(values)
-        if kind == "array":
+        if kind == "array" or (kind != "keystate" and not self.tensors):
             return array
         if kind == "keystate":
             return KeyState(jax.random.wrap_key_data(array, impl=rest[0]))
@@ -616,11 +620,12 @@ def _read_array(archive: zipfile.ZipFile, name: str) -> np.ndarray:
     return array.T if fortran_order else array
 
 
-def load_pickled(f: Any, device: Any) -> Any:
+def load_pickled(f: Any, device: Any, arrays: bool = False) -> Any:
     """Read what ``save_pickled`` wrote, rebuilding only allow-listed classes (NOTE [Restricted pickles]).
 
-    A file that is no such archive, is corrupt, or exceeds NOTE [Loader limits] raises ``pickle.UnpicklingError``
-    (``zipfile``'s, NumPy's or Python's errors for some corruptions); ``xgrad.load`` names the file in one error.
+    ``arrays``: stored Tensors come back as their ``jax.Array``s. A file that is no such archive, is
+    corrupt, or exceeds NOTE [Loader limits] raises ``pickle.UnpicklingError`` (``zipfile``'s, NumPy's
+    or Python's errors for some corruptions); ``xgrad.load`` names the file in one error.
     """
     file_size = _file_size(f)
     try:
@@ -634,4 +639,4 @@ def load_pickled(f: Any, device: Any) -> Any:
             data = member.read(info.file_size)
         if len(data) != info.file_size:
             raise _short(info, len(data))
-        return RestrictedUnpickler(data, lambda name: _read_array(archive, name), device).load()
+        return RestrictedUnpickler(data, lambda name: _read_array(archive, name), device, tensors=not arrays).load()

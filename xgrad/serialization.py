@@ -561,18 +561,17 @@ def load(path: Any, device: Any = None, *, arrays: bool = False, weights_only: b
     """
     device = map_location if device is None else device
     if _is_pickle_target(path):
-        loaded = _load_whole_object(path, resolve_device(device))
-    else:
-        loaded = _load(path, device)
+        return _load_whole_object(path, resolve_device(device), arrays)
+    loaded = _load(path, device)
     if arrays:
         return jax.tree_util.tree_map(lambda t: t.array, loaded, is_leaf=lambda t: isinstance(t, Tensor))
     return loaded
 
 
-def _load_whole_object(f: Any, device: Any) -> Any:
+def _load_whole_object(f: Any, device: Any, arrays: bool) -> Any:
     """``load_pickled``, its every failure but a missing or unopenable file raised as one ``RestrictedUnpicklingError``."""
     try:
-        return load_pickled(f, device)
+        return load_pickled(f, device, arrays=arrays)
     except (FileNotFoundError, IsADirectoryError, PermissionError):
         raise
     except Exception as exc:  # whatever a hostile or corrupt file makes zipfile, NumPy or the unpickler raise
