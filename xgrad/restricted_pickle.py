@@ -308,7 +308,7 @@ class RestrictedUnpickler:
             return self._call(cls, args)
         if cls in _ARGUMENTS:
             _check_arguments(cls, (*args, *kwargs.values()))
-        obj = cls.__new__(cls, *args, **kwargs)
+        obj: Any = cls.__new__(cls, *args, **kwargs)
         self.made[id(obj)] = obj
         return obj
 
