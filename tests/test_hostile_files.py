@@ -45,13 +45,13 @@ class Model(nn.Module):
 
 
 class _Calls:
-    """Pickles as a REDUCE: a call ``func(*args)``."""
+    """Pickles as a REDUCE: a call ``func(*args)``, then a BUILD of ``state`` if one is given."""
 
-    def __init__(self, func, *args):
-        self.func, self.args = func, args
+    def __init__(self, func, *args, state=None):
+        self.func, self.args, self.state = func, args, state
 
     def __reduce__(self):
-        return self.func, self.args
+        return (self.func, self.args) if self.state is None else (self.func, self.args, self.state)
 
 
 def _archive(path, pickled, arrays=(), compression=zipfile.ZIP_STORED):
@@ -128,7 +128,7 @@ def test_plain_values_round_trip(tmp_path):
     values = {
         "slice": slice(1, None, 2), "range": range(0, 10, 3), "complex": 1 - 2j, "bytearray": bytearray(b"ab"),
         "bytes": b"\x00\xff", "set": {1, "a"}, "frozenset": frozenset({(1, 2)}), "ordered": collections.OrderedDict(b=1, a=2),
-        "big": -(2**100), "float": 0.1, "text": "é\u2603", "none": None, "nested": [(1, [2.5]), {"k": (True,)}],
+        "big": -(2**100), "float": 0.1, "text": "é\u2603", "none": None, "nested": [(1, [2.5]), {"k": (True,)}, (1, 2, 3, (4, 5, 6, 7))],
         "dtype": xgrad.bfloat16, "int_keys": {0: "a", -3: "b"},
         "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)), "scalar": np.array(7, np.int16),
         "empty": np.zeros((0, 3), np.float32), "array": jax.numpy.arange(4),
@@ -248,6 +248,19 @@ def test_a_state_is_given_only_to_objects_the_file_made(tmp_path, monkeypatch, t
     path = _archive(tmp_path / "hostile.pt", b"\x80\x02" + made + state + pickle.BUILD + pickle.STOP)
     _refused(path, "the pickle did not make")
     assert nn.Linear.forward is not None and not hasattr(xgrad.float32, "forward")
+
+
+@pytest.mark.parametrize(("shared", "make"), [
+    (list(range(1000)), lambda shared: _Calls(tuple, shared)),  # copies the list
+    (dict.fromkeys(map(str, range(1000))), lambda shared: _Calls(nn.Identity, state=shared)),  # sets 1,000 attributes
+    (tuple(range(1000)), lambda shared: {shared: 0}),  # hashes the tuple
+], ids=["copy", "build", "hash"])
+def test_one_collection_named_over_and_over_costs_the_file_its_size(tmp_path, shared, make):
+    # 2,000 uses of one 1,000-item collection through the memo: 2,000,000 items of work from 20 kB of pickle.
+    pickled = pickle.dumps([make(shared) for _ in range(2000)], protocol=4)
+    assert len(pickled) < 40_000
+    path = _archive(tmp_path / "hostile.pt", pickled)
+    _refused(path, "more items than it holds")
 
 
 def _probe(folder, name, marker):

@@ -22,6 +22,9 @@
 # items must hash in time linear in their size (strings, bytes, integers below the hash
 # modulus, objects hashed by identity, flat tuples of these): a nested tuple can hash in
 # time exponential in its depth, and crafted integers can all land in one hash bucket.
+# A memo lets a pickle name one large collection over and over for a few bytes each:
+# the items builtins copy, tuple keys hash and BUILDs set are charged to a budget of
+# one per byte of the pickle, so that work stays linear in the file too.
 #
 # NOTE [Loader limits]
 # What a file can make ``load_pickled`` allocate is bounded by the file's size. Before
@@ -29,12 +32,15 @@
 # ``MAX_EXPANSION`` times the file's size (plus ``EXPANSION_ALLOWANCE``) uncompressed:
 # xgrad stores members uncompressed, and a zip bomb inflates a thousandfold. The pickle
 # member may declare at most ``MAX_PICKLE_BYTES`` (it holds structure only: a module
-# costs about 200 bytes of it). Members are read in chunks against their declared sizes,
-# never beyond them (``zipfile`` stops there and checks the CRC-32); a member that holds
-# fewer bytes than it declares, or an ``.npy`` whose header describes another size, is
-# refused before its array is allocated. ``xgrad.load`` reports every refusal, and every
-# corrupt or truncated archive, as ``xgrad.serialization.RestrictedUnpicklingError`` naming
-# the file.
+# costs 100 to 200 bytes of it, so 4 MiB holds some 20,000 modules). Each of its bytes
+# can make an object of up to about 70 bytes (an empty list on the stack), in about 2 µs
+# with the cyclic GC's passes: a hostile 4 MiB pickle costs some 300 MB and 8 s at most
+# (CPython's C unpickler takes 3 s over the same bytes). Members are read in chunks
+# against their declared sizes, never beyond them (``zipfile`` stops there and checks
+# the CRC-32); a member that holds fewer bytes than it declares, or an ``.npy`` whose
+# header describes another size, is refused before its array is allocated.
+# ``xgrad.load`` reports every refusal, and every corrupt or truncated archive, as
+# ``xgrad.serialization.RestrictedUnpicklingError`` naming the file.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ import os
 import pickle
 import struct
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
 import jax
@@ -68,7 +74,7 @@ PICKLE_MEMBER = "xgrad_archive/data.pkl"
 _ARRAYS = "xgrad_archive/arrays/"
 
 #: The most bytes the pickle member of a whole-object checkpoint may hold (NOTE [Loader limits]).
-MAX_PICKLE_BYTES = 16 * 2**20
+MAX_PICKLE_BYTES = 4 * 2**20
 #: The archive's members may hold at most this many times the file's size uncompressed, plus ``EXPANSION_ALLOWANCE``.
 MAX_EXPANSION = 8
 EXPANSION_ALLOWANCE = 2**20
@@ -97,6 +103,7 @@ _ARGUMENTS: dict[Any, tuple[type, ...]] = {
     range: (int,),
 }
 _HASHED_ARGUMENTS = (set, frozenset, dict, collections.OrderedDict)
+_SIZED = frozenset({str, bytes, bytearray, *_COLLECTIONS})
 _NAMED: dict[tuple[str, str], Any] = {
     **{("builtins", f.__name__): f for f in _ARGUMENTS if f.__module__ == "builtins"},
     ("collections", "OrderedDict"): collections.OrderedDict,
@@ -209,25 +216,6 @@ def _cheap_to_hash(key: Any, nested: bool = True) -> bool:
     return nested and kind in (tuple, frozenset) and all(_cheap_to_hash(item, nested=False) for item in key)
 
 
-def _check_keys(keys: Any) -> None:
-    for key in keys:
-        if not _cheap_to_hash(key):
-            raise pickle.UnpicklingError(
-                f"a dict key or set item of type {type(key).__name__} is refused: keys must be strings, bytes, integers "
-                "below 2**61 - 1, objects hashed by identity, or flat tuples of these")
-
-
-def _check_arguments(func: Any, args: tuple[Any, ...]) -> None:
-    """``func`` (a builtin of ``_ARGUMENTS``) may be called with ``args`` at a cost the file's size bounds."""
-    allowed = _ARGUMENTS[func]
-    for arg in args:
-        if type(arg) not in allowed:
-            raise pickle.UnpicklingError(f"{func.__name__}() of a {type(arg).__name__} is refused")
-        if func in _HASHED_ARGUMENTS and not isinstance(arg, (dict, set, frozenset)):
-            _check_keys(item[0] if isinstance(item, (tuple, list)) and func not in (set, frozenset) else item
-                        for item in arg)
-
-
 class RestrictedUnpickler:
     """Runs a pickle, rebuilding only allow-listed classes, never by calling them (NOTE [Restricted pickles]).
 
@@ -248,6 +236,7 @@ class RestrictedUnpickler:
         self.memo: dict[int, Any] = {}
         self.loaded: dict[str, Any] = {}
         self.made: dict[int, Any] = {}  # what NEWOBJ made, by id: only these get a state (BUILD)
+        self.work = len(data)  # items that builtins may copy and BUILDs set, in all (NOTE [Restricted pickles])
         self.module_classes: dict[tuple[str, str], type] | None = None
 
     # -- reading the pickle ------------------------------------------------------------
@@ -268,15 +257,47 @@ class RestrictedUnpickler:
             raise pickle.UnpicklingError("the pickle is truncated")
         return self._read(end + 1 - self.pos)[:-1].decode("utf-8")
 
+    def _spend(self, values: Iterable[Any]) -> None:
+        """Charge the items of the collections among ``values`` to the pickle's work budget."""
+        self.work -= sum(len(value) for value in values if type(value) in _SIZED)
+        if self.work < 0:
+            raise pickle.UnpicklingError(
+                "the pickle makes builtins copy, or objects take as their state, more items than it holds (one "
+                "collection over and over)")
+
+    def _check_keys(self, keys: Iterable[Any]) -> None:
+        """Dict keys and set items must hash in linear time, and a tuple's hash (never cached) is paid for."""
+        for key in keys:
+            if not _cheap_to_hash(key):
+                raise pickle.UnpicklingError(
+                    f"a dict key or set item of type {type(key).__name__} is refused: keys must be strings, bytes, "
+                    "integers below 2**61 - 1, objects hashed by identity, or flat tuples of these")
+            if type(key) is tuple:
+                self._spend((key,))
+
+    def _check_arguments(self, func: Any, args: tuple[Any, ...]) -> None:
+        """``func`` (a builtin of ``_ARGUMENTS``) may be called with ``args`` at a cost the file's size bounds."""
+        allowed = _ARGUMENTS[func]
+        self._spend(args)
+        for arg in args:
+            if type(arg) not in allowed:
+                raise pickle.UnpicklingError(f"{func.__name__}() of a {type(arg).__name__} is refused")
+            if func in _HASHED_ARGUMENTS and not isinstance(arg, (dict, set, frozenset)):
+                self._check_keys(item[0] if isinstance(item, (tuple, list)) and func not in (set, frozenset) else item
+                                 for item in arg)
+
     def _pop_mark(self) -> list[Any]:
         items = self.stack
         self.stack = self.marks.pop()
         return items
 
     def load(self) -> Any:
-        ops = _OPS
+        ops, data, end = _OPS, self.data, len(self.data)
         while True:
-            code = self._read(1)[0]
+            if self.pos >= end:
+                raise pickle.UnpicklingError("the pickle is truncated")
+            code = data[self.pos]
+            self.pos += 1
             op = ops.get(code)
             if op is None:
                 raise pickle.UnpicklingError(f"pickle opcode {bytes([code])!r} at byte {self.pos - 1} is not supported")
@@ -307,7 +328,7 @@ class RestrictedUnpickler:
         if cls is xgrad_dtype:
             return self._call(cls, args)
         if cls in _ARGUMENTS:
-            _check_arguments(cls, (*args, *kwargs.values()))
+            self._check_arguments(cls, (*args, *kwargs.values()))
         obj: Any = cls.__new__(cls, *args, **kwargs)
         self.made[id(obj)] = obj
         return obj
@@ -321,7 +342,7 @@ class RestrictedUnpickler:
                 raise pickle.UnpicklingError("xgrad.dtype() of anything but a dtype's name is refused")
             return DTYPES[args[0]]
         if func in _ARGUMENTS:
-            _check_arguments(func, args)
+            self._check_arguments(func, args)
             return func(*args)
         if isinstance(func, type):
             return self._new(func, args, {})
@@ -341,6 +362,7 @@ class RestrictedUnpickler:
         slots = None
         if isinstance(state, tuple) and len(state) == 2:
             state, slots = state
+        self._spend((state, slots))
         for part in (state, slots):
             if part is not None and not (isinstance(part, dict) and all(type(k) is str for k in part)):
                 raise pickle.UnpicklingError(f"the state of a {type(obj).__name__} must be a dict of attribute names")
@@ -413,15 +435,14 @@ def _tuple_of(count: int) -> Op:
     return op
 
 
-def _dict(u: RestrictedUnpickler) -> None:
-    items = u._pop_mark()
-    _check_keys(items[::2])
-    u.stack.append(dict(zip(items[::2], items[1::2], strict=True)))
+def _tuple(u: RestrictedUnpickler) -> None:
+    items = u._pop_mark()  # before u.stack is read: it is the stack below the mark from here on
+    u.stack.append(tuple(items))
 
 
 def _frozenset(u: RestrictedUnpickler) -> None:
     items = u._pop_mark()
-    _check_keys(items)
+    u._check_keys(items)
     u.stack.append(frozenset(items))
 
 
@@ -436,7 +457,7 @@ def _appends(u: RestrictedUnpickler) -> None:
 
 
 def _set_items(u: RestrictedUnpickler, items: list[Any]) -> None:
-    _check_keys(items[::2])
+    u._check_keys(items[::2])
     target = _target(u, dict)
     for key, value in zip(items[::2], items[1::2], strict=True):
         target[key] = value
@@ -444,7 +465,7 @@ def _set_items(u: RestrictedUnpickler, items: list[Any]) -> None:
 
 def _add_items(u: RestrictedUnpickler) -> None:
     items = u._pop_mark()
-    _check_keys(items)
+    u._check_keys(items)
     _target(u, set).update(items)
 
 
@@ -531,13 +552,11 @@ _OPS: dict[int, Op] = {code[0]: op for code, op in {
     pickle.TUPLE1: _tuple_of(1),
     pickle.TUPLE2: _tuple_of(2),
     pickle.TUPLE3: _tuple_of(3),
-    pickle.TUPLE: _push(lambda u: tuple(u._pop_mark())),
+    pickle.TUPLE: _tuple,
     pickle.EMPTY_LIST: _push(lambda u: []),
-    pickle.LIST: _push(lambda u: u._pop_mark()),
     pickle.APPEND: _append,
     pickle.APPENDS: _appends,
     pickle.EMPTY_DICT: _push(lambda u: {}),
-    pickle.DICT: _dict,
     pickle.SETITEM: lambda u: _set_items(u, [u.stack.pop(-2), u.stack.pop()]),
     pickle.SETITEMS: lambda u: _set_items(u, u._pop_mark()),
     pickle.EMPTY_SET: _push(lambda u: set()),
