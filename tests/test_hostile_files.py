@@ -151,6 +151,23 @@ def test_plain_values_round_trip(tmp_path):
     assert jax.random.key_data(loaded["key"].get()).tolist() == jax.random.key_data(values["key"].get()).tolist()
 
 
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_plain_data_of_every_binary_protocol_loads_as_pickle_loads_it(tmp_path, protocol):
+    shared = [1.5, {"k": None}]
+    value = {
+        "numbers": [0, 255, 65535, -1, 2**31, -(2**70), 1e300, True, False, None, 1 + 2j],
+        "text": ["", "é" * 300, "x" * 70000], "tuples": [(), (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4, (5,))],
+        "containers": [set(), {3, "a"}, frozenset({4}), collections.OrderedDict(a=1), {0: [], "": {}}],
+        "shared": [shared, shared], "builtins": [slice(None, 5), range(2, 9, 3)],
+    }
+    if protocol > 2:  # protocol 2 pickles bytes through _codecs.encode, which no checkpoint needs
+        value["bytes"] = [b"", b"\xff" * 300, bytearray(b"ab")]
+    path = _archive(tmp_path / f"p{protocol}.pt", pickle.dumps(value, protocol=protocol))
+    loaded = xgrad.load(path)
+    assert loaded == pickle.loads(pickle.dumps(value, protocol=protocol))
+    assert loaded["shared"][0] is loaded["shared"][1]
+
+
 def test_arrays_true_keeps_what_the_file_shares(tmp_path):
     # Converting Tensors by a pass over the result visited a list shared at each of n levels 2**n times.
     shared = [xgrad.ones(2)]

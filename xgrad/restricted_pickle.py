@@ -45,6 +45,7 @@
 
 from __future__ import annotations
 
+import _compat_pickle
 import collections
 import contextlib
 import io
@@ -109,6 +110,10 @@ _NAMED: dict[tuple[str, str], Any] = {
     ("collections", "OrderedDict"): collections.OrderedDict,
     ("xgrad.tensor.dtypes", "dtype"): xgrad_dtype,
 }
+_NAMED.update({  # the Python 2 names that protocol 2 writes (``__builtin__.xrange``), as pickle maps them
+    _compat_pickle.REVERSE_NAME_MAPPING.get(key, (_compat_pickle.REVERSE_IMPORT_MAPPING.get(key[0], key[0]), key[1])): f
+    for key, f in list(_NAMED.items())
+})
 _INT_HASH_MODULUS = 2**61 - 1  # sys.hash_info.modulus on 64-bit builds: below it an int hashes to itself
 
 _user_safe_globals: list[Any] = []
