@@ -13,10 +13,14 @@
 # classes the user allow-listed (``add_safe_globals``/``safe_globals``). Anything else
 # (``os.system``, ``builtins.eval``, a class nobody listed, a module nobody imported) is
 # refused with PyTorch's advice before anything of it is imported or called.
-# A class is never called with arguments from the file: ``REDUCE`` or ``NEWOBJ`` of a
+# A class is never called (its ``__init__`` never runs): ``REDUCE`` or ``NEWOBJ`` of a
 # class makes ``cls.__new__(cls, *args)`` (``copyreg.__newobj__``), and ``BUILD`` then
 # gives it its state (``__setstate__``, else its ``__dict__``), as pickle restores any
-# object; so ``REDUCE TransformerEncoder(layer, 100000)`` builds no layer at all. A
+# object; so ``REDUCE TransformerEncoder(layer, 100000)`` builds no layer at all. (A
+# user's class whose ``__reduce__`` needs its constructor: allow-list a function that
+# builds one instead; a function the user allow-listed is called, as PyTorch's loader
+# calls one.) BUILD reaches only objects the file made (not a class, nor the shared
+# ``xgrad.float32``). A
 # builtin is called only with arguments whose cost the file's size bounds (``bytes`` is
 # never given a size, ``list``/``set`` never a lazy ``range``), and dict keys and set
 # items must hash in time linear in their size (strings, bytes, integers below the hash
@@ -53,6 +57,7 @@ import math
 import os
 import pickle
 import struct
+import sys
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
@@ -114,7 +119,7 @@ _NAMED.update({  # the Python 2 names that protocol 2 writes (``__builtin__.xran
     _compat_pickle.REVERSE_NAME_MAPPING.get(key, (_compat_pickle.REVERSE_IMPORT_MAPPING.get(key[0], key[0]), key[1])): f
     for key, f in list(_NAMED.items())
 })
-_INT_HASH_MODULUS = 2**61 - 1  # sys.hash_info.modulus on 64-bit builds: below it an int hashes to itself
+_INT_HASH_MODULUS = sys.hash_info.modulus  # 2**61 - 1 on 64-bit builds: below it an int hashes to itself
 
 _user_safe_globals: list[Any] = []
 
@@ -276,7 +281,7 @@ class RestrictedUnpickler:
             if not _cheap_to_hash(key):
                 raise pickle.UnpicklingError(
                     f"a dict key or set item of type {type(key).__name__} is refused: keys must be strings, bytes, "
-                    "integers below 2**61 - 1, objects hashed by identity, or flat tuples of these")
+                    f"integers below {_INT_HASH_MODULUS}, objects hashed by identity, or flat tuples of these")
             if type(key) is tuple:
                 self._spend((key,))
 
