@@ -81,9 +81,9 @@ def _declare(path, member, size):
     """Make the central directory of ``path`` declare ``size`` uncompressed bytes for ``member``."""
     data = bytearray(path.read_bytes())
     name = member.encode()
-    at = data.find(b"PK\x01\x02")
+    at = data.index(b"PK\x01\x02")
     while data[at + 46:at + 46 + len(name)] != name:
-        at = data.find(b"PK\x01\x02", at + 1)
+        at = data.index(b"PK\x01\x02", at + 1)
     struct.pack_into("<I", data, at + 24, size)
     path.write_bytes(bytes(data))
 
