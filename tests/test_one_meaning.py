@@ -292,3 +292,283 @@ def test_maml_inner_step_differentiates_through_the_inner_gradient() -> None:
     (adapted**2).sum().backward()
     expected = jax.grad(lambda v: ((v - 0.1 * jax.grad(inner)(v)) ** 2).sum())(jnp.array([1.0, -2.0]))
     np.testing.assert_allclose(w.grad.numpy(), expected, rtol=1e-6)
+
+
+# -- module backward hooks --------------------------------------------------------------------------------
+
+
+def _hooked_model() -> tuple[nn.Module, list[str]]:
+    model = nn.Sequential(nn.Linear(3, 4, key=0), nn.Tanh(), nn.Linear(4, 2, key=1))
+    calls: list[str] = []
+
+    def pre_hook(module: Any, grad_output: tuple[Any, ...]) -> tuple[Any, ...]:
+        calls.append("pre")
+        return (grad_output[0] * 2,)
+
+    def hook(module: Any, grad_input: tuple[Any, ...], grad_output: tuple[Any, ...]) -> tuple[Any, ...]:
+        calls.append("hook")
+        return (grad_input[0] * 0.5,)
+
+    model[2].register_full_backward_pre_hook(pre_hook)
+    model[2].register_full_backward_hook(hook)
+    return model, calls
+
+
+def _module_hooks_ref(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    """The hooked model on arrays: the pre-hook doubles the output's cotangent, the hook halves the input's."""
+
+    def scaled(factor: float) -> Callable[[jax.Array], jax.Array]:
+        @jax.custom_vjp
+        def identity(y: jax.Array) -> jax.Array:
+            return y
+
+        identity.defvjp(lambda y: (y, None), lambda _, g: (g * factor,))
+        return identity
+
+    h = jnp.tanh(x @ params["0.weight"].T + params["0.bias"])
+    y = scaled(2.0)(scaled(0.5)(h) @ params["2.weight"].T + params["2.bias"])
+    return (y**2).sum()
+
+
+@pytest.mark.parametrize("route", ["backward", "compiled backward", "xgrad.compile", *MODEL_ROUTES])
+def test_module_backward_hooks_run_on_every_route(route: str) -> None:
+    x = xgrad.tensor(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3))
+    model, calls = _hooked_model()
+    if route in MODEL_ROUTES:
+        grads = {name: _np(g) for name, g in MODEL_ROUTES[route](model, x).named_parameters()}
+    else:
+        step = (lambda: _loss(model, x).backward()) if route == "backward" else (lambda: _loss(model, x).backward(compiled=True))
+        (xgrad.compile(step) if route == "xgrad.compile" else step)()
+        grads = {name: p.grad.numpy() for name, p in model.named_parameters()}
+    arrays = {name: jnp.asarray(p.detach().numpy()) for name, p in model.named_parameters()}
+    expected = jax.grad(_module_hooks_ref)(arrays, jnp.asarray(x.numpy()))
+    for name, g in grads.items():
+        np.testing.assert_allclose(g, expected[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    assert calls[:2] == ["pre", "hook"]
+
+
+# -- shared parameters, foreign pytrees, state written in a trace -------------------------------------------
+
+
+class TiedLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(5, 3, key=0)
+        self.body = nn.Linear(3, 3, key=1)
+        self.head = nn.Linear(3, 5, bias=False, key=2)
+        self.head.weight = self.emb.weight  # tied, as GPT-2's lm_head
+
+    def forward(self, idx: xgrad.Tensor) -> xgrad.Tensor:
+        return self.head(self.body(self.emb(idx)).tanh())
+
+
+IDX = np.array([0, 2, 4, 1])
+
+
+def _tied_loss(model: nn.Module) -> jax.Array:
+    return (model(xgrad.tensor(IDX)) ** 2).mean().array
+
+
+@pytest.mark.parametrize("route", ["jax.grad", "jax.jit(jax.grad)", "eqx.filter_grad"])
+def test_a_tied_weight_is_one_leaf_with_one_gradient(route: str) -> None:
+    eager = TiedLM()
+    (eager(xgrad.tensor(IDX)) ** 2).mean().backward()
+    model = TiedLM()
+    assert len(jax.tree_util.tree_leaves(model)) == len(list(model.parameters())) == 3
+    transform = {"jax.grad": jax.grad, "jax.jit(jax.grad)": lambda f: jax.jit(jax.grad(f)), "eqx.filter_grad": eqx.filter_grad}
+    grads = transform[route](_tied_loss)(model)
+    assert grads.head.weight is grads.emb.weight
+    for (name, p), (_, g) in zip(eager.named_parameters(), grads.named_parameters(), strict=True):
+        np.testing.assert_allclose(_np(g), p.grad.numpy(), rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_optax_keeps_tied_weights_tied() -> None:
+    import optax
+
+    model = TiedLM()
+    tx = optax.adam(1e-2)
+    state = tx.init(model)
+    for _ in range(2):
+        updates, state = tx.update(jax.grad(_tied_loss)(model), state, model)
+        model = optax.apply_updates(model, updates)
+    assert model.head.weight is model.emb.weight
+    assert [n for n, _ in model.named_parameters()] == ["emb.weight", "body.weight", "body.bias"]
+
+
+def test_a_shared_submodule_comes_back_shared() -> None:
+    shared = nn.Linear(2, 2, key=0)
+    model = nn.Sequential(shared, nn.Tanh(), shared)
+    rebuilt = jax.tree_util.tree_map(lambda a: a * 2, model)
+    assert rebuilt[0] is rebuilt[2]
+    assert len(jax.tree_util.tree_leaves(model)) == 2
+
+
+class HoldsEquinox(nn.Module):
+    def __init__(self, mlp: Any) -> None:
+        super().__init__()
+        self.mlp = mlp
+        self.scale = nn.Parameter(jnp.full((), 1.5, jnp.float32))
+
+    def forward(self, x: xgrad.Tensor) -> xgrad.Tensor:
+        return xgrad.from_jax(lambda m, x: jax.vmap(m)(x))(self.mlp, x) * self.scale
+
+
+def test_a_foreign_pytree_is_a_child_trained_on_every_route() -> None:
+    mlp = eqx.nn.MLP(3, 2, 8, 1, key=jax.random.key(0))
+    as_parameters = jax.tree_util.tree_map(lambda a: nn.Parameter(a) if eqx.is_inexact_array(a) else a, mlp)
+    x = xgrad.tensor(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3))
+    eager = HoldsEquinox(as_parameters)
+    assert [n for n, _ in eager.named_parameters()] == [
+        "mlp.layers.0.weight", "mlp.layers.0.bias", "mlp.layers.1.weight", "mlp.layers.1.bias", "scale",
+    ]
+    (eager(x) ** 2).sum().backward()  # eager optimizers see the Parameters inside it
+
+    def reference(mlp: Any, scale: jax.Array) -> jax.Array:
+        return ((jax.vmap(mlp)(jnp.asarray(x.numpy())) * scale) ** 2).sum()
+
+    expected = eqx.filter_grad(lambda m: reference(m, jnp.float32(1.5)))(mlp)
+    np.testing.assert_allclose(eager.mlp.layers[0].weight.grad.numpy(), expected.layers[0].weight, rtol=1e-5)
+    # Plain arrays (not Parameters) are children too: JAX's routes differentiate and jit them.
+    raw = HoldsEquinox(mlp)
+    assert len(jax.tree_util.tree_leaves(raw)) == 5
+    grads = jax.grad(lambda m: (m(x) ** 2).sum().array)(raw)
+    np.testing.assert_allclose(np.asarray(grads.mlp.layers[0].weight), expected.layers[0].weight, rtol=1e-5)
+    np.testing.assert_allclose(_np(jax.jit(lambda m, x: m(x))(raw, x)), _np(raw(x)), rtol=1e-6)
+
+
+def test_a_buffer_written_in_a_plain_trace_raises_naming_xgrad_compile() -> None:
+    model = nn.Sequential(nn.Linear(3, 3, key=0), nn.BatchNorm1d(3))
+    x = xgrad.tensor(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3))
+    before = model[1].running_mean.numpy().copy()
+    with pytest.raises(RuntimeError, match=r"modified in place inside it.*xgrad\.compile"):
+        jax.jit(lambda m, x: m(x))(model, x)
+    np.testing.assert_array_equal(model[1].running_mean.numpy(), before)
+
+    @xgrad.compile
+    def forward(x: xgrad.Tensor) -> xgrad.Tensor:
+        return model(x)
+
+    forward(x)  # xgrad.compile writes the running statistics back, as eager does
+    eager = nn.Sequential(nn.Linear(3, 3, key=0), nn.BatchNorm1d(3))
+    eager(x)
+    np.testing.assert_allclose(model[1].running_mean.numpy(), eager[1].running_mean.numpy(), rtol=1e-6)
+
+
+# -- Equinox's filtering conventions on xgrad modules --------------------------------------------------------
+
+
+def test_equinox_filters_work_on_xgrad_modules() -> None:
+    model = nn.Sequential(nn.Linear(3, 3, key=0), nn.BatchNorm1d(3)).eval()  # an integer buffer among the leaves
+    x = xgrad.tensor(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3))
+    loss, grads = eqx.filter_value_and_grad(lambda m: _loss(m, x).array)(model)
+    eager = nn.Sequential(nn.Linear(3, 3, key=0), nn.BatchNorm1d(3)).eval()
+    eager_loss = _loss(eager, x)
+    eager_loss.backward()
+    np.testing.assert_allclose(float(loss), eager_loss.item(), rtol=1e-6)
+    np.testing.assert_allclose(_np(grads[0].weight), eager[0].weight.grad.numpy(), rtol=1e-5)
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    again = eqx.combine(params, static)
+    np.testing.assert_allclose(_np(again(x)), _np(model(x)))
+    new_layer = nn.Linear(3, 3, key=5)
+    replaced = eqx.tree_at(lambda m: m[0], model, new_layer)
+    np.testing.assert_array_equal(_np(replaced[0].weight), _np(new_layer.weight))
+    assert [n for n, _ in replaced.named_parameters()] == [n for n, _ in model.named_parameters()]
+
+
+# -- in-place writes inside xgrad.func, as torch.func -----------------------------------------------------------
+
+
+def test_vmap_and_jvp_write_in_place_changes_back_to_the_inputs() -> None:
+    x, y = xgrad.zeros(3, 2), xgrad.arange(6.0).reshape(3, 2)
+    func.vmap(lambda a, b: a.add_(b))(x, y)
+    np.testing.assert_array_equal(x.numpy(), y.numpy())
+    chunked = xgrad.zeros(3, 2)
+    func.vmap(lambda a, b: a.copy_(b * 2), chunk_size=2)(chunked, y)
+    np.testing.assert_array_equal(chunked.numpy(), 2 * y.numpy())
+    p = xgrad.tensor([1.0, 2.0])
+    _, tangent = func.jvp(lambda a: a.mul_(3.0), (p,), (xgrad.ones(2),))
+    np.testing.assert_array_equal(p.numpy(), [3.0, 6.0])
+    np.testing.assert_array_equal(tangent.numpy(), [3.0, 3.0])
+
+
+def test_writing_a_captured_tensor_inside_a_transform_raises_torch_funcs_error() -> None:
+    buffer = xgrad.zeros(2)
+    with pytest.raises(RuntimeError, match="would mutate a captured Tensor"):
+        func.grad(lambda a: (buffer.copy_(a) * a).sum())(xgrad.ones(2))
+    with pytest.raises(RuntimeError, match=r"vmap: inplace arithmetic\(self, \*extra_args\) is not possible"):
+        func.vmap(lambda a, b: a.add_(b), in_dims=(None, 0))(xgrad.zeros(2), xgrad.ones(3, 2))
+    np.testing.assert_array_equal(buffer.numpy(), 0.0)  # nothing of the trace is left in it
+
+
+# -- Function: the rest of its protocol on JAX's AD ----------------------------------------------------------------
+
+
+class TwoOutputs(xgrad.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: xgrad.Tensor) -> tuple[xgrad.Tensor, xgrad.Tensor]:
+        ctx.set_materialize_grads(False)
+        return x * 2, x * 3
+
+    @staticmethod
+    def backward(ctx: Any, g1: Any, g2: Any) -> xgrad.Tensor:
+        assert g2 is None  # the second output reaches no loss: None, as materialize_grads=False says
+        return g1 * 2
+
+
+def test_set_materialize_grads_false_gives_none_for_an_unused_output() -> None:
+    g = jax.grad(lambda t: TwoOutputs.apply(t)[0].sum().array)(_tensor(X))
+    np.testing.assert_allclose(_np(g), 2.0)
+    np.testing.assert_allclose(_np(func.grad(lambda t: TwoOutputs.apply(t)[0].sum())(xgrad.tensor(X))), 2.0)
+
+
+class OnceSquare(xgrad.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: xgrad.Tensor) -> xgrad.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    @xgrad.autograd.once_differentiable
+    def backward(ctx: Any, g: xgrad.Tensor) -> xgrad.Tensor:
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+def test_once_differentiable_raises_when_jax_differentiates_its_backward() -> None:
+    first = func.grad(lambda t: OnceSquare.apply(t).sum())(xgrad.tensor(X))
+    np.testing.assert_allclose(_np(first), 2 * X, rtol=1e-6)
+    with pytest.raises(RuntimeError, match="differentiate twice a function that was marked with @once_differentiable"):
+        func.grad(lambda t: func.grad(lambda u: OnceSquare.apply(u).sum())(t).sum())(xgrad.tensor(X))
+
+
+class CubeForward(xgrad.autograd.Function):
+    """Forward mode only: a ``jvp``, no ``backward``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: xgrad.Tensor) -> xgrad.Tensor:
+        ctx.save_for_forward(x)
+        return x**3
+
+    @staticmethod
+    def jvp(ctx: Any, t: xgrad.Tensor) -> xgrad.Tensor:
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * t
+
+
+def test_a_functions_jvp_gives_forward_mode_on_jax() -> None:
+    _, tangent = func.jvp(CubeForward.apply, (xgrad.tensor(X),), (xgrad.ones(3),))
+    np.testing.assert_allclose(tangent.numpy(), 3 * X**2, rtol=1e-6)
+    _, tangent = jax.jvp(lambda a: CubeForward.apply(xgrad.tensor(a)).array, (jnp.asarray(X),), (jnp.ones(3, X.dtype),))
+    np.testing.assert_allclose(np.asarray(tangent), 3 * X**2, rtol=1e-6)
+
+
+def test_a_function_under_vmap_is_batched_as_generate_vmap_rule() -> None:
+    rows = np.stack([X, 2 * X])
+    grads = func.vmap(func.grad(function_case))(xgrad.tensor(rows))
+    expected = jax.vmap(jax.grad(function_ref))(jnp.asarray(rows))
+    np.testing.assert_allclose(_np(grads), expected, rtol=1e-6)
+
+
+def test_jax_grad_of_a_function_returning_a_tensor_names_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"return loss\.array, or use xgrad\.func\.grad"):
+        jax.grad(lambda t: (t * t).sum())(_tensor(X))

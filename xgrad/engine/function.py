@@ -94,6 +94,7 @@ class FunctionCtx:
         self._node: FunctionNode | None = None
         # Set by ``FunctionNode.compute`` while ``backward`` runs: the values it was given.
         self._saved_values: Any = None  # a tuple, or UNPACK_ON_ACCESS
+        self._on_jax = False  # the Function runs as JAX's custom_vjp (NOTE [Functions on JAX's AD])
 
     def save_for_backward(self, *tensors: Tensor | None) -> None:
         """Keep ``tensors`` for ``backward``, where ``ctx.saved_tensors`` returns them.
@@ -373,6 +374,7 @@ def _overrides(cls: type[Function], name: str) -> bool:
 
 def _apply_on_jax(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], kwargs: dict[str, Any], separate_setup: bool) -> Any:
     positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+    ctx._on_jax = True
     layout: dict[str, Any] = {}  # what the forward returned besides its arrays (filled when it runs)
 
     def forward(arrays: tuple[Any, ...], perturbed: tuple[bool, ...]) -> tuple[Any, ...]:
@@ -439,10 +441,11 @@ def _apply_on_jax(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], 
         return grads
 
     tensors = [args[i] for i in positions]
+    fn: Callable[..., tuple[Any, ...]]
     if _overrides(cls, "backward") or not _overrides(cls, "jvp"):
 
         @jax.custom_vjp
-        def fn(*arrays: Any) -> tuple[Any, ...]:
+        def fn_vjp(*arrays: Any) -> tuple[Any, ...]:
             return forward(arrays, (False,) * len(arrays))
 
         def fwd(*primals: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -461,11 +464,12 @@ def _apply_on_jax(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], 
             finally:
                 ctx._saved_values = None
 
-        fn.defvjp(fwd, bwd, symbolic_zeros=True)
+        fn_vjp.defvjp(fwd, bwd, symbolic_zeros=True)
+        fn = fn_vjp
     else:
 
         @jax.custom_jvp
-        def fn(*arrays: Any) -> tuple[Any, ...]:
+        def fn_jvp(*arrays: Any) -> tuple[Any, ...]:
             return forward(arrays, (False,) * len(arrays))
 
         def jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -482,7 +486,8 @@ def _apply_on_jax(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...], 
                 jnp.zeros_like(o) if r is None else array_of(r).astype(o.dtype) for r, o in zip(tensor_results, outs, strict=True)
             )
 
-        fn.defjvp(jvp)
+        fn_jvp.defjvp(jvp)
+        fn = fn_jvp
     if _grad_state.enabled and any(t.requires_grad for t in tensors):
         outs = list(engine_ops.jax_function(fn, tensors))
     else:
@@ -684,12 +689,15 @@ def once_differentiable(backward: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(backward)
     def wrapper(ctx: FunctionCtx, *grads: Any) -> Any:
-        with no_grad():
+        if ctx._on_jax:
+            # Recording is off already; JAX's AD must see the results' dependence to raise
+            # where it differentiates them (NOTE [Functions on JAX's AD]).
             outputs = backward(ctx, *grads)
-        if _on_jax_trace(grads):  # JAX's AD may differentiate the results: it raises if it does
             outs = outputs if isinstance(outputs, tuple) else (outputs,)
             marked = tuple(_once_differentiable_on_jax(o) if isinstance(o, Tensor) else o for o in outs)
             return marked if isinstance(outputs, tuple) else marked[0]
+        with no_grad():
+            outputs = backward(ctx, *grads)
         if not _grad_state.enabled or not any(isinstance(g, Tensor) and g.requires_grad for g in grads):
             return outputs
         outs = outputs if isinstance(outputs, tuple) else (outputs,)
