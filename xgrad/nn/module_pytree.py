@@ -46,6 +46,7 @@ from xgrad.tensor import Tensor
 __all__ = ["register_module_pytree"]
 
 _ARRAYS = (Tensor, jax.Array, np.ndarray)
+_INTERNAL = frozenset({"_buffers", "training", *HOOK_DICTS})  # a module's own bookkeeping: aux data always
 
 
 def _stop_at_tensors_and_modules(x: Any) -> bool:
@@ -54,16 +55,27 @@ def _stop_at_tensors_and_modules(x: Any) -> bool:
     return isinstance(x, (Tensor, Module))
 
 
+# Types whose instances are pytree leaves (not containers), learnt as they are met: no
+# state can be inside them, and ``_is_state`` answers for them without a tree walk.
+_LEAF_TYPES: set[type] = {bool, int, float, str, type, type(None)}
+
+
 def _is_state(value: Any) -> bool:
     """Whether an attribute value is (or holds) state: a Tensor, an array or a Module, or
     any pytree (a list, an Equinox or Flax module, a dict) with one among its leaves."""
     from xgrad.nn.module import Module
 
+    kind = type(value)
+    if kind in _LEAF_TYPES:
+        return False
     if isinstance(value, (*_ARRAYS, Module)):
         return True
-    if value is None or isinstance(value, (bool, int, float, str, type)):
+    if isinstance(value, (dict, list, tuple)) and not value:
         return False
     leaves = jax.tree_util.tree_leaves(value, is_leaf=_stop_at_tensors_and_modules)
+    if len(leaves) == 1 and leaves[0] is value:
+        _LEAF_TYPES.add(kind)
+        return False
     return any(isinstance(leaf, (*_ARRAYS, Module)) for leaf in leaves)
 
 
@@ -182,20 +194,20 @@ def _later_occurrences(root: Any) -> list[tuple[Path, _Tied]]:
     first: dict[int, Path] = {id(root): ()}
     later: list[tuple[Path, _Tied]] = []
     stack: list[tuple[Any, Path]] = [(root, ())]
+    held = (Tensor, Module)
     while stack:
         module, path = stack.pop()
         below = []
-        held = [("attr", name, value) for name, value in module.__dict__.items() if name != "_modules"]
-        held += [("key", name, value) for name, value in module._modules.items()]
-        for where, name, value in held:
-            if not isinstance(value, (Tensor, Module)):
-                continue
-            here = (*path, (where, name))
-            seen = first.setdefault(id(value), here)
-            if seen != here:
-                later.append((here, _Tied(seen)))
-            elif isinstance(value, Module):
-                below.append((value, here))
+        for where, items in (("attr", module.__dict__), ("key", module._modules)):
+            for name, value in items.items():
+                if not isinstance(value, held):
+                    continue
+                here = (*path, (where, name))
+                seen = first.setdefault(id(value), here)
+                if seen is not here:
+                    later.append((here, _Tied(seen)))
+                elif isinstance(value, Module):
+                    below.append((value, here))
         stack.extend(reversed(below))  # depth first, in order
     return later
 
@@ -248,7 +260,7 @@ def _flatten(module: Any) -> tuple[list[tuple[Any, Any]], _ModuleAux]:
     for name, value in state.items():
         if name == "_modules":
             continue
-        if not _is_state(value):
+        if name in _INTERNAL or not _is_state(value):
             static.append((name, value))
             continue
         # A Tensor's array is the child itself (not a Tensor node), so that trees built
