@@ -1,6 +1,6 @@
 """xgrad's gradient semantics on JAX's AD against the same function written by hand.
 
-Two losses of an MLP (3-256-256-1, tanh, batch 512, float32), each timed as a
+Two losses of an MLP (3-256-256-1, tanh, batch 512 or ``--batch``, float32), each timed as a
 ``jax.jit(jax.grad)`` step two ways, in turns:
 
 1. **stop-gradient**: a target from the same network under ``xgrad.no_grad()`` and a
@@ -109,8 +109,9 @@ def _timer(step: Callable[..., Any], *args: Any) -> Callable[[], float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=512)
     args = parser.parse_args()
-    x_np = np.random.default_rng(0).normal(size=(512, SIZES[0])).astype(np.float32)
+    x_np = np.random.default_rng(0).normal(size=(args.batch, SIZES[0])).astype(np.float32)
     x, x_array = xgrad.tensor(x_np), jnp.asarray(x_np)
     cases = {
         "stop-gradient": (stop_gradient_xgrad, stop_gradient_by_hand, False),
@@ -132,7 +133,10 @@ def main() -> None:
     for name in cases:
         ours_s, hand_s = medians[f"{name}: xgrad"], medians[f"{name}: by hand"]
         rows.append((name, f"{ours_s * 1e3:.3f}", f"{hand_s * 1e3:.3f}", f"{ours_s / hand_s:.2f}x"))
-    print(f"jax {jax.__version__} on {jax.default_backend()}, jax.jit(jax.grad) per call, medians of {args.repeats}\n")
+    print(
+        f"jax {jax.__version__} on {jax.default_backend()}, batch {args.batch}, jax.jit(jax.grad) per call, "
+        f"medians of {args.repeats}\n"
+    )
     print(table(rows, ("loss", "xgrad ms", "by hand ms", "xgrad / by hand")))
 
 

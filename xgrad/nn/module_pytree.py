@@ -34,6 +34,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import jax
@@ -46,6 +47,7 @@ from xgrad.tensor import Tensor
 __all__ = ["register_module_pytree"]
 
 _ARRAYS = (Tensor, jax.Array, np.ndarray)
+_LEAF = jax.tree_util.tree_structure(0)  # the treedef of one leaf
 _INTERNAL = frozenset({"_buffers", "training", *HOOK_DICTS})  # a module's own bookkeeping: aux data always
 
 
@@ -187,11 +189,39 @@ class _ModuleAux:
 # puts the first occurrence's object back at each mark. So ``jax.grad(loss)(model)``
 # gives a tied weight one gradient, the sum over its uses, and ``optax.apply_updates``
 # builds a model whose head and embedding share one parameter again.
-def _later_occurrences(root: Any) -> list[tuple[Path, _Tied]]:
-    """Every later occurrence below ``root``: (its path, a mark naming the first one's path)."""
+class _TieFree(threading.local):
+    """The submodules a module's flatten found no later occurrence below (NOTE [Shared parameters])."""
+
+    def __init__(self) -> None:
+        self.modules: dict[int, Any] = {}
+
+
+_tie_free = _TieFree()
+
+
+def _ties(module: Any) -> list[tuple[Path, _Tied]]:
+    """``_later_occurrences(module)``, without a walk for the submodules of a module just found free of them.
+
+    JAX flattens a module's children right after the module, depth first: a walk that
+    finds none below a module leaves its submodules here, and their own flattens take
+    them out instead of walking again. Any other module's flatten starts afresh.
+    """
+    table = _tie_free.modules
+    if table.pop(id(module), None) is module:
+        return []
+    table.clear()
+    later, submodules = _later_occurrences(module)
+    if not later:
+        table.update(submodules)
+    return later
+
+
+def _later_occurrences(root: Any) -> tuple[list[tuple[Path, _Tied]], dict[int, Any]]:
+    """Every later occurrence below ``root`` (its path, a mark naming the first one's path), and the submodules met."""
     from xgrad.nn.module import Module
 
     first: dict[int, Path] = {id(root): ()}
+    submodules: dict[int, Any] = {}
     later: list[tuple[Path, _Tied]] = []
     stack: list[tuple[Any, Path]] = [(root, ())]
     held = (Tensor, Module)
@@ -208,8 +238,9 @@ def _later_occurrences(root: Any) -> list[tuple[Path, _Tied]]:
                     later.append((here, _Tied(seen)))
                 elif isinstance(value, Module):
                     below.append((value, here))
+                    submodules[id(value)] = value
         stack.extend(reversed(below))  # depth first, in order
-    return later
+    return later, submodules
 
 
 def _marked(module: Any, later: list[tuple[Path, _Tied]]) -> Any:
@@ -232,6 +263,19 @@ def _marked(module: Any, later: list[tuple[Path, _Tied]]) -> Any:
     return copy
 
 
+def _tensor(child: Any, info: tuple[Any, bool], cls: type, name: str) -> Any:
+    """The Tensor a module attribute held, rebuilt around ``child``."""
+    from xgrad.nn.module import _mark_parameter
+
+    meta, is_parameter = info
+    if not meta.requires_grad and isinstance(child, jax.core.Tracer) and step_trace.current() is None:
+        child = jax.lax.stop_gradient(child)  # NOTE [Frozen state on JAX's AD]
+    tensor = Tensor.tree_unflatten(meta, (child,))
+    if is_parameter and isinstance(tensor, Tensor):
+        _mark_parameter(tensor, f"{cls.__name__}.{name}")
+    return tensor
+
+
 def _find(module: Any, path: Path) -> Any:
     for where, name in path:
         module = module.__dict__[name] if where == "attr" else module._modules[name]
@@ -250,7 +294,7 @@ def _put(module: Any, path: Path, value: Any) -> None:
 def _flatten(module: Any) -> tuple[list[tuple[Any, Any]], _ModuleAux]:
     from xgrad.nn.module import _is_parameter
 
-    ties = _later_occurrences(module)
+    ties = _ties(module)
     if ties:
         module = _marked(module, ties)
     children: list[tuple[Any, Any]] = []
@@ -259,6 +303,11 @@ def _flatten(module: Any) -> tuple[list[tuple[Any, Any]], _ModuleAux]:
     state = module.__dict__
     for name, value in state.items():
         if name == "_modules":
+            continue
+        if isinstance(value, Tensor):  # the common case, without a tree walk
+            (array,), meta = value.tree_flatten()
+            entries.append((name, _LEAF, ((meta, _is_parameter(value)),)))
+            children.append((jax.tree_util.GetAttrKey(name), array))
             continue
         if name in _INTERNAL or not _is_state(value):
             static.append((name, value))
@@ -296,7 +345,7 @@ def _flatten_plain(module: Any) -> tuple[list[Any], _ModuleAux]:
 
 
 def _unflatten(aux: _ModuleAux, children: Any) -> Any:
-    from xgrad.nn.module import Module, _mark_parameter
+    from xgrad.nn.module import Module
 
     children = iter(children)
     module = Module.__new__(aux.cls)
@@ -305,28 +354,16 @@ def _unflatten(aux: _ModuleAux, children: Any) -> Any:
         if isinstance(values.get(own), dict):
             values[own] = type(values[own])(values[own])
     for name, treedef, infos in aux.entries:
+        if treedef == _LEAF and type(infos[0]) is tuple:  # a Tensor attribute, the common case
+            values[name] = _tensor(next(children), infos[0], aux.cls, name)
+            continue
         leaves = []
         for info in infos:
             if type(info) is _Static:
                 leaves.append(info.value)
                 continue
             child = next(children)
-            if info is not None:
-                meta, is_parameter = info
-                if not meta.requires_grad and isinstance(child, jax.core.Tracer) and step_trace.current() is None:
-                    child = jax.lax.stop_gradient(child)  # NOTE [Foreign pytrees in a module]
-# A module may hold any pytree with arrays: an Equinox or Flax module, a dict of arrays,
-# a list of Parameters. Its arrays are children (``jax.grad`` differentiates them,
-# optax and ``jax.jit`` see them) and its other leaves (functions, ints) are aux data,
-# as ``eqx.partition`` splits a model. Eager optimizers train what ``parameters()``
-# lists: a foreign pytree's arrays are constants there until they are Parameters
-# (``jax.tree_util.tree_map(nn.Parameter, arrays)``, which ``parameters()`` then finds).
-#
-# NOTE [Frozen state on JAX's AD]
-                child = Tensor.tree_unflatten(meta, (child,))
-                if is_parameter and isinstance(child, Tensor):
-                    _mark_parameter(child, f"{aux.cls.__name__}.{name}")
-            leaves.append(child)
+            leaves.append(child if info is None else _tensor(child, info, aux.cls, name))
         values[name] = jax.tree_util.tree_unflatten(treedef, leaves)
     values["_modules"] = {name: next(children) if mark is None else mark for name, mark in aux.modules}
     state = module.__dict__
