@@ -3,14 +3,15 @@
 # NOTE [Function transforms]
 # Each transform turns the user's function of Tensors into a function of arrays (the
 # Tensors it was given become Tensors around JAX's tracers inside, outside xgrad's
-# graph and under ``no_grad``), hands that to the JAX transform of the same meaning
+# graph: recording is off, JAX's AD is not, NOTE [Grad mode on JAX's AD]), hands that
+# to the JAX transform of the same meaning
 # (``jax.grad``, ``jax.vjp``, ``jax.jvp``, ``jax.vmap``, ``jax.jacrev``, ``jax.jacfwd``)
 # and wraps the arrays that come back as Tensors. They compose (``vmap(grad(f))``,
 # ``jacfwd(jacrev(f))``) because each one's result is again a function of Tensors.
 # Nothing is cached: every call traces the function afresh, so values read through
 # closures or a module (``functional_call``) are the current ones after an optimizer
-# step. What comes back is outside xgrad's graph (as from ``torch.no_grad``): to
-# differentiate a transform's result, compose another transform.
+# step. Called on tensors with history, a transform keeps it (NOTE [Transforms keep
+# history]); in-place writes follow torch.func (NOTE [In-place writes in xgrad.func]).
 """
 
 from __future__ import annotations

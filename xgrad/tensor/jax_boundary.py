@@ -178,7 +178,9 @@ class _TensorMeta:
 #   reach the graph behind it. Its metadata keeps it out of jit caches traced for a
 #   leaf (``_TensorMeta.__eq__``), so a cache hit never skips the error.
 # * What a traced function returns comes out as Tensors without history: the graph
-#   recorded inside the trace (for a ``backward()`` there) belongs to the trace.
+#   recorded inside the trace (for a ``backward()`` there) belongs to the trace. Used
+#   where a gradient is needed, such a Tensor raises (NOTE [Outputs of JAX
+#   transformations]).
 # * A Tensor with history that comes back concrete from ``jax.device_put`` or a
 #   ``tree_map`` (flattened outside any trace) raises instead of becoming a leaf whose
 #   gradients go nowhere.
