@@ -265,7 +265,8 @@ def test_a_plain_jit_result_in_a_loss_that_requires_grad_raises_with_the_fix() -
     np.testing.assert_allclose(t.grad.numpy(), [3.0, 3.0])  # the jitted piece is a constant, as asked
 
 
-def test_func_transform_results_keep_their_history() -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["backward", "compiled backward"])
+def test_func_transform_results_keep_their_history(compiled: bool) -> None:
     """torch.func's force-matching example: the force term's gradient reaches the positions."""
     r_np = np.array([[0.5, 1.0, 1.5], [1.0, 2.0, 0.3]], dtype=np.float32)
 
@@ -274,7 +275,7 @@ def test_func_transform_results_keep_their_history() -> None:
 
     r = xgrad.tensor(r_np, requires_grad=True)
     force = -func.vmap(func.jacrev(energy))(r)
-    (energy(r) + (force**2).sum()).backward()
+    (energy(r) + (force**2).sum()).backward(compiled=compiled)
 
     def loss_ref(x: jax.Array) -> jax.Array:
         return energy(x) + ((-jax.vmap(jax.jacrev(energy))(x)) ** 2).sum()
@@ -282,14 +283,15 @@ def test_func_transform_results_keep_their_history() -> None:
     np.testing.assert_allclose(r.grad.numpy(), jax.grad(loss_ref)(jnp.asarray(r_np)), rtol=1e-5)
 
 
-def test_maml_inner_step_differentiates_through_the_inner_gradient() -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["backward", "compiled backward"])
+def test_maml_inner_step_differentiates_through_the_inner_gradient(compiled: bool) -> None:
     w = xgrad.tensor([1.0, -2.0], requires_grad=True)
 
     def inner(v: Any) -> Any:
         return ((v * 3.0 - 1.0) ** 2).sum()
 
     adapted = w - 0.1 * func.grad(inner)(w)
-    (adapted**2).sum().backward()
+    (adapted**2).sum().backward(compiled=compiled)
     expected = jax.grad(lambda v: ((v - 0.1 * jax.grad(inner)(v)) ** 2).sum())(jnp.array([1.0, -2.0]))
     np.testing.assert_allclose(w.grad.numpy(), expected, rtol=1e-6)
 
@@ -330,11 +332,15 @@ def _module_hooks_ref(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
     return (y**2).sum()
 
 
-@pytest.mark.parametrize("route", ["backward", "compiled backward", "xgrad.compile", *MODEL_ROUTES])
+@pytest.mark.parametrize("route", ["backward", "compiled backward", "xgrad.compile", *MODEL_ROUTES, "func.grad"])
 def test_module_backward_hooks_run_on_every_route(route: str) -> None:
     x = xgrad.tensor(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3))
     model, calls = _hooked_model()
-    if route in MODEL_ROUTES:
+    if route == "func.grad":
+        params = {name: p.detach() for name, p in model.named_parameters()}
+        by_name = func.grad(lambda p: (func.functional_call(model, p, (x,)) ** 2).sum())(params)
+        grads = {name: _np(g) for name, g in by_name.items()}
+    elif route in MODEL_ROUTES:
         grads = {name: _np(g) for name, g in MODEL_ROUTES[route](model, x).named_parameters()}
     else:
         step = (lambda: _loss(model, x).backward()) if route == "backward" else (lambda: _loss(model, x).backward(compiled=True))
