@@ -22,9 +22,9 @@ from typing import Any
 
 import jax
 
+from xgrad.engine import engine_ops
 from xgrad.grad_mode import graph_off, is_grad_enabled
 from xgrad.jax_capture import quiet_captures
-from xgrad.ops import from_jax
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
 from xgrad.tensor.inplace import ERR_MUTATE_CAPTURED
@@ -58,18 +58,30 @@ def _has_history(tree: Any) -> bool:
 # ``torch.func``'s transforms compose with autograd: ``vmap(jacrev(f))(x)`` on an ``x``
 # that requires grad gives a result that ``backward()`` differentiates (a force term in a
 # loss, a MAML inner step). Called with grad mode on and a Tensor argument that requires
-# grad (or has history), a transform here runs as one ``from_jax`` op of the arguments:
-# its result keeps the history, and its backward is JAX's vjp of the transformed function.
+# grad (or has history), a transform here runs as one op of xgrad's graph over the
+# arguments (``engine_ops.jax_function``): its result keeps the history, and its backward
+# is JAX's vjp of the transformed function. The op runs op by op and is traced afresh at
+# every call, as the transforms are, so closures are read at each call.
 def _keeps_history(transformed: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(transformed)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not is_grad_enabled() or not _has_history((args, kwargs)):
             return transformed(*args, **kwargs)
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
+        positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
+        out_tree: list[Any] = []
 
-        def of_arrays(args: Any, kwargs: Any) -> Any:
-            return _arrays(transformed(*_tensors(args), **_tensors(kwargs)))
+        def of_arrays(*arrays: Any) -> tuple[Any, ...]:
+            inner = list(leaves)
+            for i, a in zip(positions, arrays, strict=True):
+                inner[i] = Tensor(a)
+            call_args, call_kwargs = jax.tree_util.tree_unflatten(tree, inner)
+            out, structure = jax.tree_util.tree_flatten(_arrays(transformed(*call_args, **call_kwargs)))
+            out_tree.append(structure)
+            return tuple(out)
 
-        return from_jax(of_arrays, name=getattr(transformed, "__name__", "transform"))(args, kwargs)
+        outs = engine_ops.jax_function(of_arrays, [leaves[i] for i in positions])
+        return jax.tree_util.tree_unflatten(out_tree[-1], list(outs))
 
     return wrapper
 

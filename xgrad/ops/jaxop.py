@@ -50,10 +50,12 @@ _lock = threading.Lock()
 class _JaxFunction:
     """``fn`` as a family of primitives, one per input structure and static kwargs."""
 
-    def __init__(self, fn: Callable[..., Any], name: str, deps: list[frozenset[int]] | None = None) -> None:
+    def __init__(self, fn: Callable[..., Any], name: str, deps: list[frozenset[int]] | None = None, jit: bool = True) -> None:
         self.fn = fn
         self.name = name
         self.deps = deps  # which inputs each output depends on, when the caller knows better than the jaxpr
+        # ``False``: ``fn`` runs op by op at every call, reading its closures afresh (no trace is reused)
+        self.jit = jit
         self.primitives: dict[Any, tuple[Primitive, Any, list[frozenset[int]]]] = {}
         functools.update_wrapper(self, fn)
 
@@ -99,13 +101,13 @@ class _JaxFunction:
         num_outputs = len(out_leaves)
         diff_mask = tuple(_differentiable(flat[i]) for i in slots)
 
-        # jit: one trace per input signature instead of one per call (jax.vjp traces).
-        @jax.jit
-        def impl(*flat_arrays: Any) -> Any:
+        def run(*flat_arrays: Any) -> Any:
             leaves = jax.tree_util.tree_leaves(call_flat(*flat_arrays))
             return tuple(leaves) if num_outputs > 1 else leaves[0]
 
-        vjp_op = _vjp_function(impl, self.name, diff_mask, num_outputs)
+        # jit: one trace per input signature instead of one per call (jax.vjp traces).
+        impl = jax.jit(run) if self.jit else run
+        vjp_op = _vjp_function(impl, self.name, diff_mask, num_outputs, self.jit)
 
         def joint_vjp(g: Any, out: Any, *inputs: Any) -> tuple[Any, ...]:
             cotangents = g if num_outputs > 1 else (g,)
@@ -169,7 +171,7 @@ def _argument_names(fn: Callable[..., Any], n: int) -> list[str]:
     return [params[i] if i < len(params) else f"args[{i}]" for i in range(n)]
 
 
-def _vjp_function(impl: Callable[..., Any], name: str, diff_mask: tuple[bool, ...], num_outputs: int) -> _JaxFunction:
+def _vjp_function(impl: Callable[..., Any], name: str, diff_mask: tuple[bool, ...], num_outputs: int, jit: bool = True) -> _JaxFunction:
     """The vjp of ``impl`` w.r.t. its differentiable inputs, as another ``from_jax`` op."""
     n_in = len(diff_mask)
 
@@ -187,7 +189,7 @@ def _vjp_function(impl: Callable[..., Any], name: str, diff_mask: tuple[bool, ..
         ct = tuple(cotangents) if num_outputs > 1 else cotangents[0]
         return tuple(pullback(ct))
 
-    return _JaxFunction(vjp, name.removesuffix("_vjp") + "_vjp")
+    return _JaxFunction(vjp, name.removesuffix("_vjp") + "_vjp", jit=jit)
 
 
 def _scatter_grads(diff_grads: Any, diff_mask: tuple[bool, ...]) -> tuple[Any, ...]:
@@ -234,8 +236,9 @@ def from_jax(fn: Callable[..., Any], name: str | None = None, *, trace: bool = F
 
 
 def jax_function(fn: Callable[..., Any], tensors: Sequence[Tensor]) -> tuple[Tensor, ...]:
-    """``fn(*arrays) -> tuple of arrays`` applied to ``tensors`` as one op (NOTE [Functions on JAX's AD])."""
-    outs = _JaxFunction(fn, getattr(fn, "__name__", "jax_function"))(*tensors)
+    """``fn(*arrays) -> tuple of arrays`` applied to ``tensors`` as one op, traced afresh at this
+    call (NOTE [Functions on JAX's AD], NOTE [Transforms keep history] in ``xgrad/func.py``)."""
+    outs = _JaxFunction(fn, getattr(fn, "__name__", "jax_function"), jit=False)(*tensors)
     return outs if isinstance(outs, tuple) else (outs,)
 
 
