@@ -251,11 +251,25 @@ def test_a_buffer_gets_no_gradient_on_jax_routes() -> None:
 # -- results of transformations used in an eager loss ----------------------------------------------------
 
 
+class Product(xgrad.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, a: xgrad.Tensor, b: xgrad.Tensor) -> xgrad.Tensor:
+        ctx.save_for_backward(a, b)
+        return a * b
+
+    @staticmethod
+    def backward(ctx: Any, g: xgrad.Tensor) -> tuple[xgrad.Tensor, xgrad.Tensor]:
+        a, b = ctx.saved_tensors
+        return g * b, g * a
+
+
 def test_a_plain_jit_result_in_a_loss_that_requires_grad_raises_with_the_fix() -> None:
     t = xgrad.tensor([1.0, 2.0], requires_grad=True)
     piece = jax.jit(lambda a: (a * a).sum())(t)
     with pytest.raises(RuntimeError, match=r"plain JAX transformation .* xgrad\.compile\(fn\)"):
         piece + (t * 3).sum()
+    with pytest.raises(RuntimeError, match=r"plain JAX transformation"):
+        Product.apply(piece, t)  # through a Function's inputs too
     # As a value it is fine, and so is the same call under no_grad
     assert piece.item() == 5.0
     with xgrad.no_grad():

@@ -34,6 +34,7 @@ from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import graph_off, no_grad
 from xgrad.step_trace import array_of
 from xgrad.tensor import ERR_LEAF_INPLACE, Tensor
+from xgrad.tensor.jax_boundary import ERR_CUT_BY_JAX
 
 __all__ = ["Function", "FunctionCtx", "FunctionNode", "once_differentiable"]
 
@@ -302,6 +303,11 @@ class Function:
             return _apply_on_jax(cls, ctx, args, kwargs, separate_setup)
         record = _grad_state.enabled
         needs = tuple(record and isinstance(a, Tensor) and a.requires_grad for a in args)
+        if any(needs):
+            for a in args:
+                cut_site = getattr(a, "_cut_site", None) if isinstance(a, Tensor) else None
+                if cut_site is not None:  # NOTE [Outputs of JAX transformations]
+                    raise RuntimeError(ERR_CUT_BY_JAX.format(where=cut_site))
         ctx.needs_input_grad = needs
         # Edges point at the inputs' graph positions before forward: a dirty input moves.
         edges = tuple(gradient_edge(a) if need else NO_EDGE for a, need in zip(args, needs, strict=True))
