@@ -155,21 +155,30 @@ class _ModuleAux:
         self.ties = ties  # the later occurrences below this module, resolved when it is unflattened
 
     def __eq__(self, other: object) -> bool:
+        # Loops, not generator expressions: a jitted function of a model compares one per module per call.
+        if self is other:
+            return True
         if not isinstance(other, _ModuleAux):
             return False
-        return (
-            self.cls is other.cls
-            and self.order == other.order
-            and self.modules == other.modules
-            and self.ties == other.ties
-            and len(self.entries) == len(other.entries)
-            and all(
-                n == m and t == u and len(i) == len(j) and all(_same(a, b) for a, b in zip(i, j, strict=True))
-                for (n, t, i), (m, u, j) in zip(self.entries, other.entries, strict=True)
-            )
-            and len(self.static) == len(other.static)
-            and all(k == j and _same(a, b) for (k, a), (j, b) in zip(self.static, other.static, strict=True))
-        )
+        if (
+            self.cls is not other.cls
+            or self.order != other.order
+            or self.modules != other.modules
+            or self.ties != other.ties
+            or len(self.entries) != len(other.entries)
+            or len(self.static) != len(other.static)
+        ):
+            return False
+        for (n, t, i), (m, u, j) in zip(self.entries, other.entries, strict=True):
+            if n != m or t != u or len(i) != len(j):
+                return False
+            for a, b in zip(i, j, strict=True):
+                if a is not b and not _same(a, b):
+                    return False
+        for (k, a), (j, b) in zip(self.static, other.static, strict=True):
+            if k != j or (a is not b and not _same(a, b)):
+                return False
+        return True
 
     def __hash__(self) -> int:
         return hash((self.cls, self.order, self.modules))
