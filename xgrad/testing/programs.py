@@ -55,7 +55,7 @@ def program_ops(
         if unknown:
             raise ValueError(f"ops {unknown} have no program expression in op_specs (ops with one: "
                              f"{sorted({s.name for s in candidates})})")
-    seen: dict[str, OpSpec] = {}
+    seen: dict[str | None, OpSpec] = {}
     for spec in candidates:
         if spec.expr in seen or (names is not None and spec.name not in names):
             continue
