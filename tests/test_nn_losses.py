@@ -287,3 +287,41 @@ def test_a_compiled_training_step_with_the_new_layers_matches_eager():
     for p, q in zip(model.parameters(), eager_model.parameters(), strict=True):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-10)
     assert compiled.stats()["compiles"] == 1
+
+
+_CLASS_WEIGHT = np.array([0.5, 1.0, 2.0, 4.0])
+ALL_IGNORED_LOSSES = {
+    "cross_entropy": lambda x, t: F.cross_entropy(x, t),
+    "cross_entropy_smoothing": lambda x, t: F.cross_entropy(x, t, label_smoothing=0.2),
+    "cross_entropy_weight": lambda x, t: F.cross_entropy(x, t, weight=xgrad.tensor(_CLASS_WEIGHT)),
+    "nll_loss": lambda x, t: F.nll_loss(F.log_softmax(x, dim=1), t),
+    "nll_loss_weight": lambda x, t: F.nll_loss(x, t, weight=xgrad.tensor(_CLASS_WEIGHT), ignore_index=2),
+}
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled", "xgrad.compile"])
+@pytest.mark.parametrize("name", sorted(ALL_IGNORED_LOSSES))
+def test_mean_loss_with_every_target_ignored_is_nan_with_zero_gradients(name, mode):
+    # PyTorch's mean over no kept target is 0/0 = NaN, but its backward writes the gradient
+    # only at kept targets (nll_loss_backward), so an all-padding batch leaves zeros, not NaN.
+    loss_fn = ALL_IGNORED_LOSSES[name]
+    ignored = 2 if name == "nll_loss_weight" else -100
+    logits = np.random.default_rng(0).standard_normal((3, 4))
+    target = xgrad.tensor(np.full(3, ignored))
+    x = xgrad.tensor(logits, requires_grad=True)
+
+    def step(x, target):
+        loss = loss_fn(x, target)
+        loss.backward(compiled=mode == "compiled")
+        return loss.detach()
+
+    loss = (xgrad.compile(step) if mode == "xgrad.compile" else step)(x, target)
+    assert np.isnan(loss.item())
+    np.testing.assert_array_equal(x.grad.numpy(), np.zeros_like(logits))
+    # One kept target: the gradient is that target's alone, finite (the mean of one item).
+    x.grad = None
+    kept = np.full(3, ignored)
+    kept[1] = 3
+    loss = step(x, xgrad.tensor(kept))
+    assert np.isfinite(loss.item()) and np.all(np.isfinite(x.grad.numpy()))
+    np.testing.assert_array_equal(x.grad.numpy()[[0, 2]], 0.0)

@@ -258,7 +258,9 @@ class SavedTensor:
     __slots__ = ("_array", "_fw_grad", "_graph", "_output_nr", "_packed", "_ref", "_saved_version", "_state", "_unpack")
 
     # _state: "input" (strong ref), "output" (weak ref: a node must not keep its own
-    # output alive), "hooked" (packed by saved-tensor hooks) or "freed".
+    # output alive), "view_output" (an output a view took in place: a weak ref to the
+    # view's base for the version, the value from ``_array``), "hooked_input" /
+    # "hooked_output" (packed by saved-tensor hooks) or "freed".
     _ref: Tensor | weakref.ref[Tensor] | None  # the Tensor itself exactly in state "input"
     _graph: tuple[Node | None, int, AccumulateGrad | None, bool] | None  # hooked inputs: where they sit in the graph
     _unpack: Callable[[Any], Tensor] | None  # the unpack hook, while hooked
@@ -309,9 +311,9 @@ class SavedTensor:
             self._raise_version_error(original, node)
         if state == "input":
             return original  # type: ignore[return-value]
-        if state == "output":
-            if original is not None:
-                return original
+        if state == "output" and original is not None:
+            return original
+        if state in ("output", "view_output"):
             return self._with_tangent(Tensor._from_graph(self._array, node, self._output_nr))
         assert self._unpack is not None, "a hooked saved tensor keeps its unpack hook until released"
         # The hook runs as part of ``node``: ``current_node()`` inside it is that node.
@@ -332,6 +334,21 @@ class SavedTensor:
         if grad_fn is None and not requires_grad and not unpacked.requires_grad:
             return unpacked  # nothing to re-attach: the hook's tensor itself, as PyTorch returns it
         return self._with_tangent(Tensor._attached(unpacked._array, grad_fn, output_nr, leaf_acc, requires_grad))
+
+    def follow(self, result: Tensor, tensor: Tensor) -> None:
+        """``tensor`` took the saved output ``result``'s value and place (NOTE [In-place results are saved as the tensor])."""
+        if self._state not in ("output", "hooked_output") or self._current_tensor() is not result:
+            return
+        view = tensor._view
+        if view is None:
+            self._ref = weakref.ref(tensor)
+        else:
+            # The base's version, which every write to the base or a view of it moves: the
+            # view itself may be gone by the backward (PyTorch's shares the base's counter).
+            self._ref = weakref.ref(view.base)
+            if self._state == "output":
+                self._state = "view_output"  # the value comes back from the saved array
+        self._saved_version = self._current_tensor()._version  # type: ignore[union-attr]
 
     def _with_tangent(self, t: Tensor) -> Tensor:
         t._fw_grad = self._fw_grad
@@ -354,3 +371,20 @@ class SavedTensor:
         self._graph = None
         self._unpack = None  # the hook may hold the graph (a checkpoint's recomputation does)
         self._fw_grad = None
+
+
+# NOTE [In-place results are saved as the tensor]
+# An in-place op runs out of place on an alias (``inplace.alias``) and the tensor then takes
+# the result's value and history. A node that saved that result as its output (``exp_``,
+# ``sigmoid_``, ``relu_``: their rules read the output) would hold a result no one else
+# keeps: its weak reference dies, and a later in-place write to the tensor went unseen,
+# where PyTorch, whose in-place op saves the tensor itself, raises at backward. So the
+# saved output follows the tensor: its version is checked against the tensor's from then on
+# (for a view, the view's, which moves with every write to its base).
+def follow_inplace(result: Tensor, tensor: Tensor) -> None:
+    """Point the saved copies of ``result`` in its node at ``tensor``, which took ``result``'s value in place."""
+    node = result.grad_fn
+    for saved in (getattr(node, "saved_out", None) or (), getattr(node, "saved", None) or ()):
+        for s in saved:
+            if type(s) is SavedTensor:
+                s.follow(result, tensor)

@@ -8,14 +8,16 @@ rebinds ``input`` as xgrad's in-place methods do.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
 
 from xgrad.ops import shape_rules
 from xgrad.ops._util import canonical_dim, inplace_or_not
-from xgrad.ops.elementwise import abs, clamp, clamp_max, expm1, sigmoid, softplus, tanh, where
+from xgrad.ops.elementwise import abs, exp, sigmoid, softplus, tanh, where
 from xgrad.ops.nn import implicit_softmax_dim, softmax
+from xgrad.ops.registry import defprim
 from xgrad.ops.shape import reshape
 from xgrad.tensor import Tensor, torch_dtype_name
 
@@ -29,8 +31,80 @@ _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 
 
+# NOTE [Piecewise-linear activations]
+# leaky_relu, threshold, hardtanh (relu6), hardsigmoid, hardshrink and softshrink are one
+# primitive, ``piecewise_linear`` (``kind`` picks the function, ``a`` and ``b`` its two
+# constants), whose rule is a second primitive, ``piecewise_linear_backward``: ``g`` times
+# the slope at ``x``, as PyTorch's ``<op>_backward``. As PyTorch's derivatives.yaml, that
+# backward is differentiable in ``x`` with a zero derivative (``self: zeros_like(grad)``):
+# a gradient taken with ``create_graph=True`` requires grad, and its gradient in ``x``
+# is zeros, not an error nor ``None``. hardsigmoid's backward has no derivative in
+# PyTorch: differentiating it raises PyTorch's error. Slopes at the kinks are PyTorch's.
+_PIECES: dict[str, tuple[Callable[[Any, float, float], Any], Callable[[Any, float, float], Any]]] = {
+    # kind: (forward, slope), each of (x, a, b)
+    "leaky_relu": (lambda x, a, b: jnp.where(x > 0, x, x * a), lambda x, a, b: jnp.where(x > 0, 1.0, a)),
+    "threshold": (lambda x, a, b: jnp.where(x > a, x, b), lambda x, a, b: x > a),
+    "hardtanh": (lambda x, a, b: jnp.where(x <= a, a, jnp.where(x >= b, b, x)), lambda x, a, b: (x > a) & (x < b)),
+    "hardsigmoid": (
+        lambda x, a, b: jnp.where(x <= -3.0, 0.0, jnp.where(x >= 3.0, 1.0, x / 6.0 + 0.5)),
+        lambda x, a, b: jnp.where((x > -3.0) & (x < 3.0), 1.0 / 6.0, 0.0),
+    ),
+    "hardshrink": (lambda x, a, b: jnp.where((x >= -a) & (x <= a), 0.0, x), lambda x, a, b: (x < -a) | (x > a)),
+    "softshrink": (
+        lambda x, a, b: jnp.where(x > a, x - a, jnp.where(x < -a, x + a, 0.0)), lambda x, a, b: (x < -a) | (x > a),
+    ),
+}
+
+
+def _piecewise_linear_impl(x: Any, kind: str, a: float, b: float) -> Any:
+    return _PIECES[kind][0](x, a, b).astype(x.dtype)
+
+
+def _piecewise_linear_backward_impl(g: Any, x: Any, kind: str, a: float, b: float) -> Any:
+    slope = _PIECES[kind][1](x, a, b)
+    # Selected, not multiplied: a zero slope gives 0 for an inf or NaN ``g``, as PyTorch's kernels.
+    return jnp.where(slope != 0, g * jnp.asarray(slope, g.dtype), jnp.zeros((), g.dtype))
+
+
+def _no_derivative(kind: str) -> None:
+    if kind == "hardsigmoid":
+        raise RuntimeError("derivative for aten::hardsigmoid_backward is not implemented")
+
+
+def _backward_grad_of_g(gg: Tensor, out: Any, g: Any, x: Tensor, kind: str, a: float, b: float) -> Tensor:
+    _no_derivative(kind)
+    return piecewise_linear_backward(gg, x, kind=kind, a=a, b=b)
+
+
+def _backward_grad_of_x(gg: Tensor, out: Any, g: Any, x: Any, kind: str, a: float, b: float) -> Tensor:
+    _no_derivative(kind)
+    return Tensor(jnp.zeros_like(gg.array))
+
+
+piecewise_linear_backward: Callable[..., Any] = defprim(
+    "piecewise_linear_backward", _piecewise_linear_backward_impl, (_backward_grad_of_g, _backward_grad_of_x),
+    shape_rule=shape_rules.elementwise,
+    doc="""The backward of ``piecewise_linear``: ``g`` times the slope at ``x`` (NOTE [Piecewise-linear activations]).
+
+    >>> import xgrad
+    >>> from xgrad.ops.activations import piecewise_linear_backward
+    >>> piecewise_linear_backward(xgrad.tensor([2.0, 2.0]), xgrad.tensor([-1.0, 1.0]), kind="leaky_relu", a=0.5, b=0.0).tolist()
+    [1.0, 2.0]
+    """,
+)
+
+_piecewise_linear = defprim(
+    "piecewise_linear", _piecewise_linear_impl,
+    (lambda g, out, x, kind, a, b: piecewise_linear_backward(g, x, kind=kind, a=a, b=b),), save=(0,),
+)
+
+
+def _piece(kind: str, x: Tensor, a: float = 0.0, b: float = 0.0) -> Tensor:
+    return _piecewise_linear(x, kind=kind, a=float(a), b=float(b))
+
+
 def _leaky_relu(x: Tensor, negative_slope: float) -> Tensor:
-    return where(x > 0, x, x * negative_slope)
+    return _piece("leaky_relu", x, negative_slope)
 
 
 def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
@@ -44,10 +118,27 @@ def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = Fals
     return inplace_or_not(_leaky_relu, input, inplace, negative_slope)
 
 
+def _elu_impl(x: Any, alpha: float, scale: float, input_scale: float) -> Any:
+    # The exponential reads x only where x <= 0, so the branch left out for large x stays finite.
+    negative = jnp.expm1(jnp.where(x > 0, 0.0, x) * input_scale) * (alpha * scale)
+    return jnp.where(x > 0, x * scale, negative).astype(x.dtype)
+
+
+def _elu_grad(g: Tensor, out: Any, x: Tensor, alpha: float, scale: float, input_scale: float) -> Tensor:
+    # PyTorch's elu_backward: the slope is alpha * scale * input_scale * exp(x * input_scale)
+    # for x <= 0, scale above. Its own derivative (elu_double_backward) is masked by x < 0:
+    # the exponential reads x only there, so the second derivative at 0 is 0, not alpha.
+    negative = exp(where(x < 0, x, 0.0) * input_scale) * (alpha * scale * input_scale)
+    return g * where(x > 0, scale, negative)
+
+
+_elu_primitive = defprim("elu", _elu_impl, (_elu_grad,), shape_rule=shape_rules.float_only("elu_cpu"))
+
+
 def _elu(x: Tensor, alpha: float, scale: float = 1.0, input_scale: float = 1.0) -> Tensor:
-    # The exponential reads min(x, 0), so the branch left out for large x stays finite.
-    negative = expm1(clamp_max(x, 0.0) * input_scale) * (alpha * scale)
-    return where(x > 0, x * scale if scale != 1.0 else x, negative)
+    # The constants as Python floats (PyTorch's Scalars hold doubles): an alpha given as a
+    # float32 number must not round 1 / alpha, nor lower a float64 input's precision.
+    return _elu_primitive(x, alpha=float(alpha), scale=float(scale), input_scale=float(input_scale))
 
 
 def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
@@ -82,12 +173,12 @@ def celu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
     if alpha == 0:
         raise RuntimeError("ZeroDivisionError: alpha cannot be 0 for CELU")
     shape_rules.check_float(input, "elu_cpu")
-    return inplace_or_not(_elu, input, inplace, alpha, 1.0, 1.0 / alpha)
+    return inplace_or_not(_elu, input, inplace, alpha, 1.0, 1.0 / float(alpha))
 
 
 def _hardtanh(x: Tensor, min_val: float, max_val: float) -> Tensor:
-    # Constants outside (min_val, max_val): the gradient is 0 at the bounds too, as PyTorch's.
-    return where(x <= min_val, float(min_val), where(x >= max_val, float(max_val), x))
+    # The gradient is 0 at the bounds too, as PyTorch's.
+    return _piece("hardtanh", x, min_val, max_val)
 
 
 def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Tensor:
@@ -128,7 +219,7 @@ def hardswish(input: Tensor, inplace: bool = False) -> Tensor:
 
 
 def _hardsigmoid(x: Tensor) -> Tensor:
-    return where(x <= -3.0, 0.0, where(x >= 3.0, 1.0, x / 6.0 + 0.5))
+    return _piece("hardsigmoid", x)
 
 
 def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor:
@@ -198,7 +289,7 @@ def softshrink(input: Tensor, lambd: float = 0.5) -> Tensor:
         raise RuntimeError(
             f"lambda must be in range [0, {largest:g}] for input dtype {torch_dtype_name(input.dtype)}, but found {lambd:g}"
         )
-    return input - clamp(input, -lambd, lambd)
+    return _piece("softshrink", input, lambd)
 
 
 def hardshrink(input: Tensor, lambd: float = 0.5) -> Tensor:
@@ -208,7 +299,7 @@ def hardshrink(input: Tensor, lambd: float = 0.5) -> Tensor:
     >>> xgrad.hardshrink(xgrad.tensor([-2.0, 0.25, 1.0])).tolist()
     [-2.0, 0.0, 1.0]
     """
-    return where((input >= -lambd) & (input <= lambd), 0.0, input)
+    return _piece("hardshrink", input, lambd)
 
 
 def threshold(input: Tensor, threshold: float, value: float, inplace: bool = False) -> Tensor:
@@ -218,7 +309,7 @@ def threshold(input: Tensor, threshold: float, value: float, inplace: bool = Fal
     >>> xgrad.threshold(xgrad.tensor([0.5, 2.0]), 1.0, -1.0).tolist()
     [-1.0, 2.0]
     """
-    return inplace_or_not(lambda x: where(x > threshold, x, float(value)), input, inplace)
+    return inplace_or_not(lambda x: _piece("threshold", x, threshold, value), input, inplace)
 
 
 def glu(input: Tensor, dim: int = -1) -> Tensor:

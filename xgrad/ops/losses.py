@@ -73,7 +73,10 @@ def nll_loss(
     picked = gather(input, class_dim, Tensor(jnp.expand_dims(safe, class_dim))).squeeze(class_dim)
     mask = valid.astype(input.dtype)
     per_item = weight[safe] * mask if weight is not None else Tensor(mask)
-    loss = -picked * per_item
+    # Selected, not multiplied by the mask: with every target ignored the mean is 0/0
+    # (NaN, as PyTorch's) and its gradient inf, which the selection keeps from the
+    # ignored positions, zero there as in PyTorch's backward (inf * 0 would be NaN).
+    loss = where(Tensor(valid), -picked * per_item, 0.0)
     if reduction == "mean":
         return loss.sum() / per_item.sum()
     return reduce_loss(loss, reduction)

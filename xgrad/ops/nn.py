@@ -15,6 +15,7 @@ from xgrad.engine.node import sharding_of
 from xgrad.grad_mode import no_grad
 from xgrad.ops import shape_rules
 from xgrad.ops._util import as_array, canonical_dim, check_index_range, inplace_or_not, legacy_reduction, reduce_loss
+from xgrad.ops.elementwise import where
 from xgrad.ops.registry import _differentiable_dtype, defprim
 from xgrad.tensor import Tensor, torch_dtype_name
 
@@ -123,7 +124,9 @@ def _cross_entropy_grad(
     kept = weights.sum(dim=axis, keepdim=True) != 0
     if reduction == "mean":
         g_loss = g_loss / out[2]
-    grad_loss = (probs * kept - weights) * (g_loss if g_loss.ndim == 0 else g_loss.unsqueeze(axis))
+    # Selected, not multiplied by ``kept``: with every target ignored the mean's ``g_loss``
+    # is inf, and PyTorch's gradient is still zero at the ignored targets.
+    grad_loss = where(kept, (probs - weights) * (g_loss if g_loss.ndim == 0 else g_loss.unsqueeze(axis)), 0.0)
     return grad_loss + g_logp - probs * g_logp.sum(dim=axis, keepdim=True)
 
 
@@ -140,7 +143,8 @@ def _weighted_cross_entropy(
     kept = jnp.expand_dims(target != ignore_index, axis)
     smoothed = (1.0 - label_smoothing) * _one_hot(target, input.shape, axis, input.dtype) + label_smoothing / input.shape[axis]
     coefficients = jnp.where(kept, smoothed * class_weight.astype(input.dtype), jnp.zeros((), input.dtype))
-    loss = -(Tensor(coefficients) * log_softmax(input, dim=axis)).sum(dim=axis)
+    # Selected as in ``nll_loss``: all targets ignored, the mean's inf gradient stays off them.
+    loss = where(Tensor(target != ignore_index), -(Tensor(coefficients) * log_softmax(input, dim=axis)).sum(dim=axis), 0.0)
     if reduction == "mean":
         picked_weight = jnp.where(kept, _one_hot(target, input.shape, axis, input.dtype) * class_weight, 0).sum()
         return loss.sum() / Tensor(picked_weight.astype(input.dtype))

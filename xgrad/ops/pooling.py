@@ -12,6 +12,16 @@
 # Average pools are the ``window_sum`` primitive (``lax.reduce_window``; its rule is JAX's
 # vjp of it) divided by PyTorch's divisor per window; adaptive averages are matmuls with a
 # constant averaging matrix per spatial dim.
+
+# NOTE [Pool gradients depend on the input]
+# PyTorch's pool backwards (``max_pool2d_with_indices_backward``, ``avg_pool2d_backward``,
+# ``_adaptive_avg_pool2d_backward``, ...) take the input and are differentiable in it with a
+# zero derivative (``self: zeros_like(self)``): a gradient taken with ``create_graph=True``
+# requires grad, and its own gradient in the input is zeros. The ops above are linear in the
+# input once the windows are chosen, so their rules never read it; each pool's output goes
+# through ``tie_to_input(out, x)`` (the output as it is), whose rule passes the incoming
+# gradient on tied to ``x`` (``tie_to_input(g, x, backward=True)``): its derivative in ``x``
+# is zeros. The forward tie gives ``x`` no gradient of its own (``None``, not zeros to add).
 """
 
 from __future__ import annotations
@@ -35,6 +45,28 @@ __all__ = [
     "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool2d", "avg_pool1d", "avg_pool2d", "max_pool1d",
     "max_pool2d",
 ]
+
+
+def _tie_grad_of_y(g: Tensor, out: Any, y: Any, x: Tensor, backward: bool = False) -> Tensor:
+    return tie_to_input(g, x, backward=True)
+
+
+def _tie_grad_of_x(g: Tensor, out: Any, y: Any, x: Any, backward: bool = False) -> Tensor | None:
+    return Tensor(jnp.zeros(x.shape, x.dtype)) if backward else None
+
+
+tie_to_input = defprim(
+    "tie_to_input", lambda y, x, backward=False: y, (_tie_grad_of_y, _tie_grad_of_x),
+    doc="""``y`` as it is; its gradient is tied to ``x`` (NOTE [Pool gradients depend on the input]).
+
+    >>> import xgrad
+    >>> from xgrad.ops.pooling import tie_to_input
+    >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> (g,) = xgrad.autograd.grad(tie_to_input(x * 3, x).sum(), x, create_graph=True)
+    >>> g.tolist(), g.requires_grad
+    ([3.0, 3.0], True)
+    """,
+)
 
 
 class PoolWithIndices(NamedTuple):
@@ -140,7 +172,7 @@ def _max_over_windows(x: Tensor, table: np.ndarray, out: tuple[int, ...]) -> Poo
     n, c = x.shape[:2]
     flat = x.reshape(n, c, -1)
     index = Tensor(_first_argmax(flat.array, jnp.asarray(table)).astype(jax.dtypes.canonicalize_dtype(jnp.int64)))
-    return PoolWithIndices(gather(flat, 2, index).reshape(n, c, *out), index.reshape(n, c, *out))
+    return PoolWithIndices(tie_to_input(gather(flat, 2, index).reshape(n, c, *out), x), index.reshape(n, c, *out))
 
 
 def _finish(result: PoolWithIndices, unbatched: bool, return_indices: bool) -> Any:
@@ -262,6 +294,7 @@ def _avg_pool(
         for args in zip(sizes, out, kernel, strides, pad, strict=True):
             divisor = np.multiply.outer(divisor, _avg_divisor(*args, count_include_pad))
         result = summed / Tensor(jax.device_put(jnp.asarray(divisor, x.dtype), x.device))
+    result = tie_to_input(result, x)
     return result.squeeze(0) if unbatched else result
 
 
@@ -332,6 +365,7 @@ def _adaptive_avg_pool(x: Tensor, output_size: Any, n_spatial: int) -> Tensor:
     else:
         rows = _averaging_matrix(x.shape[2], out[0], x.dtype, x.device)
         result = rows @ x @ _averaging_matrix(x.shape[3], out[1], x.dtype, x.device).mT
+    result = tie_to_input(result, x)
     return result.squeeze(0) if unbatched else result
 
 

@@ -95,13 +95,22 @@ def rebind(self: core.Tensor, result: core.Tensor) -> core.Tensor:
         from xgrad.ops.views import write_through
 
         write_through(self, result)
+        _follow(result, self)
         return self
     self._take_value(result)
+    _follow(result, self)
     if self._views is not None:
         from xgrad.ops.views import regenerate_views
 
         regenerate_views(self)
     return self
+
+
+def _follow(result: core.Tensor, tensor: core.Tensor) -> None:
+    if result.grad_fn is not None:
+        from xgrad.engine.saved import follow_inplace  # NOTE [In-place results are saved as the tensor]
+
+        follow_inplace(result, tensor)
 
 
 def write_to_source(self: core.Tensor, result: core.Tensor) -> bool:

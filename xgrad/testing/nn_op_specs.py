@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import xgrad
-from xgrad.testing.op_specs import BINARY_SHAPES, POSITIVE, REAL, UNARY_SHAPES, Domain, OpSpec
+from xgrad.testing.op_specs import BINARY_SHAPES, POSITIVE, REAL, UNARY_SHAPES, Domain, OpSpec, _prim
 
 __all__ = ["activation_and_loss_specs"]
 
@@ -69,7 +69,8 @@ def _activation_specs() -> list[OpSpec]:
         _unary("relu6", X.relu6, jax.nn.relu6, Domain(lo=-2.0, hi=8.0), smooth=False),
         _unary("hardtanh", lambda x: X.hardtanh(x, -1.0, 1.5), lambda x: jnp.clip(x, -1.0, 1.5), smooth=False),
         _unary("hardswish", X.hardswish, jax.nn.hard_swish, WIDE, smooth=False),
-        _unary("hardsigmoid", X.hardsigmoid, jax.nn.hard_sigmoid, WIDE, smooth=False),
+        # No second order: PyTorch's hardsigmoid_backward has no derivative (differentiating it raises).
+        _unary("hardsigmoid", X.hardsigmoid, jax.nn.hard_sigmoid, WIDE, smooth=False, second_order=False),
         _unary("mish", X.mish, lambda x: x * jnp.tanh(jnp.logaddexp(0.0, x))),
         _unary("logsigmoid", X.logsigmoid, jax.nn.log_sigmoid),
         _unary("softsign", X.softsign, jax.nn.soft_sign, smooth=False),
@@ -80,6 +81,14 @@ def _activation_specs() -> list[OpSpec]:
         _unary("softplus", lambda x: X.softplus(x, beta=2.0, threshold=1.0),
                lambda x: jnp.where(2.0 * x > 1.0, x, jnp.logaddexp(0.0, 2.0 * x) / 2.0), label="beta, threshold",
                smooth=False),
+        # The primitives behind the activations above (NOTE [Piecewise-linear activations]) and the pools' tie.
+        _unary("piecewise_linear", _prim("piecewise_linear", kind="hardtanh", a=-1.0, b=1.5),
+               lambda x: jnp.clip(x, -1.0, 1.5), smooth=False),
+        OpSpec("piecewise_linear_backward", _prim("piecewise_linear_backward", kind="leaky_relu", a=0.2, b=0.0),
+               lambda g, x: jnp.where(x > 0, g, 0.2 * g), BINARY_SHAPES[:1], (REAL, REAL), smooth=False),
+        _unary("elu", _prim("elu", alpha=1.5, scale=2.0, input_scale=0.5), lambda x: jnp.where(x > 0, 2.0 * x, 3.0 * jnp.expm1(0.5 * x)),
+               smooth=False, label="primitive"),
+        OpSpec("tie_to_input", _prim("tie_to_input"), lambda y, x: y, (((2, 3), (4,)),), (REAL, REAL)),
         _unary("glu", lambda x: X.glu(x, 1), lambda x: jax.nn.glu(x, axis=1), shapes=(((2, 4),), ((2, 6, 3),))),
         OpSpec("prelu", X.prelu, lambda x, w: jnp.where(x > 0, x, w[:, None] * x), (((2, 3, 4), (3,)),), (REAL, POSITIVE),
                label="per channel", smooth=False),

@@ -30,6 +30,7 @@ import numpy as np
 import xgrad
 from xgrad.tensor import Tensor
 from xgrad.testing.op_specs import OP_SPECS, REAL, Domain, OpSpec
+from xgrad.testing.program_families import family_ops, namespace
 
 __all__ = ["HOOK_KINDS", "HookSpec", "HookedProgram", "Program", "build_program", "program_ops"]
 
@@ -39,20 +40,28 @@ _BOUNDED_GUARD = "0.5 * np.tanh({0})"
 _POSITIVE_GUARD = "np.exp(np.tanh({0}))"
 
 
-def program_ops(names: Sequence[str] | None = None, smooth: bool = False) -> list[OpSpec]:
-    """The specs usable in programs (those with an ``expr``), one per distinct expression."""
-    seen: dict[str, OpSpec] = {}
-    for spec in OP_SPECS:
-        if spec.expr is None or spec.expr in seen or (names is not None and spec.name not in names):
-            continue
-        if smooth and not spec.smooth:
-            continue
-        seen[spec.expr] = spec
+def program_ops(
+    names: Sequence[str] | None = None, smooth: bool = False, families: Sequence[str] = (), second_order: bool = False,
+) -> list[OpSpec]:
+    """The specs usable in programs (those with an ``expr``), one per distinct expression.
+
+    ``families`` adds those of ``program_families.FAMILIES`` (``"functional"``, ``"losses"``,
+    ``"recurrent"``, ``"inplace"``) to the op table's; ``second_order`` keeps only the ops
+    with second derivatives.
+    """
+    candidates = [spec for spec in (*OP_SPECS, *family_ops(families)) if spec.expr is not None]
     if names is not None:
-        unknown = sorted(set(names) - {s.name for s in seen.values()})
+        unknown = sorted(set(names) - {s.name for s in candidates})
         if unknown:
             raise ValueError(f"ops {unknown} have no program expression in op_specs (ops with one: "
-                             f"{sorted({s.name for s in OP_SPECS if s.expr})})")
+                             f"{sorted({s.name for s in candidates})})")
+    seen: dict[str | None, OpSpec] = {}
+    for spec in candidates:
+        if spec.expr in seen or (names is not None and spec.name not in names):
+            continue
+        if (smooth and not spec.smooth) or (second_order and not spec.second_order):
+            continue
+        seen[spec.expr] = spec
     return list(seen.values())
 
 
@@ -109,7 +118,7 @@ class Program:
         env: dict[str, Any] = {}
         for name, x in zip(self.input_names, xs, strict=True):
             env[name] = tap(name, x) if tap is not None else x
-        scope = {"np": np_}
+        scope = {"np": namespace(np_)}  # NOTE [Program namespaces]
         for (var, _), code in zip(self.lines, self._code, strict=True):
             value = eval(code, scope, env)  # noqa: S307  (our own generated source)
             env[var] = tap(var, value) if tap is not None else value
@@ -133,26 +142,25 @@ def _mentions(expr: str, name: str) -> bool:
 
 
 def _evaluate(expr: str, operands: Sequence[Any]) -> np.ndarray | None:
-    """``expr`` on NumPy values; ``None`` when the shapes do not fit the op (as ``jnp`` sees them)."""
+    """``expr`` on the reference namespace's values; ``None`` when the shapes do not fit the op."""
     names = [f"a{i}" for i in range(len(operands))]
     text = expr.format(*names)
 
     def in_jax(*arrays: Any) -> Any:
-        return eval(text, {"np": jnp}, dict(zip(names, arrays, strict=True)))  # noqa: S307  (the op table's expressions)
+        return eval(text, {"np": namespace(jnp)}, dict(zip(names, arrays, strict=True)))  # noqa: S307  (the op table's expressions)
 
     try:
         jax.eval_shape(in_jax, *operands)
     except (ValueError, TypeError, IndexError):
         return None
-    with np.errstate(all="ignore"):
-        out = eval(text, {"np": np}, dict(zip(names, operands, strict=True)))  # noqa: S307
-    return np.asarray(out, dtype=np.float64)
+    return np.asarray(in_jax(*operands), dtype=np.float64)
 
 
 def build_program(
     input_shapes: Sequence[tuple[int, ...]],
     steps: Sequence[tuple[OpSpec, Sequence[int]]],
     seed: int = 0,
+    kinks: Sequence[float] = (),
 ) -> Program | None:
     """A program from explicit choices: each step applies an op to earlier values (by index).
 
@@ -160,7 +168,8 @@ def build_program(
     ``np.exp(np.tanh(v))``); a step whose shapes do not fit, or whose value leaves
     ``[-VALUE_LIMIT, VALUE_LIMIT]`` even with guards, is dropped. Sinks (values nothing
     reads) are summed into the output, so every line reaches it. Returns ``None`` when
-    no step survives.
+    no step survives. With ``kinks``, about a third of the inputs' elements are drawn from
+    them exactly (the points where an op's derivative jumps).
 
     >>> from xgrad.testing.op_specs import specs_for
     >>> p = build_program([(3,)], [(specs_for("exp")[0], [0]), (specs_for("mul")[0], [1, 0])])
@@ -172,6 +181,8 @@ def build_program(
     """
     rng = np.random.default_rng(seed)
     inputs = [rng.uniform(-2.0, 2.0, size=s) for s in input_shapes]
+    if kinks:
+        inputs = [np.where(rng.random(x.shape) < 1 / 3, rng.choice(np.asarray(kinks), x.shape), x) for x in inputs]
     names = [f"x{i}" for i in range(len(input_shapes))]
     values: list[np.ndarray] = list(inputs)
     lines: list[tuple[str, str]] = []
@@ -333,7 +344,7 @@ class HookedProgram:
 
 
 def _cotangent(program: Program) -> np.ndarray:
-    out = program.run(np, *program.inputs)
+    out = jax.eval_shape(lambda *xs: program.run(jnp, *xs), *program.inputs)
     return np.random.default_rng(1).standard_normal(np.shape(out))
 
 

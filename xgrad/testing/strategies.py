@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import xgrad
+from xgrad.testing.program_families import INPLACE_OPS
 from xgrad.testing.programs import HOOK_KINDS, HookedProgram, HookSpec, Program, build_program, program_ops
 
-__all__ = ["broadcastable_shapes", "dtypes", "graphs_with_hooks", "programs", "shapes", "tensors"]
+__all__ = ["broadcastable_shapes", "dtypes", "graphs_with_hooks", "inplace_chains", "programs", "shapes", "tensors"]
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -120,6 +121,9 @@ def programs(
     max_dims: int = 3,
     max_side: int = 3,
     smooth: bool = False,
+    families: Sequence[str] = (),
+    kinks: Sequence[float] = (),
+    second_order: bool = False,
 ) -> Program:
     """Random programs: DAGs of ops from the op table with shared subexpressions,
     fan-in (several operands, sinks summed at the end) and fan-out (a value read by
@@ -132,8 +136,12 @@ def programs(
         max_nodes: most op applications (guards and the final sum come on top).
         max_inputs, max_dims, max_side: input count and shape limits.
         smooth: leave out ops with kinks (abs, maximum, where, …): for ``gradcheck``.
+        families: op families to draw from as well (``program_families.FAMILIES``:
+            ``"functional"``, ``"losses"``, ``"recurrent"``, ``"inplace"``).
+        kinks: values some input elements take exactly (``program_families.KINKS``).
+        second_order: only ops with second derivatives (PyTorch's ``hardsigmoid`` has none).
     """
-    specs = program_ops(ops, smooth=smooth)
+    specs = program_ops(ops, smooth=smooth, families=families, second_order=second_order)
     ndim = draw(st.integers(0, max_dims))
     base = [draw(st.integers(1, max_side)) for _ in range(ndim)]
     if ndim >= 2 and draw(st.booleans()):  # square trailing dims, so matmul fits
@@ -151,7 +159,7 @@ def programs(
         operands = [draw(st.integers(0, n_inputs + 2 * k + 1)) for _ in range(arity)]
         steps.append((spec, operands))
     seed = draw(st.integers(0, 2**16))
-    program = build_program(input_shapes, steps, seed=seed)
+    program = build_program(input_shapes, steps, seed=seed, kinks=kinks)
     if program is None:  # no step fitted: fall back to the simplest one that always does
         program = build_program(input_shapes, [(program_ops(["tanh"])[0], [0])], seed=seed)
     return program  # type: ignore[return-value]
@@ -182,3 +190,24 @@ def graphs_with_hooks(draw: Any, programs_strategy: st.SearchStrategy[Program] |
             scale = draw(st.sampled_from([0.5, 2.0, -1.0, 3.0]))
         hooks.append(HookSpec(kind, target, scale))
     return HookedProgram(program, hooks)
+
+
+@st.composite
+def inplace_chains(draw: Any, max_length: int = 4) -> tuple[tuple[Any, ...], ...]:
+    """Chains of in-place ops for one tensor, ``(method, *args)`` each, from
+    ``program_families.INPLACE_OPS``: legal ones and ones PyTorch's backward refuses
+    (``program_families.inplace_chain_raises`` tells which).
+
+    >>> from hypothesis import given
+    >>> from xgrad.testing.program_families import INPLACE_OPS
+    >>> @given(inplace_chains())
+    ... def test_chain(chain):
+    ...     assert all(name in INPLACE_OPS for name, *_ in chain)
+    >>> test_chain()
+    """
+    chain = []
+    for _ in range(draw(st.integers(1, max_length))):
+        name = draw(st.sampled_from(sorted(INPLACE_OPS)))
+        args = (draw(st.sampled_from([-1.5, 0.5, 2.0])),) if name in ("add_", "mul_") else ()
+        chain.append((name, *args))
+    return tuple(chain)
