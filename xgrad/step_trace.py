@@ -28,7 +28,15 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["StepTrace", "array_of", "current", "outside", "tracing_step"]
+import jax
+
+__all__ = ["StepTrace", "array_of", "current", "default_device", "outside", "tracing_step"]
+
+
+def default_device() -> Any:
+    """The device JAX puts new arrays on (``jax.default_device``, else the first device)."""
+    device = jax.config.jax_default_device
+    return device if isinstance(device, jax.Device) else jax.devices()[0]
 
 
 class StepTrace:
@@ -61,6 +69,10 @@ class StepTrace:
     def final_callbacks(self) -> list[Callable[[], None]]:
         """The list a backward traced in the step queues its final callbacks on."""
         return []
+
+    def device(self) -> Any:
+        """The ``jax.Device`` a traced value's ``Tensor.device`` names (XLA places traced values)."""
+        return default_device()
 
     def at_step_level(self) -> bool:
         """Whether the innermost JAX trace now is the step's own (not a ``jax.jit``/``vmap`` nested in it)."""

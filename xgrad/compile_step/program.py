@@ -390,6 +390,7 @@ class CompiledFunction:
         recorder = _StepRecorder()
         recorder.observing = observing is not None
         recorder.learned = observing or []
+        recorder.input_device = next((leaf.device for leaf in leaves if isinstance(leaf, Tensor)), None)
         dyn_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array, np.ndarray))]
         dyn_values = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in dyn_slots]
         found: dict[str, Any] = {}

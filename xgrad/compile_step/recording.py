@@ -72,6 +72,7 @@ class _Recorder(StepTrace):
         # (By id: a WeakSet would compare tensors with ``==``, an op.)
         self.born: dict[int, weakref.ref[Tensor]] = {}
         self.trace: Any = None  # the step's own trace level (set once ``fn`` is called)
+        self.input_device: Any = None  # the device of the step's first Tensor argument, if it has one
         self.outputs: list[Any] = []  # the program's outputs, each once (``output``)
         self.output_index: dict[int, int] = {}
         self.checks: list[_Check] = []
@@ -123,6 +124,9 @@ class _Recorder(StepTrace):
                 snap.target = ("grad", self.snapshots[id(owner)].target)
 
     # -- what the seam reports (``StepTrace``) -----------------------------------------
+    def device(self) -> Any:
+        return self.input_device or step_trace.default_device()
+
     def made(self, t: Tensor) -> None:
         self.born[id(t)] = weakref.ref(t)
 

@@ -17,7 +17,7 @@ from xgrad.tensor import Tensor
 
 __all__ = [
     "IndexOutOfRangeError", "as_array", "canonical_dim", "check_index_range", "check_nonnegative_shape", "check_values",
-    "inplace_or_not", "legacy_reduction", "norm_axes",
+    "constant_like", "inplace_or_not", "legacy_reduction", "norm_axes",
     "nondiff", "reduce_loss",
 ]
 
@@ -191,6 +191,18 @@ def check_values(failed: Callable[[Any], Any], value: Any, make_error: Callable[
         array = np.asarray(array)
     if bool(failed(array)):
         raise make_error()
+
+
+def constant_like(values: Any, like: Tensor) -> Tensor:
+    """Host ``values`` as a Tensor of ``like``'s dtype, on ``like``'s device.
+
+    A traced ``like`` (``xgrad.compile``, ``jax.jit``) has no placement of its own: XLA
+    places the program's constants with the rest of it, so the values are not moved.
+    """
+    array = jnp.asarray(values, like.dtype)
+    if isinstance(like._array, jax.core.Tracer):
+        return Tensor(array)
+    return Tensor(jax.device_put(array, like.device))
 
 
 def as_array(x: Any) -> Any:
