@@ -70,6 +70,17 @@ observe, run after the program, their ops computed in it), ``writeback`` (the pr
 # keyed by graph structure; a step's is per function and keyed by its arguments) and
 # so the stats and recompile reasons (call sites and nodes there, argument leaves here).
 #
+# NOTE [One trace at a time]
+# A trace rebinds the state it touches to tracers until it ends (then restores it from
+# its snapshots). Two threads tracing one function at once would each snapshot the
+# other's tracers as the "old" values and restore them: a tracer left in every
+# parameter, and every later call, eager ones too, failing. So a compiled function
+# traces under its own lock (``_trace_lock``: a miss, ``lower``, an observer variant):
+# a thread that misses waits, looks the cache up again and, when the first thread's
+# trace was of its signature, hits it. Traces of different functions still run at
+# once; they must not share state being traced (as eager steps in two threads must
+# not race on one model).
+#
 # NOTE [Functions in a compiled step]
 # A custom Function's backward is user Python, so it runs as a hook does: one ordered
 # host call at its point in the program, every call (``_function_on_host``), under

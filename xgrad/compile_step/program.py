@@ -6,6 +6,7 @@ import collections
 import dis
 import functools
 import os
+import threading
 import time
 import warnings
 import weakref
@@ -222,6 +223,7 @@ class CompiledFunction:
         self._warned_sites: set[str] = set()
         self._last_signature: Any = None
         self._recompile_warned = False
+        self._trace_lock = threading.RLock()
         functools.update_wrapper(self, fn)
 
     def stats(self) -> dict[str, Any]:
@@ -242,28 +244,39 @@ class CompiledFunction:
         if any(isinstance(leaf, jax.core.Tracer) or (isinstance(leaf, Tensor) and isinstance(leaf._array, jax.core.Tracer)) for leaf in leaves):
             return self.fn(*args, **kwargs)  # under a plain jax transformation: part of its trace
         signature = _signature(leaves, tree)
+        entry = self._cached(signature, leaves)
+        if entry is None:
+            with self._trace_lock:  # NOTE [One trace at a time]
+                entry = self._cached(signature, leaves)  # traced by another thread meanwhile: a hit
+                if entry is None:
+                    self._stats["misses"] += 1
+                    self._note_miss(signature)
+                    if self._stats["misses"] == 1:
+                        _warn_rebinds(self.fn, self._name())
+                    try:
+                        entry = self._compile(leaves, tree)
+                    except _NotCompilable as exc:
+                        self._cache[signature] = entry = _FALLBACK
+                        self._fall_back(exc)
+                    else:
+                        self._cache[signature] = entry
+                        if len(self._cache) > CACHE_SIZE:
+                            self._cache.popitem(last=False)
+        if entry is _FALLBACK:
+            return self.fn(*args, **kwargs)
+        return self._run(entry, leaves, tree)
+
+    def _cached(self, signature: Any, leaves: list[Any]) -> Any:
+        """The cached entry (or ``_FALLBACK``) this call runs, counted; ``None``: a miss."""
         entry = self._cache.get(signature)
         if entry is _FALLBACK:
             self._stats["fallbacks"] += 1
-            return self.fn(*args, **kwargs)
+            return entry
         if entry is not None and self._guards_hold(entry, leaves):
             self._cache.move_to_end(signature)
             self._stats["hits"] += 1
-            return self._run(entry, leaves, tree)
-        self._stats["misses"] += 1
-        self._note_miss(signature)
-        if self._stats["misses"] == 1:
-            _warn_rebinds(self.fn, self._name())
-        try:
-            entry = self._compile(leaves, tree)
-        except _NotCompilable as exc:
-            self._cache[signature] = _FALLBACK
-            self._fall_back(exc)
-            return self.fn(*args, **kwargs)
-        self._cache[signature] = entry
-        if len(self._cache) > CACHE_SIZE:
-            self._cache.popitem(last=False)
-        return self._run(entry, leaves, tree)
+            return entry
+        return None
 
     def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
         """JAX's ``Lowered`` of the program a call with these arguments runs; nothing runs.
@@ -281,13 +294,14 @@ class CompiledFunction:
         """
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
         signature = _signature(leaves, tree)
-        entry = self._cache.get(signature)
-        if entry is _FALLBACK or entry is None or not self._guards_hold(entry, leaves):
-            try:
-                entry = self._compile(leaves, tree)
-            except _NotCompilable as exc:
-                raise CompileFallbackError(ERR_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site)) from exc
-            self._cache[signature] = entry
+        with self._trace_lock:
+            entry = self._cache.get(signature)
+            if entry is _FALLBACK or entry is None or not self._guards_hold(entry, leaves):
+                try:
+                    entry = self._compile(leaves, tree)
+                except _NotCompilable as exc:
+                    raise CompileFallbackError(ERR_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site)) from exc
+                self._cache[signature] = entry
         return entry.jitted.lower(*_gather_inputs(entry, leaves))
 
     # -- hit path ----------------------------------------------------------------------
@@ -354,7 +368,8 @@ class CompiledFunction:
     def _observer_variant(self, entry: _Entry, leaves: list[Any], tree: Any) -> Any:
         """``fn`` traced with its hooks as outputs of the program, run after it; ``_NO_VARIANT`` if a host call stays."""
         try:
-            variant = self._compile(leaves, tree, observing=entry.hook_box.learned)
+            with self._trace_lock:
+                variant = self._compile(leaves, tree, observing=entry.hook_box.learned)
         except Exception:  # ``fn``'s Python, traced once more, took another road: the exact program stays
             return _NO_VARIANT
         return _NO_VARIANT if variant.has_host_calls else variant

@@ -1,0 +1,124 @@
+"""``xgrad.compile`` and the state around a step: concurrent first calls, failed traces, and the
+Python state eager re-reads every call (schedulers, ``train()``/``eval()``, module hooks).
+
+Each test runs the same step eagerly on one copy of the state and compiled on another, over
+several calls, and compares what eager does call by call.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import xgrad
+from xgrad import nn
+
+RNG = np.random.default_rng(0)
+XS = [xgrad.tensor(RNG.normal(size=(4, 3))) for _ in range(4)]
+
+
+def make_model(seed=0):
+    xgrad.manual_seed(seed)
+    return nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2)).to(jnp.float64)
+
+
+def state_leaves(model, opt=None):
+    """Every array of the model's parameters, buffers and ``.grad``s, and of the optimizer's state."""
+    leaves = [t._array for t in [*model.parameters(), *model.buffers()]]
+    leaves += [p.grad._array for p in model.parameters() if p.grad is not None]
+    if opt is not None:
+        leaves += [t._array for state in opt.state.values() for t in state.values() if isinstance(t, xgrad.Tensor)]
+    return leaves
+
+
+def assert_no_tracer(model, opt=None):
+    assert not any(isinstance(a, jax.core.Tracer) for a in state_leaves(model, opt))
+
+
+def forward_backward(model, x):
+    """An eager forward and backward: the loss and the parameters' grads."""
+    for p in model.parameters():
+        p.grad = None
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    return [loss.item()] + [p.grad.numpy() for p in model.parameters()]
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for u, v in zip(a, b, strict=True):
+        np.testing.assert_allclose(u, v, rtol=1e-10, atol=1e-12)
+
+
+# -- concurrent first calls --------------------------------------------------------------
+def test_concurrent_first_calls_trace_once_and_all_match_eager():
+    """Four threads call a fresh compiled step at once: one traces, the others wait and hit its
+    program; each gets eager's results, and no tracer is left in the model."""
+
+    def setup():
+        model = make_model()
+
+        def step(x):
+            for p in model.parameters():
+                p.grad = None
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            return loss, [p.grad.clone() for p in model.parameters()]
+
+        return model, step
+
+    eager_model, eager_step = setup()
+    model, step = setup()
+    step = xgrad.compile(step)
+    barrier = threading.Barrier(len(XS), timeout=30)
+    results: dict[int, list[np.ndarray]] = {}
+    errors: list[BaseException] = []
+
+    def run(i):
+        try:
+            barrier.wait()
+            loss, grads = step(XS[i])
+            results[i] = [loss.numpy()] + [g.numpy() for g in grads]
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(XS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert step.stats()["compiles"] == 1 and step.stats()["hits"] == len(XS) - 1
+    for i, x in enumerate(XS):
+        loss, grads = eager_step(x)
+        assert_same(results[i], [loss.detach().numpy()] + [g.numpy() for g in grads])
+    assert_no_tracer(model)
+    assert_same(forward_backward(model, XS[0])[1:], forward_backward(eager_model, XS[0])[1:])
+
+
+def test_a_step_raising_while_traced_leaves_the_model_as_it_was():
+    """An exception in the middle of a trace (after backward and the optimizer's step) leaves
+    the model, its ``.grad``s and the optimizer as before the call: usable eagerly, as a fresh one."""
+    model, fresh = make_model(), make_model()
+    opt = xgrad.optim.Adam(model.parameters(), lr=0.1)
+    fresh_opt = xgrad.optim.Adam(fresh.parameters(), lr=0.1)
+
+    def failing(x):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        raise ValueError("a bad batch")
+
+    with pytest.raises(ValueError, match="a bad batch"):
+        xgrad.compile(failing)(XS[0])
+    assert_no_tracer(model, opt)
+    assert all(p.grad is None for p in model.parameters())
+    for m, o in ((model, opt), (fresh, fresh_opt)):
+        forward_backward(m, XS[1])
+        o.step()
+    assert_same(forward_backward(model, XS[2]), forward_backward(fresh, XS[2]))
+    assert_same([b.numpy() for b in model.buffers()], [b.numpy() for b in fresh.buffers()])
