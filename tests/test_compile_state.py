@@ -122,3 +122,25 @@ def test_a_step_raising_while_traced_leaves_the_model_as_it_was():
         o.step()
     assert_same(forward_backward(model, XS[2]), forward_backward(fresh, XS[2]))
     assert_same([b.numpy() for b in model.buffers()], [b.numpy() for b in fresh.buffers()])
+
+
+# -- post-accumulate-grad hooks --------------------------------------------------------
+@pytest.mark.parametrize("mode", ["eager", "compiled backward", "xgrad.compile"])
+def test_a_post_accumulate_grad_hook_returning_a_value_is_rejected(mode):
+    """Every hook runs, then PyTorch's RuntimeError; the ``.grad`` written before the hooks stays."""
+    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    calls = []
+    w.register_post_accumulate_grad_hook(lambda p: calls.append("first") or p.grad * 2)
+    w.register_post_accumulate_grad_hook(lambda p: calls.append("second"))
+
+    def step(x):
+        (w * x).sum().backward(compiled=mode == "compiled backward")
+        return w.grad
+
+    run = xgrad.compile(step) if mode == "xgrad.compile" else step
+    for call in range(3):
+        w.grad = None
+        with pytest.raises(RuntimeError, match="^Tensor post accumulate grad hooks should return None.$"):
+            run(xgrad.tensor([3.0, 4.0]))
+        assert calls == ["first", "second"] * (call + 1)
+        np.testing.assert_array_equal(w.grad.numpy(), [3.0, 4.0])

@@ -94,6 +94,8 @@ class _Recorder(StepTrace):
         self.queued: dict[int, list[Any]] = {}  # id(a stand-in) -> traced flags: callbacks wait on it
         # What host calls raised, kept until the call raises it again (NOTE [Checks in a compiled step]).
         self.host_errors: list[BaseException] = []
+        # id(a leaf's post-accumulate-grad hooks) -> whether one returned a value in this run, set on the host.
+        self.post_accumulate_returned: dict[int, list[bool]] = {}
 
     def output(self, value: Any) -> int:
         """The position of ``value`` among the program's outputs (added on first use)."""
