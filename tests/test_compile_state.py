@@ -144,3 +144,71 @@ def test_a_post_accumulate_grad_hook_returning_a_value_is_rejected(mode):
             run(xgrad.tensor([3.0, 4.0]))
         assert calls == ["first", "second"] * (call + 1)
         np.testing.assert_array_equal(w.grad.numpy(), [3.0, 4.0])
+
+
+# -- train() / eval() ------------------------------------------------------------------
+def test_train_and_eval_between_calls_are_guarded():
+    """``eval()`` between calls makes BatchNorm read its running statistics, as eagerly, and
+    ``train()`` its batch statistics again."""
+    eager_model, model = make_model(), make_model()
+    step = xgrad.compile(lambda x: model(x), fallback="error")
+    modes = [True, False, True, False, False, True]
+    for x, training in zip(XS + XS, modes, strict=False):
+        eager_model.train(training)
+        model.train(training)
+        np.testing.assert_allclose(step(x).detach().numpy(), eager_model(x).detach().numpy(), rtol=1e-10, atol=1e-12)
+        assert_same([b.numpy() for b in model.buffers()], [b.numpy() for b in eager_model.buffers()])
+    changes = sum(a != b for a, b in zip(modes, modes[1:]))
+    assert step.stats()["compiles"] == 1 + changes  # a signature keeps one program: each change traces again
+
+
+def test_a_mode_set_inside_the_step_is_the_mode_its_calls_run_in():
+    """A step that calls ``eval()`` itself runs in eval mode at every call, whatever the mode before."""
+    eager_model, model = make_model(), make_model()
+
+    def evaluate(m, x):
+        m.eval()
+        return m(x)
+
+    step = xgrad.compile(lambda x: evaluate(model, x), fallback="error")
+    for x in XS:
+        model.train()
+        eager_model.train()
+        np.testing.assert_allclose(step(x).detach().numpy(), evaluate(eager_model, x).detach().numpy(), rtol=1e-10)
+        assert not model.training
+
+
+# -- module forward hooks --------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["forward", "forward pre", "global forward"])
+def test_module_forward_hooks_run_at_every_call(kind):
+    """A counting forward hook runs once per call, as eagerly (the step runs eagerly, after a
+    warning naming why); under ``fallback="error"`` the step raises instead of dropping calls."""
+    model = make_model()
+    calls = []
+    hook = (lambda m, args: calls.append(1)) if kind == "forward pre" else (lambda m, args, out: calls.append(1))
+    if kind == "global forward":
+        handle = nn.modules.module.register_module_forward_hook(hook)
+    elif kind == "forward pre":
+        handle = model[1].register_forward_pre_hook(hook)
+    else:
+        handle = model[1].register_forward_hook(hook)
+    try:
+        step = xgrad.compile(lambda x: model(x))
+        with pytest.warns(xgrad.compile_step.CompileFallbackWarning, match="forward hooks"):
+            outs = [step(x) for x in XS]
+        assert len(calls) == len(XS) * (5 if kind == "global forward" else 1)
+        for x, out in zip(XS, outs, strict=True):
+            np.testing.assert_allclose(out.detach().numpy(), make_model()(x).detach().numpy(), rtol=1e-10)
+        with pytest.raises(xgrad.compile_step.CompileFallbackError, match="BatchNorm1d has forward hooks|Sequential has"):
+            xgrad.compile(lambda x: model(x), fallback="error")(XS[0])
+    finally:
+        handle.remove()
+
+
+def test_pure_forward_hooks_are_traced_in():
+    model = make_model()
+    model[1].register_forward_hook(xgrad.autograd.compiled.pure_hook(lambda m, args, out: out * 2))
+    step = xgrad.compile(lambda x: model(x), fallback="error")
+    for x in XS:
+        np.testing.assert_allclose(step(x).detach().numpy(), model(x).detach().numpy(), rtol=1e-10)
+    assert step.stats()["compiles"] == 1

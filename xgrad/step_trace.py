@@ -78,6 +78,13 @@ class StepTrace:
         """Whether the innermost JAX trace now is the step's own (not a ``jax.jit``/``vmap`` nested in it)."""
         return False
 
+    def module_mode(self, module: Any) -> None:
+        """``module.training`` is about to be read (the module is called) or set (``train()``/``eval()``)."""
+
+    def module_called(self, module: Any) -> None:
+        """``module`` is called: its mode is read, and its forward hooks and pre-hooks would run."""
+        self.module_mode(module)
+
     def made(self, t: Any) -> None:
         """The tensor ``t`` was made while the step is traced (it is none of the step's state)."""
 

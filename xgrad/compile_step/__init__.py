@@ -70,6 +70,19 @@ observe, run after the program, their ops computed in it), ``writeback`` (the pr
 # keyed by graph structure; a step's is per function and keyed by its arguments) and
 # so the stats and recompile reasons (call sites and nodes there, argument leaves here).
 #
+# NOTE [Python state in a compiled step]
+# Python state that eager re-reads at every call must not be frozen at the trace. A
+# module's mode: ``Module.__call__`` and ``train()``/``eval()`` tell the trace
+# (``module_mode``), which keeps each module's mode from before the trace as a guard
+# (``_Entry.modes``: ``eval()`` between calls is a miss, traced again) and, for the modes
+# ``fn`` itself changed, the mode after it, set again after every call
+# (``_Entry.mode_writes``). A module's forward hooks and pre-hooks would run only while
+# traced and their results may carry autograd history into the step, which a host call
+# cannot: unless all are marked ``pure_hook`` (traced in), the call is not compiled (it
+# runs eagerly after a warning, or raises under ``fallback="error"``). A post-accumulate-
+# grad hook returning a value raises PyTorch's error from the host, after all the leaf's
+# hooks ran, as eagerly.
+#
 # NOTE [One trace at a time]
 # A trace rebinds the state it touches to tracers until it ends (then restores it from
 # its snapshots). Two threads tracing one function at once would each snapshot the

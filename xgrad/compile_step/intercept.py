@@ -8,6 +8,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from xgrad.compile_step.errors import MODULE_FORWARD_HOOKS, _NotCompilable
 from xgrad.compile_step.host import _function_on_host, _host_hook, _TracedCallbacks
 from xgrad.compile_step.recording import _Check, _Recorder
 from xgrad.compile_step.writeback import _state_writes
@@ -33,6 +34,17 @@ class _StepRecorder(_Recorder):
         else:
             outlives = isinstance(owner, Node) and owner.sequence_nr < self.first_sequence_nr
         self.added_hooks.append((weakref.ref(hooks), handle.id, call_site(), outlives))
+
+    def module_called(self, module: Any) -> None:
+        """Guard on the module's mode (NOTE [Python state in a compiled step]); refuse its forward hooks unless pure."""
+        from xgrad.autograd.compiled import PureHook
+        from xgrad.nn.hooks import _global_forward_hooks, _global_forward_pre_hooks
+
+        self.module_mode(module)
+        hooks = (*module._forward_pre_hooks.values(), *module._forward_hooks.values(),
+                 *_global_forward_pre_hooks.values(), *_global_forward_hooks.values())
+        if not all(isinstance(hook, PureHook) for hook in hooks):
+            raise _NotCompilable(MODULE_FORWARD_HOOKS.format(module=type(module).__name__), call_site())
 
     def function_backward(self, node: Any, grads: list[Any]) -> list[Any] | None:
         return _function_on_host(node, grads) if self.at_step_level() else None

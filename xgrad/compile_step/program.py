@@ -141,7 +141,7 @@ class _Entry:
 
     __slots__ = (
         "aliased", "arg_tensor_slots", "checks", "consts", "fast_writes", "flags", "guards", "has_host_calls", "hook_box",
-        "host_checks", "inputs", "jitted", "n_dyn_args", "observers", "observing", "result_template", "result_tree", "writes",
+        "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "observers", "observing", "result_template", "result_tree", "writes",
     )
     aliased: list[list[Any]]
     arg_tensor_slots: tuple[int, ...]
@@ -153,6 +153,8 @@ class _Entry:
     # whether its .grad was read and the rest of ``_expected``.
     guards: list[list[Any]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
+    modes: list[tuple[Any, bool]]  # the modules the trace called or put in train/eval mode, and their modes then
+    mode_writes: list[tuple[Any, bool]]  # the modules whose mode the trace changed, and their modes after it
     has_host_calls: bool  # hooks or callbacks run from inside the program
     hook_box: Any  # its hooks' ``_HookBox`` if an observer variant may stand in for it, else ``None``
     observers: list[Any]  # the observer variant's hooks, run after it in program order
@@ -183,7 +185,7 @@ def _describe_change(old: Any, new: Any) -> str:
         return "which arguments are the same tensor changed"
     if old_mode != new_mode:
         return f"grad mode changed from {old_mode[0]} to {new_mode[0]}"
-    return "the state fn reads (a .grad set or cleared, requires_grad, hooks, or a shape)"
+    return "the state fn reads (a .grad set or cleared, requires_grad, hooks, a shape, or a module's train/eval mode)"
 
 
 def _describe_leaf(key: Any) -> str:
@@ -336,6 +338,10 @@ class CompiledFunction:
                 if a.shape != shape or a.dtype != dtype:
                     return False
                 guard[1] = found_aval
+        for ref, training in entry.modes:
+            module = ref()
+            if module is not None and module.training != training:
+                return False
         for refs in entry.aliased:
             values = [_source_value(s, leaves) for s in refs]
             if any(v is not values[0] for v in values[1:]):
@@ -460,6 +466,8 @@ class CompiledFunction:
          entry.host_checks) = found["layout"]
         entry.fast_writes = _fast_writes(entry.writes)
         entry.guards = [_guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
+        entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]
+        entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
         consts: list[tuple[str, Any]] = []
         for c in closed.consts:
             live = [s for s in recorder.sources.get(id(c), ()) if _resolve(s, leaves) is not None]
@@ -519,6 +527,10 @@ def _run_program(entry: _Entry, leaves: list[Any]) -> Any:
 def _finish(entry: _Entry, outs: Any, leaves: list[Any]) -> Any:
     """Write back a call's state and build its results."""
     _apply_fast_writes(entry.fast_writes, outs, leaves)
+    for ref, training in entry.mode_writes:  # what ``train()``/``eval()`` in ``fn`` did
+        module = ref()
+        if module is not None:
+            object.__setattr__(module, "training", training)
     results = []
     for how, value, grad_index in entry.result_template:
         if how == "out":

@@ -94,6 +94,8 @@ class _Recorder(StepTrace):
         self.queued: dict[int, list[Any]] = {}  # id(a stand-in) -> traced flags: callbacks wait on it
         # What host calls raised, kept until the call raises it again (NOTE [Checks in a compiled step]).
         self.host_errors: list[BaseException] = []
+        # id(a module called or put in train/eval mode) -> (its weak reference, its mode before the trace).
+        self.modes: dict[int, tuple[weakref.ref[Any], bool]] = {}
         # id(a leaf's post-accumulate-grad hooks) -> whether one returned a value in this run, set on the host.
         self.post_accumulate_returned: dict[int, list[bool]] = {}
 
@@ -131,6 +133,10 @@ class _Recorder(StepTrace):
 
     def made(self, t: Tensor) -> None:
         self.born[id(t)] = weakref.ref(t)
+
+    def module_mode(self, module: Any) -> None:
+        if id(module) not in self.modes:
+            self.modes[id(module)] = (weakref.ref(module), module.training)
 
     def read(self, t: Tensor) -> None:
         array = t._array
