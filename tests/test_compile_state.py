@@ -212,3 +212,52 @@ def test_pure_forward_hooks_are_traced_in():
     for x in XS:
         np.testing.assert_allclose(step(x).detach().numpy(), model(x).detach().numpy(), rtol=1e-10)
     assert step.stats()["compiles"] == 1
+
+
+# -- LR schedulers ---------------------------------------------------------------------
+SCHEDULERS = {
+    "StepLR": lambda opt: xgrad.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5),
+    "OneCycleLR (momentum too)": lambda opt: xgrad.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=6),
+    "SequentialLR": lambda opt: xgrad.optim.lr_scheduler.SequentialLR(
+        opt, [xgrad.optim.lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=2),
+              xgrad.optim.lr_scheduler.ExponentialLR(opt, gamma=0.7)], milestones=[2]),
+    "ReduceLROnPlateau (on the loss)": lambda opt: xgrad.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0),
+}
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["after opt.step", "before opt.step"])
+@pytest.mark.parametrize("name", list(SCHEDULERS))
+def test_an_lr_scheduler_stepped_in_the_step_steps_at_every_call(name, first):
+    """The scheduler's Python runs at every call, at its place in the step: the rates it sets are
+    the ones the optimizer reads after it, in that call and the next, and its own state moves as eagerly."""
+
+    def setup():
+        model = make_model()
+        opt = xgrad.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        sched = SCHEDULERS[name](opt)
+
+        def step(x):
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            advance = (lambda: sched.step(-loss)) if "Plateau" in name else sched.step
+            if first:
+                advance()
+            opt.step()
+            if not first:
+                advance()
+            return loss
+
+        return model, opt, sched, step
+
+    eager_model, eager_opt, eager_sched, eager_step = setup()
+    model, opt, sched, step = setup()
+    step = xgrad.compile(step, fallback="error")
+    for x in XS + XS[:2]:
+        np.testing.assert_allclose(step(x).item(), eager_step(x).item(), rtol=1e-10)
+        for group, eager_group in zip(opt.param_groups, eager_opt.param_groups, strict=True):
+            assert {k: v for k, v in group.items() if k != "params"} == {
+                k: v for k, v in eager_group.items() if k != "params"}
+        assert sched.state_dict() == eager_sched.state_dict()
+    assert_same([p.detach().numpy() for p in model.parameters()], [p.detach().numpy() for p in eager_model.parameters()])
+    assert step.stats()["compiles"] == 1

@@ -66,6 +66,12 @@ class StepTrace:
         """An index range check on a traced ``index``; ``False`` if the step did not take it (as ``check``)."""
         return False
 
+    def host_effect(self, call: Callable[[], None], tensors: list[Any]) -> bool:
+        """Run ``call()``, Python with effects on plain state (an LR scheduler's ``step``), on the host at
+        this point of every call of the step, ``tensors`` (the Tensors it reads or rebinds) holding their
+        values then; what it rebinds flows on. ``False``: the caller calls it now."""
+        return False
+
     def final_callbacks(self) -> list[Callable[[], None]]:
         """The list a backward traced in the step queues its final callbacks on."""
         return []

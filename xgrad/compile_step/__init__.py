@@ -71,8 +71,13 @@ observe, run after the program, their ops computed in it), ``writeback`` (the pr
 # so the stats and recompile reasons (call sites and nodes there, argument leaves here).
 #
 # NOTE [Python state in a compiled step]
-# Python state that eager re-reads at every call must not be frozen at the trace. A
-# module's mode: ``Module.__call__`` and ``train()``/``eval()`` tell the trace
+# Python state that eager re-reads at every call must not be frozen at the trace. An LR
+# scheduler's ``step()`` (``last_epoch``, its rates: plain Python) runs on the host at its
+# place in the program at every call (``StepTrace.host_effect``, one ordered host call):
+# the optimizer's hyperparameter Tensors and the Tensors it was given (a plateau
+# scheduler's metric) hold their values then, and the rates it sets flow on in the
+# program, to an ``opt.step()`` after it in the same call and, written back, to the next
+# call. A module's mode: ``Module.__call__`` and ``train()``/``eval()`` tell the trace
 # (``module_mode``), which keeps each module's mode from before the trace as a guard
 # (``_Entry.modes``: ``eval()`` between calls is a miss, traced again) and, for the modes
 # ``fn`` itself changed, the mode after it, set again after every call

@@ -9,7 +9,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from xgrad.compile_step.errors import MODULE_FORWARD_HOOKS, _NotCompilable
-from xgrad.compile_step.host import _function_on_host, _host_hook, _TracedCallbacks
+from xgrad.compile_step.host import _function_on_host, _host_hook, _state_on_host, _TracedCallbacks
 from xgrad.compile_step.recording import _Check, _Recorder
 from xgrad.compile_step.writeback import _state_writes
 from xgrad.engine.compiled.cache import call_site
@@ -48,6 +48,16 @@ class _StepRecorder(_Recorder):
 
     def function_backward(self, node: Any, grads: list[Any]) -> list[Any] | None:
         return _function_on_host(node, grads) if self.at_step_level() else None
+
+    def host_effect(self, call: Callable[[], None], tensors: list[Any]) -> bool:
+        """``call`` on the host at every call (NOTE [Python state in a compiled step]); under a nested JAX transformation, now."""
+        if not self.at_step_level():
+            return False
+        for t in tensors:
+            self.read(t)  # a program input even if nothing in the step read it before
+            self.write(t)
+        _state_on_host(call, tensors)
+        return True
 
     def final_callbacks(self) -> list[Callable[[], None]]:
         return _TracedCallbacks()
