@@ -124,6 +124,46 @@ def test_a_step_raising_while_traced_leaves_the_model_as_it_was():
     assert_same([b.numpy() for b in model.buffers()], [b.numpy() for b in fresh.buffers()])
 
 
+def test_a_step_raising_while_traced_leaves_no_module_attribute_it_set():
+    """What the failed trace set on modules (an attribute holding a traced output, a buffer, a
+    mode) is undone: no tracer stays, and the model computes as a fresh one."""
+    model, fresh = make_model(), make_model()
+
+    def failing(x):
+        out = model(x)
+        model.last = out
+        model[1].register_buffer("seen", out.detach())
+        model.eval()
+        raise ValueError("a bad batch")
+
+    with pytest.raises(ValueError, match="a bad batch"):
+        xgrad.compile(failing)(XS[0])
+    assert not hasattr(model, "last") and "seen" not in dict(model.named_buffers())
+    assert model.training and model[1].training
+    assert_no_tracer(model)
+    assert_same(forward_backward(model, XS[1]), forward_backward(fresh, XS[1]))
+
+
+def test_a_module_attribute_set_to_a_computed_tensor_is_not_frozen():
+    """An attribute set to a tensor of the step would hold a tracer after the trace: the step runs
+    eagerly instead (after a warning naming the attribute), and the attribute holds each call's value."""
+    model = make_model()
+
+    def step(x):
+        out = model(x)
+        model[3].last = out.detach()
+        return out
+
+    compiled = xgrad.compile(step)
+    with pytest.warns(xgrad.compile_step.CompileFallbackWarning, match=r"Linear\.last was set"):
+        for x in XS[:2]:
+            out = compiled(x)
+            np.testing.assert_array_equal(model[3].last.numpy(), out.detach().numpy())
+    assert_no_tracer(model)
+    with pytest.raises(xgrad.compile_step.CompileFallbackError, match=r"Linear\.last"):
+        xgrad.compile(step, fallback="error")(XS[0])
+
+
 # -- post-accumulate-grad hooks --------------------------------------------------------
 @pytest.mark.parametrize("mode", ["eager", "compiled backward", "xgrad.compile"])
 def test_a_post_accumulate_grad_hook_returning_a_value_is_rejected(mode):

@@ -86,7 +86,8 @@ observe, run after the program, their ops computed in it), ``writeback`` (the pr
 # cannot: unless all are marked ``pure_hook`` (traced in), the call is not compiled (it
 # runs eagerly after a warning, or raises under ``fallback="error"``). A post-accumulate-
 # grad hook returning a value raises PyTorch's error from the host, after all the leaf's
-# hooks ran, as eagerly.
+# hooks ran, as eagerly. A module attribute (or buffer) the trace set to a Tensor of its
+# own would hold a tracer once the trace ends: the call is not compiled, naming it.
 #
 # NOTE [One trace at a time]
 # A trace rebinds the state it touches to tracers until it ends (then restores it from
@@ -95,7 +96,9 @@ observe, run after the program, their ops computed in it), ``writeback`` (the pr
 # parameter, and every later call, eager ones too, failing. So a compiled function
 # traces under its own lock (``_trace_lock``: a miss, ``lower``, an observer variant):
 # a thread that misses waits, looks the cache up again and, when the first thread's
-# trace was of its signature, hits it. Traces of different functions still run at
+# trace was of its signature, hits it. A trace that raises restores, besides the tensors
+# it touched, the attributes of the modules it saw (``restore_modules``): what it set on
+# them (a traced output, a buffer, a mode) is undone. Traces of different functions still run at
 # once; they must not share state being traced (as eager steps in two threads must
 # not race on one model).
 #

@@ -30,6 +30,11 @@ MODULE_FORWARD_HOOKS = (
     "is traced; mark them xgrad.autograd.compiled.pure_hook if they are traceable and have no effects of their own"
 )
 
+MODULE_ATTRIBUTE_TRACED = (
+    "{name} was set to a tensor the function computed, Python state a program cannot write back (it would hold a "
+    "value of the trace); return the tensor from the function instead"
+)
+
 
 class CompileFallbackWarning(UserWarning):
     """A call of an ``xgrad.compile`` function ran eagerly (the warning says why and where)."""

@@ -19,6 +19,7 @@ import numpy as np
 from xgrad.compile_step.errors import (
     ERR_FALLBACK,
     HOOK_KEPT,
+    MODULE_ATTRIBUTE_TRACED,
     WARN_FALLBACK,
     WARN_REBINDS,
     WARN_RECOMPILE,
@@ -446,11 +447,17 @@ class CompiledFunction:
         with tracing_step(recorder):  # this context's trace: another thread may trace another step meanwhile
             try:
                 closed = jax.make_jaxpr(traced)(*dyn_values)
-            except TRACER_ERRORS as exc:
-                raise _NotCompilable(
-                    "Python needs a concrete value here (.item(), .numpy(), bool() or int() of a tensor, a boolean mask)",
-                    _user_site(exc.__traceback__),
-                ) from exc
+                leaked = recorder.traced_attribute()
+                if leaked is not None:
+                    raise _NotCompilable(MODULE_ATTRIBUTE_TRACED.format(name=leaked), "the call")
+            except BaseException as exc:
+                recorder.restore_modules()  # as the tensors below: nothing of a failed trace stays (NOTE [One trace at a time])
+                if isinstance(exc, TRACER_ERRORS):
+                    raise _NotCompilable(
+                        "Python needs a concrete value here (.item(), .numpy(), bool() or int() of a tensor, a boolean mask)",
+                        _user_site(exc.__traceback__),
+                    ) from exc
+                raise
             finally:
                 for snap in recorder.snapshots.values():
                     t = snap.ref()

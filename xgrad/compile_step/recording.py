@@ -96,6 +96,9 @@ class _Recorder(StepTrace):
         self.host_errors: list[BaseException] = []
         # id(a module called or put in train/eval mode) -> (its weak reference, its mode before the trace).
         self.modes: dict[int, tuple[weakref.ref[Any], bool]] = {}
+        # id(such a module) -> its attributes before the trace, and the contents of those that are dicts
+        # (its buffers, children, hooks): a trace that raises restores them (``restore_modules``).
+        self.module_attrs: dict[int, dict[str, tuple[Any, Any]]] = {}
         # id(a leaf's post-accumulate-grad hooks) -> whether one returned a value in this run, set on the host.
         self.post_accumulate_returned: dict[int, list[bool]] = {}
 
@@ -137,6 +140,42 @@ class _Recorder(StepTrace):
     def module_mode(self, module: Any) -> None:
         if id(module) not in self.modes:
             self.modes[id(module)] = (weakref.ref(module), module.training)
+            self.module_attrs[id(module)] = {
+                key: (value, dict(value) if isinstance(value, dict) else None) for key, value in vars(module).items()
+            }
+
+    def traced_attribute(self) -> str | None:
+        """A module attribute (or buffer, child) the trace set to a Tensor holding one of its tracers, named; else ``None``."""
+        for module_id, (ref, _) in self.modes.items():
+            module = ref()
+            if module is None:
+                continue
+            attrs = self.module_attrs[module_id]
+            for key, value in vars(module).items():
+                before, contents = attrs.get(key, (None, None))
+                found = [(key, value)] if value is not before else []
+                if isinstance(value, dict) and contents is not None:
+                    found += [(k, v) for k, v in value.items() if contents.get(k) is not v]
+                for name, new in found:
+                    if isinstance(new, Tensor) and isinstance(new._array, jax.core.Tracer):
+                        return f"{type(module).__name__}.{name}"
+        return None
+
+    def restore_modules(self) -> None:
+        """Give the modules the trace saw their attributes from before it (a trace that raised leaves no tracer in them)."""
+        for module_id, (ref, _) in self.modes.items():
+            module = ref()
+            if module is None:
+                continue
+            attrs = self.module_attrs[module_id]
+            current = vars(module)
+            for key in [k for k in current if k not in attrs]:
+                del current[key]
+            for key, (value, contents) in attrs.items():
+                current[key] = value
+                if contents is not None:
+                    value.clear()
+                    value.update(contents)
 
     def read(self, t: Tensor) -> None:
         array = t._array
