@@ -7,6 +7,7 @@ several calls, and compares what eager does call by call.
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import jax
@@ -198,7 +199,7 @@ def test_train_and_eval_between_calls_are_guarded():
         model.train(training)
         np.testing.assert_allclose(step(x).detach().numpy(), eager_model(x).detach().numpy(), rtol=1e-10, atol=1e-12)
         assert_same([b.numpy() for b in model.buffers()], [b.numpy() for b in eager_model.buffers()])
-    changes = sum(a != b for a, b in zip(modes, modes[1:]))
+    changes = sum(a != b for a, b in itertools.pairwise(modes))
     assert step.stats()["compiles"] == 1 + changes  # a signature keeps one program: each change traces again
 
 

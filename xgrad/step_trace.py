@@ -35,7 +35,7 @@ __all__ = ["StepTrace", "array_of", "current", "default_device", "outside", "tra
 
 def default_device() -> Any:
     """The device JAX puts new arrays on (``jax.default_device``, else the first device)."""
-    device = jax.config.jax_default_device
+    device = getattr(jax.config, "jax_default_device", None)
     return device if isinstance(device, jax.Device) else jax.devices()[0]
 
 
