@@ -123,3 +123,33 @@ def test_device_of_a_tensor_inside_a_compiled_step_is_the_inputs_device():
     # Under plain jax.jit a traced value is on JAX's default device.
     jax.jit(lambda a: step(xgrad.tensor(a)).array)(np.arange(3.0))
     assert seen[-1] == jax.devices()[0]
+
+
+def backward_with_host_grad(w, x):
+    (w * x).backward(np.array([1.0, -2.0, 0.5]))
+    return w.grad
+
+
+def backward_saving_on_cpu(w, x):
+    with xgrad.autograd.graph.save_on_cpu():
+        y = (w * x).exp().sum()
+    y.backward()
+    return w.grad
+
+
+@pytest.mark.parametrize("fn", [backward_with_host_grad, backward_saving_on_cpu], ids=lambda fn: fn.__name__)
+def test_backward_placing_host_values_in_a_compiled_step_and_under_jax_jit(fn):
+    """A gradient given as host data is placed like its output, and ``save_on_cpu`` moves saved
+    values to the host: traced, both leave placement to XLA."""
+    x = np.array([0.5, 1.0, -1.5])
+
+    def run(x, traced_w):
+        w = xgrad.tensor(traced_w, requires_grad=True)
+        return fn(w, xgrad.tensor(x)).array
+
+    w = np.array([1.0, 2.0, 3.0])
+    want = run(x, w)
+    param = xgrad.tensor(w, requires_grad=True)
+    got = xgrad.compile(lambda x: fn(param, x), fallback="error")(xgrad.tensor(x))
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+    np.testing.assert_allclose(jax.jit(run)(x, w), want, rtol=1e-12)
