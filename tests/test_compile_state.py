@@ -302,3 +302,5 @@ def test_an_lr_scheduler_stepped_in_the_step_steps_at_every_call(name, first):
         assert sched.state_dict() == eager_sched.state_dict()
     assert_same([p.detach().numpy() for p in model.parameters()], [p.detach().numpy() for p in eager_model.parameters()])
     assert step.stats()["compiles"] == 1
+    # Nothing in the program reads what the scheduler sets after it: it runs after the program, no host call in it.
+    assert ("callback" in step.lower(XS[0]).as_text()) == first

@@ -66,10 +66,11 @@ class StepTrace:
         """An index range check on a traced ``index``; ``False`` if the step did not take it (as ``check``)."""
         return False
 
-    def host_effect(self, call: Callable[[], None], tensors: list[Any]) -> bool:
-        """Run ``call()``, Python with effects on plain state (an LR scheduler's ``step``), on the host at
-        this point of every call of the step, ``tensors`` (the Tensors it reads or rebinds) holding their
-        values then; what it rebinds flows on. ``False``: the caller calls it now."""
+    def host_effect(self, call: Callable[..., None], args: tuple[Any, ...], kwargs: dict[str, Any], state: list[Any]) -> bool:
+        """Run ``call(*args, **kwargs)``, Python with effects on plain state (an LR scheduler's ``step``),
+        on the host at this point of every call of the step, with the Tensors among its arguments and
+        ``state`` (the Tensors it reads or rebinds) holding their values then; what it rebinds flows on.
+        ``False``: the caller calls it now."""
         return False
 
     def final_callbacks(self) -> list[Callable[[], None]]:

@@ -6,6 +6,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from xgrad.compile_step.errors import MODULE_FORWARD_HOOKS, _NotCompilable
@@ -16,7 +17,7 @@ from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.node import AccumulateGrad, Node
 from xgrad.jax_internals import get_opaque_trace_state
 from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
-from xgrad.tensor import Tensor
+from xgrad.tensor import Tensor, is_tensor
 
 
 class _StepRecorder(_Recorder):
@@ -49,14 +50,24 @@ class _StepRecorder(_Recorder):
     def function_backward(self, node: Any, grads: list[Any]) -> list[Any] | None:
         return _function_on_host(node, grads) if self.at_step_level() else None
 
-    def host_effect(self, call: Callable[[], None], tensors: list[Any]) -> bool:
+    def host_effect(self, call: Callable[..., None], args: tuple[Any, ...], kwargs: dict[str, Any], state: list[Any]) -> bool:
         """``call`` on the host at every call (NOTE [Python state in a compiled step]); under a nested JAX transformation, now."""
         if not self.at_step_level():
             return False
-        for t in tensors:
-            self.read(t)  # a program input even if nothing in the step read it before
-            self.write(t)
-        _state_on_host(call, tensors)
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
+        given = [(i, leaf) for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
+        if self.effects_in_program:
+            for t in state:
+                self.read(t)  # a program input even if nothing in the step read it before
+                self.write(t)
+            _state_on_host(lambda: call(*args, **kwargs), state + [t for _, t in given])
+            return True
+        # After the program: the Tensors it is given are outputs, and the trace keeps none of them.
+        outputs = [(i, self.output(t._array)) for i, t in given]
+        kept = [None if isinstance(leaf, Tensor) else leaf for leaf in leaves]
+        self.effects.append((call, tree, kept, outputs))
+        self.effect_state.update(id(t) for t in state)
+        self.effect_mark = self.progress()
         return True
 
     def final_callbacks(self) -> list[Callable[[], None]]:

@@ -141,13 +141,14 @@ class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "checks", "consts", "fast_writes", "flags", "guards", "has_host_calls", "hook_box",
+        "aliased", "arg_tensor_slots", "checks", "consts", "effects", "fast_writes", "flags", "guards", "has_host_calls", "hook_box",
         "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "observers", "observing", "result_template", "result_tree", "writes",
     )
     aliased: list[list[Any]]
     arg_tensor_slots: tuple[int, ...]
     checks: tuple[tuple[Callable[[Any], BaseException], int | None, list[Any]], ...]  # error, detail's output, writes
     consts: list[tuple[str, Any]]
+    effects: list[tuple[Any, Any, list[Any], list[tuple[int, int]]]]  # host effects run after the program
     fast_writes: list[tuple[int, Any, Any, int]]  # ``writes`` as ``_apply_fast_writes`` takes them
     # A tensor's weak reference, the aval that last passed, its shape and dtype, then ``None`` for plain
     # state (no history, no requires_grad, no hooks, .grad not read: optimizer state, buffers), else
@@ -405,11 +406,14 @@ class CompiledFunction:
                 WARN_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site), CompileFallbackWarning, stacklevel=3
             )
 
-    def _compile(self, leaves: list[Any], tree: Any, observing: list[Any] | None = None) -> _Entry:
+    def _compile(
+        self, leaves: list[Any], tree: Any, observing: list[Any] | None = None, effects_in_program: bool = False,
+    ) -> _Entry:
         """Trace ``fn`` into an entry; with ``observing`` (the ops its hooks ran), its observer variant."""
         start = time.perf_counter()
         check_consts_keep_identity()  # the program's inputs are found by it (xgrad/jax_internals.py)
         recorder = _StepRecorder()
+        recorder.effects_in_program = effects_in_program
         recorder.observing = observing is not None
         recorder.learned = observing or []
         recorder.input_device = next((leaf.device for leaf in leaves if isinstance(leaf, Tensor)), None)
@@ -466,12 +470,15 @@ class CompiledFunction:
                 kept = _remove_added_hooks(recorder)
             if kept is not None:
                 raise _NotCompilable(HOOK_KEPT, kept)
+        if recorder.effects_need_program():
+            return self._compile(leaves, tree, observing, effects_in_program=True)
         entry = _Entry()
         entry.arg_tensor_slots = tuple(dyn_slots)
         entry.n_dyn_args = len(dyn_slots)
         (entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags,
          entry.host_checks) = found["layout"]
         entry.fast_writes = _fast_writes(entry.writes)
+        entry.effects = recorder.effects
         entry.guards = [_guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
         entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]
         entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
@@ -538,6 +545,12 @@ def _finish(entry: _Entry, outs: Any, leaves: list[Any]) -> Any:
         module = ref()
         if module is not None:
             object.__setattr__(module, "training", training)
+    for call, args_tree, kept, given in entry.effects:  # host effects that nothing in the program follows
+        args = list(kept)
+        for i, index in given:
+            args[i] = Tensor(outs[index])
+        call_args, call_kwargs = jax.tree_util.tree_unflatten(args_tree, args)
+        call(*call_args, **call_kwargs)
     results = []
     for how, value, grad_index in entry.result_template:
         if how == "out":

@@ -99,6 +99,15 @@ class _Recorder(StepTrace):
         # id(such a module) -> its attributes before the trace, and the contents of those that are dicts
         # (its buffers, children, hooks): a trace that raises restores them (``restore_modules``).
         self.module_attrs: dict[int, dict[str, tuple[Any, Any]]] = {}
+        # Host effects (an LR scheduler's step): traced first as run after the program, each as (its call, its
+        # arguments' tree and leaves, the Tensors among them as (leaf, output)); once the step reads or
+        # writes the state they rebind after them (``effect_crossed``), or a host call, check or observer
+        # follows them, traced again with ``effects_in_program`` (NOTE [Python state in a compiled step]).
+        self.effects_in_program = False
+        self.effects: list[tuple[Any, Any, list[Any], list[tuple[int, int]]]] = []
+        self.effect_state: set[int] = set()
+        self.effect_mark: tuple[int, ...] = ()
+        self.effect_crossed = False
         # id(a leaf's post-accumulate-grad hooks) -> whether one returned a value in this run, set on the host.
         self.post_accumulate_returned: dict[int, list[bool]] = {}
 
@@ -161,6 +170,14 @@ class _Recorder(StepTrace):
                         return f"{type(module).__name__}.{name}"
         return None
 
+    def progress(self) -> tuple[int, ...]:
+        """What an effect run after the program must not have after it: host calls, checks, observers."""
+        return self.host_calls, len(self.checks), len(self.host_checks), len(self.observers)
+
+    def effects_need_program(self) -> bool:
+        """Whether the effects traced to run after the program must run inside it instead."""
+        return bool(self.effects) and (self.effect_crossed or self.effect_mark != self.progress())
+
     def restore_modules(self) -> None:
         """Give the modules the trace saw their attributes from before it (a trace that raised leaves no tracer in them)."""
         for module_id, (ref, _) in self.modes.items():
@@ -178,6 +195,8 @@ class _Recorder(StepTrace):
                     value.update(contents)
 
     def read(self, t: Tensor) -> None:
+        if id(t) in self.effect_state:
+            self.effect_crossed = True
         array = t._array
         if isinstance(array, jax.core.Tracer) or self.is_born(t):
             return
@@ -190,6 +209,8 @@ class _Recorder(StepTrace):
             entries.append(source)
 
     def write(self, t: Tensor) -> None:
+        if id(t) in self.effect_state:
+            self.effect_crossed = True
         self.touch(t)
 
     def grad_read(self, t: Tensor) -> None:

@@ -33,7 +33,6 @@ from typing import Any
 
 from xgrad import step_trace
 from xgrad.optim.optimizer import Optimizer
-from xgrad.tensor import Tensor
 
 __all__ = [
     "ChainedScheduler", "ConstantLR", "CyclicLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "ExponentialLR", "LRScheduler",
@@ -73,8 +72,7 @@ def _at_every_call(step: Callable[..., None]) -> Callable[..., None]:
         trace = step_trace.current()
         if trace is not None:
             hyper = [t for group in self.optimizer.param_groups for t in group._tensors.values()]
-            given = [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
-            if trace.host_effect(lambda: step(self, *args, **kwargs), hyper + given):
+            if trace.host_effect(step, (self, *args), kwargs, hyper):
                 return
         step(self, *args, **kwargs)
 
