@@ -153,3 +153,23 @@ def test_backward_placing_host_values_in_a_compiled_step_and_under_jax_jit(fn):
     got = xgrad.compile(lambda x: fn(param, x), fallback="error")(xgrad.tensor(x))
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
     np.testing.assert_allclose(jax.jit(run)(x, w), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x: xgrad.nn.functional.avg_pool2d(x, 2),
+        lambda x: xgrad.nn.functional.adaptive_avg_pool2d(x, (1, 3)),
+        lambda x: xgrad.nn.functional.interpolate(x, scale_factor=2, mode="bilinear"),
+    ],
+    ids=["avg_pool2d", "adaptive_avg_pool2d", "interpolate"],
+)
+def test_ops_making_constants_on_a_sharded_input(op):
+    """An input sharded over two devices: the constants are replicated over its mesh (eagerly they sat
+    on its first device, and the op raised that two devices were mixed), and traced XLA places them."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+    values = np.random.default_rng(0).normal(size=(2, 3, 4, 6))
+    sharded = xgrad.tensor(jax.device_put(values, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))))
+    want = op(xgrad.tensor(values)).numpy()
+    np.testing.assert_allclose(op(sharded).numpy(), want, rtol=1e-12)
+    np.testing.assert_allclose(xgrad.compile(op, fallback="error")(sharded).numpy(), want, rtol=1e-12)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad import step_trace
+from xgrad.engine.node import sharding_of
 from xgrad.tensor import Tensor
 
 __all__ = [
@@ -194,14 +195,18 @@ def check_values(failed: Callable[[Any], Any], value: Any, make_error: Callable[
 
 
 def constant_like(values: Any, like: Tensor) -> Tensor:
-    """Host ``values`` as a Tensor of ``like``'s dtype, on ``like``'s device.
+    """Host ``values`` as a Tensor of ``like``'s dtype, where ``like`` is: on its device, or replicated
+    over its mesh when it is sharded.
 
     A traced ``like`` (``xgrad.compile``, ``jax.jit``) has no placement of its own: XLA
     places the program's constants with the rest of it, so the values are not moved.
     """
     array = jnp.asarray(values, like.dtype)
-    if isinstance(like._array, jax.core.Tracer):
+    sharding = sharding_of(like._array)
+    if sharding is None:
         return Tensor(array)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return Tensor(jax.device_put(array, jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())))
     return Tensor(jax.device_put(array, like.device))
 
 
