@@ -599,7 +599,11 @@ def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") ->
     Python side effects in ``fn``'s body (``print``, appending to a list) run when
     ``fn`` is traced, on the first call of each signature, not on every call, as
     under ``jax.jit`` (and once more for a signature whose hooks observe: its observer
-    variant). ``step.stats()`` returns ``{"compiles", "hits", "misses", "fallbacks",
+    variant). Python state eager re-reads at every call is not frozen (NOTE [Python
+    state in a compiled step]): an LR scheduler's ``step()`` in ``fn`` runs at every
+    call, each module's ``train()``/``eval()`` mode is guarded, and a module with
+    forward hooks not marked ``pure_hook`` makes the call run eagerly. Calls from several
+    threads trace a signature once. ``step.stats()`` returns ``{"compiles", "hits", "misses", "fallbacks",
     "variants", "compile_seconds"}``.
 
     >>> import optax, xgrad
