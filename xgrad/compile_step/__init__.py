@@ -70,6 +70,13 @@ observe, run after the program, their ops computed in it), ``writeback`` (the pr
 # keyed by graph structure; a step's is per function and keyed by its arguments) and
 # so the stats and recompile reasons (call sites and nodes there, argument leaves here).
 #
+# NOTE [Entries of one signature]
+# A call whose guards fail (a mode, a ``.grad`` set or cleared, a hook) is traced again,
+# and the new entry goes before the old ones of its signature (``_Entry.other``, at most
+# ``ENTRIES_PER_SIGNATURE``): a call tries them in turn, so a step that alternates
+# between states (``train()`` for an epoch, ``eval()`` for a validation pass) traces
+# each once. A call matching the newest entry costs what it did with one.
+#
 # NOTE [Python state in a compiled step]
 # Python state that eager re-reads at every call must not be frozen at the trace. An LR
 # scheduler's ``step()`` (``last_epoch``, its rates: plain Python) is a host effect
@@ -82,9 +89,10 @@ observe, run after the program, their ops computed in it), ``writeback`` (the pr
 # the scheduler's own Python costs 85 us). Otherwise ``fn`` is traced again with the
 # effect as one ordered host call at its place, the hyperparameter Tensors and the
 # given ones holding their values then, and the rates it sets flow on in the program to
-# an ``opt.step()`` after it. A module's mode: ``Module.__call__`` and ``train()``/``eval()`` tell the trace
-# (``module_mode``), which keeps each module's mode from before the trace as a guard
-# (``_Entry.modes``: ``eval()`` between calls is a miss, traced again) and, for the modes
+# an ``opt.step()`` after it. A module's mode: ``Module.__call__`` and ``train()``/
+# ``eval()`` tell the trace (``module_mode``), which keeps each module's mode from before
+# the trace as a guard (``_Entry.modes``: ``eval()`` between calls is a miss, traced
+# again once per mode, NOTE [Entries of one signature]) and, for the modes
 # ``fn`` itself changed, the mode after it, set again after every call
 # (``_Entry.mode_writes``). A module's forward hooks and pre-hooks would run only while
 # traced and their results may carry autograd history into the step, which a host call

@@ -54,6 +54,8 @@ __all__ = ["CompiledFunction", "compile"]
 
 #: Signatures kept per compiled function (least recently used dropped first).
 CACHE_SIZE = 64
+#: Programs kept per signature, traced under different guards (NOTE [Entries of one signature]).
+ENTRIES_PER_SIGNATURE = 4
 
 _XGRAD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__))
@@ -142,7 +144,7 @@ class _Entry:
 
     __slots__ = (
         "aliased", "arg_tensor_slots", "checks", "consts", "effects", "fast_writes", "flags", "guards", "has_host_calls", "hook_box",
-        "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "observers", "observing", "result_template", "result_tree", "writes",
+        "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers", "observing", "result_template", "result_tree", "writes",
     )
     aliased: list[list[Any]]
     arg_tensor_slots: tuple[int, ...]
@@ -157,6 +159,7 @@ class _Entry:
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
     modes: list[tuple[Any, bool]]  # the modules the trace called or put in train/eval mode, and their modes then
     mode_writes: list[tuple[Any, bool]]  # the modules whose mode the trace changed, and their modes after it
+    other: Any  # an older entry of the signature, whose guards failed when this one was traced (``None``: none)
     has_host_calls: bool  # hooks or callbacks run from inside the program
     hook_box: Any  # its hooks' ``_HookBox`` if an observer variant may stand in for it, else ``None``
     observers: list[Any]  # the observer variant's hooks, run after it in program order
@@ -263,9 +266,7 @@ class CompiledFunction:
                         self._cache[signature] = entry = _FALLBACK
                         self._fall_back(exc)
                     else:
-                        self._cache[signature] = entry
-                        if len(self._cache) > CACHE_SIZE:
-                            self._cache.popitem(last=False)
+                        self._keep(signature, entry)
         if entry is _FALLBACK:
             return self.fn(*args, **kwargs)
         return self._run(entry, leaves, tree)
@@ -276,11 +277,34 @@ class CompiledFunction:
         if entry is _FALLBACK:
             self._stats["fallbacks"] += 1
             return entry
-        if entry is not None and self._guards_hold(entry, leaves):
+        entry = self._matching(entry, leaves)
+        if entry is not None:
             self._cache.move_to_end(signature)
             self._stats["hits"] += 1
-            return entry
+        return entry
+
+    def _matching(self, entry: Any, leaves: list[Any]) -> Any:
+        """The first entry of a signature's chain (NOTE [Entries of one signature]) whose guards hold, else ``None``."""
+        while entry is not None:
+            if self._guards_hold(entry, leaves):
+                return entry
+            entry = entry.other
         return None
+
+    def _keep(self, signature: Any, entry: _Entry) -> None:
+        """Cache ``entry`` for ``signature``, before the ones traced for it under other guards (NOTE [Entries of one signature])."""
+        previous = self._cache.get(signature)
+        entry.other = None if previous is _FALLBACK else previous
+        last, depth = entry, 1
+        while last.other is not None:
+            depth += 1
+            if depth == ENTRIES_PER_SIGNATURE:
+                last.other.other = None
+                break
+            last = last.other
+        self._cache[signature] = entry
+        if len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
 
     def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
         """JAX's ``Lowered`` of the program a call with these arguments runs; nothing runs.
@@ -299,13 +323,14 @@ class CompiledFunction:
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
         signature = _signature(leaves, tree)
         with self._trace_lock:
-            entry = self._cache.get(signature)
-            if entry is _FALLBACK or entry is None or not self._guards_hold(entry, leaves):
+            cached = self._cache.get(signature)
+            entry = None if cached is _FALLBACK else self._matching(cached, leaves)
+            if entry is None:
                 try:
                     entry = self._compile(leaves, tree)
                 except _NotCompilable as exc:
                     raise CompileFallbackError(ERR_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site)) from exc
-                self._cache[signature] = entry
+                self._keep(signature, entry)
         return entry.jitted.lower(*_gather_inputs(entry, leaves))
 
     # -- hit path ----------------------------------------------------------------------
@@ -479,6 +504,7 @@ class CompiledFunction:
          entry.host_checks) = found["layout"]
         entry.fast_writes = _fast_writes(entry.writes)
         entry.effects = recorder.effects
+        entry.other = None
         entry.guards = [_guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
         entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]
         entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
