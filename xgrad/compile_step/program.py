@@ -143,8 +143,9 @@ class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "checks", "consts", "effects", "fast_writes", "flags", "guards", "has_host_calls", "hook_box",
-        "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers", "observing", "result_template", "result_tree", "writes",
+        "aliased", "arg_tensor_slots", "checks", "consts", "effects", "fast_writes", "flags", "guards", "has_host_calls",
+        "hook_box", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
+        "observing", "result_template", "result_tree", "writes",
     )
     aliased: list[list[Any]]
     arg_tensor_slots: tuple[int, ...]
