@@ -28,7 +28,15 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["StepTrace", "array_of", "current", "outside", "tracing_step"]
+import jax
+
+__all__ = ["StepTrace", "array_of", "current", "default_device", "outside", "tracing_step"]
+
+
+def default_device() -> Any:
+    """The device JAX puts new arrays on (``jax.default_device``, else the first device)."""
+    device = getattr(jax.config, "jax_default_device", None)
+    return device if isinstance(device, jax.Device) else jax.devices()[0]
 
 
 class StepTrace:
@@ -58,13 +66,31 @@ class StepTrace:
         """An index range check on a traced ``index``; ``False`` if the step did not take it (as ``check``)."""
         return False
 
+    def host_effect(self, call: Callable[..., None], args: tuple[Any, ...], kwargs: dict[str, Any], state: list[Any]) -> bool:
+        """Run ``call(*args, **kwargs)``, Python with effects on plain state (an LR scheduler's ``step``),
+        on the host at this point of every call of the step, with the Tensors among its arguments and
+        ``state`` (the Tensors it reads or rebinds) holding their values then; what it rebinds flows on.
+        ``False``: the caller calls it now."""
+        return False
+
     def final_callbacks(self) -> list[Callable[[], None]]:
         """The list a backward traced in the step queues its final callbacks on."""
         return []
 
+    def device(self) -> Any:
+        """The ``jax.Device`` a traced value's ``Tensor.device`` names (XLA places traced values)."""
+        return default_device()
+
     def at_step_level(self) -> bool:
         """Whether the innermost JAX trace now is the step's own (not a ``jax.jit``/``vmap`` nested in it)."""
         return False
+
+    def module_mode(self, module: Any) -> None:
+        """``module.training`` is about to be read (the module is called) or set (``train()``/``eval()``)."""
+
+    def module_called(self, module: Any) -> None:
+        """``module`` is called: its mode is read, and its forward hooks and pre-hooks would run."""
+        self.module_mode(module)
 
     def made(self, t: Any) -> None:
         """The tensor ``t`` was made while the step is traced (it is none of the step's state)."""

@@ -25,6 +25,16 @@ HOOK_KEPT = (
     "call, and they pile up); register it once outside the function, or remove its handle inside it"
 )
 
+MODULE_FORWARD_HOOKS = (
+    "{module} has forward hooks or forward pre-hooks, which eager runs at every call and a compiled step only when it "
+    "is traced; mark them xgrad.autograd.compiled.pure_hook if they are traceable and have no effects of their own"
+)
+
+MODULE_ATTRIBUTE_TRACED = (
+    "{name} was set to a tensor the function computed, Python state a program cannot write back (it would hold a "
+    "value of the trace); return the tensor from the function instead"
+)
+
 
 class CompileFallbackWarning(UserWarning):
     """A call of an ``xgrad.compile`` function ran eagerly (the warning says why and where)."""

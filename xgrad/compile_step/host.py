@@ -21,7 +21,7 @@ from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.compiled.key import traced_function
 from xgrad.engine.compiled.lower import _FunctionRules
 from xgrad.engine.function import FunctionCtx, FunctionNode
-from xgrad.engine.node import Edge, InputMetadata, current_task
+from xgrad.engine.node import ERR_POST_ACCUMULATE_RESULT, Edge, InputMetadata, current_task
 from xgrad.engine.validate import validate_outputs
 from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.jax_internals import io_callback
@@ -61,7 +61,7 @@ def _host_hook(fn: Any, hooks: Any) -> Any:
     def call(*args: Any) -> Any:
         graph_task = _host_graph_task()
         if len(args) == 1 and isinstance(args[0], Tensor) and args[0]._post_accumulate_grad_hooks is hooks:
-            return _post_accumulate_on_host(fn, args[0], graph_task)
+            return _post_accumulate_on_host(fn, args[0], graph_task, hooks)
         return _replacing_hook_on_host(fn, args, graph_task)
 
     return call
@@ -113,9 +113,27 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
     return replaced
 
 
-def _post_accumulate_on_host(fn: Any, var: Tensor, graph_task: Any) -> None:
-    """A post-accumulate-grad hook: run on the real leaf with concrete values; what it rebinds flows on."""
-    _state_on_host(lambda: _in_backward(graph_task, fn, var), [var], reports=graph_task)
+def _post_accumulate_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) -> None:
+    """A post-accumulate-grad hook: run on the real leaf with concrete values; what it rebinds flows on.
+
+    As eagerly (``run_post_accumulate_grad_hooks``), every hook of ``var`` runs, then the
+    last one raises if any returned a value: the hooks of one run share a flag on the host.
+    """
+    rec = recording.active()
+    assert rec is not None
+    order = list(hooks.values())
+    first, last = fn is order[0], fn is order[-1]
+    returned = rec.post_accumulate_returned.setdefault(id(hooks), [False])
+
+    def call() -> None:
+        if first:
+            returned[0] = False
+        if _in_backward(graph_task, fn, var) is not None:
+            returned[0] = True
+        if last and returned[0]:
+            raise RuntimeError(ERR_POST_ACCUMULATE_RESULT)
+
+    _state_on_host(call, [var], reports=graph_task)
 
 
 def _state_on_host(

@@ -6,16 +6,18 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
-from xgrad.compile_step.host import _function_on_host, _host_hook, _TracedCallbacks
+from xgrad.compile_step.errors import MODULE_FORWARD_HOOKS, _NotCompilable
+from xgrad.compile_step.host import _function_on_host, _host_hook, _state_on_host, _TracedCallbacks
 from xgrad.compile_step.recording import _Check, _Recorder
 from xgrad.compile_step.writeback import _state_writes
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.node import AccumulateGrad, Node
 from xgrad.jax_internals import get_opaque_trace_state
 from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
-from xgrad.tensor import Tensor
+from xgrad.tensor import Tensor, is_tensor
 
 
 class _StepRecorder(_Recorder):
@@ -34,8 +36,39 @@ class _StepRecorder(_Recorder):
             outlives = isinstance(owner, Node) and owner.sequence_nr < self.first_sequence_nr
         self.added_hooks.append((weakref.ref(hooks), handle.id, call_site(), outlives))
 
+    def module_called(self, module: Any) -> None:
+        """Guard on the module's mode (NOTE [Python state in a compiled step]); refuse its forward hooks unless pure."""
+        from xgrad.autograd.compiled import PureHook
+        from xgrad.nn.hooks import _global_forward_hooks, _global_forward_pre_hooks
+
+        self.module_mode(module)
+        hooks = (*module._forward_pre_hooks.values(), *module._forward_hooks.values(),
+                 *_global_forward_pre_hooks.values(), *_global_forward_hooks.values())
+        if not all(isinstance(hook, PureHook) for hook in hooks):
+            raise _NotCompilable(MODULE_FORWARD_HOOKS.format(module=type(module).__name__), call_site())
+
     def function_backward(self, node: Any, grads: list[Any]) -> list[Any] | None:
         return _function_on_host(node, grads) if self.at_step_level() else None
+
+    def host_effect(self, call: Callable[..., None], args: tuple[Any, ...], kwargs: dict[str, Any], state: list[Any]) -> bool:
+        """``call`` on the host at every call (NOTE [Python state in a compiled step]); under a nested JAX transformation, now."""
+        if not self.at_step_level():
+            return False
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
+        given = [(i, leaf) for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
+        if self.effects_in_program:
+            for t in state:
+                self.read(t)  # a program input even if nothing in the step read it before
+                self.write(t)
+            _state_on_host(lambda: call(*args, **kwargs), state + [t for _, t in given])
+            return True
+        # After the program: the Tensors it is given are outputs, and the trace keeps none of them.
+        outputs = [(i, self.output(t._array)) for i, t in given]
+        kept = [None if isinstance(leaf, Tensor) else leaf for leaf in leaves]
+        self.effects.append((call, tree, kept, outputs))
+        self.effect_state.update(id(t) for t in state)
+        self.effect_mark = self.progress()
+        return True
 
     def final_callbacks(self) -> list[Callable[[], None]]:
         return _TracedCallbacks()

@@ -6,6 +6,7 @@ import collections
 import dis
 import functools
 import os
+import threading
 import time
 import warnings
 import weakref
@@ -18,6 +19,7 @@ import numpy as np
 from xgrad.compile_step.errors import (
     ERR_FALLBACK,
     HOOK_KEPT,
+    MODULE_ATTRIBUTE_TRACED,
     WARN_FALLBACK,
     WARN_REBINDS,
     WARN_RECOMPILE,
@@ -52,6 +54,8 @@ __all__ = ["CompiledFunction", "compile"]
 
 #: Signatures kept per compiled function (least recently used dropped first).
 CACHE_SIZE = 64
+#: Programs kept per signature, traced under different guards (NOTE [Entries of one signature]).
+ENTRIES_PER_SIGNATURE = 4
 
 _XGRAD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__))
@@ -139,19 +143,24 @@ class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "checks", "consts", "fast_writes", "flags", "guards", "has_host_calls", "hook_box",
-        "host_checks", "inputs", "jitted", "n_dyn_args", "observers", "observing", "result_template", "result_tree", "writes",
+        "aliased", "arg_tensor_slots", "checks", "consts", "effects", "fast_writes", "flags", "guards", "has_host_calls",
+        "hook_box", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
+        "observing", "result_template", "result_tree", "writes",
     )
     aliased: list[list[Any]]
     arg_tensor_slots: tuple[int, ...]
     checks: tuple[tuple[Callable[[Any], BaseException], int | None, list[Any]], ...]  # error, detail's output, writes
     consts: list[tuple[str, Any]]
+    effects: list[tuple[Any, Any, list[Any], list[tuple[int, int]]]]  # host effects run after the program
     fast_writes: list[tuple[int, Any, Any, int]]  # ``writes`` as ``_apply_fast_writes`` takes them
     # A tensor's weak reference, the aval that last passed, its shape and dtype, then ``None`` for plain
     # state (no history, no requires_grad, no hooks, .grad not read: optimizer state, buffers), else
     # whether its .grad was read and the rest of ``_expected``.
     guards: list[list[Any]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
+    modes: list[tuple[Any, bool]]  # the modules the trace called or put in train/eval mode, and their modes then
+    mode_writes: list[tuple[Any, bool]]  # the modules whose mode the trace changed, and their modes after it
+    other: Any  # an older entry of the signature, whose guards failed when this one was traced (``None``: none)
     has_host_calls: bool  # hooks or callbacks run from inside the program
     hook_box: Any  # its hooks' ``_HookBox`` if an observer variant may stand in for it, else ``None``
     observers: list[Any]  # the observer variant's hooks, run after it in program order
@@ -182,7 +191,7 @@ def _describe_change(old: Any, new: Any) -> str:
         return "which arguments are the same tensor changed"
     if old_mode != new_mode:
         return f"grad mode changed from {old_mode[0]} to {new_mode[0]}"
-    return "the state fn reads (a .grad set or cleared, requires_grad, hooks, or a shape)"
+    return "the state fn reads (a .grad set or cleared, requires_grad, hooks, a shape, or a module's train/eval mode)"
 
 
 def _describe_leaf(key: Any) -> str:
@@ -222,6 +231,7 @@ class CompiledFunction:
         self._warned_sites: set[str] = set()
         self._last_signature: Any = None
         self._recompile_warned = False
+        self._trace_lock = threading.RLock()
         functools.update_wrapper(self, fn)
 
     def stats(self) -> dict[str, Any]:
@@ -242,28 +252,60 @@ class CompiledFunction:
         if any(isinstance(leaf, jax.core.Tracer) or (isinstance(leaf, Tensor) and isinstance(leaf._array, jax.core.Tracer)) for leaf in leaves):
             return self.fn(*args, **kwargs)  # under a plain jax transformation: part of its trace
         signature = _signature(leaves, tree)
+        entry = self._cached(signature, leaves)
+        if entry is None:
+            with self._trace_lock:  # NOTE [One trace at a time]
+                entry = self._cached(signature, leaves)  # traced by another thread meanwhile: a hit
+                if entry is None:
+                    self._stats["misses"] += 1
+                    self._note_miss(signature)
+                    if self._stats["misses"] == 1:
+                        _warn_rebinds(self.fn, self._name())
+                    try:
+                        entry = self._compile(leaves, tree)
+                    except _NotCompilable as exc:
+                        self._cache[signature] = entry = _FALLBACK
+                        self._fall_back(exc)
+                    else:
+                        self._keep(signature, entry)
+        if entry is _FALLBACK:
+            return self.fn(*args, **kwargs)
+        return self._run(entry, leaves, tree)
+
+    def _cached(self, signature: Any, leaves: list[Any]) -> Any:
+        """The cached entry (or ``_FALLBACK``) this call runs, counted; ``None``: a miss."""
         entry = self._cache.get(signature)
         if entry is _FALLBACK:
             self._stats["fallbacks"] += 1
-            return self.fn(*args, **kwargs)
-        if entry is not None and self._guards_hold(entry, leaves):
+            return entry
+        entry = self._matching(entry, leaves)
+        if entry is not None:
             self._cache.move_to_end(signature)
             self._stats["hits"] += 1
-            return self._run(entry, leaves, tree)
-        self._stats["misses"] += 1
-        self._note_miss(signature)
-        if self._stats["misses"] == 1:
-            _warn_rebinds(self.fn, self._name())
-        try:
-            entry = self._compile(leaves, tree)
-        except _NotCompilable as exc:
-            self._cache[signature] = _FALLBACK
-            self._fall_back(exc)
-            return self.fn(*args, **kwargs)
+        return entry
+
+    def _matching(self, entry: Any, leaves: list[Any]) -> Any:
+        """The first entry of a signature's chain (NOTE [Entries of one signature]) whose guards hold, else ``None``."""
+        while entry is not None:
+            if self._guards_hold(entry, leaves):
+                return entry
+            entry = entry.other
+        return None
+
+    def _keep(self, signature: Any, entry: _Entry) -> None:
+        """Cache ``entry`` for ``signature``, before the ones traced for it under other guards (NOTE [Entries of one signature])."""
+        previous = self._cache.get(signature)
+        entry.other = None if previous is _FALLBACK else previous
+        last, depth = entry, 1
+        while last.other is not None:
+            depth += 1
+            if depth == ENTRIES_PER_SIGNATURE:
+                last.other.other = None
+                break
+            last = last.other
         self._cache[signature] = entry
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
-        return self._run(entry, leaves, tree)
 
     def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
         """JAX's ``Lowered`` of the program a call with these arguments runs; nothing runs.
@@ -281,13 +323,15 @@ class CompiledFunction:
         """
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
         signature = _signature(leaves, tree)
-        entry = self._cache.get(signature)
-        if entry is _FALLBACK or entry is None or not self._guards_hold(entry, leaves):
-            try:
-                entry = self._compile(leaves, tree)
-            except _NotCompilable as exc:
-                raise CompileFallbackError(ERR_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site)) from exc
-            self._cache[signature] = entry
+        with self._trace_lock:
+            cached = self._cache.get(signature)
+            entry = None if cached is _FALLBACK else self._matching(cached, leaves)
+            if entry is None:
+                try:
+                    entry = self._compile(leaves, tree)
+                except _NotCompilable as exc:
+                    raise CompileFallbackError(ERR_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site)) from exc
+                self._keep(signature, entry)
         return entry.jitted.lower(*_gather_inputs(entry, leaves))
 
     # -- hit path ----------------------------------------------------------------------
@@ -322,6 +366,10 @@ class CompiledFunction:
                 if a.shape != shape or a.dtype != dtype:
                     return False
                 guard[1] = found_aval
+        for ref, training in entry.modes:
+            module = ref()
+            if module is not None and module.training != training:
+                return False
         for refs in entry.aliased:
             values = [_source_value(s, leaves) for s in refs]
             if any(v is not values[0] for v in values[1:]):
@@ -354,7 +402,8 @@ class CompiledFunction:
     def _observer_variant(self, entry: _Entry, leaves: list[Any], tree: Any) -> Any:
         """``fn`` traced with its hooks as outputs of the program, run after it; ``_NO_VARIANT`` if a host call stays."""
         try:
-            variant = self._compile(leaves, tree, observing=entry.hook_box.learned)
+            with self._trace_lock:
+                variant = self._compile(leaves, tree, observing=entry.hook_box.learned)
         except Exception:  # ``fn``'s Python, traced once more, took another road: the exact program stays
             return _NO_VARIANT
         return _NO_VARIANT if variant.has_host_calls else variant
@@ -383,13 +432,17 @@ class CompiledFunction:
                 WARN_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site), CompileFallbackWarning, stacklevel=3
             )
 
-    def _compile(self, leaves: list[Any], tree: Any, observing: list[Any] | None = None) -> _Entry:
+    def _compile(
+        self, leaves: list[Any], tree: Any, observing: list[Any] | None = None, effects_in_program: bool = False,
+    ) -> _Entry:
         """Trace ``fn`` into an entry; with ``observing`` (the ops its hooks ran), its observer variant."""
         start = time.perf_counter()
         check_consts_keep_identity()  # the program's inputs are found by it (xgrad/jax_internals.py)
         recorder = _StepRecorder()
+        recorder.effects_in_program = effects_in_program
         recorder.observing = observing is not None
         recorder.learned = observing or []
+        recorder.input_device = next((leaf.device for leaf in leaves if isinstance(leaf, Tensor)), None)
         dyn_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array, np.ndarray))]
         dyn_values = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in dyn_slots]
         found: dict[str, Any] = {}
@@ -424,11 +477,17 @@ class CompiledFunction:
         with tracing_step(recorder):  # this context's trace: another thread may trace another step meanwhile
             try:
                 closed = jax.make_jaxpr(traced)(*dyn_values)
-            except TRACER_ERRORS as exc:
-                raise _NotCompilable(
-                    "Python needs a concrete value here (.item(), .numpy(), bool() or int() of a tensor, a boolean mask)",
-                    _user_site(exc.__traceback__),
-                ) from exc
+                leaked = recorder.traced_attribute()
+                if leaked is not None:
+                    raise _NotCompilable(MODULE_ATTRIBUTE_TRACED.format(name=leaked), "the call")
+            except BaseException as exc:
+                recorder.restore_modules()  # as the tensors below: nothing of a failed trace stays (NOTE [One trace at a time])
+                if isinstance(exc, TRACER_ERRORS):
+                    raise _NotCompilable(
+                        "Python needs a concrete value here (.item(), .numpy(), bool() or int() of a tensor, a boolean mask)",
+                        _user_site(exc.__traceback__),
+                    ) from exc
+                raise
             finally:
                 for snap in recorder.snapshots.values():
                     t = snap.ref()
@@ -437,13 +496,19 @@ class CompiledFunction:
                 kept = _remove_added_hooks(recorder)
             if kept is not None:
                 raise _NotCompilable(HOOK_KEPT, kept)
+        if recorder.effects_need_program():
+            return self._compile(leaves, tree, observing, effects_in_program=True)
         entry = _Entry()
         entry.arg_tensor_slots = tuple(dyn_slots)
         entry.n_dyn_args = len(dyn_slots)
         (entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags,
          entry.host_checks) = found["layout"]
         entry.fast_writes = _fast_writes(entry.writes)
+        entry.effects = recorder.effects
+        entry.other = None
         entry.guards = [_guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
+        entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]
+        entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
         consts: list[tuple[str, Any]] = []
         for c in closed.consts:
             live = [s for s in recorder.sources.get(id(c), ()) if _resolve(s, leaves) is not None]
@@ -503,6 +568,16 @@ def _run_program(entry: _Entry, leaves: list[Any]) -> Any:
 def _finish(entry: _Entry, outs: Any, leaves: list[Any]) -> Any:
     """Write back a call's state and build its results."""
     _apply_fast_writes(entry.fast_writes, outs, leaves)
+    for ref, training in entry.mode_writes:  # what ``train()``/``eval()`` in ``fn`` did
+        module = ref()
+        if module is not None:
+            object.__setattr__(module, "training", training)
+    for call, args_tree, kept, given in entry.effects:  # host effects that nothing in the program follows
+        args = list(kept)
+        for i, index in given:
+            args[i] = Tensor(outs[index])
+        call_args, call_kwargs = jax.tree_util.tree_unflatten(args_tree, args)
+        call(*call_args, **call_kwargs)
     results = []
     for how, value, grad_index in entry.result_template:
         if how == "out":
@@ -551,7 +626,11 @@ def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") ->
     Python side effects in ``fn``'s body (``print``, appending to a list) run when
     ``fn`` is traced, on the first call of each signature, not on every call, as
     under ``jax.jit`` (and once more for a signature whose hooks observe: its observer
-    variant). ``step.stats()`` returns ``{"compiles", "hits", "misses", "fallbacks",
+    variant). Python state eager re-reads at every call is not frozen (NOTE [Python
+    state in a compiled step]): an LR scheduler's ``step()`` in ``fn`` runs at every
+    call, each module's ``train()``/``eval()`` mode is guarded, and a module with
+    forward hooks not marked ``pure_hook`` makes the call run eagerly. Calls from several
+    threads trace a signature once. ``step.stats()`` returns ``{"compiles", "hits", "misses", "fallbacks",
     "variants", "compile_seconds"}``.
 
     >>> import optax, xgrad

@@ -72,6 +72,7 @@ class _Recorder(StepTrace):
         # (By id: a WeakSet would compare tensors with ``==``, an op.)
         self.born: dict[int, weakref.ref[Tensor]] = {}
         self.trace: Any = None  # the step's own trace level (set once ``fn`` is called)
+        self.input_device: Any = None  # the device of the step's first Tensor argument, if it has one
         self.outputs: list[Any] = []  # the program's outputs, each once (``output``)
         self.output_index: dict[int, int] = {}
         self.checks: list[_Check] = []
@@ -93,6 +94,22 @@ class _Recorder(StepTrace):
         self.queued: dict[int, list[Any]] = {}  # id(a stand-in) -> traced flags: callbacks wait on it
         # What host calls raised, kept until the call raises it again (NOTE [Checks in a compiled step]).
         self.host_errors: list[BaseException] = []
+        # id(a module called or put in train/eval mode) -> (its weak reference, its mode before the trace).
+        self.modes: dict[int, tuple[weakref.ref[Any], bool]] = {}
+        # id(such a module) -> its attributes before the trace, and the contents of those that are dicts
+        # (its buffers, children, hooks): a trace that raises restores them (``restore_modules``).
+        self.module_attrs: dict[int, dict[str, tuple[Any, Any]]] = {}
+        # Host effects (an LR scheduler's step): traced first as run after the program, each as (its call, its
+        # arguments' tree and leaves, the Tensors among them as (leaf, output)); once the step reads or
+        # writes the state they rebind after them (``effect_crossed``), or a host call, check or observer
+        # follows them, traced again with ``effects_in_program`` (NOTE [Python state in a compiled step]).
+        self.effects_in_program = False
+        self.effects: list[tuple[Any, Any, list[Any], list[tuple[int, int]]]] = []
+        self.effect_state: set[int] = set()
+        self.effect_mark: tuple[int, ...] = ()
+        self.effect_crossed = False
+        # id(a leaf's post-accumulate-grad hooks) -> whether one returned a value in this run, set on the host.
+        self.post_accumulate_returned: dict[int, list[bool]] = {}
 
     def output(self, value: Any) -> int:
         """The position of ``value`` among the program's outputs (added on first use)."""
@@ -123,10 +140,63 @@ class _Recorder(StepTrace):
                 snap.target = ("grad", self.snapshots[id(owner)].target)
 
     # -- what the seam reports (``StepTrace``) -----------------------------------------
+    def device(self) -> Any:
+        return self.input_device or step_trace.default_device()
+
     def made(self, t: Tensor) -> None:
         self.born[id(t)] = weakref.ref(t)
 
+    def module_mode(self, module: Any) -> None:
+        if id(module) not in self.modes:
+            self.modes[id(module)] = (weakref.ref(module), module.training)
+            self.module_attrs[id(module)] = {
+                key: (value, dict(value) if isinstance(value, dict) else None) for key, value in vars(module).items()
+            }
+
+    def traced_attribute(self) -> str | None:
+        """A module attribute (or buffer, child) the trace set to a Tensor holding one of its tracers, named; else ``None``."""
+        for module_id, (ref, _) in self.modes.items():
+            module = ref()
+            if module is None:
+                continue
+            attrs = self.module_attrs[module_id]
+            for key, value in vars(module).items():
+                before, contents = attrs.get(key, (None, None))
+                found = [(key, value)] if value is not before else []
+                if isinstance(value, dict) and contents is not None:
+                    found += [(k, v) for k, v in value.items() if contents.get(k) is not v]
+                for name, new in found:
+                    if isinstance(new, Tensor) and isinstance(new._array, jax.core.Tracer):
+                        return f"{type(module).__name__}.{name}"
+        return None
+
+    def progress(self) -> tuple[int, ...]:
+        """What an effect run after the program must not have after it: host calls, checks, observers."""
+        return self.host_calls, len(self.checks), len(self.host_checks), len(self.observers)
+
+    def effects_need_program(self) -> bool:
+        """Whether the effects traced to run after the program must run inside it instead."""
+        return bool(self.effects) and (self.effect_crossed or self.effect_mark != self.progress())
+
+    def restore_modules(self) -> None:
+        """Give the modules the trace saw their attributes from before it (a trace that raised leaves no tracer in them)."""
+        for module_id, (ref, _) in self.modes.items():
+            module = ref()
+            if module is None:
+                continue
+            attrs = self.module_attrs[module_id]
+            current = vars(module)
+            for key in [k for k in current if k not in attrs]:
+                del current[key]
+            for key, (value, contents) in attrs.items():
+                current[key] = value
+                if contents is not None:
+                    value.clear()
+                    value.update(contents)
+
     def read(self, t: Tensor) -> None:
+        if id(t) in self.effect_state:
+            self.effect_crossed = True
         array = t._array
         if isinstance(array, jax.core.Tracer) or self.is_born(t):
             return
@@ -139,6 +209,8 @@ class _Recorder(StepTrace):
             entries.append(source)
 
     def write(self, t: Tensor) -> None:
+        if id(t) in self.effect_state:
+            self.effect_crossed = True
         self.touch(t)
 
     def grad_read(self, t: Tensor) -> None:

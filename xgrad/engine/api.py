@@ -115,7 +115,8 @@ def _make_grads(outputs: Sequence[Tensor], grads: Sequence[Any]) -> list[Tensor]
             g = Tensor(jnp.asarray(g, dtype=out._array.dtype))
         elif not isinstance(g, Tensor):
             # Host data (lists, scalars, NumPy) is placed where the output lives.
-            g = Tensor(jax.device_put(np.asarray(g, dtype=out._array.dtype), out._array.sharding))
+            host, sharding = np.asarray(g, dtype=out._array.dtype), sharding_of(out._array)
+            g = Tensor(jnp.asarray(host) if sharding is None else jax.device_put(host, sharding))  # traced: XLA places it
         if g._array.shape != out._array.shape:
             raise RuntimeError(
                 f"Mismatch in shape: grad_output[{i}] has a shape of {list(g._array.shape)} and "

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from xgrad.engine.node import current_task, grad_accumulator
+from xgrad.engine.node import current_task, grad_accumulator, sharding_of
 from xgrad.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -123,11 +123,14 @@ class save_on_cpu(saved_tensors_hooks):
         cpu = jax.devices("cpu")[0]
 
         def pack(t: Tensor) -> tuple[Any, jax.Array]:
-            return t._array.sharding, jax.device_put(t._array, cpu)
+            sharding = sharding_of(t._array)
+            if sharding is None:  # traced (xgrad.compile, jax.jit): XLA places the program's values
+                return None, t._array
+            return sharding, jax.device_put(t._array, cpu)
 
         def unpack(packed: tuple[Any, jax.Array]) -> Tensor:
             sharding, array = packed
-            return Tensor(jax.device_put(array, sharding))
+            return Tensor(array if sharding is None else jax.device_put(array, sharding))
 
         super().__init__(pack, unpack)
 

@@ -13,8 +13,9 @@
 # backward hooks with ``(module, grad_input, grad_output)``. That is PyTorch's
 # ``torch.utils.hooks.BackwardHook``; because the hooks are node hooks, the compiled
 # backward and ``xgrad.compile`` run them at their point on concrete values as any other
-# node hook. Forward hooks are plain Python in the forward, so under ``xgrad.compile``
-# they run when the step is traced, like the rest of the forward.
+# node hook. Forward hooks are plain Python in the forward: under ``xgrad.compile``
+# those marked ``pure_hook`` are traced in, and others make the step run eagerly (NOTE
+# [Python state in a compiled step]), so they run at every call.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from xgrad.grads import clear_grads
 from xgrad.nn.hooks import HOOK_DICTS, ModuleHooks
 from xgrad.nn.module_placement import ModulePlacement
 from xgrad.nn.module_pytree import register_module_pytree
+from xgrad.step_trace import current as current_step
 from xgrad.tensor import Tensor
 
 ERR_PLAIN_TENSOR_ATTRIBUTE = (
@@ -199,6 +200,9 @@ class Module(ModuleHooks, ModulePlacement):
         register_module_pytree(cls)  # NOTE [Module as a pytree]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        trace = current_step()
+        if trace is not None:  # NOTE [The step-trace seam]: the mode and hooks a compiled step depends on
+            trace.module_called(self)
         if self._has_hooks():
             return self._call_with_hooks(args, kwargs)
         return self.forward(*args, **kwargs)
@@ -454,7 +458,10 @@ class Module(ModuleHooks, ModulePlacement):
         """Set training mode (``Dropout`` active, ``BatchNorm`` on batch statistics) here and below."""
         if not isinstance(mode, bool):
             raise ValueError("training mode is expected to be boolean")
+        trace = current_step()
         for module in self.modules():
+            if trace is not None:
+                trace.module_mode(module)
             object.__setattr__(module, "training", mode)
         return self
 

@@ -13,11 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad import step_trace
+from xgrad.engine.node import sharding_of
 from xgrad.tensor import Tensor
 
 __all__ = [
     "IndexOutOfRangeError", "as_array", "canonical_dim", "check_index_range", "check_nonnegative_shape", "check_values",
-    "inplace_or_not", "legacy_reduction", "norm_axes",
+    "constant_like", "inplace_or_not", "legacy_reduction", "norm_axes",
     "nondiff", "reduce_loss",
 ]
 
@@ -191,6 +192,22 @@ def check_values(failed: Callable[[Any], Any], value: Any, make_error: Callable[
         array = np.asarray(array)
     if bool(failed(array)):
         raise make_error()
+
+
+def constant_like(values: Any, like: Tensor) -> Tensor:
+    """Host ``values`` as a Tensor of ``like``'s dtype, where ``like`` is: on its device, or replicated
+    over its mesh when it is sharded.
+
+    A traced ``like`` (``xgrad.compile``, ``jax.jit``) has no placement of its own: XLA
+    places the program's constants with the rest of it, so the values are not moved.
+    """
+    array = jnp.asarray(values, like.dtype)
+    sharding = sharding_of(like._array)
+    if sharding is None:
+        return Tensor(array)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return Tensor(jax.device_put(array, jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())))
+    return Tensor(jax.device_put(array, like.device))
 
 
 def as_array(x: Any) -> Any:

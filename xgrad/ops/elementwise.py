@@ -461,7 +461,7 @@ def to_device(x: Tensor, device: Any) -> Tensor:
     target = resolve_device(device)
     if not isinstance(target, jax.sharding.Sharding):
         target = jax.sharding.SingleDeviceSharding(target)
-    return to_device_(x, sharding=target, source=x._array.sharding)
+    return to_device_(x, sharding=target, source=sharding_of(x._array))
 
 
 

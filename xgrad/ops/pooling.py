@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad.ops import shape_rules
+from xgrad.ops._util import constant_like
 from xgrad.ops.index import gather
 from xgrad.ops.jaxop import vjp_of
 from xgrad.ops.registry import defprim
@@ -293,7 +294,7 @@ def _avg_pool(
         divisor = np.ones((), np.float64)
         for args in zip(sizes, out, kernel, strides, pad, strict=True):
             divisor = np.multiply.outer(divisor, _avg_divisor(*args, count_include_pad))
-        result = summed / Tensor(jax.device_put(jnp.asarray(divisor, x.dtype), x.device))
+        result = summed / constant_like(divisor, x)
     result = tie_to_input(result, x)
     return result.squeeze(0) if unbatched else result
 
@@ -347,12 +348,12 @@ def _adaptive_input(x: Tensor, n_spatial: int, name: str) -> tuple[Tensor, bool]
     return (x.unsqueeze(0), True) if x.ndim == n_spatial + 1 else (x, False)
 
 
-def _averaging_matrix(size: int, out: int, dtype: Any, device: Any) -> Tensor:
+def _averaging_matrix(size: int, out: int, like: Tensor) -> Tensor:
     start, end = _adaptive_bounds(size, out)
     cols = np.arange(size)[None, :]
     inside = (cols >= start[:, None]) & (cols < end[:, None])
     matrix = inside / np.maximum(end - start, 1)[:, None]
-    return Tensor(jax.device_put(jnp.asarray(matrix, dtype), device))
+    return constant_like(matrix, like)
 
 
 def _adaptive_avg_pool(x: Tensor, output_size: Any, n_spatial: int) -> Tensor:
@@ -361,10 +362,10 @@ def _adaptive_avg_pool(x: Tensor, output_size: Any, n_spatial: int) -> Tensor:
     shape_rules.check_float(x, name)
     out = _adaptive_sizes(output_size, x.shape[2:], name)
     if n_spatial == 1:
-        result = x @ _averaging_matrix(x.shape[2], out[0], x.dtype, x.device).mT
+        result = x @ _averaging_matrix(x.shape[2], out[0], x).mT
     else:
-        rows = _averaging_matrix(x.shape[2], out[0], x.dtype, x.device)
-        result = rows @ x @ _averaging_matrix(x.shape[3], out[1], x.dtype, x.device).mT
+        rows = _averaging_matrix(x.shape[2], out[0], x)
+        result = rows @ x @ _averaging_matrix(x.shape[3], out[1], x).mT
     result = tie_to_input(result, x)
     return result.squeeze(0) if unbatched else result
 

@@ -12,11 +12,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from xgrad.ops import shape_rules
+from xgrad.ops._util import constant_like
 from xgrad.ops.pooling import adaptive_avg_pool1d, adaptive_avg_pool2d
 from xgrad.tensor import Tensor
 
@@ -131,6 +130,6 @@ def interpolate(
         lo = np.minimum(np.floor(pos).astype(np.int64), n_in - 1)
         hi = np.minimum(lo + 1, n_in - 1)
         frac_shape = (n_out,) + (1,) * (input.ndim - 1 - axis)
-        frac = Tensor(jax.device_put(jnp.asarray((pos - lo).reshape(frac_shape), dtype=input.dtype), input.device))
+        frac = constant_like((pos - lo).reshape(frac_shape), input)
         out = _take(out, axis, lo) * (1 - frac) + _take(out, axis, hi) * frac
     return out

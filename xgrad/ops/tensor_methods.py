@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xgrad.engine.node import sharding_of
 from xgrad.generator import KeyState, next_key
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.ops.elementwise import astype, to_device, where
@@ -117,7 +118,7 @@ def to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
     for a in args:
         if isinstance(a, Tensor):  # .to(other): other's dtype and device
-            dtype, target = a.dtype, a.sharding if a.shape == self.shape else a.device
+            dtype, target = a.dtype, (sharding_of(a._array) if a.shape == self.shape else None) or a.device
         elif isinstance(a, str) or hasattr(a, "platform") or hasattr(a, "device_set"):
             target = a
         elif a is not None and not isinstance(a, bool):  # non_blocking/copy given positionally
@@ -130,8 +131,9 @@ def to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         from xgrad.creation import resolve_device
 
         resolved = resolve_device(target)
-        current = self._array.sharding
-        if resolved not in current.device_set and resolved != current:
+        current = sharding_of(self._array)
+        # A traced array (``current is None``) is where the step's inputs are (``Tensor.device``).
+        if (resolved != self.device) if current is None else (resolved not in current.device_set and resolved != current):
             out = to_device(out, resolved)
     return out
 

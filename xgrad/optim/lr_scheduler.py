@@ -2,7 +2,8 @@
 
 A scheduler sets ``group["lr"]`` of each parameter group of an ``xgrad.optim.Optimizer``;
 the next ``optimizer.step()`` reads it without a recompile (NOTE [PyTorch optimizers]
-in ``optimizer.py``), also inside ``xgrad.compile``. The rates follow PyTorch's
+in ``optimizer.py``), also inside ``xgrad.compile``, where a ``step()`` inside the
+compiled function runs on the host at every call (NOTE [Python state in a compiled step]). The rates follow PyTorch's
 recursive forms (each from the group's current rate), so schedulers chain as PyTorch's
 do, and its closed forms where ``step(epoch)`` asks for them. ``state_dict()`` holds the
 scheduler's attributes but the optimizer; ``load_state_dict`` restores them (load the
@@ -22,6 +23,7 @@ optimizer's own state dict for its rates).
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 from bisect import bisect_right
@@ -29,6 +31,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from xgrad import step_trace
 from xgrad.optim.optimizer import Optimizer
 
 __all__ = [
@@ -57,6 +60,25 @@ def per_group(name: str, optimizer: Optimizer, value: Any) -> list[Any]:
     return [value] * len(optimizer.param_groups)
 
 
+def _at_every_call(step: Callable[..., None]) -> Callable[..., None]:
+    """``step`` as a step compiled with ``xgrad.compile`` calls it: on the host, at every call.
+
+    Its Python (``last_epoch``, the rates) is plain state the program cannot hold; run
+    once at the trace it would freeze the schedule (NOTE [Python state in a compiled step]).
+    """
+
+    @functools.wraps(step)
+    def run(self: LRScheduler, *args: Any, **kwargs: Any) -> None:
+        trace = step_trace.current()
+        if trace is not None:
+            hyper = [t for group in self.optimizer.param_groups for t in group._tensors.values()]
+            if trace.host_effect(step, (self, *args), kwargs, hyper):
+                return
+        step(self, *args, **kwargs)
+
+    return run
+
+
 class LRScheduler:
     """``torch.optim.lr_scheduler.LRScheduler``: ``step()`` moves one epoch and sets each group's ``lr``.
 
@@ -64,6 +86,11 @@ class LRScheduler:
     recursive form) and may give ``_get_closed_form_lr()`` (the rates at ``last_epoch``
     from ``base_lrs``), which ``step(epoch)`` uses.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "step" in cls.__dict__:
+            cls.step = _at_every_call(cls.__dict__["step"])  # type: ignore[method-assign]
 
     def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
         check_optimizer(optimizer)
@@ -91,6 +118,7 @@ class LRScheduler:
         """The rates the last ``step`` (or construction) set, one per parameter group."""
         return list(self._last_lr)
 
+    @_at_every_call
     def step(self, epoch: int | None = None) -> None:
         """Move to the next epoch (or to ``epoch``, PyTorch's deprecated form) and set its rates."""
         self._step_count += 1

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.grad_mode import _state as _grad_state
-from xgrad.step_trace import array_of
+from xgrad.step_trace import array_of, default_device
 from xgrad.step_trace import current as _current_step
 from xgrad.tensor import conversion, inplace, jax_boundary, pytorch_methods
 from xgrad.tensor.dtypes import ERR_REQUIRES_GRAD_DTYPE, default_float, is_differentiable_dtype
@@ -206,8 +206,16 @@ class Tensor(TensorOpMethods):
 
     @property
     def device(self) -> jax.Device:
-        """The ``jax.Device`` holding the array (for a sharded array, the first one this process holds)."""
-        sharding = self._array.sharding
+        """The ``jax.Device`` holding the array (for a sharded array, the first one this process holds).
+
+        A traced array (``xgrad.compile``, ``jax.jit``) is placed by XLA: its device is the
+        one the step's inputs are on, or JAX's default device.
+        """
+        array = self._array
+        if isinstance(array, jax.core.Tracer):
+            trace = _current_step()
+            return default_device() if trace is None else trace.device()
+        sharding = array.sharding
         devices = sharding._device_assignment
         if len(devices) > 1 and not sharding.is_fully_addressable:
             return sharding._addressable_device_assignment[0]

@@ -1,0 +1,304 @@
+"""``xgrad.compile`` and the state around a step: concurrent first calls, failed traces, and the
+Python state eager re-reads every call (schedulers, ``train()``/``eval()``, module hooks).
+
+Each test runs the same step eagerly on one copy of the state and compiled on another, over
+several calls, and compares what eager does call by call.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import xgrad
+from xgrad import nn
+
+RNG = np.random.default_rng(0)
+XS = [xgrad.tensor(RNG.normal(size=(4, 3))) for _ in range(4)]
+
+
+def make_model(seed=0):
+    xgrad.manual_seed(seed)
+    return nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2)).to(jnp.float64)
+
+
+def state_leaves(model, opt=None):
+    """Every array of the model's parameters, buffers and ``.grad``s, and of the optimizer's state."""
+    leaves = [t._array for t in [*model.parameters(), *model.buffers()]]
+    leaves += [p.grad._array for p in model.parameters() if p.grad is not None]
+    if opt is not None:
+        leaves += [t._array for state in opt.state.values() for t in state.values() if isinstance(t, xgrad.Tensor)]
+    return leaves
+
+
+def assert_no_tracer(model, opt=None):
+    assert not any(isinstance(a, jax.core.Tracer) for a in state_leaves(model, opt))
+
+
+def forward_backward(model, x):
+    """An eager forward and backward: the loss and the parameters' grads."""
+    for p in model.parameters():
+        p.grad = None
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    return [loss.item()] + [p.grad.numpy() for p in model.parameters()]
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for u, v in zip(a, b, strict=True):
+        np.testing.assert_allclose(u, v, rtol=1e-10, atol=1e-12)
+
+
+# -- concurrent first calls --------------------------------------------------------------
+def test_concurrent_first_calls_trace_once_and_all_match_eager():
+    """Four threads call a fresh compiled step at once: one traces, the others wait and hit its
+    program; each gets eager's results, and no tracer is left in the model."""
+
+    def setup():
+        model = make_model()
+
+        def step(x):
+            for p in model.parameters():
+                p.grad = None
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            return loss, [p.grad.clone() for p in model.parameters()]
+
+        return model, step
+
+    eager_model, eager_step = setup()
+    model, step = setup()
+    step = xgrad.compile(step)
+    barrier = threading.Barrier(len(XS), timeout=30)
+    results: dict[int, list[np.ndarray]] = {}
+    errors: list[BaseException] = []
+
+    def run(i):
+        try:
+            barrier.wait()
+            loss, grads = step(XS[i])
+            results[i] = [loss.numpy()] + [g.numpy() for g in grads]
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(XS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert step.stats()["compiles"] == 1 and step.stats()["hits"] == len(XS) - 1
+    for i, x in enumerate(XS):
+        loss, grads = eager_step(x)
+        assert_same(results[i], [loss.detach().numpy()] + [g.numpy() for g in grads])
+    assert_no_tracer(model)
+    assert_same(forward_backward(model, XS[0])[1:], forward_backward(eager_model, XS[0])[1:])
+
+
+def test_a_step_raising_while_traced_leaves_the_model_as_it_was():
+    """An exception in the middle of a trace (after backward and the optimizer's step) leaves
+    the model, its ``.grad``s and the optimizer as before the call: usable eagerly, as a fresh one."""
+    model, fresh = make_model(), make_model()
+    opt = xgrad.optim.Adam(model.parameters(), lr=0.1)
+    fresh_opt = xgrad.optim.Adam(fresh.parameters(), lr=0.1)
+
+    def failing(x):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        raise ValueError("a bad batch")
+
+    with pytest.raises(ValueError, match="a bad batch"):
+        xgrad.compile(failing)(XS[0])
+    assert_no_tracer(model, opt)
+    assert all(p.grad is None for p in model.parameters())
+    for m, o in ((model, opt), (fresh, fresh_opt)):
+        forward_backward(m, XS[1])
+        o.step()
+    assert_same(forward_backward(model, XS[2]), forward_backward(fresh, XS[2]))
+    assert_same([b.numpy() for b in model.buffers()], [b.numpy() for b in fresh.buffers()])
+
+
+def test_a_step_raising_while_traced_leaves_no_module_attribute_it_set():
+    """What the failed trace set on modules (an attribute holding a traced output, a buffer, a
+    mode) is undone: no tracer stays, and the model computes as a fresh one."""
+    model, fresh = make_model(), make_model()
+
+    def failing(x):
+        out = model(x)
+        model.last = out
+        model[1].register_buffer("seen", out.detach())
+        model.eval()
+        raise ValueError("a bad batch")
+
+    with pytest.raises(ValueError, match="a bad batch"):
+        xgrad.compile(failing)(XS[0])
+    assert not hasattr(model, "last") and "seen" not in dict(model.named_buffers())
+    assert model.training and model[1].training
+    assert_no_tracer(model)
+    assert_same(forward_backward(model, XS[1]), forward_backward(fresh, XS[1]))
+
+
+def test_a_module_attribute_set_to_a_computed_tensor_is_not_frozen():
+    """An attribute set to a tensor of the step would hold a tracer after the trace: the step runs
+    eagerly instead (after a warning naming the attribute), and the attribute holds each call's value."""
+    model = make_model()
+
+    def step(x):
+        out = model(x)
+        model[3].last = out.detach()
+        return out
+
+    compiled = xgrad.compile(step)
+    with pytest.warns(xgrad.compile_step.CompileFallbackWarning, match=r"Linear\.last was set"):
+        for x in XS[:2]:
+            out = compiled(x)
+            np.testing.assert_array_equal(model[3].last.numpy(), out.detach().numpy())
+    assert_no_tracer(model)
+    with pytest.raises(xgrad.compile_step.CompileFallbackError, match=r"Linear\.last"):
+        xgrad.compile(step, fallback="error")(XS[0])
+
+
+# -- post-accumulate-grad hooks --------------------------------------------------------
+@pytest.mark.parametrize("mode", ["eager", "compiled backward", "xgrad.compile"])
+def test_a_post_accumulate_grad_hook_returning_a_value_is_rejected(mode):
+    """Every hook runs, then PyTorch's RuntimeError; the ``.grad`` written before the hooks stays."""
+    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    calls = []
+    w.register_post_accumulate_grad_hook(lambda p: calls.append("first") or p.grad * 2)
+    w.register_post_accumulate_grad_hook(lambda p: calls.append("second"))
+
+    def step(x):
+        (w * x).sum().backward(compiled=mode == "compiled backward")
+        return w.grad
+
+    run = xgrad.compile(step) if mode == "xgrad.compile" else step
+    for call in range(3):
+        w.grad = None
+        with pytest.raises(RuntimeError, match="^Tensor post accumulate grad hooks should return None.$"):
+            run(xgrad.tensor([3.0, 4.0]))
+        assert calls == ["first", "second"] * (call + 1)
+        np.testing.assert_array_equal(w.grad.numpy(), [3.0, 4.0])
+
+
+# -- train() / eval() ------------------------------------------------------------------
+def test_train_and_eval_between_calls_are_guarded():
+    """``eval()`` between calls makes BatchNorm read its running statistics, as eagerly, and
+    ``train()`` its batch statistics again; each mode is traced once."""
+    eager_model, model = make_model(), make_model()
+    step = xgrad.compile(lambda x: model(x), fallback="error")
+    modes = [True, False, True, False, False, True]
+    for x, training in zip(XS + XS, modes, strict=False):
+        eager_model.train(training)
+        model.train(training)
+        np.testing.assert_allclose(step(x).detach().numpy(), eager_model(x).detach().numpy(), rtol=1e-10, atol=1e-12)
+        assert_same([b.numpy() for b in model.buffers()], [b.numpy() for b in eager_model.buffers()])
+    assert step.stats()["compiles"] == 2  # one program per mode: going back to a mode hits its program
+
+
+def test_a_mode_set_inside_the_step_is_the_mode_its_calls_run_in():
+    """A step that calls ``eval()`` itself runs in eval mode at every call, whatever the mode before."""
+    eager_model, model = make_model(), make_model()
+
+    def evaluate(m, x):
+        m.eval()
+        return m(x)
+
+    step = xgrad.compile(lambda x: evaluate(model, x), fallback="error")
+    for x in XS:
+        model.train()
+        eager_model.train()
+        np.testing.assert_allclose(step(x).detach().numpy(), evaluate(eager_model, x).detach().numpy(), rtol=1e-10)
+        assert not model.training
+
+
+# -- module forward hooks --------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["forward", "forward pre", "global forward"])
+def test_module_forward_hooks_run_at_every_call(kind):
+    """A counting forward hook runs once per call, as eagerly (the step runs eagerly, after a
+    warning naming why); under ``fallback="error"`` the step raises instead of dropping calls."""
+    model = make_model()
+    calls = []
+    hook = (lambda m, args: calls.append(1)) if kind == "forward pre" else (lambda m, args, out: calls.append(1))
+    if kind == "global forward":
+        handle = nn.modules.module.register_module_forward_hook(hook)
+    elif kind == "forward pre":
+        handle = model[1].register_forward_pre_hook(hook)
+    else:
+        handle = model[1].register_forward_hook(hook)
+    try:
+        step = xgrad.compile(lambda x: model(x))
+        with pytest.warns(xgrad.compile_step.CompileFallbackWarning, match="forward hooks"):
+            outs = [step(x) for x in XS]
+        assert len(calls) == len(XS) * (5 if kind == "global forward" else 1)
+        for x, out in zip(XS, outs, strict=True):
+            np.testing.assert_allclose(out.detach().numpy(), make_model()(x).detach().numpy(), rtol=1e-10)
+        with pytest.raises(xgrad.compile_step.CompileFallbackError, match="BatchNorm1d has forward hooks|Sequential has"):
+            xgrad.compile(lambda x: model(x), fallback="error")(XS[0])
+    finally:
+        handle.remove()
+
+
+def test_pure_forward_hooks_are_traced_in():
+    model = make_model()
+    model[1].register_forward_hook(xgrad.autograd.compiled.pure_hook(lambda m, args, out: out * 2))
+    step = xgrad.compile(lambda x: model(x), fallback="error")
+    for x in XS:
+        np.testing.assert_allclose(step(x).detach().numpy(), model(x).detach().numpy(), rtol=1e-10)
+    assert step.stats()["compiles"] == 1
+
+
+# -- LR schedulers ---------------------------------------------------------------------
+SCHEDULERS = {
+    "StepLR": lambda opt: xgrad.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5),
+    "OneCycleLR (momentum too)": lambda opt: xgrad.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=6),
+    "SequentialLR": lambda opt: xgrad.optim.lr_scheduler.SequentialLR(
+        opt, [xgrad.optim.lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=2),
+              xgrad.optim.lr_scheduler.ExponentialLR(opt, gamma=0.7)], milestones=[2]),
+    "ReduceLROnPlateau (on the loss)": lambda opt: xgrad.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0),
+}
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["after opt.step", "before opt.step"])
+@pytest.mark.parametrize("name", list(SCHEDULERS))
+def test_an_lr_scheduler_stepped_in_the_step_steps_at_every_call(name, first):
+    """The scheduler's Python runs at every call, at its place in the step: the rates it sets are
+    the ones the optimizer reads after it, in that call and the next, and its own state moves as eagerly."""
+
+    def setup():
+        model = make_model()
+        opt = xgrad.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        sched = SCHEDULERS[name](opt)
+
+        def step(x):
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            advance = (lambda: sched.step(-loss)) if "Plateau" in name else sched.step
+            if first:
+                advance()
+            opt.step()
+            if not first:
+                advance()
+            return loss
+
+        return model, opt, sched, step
+
+    eager_model, eager_opt, eager_sched, eager_step = setup()
+    model, opt, sched, step = setup()
+    step = xgrad.compile(step, fallback="error")
+    for x in XS + XS[:2]:
+        np.testing.assert_allclose(step(x).item(), eager_step(x).item(), rtol=1e-10)
+        for group, eager_group in zip(opt.param_groups, eager_opt.param_groups, strict=True):
+            assert {k: v for k, v in group.items() if k != "params"} == {
+                k: v for k, v in eager_group.items() if k != "params"}
+        assert sched.state_dict() == eager_sched.state_dict()
+    assert_same([p.detach().numpy() for p in model.parameters()], [p.detach().numpy() for p in eager_model.parameters()])
+    assert step.stats()["compiles"] == 1
+    # Nothing in the program reads what the scheduler sets after it: it runs after the program, no host call in it.
+    assert ("callback" in step.lower(XS[0]).as_text()) == first
