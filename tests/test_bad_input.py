@@ -11,6 +11,7 @@ from PyTorch's documented formulas, under the eager and the compiled backward.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -290,6 +291,65 @@ def test_bool_mask_and_slices_need_no_check():
     _close(x[x > 0], X23[X23 > 0])
     _close(x[5:], X23[5:])  # slices clamp, as in PyTorch
     _close(x[None, ..., 1:], X23[None, ..., 1:])
+
+
+# -- every op that reads a user's index, in every mode ---------------------------------
+# JAX clamps an out-of-range read and drops a write; PyTorch raises. Each path on the
+# (4, 3) W with the index [0, 7]: name -> (the op, PyTorch's message).
+W43 = np.arange(12.0).reshape(4, 3)
+
+
+def _set_rows(w, i):
+    h = w * 1.0
+    h[i] = 0.0
+    return h
+
+
+INDEX_PATHS: dict[str, tuple[Callable[..., Any], str]] = {
+    "getitem": (lambda w, i: w[i], "index 7 is out of bounds for dimension 0 with size 4"),
+    "getitem tuple": (lambda w, i: w[i, 0], "index 7 is out of bounds for dimension 0 with size 4"),
+    "setitem": (_set_rows, "index 7 is out of bounds for dimension 0 with size 4"),
+    "index_select": (lambda w, i: w.index_select(0, i), "index out of range in self"),
+    "gather": (lambda w, i: w.gather(0, i.reshape(-1, 1).expand(-1, 3)), "index 7 is out of bounds for dimension 0 with size 4"),
+    "scatter_add": (lambda w, i: w.scatter_add(0, i.reshape(-1, 1).expand(-1, 3), xgrad.ones(i.shape[0], 3, dtype=w.dtype)),
+                    "index 7 is out of bounds for dimension 0 with size 4"),
+    "embedding": (lambda w, i: xgrad.nn.functional.embedding(i, w), "index out of range in self"),
+    "nll_loss": (lambda w, i: xgrad.nn.functional.nll_loss(w.T[: i.shape[0]], i), "Target 7 is out of bounds."),
+    "cross_entropy": (lambda w, i: xgrad.nn.functional.cross_entropy(w.T[: i.shape[0]], i), "Target 7 is out of bounds."),
+    "one_hot": (lambda w, i: xgrad.nn.functional.one_hot(i, 4), "Class values must be smaller than num_classes."),
+    "TensorDataset": (lambda w, i: xgrad.utils.data.TensorDataset(w)[i][0], "index 7 is out of bounds for dimension 0 with size 4"),
+}
+
+
+def _run_index_path(mode: str, op: Callable[..., Any], index: Any) -> Any:
+    w = xgrad.tensor(W43)
+    if mode == "eager":
+        return op(w, xgrad.tensor(index)).numpy()
+    if mode == "xgrad.compile":
+        return xgrad.compile(lambda i: op(w, i))(xgrad.tensor(index)).numpy()
+    if mode == "xgrad.func.vmap":  # each lane one index, as PyTorch's vmap
+        return xgrad.func.vmap(lambda i: op(w, i.reshape(1)))(xgrad.tensor(index)).numpy()
+    return np.asarray(jax.jit(lambda i: op(w, xgrad.Tensor(i)).array)(jnp.asarray(index)))
+
+
+@pytest.mark.parametrize("mode", ["eager", "xgrad.compile", "xgrad.func.vmap", "jax.jit"])
+@pytest.mark.parametrize("name", sorted(INDEX_PATHS))
+def test_every_index_path_raises_for_an_out_of_range_index_in_every_mode(name, mode):
+    op, message = INDEX_PATHS[name]
+    # A valid index gives eager's values (under vmap, each lane's).
+    expected = (np.stack([_run_index_path("eager", op, [i]) for i in (0, 3)]) if mode == "xgrad.func.vmap"
+                else _run_index_path("eager", op, [0, 3]))
+    np.testing.assert_allclose(_run_index_path(mode, op, [0, 3]), expected)
+    if mode == "jax.jit":
+        # Values are unknown while jax.jit traces: a host callback raises when the program runs,
+        # and JAX reports it as its JaxRuntimeError, a RuntimeError (NOTE [Checks under jax.jit]).
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            _run_index_path(mode, op, [0, 7])
+        return
+    error = RuntimeError if name == "one_hot" else IndexError
+    end = "" if mode == "xgrad.func.vmap" else "$"  # JAX appends a note on its filtered traceback
+    with pytest.raises(error, match=f"^{re.escape(message)}{end}"):
+        _run_index_path(mode, op, [0, 7])
 
 
 # -- shapes and sizes ------------------------------------------------------------------

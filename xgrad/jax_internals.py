@@ -16,6 +16,9 @@ What xgrad uses of JAX, by how stable it is:
   trace=True)``, NOTE [Traced from_jax]), ``jax.extend.source_info_util.summarize``
   (an equation's source line), ``jax.experimental.io_callback`` and
   ``jax.experimental.compilation_cache.compilation_cache.reset_cache``.
+- Internal: ``BatchTracer.val`` and ``JVPTracer``/``LinearizeTracer.primal``
+  (``concrete_value``: the values under ``vmap``/``grad`` tracers, which an op's
+  index check reads as eagerly). A JAX that moves them fails the import-time self-test.
 - Behaviour no public API promises, checked by a self-test: at import for what needs
   no device (``_self_test``), at the first use for what needs one
   (``check_consts_keep_identity``):
@@ -44,8 +47,14 @@ from jax.experimental.compilation_cache import compilation_cache
 from jax.extend.core import ClosedJaxpr, DebugInfo, DropVar, Jaxpr, Literal, Var, get_opaque_trace_state, jaxpr_as_fun
 from jax.extend.source_info_util import summarize as summarize_source_info
 
+try:
+    from jax._src.interpreters.ad import JVPTracer, LinearizeTracer
+    from jax._src.interpreters.batching import BatchTracer
+except ImportError:  # pragma: no cover - a JAX that moved them; _self_test_concrete_value says so
+    BatchTracer = JVPTracer = LinearizeTracer = None
+
 __all__ = [
-    "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged", "Literal", "Var", "check_consts_keep_identity",
+    "ClosedJaxpr", "DebugInfo", "concrete_value", "DropVar", "Jaxpr", "JaxBehaviourChanged", "Literal", "Var", "check_consts_keep_identity",
     "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names", "reset_compilation_cache",
     "summarize_source_info",
 ]
@@ -132,9 +141,38 @@ def _self_test_loaded_names() -> None:
             raise _changed(f"the bytecode scan of a rule like {fn.__name__!r} finds {sorted(found)}, not {sorted(names)}")
 
 
+def concrete_value(x: Any) -> Any:
+    """``x``, or the array under its ``vmap``/``grad``/``jvp`` tracers; ``None`` where there is none (``jit``, ``make_jaxpr``).
+
+    A transformation applied to concrete arrays (``jax.vmap(f)(x)``, ``xgrad.func.vmap``)
+    still holds them: a batched tracer its batched value (every lane), a JVP tracer its
+    primal. Checks of values read them there, as PyTorch's eager transforms do.
+    """
+    while isinstance(x, jax.core.Tracer):
+        if isinstance(x, BatchTracer):
+            x = x.val
+        elif isinstance(x, (JVPTracer, LinearizeTracer)):
+            x = x.primal
+        else:
+            return None
+    return x
+
+
+def _self_test_concrete_value() -> None:
+    if BatchTracer is None:
+        raise _changed("jax._src.interpreters.batching.BatchTracer or ad.JVPTracer/LinearizeTracer moved")
+    seen: list[Any] = []
+    jax.vmap(lambda x: seen.append(concrete_value(x)) or x)(jax.numpy.arange(2))
+    jax.grad(lambda x: seen.append(concrete_value(x)) or x)(1.0)
+    jax.make_jaxpr(lambda x: seen.append(concrete_value(x)) or x)(1.0)
+    if not (isinstance(seen[0], jax.Array) and seen[0].shape == (2,) and float(seen[1]) == 1.0 and seen[2] is None):
+        raise _changed("a vmap or grad tracer no longer holds its value as .val/.primal")
+
+
 def reset_compilation_cache() -> None:
     """Make JAX read ``jax_compilation_cache_dir`` again (it decides once, at its first compile)."""
     compilation_cache.reset_cache()
 
 
 _self_test_loaded_names()
+_self_test_concrete_value()

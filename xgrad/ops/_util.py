@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad import step_trace
+from xgrad.jax_internals import concrete_value
 from xgrad.tensor import Tensor
 
 __all__ = [
@@ -121,9 +122,10 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
     Python ints, lists, NumPy arrays and arrays on CPU devices are checked on the host
     with NumPy; an array on an accelerator by one small jitted reduction and a host sync
     (the costs are in ``benchmarks/RESULTS.md``). Inside an ``xgrad.compile`` step the
-    check becomes part of the program and the call raises the same error; under a plain
-    ``jax.jit``/``jax.vmap`` the values are unknown and JAX's own out-of-range behaviour
-    (clamped reads, dropped writes) applies.
+    check becomes part of the program and the call raises the same error; under
+    ``jax.vmap``/``jax.grad`` (``xgrad.func``) of concrete arrays their values are
+    checked as eagerly; under ``jax.jit`` the program raises when it runs
+    (NOTE [Checks under jax.jit]).
 
     >>> check_index_range([0, -3, 2], 3, "index {index} is out of bounds")
     >>> check_index_range([0, 3], 3, "index {index} is out of bounds")
@@ -134,9 +136,15 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
         index = index._array
     if isinstance(index, jax.core.Tracer):
         trace = step_trace.current()  # inside ``xgrad.compile``: a flag of the program
-        if trace is not None:
-            trace.check_index(index, size, message, negative, ignore)
-        return
+        if trace is not None and trace.check_index(index, size, message, negative, ignore):
+            return
+        concrete = concrete_value(index)
+        if concrete is None:
+            if jnp.issubdtype(index.dtype, jnp.integer):
+                failed, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
+                _raise_when_run(failed, first, lambda i: IndexOutOfRangeError(message.format(index=int(i))))
+            return
+        index = concrete
     if isinstance(index, jax.Array):
         if index.dtype.kind not in "iu":  # (``jnp.issubdtype`` costs as much as the whole check)
             return
@@ -161,6 +169,27 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
         raise IndexOutOfRangeError(message.format(index=int(array[bad].flat[0])))
 
 
+def _raise_if(make_error: Callable[[Any], BaseException], failed: Any, detail: Any) -> None:
+    failed = np.asarray(failed)
+    if failed.any():
+        # Under ``vmap`` the flag and detail carry the batch: the detail of the first failed lane.
+        raise make_error(None if detail is None else np.asarray(detail)[failed].flat[0] if failed.ndim else detail)
+
+
+def _raise_when_run(failed: Any, detail: Any, make_error: Callable[[Any], BaseException]) -> None:
+    """A traced check outside an ``xgrad.compile`` step (``jax.jit``, ``make_jaxpr``): a host callback that raises.
+
+    NOTE [Checks under jax.jit]
+    The values are unknown while the program is traced, and JAX would clamp a read or
+    drop a write silently: the program calls back to the host with the check's flag,
+    and the callback raises the eager error, which JAX reports when the program runs
+    (as its ``JaxRuntimeError``, a ``RuntimeError`` whose message holds the eager one).
+    Under ``vmap``/``grad`` of concrete arrays the values are there and the check is
+    eager's (``concrete_value``); in a step the check is a flag of the program.
+    """
+    jax.debug.callback(functools.partial(_raise_if, make_error), failed, detail)
+
+
 def check_values(failed: Callable[[Any], Any], value: Any, make_error: Callable[[], BaseException]) -> None:
     """Raise ``make_error()`` if ``failed(value)`` is true: a check of values, eager's and compiled.
 
@@ -169,8 +198,8 @@ def check_values(failed: Callable[[Any], Any], value: Any, make_error: Callable[
     so both kinds work. Every check an op makes on values goes through here: inside an
     ``xgrad.compile`` step it becomes a flag of the program and the call raises the same
     error, with the state eager leaves (NOTE [Checks in a compiled step] in
-    ``xgrad/compile_step``); under a plain ``jax.jit``/``jax.vmap`` the values are unknown
-    and the check is skipped, as JAX would.
+    ``xgrad/compile_step``); under ``jax.vmap``/``jax.grad`` of concrete arrays it reads
+    them, under ``jax.jit`` the program raises when it runs (NOTE [Checks under jax.jit]).
 
     >>> import xgrad
     >>> check_values(lambda a: (a < 0).any(), [1, 2], lambda: RuntimeError("negative"))
@@ -183,7 +212,12 @@ def check_values(failed: Callable[[Any], Any], value: Any, make_error: Callable[
         trace = step_trace.current()
         if trace is not None and trace.at_step_level():
             trace.check(jnp.asarray(failed(array)), lambda _: make_error())
-        return
+            return
+        concrete = concrete_value(array)
+        if concrete is None:
+            _raise_when_run(jnp.asarray(failed(array)), None, lambda _: make_error())
+            return
+        array = concrete
     if isinstance(array, jax.Array):
         if array.is_fully_addressable and (_cpu_only() or all(getattr(d, "platform", None) == "cpu" for d in array.devices())):
             array = np.asarray(array)  # host memory already: NumPy reads it without a dispatch

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad.creation import tensor
+from xgrad.ops._util import check_index_range
 from xgrad.ops.shape import stack
 from xgrad.tensor import Tensor
 from xgrad.utils.data.dataset import IterableDataset, TensorDataset
@@ -151,6 +152,9 @@ class DataLoader:
     def _fetch(self, indices: list[int]) -> Any:
         if type(self.dataset) is TensorDataset and self.collate_fn is default_collate:
             # One gather per tensor, not one index op per sample: the same batch default_collate would stack.
+            # Checked first, as each sample's ``t[i]`` would be (JAX's gather would clamp an index silently).
+            size = len(self.dataset)
+            check_index_range(indices, size, f"index {{index}} is out of bounds for dimension 0 with size {size}")
             where = jnp.asarray(indices)
             return tuple(Tensor(t.array[where]) for t in self.dataset.tensors)
         if hasattr(self.dataset, "__getitems__"):
