@@ -474,7 +474,7 @@ def test_layer_norm_checks_normalized_shape(shape, normalized, message):
 
 def test_layer_norm_checks_weight_and_bias_shapes():
     with pytest.raises(RuntimeError, match=r"Expected weight to be of same shape as normalized_shape, but got weight of shape \[2\]"):
-        xgrad.layer_norm(xgrad.zeros(2, 3), 3, weight=xgrad.ones(2))
+        xgrad.layer_norm(xgrad.zeros(2, 3), [3], weight=xgrad.ones(2))
     with pytest.raises(RuntimeError, match="Expected bias to be of same shape"):
         xgrad.layer_norm(xgrad.zeros(2, 3), (3,), bias=xgrad.ones(1))
     x = jnp.asarray(X234)
@@ -674,7 +674,7 @@ def test_cross_entropy_all_targets_ignored_is_nan_as_in_pytorch():
         ((2, 3, 5), np.zeros((2, 3), np.int32), RuntimeError, r"^Expected target size \[2, 5\], got \[2, 3\]$"),
         ((4, 3), np.zeros(3, np.int32), ValueError, r"^Expected input batch_size \(4\) to match target batch_size \(3\)\.$"),
         ((4, 3), np.zeros((4, 1), np.int32), RuntimeError, "^0D or 1D target tensor expected, multi-target not supported$"),
-        ((4, 3), np.zeros(4, np.float32), RuntimeError, "expected scalar type Long but found float32"),
+        ((4, 3), np.zeros(4, np.float32), RuntimeError, "expected scalar type Long but found Float"),
         ((4, 3), np.zeros((4, 3), np.int32), RuntimeError, "Expected floating point type for target with class probabilities"),
         ((4, 3), np.array([0, 1, 3, 0]), IndexError, r"^Target 3 is out of bounds\.$"),
         ((4, 3), np.array([0, -1, 1, 0]), IndexError, r"^Target -1 is out of bounds\.$"),

@@ -291,6 +291,8 @@ def conv2d(x: Any, w: Any, stride: tuple[int, int], padding: Any, dilation: tupl
         )
     if groups <= 0:
         raise RuntimeError("non-positive groups is not supported")
+    if 0 in ws[2:]:  # XLA's verifier would reject the program (an MLIR dump)
+        raise RuntimeError(f"kernel size should be greater than zero, but got kernel_height: {ws[2]} kernel_width: {ws[3]}")
     if any(s <= 0 for s in stride):
         raise RuntimeError("non-positive stride is not supported")
     if any(d <= 0 for d in dilation):
