@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 
 from xgrad.grad_mode import no_grad
 from xgrad.ops import shape_rules
@@ -63,7 +64,7 @@ _index_put: Callable[..., Any] = defprim(
 
 def _index_width(item: Any) -> int:
     """How many dims of ``x`` one index item consumes."""
-    if item is None:
+    if item is None or isinstance(item, bool):  # a Python bool adds a dim, as None does
         return 0
     if getattr(item, "dtype", None) == jnp.bool_.dtype:
         return getattr(item, "ndim", 1)
@@ -77,6 +78,12 @@ def check_index_bounds(shape: tuple[int, ...], index: Any) -> None:
     ``x[index] = v``; slices, ``None``, ``...`` and boolean masks need no check.
     """
     items = index if isinstance(index, tuple) else (index,)
+    for item in items:
+        if isinstance(item, (float, complex, str, np.floating)):  # JAX: a TypeError in its words
+            raise IndexError("only integers, slices (`:`), ellipsis (`...`), None and long or byte Variables are valid "
+                             f"indices (got {type(item).__name__})")
+    if sum(_index_width(i) for i in items if i is not Ellipsis) > len(shape):
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
     dim = 0
     for pos, item in enumerate(items):
         if item is Ellipsis:

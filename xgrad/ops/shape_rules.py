@@ -251,8 +251,21 @@ def attention(q: Any, k: Any, v: Any, mask: Any, keep: Any, scale: float, is_cau
 
 
 def einsum(*operands: Any, subscripts: str) -> None:
-    """``torch.einsum``'s checks: operand count, subscripts per operand, one size per subscript."""
-    inputs = subscripts.replace(" ", "").split("->")[0].split(",")
+    """``torch.einsum``'s checks: operand count, subscripts per operand, one size per subscript, the output's subscripts."""
+    equation = subscripts.replace(" ", "")
+    for i, c in enumerate(equation):
+        if not (c.isascii() and c.isalpha()) and c not in ",.->":
+            raise RuntimeError(
+                f"einsum(): invalid subscript given at index {i} in the equation string, subscripts must be in [a-zA-Z]"
+            )
+    inputs = equation.split("->")[0].split(",")
+    if "->" in equation:
+        output = equation.split("->", 1)[1].replace("...", "")
+        for label in output:
+            if output.count(label) > 1:
+                raise RuntimeError(f"einsum(): output subscript {label} appears more than once in the output")
+            if not any(label in labels for labels in inputs):
+                raise RuntimeError(f"einsum(): output subscript {label} does not appear in the equation for any input operand")
     if len(inputs) > len(operands):
         raise RuntimeError("einsum(): fewer operands were provided than specified in the equation")
     if len(inputs) < len(operands):
