@@ -17,7 +17,7 @@ from xgrad.jax_internals import concrete_value
 from xgrad.tensor import Tensor
 
 __all__ = [
-    "IndexOutOfRangeError", "as_array", "canonical_dim", "check_index_range", "check_nonnegative_shape", "check_values",
+    "IndexOutOfRangeError", "as_array", "canonical_dim", "check_index_range", "check_int", "check_nonnegative_shape", "check_values",
     "inplace_or_not", "legacy_reduction", "norm_axes",
     "nondiff", "reduce_loss",
 ]
@@ -62,6 +62,18 @@ def norm_axes(dim: Any, ndim: int) -> tuple[int, ...] | None:
             raise RuntimeError(f"dim {axis} appears multiple times in the list of dims")
         axes.add(axis)
     return tuple(sorted(axes))
+
+
+def check_int(value: Any, op: str, arg: str, position: int) -> int:
+    """``value`` as an int; anything else (a float, NaN or inf among them) raises PyTorch's argument ``TypeError``.
+
+    >>> check_int(float("nan"), "linspace", "steps", 3)
+    Traceback (most recent call last):
+    TypeError: linspace(): argument 'steps' (position 3) must be int, not float
+    """
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{op}(): argument '{arg}' (position {position}) must be int, not {type(value).__name__}")
+    return operator.index(value)
 
 
 def check_nonnegative_shape(shape: tuple[Any, ...]) -> tuple[int, ...]:
