@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -135,7 +136,14 @@ def setitem(x: Tensor, index: Any, value: Any) -> None:
         return
     x._check_inplace()
     check_index_bounds(x.shape, index)
-    x._rebind(_index_put(x._alias(), value, index=_index_arg(index)))
+    index = _index_arg(index)
+    try:
+        result = _index_put(x._alias(), value, index=index)
+    except ValueError:  # JAX's words for a value that does not broadcast to the indexed shape
+        target = jax.eval_shape(lambda a: a[index], jax.ShapeDtypeStruct(x.shape, x.dtype)).shape
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(getattr(value, 'shape', ()))} cannot be "
+                           f"broadcast to indexing result of shape {list(target)}") from None
+    x._rebind(result)
 
 
 def _repeats_elements(x: Tensor) -> bool:
