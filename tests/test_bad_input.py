@@ -352,6 +352,23 @@ def test_every_index_path_raises_for_an_out_of_range_index_in_every_mode(name, m
         _run_index_path(mode, op, [0, 7])
 
 
+def test_traced_checks_can_be_left_out_for_jax_export():
+    # Host callbacks cannot be serialized: export works with the checks off, and reads as JAX does.
+    weight = xgrad.tensor(W43)
+
+    def lookup():  # a fresh function each time: the setting applies when JAX traces it
+        return jax.jit(lambda i: xgrad.nn.functional.embedding(xgrad.Tensor(i), weight).array)
+
+    spec = jax.ShapeDtypeStruct((2,), jnp.int32)
+    with pytest.raises(NotImplementedError):
+        jax.export.export(lookup())(spec)
+    with xgrad.utils.traced_checks(False):
+        exported = jax.export.export(lookup())(spec)
+    np.testing.assert_allclose(exported.call(jnp.asarray([3, 1], jnp.int32)), W43[[3, 1]])
+    with pytest.raises(RuntimeError, match="index out of range in self"):  # the default again
+        lookup()(jnp.asarray([0, 4]))
+
+
 # -- shapes and sizes ------------------------------------------------------------------
 SHAPE_ERRORS = [
     ("reshape size", lambda: xgrad.zeros(2, 3).reshape(4), RuntimeError, r"^shape '\[4\]' is invalid for input of size 6$"),

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import jax
@@ -18,7 +20,7 @@ from xgrad.tensor import Tensor
 
 __all__ = [
     "IndexOutOfRangeError", "as_array", "canonical_dim", "check_index_range", "check_int", "check_nonnegative_shape", "check_values",
-    "inplace_or_not", "legacy_reduction", "norm_axes",
+    "inplace_or_not", "legacy_reduction", "norm_axes", "traced_checks",
     "nondiff", "reduce_loss",
 ]
 
@@ -188,6 +190,30 @@ def _raise_if(make_error: Callable[[Any], BaseException], failed: Any, detail: A
         raise make_error(None if detail is None else np.asarray(detail)[failed].flat[0] if failed.ndim else detail)
 
 
+_TRACED_CHECKS: ContextVar[bool] = ContextVar("xgrad_traced_checks", default=True)
+
+
+@contextlib.contextmanager
+def traced_checks(enabled: bool) -> Iterator[None]:
+    """Whether checks of values traced under ``jax.jit`` become host callbacks (NOTE [Checks under jax.jit]).
+
+    On by default. Turn them off to ``jax.export`` a function of xgrad ops (JAX cannot
+    serialize host callbacks); out-of-range indices are then JAX's: clamped reads, dropped
+    writes. The setting holds for what JAX traces inside the ``with`` (a ``jax.jit`` function
+    traced before keeps its program).
+
+    >>> import jax, jax.numpy as jnp, xgrad
+    >>> f = jax.jit(lambda i: xgrad.tensor([1.0, 2.0])[xgrad.Tensor(i)].array)
+    >>> with xgrad.utils.traced_checks(False):
+    ...     exported = jax.export.export(f)(jax.ShapeDtypeStruct((1,), jnp.int32))
+    """
+    token = _TRACED_CHECKS.set(enabled)
+    try:
+        yield
+    finally:
+        _TRACED_CHECKS.reset(token)
+
+
 def _raise_when_run(failed: Any, detail: Any, make_error: Callable[[Any], BaseException]) -> None:
     """A traced check outside an ``xgrad.compile`` step (``jax.jit``, ``make_jaxpr``): a host callback that raises.
 
@@ -197,9 +223,12 @@ def _raise_when_run(failed: Any, detail: Any, make_error: Callable[[Any], BaseEx
     and the callback raises the eager error, which JAX reports when the program runs
     (as its ``JaxRuntimeError``, a ``RuntimeError`` whose message holds the eager one).
     Under ``vmap``/``grad`` of concrete arrays the values are there and the check is
-    eager's (``concrete_value``); in a step the check is a flag of the program.
+    eager's (``concrete_value``); in a step the check is a flag of the program. JAX
+    cannot serialize host callbacks: ``traced_checks(False)`` leaves them out for
+    ``jax.export``.
     """
-    jax.debug.callback(functools.partial(_raise_if, make_error), failed, detail)
+    if _TRACED_CHECKS.get():
+        jax.debug.callback(functools.partial(_raise_if, make_error), failed, detail)
 
 
 def check_values(failed: Callable[[Any], Any], value: Any, make_error: Callable[[], BaseException]) -> None:
