@@ -27,7 +27,6 @@ an ``xgrad.Generator``, a key or an int seed) or ``key=``, else from the default
 from __future__ import annotations
 
 import math
-
 import warnings
 from typing import Any
 
