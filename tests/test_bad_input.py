@@ -352,6 +352,19 @@ def test_every_index_path_raises_for_an_out_of_range_index_in_every_mode(name, m
         _run_index_path(mode, op, [0, 7])
 
 
+def test_concrete_value_reads_through_vmap_and_grad_but_not_jit():
+    # What the checks under xgrad.func rely on (xgrad/jax_internals.py): vmap's batched value, grad's primal.
+    from xgrad.jax_internals import concrete_value
+
+    seen = []
+    jax.vmap(lambda x: seen.append(concrete_value(x)) or x)(jnp.arange(2))
+    jax.grad(lambda x: seen.append(concrete_value(x)) or x)(1.5)
+    jax.vmap(jax.grad(lambda x: seen.append(concrete_value(x)) or x))(jnp.asarray([2.5, 3.5]))
+    jax.jit(lambda x: seen.append(concrete_value(x)) or x)(1.0)
+    np.testing.assert_array_equal(seen[0], [0, 1])
+    assert float(seen[1]) == 1.5 and seen[2].tolist() == [2.5, 3.5] and seen[3] is None
+
+
 def test_traced_checks_can_be_left_out_for_jax_export():
     # Host callbacks cannot be serialized: export works with the checks off, and reads as JAX does.
     weight = xgrad.tensor(W43)
