@@ -48,12 +48,6 @@ from jax.experimental.compilation_cache import compilation_cache
 from jax.extend.core import ClosedJaxpr, DebugInfo, DropVar, Jaxpr, Literal, Var, get_opaque_trace_state, jaxpr_as_fun
 from jax.extend.source_info_util import summarize as summarize_source_info
 
-try:
-    from jax._src.interpreters.ad import JVPTracer, LinearizeTracer
-    from jax._src.interpreters.batching import BatchTracer
-except ImportError:  # pragma: no cover - a JAX that moved them; the check at the end says so
-    BatchTracer = JVPTracer = LinearizeTracer = None
-
 __all__ = [
     "ClosedJaxpr", "DebugInfo", "concrete_value", "DropVar", "Jaxpr", "JaxBehaviourChanged", "Literal", "Var", "check_consts_keep_identity",
     "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names", "reset_compilation_cache",
@@ -72,6 +66,13 @@ class JaxBehaviourChanged(ImportError):
 
 def _changed(what: str) -> JaxBehaviourChanged:
     return JaxBehaviourChanged(ERR_CHANGED.format(jax=jax.__version__, what=what))
+
+
+try:
+    from jax._src.interpreters.ad import JVPTracer, LinearizeTracer
+    from jax._src.interpreters.batching import BatchTracer
+except ImportError as error:  # pragma: no cover - a JAX that moved them
+    raise _changed("jax._src.interpreters.batching.BatchTracer or ad.JVPTracer/LinearizeTracer moved") from error
 
 
 # -- 1. ClosedJaxpr.consts are the arrays the trace closed over ---------------------------
@@ -165,5 +166,3 @@ def reset_compilation_cache() -> None:
 
 
 _self_test_loaded_names()
-if BatchTracer is None:  # checked without running JAX: a computation here would start XLA's backend at import
-    raise _changed("jax._src.interpreters.batching.BatchTracer or ad.JVPTracer/LinearizeTracer moved")
