@@ -67,7 +67,7 @@ print(list(acts))
 
 for t in acts.values():
     t.retain_grad()
-acts["MLP/Dense_0"].register_hook(lambda g: 0.5 * g)  # halve the gradient through the first layer
+acts["Dense_0"].register_hook(lambda g: 0.5 * g)  # halve the gradient through the first layer
 out.backward()
 print({name: round(float(jnp.linalg.norm(t.grad.array)), 4) for name, t in acts.items()})
 
@@ -78,7 +78,7 @@ print(np.allclose(tparams["params"]["Dense_1"]["kernel"].grad.array, reference["
 
 # %% [markdown]
 # ## Clipping one layer of an Equinox model
-# Equinox names its scopes by class; the second `eqx.nn.Linear` of the MLP is `#2`.
+# Equinox layers are named by their attribute path in the model: `layers[0]`, `layers[1]`.
 
 # %%
 mlp = eqx.filter_jit(lambda key: eqx.nn.MLP(3, 2, 8, 1, activation=jnp.tanh, key=key))(jax.random.key(1))
@@ -87,7 +87,7 @@ tmlp = as_tensors(mlp)
 with xgrad.intermediates() as acts:
     out = eqx_loss(tmlp, x)
 print(list(acts))
-acts["vmap(eqx.nn.MLP)/eqx.nn.Linear"].register_hook(lambda g: g.clamp(-0.05, 0.05))
+acts["layers[0]"].register_hook(lambda g: g.clamp(-0.05, 0.05))
 out.backward()
 print(tmlp.layers[0].weight.grad.array.round(3))
 

@@ -300,7 +300,7 @@ W43 = np.arange(12.0).reshape(4, 3)
 
 
 def _set_rows(w, i):
-    h = w * 1.0
+    h = w + 0.0 * i.sum().to(w.dtype)  # mapped as i is under vmap (an in-place write into an unmapped tensor raises)
     h[i] = 0.0
     return h
 

@@ -163,7 +163,7 @@ def test_killed_job_resumes_from_latest_complete_checkpoint(tmp_path):
         assert _losses(killed[1])[step] == pytest.approx(uninterrupted[step], rel=1e-12, abs=1e-12)
     assert sorted(os.listdir(tmp_path)) == ["step_4", "step_6"]
     assert sorted(os.listdir(tmp_path / "step_6")) == [
-        "model.safetensors", "model.shard0-of-2.safetensors", "model.shard1-of-2.safetensors", "optimizer.json",
+        "checkpoint.manifest", "model.safetensors", "model.shard0-of-2.safetensors", "model.shard1-of-2.safetensors", "optimizer.json",
         "optimizer.safetensors", "optimizer.shard0-of-2.safetensors", "optimizer.shard1-of-2.safetensors"]
 
     # What two processes saved restores in one process over four devices, to the same losses after.
@@ -213,7 +213,7 @@ def test_save_restore_in_this_process(tmp_path):
         manager.restore(1, model=fresh)
     manager.save(4, model=fresh)  # a rerun from step 3 replaces step 4, and clears the torn save
     assert sorted(os.listdir(tmp_path / "run")) == ["step_3", "step_4"]
-    assert os.listdir(tmp_path / "run" / "step_4") == ["model.safetensors"]
+    assert sorted(os.listdir(tmp_path / "run" / "step_4")) == ["checkpoint.manifest", "model.safetensors"]
     tensor_lr = xgrad.optim.Adam(model.parameters(), lr=xgrad.tensor(0.1))
     tensor_lr.step()
     with pytest.raises(TypeError, match="must be JSON values .* a Tensor lr: pass a float"):
@@ -221,6 +221,70 @@ def test_save_restore_in_this_process(tmp_path):
     assert manager.all_steps() == [3, 4] and sorted(os.listdir(tmp_path / "run")) == ["step_3", "step_4"]
     with pytest.raises(ValueError, match="max_to_keep must be a positive int"):
         xgrad.distributed.CheckpointManager(tmp_path, max_to_keep=0)
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3, 4, 5])
+def test_max_to_keep_keeps_the_newest_k(tmp_path, keep):
+    import xgrad
+
+    model = xgrad.nn.Linear(2, 1)
+    manager = xgrad.distributed.CheckpointManager(tmp_path, max_to_keep=keep)
+    for step in range(1, 8):
+        manager.save(step, model=model)
+        assert manager.all_steps() == list(range(1, step + 1))[-keep:]
+    assert sorted(os.listdir(tmp_path)) == sorted(f"step_{s}" for s in range(8 - keep, 8))
+
+
+def test_only_restorable_checkpoints_are_listed(tmp_path):
+    """``step_07`` is not step 7; a step directory missing a file, or its manifest and every checkpoint file, is not
+    listed, and restore names what is missing (one with its files but no manifest is an older xgrad's: listed)."""
+    import shutil
+
+    import xgrad
+    from xgrad.serialization import CorruptCheckpointError
+
+    model = xgrad.nn.Linear(2, 1)
+    manager = xgrad.distributed.CheckpointManager(tmp_path)
+    for step in (3, 5, 7):
+        manager.save(step, model=model)
+    shutil.copytree(tmp_path / "step_7", tmp_path / "step_07")
+    shutil.copytree(tmp_path / "step_7", tmp_path / "step_9.old")  # not this manager's naming either
+    os.remove(tmp_path / "step_5" / "model.safetensors")  # half deleted
+    for name in ("checkpoint.manifest", "model.safetensors"):  # no checkpoint left in it
+        os.remove(tmp_path / "step_7" / name)
+    assert manager.all_steps() == [3] and manager.latest_step() == 3
+    with pytest.raises(CorruptCheckpointError, match=r"step_5/model.safetensors' is missing"):
+        manager.restore(5, model=model)
+    with pytest.raises(CorruptCheckpointError, match=r"step_7/checkpoint.manifest' is missing: the directory is not a "
+                                                     r"complete checkpoint"):
+        manager.restore(7, model=model)
+    with pytest.raises(FileNotFoundError, match=r"no complete checkpoint of step 9 .* \(complete ones: \[3\]\)"):
+        manager.restore(9, model=model)
+    manager.save(4, model=model)  # what is not in this manager's naming stays
+    assert {"step_07", "step_9.old"} <= set(os.listdir(tmp_path))
+
+
+def test_bad_arguments_raise_type_errors_naming_them(tmp_path):
+    import xgrad
+
+    model = xgrad.nn.Linear(2, 1)
+    optimizer = xgrad.optim.SGD(model.parameters(), lr=0.1)
+    manager = xgrad.distributed.CheckpointManager(tmp_path)
+    with pytest.raises(TypeError, match=r"save: model= takes a module, an object with state_dict\(\) and "
+                                        r"load_state_dict\(\); got dict \(a state dict: load it into its object"):
+        manager.save(1, model=model.state_dict())
+    with pytest.raises(TypeError, match=r"save: optimizer= takes an optimizer, .*; got Linear$"):
+        manager.save(1, optimizer=model)
+    with pytest.raises(TypeError, match="save: nothing to save: pass model=, optimizer= or both"):
+        manager.save(1)
+    assert os.listdir(tmp_path) == []  # nothing written, not even an empty checkpoint
+    manager.save(1, model=model)
+    with pytest.raises(TypeError, match="restore: nothing to restore into"):
+        manager.restore(1)
+    with pytest.raises(TypeError, match=r"restore: model= takes a module.*got dict"):
+        manager.restore(1, model={})
+    with pytest.raises(ValueError, match=r"step 1 in .* holds no optimizer state \(it was saved without optimizer=\)"):
+        manager.restore(1, model=model, optimizer=optimizer)
 
 
 def test_saved_mesh_rebuilt_on_as_many_devices():

@@ -118,11 +118,11 @@ def test_linen_names_grads_and_a_hook_that_scales_a_layer_gradient_as_a_custom_v
     tensors = as_tensors(params)
     with xgrad.intermediates() as acts:
         out = traced(tensors, X)
-    assert list(acts)[:3] == ["LinenMLP/Dense_0", "LinenMLP", "LinenMLP/Dense_1"]
+    assert list(acts)[:3] == ["Dense_0", "LinenMLP", "Dense_1"]
     assert list(acts)[3].startswith("test_jax_trace.py:")
     np.testing.assert_allclose(out.item(), loss(params, X), rtol=1e-14)
     seen = []
-    acts["LinenMLP/Dense_0"].register_hook(lambda g: seen.append(g.shape) or 0.5 * g)
+    acts["Dense_0"].register_hook(lambda g: seen.append(g.shape) or 0.5 * g)
     for t in acts.values():
         t.retain_grad()  # retained gradients see what the hooks made of them
     out.backward()
@@ -139,17 +139,17 @@ def test_linen_names_grads_and_a_hook_that_scales_a_layer_gradient_as_a_custom_v
     assert_trees_close(grads_of(tensors["params"]["Dense_1"]), unmodified["params"]["Dense_1"])
 
     # Per-layer gradients: d loss / d output = 2 * output; at Dense_0, by perturbing its output (then halved).
-    np.testing.assert_allclose(acts["LinenMLP/Dense_1"].grad.array, 2 * model.apply(params, X), rtol=1e-12)
+    np.testing.assert_allclose(acts["Dense_1"].grad.array, 2 * model.apply(params, X), rtol=1e-12)
 
     def perturbed(eps, x):
         with linen.intercept_methods(dense_output("Dense_0", lambda out: out + eps)):
             return loss(params, x)
 
     at_dense_0 = jax.jit(jax.grad(perturbed))(jnp.zeros((4, 5)), X)
-    np.testing.assert_allclose(acts["LinenMLP/Dense_0"].grad.array, 0.5 * at_dense_0, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(acts["Dense_0"].grad.array, 0.5 * at_dense_0, rtol=1e-12, atol=1e-14)
 
 
-def test_equinox_grads_names_with_a_suffix_for_repeats_and_clipping_one_layer(eqx_model):
+def test_equinox_grads_names_and_clipping_one_layer(eqx_model):
     model, loss, traced = eqx_model
     plain = as_tensors(model)
     plain_out = traced(plain, X)
@@ -159,9 +159,8 @@ def test_equinox_grads_names_with_a_suffix_for_repeats_and_clipping_one_layer(eq
     clipped = as_tensors(model)
     with xgrad.intermediates() as acts:
         out = traced(clipped, X)
-    linears = [k for k in acts if "eqx.nn.Linear" in k]
-    assert linears == ["vmap(eqx.nn.MLP)/eqx.nn.Linear", "vmap(eqx.nn.MLP)/eqx.nn.Linear#2"]
-    acts["vmap(eqx.nn.MLP)/eqx.nn.Linear"].register_hook(lambda g: g.clamp(-0.1, 0.1))
+    assert list(acts)[:3] == ["layers[0]", "MLP", "layers[1]"]
+    acts["layers[0]"].register_hook(lambda g: g.clamp(-0.1, 0.1))
     out.backward()
 
     @jax.custom_vjp
@@ -181,14 +180,12 @@ def test_equinox_grads_names_with_a_suffix_for_repeats_and_clipping_one_layer(eq
     assert not np.allclose(expected.layers[0].weight, grads_of(plain)[0])  # the clip mattered
 
 
-def test_nnx_grads_equal_jax_grad_and_values_are_named_by_source_line(nnx_model):
+def test_nnx_grads_equal_jax_grad_and_values_are_named_by_module_path(nnx_model):
     state, loss, traced = nnx_model
     tensors = as_tensors(state)
     with xgrad.intermediates() as acts:
         out = traced(tensors, X)
-    # NNX sets no name stack: the lines of NnxMLP.__call__ that ran each layer.
-    assert [k.split(":")[0] for k in acts] == ["test_jax_trace.py"] * 3
-    assert [k.endswith("(NnxMLP.__call__)") for k in acts] == [True, True, False]
+    assert list(acts)[:3] == ["first", "NnxMLP", "second"]
     out.backward()
     assert_trees_close(grads_of(tensors), jax.jit(jax.grad(loss))(state, X))
 
@@ -218,8 +215,8 @@ def test_profiler_and_graph_picture_show_nodes_by_name(linen_model):
     with xgrad.autograd.profile() as prof:
         out.backward(retain_graph=True)
     names = [row.name for row in prof.key_averages()]
-    assert "DotGeneralBackward[LinenMLP/Dense_0]" in names and "AddBackward[LinenMLP/Dense_1]" in names
-    assert "DotGeneralBackward[LinenMLP/Dense_1]" in xgrad.viz.make_dot(out).source
+    assert "DotGeneralBackward[Dense_0]" in names and "AddBackward[Dense_1]" in names
+    assert "DotGeneralBackward[Dense_1]" in xgrad.viz.make_dot(out).source
 
 
 def test_nested_jit_custom_vjp_scan_and_remat_stay_single_nodes_with_jax_gradients():

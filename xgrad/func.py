@@ -3,14 +3,15 @@
 # NOTE [Function transforms]
 # Each transform turns the user's function of Tensors into a function of arrays (the
 # Tensors it was given become Tensors around JAX's tracers inside, outside xgrad's
-# graph and under ``no_grad``), hands that to the JAX transform of the same meaning
+# graph: recording is off, JAX's AD is not, NOTE [Grad mode on JAX's AD]), hands that
+# to the JAX transform of the same meaning
 # (``jax.grad``, ``jax.vjp``, ``jax.jvp``, ``jax.vmap``, ``jax.jacrev``, ``jax.jacfwd``)
 # and wraps the arrays that come back as Tensors. They compose (``vmap(grad(f))``,
 # ``jacfwd(jacrev(f))``) because each one's result is again a function of Tensors.
 # Nothing is cached: every call traces the function afresh, so values read through
 # closures or a module (``functional_call``) are the current ones after an optimizer
-# step. What comes back is outside xgrad's graph (as from ``torch.no_grad``): to
-# differentiate a transform's result, compose another transform.
+# step. Called on tensors with history, a transform keeps it (NOTE [Transforms keep
+# history]); in-place writes follow torch.func (NOTE [In-place writes in xgrad.func]).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from typing import Any
 import jax
 
 from xgrad.engine.dual import ERR_TANGENT_SIZE
-from xgrad.grad_mode import no_grad
+from xgrad.grad_mode import graph_off, is_grad_enabled
 from xgrad.jax_capture import quiet_captures
+from xgrad.ops import from_jax
 from xgrad.ops._util import canonical_dim
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
+from xgrad.tensor.inplace import ERR_MUTATE_CAPTURED
 
 __all__ = ["functional_call", "grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "vjp", "vmap"]
 
@@ -44,6 +47,33 @@ def _tensors(tree: Any) -> Any:
 def _inside(tree: Any) -> Any:
     """The function's view of a tree of arguments: every Tensor a fresh one outside the graph."""
     return jax.tree_util.tree_map(lambda x: Tensor(array_of(x)) if isinstance(x, Tensor) else x, tree, is_leaf=is_tensor)
+
+
+def _has_history(tree: Any) -> bool:
+    return any(
+        isinstance(x, Tensor) and (x.requires_grad or x.grad_fn is not None)
+        for x in jax.tree_util.tree_leaves(tree, is_leaf=is_tensor)
+    )
+
+
+# NOTE [Transforms keep history]
+# ``torch.func``'s transforms compose with autograd: ``vmap(jacrev(f))(x)`` on an ``x``
+# that requires grad gives a result that ``backward()`` differentiates (a force term in a
+# loss, a MAML inner step). Called with grad mode on and a Tensor argument that requires
+# grad (or has history), a transform here runs as one ``from_jax`` op of the arguments:
+# its result keeps the history, and its backward is JAX's vjp of the transformed function.
+def _keeps_history(transformed: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(transformed)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not is_grad_enabled() or not _has_history((args, kwargs)):
+            return transformed(*args, **kwargs)
+
+        def of_arrays(args: Any, kwargs: Any) -> Any:
+            return _arrays(transformed(*_tensors(args), **_tensors(kwargs)))
+
+        return from_jax(of_arrays, name=getattr(transformed, "__name__", "transform"))(args, kwargs)
+
+    return wrapper
 
 
 def _argnums_tuple(argnums: int | Sequence[int], nargs: int, name: str) -> tuple[int, ...]:
@@ -78,10 +108,31 @@ def _split_aux(out: Any, name: str) -> tuple[Any, Any]:
     return out
 
 
-def _call(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+def _call(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], transform: str = "grad") -> Any:
     """``func`` on the function's view of its arguments, as the transforms run it."""
-    with no_grad(), quiet_captures():
-        return func(*_inside(tuple(args)), **_inside(dict(kwargs)))
+    return _call_tracking(func, args, kwargs, transform)[0]
+
+
+def _call_tracking(
+    func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], transform: str
+) -> tuple[Any, list[Any]]:
+    """``_call``, and per positional argument the new array it was given in place, else ``None``
+    (NOTE [In-place writes in xgrad.func])."""
+    inner = _inside(tuple(args))
+    given = [t._array if isinstance(t, Tensor) else None for t in inner]
+    with graph_off(transform), quiet_captures():
+        out = func(*inner, **_inside(dict(kwargs)))
+    written = [
+        t._array if isinstance(t, Tensor) and t._array is not g else None for t, g in zip(inner, given, strict=True)
+    ]
+    return out, written
+
+
+def _write_back(args: Sequence[Any], written: Sequence[Any]) -> None:
+    """Give the caller's tensors the values the function wrote into them in place."""
+    for a, new in zip(args, written, strict=True):
+        if new is not None:
+            a.copy_(Tensor(new))
 
 
 def _with_args(args: tuple[Any, ...], nums: tuple[int, ...], values: Sequence[Any]) -> list[Any]:
@@ -124,7 +175,7 @@ def grad_and_value(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0,
         grads = _tensors(grads if isinstance(argnums, tuple) else grads[0])
         return (grads, (Tensor(value), _tensors(aux))) if has_aux else (grads, Tensor(value))
 
-    return wrapper
+    return _keeps_history(wrapper)
 
 
 def grad(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0, has_aux: bool = False) -> Callable[..., Any]:
@@ -209,17 +260,17 @@ def jvp(
             raise RuntimeError(ERR_TANGENT_SIZE.format(primal=list(primal.shape), tangent=list(tangent.shape)))
 
     def of_arrays(*arrays: Any) -> Any:
-        out = _call(func, [_tensors(a) for a in arrays], {})
+        out, written = _call_tracking(func, [_tensors(a) for a in arrays], {}, "grad")
+        aux = None
         if has_aux:
             out, aux = _split_aux(out, "jvp")
-            return _arrays(out), _arrays(aux)
-        return _arrays(out)
+        return _arrays(out), (_arrays(aux), written)
 
     p, t = _arrays(primals), _arrays(tangents)
+    out, tangent_out, (aux, written) = jax.jvp(of_arrays, p, t, has_aux=True)
+    _write_back(primals, written)
     if has_aux:
-        out, tangent_out, aux = jax.jvp(of_arrays, p, t, has_aux=True)
         return _tensors(out), _tensors(tangent_out), _tensors(aux)
-    out, tangent_out = jax.jvp(of_arrays, p, t)
     return _tensors(out), _tensors(tangent_out)
 
 
@@ -268,18 +319,32 @@ def vmap(
             full = list(args)
             for i, a in zip(mapped, arrays, strict=True):
                 full[i] = _tensors(a)
-            out = _call(func, full, kwargs)
+            out, written = _call_tracking(func, full, kwargs, "vmap")
             if isinstance(out_dims, int):
                 _check_vmap_outputs(func, out, out_dims)
-            return _arrays(out)
+            return _arrays(out), written
 
-        batched = jax.vmap(of_arrays, in_axes=tuple(dims[i] for i in mapped), out_axes=out_dims)
+        written_dims = [d if isinstance(d, int) else None for d in dims]
+        batched = jax.vmap(of_arrays, in_axes=tuple(dims[i] for i in mapped), out_axes=(out_dims, written_dims))
         arrays = [_arrays(args[i]) for i in mapped]
-        if chunk_size is None:
-            return _tensors(batched(*arrays))
-        return _tensors(_in_chunks(batched, arrays, [dims[i] for i in mapped], out_dims, chunk_size))
+        try:
+            if chunk_size is None:
+                out, written = batched(*arrays)
+            else:
+                chunks = _in_chunks(batched, arrays, [dims[i] for i in mapped], chunk_size)
+                out = _joined([o for o, _ in chunks], out_dims)
+                written = [
+                    None if w is None else _joined([c[1][k] for c in chunks], d) if d is not None else w
+                    for k, (w, d) in enumerate(zip(chunks[-1][1], written_dims, strict=True))
+                ]
+        except ValueError as e:
+            if "out_axes" in str(e) and any(w is not None for w in jax.tree_util.tree_leaves(written_dims)):
+                raise RuntimeError(ERR_MUTATE_CAPTURED["vmap"]) from e
+            raise
+        _write_back(args, written)
+        return _tensors(out)
 
-    return wrapper
+    return _keeps_history(wrapper)
 
 
 def _vmap_name(func: Callable[..., Any]) -> str:
@@ -328,22 +393,27 @@ def _check_differentiable(inputs: list[Any]) -> None:
             raise RuntimeError("only Tensors of floating point and complex dtype can require gradients")
 
 
-def _in_chunks(batched: Callable[..., Any], arrays: list[Any], dims: list[Any], out_dims: Any, chunk_size: int) -> Any:
-    """``batched(*arrays)`` computed ``chunk_size`` examples at a time, concatenated."""
-    import jax.numpy as jnp
-
+def _in_chunks(batched: Callable[..., Any], arrays: list[Any], dims: list[Any], chunk_size: int) -> list[Any]:
+    """``batched(*arrays)`` computed ``chunk_size`` examples at a time: the chunks' results."""
     leaves, tree = jax.tree_util.tree_flatten(arrays)
     leaf_dims = jax.tree_util.tree_leaves(
         [jax.tree_util.tree_map(lambda _, d=d: d, a) if isinstance(d, int) else d for a, d in zip(arrays, dims, strict=True)]
     )
     size = leaves[0].shape[leaf_dims[0]]
-    outs = []
+    results = []
     for start in range(0, size, chunk_size):
         chunk = [jax.lax.slice_in_dim(x, start, min(start + chunk_size, size), axis=d) for x, d in zip(leaves, leaf_dims, strict=True)]
-        outs.append(batched(*jax.tree_util.tree_unflatten(tree, chunk)))
-    out_leaves = [jax.tree_util.tree_leaves(o) for o in outs]
-    out_tree = jax.tree_util.tree_structure(outs[0])
-    axes = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda _: out_dims, outs[0])) if isinstance(out_dims, int) else (
+        results.append(batched(*jax.tree_util.tree_unflatten(tree, chunk)))
+    return results
+
+
+def _joined(results: list[Any], out_dims: Any) -> Any:
+    """The chunks' results concatenated along their mapped dimensions."""
+    import jax.numpy as jnp
+
+    out_leaves = [jax.tree_util.tree_leaves(o) for o in results]
+    out_tree = jax.tree_util.tree_structure(results[0])
+    axes = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda _: out_dims, results[0])) if isinstance(out_dims, int) else (
         jax.tree_util.tree_leaves(out_dims)
     )
     joined = [jnp.concatenate([o[k] for o in out_leaves], axis=axes[k]) for k in range(len(out_leaves[0]))]
@@ -368,7 +438,7 @@ def _jacobian(jax_transform: Callable[..., Any], func: Callable[..., Any], argnu
         result = jax_transform(of_arrays, argnums=positions, has_aux=has_aux)(*[_arrays(args[i]) for i in nums])
         return (_tensors(result[0]), _tensors(result[1])) if has_aux else _tensors(result)
 
-    return wrapper
+    return _keeps_history(wrapper)
 
 
 def jacrev(

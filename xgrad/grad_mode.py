@@ -7,20 +7,38 @@ see the caller's setting by accident.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["enable_grad", "inference_mode", "is_grad_enabled", "no_grad", "set_grad_enabled"]
+import jax
+
+from xgrad.jax_internals import get_opaque_trace_state
+
+__all__ = ["enable_grad", "graph_off", "inference_mode", "is_grad_enabled", "no_grad", "set_grad_enabled", "stops_gradients"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# NOTE [Grad mode on JAX's AD]
+# Outside JAX, grad mode decides whether ops record xgrad's graph. On JAX's tracers it
+# must also decide what JAX's AD sees, or ``jax.grad`` of a function with a ``no_grad``
+# block would differentiate through it. So a user's switch (``no_grad``,
+# ``inference_mode``, ``set_grad_enabled(False)``) remembers the JAX trace it was
+# entered in (``_GradState.stop_trace``), and ops run with grad off on tracers of that
+# very trace give their results through ``lax.stop_gradient`` (``bind``): a switch
+# entered outside a transformation does not reach into it, as ``torch.func.grad``
+# ignores a ``no_grad`` around it. xgrad's own machinery (the engine running a
+# backward, ``xgrad.func`` running the user's function) turns recording off with
+# ``_GradState.enabled`` alone, which leaves JAX's AD as it is.
 class _GradState(threading.local):
     enabled: bool = True
     inference: bool = False
+    stop_trace: Any = None  # the JAX trace in which a user turned grad off, else None
+    transform: str | None = None  # the xgrad.func transform whose function runs on this thread, if any
 
 
 _state = _GradState()
@@ -47,6 +65,32 @@ def is_inference_mode_enabled() -> bool:
     return _state.inference
 
 
+@contextlib.contextmanager
+def graph_off(transform: str | None = None) -> Iterator[None]:
+    """No graph recorded, and JAX's AD left as it is: for xgrad's own machinery that runs
+    user code on JAX's tracers (NOTE [Grad mode on JAX's AD]). ``transform`` names the
+    ``xgrad.func`` transform whose function runs (``"grad"`` for the AD ones, ``"vmap"``),
+    for the checks on in-place writes (NOTE [In-place writes in xgrad.func])."""
+    prev = (_state.enabled, _state.stop_trace, _state.transform)
+    _state.enabled, _state.stop_trace, _state.transform = False, None, transform
+    try:
+        yield
+    finally:
+        _state.enabled, _state.stop_trace, _state.transform = prev
+
+
+def stops_gradients(arrays: Any) -> bool:
+    """Whether results computed now from ``arrays`` must stop JAX's AD: grad is off by a user's
+    switch entered in the very trace these tracers belong to (NOTE [Grad mode on JAX's AD])."""
+    stop_trace = _state.stop_trace
+    if stop_trace is None or _state.enabled:
+        return False
+    for a in arrays:
+        if isinstance(a, jax.core.Tracer):
+            return bool(get_opaque_trace_state(convention="xgrad") == stop_trace)
+    return False
+
+
 def _set_enabled(mode: bool) -> None:
     _state.enabled = mode
 
@@ -57,16 +101,17 @@ class _GradModeContext:
     _mode: bool
 
     def __init__(self) -> None:
-        self._saved: list[tuple[bool, bool]] = []
+        self._saved: list[tuple[bool, bool, Any]] = []
 
-    def _swap(self) -> tuple[bool, bool]:
-        prev = (_state.enabled, _state.inference)
+    def _swap(self) -> tuple[bool, bool, Any]:
+        prev = (_state.enabled, _state.inference, _state.stop_trace)
         _state.enabled = self._mode
+        _state.stop_trace = None if self._mode else get_opaque_trace_state(convention="xgrad")
         return prev
 
     @staticmethod
-    def _restore(prev: tuple[bool, bool]) -> None:
-        _state.enabled, _state.inference = prev
+    def _restore(prev: tuple[bool, bool, Any]) -> None:
+        _state.enabled, _state.inference, _state.stop_trace = prev
 
     def __enter__(self) -> None:
         self._saved.append(self._swap())
@@ -185,7 +230,7 @@ class set_grad_enabled(_GradModeContext):
         # The switch happens at construction, as PyTorch's does: the first ``with``
         # restores the mode from before it, and a decorator undoes it at once so that
         # only calls of the decorated function see ``mode``.
-        self._construction_prev: tuple[bool, bool] | None = self._swap()
+        self._construction_prev: tuple[bool, bool, Any] | None = self._swap()
 
     def __enter__(self) -> None:
         if self._construction_prev is None:
@@ -235,7 +280,7 @@ class inference_mode(_GradModeContext):
         self._mode = not mode
         self._inference = bool(mode)
 
-    def _swap(self) -> tuple[bool, bool]:
+    def _swap(self) -> tuple[bool, bool, Any]:
         prev = super()._swap()
         _state.inference = self._inference
         return prev

@@ -13,8 +13,9 @@ What xgrad uses of JAX, by how stable it is:
   ``get_opaque_trace_state``, and a jaxpr's ``eqns``/``invars``/``outvars``/
   ``constvars``/``effects``; ``Jaxpr``, ``Var``, ``DropVar``, ``DebugInfo`` and an
   equation's ``replace``/``params``/``ctx``/``source_info`` for ``from_jax(fn,
-  trace=True)``, NOTE [Traced from_jax]), ``jax.extend.source_info_util.summarize``
-  (an equation's source line), ``jax.experimental.io_callback`` and
+  trace=True)``, NOTE [Traced from_jax]), an equation's name stack (its ``stack`` of
+  ``Scope``/``Transform`` entries, read by ``name_scopes``, checked at import) and
+  traceback (its ``frames``, read by ``source_frames``), ``jax.experimental.io_callback`` and
   ``jax.experimental.compilation_cache.compilation_cache.reset_cache``.
 - Internal: ``BatchTracer.val`` and ``JVPTracer``/``LinearizeTracer.primal``
   (``concrete_value``: the values under ``vmap``/``grad`` tracers, which an op's
@@ -39,19 +40,19 @@ from __future__ import annotations
 
 import dis
 import threading
-from types import CodeType
+from types import CodeType, FrameType
 from typing import Any
 
 import jax
 from jax.experimental import io_callback
 from jax.experimental.compilation_cache import compilation_cache
 from jax.extend.core import ClosedJaxpr, DebugInfo, DropVar, Jaxpr, Literal, Var, get_opaque_trace_state, jaxpr_as_fun
-from jax.extend.source_info_util import summarize as summarize_source_info
+from jax.extend.source_info_util import new_name_stack
 
 __all__ = [
-    "ClosedJaxpr", "DebugInfo", "concrete_value", "DropVar", "Jaxpr", "JaxBehaviourChanged", "Literal", "Var", "check_consts_keep_identity",
-    "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names", "reset_compilation_cache",
-    "summarize_source_info",
+    "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged", "Literal", "Var", "abstractifying",
+    "check_consts_keep_identity", "concrete_value", "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names",
+    "name_scopes", "reset_compilation_cache", "source_frames",
 ]
 
 ERR_CHANGED = (
@@ -143,6 +144,38 @@ def _self_test_loaded_names() -> None:
             raise _changed(f"the bytecode scan of a rule like {fn.__name__!r} finds {sorted(found)}, not {sorted(names)}")
 
 
+def abstractifying(frame: FrameType | None) -> bool:
+    """Whether ``frame`` is JAX asking an object for its abstract value (``core.typeof``,
+    ``core.shaped_abstractify``), which refuses objects with ``__jax_array__``: a Tensor
+    where an array belongs (``jax.grad``'s output, a ``lax`` function's argument) then
+    raises xgrad's error naming the fix instead of JAX's (``tests/test_jax_boundary.py`` pins it)."""
+    return (
+        frame is not None
+        and frame.f_code.co_name in ("typeof", "shaped_abstractify")
+        and frame.f_globals.get("__name__") == "jax._src.core"
+    )
+
+
+# -- 3. An equation's name stack and Python frames (NOTE [Traced from_jax]) ---------------
+
+
+def name_scopes(name_stack: Any) -> tuple[str, ...]:
+    """The ``jax.named_scope`` names of an equation's name stack, outermost first, without transforms (``vmap``)."""
+    return tuple(entry.name for entry in name_stack.stack if type(entry).__name__ == "Scope")
+
+
+def source_frames(source_info: Any) -> list[tuple[str, int, str]]:
+    """The Python frames that made an equation, innermost first: ``(file, line, qualified function name)``."""
+    traceback = source_info.traceback
+    return [] if traceback is None else [(f.file_name, f.line_num, f.function_name) for f in traceback.frames]
+
+
+def _self_test_name_scopes() -> None:
+    stack = new_name_stack("model").extend("layer").transform("vmap").extend("dense")
+    if name_scopes(stack) != ("model", "layer", "dense"):
+        raise _changed(f"a name stack's scopes read as {name_scopes(stack)}, not ('model', 'layer', 'dense')")
+
+
 def concrete_value(x: Any) -> Any:
     """``x``, or the array under its ``vmap``/``grad``/``jvp`` tracers; ``None`` where there is none (``jit``, ``make_jaxpr``).
 
@@ -166,3 +199,4 @@ def reset_compilation_cache() -> None:
 
 
 _self_test_loaded_names()
+_self_test_name_scopes()

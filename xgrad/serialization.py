@@ -12,8 +12,10 @@ loading a file cannot run code.
 # removes the temporary file. A kill cannot: the writer holds an exclusive ``flock``
 # on its temporary file while writing, which the kernel releases when the process
 # dies, so the next save of the same target removes every temporary of it that it
-# can lock (a live writer's, in another process, stays locked and is left alone). A
-# just-created empty one is left for a minute: its writer may not have locked it yet.
+# can lock (a live writer's, in another process, stays locked and is left alone),
+# empty ones included. A cleaner may lock and remove a temporary in the instant
+# between its creation and its writer's ``flock``: the writer, once it holds the lock,
+# checks that its name still leads to its file, and otherwise starts on a new name.
 #
 # NOTE [Checksums]
 # A safetensors file stores a CRC-32 of each entry's bytes in its structure record;
@@ -41,9 +43,9 @@ import contextlib
 import json
 import math
 import os
+import pickle
 import re
 import secrets
-import time
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -58,14 +60,35 @@ from xgrad.restricted_pickle import (
     add_safe_globals,
     clear_safe_globals,
     get_safe_globals,
-    is_restricted_pickle,
     load_pickled,
     safe_globals,
     save_pickled,
 )
 from xgrad.tensor import Tensor
 
-__all__ = ["add_safe_globals", "clear_safe_globals", "get_safe_globals", "load", "safe_globals", "save"]
+__all__ = ["CorruptCheckpointError", "RestrictedUnpicklingError", "add_safe_globals", "clear_safe_globals",
+           "get_safe_globals", "load", "safe_globals", "save"]
+
+
+class CorruptCheckpointError(RuntimeError, ValueError):
+    """A checkpoint file whose bytes are not what was written (truncated, edited, a flipped bit).
+
+    The message names the file. A ``RuntimeError``, as PyTorch's ``torch.load`` raises
+    for a damaged file, and a ``ValueError``, as xgrad raised for one before this class.
+    Raised by ``xgrad.load`` and ``xgrad.distributed.CheckpointManager.restore``.
+    """
+
+
+class RestrictedUnpicklingError(CorruptCheckpointError, pickle.UnpicklingError):
+    """The ``CorruptCheckpointError`` of a whole-object checkpoint (``xgrad.save(model, "m.pt")``).
+
+    Raised for an archive that is corrupt or truncated, that exceeds the loader's limits
+    (NOTE [Loader limits] in ``xgrad/restricted_pickle.py``: a zip bomb), that names a
+    class nobody allow-listed or asks what the restricted unpickler refuses, or that is
+    no archive ``xgrad.save`` wrote; the message names the file. Also a
+    ``pickle.UnpicklingError``, as PyTorch's weights-only ``torch.load`` raises.
+    """
+
 
 FORMATS = (".npz", ".safetensors")
 META_KEY = "__xgrad__"  # the npz entry / safetensors metadata field holding the structure
@@ -119,10 +142,10 @@ def _crc32(array: np.ndarray) -> int:
 
 
 def _verified(path: str, name: str, array: np.ndarray, checksums: Mapping[str, int] | None) -> np.ndarray:
-    """``array`` as read for entry ``name``, or a ``ValueError`` when its recorded checksum disagrees."""
+    """``array`` as read for entry ``name``, or a ``CorruptCheckpointError`` when its recorded checksum disagrees."""
     expected = None if checksums is None else checksums.get(name)
     if expected is not None and _crc32(array) != expected:
-        raise ValueError(ERR_CORRUPT.format(path=path, why=WHY_CHECKSUM.format(name=name)))
+        raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=WHY_CHECKSUM.format(name=name)))
     return array
 
 
@@ -226,9 +249,6 @@ def _serialize(fmt: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) ->
 
 
 
-#: How long a temporary file with nothing written in it may be another save's, not yet locked.
-UNLOCKED_GRACE_SECONDS = 60.0
-
 
 def _temporary_name(base: str) -> str:
     return f".{base}.{secrets.token_hex(8)}.tmp"
@@ -263,24 +283,38 @@ def _remove_stale_temporaries(folder: str, base: str) -> None:
         try:
             if not _lock(fd, wait=False):
                 continue  # a live writer holds it
-            stat = os.fstat(fd)
-            if stat.st_size == 0 and time.time() - stat.st_mtime < UNLOCKED_GRACE_SECONDS:
-                continue
             with contextlib.suppress(OSError):
-                if os.stat(tmp).st_ino == stat.st_ino:  # still that file, not a new save's
+                if _names_file(tmp, fd):  # still that file, not a new save's
                     os.unlink(tmp)
         finally:
             os.close(fd)
+
+
+def _names_file(name: str, fd: int) -> bool:
+    """Whether ``name`` is the file open as ``fd`` (not removed, nor replaced by another)."""
+    try:
+        return os.stat(name).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _locked_temporary(folder: str, base: str) -> tuple[str, int]:
+    """A new temporary file for ``base`` in ``folder``, locked, as ``(path, fd)`` (NOTE [Atomic saves])."""
+    while True:
+        tmp = os.path.join(folder, _temporary_name(base))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+        # Held until the file is renamed or removed, or this process dies.
+        if not _lock(fd, wait=True) or _names_file(tmp, fd):
+            return tmp, fd
+        os.close(fd)  # another save's cleaner took it for stale before we locked it
 
 
 def _write_atomic(path: str, write: Callable[[BinaryIO], None]) -> None:
     """Run ``write`` on a temporary file next to ``path``, then rename it over ``path`` (NOTE [Atomic saves])."""
     folder, base = os.path.split(os.path.abspath(path))
     _remove_stale_temporaries(folder, base)
-    tmp = os.path.join(folder, _temporary_name(base))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+    tmp, fd = _locked_temporary(folder, base)
     try:
-        _lock(fd, wait=True)  # held until the file is renamed or removed, or this process dies
         with open(fd, "wb") as f:
             write(f)
             f.flush()
@@ -364,22 +398,22 @@ def _open(path: str, fmt: str) -> Iterator[tuple[Callable[[str], np.ndarray], li
         if not zipfile.is_zipfile(path):
             if not os.path.exists(path):
                 raise FileNotFoundError(f"xgrad.load: no such file: {path!r}")
-            raise ValueError(ERR_NOT_ZIP.format(path=path))
+            raise CorruptCheckpointError(ERR_NOT_ZIP.format(path=path))
         try:
             npz = np.load(path, allow_pickle=False)
         except (ValueError, zipfile.BadZipFile) as exc:
-            raise ValueError(ERR_CORRUPT.format(path=path, why=exc)) from None
+            raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=exc)) from None
         with npz:
 
             def read_npz(name: str) -> np.ndarray:
                 try:
                     return npz[name]
                 except zipfile.BadZipFile as exc:  # a member's CRC-32 (NOTE [Checksums]) or its headers
-                    raise ValueError(ERR_CORRUPT.format(path=path, why=f"entry {name!r}: {exc}")) from None
+                    raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"entry {name!r}: {exc}")) from None
                 except ValueError as exc:
                     if "pickle" in str(exc).lower():
                         raise ValueError(ERR_PICKLE.format(path=path)) from None
-                    raise ValueError(ERR_CORRUPT.format(path=path, why=exc)) from None
+                    raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=exc)) from None
 
             names = [n for n in npz.files if n != META_KEY]
             meta = str(read_npz(META_KEY)) if META_KEY in npz.files else None
@@ -392,7 +426,7 @@ def _open(path: str, fmt: str) -> Iterator[tuple[Callable[[str], np.ndarray], li
     except FileNotFoundError:
         raise
     except Exception as exc:  # safetensors raises its own error type for a bad header
-        raise ValueError(ERR_CORRUPT.format(path=path, why=exc)) from None
+        raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=exc)) from None
     with handle as f:
         yield f.get_tensor, list(f.keys()), (f.metadata() or {}).get(META_KEY)  # noqa: SIM118  (no Mapping)
 
@@ -401,9 +435,9 @@ def _parse_meta(path: str, text: str) -> dict[str, Any]:
     try:
         meta = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(ERR_CORRUPT.format(path=path, why=f"its structure record is not JSON ({exc})")) from None
+        raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"its structure record is not JSON ({exc})")) from None
     if not isinstance(meta, dict) or "version" not in meta:
-        raise ValueError(ERR_CORRUPT.format(path=path, why="its structure record has no format version"))
+        raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why="its structure record has no format version"))
     version = meta["version"]
     if version not in READABLE_VERSIONS:
         raise ValueError(
@@ -418,20 +452,20 @@ def _checked(path: str, name: str, array: np.ndarray, node: dict[str, Any]) -> n
     try:
         dtype = jnp.dtype(node["dtype"])
     except TypeError:
-        raise ValueError(ERR_CORRUPT.format(path=path, why=f"entry {name!r} has unknown dtype {node['dtype']!r}")) from None
+        raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"entry {name!r} has unknown dtype {node['dtype']!r}")) from None
     if array.dtype != dtype:
         if array.dtype.itemsize != dtype.itemsize or array.dtype.kind not in "biuf":
-            raise ValueError(ERR_CORRUPT.format(
+            raise CorruptCheckpointError(ERR_CORRUPT.format(
                 path=path, why=f"entry {name!r} is stored as {array.dtype} but recorded as {dtype}"))
         array = array.view(dtype)
     shape = node.get("shape")
     if shape is not None:
         if math.prod(shape) != array.size:
-            raise ValueError(ERR_CORRUPT.format(
+            raise CorruptCheckpointError(ERR_CORRUPT.format(
                 path=path, why=f"entry {name!r} holds {array.size} elements but its recorded shape {tuple(shape)} has "
                 f"{math.prod(shape)}"))
         if tuple(shape) != array.shape:
-            raise ValueError(ERR_CORRUPT.format(
+            raise CorruptCheckpointError(ERR_CORRUPT.format(
                 path=path, why=f"entry {name!r} has shape {array.shape} but its recorded shape is {tuple(shape)}"))
     return array
 
@@ -450,11 +484,11 @@ def _sharded_reader(
     for process in range(count):
         shard_file = _shard_path(path, process, count)
         if not os.path.exists(shard_file):
-            raise ValueError(ERR_CORRUPT.format(path=path, why=f"its shard file {shard_file!r} is missing"))
+            raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"its shard file {shard_file!r} is missing"))
         read, _, text = stack.enter_context(_open(shard_file, fmt))
         shard_meta = _parse_meta(shard_file, text or "")
         if shard_meta.get("save_id") != meta.get("save_id"):
-            raise ValueError(ERR_CORRUPT.format(
+            raise CorruptCheckpointError(ERR_CORRUPT.format(
                 path=path, why=f"its shard file {shard_file!r} belongs to another save (an interrupted save left files "
                 "of two checkpoints); save again"))
         checksums = shard_meta.get("crc32")
@@ -477,7 +511,7 @@ def _sharded_reader(
             out[dst] = piece[src]
             filled += math.prod(hi - lo for lo, hi in overlap)
         if filled != out.size:
-            raise ValueError(ERR_CORRUPT.format(path=path, why=f"the shard files do not cover all of {name!r}"))
+            raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"the shard files do not cover all of {name!r}"))
         return out
 
     return region
@@ -487,11 +521,12 @@ def load(path: Any, device: Any = None, *, arrays: bool = False, weights_only: b
          map_location: Any = None, mmap: bool | None = None) -> Any:
     """Read what ``save`` wrote: a Tensor or a (nested) dict of Tensors (of ``jax.Array``s with ``arrays=True``).
 
-    Checks what it reads against the recorded format version, dtypes, shapes and
-    element counts, and raises ``ValueError`` naming the path and the entry when they
-    disagree, or when the file's bytes changed after it was written (a flipped bit:
-    each entry of a safetensors file carries a CRC-32, each member of an npz archive
-    one of its own).
+    Checks what it reads against the recorded dtypes, shapes and element counts, and
+    raises ``CorruptCheckpointError`` (a ``RuntimeError`` and a ``ValueError``) naming
+    the path and the entry when they disagree, or when the file's bytes changed after
+    it was written (a flipped bit: each entry of a safetensors file carries a CRC-32,
+    each member of an npz archive one of its own). A format version newer than this
+    xgrad reads raises ``ValueError``.
     Arrays saved sharded come back on their saved sharding when this run has those
     devices; a checkpoint written by several processes is read by each of them,
     every process reading only the pieces its devices hold. When this run lacks some
@@ -510,8 +545,11 @@ def load(path: Any, device: Any = None, *, arrays: bool = False, weights_only: b
             orbax, a Flax or Equinox model's parameters).
         weights_only: accepted for PyTorch's signature; loading is always restricted:
             a whole-object checkpoint rebuilds only xgrad's modules, containers and the
-            classes allow-listed with ``safe_globals``/``add_safe_globals``, and raises
-            ``pickle.UnpicklingError`` naming anything else, ``weights_only=False`` too.
+            classes allow-listed with ``safe_globals``/``add_safe_globals``, never by
+            calling them, and raises ``RestrictedUnpicklingError`` (a ``CorruptCheckpointError``
+            and a ``pickle.UnpicklingError``) naming the file and anything else it names,
+            ``weights_only=False`` too; as for a corrupt, truncated or inflating archive
+            (NOTE [Loader limits] in ``xgrad/restricted_pickle.py``).
         map_location: ``device`` under PyTorch's name.
         mmap: accepted and ignored.
 
@@ -523,14 +561,22 @@ def load(path: Any, device: Any = None, *, arrays: bool = False, weights_only: b
     """
     device = map_location if device is None else device
     if _is_pickle_target(path):
-        if not is_restricted_pickle(path):
-            raise ValueError(ERR_SUFFIX.format(path=path if not hasattr(path, "read") else "<file object>"))
-        loaded = load_pickled(path, resolve_device(device))
-    else:
-        loaded = _load(path, device)
+        return _load_whole_object(path, resolve_device(device), arrays)
+    loaded = _load(path, device)
     if arrays:
         return jax.tree_util.tree_map(lambda t: t.array, loaded, is_leaf=lambda t: isinstance(t, Tensor))
     return loaded
+
+
+def _load_whole_object(f: Any, device: Any, arrays: bool) -> Any:
+    """``load_pickled``, its every failure but a missing or unopenable file raised as one ``RestrictedUnpicklingError``."""
+    try:
+        return load_pickled(f, device, arrays=arrays)
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        raise
+    except Exception as exc:  # whatever a hostile or corrupt file makes zipfile, NumPy or the unpickler raise
+        name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else getattr(f, "name", "<file object>")
+        raise RestrictedUnpicklingError(f"xgrad.load: cannot load {name!r}: {exc}") from exc
 
 
 def _load(path: str | os.PathLike[str], device: Any) -> Any:
@@ -557,12 +603,12 @@ def _load(path: str | os.PathLike[str], device: Any) -> Any:
 
         def build(node: Any, where: str) -> Any:
             if not isinstance(node, dict):
-                raise ValueError(ERR_CORRUPT.format(path=path, why=f"bad structure record at {where or 'the top level'}"))
+                raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"bad structure record at {where or 'the top level'}"))
             if "dict" in node:
                 return {key: build(child, f"{where}{SEP}{key}" if where else key) for key, child in node["dict"].items()}
             name = node.get("tensor")
             if name is None or "dtype" not in node:
-                raise ValueError(ERR_CORRUPT.format(path=path, why=f"bad structure record at {where or 'the top level'}"))
+                raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"bad structure record at {where or 'the top level'}"))
             desc = node.get("sharding")
             requires_grad = bool(node.get("requires_grad", False))
             if node.get("sharded"):
@@ -578,7 +624,7 @@ def _load(path: str | os.PathLike[str], device: Any) -> Any:
                     tuple(node["shape"]), sharding, lambda index: region(name, node, tuple(index or ())))
                 return Tensor(array, requires_grad=requires_grad)
             if name not in names:
-                raise ValueError(ERR_CORRUPT.format(path=path, why=f"entry {name!r} is missing (a truncated or edited file?)"))
+                raise CorruptCheckpointError(ERR_CORRUPT.format(path=path, why=f"entry {name!r} is missing (a truncated or edited file?)"))
             # A whole array goes back on its sharding only if this process holds all of it.
             saved = None if desc is None else _rebuild_sharding(desc, jax.local_devices())
             stored = _verified(path, name, read(name), meta.get("crc32"))

@@ -116,7 +116,7 @@ def _alias_without_tangent(tensor: Tensor) -> Tensor:
         alias = _identity(tensor, shape=tensor.shape)
     alias._array = array_of(tensor)  # the same array, so that writes reach ``tensor``
     alias._version = tensor._version
-    alias._alias_of = (weakref.ref(tensor) if tensor._view is None else (lambda: tensor), True)
+    alias._alias_of = (weakref.ref(tensor) if tensor._view is None else (lambda: tensor), True, (alias._array, alias._array))
     return alias
 
 

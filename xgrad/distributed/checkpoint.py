@@ -1,23 +1,41 @@
 """``CheckpointManager``: numbered, sharded, atomic checkpoints of a model and its optimizer.
 
 # NOTE [Complete checkpoints]
-# A checkpoint of step N is the directory ``step_N`` of the manager's directory. A save
-# writes everything into ``step_N.tmp-<id>`` (the id chosen by process 0 and shared by
-# all): each process its shards (``xgrad.save``'s sharded format, NOTE [Sharded
-# checkpoints] in xgrad/serialization.py), process 0 the structure files and the
-# optimizer's non-tensor state as JSON. After a barrier that every process reaches only
-# once its files are on disk, process 0 renames the directory to ``step_N`` (one atomic
-# rename), removes the checkpoints beyond the newest ``max_to_keep`` and every
-# ``.tmp-`` directory (a save killed earlier: no save of this directory is in flight
-# then, saves being collective; an older checkpoint of the same step is moved to such a
-# name first), and a second barrier makes ``save`` return in every
-# process only once the checkpoint is complete. A kill at any point before the rename
-# leaves a ``.tmp-`` directory, which ``latest_step`` never reads.
+# A checkpoint of step N is the directory ``step_N`` (N written without leading
+# zeros) of the manager's directory, complete when its manifest is: ``checkpoint.manifest``
+# lists every other file with its size and SHA-256, and starts with the SHA-256 of the
+# rest of itself. A save writes everything into ``step_N.tmp-<id>`` (the id chosen by
+# process 0 and shared by all): each process its shards (``xgrad.save``'s sharded
+# format, NOTE [Sharded checkpoints] in xgrad/serialization.py), process 0 the structure
+# files and the optimizer's non-tensor state as JSON. After a barrier that every
+# process reaches only once its files are on disk, process 0 writes the manifest and
+# renames the directory to ``step_N``; a second barrier makes ``save`` return in every
+# process only once the checkpoint is complete.
+#
+# Every change of the directory is one rename, so that a kill at any point leaves each
+# step's old checkpoint or its new one, complete:
+# - an existing ``step_N`` (a rerun from an earlier step) is first renamed
+#   ``step_N.old-<id>``, then the new one takes its name. A kill between the two leaves
+#   that older copy, which ``all_steps``/``restore`` read as step N while there is no
+#   complete ``step_N``, and the next save renames back;
+# - what goes (the checkpoints beyond the newest ``max_to_keep``, older copies, torn
+#   ``.tmp-`` saves) is renamed ``step_N.trash-<id>`` before it is deleted, so that a
+#   kill mid-delete never leaves a half-deleted ``step_N``. Older copies go before any
+#   ``step_N``: a step removed never comes back as its older copy.
+# No save of this directory is in flight while process 0 tidies (saves are
+# collective), so every ``.tmp-`` directory but the current one is a killed save's.
+# ``all_steps`` lists a checkpoint only when its manifest is intact and every file it
+# lists is there at its size (a stat, not a read); ``restore`` reads every file whole
+# against its SHA-256 before loading any, so a changed byte anywhere raises
+# ``CorruptCheckpointError`` naming the file, never restores other values. Names
+# outside this scheme (``step_07``, ``notes``) are never listed nor removed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -27,16 +45,36 @@ from typing import Any
 import jax
 import numpy as np
 
-from xgrad.serialization import load, save
+from xgrad.serialization import CorruptCheckpointError, load, save
 from xgrad.tensor import Tensor
 
 __all__ = ["CheckpointManager"]
 
+logger = logging.getLogger(__name__)
+
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 OPTIMIZER_JSON = "optimizer.json"  # param_groups and the state entries that are not tensors
-_COMPLETE = re.compile(r"step_(\d+)")
-_TORN = re.compile(r"step_\d+\.tmp-[0-9a-f]+(-replaced)?")
+MANIFEST = "checkpoint.manifest"  # NOTE [Complete checkpoints]
+MANIFEST_VERSION = 1
+# ``step_N``, or one of its side directories: a save in flight (tmp), an older copy (old), going (trash).
+_NAME = re.compile(r"step_(0|[1-9][0-9]*)(?:\.(tmp|old|trash)-([0-9a-f]+))?")
+# The files a save of each part writes (besides its shard files), and a shard file's name.
+_FILES_OF = {"model": (MODEL_FILE,), "optimizer": (OPTIMIZER_FILE, OPTIMIZER_JSON)}
+_SHARD = re.compile(r"(model|optimizer)\.shard[0-9]+-of-([0-9]+)\.safetensors")
+
+ERR_CORRUPT_FILE = (
+    "CheckpointManager: {path!r} {why}; the checkpoint is damaged (restore another step: all_steps() lists them)"
+)
+WHY_NO_MANIFEST = ("is missing: the directory is not a complete checkpoint (a save killed midway, or files copied in "
+                   "by hand)")
+WARN_NO_MANIFEST = (
+    "CheckpointManager: %r, the checkpoint of step %d, was written by an older xgrad and has no manifest: only the "
+    "CRC-32 of each tensor is verified, optimizer.json and the files' structure records cannot be. It is restored as "
+    "it is; the next save of step %d writes it with a manifest"
+)
+# The directories whose missing manifest was logged, each once per process.
+_warned_without_manifest: set[str] = set()
 
 
 def _barrier(name: str) -> None:
@@ -86,16 +124,153 @@ def _joined_optimizer_state(tensors: dict[str, Any], text: str) -> dict[str, Any
     return {"state": state, "param_groups": rest["param_groups"]}
 
 
+# What save/restore call on each argument: (what it is, its attributes used).
+_ARGUMENTS = {"model": ("a module", ("state_dict()", "load_state_dict()")),
+              "optimizer": ("an optimizer", ("state_dict()", "load_state_dict()", "param_groups"))}
+
+
+def _check_arguments(where: str, model: Any, optimizer: Any) -> None:
+    """A ``TypeError`` naming the argument that is neither ``None`` nor what ``where`` (save, restore) uses."""
+    for argument, obj in (("model", model), ("optimizer", optimizer)):
+        kind, attributes = _ARGUMENTS[argument]
+        if obj is None or all(hasattr(obj, a.removesuffix("()")) for a in attributes):
+            continue
+        hint = (" (a state dict: load it into its object with load_state_dict and pass that object, or save the dict "
+                "itself with xgrad.save)" if isinstance(obj, dict) else "")
+        raise TypeError(f"CheckpointManager.{where}: {argument}= takes {kind}, an object with {', '.join(attributes[:-1])} "
+                        f"and {attributes[-1]}; got {type(obj).__name__}{hint}")
+    if model is None and optimizer is None:
+        raise TypeError(f"CheckpointManager.{where}: nothing to {where}{' into' if where == 'restore' else ''}: pass "
+                        "model=, optimizer= or both")
+
+
+def _file_digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _write_manifest(folder: str) -> None:
+    """List every file of ``folder`` with its size and SHA-256, in a manifest that carries its own checksum."""
+    files = {name: {"size": os.path.getsize(os.path.join(folder, name)), "sha256": _file_digest(os.path.join(folder, name))}
+             for name in sorted(os.listdir(folder)) if name != MANIFEST}
+    body = json.dumps({"version": MANIFEST_VERSION, "files": files}, sort_keys=True).encode()
+    with open(os.path.join(folder, MANIFEST), "wb") as f:
+        f.write(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read_manifest(folder: str) -> dict[str, Any]:
+    """The files a checkpoint's manifest lists; ``CorruptCheckpointError`` when it is missing or damaged."""
+    path = os.path.join(folder, MANIFEST)
+    try:
+        with open(path, "rb") as f:
+            digest, _, body = f.read().partition(b"\n")
+    except FileNotFoundError:
+        raise CorruptCheckpointError(ERR_CORRUPT_FILE.format(path=path, why=WHY_NO_MANIFEST)) from None
+    if hashlib.sha256(body).hexdigest().encode() != digest:
+        raise CorruptCheckpointError(ERR_CORRUPT_FILE.format(path=path, why="does not match its own checksum"))
+    manifest = json.loads(body)
+    if manifest["version"] != MANIFEST_VERSION:
+        raise ValueError(f"CheckpointManager: {path!r} has manifest version {manifest['version']!r}; this xgrad reads "
+                         f"version {MANIFEST_VERSION} (a newer xgrad wrote it: upgrade xgrad to restore it)")
+    files: dict[str, Any] = manifest["files"]
+    return files
+
+
+def _missing_without_manifest(folder: str) -> str | None:
+    """The first file that ``folder``, a checkpoint without a manifest, lacks (NOTE [Checkpoints without a manifest]).
+
+    ``None`` when it has all an older xgrad's save wrote; the manifest's name when it holds no checkpoint file at all.
+    """
+    names = set(os.listdir(folder))
+    wanted: set[str] = set()
+    for name in names:
+        shard = _SHARD.fullmatch(name)
+        if shard:
+            stem: str | None = shard.group(1)
+            count = int(shard.group(2))
+            wanted |= {f"{stem}.shard{p}-of-{count}.safetensors" for p in range(count)}
+        else:
+            stem = next((s for s, files in _FILES_OF.items() if name in files), None)
+        if stem is not None:
+            wanted |= set(_FILES_OF[stem])
+    if not wanted:
+        return MANIFEST
+    missing = sorted(wanted - names)
+    return missing[0] if missing else None
+
+
+def _is_complete(folder: str) -> bool:
+    """Whether ``folder``'s manifest is intact and every file it lists is there at its size (no file read)."""
+    try:
+        if not os.path.lexists(os.path.join(folder, MANIFEST)):
+            return _missing_without_manifest(folder) is None
+        files = _read_manifest(folder)
+        return all(os.path.getsize(os.path.join(folder, name)) == entry["size"] for name, entry in files.items())
+    except (OSError, ValueError):  # CorruptCheckpointError is a ValueError
+        return False
+
+
+def _verified_files(folder: str, step: int) -> set[str]:
+    """The files of the checkpoint of ``step`` in ``folder``, each read whole against its SHA-256 first.
+
+    One without a manifest (NOTE [Checkpoints without a manifest]) is only checked for missing files, and logged.
+    """
+    if not os.path.lexists(os.path.join(folder, MANIFEST)):
+        missing = _missing_without_manifest(folder)
+        if missing is not None:
+            why = WHY_NO_MANIFEST if missing == MANIFEST else "is missing"
+            raise CorruptCheckpointError(ERR_CORRUPT_FILE.format(path=os.path.join(folder, missing), why=why))
+        if folder not in _warned_without_manifest:
+            _warned_without_manifest.add(folder)
+            logger.warning(WARN_NO_MANIFEST, folder, step, step)
+        return set(os.listdir(folder))
+    files = _read_manifest(folder)
+    for name, entry in files.items():
+        path = os.path.join(folder, name)
+        try:
+            digest = _file_digest(path)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(ERR_CORRUPT_FILE.format(path=path, why="is missing")) from None
+        if digest != entry["sha256"]:
+            raise CorruptCheckpointError(ERR_CORRUPT_FILE.format(
+                path=path, why="does not match the SHA-256 its checkpoint's manifest records: it changed after it was "
+                "written (a flipped bit, an edit, a truncation)"))
+    return set(files)
+
+
+def _read_optimizer_state(folder: str) -> dict[str, Any]:
+    """The optimizer's ``state_dict`` saved in ``folder``; ``CorruptCheckpointError`` naming a JSON half that is not one.
+
+    Only a checkpoint without a manifest can get that far with a damaged ``optimizer.json``.
+    """
+    tensors = load(os.path.join(folder, OPTIMIZER_FILE))
+    path = os.path.join(folder, OPTIMIZER_JSON)
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return _joined_optimizer_state(tensors, raw.decode())
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # JSON and UTF-8 errors are ValueErrors
+        raise CorruptCheckpointError(ERR_CORRUPT_FILE.format(
+            path=path, why=f"is not an optimizer's param_groups and state ({type(exc).__name__}: {exc})")) from None
+
+
 class CheckpointManager:
     """Numbered checkpoints of a model and its optimizer in ``directory``, the newest ``max_to_keep`` kept.
 
     ``save(step, model=..., optimizer=...)`` is collective under ``jax.distributed``:
     every process calls it, each writes the shards it holds (nothing is gathered onto
     one host), and the checkpoint becomes complete, in one atomic rename, only after
-    all of them have finished. A job killed mid-save (or mid-run) and restarted on
-    all its processes resumes with ``restore(manager.latest_step(), ...)`` from the
-    newest complete checkpoint; a half-written one is never read (NOTE [Complete
-    checkpoints]). The directory must be one filesystem that all processes see.
+    all of them have finished. A job killed at any point (mid-save, mid-removal of an
+    old checkpoint, or mid-run) and restarted on all its processes resumes with
+    ``restore(manager.latest_step(), ...)``: each step is left as its old checkpoint
+    or its new one, never torn, never lost (NOTE [Complete checkpoints]). The
+    directory must be one filesystem that all processes see.
+
+    Each checkpoint carries a manifest of its files' SHA-256s, which ``restore``
+    verifies before loading anything: a damaged file raises
+    ``xgrad.serialization.CorruptCheckpointError`` (a ``RuntimeError``) naming it.
 
     A checkpoint loads onto the parameters' current placement: on the same devices, or
     on as many other ones (one process of four devices reads what two processes of two
@@ -126,13 +301,26 @@ class CheckpointManager:
     def _step_dir(self, step: int) -> str:
         return os.path.join(self.directory, f"step_{step}")
 
-    def all_steps(self) -> list[int]:
-        """The steps of the complete checkpoints, oldest first."""
+    def _names(self) -> list[tuple[str, int, str | None]]:
+        """``(name, step, kind)`` of the directory's entries in this manager's naming; kind ``None`` for ``step_N``."""
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
             return []
-        return sorted(int(m.group(1)) for n in names if (m := _COMPLETE.fullmatch(n)))
+        return sorted((n, int(m.group(1)), m.group(2)) for n in names if (m := _NAME.fullmatch(n)))
+
+    def _restorable(self) -> dict[int, str]:
+        """The complete checkpoint of each step: ``step_N``, else its older copy a killed re-save left."""
+        found: dict[int, str] = {}
+        for name, step, kind in self._names():  # sorted: "step_N" comes before "step_N.old-<id>"
+            folder = os.path.join(self.directory, name)
+            if kind in (None, "old") and step not in found and _is_complete(folder):
+                found[step] = folder
+        return found
+
+    def all_steps(self) -> list[int]:
+        """The steps of the complete checkpoints, oldest first (NOTE [Complete checkpoints])."""
+        return sorted(self._restorable())
 
     def latest_step(self) -> int | None:
         """The step of the newest complete checkpoint, or ``None`` when there is none."""
@@ -145,10 +333,16 @@ class CheckpointManager:
         Collective: every process calls it with the same ``step``. Returns once the
         checkpoint is complete in every process; then only the newest ``max_to_keep``
         complete checkpoints remain. A checkpoint of the same step (a run resumed from
-        an earlier one) is replaced.
+        an earlier one) is replaced; a kill meanwhile leaves the older one.
+
+        Args:
+            step: a non-negative int.
+            model: a module (anything with ``state_dict``/``load_state_dict``), or ``None``.
+            optimizer: an optimizer, or ``None``; at least one of the two is needed.
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"CheckpointManager.save: step must be a non-negative int, got {step!r}")
+        _check_arguments("save", model, optimizer)
         # Everything that can fail on the data is checked before any process writes or waits.
         model_state = None if model is None else model.state_dict()
         optimizer_parts = None if optimizer is None else _split_optimizer_state(optimizer.state_dict())
@@ -167,36 +361,71 @@ class CheckpointManager:
                     os.fsync(f.fileno())
         _barrier(f"xgrad checkpoint {step} written")
         if first:
+            _write_manifest(tmp)
+            self._tidy(in_flight=tmp)  # no older copy of any step remains: the one this save makes is the only one
             final = self._step_dir(step)
-            if os.path.exists(final):  # a rerun from an earlier step: the older save of this step goes
-                os.rename(final, f"{tmp}-replaced")
+            if os.path.lexists(final):  # a rerun from an earlier step: this step's older checkpoint steps aside
+                os.rename(final, f"{final}.old-{secrets.token_hex(8)}")
             os.rename(tmp, final)
-            self._remove_old()
+            self._tidy(keep=self.max_to_keep)
         _barrier(f"xgrad checkpoint {step} complete")
 
-    def _remove_old(self) -> None:
-        steps = self.all_steps()
-        old = steps[: len(steps) - self.max_to_keep] if self.max_to_keep is not None else []
-        torn = [n for n in os.listdir(self.directory) if _TORN.fullmatch(n)]
-        for path in [self._step_dir(s) for s in old] + [os.path.join(self.directory, n) for n in torn]:
-            shutil.rmtree(path, ignore_errors=True)
+    def _trash(self, path: str, step: int) -> None:
+        """Rename ``path`` out of the listed names, whole, before it is deleted (NOTE [Complete checkpoints])."""
+        os.rename(path, os.path.join(self.directory, f"step_{step}.trash-{secrets.token_hex(8)}"))
+
+    def _tidy(self, in_flight: str | None = None, keep: int | None = None) -> None:
+        """Process 0's housekeeping, each change one rename (NOTE [Complete checkpoints]).
+
+        An older copy that is its step's only complete checkpoint takes the name
+        ``step_N`` back; the other older copies and every ``.tmp-`` directory but
+        ``in_flight`` go; then the checkpoints beyond the newest ``keep``; then the trash.
+        """
+        for step, folder in self._restorable().items():
+            final = self._step_dir(step)
+            if folder != final:
+                if os.path.lexists(final):  # an incomplete step_N: the older copy is the checkpoint
+                    self._trash(final, step)
+                os.rename(folder, final)
+        for name, step, kind in self._names():
+            path = os.path.join(self.directory, name)
+            if kind in ("tmp", "old") and path != in_flight:
+                self._trash(path, step)
+        if keep is not None:
+            steps = self.all_steps()
+            for step in steps[: max(len(steps) - keep, 0)]:
+                self._trash(self._step_dir(step), step)
+        for name, _, kind in self._names():
+            if kind == "trash":
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
     def restore(self, step: int, *, model: Any = None, optimizer: Any = None) -> None:
         """Load the checkpoint of ``step`` into ``model`` and ``optimizer``, in place.
 
         Collective like ``save`` when the checkpoint is sharded over several
         processes. The model's parameters keep their placement; the optimizer's state
-        is placed like its parameter (``Optimizer.load_state_dict``).
+        is placed like its parameter (``Optimizer.load_state_dict``). Every file of the
+        checkpoint is checked against its SHA-256 first: a damaged one raises
+        ``xgrad.serialization.CorruptCheckpointError`` naming it, before anything loads.
+        A checkpoint of an older xgrad, without that manifest, is restored as it is
+        (NOTE [Checkpoints without a manifest]), with a warning logged once.
         """
-        folder = self._step_dir(step)
+        _check_arguments("restore", model, optimizer)
+        folder = self._restorable().get(step, self._step_dir(step))
         if not os.path.isdir(folder):
             raise FileNotFoundError(
                 f"CheckpointManager.restore: no complete checkpoint of step {step} in {self.directory!r} "
                 f"(complete ones: {self.all_steps()})"
             )
+        files = _verified_files(folder, step)  # an incomplete step_N raises here, naming what is wrong
+        for wanted, name in ((model, MODEL_FILE), (optimizer, OPTIMIZER_FILE)):
+            if wanted is not None and name not in files:
+                raise ValueError(f"CheckpointManager.restore: the checkpoint of step {step} in {self.directory!r} holds "
+                                 f"no {name.split('.')[0]} state (it was saved without {name.split('.')[0]}=)")
+        # Everything is read before anything loads: a damaged file found while reading changes nothing.
+        model_state = None if model is None else load(os.path.join(folder, MODEL_FILE))
+        optimizer_state = None if optimizer is None else _read_optimizer_state(folder)
         if model is not None:
-            model.load_state_dict(load(os.path.join(folder, MODEL_FILE)))
+            model.load_state_dict(model_state)
         if optimizer is not None:
-            with open(os.path.join(folder, OPTIMIZER_JSON)) as f:
-                text = f.read()
-            optimizer.load_state_dict(_joined_optimizer_state(load(os.path.join(folder, OPTIMIZER_FILE)), text))
+            optimizer.load_state_dict(optimizer_state)

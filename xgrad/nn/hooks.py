@@ -24,10 +24,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
+from xgrad import step_trace
+from xgrad.engine import engine_ops
 from xgrad.engine.compiled.switch import pure_hook
 from xgrad.engine.function import Function, FunctionCtx
 from xgrad.engine.hooks import RemovableHandle
-from xgrad.grad_mode import is_grad_enabled
+from xgrad.grad_mode import graph_off, is_grad_enabled
+from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor
 
 __all__ = [
@@ -132,6 +138,56 @@ class BackwardHookFunction(Function):
         return grads
 
 
+# NOTE [Module hooks on JAX's AD]
+# On a plain JAX transformation's tracers (``jax.grad(loss)(model)``, ``xgrad.func``) a
+# module's backward hooks sit on identities whose ``custom_vjp`` runs the same
+# ``BackwardHook`` methods the eager nodes run: the outputs' identity runs the backward
+# pre-hooks on the cotangents of the outputs and keeps them, the inputs' identity runs
+# the backward hooks with ``(module, grad_input, grad_output)``; JAX's AD reaches them
+# in that order. The inputs get their identity where eager would give them a node: a
+# tensor that requires grad, or, where xgrad records nothing (``xgrad.func``), any
+# floating tensor on a tracer; otherwise the hooks run at the outputs with ``grad_input``
+# all ``None``, as eager runs them.
+def _on_jax_trace(tensors: list[Any]) -> bool:
+    return step_trace.current() is None and any(isinstance(t._array, jax.core.Tracer) for t in tensors)
+
+
+def _identity_on_jax(
+    on_grads: Callable[[tuple[Any, ...]], Any], args: tuple[Any, ...], index: list[int]
+) -> tuple[tuple[Any, ...], list[int] | None]:
+    recording = is_grad_enabled()
+    hooked = [
+        i for i in index
+        if jnp.issubdtype(args[i]._array.dtype, jnp.inexact)
+        and (args[i].requires_grad or (not recording and isinstance(args[i]._array, jax.core.Tracer)))
+    ]
+    if not hooked:
+        return args, None
+
+    @jax.custom_vjp
+    def identity(*arrays: Any) -> tuple[Any, ...]:
+        return arrays
+
+    def fwd(*arrays: Any) -> tuple[tuple[Any, ...], None]:
+        return arrays, None
+
+    def bwd(_: None, cotangents: tuple[Any, ...]) -> tuple[Any, ...]:
+        with graph_off():
+            grads = on_grads(tuple(Tensor(c) for c in cotangents))
+        return tuple(c if g is None else array_of(g).astype(c.dtype) for g, c in zip(grads, cotangents, strict=True))
+
+    identity.defvjp(fwd, bwd)
+    tensors = [args[i] for i in hooked]
+    if recording and any(t.requires_grad for t in tensors):  # one op of xgrad's graph too, for a backward() in the trace
+        outs = list(engine_ops.jax_function(identity, tensors))
+    else:
+        outs = [Tensor(a) for a in identity(*[t._array for t in tensors])]
+    replaced = list(args)
+    for i, t in zip(hooked, outs, strict=True):
+        replaced[i] = t
+    return tuple(replaced), hooked
+
+
 def _pack_with_none(indices: list[int], values: Any, size: int) -> tuple[Any, ...]:
     packed: list[Any] = [None] * size
     for i, v in zip(indices, values, strict=True):
@@ -152,9 +208,13 @@ class BackwardHook:
         self.n_inputs = -1
         self.input_tensors_index: list[int] | None = None
 
-    def _apply_on_tensors(self, on_node: Callable[[Any], None], args: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[int] | None]:
+    def _apply_on_tensors(
+        self, on_node: Callable[[Any], None], on_jax: Callable[[tuple[Any, ...]], Any], args: tuple[Any, ...]
+    ) -> tuple[tuple[Any, ...], list[int] | None]:
         index = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
         tensors = [args[i] for i in index]
+        if tensors and _on_jax_trace(tensors):
+            return _identity_on_jax(on_jax, args, index)
         if not (is_grad_enabled() and any(t.requires_grad for t in tensors)):
             return args, None
         new_tensors = BackwardHookFunction.apply(*tensors)
@@ -168,7 +228,7 @@ class BackwardHook:
         def on_node(node: Any) -> None:
             node.register_hook(self._input_hook)
 
-        result, self.input_tensors_index = self._apply_on_tensors(on_node, args)
+        result, self.input_tensors_index = self._apply_on_tensors(on_node, lambda g: self._input_hook(g, None), args)
         self.n_inputs = len(args)
         return result
 
@@ -177,7 +237,7 @@ class BackwardHook:
             node.register_hook(self._output_hook)
 
         outputs = output if isinstance(output, tuple) else (output,)
-        result, self.output_tensors_index = self._apply_on_tensors(on_node, outputs)
+        result, self.output_tensors_index = self._apply_on_tensors(on_node, lambda g: self._output_hook(None, g), outputs)
         self.n_outputs = len(outputs)
         return result if isinstance(output, tuple) else result[0]
 

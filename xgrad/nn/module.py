@@ -120,6 +120,22 @@ def _contained(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
             )
 
 
+def _key_name(key: Any) -> str:
+    for field in ("name", "idx", "key"):  # GetAttrKey, SequenceKey, DictKey
+        if hasattr(key, field):
+            return str(getattr(key, field))
+    return str(key)
+
+
+def _in_foreign_pytree(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
+    """``(name, item)`` for each Module or Parameter among a foreign pytree's leaves (an Equinox
+    module whose arrays were made Parameters): NOTE [Foreign pytrees in a module]."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(value, is_leaf=lambda x: isinstance(x, (Module, Tensor)))
+    for path, leaf in leaves:
+        if isinstance(leaf, Module) or (isinstance(leaf, Tensor) and _is_parameter(leaf)):
+            yield ".".join([prefix, *(_key_name(k) for k in path)]), leaf
+
+
 class _Parameters(list[Tensor]):
     """What ``Module.parameters()`` returns: a list, so it can be reused, indexed and measured.
 
@@ -282,6 +298,8 @@ class Module(ModuleHooks, ModulePlacement):
                 yield name, value
             elif isinstance(value, (list, tuple, dict, set, frozenset)):
                 yield from _contained(name, value)
+            elif not isinstance(value, (bool, int, float, str, type, Tensor)) and value is not None:
+                yield from _in_foreign_pytree(name, value)
         for name, module in self._modules.items():
             if module is not None:
                 yield name, module

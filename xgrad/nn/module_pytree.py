@@ -14,43 +14,71 @@
 # that were parameters are parameters again (``named_parameters`` finds them).
 # Flattening reads the model and changes nothing: eager users mutate parameters in
 # place (``p.data.mul_``, optimizers) exactly as before.
+#
+# NOTE [Foreign pytrees in a module]
+# A module may hold any pytree with arrays: an Equinox or Flax module, a dict of arrays,
+# a list of Parameters. Its arrays are children (``jax.grad`` differentiates them,
+# optax and ``jax.jit`` see them) and its other leaves (functions, ints) are aux data,
+# as ``eqx.partition`` splits a model. Eager optimizers train what ``parameters()``
+# lists: a foreign pytree's arrays are constants there until they are Parameters
+# (``jax.tree_util.tree_map(nn.Parameter, arrays)``, which ``parameters()`` then finds).
+#
+# NOTE [Frozen state on JAX's AD]
+# Eager backward gives a frozen parameter (``requires_grad=False``) and a buffer no
+# gradient, whatever the loss does with them. ``jax.grad(loss)(model)`` differentiates
+# every leaf, so a module unflattened on tracers (inside a JAX transformation) holds
+# those through ``lax.stop_gradient``: their "gradient" is zeros, and an optimizer's
+# update leaves them as they are, as eager's ``optimizer.step()`` does. Inside an
+# ``xgrad.compile`` step xgrad's own engine differentiates and nothing is wrapped.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import jax
 import numpy as np
 
+from xgrad import step_trace
 from xgrad.nn.hooks import HOOK_DICTS
 from xgrad.tensor import Tensor
 
 __all__ = ["register_module_pytree"]
 
 _ARRAYS = (Tensor, jax.Array, np.ndarray)
-
-
-def _is_state(value: Any) -> bool:
-    """Whether an attribute value is (or holds) state: a Tensor, an array or a Module."""
-    from xgrad.nn.module import Module
-
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, (*_ARRAYS, Module)):
-            return True
-        if isinstance(item, (list, tuple)):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-    return False
+_LEAF = jax.tree_util.tree_structure(0)  # the treedef of one leaf
+_INTERNAL = frozenset({"_buffers", "training", *HOOK_DICTS})  # a module's own bookkeeping: aux data always
 
 
 def _stop_at_tensors_and_modules(x: Any) -> bool:
     from xgrad.nn.module import Module
 
     return isinstance(x, (Tensor, Module))
+
+
+# Types whose instances are pytree leaves (not containers), learnt as they are met: no
+# state can be inside them, and ``_is_state`` answers for them without a tree walk.
+_LEAF_TYPES: set[type] = {bool, int, float, str, type, type(None)}
+
+
+def _is_state(value: Any) -> bool:
+    """Whether an attribute value is (or holds) state: a Tensor, an array or a Module, or
+    any pytree (a list, an Equinox or Flax module, a dict) with one among its leaves."""
+    from xgrad.nn.module import Module
+
+    kind = type(value)
+    if kind in _LEAF_TYPES:
+        return False
+    if isinstance(value, (*_ARRAYS, Module)):
+        return True
+    if isinstance(value, (dict, list, tuple)) and not value:
+        return False
+    leaves = jax.tree_util.tree_leaves(value, is_leaf=_stop_at_tensors_and_modules)
+    if len(leaves) == 1 and leaves[0] is value:
+        _LEAF_TYPES.add(kind)
+        return False
+    return any(isinstance(leaf, (*_ARRAYS, Module)) for leaf in leaves)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -62,26 +90,69 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
+class _Static:
+    """A leaf of a state attribute that is not an array (an activation function in an
+    Equinox module, an int in a list): aux data, as ``eqx.partition`` makes it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Static) and _same(self.value, other.value)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+# A path from a module to something below it: per step, where it is held ("attr": in
+# the module's ``__dict__``, "key": in its ``_modules``) and under which name.
+Path = tuple[tuple[str, str], ...]
+
+
+class _Tied:
+    """A later occurrence of a tensor or module that a model holds in several places: the
+    path, from the module that found it, of its first occurrence (NOTE [Shared parameters])."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Tied) and self.path == other.path
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+    def __repr__(self) -> str:
+        return f"tied to {'.'.join(name for _, name in self.path)}"
+
+
 class _ModuleAux:
     """A Module node's aux data: its class, which attributes hold children and how, and the rest's values."""
 
-    __slots__ = ("cls", "entries", "modules", "order", "static")
+    __slots__ = ("cls", "entries", "modules", "order", "static", "ties")
 
     def __init__(
         self,
         cls: type,
         order: tuple[str, ...],
         entries: tuple[tuple[str, Any, tuple[Any, ...]], ...],
-        modules: tuple[str, ...],
+        modules: tuple[tuple[str, Any], ...],
         static: tuple[tuple[str, Any], ...],
+        ties: tuple[tuple[Path, _Tied], ...],
     ) -> None:
         self.cls = cls
         self.order = order  # every attribute, in the instance's order (``named_parameters`` follows it)
         # Per attribute holding state: (name, the treedef of its value down to Tensors and
-        # Modules, per leaf ``None`` or a Tensor's (pytree metadata, whether a parameter)).
+        # Modules, per leaf ``None`` (a child), a Tensor's (pytree metadata, whether a
+        # parameter), or a ``_Static`` value).
         self.entries = entries
-        self.modules = modules
+        self.modules = modules  # per child held by key: (name, None for a child, or a _Tied)
         self.static = static
+        self.ties = ties  # the later occurrences below this module, resolved when it is unflattened
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, _ModuleAux):
@@ -90,6 +161,7 @@ class _ModuleAux:
             self.cls is other.cls
             and self.order == other.order
             and self.modules == other.modules
+            and self.ties == other.ties
             and len(self.entries) == len(other.entries)
             and all(
                 n == m and t == u and len(i) == len(j) and all(_same(a, b) for a, b in zip(i, j, strict=True))
@@ -106,9 +178,125 @@ class _ModuleAux:
         return f"{self.cls.__name__}(static={dict(self.static)})"
 
 
+# NOTE [Shared parameters]
+# A model may hold one tensor in several places (tied weights: ``head.weight =
+# emb.weight``) or one submodule twice. As PyTorch's ``named_parameters`` lists it once,
+# the pytree has it once: flattening a module finds, in its subtree and in the order
+# the leaves come (attributes, then children by key, depth first), every later
+# occurrence of a tensor attribute or child module already seen, and flattens, in its
+# place, a ``_Tied`` mark holding the path of the first one (a shallow copy of each
+# submodule on the way carries the mark; the model itself is not changed). Unflattening
+# puts the first occurrence's object back at each mark. So ``jax.grad(loss)(model)``
+# gives a tied weight one gradient, the sum over its uses, and ``optax.apply_updates``
+# builds a model whose head and embedding share one parameter again.
+class _TieFree(threading.local):
+    """The submodules a module's flatten found no later occurrence below (NOTE [Shared parameters])."""
+
+    def __init__(self) -> None:
+        self.modules: dict[int, Any] = {}
+
+
+_tie_free = _TieFree()
+
+
+def _ties(module: Any) -> list[tuple[Path, _Tied]]:
+    """``_later_occurrences(module)``, without a walk for the submodules of a module just found free of them.
+
+    JAX flattens a module's children right after the module, depth first: a walk that
+    finds none below a module leaves its submodules here, and their own flattens take
+    them out instead of walking again. Any other module's flatten starts afresh.
+    """
+    table = _tie_free.modules
+    if table.pop(id(module), None) is module:
+        return []
+    table.clear()
+    later, submodules = _later_occurrences(module)
+    if not later:
+        table.update(submodules)
+    return later
+
+
+def _later_occurrences(root: Any) -> tuple[list[tuple[Path, _Tied]], dict[int, Any]]:
+    """Every later occurrence below ``root`` (its path, a mark naming the first one's path), and the submodules met."""
+    from xgrad.nn.module import Module
+
+    first: dict[int, Path] = {id(root): ()}
+    submodules: dict[int, Any] = {}
+    later: list[tuple[Path, _Tied]] = []
+    stack: list[tuple[Any, Path]] = [(root, ())]
+    held = (Tensor, Module)
+    while stack:
+        module, path = stack.pop()
+        below = []
+        for where, items in (("attr", module.__dict__), ("key", module._modules)):
+            for name, value in items.items():
+                if not isinstance(value, held):
+                    continue
+                here = (*path, (where, name))
+                seen = first.setdefault(id(value), here)
+                if seen is not here:
+                    later.append((here, _Tied(seen)))
+                elif isinstance(value, Module):
+                    below.append((value, here))
+                    submodules[id(value)] = value
+        stack.extend(reversed(below))  # depth first, in order
+    return later, submodules
+
+
+def _marked(module: Any, later: list[tuple[Path, _Tied]]) -> Any:
+    """A shallow copy of ``module`` with each later occurrence (paths relative to it) replaced by its mark."""
+    from xgrad.nn.module import Module
+
+    copy = Module.__new__(type(module))
+    state = copy.__dict__
+    state.clear()
+    state.update(module.__dict__)
+    state["_modules"] = dict(module._modules)
+    below: dict[tuple[str, str], list[tuple[Path, _Tied]]] = {}
+    for path, mark in later:
+        if len(path) == 1:
+            _put(copy, path, mark)
+        else:
+            below.setdefault(path[0], []).append((path[1:], mark))
+    for step, marks in below.items():
+        _put(copy, (step,), _marked(_find(copy, (step,)), marks))
+    return copy
+
+
+def _tensor(child: Any, info: tuple[Any, bool], cls: type, name: str) -> Any:
+    """The Tensor a module attribute held, rebuilt around ``child``."""
+    from xgrad.nn.module import _mark_parameter
+
+    meta, is_parameter = info
+    if not meta.requires_grad and isinstance(child, jax.core.Tracer) and step_trace.current() is None:
+        child = jax.lax.stop_gradient(child)  # NOTE [Frozen state on JAX's AD]
+    tensor = Tensor.tree_unflatten(meta, (child,))
+    if is_parameter and isinstance(tensor, Tensor):
+        _mark_parameter(tensor, f"{cls.__name__}.{name}")
+    return tensor
+
+
+def _find(module: Any, path: Path) -> Any:
+    for where, name in path:
+        module = module.__dict__[name] if where == "attr" else module._modules[name]
+    return module
+
+
+def _put(module: Any, path: Path, value: Any) -> None:
+    module = _find(module, path[:-1])
+    where, name = path[-1]
+    if where == "attr":
+        module.__dict__[name] = value
+    else:
+        module._modules[name] = value
+
+
 def _flatten(module: Any) -> tuple[list[tuple[Any, Any]], _ModuleAux]:
     from xgrad.nn.module import _is_parameter
 
+    ties = _ties(module)
+    if ties:
+        module = _marked(module, ties)
     children: list[tuple[Any, Any]] = []
     entries: list[tuple[str, Any, tuple[Any, ...]]] = []
     static: list[tuple[str, Any]] = []
@@ -116,7 +304,12 @@ def _flatten(module: Any) -> tuple[list[tuple[Any, Any]], _ModuleAux]:
     for name, value in state.items():
         if name == "_modules":
             continue
-        if not _is_state(value):
+        if isinstance(value, Tensor):  # the common case, without a tree walk
+            (array,), meta = value.tree_flatten()
+            entries.append((name, _LEAF, ((meta, _is_parameter(value)),)))
+            children.append((jax.tree_util.GetAttrKey(name), array))
+            continue
+        if name in _INTERNAL or not _is_state(value):
             static.append((name, value))
             continue
         # A Tensor's array is the child itself (not a Tensor node), so that trees built
@@ -129,14 +322,20 @@ def _flatten(module: Any) -> tuple[list[tuple[Any, Any]], _ModuleAux]:
                 (array,), meta = leaf.tree_flatten()
                 infos.append((meta, _is_parameter(leaf)))
                 children.append((key, array))
-            else:
+            elif _is_state(leaf):
                 infos.append(None)
                 children.append((key, leaf))
+            else:  # NOTE [Foreign pytrees in a module]
+                infos.append(_Static(leaf))
         entries.append((name, treedef, tuple(infos)))
-    modules = module._modules
-    for name, child in modules.items():
-        children.append((jax.tree_util.GetAttrKey(name), child))
-    aux = _ModuleAux(type(module), tuple(state), tuple(entries), tuple(modules), tuple(static))
+    modules: list[tuple[str, Any]] = []
+    for name, child in module._modules.items():
+        if isinstance(child, _Tied):
+            modules.append((name, child))
+        else:
+            modules.append((name, None))
+            children.append((jax.tree_util.GetAttrKey(name), child))
+    aux = _ModuleAux(type(module), tuple(state), tuple(entries), tuple(modules), tuple(static), tuple(ties))
     return children, aux
 
 
@@ -146,7 +345,7 @@ def _flatten_plain(module: Any) -> tuple[list[Any], _ModuleAux]:
 
 
 def _unflatten(aux: _ModuleAux, children: Any) -> Any:
-    from xgrad.nn.module import Module, _mark_parameter
+    from xgrad.nn.module import Module
 
     children = iter(children)
     module = Module.__new__(aux.cls)
@@ -155,21 +354,24 @@ def _unflatten(aux: _ModuleAux, children: Any) -> Any:
         if isinstance(values.get(own), dict):
             values[own] = type(values[own])(values[own])
     for name, treedef, infos in aux.entries:
+        if treedef == _LEAF and type(infos[0]) is tuple:  # a Tensor attribute, the common case
+            values[name] = _tensor(next(children), infos[0], aux.cls, name)
+            continue
         leaves = []
         for info in infos:
+            if type(info) is _Static:
+                leaves.append(info.value)
+                continue
             child = next(children)
-            if info is not None:
-                meta, is_parameter = info
-                child = Tensor.tree_unflatten(meta, (child,))
-                if is_parameter and isinstance(child, Tensor):
-                    _mark_parameter(child, f"{aux.cls.__name__}.{name}")
-            leaves.append(child)
+            leaves.append(child if info is None else _tensor(child, info, aux.cls, name))
         values[name] = jax.tree_util.tree_unflatten(treedef, leaves)
-    values["_modules"] = dict(zip(aux.modules, children, strict=True))
+    values["_modules"] = {name: next(children) if mark is None else mark for name, mark in aux.modules}
     state = module.__dict__
     state.clear()
     for name in aux.order:
         state[name] = values[name]
+    for path, mark in aux.ties:
+        _put(module, path, _find(module, mark.path))
     return module
 
 

@@ -85,7 +85,7 @@ from xgrad.ops.elementwise import (
     with_sharding_constraint,
 )
 from xgrad.ops.index import embedding, gather, getitem, index_select, scatter_add, setitem, sort
-from xgrad.ops.jaxop import from_jax
+from xgrad.ops.jaxop import from_jax, jax_function
 from xgrad.ops.layout import (
     diag,
     expand_as,
@@ -426,4 +426,6 @@ __all__ = [
 
 install(OPS)
 
-engine_ops.register(sum_to=sum_to, to_device=to_device, stack=stack, write_through=views.write_through)
+engine_ops.register(
+    sum_to=sum_to, to_device=to_device, stack=stack, write_through=views.write_through, jax_function=jax_function,
+)

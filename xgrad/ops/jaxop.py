@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -24,7 +24,7 @@ from xgrad.engine.rules import register_jax_op
 from xgrad.ops.registry import Primitive, bind, defprim
 from xgrad.tensor import Tensor, is_tensor
 
-__all__ = ["from_jax", "vjp_of"]
+__all__ = ["from_jax", "jax_function", "vjp_of"]
 
 
 def _freeze(value: Any) -> Any:
@@ -231,6 +231,12 @@ def from_jax(fn: Callable[..., Any], name: str | None = None, *, trace: bool = F
 
         return TracedJaxFunction(fn, name)
     return _JaxFunction(fn, name)
+
+
+def jax_function(fn: Callable[..., Any], tensors: Sequence[Tensor]) -> tuple[Tensor, ...]:
+    """``fn(*arrays) -> tuple of arrays`` applied to ``tensors`` as one op (NOTE [Functions on JAX's AD])."""
+    outs = _JaxFunction(fn, getattr(fn, "__name__", "jax_function"))(*tensors)
+    return outs if isinstance(outs, tuple) else (outs,)
 
 
 _vjp_cache: dict[Any, _JaxFunction] = {}

@@ -14,29 +14,45 @@
 # ``while``, ``cond``, ``remat``) stay one node each, whose vjp is JAX's (custom rules
 # included).
 #
-# Names. Each equation belongs to a group: its JAX name stack where the library set one
-# (Flax linen module paths such as ``MLP/Dense_0``, Equinox class paths such as
-# ``eqx.nn.MLP/eqx.nn.Linear``, any ``jax.named_scope``), else the user's source line
-# that made it (``model.py:12 (forward)``). A maximal run of consecutive equations of
-# one group is one call of that scope or line; its value is the last floating-point
-# output of the run (a layer's output). The n-th run of a group, counted in an
-# ``intermediates()`` block, is keyed ``group#n`` (the first keeps the bare name). Two
-# calls of one scope with nothing in between form one run. Nodes are named
-# ``<Primitive>Backward[<key>]`` with the key of their run in the call.
+# Names come from the model's own structure, never from a library's source line (which
+# moves with every release). While ``fn`` is traced, each module call runs in a
+# ``jax.named_scope`` of the module's name: Flax NNX and Equinox ``__call__``s (their
+# classes' ``__call__`` are wrapped for the trace's duration, and act as before on other
+# threads), Flax linen's through ``linen.intercept_methods``. A module's name is its path:
+# in ``fn``'s arguments (``nnx.iter_modules``'s path joined by dots for NNX, ``layers.0``;
+# ``jax.tree_util.keystr`` for Equinox, ``layers[0]``; an argument's own path in front
+# where it is inside a container, ``['enc'].layers[0]``), or, for a module made inside
+# ``fn`` (``nnx.merge``, ``eqx.combine``, a transform's copy), its path in the outermost
+# module called; linen's is ``module.path`` (``Dense_0``, ``Block_0/Dense_1``). An
+# outermost module's own computations (the activations between its layers) take its
+# class name. The k-th call of a name in the trace opens the scope ``name#k``, so that
+# two calls of one layer are two runs even back to back; the name is the same.
 #
-# Only public JAX APIs: ``jax.make_jaxpr``, ``jax.extend.core`` (``Jaxpr``,
-# ``ClosedJaxpr``, ``Var``, ``DropVar``, ``Literal``, ``jaxpr_as_fun``) and
-# ``jax.extend.source_info_util.summarize``, taken from ``xgrad.jax_internals``.
+# Each equation belongs to the innermost of those scopes in its name stack; without one,
+# to the ``jax.named_scope``s the user set (transforms such as ``vmap`` left out), else to
+# the user's source line that made it (``model.py:12 (forward)``): the innermost frame
+# outside JAX, Flax, Equinox, xgrad and the standard library. A maximal run of
+# consecutive equations of one scope or line is one call of it; its value is the last
+# floating-point output of the run (a layer's output). The n-th run of a name, counted
+# in an ``intermediates()`` block, is keyed ``name#n`` (the first keeps the bare name).
+# Nodes are named ``<Primitive>Backward[<key>]`` with the key of their run in the call.
+#
+# JAX's APIs used: ``jax.make_jaxpr``, ``jax.named_scope``, ``jax.extend.core``
+# (``Jaxpr``, ``ClosedJaxpr``, ``Var``, ``DropVar``, ``Literal``, ``jaxpr_as_fun``) and
+# an equation's name stack and frames, read through ``xgrad.jax_internals``.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import re
+import sys
+import sysconfig
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import jax
@@ -58,9 +74,11 @@ __all__ = ["Intermediates", "TracedJaxFunction", "intermediates"]
 class Intermediates(dict[str, Tensor]):
     """The intermediate Tensors of ``from_jax(fn, trace=True)`` calls, by name, in order.
 
-    A name is the JAX name stack of the values' scope (a Flax or Equinox module path), or
-    the source line that computed them; ``name#2``, ``name#3`` … for later calls of the
-    same scope or line. Each Tensor is the last floating-point value the scope computed
+    A name is the path of the module that computed the values (Flax NNX ``layers.0``,
+    Flax linen ``Dense_0``, Equinox ``layers[0]``; the outermost module's class name for
+    its own computations), else the ``jax.named_scope`` they ran in, else the user's
+    source line that computed them; ``name#2``, ``name#3`` … for later calls of the same
+    module, scope or line. Each Tensor is the last floating-point value the call computed
     (a layer's output). Made by ``xgrad.intermediates()``.
     """
 
@@ -119,25 +137,220 @@ def intermediates() -> Iterator[Intermediates]:
         del stack[next(i for i in range(len(stack) - 1, -1, -1) if stack[i] is collected)]  # by identity
 
 
-_SUMMARY = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?::\d+)? \((?P<fn>.*)\)$")
+# -- Names by the model's structure (NOTE [Traced from_jax]) ---------------------------
 
 
-def _location(eqn: Any) -> str:
-    """The equation's source line, as ``file.py:line (function)`` with the file's base name.
+def _module_kinds() -> list[tuple[type, str | None]]:
+    """The module base classes of the libraries imported, each with the package of its non-layer modules.
+
+    Equinox's ``eqx.Module`` (its transforms' wrappers, ``filter_jit``'s and others, are
+    modules too: every Equinox class outside ``equinox.nn``), Flax NNX's ``nnx.Module``.
+    """
+    kinds: list[tuple[type, str | None]] = []
+    equinox = sys.modules.get("equinox")
+    if equinox is not None:
+        kinds.append((equinox.Module, "equinox."))
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is not None:
+        kinds.append((nnx.Module, None))
+    return kinds
+
+
+def _layer_classes() -> list[type]:
+    """The module classes that define a ``__call__`` of their own (a function), less the libraries' wrappers."""
+    found: list[type] = []
+    for base, wrappers in _module_kinds():
+        seen: set[type] = set()
+        stack: list[type] = [base]
+        while stack:
+            subclasses: list[type] = type.__subclasses__(stack.pop())
+            for cls in subclasses:
+                if cls in seen:
+                    continue
+                seen.add(cls)
+                stack.append(cls)
+                wrapper = wrappers is not None and cls.__module__.startswith(wrappers) and not cls.__module__.startswith(f"{wrappers}nn.")
+                if inspect.isfunction(cls.__dict__.get("__call__")) and not wrapper:
+                    found.append(cls)
+    return found
+
+
+def _submodules(module: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """Every module inside ``module`` (at ``path``), with its path in the library's notation.
+
+    NNX: ``nnx.iter_modules``'s paths joined by dots (``layers.0``); Equinox: the pytree
+    path as ``jax.tree_util.keystr`` writes it (``layers[0]``).
+    """
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is not None and isinstance(module, nnx.Module):
+        for keys, sub in nnx.iter_modules(module):
+            if keys:
+                yield _join(path, ".".join(str(k) for k in keys)), sub
+        return
+    kinds = tuple(base for base, _ in _module_kinds())
+    children, _ = jax.tree_util.tree_flatten_with_path(module, is_leaf=lambda x: x is not module and isinstance(x, kinds))
+    for keys, child in children:
+        if isinstance(child, kinds):
+            child_path = _join(path, jax.tree_util.keystr(keys).lstrip("."))
+            yield child_path, child
+            yield from _submodules(child, child_path)
+
+
+def _join(path: str, sub: str) -> str:
+    return f"{path}.{sub}" if path and not sub.startswith("[") else path + sub
+
+
+class _ModuleScopes:
+    """The module calls of one trace, each in a ``jax.named_scope`` of its own (NOTE [Traced from_jax]).
+
+    ``scope_names`` maps each scope opened to the module's name: its path, or its class
+    name for an outermost module. The k-th call of a name opens ``name#k``, so that two
+    calls of one module are two runs even with nothing between them.
+    """
+
+    def __init__(self) -> None:
+        self.scope_names: dict[str, str] = {}
+        self._paths: dict[int, tuple[Any, str]] = {}  # id -> (module, name); holding the module keeps the id its own
+        self._calls: dict[str, int] = {}
+        self._open: list[Any] = []
+
+    def add_root(self, module: Any, path: str) -> str:
+        name = path or type(module).__name__
+        self._paths.setdefault(id(module), (module, name))
+        for sub_path, sub in _submodules(module, path):
+            self._paths.setdefault(id(sub), (sub, sub_path))
+        return self._paths[id(module)][1]
+
+    def add_arguments(self, args: Any) -> None:
+        """Name the modules in ``fn``'s arguments by their paths there (``encoder.layers[0]``)."""
+        kinds = tuple(base for base, _ in _module_kinds())
+        if not kinds:
+            return
+        for arg in args:
+            found, _ = jax.tree_util.tree_flatten_with_path(arg, is_leaf=lambda x: isinstance(x, kinds))
+            for keys, leaf in found:
+                if isinstance(leaf, kinds):
+                    self.add_root(leaf, jax.tree_util.keystr(keys).lstrip("."))
+
+    @contextmanager
+    def named(self, name: str) -> Iterator[None]:
+        n = self._calls[name] = self._calls.get(name, 0) + 1
+        scope = name if n == 1 else f"{name}#{n}"
+        self.scope_names[scope] = name
+        with jax.named_scope(scope):
+            yield
+
+    @contextmanager
+    def module_call(self, module: Any) -> Iterator[None]:
+        if self._open and self._open[-1] is module:  # ``super().__call__``: the same call
+            yield
+            return
+        known = self._paths.get(id(module))
+        name = known[1] if known is not None else self.add_root(module, "")  # made inside ``fn``: ``nnx.merge``, ``eqx.combine``
+        self._open.append(module)
+        try:
+            with self.named(name):
+                yield
+        finally:
+            self._open.pop()
+
+    def linen_interceptor(self, next_fun: Callable[..., Any], args: Any, kwargs: Any, context: Any) -> Any:
+        """Flax linen's method interceptor: each ``__call__`` under the module's path (``Dense_0``, ``Block_0/Dense_1``)."""
+        if context.method_name != "__call__":
+            return next_fun(*args, **kwargs)
+        module = context.module
+        with self.named("/".join(module.path) or type(module).__name__):
+            return next_fun(*args, **kwargs)
+
+
+class _ActiveScopes(threading.local):
+    def __init__(self) -> None:
+        self.scopes: _ModuleScopes | None = None
+
+
+_active = _ActiveScopes()
+_patch_lock = threading.Lock()
+_patched: list[tuple[type, Any]] = []
+_patch_users = 0
+
+
+def _scoped(call: Callable[..., Any]) -> Callable[..., Any]:
+    """``call`` (a module's ``__call__``) in its module's scope while this thread traces; as it was otherwise."""
+
+    @functools.wraps(call)  # ``inspect.signature`` (``eqx.filter_vmap``'s) still sees the original's
+    def scoped_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        scopes = _active.scopes
+        if scopes is None:
+            return call(self, *args, **kwargs)
+        with scopes.module_call(self):
+            return call(self, *args, **kwargs)
+
+    return scoped_call
+
+
+@contextmanager
+def _naming_modules() -> Iterator[_ModuleScopes]:
+    """Module calls in this block open named scopes: NNX and Equinox ``__call__``s, Flax linen's interceptor."""
+    global _patch_users
+    scopes = _ModuleScopes()
+    with _patch_lock:  # the classes' ``__call__`` are wrapped while any thread traces
+        if _patch_users == 0:
+            for cls in _layer_classes():
+                call = cls.__dict__["__call__"]
+                _patched.append((cls, call))
+                type.__setattr__(cls, "__call__", _scoped(call))
+        _patch_users += 1
+    outer, _active.scopes = _active.scopes, scopes
+    try:
+        linen = sys.modules.get("flax.linen")
+        with linen.intercept_methods(scopes.linen_interceptor) if linen is not None else nullcontext():
+            yield scopes
+    finally:
+        _active.scopes = outer
+        with _patch_lock:
+            _patch_users -= 1
+            if _patch_users == 0:
+                for cls, call in _patched:
+                    type.__setattr__(cls, "__call__", call)
+                _patched.clear()
+
+
+_STDLIB = sysconfig.get_path("stdlib") + os.sep
+_SITE_PACKAGES = tuple({sysconfig.get_path("purelib") + os.sep, sysconfig.get_path("platlib") + os.sep})
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """The packages whose source lines are never a name: JAX, Flax, Equinox and xgrad."""
+    packages = map(sys.modules.get, ("jax", "jaxlib", "flax", "equinox", "xgrad"))
+    return tuple(os.path.dirname(m.__file__) + os.sep for m in packages if m is not None and m.__file__)
+
+
+def _user_file(path: str, libraries: tuple[str, ...]) -> bool:
+    """Outside ``libraries`` and the standard library (where installed packages may live: those count)."""
+    return not path.startswith(libraries) and (not path.startswith(_STDLIB) or path.startswith(_SITE_PACKAGES))
+
+
+def _location(eqn: Any, libraries: tuple[str, ...]) -> str:
+    """The user's line that made the equation, as ``file.py:line (function)``: the innermost frame outside ``libraries``.
 
     The line, not the column: one line (``x = relu(self.dense(x))``) is one step of the user's code.
     """
-    summary = jex.summarize_source_info(eqn.source_info)
-    match = _SUMMARY.match(summary)
-    if match is None:
-        return summary
-    return f"{os.path.basename(match['file'])}:{match['line']} ({match['fn']})"
+    for file, line, function in jex.source_frames(eqn.source_info):
+        if _user_file(file, libraries):
+            return f"{os.path.basename(file)}:{line} ({function})"
+    return eqn.primitive.name
 
 
-def _group(eqn: Any) -> str:
-    """The name an equation's value is collected under: its name stack, else its source line."""
-    stack = str(eqn.source_info.name_stack)
-    return stack if stack else _location(eqn)
+def _group(eqn: Any, scope_names: dict[str, str], location: str) -> tuple[str, str]:
+    """The run an equation belongs to and the name its value is collected under (NOTE [Traced from_jax])."""
+    scopes = jex.name_scopes(eqn.source_info.name_stack)
+    for scope in reversed(scopes):
+        name = scope_names.get(scope)
+        if name is not None:
+            return scope, name
+    if scopes:
+        return "/".join(scopes), "/".join(scopes)
+    return location, location
 
 
 def _inexact(aval: Any) -> bool:
@@ -209,10 +422,10 @@ def _run_vjp(vjp: _EquationVjp, *args: Any) -> tuple[Any, ...]:
     return vjp(*args)
 
 
-def _equation_primitive(eqn: Any, invars: list[Any], key: str) -> Primitive:
+def _equation_primitive(eqn: Any, invars: list[Any], key: str, location: str) -> Primitive:
     """One xgrad primitive for the (standalone) equation ``eqn``; its backward is the equation's ``jax.vjp``."""
     outvars = list(eqn.outvars)
-    run = _jaxpr_function(invars, outvars, [eqn], eqn.effects, [], f"{eqn.primitive.name} at {_location(eqn)}")
+    run = _jaxpr_function(invars, outvars, [eqn], eqn.effects, [], f"{eqn.primitive.name} at {location}")
     num_outputs = len(outvars)
 
     def impl(*arrays: Any) -> Any:
@@ -255,32 +468,34 @@ class _Step:
 class _Program:
     """``fn`` traced for one input signature: its steps, and the values collected by name."""
 
-    def __init__(self, closed: Any, out_tree: Any) -> None:
+    def __init__(self, closed: Any, out_tree: Any, scope_names: dict[str, str]) -> None:
         jaxpr = closed.jaxpr
         self.invars = list(jaxpr.invars)
         self.outvars = list(jaxpr.outvars)
         self.consts = list(zip(jaxpr.constvars, closed.consts, strict=True))
         self.out_tree = out_tree
         # Runs of consecutive equations of one group (NOTE [Traced from_jax]): the key of
-        # each equation, and per run the value collected (step, output) under its group.
-        groups = [_group(eqn) for eqn in jaxpr.eqns]
+        # each equation, and per run the value collected (step, output) under its name.
+        libraries = _library_dirs()
+        locations = [_location(eqn, libraries) for eqn in jaxpr.eqns]
+        groups = [_group(eqn, scope_names, location) for eqn, location in zip(jaxpr.eqns, locations, strict=True)]
         runs_seen: dict[str, int] = {}
         keys: list[str] = []
         self.collected: list[tuple[str, int, int]] = []
-        for k, group in enumerate(groups):
-            if k == 0 or group != groups[k - 1]:
-                n = runs_seen[group] = runs_seen.get(group, 0) + 1
-                self.collected.append((group, -1, -1))
-            keys.append(group if n == 1 else f"{group}#{n}")
+        for k, (run, name) in enumerate(groups):
+            if k == 0 or run != groups[k - 1][0]:
+                n = runs_seen[name] = runs_seen.get(name, 0) + 1
+                self.collected.append((name, -1, -1))
+            keys.append(name if n == 1 else f"{name}#{n}")
             floats = [j for j, v in enumerate(jaxpr.eqns[k].outvars) if _inexact(v.aval)]
             if floats:
-                self.collected[-1] = (group, k, floats[-1])
+                self.collected[-1] = (name, k, floats[-1])
         self.collected = [c for c in self.collected if c[1] >= 0]
         eqns = [_standalone(eqn) for eqn in jaxpr.eqns]
         self.steps = []
-        for eqn, key in zip(eqns, keys, strict=True):
+        for eqn, key, location in zip(eqns, keys, locations, strict=True):
             invars = list(dict.fromkeys(v for v in eqn.invars if not isinstance(v, jex.Literal)))
-            self.steps.append(_Step(_equation_primitive(eqn, invars, key), invars, list(eqn.outvars), _location(eqn)))
+            self.steps.append(_Step(_equation_primitive(eqn, invars, key, location), invars, list(eqn.outvars), location))
         # The forward of every equation at once, one program returning all their outputs:
         # one compile per signature instead of one per equation.
         every_output = [v for eqn in eqns for v in eqn.outvars]
@@ -374,8 +589,11 @@ class TracedJaxFunction:
             full = list(leaves)
             for i, a in zip(dynamic, arrays, strict=True):
                 full[i] = a
-            return fn(*jax.tree_util.tree_unflatten(treedef, full), **static)
+            args = jax.tree_util.tree_unflatten(treedef, full)
+            scopes.add_arguments(args)
+            return fn(*args, **static)
 
         shapes = [jax.ShapeDtypeStruct(*_signature(leaves[i])[:2], weak_type=_signature(leaves[i])[2]) for i in dynamic]
-        closed, out_shape = jax.make_jaxpr(of_dynamic, return_shape=True)(*shapes)
-        return _Program(closed, jax.tree_util.tree_structure(out_shape))
+        with _naming_modules() as scopes:
+            closed, out_shape = jax.make_jaxpr(of_dynamic, return_shape=True)(*shapes)
+        return _Program(closed, jax.tree_util.tree_structure(out_shape), scopes.scope_names)

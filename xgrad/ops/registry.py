@@ -32,11 +32,13 @@ from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator, sh
 from xgrad.engine.rules import Aval, RuleArgs, RuleNode, incoming_grad
 from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
+from xgrad.grad_mode import stops_gradients
 from xgrad.jax_capture import check_captured_leaves
 from xgrad.jax_internals import loaded_names
 from xgrad.ops.dispatch import DISPATCH
 from xgrad.step_trace import current as _current_step
 from xgrad.tensor import Tensor
+from xgrad.tensor.jax_boundary import ERR_CUT_BY_JAX
 
 logger = logging.getLogger(__name__)
 
@@ -514,6 +516,8 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     if LEVEL.current is not None and tensors and tangents_on():  # NOTE [Tangents are jvp of the forward]
         tangents = tangent_rule(prim, args, params)
     if not (needs_graph and _grad_state.enabled):
+        if _grad_state.stop_trace is not None and trace is None and stops_gradients(arrays):
+            out = jax.lax.stop_gradient(out)  # NOTE [Grad mode on JAX's AD]
         if prim.num_outputs == 1:
             result = Tensor(out)
             if tangents is not None:
@@ -576,6 +580,9 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
                 edges.append(Edge(grad_accumulator(a), 0))
                 wanted.append(True)
                 continue
+            cut_site = getattr(a, "_cut_site", None)
+            if cut_site is not None:  # NOTE [Outputs of JAX transformations]
+                raise RuntimeError(ERR_CUT_BY_JAX.format(where=cut_site))
         edges.append(NO_EDGE)
         wanted.append(False)
     wanted_key = tuple(wanted)

@@ -88,12 +88,14 @@ class Tensor(TensorOpMethods):
         "_alias_of",
         "_array",
         "_backward_hooks",
+        "_cut_site",
         "_fw_grad",
         "_grad",
         "_entered_trace",
         "_grad_accumulator",
         "_inference",
         "_is_grad",
+        "_jax_hooks",
         "_output_nr",
         "_placeholder_meta",
         "_post_accumulate_grad_hooks",
@@ -108,8 +110,10 @@ class Tensor(TensorOpMethods):
     __array_priority__ = 1000  # NumPy defers binary operators to Tensor
 
     # Slots left unset on most tensors (read with ``getattr`` and a default).
+    _cut_site: str  # an output of a plain JAX transformation, made there (NOTE [Outputs of JAX transformations])
     _entered_trace: Any  # the trace a requires-grad tensor entered from outside (NOTE [Tensors that require grad become arrays])
     _is_grad: bool  # a gradient: its pytree node matches its parameter's (NOTE [Tensor as a pytree])
+    _jax_hooks: tuple[Any, list[Any]]  # the array before its hooks, and the hooks (NOTE [Hooks on JAX's AD])
     _placeholder_meta: _TensorMeta  # a placeholder's: the node it stands in (NOTE [Tensor as a pytree])
 
     def __init__(self, array: Any = (), *sizes: int, requires_grad: bool = False) -> None:
@@ -118,7 +122,8 @@ class Tensor(TensorOpMethods):
             # (a shape; zeros here, uninitialised there), in the default float dtype.
             array = legacy_constructor_array(array, sizes)
         self._array = array
-        self._alias_of: tuple[Callable[[], Tensor | None], bool] | None = None
+        # (the source, whether the version is shared, the (source's, alias's) arrays when made or last written)
+        self._alias_of: tuple[Callable[[], Tensor | None], bool, tuple[Any, Any]] | None = None
         self.grad_fn: Node | None = None
         self._output_nr = 0
         self._grad: Tensor | None = None
@@ -328,7 +333,7 @@ class Tensor(TensorOpMethods):
         return self._output_nr
 
     # -- conversion ------------------------------------------------------------------
-    __jax_array__ = jax_boundary.jax_array
+    __jax_array__ = jax_boundary.JaxArrayProtocol()
     __array__ = conversion.to_numpy_array
     numpy = conversion.numpy
     item = conversion.item
@@ -418,12 +423,22 @@ class Tensor(TensorOpMethods):
         >>> x.sum().backward(); x.grad.tolist()
         [10.0, 10.0]
         """
-        from xgrad.engine.hooks import HookDict, add_hook
+        from xgrad.engine.hooks import HookDict, RemovableHandle, add_hook
         from xgrad.engine.node import _check_arity
 
-        if not self.requires_grad:
+        on_jax = isinstance(self._array, jax.core.Tracer) and _current_step() is None
+        # On JAX's tracers any floating tensor may be differentiated (by ``jax.grad`` or
+        # ``xgrad.func``), whatever xgrad's own flag says (NOTE [Hooks on JAX's AD]).
+        if not self.requires_grad and not (on_jax and is_differentiable_dtype(self._array.dtype)):
             raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
         _check_arity(hook, 1, "Tensor.register_hook expects hook(grad)")
+        if on_jax:
+            base, hooks = getattr(self, "_jax_hooks", (self._array, []))
+            hooks.append(hook)
+            self._jax_hooks = (base, hooks)
+            self._array = jax_boundary.hook_on_jax(base, tuple(hooks))
+            if not self.requires_grad:
+                return RemovableHandle(HookDict())  # JAX's AD alone sees this tensor's gradient
         if self.grad_fn is not None:
             return self.grad_fn.add_tensor_pre_hook(self._output_nr, hook)
         if self._backward_hooks is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
 
 from xgrad.engine.dual import LEVEL
@@ -14,6 +15,7 @@ from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.step_trace import current as _current_step
 from xgrad.tensor import core
 from xgrad.tensor.dtypes import can_cast, torch_dtype_name
+from xgrad.tensor.jax_boundary import ERR_STATE_WRITTEN_IN_JAX, user_site
 
 __all__ = [
     "ERR_INFERENCE_INPLACE", "ERR_LEAF_INPLACE", "alias", "check_inplace", "detached_alias", "rebind", "take_tangent",
@@ -108,9 +110,9 @@ def write_to_source(self: core.Tensor, result: core.Tensor) -> bool:
     Returns False when the alias has parted from its source.
     """
     assert self._alias_of is not None
-    get_source, shares_version = self._alias_of
+    get_source, shares_version, (source_array, alias_array) = self._alias_of
     source = get_source()
-    if source is None or source._array is not self._array:
+    if source is None or source._array is not source_array or self._array is not alias_array:
         self._alias_of = None
         return False
     version = source._version
@@ -122,9 +124,31 @@ def write_to_source(self: core.Tensor, result: core.Tensor) -> bool:
         source._version = version
     self._take_value(result)  # the alias's own history, if the written value has one
     self._array = source._array
+    self._alias_of = (get_source, shares_version, (source._array, self._array))
     if shares_version:
         self._version = source._version
     return True
+
+
+# NOTE [In-place writes in xgrad.func]
+# As in torch.func: an in-place op inside ``vmap``/``jvp`` on a tensor passed to the
+# transform changes the caller's tensor (``xgrad.func`` writes the new value back after
+# the transform), and one on a tensor the function captured from outside, with a value
+# computed from the transform's inputs, raises torch.func's error: JAX's tracer would
+# otherwise be left in the caller's tensor.
+ERR_MUTATE_CAPTURED = {
+    "grad": (
+        "During a grad (vjp, jvp, grad, etc) transform, the function provided attempted to call in-place operation "
+        "that would mutate a captured Tensor. A 'captured' Tensor is one that is not passed as an input to the "
+        "transform function. Please pass it as an input, or make a copy of it (tensor.clone()) before modifying it "
+        "in place."
+    ),
+    "vmap": (
+        "vmap: inplace arithmetic(self, *extra_args) is not possible because there exists a Tensor `other` in "
+        "extra_args that has more elements than `self`. This happened due to `other` being vmapped over but `self` "
+        "not being vmapped over in a vmap. Please try to use out-of-place operators instead of inplace arithmetic."
+    ),
+}
 
 
 def take_value(self: core.Tensor, result: core.Tensor) -> None:
@@ -132,6 +156,11 @@ def take_value(self: core.Tensor, result: core.Tensor) -> None:
     trace = _current_step()
     if trace is not None:
         trace.write(self)
+    elif getattr(self, "_entered_trace", None) is not None and isinstance(self._array, jax.core.Tracer):
+        raise RuntimeError(ERR_STATE_WRITTEN_IN_JAX.format(where=user_site()))  # NOTE [State written inside a JAX transformation]
+    elif _grad_state.transform is not None and isinstance(result._array, jax.core.Tracer) and not isinstance(self._array, jax.core.Tracer):
+        # NOTE [In-place writes in xgrad.func]: a value of the transform written into a tensor from outside it
+        raise RuntimeError(ERR_MUTATE_CAPTURED[_grad_state.transform])
     self._array = result._array
     self._version += 1
     if self._fw_grad is not None or result._fw_grad is not None:
@@ -184,12 +213,15 @@ def detached_alias(self: core.Tensor, shares_version: bool) -> core.Tensor:
     trace = _current_step()
     if trace is not None:
         trace.read(self)
-    t = core.Tensor(self._array)
+    array = self._array
+    # On JAX's tracers the alias stops JAX's AD too (NOTE [Grad mode on JAX's AD]); in an
+    # ``xgrad.compile`` step xgrad's own engine differentiates, and the alias stays the array.
+    t = core.Tensor(jax.lax.stop_gradient(array) if trace is None and isinstance(array, jax.core.Tracer) else array)
     # A view is held strongly (``m[1].data.fill_(7.0)``: nothing else keeps that view
     # alive, and it holds its base anyway); any other source weakly, so an alias of a
     # result never keeps that result's graph alive.
     source: Callable[[], core.Tensor | None] = weakref.ref(self) if self._view is None else (lambda: self)
-    t._alias_of = (source, shares_version)
+    t._alias_of = (source, shares_version, (array, t._array))
     t._inference = self._inference
     if shares_version:
         t._version = self._version

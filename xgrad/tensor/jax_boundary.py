@@ -3,20 +3,22 @@ keep autograd history from crossing into JAX silently (NOTE [JAX boundary])."""
 
 from __future__ import annotations
 
+import copy
 import inspect
+import sys
 from types import FrameType
 from typing import Any
 
 import jax
 
 from xgrad import step_trace
-from xgrad.grad_mode import is_grad_enabled
-from xgrad.jax_internals import get_opaque_trace_state
+from xgrad.grad_mode import graph_off, is_grad_enabled
+from xgrad.jax_internals import abstractifying, get_opaque_trace_state
 from xgrad.step_trace import array_of
 from xgrad.tensor import core
 from xgrad.tensor.dtypes import is_differentiable_dtype
 
-__all__ = ["jax_array", "tree_flatten", "tree_unflatten", "user_site", "user_stacklevel"]
+__all__ = ["hook_on_jax", "jax_array", "tree_flatten", "tree_unflatten", "user_site", "user_stacklevel"]
 
 
 def _in_compiled_step() -> bool:
@@ -71,6 +73,46 @@ def user_stacklevel() -> int:
     return 1 if found is None else found[0]
 
 
+# NOTE [Hooks on JAX's AD]
+# On a plain JAX transformation's tracers a tensor hook must see the cotangent JAX's AD
+# computes, or ``jax.grad(loss)(model)`` would skip a gradient clamp that
+# ``loss.backward()`` applies. ``hook_on_jax`` puts the tensor's array through an
+# identity whose ``custom_vjp`` calls the tensor's hooks, in the order they were
+# registered, on the cotangent (as a Tensor; a non-``None`` return replaces it), so
+# every use of the tensor after that point is seen. A parameter's hooks ride in its
+# pytree metadata, so the parameter a JAX transformation unflattens from a tracer gets
+# them too, and keeps them: ``jax.jit(jax.grad(loss))`` unflattens it twice, and the
+# innermost transformation is the one that differentiates. Hooks run with recording off and JAX's AD on, so a hook's ops are
+# differentiated by an outer ``jax.grad`` as ``create_graph=True`` would.
+def _identity_with_hooks(hooks: tuple[Any, ...]) -> Any:
+    @jax.custom_vjp
+    def identity(x: Any) -> Any:
+        return x
+
+    def fwd(x: Any) -> tuple[Any, Any]:
+        return x, jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+    def bwd(aval: Any, g: Any) -> tuple[Any]:
+        grad = core.Tensor(g)
+        with graph_off():
+            for hook in hooks:
+                result = hook(grad)
+                if result is not None:
+                    if not isinstance(result, core.Tensor) or result.shape != aval.shape:
+                        got = getattr(result, "shape", type(result).__name__)
+                        raise RuntimeError(f"hook returned a gradient of shape {got}, expected {tuple(aval.shape)}")
+                    grad = result
+        return (array_of(grad).astype(aval.dtype),)
+
+    identity.defvjp(fwd, bwd)
+    return identity
+
+
+def hook_on_jax(array: Any, hooks: tuple[Any, ...]) -> Any:
+    """``array`` through an identity whose cotangent goes through ``hooks`` (NOTE [Hooks on JAX's AD])."""
+    return _identity_with_hooks(hooks)(array)
+
+
 class _TensorMeta:
     """A Tensor node's pytree metadata (NOTE [Tensor as a pytree]): ``requires_grad``,
     whether it has history, whether its array was a tracer when it was flattened (an
@@ -78,10 +120,23 @@ class _TensorMeta:
     or ``tree_map`` built from one).
     """
 
-    __slots__ = ("compiled", "grad_enabled", "has_history", "is_grad", "requires_grad", "traced")
+    __slots__ = (
+        "compiled", "grad_enabled", "has_history", "hooked", "hooks", "is_grad", "placeholder", "requires_grad", "traced",
+    )
 
-    def __init__(self, requires_grad: bool, has_history: bool, traced: bool = False, is_grad: bool = False) -> None:
+    def __init__(
+        self,
+        requires_grad: bool,
+        has_history: bool,
+        traced: bool = False,
+        is_grad: bool = False,
+        hooks: tuple[Any, ...] = (),
+        hooked: tuple[Any, Any] | None = None,
+    ) -> None:
         self.requires_grad = requires_grad
+        self.hooks = hooks  # a leaf's tensor hooks, in order (NOTE [Hooks on JAX's AD])
+        self.hooked = hooked  # (array, that array through the hooks) when the tensor holds the latter
+        self.placeholder = False  # a placeholder node's: it matches any Tensor node (NOTE [Tensor as a pytree])
         self.has_history = has_history
         self.traced = traced
         self.is_grad = is_grad
@@ -96,11 +151,13 @@ class _TensorMeta:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, _TensorMeta):
             return False
+        if self.placeholder or other.placeholder:
+            return True
         if self.traced and other.traced:  # outputs and carries inside a trace (lax.scan, cond branches)
             return self.compiled == other.compiled
         if self.traced or other.traced:  # a jitted function called both inside and outside a trace
             return self._raises() == other._raises()
-        if self.has_history != other.has_history:
+        if self.has_history != other.has_history or self.hooks != other.hooks:
             return False
         if self.is_grad or other.is_grad:
             return True
@@ -121,7 +178,9 @@ class _TensorMeta:
 #   reach the graph behind it. Its metadata keeps it out of jit caches traced for a
 #   leaf (``_TensorMeta.__eq__``), so a cache hit never skips the error.
 # * What a traced function returns comes out as Tensors without history: the graph
-#   recorded inside the trace (for a ``backward()`` there) belongs to the trace.
+#   recorded inside the trace (for a ``backward()`` there) belongs to the trace. Used
+#   where a gradient is needed, such a Tensor raises (NOTE [Outputs of JAX
+#   transformations]).
 # * A Tensor with history that comes back concrete from ``jax.device_put`` or a
 #   ``tree_map`` (flattened outside any trace) raises instead of becoming a leaf whose
 #   gradients go nowhere.
@@ -144,6 +203,36 @@ ERR_HISTORY_INTO_JAX = (
 # differentiate and goes through; inside an ``xgrad.compile`` step it raises as in eager.
 # A ``jax.Array`` on the left of an operator (``jnp_array * t``) converts the Tensor the
 # same way: JAX's public protocol has no way to defer to the Tensor's reflected operator.
+# NOTE [Outputs of JAX transformations]
+# A plain ``jax.jit``/``jax.vmap`` of xgrad code on tensors that require grad records
+# xgrad's graph inside its trace, and that graph cannot reach the caller's tensors: what
+# comes out has no history. Used as a value (inference, metrics) that is right; used in
+# a graph that requires grad it would silently lose the gradient through the call
+# (``jax.jit(f)(t) + (t * 3).sum()``). So such an output remembers where it was made,
+# and recording an op that mixes it with tensors that require grad raises
+# ``ERR_CUT_BY_JAX`` there, naming the fixes.
+ERR_CUT_BY_JAX = (
+    "a Tensor that came out of a plain JAX transformation (jax.jit, jax.vmap, ...) of xgrad code on tensors that "
+    "require grad{where} is used in a computation that requires grad: its graph stayed inside the transformation, "
+    "so the gradient through that call would be lost. Use xgrad.compile(fn) to jit xgrad code that records "
+    "autograd, xgrad.from_jax(fn) for a JAX function, or xgrad.func's transforms (they keep the history); or "
+    "call the transformation under xgrad.no_grad(), or .detach() its result, if you want its value only."
+)
+# NOTE [State written inside a JAX transformation]
+# A Tensor passed into a plain JAX transformation (a module's buffer or parameter, an
+# argument) is a new Tensor around a tracer inside it. Writing it in place there (a
+# BatchNorm's running statistics in train mode, ``optimizer.step()``, ``t.add_(1)``)
+# changes that inner Tensor only: JAX returns what the function returns, and the
+# caller's tensor would keep its old value, silently. So that write raises, naming the
+# ways that keep it: ``xgrad.compile``, which threads module and optimizer state
+# through its program and writes it back, or an update kept functional.
+ERR_STATE_WRITTEN_IN_JAX = (
+    "a Tensor passed into a plain JAX transformation (jax.jit, jax.vmap, jax.grad, ...) was modified in place "
+    "inside it{where}: the caller's tensor would keep its old value (a BatchNorm's running statistics in train "
+    "mode, an optimizer step). Use xgrad.compile(fn), which writes module and optimizer state back after each "
+    "call; or keep the update functional (return the new values, e.g. xgrad.func.functional_call with the buffers "
+    "passed in); or call model.eval() for a forward that writes nothing."
+)
 ERR_REQUIRES_GRAD_TO_JAX = (
     "Can't convert a Tensor that requires grad to a jax.Array: JAX would compute with its value only and the "
     "gradient would be lost{where}. Use the xgrad op of the same name on the Tensor (xgrad.sin(t) for jnp.sin(t); "
@@ -171,15 +260,24 @@ ERR_REQUIRES_GRAD_TO_JAX = (
 #   a Tensor node as a placeholder, so that ``tree_map`` keeps the tree's structure:
 #   libraries that build trees leaf by leaf and zip them together again
 #   (``eqx.partition``/``combine``, orbax's names and save arguments) rely on it.
-#   ``tree_leaves`` of such a tree gives the values themselves.
+#   ``tree_leaves`` of such a tree gives the values themselves. A placeholder node
+#   matches any Tensor node: ``eqx.combine`` zips the ``None``s of a partition made
+#   outside a transformation with the tracers inside it (``eqx.filter_grad``).
 # * History never crosses a JAX boundary silently: NOTE [JAX boundary].
 def tree_flatten(self: core.Tensor) -> tuple[tuple[Any], _TensorMeta]:
     array = array_of(self)
     placeholder_meta = getattr(self, "_placeholder_meta", None)
     if placeholder_meta is not None:
         return (array,), placeholder_meta
+    hooks = self._backward_hooks
+    jax_hooks = getattr(self, "_jax_hooks", None)
     meta = _TensorMeta(
-        self.requires_grad, self.grad_fn is not None, isinstance(array, jax.core.Tracer), getattr(self, "_is_grad", False)
+        self.requires_grad,
+        self.grad_fn is not None,
+        isinstance(array, jax.core.Tracer),
+        getattr(self, "_is_grad", False),
+        () if not hooks or self.grad_fn is not None else tuple(fn for _, fn in hooks.values()),
+        None if jax_hooks is None or array is jax_hooks[0] else (jax_hooks[0], array),
     )
     return (array,), meta
 
@@ -193,7 +291,9 @@ def tree_unflatten(meta: _TensorMeta, children: tuple[Any]) -> Any:
             return child
         placeholder = core.Tensor(None)  # in a tree a library builds leaf by leaf: it flattens as the original
         placeholder._array = child  # any leaf (an int too: never read as the legacy Tensor(size) constructor)
-        placeholder._placeholder_meta = meta
+        placeholder_meta = copy.copy(meta)
+        placeholder_meta.placeholder = True
+        placeholder._placeholder_meta = placeholder_meta
         return placeholder
     if meta.has_history:
         if isinstance(child, jax.core.Tracer):
@@ -201,16 +301,53 @@ def tree_unflatten(meta: _TensorMeta, children: tuple[Any]) -> Any:
                 raise RuntimeError(ERR_HISTORY_INTO_JAX.format(where=user_site()))
         elif not meta.traced:
             raise RuntimeError(ERR_HISTORY_CROSSES_JAX)
-        return core.Tensor(child)  # a traced function's output: its graph stayed in the trace
+        out = core.Tensor(child)  # a traced function's output: its graph stayed in the trace
+        if not _in_compiled_step():
+            out._cut_site = user_site()  # NOTE [Outputs of JAX transformations]
+        return out
+    on_jax = isinstance(child, jax.core.Tracer) and not _in_compiled_step()
+    jax_hooks = None
+    if meta.hooks and on_jax:
+        if meta.hooked is not None and child is meta.hooked[1]:  # already through them (a tree_map in the trace)
+            jax_hooks = meta.hooked[0], list(meta.hooks)
+        else:
+            jax_hooks = child, list(meta.hooks)
+            child = hook_on_jax(child, meta.hooks)
     # JAX may unflatten with abstract leaves: no dtype checks beyond the flag's own.
     t = core.Tensor(child)
     t._requires_grad = meta.requires_grad and is_differentiable_dtype(child.dtype)
     if meta.is_grad:
         t._is_grad = True
-    if t._requires_grad and not meta.traced:
+    if meta.hooks:  # kept: the model optax builds has them, and a nested transformation runs them on its cotangents
+        from xgrad.engine.hooks import HookDict
+
+        t._backward_hooks = HookDict((k, (0, hook)) for k, hook in enumerate(meta.hooks))
+    if jax_hooks is not None:
+        t._jax_hooks = jax_hooks
+    if (t._requires_grad or on_jax) and not meta.traced:
         # An argument of the trace it is unflattened in, never a constant it captured.
         t._entered_trace = get_opaque_trace_state(convention="xgrad")
     return t
+
+
+ERR_TENSOR_WHERE_JAX_WANTS_AN_ARRAY = (
+    "a Tensor was given where JAX wants an array{where}: jax.grad needs the function to return a scalar jax.Array "
+    "(return loss.array, or use xgrad.func.grad, which takes functions returning Tensors), and lax functions take "
+    "arrays (pass tensor.array, or use the xgrad op of the same name)."
+)
+
+
+class JaxArrayProtocol:
+    """``Tensor.__jax_array__``: ``jax_array`` for ``jnp`` functions; when JAX's abstractification
+    looks it up (``jax.grad``'s check of its output) it raises ``ERR_TENSOR_WHERE_JAX_WANTS_AN_ARRAY``,
+    whose text names the fix, instead of JAX's error about ``__jax_array__``."""
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return jax_array
+        if abstractifying(sys._getframe(1)):
+            raise ValueError(ERR_TENSOR_WHERE_JAX_WANTS_AN_ARRAY.format(where=user_site()))
+        return jax_array.__get__(obj, objtype)
 
 
 def jax_array(self: core.Tensor) -> jax.Array:
