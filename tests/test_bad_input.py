@@ -11,6 +11,7 @@ from PyTorch's documented formulas, under the eager and the compiled backward.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -292,6 +293,95 @@ def test_bool_mask_and_slices_need_no_check():
     _close(x[None, ..., 1:], X23[None, ..., 1:])
 
 
+# -- every op that reads a user's index, in every mode ---------------------------------
+# JAX clamps an out-of-range read and drops a write; PyTorch raises. Each path on the
+# (4, 3) W with the index [0, 7]: name -> (the op, PyTorch's message).
+W43 = np.arange(12.0).reshape(4, 3)
+
+
+def _set_rows(w, i):
+    h = w + 0.0 * i.sum().to(w.dtype)  # mapped as i is under vmap (an in-place write into an unmapped tensor raises)
+    h[i] = 0.0
+    return h
+
+
+INDEX_PATHS: dict[str, tuple[Callable[..., Any], str]] = {
+    "getitem": (lambda w, i: w[i], "index 7 is out of bounds for dimension 0 with size 4"),
+    "getitem tuple": (lambda w, i: w[i, 0], "index 7 is out of bounds for dimension 0 with size 4"),
+    "setitem": (_set_rows, "index 7 is out of bounds for dimension 0 with size 4"),
+    "index_select": (lambda w, i: w.index_select(0, i), "index out of range in self"),
+    "gather": (lambda w, i: w.gather(0, i.reshape(-1, 1).expand(-1, 3)), "index 7 is out of bounds for dimension 0 with size 4"),
+    "scatter_add": (lambda w, i: w.scatter_add(0, i.reshape(-1, 1).expand(-1, 3), xgrad.ones(i.shape[0], 3, dtype=w.dtype)),
+                    "index 7 is out of bounds for dimension 0 with size 4"),
+    "embedding": (lambda w, i: xgrad.nn.functional.embedding(i, w), "index out of range in self"),
+    "nll_loss": (lambda w, i: xgrad.nn.functional.nll_loss(w.T[: i.shape[0]], i), "Target 7 is out of bounds."),
+    "cross_entropy": (lambda w, i: xgrad.nn.functional.cross_entropy(w.T[: i.shape[0]], i), "Target 7 is out of bounds."),
+    "one_hot": (lambda w, i: xgrad.nn.functional.one_hot(i, 4), "Class values must be smaller than num_classes."),
+    "TensorDataset": (lambda w, i: xgrad.utils.data.TensorDataset(w)[i][0], "index 7 is out of bounds for dimension 0 with size 4"),
+}
+
+
+def _run_index_path(mode: str, op: Callable[..., Any], index: Any) -> Any:
+    w = xgrad.tensor(W43)
+    if mode == "eager":
+        return op(w, xgrad.tensor(index)).numpy()
+    if mode == "xgrad.compile":
+        return xgrad.compile(lambda i: op(w, i))(xgrad.tensor(index)).numpy()
+    if mode == "xgrad.func.vmap":  # each lane one index, as PyTorch's vmap
+        return xgrad.func.vmap(lambda i: op(w, i.reshape(1)))(xgrad.tensor(index)).numpy()
+    return np.asarray(jax.jit(lambda i: op(w, xgrad.Tensor(i)).array)(jnp.asarray(index)))
+
+
+@pytest.mark.parametrize("mode", ["eager", "xgrad.compile", "xgrad.func.vmap", "jax.jit"])
+@pytest.mark.parametrize("name", sorted(INDEX_PATHS))
+def test_every_index_path_raises_for_an_out_of_range_index_in_every_mode(name, mode):
+    op, message = INDEX_PATHS[name]
+    # A valid index gives eager's values (under vmap, each lane's).
+    expected = (np.stack([_run_index_path("eager", op, [i]) for i in (0, 3)]) if mode == "xgrad.func.vmap"
+                else _run_index_path("eager", op, [0, 3]))
+    np.testing.assert_allclose(_run_index_path(mode, op, [0, 3]), expected)
+    if mode == "jax.jit":
+        # Values are unknown while jax.jit traces: a host callback raises when the program runs,
+        # and JAX reports it as its JaxRuntimeError, a RuntimeError (NOTE [Checks under jax.jit]).
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            _run_index_path(mode, op, [0, 7])
+        return
+    error = RuntimeError if name == "one_hot" else IndexError
+    end = "" if mode == "xgrad.func.vmap" else "$"  # JAX appends a note on its filtered traceback
+    with pytest.raises(error, match=f"^{re.escape(message)}{end}"):
+        _run_index_path(mode, op, [0, 7])
+
+
+def test_concrete_value_reads_through_vmap_and_grad_but_not_jit():
+    # What the checks under xgrad.func rely on (xgrad/jax_internals.py): vmap's batched value, grad's primal.
+    from xgrad.jax_internals import concrete_value
+
+    seen = []
+    jax.vmap(lambda x: seen.append(concrete_value(x)) or x)(jnp.arange(2))
+    jax.grad(lambda x: seen.append(concrete_value(x)) or x)(1.5)
+    jax.vmap(jax.grad(lambda x: seen.append(concrete_value(x)) or x))(jnp.asarray([2.5, 3.5]))
+    jax.jit(lambda x: seen.append(concrete_value(x)) or x)(1.0)
+    np.testing.assert_array_equal(seen[0], [0, 1])
+    assert float(seen[1]) == 1.5 and seen[2].tolist() == [2.5, 3.5] and seen[3] is None
+
+
+def test_traced_checks_can_be_left_out_for_jax_export():
+    # Host callbacks cannot be serialized: export works with the checks off, and reads as JAX does.
+    weight = xgrad.tensor(W43)
+
+    def lookup():  # a fresh function each time: the setting applies when JAX traces it
+        return jax.jit(lambda i: xgrad.nn.functional.embedding(xgrad.Tensor(i), weight).array)
+
+    spec = jax.ShapeDtypeStruct((2,), jnp.int32)
+    with pytest.raises(NotImplementedError):
+        jax.export.export(lookup())(spec)
+    with xgrad.utils.traced_checks(False):
+        exported = jax.export.export(lookup())(spec)
+    np.testing.assert_allclose(exported.call(jnp.asarray([3, 1], jnp.int32)), W43[[3, 1]])
+    with pytest.raises(RuntimeError, match="index out of range in self"):  # the default again
+        lookup()(jnp.asarray([0, 4]))
+
+
 # -- shapes and sizes ------------------------------------------------------------------
 SHAPE_ERRORS = [
     ("reshape size", lambda: xgrad.zeros(2, 3).reshape(4), RuntimeError, r"^shape '\[4\]' is invalid for input of size 6$"),
@@ -414,7 +504,7 @@ def test_layer_norm_checks_normalized_shape(shape, normalized, message):
 
 def test_layer_norm_checks_weight_and_bias_shapes():
     with pytest.raises(RuntimeError, match=r"Expected weight to be of same shape as normalized_shape, but got weight of shape \[2\]"):
-        xgrad.layer_norm(xgrad.zeros(2, 3), 3, weight=xgrad.ones(2))
+        xgrad.layer_norm(xgrad.zeros(2, 3), [3], weight=xgrad.ones(2))
     with pytest.raises(RuntimeError, match="Expected bias to be of same shape"):
         xgrad.layer_norm(xgrad.zeros(2, 3), (3,), bias=xgrad.ones(1))
     x = jnp.asarray(X234)
@@ -614,7 +704,7 @@ def test_cross_entropy_all_targets_ignored_is_nan_as_in_pytorch():
         ((2, 3, 5), np.zeros((2, 3), np.int32), RuntimeError, r"^Expected target size \[2, 5\], got \[2, 3\]$"),
         ((4, 3), np.zeros(3, np.int32), ValueError, r"^Expected input batch_size \(4\) to match target batch_size \(3\)\.$"),
         ((4, 3), np.zeros((4, 1), np.int32), RuntimeError, "^0D or 1D target tensor expected, multi-target not supported$"),
-        ((4, 3), np.zeros(4, np.float32), RuntimeError, "expected scalar type Long but found float32"),
+        ((4, 3), np.zeros(4, np.float32), RuntimeError, "expected scalar type Long but found Float"),
         ((4, 3), np.zeros((4, 3), np.int32), RuntimeError, "Expected floating point type for target with class probabilities"),
         ((4, 3), np.array([0, 1, 3, 0]), IndexError, r"^Target 3 is out of bounds\.$"),
         ((4, 3), np.array([0, -1, 1, 0]), IndexError, r"^Target -1 is out of bounds\.$"),
@@ -659,3 +749,148 @@ def test_cross_entropy_backward_keeps_batch_sharded_labels_sharded():
     assert len(devices) == 2
     assert "all-gather" not in hlo and "all-to-all" not in hlo and "collective-permute" not in hlo
     assert "[4,16]" in hlo  # each device computes its own 4 rows
+
+
+# -- arguments PyTorch refuses: its exception type and words, never JAX's or a silent result ----
+def _load_state_dict_value(value):
+    model = xgrad.nn.Linear(2, 2, key=0)
+    model.load_state_dict({**model.state_dict(), "weight": value})
+
+
+def _vmap_none():
+    return xgrad.func.vmap(lambda t: None)(xgrad.ones(3))
+
+
+def _dual_of_a_dual():
+    from xgrad.autograd import forward_ad as fwAD
+
+    with fwAD.dual_level():
+        fwAD.make_dual(fwAD.make_dual(xgrad.ones(2), xgrad.ones(2)), xgrad.zeros(2))
+
+
+def _set_row(value):
+    x = xgrad.ones(2, 3)
+    x[0] = value
+
+
+_IMG, _K = xgrad.ones(1, 1, 4, 4), xgrad.ones(1, 1, 2, 2)
+_P = xgrad.ones(2, requires_grad=True)
+_DS = xgrad.utils.data.TensorDataset(xgrad.ones(4))
+NAN = math.nan
+ARGUMENT_ERRORS = [
+    # convolutions
+    ("conv2d stride of 3", lambda: xgrad.conv2d(_IMG, _K, stride=(1, 1, 1)), RuntimeError,
+     r"^expected stride to be a single integer value or a list of 2 values to match the convolution dimensions, but got stride=\[1, 1, 1\]$"),
+    ("conv2d padding of 3", lambda: xgrad.conv2d(_IMG, _K, padding=(1, 1, 1)), RuntimeError, "^expected padding to be a single integer"),
+    ("conv2d dilation of 1", lambda: xgrad.conv2d(_IMG, _K, dilation=(1,)), RuntimeError, r"list of 2 values .* dilation=\[1\]$"),
+    ("conv1d stride of 2", lambda: xgrad.conv1d(xgrad.ones(1, 1, 4), xgrad.ones(1, 1, 2), stride=(1, 1)), RuntimeError,
+     r"list of 1 values to match the convolution dimensions, but got stride=\[1, 1\]$"),
+    ("conv2d zero-size kernel", lambda: xgrad.conv2d(_IMG, xgrad.ones(1, 1, 0, 2)), RuntimeError,
+     "^kernel size should be greater than zero, but got kernel_height: 0 kernel_width: 2$"),
+    # normalisation, optimizers, data
+    ("layer_norm int shape", lambda: xgrad.nn.functional.layer_norm(xgrad.ones(2, 4), 4), TypeError,
+     r"^layer_norm\(\): argument 'normalized_shape' \(position 2\) must be tuple of ints, not int$"),
+    ("SGD of a dict", lambda: xgrad.optim.SGD({"a": _P}, lr=0.1), TypeError,
+     "^optimizer can only optimize Tensors, but one of the params is str$"),
+    ("DataLoader prefetch_factor", lambda: xgrad.utils.data.DataLoader(_DS, prefetch_factor=2), ValueError,
+     "^prefetch_factor option could only be specified in multiprocessing"),
+    ("DataLoader persistent_workers", lambda: xgrad.utils.data.DataLoader(_DS, persistent_workers=True), ValueError,
+     r"^persistent_workers option needs num_workers > 0$"),
+    ("DataLoader timeout", lambda: xgrad.utils.data.DataLoader(_DS, timeout=-1), ValueError, "^timeout option should be non-negative$"),
+    ("RandomSampler replacement", lambda: xgrad.utils.data.RandomSampler(_DS, replacement="no"), TypeError,
+     "^replacement should be a boolean value, but got replacement=no$"),
+    ("load_state_dict list", lambda: _load_state_dict_value([[1.0, 2.0], [3.0, 4.0]]), RuntimeError,
+     "While copying the parameter named \"weight\", expected torch.Tensor or Tensor-like object from checkpoint but "
+     "received <class 'list'>"),
+    ("load_state_dict str", lambda: _load_state_dict_value("abc"), RuntimeError, "but received <class 'str'>"),
+    # losses
+    ("bce target > 1", lambda: xgrad.nn.functional.binary_cross_entropy(xgrad.tensor([0.5]), xgrad.tensor([2.0])),
+     RuntimeError, "^all elements of target should be between 0 and 1$"),
+    ("bce target < 0", lambda: xgrad.nn.functional.binary_cross_entropy(xgrad.tensor([0.5]), xgrad.tensor([-0.5])),
+     RuntimeError, "^all elements of target should be between 0 and 1$"),
+    ("nll_loss float target", lambda: xgrad.nn.functional.nll_loss(xgrad.zeros(2, 3), xgrad.tensor([0.0, 1.0])),
+     RuntimeError, "^expected scalar type Long but found Float$"),
+    # einsum, indexing, broadcasting, None
+    ("einsum unknown output", lambda: xgrad.einsum("ij->k", xgrad.ones(2, 2)), RuntimeError,
+     "^einsum\\(\\): output subscript k does not appear in the equation for any input operand$"),
+    ("einsum repeated output", lambda: xgrad.einsum("ij->ii", xgrad.ones(2, 2)), RuntimeError,
+     "^einsum\\(\\): output subscript i appears more than once in the output$"),
+    ("einsum bad character", lambda: xgrad.einsum("i1->i", xgrad.ones(2, 2)), RuntimeError,
+     "^einsum\\(\\): invalid subscript given at index 1 in the equation string, subscripts must be in \\[a-zA-Z\\]$"),
+    ("float index", lambda: xgrad.ones(3)[1.0], IndexError,
+     r"^only integers, slices \(`:`\), ellipsis \(`...`\), None and long or byte Variables are valid indices \(got float\)$"),
+    ("float index setitem", lambda: xgrad.ones(3).__setitem__((0, 1.5), 0.0), IndexError, r"valid indices \(got float\)$"),
+    ("float index tensor", lambda: xgrad.ones(3)[xgrad.tensor([1.0])], IndexError,
+     "^tensors used as indices must be long, int, byte or bool tensors$"),
+    ("too many indices", lambda: xgrad.ones(2, 3)[0, 1, 2], IndexError, "^too many indices for tensor of dimension 2$"),
+    ("setitem broadcast", lambda: _set_row(xgrad.ones(4)), RuntimeError,
+     r"^shape mismatch: value tensor of shape \[4\] cannot be broadcast to indexing result of shape \[3\]$"),
+    ("add broadcast", lambda: xgrad.ones(2) + xgrad.ones(3), RuntimeError,
+     r"^The size of tensor a \(2\) must match the size of tensor b \(3\) at non-singleton dimension 0$"),
+    ("None to exp", lambda: xgrad.exp(None), TypeError, r"^exp\(\): argument \(position 1\) must be Tensor, not NoneType$"),
+    ("None to add", lambda: xgrad.ones(2) + None, TypeError, "must be Tensor, not NoneType$"),
+    ("tensor(None)", lambda: xgrad.tensor(None), RuntimeError, "^Could not infer dtype of NoneType$"),
+    # NaN and inf where an integer goes
+    ("arange nan", lambda: xgrad.arange(NAN), RuntimeError, "^unsupported range: 0 -> nan$"),
+    ("arange inf", lambda: xgrad.arange(0, math.inf), RuntimeError, "^unsupported range: 0 -> inf$"),
+    ("zeros nan", lambda: xgrad.zeros(NAN), TypeError, r"^shape must be a sequence of ints, got \[nan\]$"),
+    ("linspace nan steps", lambda: xgrad.linspace(0, 1, NAN), TypeError,
+     r"^linspace\(\): argument 'steps' \(position 3\) must be int, not float$"),
+    ("eye inf", lambda: xgrad.eye(math.inf), TypeError, r"^eye\(\): argument 'n' \(position 1\) must be int, not float$"),
+    ("randperm nan", lambda: xgrad.randperm(NAN), TypeError, r"^randperm\(\): argument 'n' \(position 1\) must be int"),
+    ("one_hot nan", lambda: xgrad.nn.functional.one_hot(xgrad.tensor([0, 1]), NAN), TypeError,
+     r"^one_hot\(\): argument 'num_classes' \(position 2\) must be int, not float$"),
+    ("topk nan", lambda: xgrad.ones(4).topk(NAN), TypeError, r"^topk\(\): argument 'k' \(position 2\) must be int"),
+    ("select nan", lambda: xgrad.ones(4).select(0, NAN), TypeError, r"^select\(\): argument 'index' \(position 2\) must be int"),
+    ("pad nan", lambda: xgrad.nn.functional.pad(xgrad.ones(4), (NAN, 1)), TypeError, r"^pad\(\): argument 'pad' \(position 2\)"),
+    ("interpolate nan", lambda: xgrad.nn.functional.interpolate(xgrad.ones(1, 1, 4), size=NAN), TypeError,
+     r"^interpolate\(\): argument 'size' \(position 2\) must be int, not float$"),
+    # modules and autograd
+    ("embed_dim not divisible", lambda: xgrad.nn.MultiheadAttention(5, 2, key=0), AssertionError,
+     "^embed_dim must be divisible by num_heads"),
+    ("attention width", lambda: xgrad.nn.MultiheadAttention(4, 2, key=0)(*[xgrad.ones(3, 1, 5)] * 3), AssertionError,
+     "^was expecting embedding dimension of 4, but got 5$"),
+    ("make_dual of a dual", _dual_of_a_dual, RuntimeError,
+     "^Making a dual Tensor based on a Tensor that already has a forward gradient at the same level 0 is not supported.$"),
+    # xgrad.func
+    ("vmap returning None", _vmap_none, ValueError,
+     r"^vmap\(<lambda>, \.\.\.\): `<lambda>` must only return Tensors, got type <class 'NoneType'>"),
+    ("vmap no inputs", lambda: xgrad.func.vmap(lambda: 1)(), ValueError, r"^vmap\(<lambda>\)\(<inputs>\): got no inputs"),
+    ("vmap in_dim range", lambda: xgrad.func.vmap(lambda t: t, in_dims=5)(xgrad.ones(2)), ValueError,
+     r"Got in_dim=5 for some input, but that input is a Tensor of dimensionality 1 so expected in_dim to satisfy -1 <= in_dim < 1\.$"),
+    ("vmap non-Tensor", lambda: xgrad.func.vmap(lambda t: t)(3), ValueError,
+     "Got in_dim=0 for an input but the input is of type <class 'int'>. We cannot vmap over non-Tensor arguments"),
+    ("vmap sizes", lambda: xgrad.func.vmap(lambda a, b: a + b)(xgrad.ones(2), xgrad.ones(3)), ValueError,
+     r"Expected all tensors to have the same size in the mapped dimension, got sizes \[2, 3\] for the mapped dimension$"),
+    ("vmap out_dims", lambda: xgrad.func.vmap(lambda t: t, out_dims=3)(xgrad.ones(2)), IndexError,
+     r"^Dimension out of range \(expected to be in range of \[-1, 0\], but got 3\)"),  # (JAX adds a note)
+    ("grad argnums float", lambda: xgrad.func.grad(lambda t: t.sum(), argnums=1.5)(xgrad.ones(2)), RuntimeError,
+     r"^grad_and_value: argnums must be int or Tuple\[int, \.\.\.\], got: 1.5$"),
+    ("grad of ints", lambda: xgrad.func.grad(lambda t: t.sum())(xgrad.tensor([1, 2])), RuntimeError,
+     "^only Tensors of floating point and complex dtype can require gradients$"),
+    ("jvp tangent shape", lambda: xgrad.func.jvp(lambda t: t, (xgrad.ones(2),), (xgrad.ones(3),)), RuntimeError,
+     r"^Trying to set a forward gradient that has a different size than that of the original Tensor"),
+    ("vjp cotangent shape", lambda: xgrad.func.vjp(lambda t: t * 2, xgrad.ones(2))[1](xgrad.ones(3)), RuntimeError,
+     r"^Mismatch in shape: grad_output\[0\] has a shape of \[3\] and output\[0\] has a shape of \[2\]\.$"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", [r[1:] for r in ARGUMENT_ERRORS], ids=[r[0] for r in ARGUMENT_ERRORS])
+def test_arguments_pytorch_refuses_raise_its_errors(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+@pytest.mark.parametrize("call, expected", [
+    (lambda: xgrad.conv2d(_IMG, _K, stride=[2, 2], padding=(0, 1), dilation=1).shape, (1, 1, 2, 3)),
+    (lambda: xgrad.nn.functional.layer_norm(xgrad.tensor([[1.0, 3.0]]), [2], eps=0.0).tolist(), [[-1.0, 1.0]]),
+    (lambda: xgrad.nn.functional.binary_cross_entropy(xgrad.tensor([0.5, 0.5]), xgrad.tensor([0.0, 1.0])).item(),
+     pytest.approx(math.log(2.0))),
+    (lambda: xgrad.einsum("ij,jk->ki", xgrad.ones(2, 3), xgrad.ones(3, 4)).shape, (4, 2)),
+    (lambda: xgrad.ones(2, 3)[True, 0].shape, (1, 3)),
+    (lambda: xgrad.ones(2, 3)[None, ..., 1].shape, (1, 2)),
+    (lambda: len(list(xgrad.utils.data.DataLoader(_DS, num_workers=2, prefetch_factor=2, persistent_workers=True))), 4),
+    (lambda: xgrad.func.vmap(lambda t: (t * 2, t), out_dims=-1)(xgrad.ones(2, 3))[0].shape, (3, 2)),
+], ids=["conv2d lists", "layer_norm list", "bce in range", "einsum output", "bool index", "None index", "workers", "vmap out_dims"])
+def test_valid_arguments_next_to_the_refused_ones(call, expected):
+    assert call() == expected

@@ -100,15 +100,27 @@ def test_every_value_check_raises_in_both_modes(case, mode):
         assert step.stats()["fallbacks"] == 0
 
 
-def test_value_checks_under_a_plain_jax_transformation_keep_jax_behaviour():
-    # The values are unknown when traced: no error, and the result is what the same formula gives in JAX.
+def test_value_checks_under_a_plain_jax_transformation_raise_when_the_program_runs():
+    # The values are unknown when traced: a host callback raises the eager error when the program runs
+    # (NOTE [Checks under jax.jit]); with traced_checks(False) the result is what the formula gives in JAX.
     x = np.asarray([0.5, 1.5])
-    out = jax.jit(lambda x: xgrad.binary_cross_entropy(xgrad.Tensor(x), xgrad.ones(2, dtype=np.float64)).array)(x)
+    labels = np.asarray([0, 5, 2])  # 5 is out of range: JAX's one_hot gives an all-zero row
+
+    def bce(x):
+        return xgrad.binary_cross_entropy(xgrad.Tensor(x), xgrad.ones(2, dtype=np.float64)).array
+
+    def one_hot(y):
+        return xgrad.one_hot(xgrad.Tensor(y), 3).array
+
+    with pytest.raises(RuntimeError, match="all elements of input should be between 0 and 1"):
+        jax.jit(bce)(x)
+    with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes."):
+        jax.jit(one_hot)(labels)
+    with xgrad.utils.traced_checks(False):  # fresh functions: jax.jit keeps the programs it traced
+        out, hot = jax.jit(lambda x: bce(x))(x), jax.jit(lambda y: one_hot(y))(labels)
     with np.errstate(invalid="ignore"):  # log(1 - 1.5), as the traced program computes it
         expected = np.mean(-(np.maximum(np.log(x), -100.0) + 0.0 * np.maximum(np.log(1 - x), -100.0)))
     np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-12)
-    labels = np.asarray([0, 5, 2])  # 5 is out of range: JAX's one_hot gives an all-zero row
-    hot = jax.jit(lambda y: xgrad.one_hot(xgrad.Tensor(y), 3).array)(labels)
     np.testing.assert_array_equal(np.asarray(hot), np.asarray(jax.nn.one_hot(labels, 3, dtype=hot.dtype)))
 
 

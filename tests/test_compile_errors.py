@@ -161,15 +161,18 @@ def test_hooks_before_the_failing_op_run_and_those_after_do_not(mode):
     assert w._version == 0
 
 
-def test_checks_under_a_jax_transformation_inside_the_step_keep_jax_behaviour():
-    # Documented: only the step's own trace level is checked; a jax.vmap inside it is JAX's.
+def test_checks_under_a_jax_transformation_inside_the_step_raise_when_the_program_runs():
+    # A jax.vmap inside the step is not the step's trace level: its check is a host callback
+    # (NOTE [Checks under jax.jit]), whose error JAX reports as a RuntimeError; never a clamped read.
     w = f64([1.0, 2.0, 3.0])
 
     @xgrad.compile
     def step(rows):
         return jax.vmap(lambda r: xgrad.gather(w, 0, xgrad.Tensor(r)).array)(rows.array)
 
-    np.testing.assert_array_equal(step(xgrad.tensor([[0], [5]])), [[1.0], [3.0]])  # clamped, as under jax.vmap
+    np.testing.assert_array_equal(step(xgrad.tensor([[0], [2]])), [[1.0], [3.0]])
+    with pytest.raises(RuntimeError, match="index 5 is out of bounds for dimension 0 with size 3"):
+        step(xgrad.tensor([[0], [5]]))
 
 
 @pytest.mark.parametrize("mode", ["eager", "compile"])

@@ -199,3 +199,22 @@ def test_random_sampler_with_replacement_draws_lazily():
     assert set(first) == {0, 1, 2}
     repeated = list(RandomSampler(range(3), num_samples=7))
     assert len(repeated) == 7 and sorted(repeated[:3]) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("indices", [[0, 10], [-11, 0], [3, 12]])
+@pytest.mark.parametrize("wrap", ["plain", "subset"])
+def test_an_out_of_range_sampler_index_raises_as_pytorch(indices, wrap):
+    # PyTorch indexes each tensor of a TensorDataset, which raises; JAX's gather would clamp silently.
+    ds = _dataset()
+    ds = ds if wrap == "plain" else Subset(ds, list(range(10)))
+    bad = next(i for i in indices if not -10 <= i < 10)
+    message = f"^index {bad} is out of bounds for dimension 0 with size 10$" if wrap == "plain" else "list index out of range"
+    with pytest.raises(IndexError, match=message):
+        next(iter(DataLoader(ds, batch_size=2, sampler=indices)))
+    with pytest.raises(IndexError, match=message):
+        next(iter(DataLoader(ds, batch_size=None, sampler=[bad])))  # one sample at a time: ds[i]
+
+
+def test_a_negative_sampler_index_counts_from_the_end_as_pytorch():
+    data, target = next(iter(DataLoader(_dataset(), batch_size=2, sampler=[-1, -10])))
+    assert target.tolist() == [9, 0] and data.tolist() == [[18.0, 19.0], [0.0, 1.0]]

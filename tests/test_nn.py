@@ -461,7 +461,7 @@ def test_multihead_attention_matches_pytorch_formula():
     out, w = mha(xgrad.tensor(q[0]), xgrad.tensor(k[0]), xgrad.tensor(v[0]))
     np.testing.assert_allclose(out.detach().numpy(), expected[0], rtol=1e-10)
     assert w.shape == (5, 4)
-    with pytest.raises(ValueError, match="divisible by num_heads"):
+    with pytest.raises(AssertionError, match="divisible by num_heads"):
         nn.MultiheadAttention(6, 4)
 
 

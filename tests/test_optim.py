@@ -113,8 +113,10 @@ def test_adamw_follows_pytorch(kwargs):
 def test_pytorch_defaults_and_argument_errors():
     w = xgrad.tensor([1.0], requires_grad=True)
     assert optim.SGD([w]).param_groups[0]["lr"] == 1e-3 and optim.Adam([w]).defaults["lr"] == 1e-3
-    adamw = optim.AdamW({"w": w})
+    adamw = optim.AdamW([w])
     assert adamw.param_groups[0]["params"] == [w] and adamw.param_groups[0]["weight_decay"] == 1e-2
+    with pytest.raises(TypeError, match="^optimizer can only optimize Tensors, but one of the params is str$"):
+        optim.AdamW({"w": w})  # a dict iterates over its names, as in PyTorch
     with pytest.raises(ValueError, match="Invalid learning rate: -1"):
         optim.SGD([w], lr=-1)
     with pytest.raises(ValueError, match="Nesterov momentum requires a momentum and zero dampening"):

@@ -317,3 +317,70 @@ def test_initialisation_is_pytorchs_uniform_and_follows_the_key():
 def test_pytorchs_errors(make, error, match):
     with pytest.raises(error, match=match):
         make()
+
+
+# -- unbatched cells and empty sequences ---------------------------------------------------------
+CELLS = {"rnn_cell": lambda: nn.RNNCell(3, 4, key=1, dtype=F64), "gru_cell": lambda: nn.GRUCell(3, 4, key=1, dtype=F64),
+         "lstm_cell": lambda: nn.LSTMCell(3, 4, key=1, dtype=F64)}
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled", "xgrad.compile"])
+@pytest.mark.parametrize("name", sorted(CELLS))
+@pytest.mark.parametrize("with_state", [True, False], ids=["hx", "no-hx"])
+def test_an_unbatched_cell_is_its_batched_self_with_one_row(name, with_state, mode):
+    # PyTorch: input (I,) and hidden (H,) give (H,), the batched result's one row; gradients too.
+    cell = CELLS[name]()
+    lstm = name == "lstm_cell"
+    x = np.linspace(-1.0, 1.0, 3)
+    h, c = np.linspace(0.5, -0.5, 4), np.linspace(-0.2, 0.3, 4)
+
+    def run(batched, backward_mode):
+        cell.zero_grad()
+        xs = xgrad.tensor(x[None] if batched else x, requires_grad=True)
+        state = [xgrad.tensor(s[None] if batched else s, requires_grad=True) for s in ((h, c) if lstm else (h,))]
+
+        def step(xs, *state):
+            hx = None if not with_state else tuple(state) if lstm else state[0]
+            out = cell(xs, hx)
+            out = out if lstm else (out,)
+            loss = sum((o * (i + 1.0)).sum() for i, o in enumerate(out))
+            loss.backward(compiled=backward_mode == "compiled")
+            return out
+
+        out = (xgrad.compile(step) if backward_mode == "xgrad.compile" else step)(xs, *state)
+        grads = [xs.grad] + ([s.grad for s in state] if with_state else [])
+        return [o.detach().numpy() for o in out], [g.numpy() for g in grads], [p.grad.numpy() for p in cell.parameters()]
+
+    out, grads, param_grads = run(False, mode)
+    ref_out, ref_grads, ref_param_grads = run(True, "eager")
+    assert all(o.shape == (4,) for o in out)
+    for a, b in zip(out + grads + param_grads, [o[0] for o in ref_out] + [g[0] for g in ref_grads] + ref_param_grads,
+                    strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize(("call", "error", "match"), [
+    (lambda: nn.RNNCell(3, 4)(xgrad.ones(3), xgrad.zeros(1, 1, 4)), ValueError, "^RNNCell: Expected hidden to be 1D or 2D, got 3D instead$"),
+    (lambda: nn.LSTMCell(3, 4)(xgrad.ones(3), (xgrad.zeros(4), xgrad.zeros(1, 1, 4))), ValueError,
+     r"^LSTMCell: Expected hx\[1\] to be 1D or 2D, got 3D instead$"),
+    (lambda: nn.GRUCell(3, 4)(xgrad.ones(3), xgrad.zeros(1, 4)), RuntimeError, "Expected hidden to be 1D for unbatched 1D input"),
+    (lambda: nn.GRUCell(3, 4)(xgrad.ones(2, 3), xgrad.zeros(3, 4)), RuntimeError,
+     "^Input batch size 2 doesn't match hidden0 batch size 3$"),
+    (lambda: nn.LSTMCell(3, 4)(xgrad.ones(3), (xgrad.zeros(4), xgrad.zeros(5))), RuntimeError,
+     "^hidden1 has inconsistent hidden_size: got 5, expected 4$"),
+])
+def test_cell_state_errors_are_pytorchs(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.parametrize("layer", ["RNN", "GRU", "LSTM"])
+@pytest.mark.parametrize("shape, batch_first", [((0, 2, 3), False), ((2, 0, 3), True), ((0, 3), False)],
+                         ids=["seq-first", "batch-first", "unbatched"])
+def test_an_empty_sequence_raises_pytorchs_runtime_error(layer, shape, batch_first):
+    # PyTorch (RNN.cpp) refuses a sequence of length 0; an empty batch is fine.
+    module = getattr(nn, layer)(3, 4, batch_first=batch_first, key=0)
+    with pytest.raises(RuntimeError, match=r"^Expected sequence length to be larger than 0 in RNN$"):
+        module(xgrad.ones(*shape))
+    out, _ = module(xgrad.ones(*((2, 0, 3) if not batch_first else (0, 2, 3))))
+    assert out.shape == ((2, 0, 4) if not batch_first else (0, 2, 4))

@@ -26,6 +26,7 @@ an ``xgrad.Generator``, a key or an int seed) or ``key=``, else from the default
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -35,7 +36,7 @@ import numpy as np
 
 from xgrad.generator import KeyState, manual_seed
 from xgrad.generator import next_key as next_key  # nn.init takes it from here
-from xgrad.ops._util import check_nonnegative_shape
+from xgrad.ops._util import check_int, check_nonnegative_shape
 from xgrad.ops.tensor_methods import generator_key
 from xgrad.tensor import Tensor
 from xgrad.tensor.dtypes import default_complex, default_float, resolve_dtype, x64_enabled
@@ -176,6 +177,8 @@ def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool
     """
     if isinstance(data, Tensor):
         data = data._array
+    if data is None:
+        raise RuntimeError("Could not infer dtype of NoneType")
     if isinstance(data, jax.Array) and (dtype is None or data.dtype == dtype):
         array = data
     elif dtype is None:
@@ -239,6 +242,8 @@ def arange(start: Any, end: Any = None, step: Any = 1, dtype: Any = None, device
         dtype = default_float()
     if end is None:
         start, end = 0, start
+    if not all(math.isfinite(v) for v in (start, end) if isinstance(v, float)):
+        raise RuntimeError(f"unsupported range: {start} -> {end}")
     if step == 0:
         raise RuntimeError("step must be nonzero")
     if (end - start) * step < 0:
@@ -254,6 +259,8 @@ def eye(n: int, m: int | None = None, dtype: Any = None, device: Any = None, req
     >>> xgrad.eye(2).tolist()
     [[1.0, 0.0], [0.0, 1.0]]
     """
+    n = check_int(n, "eye", "n", 1)
+    m = None if m is None else check_int(m, "eye", "m", 2)
     if n < 0 or m is not None and m < 0:
         raise RuntimeError(f"n and m must be greater or equal to 0, got n={n}, m={m}")
     return Tensor(_place(jnp.eye(n, m, dtype=_float_dtype(dtype)), device), requires_grad=requires_grad)
@@ -413,7 +420,7 @@ def randperm(n: int, *, generator: Any = None, key: Any = None, dtype: Any = Non
     >>> sorted(xgrad.randperm(5, generator=0).tolist())
     [0, 1, 2, 3, 4]
     """
-    if n < 0:
+    if check_int(n, "randperm", "n", 1) < 0:
         raise RuntimeError(f"n must be non-negative, got{n}")
     array = jax.random.permutation(_key(key, generator), n).astype(_int64() if dtype is None else resolve_dtype(dtype, "randperm"))
     return Tensor(_place(array, device), requires_grad=requires_grad)
@@ -426,7 +433,7 @@ def linspace(start: Any, end: Any, steps: int, *, dtype: Any = None, device: Any
     >>> xgrad.linspace(0, 1, 5).tolist()
     [0.0, 0.25, 0.5, 0.75, 1.0]
     """
-    if steps < 0:
+    if check_int(steps, "linspace", "steps", 3) < 0:
         raise RuntimeError("number of steps must be non-negative")
     array = jnp.linspace(start, end, steps, dtype=_float_dtype(dtype))
     return Tensor(_place(array, device), requires_grad=requires_grad)

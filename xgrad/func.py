@@ -23,8 +23,10 @@ from typing import Any
 import jax
 
 from xgrad.engine import engine_ops
+from xgrad.engine.dual import ERR_TANGENT_SIZE
 from xgrad.grad_mode import graph_off, is_grad_enabled
 from xgrad.jax_capture import quiet_captures
+from xgrad.ops._util import canonical_dim
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
 from xgrad.tensor.inplace import ERR_MUTATE_CAPTURED
@@ -87,7 +89,7 @@ def _keeps_history(transformed: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _argnums_tuple(argnums: int | Sequence[int], nargs: int, name: str) -> tuple[int, ...]:
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums) if isinstance(argnums, (tuple, list)) else ()
     if not nums or not all(isinstance(i, int) for i in nums):
         raise RuntimeError(f"{name}: argnums must be int or Tuple[int, ...], got: {argnums!r}")
     for i in nums:
@@ -170,6 +172,7 @@ def grad_and_value(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0,
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         nums = _argnums_tuple(argnums, len(args), "grad_and_value")
+        _check_differentiable([args[i] for i in nums])
 
         def of_arrays(*diff: Any) -> Any:
             out = _call(func, _with_args(args, nums, diff), kwargs)
@@ -233,7 +236,12 @@ def vjp(func: Callable[..., Any], *primals: Any, has_aux: bool = False) -> Any:
         out, pullback = jax.vjp(of_arrays, *arrays)
 
     def vjp_fn(cotangents: Any) -> tuple[Any, ...]:
-        return tuple(_tensors(pullback(_arrays(cotangents))))
+        given = _arrays(cotangents)
+        for i, (o, g) in enumerate(zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(given), strict=False)):
+            if o.shape != getattr(g, "shape", None):  # PyTorch's autograd.grad check, not JAX's TypeError
+                raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of {list(getattr(g, 'shape', ()))} "
+                                   f"and output[{i}] has a shape of {list(o.shape)}.")
+        return tuple(_tensors(pullback(given)))
 
     return (_tensors(out), vjp_fn, _tensors(aux)) if has_aux else (_tensors(out), vjp_fn)
 
@@ -257,6 +265,11 @@ def jvp(
             f"jvp(f, primals, tangents): Expected primals and tangents to have the same python structure: got "
             f"{len(primals)} primals and {len(tangents)} tangents"
         )
+
+    for primal, tangent in zip(jax.tree_util.tree_leaves(_arrays(primals)), jax.tree_util.tree_leaves(_arrays(tangents)),
+                               strict=False):
+        if primal.shape != tangent.shape:
+            raise RuntimeError(ERR_TANGENT_SIZE.format(primal=list(primal.shape), tangent=list(tangent.shape)))
 
     def of_arrays(*arrays: Any) -> Any:
         out, written = _call_tracking(func, [_tensors(a) for a in arrays], {}, "grad")
@@ -312,12 +325,15 @@ def vmap(
                 f"in_dims has structure {len(dims)} but inputs has structure {len(args)}."
             )
         mapped = [i for i, d in enumerate(dims) if d is not None]
+        _check_vmap_inputs(func, in_dims, [(args[i], dims[i]) for i in mapped])
 
         def of_arrays(*arrays: Any) -> Any:
             full = list(args)
             for i, a in zip(mapped, arrays, strict=True):
                 full[i] = _tensors(a)
             out, written = _call_tracking(func, full, kwargs, "vmap")
+            if isinstance(out_dims, int):
+                _check_vmap_outputs(func, out, out_dims)
             return _arrays(out), written
 
         written_dims = [d if isinstance(d, int) else None for d in dims]
@@ -341,6 +357,52 @@ def vmap(
         return _tensors(out)
 
     return _keeps_history(wrapper)
+
+
+def _vmap_name(func: Callable[..., Any]) -> str:
+    return getattr(func, "__name__", repr(func))
+
+
+def _check_vmap_inputs(func: Callable[..., Any], in_dims: Any, mapped: list[tuple[Any, Any]]) -> None:
+    """PyTorch's ``ValueError``s for what ``vmap`` cannot map: no inputs, a non-Tensor or out-of-range
+    ``in_dim``, mapped sizes that differ (JAX's ``vmap`` raises them in its words). Pytree ``in_dims`` are JAX's."""
+    where = f"vmap({_vmap_name(func)}, in_dims={in_dims}, ...)(<inputs>)"
+    if not mapped:
+        raise ValueError(f"vmap({_vmap_name(func)})(<inputs>): got no inputs. Maybe you forgot to add inputs, or you "
+                         "are trying to vmap over a function with no inputs. The latter is unsupported.")
+    sizes = []
+    for arg, dim in mapped:
+        if not isinstance(dim, int):
+            return
+        for leaf in jax.tree_util.tree_leaves(arg, is_leaf=is_tensor):
+            if not isinstance(leaf, (Tensor, jax.Array)):
+                raise ValueError(f"{where}: Got in_dim={dim} for an input but the input is of type {type(leaf)}. We "
+                                 "cannot vmap over non-Tensor arguments, please use None as the respective in_dim")
+            if not -leaf.ndim <= dim < leaf.ndim:
+                raise ValueError(f"{where}: Got in_dim={dim} for some input, but that input is a Tensor of "
+                                 f"dimensionality {leaf.ndim} so expected in_dim to satisfy "
+                                 f"-{leaf.ndim} <= in_dim < {leaf.ndim}.")
+            sizes.append(leaf.shape[dim])
+    if len(set(sizes)) > 1:
+        raise ValueError(f"{where}: Expected all tensors to have the same size in the mapped dimension, got sizes "
+                         f"{sizes} for the mapped dimension")
+
+
+def _check_vmap_outputs(func: Callable[..., Any], out: Any, out_dim: int) -> None:
+    """Every output a Tensor (``None`` would vanish from JAX's pytree) with a dim ``out_dim``, as PyTorch's ``vmap`` requires."""
+    for leaf in jax.tree_util.tree_leaves(out, is_leaf=lambda x: x is None or is_tensor(x)):
+        if not isinstance(leaf, (Tensor, jax.Array)):
+            name = _vmap_name(func)
+            raise ValueError(f"vmap({name}, ...): `{name}` must only return Tensors, got type {type(leaf)}. Did you "
+                             "mean to set out_dims= to None for output?")
+        canonical_dim(out_dim, leaf.ndim + 1)  # the batched output's dims
+
+
+def _check_differentiable(inputs: list[Any]) -> None:
+    """PyTorch's error for differentiating integer inputs (``requires_grad_`` refuses them), not JAX's ``TypeError``."""
+    for leaf in jax.tree_util.tree_leaves(inputs, is_leaf=is_tensor):
+        if isinstance(leaf, (Tensor, jax.Array)) and not jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact):
+            raise RuntimeError("only Tensors of floating point and complex dtype can require gradients")
 
 
 def _in_chunks(batched: Callable[..., Any], arrays: list[Any], dims: list[Any], chunk_size: int) -> list[Any]:

@@ -17,6 +17,10 @@ What xgrad uses of JAX, by how stable it is:
   ``Scope``/``Transform`` entries, read by ``name_scopes``, checked at import) and
   traceback (its ``frames``, read by ``source_frames``), ``jax.experimental.io_callback`` and
   ``jax.experimental.compilation_cache.compilation_cache.reset_cache``.
+- Internal: ``BatchTracer.val`` and ``JVPTracer``/``LinearizeTracer.primal``
+  (``concrete_value``: the values under ``vmap``/``grad`` tracers, which an op's
+  index check reads as eagerly). A JAX that moves them fails the import; one that
+  changes what they hold fails ``tests/test_bad_input.py``'s index checks under ``xgrad.func.vmap``.
 - Behaviour no public API promises, checked by a self-test: at import for what needs
   no device (``_self_test``), at the first use for what needs one
   (``check_consts_keep_identity``):
@@ -47,8 +51,8 @@ from jax.extend.source_info_util import new_name_stack
 
 __all__ = [
     "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged", "Literal", "Var", "abstractifying",
-    "check_consts_keep_identity", "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names", "name_scopes", "reset_compilation_cache",
-    "source_frames",
+    "check_consts_keep_identity", "concrete_value", "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names",
+    "name_scopes", "reset_compilation_cache", "source_frames",
 ]
 
 ERR_CHANGED = (
@@ -63,6 +67,13 @@ class JaxBehaviourChanged(ImportError):
 
 def _changed(what: str) -> JaxBehaviourChanged:
     return JaxBehaviourChanged(ERR_CHANGED.format(jax=jax.__version__, what=what))
+
+
+try:
+    from jax._src.interpreters.ad import JVPTracer, LinearizeTracer
+    from jax._src.interpreters.batching import BatchTracer
+except ImportError as error:  # pragma: no cover - a JAX that moved them
+    raise _changed("jax._src.interpreters.batching.BatchTracer or ad.JVPTracer/LinearizeTracer moved") from error
 
 
 # -- 1. ClosedJaxpr.consts are the arrays the trace closed over ---------------------------
@@ -163,6 +174,23 @@ def _self_test_name_scopes() -> None:
     stack = new_name_stack("model").extend("layer").transform("vmap").extend("dense")
     if name_scopes(stack) != ("model", "layer", "dense"):
         raise _changed(f"a name stack's scopes read as {name_scopes(stack)}, not ('model', 'layer', 'dense')")
+
+
+def concrete_value(x: Any) -> Any:
+    """``x``, or the array under its ``vmap``/``grad``/``jvp`` tracers; ``None`` where there is none (``jit``, ``make_jaxpr``).
+
+    A transformation applied to concrete arrays (``jax.vmap(f)(x)``, ``xgrad.func.vmap``)
+    still holds them: a batched tracer its batched value (every lane), a JVP tracer its
+    primal. Checks of values read them there, as PyTorch's eager transforms do.
+    """
+    while isinstance(x, jax.core.Tracer):
+        if isinstance(x, BatchTracer):
+            x = x.val
+        elif isinstance(x, (JVPTracer, LinearizeTracer)):
+            x = x.primal
+        else:
+            return None
+    return x
 
 
 def reset_compilation_cache() -> None:

@@ -58,7 +58,7 @@ class StepTrace:
 
         ``failed`` is a traced boolean, ``detail`` a traced value the message shows (or
         ``None``). Returns whether the step took the check; ``False`` (a check under a
-        JAX transformation nested in the step) leaves JAX's behaviour.
+        JAX transformation nested in the step) leaves it to the caller (a host callback).
         """
         return False
 

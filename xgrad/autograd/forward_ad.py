@@ -144,6 +144,9 @@ def make_dual(tensor: Tensor, tangent: Tensor, *, level: int | None = None) -> T
         raise ValueError(f"Expected tangent to be floating point or complex, but got: {_dtype_name(tangent.dtype)}")
     if tangent.shape != tensor.shape:
         raise RuntimeError(ERR_TANGENT_SIZE.format(primal=list(tensor.shape), tangent=list(tangent.shape)))
+    if tangent_of(tensor) is not None:  # PyTorch's check: the new tangent would silently replace the old one
+        raise RuntimeError(f"Making a dual Tensor based on a Tensor that already has a forward gradient at the same "
+                           f"level {current.number} is not supported.")
     dual = _alias_without_tangent(tensor)
     set_tangent(dual, tangent)
     return dual

@@ -149,7 +149,8 @@ observe, run after the program, their ops computed in it), ``writeback`` (the pr
 # instead of the final ones and raises its error. Host hooks after a failed
 # check are skipped (they see whether a check failed before them), so hooks run as
 # eagerly: up to the failing op. Checks under a ``jax.jit``/``vmap`` nested in ``fn``
-# run at another trace level and keep JAX's behaviour, as under plain ``jax.jit``.
+# run at another trace level and are host callbacks, as under plain ``jax.jit``
+# (NOTE [Checks under jax.jit] in ``xgrad/ops/_util.py``).
 # Reading the flags waits for the whole program, which costs a loop that never waits on
 # its steps JAX's asynchronous dispatch. So the common check, of indices the call was
 # given as they are (targets, token ids), reached before any state but cleared grads

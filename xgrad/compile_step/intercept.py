@@ -79,7 +79,7 @@ class _StepRecorder(_Recorder):
     def check(self, failed: Any, make_error: Callable[[Any], BaseException], detail: Any = None) -> bool:
         """A value check as a flag of the program (NOTE [Checks in a compiled step])."""
         if not self.at_step_level():
-            return False  # a JAX transformation inside ``fn``: JAX's behaviour
+            return False  # a JAX transformation inside ``fn``: the caller's host callback
         self.checks.append(_Check(failed, detail, make_error, _state_writes(self, call_site())))
         return True
 

@@ -548,7 +548,12 @@ class Module(ModuleHooks, ModulePlacement):
             if name not in state_dict:
                 continue
             value = state_dict[name]
-            array = value.array if isinstance(value, Tensor) else jnp.asarray(np.asarray(value) if not isinstance(value, jax.Array) else value)
+            if not isinstance(value, (Tensor, jax.Array, np.ndarray, np.generic)) or value.dtype.kind not in "biufc":
+                # PyTorch's words; a list or number would be taken for an array silently, a string fail in JAX.
+                errors.append(f'While copying the parameter named "{name}", expected torch.Tensor or Tensor-like '
+                              f"object from checkpoint but received {type(value)}")
+                continue
+            array = value.array if isinstance(value, Tensor) else jnp.asarray(value)
             if array.shape != target.shape:
                 errors.append(
                     f"size mismatch for {name}: copying a param with shape {list(array.shape)} from checkpoint, "

@@ -185,6 +185,8 @@ class RNNBase(Module):
             _check_batched_state(hx, lstm)
             if self.batch_first:
                 input = input.transpose(0, 1)
+        if input.shape[0] == 0:  # PyTorch's check (the scan would have no last step to return)
+            raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
         batch = input.shape[1]
         h0 = self._initial_state(hx[0] if lstm and hx is not None else hx, batch, self.proj_size or self.hidden_size,
                                  input.dtype, "hidden[0]" if lstm else "hidden")
@@ -337,14 +339,26 @@ class RNNCellBase(Module):
             )
         return x.ndim == 2
 
-    def _state(self, hx: Tensor | None, x: Tensor, batched: bool) -> Tensor:
+    def _state(self, hx: Tensor | None, x: Tensor, batched: bool, which: int | None = None) -> Tensor:
+        """The state ``hx`` (``LSTMCell``'s ``hx[which]``) for the batch ``x`` (2-D: unbatched input is unsqueezed
+        first), or zeros; PyTorch's messages (its C++ checks call the state ``hidden0``/``hidden1``)."""
+        label, number = ("hidden", 0) if which is None else (f"hx[{which}]", which)
         if hx is None:
             return Tensor(jnp.zeros((x.shape[0], self.hidden_size), x.dtype))
-        if hx.ndim != x.ndim:
-            raise RuntimeError(f"{type(self).__name__}: Expected hidden to be {x.ndim}D, got {hx.ndim}D instead")
+        if hx.ndim not in (1, 2):
+            raise ValueError(f"{type(self).__name__}: Expected {label} to be 1D or 2D, got {hx.ndim}D instead")
+        if hx.ndim != (2 if batched else 1):
+            raise RuntimeError(
+                f"{type(self).__name__}: Expected {label} to be {2 if batched else 1}D for "
+                f"{'batched 2D' if batched else 'unbatched 1D'} input, got {hx.ndim}D instead"
+            )
         state = hx if batched else hx.unsqueeze(0)
-        if tuple(state.shape) != (x.shape[0], self.hidden_size):
-            raise RuntimeError(f"hidden has inconsistent hidden_size: got {hx.shape[-1]}, expected {self.hidden_size}")
+        if state.shape[0] != x.shape[0]:
+            raise RuntimeError(f"Input batch size {x.shape[0]} doesn't match hidden{number} batch size {state.shape[0]}")
+        if state.shape[1] != self.hidden_size:
+            raise RuntimeError(
+                f"hidden{number} has inconsistent hidden_size: got {state.shape[1]}, expected {self.hidden_size}"
+            )
         return state
 
     def _step(self, x: Tensor, h: Tensor) -> Tensor:
@@ -414,8 +428,8 @@ class LSTMCell(RNNCellBase):
     def forward(self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         batched = self._check_input(input)
         x = input if batched else input.unsqueeze(0)
-        h0 = self._state(None if hx is None else hx[0], x, batched)
-        c0 = self._state(None if hx is None else hx[1], x, batched)
+        h0 = self._state(None if hx is None else hx[0], x, batched, 0)
+        c0 = self._state(None if hx is None else hx[1], x, batched, 1)
         weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
         hs, c = lstm_scan(x.unsqueeze(0), h0, c0, *weights, None, reverse=False)
         h = hs[0]

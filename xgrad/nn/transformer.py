@@ -66,8 +66,8 @@ class MultiheadAttention(Module):
         dtype = parameter_dtype(dtype)
         if embed_dim <= 0 or num_heads <= 0:
             raise ValueError(f"embed_dim and num_heads must be greater than 0, got embed_dim={embed_dim} and num_heads={num_heads} instead")
-        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim must be divisible by num_heads, got embed_dim={embed_dim} and num_heads={num_heads}")
+        if embed_dim % num_heads:  # PyTorch's assert
+            raise AssertionError(f"embed_dim must be divisible by num_heads, got embed_dim={embed_dim} and num_heads={num_heads}")
         if add_bias_kv or add_zero_attn or kdim not in (None, embed_dim) or vdim not in (None, embed_dim):
             raise ValueError(
                 "xgrad's MultiheadAttention supports key and value of width embed_dim, without add_bias_kv or "
@@ -98,6 +98,10 @@ class MultiheadAttention(Module):
         elif not self.batch_first:
             query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
         n, tgt_len, e = query.shape
+        if e != self.embed_dim:  # PyTorch's asserts, before any product fails in its own words
+            raise AssertionError(f"was expecting embedding dimension of {self.embed_dim}, but got {e}")
+        if key.shape != value.shape:
+            raise AssertionError(f"key shape {key.shape} does not match value shape {value.shape}")
         src_len = key.shape[1]
         h, d = self.num_heads, self.head_dim
         w, b = self.in_proj_weight, self.in_proj_bias

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import jax
@@ -14,11 +16,12 @@ import numpy as np
 
 from xgrad import step_trace
 from xgrad.engine.node import sharding_of
+from xgrad.jax_internals import concrete_value
 from xgrad.tensor import Tensor
 
 __all__ = [
-    "IndexOutOfRangeError", "as_array", "canonical_dim", "check_index_range", "check_nonnegative_shape", "check_values",
-    "constant_like", "inplace_or_not", "legacy_reduction", "norm_axes",
+    "IndexOutOfRangeError", "as_array", "canonical_dim", "check_index_range", "check_int", "check_nonnegative_shape",
+    "check_values", "constant_like", "inplace_or_not", "legacy_reduction", "norm_axes", "traced_checks",
     "nondiff", "reduce_loss",
 ]
 
@@ -62,6 +65,18 @@ def norm_axes(dim: Any, ndim: int) -> tuple[int, ...] | None:
             raise RuntimeError(f"dim {axis} appears multiple times in the list of dims")
         axes.add(axis)
     return tuple(sorted(axes))
+
+
+def check_int(value: Any, op: str, arg: str, position: int) -> int:
+    """``value`` as an int; anything else (a float, NaN or inf among them) raises PyTorch's argument ``TypeError``.
+
+    >>> check_int(float("nan"), "linspace", "steps", 3)
+    Traceback (most recent call last):
+    TypeError: linspace(): argument 'steps' (position 3) must be int, not float
+    """
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{op}(): argument '{arg}' (position {position}) must be int, not {type(value).__name__}")
+    return operator.index(value)
 
 
 def check_nonnegative_shape(shape: tuple[Any, ...]) -> tuple[int, ...]:
@@ -122,9 +137,10 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
     Python ints, lists, NumPy arrays and arrays on CPU devices are checked on the host
     with NumPy; an array on an accelerator by one small jitted reduction and a host sync
     (the costs are in ``benchmarks/RESULTS.md``). Inside an ``xgrad.compile`` step the
-    check becomes part of the program and the call raises the same error; under a plain
-    ``jax.jit``/``jax.vmap`` the values are unknown and JAX's own out-of-range behaviour
-    (clamped reads, dropped writes) applies.
+    check becomes part of the program and the call raises the same error; under
+    ``jax.vmap``/``jax.grad`` (``xgrad.func``) of concrete arrays their values are
+    checked as eagerly; under ``jax.jit`` the program raises when it runs
+    (NOTE [Checks under jax.jit]).
 
     >>> check_index_range([0, -3, 2], 3, "index {index} is out of bounds")
     >>> check_index_range([0, 3], 3, "index {index} is out of bounds")
@@ -135,9 +151,15 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
         index = index._array
     if isinstance(index, jax.core.Tracer):
         trace = step_trace.current()  # inside ``xgrad.compile``: a flag of the program
-        if trace is not None:
-            trace.check_index(index, size, message, negative, ignore)
-        return
+        if trace is not None and trace.check_index(index, size, message, negative, ignore):
+            return
+        concrete = concrete_value(index)
+        if concrete is None:
+            if jnp.issubdtype(index.dtype, jnp.integer):
+                failed, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
+                _raise_when_run(failed, first, lambda i: IndexOutOfRangeError(message.format(index=int(i))))
+            return
+        index = concrete
     if isinstance(index, jax.Array):
         if index.dtype.kind not in "iu":  # (``jnp.issubdtype`` costs as much as the whole check)
             return
@@ -162,6 +184,54 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
         raise IndexOutOfRangeError(message.format(index=int(array[bad].flat[0])))
 
 
+def _raise_if(make_error: Callable[[Any], BaseException], failed: Any, detail: Any) -> None:
+    failed = np.asarray(failed)
+    if failed.any():
+        # Under ``vmap`` the flag and detail carry the batch: the detail of the first failed lane.
+        raise make_error(None if detail is None else np.asarray(detail)[failed].flat[0] if failed.ndim else detail)
+
+
+_TRACED_CHECKS: ContextVar[bool] = ContextVar("xgrad_traced_checks", default=True)
+
+
+@contextlib.contextmanager
+def traced_checks(enabled: bool) -> Iterator[None]:
+    """Whether checks of values traced under ``jax.jit`` become host callbacks (NOTE [Checks under jax.jit]).
+
+    On by default. Turn them off to ``jax.export`` a function of xgrad ops (JAX cannot
+    serialize host callbacks); out-of-range indices are then JAX's: clamped reads, dropped
+    writes. The setting holds for what JAX traces inside the ``with`` (a ``jax.jit`` function
+    traced before keeps its program).
+
+    >>> import jax, jax.numpy as jnp, xgrad
+    >>> f = jax.jit(lambda i: xgrad.tensor([1.0, 2.0])[xgrad.Tensor(i)].array)
+    >>> with xgrad.utils.traced_checks(False):
+    ...     exported = jax.export.export(f)(jax.ShapeDtypeStruct((1,), jnp.int32))
+    """
+    token = _TRACED_CHECKS.set(enabled)
+    try:
+        yield
+    finally:
+        _TRACED_CHECKS.reset(token)
+
+
+def _raise_when_run(failed: Any, detail: Any, make_error: Callable[[Any], BaseException]) -> None:
+    """A traced check outside an ``xgrad.compile`` step (``jax.jit``, ``make_jaxpr``): a host callback that raises.
+
+    NOTE [Checks under jax.jit]
+    The values are unknown while the program is traced, and JAX would clamp a read or
+    drop a write silently: the program calls back to the host with the check's flag,
+    and the callback raises the eager error, which JAX reports when the program runs
+    (as its ``JaxRuntimeError``, a ``RuntimeError`` whose message holds the eager one).
+    Under ``vmap``/``grad`` of concrete arrays the values are there and the check is
+    eager's (``concrete_value``); in a step the check is a flag of the program. JAX
+    cannot serialize host callbacks: ``traced_checks(False)`` leaves them out for
+    ``jax.export``.
+    """
+    if _TRACED_CHECKS.get():
+        jax.debug.callback(functools.partial(_raise_if, make_error), failed, detail)
+
+
 def check_values(failed: Callable[[Any], Any], value: Any, make_error: Callable[[], BaseException]) -> None:
     """Raise ``make_error()`` if ``failed(value)`` is true: a check of values, eager's and compiled.
 
@@ -170,8 +240,8 @@ def check_values(failed: Callable[[Any], Any], value: Any, make_error: Callable[
     so both kinds work. Every check an op makes on values goes through here: inside an
     ``xgrad.compile`` step it becomes a flag of the program and the call raises the same
     error, with the state eager leaves (NOTE [Checks in a compiled step] in
-    ``xgrad/compile_step``); under a plain ``jax.jit``/``jax.vmap`` the values are unknown
-    and the check is skipped, as JAX would.
+    ``xgrad/compile_step``); under ``jax.vmap``/``jax.grad`` of concrete arrays it reads
+    them, under ``jax.jit`` the program raises when it runs (NOTE [Checks under jax.jit]).
 
     >>> import xgrad
     >>> check_values(lambda a: (a < 0).any(), [1, 2], lambda: RuntimeError("negative"))
@@ -184,7 +254,12 @@ def check_values(failed: Callable[[Any], Any], value: Any, make_error: Callable[
         trace = step_trace.current()
         if trace is not None and trace.at_step_level():
             trace.check(jnp.asarray(failed(array)), lambda _: make_error())
-        return
+            return
+        concrete = concrete_value(array)
+        if concrete is None:
+            _raise_when_run(jnp.asarray(failed(array)), None, lambda _: make_error())
+            return
+        array = concrete
     if isinstance(array, jax.Array):
         if array.is_fully_addressable and (_cpu_only() or all(getattr(d, "platform", None) == "cpu" for d in array.devices())):
             array = np.asarray(array)  # host memory already: NumPy reads it without a dispatch

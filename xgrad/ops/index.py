@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from xgrad.grad_mode import no_grad
 from xgrad.ops import shape_rules
@@ -63,7 +65,7 @@ _index_put: Callable[..., Any] = defprim(
 
 def _index_width(item: Any) -> int:
     """How many dims of ``x`` one index item consumes."""
-    if item is None:
+    if item is None or isinstance(item, bool):  # a Python bool adds a dim, as None does
         return 0
     if getattr(item, "dtype", None) == jnp.bool_.dtype:
         return getattr(item, "ndim", 1)
@@ -77,6 +79,12 @@ def check_index_bounds(shape: tuple[int, ...], index: Any) -> None:
     ``x[index] = v``; slices, ``None``, ``...`` and boolean masks need no check.
     """
     items = index if isinstance(index, tuple) else (index,)
+    for item in items:
+        if isinstance(item, (float, complex, str, np.floating)):  # JAX: a TypeError in its words
+            raise IndexError("only integers, slices (`:`), ellipsis (`...`), None and long or byte Variables are valid "
+                             f"indices (got {type(item).__name__})")
+    if sum(_index_width(i) for i in items if i is not Ellipsis) > len(shape):
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
     dim = 0
     for pos, item in enumerate(items):
         if item is Ellipsis:
@@ -128,7 +136,14 @@ def setitem(x: Tensor, index: Any, value: Any) -> None:
         return
     x._check_inplace()
     check_index_bounds(x.shape, index)
-    x._rebind(_index_put(x._alias(), value, index=_index_arg(index)))
+    index = _index_arg(index)
+    try:
+        result = _index_put(x._alias(), value, index=index)
+    except ValueError:  # JAX's words for a value that does not broadcast to the indexed shape
+        target = jax.eval_shape(lambda a: a[index], jax.ShapeDtypeStruct(x.shape, x.dtype)).shape
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(getattr(value, 'shape', ()))} cannot be "
+                           f"broadcast to indexing result of shape {list(target)}") from None
+    x._rebind(result)
 
 
 def _repeats_elements(x: Tensor) -> bool:

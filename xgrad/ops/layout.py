@@ -11,7 +11,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from xgrad.ops._util import canonical_dim
+from xgrad.ops._util import canonical_dim, check_int
 from xgrad.ops.index import _index_scatter
 from xgrad.ops.registry import defprim
 from xgrad.ops.shape import broadcast_to, expand, reshape, stack, view
@@ -106,6 +106,7 @@ def select(x: Tensor, dim: int, index: int) -> Tensor:
     """
     if x.ndim == 0:
         raise IndexError("select() cannot be applied to a 0-dim tensor.")
+    check_int(index, "select", "index", 2)
     axis = canonical_dim(dim, x.ndim)
     size = x.shape[axis]
     if not -size <= index < size:

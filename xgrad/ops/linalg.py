@@ -75,8 +75,14 @@ def einsum(subscripts: str, *operands: Tensor) -> Tensor:
     return _einsum(*operands, subscripts=subscripts)
 
 
-def _pair(v: int | Sequence[int]) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+def _sizes(v: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
+    """A convolution's ``stride``/``padding``/``dilation``: one int for every dim, or exactly ``n`` of them."""
+    if isinstance(v, int):
+        return (v,) * n
+    if len(v) != n:
+        raise RuntimeError(f"expected {name} to be a single integer value or a list of {n} values to match the "
+                           f"convolution dimensions, but got {name}={list(v)}")
+    return tuple(int(i) for i in v)
 
 
 def _conv2d_impl(x: Any, w: Any, stride: tuple[int, int], padding: Any, dilation: tuple[int, int], groups: int) -> Any:
@@ -150,11 +156,11 @@ def conv2d(
     if isinstance(padding, str):
         if padding not in ("same", "valid"):
             raise RuntimeError(f"Invalid padding string: '{padding}'")
-        if padding == "same" and _pair(stride) != (1, 1):
+        if padding == "same" and _sizes(stride, 2, "stride") != (1, 1):
             raise RuntimeError("padding='same' is not supported for strided convolutions")
         pad: Any = padding.upper()
     else:
-        ph, pw = _pair(padding)
+        ph, pw = _sizes(padding, 2, "padding")
         pad = ((ph, ph), (pw, pw))
     if bias is not None and (bias.ndim != 1 or weight.ndim and bias.shape[0] != weight.shape[0]):
         raise RuntimeError(
@@ -164,7 +170,8 @@ def conv2d(
     unbatched = input.ndim == 3  # (C, H, W), as PyTorch takes it
     if unbatched:
         input = input.unsqueeze(0)
-    out = _conv2d(input, weight, stride=_pair(stride), padding=pad, dilation=_pair(dilation), groups=groups)
+    out = _conv2d(input, weight, stride=_sizes(stride, 2, "stride"), padding=pad,
+                  dilation=_sizes(dilation, 2, "dilation"), groups=groups)
     if bias is not None:
         out = out + bias.reshape((1, -1, 1, 1))
     return out.squeeze(0) if unbatched else out
@@ -185,19 +192,10 @@ def conv1d(
         raise RuntimeError(f"Expected 3-dimensional weight for 3-dimensional input {list(input.shape)}, but got weight of "
                            f"size {list(weight.shape)} instead")
     # The height of one takes stride 1, padding 0 and dilation 1.
-    pad = padding if isinstance(padding, str) else (0, _one(padding, "padding"))
-    out = conv2d(input.unsqueeze(-2), weight.unsqueeze(-2), bias, (1, _one(stride, "stride")), pad,
-                 (1, _one(dilation, "dilation")), groups)
+    pad = padding if isinstance(padding, str) else (0, *_sizes(padding, 1, "padding"))
+    out = conv2d(input.unsqueeze(-2), weight.unsqueeze(-2), bias, (1, *_sizes(stride, 1, "stride")), pad,
+                 (1, *_sizes(dilation, 1, "dilation")), groups)
     return out.squeeze(-2)
-
-
-def _one(v: int | Sequence[int], name: str) -> int:
-    if isinstance(v, int):
-        return v
-    if len(v) != 1:
-        raise RuntimeError(f"expected {name} to be a single integer value or a list of 1 values to match the convolution "
-                           f"dimensions, but got {name}={list(v)}")
-    return int(v[0])
 
 
 # -- products and norms PyTorch users reach for ----------------------------------------

@@ -54,7 +54,7 @@ def nll_loss(
         raise ValueError(f"{reduction} is not a valid value for reduction")
     target_array = jnp.asarray(as_array(target))
     if not jnp.issubdtype(target_array.dtype, jnp.integer):
-        raise RuntimeError(f"expected scalar type Long but found {target_array.dtype}")
+        raise RuntimeError(f"expected scalar type Long but found {torch_dtype_name(target_array.dtype)}")
     shape_rules.check_float(input, "nll_loss_out_frame")
     if input.ndim == 0:
         raise RuntimeError("nll_loss: input must have a class dim, got a 0-dim tensor")
@@ -108,6 +108,10 @@ def _bce_input_error() -> RuntimeError:
     return RuntimeError("all elements of input should be between 0 and 1")
 
 
+def _bce_target_error() -> RuntimeError:
+    return RuntimeError("all elements of target should be between 0 and 1")
+
+
 def binary_cross_entropy(
     input: Tensor, target: Any, weight: Tensor | None = None, size_average: bool | None = None,
     reduce: bool | None = None, reduction: str = "mean",
@@ -129,6 +133,7 @@ def binary_cross_entropy(
         )
     shape_rules.check_float(input, "binary_cross_entropy")
     check_values(_outside_unit_interval, input, _bce_input_error)
+    check_values(_outside_unit_interval, target, _bce_target_error)
     loss = _binary_cross_entropy(input, target)
     if weight is not None:
         loss = loss * weight

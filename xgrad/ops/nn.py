@@ -205,7 +205,7 @@ def cross_entropy(
         loss = -(probs * log_softmax(input, dim=axis)).sum(dim=axis)
         return reduce_loss(loss, reduction)  # the mean is over the batch, weighted or not, as PyTorch
     if not jnp.issubdtype(target_array.dtype, jnp.integer):
-        raise RuntimeError(f"expected scalar type Long but found {target_array.dtype}")
+        raise RuntimeError(f"expected scalar type Long but found {torch_dtype_name(target_array.dtype)}")
     expected = input.shape[:axis] + input.shape[axis + 1 :]
     if input.ndim == 2 and target_array.ndim > 1:
         raise RuntimeError("0D or 1D target tensor expected, multi-target not supported")
@@ -229,8 +229,11 @@ def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, b
     >>> xgrad.layer_norm(xgrad.tensor([[1.0, 3.0]]), (2,), eps=0.0).tolist()
     [[-1.0, 1.0]]
     """
+    if not isinstance(normalized_shape, (tuple, list)):  # PyTorch's argument parser takes no bare int here
+        raise TypeError(f"layer_norm(): argument 'normalized_shape' (position 2) must be tuple of ints, not "
+                        f"{type(normalized_shape).__name__}")
     shape_rules.check_float(x, "LayerNormKernelImpl")
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    shape = tuple(normalized_shape)
     n = len(shape)
     if n == 0:
         raise RuntimeError(

@@ -140,6 +140,10 @@ class Primitive:
         try:
             return fn(*arrays)
         except Exception as e:
+            if not isinstance(e, RuntimeError | IndexError):  # JAX's error, not a shape rule's
+                for i, a in enumerate(arrays):
+                    if a is None:  # PyTorch's TypeError for a None where a Tensor goes
+                        raise TypeError(f"{self.name}(): argument (position {i + 1}) must be Tensor, not NoneType") from None
             # A shape rule's error leaves the trace with JAX's note about its hidden frames
             # appended; the message is xgrad's alone (NOTE [Shape rules]).
             notes = getattr(e, "__notes__", None)

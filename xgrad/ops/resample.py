@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from xgrad.ops import shape_rules
-from xgrad.ops._util import constant_like
+from xgrad.ops._util import check_int, constant_like
 from xgrad.ops.pooling import adaptive_avg_pool1d, adaptive_avg_pool2d
 from xgrad.tensor import Tensor
 
@@ -103,7 +103,7 @@ def interpolate(
                          else "either size or scale_factor should be defined")
     in_sizes = input.shape[2:]
     if size is not None:
-        out_sizes = [int(s) for s in _per_dim(size, n_spatial, "size")]
+        out_sizes = [check_int(s, "interpolate", "size", 2) for s in _per_dim(size, n_spatial, "size")]
         _check_sizes(in_sizes, out_sizes)
         scales = [i / o for i, o in zip(in_sizes, out_sizes, strict=True)]
     else:

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from xgrad.ops._util import as_array, canonical_dim, check_values, norm_axes
+from xgrad.ops._util import as_array, canonical_dim, check_int, check_values, norm_axes
 from xgrad.ops.elementwise import where
 from xgrad.ops.index import gather
 from xgrad.ops.shape import broadcast_to
@@ -144,6 +144,7 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = 
     >>> values.tolist(), indices.tolist()
     ([4.0, 3.0], [1, 3])
     """
+    check_int(k, "topk", "k", 2)
     if x.dtype == jnp.bool_:
         raise RuntimeError("topk does not support bool dtypes on CPU")
     if x.ndim == 0:  # as a 1-element vector, then back to 0-dim
@@ -170,7 +171,7 @@ def one_hot(x: Any, num_classes: int = -1) -> Tensor:
     array = jnp.asarray(as_array(x))
     if not jnp.issubdtype(array.dtype, jnp.integer):
         raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
-    if num_classes < -1:
+    if check_int(num_classes, "one_hot", "num_classes", 2) < -1:
         raise RuntimeError(f"num_classes should be -1 or non-negative, got {num_classes}")
     if array.size:  # value checks, eager's and compiled (a given num_classes keeps the shape static)
         check_values(lambda a: (a < 0).any(), array, lambda: RuntimeError("Class values must be non-negative."))

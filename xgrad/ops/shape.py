@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xgrad.ops._util import canonical_dim, norm_axes
+from xgrad.ops._util import canonical_dim, check_int, norm_axes
 from xgrad.ops.registry import defprim
 from xgrad.ops.views import mark_multi_output, track_view
 from xgrad.tensor import Tensor
@@ -434,6 +434,8 @@ def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float | No
     """
     if mode not in ("constant", *_PAD_SOURCES):
         raise NotImplementedError(f"pad mode {mode!r} is not supported; use one of constant, reflect, replicate, circular")
+    for width in pad:
+        check_int(width, "pad", "pad", 2)
     if len(pad) % 2 or len(pad) // 2 > x.ndim:
         raise RuntimeError(f"Padding length must be divisible by 2 and at most twice the number of dims, got {len(pad)}")
     widths = [(0, 0)] * x.ndim

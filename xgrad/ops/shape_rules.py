@@ -251,8 +251,21 @@ def attention(q: Any, k: Any, v: Any, mask: Any, keep: Any, scale: float, is_cau
 
 
 def einsum(*operands: Any, subscripts: str) -> None:
-    """``torch.einsum``'s checks: operand count, subscripts per operand, one size per subscript."""
-    inputs = subscripts.replace(" ", "").split("->")[0].split(",")
+    """``torch.einsum``'s checks: operand count, subscripts per operand, one size per subscript, the output's subscripts."""
+    equation = subscripts.replace(" ", "")
+    for i, c in enumerate(equation):
+        if not (c.isascii() and c.isalpha()) and c not in ",.->":
+            raise RuntimeError(
+                f"einsum(): invalid subscript given at index {i} in the equation string, subscripts must be in [a-zA-Z]"
+            )
+    inputs = equation.split("->")[0].split(",")
+    if "->" in equation:
+        output = equation.split("->", 1)[1].replace("...", "")
+        for label in output:
+            if output.count(label) > 1:
+                raise RuntimeError(f"einsum(): output subscript {label} appears more than once in the output")
+            if not any(label in labels for labels in inputs):
+                raise RuntimeError(f"einsum(): output subscript {label} does not appear in the equation for any input operand")
     if len(inputs) > len(operands):
         raise RuntimeError("einsum(): fewer operands were provided than specified in the equation")
     if len(inputs) < len(operands):
@@ -291,6 +304,8 @@ def conv2d(x: Any, w: Any, stride: tuple[int, int], padding: Any, dilation: tupl
         )
     if groups <= 0:
         raise RuntimeError("non-positive groups is not supported")
+    if 0 in ws[2:]:  # XLA's verifier would reject the program (an MLIR dump)
+        raise RuntimeError(f"kernel size should be greater than zero, but got kernel_height: {ws[2]} kernel_width: {ws[3]}")
     if any(s <= 0 for s in stride):
         raise RuntimeError("non-positive stride is not supported")
     if any(d <= 0 for d in dilation):

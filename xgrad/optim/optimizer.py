@@ -156,7 +156,7 @@ class Optimizer:
                 "params argument given to the optimizer should be an iterable of Tensors or dicts, but got "
                 f"{type(params).__module__}.{type(params).__name__}"
             )
-        groups = list(params.values()) if isinstance(params, Mapping) else list(params)
+        groups = list(params)  # a dict gives its keys, which add_param_group refuses, as PyTorch does
         if not groups:
             raise ValueError("optimizer got an empty parameter list")
         if not isinstance(groups[0], dict):

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad.creation import tensor
+from xgrad.ops._util import check_index_range
 from xgrad.ops.shape import stack
 from xgrad.tensor import Tensor
 from xgrad.utils.data.dataset import IterableDataset, TensorDataset
@@ -103,6 +104,16 @@ class DataLoader:
     ) -> None:
         if num_workers < 0:
             raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        # PyTorch's checks of the worker options, though batches load in this process here.
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError("prefetch_factor option could only be specified in multiprocessing.let num_workers > 0 to "
+                             "enable multiprocessing, otherwise set prefetch_factor to None.")
+        if prefetch_factor is not None and prefetch_factor < 0:
+            raise ValueError("prefetch_factor option should be non-negative")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
         self.dataset = dataset
         self.num_workers = num_workers
         self.pin_memory = pin_memory
@@ -151,6 +162,9 @@ class DataLoader:
     def _fetch(self, indices: list[int]) -> Any:
         if type(self.dataset) is TensorDataset and self.collate_fn is default_collate:
             # One gather per tensor, not one index op per sample: the same batch default_collate would stack.
+            # Checked first, as each sample's ``t[i]`` would be (JAX's gather would clamp an index silently).
+            size = len(self.dataset)
+            check_index_range(indices, size, f"index {{index}} is out of bounds for dimension 0 with size {size}")
             where = jnp.asarray(indices)
             return tuple(Tensor(t.array[where]) for t in self.dataset.tensors)
         if hasattr(self.dataset, "__getitems__"):

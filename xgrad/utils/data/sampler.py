@@ -44,6 +44,8 @@ class RandomSampler(Sampler):
 
     def __init__(self, data_source: Sized, replacement: bool = False, num_samples: int | None = None,
                  generator: Any = None) -> None:
+        if not isinstance(replacement, bool):
+            raise TypeError(f"replacement should be a boolean value, but got replacement={replacement}")
         self.data_source = data_source
         self.replacement = replacement
         self._num_samples = num_samples
