@@ -175,8 +175,8 @@ class _ModuleAux:
             for a, b in zip(i, j, strict=True):
                 if a is not b and not _same(a, b):
                     return False
-        for (k, a), (j, b) in zip(self.static, other.static, strict=True):
-            if k != j or (a is not b and not _same(a, b)):
+        for (name, value), (other_name, other_value) in zip(self.static, other.static, strict=True):
+            if name != other_name or (value is not other_value and not _same(value, other_value)):
                 return False
         return True
 
