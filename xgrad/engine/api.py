@@ -307,7 +307,8 @@ def _zeros_for(value: Tensor | GradientEdge, batch: tuple[int, ...]) -> jax.Arra
     """Zeros shaped like the unused input tensor ``value``, after ``batch``."""
     assert isinstance(value, Tensor), "unused GradientEdges are refused before"
     like = value._array
-    return jnp.zeros(batch + like.shape, like.dtype, device=like.sharding if not batch else None)
+    # A traced array has no placement of its own (``sharding_of`` is None): XLA places the zeros.
+    return jnp.zeros(batch + like.shape, like.dtype, device=sharding_of(like) if not batch else None)
 
 
 ERR_BATCHED_GRADS = (
