@@ -10,7 +10,9 @@ Two losses of an MLP (3-256-256-1, tanh, batch 512 or ``--batch``, float32), eac
    (``p.register_hook(lambda g: g.clamp(-0.1, 0.1))``) and a hook scaling the hidden
    activation's gradient, against the same two written as ``jax.custom_vjp`` identities.
 
-Each call ends when the gradients are ready; the medians are printed with their ratio
+A third pair, the plain loss with neither, shows what the model argument costs by
+itself (its pytree's Python: flattening the model in, the gradient model out). Each
+call ends when the gradients are ready; the medians are printed with their ratio
 (xgrad / by hand). The target is within 10 % (a ratio at most 1.10).
 
     python benchmarks/bench_one_meaning.py          # ~1 min on 2 CPU cores
@@ -49,6 +51,14 @@ def _mlp(params: dict[str, jax.Array], x: jax.Array, hidden: Callable[[jax.Array
     h = jnp.tanh(x @ params["0.weight"].T + params["0.bias"])
     h = hidden(jnp.tanh(h @ params["2.weight"].T + params["2.bias"]))
     return h @ params["4.weight"].T + params["4.bias"]
+
+
+def plain_xgrad(model: nn.Module, x: xgrad.Tensor) -> jax.Array:
+    return (model(x) ** 2).mean().array
+
+
+def plain_by_hand(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    return (_mlp(params, x) ** 2).mean()
 
 
 def stop_gradient_xgrad(model: nn.Module, x: xgrad.Tensor) -> jax.Array:
@@ -114,6 +124,7 @@ def main() -> None:
     x_np = np.random.default_rng(0).normal(size=(args.batch, SIZES[0])).astype(np.float32)
     x, x_array = xgrad.tensor(x_np), jnp.asarray(x_np)
     cases = {
+        "plain (neither)": (plain_xgrad, plain_by_hand, False),
         "stop-gradient": (stop_gradient_xgrad, stop_gradient_by_hand, False),
         "hooked": (hooked_xgrad, hooked_by_hand, True),
     }

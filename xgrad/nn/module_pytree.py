@@ -35,6 +35,7 @@
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import jax
@@ -49,6 +50,7 @@ __all__ = ["register_module_pytree"]
 _ARRAYS = (Tensor, jax.Array, np.ndarray)
 _LEAF = jax.tree_util.tree_structure(0)  # the treedef of one leaf
 _INTERNAL = frozenset({"_buffers", "training", *HOOK_DICTS})  # a module's own bookkeeping: aux data always
+_OWN_DICTS = ("_buffers", *HOOK_DICTS)
 
 
 def _stop_at_tensors_and_modules(x: Any) -> bool:
@@ -229,7 +231,9 @@ def _later_occurrences(root: Any) -> tuple[list[tuple[Path, _Tied]], dict[int, A
     """Every later occurrence below ``root`` (its path, a mark naming the first one's path), and the submodules met."""
     from xgrad.nn.module import Module
 
-    first: dict[int, Path] = {id(root): ()}
+    # Where each object was first met: (its module's path, "attr" or "key", its name); a
+    # path tuple is built only for a submodule to walk or a later occurrence found.
+    first: dict[int, tuple[Path, str, str]] = {id(root): ((), "", "")}
     submodules: dict[int, Any] = {}
     later: list[tuple[Path, _Tied]] = []
     stack: list[tuple[Any, Path]] = [(root, ())]
@@ -241,12 +245,13 @@ def _later_occurrences(root: Any) -> tuple[list[tuple[Path, _Tied]], dict[int, A
             for name, value in items.items():
                 if not isinstance(value, held):
                     continue
-                here = (*path, (where, name))
+                here = (path, where, name)
                 seen = first.setdefault(id(value), here)
                 if seen is not here:
-                    later.append((here, _Tied(seen)))
+                    seen_path, seen_where, seen_name = seen
+                    later.append(((*path, (where, name)), _Tied((*seen_path, (seen_where, seen_name)))))
                 elif isinstance(value, Module):
-                    below.append((value, here))
+                    below.append((value, (*path, (where, name))))
                     submodules[id(value)] = value
         stack.extend(reversed(below))  # depth first, in order
     return later, submodules
@@ -300,42 +305,50 @@ def _put(module: Any, path: Path, value: Any) -> None:
         module._modules[name] = value
 
 
-def _flatten(module: Any) -> tuple[list[tuple[Any, Any]], _ModuleAux]:
+def _flatten(module: Any, keyed: bool) -> tuple[list[Any], list[Any], _ModuleAux]:
+    """The children (and, when ``keyed``, their keys) and the aux data of ``module``."""
     from xgrad.nn.module import _is_parameter
 
     ties = _ties(module)
     if ties:
         module = _marked(module, ties)
-    children: list[tuple[Any, Any]] = []
+    children: list[Any] = []
+    keys: list[Any] = []
     entries: list[tuple[str, Any, tuple[Any, ...]]] = []
     static: list[tuple[str, Any]] = []
     state = module.__dict__
     for name, value in state.items():
-        if name == "_modules":
+        if name in _INTERNAL:
+            static.append((name, value))
             continue
         if isinstance(value, Tensor):  # the common case, without a tree walk
             (array,), meta = value.tree_flatten()
             entries.append((name, _LEAF, ((meta, _is_parameter(value)),)))
-            children.append((jax.tree_util.GetAttrKey(name), array))
+            children.append(array)
+            if keyed:
+                keys.append(jax.tree_util.GetAttrKey(name))
             continue
-        if name in _INTERNAL or not _is_state(value):
-            static.append((name, value))
+        if name == "_modules" or not _is_state(value):
+            if name != "_modules":
+                static.append((name, value))
             continue
         # A Tensor's array is the child itself (not a Tensor node), so that trees built
         # leaf by leaf (``eqx.partition``'s masks and ``None``s) keep the model's structure.
         paths, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=_stop_at_tensors_and_modules)
         infos: list[Any] = []
         for path, leaf in paths:
-            key = jax.tree_util.GetAttrKey(name + jax.tree_util.keystr(path))
             if isinstance(leaf, Tensor):
                 (array,), meta = leaf.tree_flatten()
                 infos.append((meta, _is_parameter(leaf)))
-                children.append((key, array))
             elif _is_state(leaf):
                 infos.append(None)
-                children.append((key, leaf))
+                array = leaf
             else:  # NOTE [Foreign pytrees in a module]
                 infos.append(_Static(leaf))
+                continue
+            children.append(array)
+            if keyed:
+                keys.append(jax.tree_util.GetAttrKey(name + jax.tree_util.keystr(path)))
         entries.append((name, treedef, tuple(infos)))
     modules: list[tuple[str, Any]] = []
     for name, child in module._modules.items():
@@ -343,25 +356,32 @@ def _flatten(module: Any) -> tuple[list[tuple[Any, Any]], _ModuleAux]:
             modules.append((name, child))
         else:
             modules.append((name, None))
-            children.append((jax.tree_util.GetAttrKey(name), child))
+            children.append(child)
+            if keyed:
+                keys.append(jax.tree_util.GetAttrKey(name))
     aux = _ModuleAux(type(module), tuple(state), tuple(entries), tuple(modules), tuple(static), tuple(ties))
-    return children, aux
+    return children, keys, aux
+
+
+def _flatten_with_keys(module: Any) -> tuple[list[tuple[Any, Any]], _ModuleAux]:
+    children, keys, aux = _flatten(module, keyed=True)
+    return list(zip(keys, children, strict=True)), aux
 
 
 def _flatten_plain(module: Any) -> tuple[list[Any], _ModuleAux]:
-    children, aux = _flatten(module)
-    return [child for _, child in children], aux
+    children, _, aux = _flatten(module, keyed=False)
+    return children, aux
 
 
 def _unflatten(aux: _ModuleAux, children: Any) -> Any:
-    from xgrad.nn.module import Module
-
     children = iter(children)
-    module = Module.__new__(aux.cls)
+    # object.__new__, not Module.__new__: every attribute of the new module is set below.
+    module = object.__new__(aux.cls)
     values = dict(aux.static)
-    for own in ("_buffers", *HOOK_DICTS):  # the new module's own, as ``register_buffer`` and hooks write to them
-        if isinstance(values.get(own), dict):
-            values[own] = type(values[own])(values[own])
+    for own in _OWN_DICTS:  # the new module's own, as ``register_buffer`` and hooks write to them
+        value = values.get(own)
+        if type(value) is dict or type(value) is OrderedDict:
+            values[own] = value.copy()
     for name, treedef, infos in aux.entries:
         if treedef == _LEAF and type(infos[0]) is tuple:  # a Tensor attribute, the common case
             values[name] = _tensor(next(children), infos[0], aux.cls, name)
@@ -376,7 +396,6 @@ def _unflatten(aux: _ModuleAux, children: Any) -> Any:
         values[name] = jax.tree_util.tree_unflatten(treedef, leaves)
     values["_modules"] = {name: next(children) if mark is None else mark for name, mark in aux.modules}
     state = module.__dict__
-    state.clear()
     for name in aux.order:
         state[name] = values[name]
     for path, mark in aux.ties:
@@ -386,4 +405,4 @@ def _unflatten(aux: _ModuleAux, children: Any) -> Any:
 
 def register_module_pytree(cls: type) -> None:
     """Make ``cls`` (a Module class) a pytree node (NOTE [Module as a pytree])."""
-    jax.tree_util.register_pytree_with_keys(cls, _flatten, _unflatten, _flatten_plain)
+    jax.tree_util.register_pytree_with_keys(cls, _flatten_with_keys, _unflatten, _flatten_plain)
