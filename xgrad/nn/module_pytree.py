@@ -376,7 +376,7 @@ def _flatten_plain(module: Any) -> tuple[list[Any], _ModuleAux]:
 def _unflatten(aux: _ModuleAux, children: Any) -> Any:
     children = iter(children)
     # object.__new__, not Module.__new__: every attribute of the new module is set below.
-    module = object.__new__(aux.cls)
+    module: Any = object.__new__(aux.cls)
     values = dict(aux.static)
     for own in _OWN_DICTS:  # the new module's own, as ``register_buffer`` and hooks write to them
         value = values.get(own)
