@@ -872,6 +872,12 @@ ARGUMENT_ERRORS = [
      r"^Trying to set a forward gradient that has a different size than that of the original Tensor"),
     ("vjp cotangent shape", lambda: xgrad.func.vjp(lambda t: t * 2, xgrad.ones(2))[1](xgrad.ones(3)), RuntimeError,
      r"^Mismatch in shape: grad_output\[0\] has a shape of \[3\] and output\[0\] has a shape of \[2\]\.$"),
+    ("None target", lambda: xgrad.nn.functional.mse_loss(xgrad.ones(2), None), TypeError,
+     r"^mse_loss\(\): argument 'target' \(position 2\) must be Tensor, not NoneType$"),
+    ("None class target", lambda: xgrad.nn.functional.cross_entropy(xgrad.ones(2, 3), target=None), TypeError,
+     r"^cross_entropy\(\): argument 'target' \(position 2\) must be Tensor, not NoneType$"),
+    ("None pair target", lambda: xgrad.nn.functional.cosine_embedding_loss(xgrad.ones(2, 3), xgrad.ones(2, 3), None),
+     TypeError, r"^cosine_embedding_loss\(\): argument 'target' \(position 3\) must be Tensor, not NoneType$"),
 ]
 
 

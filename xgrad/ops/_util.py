@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -21,7 +22,7 @@ from xgrad.tensor import Tensor
 
 __all__ = [
     "IndexOutOfRangeError", "as_array", "canonical_dim", "check_index_range", "check_int", "check_nonnegative_shape",
-    "check_values", "constant_like", "inplace_or_not", "legacy_reduction", "norm_axes", "traced_checks",
+    "check_values", "constant_like", "inplace_or_not", "legacy_reduction", "norm_axes", "refuse_none", "traced_checks",
     "nondiff", "reduce_loss",
 ]
 
@@ -283,6 +284,13 @@ def constant_like(values: Any, like: Tensor) -> Tensor:
     if isinstance(sharding, jax.sharding.NamedSharding):
         return Tensor(jax.device_put(array, jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())))
     return Tensor(jax.device_put(array, like.device))
+
+
+def refuse_none(value: Any, name: str, position: int) -> None:
+    """PyTorch's argument parser's ``TypeError`` for ``None`` given as the Tensor ``name`` of the calling op."""
+    if value is None:
+        op = sys._getframe(1).f_code.co_name  # the op's own frame: its name is the op's
+        raise TypeError(f"{op}(): argument '{name}' (position {position}) must be Tensor, not NoneType")
 
 
 def as_array(x: Any) -> Any:

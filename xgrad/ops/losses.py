@@ -15,7 +15,15 @@ from typing import Any
 import jax.numpy as jnp
 
 from xgrad.ops import shape_rules
-from xgrad.ops._util import as_array, canonical_dim, check_index_range, check_values, legacy_reduction, reduce_loss
+from xgrad.ops._util import (
+    as_array,
+    canonical_dim,
+    check_index_range,
+    check_values,
+    legacy_reduction,
+    reduce_loss,
+    refuse_none,
+)
 from xgrad.ops.elementwise import abs, clamp, clamp_min, exp, log, log1p, maximum, softplus, where
 from xgrad.ops.index import gather
 from xgrad.ops.linalg import norm
@@ -52,6 +60,7 @@ def nll_loss(
     reduction = legacy_reduction(size_average, reduce, reduction)
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"{reduction} is not a valid value for reduction")
+    refuse_none(target, "target", 2)
     target_array = jnp.asarray(as_array(target))
     if not jnp.issubdtype(target_array.dtype, jnp.integer):
         raise RuntimeError(f"expected scalar type Long but found {torch_dtype_name(target_array.dtype)}")
@@ -125,6 +134,7 @@ def binary_cross_entropy(
     100.0
     """
     reduction = legacy_reduction(size_average, reduce, reduction)
+    refuse_none(target, "target", 2)
     target = target if isinstance(target, Tensor) else Tensor(jnp.asarray(target, dtype=input.dtype))
     if target.shape != input.shape:
         raise ValueError(
@@ -153,6 +163,7 @@ def binary_cross_entropy_with_logits(
     0.6931
     """
     reduction = legacy_reduction(size_average, reduce, reduction)
+    refuse_none(target, "target", 2)
     target = target if isinstance(target, Tensor) else Tensor(jnp.asarray(target, dtype=input.dtype))
     if target.shape != input.shape:
         raise ValueError(f"Target size ({target.shape}) must be the same as input size ({input.shape})")
@@ -204,6 +215,7 @@ def mse_loss(
     2.0
     """
     reduction = legacy_reduction(size_average, reduce, reduction)
+    refuse_none(target, "target", 2)
     target = _as_target(target, input)
     if not _differentiable_dtype(target.dtype):
         shape_rules.check_float(input, "mse_cpu")  # PyTorch promotes a float target with an integer input
@@ -223,6 +235,7 @@ def l1_loss(
     1.5
     """
     reduction = legacy_reduction(size_average, reduce, reduction)
+    refuse_none(target, "target", 2)
     target = _as_target(target, input)
     _warn_if_broadcast(input, target)
     return _reduce_weighted(abs(input - target), weight, input, reduction)
@@ -241,6 +254,7 @@ def smooth_l1_loss(
     reduction = legacy_reduction(size_average, reduce, reduction)
     if beta < 0:
         raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
+    refuse_none(target, "target", 2)
     target = _as_target(target, input)
     _warn_if_broadcast(input, target)
     diff = abs(input - target)
@@ -260,6 +274,7 @@ def huber_loss(
     """
     if delta <= 0:
         raise RuntimeError("huber_loss does not support non-positive values for delta.")
+    refuse_none(target, "target", 2)
     target = _as_target(target, input)
     _warn_if_broadcast(input, target)
     diff = abs(input - target)
@@ -295,6 +310,7 @@ def kl_div(
         )
     if reduction not in ("mean", "sum", "none", "batchmean"):
         raise ValueError(f"{reduction} is not a valid value for reduction")
+    refuse_none(target, "target", 2)
     target = _as_target(target, input)
     shape_rules.broadcast_shapes(target.shape, input.shape)  # in PyTorch's order, for its message
     if log_target:
@@ -345,6 +361,7 @@ def cosine_embedding_loss(
     0.0
     """
     reduction = legacy_reduction(size_average, reduce, reduction)
+    refuse_none(target, "target", 3)
     target = _as_target(target, input1)
     if target.ndim > 1:
         raise RuntimeError("0D or 1D target tensor expected, multi-target not supported")
@@ -373,6 +390,7 @@ def margin_ranking_loss(
     1.0
     """
     reduction = legacy_reduction(size_average, reduce, reduction)
+    refuse_none(target, "target", 3)
     target = _as_target(target, input1)
     if not input1.ndim == input2.ndim == target.ndim:
         raise RuntimeError(

@@ -14,7 +14,15 @@ import numpy as np
 from xgrad.engine.node import sharding_of
 from xgrad.grad_mode import no_grad
 from xgrad.ops import shape_rules
-from xgrad.ops._util import as_array, canonical_dim, check_index_range, inplace_or_not, legacy_reduction, reduce_loss
+from xgrad.ops._util import (
+    as_array,
+    canonical_dim,
+    check_index_range,
+    inplace_or_not,
+    legacy_reduction,
+    reduce_loss,
+    refuse_none,
+)
 from xgrad.ops.elementwise import where
 from xgrad.ops.registry import _differentiable_dtype, defprim
 from xgrad.tensor import Tensor, torch_dtype_name
@@ -193,6 +201,7 @@ def cross_entropy(
             raise RuntimeError("the derivative for 'weight' is not implemented.")
         # Shaped to broadcast along the class dim.
         class_weight = weight._array.reshape((classes,) + (1,) * (input.ndim - 1 - axis))
+    refuse_none(target, "target", 2)
     target_array = as_array(target) if isinstance(target, Tensor) else jnp.asarray(target)
     if target_array.shape == input.shape:
         if not jnp.issubdtype(target_array.dtype, jnp.floating):
