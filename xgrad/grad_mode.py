@@ -34,6 +34,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 # ignores a ``no_grad`` around it. xgrad's own machinery (the engine running a
 # backward, ``xgrad.func`` running the user's function) turns recording off with
 # ``_GradState.enabled`` alone, which leaves JAX's AD as it is.
+_NOT_TRACING = get_opaque_trace_state(convention="xgrad")  # the same in every thread outside any JAX trace
+
+
 class _GradState(threading.local):
     enabled: bool = True
     inference: bool = False
@@ -106,7 +109,11 @@ class _GradModeContext:
     def _swap(self) -> tuple[bool, bool, Any]:
         prev = (_state.enabled, _state.inference, _state.stop_trace)
         _state.enabled = self._mode
-        _state.stop_trace = None if self._mode else get_opaque_trace_state(convention="xgrad")
+        if self._mode:
+            _state.stop_trace = None
+        else:  # outside any JAX trace there is nothing to stop: None spares ``bind`` the check
+            trace = get_opaque_trace_state(convention="xgrad")
+            _state.stop_trace = None if trace == _NOT_TRACING else trace
         return prev
 
     @staticmethod
