@@ -493,6 +493,9 @@ def test_equinox_filters_work_on_xgrad_modules() -> None:
     replaced = eqx.tree_at(lambda m: m[0], model, new_layer)
     np.testing.assert_array_equal(_np(replaced[0].weight), _np(new_layer.weight))
     assert [n for n, _ in replaced.named_parameters()] == [n for n, _ in model.named_parameters()]
+    # A module's Tensor attribute is not a node of its tree (its array is): tree_at says what to do instead.
+    with pytest.raises(TypeError, match=r"eqx\.tree_at cannot select a Tensor attribute of an xgrad module"):
+        eqx.tree_at(lambda m: m[0].bias, model, xgrad.zeros(3))
 
 
 # -- in-place writes inside xgrad.func, as torch.func -----------------------------------------------------------

@@ -241,6 +241,8 @@ class Tensor(TensorOpMethods):
         return int(self._array.size)
 
     def __len__(self) -> int:
+        if getattr(self, "_placeholder_meta", None) is not None:
+            raise TypeError(jax_boundary.ERR_PLACEHOLDER_LEN)
         if self._array.ndim == 0:
             raise TypeError("len() of a 0-d tensor")
         return self._array.shape[0]

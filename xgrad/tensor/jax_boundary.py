@@ -264,6 +264,16 @@ ERR_REQUIRES_GRAD_TO_JAX = (
 #   matches any Tensor node: ``eqx.combine`` zips the ``None``s of a partition made
 #   outside a transformation with the tracers inside it (``eqx.filter_grad``).
 # * History never crosses a JAX boundary silently: NOTE [JAX boundary].
+# A placeholder stands for a module's Tensor attribute in a tree built leaf by leaf; its
+# leaf is the module's child, not the placeholder (NOTE [Module as a pytree]), so
+# ``eqx.tree_at`` cannot find it as a node and takes it for a sequence of nodes.
+ERR_PLACEHOLDER_LEN = (
+    "this Tensor stands for a module's Tensor attribute in a tree built leaf by leaf (eqx.tree_at, eqx.partition, "
+    "a tree_map): eqx.tree_at cannot select a Tensor attribute of an xgrad module. Select its module and replace "
+    "that (where=lambda m: m.layer, with the new layer), or set the attribute itself (model.layer.bias = ...)."
+)
+
+
 def tree_flatten(self: core.Tensor) -> tuple[tuple[Any], _TensorMeta]:
     array = array_of(self)
     placeholder_meta = getattr(self, "_placeholder_meta", None)
