@@ -28,10 +28,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from xgrad import step_trace
 from xgrad.engine import engine_ops
 from xgrad.engine.compiled.switch import pure_hook
 from xgrad.engine.function import Function, FunctionCtx
+from xgrad.engine.function_on_jax import on_jax_trace
 from xgrad.engine.hooks import RemovableHandle
 from xgrad.grad_mode import graph_off, is_grad_enabled
 from xgrad.step_trace import array_of
@@ -149,10 +149,6 @@ class BackwardHookFunction(Function):
 # tensor that requires grad, or, where xgrad records nothing (``xgrad.func``), any
 # floating tensor on a tracer; otherwise the hooks run at the outputs with ``grad_input``
 # all ``None``, as eager runs them.
-def _on_jax_trace(tensors: list[Any]) -> bool:
-    return step_trace.current() is None and any(isinstance(t._array, jax.core.Tracer) for t in tensors)
-
-
 def _identity_on_jax(
     on_grads: Callable[[tuple[Any, ...]], Any], args: tuple[Any, ...], index: list[int]
 ) -> tuple[tuple[Any, ...], list[int] | None]:
@@ -214,7 +210,7 @@ class BackwardHook:
     ) -> tuple[tuple[Any, ...], list[int] | None]:
         index = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
         tensors = [args[i] for i in index]
-        if tensors and _on_jax_trace(tensors):
+        if tensors and on_jax_trace(tensors):
             return _identity_on_jax(on_jax, args, index)
         if not (is_grad_enabled() and any(t.requires_grad for t in tensors)):
             return args, None
