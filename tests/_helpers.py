@@ -7,6 +7,21 @@ import numpy as np
 import xgrad
 
 
+def as_tensors(tree: Any) -> Any:
+    """The tree with every array leaf a leaf Tensor that requires grad."""
+    import equinox as eqx
+    import jax
+
+    return jax.tree_util.tree_map(lambda a: xgrad.tensor(a, requires_grad=True) if eqx.is_array(a) else a, tree)
+
+
+def grads_of(tree: Any) -> list[Any]:
+    """The ``.grad`` arrays of the tree's Tensors, in leaf order."""
+    import jax
+
+    return [t.grad.array for t in jax.tree_util.tree_leaves(tree, is_leaf=xgrad.is_tensor) if xgrad.is_tensor(t)]
+
+
 def leaf(values: Any) -> xgrad.Tensor:
     """A float64 leaf that requires grad."""
     return xgrad.tensor(np.asarray(values, dtype=np.float64), requires_grad=True)

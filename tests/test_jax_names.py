@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _backward_modes import eager_and_compiled  # noqa: F401  (a fixture)
+from _helpers import as_tensors, grads_of
 from flax import nnx
 
 import xgrad
@@ -25,19 +26,6 @@ pytestmark = pytest.mark.usefixtures("eager_and_compiled")
 
 X = jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)
 HERE = "test_jax_names.py:"
-
-
-def is_tensor(x):
-    return isinstance(x, xgrad.Tensor)
-
-
-def as_tensors(tree):
-    """The tree with every array leaf a leaf Tensor that requires grad."""
-    return jax.tree_util.tree_map(lambda a: xgrad.tensor(a, requires_grad=True) if eqx.is_array(a) else a, tree)
-
-
-def grads_of(tree):
-    return [t.grad.array for t in jax.tree_util.tree_leaves(tree, is_leaf=is_tensor) if is_tensor(t)]
 
 
 def assert_close(actual, expected):
