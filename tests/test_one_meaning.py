@@ -222,6 +222,7 @@ MODEL_ROUTES = {
     "jax.grad": lambda m, x: jax.grad(lambda m: _loss(m, x).array)(m),
     "jax.jit(jax.grad)": lambda m, x: jax.jit(jax.grad(lambda m, x: _loss(m, x).array))(m, x),
     "eqx.filter_grad": lambda m, x: eqx.filter_grad(lambda m: _loss(m, x).array)(m),
+    "jax.vjp": lambda m, x: jax.vjp(lambda m: _loss(m, x).array, m)[1](jnp.float32(1.0))[0],
 }
 
 
@@ -389,13 +390,16 @@ def _tied_loss(model: nn.Module) -> jax.Array:
     return (model(xgrad.tensor(IDX)) ** 2).mean().array
 
 
-@pytest.mark.parametrize("route", ["jax.grad", "jax.jit(jax.grad)", "eqx.filter_grad"])
+@pytest.mark.parametrize("route", ["jax.grad", "jax.jit(jax.grad)", "eqx.filter_grad", "jax.vjp"])
 def test_a_tied_weight_is_one_leaf_with_one_gradient(route: str) -> None:
     eager = TiedLM()
     (eager(xgrad.tensor(IDX)) ** 2).mean().backward()
     model = TiedLM()
     assert len(jax.tree_util.tree_leaves(model)) == len(list(model.parameters())) == 3
-    transform = {"jax.grad": jax.grad, "jax.jit(jax.grad)": lambda f: jax.jit(jax.grad(f)), "eqx.filter_grad": eqx.filter_grad}
+    transform = {
+        "jax.grad": jax.grad, "jax.jit(jax.grad)": lambda f: jax.jit(jax.grad(f)), "eqx.filter_grad": eqx.filter_grad,
+        "jax.vjp": lambda f: lambda m: jax.vjp(f, m)[1](jnp.float32(1.0))[0],
+    }
     grads = transform[route](_tied_loss)(model)
     assert grads.head.weight is grads.emb.weight
     for (name, p), (_, g) in zip(eager.named_parameters(), grads.named_parameters(), strict=True):
@@ -451,8 +455,16 @@ def test_a_foreign_pytree_is_a_child_trained_on_every_route() -> None:
     # Plain arrays (not Parameters) are children too: JAX's routes differentiate and jit them.
     raw = HoldsEquinox(mlp)
     assert len(jax.tree_util.tree_leaves(raw)) == 5
-    grads = jax.grad(lambda m: (m(x) ** 2).sum().array)(raw)
-    np.testing.assert_allclose(np.asarray(grads.mlp.layers[0].weight), expected.layers[0].weight, rtol=1e-5)
+    def loss(m: Any) -> jax.Array:
+        return (m(x) ** 2).sum().array
+
+    value, pullback = jax.vjp(loss, raw)
+    for route, grads in {
+        "jax.grad": jax.grad(loss)(raw),
+        "jax.vjp": pullback(jnp.ones_like(value))[0],
+        "eqx.filter_grad": eqx.filter_grad(loss)(raw),
+    }.items():
+        np.testing.assert_allclose(np.asarray(grads.mlp.layers[0].weight), expected.layers[0].weight, rtol=1e-5, err_msg=route)
     np.testing.assert_allclose(_np(jax.jit(lambda m, x: m(x))(raw, x)), _np(raw(x)), rtol=1e-6)
 
 
