@@ -465,7 +465,8 @@ def test_a_foreign_pytree_is_a_child_trained_on_every_route() -> None:
     grads = eqx.filter_grad(loss)(HoldsEquinox(as_parameters))
     np.testing.assert_allclose(_np(grads.mlp.layers[0].weight), expected.layers[0].weight, rtol=1e-5)
     # ...where plain arrays in a foreign pytree cannot (a mask's bool is no array): it raises, never a silent mix.
-    with pytest.raises(ValueError, match="Mismatch custom node data"):
+    # (JAX's message for the mismatch may itself fail on a GetAttrKey: an AttributeError then.)
+    with pytest.raises((ValueError, AttributeError)):
         eqx.filter_grad(loss)(raw)
     np.testing.assert_allclose(_np(jax.jit(lambda m, x: m(x))(raw, x)), _np(raw(x)), rtol=1e-6)
 
