@@ -20,6 +20,7 @@ from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import graph_off, no_grad
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor
+from xgrad.tensor.jax_boundary import identity_with_vjp
 
 if TYPE_CHECKING:
     from xgrad.engine.function import Function, FunctionCtx
@@ -217,20 +218,15 @@ def _tangents_in(args: tuple[Any, ...], positions: list[int], tangents: tuple[An
     return full
 
 
-@jax.custom_vjp
-def _identity_raising_when_differentiated(x: Any) -> Any:
-    return x
-
-
-def _raise_at_differentiation(_: None, g: Any) -> Any:
+def _raise_at_differentiation(cotangents: tuple[Any, ...]) -> tuple[Any, ...]:
     raise RuntimeError(ERR_ONCE_DIFFERENTIABLE)
 
 
-_identity_raising_when_differentiated.defvjp(lambda x: (x, None), _raise_at_differentiation)
+_identity_raising_when_differentiated = identity_with_vjp(_raise_at_differentiation)
 
 
 def raises_when_differentiated(t: Tensor) -> Tensor:
     """``t``'s value, with an identity whose JAX derivative raises (as ``_DelayedError`` in eager)."""
     if not jnp.issubdtype(t._array.dtype, jnp.inexact):
         return t
-    return Tensor(_identity_raising_when_differentiated(t._array))
+    return Tensor(_identity_raising_when_differentiated(t._array)[0])

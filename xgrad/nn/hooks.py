@@ -33,9 +33,10 @@ from xgrad.engine.compiled.switch import pure_hook
 from xgrad.engine.function import Function, FunctionCtx
 from xgrad.engine.function_on_jax import on_jax_trace
 from xgrad.engine.hooks import RemovableHandle
-from xgrad.grad_mode import graph_off, is_grad_enabled
+from xgrad.grad_mode import is_grad_enabled
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor
+from xgrad.tensor.jax_boundary import identity_with_vjp
 
 __all__ = [
     "BackwardHook", "ModuleHooks", "RemovableHandle", "register_module_forward_hook",
@@ -161,19 +162,11 @@ def _identity_on_jax(
     if not hooked:
         return args, None
 
-    @jax.custom_vjp
-    def identity(*arrays: Any) -> tuple[Any, ...]:
-        return arrays
-
-    def fwd(*arrays: Any) -> tuple[tuple[Any, ...], None]:
-        return arrays, None
-
-    def bwd(_: None, cotangents: tuple[Any, ...]) -> tuple[Any, ...]:
-        with graph_off():
-            grads = on_grads(tuple(Tensor(c) for c in cotangents))
+    def run_hooks(cotangents: tuple[Any, ...]) -> tuple[Any, ...]:
+        grads = on_grads(tuple(Tensor(c) for c in cotangents))
         return tuple(c if g is None else array_of(g).astype(c.dtype) for g, c in zip(grads, cotangents, strict=True))
 
-    identity.defvjp(fwd, bwd)
+    identity = identity_with_vjp(run_hooks)
     tensors = [args[i] for i in hooked]
     if recording and any(t.requires_grad for t in tensors):  # one op of xgrad's graph too, for a backward() in the trace
         outs = list(engine_ops.jax_function(identity, tensors))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import inspect
 import sys
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -18,7 +19,7 @@ from xgrad.step_trace import array_of
 from xgrad.tensor import core
 from xgrad.tensor.dtypes import is_differentiable_dtype
 
-__all__ = ["hook_on_jax", "jax_array", "tree_flatten", "tree_unflatten", "user_site", "user_stacklevel"]
+__all__ = ["hook_on_jax", "identity_with_vjp", "jax_array", "tree_flatten", "tree_unflatten", "user_site", "user_stacklevel"]
 
 
 def _in_compiled_step() -> bool:
@@ -84,25 +85,21 @@ def user_stacklevel() -> int:
 # them too, and keeps them: ``jax.jit(jax.grad(loss))`` unflattens it twice, and the
 # innermost transformation is the one that differentiates. Hooks run with recording off and JAX's AD on, so a hook's ops are
 # differentiated by an outer ``jax.grad`` as ``create_graph=True`` would.
-def _identity_with_hooks(hooks: tuple[Any, ...]) -> Any:
+def identity_with_vjp(on_cotangents: Callable[[tuple[Any, ...]], Sequence[Any]]) -> Callable[..., tuple[Any, ...]]:
+    """An identity on arrays whose ``custom_vjp`` gives ``on_cotangents(cotangents)`` as the
+    cotangents of its inputs, run with recording off and JAX's AD on: what hooks (tensor,
+    parameter, module) and ``once_differentiable`` become on JAX's AD."""
+
     @jax.custom_vjp
-    def identity(x: Any) -> Any:
-        return x
+    def identity(*arrays: Any) -> tuple[Any, ...]:
+        return arrays
 
-    def fwd(x: Any) -> tuple[Any, Any]:
-        return x, jax.ShapeDtypeStruct(x.shape, x.dtype)
+    def fwd(*arrays: Any) -> tuple[tuple[Any, ...], None]:
+        return arrays, None
 
-    def bwd(aval: Any, g: Any) -> tuple[Any]:
-        grad = core.Tensor(g)
+    def bwd(_: None, cotangents: tuple[Any, ...]) -> tuple[Any, ...]:
         with graph_off():
-            for hook in hooks:
-                result = hook(grad)
-                if result is not None:
-                    if not isinstance(result, core.Tensor) or result.shape != aval.shape:
-                        got = getattr(result, "shape", type(result).__name__)
-                        raise RuntimeError(f"hook returned a gradient of shape {got}, expected {tuple(aval.shape)}")
-                    grad = result
-        return (array_of(grad).astype(aval.dtype),)
+            return tuple(on_cotangents(cotangents))
 
     identity.defvjp(fwd, bwd)
     return identity
@@ -110,7 +107,20 @@ def _identity_with_hooks(hooks: tuple[Any, ...]) -> Any:
 
 def hook_on_jax(array: Any, hooks: tuple[Any, ...]) -> Any:
     """``array`` through an identity whose cotangent goes through ``hooks`` (NOTE [Hooks on JAX's AD])."""
-    return _identity_with_hooks(hooks)(array)
+    shape, dtype = array.shape, array.dtype
+
+    def run_hooks(cotangents: tuple[Any, ...]) -> tuple[Any]:
+        grad = core.Tensor(cotangents[0])
+        for hook in hooks:
+            result = hook(grad)
+            if result is not None:
+                if not isinstance(result, core.Tensor) or result.shape != shape:
+                    got = getattr(result, "shape", type(result).__name__)
+                    raise RuntimeError(f"hook returned a gradient of shape {got}, expected {tuple(shape)}")
+                grad = result
+        return (array_of(grad).astype(dtype),)
+
+    return identity_with_vjp(run_hooks)(array)[0]
 
 
 class _TensorMeta:
