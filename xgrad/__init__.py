@@ -17,7 +17,16 @@ from xgrad.ops import *  # noqa: F403  (the op library is re-exported at top lev
 from xgrad.ops import __all__ as _ops_all
 
 # isort: on
-from xgrad import accelerator, autograd, cuda, distributed, func, jit, nn, onnx, optim, profiler, utils, viz
+from xgrad import accelerator, amp, autograd, backends, cuda, distributed, func, jit, nn, onnx, optim, profiler, utils, viz
+from xgrad.amp import autocast
+from xgrad.backends import (
+    get_float32_matmul_precision,
+    get_num_interop_threads,
+    get_num_threads,
+    set_float32_matmul_precision,
+    set_num_interop_threads,
+    set_num_threads,
+)
 from xgrad import compile_cache as _compile_cache
 from xgrad.compile_cache import enable_compilation_cache
 from xgrad.compile_step import compile
@@ -115,12 +124,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     *_ops_all, "BFloat16Tensor", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor",
-    "Generator", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor", "Tensor", "accelerator", "arange", "autograd",
-    "bernoulli", "compile", "cuda", "device", "distributed", "dtype", "empty", "empty_like", "enable_compilation_cache",
-    "enable_grad", "eye", "finfo", "from_numpy", "full", "full_like", "func", "get_default_dtype", "iinfo",
+    "Generator", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor", "Tensor", "accelerator", "amp", "arange",
+    "autocast", "autograd", "backends", "bernoulli", "compile", "cuda", "device", "distributed", "dtype", "empty", "empty_like", "enable_compilation_cache",
+    "enable_grad", "eye", "finfo", "from_numpy", "full", "full_like", "func", "get_default_dtype",
+    "get_float32_matmul_precision", "get_num_interop_threads", "get_num_threads", "iinfo",
     "inference_mode", "intermediates", "is_complex", "is_floating_point", "is_grad_enabled",
     "is_inference_mode_enabled", "is_tensor", "jit", "linspace", "load", "manual_seed", "multinomial", "nn",
     "no_grad", "onnx", "ones", "ones_like", "ops", "optim", "profiler", "rand", "rand_like", "randint",
-    "randint_like", "randn", "randn_like", "randperm", "save", "set_default_dtype", "set_grad_enabled", "tensor",
+    "randint_like", "randn", "randn_like", "randperm", "save", "set_default_dtype", "set_float32_matmul_precision",
+    "set_grad_enabled", "set_num_interop_threads", "set_num_threads", "tensor",
     "utils", "viz", "zeros", "zeros_like",
 ]

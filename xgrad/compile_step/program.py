@@ -46,6 +46,7 @@ from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
 from xgrad.engine.compiled.switch import TRACER_ERRORS
 from xgrad.grad_mode import is_grad_enabled
+from xgrad.ops.autocast import autocast_key
 from xgrad.jax_internals import ClosedJaxpr, check_consts_keep_identity, get_opaque_trace_state, jaxpr_as_fun
 from xgrad.step_trace import tracing_step
 from xgrad.tensor import Tensor, is_tensor
@@ -189,8 +190,10 @@ def _describe_change(old: Any, new: Any) -> str:
             return f"argument leaf {i} changed from {_describe_leaf(a)} to {_describe_leaf(b)}"
     if old_alias != new_alias:
         return "which arguments are the same tensor changed"
-    if old_mode != new_mode:
+    if old_mode[0] != new_mode[0]:
         return f"grad mode changed from {old_mode[0]} to {new_mode[0]}"
+    if old_mode != new_mode:
+        return f"autocast changed from {dict(old_mode[1]) or 'off'} to {dict(new_mode[1]) or 'off'}"
     return "the state fn reads (a .grad set or cleared, requires_grad, hooks, a shape, or a module's train/eval mode)"
 
 
@@ -201,14 +204,15 @@ def _describe_leaf(key: Any) -> str:
 
 
 def _signature(leaves: list[Any], tree: Any) -> Any:
-    """The cache key of a call: the arguments' structure, each leaf's key, which are one tensor, the grad mode."""
+    """The cache key of a call: the arguments' structure, each leaf's key, which are one tensor, the grad
+    and autocast modes."""
     alias: list[int] = []
     first: dict[int, int] = {}
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, Tensor):
             alias.append(first.setdefault(id(leaf), i))
     try:
-        signature = (tree, tuple(_leaf_key(leaf) for leaf in leaves), tuple(alias), (is_grad_enabled(),))
+        signature = (tree, tuple(_leaf_key(leaf) for leaf in leaves), tuple(alias), (is_grad_enabled(), autocast_key()))
         hash(signature)
     except TypeError:
         raise TypeError(

@@ -23,6 +23,7 @@ from xgrad.ops._util import (
     reduce_loss,
     refuse_none,
 )
+from xgrad.ops.autocast import autocast_op
 from xgrad.ops.elementwise import where
 from xgrad.ops.registry import _differentiable_dtype, defprim
 from xgrad.tensor import Tensor, torch_dtype_name
@@ -55,6 +56,7 @@ def implicit_softmax_dim(name: str, ndim: int, stacklevel: int) -> int:
     return 0 if ndim in (0, 1, 3) else 1
 
 
+@autocast_op
 def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
     """Softmax along ``dim``, after casting ``input`` to ``dtype`` if given.
 
@@ -71,6 +73,7 @@ def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: 
     return _softmax(x, axis=axis if x.ndim else None)
 
 
+@autocast_op
 def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
     """Log-softmax along ``dim``, computed stably, after casting ``input`` to ``dtype`` if given.
 
@@ -159,6 +162,7 @@ def _weighted_cross_entropy(
     return reduce_loss(loss, reduction)
 
 
+@autocast_op
 def cross_entropy(
     input: Tensor, target: Any, weight: Tensor | None = None, size_average: bool | None = None, ignore_index: int = -100,
     reduce: bool | None = None, reduction: str = "mean", label_smoothing: float = 0.0,
@@ -231,6 +235,7 @@ def cross_entropy(
     return loss
 
 
+@autocast_op
 def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """``F.layer_norm`` over the last ``len(normalized_shape)`` dims.
 
@@ -424,6 +429,7 @@ def _sharded_dropout_scale(bits: Any, impl: Any, keep_prob: float, shape: tuple[
     return jax.lax.with_sharding_constraint(keep.astype(dtype) / keep_prob, sharding)
 
 
+@autocast_op
 def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """``F.group_norm``: normalise ``(N, C, *)`` input over each group of ``C / num_groups`` channels, then scale per channel.
 
@@ -473,6 +479,7 @@ def _normalize_channels(
     return out
 
 
+@autocast_op
 def batch_norm(
     input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
     bias: Tensor | None = None, training: bool = False, momentum: float = 0.1, eps: float = 1e-5,
@@ -515,6 +522,7 @@ def batch_norm(
     return _normalize_channels(input, mean, var, weight, bias, eps)
 
 
+@autocast_op
 def instance_norm(
     input: Tensor, running_mean: Tensor | None = None, running_var: Tensor | None = None, weight: Tensor | None = None,
     bias: Tensor | None = None, use_input_stats: bool = True, momentum: float = 0.1, eps: float = 1e-5,

@@ -522,6 +522,12 @@ class Tensor(TensorOpMethods):
     type_as = pytorch_methods.type_as
     cpu = pytorch_methods.cpu
     cuda = pytorch_methods.cuda
+    is_cpu = pytorch_methods.is_cpu
+    is_cuda = pytorch_methods.is_cuda
+    is_mps = pytorch_methods.is_mps
+    is_xpu = pytorch_methods.is_xpu
+    pin_memory = pytorch_methods.pin_memory
+    is_pinned = pytorch_methods.is_pinned
     new_full = pytorch_methods.new_full
     new_zeros = pytorch_methods.new_zeros
     new_ones = pytorch_methods.new_ones
