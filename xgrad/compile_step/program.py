@@ -46,6 +46,7 @@ from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
 from xgrad.engine.compiled.switch import TRACER_ERRORS
 from xgrad.grad_mode import is_grad_enabled
+from xgrad.nn.module import Module
 from xgrad.ops.autocast import autocast_key
 from xgrad.jax_internals import ClosedJaxpr, check_consts_keep_identity, get_opaque_trace_state, jaxpr_as_fun
 from xgrad.step_trace import tracing_step
@@ -598,7 +599,10 @@ def _finish(entry: _Entry, outs: Any, leaves: list[Any]) -> Any:
     return jax.tree_util.tree_unflatten(entry.result_tree, results)
 
 
-def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") -> Any:
+def compile(
+    fn: Callable[..., Any] | None = None, *, fallback: str = "eager", fullgraph: bool = False, dynamic: bool | None = None,
+    backend: Any = "inductor", mode: str | None = None, options: dict[str, Any] | None = None, disable: bool = False,
+) -> Any:
     """Run ``fn`` — forward, ``backward()``, ``Optax.step()``, in-place updates — as one XLA program.
 
     Usable as ``@xgrad.compile`` or ``xgrad.compile(fn, fallback="error")``. Each input
@@ -619,6 +623,12 @@ def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") ->
             a concrete value inside ``fn`` (``.item()``, ``if t > 0``, ``.numpy()``) —
             runs eagerly, after a one-time warning naming the line; ``"error"``: raise
             ``CompileFallbackError`` instead.
+        fullgraph, dynamic, backend, mode, options, disable: ``torch.compile``'s. ``fullgraph=True``
+            is ``fallback="error"`` (no part of ``fn`` may run eagerly); ``disable=True`` returns
+            ``fn``; the others are accepted, as XLA compiles each signature its own way.
+
+    ``fn`` is a step (NOTE [What a step is]): a ``Module`` is a forward and is returned as it
+    is, so ``torch.compile(model)`` and ``torch.compile(train_step)`` both work as in PyTorch.
 
     Hooks registered on tensors or nodes (inside ``fn`` or before) and custom
     ``Function.backward``s run once per call with concrete values in eager order,
@@ -652,6 +662,10 @@ def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") ->
     >>> [round(g, 4) for g in w.grad.tolist()], step.stats()["compiles"], step.stats()["hits"]
     ([-1.44, -1.44], 1, 2)
     """
+    if fullgraph:
+        fallback = "error"
     if fn is None:
-        return lambda f: CompiledFunction(f, fallback)
+        return functools.partial(compile, fallback=fallback, disable=disable)
+    if disable or isinstance(fn, Module):
+        return fn
     return CompiledFunction(fn, fallback)

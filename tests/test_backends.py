@@ -1,0 +1,129 @@
+"""The back-end boilerplate of PyTorch programs runs as on PyTorch, answering from what JAX has:
+``torch.backends``, the matmul precision, thread counts, the device flags of a tensor,
+``pin_memory``, the CUDA seeding names and ``torch.compile``'s forms.
+
+PyTorch's values are written out where it defines them (its defaults, its error messages);
+a device flag is checked against the JAX device that holds the array.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+import xgrad
+
+
+@pytest.fixture
+def restore_matmul_precision():
+    saved = jax.config.jax_default_matmul_precision
+    yield
+    jax.config.update("jax_default_matmul_precision", saved)
+
+
+def test_cudnn_flags_have_pytorchs_defaults_and_take_assignments():
+    cudnn = xgrad.backends.cudnn
+    assert (cudnn.enabled, cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32) == (True, False, False, True)
+    saved = cudnn.benchmark, cudnn.deterministic
+    try:
+        cudnn.benchmark, cudnn.deterministic = True, True
+        assert xgrad.backends.cudnn.benchmark and xgrad.backends.cudnn.deterministic
+    finally:
+        cudnn.benchmark, cudnn.deterministic = saved
+    has_gpu = bool(xgrad.cuda.device_count())
+    assert cudnn.is_available() == has_gpu == xgrad.backends.cuda.is_built()
+    assert not xgrad.backends.mps.is_available() and not xgrad.backends.mps.is_built()
+
+
+@pytest.mark.usefixtures("restore_matmul_precision")
+def test_matmul_precision_is_jaxs_default_matmul_precision():
+    jax.config.update("jax_default_matmul_precision", None)
+    platform_default = {"cpu": "highest", "gpu": "high", "tpu": "medium"}[jax.default_backend()]
+    assert xgrad.get_float32_matmul_precision() == platform_default  # what XLA's DEFAULT precision is there
+    for name, jax_name in (("highest", "float32"), ("high", "tensorfloat32"), ("medium", "bfloat16")):
+        xgrad.set_float32_matmul_precision(name)
+        assert jax.config.jax_default_matmul_precision == jax_name and xgrad.get_float32_matmul_precision() == name
+        assert xgrad.backends.cuda.matmul.allow_tf32 == (name != "highest")  # PyTorch ties the two together
+    xgrad.backends.cuda.matmul.allow_tf32 = False
+    assert xgrad.get_float32_matmul_precision() == "highest"
+    xgrad.backends.cuda.matmul.allow_tf32 = True
+    assert xgrad.get_float32_matmul_precision() == "high"
+    with pytest.warns(UserWarning, match="fast is not one of 'highest', 'high', or 'medium'"):
+        xgrad.set_float32_matmul_precision("fast")
+    assert xgrad.get_float32_matmul_precision() == "high"
+
+
+def test_thread_counts_report_xlas_pool_and_check_as_pytorch():
+    import os
+
+    assert xgrad.get_num_threads() == len(os.sched_getaffinity(0)) == xgrad.get_num_interop_threads()
+    xgrad.set_num_threads(1)
+    xgrad.set_num_interop_threads(2)
+    with pytest.raises(RuntimeError, match="set_num_threads expects a positive integer"):
+        xgrad.set_num_threads(0)
+    with pytest.raises(RuntimeError, match="set_num_threads expects an int, but got float"):
+        xgrad.set_num_threads(1.5)
+    with pytest.raises(RuntimeError, match="set_num_interop_threads expects a positive integer"):
+        xgrad.set_num_interop_threads(-1)
+
+
+def test_device_flags_follow_the_jax_device_of_the_array():
+    x = xgrad.ones(2)
+    platform = x.array.devices().pop().platform
+    assert (x.is_cpu, x.is_cuda, x.is_mps, x.is_xpu) == (platform == "cpu", platform == "gpu", False, False)
+    on_cpu = x.to(jax.devices("cpu")[1])
+    assert on_cpu.is_cpu and not on_cpu.is_cuda
+    if xgrad.cuda.is_available():
+        on_gpu = x.cuda()
+        assert on_gpu.is_cuda and not on_gpu.is_cpu
+    seen = []
+
+    @xgrad.compile
+    def step(t):
+        seen.append(t.is_cpu)  # a traced tensor answers for the device its step runs on
+        return t * 2
+
+    step(on_cpu)
+    assert seen == [True]
+
+
+def test_pin_memory_returns_the_tensor_and_the_seeding_names_seed_every_draw():
+    x = xgrad.ones(2, requires_grad=True)
+    assert x.pin_memory() is x and not x.is_pinned()
+    draws = []
+    for seed_all in (xgrad.manual_seed, xgrad.cuda.manual_seed, xgrad.cuda.manual_seed_all):
+        seed_all(1337)
+        draws.append(xgrad.rand(3).tolist())
+    assert draws[0] == draws[1] == draws[2]
+
+
+def test_cuda_queries_answer_from_jax():
+    if xgrad.cuda.is_available():
+        gpu = jax.devices("gpu")[0]
+        assert xgrad.cuda.get_device_name() == gpu.device_kind and xgrad.cuda.is_bf16_supported()
+        xgrad.cuda.set_device("cuda:0")
+        return
+    assert not xgrad.cuda.is_bf16_supported()
+    with pytest.raises(RuntimeError, match="No CUDA GPUs are available"):
+        xgrad.cuda.set_device(0)
+    with pytest.raises(RuntimeError, match="No CUDA GPUs are available"):
+        xgrad.cuda.get_device_name()
+    xgrad.cuda.empty_cache()
+
+
+def test_compile_returns_a_module_and_compiles_a_step():
+    model = xgrad.nn.Linear(2, 1, key=0)
+    assert xgrad.compile(model) is model and xgrad.compile(model, mode="max-autotune", dynamic=False) is model
+    opt = xgrad.optim.SGD(model.parameters(), lr=0.1)
+
+    @xgrad.compile(mode="reduce-overhead", backend="inductor")
+    def step(x):
+        opt.zero_grad()
+        loss = (model(x) ** 2).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(2):
+        assert step(xgrad.ones(3, 2)).grad_fn is None
+    assert step.stats()["compiles"] == 1 and step.stats()["hits"] == 1
+    assert xgrad.compile(step.fn, disable=True) is step.fn
