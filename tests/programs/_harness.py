@@ -9,7 +9,8 @@ both runs see the same three things from outside the program:
   ``named_parameters()`` order; buffers stay as the program made them. The program's own
   initialisation still runs before, but its random draws cannot agree across frameworks;
 * random draws: ``randn`` and ``randn_like`` draw from a NumPy stream (a VAE's noise,
-  the regression's data);
+  the regression's data), and so does ``randint`` where a program samples its batches
+  with it (``numpy_randint``: nanoGPT's ``get_batch``);
 * dropout, where a program fixes ``p`` in its code rather than its arguments
   (``dropout_off``): set to 0 at the same first call (``Dropout`` modules' ``p`` and
   ``MultiheadAttention``'s ``dropout``).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import runpy
 import sys
 from collections.abc import Iterator
@@ -47,9 +49,10 @@ class Program:
 
     script: str
     argv: tuple[str, ...] = ()
-    files: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str | bytes] = field(default_factory=dict)
     max_backward: int | None = None
     dropout_off: bool = False
+    numpy_randint: bool = False
 
 
 @dataclass
@@ -109,6 +112,11 @@ class _Recorder:
     def randn_like(self, like: Any, **kwargs: Any) -> Any:
         return self.framework.tensor(self.rng.standard_normal(tuple(like.shape)), dtype=kwargs.get("dtype", like.dtype))
 
+    def randint(self, *args: Any, **kwargs: Any) -> Any:
+        """``randint(high, size)`` or ``randint(low, high, size)``, as int64 drawn from the NumPy stream."""
+        low, high, size = (0, *args) if len(args) == 2 else args
+        return self.framework.tensor(self.rng.integers(low, high, tuple(size)), dtype=kwargs.get("dtype"))
+
 
 @contextlib.contextmanager
 def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
@@ -124,13 +132,16 @@ def run_program(framework: ModuleType, program: Program, workdir: Path, seed: in
     """Run ``program`` under ``framework`` (``xgrad`` or ``torch``) in float64 inside ``workdir``;
     return the value of every tensor ``backward`` was called on, in order."""
     script = PROGRAMS / program.script
-    for relative, text in program.files.items():
+    for relative, content in program.files.items():
         (workdir / relative).parent.mkdir(parents=True, exist_ok=True)
-        (workdir / relative).write_text(text)
+        if isinstance(content, bytes):
+            (workdir / relative).write_bytes(content)
+        else:
+            (workdir / relative).write_text(content)
     recorder = _Recorder(framework, program, np.random.default_rng(seed))
     modules_before = set(sys.modules)
     saved_argv, saved_path, saved_cwd = sys.argv, list(sys.path), os.getcwd()
-    saved_dtype = framework.get_default_dtype()
+    saved_dtype, saved_precision = framework.get_default_dtype(), framework.get_float32_matmul_precision()
     sys.argv = [str(script), *program.argv]
     sys.path.insert(0, str(script.parent))
     os.chdir(workdir)
@@ -141,10 +152,13 @@ def run_program(framework: ModuleType, program: Program, workdir: Path, seed: in
             patches.enter_context(_patched(framework.nn.Module, "__call__", recorder.module_call(framework.nn.Module.__call__)))
             patches.enter_context(_patched(framework, "randn", recorder.randn))
             patches.enter_context(_patched(framework, "randn_like", recorder.randn_like))
+            if program.numpy_randint:
+                patches.enter_context(_patched(framework, "randint", recorder.randint))
             with contextlib.suppress(StopProgram):
                 runpy.run_path(str(script), run_name="__main__")
     finally:
         framework.set_default_dtype(saved_dtype)
+        framework.set_float32_matmul_precision(saved_precision)  # nanoGPT sets torch.backends.cuda.matmul.allow_tf32
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
         for name in set(sys.modules) - modules_before:  # the program's own modules (model.py, data.py, mingpt)
@@ -167,6 +181,19 @@ _CHARGPT_SIZES = ("--model.model_type=None", "--model.n_layer=2", "--model.n_hea
                   "--model.embd_pdrop=0.0", "--model.resid_pdrop=0.0", "--model.attn_pdrop=0.0",
                   "--data.block_size=10", "--trainer.max_iters=3", "--trainer.batch_size=4", "--trainer.num_workers=0")
 
+def _token_files(dataset: str, seed: int) -> dict[str, str | bytes]:
+    """nanoGPT's data directory: train.bin and val.bin (uint16 tokens, as its prepare.py writes them) and meta.pkl."""
+    rng = np.random.default_rng(seed)
+    return {f"data/{dataset}/train.bin": rng.integers(0, 11, 64).astype(np.uint16).tobytes(),
+            f"data/{dataset}/val.bin": rng.integers(0, 11, 32).astype(np.uint16).tobytes(),
+            f"data/{dataset}/meta.pkl": pickle.dumps({"vocab_size": 11}),
+            "configurator.py": (PROGRAMS / "nanogpt" / "configurator.py").read_text()}
+
+
+_NANOGPT_SIZES = ("--device=cpu", "--dataset=tokens", "--n_layer=2", "--n_head=2", "--n_embd=8", "--block_size=8",
+                  "--batch_size=2", "--gradient_accumulation_steps=2", "--max_iters=3", "--eval_interval=1000",
+                  "--eval_iters=2", "--warmup_iters=2", "--lr_decay_iters=3", "--learning_rate=0.01", "--min_lr=0.001")
+
 # name: the program and how it is run. Sizes are small so that each trains in a few seconds.
 CASES = {
     "mnist": Program("mnist/main.py", ("--batch-size", "4", "--test-batch-size", "6", "--epochs", "2", "--log-interval", "1"),
@@ -178,5 +205,6 @@ CASES = {
     "word_language_model_transformer": Program("word_language_model/main.py", _WORD_LM_SIZES + ("--model", "Transformer"),
                                                files=_WIKITEXT, dropout_off=True),
     # one training sequence (block_size + 1 characters), so the sampler's random picks all give it
+    "nanogpt": Program("nanogpt/train.py", _NANOGPT_SIZES, files=_token_files("tokens", 0), numpy_randint=True),
     "chargpt": Program("mingpt/chargpt.py", _CHARGPT_SIZES, files={"input.txt": "O God, abc!"}),
 }

@@ -29,8 +29,12 @@ TORCH_LOSSES = json.loads((Path(__file__).parents[1] / "fixtures" / "program_los
 
 
 # chargpt reads its input with open(...).read() and never closes the file ("don't worry we won't
-# run out of file handles"): the program's own ResourceWarning, not xgrad's.
-@pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
+# run out of file handles"): the program's own ResourceWarning, not xgrad's. nanoGPT makes a
+# torch.cuda.amp.GradScaler, deprecated, which disables itself without a GPU: PyTorch's warnings, as PyTorch.
+@pytest.mark.filterwarnings(
+    "ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning",
+    "ignore:`torch.cuda.amp.GradScaler:FutureWarning", "ignore:torch.cuda.amp.GradScaler is enabled:UserWarning",
+)
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_program_trains_to_pytorchs_losses(name: str, tmp_path: Path) -> None:
     losses = run_program(xgrad, CASES[name], tmp_path)
