@@ -47,7 +47,8 @@ def test_a_step_compiled_outside_autocast_is_another_program_under_it():
     assert step(x).dtype == jnp.float32 and step.stats()["compiles"] == 2
 
 
-def test_autocast_gradients_are_jaxs_through_the_same_casts(eager_and_compiled):
+@pytest.mark.usefixtures("eager_and_compiled")
+def test_autocast_gradients_are_jaxs_through_the_same_casts(request):
     rng = np.random.default_rng(0)
     x_np, w_np = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32)
     w = xgrad.tensor(w_np, requires_grad=True)
@@ -64,7 +65,7 @@ def test_autocast_gradients_are_jaxs_through_the_same_casts(eager_and_compiled):
     np.testing.assert_allclose(loss.item(), by_hand(jnp.asarray(w_np)), rtol=1e-6)
     # The compiled backward is one XLA program, which may keep a bfloat16 matmul's float32 result
     # unrounded where a float32 cast reads it (XLA's excess precision): there, within bfloat16's 2**-8.
-    rtol = 1e-6 if eager_and_compiled == "eager" else 2.0**-8
+    rtol = 1e-6 if request.getfixturevalue("eager_and_compiled") == "eager" else 2.0**-8
     np.testing.assert_allclose(w.grad.numpy(), jax.grad(by_hand)(jnp.asarray(w_np)), rtol=rtol)
 
 

@@ -127,3 +127,23 @@ def test_compile_returns_a_module_and_compiles_a_step():
         assert step(xgrad.ones(3, 2)).grad_fn is None
     assert step.stats()["compiles"] == 1 and step.stats()["hits"] == 1
     assert xgrad.compile(step.fn, disable=True) is step.fn
+
+
+def test_a_missing_pytorch_name_says_so_and_what_to_use():
+    with pytest.raises(AttributeError, match=r"^module 'xgrad' has no attribute 'acos': torch.acos is a PyTorch name xgrad "
+                                             r"does not have\. .*xgrad\.from_jax\(jax\.numpy\.acos\)"):
+        xgrad.acos  # noqa: B018
+    x = xgrad.tensor([0.25, 0.5], requires_grad=True)
+    xgrad.from_jax(jax.numpy.acos)(x).sum().backward()  # the advice works, with gradients
+    np.testing.assert_allclose(x.grad.numpy(), -1 / np.sqrt(1 - np.array([0.25, 0.5]) ** 2), rtol=1e-6)
+    with pytest.raises(AttributeError, match=r"torch.Tensor.square is a PyTorch name xgrad does not have\. Use tensor \*\* 2"):
+        x.square()
+    with pytest.raises(AttributeError, match=r"torch.nn.Conv3d is a PyTorch name .*migrating_from_pytorch\.md"):
+        xgrad.nn.Conv3d  # noqa: B018
+    with pytest.raises(AttributeError, match=r"torch.nn.functional.conv_tbc is a PyTorch name"):
+        xgrad.nn.functional.conv_tbc  # noqa: B018
+    for owner in (xgrad, xgrad.nn, xgrad.nn.functional, x):
+        with pytest.raises(AttributeError) as raised:
+            owner.no_such_name  # noqa: B018
+        assert str(raised.value).endswith("has no attribute 'no_such_name'") and raised.value.name == "no_such_name"
+    assert not hasattr(x, "acosh") and getattr(xgrad, "acosh", None) is None  # still an AttributeError for hasattr

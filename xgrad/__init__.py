@@ -9,6 +9,7 @@
 """
 
 import builtins
+from typing import TYPE_CHECKING, Any
 
 # isort: off
 # The op library first: importing it attaches the ops to Tensor, which the rest uses.
@@ -17,8 +18,24 @@ from xgrad.ops import *  # noqa: F403  (the op library is re-exported at top lev
 from xgrad.ops import __all__ as _ops_all
 
 # isort: on
-from xgrad import accelerator, amp, autograd, backends, cuda, distributed, func, jit, nn, onnx, optim, profiler, utils, viz
-from xgrad.amp import autocast
+from xgrad import (
+    accelerator,
+    amp,
+    autograd,
+    backends,
+    cuda,
+    distributed,
+    func,
+    jit,
+    nn,
+    onnx,
+    optim,
+    profiler,
+    utils,
+    viz,
+)
+from xgrad import compile_cache as _compile_cache
+from xgrad.amp import GradScaler, autocast
 from xgrad.backends import (
     get_float32_matmul_precision,
     get_num_interop_threads,
@@ -27,7 +44,6 @@ from xgrad.backends import (
     set_num_interop_threads,
     set_num_threads,
 )
-from xgrad import compile_cache as _compile_cache
 from xgrad.compile_cache import enable_compilation_cache
 from xgrad.compile_step import compile
 from xgrad.creation import (
@@ -65,6 +81,7 @@ from xgrad.grad_mode import (
     no_grad,
     set_grad_enabled,
 )
+from xgrad.missing_names import missing_attribute
 from xgrad.ops.jaxtrace import intermediates
 from xgrad.serialization import load, save
 from xgrad.tensor import Tensor, is_tensor
@@ -124,7 +141,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     *_ops_all, "BFloat16Tensor", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor",
-    "Generator", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor", "Tensor", "accelerator", "amp", "arange",
+    "GradScaler", "Generator", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor", "Tensor", "accelerator", "amp", "arange",
     "autocast", "autograd", "backends", "bernoulli", "compile", "cuda", "device", "distributed", "dtype", "empty", "empty_like", "enable_compilation_cache",
     "enable_grad", "eye", "finfo", "from_numpy", "full", "full_like", "func", "get_default_dtype",
     "get_float32_matmul_precision", "get_num_interop_threads", "get_num_threads", "iinfo",
@@ -135,3 +152,9 @@ __all__ = [
     "set_grad_enabled", "set_num_interop_threads", "set_num_threads", "tensor",
     "utils", "viz", "zeros", "zeros_like",
 ]
+
+
+if not TYPE_CHECKING:  # for type checkers a missing name stays an error, not ``Any``
+
+    def __getattr__(name: str) -> Any:  # reached only for a name this module does not have
+        raise missing_attribute("torch", "module 'xgrad'", name)

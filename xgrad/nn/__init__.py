@@ -17,6 +17,9 @@ without renaming.
 (2, 3)
 """
 
+from typing import TYPE_CHECKING, Any
+
+from xgrad.missing_names import missing_attribute
 from xgrad.nn import functional, init, modules, utils
 from xgrad.nn.activation import (
     CELU,
@@ -99,3 +102,9 @@ __all__ = [
     "Tanh", "Tanhshrink", "Threshold", "Transformer", "TransformerDecoder", "TransformerDecoderLayer",
     "TransformerEncoder", "TransformerEncoderLayer", "Unflatten", "functional", "init", "modules", "utils",
 ]
+
+
+if not TYPE_CHECKING:  # for type checkers a missing name stays an error, not ``Any``
+
+    def __getattr__(name: str) -> Any:  # reached only for a name this module does not have
+        raise missing_attribute("torch.nn", "module 'xgrad.nn'", name)

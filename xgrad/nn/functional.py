@@ -10,8 +10,9 @@ PyTorch. ``F.unfold`` is PyTorch's im2col, not ``Tensor.unfold``: it is not here
 [0.0, 2.0]
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from xgrad.missing_names import missing_attribute
 from xgrad.ops import (
     adaptive_avg_pool1d,
     adaptive_avg_pool2d,
@@ -107,3 +108,9 @@ __all__ = [
     "one_hot", "pad", "prelu", "relu", "relu6", "scaled_dot_product_attention", "selu", "sigmoid", "silu",
     "smooth_l1_loss", "softmax", "softmin", "softplus", "softshrink", "softsign", "tanh", "tanhshrink", "threshold",
 ]
+
+
+if not TYPE_CHECKING:  # for type checkers a missing name stays an error, not ``Any``
+
+    def __getattr__(name: str) -> Any:  # reached only for a name this module does not have
+        raise missing_attribute("torch.nn.functional", "module 'xgrad.nn.functional'", name)

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.grad_mode import _state as _grad_state
+from xgrad.missing_names import missing_attribute
 from xgrad.step_trace import array_of, default_device
 from xgrad.step_trace import current as _current_step
 from xgrad.tensor import conversion, inplace, jax_boundary, pytorch_methods
@@ -514,6 +515,11 @@ class Tensor(TensorOpMethods):
         if self._post_accumulate_grad_hooks is None:
             self._post_accumulate_grad_hooks = HookDict()
         return add_hook(self._post_accumulate_grad_hooks, hook, self)
+
+    if not TYPE_CHECKING:  # for type checkers a missing attribute stays an error, not ``Any``
+
+        def __getattr__(self, name: str) -> Any:  # reached only for an attribute Tensor does not have
+            raise missing_attribute("torch.Tensor", "'Tensor' object", name, self)
 
     # -- PyTorch conveniences: layout, devices, factories ------------------------------
     contiguous = pytorch_methods.contiguous
