@@ -147,3 +147,20 @@ def test_a_missing_pytorch_name_says_so_and_what_to_use():
             owner.no_such_name  # noqa: B018
         assert str(raised.value).endswith("has no attribute 'no_such_name'") and raised.value.name == "no_such_name"
     assert not hasattr(x, "acosh") and getattr(xgrad, "acosh", None) is None  # still an AttributeError for hasattr
+
+
+def test_shape_methods_take_pytorchs_keywords_and_name_the_forms_otherwise():
+    x = xgrad.tensor(np.arange(6.0).reshape(2, 3))
+    a = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(x.view(size=(3, 2)).numpy(), a.reshape(3, 2))
+    np.testing.assert_array_equal(x.reshape(shape=(6,)).numpy(), a.reshape(6))
+    np.testing.assert_array_equal(x.permute(dims=(1, 0)).numpy(), a.T)
+    np.testing.assert_array_equal(x[:1].expand(size=(2, 3)).numpy(), np.broadcast_to(a[:1], (2, 3)))
+    np.testing.assert_array_equal(x.repeat(repeats=(2, 1)).numpy(), np.tile(a, (2, 1)))
+    with pytest.raises(TypeError, match=r"view\(\) got an unexpected keyword argument 'shape'; the accepted forms are "
+                                        r"view\(2, 3\), view\(\(2, 3\)\) and view\(size=\(2, 3\)\)"):
+        x.view(shape=(3, 2))
+    with pytest.raises(TypeError, match=r"reshape\(\) got multiple values for argument 'shape'"):
+        x.reshape(6, shape=(6,))
+    with pytest.raises(TypeError, match=r"permute\(\) got an unexpected keyword argument 'dim'.*permute\(dims="):
+        x.permute(dim=(1, 0))
