@@ -23,6 +23,13 @@ TORCH = json.loads((Path(__file__).parent / "fixtures" / "torch_amp.json").read_
 HAS_GPU = xgrad.cuda.is_available()
 
 
+@pytest.fixture(autouse=True)
+def on_host_cpu():
+    """CPU autocast casts CPU tensors only (as PyTorch's): on a GPU host, these runs make theirs on the CPU."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 def test_cpu_autocast_gives_pytorchs_dtypes_for_every_listed_op():
     assert autocast_dtypes(xgrad) == TORCH["autocast_dtypes"]
 
