@@ -64,6 +64,15 @@ def test_data_parallel_device_ids_and_the_functional_form():
         xgrad.nn.DataParallel(model, device_ids=[5])
 
 
+def test_init_process_group_without_torchruns_environment_says_what_is_missing(monkeypatch):
+    for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match="environment variable MASTER_ADDR expected, but not set"):
+        xgrad.distributed.init_process_group("nccl")
+    assert (xgrad.distributed.get_rank(), xgrad.distributed.get_world_size()) == (0, 1)
+    assert not xgrad.distributed.is_initialized()
+
+
 def test_distributed_data_parallel_in_one_process_is_the_module():
     model = _model()
     ddp = xgrad.nn.parallel.DistributedDataParallel(model, device_ids=[0], find_unused_parameters=True)
@@ -75,13 +84,14 @@ def test_distributed_data_parallel_in_one_process_is_the_module():
 
 
 _WORKER = """
-import json, sys
+import json, os, sys
 import jax, numpy as np
 port, rank = sys.argv[1], int(sys.argv[2])
-jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=rank,
-                           initialization_timeout=60)
-jax.config.update("jax_enable_x64", True)
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK=str(rank))  # as torchrun sets them
 import xgrad
+xgrad.distributed.init_process_group(backend="gloo")
+jax.config.update("jax_enable_x64", True)
+assert (xgrad.distributed.get_rank(), xgrad.distributed.get_world_size()) == (rank, 2)
 from tests.test_data_parallel import X, Y, _model
 model = xgrad.nn.parallel.DistributedDataParallel(_model())
 x, y = xgrad.tensor(X[rank::2], device=jax.local_devices()[0]), xgrad.tensor(Y[rank::2], device=jax.local_devices()[0])
@@ -89,10 +99,11 @@ with model.no_sync():  # accumulated here, averaged with the next backward's
     xgrad.cross_entropy(model(x), y).backward()
 xgrad.cross_entropy(model(x[:2]), y[:2]).backward()
 print(json.dumps({n: p.grad.tolist() for n, p in model.module.named_parameters()}))
+xgrad.distributed.destroy_process_group()
 """
 
 
-def test_distributed_data_parallel_averages_two_processes_gradients():
+def test_distributed_data_parallel_averages_two_processes_gradients():  # a torchrun launch of two processes
     port = str(_free_port())
     outputs = launch(lambda i: [sys.executable, "-c", _WORKER, port, str(i)], num_processes=2, devices_per_process=1,
                      timeout=120)

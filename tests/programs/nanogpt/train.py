@@ -25,8 +25,9 @@ import pickle
 from contextlib import nullcontext
 
 import numpy as np
-import xgrad as torch  # xgrad: the imports (DistributedDataParallel, init_process_group and destroy_process_group,
-# used only by a torchrun launch, are not imported)
+import xgrad as torch  # xgrad: the imports
+from xgrad.nn.parallel import DistributedDataParallel as DDP
+from xgrad.distributed import init_process_group, destroy_process_group
 
 from model import GPTConfig, GPT
 
