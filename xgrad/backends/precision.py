@@ -21,7 +21,8 @@ _PLATFORM_DEFAULT = {"gpu": "high", "tpu": "medium"}
 
 def get_float32_matmul_precision() -> str:
     """``"highest"``, ``"high"`` or ``"medium"``: what float32 matmuls and convolutions run at now."""
-    configured = jax.config.jax_default_matmul_precision
+    # A flag JAX's Config sets as an attribute at run time (no stub declares it).
+    configured = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]
     if configured is None:
         return _PLATFORM_DEFAULT.get(jax.default_backend(), "highest")
     return _PYTORCH_PRECISION[str(configured)]

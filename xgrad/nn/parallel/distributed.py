@@ -66,9 +66,9 @@ class DistributedDataParallel(Module):
 
     def _average_grads(self) -> None:
         self._sync_queued = False
-        params = [p for p in self.module.parameters() if p.grad is not None]
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         # One host gather of every gradient: (processes, ...) per leaf, then the mean.
-        gathered = multihost_utils.process_allgather([p.grad.array for p in params])
+        gathered = multihost_utils.process_allgather([g.array for g in grads])
         with no_grad():
-            for p, stacked in zip(params, gathered, strict=True):
-                p.grad.copy_(Tensor(jnp.asarray(stacked.mean(axis=0), dtype=p.grad.dtype)))
+            for grad, stacked in zip(grads, gathered, strict=True):
+                grad.copy_(Tensor(jnp.asarray(stacked.mean(axis=0), dtype=grad.dtype)))
