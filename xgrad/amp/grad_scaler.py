@@ -44,14 +44,14 @@ class GradScaler:
 
     >>> import xgrad
     >>> w = xgrad.nn.Parameter(xgrad.ones(2))
-    >>> opt = xgrad.optim.SGD([w], lr=0.1)
+    >>> opt = xgrad.optim.SGD([w], lr=0.25)
     >>> scaler = xgrad.amp.GradScaler("cpu", init_scale=4.0, growth_interval=1)
     >>> scaler.scale((w * 2).sum()).backward()
     >>> w.grad.tolist()
     [8.0, 8.0]
     >>> scaler.step(opt); scaler.update()
     >>> w.tolist(), scaler.get_scale()
-    ([0.8, 0.8], 8.0)
+    ([0.5, 0.5], 8.0)
     """
 
     def __init__(
