@@ -51,7 +51,7 @@ _CUDA_FLOAT32 = (
 )
 _CUDA_FLOAT32_UNLESS_DTYPE = ("softmax", "log_softmax", "sum", "prod", "cumsum", "norm")
 # Native kernels in PyTorch, built of listed ops in xgrad (NOTE above).
-_CUDA_OWN_DTYPE = ("gelu", "mish", "logsigmoid", "mean", "var", "std", "batch_norm", "instance_norm", "normalize")
+_CUDA_OWN_DTYPE = ("mish", "logsigmoid", "mean", "var", "std", "batch_norm", "instance_norm")
 
 POLICIES: Mapping[str, Mapping[str, str]] = MappingProxyType({
     "cpu": MappingProxyType(dict.fromkeys(_LOWER, "lower") | dict.fromkeys(_CPU_FLOAT32, "float32")),

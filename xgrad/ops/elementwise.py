@@ -329,7 +329,6 @@ def _gelu_grad(g: Tensor, out: Any, x: Tensor, approximate: bool) -> Tensor:
 _gelu = defprim("gelu", _gelu_impl, (_gelu_grad,), shape_rule=shape_rules.float_only("GeluKernelImpl"))
 
 
-@autocast_op
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """GELU; ``approximate="tanh"`` for the tanh approximation, as in PyTorch.
 

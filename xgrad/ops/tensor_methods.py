@@ -101,7 +101,8 @@ def install(table: tuple[Op, ...]) -> None:
         if op.reflected:
             attached.update(dict.fromkeys(op.reflected.split(), _reflected(op.fn)))
         if op.inplace:
-            attached.update(dict.fromkeys(op.inplace.split(), _inplace(op.fn)))
+            # In place, the op without autocast's casts: PyTorch's lists hold out-of-place ops only.
+            attached.update(dict.fromkeys(op.inplace.split(), _inplace(getattr(op.fn, "__wrapped__", op.fn))))
         attached.update(dict.fromkeys(op.properties.split(), property(op.fn)))
         for name, value in attached.items():
             setattr(Tensor, name, value)
