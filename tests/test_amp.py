@@ -30,6 +30,15 @@ def on_host_cpu():
         yield
 
 
+def test_every_op_under_a_listed_name_takes_its_policy():
+    from xgrad.ops.autocast import POLICIES
+
+    listed = {name for policies in POLICIES.values() for name in policies}
+    ops = [getattr(space, name) for name in sorted(listed) for space in (xgrad, xgrad.nn.functional) if hasattr(space, name)]
+    assert len(ops) > 40 and all(getattr(op, "__wrapped__", None) is not None for op in ops), [
+        op.__name__ for op in ops if getattr(op, "__wrapped__", None) is None]
+
+
 def test_cpu_autocast_gives_pytorchs_dtypes_for_every_listed_op():
     assert autocast_dtypes(xgrad) == TORCH["autocast_dtypes"]
 

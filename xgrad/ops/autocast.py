@@ -37,17 +37,24 @@ __all__ = ["AUTOCAST", "POLICIES", "autocast_key", "autocast_op", "device_type_o
 #
 # The CUDA lists are PyTorch's (``AT_FORALL_LOWER_PRECISION_FP``, ``AT_FORALL_FP32``,
 # ``AT_FORALL_FP32_SET_OPT_DTYPE``, ``AT_FORALL_PROMOTE`` in ATen/autocast_mode.h); the
-# CPU lists are what PyTorch's CPU autocast gives (tests/fixtures/make_torch_autocast.py).
-# Ops on no list run in their inputs' dtype (with mixed inputs, type promotion decides).
-_LOWER = ("conv1d", "conv2d", "prelu", "matmul", "einsum", "mm", "linear", "baddbmm", "bmm", "scaled_dot_product_attention")
-_CPU_FLOAT32 = (
-    "prod", "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
-    "binary_cross_entropy", "binary_cross_entropy_with_logits", "margin_ranking_loss", "cosine_embedding_loss",
+# CPU lists are what PyTorch's CPU autocast gives (tests/fixtures/make_torch_amp.py checks
+# them). The lists name PyTorch's ops by their ``F.``/``torch.`` names, those xgrad has not
+# built yet included: an op takes its policy by carrying ``autocast_op`` (test_amp.py checks
+# that every op xgrad has under a listed name does). Ops on no list run in their inputs' dtype
+# (with mixed inputs, type promotion decides).
+_LOWER = (
+    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "prelu", "matmul", "einsum",
+    "mm", "linear", "baddbmm", "bmm", "scaled_dot_product_attention",
 )
+_LOSSES_FLOAT32 = (
+    "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div",
+    "binary_cross_entropy_with_logits", "margin_ranking_loss", "cosine_embedding_loss", "poisson_nll_loss",
+    "hinge_embedding_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss", "multilabel_margin_loss",
+)
+_CPU_FLOAT32 = (*_LOSSES_FLOAT32, "prod", "binary_cross_entropy", "ctc_loss", "avg_pool3d")
 _CUDA_FLOAT32 = (
-    "exp", "expm1", "log", "log1p", "rsqrt", "tan", "pow", "softplus", "layer_norm", "group_norm", "cosine_similarity",
-    "cosine_embedding_loss", "cross_entropy", "nll_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
-    "mse_loss", "margin_ranking_loss", "binary_cross_entropy_with_logits", "logsumexp", "interpolate",
+    *_LOSSES_FLOAT32, "exp", "expm1", "log", "log1p", "rsqrt", "tan", "pow", "softplus", "layer_norm", "group_norm",
+    "cosine_similarity", "logsumexp", "interpolate",
 )
 _CUDA_FLOAT32_UNLESS_DTYPE = ("softmax", "log_softmax", "sum", "prod", "cumsum", "norm")
 # Native kernels in PyTorch, built of listed ops in xgrad (NOTE above).
