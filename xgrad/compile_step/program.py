@@ -621,8 +621,8 @@ def compile(
         fn: the step function.
         fallback: ``"eager"`` (default): a call that cannot be traced — Python needing
             a concrete value inside ``fn`` (``.item()``, ``if t > 0``, ``.numpy()``) —
-            runs eagerly, after a one-time warning naming the line; ``"error"``: raise
-            ``CompileFallbackError`` instead.
+            runs eagerly, after a one-time warning naming the line and the construct;
+            ``"error"``: raise ``CompileFallbackError`` instead.
         fullgraph, dynamic, backend, mode, options, disable: ``torch.compile``'s. ``fullgraph=True``
             is ``fallback="error"`` (no part of ``fn`` may run eagerly); ``disable=True`` returns
             ``fn``; the others are accepted, as XLA compiles each signature its own way.
