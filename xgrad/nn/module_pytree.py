@@ -19,7 +19,11 @@
 # A module may hold any pytree with arrays: an Equinox or Flax module, a dict of arrays,
 # a list of Parameters. Its arrays are children (``jax.grad`` differentiates them,
 # optax and ``jax.jit`` see them) and its other leaves (functions, ints) are aux data,
-# as ``eqx.partition`` splits a model. Eager optimizers train what ``parameters()``
+# as ``eqx.partition`` splits a model. Which leaf is which is decided by value when a
+# module is flattened, so a module that was *unflattened* from a tree built leaf by leaf
+# (Equinox's filter masks of bools, ``eqx.partition``'s ``None``s) remembers its aux
+# data, and flattening it again takes its children where the original's were, whatever
+# they hold now: the mask tree has the model's structure. Eager optimizers train what ``parameters()``
 # lists: a foreign pytree's arrays are constants there until they are Parameters
 # (``jax.tree_util.tree_map(nn.Parameter, arrays)``, which ``parameters()`` then finds).
 #
@@ -35,6 +39,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -51,6 +56,11 @@ _ARRAYS = (Tensor, jax.Array, np.ndarray)
 _LEAF = jax.tree_util.tree_structure(0)  # the treedef of one leaf
 _INTERNAL = frozenset({"_buffers", "training", *HOOK_DICTS})  # a module's own bookkeeping: aux data always
 _OWN_DICTS = ("_buffers", *HOOK_DICTS)
+
+
+# Per module unflattened with a foreign pytree among its attributes: the aux data it was
+# built from (NOTE [Foreign pytrees in a module]).
+_built_from: weakref.WeakKeyDictionary[Any, _ModuleAux] = weakref.WeakKeyDictionary()
 
 
 def _stop_at_tensors_and_modules(x: Any) -> bool:
@@ -309,6 +319,7 @@ def _flatten(module: Any, keyed: bool) -> tuple[list[Any], list[Any], _ModuleAux
     """The children (and, when ``keyed``, their keys) and the aux data of ``module``."""
     from xgrad.nn.module import _is_parameter
 
+    built_from = _built_from.get(module) if _built_from else None
     ties = _ties(module)
     if ties:
         module = _marked(module, ties)
@@ -328,16 +339,27 @@ def _flatten(module: Any, keyed: bool) -> tuple[list[Any], list[Any], _ModuleAux
             if keyed:
                 keys.append(jax.tree_util.GetAttrKey(name))
             continue
-        if name == "_modules" or not _is_state(value):
+        remembered = None if built_from is None else _remembered_entry(built_from, name, value)
+        if remembered is None and (name == "_modules" or not _is_state(value)):
             if name != "_modules":
                 static.append((name, value))
             continue
         # A Tensor's array is the child itself (not a Tensor node), so that trees built
         # leaf by leaf (``eqx.partition``'s masks and ``None``s) keep the model's structure.
-        paths, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=_stop_at_tensors_and_modules)
+        if remembered is None:
+            paths, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=_stop_at_tensors_and_modules)
+            kinds: list[Any] = [None] * len(paths)
+        else:
+            paths, treedef, kinds = remembered
         infos: list[Any] = []
-        for path, leaf in paths:
-            if isinstance(leaf, Tensor):
+        for (path, leaf), kind in zip(paths, kinds, strict=True):
+            if type(kind) is _Static:
+                infos.append(_Static(leaf))
+                continue
+            if kind is not None:  # a child where the module this one was built from had one
+                infos.append(None)
+                array = leaf
+            elif isinstance(leaf, Tensor):
                 (array,), meta = leaf.tree_flatten()
                 infos.append((meta, _is_parameter(leaf)))
             elif _is_state(leaf):
@@ -361,6 +383,26 @@ def _flatten(module: Any, keyed: bool) -> tuple[list[Any], list[Any], _ModuleAux
                 keys.append(jax.tree_util.GetAttrKey(name))
     aux = _ModuleAux(type(module), tuple(state), tuple(entries), tuple(modules), tuple(static), tuple(ties))
     return children, keys, aux
+
+
+def _remembered_entry(aux: _ModuleAux, name: str, value: Any) -> tuple[list[Any], Any, list[Any]] | None:
+    """For a module unflattened from ``aux``: the attribute ``name``'s leaves (with their
+    paths), treedef and per leaf its kind in ``aux`` (``_Static`` or a child), when
+    ``value`` still has that structure (NOTE [Foreign pytrees in a module])."""
+    for entry_name, treedef, infos in aux.entries:
+        if entry_name == name:
+            break
+    else:
+        return None
+    if any(type(info) is tuple for info in infos):
+        return None  # Tensors in it: their placeholders keep the structure already
+    try:
+        leaves = treedef.flatten_up_to(value)
+    except (TypeError, ValueError):
+        return None
+    paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(treedef.unflatten(range(len(leaves))))[0]]
+    kinds = [info if type(info) is _Static else True for info in infos]
+    return list(zip(paths, leaves, strict=True)), treedef, kinds
 
 
 def _flatten_with_keys(module: Any) -> tuple[list[tuple[Any, Any]], _ModuleAux]:
@@ -400,6 +442,8 @@ def _unflatten(aux: _ModuleAux, children: Any) -> Any:
         state[name] = values[name]
     for path, mark in aux.ties:
         _put(module, path, _find(module, mark.path))
+    if any(treedef != _LEAF and None in infos for _, treedef, infos in aux.entries):
+        _built_from[module] = aux
     return module
 
 
