@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import dis
 import functools
+import inspect
 import os
 import threading
 import time
@@ -178,7 +179,8 @@ _FALLBACK = object()
 _NO_VARIANT = object()
 
 
-def _describe_change(old: Any, new: Any) -> str:
+def _describe_change(fn: Any, old: Any, new: Any) -> str:
+    """What changed between two call signatures (``_signature``), in one line naming the argument."""
     if old is None:
         return "first call"
     (old_tree, old_leaves, old_alias, old_mode), (new_tree, new_leaves, new_alias, new_mode) = old, new
@@ -186,7 +188,7 @@ def _describe_change(old: Any, new: Any) -> str:
         return f"the arguments' structure changed from {old_tree} to {new_tree}"
     for i, (a, b) in enumerate(zip(old_leaves, new_leaves, strict=True)):
         if a != b:
-            return f"argument leaf {i} changed from {_describe_leaf(a)} to {_describe_leaf(b)}"
+            return f"argument {_leaf_name(fn, new_tree, i)}: {_describe_leaf_change(a, b)}"
     if old_alias != new_alias:
         return "which arguments are the same tensor changed"
     if old_mode != new_mode:
@@ -194,10 +196,57 @@ def _describe_change(old: Any, new: Any) -> str:
     return "the state fn reads (a .grad set or cleared, requires_grad, hooks, a shape, or a module's train/eval mode)"
 
 
+def _leaf_name(fn: Any, tree: Any, i: int) -> str:
+    """Leaf ``i`` of a call's ``(args, kwargs)`` as the user names it: its parameter, then the path inside it
+    (``batch['x']``)."""
+    placeholder = jax.tree_util.tree_unflatten(tree, list(range(tree.num_leaves)))
+    path = jax.tree_util.tree_flatten_with_path(placeholder)[0][i][0]
+    where, key, inner = path[0].idx, path[1], jax.tree_util.keystr(path[2:])
+    if where == 1:  # a keyword argument
+        return f"{key.key}{inner}"
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (a builtin, a C callable)
+        params = []
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if key.idx < len(positional):
+        return f"{positional[key.idx].name}{inner}"
+    rest = [p for p in params if p.kind is p.VAR_POSITIONAL]
+    if rest:
+        return f"{rest[0].name}[{key.idx - len(positional)}]{inner}"
+    return f"{key.idx}{inner}"
+
+
+# What a leaf's key (``_leaf_key``) holds after its kind, by kind.
+_KEY_FIELDS = {
+    "tensor": ("shape", "dtype", "sharding", "grad_fn", "requires_grad", ".grad is None", ".grad's shape", "hooks",
+               "post-accumulate-grad hooks"),
+    "array": ("shape", "dtype", "sharding", "weak_type"),
+    "ndarray": ("shape", "dtype"),
+}
+
+
+def _describe_leaf_change(old: Any, new: Any) -> str:
+    if old[0] != new[0] or old[0] == "static":
+        return f"{_describe_leaf(old)} -> {_describe_leaf(new)}"
+    changes = []
+    for field, a, b in zip(_KEY_FIELDS[old[0]], old[1:], new[1:], strict=True):
+        if a != b:
+            if field == "shape":
+                a, b = list(a), list(b)
+            elif field.endswith("hooks"):
+                a, b = len(a), len(b)
+            changes.append(f"{field} {a} -> {b}")
+    return ", ".join(changes)
+
+
 def _describe_leaf(key: Any) -> str:
     if key[0] == "static":
         return f"the value {key[2]!r}"
-    return f"a {key[0]} of shape {list(key[1])} and dtype {key[2]}" + (f" on {key[3]}" if len(key) > 3 else "")
+    return f"{_KIND_NAMES[key[0]]} of shape {list(key[1])} and dtype {key[2]}"
+
+
+_KIND_NAMES = {"tensor": "a Tensor", "array": "a jax.Array", "ndarray": "a NumPy array"}
 
 
 def _signature(leaves: list[Any], tree: Any) -> Any:
@@ -414,7 +463,9 @@ class CompiledFunction:
         if self._stats["misses"] > RECOMPILE_WARNING_LIMIT and not self._recompile_warned:
             self._recompile_warned = True
             warnings.warn(
-                WARN_RECOMPILE.format(name=self._name(), count=self._stats["misses"], reason=_describe_change(previous, signature)),
+                WARN_RECOMPILE.format(
+                    name=self._name(), count=self._stats["misses"], reason=_describe_change(self.fn, previous, signature)
+                ),
                 RecompileWarning,
                 stacklevel=3,
             )
