@@ -6,6 +6,7 @@ import collections
 import dis
 import functools
 import inspect
+import linecache
 import os
 import threading
 import time
@@ -21,6 +22,7 @@ from xgrad.compile_step.errors import (
     ERR_FALLBACK,
     HOOK_KEPT,
     MODULE_ATTRIBUTE_TRACED,
+    UNPRINTED,
     WARN_FALLBACK,
     WARN_REBINDS,
     WARN_RECOMPILE,
@@ -32,6 +34,7 @@ from xgrad.compile_step.errors import (
 )
 from xgrad.compile_step.intercept import _StepRecorder
 from xgrad.compile_step.observers import run_observers
+from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
 from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.writeback import (
     _apply_fast_writes,
@@ -91,17 +94,45 @@ def _warn_rebinds(fn: Any, name: str) -> None:
         )
 
 
-def _user_site(tb: Any) -> str:
-    """The innermost frame of a traceback outside xgrad and JAX: the user's line."""
+def _concrete_value_needed(exc: BaseException) -> tuple[str, str]:
+    """Why and where a trace needed a concrete value: the construct, named by the xgrad function the user's line
+    called (``Tensor.item``, ``Tensor.__bool__``, ...), and that line with its source."""
     frames = []
+    tb = exc.__traceback__
     while tb is not None:
-        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        frames.append((tb.tb_frame.f_code, tb.tb_lineno))
         tb = tb.tb_next
-    for filename, lineno in reversed(frames):
-        path = os.path.abspath(filename)
+    for i in range(len(frames) - 1, -1, -1):
+        code, lineno = frames[i]
+        path = os.path.abspath(code.co_filename)
         if not path.startswith((_XGRAD_DIR, _JAX_DIR)) and "/jax/" not in path and "/jaxlib/" not in path:
-            return f"{filename}:{lineno}"
-    return "unknown location"
+            callee = frames[i + 1][0] if i + 1 < len(frames) else None
+            construct = None
+            if callee is not None and callee.co_filename.startswith(_XGRAD_DIR):
+                construct = _CONSTRUCTS.get(callee.co_name)
+            if construct is None and type(exc).__name__ == "NonConcreteBooleanIndexError":
+                construct = "a boolean mask as an index (the result's shape depends on the values)"
+            source = linecache.getline(code.co_filename, lineno).strip()
+            site = f"{code.co_filename}:{lineno}" + (f", `{source}`" if source else "")
+            return f"Python needs a concrete value here: {construct or _ANY_CONSTRUCT}", site
+    return f"Python needs a concrete value here: {_ANY_CONSTRUCT}", "unknown location"
+
+
+_ANY_CONSTRUCT = ".item(), .numpy(), bool() or int() of a tensor, a boolean mask"
+#: What needs a concrete value, by the xgrad function the user's line called.
+_CONSTRUCTS = {
+    "item": "t.item() (compiled only as an f-string's value inside print())",
+    "tolist": "t.tolist()",
+    "numpy": "t.numpy()",
+    "to_numpy_array": "np.asarray() of a tensor",
+    "to_bool": "bool() of a tensor (an if, while, assert, and/or/not on a tensor)",
+    "to_float": "float() of a tensor",
+    "to_int": "int() of a tensor",
+    "to_index": "a tensor used as a Python int (an index, range(), a size)",
+    "tensor_repr": "str()/repr() of a tensor whose text goes somewhere other than print() (compiled inside print())",
+    "tensor_format": "an f-string or format() of a tensor whose text goes somewhere other than print() "
+    "(compiled inside print())",
+}
 
 
 def _leaf_key(leaf: Any) -> Any:
@@ -525,19 +556,22 @@ class CompiledFunction:
                     f"argument leaf {i} has autograd history from outside the function (detach it, or compute it inside)",
                     "the call",
                 )
-        with tracing_step(recorder):  # this context's trace: another thread may trace another step meanwhile
+        # This context's trace: another thread may trace another step meanwhile.
+        with tracing_step(recorder), intercepting_print():
             try:
                 closed = jax.make_jaxpr(traced)(*dyn_values)
                 leaked = recorder.traced_attribute()
                 if leaked is not None:
                     raise _NotCompilable(MODULE_ATTRIBUTE_TRACED.format(name=leaked), "the call")
+                text = unprinted(recorder)
+                if text is not None:
+                    raise _NotCompilable(UNPRINTED.format(construct=text.construct), text.site)
             except BaseException as exc:
                 recorder.restore_modules()  # as the tensors below: nothing of a failed trace stays (NOTE [One trace at a time])
                 if isinstance(exc, TRACER_ERRORS):
-                    raise _NotCompilable(
-                        "Python needs a concrete value here (.item(), .numpy(), bool() or int() of a tensor, a boolean mask)",
-                        _user_site(exc.__traceback__),
-                    ) from exc
+                    raise _NotCompilable(*_concrete_value_needed(exc)) from exc
+                if not isinstance(exc, _NotCompilable):  # the user's error (a fallback runs eagerly, printing it all)
+                    print_before_error(recorder)
                 raise
             finally:
                 for snap in recorder.snapshots.values():
@@ -664,8 +698,8 @@ def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") ->
         fn: the step function.
         fallback: ``"eager"`` (default): a call that cannot be traced — Python needing
             a concrete value inside ``fn`` (``.item()``, ``if t > 0``, ``.numpy()``) —
-            runs eagerly, after a one-time warning naming the line; ``"error"``: raise
-            ``CompileFallbackError`` instead.
+            runs eagerly, after a one-time warning naming the line and the construct;
+            ``"error"``: raise ``CompileFallbackError`` instead.
 
     Hooks registered on tensors or nodes (inside ``fn`` or before) and custom
     ``Function.backward``s run once per call with concrete values in eager order,
@@ -673,14 +707,17 @@ def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") ->
     queue no callback) run right after the program instead, which costs no host
     round trip, and the ops they ran on their arguments last time (``g.norm()``) are
     computed in the program and handed to them; those marked ``xgrad.autograd.compiled.pure_hook`` are
-    traced into the program. Plain
-    Python side effects in ``fn``'s body (``print``, appending to a list) run when
-    ``fn`` is traced, on the first call of each signature, not on every call, as
-    under ``jax.jit`` (and once more for a signature whose hooks observe: its observer
-    variant). Python state eager re-reads at every call is not frozen (NOTE [Python
-    state in a compiled step]): an LR scheduler's ``step()`` in ``fn`` runs at every
-    call, each module's ``train()``/``eval()`` mode is guarded, and a module with
-    forward hooks not marked ``pure_hook`` makes the call run eagerly. Calls from several
+    traced into the program. ``print`` in ``fn`` prints at every call with that
+    call's values, in eager's format and order (tensors, their f-strings and
+    ``str``/``format``, ``.item()`` as an f-string's value; NOTE [Print in a compiled
+    step] in ``xgrad/compile_step/printing.py``). Other plain Python side effects in
+    ``fn``'s body (appending to a list) run when ``fn`` is traced, on the first call
+    of each signature, not on every call, as under ``jax.jit`` (and once more for a
+    signature whose hooks observe: its observer variant). Python state eager re-reads
+    at every call is not frozen (NOTE [Python state in a compiled step]): an LR
+    scheduler's ``step()`` in ``fn`` runs at every call, each module's
+    ``train()``/``eval()`` mode is guarded, and a module with forward hooks not marked
+    ``pure_hook`` makes the call run eagerly. Calls from several
     threads trace a signature once. ``step.stats()`` returns ``{"compiles", "hits", "misses", "fallbacks",
     "variants", "compile_seconds"}``.
 
