@@ -192,6 +192,8 @@ def test_recompiles_on_a_shape_change_and_warns_after_repeated_misses():
          r"argument v: shape \[8\] -> \[9\], dtype float32 -> int32"),
         (lambda n: ((xgrad.ones(n) if n < 9 else xgrad.ones(8, requires_grad=True),), {}),
          r"argument v: requires_grad False -> True"),
+        (lambda n: ((xgrad.ones(2),), {"batch": {"x": xgrad.ones(n)} if n < 9 else {"x": xgrad.ones(8), "y": None}}),
+         r"argument batch: structure PyTreeDef\(\{'x': \*\}\) -> PyTreeDef\(\{'x': \*, 'y': None\}\)"),
     ],
 )
 def test_the_recompile_warning_names_the_argument_and_its_change_in_one_line(vary, reason):

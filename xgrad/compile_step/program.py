@@ -216,7 +216,7 @@ def _describe_change(fn: Any, old: Any, new: Any) -> str:
         return "first call"
     (old_tree, old_leaves, old_alias, old_mode), (new_tree, new_leaves, new_alias, new_mode) = old, new
     if old_tree != new_tree:
-        return f"the arguments' structure changed from {old_tree} to {new_tree}"
+        return _describe_structure_change(fn, old_tree, new_tree)
     for i, (a, b) in enumerate(zip(old_leaves, new_leaves, strict=True)):
         if a != b:
             return f"argument {_leaf_name(fn, new_tree, i)}: {_describe_leaf_change(a, b)}"
@@ -233,19 +233,39 @@ def _leaf_name(fn: Any, tree: Any, i: int) -> str:
     placeholder = jax.tree_util.tree_unflatten(tree, list(range(tree.num_leaves)))
     path = jax.tree_util.tree_flatten_with_path(placeholder)[0][i][0]
     where, key, inner = path[0].idx, path[1], jax.tree_util.keystr(path[2:])
-    if where == 1:  # a keyword argument
-        return f"{key.key}{inner}"
+    return f"{key.key if where == 1 else _positional_name(fn, key.idx)}{inner}"
+
+
+def _positional_name(fn: Any, i: int) -> str:
+    """The name of ``fn``'s ``i``-th positional parameter (``rest[2]`` for one in ``*rest``), else ``i``."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # no signature to read (a builtin, a C callable)
         params = []
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if key.idx < len(positional):
-        return f"{positional[key.idx].name}{inner}"
+    if i < len(positional):
+        return positional[i].name
     rest = [p for p in params if p.kind is p.VAR_POSITIONAL]
-    if rest:
-        return f"{rest[0].name}[{key.idx - len(positional)}]{inner}"
-    return f"{key.idx}{inner}"
+    return f"{rest[0].name}[{i - len(positional)}]" if rest else str(i)
+
+
+def _describe_structure_change(fn: Any, old_tree: Any, new_tree: Any) -> str:
+    """Which argument's structure changed (a dict's keys, a list's length, a tensor where ``None`` was), and how."""
+    (old_args, old_kwargs), (new_args, new_kwargs) = (
+        jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves) for tree in (old_tree, new_tree)
+    )
+    if len(old_args) != len(new_args):
+        return f"the number of positional arguments changed from {len(old_args)} to {len(new_args)}"
+    if sorted(old_kwargs) != sorted(new_kwargs):
+        return f"the keyword arguments changed from {sorted(old_kwargs)} to {sorted(new_kwargs)}"
+    pairs = [(_positional_name(fn, i), a, b) for i, (a, b) in enumerate(zip(old_args, new_args, strict=True))]
+    pairs += [(k, old_kwargs[k], new_kwargs[k]) for k in sorted(old_kwargs)]
+    for name, a, b in pairs:
+        old: Any = jax.tree_util.tree_structure(a)  # typed: the stub's PyTreeDef has no ``!=``
+        new: Any = jax.tree_util.tree_structure(b)
+        if old != new:
+            return f"argument {name}: structure {old} -> {new}"
+    return f"the arguments' structure changed from {old_tree} to {new_tree}"
 
 
 # What a leaf's key (``_leaf_key``) holds after its kind, by kind.
