@@ -285,3 +285,43 @@ def test_another_thread_prints_at_once_while_a_step_is_traced(capsys):
     worker.join()
     assert capsys.readouterr().out == "eager meanwhile tensor([3.])\nin step tensor([1.])\n"
     assert builtins.print is PYTHON_PRINT
+
+
+class Printing(xgrad.nn.Module):
+    """A model whose forward prints, in train mode only: a print below the step, in another frame."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = xgrad.nn.Parameter(xgrad.tensor([[1.0, -1.0], [0.5, 2.0]]))
+
+    def forward(self, x):
+        h = x @ self.weight
+        if self.training:
+            print(f"hidden mean {h.mean():.3f}, weight {self.weight}")
+        return h.relu().sum()
+
+
+def test_a_print_in_a_modules_forward_follows_its_mode(capsys):
+    def run(compile_it):
+        model = Printing()
+        opt = xgrad.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x):
+            opt.zero_grad()
+            loss = model(x)
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = xgrad.compile(step, fallback="error") if compile_it else step
+        out = []
+        for mode in ("train", "eval", "train"):
+            getattr(model, mode)()
+            step(xgrad.tensor([[1.0, 2.0]]))
+            out.append(capsys.readouterr().out)
+        return out, step
+
+    eager, _ = run(False)
+    compiled, step = run(True)
+    assert compiled == eager and eager[1] == "" and eager[0] != eager[2]
+    assert (step.stats()["compiles"], step.stats()["fallbacks"]) == (2, 0)
