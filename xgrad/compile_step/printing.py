@@ -178,11 +178,11 @@ def _print(*args: Any, sep: str | None = " ", end: str | None = "\n", file: Any 
     for name, value in (("sep", sep), ("end", end)):
         if value is not None and not isinstance(value, str):
             raise TypeError(f"{name} must be None or a string, not {type(value).__name__}")
-    rec.printing = True  # a tensor's text made now goes into this print
+    printing, rec.printing = rec.printing, True  # a tensor's text made now goes into this print
     try:
         text = (" " if sep is None else sep).join(map(str, args)) + ("\n" if end is None else end)
     finally:
-        rec.printing = False
+        rec.printing = printing  # a print inside an argument's ``__str__`` leaves the outer one's
     marks: list[int] = []
     pending = [int(m) for m in _MARKS.findall(text)]
     while pending:
@@ -204,6 +204,9 @@ def _print(*args: Any, sep: str | None = " ", end: str | None = "\n", file: Any 
     rec.prints.append(None if marks else emit)
 
 
+_print.__doc__ = builtins.print.__doc__
+
+
 def print_before_error(rec: Any) -> None:
     """The trace raised the user's error: print what eager printed before it, as far as it needs no values.
 
@@ -214,9 +217,6 @@ def print_before_error(rec: Any) -> None:
         if emit is None:
             return
         emit()
-
-
-_print.__doc__ = builtins.print.__doc__
 
 
 def _filled(text: str, renders: dict[int, Callable[[Tensor], str]], values: dict[int, Tensor]) -> str:
