@@ -176,15 +176,16 @@ def _self_test_name_scopes() -> None:
         raise _changed(f"a name stack's scopes read as {name_scopes(stack)}, not ('model', 'layer', 'dense')")
 
 
-def concrete_value(x: Any) -> Any:
+def concrete_value(x: Any, *, through_vmap: bool = True) -> Any:
     """``x``, or the array under its ``vmap``/``grad``/``jvp`` tracers; ``None`` where there is none (``jit``, ``make_jaxpr``).
 
     A transformation applied to concrete arrays (``jax.vmap(f)(x)``, ``xgrad.func.vmap``)
     still holds them: a batched tracer its batched value (every lane), a JVP tracer its
-    primal. Checks of values read them there, as PyTorch's eager transforms do.
+    primal. Checks of values read them there, as PyTorch's eager transforms do. With
+    ``through_vmap=False`` a batched tracer has no value (one lane's is not an array).
     """
     while isinstance(x, jax.core.Tracer):
-        if isinstance(x, BatchTracer):
+        if isinstance(x, BatchTracer) and through_vmap:
             x = x.val
         elif isinstance(x, (JVPTracer, LinearizeTracer)):
             x = x.primal

@@ -521,6 +521,8 @@ class Tensor(TensorOpMethods):
     element_size = pytorch_methods.element_size
     type_as = pytorch_methods.type_as
     cpu = pytorch_methods.cpu
+    is_cpu = property(pytorch_methods.is_cpu)
+    is_cuda = property(pytorch_methods.is_cuda)
     cuda = pytorch_methods.cuda
     new_full = pytorch_methods.new_full
     new_zeros = pytorch_methods.new_zeros
