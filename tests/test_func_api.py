@@ -76,3 +76,55 @@ def test_tolist_and_item_read_values_under_grad_and_jvp_as_torch_func_allows():
 def test_values_under_vmap_raise_torch_funcs_error(read):
     with pytest.raises(RuntimeError, match="vmap: It looks like you're calling"):
         func.vmap(lambda t: t * read(t))(xgrad.ones(2, 3))
+
+
+# -- ops torch.func's tests use ------------------------------------------------------------
+
+
+def test_conj_bit_under_grad_and_complex_gradient_convention():
+    # torch.func's test_conj_bit: the bit shows inside grad, and the gradient is PyTorch's (sgn(x)).
+    def foo(x):
+        assert not x.is_conj()
+        y = x.conj()
+        assert y.is_conj() and not y.conj().is_conj() and not y.resolve_conj().is_conj()
+        return y.abs()
+
+    z = 1.0 + 1.0j
+    res = func.grad(foo)(xgrad.tensor(z, dtype=jnp.complex128))
+    close(res.array, z / abs(z))
+    eager = xgrad.tensor(z, dtype=jnp.complex128, requires_grad=True)
+    foo(eager).backward()
+    close(eager.grad.array, res.array)
+    assert not xgrad.tensor(X).conj().is_conj()
+
+
+def test_take_vstack_cov_match_numpy():
+    x = xgrad.tensor(np.arange(6.0).reshape(2, 3))
+    close(xgrad.take(x, xgrad.tensor([[0, -1], [4, 2]])).array, np.take(np.arange(6.0), [[0, -1], [4, 2]]))
+    close(x.take(xgrad.tensor(5)).array, 5.0)
+    close(xgrad.vstack([xgrad.tensor(1.0 * np.ones(3)), x, xgrad.tensor(X)]).array, np.vstack([np.ones(3), np.arange(6.0).reshape(2, 3), X]))
+    data = np.random.default_rng(0).normal(size=(3, 5))
+    w = np.array([1, 2, 1, 3, 1])
+    a = np.array([0.5, 1.0, 2.0, 1.0, 0.25])
+    close(xgrad.cov(xgrad.tensor(data)).array, np.cov(data))
+    close(xgrad.tensor(data).cov(correction=0).array, np.cov(data, bias=True))
+    close(xgrad.cov(xgrad.tensor(data), fweights=xgrad.tensor(w), aweights=xgrad.tensor(a)).array, np.cov(data, fweights=w, aweights=a))
+    close(xgrad.cov(xgrad.tensor(X)).array, np.cov(X))
+    with pytest.raises(RuntimeError, match="Expected a long tensor"):
+        xgrad.take(x, xgrad.tensor([0.0]))
+    with pytest.raises(ValueError, match="same numel as there are observations"):
+        xgrad.cov(xgrad.tensor(data), aweights=xgrad.ones(4))
+
+
+def test_squeeze_in_place_keeps_history_and_refuses_views():
+    x = xgrad.tensor(X.reshape(1, 3), requires_grad=True)
+    y = x * 2
+    assert y.squeeze_() is y and y.shape == (3,)
+    (y * y).sum().backward()
+    close(x.grad.array, 8 * X.reshape(1, 3))
+    v = xgrad.zeros(1, 3)[:, :2]
+    with pytest.raises(RuntimeError, match="squeeze_"):
+        v.squeeze_()
+    assert v.shape == (1, 2)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        xgrad.zeros(1, 3, requires_grad=True).squeeze_()

@@ -184,6 +184,8 @@ def grad_and_value(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0,
 
         diff = [_arrays(args[i]) for i in nums]
         grads, (value, aux) = jax.grad(of_arrays, argnums=tuple(range(len(nums))), has_aux=True)(*diff)
+        # A complex input's gradient is PyTorch's (dL/dRe + i dL/dIm): the conjugate of JAX's.
+        grads = jax.tree_util.tree_map(lambda g: g.conj() if jax.numpy.iscomplexobj(g) else g, grads)
         grads = _tensors(grads if isinstance(argnums, tuple) else grads[0])
         return (grads, (Tensor(value), _tensors(aux))) if has_aux else (grads, Tensor(value))
 
