@@ -128,3 +128,135 @@ def test_squeeze_in_place_keeps_history_and_refuses_views():
     assert v.shape == (1, 2)
     with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
         xgrad.zeros(1, 3, requires_grad=True).squeeze_()
+
+
+# -- models: ensembling, batch norm, functional_call ----------------------------------------
+
+
+def mlp(key):
+    return xgrad.nn.Sequential(xgrad.nn.Linear(3, 4, key=key), xgrad.nn.Tanh(), xgrad.nn.Linear(4, 2, key=key + 100))
+
+
+def mlp_ref(p, x):
+    return jnp.tanh(x @ p["0.weight"].T + p["0.bias"]) @ p["2.weight"].T + p["2.bias"]
+
+
+def test_stack_module_state_ensembles_with_vmap_of_functional_call():
+    # torch.func's ensembling tutorial: one template, stacked state, vmap over the model dim.
+    models = [mlp(k) for k in range(3)]
+    params, buffers = func.stack_module_state(models)
+    assert all(p.is_leaf and p.requires_grad and p.shape[0] == 3 for p in params.values()) and buffers == {}
+    x = xgrad.tensor(np.random.default_rng(1).normal(size=(5, 3)))
+
+    def one(p, b, data):
+        return func.functional_call(models[0], (p, b), (data,))
+
+    out = func.vmap(one, in_dims=(0, 0, None))(params, buffers, x)
+    arrays = {k: v.array for k, v in params.items()}
+    close(out.array, jax.vmap(mlp_ref, in_axes=(0, None))(arrays, x.array))
+    for i, m in enumerate(models):
+        close(out.array[i], m(x).array)
+    # Gradients reach the stacked leaves (not the models'), through eager backward.
+    out.pow(2).sum().backward()
+    expected = jax.grad(lambda p: jnp.sum(jax.vmap(mlp_ref, in_axes=(0, None))(p, x.array) ** 2))(arrays)
+    for k, p in params.items():
+        close(p.grad.array, expected[k])
+    assert models[0][0].weight.grad is None
+
+
+def test_stack_module_state_errors_and_buffers():
+    with pytest.raises(RuntimeError, match="Expected at least one model"):
+        func.stack_module_state([])
+    with pytest.raises(RuntimeError, match="same class"):
+        func.stack_module_state([mlp(0), xgrad.nn.Linear(3, 2, key=0)])
+    with pytest.raises(RuntimeError, match="same training/eval mode"):
+        func.stack_module_state([mlp(0), mlp(1).eval()])
+    frozen = mlp(1)
+    frozen[0].weight.requires_grad_(False)
+    with pytest.raises(RuntimeError, match="0.weight from each model to have the same .requires_grad"):
+        func.stack_module_state([mlp(0), frozen])
+    bns = [xgrad.nn.BatchNorm1d(2) for _ in range(2)]
+    _, buffers = func.stack_module_state(bns)
+    assert buffers["running_mean"].shape == (2, 2) and not buffers["running_mean"].requires_grad
+
+
+def test_replace_all_batch_norm_modules_lets_vmap_run_batch_norm():
+    net = xgrad.nn.Sequential(xgrad.nn.Linear(3, 2, key=0), xgrad.nn.BatchNorm1d(2))
+    assert func.replace_all_batch_norm_modules_(net) is net
+    bn = net[1]
+    assert bn.running_mean is None and bn.running_var is None and bn.num_batches_tracked is None
+    assert not bn.track_running_stats
+    x = np.random.default_rng(2).normal(size=(4, 5, 3))
+    out = func.vmap(net)(xgrad.tensor(x))
+    w, b = net[0].weight.array, net[0].bias.array
+
+    def ref(rows):
+        h = rows @ w.T + b
+        return (h - h.mean(0)) / jnp.sqrt(h.var(0) + 1e-5)
+
+    close(out.array, jax.vmap(ref)(x), rtol=1e-5)
+    net.eval()  # no running statistics: batch statistics in eval mode too, as PyTorch
+    close(func.vmap(net)(xgrad.tensor(x)).array, jax.vmap(ref)(x), rtol=1e-5)
+
+
+def test_functional_call_tie_weights_and_strict():
+    class Tied(xgrad.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = xgrad.nn.Linear(2, 2, bias=False, key=0)
+            self.b = xgrad.nn.Linear(2, 2, bias=False, key=1)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    m = Tied()
+    w = xgrad.tensor(np.array([[1.0, 2.0], [0.0, 1.0]]))
+    x = xgrad.tensor(np.array([[1.0, -1.0]]))
+    close(func.functional_call(m, {"a.weight": w}, (x,)).array, x.array @ w.array.T @ w.array.T)
+    untied = func.functional_call(m, {"a.weight": w}, (x,), tie_weights=False)
+    close(untied.array, x.array @ w.array.T @ m.a.weight.array.T)
+    with pytest.raises(ValueError, match="tied"):
+        func.functional_call(m, {"a.weight": w, "b.weight": w * 2}, (x,))
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\): 'b.weight'"):
+        func.functional_call(m, {"a.weight": w}, (x,), tie_weights=False, strict=True)
+    with pytest.raises(RuntimeError, match=r"Unexpected key\(s\): 'c'"):
+        func.functional_call(m, {"a.weight": w, "b.weight": w, "c": w}, (x,), strict=True)
+    assert m.a.weight is m.b.weight and isinstance(m.a.weight, xgrad.nn.Parameter)
+
+
+# -- linearize, debug_unwrap ---------------------------------------------------------------
+
+
+def test_linearize_matches_jax_jvp():
+    def f(x, y):
+        return (x.sin() * y, (x * y).sum())
+
+    x, y = xgrad.tensor(X), xgrad.tensor(X[::-1].copy())
+    out, jvp_fn = func.linearize(f, x, y)
+    tx, ty = xgrad.tensor(np.ones(3)), xgrad.tensor(np.array([0.5, 0.0, -1.0]))
+    ref_out, ref_t = jax.jvp(lambda a, b: (jnp.sin(a) * b, jnp.sum(a * b)), (x.array, y.array), (tx.array, ty.array))
+    for a, e in zip(out, ref_out, strict=True):
+        close(a.array, e)
+    for a, e in zip(jvp_fn(tx, ty), ref_t, strict=True):
+        close(a.array, e)
+    with pytest.raises(RuntimeError, match="must match"):
+        jvp_fn(tx, xgrad.ones(2))
+
+
+def test_debug_unwrap_shows_the_batch_and_the_primal():
+    seen = {}
+
+    def f(x):
+        seen["vmap"] = func.debug_unwrap(x)
+        seen["once"] = func.debug_unwrap(x, recurse=False)
+        return func.grad(lambda t: (seen.setdefault("grad", func.debug_unwrap(t, recurse=False)) * t).sum())(x)
+
+    x = np.arange(6.0).reshape(2, 3)
+    func.vmap(f)(xgrad.tensor(x))
+    close(seen["vmap"].array, x)
+    assert not isinstance(seen["vmap"].array, jax.core.Tracer)
+    close(seen["once"].array, x)
+    # One level under grad is vmap's lane: still a tracer, with the lane's values.
+    assert isinstance(seen["grad"].array, jax.core.Tracer) and seen["grad"].shape == (3,)
+    assert func.debug_unwrap(3) == 3

@@ -24,6 +24,7 @@ import jax
 
 from xgrad.engine import engine_ops
 from xgrad.engine.dual import ERR_TANGENT_SIZE
+from xgrad.func_state import debug_unwrap, replace_all_batch_norm_modules_, stack_module_state
 from xgrad.grad_mode import graph_off, is_grad_enabled
 from xgrad.jax_capture import quiet_captures
 from xgrad.ops._util import canonical_dim
@@ -31,7 +32,10 @@ from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
 from xgrad.tensor.inplace import ERR_MUTATE_CAPTURED
 
-__all__ = ["functional_call", "grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "vjp", "vmap"]
+__all__ = [
+    "debug_unwrap", "functional_call", "grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "linearize",
+    "replace_all_batch_norm_modules_", "stack_module_state", "vjp", "vmap",
+]
 
 
 def _arrays(tree: Any) -> Any:
@@ -286,6 +290,41 @@ def jvp(
     if has_aux:
         return _tensors(out), _tensors(tangent_out), _tensors(aux)
     return _tensors(out), _tensors(tangent_out)
+
+
+def linearize(func: Callable[..., Any], *primals: Any) -> tuple[Any, Callable[..., Any]]:
+    """``torch.func.linearize``: ``(output, jvp_fn)``; ``jvp_fn(*tangents)`` is ``jvp``'s tangent output at ``primals``.
+
+    ``func`` runs once; each ``jvp_fn`` call evaluates only the linear map (``jax.linearize``).
+
+    >>> import xgrad
+    >>> out, jvp_fn = xgrad.func.linearize(lambda x: x.sin(), xgrad.tensor([0.0, 1.0]))
+    >>> jvp_fn(xgrad.tensor([2.0, 0.0])).tolist()
+    [2.0, 0.0]
+    """
+
+    def of_arrays(*arrays: Any) -> Any:
+        return _arrays(_call(func, [_tensors(a) for a in arrays], {}))
+
+    arrays = [_arrays(p) for p in primals]
+    out, linear = jax.linearize(of_arrays, *arrays)
+
+    def jvp_fn(*tangents: Any) -> Any:
+        given = _arrays(tangents)
+        if jax.tree_util.tree_structure(given) != jax.tree_util.tree_structure(tuple(arrays)):
+            raise RuntimeError(
+                f"linearize: expected tangents with the structure of the primals, {len(arrays)} of them; got "
+                f"{len(tangents)} tangents"
+            )
+        for primal, tangent in zip(jax.tree_util.tree_leaves(arrays), jax.tree_util.tree_leaves(given), strict=True):
+            if primal.shape != tangent.shape or primal.dtype != tangent.dtype:
+                raise RuntimeError(
+                    f"linearize: tangent of shape {list(tangent.shape)} and dtype {tangent.dtype} given for a primal of "
+                    f"shape {list(primal.shape)} and dtype {primal.dtype}: they must match"
+                )
+        return _tensors(linear(*given))
+
+    return _tensors(out), jvp_fn
 
 
 def vmap(

@@ -52,7 +52,7 @@ from jax.extend.source_info_util import new_name_stack
 __all__ = [
     "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged", "Literal", "Var", "abstractifying",
     "check_consts_keep_identity", "concrete_value", "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names",
-    "name_scopes", "reset_compilation_cache", "source_frames",
+    "name_scopes", "reset_compilation_cache", "source_frames", "unwrap_tracer",
 ]
 
 ERR_CHANGED = (
@@ -185,13 +185,19 @@ def concrete_value(x: Any, *, through_vmap: bool = True) -> Any:
     ``through_vmap=False`` a batched tracer has no value (one lane's is not an array).
     """
     while isinstance(x, jax.core.Tracer):
-        if isinstance(x, BatchTracer) and through_vmap:
-            x = x.val
-        elif isinstance(x, (JVPTracer, LinearizeTracer)):
-            x = x.primal
-        else:
+        if isinstance(x, BatchTracer) and not through_vmap:
             return None
+        x = unwrap_tracer(x)
     return x
+
+
+def unwrap_tracer(x: Any) -> Any:
+    """The array one ``vmap`` (its batched value) or ``grad``/``jvp`` (its primal) tracer holds; ``None`` for others."""
+    if isinstance(x, BatchTracer):
+        return x.val
+    if isinstance(x, (JVPTracer, LinearizeTracer)):
+        return x.primal
+    return None
 
 
 def reset_compilation_cache() -> None:
