@@ -24,6 +24,7 @@ import jax
 
 from xgrad.engine import engine_ops
 from xgrad.engine.dual import ERR_TANGENT_SIZE
+from xgrad.engine.function_vmap import FuncVmapAxis
 from xgrad.func_state import debug_unwrap, replace_all_batch_norm_modules_, stack_module_state
 from xgrad.grad_mode import graph_off, is_grad_enabled
 from xgrad.jax_capture import quiet_captures
@@ -378,7 +379,8 @@ def vmap(
             return _arrays(out), written
 
         written_dims = [d if isinstance(d, int) else None for d in dims]
-        batched = jax.vmap(of_arrays, in_axes=tuple(dims[i] for i in mapped), out_axes=(out_dims, written_dims))
+        batched = jax.vmap(of_arrays, in_axes=tuple(dims[i] for i in mapped), out_axes=(out_dims, written_dims),
+                           axis_name=FuncVmapAxis(randomness))  # NOTE [Functions under vmap]
         arrays = [_arrays(args[i]) for i in mapped]
         try:
             if chunk_size is None:

@@ -21,6 +21,11 @@ What xgrad uses of JAX, by how stable it is:
   (``concrete_value``: the values under ``vmap``/``grad`` tracers, which an op's
   index check reads as eagerly). A JAX that moves them fails the import; one that
   changes what they hold fails ``tests/test_bad_input.py``'s index checks under ``xgrad.func.vmap``.
+  The current trace (``core.trace_ctx.trace``), a ``BatchTrace``'s ``axis_data``,
+  ``parent_trace`` and ``to_batch_info``, ``core.set_current_trace`` and the
+  ``BatchTracer`` constructor (``batching_level``: an ``autograd.Function``'s own
+  ``vmap`` rule runs one level down and its outputs are batched at the level, as JAX's
+  batching rules are; checked at import by ``_self_test_batching_level``).
 - Behaviour no public API promises, checked by a self-test: at import for what needs
   no device (``_self_test``), at the first use for what needs one
   (``check_consts_keep_identity``):
@@ -52,7 +57,7 @@ from jax.extend.source_info_util import new_name_stack
 __all__ = [
     "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged", "Literal", "Var", "abstractifying",
     "check_consts_keep_identity", "concrete_value", "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names",
-    "name_scopes", "reset_compilation_cache", "source_frames", "unwrap_tracer",
+    "BatchingLevel", "batching_level", "name_scopes", "reset_compilation_cache", "source_frames", "unwrap_tracer",
 ]
 
 ERR_CHANGED = (
@@ -70,8 +75,9 @@ def _changed(what: str) -> JaxBehaviourChanged:
 
 
 try:
+    from jax._src.core import set_current_trace, trace_ctx
     from jax._src.interpreters.ad import JVPTracer, LinearizeTracer
-    from jax._src.interpreters.batching import BatchTracer
+    from jax._src.interpreters.batching import BatchTrace, BatchTracer
 except ImportError as error:  # pragma: no cover - a JAX that moved them
     raise _changed("jax._src.interpreters.batching.BatchTracer or ad.JVPTracer/LinearizeTracer moved") from error
 
@@ -200,6 +206,56 @@ def unwrap_tracer(x: Any) -> Any:
     return None
 
 
+class BatchingLevel:
+    """The innermost ``vmap`` being traced, as an ``autograd.Function``'s ``vmap`` rule sees it.
+
+    ``unbatched(x)`` gives ``(value, batch dim or None)`` of ``x`` at this level;
+    ``lower()`` runs code one level down (on the unbatched values); ``batched(value,
+    dim)`` makes a value of this level from one with the batch at ``dim`` (``None``: the
+    same for every lane).
+    """
+
+    __slots__ = ("_trace", "axis_name", "size")
+
+    def __init__(self, trace: Any) -> None:
+        self._trace = trace
+        self.axis_name = trace.axis_data.name
+        self.size = trace.axis_data.size
+
+    def unbatched(self, x: Any) -> tuple[Any, int | None]:
+        return self._trace.to_batch_info(x)  # type: ignore[no-any-return]
+
+    def lower(self) -> Any:
+        return set_current_trace(self._trace.parent_trace)
+
+    def batched(self, value: Any, dim: int | None) -> Any:
+        return value if dim is None else BatchTracer(self._trace, value, dim)
+
+
+def batching_level() -> BatchingLevel | None:
+    """The ``vmap`` being traced when it is the innermost transformation, else ``None``."""
+    trace = trace_ctx.trace
+    return BatchingLevel(trace) if isinstance(trace, BatchTrace) else None
+
+
+def _self_test_batching_level() -> None:
+    seen = []
+
+    def lane(x: Any) -> Any:
+        level = batching_level()
+        if level is None:
+            raise _changed("jax.vmap's function runs with no BatchTrace as the current trace")
+        value, dim = level.unbatched(x)
+        seen.append((level.axis_name, level.size, dim, getattr(value, "shape", None)))
+        with level.lower():
+            doubled = value * 2
+        return level.batched(doubled, dim)
+
+    out = jax.vmap(lane, axis_name="lanes")(jax.numpy.arange(6.0).reshape(3, 2))
+    if seen != [("lanes", 3, 0, (3, 2))] or out.tolist() != [[0.0, 2.0], [4.0, 6.0], [8.0, 10.0]]:
+        raise _changed(f"a BatchTrace's batch info reads {seen} and rebatches to {out.tolist()}")
+
+
 def reset_compilation_cache() -> None:
     """Make JAX read ``jax_compilation_cache_dir`` again (it decides once, at its first compile)."""
     compilation_cache.reset_cache()
@@ -207,3 +263,4 @@ def reset_compilation_cache() -> None:
 
 _self_test_loaded_names()
 _self_test_name_scopes()
+_self_test_batching_level()
