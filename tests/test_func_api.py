@@ -346,3 +346,37 @@ def test_function_without_vmap_support_raises_torchs_errors():
     close(func.vmap(func.grad(lambda t: Generated.apply(t).sum()))(x).array, 2 * np.ones((3, 2)))
     # Nothing batched at the level: the Function runs as it is, no rule needed.
     close(func.vmap(lambda a, b: NoRule.apply(b) + a, in_dims=(0, None))(x, xgrad.ones(2)).array, 3 * np.ones((3, 2)))
+
+
+# -- forward AD on and off -------------------------------------------------------------------
+
+
+def test_set_fwd_grad_enabled_turns_tangents_off_and_back():
+    import xgrad.autograd.forward_ad as fwAD
+
+    assert fwAD._is_fwd_grad_enabled()
+    x0 = xgrad.tensor(X)
+    with fwAD.dual_level():
+        x = fwAD.make_dual(x0, xgrad.ones_like(x0))
+        with fwAD._set_fwd_grad_enabled(False):
+            assert not fwAD._is_fwd_grad_enabled()
+            assert fwAD.unpack_dual(x).tangent is None
+            shift = x**2
+        assert fwAD._is_fwd_grad_enabled()
+        y = x**2 - shift
+        close(fwAD.unpack_dual(y).tangent.array, 2 * X)  # torch.func's test_disable_fwd_grad_inside, in eager forward AD
+        assert fwAD.unpack_dual(shift).tangent is None
+
+        @fwAD._set_fwd_grad_enabled(False)
+        def untracked(t):
+            return t.sin()
+
+        assert fwAD._is_fwd_grad_enabled()
+        assert fwAD.unpack_dual(untracked(x)).tangent is None
+        fwAD._set_fwd_grad_enabled(False)  # a plain call sets it, as PyTorch's
+        assert not fwAD._is_fwd_grad_enabled()
+        fwAD._set_fwd_grad_enabled(True)
+    # func.jvp is JAX's: it works with forward grad off outside it (torch.func's test_disable_fwd_grad_outside).
+    with fwAD._set_fwd_grad_enabled(False):
+        _, t = func.jvp(lambda a: a.sin(), (x0,), (xgrad.ones_like(x0),))
+    close(t.array, np.cos(X))
