@@ -380,3 +380,134 @@ def test_set_fwd_grad_enabled_turns_tangents_off_and_back():
     with fwAD._set_fwd_grad_enabled(False):
         _, t = func.jvp(lambda a: a.sin(), (x0,), (xgrad.ones_like(x0),))
     close(t.array, np.cos(X))
+
+
+# -- composition with eager autograd --------------------------------------------------------
+
+MODES = ["eager", "compiled_backward", "xgrad.compile"]
+
+
+def run_backward(mode, step):
+    """``step()`` (which calls ``backward()``) eagerly, with the backward compiled, or as one ``xgrad.compile`` program."""
+    if mode == "xgrad.compile":
+        return xgrad.compile(step)()
+    with compiled_backward_mode(mode == "compiled_backward"):
+        return step()
+
+
+def compiled_backward_mode(on):
+    import contextlib
+
+    from xgrad.autograd import compiled
+
+    return compiled.enable() if on else contextlib.nullcontext()
+
+
+def maml_setup():
+    model = xgrad.nn.Sequential(xgrad.nn.Linear(2, 8, key=3, dtype=jnp.float64), xgrad.nn.Tanh(),
+                                xgrad.nn.Linear(8, 1, key=4, dtype=jnp.float64))
+    rng = np.random.default_rng(3)
+    tasks = [tuple(rng.normal(size=s) for s in ((5, 2), (5, 1), (4, 2), (4, 1))) for _ in range(2)]
+    return model, tasks
+
+
+def maml_ref(p, tasks, lr=0.1, steps=2):
+    def net(q, x):
+        return jnp.tanh(x @ q["0.weight"].T + q["0.bias"]) @ q["2.weight"].T + q["2.bias"]
+
+    def inner(q, x, y):
+        return jnp.mean((net(q, x) - y) ** 2)
+
+    total = 0.0
+    for xs, ys, xq, yq in tasks:
+        q = p
+        for _ in range(steps):
+            g = jax.grad(inner)(q, xs, ys)
+            q = {k: q[k] - lr * g[k] for k in q}
+        total = total + inner(q, xq, yq)
+    return total
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_maml_inner_grad_steps_outer_backward_match_jax(mode):
+    # torch.func's MAML: inner steps with func.grad on functional_call, outer loss.backward() to the model.
+    model, tasks = maml_setup()
+    params = dict(model.named_parameters())
+    data = [tuple(xgrad.tensor(a) for a in task) for task in tasks]
+
+    def inner_loss(p, x, y):
+        return ((func.functional_call(model, p, (x,)) - y) ** 2).mean()
+
+    def step():
+        total = 0
+        for xs, ys, xq, yq in data:
+            fast = params
+            for _ in range(2):
+                grads = func.grad(inner_loss)(fast, xs, ys)
+                fast = {k: fast[k] - 0.1 * grads[k] for k in fast}
+            total = total + inner_loss(fast, xq, yq)
+        total.backward()
+        return total
+
+    loss = run_backward(mode, step)
+    arrays = {k: v.detach().array for k, v in params.items()}
+    close(loss.detach().array, maml_ref(arrays, tasks), rtol=1e-10)
+    expected = jax.grad(maml_ref)(arrays, tasks)
+    for k, p in params.items():
+        close(p.grad.array, expected[k], rtol=1e-8)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_vjp_results_differentiated_by_outer_autograd(mode):
+    x = xgrad.tensor(X, requires_grad=True)
+    v = xgrad.tensor(np.array([1.0, -2.0, 0.5]), requires_grad=True)
+
+    def step():
+        out, vjp_fn = func.vjp(lambda t: t.sin() * t, x)
+        (g,) = vjp_fn(v)
+        gx, gv = xgrad.autograd.grad((g * g).sum() + out.sum(), (x, v), retain_graph=True)
+        (g * g).sum().backward()
+        return gx, gv
+
+    gx, gv = run_backward(mode, step)
+
+    def ref(a, b):
+        out, pull = jax.vjp(lambda t: jnp.sin(t) * t, a)
+        (g,) = pull(b)
+        return jnp.sum(g * g) + jnp.sum(out)
+
+    ex, ev = jax.grad(ref, argnums=(0, 1))(X, v.detach().array)
+    close(gx.array, ex, rtol=1e-10)
+    close(gv.array, ev, rtol=1e-10)
+    gg = jax.grad(lambda a, b: jnp.sum(jax.vjp(lambda t: jnp.sin(t) * t, a)[1](b)[0] ** 2), argnums=(0, 1))(X, v.detach().array)
+    close(x.grad.array, gg[0], rtol=1e-10)
+    close(v.grad.array, gg[1], rtol=1e-10)
+
+
+def test_no_grad_around_vjp_or_vjp_fn_as_torch_func():
+    # torch.func's test_no_grad_outside_vjp, _vjp_fn and _vjp_only.
+    def h(t):
+        return t**2
+
+    x = xgrad.tensor(3.0, requires_grad=True, dtype=jnp.float64)
+    one = xgrad.tensor(1.0, dtype=jnp.float64)
+    with xgrad.no_grad():
+        out, vjp_fn = func.vjp(h, x)
+        (y,) = vjp_fn(one)
+    assert not out.requires_grad and not y.requires_grad
+    close(y.array, 6.0)
+
+    out, vjp_fn = func.vjp(h, x)
+    with xgrad.no_grad():
+        (y,) = vjp_fn(one)
+    close(y.array, 6.0)
+    assert not y.requires_grad and out.requires_grad
+    (z,) = xgrad.autograd.grad(out, x)
+    close(z.array, 6.0)
+
+    with xgrad.no_grad():
+        out, vjp_fn = func.vjp(h, x)
+    (y,) = vjp_fn(one)
+    assert not out.requires_grad and y.requires_grad
+    (z,) = xgrad.autograd.grad(y, x)
+    close(z.array, 2.0)

@@ -242,14 +242,33 @@ def vjp(func: Callable[..., Any], *primals: Any, has_aux: bool = False) -> Any:
     else:
         out, pullback = jax.vjp(of_arrays, *arrays)
 
+    def pulled_back(tensors: Any, cotangents: Any) -> tuple[Any, ...]:
+        # NOTE [History of vjp's results]: the pullback recomputed on these tensors, as one op of the graph.
+        _, again = jax.vjp(lambda *a: of_arrays(*a)[0] if has_aux else of_arrays(*a), *_arrays(tensors))
+        return tuple(_tensors(again(_arrays(cotangents))))
+
     def vjp_fn(cotangents: Any) -> tuple[Any, ...]:
         given = _arrays(cotangents)
         for i, (o, g) in enumerate(zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(given), strict=False)):
             if o.shape != getattr(g, "shape", None):  # PyTorch's autograd.grad check, not JAX's TypeError
                 raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of {list(getattr(g, 'shape', ()))} "
                                    f"and output[{i}] has a shape of {list(o.shape)}.")
+        if is_grad_enabled() and _has_history((primals, cotangents)):
+            return _keeps_history(pulled_back)(primals, cotangents)  # type: ignore[no-any-return]
         return tuple(_tensors(pullback(given)))
 
+    if is_grad_enabled() and _has_history(primals):
+        # NOTE [History of vjp's results]
+        # As torch.func's: called on tensors with history (grad mode on), ``vjp``'s output
+        # keeps it, and so does what ``vjp_fn`` returns when called with grad mode on (its
+        # gradients are then differentiable w.r.t. the primals and the cotangents: an outer
+        # ``autograd.grad`` of a vjp). Grad mode is read at each call, so ``no_grad``
+        # around either one cuts that one's history only. Each such call runs the
+        # function again, as one op of xgrad's graph (NOTE [Transforms keep history]).
+        recorded = _keeps_history(lambda *tensors: _tensors(of_arrays(*_arrays(tensors))))(*primals)
+        if has_aux:
+            return recorded[0], vjp_fn, recorded[1]
+        return recorded, vjp_fn
     return (_tensors(out), vjp_fn, _tensors(aux)) if has_aux else (_tensors(out), vjp_fn)
 
 
