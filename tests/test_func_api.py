@@ -242,6 +242,8 @@ def test_linearize_matches_jax_jvp():
         close(a.array, e)
     with pytest.raises(RuntimeError, match="must match"):
         jvp_fn(tx, xgrad.ones(2))
+    with pytest.raises(RuntimeError, match="structure of the primals"):
+        jvp_fn(tx)
 
 
 def test_debug_unwrap_shows_the_batch_and_the_primal():

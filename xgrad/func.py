@@ -331,7 +331,7 @@ def linearize(func: Callable[..., Any], *primals: Any) -> tuple[Any, Callable[..
 
     def jvp_fn(*tangents: Any) -> Any:
         given = _arrays(tangents)
-        if jax.tree_util.tree_structure(given) != jax.tree_util.tree_structure(tuple(arrays)):
+        if len(tangents) != len(arrays) or len(jax.tree_util.tree_leaves(given)) != len(jax.tree_util.tree_leaves(arrays)):
             raise RuntimeError(
                 f"linearize: expected tangents with the structure of the primals, {len(arrays)} of them; got "
                 f"{len(tangents)} tangents"

@@ -11,6 +11,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax.numpy as jnp
 
 from xgrad.ops.registry import defprim
@@ -18,7 +21,7 @@ from xgrad.tensor import Tensor
 
 __all__ = ["conj", "conj_physical", "is_conj", "resolve_conj"]
 
-conj_physical = defprim("conj_physical", jnp.conj, (lambda g, out, x: conj_physical(g),), save=(), doc="""Elementwise complex conjugate (the identity on real tensors).
+conj_physical: Callable[..., Any] = defprim("conj_physical", jnp.conj, (lambda g, out, x: conj_physical(g),), save=(), doc="""Elementwise complex conjugate (the identity on real tensors).
 
     >>> import xgrad
     >>> xgrad.conj_physical(xgrad.tensor([1 + 2j])).tolist()
