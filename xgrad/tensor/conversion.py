@@ -11,6 +11,7 @@ import numpy as np
 
 from xgrad import step_trace
 from xgrad.engine.dual import LEVEL
+from xgrad.jax_internals import concrete_value
 from xgrad.step_trace import array_of
 from xgrad.tensor import core
 
@@ -67,34 +68,60 @@ def numpy(self: core.Tensor) -> np.ndarray:
     return np.asarray(self._array)
 
 
+ERR_VALUE_UNDER_VMAP = (
+    "vmap: It looks like you're calling {what} on a Tensor. We don't support vmap over calling {what} on a "
+    "Tensor, please try to rewrite what you're doing with other operations."
+)
+
+
+# NOTE [Values under transforms]
+# As under ``torch.func``'s ``grad``/``jvp``, a Tensor inside ``xgrad.func.grad``,
+# ``jvp`` or ``jax.grad`` of concrete arrays has values: ``item()``, ``tolist()``,
+# ``float()`` read the primal under JAX's tracers (they are not differentiable, as in
+# PyTorch). Under ``vmap`` one lane has no value of its own: PyTorch's error. Under a
+# trace without values (``jax.jit``, ``xgrad.compile``) JAX's tracer error stands:
+# callers that fall back to eager catch it.
+def _values(self: core.Tensor, what: str) -> Any:
+    """The array whose values ``what`` reads: ``self``'s, or the primal under differentiation tracers."""
+    _check_addressable(self, what)
+    array = self._array
+    if not isinstance(array, jax.core.Tracer):
+        return array
+    primal = concrete_value(array, through_vmap=False)
+    if primal is not None:
+        return primal
+    if concrete_value(array) is not None:
+        raise RuntimeError(ERR_VALUE_UNDER_VMAP.format(what=what.removeprefix("Tensor")))
+    return array
+
+
 def item(self: core.Tensor) -> Any:
     trace = step_trace.current()
     if trace is not None:
         printed = trace.printed_item(self, sys._getframe(1))
         if printed is not None:
             return printed
-    _check_addressable(self, "Tensor.item()")
-    size = self._array.size
+    array = _values(self, "Tensor.item()")
+    size = array.size
     if size != 1:
         raise RuntimeError(f"a Tensor with {size} elements cannot be converted to Scalar")
-    return self._array.item()
+    return array.item()
 
 
 def tolist(self: core.Tensor) -> Any:
-    _check_addressable(self, "Tensor.tolist()")
-    return np.asarray(self._array).tolist()
+    return np.asarray(_values(self, "Tensor.tolist()")).tolist()
 
 
 def to_float(self: core.Tensor) -> float:
-    _check_addressable(self, "float(tensor)")
+    array = _values(self, "float(tensor)")
     _check_one_element(self)
-    return float(self._array)
+    return float(array)
 
 
 def to_int(self: core.Tensor) -> int:
-    _check_addressable(self, "int(tensor)")
+    array = _values(self, "int(tensor)")
     _check_one_element(self)
-    return int(self._array)
+    return int(array)
 
 
 def _check_one_element(self: core.Tensor) -> None:
@@ -107,11 +134,11 @@ def to_index(self: core.Tensor) -> int:
 
 
 def to_bool(self: core.Tensor) -> bool:
-    _check_addressable(self, "bool(tensor)")
-    size = self._array.size
+    array = _values(self, "bool(tensor)")
+    size = array.size
     if size != 1:
         raise RuntimeError(f"Boolean value of Tensor with {'no values' if size == 0 else 'more than one value'} is ambiguous")
-    return bool(self._array)
+    return bool(array)
 
 
 def deepcopy(self: core.Tensor, memo: dict[int, Any]) -> core.Tensor:
