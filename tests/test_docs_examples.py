@@ -17,6 +17,7 @@ page as its file name and its own line numbers).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -128,13 +130,29 @@ def run_chain(chain: list[Block], tmp_path: Path) -> dict:
         _run_scripts(chain, tmp_path, [[]], dict(item.split("=", 1) for item in match["env"].split()))
         return {}
     namespace: dict = {"__name__": "__main__"}
-    for block in chain:
-        exec(block.compiled(), namespace)
-    # A test a block defines (a hypothesis property) runs, as pytest would run it.
-    for name, test in list(namespace.items()):
-        if name.startswith("test_") and callable(test):
-            test()
+    with _plain_hypothesis():
+        for block in chain:
+            exec(block.compiled(), namespace)
+        # A test a block defines (a hypothesis property) runs, as a plain pytest would run it.
+        for name, test in list(namespace.items()):
+            if name.startswith("test_") and callable(test):
+                test()
     return namespace
+
+
+@contextlib.contextmanager
+def _plain_hypothesis():
+    """Hypothesis's own defaults, as a reader's ``pytest`` has them (200 ms deadline, health
+    checks), not this suite's profile; only fewer examples, always the same, and no database."""
+    previous = settings.default
+    settings.register_profile("_docs_plain", settings.get_profile("default"), max_examples=5, derandomize=True,
+                              database=None)
+    settings.load_profile("_docs_plain")
+    try:
+        yield
+    finally:
+        settings.register_profile("_docs_restored", previous)
+        settings.load_profile("_docs_restored")
 
 
 @pytest.mark.slow
