@@ -202,3 +202,37 @@ def test_scripts_run_in_other_processes_on_loopback(tmp_path):
     wrong = Block(page, 1, "# run with FOO=1\nraise SystemExit(3)\n")
     with pytest.raises(AssertionError, match="the example at line 1"):
         run_chain([wrong], tmp_path)
+
+
+def test_import_xgrad_exposes_the_subpackages_the_docs_use_lazily():
+    code = (
+        "import sys, xgrad\n"
+        "lazy = ['xgrad.testing', 'xgrad.func', 'xgrad.distributed', 'xgrad.utils', 'xgrad.utils.data']\n"
+        "assert not [m for m in lazy if m in sys.modules], [m for m in lazy if m in sys.modules]\n"
+        "assert {'testing', 'func', 'distributed', 'utils'} <= set(dir(xgrad))\n"
+        "assert callable(xgrad.testing.gradcheck) and callable(xgrad.func.vmap)\n"
+        "assert xgrad.distributed.CheckpointManager and xgrad.utils.data.DataLoader\n"
+        "try:\n    xgrad.no_such_thing\nexcept AttributeError as e:\n    assert 'no_such_thing' in str(e)\n"
+        "else:\n    raise SystemExit('no AttributeError')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=_environment({}), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_non_leaf_grad_warning_points_to_a_docs_section_that_exists():
+    import warnings
+
+    import xgrad
+    from xgrad.tensor.core import WARN_NON_LEAF_GRAD
+
+    y = xgrad.tensor([1.0], requires_grad=True) * 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert y.grad is None
+    (message,) = [str(w.message) for w in caught]
+    assert message == WARN_NON_LEAF_GRAD and "github.com" not in message
+    section = re.search(r'"([^"]+)" in xgrad\'s docs/(\S+\.md)', message)
+    assert section is not None, message
+    title, page = section.groups()
+    assert f"**{title}.**" in (ROOT / "docs" / page).read_text().replace("`", "")
+    assert "help(xgrad.Tensor.retain_grad)" in message and xgrad.Tensor.retain_grad.__doc__

@@ -61,7 +61,7 @@ _JAX_RUNNERS: BoundedCache[Any, Callable[..., dict[str, list[Any]]]] = BoundedCa
 def _jax_runner(ref: Callable[..., Any], arrays: list[Any], diff: list[int], order: int,
                 forward: bool) -> Callable[..., dict[str, list[Any]]]:
     constants = {i: a for i, a in enumerate(arrays) if i not in diff}
-    key = (ref, tuple(diff), len(arrays), order, forward,
+    key: Any = (ref, tuple(diff), len(arrays), order, forward,
            tuple((i, np.asarray(a).dtype.str, np.shape(a), np.asarray(a).tobytes()) for i, a in constants.items()))
     try:
         return _JAX_RUNNERS[key]
