@@ -22,7 +22,7 @@ import numpy as np
 import xgrad
 from xgrad.bounded_cache import BoundedCache
 from xgrad.tensor import Tensor, is_tensor
-from xgrad.testing.functions import is_jax_function, jax_op, tensor_function
+from xgrad.testing.functions import is_jax_function, jax_op, memoized, tensor_function
 
 __all__ = ["DEFAULT_TOLERANCES", "GradientMismatch", "assert_grads_match", "tolerances"]
 
@@ -61,17 +61,15 @@ _JAX_RUNNERS: BoundedCache[Any, Callable[..., dict[str, list[Any]]]] = BoundedCa
 def _jax_runner(ref: Callable[..., Any], arrays: list[Any], diff: list[int], order: int,
                 forward: bool) -> Callable[..., dict[str, list[Any]]]:
     constants = {i: a for i, a in enumerate(arrays) if i not in diff}
-    key: Any = (ref, tuple(diff), len(arrays), order, forward,
+    key = (ref, tuple(diff), len(arrays), order, forward,
            tuple((i, np.asarray(a).dtype.str, np.shape(a), np.asarray(a).tobytes()) for i, a in constants.items()))
-    try:
-        return _JAX_RUNNERS[key]
-    except KeyError:
-        pass
-    except TypeError:  # an unhashable reference: a program of its own
-        key = None
+    return memoized(_JAX_RUNNERS, key, lambda: _make_jax_runner(ref, constants, len(arrays), diff, order, forward))
 
+
+def _make_jax_runner(ref: Callable[..., Any], constants: dict[int, Any], n: int, diff: list[int], order: int,
+                     forward: bool) -> Callable[..., dict[str, list[Any]]]:
     def of_diff(*d: Any) -> list[Any]:
-        full = [constants.get(i) for i in range(len(arrays))]
+        full = [constants.get(i) for i in range(n)]
         for i, a in zip(diff, d, strict=True):
             full[i] = a
         return _float_leaves(ref(*full))
@@ -97,8 +95,6 @@ def _jax_runner(ref: Callable[..., Any], arrays: list[Any], diff: list[int], ord
                 result["jvp_grads"] = list(jax.grad(jvp_projected, argnums=argnums)(*primals))
         return result
 
-    if key is not None:
-        _JAX_RUNNERS[key] = run
     return run
 
 
@@ -175,8 +171,9 @@ _WHAT = {
 # (gradients up to about 10) differs from autodiff by up to 1.6e-5, also on elements near 0.
 # So the default tolerance follows the compared dtype, its absolute part taken relative to
 # the reference's largest magnitude (when above 1): float32 allows 1e-5 of that and rtol
-# 1e-4 (about 800 ulps), float16 and bfloat16 more, float64 its historical 1e-6 and 1e-5.
-# A wrong rule (a missing term, a factor off by 1%) is off by far more.
+# 1e-4 (about 800 ulps), float16 and bfloat16 more, float64 the 1e-6 and 1e-5 that were
+# every dtype's default before. A wrong rule (a missing term, a factor off by 1%) is off
+# by far more.
 DEFAULT_TOLERANCES = {  # dtype name: (atol, rtol)
     "float64": (1e-6, 1e-5), "complex128": (1e-6, 1e-5),
     "float32": (1e-5, 1e-4), "complex64": (1e-5, 1e-4),
@@ -259,15 +256,13 @@ def _functions(fn: Any, reference: Callable[..., Any] | None, n: int) -> tuple[C
     return _in_namespace(fn, xgrad), _in_namespace(fn, jnp)
 
 
+# One partial per function and namespace: the reference's program is kept per function object.
+_NAMESPACE_CALLS: BoundedCache[Any, Callable[..., Any]] = BoundedCache(256)
+
+
 def _in_namespace(fn: Callable[..., Any], namespace: Any) -> Callable[..., Any]:
     """``fn(namespace, *xs)`` as a function of ``xs``, the same object for the same ``fn`` where it can be."""
-    try:
-        return _NAMESPACE_CALLS.setdefault((fn, namespace), functools.partial(fn, namespace))
-    except TypeError:  # unhashable fn
-        return functools.partial(fn, namespace)
-
-
-_NAMESPACE_CALLS: BoundedCache[Any, Callable[..., Any]] = BoundedCache(256)
+    return memoized(_NAMESPACE_CALLS, (fn, namespace), lambda: functools.partial(fn, namespace))
 
 
 def assert_grads_match(

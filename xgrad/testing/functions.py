@@ -8,17 +8,17 @@ rules included): the checks then test the function's JAX derivative.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Hashable
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
 
+from xgrad.bounded_cache import BoundedCache
 from xgrad.ops.jaxop import from_jax
 from xgrad.tensor import Tensor
 
-__all__ = ["ACCEPTED_FUNCTIONS", "ACCEPTED_INPUTS", "check_inputs", "is_jax_function", "jax_op", "tensor_function"]
+__all__ = ["ACCEPTED_FUNCTIONS", "ACCEPTED_INPUTS", "check_inputs", "is_jax_function", "jax_op", "memoized", "tensor_function"]
 
 ACCEPTED_FUNCTIONS = (
     "{who}: fn must be a function of xgrad Tensors returning a Tensor (or a tuple or pytree of them), or a function "
@@ -42,14 +42,33 @@ def is_jax_function(fn: Any) -> bool:
     return isinstance(fn, (jax.custom_vjp, jax.custom_jvp, jax.stages.Wrapped))
 
 
+V = TypeVar("V")
+
+
+def memoized(cache: BoundedCache[Any, V], key: Any, make: Callable[[], V]) -> V:
+    """``cache[key]``, made by ``make()`` the first time; under an unhashable key, made afresh.
+
+    >>> from xgrad.bounded_cache import BoundedCache
+    >>> from xgrad.testing.functions import memoized
+    >>> cache = BoundedCache(4)
+    >>> memoized(cache, "k", list) is memoized(cache, "k", list), memoized(cache, ["k"], list) is memoized(cache, ["k"], list)
+    (True, False)
+    """
+    try:
+        value = cache.get(key)
+    except TypeError:
+        return make()
+    if value is None:
+        value = cache[key] = make()
+    return value
+
+
 # NOTE [One op per checked function]
 # A property test calls a check with the same function hundreds of times (every example,
 # and every step of shrinking a failure). A fresh ``from_jax`` op per call is a fresh
 # primitive, whose forward and vjp programs XLA compiles again (about 0.3 s a call, so
 # minutes of shrinking); one op per function compiles once per input shape.
-@functools.lru_cache(maxsize=256)
-def _cached_jax_op(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    return from_jax(fn, name=name)
+_JAX_OPS: BoundedCache[Any, Callable[..., Any]] = BoundedCache(256)
 
 
 def jax_op(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -60,13 +79,7 @@ def jax_op(fn: Callable[..., Any]) -> Callable[..., Any]:
     >>> jax_op(jnp.sin) is jax_op(jnp.sin)
     True
     """
-    name = getattr(fn, "__name__", type(fn).__name__)
-    if isinstance(fn, Hashable):
-        try:
-            return _cached_jax_op(fn, name)
-        except TypeError:  # a __hash__ that raises: no cache
-            pass
-    return from_jax(fn, name=name)
+    return memoized(_JAX_OPS, fn, lambda: from_jax(fn, name=getattr(fn, "__name__", type(fn).__name__)))
 
 
 def check_inputs(inputs: Any, who: str) -> None:
