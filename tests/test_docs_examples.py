@@ -23,6 +23,7 @@ import re
 import socket
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +64,8 @@ def python_blocks(page: Path) -> list[Block]:
         if start is None and line.strip() == "```python":
             start = number + 1
         elif start is not None and line.strip() == "```":
-            blocks.append(Block(page, start, "\n".join(lines[start - 1:number - 1]) + "\n"))
+            # Dedented: a block inside a list item is indented on the page.
+            blocks.append(Block(page, start, textwrap.dedent("\n".join(lines[start - 1:number - 1]) + "\n")))
             start = None
     assert start is None, f"{page.name}: the python block opened at line {start - 1} is never closed"
     return blocks
@@ -168,15 +170,15 @@ def test_page_examples_run(page, tmp_path, monkeypatch):
 def test_blocks_chains_and_page_lines(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("intro\n```python\nx = 1\n```\n\n```bash\nls\n```\n```python\n# continues the previous block\n"
-                    "y = x + 1\n```\n```python\nz = x\n```\n")
+                    "y = x + 1\n```\n- item\n  ```python\n  z = x\n  ```\n")
     first, second, third = python_blocks(page)
-    assert (first.line, first.source, second.line, third.line) == (3, "x = 1\n", 10, 14)
+    assert (first.line, first.source, second.line, third.line, third.source) == (3, "x = 1\n", 10, 15, "z = x\n")
     assert chains([first, second, third]) == [[first, second], [third]]
     assert script_of([first, second]).split("\n")[9:11] == [CONTINUES, "y = x + 1"]
     assert run_chain([first, second], tmp_path)["y"] == 2
     with pytest.raises(NameError) as info:  # a block that does not continue starts afresh
         run_chain([third], tmp_path)
-    assert info.traceback[-1].lineno == 13  # the page's line 14, counted from 0
+    assert info.traceback[-1].lineno == 14  # the page's line 15, counted from 0
     with pytest.raises(AssertionError, match="continues nothing"):
         chains([second])
 
