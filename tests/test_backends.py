@@ -164,3 +164,38 @@ def test_shape_methods_take_pytorchs_keywords_and_name_the_forms_otherwise():
         x.reshape(6, shape=(6,))
     with pytest.raises(TypeError, match=r"permute\(\) got an unexpected keyword argument 'dim'.*permute\(dims="):
         x.permute(dim=(1, 0))
+
+
+def test_init_process_group_without_torchruns_environment_says_what_is_missing(monkeypatch):
+    for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match="environment variable MASTER_ADDR expected, but not set"):
+        xgrad.distributed.init_process_group("nccl")
+    assert (xgrad.distributed.get_rank(), xgrad.distributed.get_world_size()) == (0, 1)
+    assert not xgrad.distributed.is_initialized()
+
+
+_TORCHRUN_WORKER = """
+import json, os, sys
+port, rank = sys.argv[1], sys.argv[2]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK=rank)  # as torchrun sets them
+import jax, xgrad
+from jax.experimental import multihost_utils
+xgrad.distributed.init_process_group(backend="gloo")
+ranks = multihost_utils.process_allgather(jax.numpy.asarray(xgrad.distributed.get_rank())).tolist()
+print(json.dumps([xgrad.distributed.get_rank(), xgrad.distributed.get_world_size(), xgrad.distributed.is_initialized(),
+                  ranks]))
+xgrad.distributed.destroy_process_group()
+"""
+
+
+def test_init_process_group_joins_the_job_torchrun_describes():
+    import json
+    import sys
+
+    from tests.test_distributed import _free_port, launch
+
+    port = str(_free_port())
+    outputs = launch(lambda i: [sys.executable, "-c", _TORCHRUN_WORKER, port, str(i)], num_processes=2,
+                     devices_per_process=1, timeout=120)
+    assert [json.loads(out.strip().splitlines()[-1]) for out in outputs] == [[0, 2, True, [0, 1]], [1, 2, True, [0, 1]]]

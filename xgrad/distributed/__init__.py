@@ -8,8 +8,9 @@ that shards everything over one mesh axis (ZeRO-3: each weight is gathered where
 used and its gradient reduced back onto its shards). ``xgrad.with_sharding_constraint``
 constrains a value inside a step, in every mode, and ``collective_stats`` counts what a
 compiled step communicates (``step.lower(*args).compile()``). ``initialize`` starts a
-job over ``jax.distributed`` (``init_process_group`` is torchrun's form of it); ``CheckpointManager`` saves and restores sharded model and
-optimizer state atomically, so a restarted job resumes where it left off.
+job over ``jax.distributed`` (``init_process_group`` is torchrun's form of it);
+``CheckpointManager`` saves and restores sharded model and optimizer state atomically, so
+a restarted job resumes where it left off.
 """
 
 from xgrad.distributed.checkpoint import CheckpointManager

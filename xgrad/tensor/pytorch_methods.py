@@ -73,9 +73,43 @@ def type_as(self: core.Tensor, other: core.Tensor) -> core.Tensor:
     return self.to(other.dtype)
 
 
+def placement_of(array: Any) -> Any:
+    """Where a new tensor made like ``array`` goes: ``array``'s sharding, or ``None`` for a traced array.
+
+    A traced array (inside ``xgrad.func``'s transforms, ``xgrad.compile``, ``jax.jit``) has
+    no sharding to read; values made beside it are placed as the trace places them.
+    """
+    return None if isinstance(array, jax.core.Tracer) else array.sharding
+
+
+def _device_set(self: core.Tensor) -> set[Any]:
+    placement = placement_of(self._array)
+    return {self.device} if placement is None else set(placement.device_set)
+
+
+def is_cuda(self: core.Tensor) -> bool:
+    """Whether the tensor is on a GPU (PyTorch's property); readable on traced tensors too.
+
+    >>> import xgrad
+    >>> xgrad.zeros(2).is_cuda
+    False
+    """
+    return self.device.platform == "gpu"
+
+
+def is_cpu(self: core.Tensor) -> bool:
+    """Whether the tensor is on the CPU (PyTorch's property); readable on traced tensors too.
+
+    >>> import xgrad
+    >>> xgrad.zeros(2).is_cpu
+    True
+    """
+    return self.device.platform == "cpu"
+
+
 def cpu(self: core.Tensor) -> core.Tensor:
     """This tensor on the first CPU device (``self`` when it is on CPU already); differentiable."""
-    if all(d.platform == "cpu" for d in self._array.sharding.device_set):
+    if all(d.platform == "cpu" for d in _device_set(self)):
         return self
     return self.to(jax.devices("cpu")[0])
 
@@ -102,25 +136,19 @@ def cuda(self: core.Tensor, device: Any = None, non_blocking: bool = False) -> c
         if not 0 <= index < len(gpus):
             raise RuntimeError(f"CUDA error: invalid device ordinal {index} (there are {len(gpus)} GPUs)")
         target = gpus[index]
-    if self._array.sharding.device_set == {target}:
+    if _device_set(self) == {target}:
         return self
     return self.to(target)
 
 
-def _on_platform(platform: str) -> Any:
-    def on_platform(self: core.Tensor) -> bool:
-        return self.device.platform == platform
-
-    on_platform.__doc__ = f"Whether the tensor is on one of JAX's {platform!r} devices."
-    return property(on_platform)
+def is_mps(self: core.Tensor) -> bool:
+    """``False``: JAX drives no Apple MPS device (PyTorch's property)."""
+    return False
 
 
-# PyTorch's device flags answered by the JAX device holding the array: a CUDA device is one of
-# JAX's "gpu" devices; JAX drives no MPS or XPU device, so those flags are False.
-is_cpu = _on_platform("cpu")
-is_cuda = _on_platform("gpu")
-is_mps = _on_platform("mps")
-is_xpu = _on_platform("xpu")
+def is_xpu(self: core.Tensor) -> bool:
+    """``False``: JAX drives no Intel XPU device (PyTorch's property)."""
+    return False
 
 
 def pin_memory(self: core.Tensor, device: Any = None) -> core.Tensor:
@@ -141,7 +169,10 @@ def is_pinned(self: core.Tensor, device: Any = None) -> bool:
 
 def _new_placement(self: core.Tensor, shape: tuple[int, ...]) -> Any:
     # This tensor's sharding fits only its own shape; other shapes go to its (first) device.
-    return self._array.sharding if tuple(shape) == self._array.shape else self.device
+    placement = placement_of(self._array)
+    if placement is None:
+        return None
+    return placement if tuple(shape) == self._array.shape else self.device
 
 
 def new_full(self: core.Tensor, size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> core.Tensor:
