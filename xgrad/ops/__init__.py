@@ -31,6 +31,7 @@ from xgrad.ops.activations import (
     threshold,
 )
 from xgrad.ops.attention import scaled_dot_product_attention
+from xgrad.ops.conv import conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d
 from xgrad.ops.elementwise import (
     abs,
     add,
@@ -99,7 +100,6 @@ from xgrad.ops.layout import (
     unfold,
     view_as,
 )
-from xgrad.ops.conv import conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d
 from xgrad.ops.linalg import baddbmm, bmm, conv1d, conv2d, einsum, linear, matmul, mm, norm, normalize, outer
 from xgrad.ops.losses import (
     binary_cross_entropy,
