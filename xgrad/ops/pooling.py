@@ -39,6 +39,7 @@ from xgrad.ops import shape_rules
 from xgrad.ops._util import constant_like
 from xgrad.ops.index import gather
 from xgrad.ops.jaxop import vjp_of
+from xgrad.ops.linalg import einsum
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor
 
@@ -357,7 +358,7 @@ def _adaptive_sizes(output_size: Any, sizes: tuple[int, ...], name: str) -> tupl
     n = len(sizes)
     items = [output_size] if not isinstance(output_size, Sequence) else list(output_size)
     if n > 1 and len(items) == 1 and not isinstance(output_size, Sequence):
-        items = items * 2
+        items = items * n
     if len(items) != n:
         raise RuntimeError(f"{name}(): internal error: output_size.size() must be {n}")
     out = tuple(size if o is None else operator.index(o) for o, size in zip(items, sizes, strict=True))
@@ -394,9 +395,7 @@ def _adaptive_avg_pool(x: Tensor, output_size: Any, n_spatial: int) -> Tensor:
         rows = _averaging_matrix(x.shape[2], out[0], x)
         result = rows @ x @ _averaging_matrix(x.shape[3], out[1], x).mT
     else:
-        result = x
-        for dim in (2, 3, 4):  # one averaging matrix per spatial dim, each applied along its dim
-            result = (result.movedim(dim, -1) @ _averaging_matrix(x.shape[dim], out[dim - 2], x).mT).movedim(-1, dim)
+        result = einsum("ncdhw,id,jh,kw->ncijk", x, *(_averaging_matrix(x.shape[d], out[d - 2], x) for d in (2, 3, 4)))
     result = tie_to_input(result, x)
     return result.squeeze(0) if unbatched else result
 
