@@ -172,3 +172,23 @@ def test_class_loss_modules_take_weights_as_buffers():
 def test_bad_arguments_raise_pytorchs_errors(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+@pytest.mark.parametrize("factory", [xgrad.zeros, xgrad.ones, xgrad.empty, xgrad.rand, xgrad.randn])
+def test_factories_take_size_as_a_keyword(factory):
+    assert factory(size=(2, 3)).shape == (2, 3) and factory(size=[4]).shape == (4,)
+    with pytest.raises(TypeError, match="either as positional ints or as size="):
+        factory(2, size=(2,))
+
+
+def test_full_and_randint_take_size_as_a_keyword():
+    assert xgrad.full(size=(2,), fill_value=1.5).tolist() == [1.5, 1.5]
+    assert xgrad.randint(3, size=(4,)).shape == (4,) and xgrad.randint(1, 3, size=(2, 2)).shape == (2, 2)
+
+
+def test_is_inference():
+    with xgrad.inference_mode():
+        made_inside = xgrad.ones(2)
+    assert xgrad.is_inference(made_inside) and not xgrad.is_inference(xgrad.ones(2))
+    with pytest.raises(TypeError, match="must be Tensor, not list"):
+        xgrad.is_inference([1.0])

@@ -85,6 +85,13 @@ def is_complex(input: Tensor) -> builtins.bool:  # noqa: A002
     return input.is_complex()
 
 
+def is_inference(input: Tensor) -> builtins.bool:  # noqa: A002
+    """Whether ``input`` is an inference tensor, made inside ``inference_mode()`` (``Tensor.is_inference``)."""
+    if not isinstance(input, Tensor):
+        raise TypeError(f"is_inference(): argument 'input' (position 1) must be Tensor, not {type(input).__name__}")
+    return input.is_inference()
+
+
 # PyTorch's dtype names (the table in xgrad/tensor/dtypes.py), left out of ``__all__`` as torch's are:
 # ``from xgrad import *`` must not shadow the builtins ``float``, ``int`` and ``bool``.
 float16 = _DTYPES["float16"]
@@ -118,7 +125,7 @@ __all__ = [
     "Generator", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor", "Tensor", "accelerator", "arange", "autograd",
     "bernoulli", "compile", "cuda", "device", "distributed", "dtype", "empty", "empty_like", "enable_compilation_cache",
     "enable_grad", "eye", "finfo", "from_numpy", "full", "full_like", "func", "get_default_dtype", "iinfo",
-    "inference_mode", "intermediates", "is_complex", "is_floating_point", "is_grad_enabled",
+    "inference_mode", "intermediates", "is_complex", "is_floating_point", "is_grad_enabled", "is_inference",
     "is_inference_mode_enabled", "is_tensor", "jit", "linspace", "load", "manual_seed", "multinomial", "nn",
     "no_grad", "onnx", "ones", "ones_like", "ops", "optim", "profiler", "rand", "rand_like", "randint",
     "randint_like", "randn", "randn_like", "randperm", "save", "set_default_dtype", "set_grad_enabled", "tensor",
