@@ -192,3 +192,54 @@ def test_is_inference():
     assert xgrad.is_inference(made_inside) and not xgrad.is_inference(xgrad.ones(2))
     with pytest.raises(TypeError, match="must be Tensor, not list"):
         xgrad.is_inference([1.0])
+
+
+@pytest.mark.usefixtures("eager_and_compiled")
+def test_sparse_mm_matches_pytorch_with_its_sparse_gradient():
+    dense = xgrad.tensor(TORCH["sparse_mm/dense"], requires_grad=True)
+    other = xgrad.tensor(TORCH["sparse_mm/other"], requires_grad=True)
+    sparse = dense.to_sparse()
+    assert sparse.is_sparse and sparse._nnz() == np.count_nonzero(TORCH["sparse_mm/dense"])
+    out = xgrad.sparse.mm(sparse, other)
+    np.testing.assert_allclose(out.detach().numpy(), TORCH["sparse_mm/out"], rtol=1e-12)
+    (out * xgrad.tensor(TORCH["sparse_mm/g"])).sum().backward()
+    # the sparse operand's gradient has its pattern: zero where the dense matrix is zero
+    np.testing.assert_allclose(dense.grad.numpy(), TORCH["sparse_mm/grad_dense"], rtol=1e-12)
+    np.testing.assert_allclose(other.grad.numpy(), TORCH["sparse_mm/grad_other"], rtol=1e-12)
+    np.testing.assert_allclose((sparse @ other).detach().numpy(), TORCH["sparse_mm/out"], rtol=1e-12)
+
+
+@pytest.mark.usefixtures("eager_and_compiled")
+def test_dense_plus_sparse_coo_tensor_matches_pytorch():
+    values = xgrad.tensor(TORCH["sparse_add/values"], requires_grad=True)
+    sparse = xgrad.sparse_coo_tensor(TORCH["sparse_add/indices"], values, (3, 4))
+    out = xgrad.eye(3, 4, dtype=xgrad.float64) + sparse
+    assert isinstance(out, xgrad.Tensor)
+    np.testing.assert_allclose(out.detach().numpy(), TORCH["sparse_add/out"], rtol=1e-12)
+    (out * xgrad.tensor(TORCH["sparse_add/g"])).sum().backward()
+    np.testing.assert_allclose(values.grad.numpy(), TORCH["sparse_add/grad_values"], rtol=1e-12)
+
+
+def test_sparse_tensor_accessors_and_bcoo():
+    sparse = xgrad.sparse_coo_tensor([[1, 0, 1], [2, 1, 2]], [1.0, 2.0, 3.0], dtype=xgrad.float64)
+    assert sparse.shape == (2, 3) and not sparse.is_coalesced()
+    merged = sparse.coalesce()
+    assert merged.is_coalesced() and merged.indices().tolist() == [[0, 1], [1, 2]] and merged.values().tolist() == [2.0, 4.0]
+    np.testing.assert_array_equal(sparse.to_jax().todense(), sparse.to_dense().numpy())
+    np.testing.assert_array_equal((xgrad.ones(4, 2, dtype=xgrad.float64) @ sparse).numpy(),
+                                  np.ones((4, 2)) @ sparse.to_dense().numpy())
+    np.testing.assert_array_equal((sparse + sparse).to_dense().numpy(), 2 * sparse.to_dense().numpy())
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda s: s[0], NotImplementedError, "convert with .to_dense"),
+    (lambda s: s * xgrad.ones(2, 2), NotImplementedError, "convert with .to_dense"),
+    (lambda s: xgrad.sparse.mm(s, xgrad.ones(3, 1)), RuntimeError, "cannot be multiplied"),
+    (lambda s: xgrad.sparse_coo_tensor([[0, 3]], [1.0, 2.0], (2,)), RuntimeError, "size is inconsistent with indices"),
+    (lambda s: xgrad.sparse_coo_tensor([[0, 1]], [1.0], (2,)), RuntimeError, "same nnz"),
+    (lambda s: jax.jit(lambda a: xgrad.Tensor(a).to_sparse().values()._array)(np.ones(2)), RuntimeError,
+     "needs concrete values"),
+])
+def test_sparse_errors_name_the_dense_alternative(call, error, message):
+    with pytest.raises(error, match=message):
+        call(xgrad.eye(2).to_sparse())

@@ -17,7 +17,7 @@ from xgrad.ops import *  # noqa: F403  (the op library is re-exported at top lev
 from xgrad.ops import __all__ as _ops_all
 
 # isort: on
-from xgrad import accelerator, autograd, cuda, distributed, func, jit, nn, onnx, optim, profiler, utils, viz
+from xgrad import accelerator, autograd, cuda, distributed, func, jit, nn, onnx, optim, profiler, sparse, utils, viz
 from xgrad import compile_cache as _compile_cache
 from xgrad.compile_cache import enable_compilation_cache
 from xgrad.compile_step import compile
@@ -128,6 +128,6 @@ __all__ = [
     "inference_mode", "intermediates", "is_complex", "is_floating_point", "is_grad_enabled", "is_inference",
     "is_inference_mode_enabled", "is_tensor", "jit", "linspace", "load", "manual_seed", "multinomial", "nn",
     "no_grad", "onnx", "ones", "ones_like", "ops", "optim", "profiler", "rand", "rand_like", "randint",
-    "randint_like", "randn", "randn_like", "randperm", "save", "set_default_dtype", "set_grad_enabled", "tensor",
+    "randint_like", "randn", "randn_like", "randperm", "save", "set_default_dtype", "set_grad_enabled", "sparse", "tensor",
     "utils", "viz", "zeros", "zeros_like",
 ]

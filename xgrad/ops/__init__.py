@@ -196,6 +196,7 @@ from xgrad.ops.shape import (
     unsqueeze,
     view,
 )
+from xgrad.ops.sparse import DEFER_TO, sparse_coo_tensor, to_sparse
 from xgrad.ops.tensor_methods import (
     Op,
     copy_,
@@ -335,6 +336,8 @@ OPS: tuple[Op, ...] = (
     Op(all, "all", differentiable=False),
     Op(argsort, "argsort", differentiable=False),
     Op(one_hot, differentiable=False),
+    Op(to_sparse, "to_sparse", differentiable=False),
+    Op(sparse_coo_tensor, differentiable=False),
     # -- linear algebra ------------------------------------------------------------------
     Op(einsum),
     Op(mm, "mm"),
@@ -462,13 +465,13 @@ __all__ = [
     "repeat", "repeat_interleave", "reshape", "reshape_as", "roll", "round", "rsqrt",
     "scaled_dot_product_attention", "scatter_add", "select", "selu", "setitem", "sigmoid", "sign", "silu", "sin",
     "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin", "softplus", "softshrink", "softsign", "sort",
-    "split", "sqrt", "squeeze", "stack", "std", "sub", "sum", "sum_to", "T", "tan", "tanh", "tanhshrink",
-    "threshold", "to_device", "topk", "transpose", "tril", "triplet_margin_loss", "triu", "unbind", "unfold",
-    "unsqueeze", "var", "view", "view_as", "where", "with_sharding_constraint",
+    "sparse_coo_tensor", "split", "sqrt", "squeeze", "stack", "std", "sub", "sum", "sum_to", "T", "tan", "tanh",
+    "tanhshrink", "threshold", "to_device", "to_sparse", "topk", "transpose", "tril", "triplet_margin_loss", "triu",
+    "unbind", "unfold", "unsqueeze", "var", "view", "view_as", "where", "with_sharding_constraint",
 ]
 # -- end of generated code --
 
-install(OPS)
+install(OPS, defer_to=DEFER_TO)
 
 engine_ops.register(
     sum_to=sum_to, to_device=to_device, stack=stack, write_through=views.write_through, jax_function=jax_function,

@@ -82,7 +82,7 @@ def _distance(a: Any, b: Any, p: float) -> Any:
 def layer_specs() -> list[Any]:
     """The specs, for ``op_specs``'s table (which calls this while it builds: hence the import here)."""
     from xgrad.testing.nn_specs import ref_avg_pool, ref_max_pool
-    from xgrad.testing.op_specs import POSITIVE, REAL, OpSpec, _prim
+    from xgrad.testing.op_specs import POSITIVE, REAL, OpSpec, _prim, ints
 
     X = xgrad
     three = (REAL, REAL, REAL)
@@ -102,6 +102,12 @@ def layer_specs() -> list[Any]:
                                        dilation=(2, 1), groups=1),
                lambda x, w: _ref_conv_transpose(x, w, jnp.zeros(2), (1, 2), 0, (0, 1), (2, 1), 1)[..., 1:-1],
                (((1, 2, 3, 2), (2, 2, 2, 3)),), (REAL, REAL), label="the primitive, unbatched bias-free"),
+        OpSpec("sparse_to_dense", lambda v, i: _prim("sparse_to_dense", shape=(3, 3))(v, i),
+               lambda v, i: jnp.zeros((3, 3), v.dtype).at[i[:, 0], i[:, 1]].add(v), (((5,), (5, 2)),), (REAL, ints(3)),
+               label="repeated indices add"),
+        OpSpec("sparse_matmul", lambda v, i, d: _prim("sparse_matmul", shape=(3, 4))(v, i, d),
+               lambda v, i, d: jnp.zeros((3, 4), v.dtype).at[i[:, 0], i[:, 1]].add(v) @ d,
+               (((5,), (5, 2), (4, 2)),), (REAL, ints(3), REAL)),
         OpSpec("max_pool3d", lambda x: X.max_pool3d(x, 2, (1, 2, 1), 1),
                lambda x: ref_max_pool(x, (2, 2, 2), (1, 2, 1), (1, 1, 1), (1, 1, 1), False), (((1, 2, 3, 4, 3),),), (REAL,)),
         OpSpec("avg_pool3d", lambda x: X.avg_pool3d(x, 2, 1, 1, count_include_pad=False),
