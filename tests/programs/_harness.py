@@ -4,13 +4,15 @@ The same code runs the program under xgrad (test_programs.py) and under PyTorch
 (tests/fixtures/make_program_losses.py, which makes ``import xgrad`` give ``torch``), so
 both runs see the same three things from outside the program:
 
-* initial weights: at a model's first call (a GAN's generator is first called after the
-  discriminator's first backward), every parameter is
+* initial weights: at a model's first call, before the first backward (or after it, with
+  ``late_models``: a GAN's generator is first called after the discriminator's first
+  backward), every parameter is
   set (``copy_`` under ``no_grad``) to values drawn from one NumPy stream, in
   ``named_parameters()`` order; buffers stay as the program made them. The program's own
   initialisation still runs before, but its random draws cannot agree across frameworks;
-* random draws: ``randn``, ``randn_like`` and ``randperm`` draw from a NumPy stream (a VAE's
-  noise, the regression's data, a graph's split into training and test nodes);
+* random draws: ``randn`` and ``randn_like`` draw from a NumPy stream (a VAE's noise,
+  the regression's data), and so does ``randperm`` where a program splits its data with it
+  (``numpy_randperm``: GAT's nodes; a shuffling DataLoader's own draws stay the framework's);
 * dropout, where a program fixes ``p`` in its code rather than its arguments
   (``dropout_off``): set to 0 at the same first call (``Dropout`` modules' ``p`` and
   ``MultiheadAttention``'s ``dropout``).
@@ -51,6 +53,8 @@ class Program:
     files: dict[str, str] = field(default_factory=dict)
     max_backward: int | None = None
     dropout_off: bool = False
+    numpy_randperm: bool = False
+    late_models: bool = False
     float64: bool = True  # the default dtype; False keeps float32, for a program that mixes in float32 data
 
 
@@ -75,7 +79,7 @@ class _Recorder:
 
     def module_call(self, original: Any) -> Any:
         def call_with_shared_initial_weights(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.depth == 0 and id(module) not in self.initialised:
+            if self.depth == 0 and (not self.losses or self.program.late_models) and id(module) not in self.initialised:
                 self.initialised.add(id(module))
                 self.set_initial_weights(module)
             self.depth += 1
@@ -146,7 +150,8 @@ def run_program(framework: ModuleType, program: Program, workdir: Path, seed: in
             patches.enter_context(_patched(framework.nn.Module, "__call__", recorder.module_call(framework.nn.Module.__call__)))
             patches.enter_context(_patched(framework, "randn", recorder.randn))
             patches.enter_context(_patched(framework, "randn_like", recorder.randn_like))
-            patches.enter_context(_patched(framework, "randperm", recorder.randperm))
+            if program.numpy_randperm:
+                patches.enter_context(_patched(framework, "randperm", recorder.randperm))
             with contextlib.suppress(StopProgram):
                 runpy.run_path(str(script), run_name="__main__")
     finally:
@@ -200,9 +205,10 @@ CASES = {
     "chargpt": Program("mingpt/chargpt.py", _CHARGPT_SIZES, files={"input.txt": "O God, abc!"}),
     # Its features are float32 (torch.FloatTensor) and meet float32 parameters: it runs in float32.
     "dcgan": Program("dcgan/main.py", ("--dataset", "fake", "--workers", "0", "--batchSize", "1", "--imageSize", "64",
-                                       "--nz", "4", "--ngf", "2", "--ndf", "2", "--niter", "2", "--manualSeed", "1")),
+                                       "--nz", "4", "--ngf", "2", "--ndf", "2", "--niter", "2", "--manualSeed", "1"), late_models=True),
     "gat": Program("gat/main.py", ("--epochs", "3", "--hidden-dim", "4", "--num-heads", "2", "--dropout-p", "0",
-                                   "--val-every", "1"), files=_cora(12, 6, 3, 20, seed=0), float64=False),
+                                   "--val-every", "1"), files=_cora(12, 6, 3, 20, seed=0), numpy_randperm=True,
+                   float64=False),
     "super_resolution": Program("super_resolution/main.py", ("--upscale_factor", "3", "--batchSize", "1", "--testBatchSize",
                                                              "1", "--nEpochs", "3", "--threads", "0")),
 }
