@@ -143,6 +143,18 @@ def test_loss_modules_call_their_functions(module, call, fn, kwargs):
     np.testing.assert_allclose(module(*args).numpy(), fn(*args, **kwargs).numpy())
 
 
+def test_ctc_loss_module_and_its_gradient_convention():
+    log_probs = xgrad.tensor(TORCH["ctc_loss/in0"], requires_grad=True)
+    args = [xgrad.tensor(TORCH[f"ctc_loss/in{i}"]) for i in (1, 2, 3)]
+    loss = nn.CTCLoss(reduction="sum")(log_probs, *args)
+    np.testing.assert_allclose(loss.detach().numpy(), F.ctc_loss(log_probs, *args, reduction="sum").detach().numpy())
+    loss.backward()
+    # PyTorch's: the derivative plus exp(log_probs) inside each input length, so that after a
+    # log_softmax the logits' gradient is softmax - posterior, which sums to zero over the classes
+    # (the derivative alone sums to -1 at each step inside the input length)
+    np.testing.assert_allclose(log_probs.grad.numpy().sum(axis=2), 0.0, atol=1e-12)
+
+
 def test_class_loss_modules_take_weights_as_buffers():
     x = xgrad.randn(3, 4)
     target = xgrad.tensor([0, 3, 1])

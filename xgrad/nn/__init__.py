@@ -66,17 +66,6 @@ from xgrad.nn.loss import (
     NLLLoss,
     SmoothL1Loss,
 )
-from xgrad.nn.margin_loss import (
-    GaussianNLLLoss,
-    HingeEmbeddingLoss,
-    MultiLabelMarginLoss,
-    MultiLabelSoftMarginLoss,
-    MultiMarginLoss,
-    PairwiseDistance,
-    PoissonNLLLoss,
-    SoftMarginLoss,
-    TripletMarginLoss,
-)
 from xgrad.nn.module import Module, Parameter
 from xgrad.nn.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
 from xgrad.nn.pooling import (
@@ -92,6 +81,18 @@ from xgrad.nn.pooling import (
     MaxPool2d,
     MaxPool3d,
 )
+from xgrad.nn.rarer_losses import (
+    CTCLoss,
+    GaussianNLLLoss,
+    HingeEmbeddingLoss,
+    MultiLabelMarginLoss,
+    MultiLabelSoftMarginLoss,
+    MultiMarginLoss,
+    PairwiseDistance,
+    PoissonNLLLoss,
+    SoftMarginLoss,
+    TripletMarginLoss,
+)
 from xgrad.nn.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from xgrad.nn.transformer import (
     MultiheadAttention,
@@ -106,17 +107,17 @@ from xgrad.nn.upsampling import PixelShuffle, PixelUnshuffle, Upsample, Upsampli
 __all__ = [
     "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
     "AlphaDropout", "AvgPool1d", "AvgPool2d", "AvgPool3d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d",
-    "BatchNorm2d", "CELU", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
-    "CosineEmbeddingLoss", "CosineSimilarity", "CrossEntropyLoss", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
-    "ELU", "Embedding", "FeatureAlphaDropout", "Flatten", "GELU", "GLU", "GRU", "GRUCell", "GaussianNLLLoss",
-    "GroupNorm", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh", "HingeEmbeddingLoss", "HuberLoss",
-    "Identity", "KLDivLoss", "L1Loss", "LSTM", "LSTMCell", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid",
-    "LogSoftmax", "MLP", "MSELoss", "MarginRankingLoss", "MaxPool1d", "MaxPool2d", "MaxPool3d", "Mish", "Module",
-    "ModuleDict", "ModuleList", "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss", "MultiMarginLoss",
-    "MultiheadAttention", "NLLLoss", "PReLU", "PairwiseDistance", "Parameter", "PixelShuffle", "PixelUnshuffle",
-    "PoissonNLLLoss", "RNN", "RNNCell", "ReLU", "ReLU6", "SELU", "Sequential", "SiLU", "Sigmoid", "SmoothL1Loss",
-    "SoftMarginLoss", "Softmax", "Softmin", "Softplus", "Softshrink", "Softsign", "Tanh", "Tanhshrink", "Threshold",
-    "Transformer", "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer",
-    "TripletMarginLoss", "Unflatten", "Upsample", "UpsamplingBilinear2d", "UpsamplingNearest2d", "functional",
-    "init", "modules", "utils"
+    "BatchNorm2d", "CELU", "CTCLoss", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+    "ConvTranspose3d", "CosineEmbeddingLoss", "CosineSimilarity", "CrossEntropyLoss", "Dropout", "Dropout1d",
+    "Dropout2d", "Dropout3d", "ELU", "Embedding", "FeatureAlphaDropout", "Flatten", "GELU", "GLU", "GRU", "GRUCell",
+    "GaussianNLLLoss", "GroupNorm", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh", "HingeEmbeddingLoss",
+    "HuberLoss", "Identity", "KLDivLoss", "L1Loss", "LSTM", "LSTMCell", "LayerNorm", "LeakyReLU", "Linear",
+    "LogSigmoid", "LogSoftmax", "MLP", "MSELoss", "MarginRankingLoss", "MaxPool1d", "MaxPool2d", "MaxPool3d",
+    "Mish", "Module", "ModuleDict", "ModuleList", "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss",
+    "MultiMarginLoss", "MultiheadAttention", "NLLLoss", "PReLU", "PairwiseDistance", "Parameter", "PixelShuffle",
+    "PixelUnshuffle", "PoissonNLLLoss", "RNN", "RNNCell", "ReLU", "ReLU6", "SELU", "Sequential", "SiLU", "Sigmoid",
+    "SmoothL1Loss", "SoftMarginLoss", "Softmax", "Softmin", "Softplus", "Softshrink", "Softsign", "Tanh",
+    "Tanhshrink", "Threshold", "Transformer", "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder",
+    "TransformerEncoderLayer", "TripletMarginLoss", "Unflatten", "Upsample", "UpsamplingBilinear2d",
+    "UpsamplingNearest2d", "functional", "init", "modules", "utils"
 ]

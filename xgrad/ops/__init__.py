@@ -32,6 +32,7 @@ from xgrad.ops.activations import (
 )
 from xgrad.ops.attention import scaled_dot_product_attention
 from xgrad.ops.conv import conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d
+from xgrad.ops.ctc import ctc_loss
 from xgrad.ops.elementwise import (
     abs,
     add,
@@ -405,6 +406,7 @@ OPS: tuple[Op, ...] = (
     Op(triplet_margin_loss),
     Op(poisson_nll_loss),
     Op(gaussian_nll_loss),
+    Op(ctc_loss),
     Op(scaled_dot_product_attention),
     Op(interpolate),
     Op(pixel_shuffle),
@@ -450,9 +452,9 @@ __all__ = [
     "astype", "avg_pool1d", "avg_pool2d", "avg_pool3d", "baddbmm", "batch_norm", "binary_cross_entropy",
     "binary_cross_entropy_with_logits", "bmm", "broadcast_to", "cat", "ceil", "celu", "chunk", "clamp", "clamp_max",
     "clamp_min", "clone", "concatenate", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-    "conv_transpose3d", "cos", "cosine_embedding_loss", "cosine_similarity", "cross_entropy", "cumsum", "defprim",
-    "diag", "div", "dropout", "dropout1d", "dropout2d", "dropout3d", "einsum", "elu", "embedding", "eq", "erf",
-    "exp", "expand", "expand_as", "expm1", "feature_alpha_dropout", "flatten", "flip", "floor", "from_jax",
+    "conv_transpose3d", "cos", "cosine_embedding_loss", "cosine_similarity", "cross_entropy", "ctc_loss", "cumsum",
+    "defprim", "diag", "div", "dropout", "dropout1d", "dropout2d", "dropout3d", "einsum", "elu", "embedding", "eq",
+    "erf", "exp", "expand", "expand_as", "expm1", "feature_alpha_dropout", "flatten", "flip", "floor", "from_jax",
     "gather", "gaussian_nll_loss", "ge", "gelu", "getitem", "glu", "group_norm", "gt", "hardshrink", "hardsigmoid",
     "hardswish", "hardtanh", "hinge_embedding_loss", "huber_loss", "index_select", "instance_norm", "interpolate",
     "isfinite", "isnan", "kl_div", "l1_loss", "layer_norm", "le", "leaky_relu", "linear", "log", "log1p",

@@ -75,6 +75,33 @@ def _ref_adaptive3d(x: Any, out: tuple[int, int, int], reduce: Any) -> Any:
     return jnp.stack(cells, axis=-1).reshape(*x.shape[:2], *out)
 
 
+_CTC_TARGETS = np.array([[1, 2], [2, 2]])
+_CTC_INPUT_LENGTHS = np.array([4, 3])
+_CTC_TARGET_LENGTHS = np.array([2, 2])
+
+
+def _ref_ctc(log_probs: Any) -> Any:
+    """PyTorch's ``ctc_loss`` (mean reduction) as the forward algorithm written out per sequence and step, plus
+    ``exp(log_probs) - stop_gradient(exp(log_probs))`` inside each input length: the value stays, and the
+    gradient gains ``exp(log_probs)``, as PyTorch's does (NOTE [CTC loss gradient])."""
+    total = 0.0
+    for b, (labels, steps, length) in enumerate(zip(_CTC_TARGETS, _CTC_INPUT_LENGTHS, _CTC_TARGET_LENGTHS, strict=True)):
+        extended = [0]
+        for label in labels[:length]:
+            extended += [int(label), 0]
+        # log(0) as a finite -1e30, so an unreachable state's gradient is zero rather than NaN
+        alpha = [log_probs[0, b, extended[0]], log_probs[0, b, extended[1]]] + [-1e30] * (len(extended) - 2)
+        for t in range(1, steps):
+            alpha = [jax.nn.logsumexp(jnp.stack(
+                [alpha[s]] + ([alpha[s - 1]] if s >= 1 else [])
+                + ([alpha[s - 2]] if s >= 2 and extended[s] != 0 and extended[s] != extended[s - 2] else [])))
+                + log_probs[t, b, extended[s]] for s in range(len(extended))]
+        nll = -jnp.logaddexp(alpha[-1], alpha[-2])
+        inside = jnp.exp(log_probs[:steps, b])
+        total = total + (nll + jnp.sum(inside - jax.lax.stop_gradient(inside))) / length
+    return total / len(_CTC_TARGETS)
+
+
 def _distance(a: Any, b: Any, p: float) -> Any:
     return jnp.sum(jnp.abs(a - b + 1e-6) ** p, axis=-1) ** (1 / p)
 
@@ -108,6 +135,9 @@ def layer_specs() -> list[Any]:
         OpSpec("sparse_matmul", lambda v, i, d: _prim("sparse_matmul", shape=(3, 4))(v, i, d),
                lambda v, i, d: jnp.zeros((3, 4), v.dtype).at[i[:, 0], i[:, 1]].add(v) @ d,
                (((5,), (5, 2), (4, 2)),), (REAL, ints(3), REAL)),
+        OpSpec("ctc_loss", lambda x: X.ctc_loss(x, X.tensor(_CTC_TARGETS), X.tensor(_CTC_INPUT_LENGTHS),
+                                                X.tensor(_CTC_TARGET_LENGTHS)),
+               _ref_ctc, (((4, 2, 3),),), (REAL,), smooth=False, second_order=False),  # by design not the derivative
         OpSpec("max_pool3d", lambda x: X.max_pool3d(x, 2, (1, 2, 1), 1),
                lambda x: ref_max_pool(x, (2, 2, 2), (1, 2, 1), (1, 1, 1), (1, 1, 1), False), (((1, 2, 3, 4, 3),),), (REAL,)),
         OpSpec("avg_pool3d", lambda x: X.avg_pool3d(x, 2, 1, 1, count_include_pad=False),

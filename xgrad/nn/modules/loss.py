@@ -13,7 +13,8 @@ from xgrad.nn.loss import (
     NLLLoss,
     SmoothL1Loss,
 )
-from xgrad.nn.margin_loss import (
+from xgrad.nn.rarer_losses import (
+    CTCLoss,
     GaussianNLLLoss,
     HingeEmbeddingLoss,
     MultiLabelMarginLoss,
@@ -24,6 +25,9 @@ from xgrad.nn.margin_loss import (
     TripletMarginLoss,
 )
 
-__all__ = ["BCELoss", "BCEWithLogitsLoss", "CosineEmbeddingLoss", "CrossEntropyLoss", "HuberLoss", "KLDivLoss", "L1Loss", "MarginRankingLoss", "MSELoss", "NLLLoss", "SmoothL1Loss",
-           "GaussianNLLLoss", "HingeEmbeddingLoss", "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss", "MultiMarginLoss",
-           "PoissonNLLLoss", "SoftMarginLoss", "TripletMarginLoss"]
+__all__ = [
+    "BCELoss", "BCEWithLogitsLoss", "CTCLoss", "CosineEmbeddingLoss", "CrossEntropyLoss", "GaussianNLLLoss",
+    "HingeEmbeddingLoss", "HuberLoss", "KLDivLoss", "L1Loss", "MSELoss", "MarginRankingLoss",
+    "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss", "MultiMarginLoss", "NLLLoss", "PoissonNLLLoss",
+    "SmoothL1Loss", "SoftMarginLoss", "TripletMarginLoss"
+]

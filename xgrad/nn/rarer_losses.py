@@ -1,7 +1,7 @@
-"""The remaining loss modules: ``SoftMarginLoss``, ``HingeEmbeddingLoss``, ``MultiMarginLoss``,
+"""The rarer loss modules: ``SoftMarginLoss``, ``HingeEmbeddingLoss``, ``MultiMarginLoss``,
 ``MultiLabelMarginLoss``, ``MultiLabelSoftMarginLoss``, ``TripletMarginLoss``, ``PairwiseDistance``,
-``PoissonNLLLoss`` and ``GaussianNLLLoss``, each calling the op of its name
-(``xgrad/ops/margin_losses.py``) with the arguments PyTorch's module keeps."""
+``PoissonNLLLoss``, ``GaussianNLLLoss`` (``xgrad/ops/margin_losses.py``) and ``CTCLoss``
+(``xgrad/ops/ctc.py``), each calling the op of its name with the arguments PyTorch's module keeps."""
 
 from __future__ import annotations
 
@@ -152,3 +152,20 @@ class GaussianNLLLoss(Module):
 
     def forward(self, input: Tensor, target: Any, var: Any) -> Tensor:
         return ops.gaussian_nll_loss(input, target, var, self.full, self.eps, self.reduction)
+
+
+class CTCLoss(_Loss):
+    """The connectionist temporal classification loss (``F.ctc_loss``), with PyTorch's gradient.
+
+    >>> import xgrad
+    >>> log_probs = xgrad.tensor([[[0.5, 0.5]], [[0.5, 0.5]]]).log()
+    >>> round(xgrad.nn.CTCLoss(reduction="sum")(log_probs, xgrad.tensor([[1]]), [2], [1]).item(), 4)
+    0.2877
+    """
+
+    def __init__(self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False) -> None:
+        super().__init__(reduction=reduction)
+        self.blank, self.zero_infinity = blank, zero_infinity
+
+    def forward(self, log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths: Any) -> Tensor:
+        return ops.ctc_loss(log_probs, targets, input_lengths, target_lengths, self.blank, self.reduction, self.zero_infinity)
