@@ -58,7 +58,7 @@ def _ref_multi_margin(x: Any, p: int) -> Any:
 
 
 def _ref_multilabel_margin(x: Any) -> Any:
-    total = 0.0
+    total: Any = 0.0
     for row, labels in enumerate(_LABELS):
         listed = list(labels[: list(labels).index(-1)]) if -1 in labels else list(labels)
         for j in listed:
@@ -84,7 +84,7 @@ def _ref_ctc(log_probs: Any) -> Any:
     """PyTorch's ``ctc_loss`` (mean reduction) as the forward algorithm written out per sequence and step, plus
     ``exp(log_probs) - stop_gradient(exp(log_probs))`` inside each input length: the value stays, and the
     gradient gains ``exp(log_probs)``, as PyTorch's does (NOTE [CTC loss gradient])."""
-    total = 0.0
+    total: Any = 0.0
     for b, (labels, steps, length) in enumerate(zip(_CTC_TARGETS, _CTC_INPUT_LENGTHS, _CTC_TARGET_LENGTHS, strict=True)):
         extended = [0]
         for label in labels[:length]:
