@@ -86,7 +86,14 @@ def is_complex(input: Tensor) -> builtins.bool:  # noqa: A002
 
 
 def is_inference(input: Tensor) -> builtins.bool:  # noqa: A002
-    """Whether ``input`` is an inference tensor, made inside ``inference_mode()`` (``Tensor.is_inference``)."""
+    """Whether ``input`` is an inference tensor, made inside ``inference_mode()`` (``Tensor.is_inference``).
+
+    >>> import xgrad
+    >>> with xgrad.inference_mode():
+    ...     made_inside = xgrad.ones(2)
+    >>> xgrad.is_inference(made_inside), xgrad.is_inference(xgrad.ones(2))
+    (True, False)
+    """
     if not isinstance(input, Tensor):
         raise TypeError(f"is_inference(): argument 'input' (position 1) must be Tensor, not {type(input).__name__}")
     return input.is_inference()
