@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -96,12 +97,12 @@ def _inplace(fn: Callable[..., Any]) -> Callable[..., Tensor]:
 
 def _deferring(fn: Callable[..., Any], defer_to: tuple[type, ...]) -> Callable[..., Any]:
     """A binary operator that leaves ``defer_to``'s operands to their own (reflected) operators."""
+    @functools.wraps(fn)  # ``__wrapped__``: the table's function
     def operator(self: Tensor, other: Any) -> Any:
         if isinstance(other, defer_to):
             return NotImplemented
         return fn(self, other)
 
-    operator.__name__ = getattr(fn, "__name__", "operator")
     return operator
 
 
