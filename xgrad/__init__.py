@@ -9,6 +9,8 @@
 """
 
 import builtins
+import importlib
+from typing import TYPE_CHECKING
 
 # isort: off
 # The op library first: importing it attaches the ops to Tensor, which the rest uses.
@@ -17,7 +19,7 @@ from xgrad.ops import *  # noqa: F403  (the op library is re-exported at top lev
 from xgrad.ops import __all__ as _ops_all
 
 # isort: on
-from xgrad import accelerator, autograd, cuda, distributed, func, jit, nn, onnx, optim, profiler, sparse, utils, viz
+from xgrad import accelerator, autograd, cuda, jit, nn, onnx, optim, profiler, sparse, viz
 from xgrad import compile_cache as _compile_cache
 from xgrad.compile_cache import enable_compilation_cache
 from xgrad.compile_step import compile
@@ -73,6 +75,27 @@ from xgrad.tensor.legacy_types import (
     LongTensor,
     ShortTensor,
 )
+
+if TYPE_CHECKING:
+    from xgrad import distributed, func, testing, utils
+
+# NOTE [Lazy subpackages]
+# ``xgrad.distributed``, ``xgrad.func``, ``xgrad.testing`` and ``xgrad.utils`` (with
+# ``xgrad.utils.data``) are reachable after a plain ``import xgrad`` but imported on first
+# use, so that ``import xgrad`` pays only for the tensor, the engine, the ops, ``nn`` and
+# ``optim``. ``xgrad.testing`` sits above the rest of the library in the layers (it checks
+# them); importing it from here at call time keeps the layering true at import.
+_LAZY_SUBPACKAGES = frozenset({"distributed", "func", "testing", "utils"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY_SUBPACKAGES:
+        return importlib.import_module(f"xgrad.{name}")
+    raise AttributeError(f"module 'xgrad' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_SUBPACKAGES})
 
 
 def is_floating_point(input: Tensor) -> builtins.bool:  # noqa: A002  (PyTorch's argument name)
@@ -135,6 +158,6 @@ __all__ = [
     "inference_mode", "intermediates", "is_complex", "is_floating_point", "is_grad_enabled", "is_inference",
     "is_inference_mode_enabled", "is_tensor", "jit", "linspace", "load", "manual_seed", "multinomial", "nn",
     "no_grad", "onnx", "ones", "ones_like", "ops", "optim", "profiler", "rand", "rand_like", "randint",
-    "randint_like", "randn", "randn_like", "randperm", "save", "set_default_dtype", "set_grad_enabled", "sparse", "tensor",
-    "utils", "viz", "zeros", "zeros_like",
+    "randint_like", "randn", "randn_like", "randperm", "save", "set_default_dtype", "set_grad_enabled", "sparse",
+    "tensor", "testing", "utils", "viz", "zeros", "zeros_like",
 ]

@@ -31,6 +31,8 @@ from xgrad.ops.activations import (
     threshold,
 )
 from xgrad.ops.attention import scaled_dot_product_attention
+from xgrad.ops.complex import conj, conj_physical, is_conj, resolve_conj
+from xgrad.ops.composites import cov, squeeze_, take, vstack
 from xgrad.ops.conv import conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d
 from xgrad.ops.ctc import ctc_loss
 from xgrad.ops.elementwise import (
@@ -273,6 +275,10 @@ OPS: tuple[Op, ...] = (
     Op(floor, "floor", differentiable=False),
     Op(ceil, "ceil", differentiable=False),
     Op(round, "round", differentiable=False),
+    Op(conj, "conj"),
+    Op(conj_physical, "conj_physical"),
+    Op(resolve_conj, "resolve_conj"),
+    Op(is_conj, "is_conj", differentiable=False),
     # -- reductions ----------------------------------------------------------------------
     Op(sum, "sum"),
     Op(mean, "mean"),
@@ -285,6 +291,7 @@ OPS: tuple[Op, ...] = (
     Op(amin, "amin"),
     Op(logsumexp, "logsumexp"),
     Op(cumsum, "cumsum"),
+    Op(cov, "cov"),
     Op(sum_to, "sum_to"),
     Op(argmax, "argmax", differentiable=False),
     Op(argmin, "argmin", differentiable=False),
@@ -293,6 +300,7 @@ OPS: tuple[Op, ...] = (
     Op(view, "view"),
     Op(flatten, "flatten"),
     Op(squeeze, "squeeze"),
+    Op(squeeze_, "squeeze_", exported=False),
     Op(unsqueeze, "unsqueeze"),
     Op(transpose, "transpose"),
     Op(permute, "permute"),
@@ -307,6 +315,7 @@ OPS: tuple[Op, ...] = (
     Op(T, properties="T"),
     Op(mT, properties="mT"),
     Op(cat),
+    Op(vstack),
     Op(concatenate, name="concatenate"),
     Op(stack),
     Op(pad),
@@ -327,6 +336,7 @@ OPS: tuple[Op, ...] = (
     Op(gather, "gather"),
     Op(scatter_add, "scatter_add"),
     Op(index_select, "index_select"),
+    Op(take, "take"),
     Op(embedding),
     Op(sort, "sort"),
     Op(topk, "topk"),
@@ -451,25 +461,27 @@ __all__ = [
     "adaptive_max_pool3d", "add", "all", "alpha_dropout", "amax", "amin", "any", "argmax", "argmin", "argsort",
     "astype", "avg_pool1d", "avg_pool2d", "avg_pool3d", "baddbmm", "batch_norm", "binary_cross_entropy",
     "binary_cross_entropy_with_logits", "bmm", "broadcast_to", "cat", "ceil", "celu", "chunk", "clamp", "clamp_max",
-    "clamp_min", "clone", "concatenate", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-    "conv_transpose3d", "cos", "cosine_embedding_loss", "cosine_similarity", "cross_entropy", "ctc_loss", "cumsum",
-    "defprim", "diag", "div", "dropout", "dropout1d", "dropout2d", "dropout3d", "einsum", "elu", "embedding", "eq",
-    "erf", "exp", "expand", "expand_as", "expm1", "feature_alpha_dropout", "flatten", "flip", "floor", "from_jax",
-    "gather", "gaussian_nll_loss", "ge", "gelu", "getitem", "glu", "group_norm", "gt", "hardshrink", "hardsigmoid",
-    "hardswish", "hardtanh", "hinge_embedding_loss", "huber_loss", "index_select", "instance_norm", "interpolate",
-    "isfinite", "isnan", "kl_div", "l1_loss", "layer_norm", "le", "leaky_relu", "linear", "log", "log1p",
-    "log_softmax", "logical_and", "logical_not", "logical_or", "logical_xor", "logsigmoid", "logsumexp", "lt",
+    "clamp_min", "clone", "concatenate", "conj", "conj_physical", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+    "conv_transpose2d", "conv_transpose3d", "cos", "cosine_embedding_loss", "cosine_similarity", "cov",
+    "cross_entropy", "ctc_loss", "cumsum", "defprim", "diag", "div", "dropout", "dropout1d", "dropout2d",
+    "dropout3d", "einsum", "elu", "embedding", "eq", "erf", "exp", "expand", "expand_as", "expm1",
+    "feature_alpha_dropout", "flatten", "flip", "floor", "from_jax", "gather", "gaussian_nll_loss", "ge", "gelu",
+    "getitem", "glu", "group_norm", "gt", "hardshrink", "hardsigmoid", "hardswish", "hardtanh",
+    "hinge_embedding_loss", "huber_loss", "index_select", "instance_norm", "interpolate", "is_conj", "isfinite",
+    "isnan", "kl_div", "l1_loss", "layer_norm", "le", "leaky_relu", "linear", "log", "log1p", "log_softmax",
+    "logical_and", "logical_not", "logical_or", "logical_xor", "logsigmoid", "logsumexp", "lt",
     "margin_ranking_loss", "masked_fill", "masked_select", "matmul", "max", "max_pool1d", "max_pool2d",
     "max_pool3d", "maximum", "mean", "min", "minimum", "mish", "mm", "movedim", "mse_loss", "mT", "mul",
     "multi_margin_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss", "narrow", "ne", "neg", "nll_loss",
     "nonzero", "norm", "normalize", "one_hot", "outer", "pad", "pairwise_distance", "permute", "pixel_shuffle",
     "pixel_unshuffle", "poisson_nll_loss", "pow", "prelu", "Primitive", "prod", "REGISTRY", "relu", "relu6",
-    "repeat", "repeat_interleave", "reshape", "reshape_as", "roll", "round", "rsqrt",
+    "repeat", "repeat_interleave", "reshape", "reshape_as", "resolve_conj", "roll", "round", "rsqrt",
     "scaled_dot_product_attention", "scatter_add", "select", "selu", "setitem", "sigmoid", "sign", "silu", "sin",
     "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin", "softplus", "softshrink", "softsign", "sort",
-    "sparse_coo_tensor", "split", "sqrt", "squeeze", "stack", "std", "sub", "sum", "sum_to", "T", "tan", "tanh",
-    "tanhshrink", "threshold", "to_device", "to_sparse", "topk", "transpose", "tril", "triplet_margin_loss", "triu",
-    "unbind", "unfold", "unsqueeze", "var", "view", "view_as", "where", "with_sharding_constraint",
+    "sparse_coo_tensor", "split", "sqrt", "squeeze", "stack", "std", "sub", "sum", "sum_to", "T", "take", "tan",
+    "tanh", "tanhshrink", "threshold", "to_device", "to_sparse", "topk", "transpose", "tril", "triplet_margin_loss",
+    "triu", "unbind", "unfold", "unsqueeze", "var", "view", "view_as", "vstack", "where",
+    "with_sharding_constraint",
 ]
 # -- end of generated code --
 
