@@ -17,7 +17,7 @@ without renaming.
 (2, 3)
 """
 
-from xgrad.nn import functional, init, modules, utils
+from xgrad.nn import functional, init, modules, parallel, utils
 from xgrad.nn.activation import (
     CELU,
     ELU,
@@ -68,6 +68,7 @@ from xgrad.nn.loss import (
 )
 from xgrad.nn.module import Module, Parameter
 from xgrad.nn.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
+from xgrad.nn.parallel import DataParallel, DistributedDataParallel
 from xgrad.nn.pooling import (
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
@@ -108,16 +109,16 @@ __all__ = [
     "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
     "AlphaDropout", "AvgPool1d", "AvgPool2d", "AvgPool3d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d",
     "BatchNorm2d", "CELU", "CTCLoss", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
-    "ConvTranspose3d", "CosineEmbeddingLoss", "CosineSimilarity", "CrossEntropyLoss", "Dropout", "Dropout1d",
-    "Dropout2d", "Dropout3d", "ELU", "Embedding", "FeatureAlphaDropout", "Flatten", "GELU", "GLU", "GRU", "GRUCell",
-    "GaussianNLLLoss", "GroupNorm", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh", "HingeEmbeddingLoss",
-    "HuberLoss", "Identity", "KLDivLoss", "L1Loss", "LSTM", "LSTMCell", "LayerNorm", "LeakyReLU", "Linear",
-    "LogSigmoid", "LogSoftmax", "MLP", "MSELoss", "MarginRankingLoss", "MaxPool1d", "MaxPool2d", "MaxPool3d",
-    "Mish", "Module", "ModuleDict", "ModuleList", "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss",
-    "MultiMarginLoss", "MultiheadAttention", "NLLLoss", "PReLU", "PairwiseDistance", "Parameter", "PixelShuffle",
-    "PixelUnshuffle", "PoissonNLLLoss", "RNN", "RNNCell", "ReLU", "ReLU6", "SELU", "Sequential", "SiLU", "Sigmoid",
-    "SmoothL1Loss", "SoftMarginLoss", "Softmax", "Softmin", "Softplus", "Softshrink", "Softsign", "Tanh",
-    "Tanhshrink", "Threshold", "Transformer", "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder",
-    "TransformerEncoderLayer", "TripletMarginLoss", "Unflatten", "Upsample", "UpsamplingBilinear2d",
-    "UpsamplingNearest2d", "functional", "init", "modules", "utils"
+    "ConvTranspose3d", "CosineEmbeddingLoss", "CosineSimilarity", "CrossEntropyLoss", "DataParallel",
+    "DistributedDataParallel", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "ELU", "Embedding",
+    "FeatureAlphaDropout", "Flatten", "GELU", "GLU", "GRU", "GRUCell", "GaussianNLLLoss", "GroupNorm", "Hardshrink",
+    "Hardsigmoid", "Hardswish", "Hardtanh", "HingeEmbeddingLoss", "HuberLoss", "Identity", "KLDivLoss", "L1Loss",
+    "LSTM", "LSTMCell", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid", "LogSoftmax", "MLP", "MSELoss",
+    "MarginRankingLoss", "MaxPool1d", "MaxPool2d", "MaxPool3d", "Mish", "Module", "ModuleDict", "ModuleList",
+    "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss", "MultiMarginLoss", "MultiheadAttention", "NLLLoss", "PReLU",
+    "PairwiseDistance", "Parameter", "PixelShuffle", "PixelUnshuffle", "PoissonNLLLoss", "RNN", "RNNCell", "ReLU",
+    "ReLU6", "SELU", "Sequential", "SiLU", "Sigmoid", "SmoothL1Loss", "SoftMarginLoss", "Softmax", "Softmin",
+    "Softplus", "Softshrink", "Softsign", "Tanh", "Tanhshrink", "Threshold", "Transformer", "TransformerDecoder",
+    "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer", "TripletMarginLoss", "Unflatten",
+    "Upsample", "UpsamplingBilinear2d", "UpsamplingNearest2d", "functional", "init", "modules", "parallel", "utils"
 ]
