@@ -6,8 +6,9 @@ from __future__ import print_function
 import argparse
 import os
 import random
-import xgrad as torch  # xgrad: the imports (not torch.nn.parallel: data_parallel runs with several GPUs only)
+import xgrad as torch  # xgrad: the imports
 import xgrad.nn as nn
+import xgrad.nn.parallel
 import xgrad.backends.cudnn as cudnn
 import xgrad.optim as optim
 import xgrad.utils.data
