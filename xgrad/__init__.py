@@ -19,7 +19,7 @@ from xgrad.ops import *  # noqa: F403  (the op library is re-exported at top lev
 from xgrad.ops import __all__ as _ops_all
 
 # isort: on
-from xgrad import accelerator, amp, autograd, backends, cuda, jit, nn, onnx, optim, profiler, viz
+from xgrad import accelerator, amp, autograd, backends, cuda, jit, nn, onnx, optim, profiler, sparse, viz
 from xgrad import compile_cache as _compile_cache
 from xgrad.amp import GradScaler, autocast
 from xgrad.backends import (
@@ -118,6 +118,20 @@ def is_complex(input: Tensor) -> builtins.bool:  # noqa: A002
     return input.is_complex()
 
 
+def is_inference(input: Tensor) -> builtins.bool:  # noqa: A002
+    """Whether ``input`` is an inference tensor, made inside ``inference_mode()`` (``Tensor.is_inference``).
+
+    >>> import xgrad
+    >>> with xgrad.inference_mode():
+    ...     made_inside = xgrad.ones(2)
+    >>> xgrad.is_inference(made_inside), xgrad.is_inference(xgrad.ones(2))
+    (True, False)
+    """
+    if not isinstance(input, Tensor):
+        raise TypeError(f"is_inference(): argument 'input' (position 1) must be Tensor, not {type(input).__name__}")
+    return input.is_inference()
+
+
 # PyTorch's dtype names (the table in xgrad/tensor/dtypes.py), left out of ``__all__`` as torch's are:
 # ``from xgrad import *`` must not shadow the builtins ``float``, ``int`` and ``bool``.
 float16 = _DTYPES["float16"]
@@ -148,15 +162,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     *_ops_all, "BFloat16Tensor", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor",
-    "GradScaler", "Generator", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor", "Tensor", "accelerator", "amp", "arange",
-    "autocast", "autograd", "backends", "bernoulli", "compile", "cuda", "device", "distributed", "dtype", "empty", "empty_like", "enable_compilation_cache",
-    "enable_grad", "eye", "finfo", "from_numpy", "full", "full_like", "func", "get_default_dtype",
-    "get_float32_matmul_precision", "get_num_interop_threads", "get_num_threads", "iinfo",
-    "inference_mode", "intermediates", "is_complex", "is_floating_point", "is_grad_enabled",
-    "is_inference_mode_enabled", "is_tensor", "jit", "linspace", "load", "manual_seed", "multinomial", "nn",
-    "no_grad", "onnx", "ones", "ones_like", "ops", "optim", "profiler", "rand", "rand_like", "randint",
-    "randint_like", "randn", "randn_like", "randperm", "save", "set_default_dtype", "set_float32_matmul_precision",
-    "set_grad_enabled", "set_num_interop_threads", "set_num_threads", "tensor", "testing", "utils", "viz", "zeros",
-    "zeros_like",
+    "Generator", "GradScaler", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor", "Tensor", "accelerator",
+    "amp", "arange", "autocast", "autograd", "backends", "bernoulli", "compile", "cuda", "device", "distributed",
+    "dtype", "empty", "empty_like", "enable_compilation_cache", "enable_grad", "eye", "finfo", "from_numpy",
+    "full", "full_like", "func", "get_default_dtype", "get_float32_matmul_precision", "get_num_interop_threads",
+    "get_num_threads", "iinfo", "inference_mode", "intermediates", "is_complex", "is_floating_point",
+    "is_grad_enabled", "is_inference", "is_inference_mode_enabled", "is_tensor", "jit", "linspace", "load",
+    "manual_seed", "multinomial", "nn", "no_grad", "ones", "ones_like", "onnx", "ops", "optim", "profiler", "rand",
+    "rand_like", "randint", "randint_like", "randn", "randn_like", "randperm", "save", "set_default_dtype",
+    "set_float32_matmul_precision", "set_grad_enabled", "set_num_interop_threads", "set_num_threads", "sparse",
+    "tensor", "testing", "utils", "viz", "zeros", "zeros_like",
 ]
 

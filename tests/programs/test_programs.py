@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.usefixtures("eager_and_compiled"), pytest.mark.slow]
 
 # The Transformer language model builds its positional encodings in float32 (``dtype=torch.float``),
 # where PyTorch's and XLA's sin/cos differ in the last bit: its losses agree to float32 rounding.
-RTOL = {"word_language_model_transformer": 1e-6}
+# GAT runs in float32 (its features are torch.FloatTensor): its losses agree to float32 rounding.
+RTOL = {"word_language_model_transformer": 1e-6, "gat": 1e-6}
 
 TORCH_LOSSES = json.loads((Path(__file__).parents[1] / "fixtures" / "program_losses.json").read_text())
 
