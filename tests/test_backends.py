@@ -138,8 +138,8 @@ def test_a_missing_pytorch_name_says_so_and_what_to_use():
     np.testing.assert_allclose(x.grad.numpy(), -1 / np.sqrt(1 - np.array([0.25, 0.5]) ** 2), rtol=1e-6)
     with pytest.raises(AttributeError, match=r"torch.Tensor.square is a PyTorch name xgrad does not have\. Use tensor \*\* 2"):
         x.square()
-    with pytest.raises(AttributeError, match=r"torch.nn.Conv3d is a PyTorch name .*migrating_from_pytorch\.md"):
-        xgrad.nn.Conv3d  # noqa: B018
+    with pytest.raises(AttributeError, match=r"torch.nn.RReLU is a PyTorch name .*migrating_from_pytorch\.md"):
+        xgrad.nn.RReLU  # noqa: B018
     with pytest.raises(AttributeError, match=r"torch.nn.functional.conv_tbc is a PyTorch name"):
         xgrad.nn.functional.conv_tbc  # noqa: B018
     for owner in (xgrad, xgrad.nn, xgrad.nn.functional, x):

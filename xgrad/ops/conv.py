@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xgrad.ops.autocast import autocast_op
 from xgrad.ops.jaxop import vjp_of
 from xgrad.ops.linalg import _sizes
 from xgrad.ops.registry import defprim
@@ -127,6 +128,7 @@ def _batched(input: Tensor, n: int, run: Any) -> Tensor:
     return run(input)
 
 
+@autocast_op
 def conv3d(
     input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1
 ) -> Tensor:
@@ -160,6 +162,7 @@ def _conv_transpose(n: int, input: Tensor, weight: Tensor, bias: Tensor | None, 
 
 
 
+@autocast_op
 def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
                      output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     """``F.conv_transpose1d``: the input gradient of ``conv1d``, weight ``(in, out / groups, K)`` as PyTorch's.
@@ -171,6 +174,7 @@ def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
     return _conv_transpose(1, input, weight, bias, stride, padding, output_padding, groups, dilation)
 
 
+@autocast_op
 def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
                      output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     """``F.conv_transpose2d`` on NCHW input, weight ``(in, out / groups, kH, kW)`` as PyTorch's.
@@ -182,6 +186,7 @@ def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
     return _conv_transpose(2, input, weight, bias, stride, padding, output_padding, groups, dilation)
 
 
+@autocast_op
 def conv_transpose3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
                      output_padding: Any = 0, groups: int = 1, dilation: Any = 1) -> Tensor:
     """``F.conv_transpose3d`` on NCDHW input, weight ``(in, out / groups, kD, kH, kW)`` as PyTorch's.

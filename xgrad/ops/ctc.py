@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad.ops._util import as_array, check_values, reduce_loss
+from xgrad.ops.autocast import autocast_op
 from xgrad.ops.elementwise import isfinite, where
 from xgrad.ops.jaxop import vjp_of
 from xgrad.ops.registry import defprim
@@ -88,6 +89,7 @@ def _lengths(value: Any) -> Tensor:
     return Tensor(jnp.asarray(as_array(value) if isinstance(value, Tensor) else value, jnp.int32).reshape(-1))
 
 
+@autocast_op
 def ctc_loss(log_probs: Tensor, targets: Any, input_lengths: Any, target_lengths: Any, blank: int = 0,
              reduction: str = "mean", zero_infinity: bool = False) -> Tensor:
     """``F.ctc_loss``: ``-log`` of the probability of each target over all alignments of ``log_probs``

@@ -14,6 +14,7 @@ import numpy as np
 
 from xgrad.ops._util import as_array, check_values, constant_like, legacy_reduction, reduce_loss, refuse_none
 from xgrad.ops.activations import logsigmoid
+from xgrad.ops.autocast import autocast_op
 from xgrad.ops.elementwise import clamp_min, exp, log, log1p, minimum, where
 from xgrad.ops.index import gather
 from xgrad.ops.linalg import norm
@@ -26,6 +27,7 @@ __all__ = [
 ]
 
 
+@autocast_op
 def soft_margin_loss(input: Tensor, target: Any, size_average: bool | None = None, reduce: bool | None = None,
                      reduction: str = "mean") -> Tensor:
     """``F.soft_margin_loss``: ``log(1 + exp(-target * input))``, targets ``1`` or ``-1``.
@@ -39,6 +41,7 @@ def soft_margin_loss(input: Tensor, target: Any, size_average: bool | None = Non
     return reduce_loss(log1p(exp(-_as_target(target, input) * input)), reduction)
 
 
+@autocast_op
 def hinge_embedding_loss(input: Tensor, target: Any, margin: float = 1.0, size_average: bool | None = None,
                          reduce: bool | None = None, reduction: str = "mean") -> Tensor:
     """``F.hinge_embedding_loss``: ``input`` where ``target`` is 1, ``max(0, margin - input)`` where it is -1.
@@ -66,6 +69,7 @@ def _class_scores(input: Tensor, target: Any, name: str) -> tuple[Tensor, Tensor
     return (input.reshape(1, -1), target.reshape(1, -1), True) if unbatched else (input, target, False)
 
 
+@autocast_op
 def multi_margin_loss(input: Tensor, target: Any, p: int = 1, margin: float = 1.0, weight: Tensor | None = None,
                       size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean") -> Tensor:
     """``F.multi_margin_loss``: ``sum_{i != y} max(0, margin - x[y] + x[i])^p / C`` per sample, ``p`` 1 or 2.
@@ -94,6 +98,7 @@ def multi_margin_loss(input: Tensor, target: Any, p: int = 1, margin: float = 1.
     return reduce_loss(loss.reshape(()) if unbatched else loss, reduction)
 
 
+@autocast_op
 def multilabel_margin_loss(input: Tensor, target: Any, size_average: bool | None = None, reduce: bool | None = None,
                            reduction: str = "mean") -> Tensor:
     """``F.multilabel_margin_loss``: the hinge ``max(0, 1 - (x[j] - x[i])) / C`` summed over each target class ``j``
@@ -148,6 +153,7 @@ def pairwise_distance(x1: Tensor, x2: Tensor, p: float = 2.0, eps: float = 1e-6,
     return norm(x1 - x2 + eps, p, dim=max(x1.ndim, x2.ndim) - 1, keepdim=keepdim)
 
 
+@autocast_op
 def triplet_margin_loss(anchor: Tensor, positive: Tensor, negative: Tensor, margin: float = 1.0, p: float = 2,
                         eps: float = 1e-6, swap: bool = False, size_average: bool | None = None, reduce: bool | None = None,
                         reduction: str = "mean") -> Tensor:
@@ -171,6 +177,7 @@ def triplet_margin_loss(anchor: Tensor, positive: Tensor, negative: Tensor, marg
     return reduce_loss(clamp_min(margin + to_positive - to_negative, 0.0), reduction)
 
 
+@autocast_op
 def poisson_nll_loss(input: Tensor, target: Any, log_input: bool = True, full: bool = False,
                      size_average: bool | None = None, eps: float = 1e-8, reduce: bool | None = None,
                      reduction: str = "mean") -> Tensor:

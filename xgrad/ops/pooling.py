@@ -37,6 +37,7 @@ import numpy as np
 
 from xgrad.ops import shape_rules
 from xgrad.ops._util import constant_like
+from xgrad.ops.autocast import autocast_op
 from xgrad.ops.index import gather
 from xgrad.ops.jaxop import vjp_of
 from xgrad.ops.linalg import einsum
@@ -340,6 +341,7 @@ def avg_pool2d(
     return _avg_pool(2, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
+@autocast_op
 def avg_pool3d(
     input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
     count_include_pad: bool = True, divisor_override: int | None = None,
