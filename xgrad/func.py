@@ -8,25 +8,38 @@
 # (``jax.grad``, ``jax.vjp``, ``jax.jvp``, ``jax.vmap``, ``jax.jacrev``, ``jax.jacfwd``)
 # and wraps the arrays that come back as Tensors. They compose (``vmap(grad(f))``,
 # ``jacfwd(jacrev(f))``) because each one's result is again a function of Tensors.
-# Nothing is cached: every call traces the function afresh, so values read through
-# closures or a module (``functional_call``) are the current ones after an optimizer
-# step. Called on tensors with history, a transform keeps it (NOTE [Transforms keep
-# history]); in-place writes follow torch.func (NOTE [In-place writes in xgrad.func]).
+# Called from outside any trace, ``grad``, ``grad_and_value``, ``vmap``, ``jacrev``,
+# ``jacfwd`` and ``hessian`` run one cached XLA program per signature (NOTE [Transforms
+# cached per signature]). Called on tensors with history, a transform keeps it (NOTE
+# [Transforms keep history]); in-place writes follow torch.func (NOTE [In-place writes
+# in xgrad.func]).
 """
 
 from __future__ import annotations
 
 import functools
+import gc
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+from jax.experimental import checkify
 
+from xgrad import generator, step_trace
+from xgrad.bounded_cache import BoundedCache
 from xgrad.engine import engine_ops
 from xgrad.engine.dual import ERR_TANGENT_SIZE
 from xgrad.grad_mode import graph_off, is_grad_enabled
 from xgrad.jax_capture import quiet_captures
-from xgrad.ops._util import canonical_dim
+from xgrad.jax_internals import (
+    ClosedJaxpr,
+    check_consts_keep_identity,
+    get_opaque_trace_state,
+    jaxpr_as_fun,
+    loaded_names,
+)
+from xgrad.ops._util import canonical_dim, checks_as_values
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
 from xgrad.tensor.inplace import ERR_MUTATE_CAPTURED
@@ -86,6 +99,205 @@ def _keeps_history(transformed: Callable[..., Any]) -> Callable[..., Any]:
         return jax.tree_util.tree_unflatten(out_tree[-1], list(outs))
 
     return wrapper
+
+
+# NOTE [Transforms cached per signature]
+# Traced afresh at every call, ``vmap(grad(loss))(params, x, y)`` costs far more than it
+# computes. Called from outside any JAX trace and any ``xgrad.compile`` step, ``grad``,
+# ``grad_and_value``, ``vmap``, ``jacrev``, ``jacfwd`` and ``hessian`` run one jitted
+# program per signature instead, as ``jax.jit`` does. The signature is the arguments'
+# pytree structure, their arrays' shapes and dtypes, the values of their other leaves,
+# and the ``training`` flags of the modules the function reaches (through closures,
+# ``functools.partial``, a bound ``self`` and the globals its code loads).
+# Staleness follows ``xgrad.compile``: a constant of the trace that is a tensor's array
+# (a module's buffer, a closed-over weight) is read from that tensor at every call, so
+# an optimizer step or an in-place update is seen, and one of another shape or dtype
+# traces again. The tensor is found from its array once per trace (``gc.get_referrers``).
+# A Python name rebound to another Tensor object is not seen, as with ``jax.jit``, and
+# Python in the function runs when it is traced, not at every call. A function that
+# needs concrete values (``.item()`` of an argument) runs as before, traced at every
+# call. The default generator's key is an input and an output of the program, so
+# random ops without ``key=`` draw afresh at every call, as torch.func's do.
+_NOT_TRACING = get_opaque_trace_state(convention="xgrad")  # the same in every thread outside any JAX trace
+_RUN_UNCACHED = object()  # an entry for a signature whose trace needed concrete values
+_CHECK_FAILED = object()  # what ``_run`` returns when a check of values failed in the program
+_CACHE_SIZE = 64
+_LIBRARIES = {"xgrad", "jax", "jaxlib", "numpy", "optax", "equinox", "flax", "functools", "operator", "builtins"}
+
+
+class _Entry:
+    """One signature's program and how its inputs and outputs map to Tensors."""
+
+    __slots__ = ("consts", "draws", "dyn", "jitted", "n_out", "out_static", "out_tensors", "out_tree", "sources", "written")
+
+    def __init__(self) -> None:
+        self.consts: list[Any] = []
+        self.sources: list[tuple[int, weakref.ref[Tensor]]] = []  # a const read from this tensor at every call
+        self.dyn: list[int] = []  # the argument leaves that are program inputs
+        self.out_tree: Any = None
+        self.out_static: list[Any] = []  # the output leaves, the Tensors among them as placeholders
+        self.out_tensors: list[int] = []
+        self.n_out = 0
+        self.written: list[int] = []  # argument leaves the function wrote in place
+        self.draws = False
+        self.jitted: Any = None
+
+
+def _signature(leaves: list[Any]) -> tuple[Any, ...] | None:
+    """The cache key of these argument leaves; ``None`` when a leaf is traced or unhashable."""
+    sig: list[Any] = []
+    for leaf in leaves:
+        array = leaf._array if isinstance(leaf, Tensor) else leaf
+        if isinstance(array, jax.Array):
+            if isinstance(array, jax.core.Tracer):
+                return None
+            sig.append((isinstance(leaf, Tensor), array.shape, array.dtype, array.weak_type))
+            continue
+        try:
+            hash(leaf)
+        except TypeError:
+            return None
+        sig.append((type(leaf), leaf))
+    return tuple(sig)
+
+
+def _modules_reached(fn: Any, found: list[Any], seen: set[int]) -> None:
+    """Add to ``found`` the modules ``fn`` reaches: itself, ``partial`` arguments, a bound ``self``,
+    closure cells, the globals its code loads, and what the functions among those reach."""
+    if id(fn) in seen or isinstance(fn, (Tensor, jax.Array, str, int, float, type(None))):
+        return
+    seen.add(id(fn))
+    if hasattr(fn, "_modules") and hasattr(fn, "training"):
+        found.append(fn)
+        return
+    if isinstance(fn, (list, tuple)):
+        parts: list[Any] = list(fn)
+    elif isinstance(fn, dict):
+        parts = list(fn.values())
+    elif isinstance(fn, functools.partial):
+        parts = [fn.func, *fn.args, *fn.keywords.values()]
+    else:
+        parts = [getattr(fn, "__self__", None), getattr(fn, "__wrapped__", None)]
+        code = getattr(fn, "__code__", None)
+        fn_globals = getattr(fn, "__globals__", {})
+        package = str(fn_globals.get("__name__", "")).split(".")[0]
+        if code is not None and package not in _LIBRARIES:  # the user's function: what it reads
+            for cell in fn.__closure__ or ():
+                try:
+                    parts.append(cell.cell_contents)
+                except ValueError:  # an empty cell
+                    continue
+            parts.extend(fn_globals[name] for name in loaded_names(code) if name in fn_globals)
+        elif code is not None and package == "xgrad":  # a transform's wrapper: the functions it calls
+            parts.extend(c.cell_contents for c in fn.__closure__ or () if callable(c.cell_contents))
+    for part in parts:
+        if part is not None:
+            _modules_reached(part, found, seen)
+
+
+def _modes(roots: list[Any]) -> tuple[bool, ...]:
+    return tuple(m.training for root in roots for m in root.modules())
+
+
+def _cached(transform: Callable[..., Any], func: Callable[..., Any]) -> Callable[..., Any]:
+    """``transform`` (a transform of ``func``) run as one program per signature (NOTE [Transforms cached per signature])."""
+    entries: BoundedCache[Any, Any] = BoundedCache(_CACHE_SIZE)
+    roots: list[list[Any]] = []
+
+    @functools.wraps(transform)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if step_trace.current() is not None or get_opaque_trace_state(convention="xgrad") != _NOT_TRACING:
+            return transform(*args, **kwargs)
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
+        sig = _signature(leaves)
+        if sig is None:
+            return transform(*args, **kwargs)
+        if not roots:
+            found: list[Any] = []
+            _modules_reached(func, found, set())
+            roots.append(found)
+        key = (tree, sig, _modes(roots[0]))
+        entry = entries.get(key)
+        out = None if entry is None or entry is _RUN_UNCACHED else _run(entry, leaves)
+        if out is None and entry is not _RUN_UNCACHED:  # a new signature, or a source tensor's shape changed
+            try:
+                entry = entries[key] = _trace(transform, leaves, tree)
+            except Exception:  # it needs concrete values (or fails): the uncached run says which
+                entry = entries[key] = _RUN_UNCACHED
+            if entry is not _RUN_UNCACHED:
+                out = _run(entry, leaves)
+        if out is None or out is _CHECK_FAILED:  # the uncached run raises eager's error
+            return transform(*args, **kwargs)
+        return out[0]
+
+    return wrapper
+
+
+def _trace(transform: Callable[..., Any], leaves: list[Any], tree: Any) -> _Entry:
+    check_consts_keep_identity()  # the tensors behind the constants are found by it
+    entry = _Entry()
+    entry.dyn = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array))]
+
+    def program(key: Any, *arrays: Any) -> tuple[list[Any], list[Any], Any]:
+        call = list(leaves)
+        given = []
+        for i, a in zip(entry.dyn, arrays, strict=True):
+            call[i] = Tensor(a) if isinstance(leaves[i], Tensor) else a
+            given.append((i, call[i], a))
+        args, kwargs = jax.tree_util.tree_unflatten(tree, call)
+        with generator.default_key_threaded(key) as key_after, checks_as_values():
+            out = transform(*args, **kwargs)
+        out_leaves, entry.out_tree = jax.tree_util.tree_flatten(out, is_leaf=is_tensor)
+        entry.out_tensors = [k for k, o in enumerate(out_leaves) if isinstance(o, Tensor)]
+        entry.out_static = [None if isinstance(o, Tensor) else o for o in out_leaves]
+        if any(isinstance(o, jax.core.Tracer) for o in entry.out_static):
+            raise jax.errors.UnexpectedTracerError("a transform returned a traced array that is not a Tensor")
+        written = [(i, t) for i, t, a in given if isinstance(t, Tensor) and t._array is not a]
+        entry.written = [i for i, _ in written]
+        entry.draws = key_after[0] is not key
+        entry.n_out = len(entry.out_tensors)
+        return [out_leaves[k]._array for k in entry.out_tensors], [t._array for _, t in written], key_after[0]
+
+    inputs = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in entry.dyn]
+    closed = jax.make_jaxpr(checkify.checkify(program))(generator.default_key_data(), *inputs)
+    entry.consts = list(closed.consts)
+    owners: dict[int, Tensor] = {}
+    for referrer in gc.get_referrers(*entry.consts) if entry.consts else ():
+        if isinstance(referrer, Tensor):
+            owners.setdefault(id(referrer._array), referrer)
+    entry.sources = [(k, weakref.ref(owners[id(c)])) for k, c in enumerate(entry.consts) if id(c) in owners]
+    jaxpr = closed.jaxpr
+    as_fun = jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(constvars=[], invars=[*jaxpr.constvars, *jaxpr.invars]), []))
+    entry.jitted = jax.jit(lambda consts, *flat: as_fun(*consts, *flat))
+    return entry
+
+
+def _run(entry: _Entry, leaves: list[Any]) -> Any:
+    """``entry``'s program on these argument leaves, as a 1-tuple; ``None`` when a source tensor changed shape or
+    dtype, ``_CHECK_FAILED`` when a check of values failed."""
+    consts = entry.consts
+    for k, ref in entry.sources:
+        t = ref()
+        if t is None or t._array is consts[k]:
+            continue
+        new, old = t._array, consts[k]
+        if isinstance(new, jax.core.Tracer) or new.shape != old.shape or new.dtype != old.dtype:
+            return None
+        consts[k] = new
+    inputs = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in entry.dyn]
+    flat = entry.jitted(consts, generator.default_key_data(), *inputs)
+    n_error = len(flat) - entry.n_out - len(entry.written) - 1
+    if n_error and any(bool(e) for e in flat[:n_error] if e.dtype == bool):
+        return _CHECK_FAILED
+    flat = flat[n_error:]
+    if entry.draws:
+        generator.set_default_key_data(flat[-1])
+    for i, new in zip(entry.written, flat[entry.n_out:-1], strict=True):
+        leaves[i].copy_(Tensor(new))
+    out = list(entry.out_static)
+    for k, array in zip(entry.out_tensors, flat[: entry.n_out], strict=True):
+        out[k] = Tensor(array)
+    return (jax.tree_util.tree_unflatten(entry.out_tree, out),)
 
 
 def _argnums_tuple(argnums: int | Sequence[int], nargs: int, name: str) -> tuple[int, ...]:
@@ -187,7 +399,7 @@ def grad_and_value(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0,
         grads = _tensors(grads if isinstance(argnums, tuple) else grads[0])
         return (grads, (Tensor(value), _tensors(aux))) if has_aux else (grads, Tensor(value))
 
-    return _keeps_history(wrapper)
+    return _keeps_history(_cached(wrapper, func))
 
 
 def grad(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0, has_aux: bool = False) -> Callable[..., Any]:
@@ -356,7 +568,7 @@ def vmap(
         _write_back(args, written)
         return _tensors(out)
 
-    return _keeps_history(wrapper)
+    return _keeps_history(_cached(wrapper, func))
 
 
 def _vmap_name(func: Callable[..., Any]) -> str:
@@ -450,7 +662,7 @@ def _jacobian(jax_transform: Callable[..., Any], func: Callable[..., Any], argnu
         result = jax_transform(of_arrays, argnums=positions, has_aux=has_aux)(*[_arrays(args[i]) for i in nums])
         return (_tensors(result[0]), _tensors(result[1])) if has_aux else _tensors(result)
 
-    return _keeps_history(wrapper)
+    return _keeps_history(_cached(wrapper, func))
 
 
 def jacrev(
