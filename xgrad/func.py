@@ -167,7 +167,7 @@ def _modules_reached(fn: Any, found: list[Any], seen: set[int]) -> None:
     if id(fn) in seen or isinstance(fn, (Tensor, jax.Array, str, int, float, type(None))):
         return
     seen.add(id(fn))
-    if hasattr(fn, "_modules") and hasattr(fn, "training"):
+    if hasattr(fn, "_modules") and callable(getattr(type(fn), "modules", None)):  # an nn.Module
         found.append(fn)
         return
     if isinstance(fn, (list, tuple)):
