@@ -212,6 +212,11 @@ class TestGradTransform:
         x = randn([])
         assert_equal(grad(grad(xgrad.sin))(x), -xgrad.sin(x))
 
+    @pytest.mark.xfail(
+        strict=True,
+        reason="xgrad differs on purpose: a Tensor that escapes a transform holds JAX's tracer of that transform, "
+        "and JAX refuses it afterwards (UnexpectedTracerError) where torch unwraps a dead wrapper",
+    )
     def test_escaped_wrappers_are_ignored(self):
         x = randn([])
         escaped = []
@@ -225,6 +230,7 @@ class TestGradTransform:
         something = escaped[0].sum()
         assert_equal(something, x.sin().sum())
 
+    @funcapi("*_like factories on traced Tensors")
     def test_manual_seed_inside_grad(self):
         x = randn([])
 
@@ -672,6 +678,14 @@ class TestToListInsideGrad:
 # ---------------------------------------------------------------- TestAutogradFunction
 
 
+_DIFFERS_RETURNS_INPUT = pytest.mark.xfail(
+    strict=True,
+    reason="xgrad differs on purpose: under JAX's transforms a Function cannot mark_dirty (JAX arrays are never "
+    "modified in place; xgrad raises saying so), and an input returned as-is and saved aliases nothing that could "
+    "change, so torch's 'returned as-is' error has nothing to guard",
+)
+
+
 class TestAutogradFunction:
     def test_set_materialize_grads(self):
         seen = []
@@ -699,8 +713,14 @@ class TestAutogradFunction:
         grad(grad(f))(y, x)
         assert seen and all(a and b for a, b in seen)
 
-    @pytest.mark.parametrize("save_tensors", ["input", "output", "neither"])
-    @pytest.mark.parametrize("mark_dirty", [True, False])
+    @pytest.mark.parametrize(
+        ("save_tensors", "mark_dirty"),
+        [
+            ("neither", False),
+            *[pytest.param(save, dirty, marks=_DIFFERS_RETURNS_INPUT) for save, dirty in
+              [("input", True), ("output", True), ("neither", True), ("input", False), ("output", False)]],
+        ],
+    )
     def test_function_returns_input(self, save_tensors, mark_dirty):
         class A(xgrad.autograd.Function):
             @staticmethod
@@ -752,11 +772,12 @@ class TestAutogradFunction:
         grad(grad(A.apply))(x, y)
         assert seen and all(s == (True, False) for s in seen)
 
+    @funcapi("vjp results that keep history for an outer autograd.grad")
     def test_once_differentiable_autograd_vjp(self):
         class NumpyCube(xgrad.autograd.Function):
             @staticmethod
             def forward(x):
-                x_np = np.asarray(x.array)
+                x_np = np.asarray(x.detach().array)
                 return xgrad.tensor(x_np**3), x_np
 
             @staticmethod
@@ -764,7 +785,7 @@ class TestAutogradFunction:
                 ctx.x_np = output[1]
 
             @staticmethod
-            @xgrad.autograd.function.once_differentiable
+            @xgrad.autograd.once_differentiable
             def backward(ctx, grad_output, grad_saved):
                 return xgrad.tensor(3 * ctx.x_np**2) * grad_output
 
@@ -775,6 +796,11 @@ class TestAutogradFunction:
         with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
             gx.backward()
 
+    @pytest.mark.xfail(
+        strict=True,
+        reason="xgrad differs on purpose: a transform runs its function outside xgrad's graph, on JAX's AD "
+        "(NOTE [Function transforms]), so results inside it have no grad_fn to name",
+    )
     def test_grad_fn_name(self):
         names = []
 
@@ -894,7 +920,6 @@ class TestAutogradFunctionVmapAPI:
         vmap(Id.apply, in_dims=(1,))(x)
         assert seen == [(1,), (1,)]
 
-    @funcapi("autograd.Function under vmap")
     def test_generate_vmap_rule(self):
         Id = _id_function(generate=True)
         x = randn(4, 3)
@@ -1236,7 +1261,6 @@ class TestJac:
         assert_equal(jacapi(lambda inputs: f(*inputs))(inputs), expected)
 
     @jacapis
-    @funcapi("Tensor.to(device=...) on traced Tensors")
     def test_against_reference_correctness_different_devices(self, jacapi):
         def f(x, y):
             return x * y, (x * y).to(device="cpu")
@@ -1400,7 +1424,6 @@ class TestJvp:
 
         assert_equal(jvp(f, (x, y), (tx, ty)), (f(x, y), f(tx, ty)))
 
-    @funcapi("Tensor.new_tensor on traced Tensors")
     def test_jvp_new_tensor(self):
         x = xgrad.rand(10, 10)
         f = lambda x: x + x.new_tensor(0.5)  # noqa: E731
@@ -1646,7 +1669,7 @@ class TestComposability:
         with pytest.raises(RuntimeError, match=r"Tensor.retain_grad\(\)"):
             grad(f)(randn(3))
 
-    @pytest.mark.parametrize("api", ["jacobian", "vjp", "jvp"])
+    @pytest.mark.parametrize("api", ["jacobian", "vjp", pytest.param("jvp", marks=funcapi("*_like factories on traced Tensors"))])
     def test_autograd_functional_inside_transform(self, api):
         def f(x):
             fn = lambda x: x.sin().sum()  # noqa: E731
@@ -1656,9 +1679,9 @@ class TestComposability:
                 return xgrad.autograd.functional.vjp(fn, x)
             return xgrad.autograd.functional.jvp(fn, (x,), (xgrad.ones_like(x),))
 
-        with pytest.raises(RuntimeError, match="torch.autograd.functional"):
+        with pytest.raises(RuntimeError, match="xgrad.autograd.functional"):
             vmap(f)(randn(5, 3))
-        with pytest.raises(RuntimeError, match="torch.autograd.functional"):
+        with pytest.raises(RuntimeError, match="xgrad.autograd.functional"):
             grad(f)(randn([]))
 
     @pytest.mark.parametrize("transform", ["grad", "jacrev", "grad_and_value", "hessian"])
@@ -1735,7 +1758,7 @@ class TestFunctionalCallAndStackModuleState:
         expected = xgrad.autograd.grad(mod(x).sum(), list(mod.parameters()))
         params = {k: v.detach() for k, v in mod.named_parameters()}
         result = grad(lambda p, x: functional_call(mod, p, (x,)).sum())(params, x)
-        assert_equal((result["linear.weight"], result["linear.bias"]), expected)
+        assert_equal((result["weight"], result["bias"]), expected)
 
     @funcapi("xgrad.func.stack_module_state")
     def test_stack_module_state_leaf(self):
@@ -1808,6 +1831,7 @@ def _sine_tasks(num_tasks, k):
 
 
 class TestExamplesCorrectness:
+    @funcapi("MAML composition: parameters a transformed function closes over keep their history (item 3)")
     def test_maml_regression(self, eager_and_compiled):
         net = nn.Sequential(nn.Linear(1, 40), nn.ReLU(), nn.Linear(40, 40), nn.ReLU(), nn.Linear(40, 1))
         params = dict(net.named_parameters())
@@ -1832,6 +1856,7 @@ class TestExamplesCorrectness:
         expected = xgrad.autograd.grad(sum(losses) / 4, list(params.values()))
         assert_equal(result, expected, rtol=1e-4, atol=1e-6)
 
+    @funcapi("MAML composition: parameters a transformed function closes over keep their history (item 3)")
     def test_maml_omniglot(self, eager_and_compiled):
         n_way, n_inner_iter, num_tasks = 5, 2, 2
         net = nn.Sequential(
@@ -1885,6 +1910,7 @@ class TestExamplesCorrectness:
         assert_equal(result, expected, rtol=1e-4)
 
     @pytest.mark.parametrize("jac", ["jacfwd", "jacrev"])
+    @funcapi("parameters a transformed function closes over keep their history (item 3)")
     def test_lennard_jones_batched_jac(self, jac, eager_and_compiled):
         sigma, epsilon = 0.5, 4.0
         jac = getattr(xgrad.func, jac)
@@ -1959,7 +1985,6 @@ class TestExamplesCorrectness:
         assert_equal(result_weights, _stacked([w for _, w in per_model]), rtol=1e-5)
 
     @pytest.mark.parametrize("dropout_layer", ["Dropout", "AlphaDropout"])
-    @funcapi("vmap(randomness='same') over the default generator")
     def test_find_learning_rate_ensembling(self, dropout_layer):
         points, labels = randn(16, 2, 2, 2, 2), xgrad.tensor(RNG.integers(0, 2, (16,)))
 

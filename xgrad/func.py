@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import weakref
@@ -30,7 +31,8 @@ from xgrad import generator, step_trace
 from xgrad.bounded_cache import BoundedCache
 from xgrad.engine import engine_ops
 from xgrad.engine.dual import ERR_TANGENT_SIZE
-from xgrad.grad_mode import graph_off, is_grad_enabled
+from xgrad.engine.saved import disable_saved_tensors_hooks
+from xgrad.grad_mode import graph_off, is_grad_enabled, stops_gradients
 from xgrad.jax_capture import quiet_captures
 from xgrad.jax_internals import (
     ClosedJaxpr,
@@ -80,7 +82,15 @@ def _has_history(tree: Any) -> bool:
 def _keeps_history(transformed: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(transformed)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not is_grad_enabled() or not _has_history((args, kwargs)):
+        if not is_grad_enabled():
+            out = transformed(*args, **kwargs)
+            # ``no_grad`` entered inside an outer transform's function: its AD sees a constant, as for any op there
+            if stops_gradients(_arrays(jax.tree_util.tree_leaves((args, kwargs), is_leaf=is_tensor))):
+                out = jax.tree_util.tree_map(
+                    lambda t: Tensor(jax.lax.stop_gradient(t._array)) if isinstance(t, Tensor) else t, out, is_leaf=is_tensor
+                )
+            return out
+        if not _has_history((args, kwargs)):
             return transformed(*args, **kwargs)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
@@ -199,13 +209,16 @@ def _modes(roots: list[Any]) -> tuple[bool, ...]:
     return tuple(m.training for root in roots for m in root.modules())
 
 
-def _cached(transform: Callable[..., Any], func: Callable[..., Any]) -> Callable[..., Any]:
-    """``transform`` (a transform of ``func``) run as one program per signature (NOTE [Transforms cached per signature])."""
+def _cached(transform: Callable[..., Any], func: Callable[..., Any], reverse_mode: bool = False) -> Callable[..., Any]:
+    """``transform`` (a transform of ``func``) run as one program per signature (NOTE [Transforms cached per
+    signature]). A ``reverse_mode`` one refuses saved tensor hooks active at the call, as torch.func does."""
     entries: BoundedCache[Any, Any] = BoundedCache(_CACHE_SIZE)
     roots: list[list[Any]] = []
 
     @functools.wraps(transform)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if reverse_mode:
+            _check_no_saved_hooks()
         if step_trace.current() is not None or get_opaque_trace_state(convention="xgrad") != _NOT_TRACING:
             return transform(*args, **kwargs)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
@@ -300,17 +313,28 @@ def _run(entry: _Entry, leaves: list[Any]) -> Any:
     return (jax.tree_util.tree_unflatten(entry.out_tree, out),)
 
 
-def _argnums_tuple(argnums: int | Sequence[int], nargs: int, name: str) -> tuple[int, ...]:
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums) if isinstance(argnums, (tuple, list)) else ()
-    if not nums or not all(isinstance(i, int) for i in nums):
-        raise RuntimeError(f"{name}: argnums must be int or Tuple[int, ...], got: {argnums!r}")
+def _argnums_tuple(argnums: Any, nargs: int, name: str) -> tuple[int, ...]:
+    """``argnums`` checked as torch.func checks it, each made non-negative."""
+    if isinstance(argnums, int):
+        nums: tuple[Any, ...] = (argnums,)
+    elif isinstance(argnums, tuple):
+        nums = argnums
+        if not nums:
+            raise RuntimeError(f"{name}: argnums must be non-empty")
+    else:
+        raise RuntimeError(f"{name}: argnums must be int or Tuple[int, ...], got: {type(argnums)}")
     for i in nums:
+        if not isinstance(i, int):
+            raise RuntimeError(f"{name}: argnum must be int, got: {type(i)}")
         if not -nargs <= i < nargs:
             raise RuntimeError(
-                f"{name}: Got argnums={i}, but only {nargs} positional inputs. Please pass a valid argnums or pass "
+                f"{name}: Got argnum={i}, but only {nargs} positional inputs. Please pass a valid argnums or pass "
                 "more positional inputs."
             )
-    return tuple(i % nargs for i in nums)
+    wrapped = tuple(i % nargs for i in nums)
+    if len(set(wrapped)) != len(wrapped):
+        raise RuntimeError(f"{name}: argnums elements must be unique, got {argnums}")
+    return wrapped
 
 
 def _scalar_output(out: Any, name: str) -> Any:
@@ -324,12 +348,46 @@ def _scalar_output(out: Any, name: str) -> Any:
     return out._array
 
 
-def _split_aux(out: Any, name: str) -> tuple[Any, Any]:
+def _split_aux(out: Any, where: str) -> tuple[Any, Any]:
+    """``(output, aux)`` of a function called with ``has_aux=True``; ``where`` names the call, as torch.func does."""
     if not (isinstance(out, tuple) and len(out) == 2):
-        raise RuntimeError(
-            f"{name}(f)(*args): output of function f should be a tuple: (output, aux) if has_aux is True"
-        )
+        raise RuntimeError(f"{where}: output of function f should be a tuple: (output, aux) if has_aux is True")
+    _only_tensors(out[1], f"{where}: aux")
     return out
+
+
+def _only_tensors(tree: Any, what: str) -> None:
+    """torch.func's error for a leaf of ``tree`` (an ``aux``) that is no Tensor (JAX's ``TypeError`` otherwise)."""
+    for leaf in jax.tree_util.tree_leaves(tree, is_leaf=is_tensor):
+        if not isinstance(leaf, (Tensor, jax.Array)):
+            raise RuntimeError(f"{what}: Expected tensors, got unsupported type {type(leaf)}")
+
+
+def _tensor_outputs(out: Any, where: str) -> None:
+    """torch.func's errors for a function whose outputs are empty or not all Tensors."""
+    if out is None or (isinstance(out, (tuple, list, dict)) and not jax.tree_util.tree_leaves(out, is_leaf=is_tensor)):
+        raise RuntimeError(f"{where}: Expected f to be a function that has non-empty output (got output = {out})")
+    for leaf in jax.tree_util.tree_leaves(out, is_leaf=is_tensor):
+        if not isinstance(leaf, (Tensor, jax.Array)):
+            raise RuntimeError(f"{where}: expected f(*primals) to return only tensors, got unsupported type {type(leaf)}")
+
+
+ERR_SAVED_HOOKS = (
+    "xgrad.func.{grad, vjp, jacrev, hessian} don't support saved tensor hooks: JAX's AD keeps its own residuals, "
+    "which the hooks would never see. Enter the hooks outside the transformed function and its call, or use "
+    "xgrad.func.jvp or vmap, which save nothing for a backward."
+)
+
+
+def _refuse_saved_hooks() -> disable_saved_tensors_hooks:
+    """Inside it, saved tensor hooks raise torch.func's error; entering it with hooks active raises too."""
+    return disable_saved_tensors_hooks(ERR_SAVED_HOOKS)
+
+
+def _check_no_saved_hooks() -> None:
+    """torch.func's error when saved tensor hooks are active around a reverse-mode transform's call."""
+    with _refuse_saved_hooks():
+        pass
 
 
 def _call(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], transform: str = "grad") -> Any:
@@ -387,10 +445,11 @@ def grad_and_value(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0,
         _check_differentiable([args[i] for i in nums])
 
         def of_arrays(*diff: Any) -> Any:
-            out = _call(func, _with_args(args, nums, diff), kwargs)
+            with _refuse_saved_hooks():
+                out = _call(func, _with_args(args, nums, diff), kwargs)
             aux = None
             if has_aux:
-                out, aux = _split_aux(out, "grad_and_value")
+                out, aux = _split_aux(out, "grad_and_value(f)(*args)")
             value = _scalar_output(out, "grad")
             return value, (value, _arrays(aux))
 
@@ -399,7 +458,7 @@ def grad_and_value(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0,
         grads = _tensors(grads if isinstance(argnums, tuple) else grads[0])
         return (grads, (Tensor(value), _tensors(aux))) if has_aux else (grads, Tensor(value))
 
-    return _keeps_history(_cached(wrapper, func))
+    return _keeps_history(_cached(wrapper, func, reverse_mode=True))
 
 
 def grad(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0, has_aux: bool = False) -> Callable[..., Any]:
@@ -435,12 +494,16 @@ def vjp(func: Callable[..., Any], *primals: Any, has_aux: bool = False) -> Any:
     """
 
     def of_arrays(*arrays: Any) -> Any:
-        out = _call(func, [_tensors(a) for a in arrays], {})
+        with _refuse_saved_hooks():
+            out = _call(func, [_tensors(a) for a in arrays], {})
         if has_aux:
-            out, aux = _split_aux(out, "vjp")
+            out, aux = _split_aux(out, "vjp(f, *primals)")
+            _tensor_outputs(out, "vjp(f, *primals)")
             return _arrays(out), _arrays(aux)
+        _tensor_outputs(out, "vjp(f, *primals)")
         return _arrays(out)
 
+    _check_no_saved_hooks()
     arrays = [_arrays(p) for p in primals]
     if has_aux:
         out, pullback, aux = jax.vjp(of_arrays, *arrays, has_aux=True)
@@ -449,6 +512,12 @@ def vjp(func: Callable[..., Any], *primals: Any, has_aux: bool = False) -> Any:
 
     def vjp_fn(cotangents: Any) -> tuple[Any, ...]:
         given = _arrays(cotangents)
+        out_tree, given_tree = jax.tree_util.tree_structure(out), jax.tree_util.tree_structure(given)
+        if out_tree != given_tree:
+            raise RuntimeError(
+                "Expected pytree structure of cotangents to be the same as pytree structure of outputs to the "
+                f"function. cotangents: {given_tree}, primal output: {out_tree}"
+            )
         for i, (o, g) in enumerate(zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(given), strict=False)):
             if o.shape != getattr(g, "shape", None):  # PyTorch's autograd.grad check, not JAX's TypeError
                 raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of {list(getattr(g, 'shape', ()))} "
@@ -468,26 +537,14 @@ def jvp(
     >>> t.tolist()
     [2.0, 6.0]
     """
-    if not isinstance(primals, tuple) or not isinstance(tangents, tuple):
-        raise RuntimeError(
-            "jvp(f, primals, tangents): Expected primals and tangents to be tuples. E.g. jvp(f, (x,), (t,))"
-        )
-    if len(primals) != len(tangents):
-        raise RuntimeError(
-            f"jvp(f, primals, tangents): Expected primals and tangents to have the same python structure: got "
-            f"{len(primals)} primals and {len(tangents)} tangents"
-        )
-
-    for primal, tangent in zip(jax.tree_util.tree_leaves(_arrays(primals)), jax.tree_util.tree_leaves(_arrays(tangents)),
-                               strict=False):
-        if primal.shape != tangent.shape:
-            raise RuntimeError(ERR_TANGENT_SIZE.format(primal=list(primal.shape), tangent=list(tangent.shape)))
+    _check_jvp_inputs(primals, tangents, strict)
 
     def of_arrays(*arrays: Any) -> Any:
         out, written = _call_tracking(func, [_tensors(a) for a in arrays], {}, "grad")
         aux = None
         if has_aux:
-            out, aux = _split_aux(out, "jvp")
+            out, aux = _split_aux(out, "jvp(f, primals, tangents)")
+        _tensor_outputs(out, "jvp(f, primals, tangents)")
         return _arrays(out), (_arrays(aux), written)
 
     p, t = _arrays(primals), _arrays(tangents)
@@ -496,6 +553,32 @@ def jvp(
     if has_aux:
         return _tensors(out), _tensors(tangent_out), _tensors(aux)
     return _tensors(out), _tensors(tangent_out)
+
+
+def _check_jvp_inputs(primals: Any, tangents: Any, strict: bool) -> None:
+    """torch.func.jvp's checks of its arguments, in its order and words."""
+    where = "jvp(f, primals, tangents)"
+    if strict:
+        raise RuntimeError(f"{where}: strict=True is not implemented")
+    if not isinstance(primals, tuple):
+        raise RuntimeError(f"{where}: Expected primals to be a tuple. E.g. it should be valid to call f(*primals).")
+    primal_leaves, primal_tree = jax.tree_util.tree_flatten(primals, is_leaf=is_tensor)
+    tangent_leaves, tangent_tree = jax.tree_util.tree_flatten(tangents, is_leaf=is_tensor)
+    if not isinstance(tangents, tuple) or primal_tree != tangent_tree:
+        raise RuntimeError(
+            f"{where}: Expected primals and tangents to have the same python structure. For example, if primals is "
+            f"a tuple of 3 tensors, tangents also must be. Got primals with structure {primal_tree} and tangents "
+            f"with structure {tangent_tree}"
+        )
+    for name, leaves in (("primals", primal_leaves), ("tangents", tangent_leaves)):
+        for leaf in leaves:
+            if not isinstance(leaf, (Tensor, jax.Array)):
+                raise RuntimeError(f"{where}: Expected {name} to only contain Tensors, got {type(leaf)}")
+        if not leaves:
+            raise RuntimeError(f"{where}: Expected {name} to contain at least one Tensor")
+    for primal, tangent in zip(primal_leaves, tangent_leaves, strict=True):
+        if primal.shape != tangent.shape:
+            raise RuntimeError(ERR_TANGENT_SIZE.format(primal=list(primal.shape), tangent=list(tangent.shape)))
 
 
 def vmap(
@@ -651,18 +734,34 @@ def _jacobian(jax_transform: Callable[..., Any], func: Callable[..., Any], argnu
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         nums = _argnums_tuple(argnums, len(args), name)
 
+        where = "vjp(f, *primals)" if name == "jacrev" else "jvp(f, primals, tangents)"
+        _real_only([args[i] for i in nums], name, "inputs")
+
         def of_arrays(*diff: Any) -> Any:
-            out = _call(func, _with_args(args, nums, diff), kwargs)
+            with _refuse_saved_hooks() if name == "jacrev" else contextlib.nullcontext():
+                out = _call(func, _with_args(args, nums, diff), kwargs)
+            aux = None
             if has_aux:
-                out, aux = _split_aux(out, name)
-                return _arrays(out), _arrays(aux)
-            return _arrays(out)
+                out, aux = _split_aux(out, f"{name}(f)(*args)")
+            _tensor_outputs(out, where)
+            _real_only(out, name, "outputs")
+            return (_arrays(out), _arrays(aux)) if has_aux else _arrays(out)
 
         positions = tuple(range(len(nums))) if isinstance(argnums, tuple) else 0
         result = jax_transform(of_arrays, argnums=positions, has_aux=has_aux)(*[_arrays(args[i]) for i in nums])
         return (_tensors(result[0]), _tensors(result[1])) if has_aux else _tensors(result)
 
-    return _keeps_history(_cached(wrapper, func))
+    return _keeps_history(_cached(wrapper, func, reverse_mode=name == "jacrev"))
+
+
+def _real_only(tree: Any, name: str, what: str) -> None:
+    """torch.func's error for complex inputs or outputs of a Jacobian (JAX's ``TypeError`` otherwise)."""
+    for i, leaf in enumerate(jax.tree_util.tree_leaves(tree, is_leaf=is_tensor)):
+        array = leaf._array if isinstance(leaf, Tensor) else leaf
+        if isinstance(array, jax.Array) and jax.numpy.issubdtype(array.dtype, jax.numpy.complexfloating):
+            raise RuntimeError(
+                f"{name}: Expected all {what} to be real but received complex tensor at flattened {what[:-1]} idx: {i}"
+            )
 
 
 def jacrev(
