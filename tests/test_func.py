@@ -226,3 +226,16 @@ def test_cached_transform_raises_eagers_index_error_and_writes_arguments_back():
     for step in (1.0, 2.0):
         close(bumped(x).array, np.full((2, 3), 2 * step))
         close(x.array, np.full((2, 3), step))  # written back at every call, not only when traced
+
+
+def test_vmap_randomness_modes_over_the_default_generator():
+    noisy = lambda x: x + xgrad.randn(3)  # noqa: E731
+    xs = xgrad.tensor(np.zeros((4, 3)))
+    with pytest.raises(RuntimeError, match="vmap: called random operation while in randomness error mode"):
+        func.vmap(noisy)(xs)
+    with pytest.raises(RuntimeError, match=r"randomness='different'\) is not supported"):
+        func.vmap(noisy, randomness="different")(xs)
+    xgrad.manual_seed(3)
+    same = func.vmap(noisy, randomness="same")(xs).array
+    xgrad.manual_seed(3)
+    close(same, np.broadcast_to(xgrad.randn(3).array, (4, 3)))  # one draw, as eager draws it, for every example

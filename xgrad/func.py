@@ -219,12 +219,14 @@ def _cached(transform: Callable[..., Any], func: Callable[..., Any], reverse_mod
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if reverse_mode:
             _check_no_saved_hooks()
-        if step_trace.current() is not None or get_opaque_trace_state(convention="xgrad") != _NOT_TRACING:
+        if step_trace.current() is not None:  # xgrad.compile caches the step, and threads the generators
             return transform(*args, **kwargs)
+        if get_opaque_trace_state(convention="xgrad") != _NOT_TRACING:
+            return _uncached(transform, args, kwargs)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
         sig = _signature(leaves)
         if sig is None:
-            return transform(*args, **kwargs)
+            return _uncached(transform, args, kwargs)
         if not roots:
             found: list[Any] = []
             _modules_reached(func, found, set())
@@ -240,10 +242,24 @@ def _cached(transform: Callable[..., Any], func: Callable[..., Any], reverse_mod
             if entry is not _RUN_UNCACHED:
                 out = _run(entry, leaves)
         if out is None or out is _CHECK_FAILED:  # the uncached run raises eager's error
-            return transform(*args, **kwargs)
+            return _uncached(transform, args, kwargs)
         return out[0]
 
     return wrapper
+
+
+def _uncached(transform: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``transform`` traced afresh, the default generator's key threaded through it as a cached program's is."""
+    key = generator.default_key_data()
+    if isinstance(key, jax.core.Tracer):  # an outer program threads it already
+        return transform(*args, **kwargs)
+    with generator.default_key_threaded(key) as key_after:
+        out = transform(*args, **kwargs)
+    if key_after[0] is not key:
+        if isinstance(key_after[0], jax.core.Tracer):  # drawn under a jax.jit of the caller's: not threaded out
+            raise RuntimeError(generator.ERR_DRAW_UNDER_JAX)
+        generator.set_default_key_data(key_after[0])
+    return out
 
 
 def _trace(transform: Callable[..., Any], leaves: list[Any], tree: Any) -> _Entry:
@@ -597,9 +613,9 @@ def vmap(
             argument shared by every call; a pytree matching the argument for per-leaf
             dims). One int applies to all arguments. Keyword arguments are not mapped.
         out_dims: where the mapped dimension goes in each output.
-        randomness: ``"error"`` (the default), ``"different"`` or ``"same"``, accepted for
-            PyTorch's signature; random ops under the transform follow xgrad's rule for
-            plain JAX traces.
+        randomness: ``"error"`` (the default: a random op without ``key=`` raises torch's
+            error) or ``"same"`` (one draw from the default generator for every example);
+            ``"different"`` raises for such ops (pass each example its own ``key=``).
         chunk_size: how many examples to compute at once (``None``: all).
 
     >>> import xgrad
@@ -626,7 +642,10 @@ def vmap(
             full = list(args)
             for i, a in zip(mapped, arrays, strict=True):
                 full[i] = _tensors(a)
+            key_before = generator.default_key_data()
             out, written = _call_tracking(func, full, kwargs, "vmap")
+            if randomness != "same" and generator.default_key_data() is not key_before:
+                raise RuntimeError(ERR_VMAP_RANDOMNESS[randomness])
             if isinstance(out_dims, int):
                 _check_vmap_outputs(func, out, out_dims)
             return _arrays(out), written
@@ -652,6 +671,15 @@ def vmap(
         return _tensors(out)
 
     return _keeps_history(_cached(wrapper, func))
+
+
+ERR_VMAP_RANDOMNESS = {
+    "error": "vmap: called random operation while in randomness error mode. Please either use the 'same' or "
+    "'different' randomness flags on vmap or perform the randomness operation out of vmap",
+    "different": "vmap(randomness='different') is not supported for random ops without key= (they draw from the "
+    "default generator, one draw for all examples): use randomness='same', or pass each example its own key= "
+    "(jax.random.split(key, batch_size) as a mapped argument)",
+}
 
 
 def _vmap_name(func: Callable[..., Any]) -> str:
