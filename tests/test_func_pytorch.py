@@ -268,7 +268,8 @@ class TestGradTransform:
         res = grad(foo)(x)
         assert_equal(res, xgrad.ones_like(res) * (x / x.abs()))
 
-    def test_composed_with_autograd(self, eager_and_compiled):
+    @pytest.mark.usefixtures("eager_and_compiled")
+    def test_composed_with_autograd(self):
         x = xgrad.tensor(0.7, requires_grad=True)
         y = grad(xgrad.sin)(x)
         (result,) = xgrad.autograd.grad(y, x)
@@ -293,7 +294,8 @@ class TestGradTransform:
         df, vjp_fn = vjp(grad(lambda x: -xgrad.cos(x)), x)
         assert_equal(grad(lambda y: vjp_fn(y)[0])(y), x.cos())
 
-    def test_views(self, eager_and_compiled):
+    @pytest.mark.usefixtures("eager_and_compiled")
+    def test_views(self):
         x = xgrad.tensor(0.3, requires_grad=True)
         y = xgrad.tensor(-1.1, requires_grad=True)
 
@@ -502,7 +504,8 @@ class TestGradTransform:
         assert_equal(y, x.cos())
         assert not y.requires_grad
 
-    def test_no_grad_inside(self, eager_and_compiled):
+    @pytest.mark.usefixtures("eager_and_compiled")
+    def test_no_grad_inside(self):
         def f(x):
             with xgrad.no_grad():
                 shift = x**2
@@ -527,7 +530,8 @@ class TestGradTransform:
         assert_equal(y, 2 * x)
         assert not y.requires_grad
 
-    def test_no_grad_nested_simple(self, eager_and_compiled):
+    @pytest.mark.usefixtures("eager_and_compiled")
+    def test_no_grad_nested_simple(self):
         def h(x):
             with xgrad.no_grad():
                 shift = grad(lambda x: 0.25 * x**4)(x)
@@ -539,7 +543,8 @@ class TestGradTransform:
         (z,) = xgrad.autograd.grad(y, x)
         assert_equal(z, 6 * x)
 
-    def test_no_grad_nested_complicated(self, eager_and_compiled):
+    @pytest.mark.usefixtures("eager_and_compiled")
+    def test_no_grad_nested_complicated(self):
         def f(x):
             with xgrad.no_grad():
                 shift = x**3
@@ -557,7 +562,8 @@ class TestGradTransform:
         (z,) = xgrad.autograd.grad(y, x)
         assert_equal(z, xgrad.tensor(6.0))
 
-    def test_no_grad_value(self, eager_and_compiled):
+    @pytest.mark.usefixtures("eager_and_compiled")
+    def test_no_grad_value(self):
         def h(x):
             with xgrad.no_grad():
                 gvalue, value = grad_and_value(lambda x: x**3)(x)
@@ -578,7 +584,8 @@ class TestGradTransform:
         assert not y.requires_grad and not out.requires_grad
 
     @funcapi("vjp results that keep history for an outer autograd.grad")
-    def test_no_grad_outside_vjp_fn(self, eager_and_compiled):
+    @pytest.mark.usefixtures("eager_and_compiled")
+    def test_no_grad_outside_vjp_fn(self):
         x = xgrad.tensor(3.14, requires_grad=True)
         out, vjp_fn = vjp(lambda x: x**2, x)
         with xgrad.no_grad():
@@ -589,7 +596,8 @@ class TestGradTransform:
         assert_equal(z, 2 * x)
 
     @funcapi("vjp results that keep history for an outer autograd.grad")
-    def test_no_grad_outside_vjp_only(self, eager_and_compiled):
+    @pytest.mark.usefixtures("eager_and_compiled")
+    def test_no_grad_outside_vjp_only(self):
         x = xgrad.tensor(3.14, requires_grad=True)
         with xgrad.no_grad():
             out, vjp_fn = vjp(lambda x: x**2, x)
@@ -825,7 +833,8 @@ class TestAutogradFunction:
         grad(f)(xgrad.tensor(1.0))
         assert names == ["FooBarBackward"]
 
-    def test_jvp_inside_autograd_function(self, eager_and_compiled):
+    @pytest.mark.usefixtures("eager_and_compiled")
+    def test_jvp_inside_autograd_function(self):
         class MySin(xgrad.autograd.Function):
             @staticmethod
             def forward(ctx, x):
@@ -1832,7 +1841,8 @@ def _sine_tasks(num_tasks, k):
 
 class TestExamplesCorrectness:
     @funcapi("MAML composition: parameters a transformed function closes over keep their history (item 3)")
-    def test_maml_regression(self, eager_and_compiled):
+    @pytest.mark.usefixtures("eager_and_compiled")
+    def test_maml_regression(self):
         net = nn.Sequential(nn.Linear(1, 40), nn.ReLU(), nn.Linear(40, 40), nn.ReLU(), nn.Linear(40, 1))
         params = dict(net.named_parameters())
         alpha = 0.1
@@ -1857,7 +1867,8 @@ class TestExamplesCorrectness:
         assert_equal(result, expected, rtol=1e-4, atol=1e-6)
 
     @funcapi("MAML composition: parameters a transformed function closes over keep their history (item 3)")
-    def test_maml_omniglot(self, eager_and_compiled):
+    @pytest.mark.usefixtures("eager_and_compiled")
+    def test_maml_omniglot(self):
         n_way, n_inner_iter, num_tasks = 5, 2, 2
         net = nn.Sequential(
             nn.Conv2d(1, 8, 3), nn.GroupNorm(8, 8, affine=True), nn.ReLU(), nn.MaxPool2d(2, 2),
@@ -1911,7 +1922,8 @@ class TestExamplesCorrectness:
 
     @pytest.mark.parametrize("jac", ["jacfwd", "jacrev"])
     @funcapi("parameters a transformed function closes over keep their history (item 3)")
-    def test_lennard_jones_batched_jac(self, jac, eager_and_compiled):
+    @pytest.mark.usefixtures("eager_and_compiled")
+    def test_lennard_jones_batched_jac(self, jac):
         sigma, epsilon = 0.5, 4.0
         jac = getattr(xgrad.func, jac)
 

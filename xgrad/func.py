@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -122,12 +121,16 @@ def _keeps_history(transformed: Callable[..., Any]) -> Callable[..., Any]:
 # Staleness follows ``xgrad.compile``: a constant of the trace that is a tensor's array
 # (a module's buffer, a closed-over weight) is read from that tensor at every call, so
 # an optimizer step or an in-place update is seen, and one of another shape or dtype
-# traces again. The tensor is found from its array once per trace (``gc.get_referrers``).
+# traces again. The tensor behind a constant is found by its array among what the function
+# reaches: tensors in its closures and the globals it loads, and the modules' parameters,
+# buffers and tensor attributes, looked for when the transform is first called.
 # A Python name rebound to another Tensor object is not seen, as with ``jax.jit``, and
 # Python in the function runs when it is traced, not at every call. A function that
 # needs concrete values (``.item()`` of an argument) runs as before, traced at every
 # call. The default generator's key is an input and an output of the program, so
-# random ops without ``key=`` draw afresh at every call, as torch.func's do.
+# random ops without ``key=`` draw afresh at every call, as torch.func's do. A check of
+# values (an index in range) is a ``checkify`` check of the program; when one fails, the
+# call runs again uncached, which raises eager's error.
 _NOT_TRACING = get_opaque_trace_state(convention="xgrad")  # the same in every thread outside any JAX trace
 _RUN_UNCACHED = object()  # an entry for a signature whose trace needed concrete values
 _CHECK_FAILED = object()  # what ``_run`` returns when a check of values failed in the program
@@ -171,14 +174,17 @@ def _signature(leaves: list[Any]) -> tuple[Any, ...] | None:
     return tuple(sig)
 
 
-def _modules_reached(fn: Any, found: list[Any], seen: set[int]) -> None:
-    """Add to ``found`` the modules ``fn`` reaches: itself, ``partial`` arguments, a bound ``self``,
-    closure cells, the globals its code loads, and what the functions among those reach."""
-    if id(fn) in seen or isinstance(fn, (Tensor, jax.Array, str, int, float, type(None))):
+def _reached(fn: Any, modules: list[Any], tensors: list[Tensor], seen: set[int]) -> None:
+    """Add the modules and the tensors ``fn`` reaches: itself, ``partial`` arguments, a bound ``self``,
+    closure cells, the globals its code loads, what the functions and containers among those reach."""
+    if id(fn) in seen or isinstance(fn, (jax.Array, str, int, float, type(None))):
         return
     seen.add(id(fn))
+    if isinstance(fn, Tensor):
+        tensors.append(fn)
+        return
     if hasattr(fn, "_modules") and callable(getattr(type(fn), "modules", None)):  # an nn.Module
-        found.append(fn)
+        modules.append(fn)
         return
     if isinstance(fn, (list, tuple)):
         parts: list[Any] = list(fn)
@@ -202,18 +208,29 @@ def _modules_reached(fn: Any, found: list[Any], seen: set[int]) -> None:
             parts.extend(c.cell_contents for c in fn.__closure__ or () if callable(c.cell_contents))
     for part in parts:
         if part is not None:
-            _modules_reached(part, found, seen)
+            _reached(part, modules, tensors, seen)
 
 
 def _modes(roots: list[Any]) -> tuple[bool, ...]:
     return tuple(m.training for root in roots for m in root.modules())
 
 
+def _candidates(modules: list[Any], tensors: list[Tensor]) -> dict[int, Tensor]:
+    """The tensors a trace may have read constants from, by the id of their array now."""
+    found = list(tensors)
+    for root in modules:
+        for m in root.modules():
+            found.extend(v for v in vars(m).values() if isinstance(v, Tensor))
+            found.extend(t for _, t in m.named_parameters(recurse=False))
+            found.extend(t for _, t in m.named_buffers(recurse=False))
+    return {id(t._array): t for t in found}
+
+
 def _cached(transform: Callable[..., Any], func: Callable[..., Any], reverse_mode: bool = False) -> Callable[..., Any]:
     """``transform`` (a transform of ``func``) run as one program per signature (NOTE [Transforms cached per
     signature]). A ``reverse_mode`` one refuses saved tensor hooks active at the call, as torch.func does."""
     entries: BoundedCache[Any, Any] = BoundedCache(_CACHE_SIZE)
-    roots: list[list[Any]] = []
+    reach: list[tuple[list[Any], list[Tensor]]] = []  # the modules and tensors ``func`` reaches, found at the first call
 
     @functools.wraps(transform)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -227,16 +244,17 @@ def _cached(transform: Callable[..., Any], func: Callable[..., Any], reverse_mod
         sig = _signature(leaves)
         if sig is None:
             return _uncached(transform, args, kwargs)
-        if not roots:
-            found: list[Any] = []
-            _modules_reached(func, found, set())
-            roots.append(found)
-        key = (tree, sig, _modes(roots[0]))
+        if not reach:
+            modules: list[Any] = []
+            tensors: list[Tensor] = []
+            _reached(func, modules, tensors, set())
+            reach.append((modules, tensors))
+        key = (tree, sig, _modes(reach[0][0]))
         entry = entries.get(key)
         out = None if entry is None or entry is _RUN_UNCACHED else _run(entry, leaves)
         if out is None and entry is not _RUN_UNCACHED:  # a new signature, or a source tensor's shape changed
             try:
-                entry = entries[key] = _trace(transform, leaves, tree)
+                entry = entries[key] = _trace(transform, leaves, tree, _candidates(*reach[0]))
             except Exception:  # it needs concrete values (or fails): the uncached run says which
                 entry = entries[key] = _RUN_UNCACHED
             if entry is not _RUN_UNCACHED:
@@ -262,7 +280,7 @@ def _uncached(transform: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     return out
 
 
-def _trace(transform: Callable[..., Any], leaves: list[Any], tree: Any) -> _Entry:
+def _trace(transform: Callable[..., Any], leaves: list[Any], tree: Any, candidates: dict[int, Tensor]) -> _Entry:
     check_consts_keep_identity()  # the tensors behind the constants are found by it
     entry = _Entry()
     entry.dyn = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array))]
@@ -290,11 +308,10 @@ def _trace(transform: Callable[..., Any], leaves: list[Any], tree: Any) -> _Entr
     inputs = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in entry.dyn]
     closed = jax.make_jaxpr(checkify.checkify(program))(generator.default_key_data(), *inputs)
     entry.consts = list(closed.consts)
-    owners: dict[int, Tensor] = {}
-    for referrer in gc.get_referrers(*entry.consts) if entry.consts else ():
-        if isinstance(referrer, Tensor):
-            owners.setdefault(id(referrer._array), referrer)
-    entry.sources = [(k, weakref.ref(owners[id(c)])) for k, c in enumerate(entry.consts) if id(c) in owners]
+    entry.sources = [
+        (k, weakref.ref(candidates[id(c)])) for k, c in enumerate(entry.consts)
+        if id(c) in candidates and candidates[id(c)]._array is c
+    ]
     jaxpr = closed.jaxpr
     as_fun = jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(constvars=[], invars=[*jaxpr.constvars, *jaxpr.invars]), []))
     entry.jitted = jax.jit(lambda consts, *flat: as_fun(*consts, *flat))
