@@ -855,6 +855,12 @@ class TestAutogradFunction:
         assert_equal(gx, x.cos())
 
     @pytest.mark.parametrize("transform", ["vmap", "grad", "jacrev", "jacfwd", "grad_and_value", "hessian"])
+    @pytest.mark.xfail(
+        strict=True,
+        reason="xgrad differs on purpose: a Function whose forward takes ctx runs under every transform with the "
+        "same gradients as eagerly (one meaning on every route, tests/test_one_meaning.py), where torch asks for "
+        "setup_context",
+    )
     def test_autograd_function_no_setup_context(self, transform):
         class MySin(xgrad.autograd.Function):
             @staticmethod

@@ -251,13 +251,13 @@ def _cached(transform: Callable[..., Any], func: Callable[..., Any], reverse_mod
             reach.append((modules, tensors))
         key = (tree, sig, _modes(reach[0][0]))
         entry = entries.get(key)
-        out = None if entry is None or entry is _RUN_UNCACHED else _run(entry, leaves)
+        out = _run(entry, leaves) if isinstance(entry, _Entry) else None
         if out is None and entry is not _RUN_UNCACHED:  # a new signature, or a source tensor's shape changed
             try:
                 entry = entries[key] = _trace(transform, leaves, tree, _candidates(*reach[0]))
             except Exception:  # it needs concrete values (or fails): the uncached run says which
                 entry = entries[key] = _RUN_UNCACHED
-            if entry is not _RUN_UNCACHED:
+            if isinstance(entry, _Entry):
                 out = _run(entry, leaves)
         if out is None or out is _CHECK_FAILED:  # the uncached run raises eager's error
             return _uncached(transform, args, kwargs)
@@ -545,7 +545,8 @@ def vjp(func: Callable[..., Any], *primals: Any, has_aux: bool = False) -> Any:
 
     def vjp_fn(cotangents: Any) -> tuple[Any, ...]:
         given = _arrays(cotangents)
-        out_tree, given_tree = jax.tree_util.tree_structure(out), jax.tree_util.tree_structure(given)
+        out_tree: Any = jax.tree_util.tree_structure(out)
+        given_tree: Any = jax.tree_util.tree_structure(given)
         if out_tree != given_tree:
             raise RuntimeError(
                 "Expected pytree structure of cotangents to be the same as pytree structure of outputs to the "
@@ -597,6 +598,7 @@ def _check_jvp_inputs(primals: Any, tangents: Any, strict: bool) -> None:
         raise RuntimeError(f"{where}: Expected primals to be a tuple. E.g. it should be valid to call f(*primals).")
     primal_leaves, primal_tree = jax.tree_util.tree_flatten(primals, is_leaf=is_tensor)
     tangent_leaves, tangent_tree = jax.tree_util.tree_flatten(tangents, is_leaf=is_tensor)
+    primal_tree, tangent_tree = str(primal_tree), str(tangent_tree)
     if not isinstance(tangents, tuple) or primal_tree != tangent_tree:
         raise RuntimeError(
             f"{where}: Expected primals and tangents to have the same python structure. For example, if primals is "

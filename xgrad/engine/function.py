@@ -222,13 +222,6 @@ class FunctionNode(Node):
 ERR_VIEW_OF_LEAF = "a view of a leaf Variable that requires grad is being used in an in-place operation."
 
 
-ERR_NO_SETUP_CONTEXT = (
-    "In order to use an autograd.Function with xgrad.func transforms (vmap, grad, jvp, jacrev, ...), it must "
-    "override the setup_context staticmethod: {name}.forward(*args) without ctx, and "
-    "{name}.setup_context(ctx, inputs, output) saving what backward needs."
-)
-
-
 def _overrides_setup_context(cls: type[Function]) -> bool:
     return getattr(cls.setup_context, "__func__", cls.setup_context) is not _base_setup_context
 
@@ -297,8 +290,6 @@ class Function:
             # filled in, as in PyTorch (they are the node's inputs too).
             args, kwargs = _bind_default_args(cls, args, kwargs)
         on_jax = on_jax_trace(args)
-        if on_jax and not separate_setup and _grad_state.transform is not None:
-            raise RuntimeError(ERR_NO_SETUP_CONTEXT.format(name=cls.__name__))
         if on_jax and not cls._traced_in_step:
             uses_backward = cls.backward is not Function.backward or cls.jvp is Function.jvp
             return apply_on_jax(cls, ctx, args, kwargs, separate_setup, uses_backward)
