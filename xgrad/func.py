@@ -32,7 +32,7 @@ from xgrad.engine import engine_ops
 from xgrad.engine.dual import ERR_TANGENT_SIZE
 from xgrad.engine.function_vmap import FuncVmapAxis
 from xgrad.engine.saved import disable_saved_tensors_hooks
-from xgrad.func_state import debug_unwrap, replace_all_batch_norm_modules_, stack_module_state
+from xgrad.func_state import TRACING_CACHED, debug_unwrap, replace_all_batch_norm_modules_, stack_module_state
 from xgrad.grad_mode import graph_off, is_grad_enabled, stops_gradients
 from xgrad.jax_capture import quiet_captures
 from xgrad.jax_internals import (
@@ -311,7 +311,11 @@ def _trace(transform: Callable[..., Any], leaves: list[Any], tree: Any, candidat
         return [out_leaves[k]._array for k in entry.out_tensors], [t._array for _, t in written], key_after[0]
 
     inputs = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in entry.dyn]
-    closed = jax.make_jaxpr(checkify.checkify(program))(generator.default_key_data(), *inputs)
+    token = TRACING_CACHED.set(True)
+    try:
+        closed = jax.make_jaxpr(checkify.checkify(program))(generator.default_key_data(), *inputs)
+    finally:
+        TRACING_CACHED.reset(token)
     entry.consts = list(closed.consts)
     entry.sources = [
         (k, weakref.ref(candidates[id(c)])) for k, c in enumerate(entry.consts)
