@@ -8,8 +8,8 @@ and the C++ internals (dynamic layer stacks, dispatch keys, wrapper levels and t
 Expected values are PyTorch's: its formulas (``d sin = cos``), eager autograd on the same
 function, or a loop of single-example calls, as its tests compare.
 
-A test marked ``xfail(strict=True)`` with "needs ... (funcapi)" waits for API that another
-branch adds; one whose reason starts "xgrad differs" differs on purpose.
+A test marked ``differs`` (a strict xfail) fails because xgrad differs from torch.func on
+purpose, for the reason it gives; one marked ``not_yet`` shows what xgrad lacks so far.
 """
 
 from __future__ import annotations
@@ -58,8 +58,18 @@ def diagflat(t: xgrad.Tensor) -> xgrad.Tensor:
     return xgrad.diag(t.reshape(-1))
 
 
-def funcapi(api: str):
-    return pytest.mark.xfail(strict=True, reason=f"needs {api} (funcapi)")
+def not_yet(what: str):
+    return pytest.mark.xfail(strict=True, reason=f"not yet in xgrad: {what}")
+
+
+def differs(why: str):
+    return pytest.mark.xfail(strict=True, reason=f"xgrad differs on purpose: {why}")
+
+
+CLOSED_OVER_HISTORY = (
+    "parameters that a function under vmap closes over (a module's, read through functional_call or a call) do not "
+    "keep their history for an outer backward; given as arguments they do (the MAML in docs/for_jax_users.md)"
+)
 
 
 # ---------------------------------------------------------------- TestSliceArgnums (through grad's argnums)
@@ -211,10 +221,9 @@ class TestGradTransform:
         x = randn([])
         assert_equal(grad(grad(xgrad.sin))(x), -xgrad.sin(x))
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="xgrad differs on purpose: a Tensor that escapes a transform holds JAX's tracer of that transform, "
-        "and JAX refuses it afterwards (UnexpectedTracerError) where torch unwraps a dead wrapper",
+    @differs(
+        "a Tensor that escapes a transform holds JAX's tracer of that transform, "
+        "and JAX refuses it afterwards (UnexpectedTracerError) where torch unwraps a dead wrapper"
     )
     def test_escaped_wrappers_are_ignored(self):
         x = randn([])
@@ -679,11 +688,10 @@ class TestToListInsideGrad:
 # ---------------------------------------------------------------- TestAutogradFunction
 
 
-_DIFFERS_RETURNS_INPUT = pytest.mark.xfail(
-    strict=True,
-    reason="xgrad differs on purpose: under JAX's transforms a Function cannot mark_dirty (JAX arrays are never "
+_DIFFERS_RETURNS_INPUT = differs(
+    "under JAX's transforms a Function cannot mark_dirty (JAX arrays are never "
     "modified in place; xgrad raises saying so), and an input returned as-is and saved aliases nothing that could "
-    "change, so torch's 'returned as-is' error has nothing to guard",
+    "change, so torch's 'returned as-is' error has nothing to guard"
 )
 
 
@@ -773,7 +781,7 @@ class TestAutogradFunction:
         grad(grad(A.apply))(x, y)
         assert seen and all(s == (True, False) for s in seen)
 
-    @funcapi("vjp results that keep history for an outer autograd.grad")
+    @differs("a Function's forward runs on JAX's tracers inside the transforms, so NumPy in it cannot read values")
     def test_once_differentiable_autograd_vjp(self):
         class NumpyCube(xgrad.autograd.Function):
             @staticmethod
@@ -797,10 +805,9 @@ class TestAutogradFunction:
         with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
             gx.backward()
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="xgrad differs on purpose: a transform runs its function outside xgrad's graph, on JAX's AD "
-        "(NOTE [Function transforms]), so results inside it have no grad_fn to name",
+    @differs(
+        "a transform runs its function outside xgrad's graph, on JAX's AD "
+        "(NOTE [Function transforms]), so results inside it have no grad_fn to name"
     )
     def test_grad_fn_name(self):
         names = []
@@ -848,11 +855,10 @@ class TestAutogradFunction:
         assert_equal(gx, x.cos())
 
     @pytest.mark.parametrize("transform", ["vmap", "grad", "jacrev", "jacfwd", "grad_and_value", "hessian"])
-    @pytest.mark.xfail(
-        strict=True,
-        reason="xgrad differs on purpose: a Function whose forward takes ctx runs under every transform with the "
+    @differs(
+        "a Function whose forward takes ctx runs under every transform with the "
         "same gradients as eagerly (one meaning on every route, tests/test_one_meaning.py), where torch asks for "
-        "setup_context",
+        "setup_context"
     )
     def test_autograd_function_no_setup_context(self, transform):
         class MySin(xgrad.autograd.Function):
@@ -935,7 +941,7 @@ class TestAutogradFunctionVmapAPI:
         with pytest.raises(RuntimeError, match="to have two returns"):
             vmap(Id.apply)(randn(2, 3))
 
-    @funcapi("autograd.Function under vmap")
+    @not_yet("the out_dims a Function's vmap staticmethod returns are not checked against its outputs")
     def test_incompatible_out_dims_error_msg(self):
         Id = _id_function(lambda info, in_dims, x: (x, (None,)))
         with pytest.raises(RuntimeError, match="returned an incompatible"):
@@ -1567,7 +1573,7 @@ class TestVmapJvpInplaceView:
 
 
 class TestHelpers:
-    @funcapi("xgrad.func.debug_unwrap")
+    @differs("debug_unwrap gives a new Tensor around the same array, not the caller's Tensor object")
     def test_debug_unwrap(self):
         stuff = []
         x = randn(2, 3)
@@ -1824,7 +1830,7 @@ def _sine_tasks(num_tasks, k):
 
 
 class TestExamplesCorrectness:
-    @funcapi("MAML composition: parameters a transformed function closes over keep their history (item 3)")
+    @not_yet(CLOSED_OVER_HISTORY)
     @pytest.mark.usefixtures("eager_and_compiled")
     def test_maml_regression(self):
         net = nn.Sequential(nn.Linear(1, 40), nn.ReLU(), nn.Linear(40, 40), nn.ReLU(), nn.Linear(40, 1))
@@ -1850,7 +1856,7 @@ class TestExamplesCorrectness:
         expected = xgrad.autograd.grad(sum(losses) / 4, list(params.values()))
         assert_equal(result, expected, rtol=1e-4, atol=1e-6)
 
-    @funcapi("MAML composition: parameters a transformed function closes over keep their history (item 3)")
+    @not_yet(CLOSED_OVER_HISTORY)
     @pytest.mark.usefixtures("eager_and_compiled")
     def test_maml_omniglot(self):
         n_way, n_inner_iter, num_tasks = 5, 2, 2
@@ -1904,7 +1910,7 @@ class TestExamplesCorrectness:
         assert_equal(result, expected, rtol=1e-4)
 
     @pytest.mark.parametrize("jac", ["jacfwd", "jacrev"])
-    @funcapi("parameters a transformed function closes over keep their history (item 3)")
+    @not_yet(CLOSED_OVER_HISTORY)
     @pytest.mark.usefixtures("eager_and_compiled")
     def test_lennard_jones_batched_jac(self, jac):
         sigma, epsilon = 0.5, 4.0
