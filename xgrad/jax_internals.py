@@ -251,9 +251,12 @@ def _self_test_batching_level() -> None:
             doubled = value * 2
         return level.batched(doubled, dim)
 
-    out = jax.vmap(lane, axis_name="lanes")(jax.numpy.arange(6.0).reshape(3, 2))
-    if seen != [("lanes", 3, 0, (3, 2))] or out.tolist() != [[0.0, 2.0], [4.0, 6.0], [8.0, 10.0]]:
-        raise _changed(f"a BatchTrace's batch info reads {seen} and rebatches to {out.tolist()}")
+    # Traced, not run: importing xgrad must not start a JAX backend (``jax.distributed.initialize`` comes first).
+    closed = jax.make_jaxpr(jax.vmap(lane, axis_name="lanes"))(jax.ShapeDtypeStruct((3, 2), jax.numpy.float32))
+    (out,) = closed.out_avals
+    equations = [str(eqn.primitive) for eqn in closed.jaxpr.eqns]
+    if seen != [("lanes", 3, 0, (3, 2))] or out.shape != (3, 2) or equations != ["mul"]:
+        raise _changed(f"a BatchTrace's batch info reads {seen} and rebatches to {out} by {equations}")
 
 
 def reset_compilation_cache() -> None:
