@@ -60,6 +60,12 @@ ERR_NON_LEAF_REQUIRES_GRAD = (
     "you can only change requires_grad flags of leaf variables. If you want to use a computed "
     "variable in a subgraph that doesn't require differentiation use var_no_grad = var.detach()."
 )
+ERR_IN_FUNC_TRANSFORM = (
+    "You are attempting to call Tensor.{call}{also} inside of a function being transformed by an xgrad.func "
+    "transform. This is unsupported: the transform differentiates its inputs itself. Use the xgrad.func transforms "
+    "(grad, vjp, jacrev, jacfwd, hessian), or call {call} outside of the function being transformed instead."
+)
+ERR_ALSO_FUNCTIONAL = " (or perhaps using xgrad.autograd.functional.* APIs)"
 WARN_NON_LEAF_GRAD = (
     "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its .grad "
     "attribute won't be populated during autograd.backward(). If you indeed want the .grad "
@@ -275,6 +281,8 @@ class Tensor(TensorOpMethods):
             raise RuntimeError(ERR_NON_LEAF_REQUIRES_GRAD)
         if requires_grad and not is_differentiable_dtype(self._array.dtype):
             raise RuntimeError(ERR_REQUIRES_GRAD_DTYPE.format(dtype=self._array.dtype))
+        if requires_grad and _grad_state.transform is not None and isinstance(self._array, jax.core.Tracer):
+            raise RuntimeError(ERR_IN_FUNC_TRANSFORM.format(call="requires_grad_()", also=ERR_ALSO_FUNCTIONAL))
         trace = _current_step()
         if trace is not None:
             trace.write(self)
@@ -468,6 +476,8 @@ class Tensor(TensorOpMethods):
         >>> y.sum().backward(); y.grad.tolist()
         [1.0, 1.0]
         """
+        if _grad_state.transform is not None and isinstance(self._array, jax.core.Tracer):
+            raise RuntimeError(ERR_IN_FUNC_TRANSFORM.format(call="retain_grad()", also=""))
         if not self.requires_grad:
             raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
         if self.grad_fn is None or self._retains_grad:
