@@ -66,12 +66,6 @@ def differs(why: str):
     return pytest.mark.xfail(strict=True, reason=f"xgrad differs on purpose: {why}")
 
 
-CLOSED_OVER_HISTORY = (
-    "parameters that a function under vmap closes over (a module's, read through functional_call or a call) do not "
-    "keep their history for an outer backward; given as arguments they do (the MAML in docs/for_jax_users.md)"
-)
-
-
 # ---------------------------------------------------------------- TestSliceArgnums (through grad's argnums)
 
 
@@ -1830,7 +1824,6 @@ def _sine_tasks(num_tasks, k):
 
 
 class TestExamplesCorrectness:
-    @not_yet(CLOSED_OVER_HISTORY)
     @pytest.mark.usefixtures("eager_and_compiled")
     def test_maml_regression(self):
         net = nn.Sequential(nn.Linear(1, 40), nn.ReLU(), nn.Linear(40, 40), nn.ReLU(), nn.Linear(40, 1))
@@ -1856,7 +1849,6 @@ class TestExamplesCorrectness:
         expected = xgrad.autograd.grad(sum(losses) / 4, list(params.values()))
         assert_equal(result, expected, rtol=1e-4, atol=1e-6)
 
-    @not_yet(CLOSED_OVER_HISTORY)
     @pytest.mark.usefixtures("eager_and_compiled")
     def test_maml_omniglot(self):
         n_way, n_inner_iter, num_tasks = 5, 2, 2
@@ -1910,7 +1902,6 @@ class TestExamplesCorrectness:
         assert_equal(result, expected, rtol=1e-4)
 
     @pytest.mark.parametrize("jac", ["jacfwd", "jacrev"])
-    @not_yet(CLOSED_OVER_HISTORY)
     @pytest.mark.usefixtures("eager_and_compiled")
     def test_lennard_jones_batched_jac(self, jac):
         sigma, epsilon = 0.5, 4.0

@@ -299,6 +299,34 @@ def test_func_transform_results_keep_their_history(compiled: bool) -> None:
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["backward", "compiled backward"])
+def test_func_transform_results_keep_the_history_of_what_the_function_closes_over(compiled: bool) -> None:
+    """torch.func's Lennard-Jones example: the energy model's parameters are closed over by the
+    function under ``vmap(jacrev(...))``, and the force term's gradient reaches them too."""
+    model = nn.Sequential(nn.Linear(1, 8, key=0), nn.Tanh(), nn.Linear(8, 1, key=1))
+    d_np = np.linspace(0.8, 1.6, 5, dtype=np.float32).reshape(5, 1)
+
+    def energy(d: Any) -> Any:
+        return model(d).sum()
+
+    d = xgrad.tensor(d_np)
+    force = -func.vmap(func.jacrev(energy))(d)
+    (model(d).pow(2).mean() + force.pow(2).mean()).backward(compiled=compiled)
+    params = {n: p.detach().array for n, p in model.named_parameters()}
+
+    def reference(p: dict[str, jax.Array]) -> jax.Array:
+        def e(x: jax.Array) -> jax.Array:
+            return (jnp.tanh(x @ p["0.weight"].T + p["0.bias"]) @ p["2.weight"].T + p["2.bias"]).sum()
+
+        x = jnp.asarray(d_np)
+        out = jnp.tanh(x @ p["0.weight"].T + p["0.bias"]) @ p["2.weight"].T + p["2.bias"]
+        return (out**2).mean() + (jax.vmap(jax.jacrev(e))(x) ** 2).mean()
+
+    expected = jax.grad(reference)(params)
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(p.grad.numpy(), expected[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["backward", "compiled backward"])
 def test_maml_inner_step_differentiates_through_the_inner_gradient(compiled: bool) -> None:
     w = xgrad.tensor([1.0, -2.0], requires_grad=True)
 

@@ -78,12 +78,45 @@ def _has_history(tree: Any) -> bool:
 # NOTE [Transforms keep history]
 # ``torch.func``'s transforms compose with autograd: ``vmap(jacrev(f))(x)`` on an ``x``
 # that requires grad gives a result that ``backward()`` differentiates (a force term in a
-# loss, a MAML inner step). Called with grad mode on and a Tensor argument that requires
-# grad (or has history), a transform here runs as one op of xgrad's graph over the
-# arguments (``engine_ops.jax_function``): its result keeps the history, and its backward
-# is JAX's vjp of the transformed function. The op runs op by op and is traced afresh at
-# every call, as the transforms are, so closures are read at each call.
+# loss, a MAML inner step). Called with grad mode on and a Tensor that requires grad (or
+# has history) among its arguments or among the tensors the function reads from outside
+# (a module's parameters it closes over, as torch.func's Lennard-Jones example's energy
+# does), a transform here runs as one op of xgrad's graph over those tensors
+# (``engine_ops.jax_function``): its result keeps the history, and its backward is JAX's
+# vjp of the transformed function. A tensor read from outside is found among what the
+# function reaches (``_reached``) as a constant of one abstract trace of it, and is an
+# input of the op: while the op's function runs, that tensor holds the op's input (as
+# ``functional_call`` swaps a module's parameters). The transform's own differentiation
+# still treats it as a constant, as torch.func's does.
+def _closed_over_history(transformed: Callable[..., Any], reach: list[Any], run: Callable[..., Any],
+                         given: list[Tensor]) -> list[Tensor]:
+    """The tensors with history that ``transformed`` reads without being given them (NOTE [Transforms keep history])."""
+    if not reach:
+        modules: list[Any] = []
+        tensors: list[Tensor] = []
+        _reached(transformed, modules, tensors, set())
+        reach.extend((modules, tensors))
+    candidates = {k: t for k, t in _candidates(*reach).items() if t.requires_grad or t.grad_fn is not None}
+    for t in given:
+        candidates.pop(id(t._array), None)
+    if not candidates:
+        return []
+
+    def traced(key: Any, *arrays: Any) -> Any:
+        with generator.default_key_threaded(key):  # its random ops draw from a traced key: the generator is left as it is
+            return run(*arrays)
+
+    try:
+        closed = jax.make_jaxpr(traced)(generator.default_key_data(), *[t._array for t in given])
+    except Exception:  # a function that needs concrete values: every candidate is an input (unread ones get zeros)
+        return list(candidates.values())
+    found = {id(c): candidates[id(c)] for c in closed.consts if id(c) in candidates and candidates[id(c)]._array is c}
+    return list(found.values())
+
+
 def _keeps_history(transformed: Callable[..., Any]) -> Callable[..., Any]:
+    reach: list[Any] = []  # the modules and tensors the function reaches, found at the first call
+
     @functools.wraps(transformed)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not is_grad_enabled():
@@ -94,22 +127,33 @@ def _keeps_history(transformed: Callable[..., Any]) -> Callable[..., Any]:
                     lambda t: Tensor(jax.lax.stop_gradient(t._array)) if isinstance(t, Tensor) else t, out, is_leaf=is_tensor
                 )
             return out
-        if not _has_history((args, kwargs)):
-            return transformed(*args, **kwargs)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
+        given = [leaves[i] for i in positions]
+        lifted: list[Tensor] = []
         out_tree: list[Any] = []
 
         def of_arrays(*arrays: Any) -> tuple[Any, ...]:
             inner = list(leaves)
-            for i, a in zip(positions, arrays, strict=True):
+            for i, a in zip(positions, arrays[: len(positions)], strict=True):
                 inner[i] = Tensor(a)
-            call_args, call_kwargs = jax.tree_util.tree_unflatten(tree, inner)
-            out, structure = jax.tree_util.tree_flatten(_arrays(transformed(*call_args, **call_kwargs)))
+            held = [t._array for t in lifted]
+            for t, a in zip(lifted, arrays[len(positions):], strict=True):
+                t._array = a  # what the function reads from outside is this op's input while it runs
+            try:
+                call_args, call_kwargs = jax.tree_util.tree_unflatten(tree, inner)
+                out, structure = jax.tree_util.tree_flatten(_arrays(transformed(*call_args, **call_kwargs)))
+            finally:
+                for t, a in zip(lifted, held, strict=True):
+                    t._array = a
             out_tree.append(structure)
             return tuple(out)
 
-        outs = engine_ops.jax_function(of_arrays, [leaves[i] for i in positions])
+        if get_opaque_trace_state(convention="xgrad") == _NOT_TRACING and step_trace.current() is None:
+            lifted.extend(_closed_over_history(transformed, reach, of_arrays, given))
+        if not lifted and not _has_history((args, kwargs)):
+            return transformed(*args, **kwargs)
+        outs = engine_ops.jax_function(of_arrays, [*given, *lifted])
         return jax.tree_util.tree_unflatten(out_tree[-1], list(outs))
 
     return wrapper
