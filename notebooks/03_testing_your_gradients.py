@@ -27,7 +27,7 @@ import jax
 jax.config.update("jax_enable_x64", True)  # finite differences want float64
 
 import numpy as np  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import given  # noqa: E402
 
 import xgrad  # noqa: E402
 from xgrad.testing import GradcheckError, assert_grads_match, gradcheck, gradgradcheck  # noqa: E402
@@ -85,7 +85,7 @@ assert_grads_match(FixedSoftplus.apply, x.detach().numpy(), reference=jax.nn.sof
 # tensors; a failure is shrunk to the smallest example and printed.
 
 # %%
-@settings(max_examples=10, deadline=None)
+@xst.harness_settings(max_examples=10)
 @given(xst.tensors(xst.shapes(0, 2, max_side=3)))
 def test_softplus(t):
     gradcheck(FixedSoftplus.apply, [t])
@@ -104,7 +104,7 @@ program = xst.programs(max_nodes=4).example()
 print(program)
 
 
-@settings(max_examples=8, deadline=None)
+@xst.harness_settings(max_examples=8)
 @given(xst.programs(max_nodes=4, smooth=True, max_side=2))
 def test_softplus_in_programs(program):
     def with_softplus(np, *xs):

@@ -87,14 +87,20 @@ for handle in handles:
     handle.remove()
 
 # %% [markdown]
-# A hook that returns a tensor replaces the gradient: here, clipping each element.
+# A hook that returns a tensor replaces the gradient. Here one hook on every parameter of
+# the model clips each element of its gradient to ±`clip` as the backward computes it
+# (`xgrad.nn.utils.clip_grad_norm_(model.parameters(), max_norm)` instead scales all the
+# gradients together, after the backward, so that their joint norm is at most `max_norm`).
 
 # %%
-h = model[0](data)
-h.register_hook(lambda g: g.clamp(-1e-3, 1e-3))
+clip = 1e-3
+handles = [p.register_hook(lambda g: g.clamp(-clip, clip)) for p in model.parameters()]
 model.zero_grad()
-xgrad.mse_loss(model[3](model[2](model[1](h))), xgrad.zeros(32, 1)).backward()
-print("first-layer bias grad after clipping:", np.round(model[0].bias.grad.numpy()[:4], 5))
+xgrad.mse_loss(model(data), xgrad.zeros(32, 1)).backward()
+for name, p in model.named_parameters():
+    print(f"{name:18s} max |grad| after clipping = {float(p.grad.abs().max()):.5f}")
+for handle in handles:
+    handle.remove()
 
 # %% [markdown]
 # ## Profiling the backward

@@ -24,7 +24,7 @@ import flax.linen as linen
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import given
 
 import xgrad
 from xgrad.testing import assert_grads_match, gradcheck
@@ -106,7 +106,7 @@ softplus.defvjp(lambda x: (softplus(x), x), lambda x, g: (g * jax.nn.sigmoid(x),
 print(gradcheck(softplus, (np.linspace(-3.0, 3.0, 7),)))
 
 
-@settings(max_examples=5, deadline=None, database=None)
+@xst.harness_settings(max_examples=5, database=None)
 @given(xst.tensors(shape=(5,), lo=-30.0, hi=30.0, kinks=(0.0,)))
 def test_softplus_rule(t):
     assert_grads_match(softplus, t, modes=("eager", "jax"))

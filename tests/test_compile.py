@@ -176,10 +176,36 @@ def test_recompiles_on_a_shape_change_and_warns_after_repeated_misses():
         counter.add_(v.sum())
         return v * 2
 
-    with pytest.warns(RecompileWarning, match=r"argument leaf 0 changed from a tensor of shape \[8\] and dtype float32"):
+    with pytest.warns(RecompileWarning, match=r"the last change: argument v: shape \[8\] -> \[9\]\. Keep"):
         for n in range(1, 12):
             grow(xgrad.ones(n))
     assert counter.item() == sum(range(1, 12))
+
+
+@pytest.mark.parametrize(
+    ("vary", "reason"),
+    [
+        (lambda n: ((xgrad.ones(2),), {"batch": {"x": xgrad.ones(n)}}), r"argument batch\['x'\]: shape \[8\] -> \[9\]"),
+        (lambda n: ((xgrad.ones(2), xgrad.ones(n)), {}), r"argument rest\[0\]: shape \[8\] -> \[9\]"),
+        (lambda n: ((xgrad.ones(2),), {"scale": float(n)}), r"argument scale: the value 8\.0 -> the value 9\.0"),
+        (lambda n: ((jnp.ones(n, jnp.int32 if n % 2 else jnp.float32),), {}),
+         r"argument v: shape \[8\] -> \[9\], dtype float32 -> int32"),
+        (lambda n: ((xgrad.ones(n) if n < 9 else xgrad.ones(8, requires_grad=True),), {}),
+         r"argument v: requires_grad False -> True"),
+        (lambda n: ((xgrad.ones(2),), {"batch": {"x": xgrad.ones(n)} if n < 9 else {"x": xgrad.ones(8), "y": None}}),
+         r"argument batch: structure PyTreeDef\(\{'x': \*\}\) -> PyTreeDef\(\{'x': \*, 'y': None\}\)"),
+    ],
+)
+def test_the_recompile_warning_names_the_argument_and_its_change_in_one_line(vary, reason):
+    @xgrad.compile
+    def step(v, *rest, scale=1.0, batch=None):
+        return v * scale
+
+    with pytest.warns(RecompileWarning, match=f"the last change: {reason}\\. Keep") as record:
+        for n in range(1, 10):
+            args, kwargs = vary(n)
+            step(*args, **kwargs)
+    assert "\n" not in str(record[0].message)
 
 
 def test_hooks_run_once_per_call_with_concrete_values_in_eager_order():

@@ -61,3 +61,18 @@ def test_bad_arguments(capsys):
     assert main(["train"]) == 2 and "unknown command 'train'" in capsys.readouterr().err
     assert main([]) == 2 and "usage: python -m xgrad COMMAND" in capsys.readouterr().out
     assert main(["--help"]) == 0 and "  demo  train a small MLP" in capsys.readouterr().out
+
+
+def test_help_describes_the_four_ways_it_trains(capsys):
+    from xgrad.__main__ import main
+    from xgrad.demo import main as demo_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        demo_main(["--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0
+    for way in ("1. xgrad eager", "2. xgrad compiled backward", "3. xgrad.compile", "4. the reference: a plain jax.jit"):
+        assert way in out
+    assert "python -m xgrad demo --eager --steps 50" in out  # a runnable example
+    assert main(["--help"]) == 0
+    assert "four ways (eager, compiled backward, xgrad.compile, jax.jit)" in capsys.readouterr().out

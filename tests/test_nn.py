@@ -270,6 +270,15 @@ def test_module_list_and_module_dict():
     assert list(heads.keys()) == ["reg"]
     seq = nn.Sequential(OrderedDict([("fc", nn.Linear(2, 2, key=0)), ("act", nn.ReLU())]))
     assert list(seq.state_dict()) == ["fc.weight", "fc.bias"] and isinstance(seq[1], nn.ReLU)
+    seq[-1] = nn.Tanh()  # PyTorch's Sequential: item assignment keeps the key, deletion renumbers numbered keys
+    assert list(seq._modules) == ["fc", "act"] and isinstance(seq.act, nn.Tanh)
+    numbered = nn.Sequential(nn.Linear(2, 2, key=0), nn.ReLU(), nn.Linear(2, 3, key=1))
+    del numbered[0]
+    assert list(numbered.state_dict()) == ["1.weight", "1.bias"] and isinstance(numbered[0], nn.ReLU)
+    del numbered[0:1]
+    assert list(numbered.state_dict()) == ["0.weight", "0.bias"]
+    with pytest.raises(IndexError, match="index 3 is out of range"):
+        numbered[3] = nn.ReLU()
 
 
 def test_train_eval_requires_grad_apply_zero_grad():

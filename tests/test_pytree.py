@@ -58,3 +58,42 @@ def test_jax_transforms_still_see_the_array():
     assert isinstance(grads, xgrad.Tensor) and grads.tolist() == [0.0, 2.0, 4.0]
     ints = jax.tree_util.tree_map(lambda a: a.astype(jnp.int32), x)  # an integer Tensor cannot require grad
     assert ints.dtype == jnp.int32 and not ints.requires_grad
+
+
+def test_a_jitted_model_sees_every_change_between_calls() -> None:
+    """A module's flatten reuses what it found while its attributes are the same objects
+    (NOTE [Flatten plans]): each change below must still reach the next call, checked
+    against eager's gradient of the model as it is then."""
+    model = nn.Sequential(nn.Linear(3, 4, key=0), nn.Tanh(), nn.Linear(4, 4, key=1), nn.Linear(4, 4, key=2))
+    x = xgrad.tensor(np.linspace(-1, 1, 12).reshape(4, 3).astype(np.float32))
+    step = jax.jit(jax.grad(lambda m, x: (m(x) ** 2).sum().array))
+
+    def check() -> None:
+        grads = dict(step(model, x).named_parameters(remove_duplicate=False))
+        for p in model.parameters():
+            p.grad = None
+        (model(x) ** 2).sum().backward()
+        for name, p in model.named_parameters(remove_duplicate=False):
+            want = np.zeros(p.shape, np.float32) if p.grad is None else p.grad.numpy()
+            np.testing.assert_allclose(np.asarray(grads[name].detach().numpy()), want, rtol=1e-5, atol=1e-7, err_msg=name)
+
+    check()
+    with xgrad.no_grad():
+        model[0].weight.mul_(0.5)  # an in-place update, as an optimizer's
+    check()
+    model[0].bias = nn.Parameter(xgrad.ones(4))  # a replaced parameter
+    check()
+    model[2].weight.requires_grad_(False)  # frozen: no gradient
+    check()
+    model[2].weight.requires_grad_(True)
+    model[0].weight.register_hook(lambda g: g * 3.0)  # a hook registered after the first call
+    check()
+    model[3].weight = model[2].weight  # tied after the first call: one leaf, the sum of both uses
+    assert len(jax.tree_util.tree_leaves(model)) == 5  # six Tensors, one of them twice
+    check()
+    model[1] = nn.ReLU()  # a replaced submodule
+    check()
+    handle = model[2].register_forward_hook(lambda module, args, out: out * 2.0)  # a module hook since
+    check()
+    handle.remove()
+    check()

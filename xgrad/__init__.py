@@ -9,6 +9,8 @@
 """
 
 import builtins
+import importlib
+from typing import TYPE_CHECKING
 
 # isort: off
 # The op library first: importing it attaches the ops to Tensor, which the rest uses.
@@ -17,7 +19,7 @@ from xgrad.ops import *  # noqa: F403  (the op library is re-exported at top lev
 from xgrad.ops import __all__ as _ops_all
 
 # isort: on
-from xgrad import accelerator, autograd, cuda, distributed, func, jit, nn, onnx, optim, profiler, utils, viz
+from xgrad import accelerator, autograd, cuda, jit, nn, onnx, optim, profiler, viz
 from xgrad import compile_cache as _compile_cache
 from xgrad.compile_cache import enable_compilation_cache
 from xgrad.compile_step import compile
@@ -74,6 +76,27 @@ from xgrad.tensor.legacy_types import (
     ShortTensor,
 )
 
+if TYPE_CHECKING:
+    from xgrad import distributed, func, testing, utils
+
+# NOTE [Lazy subpackages]
+# ``xgrad.distributed``, ``xgrad.func``, ``xgrad.testing`` and ``xgrad.utils`` (with
+# ``xgrad.utils.data``) are reachable after a plain ``import xgrad`` but imported on first
+# use, so that ``import xgrad`` pays only for the tensor, the engine, the ops, ``nn`` and
+# ``optim``. ``xgrad.testing`` sits above the rest of the library in the layers (it checks
+# them); importing it from here at call time keeps the layering true at import.
+_LAZY_SUBPACKAGES = frozenset({"distributed", "func", "testing", "utils"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY_SUBPACKAGES:
+        return importlib.import_module(f"xgrad.{name}")
+    raise AttributeError(f"module 'xgrad' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY_SUBPACKAGES})
+
 
 def is_floating_point(input: Tensor) -> builtins.bool:  # noqa: A002  (PyTorch's argument name)
     """Whether ``input``'s dtype is a real floating one."""
@@ -122,5 +145,5 @@ __all__ = [
     "is_inference_mode_enabled", "is_tensor", "jit", "linspace", "load", "manual_seed", "multinomial", "nn",
     "no_grad", "onnx", "ones", "ones_like", "ops", "optim", "profiler", "rand", "rand_like", "randint",
     "randint_like", "randn", "randn_like", "randperm", "save", "set_default_dtype", "set_grad_enabled", "tensor",
-    "utils", "viz", "zeros", "zeros_like",
+    "testing", "utils", "viz", "zeros", "zeros_like",
 ]

@@ -6,7 +6,7 @@ import sys
 
 #: Each command, with the line ``--help`` shows for it.
 COMMANDS = {
-    "demo": "train a small MLP eagerly, with the compiled backward and with jax.jit; check they agree and time them",
+    "demo": "train a small MLP four ways (eager, compiled backward, xgrad.compile, jax.jit); check they agree, time them",
 }
 
 USAGE = "usage: python -m xgrad COMMAND [ARGS...]    (python -m xgrad COMMAND --help for a command's options)"

@@ -40,6 +40,7 @@ from xgrad.ops._util import check_int, check_nonnegative_shape
 from xgrad.ops.tensor_methods import generator_key
 from xgrad.tensor import Tensor
 from xgrad.tensor.dtypes import default_complex, default_float, resolve_dtype, x64_enabled
+from xgrad.tensor.pytorch_methods import placement_of
 
 __all__ = [
     "Generator", "arange", "bernoulli", "device", "empty", "empty_like", "eye", "from_numpy", "full", "full_like",
@@ -273,7 +274,7 @@ def _check_like(name: str, t: Any) -> None:
 
 def _like(t: Tensor, array: Any, device: Any, requires_grad: bool) -> Tensor:
     """``array`` (made with ``t``'s shape) on ``device``, else where ``t`` is."""
-    placement = t._array.sharding if device is None else device
+    placement = placement_of(t._array) if device is None else device
     return Tensor(_place(array, placement), requires_grad=requires_grad)
 
 

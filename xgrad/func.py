@@ -24,6 +24,8 @@ import jax
 
 from xgrad.engine import engine_ops
 from xgrad.engine.dual import ERR_TANGENT_SIZE
+from xgrad.engine.function_vmap import FuncVmapAxis
+from xgrad.func_state import debug_unwrap, replace_all_batch_norm_modules_, stack_module_state
 from xgrad.grad_mode import graph_off, is_grad_enabled
 from xgrad.jax_capture import quiet_captures
 from xgrad.ops._util import canonical_dim
@@ -31,7 +33,10 @@ from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
 from xgrad.tensor.inplace import ERR_MUTATE_CAPTURED
 
-__all__ = ["functional_call", "grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "vjp", "vmap"]
+__all__ = [
+    "debug_unwrap", "functional_call", "grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "linearize",
+    "replace_all_batch_norm_modules_", "stack_module_state", "vjp", "vmap",
+]
 
 
 def _arrays(tree: Any) -> Any:
@@ -184,6 +189,8 @@ def grad_and_value(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0,
 
         diff = [_arrays(args[i]) for i in nums]
         grads, (value, aux) = jax.grad(of_arrays, argnums=tuple(range(len(nums))), has_aux=True)(*diff)
+        # A complex input's gradient is PyTorch's (dL/dRe + i dL/dIm): the conjugate of JAX's.
+        grads = jax.tree_util.tree_map(lambda g: g.conj() if jax.numpy.iscomplexobj(g) else g, grads)
         grads = _tensors(grads if isinstance(argnums, tuple) else grads[0])
         return (grads, (Tensor(value), _tensors(aux))) if has_aux else (grads, Tensor(value))
 
@@ -235,14 +242,33 @@ def vjp(func: Callable[..., Any], *primals: Any, has_aux: bool = False) -> Any:
     else:
         out, pullback = jax.vjp(of_arrays, *arrays)
 
+    def pulled_back(tensors: Any, cotangents: Any) -> tuple[Any, ...]:
+        # NOTE [History of vjp's results]: the pullback recomputed on these tensors, as one op of the graph.
+        _, again = jax.vjp(lambda *a: of_arrays(*a)[0] if has_aux else of_arrays(*a), *_arrays(tensors))
+        return tuple(_tensors(again(_arrays(cotangents))))
+
     def vjp_fn(cotangents: Any) -> tuple[Any, ...]:
         given = _arrays(cotangents)
         for i, (o, g) in enumerate(zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(given), strict=False)):
             if o.shape != getattr(g, "shape", None):  # PyTorch's autograd.grad check, not JAX's TypeError
                 raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of {list(getattr(g, 'shape', ()))} "
                                    f"and output[{i}] has a shape of {list(o.shape)}.")
+        if is_grad_enabled() and _has_history((primals, cotangents)):
+            return _keeps_history(pulled_back)(primals, cotangents)  # type: ignore[no-any-return]
         return tuple(_tensors(pullback(given)))
 
+    if is_grad_enabled() and _has_history(primals):
+        # NOTE [History of vjp's results]
+        # As torch.func's: called on tensors with history (grad mode on), ``vjp``'s output
+        # keeps it, and so does what ``vjp_fn`` returns when called with grad mode on (its
+        # gradients are then differentiable w.r.t. the primals and the cotangents: an outer
+        # ``autograd.grad`` of a vjp). Grad mode is read at each call, so ``no_grad``
+        # around either one cuts that one's history only. Each such call runs the
+        # function again, as one op of xgrad's graph (NOTE [Transforms keep history]).
+        recorded = _keeps_history(lambda *tensors: _tensors(of_arrays(*_arrays(tensors))))(*primals)
+        if has_aux:
+            return recorded[0], vjp_fn, recorded[1]
+        return recorded, vjp_fn
     return (_tensors(out), vjp_fn, _tensors(aux)) if has_aux else (_tensors(out), vjp_fn)
 
 
@@ -284,6 +310,41 @@ def jvp(
     if has_aux:
         return _tensors(out), _tensors(tangent_out), _tensors(aux)
     return _tensors(out), _tensors(tangent_out)
+
+
+def linearize(func: Callable[..., Any], *primals: Any) -> tuple[Any, Callable[..., Any]]:
+    """``torch.func.linearize``: ``(output, jvp_fn)``; ``jvp_fn(*tangents)`` is ``jvp``'s tangent output at ``primals``.
+
+    ``func`` runs once; each ``jvp_fn`` call evaluates only the linear map (``jax.linearize``).
+
+    >>> import xgrad
+    >>> out, jvp_fn = xgrad.func.linearize(lambda x: x.sin(), xgrad.tensor([0.0, 1.0]))
+    >>> jvp_fn(xgrad.tensor([2.0, 0.0])).tolist()
+    [2.0, 0.0]
+    """
+
+    def of_arrays(*arrays: Any) -> Any:
+        return _arrays(_call(func, [_tensors(a) for a in arrays], {}))
+
+    arrays = [_arrays(p) for p in primals]
+    out, linear = jax.linearize(of_arrays, *arrays)
+
+    def jvp_fn(*tangents: Any) -> Any:
+        given = _arrays(tangents)
+        if len(tangents) != len(arrays) or len(jax.tree_util.tree_leaves(given)) != len(jax.tree_util.tree_leaves(arrays)):
+            raise RuntimeError(
+                f"linearize: expected tangents with the structure of the primals, {len(arrays)} of them; got "
+                f"{len(tangents)} tangents"
+            )
+        for primal, tangent in zip(jax.tree_util.tree_leaves(arrays), jax.tree_util.tree_leaves(given), strict=True):
+            if primal.shape != tangent.shape or primal.dtype != tangent.dtype:
+                raise RuntimeError(
+                    f"linearize: tangent of shape {list(tangent.shape)} and dtype {tangent.dtype} given for a primal of "
+                    f"shape {list(primal.shape)} and dtype {primal.dtype}: they must match"
+                )
+        return _tensors(linear(*given))
+
+    return _tensors(out), jvp_fn
 
 
 def vmap(
@@ -337,7 +398,8 @@ def vmap(
             return _arrays(out), written
 
         written_dims = [d if isinstance(d, int) else None for d in dims]
-        batched = jax.vmap(of_arrays, in_axes=tuple(dims[i] for i in mapped), out_axes=(out_dims, written_dims))
+        batched = jax.vmap(of_arrays, in_axes=tuple(dims[i] for i in mapped), out_axes=(out_dims, written_dims),
+                           axis_name=FuncVmapAxis(randomness))  # NOTE [Functions under vmap]
         arrays = [_arrays(args[i]) for i in mapped]
         try:
             if chunk_size is None:

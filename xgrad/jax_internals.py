@@ -21,6 +21,11 @@ What xgrad uses of JAX, by how stable it is:
   (``concrete_value``: the values under ``vmap``/``grad`` tracers, which an op's
   index check reads as eagerly). A JAX that moves them fails the import; one that
   changes what they hold fails ``tests/test_bad_input.py``'s index checks under ``xgrad.func.vmap``.
+  The current trace (``core.trace_ctx.trace``), a ``BatchTrace``'s ``axis_data``,
+  ``parent_trace`` and ``to_batch_info``, ``core.set_current_trace`` and the
+  ``BatchTracer`` constructor (``batching_level``: an ``autograd.Function``'s own
+  ``vmap`` rule runs one level down and its outputs are batched at the level, as JAX's
+  batching rules are; checked at import by ``_self_test_batching_level``).
 - Behaviour no public API promises, checked by a self-test: at import for what needs
   no device (``_self_test``), at the first use for what needs one
   (``check_consts_keep_identity``):
@@ -52,7 +57,7 @@ from jax.extend.source_info_util import new_name_stack
 __all__ = [
     "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged", "Literal", "Var", "abstractifying",
     "check_consts_keep_identity", "concrete_value", "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names",
-    "name_scopes", "reset_compilation_cache", "source_frames",
+    "BatchingLevel", "batching_level", "name_scopes", "reset_compilation_cache", "source_frames", "unwrap_tracer",
 ]
 
 ERR_CHANGED = (
@@ -70,8 +75,9 @@ def _changed(what: str) -> JaxBehaviourChanged:
 
 
 try:
+    from jax._src.core import set_current_trace, trace_ctx
     from jax._src.interpreters.ad import JVPTracer, LinearizeTracer
-    from jax._src.interpreters.batching import BatchTracer
+    from jax._src.interpreters.batching import BatchTrace, BatchTracer
 except ImportError as error:  # pragma: no cover - a JAX that moved them
     raise _changed("jax._src.interpreters.batching.BatchTracer or ad.JVPTracer/LinearizeTracer moved") from error
 
@@ -176,21 +182,81 @@ def _self_test_name_scopes() -> None:
         raise _changed(f"a name stack's scopes read as {name_scopes(stack)}, not ('model', 'layer', 'dense')")
 
 
-def concrete_value(x: Any) -> Any:
+def concrete_value(x: Any, *, through_vmap: bool = True) -> Any:
     """``x``, or the array under its ``vmap``/``grad``/``jvp`` tracers; ``None`` where there is none (``jit``, ``make_jaxpr``).
 
     A transformation applied to concrete arrays (``jax.vmap(f)(x)``, ``xgrad.func.vmap``)
     still holds them: a batched tracer its batched value (every lane), a JVP tracer its
-    primal. Checks of values read them there, as PyTorch's eager transforms do.
+    primal. Checks of values read them there, as PyTorch's eager transforms do. With
+    ``through_vmap=False`` a batched tracer has no value (one lane's is not an array).
     """
     while isinstance(x, jax.core.Tracer):
-        if isinstance(x, BatchTracer):
-            x = x.val
-        elif isinstance(x, (JVPTracer, LinearizeTracer)):
-            x = x.primal
-        else:
+        if isinstance(x, BatchTracer) and not through_vmap:
             return None
+        x = unwrap_tracer(x)
     return x
+
+
+def unwrap_tracer(x: Any) -> Any:
+    """The array one ``vmap`` (its batched value) or ``grad``/``jvp`` (its primal) tracer holds; ``None`` for others."""
+    if isinstance(x, BatchTracer):
+        return x.val
+    if isinstance(x, (JVPTracer, LinearizeTracer)):
+        return x.primal
+    return None
+
+
+class BatchingLevel:
+    """The innermost ``vmap`` being traced, as an ``autograd.Function``'s ``vmap`` rule sees it.
+
+    ``unbatched(x)`` gives ``(value, batch dim or None)`` of ``x`` at this level;
+    ``lower()`` runs code one level down (on the unbatched values); ``batched(value,
+    dim)`` makes a value of this level from one with the batch at ``dim`` (``None``: the
+    same for every lane).
+    """
+
+    __slots__ = ("_trace", "axis_name", "size")
+
+    def __init__(self, trace: Any) -> None:
+        self._trace = trace
+        self.axis_name = trace.axis_data.name
+        self.size = trace.axis_data.size
+
+    def unbatched(self, x: Any) -> tuple[Any, int | None]:
+        return self._trace.to_batch_info(x)  # type: ignore[no-any-return]
+
+    def lower(self) -> Any:
+        return set_current_trace(self._trace.parent_trace)
+
+    def batched(self, value: Any, dim: int | None) -> Any:
+        return value if dim is None else BatchTracer(self._trace, value, dim)
+
+
+def batching_level() -> BatchingLevel | None:
+    """The ``vmap`` being traced when it is the innermost transformation, else ``None``."""
+    trace = trace_ctx.trace
+    return BatchingLevel(trace) if isinstance(trace, BatchTrace) else None
+
+
+def _self_test_batching_level() -> None:
+    seen = []
+
+    def lane(x: Any) -> Any:
+        level = batching_level()
+        if level is None:
+            raise _changed("jax.vmap's function runs with no BatchTrace as the current trace")
+        value, dim = level.unbatched(x)
+        seen.append((level.axis_name, level.size, dim, getattr(value, "shape", None)))
+        with level.lower():
+            doubled = value * 2
+        return level.batched(doubled, dim)
+
+    # Traced, not run: importing xgrad must not start a JAX backend (``jax.distributed.initialize`` comes first).
+    closed = jax.make_jaxpr(jax.vmap(lane, axis_name="lanes"))(jax.ShapeDtypeStruct((3, 2), jax.numpy.float32))
+    (out,) = closed.out_avals
+    equations = [str(eqn.primitive) for eqn in closed.jaxpr.eqns]
+    if seen != [("lanes", 3, 0, (3, 2))] or out.shape != (3, 2) or equations != ["mul"]:
+        raise _changed(f"a BatchTrace's batch info reads {seen} and rebatches to {out} by {equations}")
 
 
 def reset_compilation_cache() -> None:
@@ -200,3 +266,4 @@ def reset_compilation_cache() -> None:
 
 _self_test_loaded_names()
 _self_test_name_scopes()
+_self_test_batching_level()

@@ -15,7 +15,9 @@
 # ops, the optimizer, the random generator, ``.grad`` and ``requires_grad_``) reports it
 # first (``read``, ``write``, ``grad_read``, ``grad_write``), so the step finds its
 # parameters, buffers, optimizer state and ``.grad``s (NOTE [Whole-step compile], 1).
-# Eagerly each report is the one ``current()`` read and a branch not taken.
+# Eagerly each report is the one ``current()`` read and a branch not taken. ``repr``,
+# ``format`` and ``.item()`` of a tensor ask it too, for the text a traced step prints
+# (NOTE [Print in a compiled step] in ``xgrad/compile_step/printing.py``).
 #
 # ``StepTrace`` lists what may be asked; ``xgrad.compile_step`` implements it. The
 # defaults are eager's answers, so this module needs nothing above it.
@@ -76,6 +78,17 @@ class StepTrace:
     def final_callbacks(self) -> list[Callable[[], None]]:
         """The list a backward traced in the step queues its final callbacks on."""
         return []
+
+    def printed_text(self, t: Any, format_spec: str | None, frame: Any) -> str | None:
+        """The text of the tensor ``t`` (its ``repr`` for ``format_spec`` ``None``, else ``format(t, format_spec)``)
+        as the step prints it at every call, made in ``frame`` (the caller's); ``None``: not printed there, the
+        caller needs the value now."""
+        return None
+
+    def printed_item(self, t: Any, frame: Any) -> Any:
+        """``t.item()``, called in ``frame``, as a value the step only prints (formats into a ``print``); ``None``: the
+        caller needs the value now."""
+        return None
 
     def device(self) -> Any:
         """The ``jax.Device`` a traced value's ``Tensor.device`` names (XLA places traced values)."""

@@ -25,7 +25,16 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from xgrad.engine.dual import ERR_TANGENT_SIZE, LEVEL, DualLevel, set_tangent, tangent_of, tangents_off
+from xgrad.engine.dual import (
+    ERR_TANGENT_SIZE,
+    LEVEL,
+    DualLevel,
+    fwd_grad_enabled,
+    set_fwd_grad_enabled,
+    set_tangent,
+    tangent_of,
+    tangents_off,
+)
 from xgrad.ops.registry import REGISTRY, bind
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor
@@ -91,6 +100,57 @@ class dual_level:  # noqa: N801 - PyTorch's name
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with dual_level():
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+def _is_fwd_grad_enabled() -> bool:
+    """PyTorch's ``forward_ad._is_fwd_grad_enabled``: whether forward grad is on for this thread.
+
+    >>> import xgrad.autograd.forward_ad as fwAD
+    >>> fwAD._is_fwd_grad_enabled()
+    True
+    """
+    return fwd_grad_enabled()
+
+
+class _set_fwd_grad_enabled:  # noqa: N801 - PyTorch's name
+    """PyTorch's ``forward_ad._set_fwd_grad_enabled(mode)``: forward grad on or off for this thread.
+
+    Set when made (so a plain call sets it), put back when its ``with`` block (or the
+    function it decorates) ends. Off, dual tensors show no tangent (``unpack_dual``
+    gives ``None``) and ops compute none; their tangents come back when it is on again.
+    ``xgrad.func.jvp`` is JAX's and is not affected.
+
+    >>> import xgrad, xgrad.autograd.forward_ad as fwAD
+    >>> with fwAD.dual_level():
+    ...     x = fwAD.make_dual(xgrad.tensor(2.0), xgrad.tensor(1.0))
+    ...     with fwAD._set_fwd_grad_enabled(False):
+    ...         shift = x ** 2
+    ...     y = x ** 2 - shift
+    ...     fwAD.unpack_dual(y).tangent.item(), fwAD.unpack_dual(shift).tangent
+    (4.0, None)
+    """
+
+    def __init__(self, mode: bool) -> None:
+        self.prev = fwd_grad_enabled()
+        self.mode = mode
+        set_fwd_grad_enabled(mode)
+
+    def __enter__(self) -> None:
+        set_fwd_grad_enabled(self.mode)
+
+    def __exit__(self, *exc: object) -> None:
+        set_fwd_grad_enabled(self.prev)
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        set_fwd_grad_enabled(self.prev)  # as a decorator it applies only while ``fn`` runs
+        mode = self.mode
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with _set_fwd_grad_enabled(mode):
                 return fn(*args, **kwargs)
 
         return wrapper

@@ -2,8 +2,9 @@
 
 The package: ``recording`` (the state a trace touches), ``intercept`` (what the engine and
 ops call while a step is traced), ``host`` (hooks, final callbacks and
-custom Function backwards as ordered host callbacks), ``observers`` and ``hook_ops`` (hooks that only
-observe, run after the program, their ops computed in it), ``writeback`` (the program's outputs and where they go) and
+custom Function backwards as ordered host callbacks), ``printing`` (``print`` at every call),
+``observers`` and ``hook_ops`` (hooks that only observe, run after the program, their ops
+computed in it), ``writeback`` (the program's outputs and where they go) and
 ``program`` (``CompiledFunction``: the cache, the guards, compiling and running).
 
 # NOTE [Whole-step compile]
@@ -58,9 +59,10 @@ observe, run after the program, their ops computed in it), ``writeback`` (the pr
 # flag each. A callback queued by traced code (a pure hook, a traced Function's
 # backward) is such a host call too, at its place in the traced backward's
 # list (``_TracedCallbacks``: a ``GraphTask`` made while tracing takes one from the recorder).
-# Python needing a concrete value
+# ``print`` is a host effect with the values of each call (NOTE [Print in a compiled
+# step] in ``printing.py``). Python needing a concrete value
 # (``.item()``, ``if t > 0``, ``.numpy()``) makes the call run eagerly after a
-# one-time warning naming the user's line, or raises under ``fallback="error"``; a
+# one-time warning naming the user's line and the construct, or raises under ``fallback="error"``; a
 # signature that fell back is remembered and runs eagerly without retracing.
 #
 # Shared with the compiled backward (``xgrad/engine/compiled``): ``RecompileWarning``

@@ -35,6 +35,11 @@ MODULE_ATTRIBUTE_TRACED = (
     "value of the trace); return the tensor from the function instead"
 )
 
+UNPRINTED = (
+    "Python needs a concrete value here: the text of a tensor ({construct}) went somewhere other than print(), "
+    "which prints it at every call; print it, or return the tensor and use its text after the call"
+)
+
 
 class CompileFallbackWarning(UserWarning):
     """A call of an ``xgrad.compile`` function ran eagerly (the warning says why and where)."""

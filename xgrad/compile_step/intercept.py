@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xgrad.compile_step import printing
 from xgrad.compile_step.errors import MODULE_FORWARD_HOOKS, _NotCompilable
 from xgrad.compile_step.host import _function_on_host, _host_hook, _state_on_host, _TracedCallbacks
 from xgrad.compile_step.recording import _Check, _Recorder
@@ -67,8 +68,15 @@ class _StepRecorder(_Recorder):
         kept = [None if isinstance(leaf, Tensor) else leaf for leaf in leaves]
         self.effects.append((call, tree, kept, outputs))
         self.effect_state.update(id(t) for t in state)
-        self.effect_mark = self.progress()
+        if len(self.effects) == 1:  # what follows the first effect follows them all: they run after the program
+            self.effect_mark = self.progress()
         return True
+
+    def printed_text(self, t: Any, format_spec: str | None, frame: Any) -> str | None:
+        return printing.printed_text(self, t, format_spec, frame)
+
+    def printed_item(self, t: Any, frame: Any) -> Any:
+        return printing.printed_item(self, t, frame)
 
     def final_callbacks(self) -> list[Callable[[], None]]:
         return _TracedCallbacks()

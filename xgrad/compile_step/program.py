@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 import dis
 import functools
+import inspect
+import linecache
 import os
 import threading
 import time
@@ -20,6 +22,7 @@ from xgrad.compile_step.errors import (
     ERR_FALLBACK,
     HOOK_KEPT,
     MODULE_ATTRIBUTE_TRACED,
+    UNPRINTED,
     WARN_FALLBACK,
     WARN_REBINDS,
     WARN_RECOMPILE,
@@ -31,6 +34,7 @@ from xgrad.compile_step.errors import (
 )
 from xgrad.compile_step.intercept import _StepRecorder
 from xgrad.compile_step.observers import run_observers
+from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
 from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.writeback import (
     _apply_fast_writes,
@@ -93,17 +97,45 @@ def _warn_rebinds(fn: Any, name: str) -> None:
         )
 
 
-def _user_site(tb: Any) -> str:
-    """The innermost frame of a traceback outside xgrad and JAX: the user's line."""
+def _concrete_value_needed(exc: BaseException) -> tuple[str, str]:
+    """Why and where a trace needed a concrete value: the construct, named by the xgrad function the user's line
+    called (``Tensor.item``, ``Tensor.__bool__``, ...), and that line with its source."""
     frames = []
+    tb = exc.__traceback__
     while tb is not None:
-        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        frames.append((tb.tb_frame.f_code, tb.tb_lineno))
         tb = tb.tb_next
-    for filename, lineno in reversed(frames):
-        path = os.path.abspath(filename)
+    for i in range(len(frames) - 1, -1, -1):
+        code, lineno = frames[i]
+        path = os.path.abspath(code.co_filename)
         if not path.startswith((_XGRAD_DIR, _JAX_DIR)) and "/jax/" not in path and "/jaxlib/" not in path:
-            return f"{filename}:{lineno}"
-    return "unknown location"
+            callee = frames[i + 1][0] if i + 1 < len(frames) else None
+            construct = None
+            if callee is not None and callee.co_filename.startswith(_XGRAD_DIR):
+                construct = _CONSTRUCTS.get(callee.co_name)
+            if construct is None and type(exc).__name__ == "NonConcreteBooleanIndexError":
+                construct = "a boolean mask as an index (the result's shape depends on the values)"
+            source = linecache.getline(code.co_filename, lineno).strip()
+            site = f"{code.co_filename}:{lineno}" + (f", `{source}`" if source else "")
+            return f"Python needs a concrete value here: {construct or _ANY_CONSTRUCT}", site
+    return f"Python needs a concrete value here: {_ANY_CONSTRUCT}", "unknown location"
+
+
+_ANY_CONSTRUCT = ".item(), .numpy(), bool() or int() of a tensor, a boolean mask"
+#: What needs a concrete value, by the xgrad function the user's line called.
+_CONSTRUCTS = {
+    "item": "t.item() (compiled only as an f-string's value inside print())",
+    "tolist": "t.tolist()",
+    "numpy": "t.numpy()",
+    "to_numpy_array": "np.asarray() of a tensor",
+    "to_bool": "bool() of a tensor (an if, while, assert, and/or/not on a tensor)",
+    "to_float": "float() of a tensor",
+    "to_int": "int() of a tensor",
+    "to_index": "a tensor used as a Python int (an index, range(), a size)",
+    "tensor_repr": "str()/repr() of a tensor whose text goes somewhere other than print() (compiled inside print())",
+    "tensor_format": "an f-string or format() of a tensor whose text goes somewhere other than print() "
+    "(compiled inside print())",
+}
 
 
 def _leaf_key(leaf: Any) -> Any:
@@ -185,15 +217,16 @@ _FALLBACK = object()
 _NO_VARIANT = object()
 
 
-def _describe_change(old: Any, new: Any) -> str:
+def _describe_change(fn: Any, old: Any, new: Any) -> str:
+    """What changed between two call signatures (``_signature``), in one line naming the argument."""
     if old is None:
         return "first call"
     (old_tree, old_leaves, old_alias, old_mode), (new_tree, new_leaves, new_alias, new_mode) = old, new
     if old_tree != new_tree:
-        return f"the arguments' structure changed from {old_tree} to {new_tree}"
+        return _describe_structure_change(fn, old_tree, new_tree)
     for i, (a, b) in enumerate(zip(old_leaves, new_leaves, strict=True)):
         if a != b:
-            return f"argument leaf {i} changed from {_describe_leaf(a)} to {_describe_leaf(b)}"
+            return f"argument {_leaf_name(fn, new_tree, i)}: {_describe_leaf_change(a, b)}"
     if old_alias != new_alias:
         return "which arguments are the same tensor changed"
     if old_mode != new_mode:
@@ -201,10 +234,77 @@ def _describe_change(old: Any, new: Any) -> str:
     return "the state fn reads (a .grad set or cleared, requires_grad, hooks, a shape, or a module's train/eval mode)"
 
 
+def _leaf_name(fn: Any, tree: Any, i: int) -> str:
+    """Leaf ``i`` of a call's ``(args, kwargs)`` as the user names it: its parameter, then the path inside it
+    (``batch['x']``)."""
+    placeholder = jax.tree_util.tree_unflatten(tree, list(range(tree.num_leaves)))
+    path = jax.tree_util.tree_flatten_with_path(placeholder)[0][i][0]
+    where, key, inner = path[0].idx, path[1], jax.tree_util.keystr(path[2:])
+    return f"{key.key if where == 1 else _positional_name(fn, key.idx)}{inner}"
+
+
+def _positional_name(fn: Any, i: int) -> str:
+    """The name of ``fn``'s ``i``-th positional parameter (``rest[2]`` for one in ``*rest``), else ``i``."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (a builtin, a C callable)
+        params = []
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if i < len(positional):
+        return positional[i].name
+    rest = [p for p in params if p.kind is p.VAR_POSITIONAL]
+    return f"{rest[0].name}[{i - len(positional)}]" if rest else str(i)
+
+
+def _describe_structure_change(fn: Any, old_tree: Any, new_tree: Any) -> str:
+    """Which argument's structure changed (a dict's keys, a list's length, a tensor where ``None`` was), and how."""
+    (old_args, old_kwargs), (new_args, new_kwargs) = (
+        jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves) for tree in (old_tree, new_tree)
+    )
+    if len(old_args) != len(new_args):
+        return f"the number of positional arguments changed from {len(old_args)} to {len(new_args)}"
+    if sorted(old_kwargs) != sorted(new_kwargs):
+        return f"the keyword arguments changed from {sorted(old_kwargs)} to {sorted(new_kwargs)}"
+    pairs = [(_positional_name(fn, i), a, b) for i, (a, b) in enumerate(zip(old_args, new_args, strict=True))]
+    pairs += [(k, old_kwargs[k], new_kwargs[k]) for k in sorted(old_kwargs)]
+    for name, a, b in pairs:
+        old: Any = jax.tree_util.tree_structure(a)  # typed: the stub's PyTreeDef has no ``!=``
+        new: Any = jax.tree_util.tree_structure(b)
+        if old != new:
+            return f"argument {name}: structure {old} -> {new}"
+    return f"the arguments' structure changed from {old_tree} to {new_tree}"
+
+
+# What a leaf's key (``_leaf_key``) holds after its kind, by kind.
+_KEY_FIELDS = {
+    "tensor": ("shape", "dtype", "sharding", "grad_fn", "requires_grad", ".grad is None", ".grad's shape", "hooks",
+               "post-accumulate-grad hooks"),
+    "array": ("shape", "dtype", "sharding", "weak_type"),
+    "ndarray": ("shape", "dtype"),
+}
+
+
+def _describe_leaf_change(old: Any, new: Any) -> str:
+    if old[0] != new[0] or old[0] == "static":
+        return f"{_describe_leaf(old)} -> {_describe_leaf(new)}"
+    changes = []
+    for field, a, b in zip(_KEY_FIELDS[old[0]], old[1:], new[1:], strict=True):
+        if a != b:
+            if field == "shape":
+                a, b = list(a), list(b)
+            elif field.endswith("hooks"):
+                a, b = len(a), len(b)
+            changes.append(f"{field} {a} -> {b}")
+    return ", ".join(changes)
+
+
 def _describe_leaf(key: Any) -> str:
     if key[0] == "static":
         return f"the value {key[2]!r}"
-    return f"a {key[0]} of shape {list(key[1])} and dtype {key[2]}" + (f" on {key[3]}" if len(key) > 3 else "")
+    return f"{_KIND_NAMES[key[0]]} of shape {list(key[1])} and dtype {key[2]}"
+
+
+_KIND_NAMES = {"tensor": "a Tensor", "array": "a jax.Array", "ndarray": "a NumPy array"}
 
 
 def _signature(leaves: list[Any], tree: Any) -> Any:
@@ -421,7 +521,9 @@ class CompiledFunction:
         if self._stats["misses"] > RECOMPILE_WARNING_LIMIT and not self._recompile_warned:
             self._recompile_warned = True
             warnings.warn(
-                WARN_RECOMPILE.format(name=self._name(), count=self._stats["misses"], reason=_describe_change(previous, signature)),
+                WARN_RECOMPILE.format(
+                    name=self._name(), count=self._stats["misses"], reason=_describe_change(self.fn, previous, signature)
+                ),
                 RecompileWarning,
                 stacklevel=3,
             )
@@ -481,19 +583,22 @@ class CompiledFunction:
                     f"argument leaf {i} has autograd history from outside the function (detach it, or compute it inside)",
                     "the call",
                 )
-        with tracing_step(recorder):  # this context's trace: another thread may trace another step meanwhile
+        # This context's trace: another thread may trace another step meanwhile.
+        with tracing_step(recorder), intercepting_print():
             try:
                 closed = jax.make_jaxpr(traced)(*dyn_values)
                 leaked = recorder.traced_attribute()
                 if leaked is not None:
                     raise _NotCompilable(MODULE_ATTRIBUTE_TRACED.format(name=leaked), "the call")
+                text = unprinted(recorder)
+                if text is not None:
+                    raise _NotCompilable(UNPRINTED.format(construct=text.construct), text.site)
             except BaseException as exc:
                 recorder.restore_modules()  # as the tensors below: nothing of a failed trace stays (NOTE [One trace at a time])
                 if isinstance(exc, TRACER_ERRORS):
-                    raise _NotCompilable(
-                        "Python needs a concrete value here (.item(), .numpy(), bool() or int() of a tensor, a boolean mask)",
-                        _user_site(exc.__traceback__),
-                    ) from exc
+                    raise _NotCompilable(*_concrete_value_needed(exc)) from exc
+                if not isinstance(exc, _NotCompilable):  # the user's error (a fallback runs eagerly, printing it all)
+                    print_before_error(recorder)
                 raise
             finally:
                 for snap in recorder.snapshots.values():
@@ -683,8 +788,8 @@ def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") ->
         fn: the step function.
         fallback: ``"eager"`` (default): a call that cannot be traced — Python needing
             a concrete value inside ``fn`` (``.item()``, ``if t > 0``, ``.numpy()``) —
-            runs eagerly, after a one-time warning naming the line; ``"error"``: raise
-            ``CompileFallbackError`` instead.
+            runs eagerly, after a one-time warning naming the line and the construct;
+            ``"error"``: raise ``CompileFallbackError`` instead.
 
     Hooks registered on tensors or nodes (inside ``fn`` or before) and custom
     ``Function.backward``s run once per call with concrete values in eager order,
@@ -692,14 +797,17 @@ def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") ->
     queue no callback) run right after the program instead, which costs no host
     round trip, and the ops they ran on their arguments last time (``g.norm()``) are
     computed in the program and handed to them; those marked ``xgrad.autograd.compiled.pure_hook`` are
-    traced into the program. Plain
-    Python side effects in ``fn``'s body (``print``, appending to a list) run when
-    ``fn`` is traced, on the first call of each signature, not on every call, as
-    under ``jax.jit`` (and once more for a signature whose hooks observe: its observer
-    variant). Python state eager re-reads at every call is not frozen (NOTE [Python
-    state in a compiled step]): an LR scheduler's ``step()`` in ``fn`` runs at every
-    call, each module's ``train()``/``eval()`` mode is guarded, and a module with
-    forward hooks not marked ``pure_hook`` makes the call run eagerly. Calls from several
+    traced into the program. ``print`` in ``fn`` prints at every call with that
+    call's values, in eager's format and order (tensors, their f-strings and
+    ``str``/``format``, ``.item()`` as an f-string's value; NOTE [Print in a compiled
+    step] in ``xgrad/compile_step/printing.py``). Other plain Python side effects in
+    ``fn``'s body (appending to a list) run when ``fn`` is traced, on the first call
+    of each signature, not on every call, as under ``jax.jit`` (and once more for a
+    signature whose hooks observe: its observer variant). Python state eager re-reads
+    at every call is not frozen (NOTE [Python state in a compiled step]): an LR
+    scheduler's ``step()`` in ``fn`` runs at every call, each module's
+    ``train()``/``eval()`` mode is guarded, and a module with forward hooks not marked
+    ``pure_hook`` makes the call run eagerly. Calls from several
     threads trace a signature once. ``step.stats()`` returns ``{"compiles", "hits", "misses", "fallbacks",
     "variants", "compile_seconds"}``.
 

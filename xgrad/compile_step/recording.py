@@ -110,6 +110,11 @@ class _Recorder(StepTrace):
         self.effect_crossed = False
         # id(a leaf's post-accumulate-grad hooks) -> whether one returned a value in this run, set on the host.
         self.post_accumulate_returned: dict[int, list[bool]] = {}
+        # Tensors' texts, each a mark a print fills in at every call (NOTE [Print in a compiled step]),
+        # whether the step's print is making its text now (a tensor's text then goes into it), and the prints.
+        self.printed: list[Any] = []
+        self.printing = False
+        self.prints: list[Any] = []  # the step's prints in order: each one's call if its text is all known, else None
 
     def output(self, value: Any) -> int:
         """The position of ``value`` among the program's outputs (added on first use)."""

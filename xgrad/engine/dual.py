@@ -22,7 +22,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from xgrad.tensor import Tensor
 
-__all__ = ["ERR_TANGENT_SIZE", "LEVEL", "DualLevel", "set_tangent", "tangent_of", "tangents_off", "tangents_on"]
+__all__ = [
+    "ERR_TANGENT_SIZE", "LEVEL", "DualLevel", "fwd_grad_enabled", "set_fwd_grad_enabled", "set_tangent", "tangent_of",
+    "tangents_off", "tangents_on",
+]
 
 ERR_TANGENT_SIZE = (
     "Trying to set a forward gradient that has a different size than that of the original Tensor, this is not "
@@ -54,6 +57,7 @@ LEVEL = _Live()
 
 class _Switch(threading.local):
     off: int = 0  # > 0 while tangent rules must not run on this thread
+    disabled: bool = False  # forward grad turned off on this thread (``forward_ad._set_fwd_grad_enabled``)
 
 
 _switch = _Switch()
@@ -61,7 +65,17 @@ _switch = _Switch()
 
 def tangents_on() -> bool:
     """Whether ops on this thread compute tangents now (a live level, not switched off)."""
-    return LEVEL.current is not None and not _switch.off
+    return LEVEL.current is not None and not _switch.off and not _switch.disabled
+
+
+def fwd_grad_enabled() -> bool:
+    """Whether forward grad is on for this thread (PyTorch's ``_is_fwd_grad_enabled``)."""
+    return not _switch.disabled
+
+
+def set_fwd_grad_enabled(enabled: bool) -> None:
+    """Turn forward grad on or off for this thread: off, tensors show no tangents and ops compute none, as in PyTorch."""
+    _switch.disabled = not enabled
 
 
 @contextmanager
@@ -80,7 +94,7 @@ def tangent_of(t: Tensor) -> Tensor | None:
     if fw is None:
         return None
     level = LEVEL.current
-    if level is None or fw[0] is not level:
+    if level is None or fw[0] is not level or _switch.disabled:
         return None
     return fw[1]  # type: ignore[no-any-return]
 

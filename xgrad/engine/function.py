@@ -34,6 +34,7 @@ from xgrad.engine.function_on_jax import (
     on_jax_trace,
     raises_when_differentiated,
 )
+from xgrad.engine.function_vmap import NOT_HANDLED, apply_vmap_rule
 from xgrad.engine.node import NO_EDGE, InputMetadata, Node, gradient_edge
 from xgrad.engine.saved import ERR_FREED, SavedTensor
 from xgrad.grad_mode import _state as _grad_state
@@ -257,6 +258,8 @@ class Function:
     # ``xgrad.compile`` step traces them in, where a user's backward runs on the host at every call
     # (NOTE [Functions in a compiled step]).
     _traced_in_step = False
+    #: Under ``xgrad.func.vmap``: ``True`` lets JAX batch ``forward`` and ``backward``; else the ``vmap`` staticmethod runs.
+    generate_vmap_rule = False
 
     @staticmethod
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -272,6 +275,16 @@ class Function:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(ERR_LEGACY_FUNCTION)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], *args: Any) -> Any:
+        """The batched ``forward`` under ``xgrad.func.vmap`` (NOTE [Functions under vmap]): gets the whole batch,
+        each input's batch dim (``None``: not batched) and ``info`` (``batch_size``, ``randomness``); returns
+        ``(output, out_dims)``."""
+        raise NotImplementedError(
+            "To use autograd.Function with vmap, you must either override the vmap staticmethod or set "
+            "generate_vmap_rule=True."
+        )
 
     @staticmethod
     def jvp(ctx: FunctionCtx, *tangents: Any) -> Any:
@@ -291,6 +304,9 @@ class Function:
             args, kwargs = _bind_default_args(cls, args, kwargs)
         on_jax = on_jax_trace(args)
         if on_jax and not cls._traced_in_step:
+            batched = apply_vmap_rule(cls, args, kwargs, has_vmap_rule=cls.vmap is not Function.vmap)
+            if batched is not NOT_HANDLED:
+                return batched
             uses_backward = cls.backward is not Function.backward or cls.jvp is Function.jvp
             return apply_on_jax(cls, ctx, args, kwargs, separate_setup, uses_backward)
         record = _grad_state.enabled
@@ -462,6 +478,8 @@ class _DelayedError(Function):
     Its inputs are the results (as aliases) and the incoming grads that require grad,
     so a second differentiation reaches it from whatever those grads depend on.
     """
+
+    generate_vmap_rule = True  # an identity: JAX batches it (NOTE [Functions under vmap])
 
     @staticmethod
     def forward(ctx: FunctionCtx, num_outputs: int, *tensors: Any) -> Any:

@@ -17,7 +17,7 @@ without renaming.
 (2, 3)
 """
 
-from xgrad.nn import functional, init, modules, utils
+from xgrad.nn import functional, init, modules, parallel, utils
 from xgrad.nn.activation import (
     CELU,
     ELU,
@@ -68,6 +68,7 @@ from xgrad.nn.loss import (
 )
 from xgrad.nn.module import Module, Parameter
 from xgrad.nn.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
+from xgrad.nn.parallel import DataParallel, DistributedDataParallel
 from xgrad.nn.pooling import (
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
@@ -90,12 +91,13 @@ from xgrad.nn.transformer import (
 __all__ = [
     "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "AlphaDropout", "AvgPool1d", "AvgPool2d",
     "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d", "CELU", "Conv1d", "Conv2d", "CosineEmbeddingLoss",
-    "CosineSimilarity", "CrossEntropyLoss", "Dropout", "Dropout1d", "Dropout2d", "ELU", "Embedding", "Flatten",
+    "CosineSimilarity", "CrossEntropyLoss", "DataParallel", "DistributedDataParallel", "Dropout", "Dropout1d",
+    "Dropout2d", "ELU", "Embedding", "Flatten",
     "GELU", "GLU", "GRU", "GRUCell", "GroupNorm", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh", "HuberLoss",
     "Identity", "KLDivLoss", "L1Loss", "LSTM", "LSTMCell", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid",
     "LogSoftmax", "MLP", "MSELoss", "MarginRankingLoss", "MaxPool1d", "MaxPool2d", "Mish", "Module", "ModuleDict",
     "ModuleList", "MultiheadAttention", "NLLLoss", "PReLU", "Parameter", "RNN", "RNNCell", "ReLU", "ReLU6", "SELU",
     "Sequential", "SiLU", "Sigmoid", "SmoothL1Loss", "Softmax", "Softmin", "Softplus", "Softshrink", "Softsign",
     "Tanh", "Tanhshrink", "Threshold", "Transformer", "TransformerDecoder", "TransformerDecoderLayer",
-    "TransformerEncoder", "TransformerEncoderLayer", "Unflatten", "functional", "init", "modules", "utils",
+    "TransformerEncoder", "TransformerEncoderLayer", "Unflatten", "functional", "init", "modules", "parallel", "utils",
 ]

@@ -36,6 +36,19 @@ class Sequential(Module):
             return type(self)(OrderedDict(list(self._modules.items())[index]))
         return _at(self._modules, index)
 
+    def __setitem__(self, index: int, module: Module) -> None:
+        _at(self._modules, index)
+        self.add_module(list(self._modules)[index], module)
+
+    def __delitem__(self, index: int | slice) -> None:
+        keys = list(self._modules)
+        for key in keys[index] if isinstance(index, slice) else [keys[_index(keys, index)]]:
+            del self._modules[key]
+        if all(key.isdigit() for key in keys):  # numbered: numbered again from 0, as PyTorch does
+            renumbered = {str(i): m for i, m in enumerate(self._modules.values())}
+            self._modules.clear()
+            self._modules.update(renumbered)
+
     def __len__(self) -> int:
         return len(self._modules)
 
@@ -47,12 +60,17 @@ class Sequential(Module):
         return self
 
 
-def _at(modules: dict[str, Any], index: int) -> Any:
-    """The entry at a position (negative counts from the end), with PyTorch's IndexError."""
-    n = len(modules)
+def _index(entries: Any, index: int) -> int:
+    """A position (negative counts from the end) checked, with PyTorch's IndexError."""
+    n = len(entries)
     if not -n <= index < n:
         raise IndexError(f"index {index} is out of range")
-    return list(modules.values())[index % n]
+    return index % n
+
+
+def _at(modules: dict[str, Any], index: int) -> Any:
+    """The entry at a position (negative counts from the end), with PyTorch's IndexError."""
+    return list(modules.values())[_index(modules, index)]
 
 
 class ModuleList(Module):

@@ -129,6 +129,8 @@ def any_global_hook() -> bool:
 class BackwardHookFunction(Function):
     """Identity on the Tensors it is given: its node is where a module's backward hooks sit."""
 
+    generate_vmap_rule = True  # an identity: JAX batches it (NOTE [Functions under vmap])
+
     @staticmethod
     def forward(ctx: FunctionCtx, *args: Any) -> Any:
         ctx.mark_non_differentiable(*[a for a in args if not a.requires_grad])

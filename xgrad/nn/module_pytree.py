@@ -19,7 +19,11 @@
 # A module may hold any pytree with arrays: an Equinox or Flax module, a dict of arrays,
 # a list of Parameters. Its arrays are children (``jax.grad`` differentiates them,
 # optax and ``jax.jit`` see them) and its other leaves (functions, ints) are aux data,
-# as ``eqx.partition`` splits a model. Eager optimizers train what ``parameters()``
+# as ``eqx.partition`` splits a model. Which leaf is which is decided by value when a
+# module is flattened, so a module that was *unflattened* from a tree built leaf by leaf
+# (Equinox's filter masks of bools, ``eqx.partition``'s ``None``s) remembers its aux
+# data, and flattening it again takes its children where the original's were, whatever
+# they hold now: the mask tree has the model's structure. Eager optimizers train what ``parameters()``
 # lists: a foreign pytree's arrays are constants there until they are Parameters
 # (``jax.tree_util.tree_map(nn.Parameter, arrays)``, which ``parameters()`` then finds).
 #
@@ -34,8 +38,9 @@
 
 from __future__ import annotations
 
+import operator
 import threading
-from collections import OrderedDict
+import weakref
 from typing import Any
 
 import jax
@@ -51,6 +56,11 @@ _ARRAYS = (Tensor, jax.Array, np.ndarray)
 _LEAF = jax.tree_util.tree_structure(0)  # the treedef of one leaf
 _INTERNAL = frozenset({"_buffers", "training", *HOOK_DICTS})  # a module's own bookkeeping: aux data always
 _OWN_DICTS = ("_buffers", *HOOK_DICTS)
+
+
+# Per module unflattened with a foreign pytree among its attributes: the aux data it was
+# built from (NOTE [Foreign pytrees in a module]).
+_built_from: weakref.WeakKeyDictionary[Any, _ModuleAux] = weakref.WeakKeyDictionary()
 
 
 def _stop_at_tensors_and_modules(x: Any) -> bool:
@@ -108,6 +118,30 @@ class _Static:
         return 0
 
 
+class _OwnDict:
+    """A module's own dict (``_buffers``, a hook dict) in its aux data: its items as they
+    were, so that a hook registered since is a change (a jit cache traces again), and a
+    fresh dict for each module built from it (a hook registered there stays there)."""
+
+    __slots__ = ("items", "keys", "kind")
+
+    def __init__(self, value: dict[Any, Any]) -> None:
+        self.kind = type(value)
+        self.items = tuple(value.items())
+        self.keys = tuple(value)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _OwnDict) or self.kind is not other.kind or self.keys != other.keys:
+            return False
+        return all(_same(a, b) for (_, a), (_, b) in zip(self.items, other.items, strict=True))
+
+    def __hash__(self) -> int:
+        return len(self.items)
+
+    def build(self) -> dict[Any, Any]:
+        return self.kind(self.items)
+
+
 # A path from a module to something below it: per step, where it is held ("attr": in
 # the module's ``__dict__``, "key": in its ``_modules``) and under which name.
 Path = tuple[tuple[str, str], ...]
@@ -135,7 +169,7 @@ class _Tied:
 class _ModuleAux:
     """A Module node's aux data: its class, which attributes hold children and how, and the rest's values."""
 
-    __slots__ = ("cls", "entries", "modules", "order", "static", "ties")
+    __slots__ = ("cls", "entries", "modules", "order", "static", "template", "ties")
 
     def __init__(
         self,
@@ -155,6 +189,7 @@ class _ModuleAux:
         self.modules = modules  # per child held by key: (name, None for a child, or a _Tied)
         self.static = static
         self.ties = ties  # the later occurrences below this module, resolved when it is unflattened
+        self.template: tuple[dict[str, Any], tuple[tuple[str, _OwnDict], ...]] | None = None  # see _unflatten_simple
 
     def __eq__(self, other: object) -> bool:
         # Loops, not generator expressions: a jitted function of a model compares one per module per call.
@@ -189,6 +224,83 @@ class _ModuleAux:
         return f"{self.cls.__name__}(static={dict(self.static)})"
 
 
+# NOTE [Flatten plans]
+# ``jax.jit`` flattens its model argument at every call and compares the treedef with
+# the cached one; a module's flatten is Python, so that would cost a walk per call. A
+# module whose state is Tensor attributes and submodules, with nothing tied below it,
+# keeps what its last flatten found: the objects its attributes held (compared by
+# identity, as an optimizer's in-place update keeps them) and the aux data built. While
+# they hold, a flatten only reads its Tensors' arrays and metadata, and returns the same
+# aux object when the metadata is the same, so the treedef comparison is by identity.
+# Any rebinding (``model.eval()``, a new attribute, a replaced parameter) misses, and
+# that module is flattened as before.
+class _Plan:
+    """What flattening a module found (NOTE [Flatten plans])."""
+
+    __slots__ = (
+        "aux", "keys", "module_keys", "module_values", "own_dicts", "own_keys", "submodules", "tensors", "values",
+    )
+
+    def __init__(self, module: Any, aux: _ModuleAux) -> None:
+        from xgrad.nn.module import Module
+
+        state = module.__dict__
+        self.keys = tuple(state)
+        self.values = tuple(state.values())
+        self.module_keys = tuple(module._modules)
+        self.module_values = tuple(module._modules.values())
+        self.tensors = tuple(state[name] for name, _, _ in aux.entries)
+        self.submodules = [v for v in (*self.values, *self.module_values) if isinstance(v, Module)]
+        owns = [(state[name], value.keys) for name, value in aux.static if type(value) is _OwnDict]
+        self.own_dicts = tuple(d for d, _ in owns)
+        keys = tuple(keys for _, keys in owns)
+        self.own_keys = keys if any(keys) else None
+        self.aux = aux
+
+    def holds(self, module: Any) -> bool:
+        """Whether ``module``'s attributes and children are the objects they were."""
+        state = module.__dict__
+        modules = module._modules
+        return (
+            tuple(state) == self.keys
+            and all(map(operator.is_, state.values(), self.values))
+            and tuple(modules) == self.module_keys
+            and all(map(operator.is_, modules.values(), self.module_values))
+            # The same dicts (checked above): with the same entries? (Mostly none: no hooks.)
+            and (not any(self.own_dicts) if self.own_keys is None else tuple(map(tuple, self.own_dicts)) == self.own_keys)
+        )
+
+
+# By ``id``, each with a weak reference to its module (a WeakKeyDictionary's lookup costs
+# a weak reference per call): per module, its plan.
+_plans: dict[int, tuple[weakref.ref[Any], _Plan]] = {}
+
+
+def _plan_of(module: Any) -> _Plan | None:
+    entry = _plans.get(id(module))
+    return entry[1] if entry is not None and entry[0]() is module else None
+
+
+def _keep_plan(module: Any, plan: _Plan) -> None:
+    key = id(module)
+    _plans[key] = weakref.ref(module, lambda _: _plans.pop(key, None)), plan
+
+
+def _plans_below(root: Any) -> dict[int, tuple[Any, _Plan]] | None:
+    """Per module from ``root`` down, its plan, when each holds to its plan (so nothing
+    is tied below ``root``: a plan is made only where nothing was); else ``None``."""
+    found: dict[int, tuple[Any, _Plan]] = {}
+    stack = [root]
+    while stack:
+        module = stack.pop()
+        plan = _plan_of(module)
+        if plan is None or not plan.holds(module):
+            return None
+        found[id(module)] = module, plan
+        stack.extend(plan.submodules)
+    return found
+
+
 # NOTE [Shared parameters]
 # A model may hold one tensor in several places (tied weights: ``head.weight =
 # emb.weight``) or one submodule twice. As PyTorch's ``named_parameters`` lists it once,
@@ -201,10 +313,12 @@ class _ModuleAux:
 # gives a tied weight one gradient, the sum over its uses, and ``optax.apply_updates``
 # builds a model whose head and embedding share one parameter again.
 class _TieFree(threading.local):
-    """The submodules a module's flatten found no later occurrence below (NOTE [Shared parameters])."""
+    """The submodules a module's flatten found no later occurrence below (NOTE [Shared parameters]),
+    and those of them found holding to their plans (NOTE [Flatten plans])."""
 
     def __init__(self) -> None:
         self.modules: dict[int, Any] = {}
+        self.plans: dict[int, tuple[Any, _Plan]] = {}
 
 
 _tie_free = _TieFree()
@@ -309,7 +423,11 @@ def _flatten(module: Any, keyed: bool) -> tuple[list[Any], list[Any], _ModuleAux
     """The children (and, when ``keyed``, their keys) and the aux data of ``module``."""
     from xgrad.nn.module import _is_parameter
 
+    plan = _plan_holding(module) if _plans else None
+    if plan is not None:
+        return _flatten_by_plan(plan, keyed)
     ties = _ties(module)
+    built_from = _built_from.get(module) if _built_from else None
     if ties:
         module = _marked(module, ties)
     children: list[Any] = []
@@ -319,7 +437,7 @@ def _flatten(module: Any, keyed: bool) -> tuple[list[Any], list[Any], _ModuleAux
     state = module.__dict__
     for name, value in state.items():
         if name in _INTERNAL:
-            static.append((name, value))
+            static.append((name, _OwnDict(value) if name in _OWN_DICTS and isinstance(value, dict) else value))
             continue
         if isinstance(value, Tensor):  # the common case, without a tree walk
             (array,), meta = value.tree_flatten()
@@ -328,16 +446,27 @@ def _flatten(module: Any, keyed: bool) -> tuple[list[Any], list[Any], _ModuleAux
             if keyed:
                 keys.append(jax.tree_util.GetAttrKey(name))
             continue
-        if name == "_modules" or not _is_state(value):
+        remembered = None if built_from is None else _remembered_entry(built_from, name, value)
+        if remembered is None and (name == "_modules" or not _is_state(value)):
             if name != "_modules":
                 static.append((name, value))
             continue
         # A Tensor's array is the child itself (not a Tensor node), so that trees built
         # leaf by leaf (``eqx.partition``'s masks and ``None``s) keep the model's structure.
-        paths, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=_stop_at_tensors_and_modules)
+        if remembered is None:
+            paths, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=_stop_at_tensors_and_modules)
+            kinds: list[Any] = [None] * len(paths)
+        else:
+            paths, treedef, kinds = remembered
         infos: list[Any] = []
-        for path, leaf in paths:
-            if isinstance(leaf, Tensor):
+        for (path, leaf), kind in zip(paths, kinds, strict=True):
+            if type(kind) is _Static:
+                infos.append(_Static(leaf))
+                continue
+            if kind is not None:  # a child where the module this one was built from had one
+                infos.append(None)
+                array = leaf
+            elif isinstance(leaf, Tensor):
                 (array,), meta = leaf.tree_flatten()
                 infos.append((meta, _is_parameter(leaf)))
             elif _is_state(leaf):
@@ -360,7 +489,68 @@ def _flatten(module: Any, keyed: bool) -> tuple[list[Any], list[Any], _ModuleAux
             if keyed:
                 keys.append(jax.tree_util.GetAttrKey(name))
     aux = _ModuleAux(type(module), tuple(state), tuple(entries), tuple(modules), tuple(static), tuple(ties))
+    if not ties and built_from is None and all(treedef is _LEAF for _, treedef, _ in entries):
+        _keep_plan(module, _Plan(module, aux))
     return children, keys, aux
+
+
+def _plan_holding(module: Any) -> _Plan | None:
+    """``module``'s plan, when it and every module below hold to theirs (NOTE [Flatten plans])."""
+    planned = _tie_free.plans
+    entry = planned.pop(id(module), None)
+    if entry is not None and entry[0] is module:  # found holding by the flatten of a module above
+        return entry[1] if entry[1].holds(module) else None
+    planned.clear()
+    below = _plans_below(module)
+    if below is None:
+        return None
+    _, plan = below.pop(id(module))
+    planned.update(below)
+    return plan
+
+
+def _flatten_by_plan(plan: _Plan, keyed: bool) -> tuple[list[Any], list[Any], _ModuleAux]:
+    """``_flatten``, for a module that holds to ``plan`` (NOTE [Flatten plans])."""
+    from xgrad.nn.module import _is_parameter
+
+    aux = plan.aux
+    children: list[Any] = []
+    infos = []
+    same = True
+    for tensor, (_, _, ((old_meta, old_parameter),)) in zip(plan.tensors, aux.entries, strict=True):
+        (array,), meta = tensor.tree_flatten()
+        children.append(array)
+        is_parameter = _is_parameter(tensor)
+        infos.append((meta, is_parameter))
+        same = same and is_parameter == old_parameter and meta.same_as(old_meta)
+    if not same:
+        entries = tuple((name, treedef, (info,)) for (name, treedef, _), info in zip(aux.entries, infos, strict=True))
+        aux = plan.aux = _ModuleAux(aux.cls, aux.order, entries, aux.modules, aux.static, aux.ties)
+    children.extend(plan.module_values)
+    keys = []
+    if keyed:
+        keys = [jax.tree_util.GetAttrKey(name) for name, _, _ in aux.entries]
+        keys.extend(jax.tree_util.GetAttrKey(name) for name in plan.module_keys)
+    return children, keys, aux
+
+
+def _remembered_entry(aux: _ModuleAux, name: str, value: Any) -> tuple[list[Any], Any, list[Any]] | None:
+    """For a module unflattened from ``aux``: the attribute ``name``'s leaves (with their
+    paths), treedef and per leaf its kind in ``aux`` (``_Static`` or a child), when
+    ``value`` still has that structure (NOTE [Foreign pytrees in a module])."""
+    found = [(treedef, infos) for entry_name, treedef, infos in aux.entries if entry_name == name]
+    if not found:
+        return None
+    treedef, infos = found[0]
+    if any(type(info) is tuple for info in infos):
+        return None  # Tensors in it: their placeholders keep the structure already
+    try:
+        leaves = treedef.flatten_up_to(value)
+    except (TypeError, ValueError):
+        return None
+    paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(treedef.unflatten(range(len(leaves))))[0]]
+    kinds = [info if type(info) is _Static else True for info in infos]
+    return list(zip(paths, leaves, strict=True)), treedef, kinds
 
 
 def _flatten_with_keys(module: Any) -> tuple[list[tuple[Any, Any]], _ModuleAux]:
@@ -373,15 +563,37 @@ def _flatten_plain(module: Any) -> tuple[list[Any], _ModuleAux]:
     return children, aux
 
 
+def _unflatten_simple(aux: _ModuleAux, children: Any) -> Any:
+    """``_unflatten`` of a module whose state is Tensor attributes and submodules: its
+    ``__dict__`` copied from a template in the original's order, the Tensors set in it."""
+    if aux.template is None:
+        template = {name: None for name in aux.order}
+        template.update(aux.static)
+        aux.template = template, tuple((name, value) for name, value in aux.static if type(value) is _OwnDict)
+    template, own_dicts = aux.template
+    module: Any = object.__new__(aux.cls)
+    state = module.__dict__
+    state.update(template)
+    for name, own in own_dicts:  # the new module's own, as ``register_buffer`` and hooks write to them
+        state[name] = own.kind(own.items)
+    children = iter(children)
+    for name, _, (info,) in aux.entries:
+        state[name] = _tensor(next(children), info, aux.cls, name)
+    state["_modules"] = {name: next(children) for name, _ in aux.modules}
+    return module
+
+
 def _unflatten(aux: _ModuleAux, children: Any) -> Any:
+    if aux.template is not None or (
+        not aux.ties
+        and all(mark is None for _, mark in aux.modules)
+        and all(treedef is _LEAF and type(infos[0]) is tuple for _, treedef, infos in aux.entries)
+    ):
+        return _unflatten_simple(aux, children)
     children = iter(children)
     # object.__new__, not Module.__new__: every attribute of the new module is set below.
     module: Any = object.__new__(aux.cls)
-    values = dict(aux.static)
-    for own in _OWN_DICTS:  # the new module's own, as ``register_buffer`` and hooks write to them
-        value = values.get(own)
-        if type(value) is dict or type(value) is OrderedDict:
-            values[own] = value.copy()
+    values = {name: value.build() if type(value) is _OwnDict else value for name, value in aux.static}
     for name, treedef, infos in aux.entries:
         if treedef == _LEAF and type(infos[0]) is tuple:  # a Tensor attribute, the common case
             values[name] = _tensor(next(children), infos[0], aux.cls, name)
@@ -400,6 +612,8 @@ def _unflatten(aux: _ModuleAux, children: Any) -> Any:
         state[name] = values[name]
     for path, mark in aux.ties:
         _put(module, path, _find(module, mark.path))
+    if any(treedef != _LEAF and None in infos for _, treedef, infos in aux.entries):
+        _built_from[module] = aux
     return module
 
 

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xgrad import step_trace
 from xgrad.engine.dual import LEVEL
+from xgrad.jax_internals import concrete_value
 from xgrad.step_trace import array_of
 from xgrad.tensor import core
 
 __all__ = [
-    "deepcopy", "item", "numpy", "reduce_ex", "tensor_format", "tensor_repr", "to_bool", "to_float", "to_index",
-    "to_int", "to_numpy_array", "tolist",
+    "deepcopy", "item", "numpy", "reduce_ex", "repr_extras", "tensor_format", "tensor_repr", "tensor_repr_text",
+    "to_bool", "to_float", "to_index", "to_int", "to_numpy_array", "tolist",
 ]
 
 ERR_NUMPY_REQUIRES_GRAD = "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
@@ -65,29 +68,60 @@ def numpy(self: core.Tensor) -> np.ndarray:
     return np.asarray(self._array)
 
 
+ERR_VALUE_UNDER_VMAP = (
+    "vmap: It looks like you're calling {what} on a Tensor. We don't support vmap over calling {what} on a "
+    "Tensor, please try to rewrite what you're doing with other operations."
+)
+
+
+# NOTE [Values under transforms]
+# As under ``torch.func``'s ``grad``/``jvp``, a Tensor inside ``xgrad.func.grad``,
+# ``jvp`` or ``jax.grad`` of concrete arrays has values: ``item()``, ``tolist()``,
+# ``float()`` read the primal under JAX's tracers (they are not differentiable, as in
+# PyTorch). Under ``vmap`` one lane has no value of its own: PyTorch's error. Under a
+# trace without values (``jax.jit``, ``xgrad.compile``) JAX's tracer error stands:
+# callers that fall back to eager catch it.
+def _values(self: core.Tensor, what: str) -> Any:
+    """The array whose values ``what`` reads: ``self``'s, or the primal under differentiation tracers."""
+    _check_addressable(self, what)
+    array = self._array
+    if not isinstance(array, jax.core.Tracer):
+        return array
+    primal = concrete_value(array, through_vmap=False)
+    if primal is not None:
+        return primal
+    if concrete_value(array) is not None:
+        raise RuntimeError(ERR_VALUE_UNDER_VMAP.format(what=what.removeprefix("Tensor")))
+    return array
+
+
 def item(self: core.Tensor) -> Any:
-    _check_addressable(self, "Tensor.item()")
-    size = self._array.size
+    trace = step_trace.current()
+    if trace is not None:
+        printed = trace.printed_item(self, sys._getframe(1))
+        if printed is not None:
+            return printed
+    array = _values(self, "Tensor.item()")
+    size = array.size
     if size != 1:
         raise RuntimeError(f"a Tensor with {size} elements cannot be converted to Scalar")
-    return self._array.item()
+    return array.item()
 
 
 def tolist(self: core.Tensor) -> Any:
-    _check_addressable(self, "Tensor.tolist()")
-    return np.asarray(self._array).tolist()
+    return np.asarray(_values(self, "Tensor.tolist()")).tolist()
 
 
 def to_float(self: core.Tensor) -> float:
-    _check_addressable(self, "float(tensor)")
+    array = _values(self, "float(tensor)")
     _check_one_element(self)
-    return float(self._array)
+    return float(array)
 
 
 def to_int(self: core.Tensor) -> int:
-    _check_addressable(self, "int(tensor)")
+    array = _values(self, "int(tensor)")
     _check_one_element(self)
-    return int(self._array)
+    return int(array)
 
 
 def _check_one_element(self: core.Tensor) -> None:
@@ -100,11 +134,11 @@ def to_index(self: core.Tensor) -> int:
 
 
 def to_bool(self: core.Tensor) -> bool:
-    _check_addressable(self, "bool(tensor)")
-    size = self._array.size
+    array = _values(self, "bool(tensor)")
+    size = array.size
     if size != 1:
         raise RuntimeError(f"Boolean value of Tensor with {'no values' if size == 0 else 'more than one value'} is ambiguous")
-    return bool(self._array)
+    return bool(array)
 
 
 def deepcopy(self: core.Tensor, memo: dict[int, Any]) -> core.Tensor:
@@ -142,13 +176,40 @@ def tensor_format(self: core.Tensor, format_spec: str) -> str:
     >>> f"{xgrad.tensor(2.5):+.2f}"
     '+2.50'
     """
+    trace = step_trace.current()
+    if trace is not None and (self.ndim == 0 or not format_spec):
+        # ``None``: formatted as its repr (``object.__format__`` with an empty spec is ``str``).
+        text = trace.printed_text(self, format_spec if self.ndim == 0 else None, sys._getframe(1))
+        if text is not None:
+            return text
     if self.ndim == 0:
         return format(self.item(), format_spec)
     return object.__format__(self, format_spec)
 
 
-def tensor_repr(self: core.Tensor) -> str:
+def repr_extras(self: core.Tensor, dtype: bool = True) -> list[str]:
+    """What a tensor's ``repr`` shows after its values: a dtype other than the defaults (with ``dtype``), its history
+    or ``requires_grad``."""
     extras = []
+    if dtype and self._array.dtype not in (jnp.float32, jnp.int32, jnp.bool_):
+        extras.append(f"dtype={self._array.dtype}")
+    if self.grad_fn is not None:
+        extras.append(f"grad_fn=<{self.grad_fn.name()}>")
+    elif self._requires_grad:
+        extras.append("requires_grad=True")
+    fw = self._fw_grad
+    if fw is not None and fw[0] is LEVEL.current:
+        extras.append(f"tangent={fw[1]!r}")
+    return extras
+
+
+def tensor_repr_text(values: np.ndarray, extras: list[str]) -> str:
+    """``repr`` of a tensor holding ``values``, ``extras`` (``repr_extras``) after them."""
+    body = np.array2string(values, separator=", ", prefix="tensor(")
+    return "tensor(" + ", ".join([body, *extras]) + ")"
+
+
+def tensor_repr(self: core.Tensor) -> str:
     if _spans_other_processes(self._array):
         # Only this process's parts can be printed; say what the whole is.
         array = self._array
@@ -160,18 +221,13 @@ def tensor_repr(self: core.Tensor) -> str:
         body = f"shape={tuple(array.shape)}, dtype={array.dtype}, sharding={array.sharding}, local shards:\n  " + (
             "\n  ".join(parts)
         )
-    else:
-        body = np.array2string(np.asarray(self._array), separator=", ", prefix="tensor(")
-        if self._array.dtype not in (jnp.float32, jnp.int32, jnp.bool_):
-            extras.append(f"dtype={self._array.dtype}")
-    if self.grad_fn is not None:
-        extras.append(f"grad_fn=<{self.grad_fn.name()}>")
-    elif self._requires_grad:
-        extras.append("requires_grad=True")
-    fw = self._fw_grad
-    if fw is not None and fw[0] is LEVEL.current:
-        extras.append(f"tangent={fw[1]!r}")
-    return "tensor(" + ", ".join([body, *extras]) + ")"
+        return "tensor(" + ", ".join([body, *repr_extras(self, dtype=False)]) + ")"
+    trace = step_trace.current()
+    if trace is not None:
+        text = trace.printed_text(self, None, sys._getframe(1))
+        if text is not None:
+            return text
+    return tensor_repr_text(np.asarray(self._array), repr_extras(self))
 
 
 def _unpickle_tensor(values: np.ndarray, requires_grad: bool) -> core.Tensor:

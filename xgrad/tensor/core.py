@@ -64,7 +64,8 @@ WARN_NON_LEAF_GRAD = (
     "attribute won't be populated during autograd.backward(). If you indeed want the .grad "
     "field to be populated for a non-leaf Tensor, use .retain_grad() on the non-leaf Tensor. "
     "If you access the non-leaf Tensor by mistake, make sure you access the leaf Tensor "
-    "instead. See github.com/pytorch/pytorch/pull/30531 for more informations."
+    "instead. See help(xgrad.Tensor.retain_grad) and \"Leaves, non-leaves and .grad\" in xgrad's "
+    "docs/migrating_from_pytorch.md."
 )
 
 
@@ -88,6 +89,7 @@ class Tensor(TensorOpMethods):
         "_alias_of",
         "_array",
         "_backward_hooks",
+        "_conj_bit",
         "_cut_site",
         "_fw_grad",
         "_grad",
@@ -110,6 +112,7 @@ class Tensor(TensorOpMethods):
     __array_priority__ = 1000  # NumPy defers binary operators to Tensor
 
     # Slots left unset on most tensors (read with ``getattr`` and a default).
+    _conj_bit: bool  # made by ``conj()`` of a complex tensor (NOTE [The conjugate bit])
     _cut_site: str  # an output of a plain JAX transformation, made there (NOTE [Outputs of JAX transformations])
     _entered_trace: Any  # the trace a requires-grad tensor entered from outside (NOTE [Tensors that require grad become arrays])
     _is_grad: bool  # a gradient: its pytree node matches its parameter's (NOTE [Tensor as a pytree])
@@ -523,6 +526,8 @@ class Tensor(TensorOpMethods):
     element_size = pytorch_methods.element_size
     type_as = pytorch_methods.type_as
     cpu = pytorch_methods.cpu
+    is_cpu = property(pytorch_methods.is_cpu)
+    is_cuda = property(pytorch_methods.is_cuda)
     cuda = pytorch_methods.cuda
     new_full = pytorch_methods.new_full
     new_zeros = pytorch_methods.new_zeros

@@ -176,6 +176,22 @@ class _TensorMeta:
     def __hash__(self) -> int:
         return 0
 
+    def same_as(self, other: _TensorMeta) -> bool:
+        """Whether every field is the same (``==`` ignores some): one may stand for the other."""
+        if (
+            self.requires_grad != other.requires_grad
+            or self.has_history != other.has_history
+            or self.traced != other.traced
+            or self.is_grad != other.is_grad
+            or self.grad_enabled != other.grad_enabled
+            or self.compiled != other.compiled
+            or self.placeholder != other.placeholder
+            or self.hooked is not other.hooked
+            or len(self.hooks) != len(other.hooks)
+        ):
+            return False
+        return all(a is b for a, b in zip(self.hooks, other.hooks, strict=True))
+
     def __repr__(self) -> str:
         return f"Tensor(requires_grad={self.requires_grad})"
 

@@ -73,9 +73,43 @@ def type_as(self: core.Tensor, other: core.Tensor) -> core.Tensor:
     return self.to(other.dtype)
 
 
+def placement_of(array: Any) -> Any:
+    """Where a new tensor made like ``array`` goes: ``array``'s sharding, or ``None`` for a traced array.
+
+    A traced array (inside ``xgrad.func``'s transforms, ``xgrad.compile``, ``jax.jit``) has
+    no sharding to read; values made beside it are placed as the trace places them.
+    """
+    return None if isinstance(array, jax.core.Tracer) else array.sharding
+
+
+def _device_set(self: core.Tensor) -> set[Any]:
+    placement = placement_of(self._array)
+    return {self.device} if placement is None else set(placement.device_set)
+
+
+def is_cuda(self: core.Tensor) -> bool:
+    """Whether the tensor is on a GPU (PyTorch's property); readable on traced tensors too.
+
+    >>> import xgrad
+    >>> xgrad.zeros(2).is_cuda
+    False
+    """
+    return self.device.platform == "gpu"
+
+
+def is_cpu(self: core.Tensor) -> bool:
+    """Whether the tensor is on the CPU (PyTorch's property); readable on traced tensors too.
+
+    >>> import xgrad
+    >>> xgrad.zeros(2).is_cpu
+    True
+    """
+    return self.device.platform == "cpu"
+
+
 def cpu(self: core.Tensor) -> core.Tensor:
     """This tensor on the first CPU device (``self`` when it is on CPU already); differentiable."""
-    if all(d.platform == "cpu" for d in self._array.sharding.device_set):
+    if all(d.platform == "cpu" for d in _device_set(self)):
         return self
     return self.to(jax.devices("cpu")[0])
 
@@ -102,14 +136,17 @@ def cuda(self: core.Tensor, device: Any = None, non_blocking: bool = False) -> c
         if not 0 <= index < len(gpus):
             raise RuntimeError(f"CUDA error: invalid device ordinal {index} (there are {len(gpus)} GPUs)")
         target = gpus[index]
-    if self._array.sharding.device_set == {target}:
+    if _device_set(self) == {target}:
         return self
     return self.to(target)
 
 
 def _new_placement(self: core.Tensor, shape: tuple[int, ...]) -> Any:
     # This tensor's sharding fits only its own shape; other shapes go to its (first) device.
-    return self._array.sharding if tuple(shape) == self._array.shape else self.device
+    placement = placement_of(self._array)
+    if placement is None:
+        return None
+    return placement if tuple(shape) == self._array.shape else self.device
 
 
 def new_full(self: core.Tensor, size: Any, fill_value: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> core.Tensor:

@@ -4,7 +4,8 @@
 - ``assert_grads_match``: xgrad eager vs xgrad compiled vs ``jax`` on one function.
 - ``xgrad.testing.invariants``: hook order and counts, ``grad`` vs ``backward``, compiled vs
   eager, ``retain_graph`` semantics, on any graph.
-- ``xgrad.testing.strategies``: hypothesis strategies (``tensors``, ``shapes``, ``programs``, …).
+- ``xgrad.testing.strategies``: hypothesis strategies (``tensors``, ``shapes``, ``programs``, …)
+  and ``harness_settings()``, the settings their tests need (no deadline for first-call compiles).
 - ``xgrad.testing.op_specs``: the table of op specs the op tests are generated from.
 """
 

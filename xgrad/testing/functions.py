@@ -9,15 +9,16 @@ rules included): the checks then test the function's JAX derivative.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
 
+from xgrad.bounded_cache import BoundedCache
 from xgrad.ops.jaxop import from_jax
 from xgrad.tensor import Tensor
 
-__all__ = ["ACCEPTED_FUNCTIONS", "ACCEPTED_INPUTS", "check_inputs", "is_jax_function", "tensor_function"]
+__all__ = ["ACCEPTED_FUNCTIONS", "ACCEPTED_INPUTS", "check_inputs", "is_jax_function", "jax_op", "memoized", "tensor_function"]
 
 ACCEPTED_FUNCTIONS = (
     "{who}: fn must be a function of xgrad Tensors returning a Tensor (or a tuple or pytree of them), or a function "
@@ -39,6 +40,46 @@ def is_jax_function(fn: Any) -> bool:
     (True, False)
     """
     return isinstance(fn, (jax.custom_vjp, jax.custom_jvp, jax.stages.Wrapped))
+
+
+V = TypeVar("V")
+
+
+def memoized(cache: BoundedCache[Any, V], key: Any, make: Callable[[], V]) -> V:
+    """``cache[key]``, made by ``make()`` the first time; under an unhashable key, made afresh.
+
+    >>> from xgrad.bounded_cache import BoundedCache
+    >>> from xgrad.testing.functions import memoized
+    >>> cache = BoundedCache(4)
+    >>> memoized(cache, "k", list) is memoized(cache, "k", list), memoized(cache, ["k"], list) is memoized(cache, ["k"], list)
+    (True, False)
+    """
+    try:
+        value = cache.get(key)
+    except TypeError:
+        return make()
+    if value is None:
+        value = cache[key] = make()
+    return value
+
+
+# NOTE [One op per checked function]
+# A property test calls a check with the same function hundreds of times (every example,
+# and every step of shrinking a failure). A fresh ``from_jax`` op per call is a fresh
+# primitive, whose forward and vjp programs XLA compiles again (about 0.3 s a call, so
+# minutes of shrinking); one op per function compiles once per input shape.
+_JAX_OPS: BoundedCache[Any, Callable[..., Any]] = BoundedCache(256)
+
+
+def jax_op(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``xgrad.from_jax(fn)``, the same op for the same function (NOTE [One op per checked function]).
+
+    >>> import jax.numpy as jnp
+    >>> from xgrad.testing.functions import jax_op
+    >>> jax_op(jnp.sin) is jax_op(jnp.sin)
+    True
+    """
+    return memoized(_JAX_OPS, fn, lambda: from_jax(fn, name=getattr(fn, "__name__", type(fn).__name__)))
 
 
 def check_inputs(inputs: Any, who: str) -> None:
@@ -78,7 +119,7 @@ class _TensorFunction:
         except Exception as exc:
             if not self._runs_on_arrays(args):
                 raise
-            self.jax_op = from_jax(self.fn)
+            self.jax_op = jax_op(self.fn)
             try:
                 return self.jax_op(*args)
             except Exception:
@@ -88,7 +129,7 @@ class _TensorFunction:
             return result
         if leaves and all(isinstance(x, jax.Array) for x in leaves) and self._runs_on_arrays(args):
             # Arrays out of Tensors in: a JAX function, which read the Tensors as plain arrays.
-            self.jax_op = from_jax(self.fn)
+            self.jax_op = jax_op(self.fn)
             return self.jax_op(*args)
         raise TypeError(ACCEPTED_FUNCTIONS.format(who=self.who, what=f"a function that returned {_describe(result)}"))
 
@@ -116,5 +157,5 @@ def tensor_function(fn: Any, who: str) -> Callable[..., Any]:
     if not callable(fn):
         raise TypeError(ACCEPTED_FUNCTIONS.format(who=who, what=type(fn).__name__))
     if is_jax_function(fn):
-        return from_jax(fn, name=getattr(fn, "__name__", type(fn).__name__))
+        return jax_op(fn)
     return _TensorFunction(fn, who)

@@ -309,6 +309,9 @@ def _build_specs() -> list[OpSpec]:
     add(_unary("pow", lambda x: x**2, lambda x: x**2, label="x**2", expr="{0} ** 2"))
     add(_unary("pow", lambda x: 2.0**x, lambda x: 2.0**x, label="2**x"))
     add(_unary("clone", X.clone, lambda x: x))
+    add(_unary("conj", X.conj, jnp.conj))
+    add(_unary("conj_physical", X.conj_physical, jnp.conj))
+    add(_unary("resolve_conj", lambda x: X.resolve_conj(X.conj(x)), jnp.conj))
     # -- transcendental ----------------------------------------------------------------
     add(_unary("exp", X.exp, jnp.exp, Domain(lo=-3, hi=3), expr="np.exp({0})"))
     add(_unary("log", X.log, jnp.log, POSITIVE, expr="np.log({0})"))
@@ -363,6 +366,12 @@ def _build_specs() -> list[OpSpec]:
     specs += _reduction("amax", X.amax, jnp.max)
     specs += _reduction("amin", X.amin, jnp.min)
     specs += _reduction("logsumexp", X.logsumexp, jax.scipy.special.logsumexp)
+    add(_unary("cov", X.cov, jnp.cov, shapes=(((2, 4),), ((4,),))))
+    add(OpSpec("cov", lambda x, f, a: X.cov(x, correction=0, fweights=f, aweights=a),
+               lambda x, f, a: jnp.cov(x, bias=True, fweights=f, aweights=a), (((2, 4), (4,), (4,)),), (REAL, ints(3, 1), POSITIVE),
+               label="weights, correction=0"))
+    add(OpSpec("cov", lambda x, a: X.cov(x, aweights=a), lambda x, a: jnp.cov(x, aweights=a), (((3, 5), (5,)),), (REAL, POSITIVE),
+               label="aweights"))
     add(_unary("var", lambda x: X.var(x, dim=1, correction=0), lambda x: jnp.var(x, axis=1), label="correction=0",
                shapes=(((2, 3),),)))
     add(_unary("prod", lambda x: X.prod(x, dim=1), lambda x: jnp.prod(x, axis=1), WITH_ZEROS, label="zeros",
@@ -434,6 +443,8 @@ def _build_specs() -> list[OpSpec]:
                label="composed", shapes=(((2, 3, 4),),)))
     cat_shapes = (((2, 3), (1, 3), (4, 3)),)
     add(OpSpec("cat", lambda *xs: X.cat(xs), lambda *xs: jnp.concatenate(xs), cat_shapes, (REAL,) * 3))
+    add(OpSpec("vstack", lambda a, b, c: X.vstack([a, b, c]), lambda a, b, c: jnp.vstack([a, b, c]),
+               (((3,), (2, 3), (1, 3)),), (REAL,) * 3))
     add(OpSpec("concatenate", lambda a, b: X.concatenate([a, b], dim=-1), lambda a, b: jnp.concatenate([a, b], axis=-1),
                (((2, 3), (2, 1)),), (REAL, REAL)))
     add(OpSpec("stack", lambda a, b: X.stack([a, b], dim=1), lambda a, b: jnp.stack([a, b], axis=1),
@@ -478,6 +489,7 @@ def _build_specs() -> list[OpSpec]:
                (((3, 2), (4, 2), (4, 2)),), (REAL, ints(3), REAL), label="dim=0"))
     add(OpSpec("index_select", lambda x, i: X.index_select(x, 1, i), lambda x, i: jnp.take(x, i, axis=1),
                (((2, 3), (4,)),), (REAL, ints(3))))
+    add(OpSpec("take", X.take, lambda x, i: jnp.take(x.reshape(-1), i), (((2, 3), (2, 2)), ((4,), ())), (REAL, ints(4))))
     add(OpSpec("embedding", lambda i, w: X.embedding(i, w), lambda i, w: jnp.take(w, i, axis=0),
                (((2, 3), (5, 4)),), (ints(5), REAL)))
     add(_unary("sort", lambda x: X.sort(x).values, lambda x: jnp.sort(x, axis=-1), shapes=(((2, 4),), ((5,),))))

@@ -1,8 +1,12 @@
 """Hypothesis strategies for gradient tests: dtypes, shapes, tensors, random programs, hooks.
 
+Decorate a test with ``harness_settings()`` too: the first call of each new shape
+compiles, which hypothesis's default deadline (200 ms) would report as a failure.
+
 >>> from hypothesis import given
 >>> from xgrad.testing import assert_grads_match, strategies as xst
->>> @given(xst.programs(max_nodes=4))
+>>> @xst.harness_settings()
+... @given(xst.programs(max_nodes=4))
 ... def test_program(program):
 ...     assert_grads_match(program, *program.inputs, modes=("eager", "jax"))
 >>> test_program()
@@ -16,6 +20,7 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -23,9 +28,32 @@ import xgrad
 from xgrad.testing.program_families import INPLACE_OPS
 from xgrad.testing.programs import HOOK_KINDS, HookedProgram, HookSpec, Program, build_program, program_ops
 
-__all__ = ["broadcastable_shapes", "dtypes", "graphs_with_hooks", "inplace_chains", "programs", "shapes", "tensors"]
+__all__ = [
+    "broadcastable_shapes", "dtypes", "graphs_with_hooks", "harness_settings", "inplace_chains", "programs", "shapes", "tensors",
+]
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def harness_settings(**changes: Any) -> settings:
+    """The hypothesis settings a test of xgrad's checks needs, on top of the active profile.
+
+    No ``deadline``: the first call of each new shape or function compiles XLA programs
+    (a second or so), which the default deadline of 200 ms reports as a flaky failure; later
+    calls of the same shapes reuse them. The ``too_slow`` health check is off for the same
+    reason. Everything else (``max_examples``, the database, a profile you loaded) is left
+    as it is; ``changes`` are further settings. Use it as a decorator, next to ``@given``.
+
+    >>> from hypothesis import given
+    >>> from xgrad.testing import strategies as xst
+    >>> @xst.harness_settings(max_examples=5)
+    ... @given(xst.tensors(shape=(2,)))
+    ... def test_tanh_bounded(x):
+    ...     assert (x.tanh().abs() <= 1).all().item()
+    >>> test_tanh_bounded()
+    """
+    options = {"deadline": None, "suppress_health_check": [*settings().suppress_health_check, HealthCheck.too_slow]}
+    return settings(**{**options, **changes})
 
 
 def _x64() -> bool:
