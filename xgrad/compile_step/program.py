@@ -780,7 +780,10 @@ def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") ->
     Calling it has the effects calling ``fn`` has: the same return values (returned
     Tensors come back without autograd history: the graph stays in the program),
     ``.grad`` on leaves (accumulated when not zeroed), and parameters and optimizer
-    state updated in place on the same Tensor objects. Tensors ``fn`` reads or
+    state updated in place on the same Tensor objects: the arrays a call replaces are
+    donated to the program, which writes the new values into their memory, as PyTorch
+    updates in place; an array taken from them before the call (``w.array``) stays
+    valid (it is copied rather than donated). Tensors ``fn`` reads or
     rebinds through closures, attributes or globals are found by themselves: pass
     only the data.
 
