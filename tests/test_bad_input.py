@@ -865,7 +865,7 @@ ARGUMENT_ERRORS = [
     ("vmap out_dims", lambda: xgrad.func.vmap(lambda t: t, out_dims=3)(xgrad.ones(2)), IndexError,
      r"^Dimension out of range \(expected to be in range of \[-1, 0\], but got 3\)"),  # (JAX adds a note)
     ("grad argnums float", lambda: xgrad.func.grad(lambda t: t.sum(), argnums=1.5)(xgrad.ones(2)), RuntimeError,
-     r"^grad_and_value: argnums must be int or Tuple\[int, \.\.\.\], got: 1.5$"),
+     r"^grad_and_value: argnums must be int or Tuple\[int, \.\.\.\], got: <class 'float'>$"),
     ("grad of ints", lambda: xgrad.func.grad(lambda t: t.sum())(xgrad.tensor([1, 2])), RuntimeError,
      "^only Tensors of floating point and complex dtype can require gradients$"),
     ("jvp tangent shape", lambda: xgrad.func.jvp(lambda t: t, (xgrad.ones(2),), (xgrad.ones(3),)), RuntimeError,

@@ -19,8 +19,17 @@ from xgrad.ops import *  # noqa: F403  (the op library is re-exported at top lev
 from xgrad.ops import __all__ as _ops_all
 
 # isort: on
-from xgrad import accelerator, autograd, cuda, jit, nn, onnx, optim, profiler, viz
+from xgrad import accelerator, amp, autograd, backends, cuda, jit, nn, onnx, optim, profiler, sparse, viz
 from xgrad import compile_cache as _compile_cache
+from xgrad.amp import GradScaler, autocast
+from xgrad.backends import (
+    get_float32_matmul_precision,
+    get_num_interop_threads,
+    get_num_threads,
+    set_float32_matmul_precision,
+    set_num_interop_threads,
+    set_num_threads,
+)
 from xgrad.compile_cache import enable_compilation_cache
 from xgrad.compile_step import compile
 from xgrad.creation import (
@@ -58,6 +67,7 @@ from xgrad.grad_mode import (
     no_grad,
     set_grad_enabled,
 )
+from xgrad.missing_names import missing_attribute
 from xgrad.ops.jaxtrace import intermediates
 from xgrad.serialization import load, save
 from xgrad.tensor import Tensor, is_tensor
@@ -91,7 +101,7 @@ _LAZY_SUBPACKAGES = frozenset({"distributed", "func", "testing", "utils"})
 def __getattr__(name: str) -> object:
     if name in _LAZY_SUBPACKAGES:
         return importlib.import_module(f"xgrad.{name}")
-    raise AttributeError(f"module 'xgrad' has no attribute {name!r}")
+    raise missing_attribute("torch", "module 'xgrad'", name)  # a PyTorch name xgrad lacks says so
 
 
 def __dir__() -> list[str]:
@@ -106,6 +116,20 @@ def is_floating_point(input: Tensor) -> builtins.bool:  # noqa: A002  (PyTorch's
 def is_complex(input: Tensor) -> builtins.bool:  # noqa: A002
     """Whether ``input``'s dtype is complex."""
     return input.is_complex()
+
+
+def is_inference(input: Tensor) -> builtins.bool:  # noqa: A002
+    """Whether ``input`` is an inference tensor, made inside ``inference_mode()`` (``Tensor.is_inference``).
+
+    >>> import xgrad
+    >>> with xgrad.inference_mode():
+    ...     made_inside = xgrad.ones(2)
+    >>> xgrad.is_inference(made_inside), xgrad.is_inference(xgrad.ones(2))
+    (True, False)
+    """
+    if not isinstance(input, Tensor):
+        raise TypeError(f"is_inference(): argument 'input' (position 1) must be Tensor, not {type(input).__name__}")
+    return input.is_inference()
 
 
 # PyTorch's dtype names (the table in xgrad/tensor/dtypes.py), left out of ``__all__`` as torch's are:
@@ -138,12 +162,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     *_ops_all, "BFloat16Tensor", "BoolTensor", "ByteTensor", "CharTensor", "DoubleTensor", "FloatTensor",
-    "Generator", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor", "Tensor", "accelerator", "arange", "autograd",
-    "bernoulli", "compile", "cuda", "device", "distributed", "dtype", "empty", "empty_like", "enable_compilation_cache",
-    "enable_grad", "eye", "finfo", "from_numpy", "full", "full_like", "func", "get_default_dtype", "iinfo",
-    "inference_mode", "intermediates", "is_complex", "is_floating_point", "is_grad_enabled",
-    "is_inference_mode_enabled", "is_tensor", "jit", "linspace", "load", "manual_seed", "multinomial", "nn",
-    "no_grad", "onnx", "ones", "ones_like", "ops", "optim", "profiler", "rand", "rand_like", "randint",
-    "randint_like", "randn", "randn_like", "randperm", "save", "set_default_dtype", "set_grad_enabled", "tensor",
-    "testing", "utils", "viz", "zeros", "zeros_like",
+    "Generator", "GradScaler", "HalfTensor", "IntTensor", "LongTensor", "ShortTensor", "Tensor", "accelerator",
+    "amp", "arange", "autocast", "autograd", "backends", "bernoulli", "compile", "cuda", "device", "distributed",
+    "dtype", "empty", "empty_like", "enable_compilation_cache", "enable_grad", "eye", "finfo", "from_numpy",
+    "full", "full_like", "func", "get_default_dtype", "get_float32_matmul_precision", "get_num_interop_threads",
+    "get_num_threads", "iinfo", "inference_mode", "intermediates", "is_complex", "is_floating_point",
+    "is_grad_enabled", "is_inference", "is_inference_mode_enabled", "is_tensor", "jit", "linspace", "load",
+    "manual_seed", "multinomial", "nn", "no_grad", "ones", "ones_like", "onnx", "ops", "optim", "profiler", "rand",
+    "rand_like", "randint", "randint_like", "randn", "randn_like", "randperm", "save", "set_default_dtype",
+    "set_float32_matmul_precision", "set_grad_enabled", "set_num_interop_threads", "set_num_threads", "sparse",
+    "tensor", "testing", "utils", "viz", "zeros", "zeros_like",
 ]
+

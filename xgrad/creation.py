@@ -194,40 +194,46 @@ def _float_dtype(dtype: Any) -> Any:
     return default_float() if dtype is None else resolve_dtype(dtype, "dtype=")
 
 
-def _shape(shape: tuple[Any, ...]) -> tuple[int, ...]:
+def _shape(shape: tuple[Any, ...], size: Any = None, name: str = "") -> tuple[int, ...]:
+    """A factory's sizes: given as ints, one sequence, or PyTorch's ``size=`` keyword (not both)."""
+    if size is not None:
+        if shape:
+            raise TypeError(f"{name}() takes its sizes either as positional ints or as size=, not both: "
+                            f"got {shape} and size={size}")
+        shape = (size,)
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
     return check_nonnegative_shape(shape)
 
 
-def zeros(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+def zeros(*shape: Any, size: Any = None, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """A tensor of zeros (float32 unless ``dtype`` says otherwise).
 
     >>> import xgrad
     >>> xgrad.zeros(2, 3).shape, xgrad.zeros(2).tolist()
     ((2, 3), [0.0, 0.0])
     """
-    return Tensor(_place(jnp.zeros(_shape(shape), _float_dtype(dtype)), device), requires_grad=requires_grad)
+    return Tensor(_place(jnp.zeros(_shape(shape, size, "zeros"), _float_dtype(dtype)), device), requires_grad=requires_grad)
 
 
-def ones(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+def ones(*shape: Any, size: Any = None, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """A tensor of ones (float32 unless ``dtype`` says otherwise).
 
     >>> import xgrad
     >>> xgrad.ones(2).tolist(), xgrad.ones((2, 2)).shape
     ([1.0, 1.0], (2, 2))
     """
-    return Tensor(_place(jnp.ones(_shape(shape), _float_dtype(dtype)), device), requires_grad=requires_grad)
+    return Tensor(_place(jnp.ones(_shape(shape, size, "ones"), _float_dtype(dtype)), device), requires_grad=requires_grad)
 
 
-def full(shape: Any, fill_value: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+def full(size: Any, fill_value: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """A tensor filled with ``fill_value``.
 
     >>> import xgrad
     >>> xgrad.full((2,), 1.5).tolist()
     [1.5, 1.5]
     """
-    shape = _shape((shape,))
+    shape = _shape((size,))
     dtype = _python_dtype(fill_value) if dtype is None else resolve_dtype(dtype, "full")
     return Tensor(_place(jnp.full(shape, fill_value, dtype), device), requires_grad=requires_grad)
 
@@ -311,14 +317,14 @@ def full_like(t: Tensor, fill_value: Any, dtype: Any = None, device: Any = None,
     return _like(t, jnp.full(t.shape, fill_value, t.dtype if dtype is None else resolve_dtype(dtype, "dtype=")), device, requires_grad)
 
 
-def empty(*shape: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+def empty(*shape: Any, size: Any = None, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     """PyTorch's uninitialised tensor: zeros here (a ``jax.Array`` always holds values).
 
     >>> import xgrad
-    >>> xgrad.empty(2, 3).shape
-    (2, 3)
+    >>> xgrad.empty(2, 3).shape, xgrad.empty(size=(2, 3)).shape
+    ((2, 3), (2, 3))
     """
-    return zeros(*shape, dtype=dtype, device=device, requires_grad=requires_grad)
+    return zeros(*_shape(shape, size, "empty"), dtype=dtype, device=device, requires_grad=requires_grad)
 
 
 def empty_like(t: Tensor, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
@@ -336,7 +342,7 @@ def _key(key: Any, generator: Any) -> Any:
     return generator_key(generator) if key is None else key
 
 
-def randn(*shape: Any, generator: Any = None, key: Any = None, dtype: Any = None, device: Any = None,
+def randn(*shape: Any, size: Any = None, generator: Any = None, key: Any = None, dtype: Any = None, device: Any = None,
           requires_grad: bool = False) -> Tensor:
     """Standard normal samples; ``generator``/``key`` as in the module docstring.
 
@@ -345,11 +351,11 @@ def randn(*shape: Any, generator: Any = None, key: Any = None, dtype: Any = None
     >>> xgrad.randn(2, 3, key=jax.random.key(0)).shape
     (2, 3)
     """
-    array = jax.random.normal(_key(key, generator), _shape(shape), _float_dtype(dtype))
+    array = jax.random.normal(_key(key, generator), _shape(shape, size, "randn"), _float_dtype(dtype))
     return Tensor(_place(array, device), requires_grad=requires_grad)
 
 
-def rand(*shape: Any, generator: Any = None, key: Any = None, dtype: Any = None, device: Any = None,
+def rand(*shape: Any, size: Any = None, generator: Any = None, key: Any = None, dtype: Any = None, device: Any = None,
          requires_grad: bool = False) -> Tensor:
     """Uniform samples in ``[0, 1)``; ``generator``/``key`` as in the module docstring.
 
@@ -359,7 +365,7 @@ def rand(*shape: Any, generator: Any = None, key: Any = None, dtype: Any = None,
     >>> x.shape, all(0.0 <= v < 1.0 for v in x.tolist())
     ((4,), True)
     """
-    array = jax.random.uniform(_key(key, generator), _shape(shape), _float_dtype(dtype))
+    array = jax.random.uniform(_key(key, generator), _shape(shape, size, "rand"), _float_dtype(dtype))
     return Tensor(_place(array, device), requires_grad=requires_grad)
 
 
@@ -381,7 +387,7 @@ def _int64() -> Any:
     return jax.dtypes.canonicalize_dtype(jnp.int64)
 
 
-def randint(*args: Any, generator: Any = None, key: Any = None, dtype: Any = None, device: Any = None,
+def randint(*args: Any, size: Any = None, generator: Any = None, key: Any = None, dtype: Any = None, device: Any = None,
             requires_grad: bool = False) -> Tensor:
     """``randint(high, size)`` or ``randint(low, high, size)``: integers uniform in ``[low, high)`` (int64).
 
@@ -390,6 +396,8 @@ def randint(*args: Any, generator: Any = None, key: Any = None, dtype: Any = Non
     >>> x.dtype.name, 3 <= int(x.min()) and int(x.max()) < 7
     ('int64', True)
     """
+    if size is not None:
+        args = (*args, size)
     if len(args) == 2:
         (high, size), low = args, 0
     elif len(args) == 3:

@@ -8,27 +8,41 @@
 # (``jax.grad``, ``jax.vjp``, ``jax.jvp``, ``jax.vmap``, ``jax.jacrev``, ``jax.jacfwd``)
 # and wraps the arrays that come back as Tensors. They compose (``vmap(grad(f))``,
 # ``jacfwd(jacrev(f))``) because each one's result is again a function of Tensors.
-# Nothing is cached: every call traces the function afresh, so values read through
-# closures or a module (``functional_call``) are the current ones after an optimizer
-# step. Called on tensors with history, a transform keeps it (NOTE [Transforms keep
-# history]); in-place writes follow torch.func (NOTE [In-place writes in xgrad.func]).
+# Called from outside any trace, ``grad``, ``grad_and_value``, ``vmap``, ``jacrev``,
+# ``jacfwd`` and ``hessian`` run one cached XLA program per signature (NOTE [Transforms
+# cached per signature]). Called on tensors with history, a transform keeps it (NOTE
+# [Transforms keep history]); in-place writes follow torch.func (NOTE [In-place writes
+# in xgrad.func]).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+from jax.experimental import checkify
 
+from xgrad import generator, step_trace
+from xgrad.bounded_cache import BoundedCache
 from xgrad.engine import engine_ops
 from xgrad.engine.dual import ERR_TANGENT_SIZE
 from xgrad.engine.function_vmap import FuncVmapAxis
-from xgrad.func_state import debug_unwrap, replace_all_batch_norm_modules_, stack_module_state
-from xgrad.grad_mode import graph_off, is_grad_enabled
+from xgrad.engine.saved import disable_saved_tensors_hooks
+from xgrad.func_state import TRACING_CACHED, debug_unwrap, replace_all_batch_norm_modules_, stack_module_state
+from xgrad.grad_mode import graph_off, is_grad_enabled, stops_gradients
 from xgrad.jax_capture import quiet_captures
-from xgrad.ops._util import canonical_dim
+from xgrad.jax_internals import (
+    ClosedJaxpr,
+    check_consts_keep_identity,
+    get_opaque_trace_state,
+    jaxpr_as_fun,
+    loaded_names,
+)
+from xgrad.ops._util import canonical_dim, checks_as_values
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
 from xgrad.tensor.inplace import ERR_MUTATE_CAPTURED
@@ -72,7 +86,15 @@ def _has_history(tree: Any) -> bool:
 def _keeps_history(transformed: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(transformed)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not is_grad_enabled() or not _has_history((args, kwargs)):
+        if not is_grad_enabled():
+            out = transformed(*args, **kwargs)
+            # ``no_grad`` entered inside an outer transform's function: its AD sees a constant, as for any op there
+            if stops_gradients(_arrays(jax.tree_util.tree_leaves((args, kwargs), is_leaf=is_tensor))):
+                out = jax.tree_util.tree_map(
+                    lambda t: Tensor(jax.lax.stop_gradient(t._array)) if isinstance(t, Tensor) else t, out, is_leaf=is_tensor
+                )
+            return out
+        if not _has_history((args, kwargs)):
             return transformed(*args, **kwargs)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
@@ -93,17 +115,268 @@ def _keeps_history(transformed: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _argnums_tuple(argnums: int | Sequence[int], nargs: int, name: str) -> tuple[int, ...]:
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums) if isinstance(argnums, (tuple, list)) else ()
-    if not nums or not all(isinstance(i, int) for i in nums):
-        raise RuntimeError(f"{name}: argnums must be int or Tuple[int, ...], got: {argnums!r}")
+# NOTE [Transforms cached per signature]
+# Traced afresh at every call, ``vmap(grad(loss))(params, x, y)`` costs far more than it
+# computes. Called from outside any JAX trace and any ``xgrad.compile`` step, ``grad``,
+# ``grad_and_value``, ``vmap``, ``jacrev``, ``jacfwd`` and ``hessian`` run one jitted
+# program per signature instead, as ``jax.jit`` does. The signature is the arguments'
+# pytree structure, their arrays' shapes and dtypes, the values of their other leaves,
+# and the ``training`` flags of the modules the function reaches (through closures,
+# ``functools.partial``, a bound ``self`` and the globals its code loads).
+# Staleness follows ``xgrad.compile``: a constant of the trace that is a tensor's array
+# (a module's buffer, a closed-over weight) is read from that tensor at every call, so
+# an optimizer step or an in-place update is seen, and one of another shape or dtype
+# traces again. The tensor behind a constant is found by its array among what the function
+# reaches: tensors in its closures and the globals it loads, and the modules' parameters,
+# buffers and tensor attributes, looked for when the transform is first called.
+# A Python name rebound to another Tensor object is not seen, as with ``jax.jit``, and
+# Python in the function runs when it is traced, not at every call. A function that
+# needs concrete values (``.item()`` of an argument) runs as before, traced at every
+# call. The default generator's key is an input and an output of the program, so
+# random ops without ``key=`` draw afresh at every call, as torch.func's do. A check of
+# values (an index in range) is a ``checkify`` check of the program; when one fails, the
+# call runs again uncached, which raises eager's error.
+_NOT_TRACING = get_opaque_trace_state(convention="xgrad")  # the same in every thread outside any JAX trace
+_RUN_UNCACHED = object()  # an entry for a signature whose trace needed concrete values
+_CHECK_FAILED = object()  # what ``_run`` returns when a check of values failed in the program
+_CACHE_SIZE = 64
+_LIBRARIES = {"xgrad", "jax", "jaxlib", "numpy", "optax", "equinox", "flax", "functools", "operator", "builtins"}
+
+
+class _Entry:
+    """One signature's program and how its inputs and outputs map to Tensors."""
+
+    __slots__ = ("consts", "draws", "dyn", "jitted", "n_out", "out_static", "out_tensors", "out_tree", "sources", "written")
+
+    def __init__(self) -> None:
+        self.consts: list[Any] = []
+        self.sources: list[tuple[int, weakref.ref[Tensor]]] = []  # a const read from this tensor at every call
+        self.dyn: list[int] = []  # the argument leaves that are program inputs
+        self.out_tree: Any = None
+        self.out_static: list[Any] = []  # the output leaves, the Tensors among them as placeholders
+        self.out_tensors: list[int] = []
+        self.n_out = 0
+        self.written: list[int] = []  # argument leaves the function wrote in place
+        self.draws = False
+        self.jitted: Any = None
+
+
+def _signature(leaves: list[Any]) -> tuple[Any, ...] | None:
+    """The cache key of these argument leaves; ``None`` when a leaf is traced or unhashable."""
+    sig: list[Any] = []
+    for leaf in leaves:
+        array = leaf._array if isinstance(leaf, Tensor) else leaf
+        if isinstance(array, jax.Array):
+            if isinstance(array, jax.core.Tracer):
+                return None
+            sig.append((isinstance(leaf, Tensor), array.shape, array.dtype, array.weak_type))
+            continue
+        try:
+            hash(leaf)
+        except TypeError:
+            return None
+        sig.append((type(leaf), leaf))
+    return tuple(sig)
+
+
+def _reached(fn: Any, modules: list[Any], tensors: list[Tensor], seen: set[int]) -> None:
+    """Add the modules and the tensors ``fn`` reaches: itself, ``partial`` arguments, a bound ``self``,
+    closure cells, the globals its code loads, what the functions and containers among those reach."""
+    if id(fn) in seen or isinstance(fn, (jax.Array, str, int, float, type(None))):
+        return
+    seen.add(id(fn))
+    if isinstance(fn, Tensor):
+        tensors.append(fn)
+        return
+    if hasattr(fn, "_modules") and callable(getattr(type(fn), "modules", None)):  # an nn.Module
+        modules.append(fn)
+        return
+    if isinstance(fn, (list, tuple)):
+        parts: list[Any] = list(fn)
+    elif isinstance(fn, dict):
+        parts = list(fn.values())
+    elif isinstance(fn, functools.partial):
+        parts = [fn.func, *fn.args, *fn.keywords.values()]
+    else:
+        parts = [getattr(fn, "__self__", None), getattr(fn, "__wrapped__", None)]
+        code = getattr(fn, "__code__", None)
+        fn_globals = getattr(fn, "__globals__", {})
+        package = str(fn_globals.get("__name__", "")).split(".")[0]
+        if code is not None and package not in _LIBRARIES:  # the user's function: what it reads
+            for cell in fn.__closure__ or ():
+                try:
+                    parts.append(cell.cell_contents)
+                except ValueError:  # an empty cell
+                    continue
+            parts.extend(fn_globals[name] for name in loaded_names(code) if name in fn_globals)
+        elif code is not None and package == "xgrad":  # a transform's wrapper: the functions it calls
+            parts.extend(c.cell_contents for c in fn.__closure__ or () if callable(c.cell_contents))
+    for part in parts:
+        if part is not None:
+            _reached(part, modules, tensors, seen)
+
+
+def _modes(roots: list[Any]) -> tuple[bool, ...]:
+    return tuple(m.training for root in roots for m in root.modules())
+
+
+def _candidates(modules: list[Any], tensors: list[Tensor]) -> dict[int, Tensor]:
+    """The tensors a trace may have read constants from, by the id of their array now."""
+    found = list(tensors)
+    for root in modules:
+        for m in root.modules():
+            found.extend(v for v in vars(m).values() if isinstance(v, Tensor))
+            found.extend(t for _, t in m.named_parameters(recurse=False))
+            found.extend(t for _, t in m.named_buffers(recurse=False))
+    return {id(t._array): t for t in found}
+
+
+def _cached(transform: Callable[..., Any], func: Callable[..., Any], reverse_mode: bool = False) -> Callable[..., Any]:
+    """``transform`` (a transform of ``func``) run as one program per signature (NOTE [Transforms cached per
+    signature]). A ``reverse_mode`` one refuses saved tensor hooks active at the call, as torch.func does."""
+    entries: BoundedCache[Any, Any] = BoundedCache(_CACHE_SIZE)
+    reach: list[tuple[list[Any], list[Tensor]]] = []  # the modules and tensors ``func`` reaches, found at the first call
+
+    @functools.wraps(transform)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if reverse_mode:
+            _check_no_saved_hooks()
+        if step_trace.current() is not None:  # xgrad.compile caches the step, and threads the generators
+            return transform(*args, **kwargs)
+        if get_opaque_trace_state(convention="xgrad") != _NOT_TRACING:
+            return _uncached(transform, args, kwargs)
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
+        sig = _signature(leaves)
+        if sig is None:
+            return _uncached(transform, args, kwargs)
+        if not reach:
+            modules: list[Any] = []
+            tensors: list[Tensor] = []
+            _reached(func, modules, tensors, set())
+            reach.append((modules, tensors))
+        key = (tree, sig, _modes(reach[0][0]))
+        entry = entries.get(key)
+        out = _run(entry, leaves) if isinstance(entry, _Entry) else None
+        if out is None and entry is not _RUN_UNCACHED:  # a new signature, or a source tensor's shape changed
+            try:
+                entry = entries[key] = _trace(transform, leaves, tree, _candidates(*reach[0]))
+            except Exception:  # it needs concrete values (or fails): the uncached run says which
+                entry = entries[key] = _RUN_UNCACHED
+            if isinstance(entry, _Entry):
+                out = _run(entry, leaves)
+        if out is None or out is _CHECK_FAILED:  # the uncached run raises eager's error
+            return _uncached(transform, args, kwargs)
+        return out[0]
+
+    return wrapper
+
+
+def _uncached(transform: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``transform`` traced afresh, the default generator's key threaded through it as a cached program's is."""
+    key = generator.default_key_data()
+    if isinstance(key, jax.core.Tracer):  # an outer program threads it already
+        return transform(*args, **kwargs)
+    with generator.default_key_threaded(key) as key_after:
+        out = transform(*args, **kwargs)
+    if key_after[0] is not key:
+        if isinstance(key_after[0], jax.core.Tracer):  # drawn under a jax.jit of the caller's: not threaded out
+            raise RuntimeError(generator.ERR_DRAW_UNDER_JAX)
+        generator.set_default_key_data(key_after[0])
+    return out
+
+
+def _trace(transform: Callable[..., Any], leaves: list[Any], tree: Any, candidates: dict[int, Tensor]) -> _Entry:
+    check_consts_keep_identity()  # the tensors behind the constants are found by it
+    entry = _Entry()
+    entry.dyn = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array))]
+
+    def program(key: Any, *arrays: Any) -> tuple[list[Any], list[Any], Any]:
+        call = list(leaves)
+        given = []
+        for i, a in zip(entry.dyn, arrays, strict=True):
+            call[i] = Tensor(a) if isinstance(leaves[i], Tensor) else a
+            given.append((i, call[i], a))
+        args, kwargs = jax.tree_util.tree_unflatten(tree, call)
+        with generator.default_key_threaded(key) as key_after, checks_as_values():
+            out = transform(*args, **kwargs)
+        out_leaves, entry.out_tree = jax.tree_util.tree_flatten(out, is_leaf=is_tensor)
+        entry.out_tensors = [k for k, o in enumerate(out_leaves) if isinstance(o, Tensor)]
+        entry.out_static = [None if isinstance(o, Tensor) else o for o in out_leaves]
+        if any(isinstance(o, jax.core.Tracer) for o in entry.out_static):
+            raise jax.errors.UnexpectedTracerError("a transform returned a traced array that is not a Tensor")
+        written = [(i, t) for i, t, a in given if isinstance(t, Tensor) and t._array is not a]
+        entry.written = [i for i, _ in written]
+        entry.draws = key_after[0] is not key
+        entry.n_out = len(entry.out_tensors)
+        return [out_leaves[k]._array for k in entry.out_tensors], [t._array for _, t in written], key_after[0]
+
+    inputs = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in entry.dyn]
+    token = TRACING_CACHED.set(True)
+    try:
+        closed = jax.make_jaxpr(checkify.checkify(program))(generator.default_key_data(), *inputs)
+    finally:
+        TRACING_CACHED.reset(token)
+    entry.consts = list(closed.consts)
+    entry.sources = [
+        (k, weakref.ref(candidates[id(c)])) for k, c in enumerate(entry.consts)
+        if id(c) in candidates and candidates[id(c)]._array is c
+    ]
+    jaxpr = closed.jaxpr
+    as_fun = jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(constvars=[], invars=[*jaxpr.constvars, *jaxpr.invars]), []))
+    entry.jitted = jax.jit(lambda consts, *flat: as_fun(*consts, *flat))
+    return entry
+
+
+def _run(entry: _Entry, leaves: list[Any]) -> Any:
+    """``entry``'s program on these argument leaves, as a 1-tuple; ``None`` when a source tensor changed shape or
+    dtype, ``_CHECK_FAILED`` when a check of values failed."""
+    consts = entry.consts
+    for k, ref in entry.sources:
+        t = ref()
+        if t is None or t._array is consts[k]:
+            continue
+        new, old = t._array, consts[k]
+        if isinstance(new, jax.core.Tracer) or new.shape != old.shape or new.dtype != old.dtype:
+            return None
+        consts[k] = new
+    inputs = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in entry.dyn]
+    flat = entry.jitted(consts, generator.default_key_data(), *inputs)
+    n_error = len(flat) - entry.n_out - len(entry.written) - 1
+    if n_error and any(bool(e) for e in flat[:n_error] if e.dtype == bool):
+        return _CHECK_FAILED
+    flat = flat[n_error:]
+    if entry.draws:
+        generator.set_default_key_data(flat[-1])
+    for i, new in zip(entry.written, flat[entry.n_out:-1], strict=True):
+        leaves[i].copy_(Tensor(new))
+    out = list(entry.out_static)
+    for k, array in zip(entry.out_tensors, flat[: entry.n_out], strict=True):
+        out[k] = Tensor(array)
+    return (jax.tree_util.tree_unflatten(entry.out_tree, out),)
+
+
+def _argnums_tuple(argnums: Any, nargs: int, name: str) -> tuple[int, ...]:
+    """``argnums`` checked as torch.func checks it, each made non-negative."""
+    if isinstance(argnums, int):
+        nums: tuple[Any, ...] = (argnums,)
+    elif isinstance(argnums, tuple):
+        nums = argnums
+        if not nums:
+            raise RuntimeError(f"{name}: argnums must be non-empty")
+    else:
+        raise RuntimeError(f"{name}: argnums must be int or Tuple[int, ...], got: {type(argnums)}")
     for i in nums:
+        if not isinstance(i, int):
+            raise RuntimeError(f"{name}: argnum must be int, got: {type(i)}")
         if not -nargs <= i < nargs:
             raise RuntimeError(
-                f"{name}: Got argnums={i}, but only {nargs} positional inputs. Please pass a valid argnums or pass "
+                f"{name}: Got argnum={i}, but only {nargs} positional inputs. Please pass a valid argnums or pass "
                 "more positional inputs."
             )
-    return tuple(i % nargs for i in nums)
+    wrapped = tuple(i % nargs for i in nums)
+    if len(set(wrapped)) != len(wrapped):
+        raise RuntimeError(f"{name}: argnums elements must be unique, got {argnums}")
+    return wrapped
 
 
 def _scalar_output(out: Any, name: str) -> Any:
@@ -117,12 +390,46 @@ def _scalar_output(out: Any, name: str) -> Any:
     return out._array
 
 
-def _split_aux(out: Any, name: str) -> tuple[Any, Any]:
+def _split_aux(out: Any, where: str) -> tuple[Any, Any]:
+    """``(output, aux)`` of a function called with ``has_aux=True``; ``where`` names the call, as torch.func does."""
     if not (isinstance(out, tuple) and len(out) == 2):
-        raise RuntimeError(
-            f"{name}(f)(*args): output of function f should be a tuple: (output, aux) if has_aux is True"
-        )
+        raise RuntimeError(f"{where}: output of function f should be a tuple: (output, aux) if has_aux is True")
+    _only_tensors(out[1], f"{where}: aux")
     return out
+
+
+def _only_tensors(tree: Any, what: str) -> None:
+    """torch.func's error for a leaf of ``tree`` (an ``aux``) that is no Tensor (JAX's ``TypeError`` otherwise)."""
+    for leaf in jax.tree_util.tree_leaves(tree, is_leaf=is_tensor):
+        if not isinstance(leaf, (Tensor, jax.Array)):
+            raise RuntimeError(f"{what}: Expected tensors, got unsupported type {type(leaf)}")
+
+
+def _tensor_outputs(out: Any, where: str) -> None:
+    """torch.func's errors for a function whose outputs are empty or not all Tensors."""
+    if out is None or (isinstance(out, (tuple, list, dict)) and not jax.tree_util.tree_leaves(out, is_leaf=is_tensor)):
+        raise RuntimeError(f"{where}: Expected f to be a function that has non-empty output (got output = {out})")
+    for leaf in jax.tree_util.tree_leaves(out, is_leaf=is_tensor):
+        if not isinstance(leaf, (Tensor, jax.Array)):
+            raise RuntimeError(f"{where}: expected f(*primals) to return only tensors, got unsupported type {type(leaf)}")
+
+
+ERR_SAVED_HOOKS = (
+    "xgrad.func.{grad, vjp, jacrev, hessian} don't support saved tensor hooks: JAX's AD keeps its own residuals, "
+    "which the hooks would never see. Enter the hooks outside the transformed function and its call, or use "
+    "xgrad.func.jvp or vmap, which save nothing for a backward."
+)
+
+
+def _refuse_saved_hooks() -> disable_saved_tensors_hooks:
+    """Inside it, saved tensor hooks raise torch.func's error; entering it with hooks active raises too."""
+    return disable_saved_tensors_hooks(ERR_SAVED_HOOKS)
+
+
+def _check_no_saved_hooks() -> None:
+    """torch.func's error when saved tensor hooks are active around a reverse-mode transform's call."""
+    with _refuse_saved_hooks():
+        pass
 
 
 def _call(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], transform: str = "grad") -> Any:
@@ -180,10 +487,11 @@ def grad_and_value(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0,
         _check_differentiable([args[i] for i in nums])
 
         def of_arrays(*diff: Any) -> Any:
-            out = _call(func, _with_args(args, nums, diff), kwargs)
+            with _refuse_saved_hooks():
+                out = _call(func, _with_args(args, nums, diff), kwargs)
             aux = None
             if has_aux:
-                out, aux = _split_aux(out, "grad_and_value")
+                out, aux = _split_aux(out, "grad_and_value(f)(*args)")
             value = _scalar_output(out, "grad")
             return value, (value, _arrays(aux))
 
@@ -194,7 +502,7 @@ def grad_and_value(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0,
         grads = _tensors(grads if isinstance(argnums, tuple) else grads[0])
         return (grads, (Tensor(value), _tensors(aux))) if has_aux else (grads, Tensor(value))
 
-    return _keeps_history(wrapper)
+    return _keeps_history(_cached(wrapper, func, reverse_mode=True))
 
 
 def grad(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0, has_aux: bool = False) -> Callable[..., Any]:
@@ -230,12 +538,16 @@ def vjp(func: Callable[..., Any], *primals: Any, has_aux: bool = False) -> Any:
     """
 
     def of_arrays(*arrays: Any) -> Any:
-        out = _call(func, [_tensors(a) for a in arrays], {})
+        with _refuse_saved_hooks():
+            out = _call(func, [_tensors(a) for a in arrays], {})
         if has_aux:
-            out, aux = _split_aux(out, "vjp")
+            out, aux = _split_aux(out, "vjp(f, *primals)")
+            _tensor_outputs(out, "vjp(f, *primals)")
             return _arrays(out), _arrays(aux)
+        _tensor_outputs(out, "vjp(f, *primals)")
         return _arrays(out)
 
+    _check_no_saved_hooks()
     arrays = [_arrays(p) for p in primals]
     if has_aux:
         out, pullback, aux = jax.vjp(of_arrays, *arrays, has_aux=True)
@@ -249,6 +561,13 @@ def vjp(func: Callable[..., Any], *primals: Any, has_aux: bool = False) -> Any:
 
     def vjp_fn(cotangents: Any) -> tuple[Any, ...]:
         given = _arrays(cotangents)
+        out_tree: Any = jax.tree_util.tree_structure(out)
+        given_tree: Any = jax.tree_util.tree_structure(given)
+        if out_tree != given_tree:
+            raise RuntimeError(
+                "Expected pytree structure of cotangents to be the same as pytree structure of outputs to the "
+                f"function. cotangents: {given_tree}, primal output: {out_tree}"
+            )
         for i, (o, g) in enumerate(zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(given), strict=False)):
             if o.shape != getattr(g, "shape", None):  # PyTorch's autograd.grad check, not JAX's TypeError
                 raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of {list(getattr(g, 'shape', ()))} "
@@ -282,26 +601,14 @@ def jvp(
     >>> t.tolist()
     [2.0, 6.0]
     """
-    if not isinstance(primals, tuple) or not isinstance(tangents, tuple):
-        raise RuntimeError(
-            "jvp(f, primals, tangents): Expected primals and tangents to be tuples. E.g. jvp(f, (x,), (t,))"
-        )
-    if len(primals) != len(tangents):
-        raise RuntimeError(
-            f"jvp(f, primals, tangents): Expected primals and tangents to have the same python structure: got "
-            f"{len(primals)} primals and {len(tangents)} tangents"
-        )
-
-    for primal, tangent in zip(jax.tree_util.tree_leaves(_arrays(primals)), jax.tree_util.tree_leaves(_arrays(tangents)),
-                               strict=False):
-        if primal.shape != tangent.shape:
-            raise RuntimeError(ERR_TANGENT_SIZE.format(primal=list(primal.shape), tangent=list(tangent.shape)))
+    _check_jvp_inputs(primals, tangents, strict)
 
     def of_arrays(*arrays: Any) -> Any:
         out, written = _call_tracking(func, [_tensors(a) for a in arrays], {}, "grad")
         aux = None
         if has_aux:
-            out, aux = _split_aux(out, "jvp")
+            out, aux = _split_aux(out, "jvp(f, primals, tangents)")
+        _tensor_outputs(out, "jvp(f, primals, tangents)")
         return _arrays(out), (_arrays(aux), written)
 
     p, t = _arrays(primals), _arrays(tangents)
@@ -310,6 +617,33 @@ def jvp(
     if has_aux:
         return _tensors(out), _tensors(tangent_out), _tensors(aux)
     return _tensors(out), _tensors(tangent_out)
+
+
+def _check_jvp_inputs(primals: Any, tangents: Any, strict: bool) -> None:
+    """torch.func.jvp's checks of its arguments, in its order and words."""
+    where = "jvp(f, primals, tangents)"
+    if strict:
+        raise RuntimeError(f"{where}: strict=True is not implemented")
+    if not isinstance(primals, tuple):
+        raise RuntimeError(f"{where}: Expected primals to be a tuple. E.g. it should be valid to call f(*primals).")
+    primal_leaves, primal_tree = jax.tree_util.tree_flatten(primals, is_leaf=is_tensor)
+    tangent_leaves, tangent_tree = jax.tree_util.tree_flatten(tangents, is_leaf=is_tensor)
+    primal_tree, tangent_tree = str(primal_tree), str(tangent_tree)
+    if not isinstance(tangents, tuple) or primal_tree != tangent_tree:
+        raise RuntimeError(
+            f"{where}: Expected primals and tangents to have the same python structure. For example, if primals is "
+            f"a tuple of 3 tensors, tangents also must be. Got primals with structure {primal_tree} and tangents "
+            f"with structure {tangent_tree}"
+        )
+    for name, leaves in (("primals", primal_leaves), ("tangents", tangent_leaves)):
+        for leaf in leaves:
+            if not isinstance(leaf, (Tensor, jax.Array)):
+                raise RuntimeError(f"{where}: Expected {name} to only contain Tensors, got {type(leaf)}")
+        if not leaves:
+            raise RuntimeError(f"{where}: Expected {name} to contain at least one Tensor")
+    for primal, tangent in zip(primal_leaves, tangent_leaves, strict=True):
+        if primal.shape != tangent.shape:
+            raise RuntimeError(ERR_TANGENT_SIZE.format(primal=list(primal.shape), tangent=list(tangent.shape)))
 
 
 def linearize(func: Callable[..., Any], *primals: Any) -> tuple[Any, Callable[..., Any]]:
@@ -363,9 +697,9 @@ def vmap(
             argument shared by every call; a pytree matching the argument for per-leaf
             dims). One int applies to all arguments. Keyword arguments are not mapped.
         out_dims: where the mapped dimension goes in each output.
-        randomness: ``"error"`` (the default), ``"different"`` or ``"same"``, accepted for
-            PyTorch's signature; random ops under the transform follow xgrad's rule for
-            plain JAX traces.
+        randomness: ``"error"`` (the default: a random op without ``key=`` raises torch's
+            error) or ``"same"`` (one draw from the default generator for every example);
+            ``"different"`` raises for such ops (pass each example its own ``key=``).
         chunk_size: how many examples to compute at once (``None``: all).
 
     >>> import xgrad
@@ -392,7 +726,10 @@ def vmap(
             full = list(args)
             for i, a in zip(mapped, arrays, strict=True):
                 full[i] = _tensors(a)
+            key_before = generator.default_key_data()
             out, written = _call_tracking(func, full, kwargs, "vmap")
+            if randomness != "same" and generator.default_key_data() is not key_before:
+                raise RuntimeError(ERR_VMAP_RANDOMNESS[randomness])
             if isinstance(out_dims, int):
                 _check_vmap_outputs(func, out, out_dims)
             return _arrays(out), written
@@ -418,7 +755,16 @@ def vmap(
         _write_back(args, written)
         return _tensors(out)
 
-    return _keeps_history(wrapper)
+    return _keeps_history(_cached(wrapper, func))
+
+
+ERR_VMAP_RANDOMNESS = {
+    "error": "vmap: called random operation while in randomness error mode. Please either use the 'same' or "
+    "'different' randomness flags on vmap or perform the randomness operation out of vmap",
+    "different": "vmap(randomness='different') is not supported for random ops without key= (they draw from the "
+    "default generator, one draw for all examples): use randomness='same', or pass each example its own key= "
+    "(jax.random.split(key, batch_size) as a mapped argument)",
+}
 
 
 def _vmap_name(func: Callable[..., Any]) -> str:
@@ -501,18 +847,34 @@ def _jacobian(jax_transform: Callable[..., Any], func: Callable[..., Any], argnu
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         nums = _argnums_tuple(argnums, len(args), name)
 
+        where = "vjp(f, *primals)" if name == "jacrev" else "jvp(f, primals, tangents)"
+        _real_only([args[i] for i in nums], name, "inputs")
+
         def of_arrays(*diff: Any) -> Any:
-            out = _call(func, _with_args(args, nums, diff), kwargs)
+            with _refuse_saved_hooks() if name == "jacrev" else contextlib.nullcontext():
+                out = _call(func, _with_args(args, nums, diff), kwargs)
+            aux = None
             if has_aux:
-                out, aux = _split_aux(out, name)
-                return _arrays(out), _arrays(aux)
-            return _arrays(out)
+                out, aux = _split_aux(out, f"{name}(f)(*args)")
+            _tensor_outputs(out, where)
+            _real_only(out, name, "outputs")
+            return (_arrays(out), _arrays(aux)) if has_aux else _arrays(out)
 
         positions = tuple(range(len(nums))) if isinstance(argnums, tuple) else 0
         result = jax_transform(of_arrays, argnums=positions, has_aux=has_aux)(*[_arrays(args[i]) for i in nums])
         return (_tensors(result[0]), _tensors(result[1])) if has_aux else _tensors(result)
 
-    return _keeps_history(wrapper)
+    return _keeps_history(_cached(wrapper, func, reverse_mode=name == "jacrev"))
+
+
+def _real_only(tree: Any, name: str, what: str) -> None:
+    """torch.func's error for complex inputs or outputs of a Jacobian (JAX's ``TypeError`` otherwise)."""
+    for i, leaf in enumerate(jax.tree_util.tree_leaves(tree, is_leaf=is_tensor)):
+        array = leaf._array if isinstance(leaf, Tensor) else leaf
+        if isinstance(array, jax.Array) and jax.numpy.issubdtype(array.dtype, jax.numpy.complexfloating):
+            raise RuntimeError(
+                f"{name}: Expected all {what} to be real but received complex tensor at flattened {what[:-1]} idx: {i}"
+            )
 
 
 def jacrev(

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import jax
@@ -21,6 +22,15 @@ from xgrad.ops import stack
 from xgrad.tensor import Tensor
 
 __all__ = ["debug_unwrap", "replace_all_batch_norm_modules_", "stack_module_state"]
+
+#: Set while ``xgrad.func`` traces a transform into its cached program (NOTE [Transforms cached per
+#: signature] in ``xgrad/func.py``): no values are under the tracers then, so ``debug_unwrap`` makes
+#: that call run uncached, where they are.
+TRACING_CACHED: ContextVar[bool] = ContextVar("xgrad_func_tracing_cached", default=False)
+
+
+class NeedsValues(Exception):
+    """Raised in a cached transform's trace by what needs the values under the tracers."""
 
 
 def _stacked_leaf(tensors: Sequence[Tensor], name: str) -> Tensor:
@@ -97,6 +107,8 @@ def debug_unwrap(tensor: Any, *, recurse: bool = True) -> Any:
     """
     if not isinstance(tensor, Tensor):
         return tensor
+    if TRACING_CACHED.get():
+        raise NeedsValues("debug_unwrap needs the values under the transform")
     array = tensor.array
     while isinstance(array, jax.core.Tracer):
         inner = unwrap_tracer(array)

@@ -15,7 +15,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import jax
@@ -24,7 +27,10 @@ from jax.extend.core import get_opaque_trace_state
 from xgrad import step_trace
 from xgrad.tensor import Tensor
 
-__all__ = ["ERR_DRAW_UNDER_JAX", "KeyState", "default_generator", "manual_seed", "next_key"]
+__all__ = [
+    "ERR_DRAW_UNDER_JAX", "KeyState", "default_generator", "default_key_data", "default_key_threaded", "manual_seed", "next_key",
+    "set_default_key_data",
+]
 
 ERR_DRAW_UNDER_JAX = (
     "a random op without key= ran under a JAX transformation (jax.jit, jax.vmap, jax.grad): it would draw from "
@@ -95,13 +101,48 @@ class KeyState:
             data = self._tensor()
             if get_opaque_trace_state(convention="xgrad") != _NOT_TRACING:  # under jit, vmap, grad or a step
                 trace = step_trace.current()
-                if trace is None or not trace.at_step_level():
+                if trace is None:
+                    if not (self is default_generator and _DEFAULT_KEY_THREADED.get()):
+                        raise RuntimeError(ERR_DRAW_UNDER_JAX)
+                elif not trace.at_step_level():
                     raise RuntimeError(ERR_DRAW_UNDER_JAX)
-                trace.read(data)  # the key is state of the step, threaded through it
-                trace.write(data)
+                else:
+                    trace.read(data)  # the key is state of the step, threaded through it
+                    trace.write(data)
             new, sub = jax.random.split(jax.random.wrap_key_data(data._array, impl=self.impl))
             data._array = jax.random.key_data(new)
             return sub
+
+
+_DEFAULT_KEY_THREADED: ContextVar[bool] = ContextVar("xgrad_default_key_threaded", default=False)
+
+
+@contextlib.contextmanager
+def default_key_threaded(data: Any) -> Iterator[list[Any]]:
+    """For the body, the default generator's key data is ``data`` (an input of a program being traced:
+    ``xgrad.func``'s cached transforms), and random ops without ``key=`` split it there. Yields a list
+    whose one item is the key data after the body (an output of that program); the key is restored after."""
+    state = default_generator._tensor()
+    saved = state._array
+    state._array = data
+    token = _DEFAULT_KEY_THREADED.set(True)
+    after = [data]
+    try:
+        yield after
+        after[0] = state._array
+    finally:
+        _DEFAULT_KEY_THREADED.reset(token)
+        state._array = saved
+
+
+def default_key_data() -> Any:
+    """The default generator's key data now (the input ``default_key_threaded`` stands for)."""
+    return default_generator._tensor()._array
+
+
+def set_default_key_data(data: Any) -> None:
+    """Make ``data`` (what a program threading the key returned) the default generator's key data."""
+    default_generator._tensor()._array = data
 
 
 def _committed(data: Any) -> Any:

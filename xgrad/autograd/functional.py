@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from xgrad.autograd import forward_ad
 from xgrad.engine.api import grad as _grad
+from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import enable_grad, is_grad_enabled, set_grad_enabled
 from xgrad.jax_capture import quiet_captures
 from xgrad.tensor import Tensor
@@ -48,7 +49,16 @@ def _as_tuple(value: Any, arg_name: str, fn_name: str) -> tuple[bool, tuple[Tens
         if not isinstance(el, Tensor):
             where = f"the value at index {i} has type {type(el)}" if is_tuple else f"the given {arg_name} has type {type(el)}"
             raise TypeError(f"The {arg_name} given to {fn_name} must be either a Tensor or a tuple of Tensors but {where}.")
+        if _grad_state.transform is not None and isinstance(el._array, jax.core.Tracer):
+            raise RuntimeError(ERR_IN_FUNC_TRANSFORM.format(fn_name=fn_name))
     return is_tuple, values
+
+
+ERR_IN_FUNC_TRANSFORM = (
+    "xgrad.autograd.functional.{fn_name} was called inside a function being transformed by an xgrad.func transform "
+    "(vmap, grad, jacrev, ...). This is unsupported: it needs eager autograd, which the transform replaces. Use the "
+    "xgrad.func transforms (vjp, jvp, jacrev, jacfwd, hessian) there instead."
+)
 
 
 def _tuple_postprocess(res: Any, to_unpack: bool | tuple[bool, bool]) -> Any:

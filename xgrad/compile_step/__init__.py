@@ -74,6 +74,17 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 # keyed by graph structure; a step's is per function and keyed by its arguments) and
 # so the stats and recompile reasons (call sites and nodes there, argument leaves here).
 #
+# NOTE [What a step is]
+# A compiled call keeps its autograd graph inside the program: the tensors it returns carry
+# no history. That is right for a step: a function that runs its own backward, or no
+# autograd at all (an evaluation under ``no_grad``, an optimizer update, a forward whose
+# results are only read). It is wrong for a forward whose caller backpropagates through
+# what it returns. A ``Module`` is such a forward by what it is for, so ``xgrad.compile``
+# returns it as it is (``torch.compile(model)``: its backward is what the compiled backward,
+# ``xgrad.autograd.compiled``, speeds up); any other callable is taken for a step. A function
+# whose results are backpropagated through later is a forward: call it uncompiled (its
+# results' ``backward()`` would raise that they do not require grad).
+#
 # NOTE [Entries of one signature]
 # A call whose guards fail (a mode, a ``.grad`` set or cleared, a hook) is traced again,
 # and the new entry goes before the old ones of its signature (``_Entry.other``, at most

@@ -54,6 +54,8 @@ from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
 from xgrad.engine.compiled.switch import TRACER_ERRORS
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.jax_internals import ClosedJaxpr, Var, check_consts_keep_identity, get_opaque_trace_state, jaxpr_as_fun
+from xgrad.nn.module import Module
+from xgrad.ops.autocast import autocast_key
 from xgrad.step_trace import tracing_step
 from xgrad.tensor import Tensor, is_tensor
 
@@ -229,8 +231,10 @@ def _describe_change(fn: Any, old: Any, new: Any) -> str:
             return f"argument {_leaf_name(fn, new_tree, i)}: {_describe_leaf_change(a, b)}"
     if old_alias != new_alias:
         return "which arguments are the same tensor changed"
-    if old_mode != new_mode:
+    if old_mode[0] != new_mode[0]:
         return f"grad mode changed from {old_mode[0]} to {new_mode[0]}"
+    if old_mode != new_mode:
+        return f"autocast changed from {dict(old_mode[1]) or 'off'} to {dict(new_mode[1]) or 'off'}"
     return "the state fn reads (a .grad set or cleared, requires_grad, hooks, a shape, or a module's train/eval mode)"
 
 
@@ -308,14 +312,15 @@ _KIND_NAMES = {"tensor": "a Tensor", "array": "a jax.Array", "ndarray": "a NumPy
 
 
 def _signature(leaves: list[Any], tree: Any) -> Any:
-    """The cache key of a call: the arguments' structure, each leaf's key, which are one tensor, the grad mode."""
+    """The cache key of a call: the arguments' structure, each leaf's key, which are one tensor, the grad
+    and autocast modes."""
     alias: list[int] = []
     first: dict[int, int] = {}
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, Tensor):
             alias.append(first.setdefault(id(leaf), i))
     try:
-        signature = (tree, tuple(_leaf_key(leaf) for leaf in leaves), tuple(alias), (is_grad_enabled(),))
+        signature = (tree, tuple(_leaf_key(leaf) for leaf in leaves), tuple(alias), (is_grad_enabled(), autocast_key()))
         hash(signature)
     except TypeError:
         raise TypeError(
@@ -769,7 +774,10 @@ def _finish(entry: _Entry, outs: Any, leaves: list[Any]) -> Any:
     return jax.tree_util.tree_unflatten(entry.result_tree, results)
 
 
-def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") -> Any:
+def compile(
+    fn: Callable[..., Any] | None = None, *, fallback: str = "eager", fullgraph: bool = False, dynamic: bool | None = None,
+    backend: Any = "inductor", mode: str | None = None, options: dict[str, Any] | None = None, disable: bool = False,
+) -> Any:
     """Run ``fn`` — forward, ``backward()``, ``Optax.step()``, in-place updates — as one XLA program.
 
     Usable as ``@xgrad.compile`` or ``xgrad.compile(fn, fallback="error")``. Each input
@@ -793,6 +801,12 @@ def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") ->
             a concrete value inside ``fn`` (``.item()``, ``if t > 0``, ``.numpy()``) —
             runs eagerly, after a one-time warning naming the line and the construct;
             ``"error"``: raise ``CompileFallbackError`` instead.
+        fullgraph, dynamic, backend, mode, options, disable: ``torch.compile``'s. ``fullgraph=True``
+            is ``fallback="error"`` (no part of ``fn`` may run eagerly); ``disable=True`` returns
+            ``fn``; the others are accepted, as XLA compiles each signature its own way.
+
+    ``fn`` is a step (NOTE [What a step is]): a ``Module`` is a forward and is returned as it
+    is, so ``torch.compile(model)`` and ``torch.compile(train_step)`` both work as in PyTorch.
 
     Hooks registered on tensors or nodes (inside ``fn`` or before) and custom
     ``Function.backward``s run once per call with concrete values in eager order,
@@ -829,6 +843,10 @@ def compile(fn: Callable[..., Any] | None = None, *, fallback: str = "eager") ->
     >>> [round(g, 4) for g in w.grad.tolist()], step.stats()["compiles"], step.stats()["hits"]
     ([-1.44, -1.44], 1, 2)
     """
+    if fullgraph:
+        fallback = "error"
     if fn is None:
-        return lambda f: CompiledFunction(f, fallback)
+        return functools.partial(compile, fallback=fallback, disable=disable)
+    if disable or isinstance(fn, Module):
+        return fn
     return CompiledFunction(fn, fallback)

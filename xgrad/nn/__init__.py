@@ -17,6 +17,9 @@ without renaming.
 (2, 3)
 """
 
+from typing import TYPE_CHECKING, Any
+
+from xgrad.missing_names import missing_attribute
 from xgrad.nn import functional, init, modules, parallel, utils
 from xgrad.nn.activation import (
     CELU,
@@ -47,8 +50,8 @@ from xgrad.nn.activation import (
     Threshold,
 )
 from xgrad.nn.containers import ModuleDict, ModuleList, Sequential
-from xgrad.nn.conv import Conv1d, Conv2d
-from xgrad.nn.dropout import AlphaDropout, Dropout, Dropout1d, Dropout2d
+from xgrad.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
+from xgrad.nn.dropout import AlphaDropout, Dropout, Dropout1d, Dropout2d, Dropout3d, FeatureAlphaDropout
 from xgrad.nn.embedding import Embedding
 from xgrad.nn.flatten import Flatten, Unflatten
 from xgrad.nn.linear import MLP, Identity, Linear
@@ -72,11 +75,27 @@ from xgrad.nn.parallel import DataParallel, DistributedDataParallel
 from xgrad.nn.pooling import (
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
+    AdaptiveAvgPool3d,
     AdaptiveMaxPool2d,
+    AdaptiveMaxPool3d,
     AvgPool1d,
     AvgPool2d,
+    AvgPool3d,
     MaxPool1d,
     MaxPool2d,
+    MaxPool3d,
+)
+from xgrad.nn.rarer_losses import (
+    CTCLoss,
+    GaussianNLLLoss,
+    HingeEmbeddingLoss,
+    MultiLabelMarginLoss,
+    MultiLabelSoftMarginLoss,
+    MultiMarginLoss,
+    PairwiseDistance,
+    PoissonNLLLoss,
+    SoftMarginLoss,
+    TripletMarginLoss,
 )
 from xgrad.nn.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from xgrad.nn.transformer import (
@@ -87,17 +106,28 @@ from xgrad.nn.transformer import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
+from xgrad.nn.upsampling import PixelShuffle, PixelUnshuffle, Upsample, UpsamplingBilinear2d, UpsamplingNearest2d
 
 __all__ = [
-    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "AlphaDropout", "AvgPool1d", "AvgPool2d",
-    "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d", "CELU", "Conv1d", "Conv2d", "CosineEmbeddingLoss",
-    "CosineSimilarity", "CrossEntropyLoss", "DataParallel", "DistributedDataParallel", "Dropout", "Dropout1d",
-    "Dropout2d", "ELU", "Embedding", "Flatten",
-    "GELU", "GLU", "GRU", "GRUCell", "GroupNorm", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh", "HuberLoss",
-    "Identity", "KLDivLoss", "L1Loss", "LSTM", "LSTMCell", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid",
-    "LogSoftmax", "MLP", "MSELoss", "MarginRankingLoss", "MaxPool1d", "MaxPool2d", "Mish", "Module", "ModuleDict",
-    "ModuleList", "MultiheadAttention", "NLLLoss", "PReLU", "Parameter", "RNN", "RNNCell", "ReLU", "ReLU6", "SELU",
-    "Sequential", "SiLU", "Sigmoid", "SmoothL1Loss", "Softmax", "Softmin", "Softplus", "Softshrink", "Softsign",
-    "Tanh", "Tanhshrink", "Threshold", "Transformer", "TransformerDecoder", "TransformerDecoderLayer",
-    "TransformerEncoder", "TransformerEncoderLayer", "Unflatten", "functional", "init", "modules", "parallel", "utils",
+    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
+    "AlphaDropout", "AvgPool1d", "AvgPool2d", "AvgPool3d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d",
+    "BatchNorm2d", "CELU", "CTCLoss", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+    "ConvTranspose3d", "CosineEmbeddingLoss", "CosineSimilarity", "CrossEntropyLoss", "DataParallel",
+    "DistributedDataParallel", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "ELU", "Embedding",
+    "FeatureAlphaDropout", "Flatten", "GELU", "GLU", "GRU", "GRUCell", "GaussianNLLLoss", "GroupNorm", "Hardshrink",
+    "Hardsigmoid", "Hardswish", "Hardtanh", "HingeEmbeddingLoss", "HuberLoss", "Identity", "KLDivLoss", "L1Loss",
+    "LSTM", "LSTMCell", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid", "LogSoftmax", "MLP", "MSELoss",
+    "MarginRankingLoss", "MaxPool1d", "MaxPool2d", "MaxPool3d", "Mish", "Module", "ModuleDict", "ModuleList",
+    "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss", "MultiMarginLoss", "MultiheadAttention", "NLLLoss", "PReLU",
+    "PairwiseDistance", "Parameter", "PixelShuffle", "PixelUnshuffle", "PoissonNLLLoss", "RNN", "RNNCell", "ReLU",
+    "ReLU6", "SELU", "Sequential", "SiLU", "Sigmoid", "SmoothL1Loss", "SoftMarginLoss", "Softmax", "Softmin",
+    "Softplus", "Softshrink", "Softsign", "Tanh", "Tanhshrink", "Threshold", "Transformer", "TransformerDecoder",
+    "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer", "TripletMarginLoss", "Unflatten",
+    "Upsample", "UpsamplingBilinear2d", "UpsamplingNearest2d", "functional", "init", "modules", "parallel", "utils"
 ]
+
+
+if not TYPE_CHECKING:  # for type checkers a missing name stays an error, not ``Any``
+
+    def __getattr__(name: str) -> Any:  # reached only for a name this module does not have
+        raise missing_attribute("torch.nn", "module 'xgrad.nn'", name)

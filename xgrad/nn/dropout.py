@@ -1,4 +1,4 @@
-"""``Dropout``, ``Dropout1d``, ``Dropout2d``, ``AlphaDropout``: draws from the default generator unless given a key."""
+"""``Dropout``, ``Dropout1d/2d/3d``, ``AlphaDropout``, ``FeatureAlphaDropout``: draws from the default generator unless given a key."""
 
 from __future__ import annotations
 
@@ -76,3 +76,25 @@ class AlphaDropout(Dropout):
     """
 
     fn = staticmethod(ops.alpha_dropout)
+
+
+class Dropout3d(Dropout):
+    """Zero whole channels (dim 1) of ``(N, C, D, H, W)`` input with probability ``p`` while training.
+
+    >>> import xgrad
+    >>> xgrad.nn.Dropout3d(0.5).eval()(xgrad.ones(1, 2, 1, 1, 1)).flatten().tolist()
+    [1.0, 1.0]
+    """
+
+    fn = staticmethod(ops.dropout3d)
+
+
+class FeatureAlphaDropout(Dropout):
+    """Alpha dropout of whole channels (dim 1): a dropped channel takes SELU's saturation value.
+
+    >>> import xgrad
+    >>> xgrad.nn.FeatureAlphaDropout(0.2).eval()(xgrad.ones(1, 2)).tolist()
+    [[1.0, 1.0]]
+    """
+
+    fn = staticmethod(ops.feature_alpha_dropout)

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import checkify
 
 from xgrad import step_trace
 from xgrad.engine.node import sharding_of
@@ -229,8 +230,27 @@ def _raise_when_run(failed: Any, detail: Any, make_error: Callable[[Any], BaseEx
     cannot serialize host callbacks: ``traced_checks(False)`` leaves them out for
     ``jax.export``.
     """
-    if _TRACED_CHECKS.get():
-        jax.debug.callback(functools.partial(_raise_if, make_error), failed, detail)
+    if not _TRACED_CHECKS.get():
+        return
+    if _CHECKS_AS_VALUES.get():  # a cached xgrad.func program: a checkify error, rerun eagerly if it fails
+        checkify.check(jnp.logical_not(jnp.any(failed)), "a value check of an xgrad op failed")
+        return
+    jax.debug.callback(functools.partial(_raise_if, make_error), failed, detail)
+
+
+_CHECKS_AS_VALUES: ContextVar[bool] = ContextVar("xgrad_checks_as_values", default=False)
+
+
+@contextlib.contextmanager
+def checks_as_values() -> Iterator[None]:
+    """Traced checks of values inside the ``with`` become ``jax.experimental.checkify`` checks, not host
+    callbacks: the caller traces under ``checkify.checkify`` and reads the error after the program runs
+    (``xgrad.func``'s cached transforms, NOTE [Transforms cached per signature])."""
+    token = _CHECKS_AS_VALUES.set(True)
+    try:
+        yield
+    finally:
+        _CHECKS_AS_VALUES.reset(token)
 
 
 def check_values(failed: Callable[[Any], Any], value: Any, make_error: Callable[[], BaseException]) -> None:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from xgrad.ops import shape_rules
 from xgrad.ops._util import canonical_dim, inplace_or_not
+from xgrad.ops.autocast import autocast_op
 from xgrad.ops.elementwise import abs, exp, sigmoid, softplus, tanh, where
 from xgrad.ops.nn import implicit_softmax_dim, softmax
 from xgrad.ops.registry import defprim
@@ -236,6 +237,7 @@ def _mish(x: Tensor) -> Tensor:
     return x * tanh(softplus(x))
 
 
+@autocast_op
 def mish(input: Tensor, inplace: bool = False) -> Tensor:
     """``x * tanh(softplus(x))``.
 
@@ -246,6 +248,7 @@ def mish(input: Tensor, inplace: bool = False) -> Tensor:
     return inplace_or_not(_mish, input, inplace)
 
 
+@autocast_op
 def logsigmoid(input: Tensor) -> Tensor:
     """``log(sigmoid(x))``, computed stably as ``-softplus(-x)``.
 
@@ -341,6 +344,7 @@ def softmin(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: 
     return softmax(-input if dtype is None else -input.to(dtype), dim)
 
 
+@autocast_op
 def prelu(input: Tensor, weight: Tensor) -> Tensor:
     """``x`` where positive, else ``weight * x``, ``weight`` one slope or one per channel (dim 1).
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from xgrad.ops import shape_rules
 from xgrad.ops._util import as_array
+from xgrad.ops.autocast import autocast_op
 from xgrad.ops.jaxop import from_jax
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor
@@ -79,6 +80,7 @@ def _sdpa_grad(g: Tensor, out: Any, q: Tensor, k: Tensor, v: Tensor, mask: Any, 
 _sdpa = defprim("scaled_dot_product_attention", _sdpa_impl, joint_vjp=_sdpa_grad, shape_rule=shape_rules.attention)
 
 
+@autocast_op
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,

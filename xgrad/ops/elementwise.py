@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from xgrad.engine.node import sharding_of
 from xgrad.ops import shape_rules
 from xgrad.ops._util import as_array, check_values, inplace_or_not, nondiff
+from xgrad.ops.autocast import autocast_op
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor, torch_dtype_name
 
@@ -124,6 +125,7 @@ def _negative_int_power() -> RuntimeError:
     return RuntimeError("Integers to negative integer powers are not allowed.")
 
 
+@autocast_op
 def pow(x: Any, y: Any) -> Tensor:
     """``x ** y`` elementwise; differentiable in both the base and the exponent.
 
@@ -149,48 +151,48 @@ def _any_negative(a: Any) -> Any:
 
 
 # -- transcendental ------------------------------------------------------------------
-exp = defprim("exp", jnp.exp, (lambda g, out, x: g * out,), save=(), save_out=True, doc="""Elementwise ``e ** x``.
+exp = autocast_op(defprim("exp", jnp.exp, (lambda g, out, x: g * out,), save=(), save_out=True, doc="""Elementwise ``e ** x``.
 
     >>> import xgrad
     >>> xgrad.exp(xgrad.tensor([0.0])).tolist()
     [1.0]
     >>> print(f"{xgrad.exp(xgrad.tensor(1.0)).item():.4f}")
     2.7183
-    """)
-log = defprim("log", jnp.log, (lambda g, out, x: g / x,), doc="""Elementwise natural logarithm.
+    """))
+log = autocast_op(defprim("log", jnp.log, (lambda g, out, x: g / x,), doc="""Elementwise natural logarithm.
 
     >>> import xgrad
     >>> xgrad.log(xgrad.tensor([1.0])).tolist()
     [0.0]
     >>> print(f"{xgrad.log(xgrad.tensor(2.0)).item():.4f}")
     0.6931
-    """)
-log1p = defprim("log1p", jnp.log1p, (lambda g, out, x: g / (x + 1),), doc="""Elementwise ``log(1 + x)``, accurate for small ``x``.
+    """))
+log1p = autocast_op(defprim("log1p", jnp.log1p, (lambda g, out, x: g / (x + 1),), doc="""Elementwise ``log(1 + x)``, accurate for small ``x``.
 
     >>> import xgrad
     >>> print(f"{xgrad.log1p(xgrad.tensor(1.0)).item():.4f}")
     0.6931
-    """)
-expm1 = defprim("expm1", jnp.expm1, (lambda g, out, x: g * (out + 1),), save=(), save_out=True, doc="""Elementwise ``exp(x) - 1``, accurate for small ``x``.
+    """))
+expm1 = autocast_op(defprim("expm1", jnp.expm1, (lambda g, out, x: g * (out + 1),), save=(), save_out=True, doc="""Elementwise ``exp(x) - 1``, accurate for small ``x``.
 
     >>> import xgrad
     >>> xgrad.expm1(xgrad.tensor([0.0])).tolist()
     [0.0]
     >>> print(f"{xgrad.expm1(xgrad.tensor(1.0)).item():.4f}")
     1.7183
-    """)
+    """))
 sqrt = defprim("sqrt", jnp.sqrt, (lambda g, out, x: g / (out * 2),), save=(), save_out=True, doc="""Elementwise square root.
 
     >>> import xgrad
     >>> xgrad.sqrt(xgrad.tensor([4.0, 9.0])).tolist()
     [2.0, 3.0]
     """)
-rsqrt = defprim("rsqrt", lambda x: jax.lax.rsqrt(_inexact(x)), (lambda g, out, x: g * out * out * out * -0.5,), save=(), save_out=True, doc="""Elementwise reciprocal square root ``1 / sqrt(x)``.
+rsqrt = autocast_op(defprim("rsqrt", lambda x: jax.lax.rsqrt(_inexact(x)), (lambda g, out, x: g * out * out * out * -0.5,), save=(), save_out=True, doc="""Elementwise reciprocal square root ``1 / sqrt(x)``.
 
     >>> import xgrad
     >>> xgrad.rsqrt(xgrad.tensor([4.0, 16.0])).tolist()
     [0.5, 0.25]
-    """)
+    """))
 abs = defprim("abs", jnp.abs, (lambda g, out, x: g * sign(x),), shape_rule=shape_rules.not_bool_kernel("abs_cpu"), doc="""Elementwise absolute value; the gradient at 0 is 0.
 
     >>> import xgrad
@@ -215,12 +217,12 @@ cos: Callable[..., Any] = defprim("cos", jnp.cos, (lambda g, out, x: -g * sin(x)
     >>> xgrad.cos(xgrad.tensor([0.0])).tolist()
     [1.0]
     """)
-tan = defprim("tan", jnp.tan, (lambda g, out, x: g * (out * out + 1),), save=(), save_out=True, doc="""Elementwise tangent.
+tan = autocast_op(defprim("tan", jnp.tan, (lambda g, out, x: g * (out * out + 1),), save=(), save_out=True, doc="""Elementwise tangent.
 
     >>> import xgrad
     >>> print(f"{xgrad.tan(xgrad.tensor(1.0)).item():.4f}")
     1.5574
-    """)
+    """))
 tanh = defprim("tanh", jnp.tanh, (lambda g, out, x: g * (1 - out * out),), save=(), save_out=True, doc="""Elementwise hyperbolic tangent.
 
     >>> import xgrad
@@ -296,6 +298,7 @@ _softplus = defprim(
 )
 
 
+@autocast_op
 def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """``log(1 + exp(beta * x)) / beta``, computed stably; ``x`` itself where ``beta * x > threshold``, as PyTorch.
 

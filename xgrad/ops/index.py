@@ -12,6 +12,7 @@ import numpy as np
 from xgrad.grad_mode import no_grad
 from xgrad.ops import shape_rules
 from xgrad.ops._util import as_array, canonical_dim, check_index_range
+from xgrad.ops.autocast import autocast_op
 from xgrad.ops.elementwise import where
 from xgrad.ops.registry import defprim
 from xgrad.ops.views import is_basic_index, strides_of, track_view
@@ -211,6 +212,7 @@ def gather(x: Tensor, dim: int, index: Any) -> Tensor:
     return _gather(x, index, dim=dim)
 
 
+@autocast_op
 def scatter_add(x: Tensor, dim: int, index: Any, src: Tensor) -> Tensor:
     """``torch.scatter_add``: ``x`` with ``src`` added at ``index`` along ``dim``.
 

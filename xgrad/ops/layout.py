@@ -14,7 +14,7 @@ import numpy as np
 from xgrad.ops._util import canonical_dim, check_int
 from xgrad.ops.index import _index_scatter
 from xgrad.ops.registry import defprim
-from xgrad.ops.shape import broadcast_to, expand, reshape, stack, view
+from xgrad.ops.shape import broadcast_to, expand, reshape, sizes_or_keyword, stack, view
 from xgrad.ops.views import mark_multi_output, track_view
 from xgrad.tensor import Tensor
 
@@ -120,7 +120,7 @@ def _sizes(sizes: tuple[Any, ...]) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def repeat(x: Tensor, *sizes: Any) -> Tensor:
+def repeat(x: Tensor, *sizes: Any, **keywords: Any) -> Tensor:
     """PyTorch's ``Tensor.repeat``: tile ``x`` ``sizes[i]`` times along dim ``i`` (NumPy's ``tile``).
 
     Extra leading ``sizes`` add dims. Built from reshape and broadcast: the gradient
@@ -130,7 +130,7 @@ def repeat(x: Tensor, *sizes: Any) -> Tensor:
     >>> xgrad.repeat(xgrad.tensor([1.0, 2.0]), 2, 2).tolist()
     [[1.0, 2.0, 1.0, 2.0], [1.0, 2.0, 1.0, 2.0]]
     """
-    reps = _sizes(sizes)
+    reps = _sizes(sizes_or_keyword("repeat", "repeats", sizes, keywords))
     if len(reps) < x.ndim:
         raise RuntimeError("Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor")
     if any(r < 0 for r in reps):

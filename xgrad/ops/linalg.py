@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.ops import shape_rules
+from xgrad.ops.autocast import autocast_op
 from xgrad.ops.jaxop import vjp_of
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor, torch_dtype_name
@@ -41,13 +42,13 @@ def _matmul_y_grad(g: Tensor, out: Any, x: Tensor, y: Any) -> Tensor:
     return x.mT @ g
 
 
-matmul = defprim("matmul", jnp.matmul, (_matmul_x_grad, _matmul_y_grad), shape_rule=shape_rules.matmul, doc="""Matrix product with NumPy's batching and 1-D rules.
+matmul = autocast_op(defprim("matmul", jnp.matmul, (_matmul_x_grad, _matmul_y_grad), shape_rule=shape_rules.matmul, doc="""Matrix product with NumPy's batching and 1-D rules.
 
     >>> import xgrad
     >>> a = xgrad.tensor([[1.0, 2.0], [3.0, 4.0]])
     >>> xgrad.matmul(a, xgrad.tensor([[1.0], [1.0]])).tolist()
     [[3.0], [7.0]]
-    """)
+    """))
 
 
 def _einsum_impl(*operands: Any, subscripts: str) -> Any:
@@ -62,6 +63,7 @@ def _einsum_grad(g: Tensor, out: Any, *operands: Any, subscripts: str) -> Any:
 _einsum = defprim("einsum", _einsum_impl, joint_vjp=_einsum_grad, shape_rule=shape_rules.einsum)
 
 
+@autocast_op
 def einsum(subscripts: str, *operands: Tensor) -> Tensor:
     """Einstein summation, as ``jnp.einsum(subscripts, *operands)``.
 
@@ -138,6 +140,7 @@ def _conv2d_grad(g: Tensor, out: Any, x: Tensor, w: Tensor, **params: Any) -> An
 _conv2d = defprim("conv2d", _conv2d_impl, joint_vjp=_conv2d_grad, shape_rule=shape_rules.conv2d)
 
 
+@autocast_op
 def conv2d(
     input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1
 ) -> Tensor:
@@ -177,6 +180,7 @@ def conv2d(
     return out.squeeze(0) if unbatched else out
 
 
+@autocast_op
 def conv1d(
     input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1
 ) -> Tensor:
@@ -212,6 +216,7 @@ def outer(x: Tensor, y: Tensor) -> Tensor:
     return x.unsqueeze(1) * y
 
 
+@autocast_op
 def mm(input: Tensor, mat2: Tensor) -> Tensor:
     """Matrix product of two 2-D tensors, ``(n, m) @ (m, p) -> (n, p)`` (no broadcasting, as PyTorch's ``mm``).
 
@@ -230,6 +235,7 @@ def mm(input: Tensor, mat2: Tensor) -> Tensor:
     return matmul(input, mat2)
 
 
+@autocast_op
 def bmm(input: Tensor, mat2: Tensor) -> Tensor:
     """Batched matrix product of two 3-D tensors, ``(b, n, m) @ (b, m, p) -> (b, n, p)``.
 
@@ -249,6 +255,7 @@ def bmm(input: Tensor, mat2: Tensor) -> Tensor:
     return matmul(input, mat2)
 
 
+@autocast_op
 def baddbmm(input: Tensor, batch1: Tensor, batch2: Tensor, *, beta: float = 1, alpha: float = 1) -> Tensor:
     """``beta * input + alpha * bmm(batch1, batch2)``; with ``beta=0`` ``input`` is ignored (NaNs in it too).
 
@@ -288,6 +295,7 @@ _norm2 = defprim(
 )
 
 
+@autocast_op
 def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Tensor:
     """Vector norm over ``dim`` (all elements when ``None``): ``p`` is ``2``/``"fro"``, ``1``, ``inf``, ``-inf``, ``0`` or any float.
 
@@ -357,6 +365,7 @@ _linear = defprim(
 )
 
 
+@autocast_op
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear``: ``input @ weight.T + bias`` with ``weight`` of shape ``(out_features, in_features)``.
 

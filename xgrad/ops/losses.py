@@ -24,6 +24,7 @@ from xgrad.ops._util import (
     reduce_loss,
     refuse_none,
 )
+from xgrad.ops.autocast import autocast_op
 from xgrad.ops.elementwise import abs, clamp, clamp_min, exp, log, log1p, maximum, softplus, where
 from xgrad.ops.index import gather
 from xgrad.ops.linalg import norm
@@ -37,6 +38,7 @@ __all__ = [
 ]
 
 
+@autocast_op
 def nll_loss(
     input: Tensor, target: Any, weight: Tensor | None = None, size_average: bool | None = None, ignore_index: int = -100,
     reduce: bool | None = None, reduction: str = "mean",
@@ -121,6 +123,7 @@ def _bce_target_error() -> RuntimeError:
     return RuntimeError("all elements of target should be between 0 and 1")
 
 
+@autocast_op
 def binary_cross_entropy(
     input: Tensor, target: Any, weight: Tensor | None = None, size_average: bool | None = None,
     reduce: bool | None = None, reduction: str = "mean",
@@ -150,6 +153,7 @@ def binary_cross_entropy(
     return reduce_loss(loss, reduction)
 
 
+@autocast_op
 def binary_cross_entropy_with_logits(
     input: Tensor, target: Any, weight: Tensor | None = None, size_average: bool | None = None,
     reduce: bool | None = None, reduction: str = "mean", pos_weight: Tensor | None = None,
@@ -204,6 +208,7 @@ def _reduce_weighted(loss: Tensor, weight: Tensor | None, input: Tensor, reducti
     return reduce_loss(loss, reduction)
 
 
+@autocast_op
 def mse_loss(
     input: Tensor, target: Any, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
     weight: Tensor | None = None,
@@ -224,6 +229,7 @@ def mse_loss(
     return _reduce_weighted(diff * diff, weight, input, reduction)
 
 
+@autocast_op
 def l1_loss(
     input: Tensor, target: Any, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
     weight: Tensor | None = None,
@@ -241,6 +247,7 @@ def l1_loss(
     return _reduce_weighted(abs(input - target), weight, input, reduction)
 
 
+@autocast_op
 def smooth_l1_loss(
     input: Tensor, target: Any, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
     beta: float = 1.0,
@@ -263,6 +270,7 @@ def smooth_l1_loss(
     return reduce_loss(where(diff < beta, diff * diff * (0.5 / beta), diff - 0.5 * beta), reduction)
 
 
+@autocast_op
 def huber_loss(
     input: Tensor, target: Any, reduction: str = "mean", delta: float = 1.0, weight: Tensor | None = None
 ) -> Tensor:
@@ -282,6 +290,7 @@ def huber_loss(
     return _reduce_weighted(loss, weight, input, reduction)
 
 
+@autocast_op
 def kl_div(
     input: Tensor, target: Any, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
     log_target: bool = False,
@@ -331,6 +340,7 @@ def _norm_for_cosine(x: Tensor, dim: int, eps: float) -> Tensor:
     return length + (clamp_min(length, eps) - length).detach()
 
 
+@autocast_op
 def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
     """``F.cosine_similarity``: ``sum(x1/max(|x1|, eps) * x2/max(|x2|, eps))`` along ``dim``, PyTorch's current formula.
 
@@ -349,6 +359,7 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -
     return ((x1 / _norm_for_cosine(x1, axis, eps)) * (x2 / _norm_for_cosine(x2, axis, eps))).sum(dim=axis)
 
 
+@autocast_op
 def cosine_embedding_loss(
     input1: Tensor, input2: Tensor, target: Any, margin: float = 0.0, size_average: bool | None = None,
     reduce: bool | None = None, reduction: str = "mean",
@@ -379,6 +390,7 @@ def cosine_embedding_loss(
     return reduce_loss(loss, reduction)
 
 
+@autocast_op
 def margin_ranking_loss(
     input1: Tensor, input2: Tensor, target: Any, margin: float = 0.0, size_average: bool | None = None,
     reduce: bool | None = None, reduction: str = "mean",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -23,6 +24,7 @@ from xgrad.ops._util import (
     reduce_loss,
     refuse_none,
 )
+from xgrad.ops.autocast import autocast_op
 from xgrad.ops.elementwise import where
 from xgrad.ops.registry import _differentiable_dtype, defprim
 from xgrad.tensor import Tensor, torch_dtype_name
@@ -55,6 +57,7 @@ def implicit_softmax_dim(name: str, ndim: int, stacklevel: int) -> int:
     return 0 if ndim in (0, 1, 3) else 1
 
 
+@autocast_op
 def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
     """Softmax along ``dim``, after casting ``input`` to ``dtype`` if given.
 
@@ -71,6 +74,7 @@ def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: 
     return _softmax(x, axis=axis if x.ndim else None)
 
 
+@autocast_op
 def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None) -> Tensor:
     """Log-softmax along ``dim``, computed stably, after casting ``input`` to ``dtype`` if given.
 
@@ -159,6 +163,7 @@ def _weighted_cross_entropy(
     return reduce_loss(loss, reduction)
 
 
+@autocast_op
 def cross_entropy(
     input: Tensor, target: Any, weight: Tensor | None = None, size_average: bool | None = None, ignore_index: int = -100,
     reduce: bool | None = None, reduction: str = "mean", label_smoothing: float = 0.0,
@@ -231,6 +236,7 @@ def cross_entropy(
     return loss
 
 
+@autocast_op
 def layer_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """``F.layer_norm`` over the last ``len(normalized_shape)`` dims.
 
@@ -297,13 +303,15 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     return inplace_or_not(_dropout, input, inplace, p, key, input.shape)
 
 
-def _feature_dropout(input: Tensor, p: float, training: bool, inplace: bool, key: Any, batched: bool) -> Tensor:
-    """Whole channels (dim 1, or dim 0 of an unbatched input) zeroed together: one draw per channel."""
+def _feature_dropout(input: Tensor, p: float, training: bool, inplace: bool, key: Any, batched: bool,
+                     drop: Callable[..., Tensor] | None = None) -> Tensor:
+    """Whole channels (dim 1, or dim 0 of an unbatched input) dropped together by ``drop`` (plain dropout's
+    zeroing by default): one draw per channel."""
     if not training:
         return input
     channel_dims = 2 if batched else 1
     mask_shape = input.shape[:channel_dims] + (1,) * (input.ndim - channel_dims)
-    return inplace_or_not(_dropout, input, inplace, p, key, mask_shape)
+    return inplace_or_not(drop or _dropout, input, inplace, p, key, mask_shape)
 
 
 def dropout1d(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False, *, key: Any = None) -> Tensor:
@@ -375,17 +383,57 @@ def alpha_dropout(input: Tensor, p: float = 0.5, training: bool = False, inplace
     _check_probability(p)
     if not training or p == 0.0:
         return input
-    return inplace_or_not(_alpha_dropout, input, inplace, p, key)
+    return inplace_or_not(_alpha_dropout, input, inplace, p, key, input.shape)
 
 
-def _alpha_dropout(x: Tensor, p: float, key: Any) -> Tensor:
+def dropout3d(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False, *, key: Any = None) -> Tensor:
+    """``F.dropout3d``: zero whole channels of ``(N, C, D, H, W)`` or ``(C, D, H, W)`` input with probability ``p``.
+
+    >>> import xgrad
+    >>> out = xgrad.dropout3d(xgrad.ones(2, 3, 1, 2, 2), 0.5).sum(dim=(2, 3, 4)).tolist()
+    >>> all(v in (0.0, 8.0) for row in out for v in row)
+    True
+    """
+    _check_probability(p)
+    if input.ndim not in (4, 5):
+        warnings.warn(
+            f"dropout3d: Received a {input.ndim}-D input to dropout3d, which is deprecated and will result in an error "
+            "in a future release. To retain the behavior and silence this warning, please use dropout instead. Note "
+            "that dropout3d exists to provide channel-wise dropout on inputs with 3 spatial dimensions, a channel "
+            "dimension, and an optional batch dimension (i.e. 4D or 5D inputs).",
+            UserWarning,
+            stacklevel=2,
+        )
+    if input.ndim < 2:
+        raise RuntimeError("Feature dropout requires at least 2 dimensions in the input")
+    return _feature_dropout(input, p, training, inplace, key, batched=input.ndim != 4)
+
+
+def feature_alpha_dropout(input: Tensor, p: float = 0.5, training: bool = False, inplace: bool = False, *,
+                          key: Any = None) -> Tensor:
+    """``F.feature_alpha_dropout``: ``alpha_dropout`` with one draw per channel of ``(N, C, ...)`` input.
+
+    >>> import jax, xgrad
+    >>> out = xgrad.feature_alpha_dropout(xgrad.ones(2, 3, 4), 0.5, True, key=jax.random.key(0))
+    >>> all(len(set(channel)) == 1 for sample in out.tolist() for channel in sample)
+    True
+    """
+    _check_probability(p)
+    if input.ndim < 2:
+        raise RuntimeError("Feature dropout requires at least 2 dimensions in the input")
+    if p == 0.0:
+        return input
+    return _feature_dropout(input, p, training, inplace, key, batched=True, drop=_alpha_dropout)
+
+
+def _alpha_dropout(x: Tensor, p: float, key: Any, mask_shape: tuple[int, ...]) -> Tensor:
     if not _differentiable_dtype(x.dtype):
         raise RuntimeError(f"result type Float can't be cast to the desired output type {torch_dtype_name(x.dtype)}")
     if p == 1.0:
         return x * 0.0
     from xgrad.creation import next_key
 
-    keep = jax.random.bernoulli(next_key() if key is None else key, 1.0 - p, x.shape).astype(x.dtype)
+    keep = jax.random.bernoulli(next_key() if key is None else key, 1.0 - p, mask_shape).astype(x.dtype)
     # PyTorch's constants: a rescales, b shifts, so a unit normal input keeps mean 0 and variance 1.
     a = 1.0 / math.sqrt((_SELU_SATURATION**2 * p + 1) * (1 - p))
     b = (keep - 1) * (_SELU_SATURATION * a) + _SELU_SATURATION * a * p
@@ -424,6 +472,7 @@ def _sharded_dropout_scale(bits: Any, impl: Any, keep_prob: float, shape: tuple[
     return jax.lax.with_sharding_constraint(keep.astype(dtype) / keep_prob, sharding)
 
 
+@autocast_op
 def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """``F.group_norm``: normalise ``(N, C, *)`` input over each group of ``C / num_groups`` channels, then scale per channel.
 
@@ -473,6 +522,7 @@ def _normalize_channels(
     return out
 
 
+@autocast_op
 def batch_norm(
     input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
     bias: Tensor | None = None, training: bool = False, momentum: float = 0.1, eps: float = 1e-5,
@@ -515,6 +565,7 @@ def batch_norm(
     return _normalize_channels(input, mean, var, weight, bias, eps)
 
 
+@autocast_op
 def instance_norm(
     input: Tensor, running_mean: Tensor | None = None, running_var: Tensor | None = None, weight: Tensor | None = None,
     bias: Tensor | None = None, use_input_stats: bool = True, momentum: float = 0.1, eps: float = 1e-5,

@@ -1,5 +1,5 @@
-"""Pooling over one or two spatial dims, as ``torch.nn.functional`` names it: ``max_pool1d/2d``,
-``avg_pool1d/2d``, ``adaptive_avg_pool1d/2d`` and ``adaptive_max_pool2d``.
+"""Pooling over one, two or three spatial dims, as ``torch.nn.functional`` names it: ``max_pool1d/2d/3d``,
+``avg_pool1d/2d/3d``, ``adaptive_avg_pool1d/2d/3d`` and ``adaptive_max_pool2d/3d``.
 
 # NOTE [Max pooling picks one element]
 # A max pool's gradient goes to one element per window, the one PyTorch picks: the first
@@ -37,14 +37,16 @@ import numpy as np
 
 from xgrad.ops import shape_rules
 from xgrad.ops._util import constant_like
+from xgrad.ops.autocast import autocast_op
 from xgrad.ops.index import gather
 from xgrad.ops.jaxop import vjp_of
+from xgrad.ops.linalg import einsum
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor
 
 __all__ = [
-    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool2d", "avg_pool1d", "avg_pool2d", "max_pool1d",
-    "max_pool2d",
+    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "adaptive_max_pool2d", "adaptive_max_pool3d",
+    "avg_pool1d", "avg_pool2d", "avg_pool3d", "max_pool1d", "max_pool2d", "max_pool3d",
 ]
 
 
@@ -185,6 +187,7 @@ def _finish(result: PoolWithIndices, unbatched: bool, return_indices: bool) -> A
 _MAX_POOL_INPUT = {
     1: "max_pool1d: Expected 2D or 3D (batch mode) tensor with optional 0 dim batch size for input, but got:{shape}",
     2: "non-empty 3D or 4D (batch mode) tensor expected for input",
+    3: "non-empty 4D or 5D (batch mode) tensor expected for input",
 }
 
 
@@ -242,6 +245,19 @@ def max_pool2d(
     return _max_pool(2, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 
 
+def max_pool3d(
+    input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Any:
+    """``F.max_pool3d`` over ``(N, C, D, H, W)`` or ``(C, D, H, W)`` input; indices are flat ``(d * H + h) * W + w``.
+
+    >>> import xgrad
+    >>> xgrad.max_pool3d(xgrad.arange(8.0).reshape(1, 2, 2, 2), 2).flatten().tolist()
+    [7.0]
+    """
+    return _max_pool(3, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
 # -- average pools ---------------------------------------------------------------------
 def _window_sum_impl(x: Any, window: tuple[int, ...], strides: tuple[int, ...], padding: tuple[tuple[int, int], ...]) -> Any:
     # A concrete zero: JAX then knows the reduction as a window sum, with its transpose (the rule).
@@ -273,7 +289,7 @@ def _avg_pool(
     strides = _ints(stride, n_spatial, "stride", name, allow_none=True) or kernel
     pad = _ints(padding, n_spatial, "padding", name)
     message = ("Expected 2D or 3D (batch mode) tensor with optional 0 dim batch size for input" if n_spatial == 1
-               else "non-empty 3D or 4D (batch mode) tensor expected for input")
+               else _MAX_POOL_INPUT[n_spatial])
     x, unbatched = _spatial_input(x, n_spatial, name, message)
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         raise NotImplementedError(f"{name} of integer input is not supported (PyTorch truncates the mean); convert it "
@@ -325,12 +341,26 @@ def avg_pool2d(
     return _avg_pool(2, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
+@autocast_op
+def avg_pool3d(
+    input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+    count_include_pad: bool = True, divisor_override: int | None = None,
+) -> Tensor:
+    """``F.avg_pool3d`` over ``(N, C, D, H, W)`` or ``(C, D, H, W)`` input, with ``avg_pool2d``'s options.
+
+    >>> import xgrad
+    >>> xgrad.avg_pool3d(xgrad.arange(8.0).reshape(1, 2, 2, 2), 2).flatten().tolist()
+    [3.5]
+    """
+    return _avg_pool(3, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
 # -- adaptive pools --------------------------------------------------------------------
 def _adaptive_sizes(output_size: Any, sizes: tuple[int, ...], name: str) -> tuple[int, ...]:
     n = len(sizes)
     items = [output_size] if not isinstance(output_size, Sequence) else list(output_size)
-    if n == 2 and len(items) == 1 and not isinstance(output_size, Sequence):
-        items = items * 2
+    if n > 1 and len(items) == 1 and not isinstance(output_size, Sequence):
+        items = items * n
     if len(items) != n:
         raise RuntimeError(f"{name}(): internal error: output_size.size() must be {n}")
     out = tuple(size if o is None else operator.index(o) for o, size in zip(items, sizes, strict=True))
@@ -344,7 +374,7 @@ def _adaptive_input(x: Tensor, n_spatial: int, name: str) -> tuple[Tensor, bool]
         if n_spatial == 1:
             raise RuntimeError(f"Expected 2 to 3 dimensions, but got {x.ndim}-dimensional tensor for argument #1 'self' "
                                f"(while checking arguments for {name})")
-        raise RuntimeError(f"{name}(): Expected 3D or 4D tensor, but got {list(x.shape)}")
+        raise RuntimeError(f"{name}(): Expected {n_spatial + 1}D or {n_spatial + 2}D tensor, but got {list(x.shape)}")
     return (x.unsqueeze(0), True) if x.ndim == n_spatial + 1 else (x, False)
 
 
@@ -363,9 +393,11 @@ def _adaptive_avg_pool(x: Tensor, output_size: Any, n_spatial: int) -> Tensor:
     out = _adaptive_sizes(output_size, x.shape[2:], name)
     if n_spatial == 1:
         result = x @ _averaging_matrix(x.shape[2], out[0], x).mT
-    else:
+    elif n_spatial == 2:
         rows = _averaging_matrix(x.shape[2], out[0], x)
         result = rows @ x @ _averaging_matrix(x.shape[3], out[1], x).mT
+    else:
+        result = einsum("ncdhw,id,jh,kw->ncijk", x, *(_averaging_matrix(x.shape[d], out[d - 2], x) for d in (2, 3, 4)))
     result = tie_to_input(result, x)
     return result.squeeze(0) if unbatched else result
 
@@ -395,6 +427,16 @@ def _adaptive_table(sizes: tuple[int, ...], out: tuple[int, ...]) -> np.ndarray:
     return _flat_table([_adaptive_windows(s, o) for s, o in zip(sizes, out, strict=True)], sizes)
 
 
+def adaptive_avg_pool3d(input: Tensor, output_size: Any) -> Tensor:
+    """``F.adaptive_avg_pool3d`` over ``(N, C, D, H, W)`` or ``(C, D, H, W)`` input.
+
+    >>> import xgrad
+    >>> xgrad.adaptive_avg_pool3d(xgrad.arange(8.0).reshape(1, 2, 2, 2), 1).flatten().tolist()
+    [3.5]
+    """
+    return _adaptive_avg_pool(input, output_size, 3)
+
+
 def adaptive_max_pool2d(input: Tensor, output_size: Any, return_indices: bool = False) -> Any:
     """``F.adaptive_max_pool2d``: the maximum over PyTorch's adaptive windows, its gradient to the first maximum.
 
@@ -402,8 +444,22 @@ def adaptive_max_pool2d(input: Tensor, output_size: Any, return_indices: bool = 
     >>> xgrad.adaptive_max_pool2d(xgrad.arange(9.0).reshape(1, 3, 3), 2).tolist()
     [[[4.0, 5.0], [7.0, 8.0]]]
     """
-    name = "adaptive_max_pool2d"
-    x, unbatched = _adaptive_input(input, 2, name)
+    return _adaptive_max_pool(input, output_size, return_indices, 2)
+
+
+def adaptive_max_pool3d(input: Tensor, output_size: Any, return_indices: bool = False) -> Any:
+    """``F.adaptive_max_pool3d`` over ``(N, C, D, H, W)`` or ``(C, D, H, W)`` input.
+
+    >>> import xgrad
+    >>> xgrad.adaptive_max_pool3d(xgrad.arange(8.0).reshape(1, 2, 2, 2), 1).flatten().tolist()
+    [7.0]
+    """
+    return _adaptive_max_pool(input, output_size, return_indices, 3)
+
+
+def _adaptive_max_pool(input: Tensor, output_size: Any, return_indices: bool, n_spatial: int) -> Any:
+    name = f"adaptive_max_pool{n_spatial}d"
+    x, unbatched = _adaptive_input(input, n_spatial, name)
     out = _adaptive_sizes(output_size, x.shape[2:], name)
     if 0 in x.shape[2:] or 0 in out:
         raise RuntimeError(f"{name}(): Expected input to have non-zero size for non-batch dimensions, but input has "

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from xgrad.ops import shape_rules
 from xgrad.ops._util import canonical_dim, norm_axes
+from xgrad.ops.autocast import autocast_op
 from xgrad.ops.registry import _differentiable_dtype, defprim
 from xgrad.tensor import Tensor, torch_dtype_name
 
@@ -96,6 +97,7 @@ def _cumsum_grad(g: Tensor, out: Any, x: Any, axis: int) -> Tensor:
 _cumsum = defprim("cumsum", lambda x, axis: jnp.cumsum(x, axis=axis), (_cumsum_grad,), save=())
 
 
+@autocast_op
 def sum(x: Tensor, dim: Any = None, keepdim: bool = False, dtype: Any = None, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
     """Sum over ``dim`` (all dims when ``None``).
 
@@ -110,6 +112,7 @@ def sum(x: Tensor, dim: Any = None, keepdim: bool = False, dtype: Any = None, *,
     return _sum(x, axis=_axes(dim, x), keepdims=keepdim)
 
 
+@autocast_op
 def mean(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
     """Mean over ``dim`` (all dims when ``None``).
 
@@ -152,6 +155,7 @@ def _count(shape: tuple[int, ...], axes: tuple[int, ...]) -> int:
     return n
 
 
+@autocast_op
 def var(
     x: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *, correction: int | None = None,
     axis: Any = None, keepdims: bool | None = None, ddof: int | None = None,
@@ -189,6 +193,7 @@ def _std_of_var_grad(g: Tensor, out: Tensor, v: Any) -> Tensor:
 _std_of_var = defprim("std", jnp.sqrt, (_std_of_var_grad,), save=(), save_out=True)
 
 
+@autocast_op
 def std(
     x: Tensor, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *, correction: int | None = None,
     axis: Any = None, keepdims: bool | None = None, ddof: int | None = None,
@@ -202,6 +207,7 @@ def std(
     return _std_of_var(var(x, dim, unbiased, keepdim, correction=correction, axis=axis, keepdims=keepdims, ddof=ddof))
 
 
+@autocast_op
 def prod(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
     """Product over ``dim`` (all dims when ``None``); exact gradients with zeros.
 
@@ -313,6 +319,7 @@ def min(x: Tensor, dim: int | None = None, keepdim: bool = False, *, axis: Any =
     return _extremum_with_indices(x, dim, keepdim, jnp.argmin, "min")
 
 
+@autocast_op
 def logsumexp(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = None, keepdims: bool | None = None) -> Tensor:
     """``log(sum(exp(x)))`` over ``dim``, computed stably.
 
@@ -324,6 +331,7 @@ def logsumexp(x: Tensor, dim: Any = None, keepdim: bool = False, *, axis: Any = 
     return _logsumexp(x, axis=_axes(dim, x), keepdims=keepdim)
 
 
+@autocast_op
 def cumsum(x: Tensor, dim: int) -> Tensor:
     """Cumulative sum along ``dim``.
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from xgrad.ops import shape_rules
 from xgrad.ops._util import check_int, constant_like
+from xgrad.ops.autocast import autocast_op
 from xgrad.ops.pooling import adaptive_avg_pool1d, adaptive_avg_pool2d
 from xgrad.tensor import Tensor
 
@@ -57,6 +58,7 @@ def _check_sizes(in_sizes: Sequence[int], out_sizes: Sequence[int]) -> None:
         )
 
 
+@autocast_op
 def interpolate(
     input: Tensor,
     size: Any = None,

@@ -97,6 +97,18 @@ def _shape_arg(shape: Sequence[Any], op: str = "reshape", arg: str = "shape") ->
     return shape
 
 
+def sizes_or_keyword(op: str, keyword: str, sizes: tuple[Any, ...], keywords: dict[str, Any]) -> tuple[Any, ...]:
+    """``sizes`` as given positionally (``x.view(2, 3)``, ``x.view((2, 3))``) or as PyTorch's keyword
+    (``x.view(size=(2, 3))``); any other keyword is a ``TypeError`` naming the three forms."""
+    if not keywords:
+        return sizes
+    if not sizes and set(keywords) == {keyword}:
+        return (keywords[keyword],)
+    wrong = next((k for k in keywords if k != keyword), keyword)
+    problem = f"got multiple values for argument '{keyword}'" if wrong == keyword else f"got an unexpected keyword argument '{wrong}'"
+    raise TypeError(f"{op}() {problem}; the accepted forms are {op}(2, 3), {op}((2, 3)) and {op}({keyword}=(2, 3))")
+
+
 def _infer_shape(shape: tuple[int, ...], numel: int) -> tuple[int, ...]:
     """``shape`` with its one ``-1`` filled in; PyTorch's errors for any other mismatch."""
     inferred = None
@@ -117,7 +129,7 @@ def _infer_shape(shape: tuple[int, ...], numel: int) -> tuple[int, ...]:
     raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
 
 
-def reshape(x: Tensor, *shape: Any) -> Tensor:
+def reshape(x: Tensor, *shape: Any, **keywords: Any) -> Tensor:
     """``x`` with a new shape (one ``-1`` allowed); same elements, row-major.
 
     >>> import xgrad
@@ -126,7 +138,7 @@ def reshape(x: Tensor, *shape: Any) -> Tensor:
     >>> xgrad.view(xgrad.arange(6.0), -1, 2).shape
     (3, 2)
     """
-    target = _shape_arg(shape)
+    target = _shape_arg(sizes_or_keyword("reshape", "shape", shape, keywords))
     if target == x.shape:
         return x
     out = _reshape(x, shape=_infer_shape(target, x.numel()))
@@ -139,7 +151,7 @@ ERR_VIEW_STRIDES = (
 )
 
 
-def view(x: Tensor, *shape: Any) -> Tensor:
+def view(x: Tensor, *shape: Any, **keywords: Any) -> Tensor:
     """``x`` with a new shape, always a view of it (writes through); raises where only a copy can do it.
 
     >>> import xgrad
@@ -149,7 +161,7 @@ def view(x: Tensor, *shape: Any) -> Tensor:
     [[0.0, 0.0, 0.0], [0.0, 1.0, 1.0]]
     """
     # A new view even when the shape is unchanged, as PyTorch's (``reshape`` returns ``x``).
-    out = _reshape(x, shape=_infer_shape(_shape_arg(shape), x.numel()))
+    out = _reshape(x, shape=_infer_shape(_shape_arg(sizes_or_keyword("view", "size", shape, keywords)), x.numel()))
     out = track_view(x, out, "reshape", {"shape": out.shape})
     if out._view is None and not x._inference:  # PyTorch's strides cannot express it: reshape copied
         raise RuntimeError(ERR_VIEW_STRIDES)
@@ -230,14 +242,14 @@ def _check_expand(shape: tuple[int, ...], target: tuple[int, ...]) -> None:
             )
 
 
-def expand(x: Tensor, *sizes: Any) -> Tensor:
+def expand(x: Tensor, *sizes: Any, **keywords: Any) -> Tensor:
     """PyTorch's ``expand``: ``-1`` keeps a dim's size.
 
     >>> import xgrad
     >>> xgrad.expand(xgrad.tensor([[1.0], [2.0]]), -1, 3).tolist()
     [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]
     """
-    target = _shape_arg(sizes, "expand", "size")
+    target = _shape_arg(sizes_or_keyword("expand", "size", sizes, keywords), "expand", "size")
     lead = len(target) - x.ndim
     if lead < 0:
         _check_expand(x.shape, target)
@@ -247,14 +259,14 @@ def expand(x: Tensor, *sizes: Any) -> Tensor:
     return broadcast_to(x, resolved)
 
 
-def permute(x: Tensor, *dims: Any) -> Tensor:
+def permute(x: Tensor, *dims: Any, **keywords: Any) -> Tensor:
     """Reorder the dims.
 
     >>> import xgrad
     >>> xgrad.permute(xgrad.zeros(2, 3, 4), 2, 0, 1).shape
     (4, 2, 3)
     """
-    wanted = _shape_arg(dims, "permute", "dims")
+    wanted = _shape_arg(sizes_or_keyword("permute", "dims", dims, keywords), "permute", "dims")
     if len(wanted) != x.ndim:
         raise RuntimeError(
             "permute: number of dimensions in the tensor input does not match the length of the desired ordering "

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -94,14 +95,30 @@ def _inplace(fn: Callable[..., Any]) -> Callable[..., Tensor]:
     return method
 
 
-def install(table: tuple[Op, ...]) -> None:
-    """Attach the table's methods, operators and properties to ``Tensor``."""
+def _deferring(fn: Callable[..., Any], defer_to: tuple[type, ...]) -> Callable[..., Any]:
+    """A binary operator that leaves ``defer_to``'s operands to their own (reflected) operators."""
+    @functools.wraps(fn)  # ``__wrapped__``: the table's function
+    def operator(self: Tensor, other: Any) -> Any:
+        if isinstance(other, defer_to):
+            return NotImplemented
+        return fn(self, other)
+
+    return operator
+
+
+def install(table: tuple[Op, ...], defer_to: tuple[type, ...] = ()) -> None:
+    """Attach the table's methods, operators and properties to ``Tensor``; its arithmetic operators
+    return ``NotImplemented`` for a ``defer_to`` operand (a sparse tensor), which then answers."""
     for op in table:
         attached: dict[str, Any] = dict.fromkeys(op.methods.split(), op.fn)
         if op.reflected:
             attached.update(dict.fromkeys(op.reflected.split(), _reflected(op.fn)))
+        for name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__matmul__", "__rmatmul__"):
+            if defer_to and name in attached:
+                attached[name] = _deferring(attached[name], defer_to)
         if op.inplace:
-            attached.update(dict.fromkeys(op.inplace.split(), _inplace(op.fn)))
+            # In place, the op without autocast's casts: PyTorch's lists hold out-of-place ops only.
+            attached.update(dict.fromkeys(op.inplace.split(), _inplace(getattr(op.fn, "__wrapped__", op.fn))))
         attached.update(dict.fromkeys(op.properties.split(), property(op.fn)))
         for name, value in attached.items():
             setattr(Tensor, name, value)

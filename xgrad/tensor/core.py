@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.grad_mode import _state as _grad_state
+from xgrad.missing_names import missing_attribute
 from xgrad.step_trace import array_of, default_device
 from xgrad.step_trace import current as _current_step
 from xgrad.tensor import conversion, inplace, jax_boundary, pytorch_methods
@@ -59,6 +60,12 @@ ERR_NON_LEAF_REQUIRES_GRAD = (
     "you can only change requires_grad flags of leaf variables. If you want to use a computed "
     "variable in a subgraph that doesn't require differentiation use var_no_grad = var.detach()."
 )
+ERR_IN_FUNC_TRANSFORM = (
+    "You are attempting to call Tensor.{call}{also} inside of a function being transformed by an xgrad.func "
+    "transform. This is unsupported: the transform differentiates its inputs itself. Use the xgrad.func transforms "
+    "(grad, vjp, jacrev, jacfwd, hessian), or call {call} outside of the function being transformed instead."
+)
+ERR_ALSO_FUNCTIONAL = " (or perhaps using xgrad.autograd.functional.* APIs)"
 WARN_NON_LEAF_GRAD = (
     "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its .grad "
     "attribute won't be populated during autograd.backward(). If you indeed want the .grad "
@@ -274,6 +281,8 @@ class Tensor(TensorOpMethods):
             raise RuntimeError(ERR_NON_LEAF_REQUIRES_GRAD)
         if requires_grad and not is_differentiable_dtype(self._array.dtype):
             raise RuntimeError(ERR_REQUIRES_GRAD_DTYPE.format(dtype=self._array.dtype))
+        if requires_grad and _grad_state.transform is not None and isinstance(self._array, jax.core.Tracer):
+            raise RuntimeError(ERR_IN_FUNC_TRANSFORM.format(call="requires_grad_()", also=ERR_ALSO_FUNCTIONAL))
         trace = _current_step()
         if trace is not None:
             trace.write(self)
@@ -469,6 +478,8 @@ class Tensor(TensorOpMethods):
         >>> y.sum().backward(); y.grad.tolist()
         [1.0, 1.0]
         """
+        if _grad_state.transform is not None and isinstance(self._array, jax.core.Tracer):
+            raise RuntimeError(ERR_IN_FUNC_TRANSFORM.format(call="retain_grad()", also=""))
         if not self.requires_grad:
             raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
         if self.grad_fn is None or self._retains_grad:
@@ -520,6 +531,11 @@ class Tensor(TensorOpMethods):
             self._post_accumulate_grad_hooks = HookDict()
         return add_hook(self._post_accumulate_grad_hooks, hook, self)
 
+    if not TYPE_CHECKING:  # for type checkers a missing attribute stays an error, not ``Any``
+
+        def __getattr__(self, name: str) -> Any:  # reached only for an attribute Tensor does not have
+            raise missing_attribute("torch.Tensor", "'Tensor' object", name, self)
+
     # -- PyTorch conveniences: layout, devices, factories ------------------------------
     contiguous = pytorch_methods.contiguous
     is_contiguous = pytorch_methods.is_contiguous
@@ -529,6 +545,10 @@ class Tensor(TensorOpMethods):
     is_cpu = property(pytorch_methods.is_cpu)
     is_cuda = property(pytorch_methods.is_cuda)
     cuda = pytorch_methods.cuda
+    is_mps = property(pytorch_methods.is_mps)
+    is_xpu = property(pytorch_methods.is_xpu)
+    pin_memory = pytorch_methods.pin_memory
+    is_pinned = pytorch_methods.is_pinned
     new_full = pytorch_methods.new_full
     new_zeros = pytorch_methods.new_zeros
     new_ones = pytorch_methods.new_ones

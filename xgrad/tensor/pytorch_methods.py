@@ -15,8 +15,8 @@ from xgrad.tensor.dtypes import DTYPES, torch_dtype_name
 
 __all__ = [
     "LEGACY_TENSOR_TYPES", "bernoulli", "bernoulli_", "contiguous", "cpu", "cuda", "element_size", "exponential_",
-    "is_complex", "is_contiguous", "is_floating_point", "multinomial", "new_empty", "new_full", "new_ones",
-    "new_tensor", "new_zeros", "random_", "t", "tensor_type", "type_as",
+    "is_complex", "is_contiguous", "is_cpu", "is_cuda", "is_floating_point", "is_mps", "is_pinned", "is_xpu", "multinomial",
+    "new_empty", "new_full", "new_ones", "new_tensor", "new_zeros", "pin_memory", "random_", "t", "tensor_type", "type_as",
 ]
 
 
@@ -139,6 +139,32 @@ def cuda(self: core.Tensor, device: Any = None, non_blocking: bool = False) -> c
     if _device_set(self) == {target}:
         return self
     return self.to(target)
+
+
+def is_mps(self: core.Tensor) -> bool:
+    """``False``: JAX drives no Apple MPS device (PyTorch's property)."""
+    return False
+
+
+def is_xpu(self: core.Tensor) -> bool:
+    """``False``: JAX drives no Intel XPU device (PyTorch's property)."""
+    return False
+
+
+def pin_memory(self: core.Tensor, device: Any = None) -> core.Tensor:
+    """``self``: JAX stages host-to-device copies itself, so there is no page-locked copy to make.
+
+    >>> import xgrad
+    >>> x = xgrad.ones(2)
+    >>> x.pin_memory() is x, x.is_pinned()
+    (True, False)
+    """
+    return self
+
+
+def is_pinned(self: core.Tensor, device: Any = None) -> bool:
+    """``False``: xgrad makes no page-locked host copies (``pin_memory`` returns the tensor itself)."""
+    return False
 
 
 def _new_placement(self: core.Tensor, shape: tuple[int, ...]) -> Any:

@@ -639,6 +639,9 @@ def _build_specs() -> list[OpSpec]:
 
     specs += activation_and_loss_specs()
     specs += nn_specs()  # pooling, norms, conv1d, embedding options (xgrad/testing/nn_specs.py)
+    from xgrad.testing.layer_specs import layer_specs
+
+    specs += layer_specs()  # 3-d and transposed convs, 3-d pools, pixel shuffle, margin losses
     return specs
 
 
