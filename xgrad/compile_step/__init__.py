@@ -32,7 +32,9 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 #    ``_version`` moves as it did while tracing. Every touched tensor is restored from
 #    its snapshot when the trace ends, so tracing has no effect of its own. What cannot
 #    be written back (a ``.grad`` or an in-place result that carries autograd history
-#    out of the program) is not compiled (below).
+#    out of the program) is not compiled (below). The arrays a call replaces are donated
+#    to the program, so the new values take the old ones' memory, as PyTorch's in-place
+#    updates do (NOTE [Donated state] in ``writeback.py``).
 # 3. Guards. The trace took Python branches on the state it saw: whether a ``.grad``
 #    was ``None`` (set or accumulate), ``requires_grad``, the hooks present, shapes
 #    and dtypes. A cache entry keeps these per state tensor and a call whose state

@@ -45,12 +45,15 @@ from xgrad.compile_step.writeback import (
     _remove_added_hooks,
     _resolve,
     _source_value,
+    donation,
+    drop_grads,
+    own_donated,
 )
 from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
 from xgrad.engine.compiled.switch import TRACER_ERRORS
 from xgrad.grad_mode import is_grad_enabled
-from xgrad.jax_internals import ClosedJaxpr, check_consts_keep_identity, get_opaque_trace_state, jaxpr_as_fun
+from xgrad.jax_internals import ClosedJaxpr, Var, check_consts_keep_identity, get_opaque_trace_state, jaxpr_as_fun
 from xgrad.nn.module import Module
 from xgrad.ops.autocast import autocast_key
 from xgrad.step_trace import tracing_step
@@ -177,7 +180,7 @@ class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "checks", "consts", "effects", "fast_writes", "flags", "guards", "has_host_calls",
+        "aliased", "arg_tensor_slots", "checks", "consts", "donated", "dropped_grads", "effects", "fast_writes", "flags", "guards", "has_host_calls", "precheck",
         "hook_box", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
         "observing", "result_template", "result_tree", "writes",
     )
@@ -185,6 +188,9 @@ class _Entry:
     arg_tensor_slots: tuple[int, ...]
     checks: tuple[tuple[Callable[[Any], BaseException], int | None, list[Any]], ...]  # error, detail's output, writes
     consts: list[tuple[str, Any]]
+    # The inputs a call donates: position, source, whether a new .grad Tensor replaces it (NOTE [Donated state]).
+    donated: tuple[tuple[int, Any, bool], ...]
+    dropped_grads: tuple[Any, ...]  # the targets whose .grad a call lets go of before its program runs
     effects: list[tuple[Any, Any, list[Any], list[tuple[int, int]]]]  # host effects run after the program
     fast_writes: list[tuple[int, Any, Any, int]]  # ``writes`` as ``_apply_fast_writes`` takes them
     # A tensor's weak reference, the aval that last passed, its shape and dtype, then ``None`` for plain
@@ -201,6 +207,7 @@ class _Entry:
     observing: Any  # the observer variant once traced (``_NO_VARIANT``: none can be), else ``None``
     inputs: list[tuple[int, Any]]
     flags: int | None  # the output holding the checks' flags (NOTE [Checks in a compiled step])
+    precheck: Any  # the program's checks alone, run before it, and it donating nothing (NOTE [Donated state]), or ``None``
     jitted: Any
     n_dyn_args: int
     result_template: list[tuple[str, Any, Any]]
@@ -630,8 +637,15 @@ class CompiledFunction:
         ]
         jaxpr = closed.jaxpr
         program = jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(constvars=[], invars=[*jaxpr.constvars, *jaxpr.invars]), []))
-        entry.jitted = jax.jit(program)
+        sources = [refs[0] if kind == "state" and len(refs) == 1 else None for kind, refs in consts]
+        sources += [i if isinstance(leaves[i], Tensor) else None for i in dyn_slots]
         entry.has_host_calls = bool(closed.effects)
+        entry.precheck = None if recorder.observing else _precheck(entry, program, [*jaxpr.constvars, *jaxpr.invars], jaxpr)
+        entry.donated, entry.dropped_grads = ((), ()) if recorder.observing or entry.has_host_calls else donation(
+            entry.writes, () if entry.precheck is not None else entry.checks, sources,
+            [v.aval for v in (*jaxpr.constvars, *jaxpr.invars)], closed.out_avals,
+        )
+        entry.jitted = jax.jit(program, donate_argnums=tuple(position for position, _, _ in entry.donated))
         entry.observers = recorder.observers
         entry.observing = None
         # Hooks that may only observe, and no other host call but final callbacks they would queue: an
@@ -642,6 +656,33 @@ class CompiledFunction:
         self._stats["variants" if recorder.observing else "compiles"] += 1
         self._stats["compile_seconds"] += time.perf_counter() - start
         return entry
+
+
+def _inputs_read(jaxpr: Any, outputs: list[int]) -> set[Any]:
+    """The variables that ``jaxpr``'s outputs at ``outputs`` are computed from (an equation: from all its inputs)."""
+    needed = {v for v in (jaxpr.outvars[i] for i in outputs) if isinstance(v, Var)}
+    for eqn in reversed(jaxpr.eqns):
+        if any(v in needed for v in eqn.outvars):
+            needed.update(v for v in eqn.invars if isinstance(v, Var))
+    return needed
+
+
+def _precheck(entry: _Entry, program: Any, invars: list[Any], jaxpr: Any) -> Any:
+    """The program's checks as a program of their own, when a call may run them first (NOTE [Donated state]).
+
+    So they may when they read no state (only the arguments: targets viewed as a flat
+    vector, say) and no host call runs in the program (hooks after a failed check must
+    not run). Returns the checks' program and the whole program donating nothing: a
+    failed check runs that for the state it leaves (a running statistic updated before
+    it) and raises, before anything is donated; the checks no longer keep the state from donation.
+    """
+    if entry.flags is None or entry.has_host_calls:
+        return None
+    wanted = [entry.flags, *(detail for _, detail, _ in entry.checks if detail is not None)]
+    read = _inputs_read(jaxpr, wanted)
+    if any(kind != 0 and var in read for (kind, _), var in zip(entry.inputs, invars, strict=False)):  # state inputs come first
+        return None
+    return jax.jit(lambda *inputs: {i: out for i, out in enumerate(program(*inputs)) if i in wanted}), jax.jit(program)
 
 
 def _gather_inputs(entry: _Entry, leaves: list[Any]) -> list[Any]:
@@ -656,23 +697,52 @@ def _gather_inputs(entry: _Entry, leaves: list[Any]) -> list[Any]:
     for i in entry.arg_tensor_slots:
         leaf = leaves[i]
         inputs.append(leaf._array if isinstance(leaf, Tensor) else leaf)
+    if entry.donated:
+        own_donated(entry.donated, inputs, leaves)
     return inputs
 
 
+#: Held by calls that donate, from reading their inputs to writing back (NOTE [Donated state]).
+_DONATING = threading.Lock()
+
+
 def _run_program(entry: _Entry, leaves: list[Any]) -> Any:
-    if entry.has_host_calls:  # its hooks must not run if a check fails: check before
+    if not (entry.donated or entry.dropped_grads):
+        return _call_program(entry, leaves)
+    with _DONATING:
+        return _call_program(entry, leaves)
+
+
+def _call_program(entry: _Entry, leaves: list[Any]) -> Any:
+    # Check before when its hooks must not run if a check fails, or it consumes the state (NOTE [Donated state]).
+    check_first = entry.has_host_calls or bool(entry.donated or entry.dropped_grads)
+    if check_first:
         _check_on_host(entry.host_checks, leaves)
-    outs = entry.jitted(*_gather_inputs(entry, leaves))
-    if not entry.has_host_calls:
+    inputs = _gather_inputs(entry, leaves)
+    if entry.precheck is not None:
+        checks, undonated = entry.precheck
+        failed = np.asarray(checks(*inputs)[entry.flags])
+        if failed.any():
+            _raise_failed_check(entry, failed, undonated(*inputs), leaves)
+    if entry.dropped_grads:
+        drop_grads(entry.dropped_grads, leaves)
+    outs = entry.jitted(*inputs)
+    del inputs
+    if not check_first:
         # While the program runs: if a check fails its outputs are dropped, as if it never ran.
         _check_on_host(entry.host_checks, leaves)
-    if entry.flags is not None:
-        failed = np.asarray(outs[entry.flags])  # the one device-to-host read of a program with checks
-        if failed.any():
-            make_error, detail, writes = entry.checks[int(np.argmax(failed))]
-            _apply_writes(writes, outs, leaves)  # the state as eager leaves it when the op raises
-            raise make_error(None if detail is None else outs[detail])
+    if entry.flags is not None and entry.precheck is None:
+        # The one device-to-host read of a program with checks.
+        _raise_failed_check(entry, np.asarray(outs[entry.flags]), outs, leaves)
     return _finish(entry, outs, leaves)
+
+
+def _raise_failed_check(entry: _Entry, failed: Any, outs: Any, leaves: list[Any]) -> None:
+    """Raise the first failed check's error, the state written as eager leaves it when the op raises."""
+    if failed.any():
+        make_error, detail, writes = entry.checks[int(np.argmax(failed))]
+        _apply_writes(writes, outs, leaves)
+        raise make_error(None if detail is None else outs[detail])
 
 
 def _finish(entry: _Entry, outs: Any, leaves: list[Any]) -> Any:
@@ -718,7 +788,10 @@ def compile(
     Calling it has the effects calling ``fn`` has: the same return values (returned
     Tensors come back without autograd history: the graph stays in the program),
     ``.grad`` on leaves (accumulated when not zeroed), and parameters and optimizer
-    state updated in place on the same Tensor objects. Tensors ``fn`` reads or
+    state updated in place on the same Tensor objects: the arrays a call replaces are
+    donated to the program, which writes the new values into their memory, as PyTorch
+    updates in place; an array taken from them before the call (``w.array``) stays
+    valid (it is copied rather than donated). Tensors ``fn`` reads or
     rebinds through closures, attributes or globals are found by themselves: pass
     only the data.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -201,3 +202,132 @@ def _returned_value(leaf: Any) -> Any:
     grad = leaf._grad
     return leaf._array, None if grad is None else grad._array
 
+
+
+# NOTE [Donated state]
+# PyTorch's step updates parameters, optimizer state, accumulated ``.grad``s and buffers
+# in place: the old and new values never coexist. A compiled step gets the same by
+# donating (``jax.jit(donate_argnums=...)``) each input array that the call replaces,
+# so XLA may write the new values into the old ones' memory (it pairs donated inputs
+# with outputs of their shape and dtype). An input is donated when the program replaces
+# one tensor's array (or ``.grad``) with an output of its shape and dtype, at its end and
+# at every check (a failed check writes the state as it stood then: a tensor it leaves
+# alone keeps its old array, which must still exist), and never in an observer variant
+# (its outputs may be dropped for the exact program, which reads the same inputs) nor in
+# a program with host calls. Calls that donate hold one lock from reading their inputs
+# to writing back: another thread's call would read an array already donated (eager
+# steps racing on one model read stale values; they must not crash). A host call may
+# run a step of its own, which would wait on that lock forever.
+# Arguments' own index checks then run before the program, not while it runs, and so
+# do the program's checks when they read no state (targets viewed as a flat vector, as
+# nanoGPT's are): as a program of their own, whose failure runs the program donating
+# nothing for the state the check leaves. Then the checks do not hold donation back.
+#
+# A donated array must be one nobody else can see: the user may hold it (``w.array``, a
+# ``jax.Array`` taken before the step, a ``detach()`` sharing it, an old ``.grad`` Tensor
+# the call replaces). So each call counts references and passes a copy in place of one
+# held elsewhere: the copy is consumed and the user's array lives on, at the memory a
+# step without donation takes anyway. Two inputs that are distinct ``jax.Array``
+# objects over one buffer are caught by their buffers' addresses; XLA itself does not
+# donate a buffer NumPy views (``np.asarray(w.array)`` on CPU). What neither sees: a
+# twin ``jax.Array`` the user made outside the step (``jax.device_put`` of ``w.array``
+# to the device it is on), which the step consumes as ``jax.jit`` would.
+#
+# A ``.grad`` the program replaces without reading it (``zero_grad()`` first, PyTorch's
+# ``set_to_none`` default) is let go of before the program runs, on the same condition,
+# as PyTorch frees it at ``zero_grad()``: old and new grads never coexist either.
+
+
+def _count_refs(value: Any) -> int:
+    return sys.getrefcount(value)
+
+
+_probe = object()
+#: What ``_count_refs`` gives for a value held by one reference (this module's ``_probe``).
+_ONE_HOLDER = _count_refs(_probe)
+del _probe
+
+
+def _target_key(target: Any) -> Any:
+    """A target (``_Snapshot.target``) as a hashable key naming its tensor, without comparing tensors."""
+    if type(target) is weakref.ref:
+        return ("ref", id(target()))
+    if type(target) is tuple:
+        return ("grad", _target_key(target[1]))
+    return ("arg", target)
+
+
+def _replaced(writes: list[Any]) -> dict[Any, tuple[int | None, bool]]:
+    """What ``writes`` replace, by their sources' keys (``_target_key``): the output replacing each
+    (``None``: a ``.grad`` set to ``None``), and whether it comes as a new ``.grad`` Tensor."""
+    replaced: dict[Any, tuple[int | None, bool]] = {}
+    for target, what, index, _ in writes:
+        if what == "array":
+            replaced[_target_key(target)] = (index, False)
+        elif what == "grad":
+            replaced[_target_key(("grad", target))] = (index, True)
+    return replaced
+
+
+def donation(
+    writes: list[Any], checks: tuple[Any, ...], sources: list[Any], in_avals: list[Any], out_avals: list[Any],
+) -> tuple[tuple[tuple[int, Any, bool], ...], tuple[Any, ...]]:
+    """The inputs a call donates and the ``.grad``s it drops before the program runs (NOTE [Donated state]).
+
+    ``sources``: each input's one source (``_Snapshot.target``), ``None`` for an input
+    that is no tensor's alone (a constant, an array several tensors share, a plain array
+    argument). Returns ``(position, source, whether the .grad Tensor is replaced)`` for
+    each donated input, and the targets whose ``.grad`` the program replaces without reading it.
+    """
+    replaced = _replaced(writes)
+    for _, _, check_writes in checks:
+        at_check = _replaced(check_writes)
+        replaced = {key: value for key, value in replaced.items() if key in at_check}
+    donated = []
+    read = set()
+    for position, (source, aval) in enumerate(zip(sources, in_avals, strict=True)):
+        key = None if source is None else _target_key(source)
+        read.add(key)
+        index, new_tensor = replaced.get(key, (None, False))
+        if index is not None and (out_avals[index].shape, out_avals[index].dtype) == (aval.shape, aval.dtype):
+            donated.append((position, source, new_tensor and type(source) is tuple))
+    dropped = tuple(
+        target for target, what, _, _ in writes
+        if what == "grad" and _target_key(("grad", target)) in replaced and _target_key(("grad", target)) not in read
+    )
+    return tuple(donated), dropped
+
+
+def own_donated(donated: tuple[tuple[int, Any, bool], ...], inputs: list[Any], leaves: list[Any]) -> None:
+    """Put a copy in ``inputs`` in place of each donated array someone besides its tensor holds (NOTE [Donated state]).
+
+    An array is held by its tensor and by ``inputs``; where the call gives a ``.grad``'s
+    owner a new ``.grad`` Tensor, the old one must be held by its owner alone too.
+    Two inputs that are distinct ``jax.Array`` objects over one buffer (``jax.device_put``
+    of an array to the device it is on makes such a twin) donate it once.
+    """
+    buffers = set()
+    for position, source, new_tensor in donated:
+        held = _count_refs(inputs[position]) > _ONE_HOLDER + 1
+        if not held and new_tensor:
+            held = _count_refs(_resolve(source, leaves)) > _ONE_HOLDER
+        buffer = _buffer_of(inputs[position])
+        if held or buffer in buffers:
+            inputs[position] = inputs[position].copy()
+        else:
+            buffers.add(buffer)
+
+
+def drop_grads(targets: tuple[Any, ...], leaves: list[Any]) -> None:
+    """Let go of the ``.grad``s a call replaces unread, before its program runs (NOTE [Donated state])."""
+    for target in targets:
+        owner = _resolve(target, leaves)
+        if owner is not None:
+            owner._grad = None
+
+
+def _buffer_of(array: jax.Array) -> int:
+    """Where ``array``'s memory (its first shard's, if sharded) starts: two ``jax.Array`` objects may share it."""
+    if len(array.sharding.device_set) == 1:
+        return int(array.unsafe_buffer_pointer())
+    return int(array.addressable_data(0).unsafe_buffer_pointer())

@@ -333,7 +333,9 @@ class Tensor(TensorOpMethods):
         mine, theirs = self._array, value._array
         if theirs.dtype != mine.dtype:
             raise RuntimeError(f"assigned grad has data of a different type: expected {mine.dtype}, got {theirs.dtype}")
-        if theirs.sharding.device_set != mine.sharding.device_set:
+        # A traced array has no sharding to read (``zero_grad(set_to_none=False)`` in a compiled step).
+        traced = isinstance(theirs, jax.core.Tracer) or isinstance(mine, jax.core.Tracer)
+        if not traced and theirs.sharding.device_set != mine.sharding.device_set:
             raise RuntimeError(
                 f"assigned grad has data located on a different device: expected {self.device}, got {value.device}"
             )
