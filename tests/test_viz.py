@@ -1,8 +1,11 @@
 """make_dot: the Digraph mirrors the backward graph; rendering when ``dot`` is installed."""
 
+import os
 import re
 import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +122,16 @@ def test_show_outside_a_notebook_writes_a_figure_to_png(tmp_path):
     plt.close(fig)
     assert path == tmp_path / "curve.png"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_notebook_run_as_a_script_writes_its_graph_to_a_file(tmp_path):
+    notebook = Path(__file__).resolve().parent.parent / "notebooks" / "01_quickstart.py"
+    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, str(notebook)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (picture,) = [p for p in tmp_path.iterdir() if p.stem == "quickstart_graph"]
+    if picture.suffix == ".svg":
+        assert "CrossEntropyBackward" in picture.read_text()
+    else:  # no Graphviz dot program: the graph's source
+        assert picture.suffix == ".gv" and picture.read_text().startswith("digraph")
