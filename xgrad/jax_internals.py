@@ -63,7 +63,8 @@ from jax.extend.core import ClosedJaxpr, DebugInfo, DropVar, Jaxpr, Literal, Var
 from jax.extend.source_info_util import new_name_stack
 
 __all__ = [
-    "BYTECODE_SCAN_EXACT", "BytecodeScanFallback", "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged", "Literal", "Var", "abstractifying",
+    "BYTECODE_SCAN_EXACT", "BytecodeScanFallback", "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged",
+    "Literal", "Var", "abstractifying",
     "check_consts_keep_identity", "concrete_value", "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names",
     "BatchingLevel", "batching_level", "name_scopes", "reset_compilation_cache", "source_frames", "unwrap_tracer",
 ]
