@@ -1,9 +1,10 @@
 """Tests and doctests see float64 and two host devices, so the multi-device code paths
-run in every test session, and XLA compiles with its fast CPU options (``FAST_COMPILES``)."""
+run in every test session, and XLA compiles with its fast CPU options (``FAST_COMPILES``: those of
+``tests._scripts.FAST_COMPILE_CANDIDATES`` the installed XLA knows, so that no XLA version aborts the suite)."""
 
 import os
 
-from tests._scripts import FAST_COMPILES  # noqa: E402  (no JAX in it: XLA_FLAGS is read when JAX starts)
+from tests._scripts import FAST_COMPILES  # noqa: E402  (JAX only in a subprocess: XLA_FLAGS is read when JAX starts)
 
 # Added to any XLA_FLAGS already set (an empty or unrelated value must not leave one device).
 _flags = os.environ.get("XLA_FLAGS", "")

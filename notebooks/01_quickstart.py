@@ -20,7 +20,6 @@
 # and a picture of the graph.
 
 # %%
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -127,7 +126,8 @@ handle.remove()
 # ## The graph
 # `grad_fn.next_functions` walks the graph by hand; `xgrad.viz.make_dot` draws it
 # (leaves named after parameters, hooks marked in red, saved values in orange with
-# `show_saved=True`). Rendering needs the Graphviz `dot` binary.
+# `show_saved=True`). `xgrad.viz.show` puts it here, or in a file when this notebook runs as
+# a script. Rendering needs the Graphviz `dot` binary (without it, the file holds the dot source).
 
 # %%
 model = xgrad.nn.MLP([3, 4, 2], key=0)
@@ -135,9 +135,4 @@ out = model(xgrad.ones(5, 3))
 loss = xgrad.cross_entropy(out, [0, 1, 0, 1, 1])
 print(loss.grad_fn.name(), [(fn.name() if fn else None, i) for fn, i in loss.grad_fn.next_functions])
 dot = xgrad.viz.make_dot(loss, params=model.named_parameters(), show_saved=True)
-if shutil.which("dot"):
-    from IPython.display import SVG, display
-
-    display(SVG(dot.pipe(format="svg")))
-else:
-    print(dot.source[:400])
+xgrad.viz.show(dot, "quickstart_graph")  # inline here; run as a script, written to quickstart_graph.svg

@@ -1,12 +1,16 @@
 """make_dot: the Digraph mirrors the backward graph; rendering when ``dot`` is installed."""
 
+import os
 import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 import xgrad
-from xgrad.viz import make_dot
+from xgrad.viz import make_dot, show
 
 
 def _labels(dot):
@@ -83,3 +87,51 @@ def test_renders_png_and_svg(tmp_path):
     assert png.startswith(b"\x89PNG")
     svg = dot.pipe(format="svg").decode()
     assert "<svg" in svg and "MulBackward" in svg
+
+
+def test_make_dot_without_graphviz_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "graphviz", None)  # what an environment without the package imports
+    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(ImportError, match=r'pip install "xgrad\[viz\]"'):
+        make_dot((w * w).sum())
+
+
+@pytest.mark.parametrize("dot_program", ["installed", "missing"])
+def test_show_outside_a_notebook_writes_the_graph_to_a_file(tmp_path, monkeypatch, dot_program):
+    if dot_program == "installed" and shutil.which("dot") is None:
+        pytest.skip("rendering needs the Graphviz dot binary (apt-get install graphviz)")
+    if dot_program == "missing":
+        monkeypatch.setattr(shutil, "which", lambda name: None)
+    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    dot = make_dot((w * w).sum(), params={"w": w})
+    path = show(dot, tmp_path / "graph")
+    if dot_program == "installed":
+        assert path == tmp_path / "graph.svg" and path.read_text().lstrip().startswith("<?xml")
+    else:
+        assert path == tmp_path / "graph.gv" and path.read_text() == dot.source
+
+
+def test_show_outside_a_notebook_writes_a_figure_to_png(tmp_path):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    path = show(fig, tmp_path / "curve")
+    plt.close(fig)
+    assert path == tmp_path / "curve.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_notebook_run_as_a_script_writes_its_graph_to_a_file(tmp_path):
+    notebook = Path(__file__).resolve().parent.parent / "notebooks" / "01_quickstart.py"
+    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, str(notebook)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (picture,) = [p for p in tmp_path.iterdir() if p.stem == "quickstart_graph"]
+    if picture.suffix == ".svg":
+        assert "CrossEntropyBackward" in picture.read_text()
+    else:  # no Graphviz dot program: the graph's source
+        assert picture.suffix == ".gv" and picture.read_text().startswith("digraph")

@@ -1,13 +1,20 @@
-"""Pictures of the backward graph: ``make_dot`` builds a ``graphviz.Digraph``.
+"""Pictures of the backward graph: ``make_dot`` builds a ``graphviz.Digraph``; ``show`` puts a
+picture inline in a notebook, or in a file when the notebook runs as a script.
 
-Rendering to SVG/PNG needs the Graphviz ``dot`` program (``apt-get install graphviz``,
-``brew install graphviz``); building the ``Digraph`` and reading its ``.source`` does not.
+Both need the ``xgrad[viz]`` extra (graphviz, matplotlib). Rendering a graph to SVG/PNG also
+needs the Graphviz ``dot`` program (``apt-get install graphviz``, ``brew install graphviz``);
+building the ``Digraph`` and reading its ``.source`` does not.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import sys
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from xgrad.engine.node import AccumulateGrad, Node
 from xgrad.engine.saved import SavedTensor
@@ -16,7 +23,14 @@ from xgrad.tensor import Tensor
 if TYPE_CHECKING:
     import graphviz
 
-__all__ = ["make_dot"]
+__all__ = ["make_dot", "show"]
+
+logger = logging.getLogger(__name__)
+
+ERR_NO_GRAPHVIZ = (
+    'make_dot needs the graphviz Python package: pip install "xgrad[viz]" '
+    "(rendering the picture also needs Graphviz's dot program: apt-get install graphviz)"
+)
 
 # Colours as in PyTorch users' usual pictures: outputs green, parameters blue, saved values orange.
 OUTPUT_COLOR = "darkolivegreen1"
@@ -84,7 +98,10 @@ def make_dot(tensor: Tensor | Iterable[Tensor], params: Mapping[str, Tensor] | I
     >>> "MulBackward" in dot.source and r'label="w\\n(2)"' in dot.source
     True
     """
-    import graphviz
+    try:
+        import graphviz
+    except ImportError as error:
+        raise ImportError(ERR_NO_GRAPHVIZ, name="graphviz") from error
 
     outputs = [tensor] if isinstance(tensor, Tensor) else list(tensor)
     named = params.items() if isinstance(params, Mapping) else (params or ())
@@ -137,3 +154,48 @@ def make_dot(tensor: Tensor | Iterable[Tensor], params: Mapping[str, Tensor] | I
                 seen.add(next_fn)
                 stack.append(next_fn)
     return dot
+
+
+def _in_notebook() -> bool:
+    """Whether this runs in a Jupyter kernel (an IPython shell with a kernel shows pictures inline)."""
+    ipython = sys.modules.get("IPython")  # imported already wherever IPython runs
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and hasattr(shell, "kernel")
+
+
+def show(picture: Any, name: str | os.PathLike[str]) -> Path | None:
+    """Show ``picture`` (``make_dot``'s ``Digraph`` or a matplotlib ``Figure``) inline in a
+    Jupyter notebook; anywhere else (a notebook run as a script) write it to the file ``name``
+    (relative to the current directory) with the suffix its kind gets, and return that path.
+
+    A figure becomes ``name.png``; a graph ``name.svg``, or its dot source ``name.gv`` where
+    Graphviz's ``dot`` program is missing (render it later with ``dot -Tsvg name.gv``).
+
+    >>> import xgrad, pathlib, tempfile
+    >>> w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> path = show(make_dot((w * w).sum()), pathlib.Path(tempfile.mkdtemp()) / "graph")
+    >>> path.suffix in (".svg", ".gv") and path.exists()
+    True
+    """
+    is_graph = hasattr(picture, "source")  # graphviz's Digraph; matplotlib's Figure has none
+    renderable = not is_graph or shutil.which("dot") is not None
+    if _in_notebook() and renderable:
+        from IPython.display import display
+
+        display(picture)
+        if not is_graph:
+            import matplotlib.pyplot as plt
+
+            plt.close(picture)  # else the inline backend shows it a second time at the cell's end
+        return None
+    if not is_graph:
+        path = Path(name).with_suffix(".png")
+        picture.savefig(path)
+    elif renderable:
+        path = Path(name).with_suffix(".svg")
+        path.write_bytes(picture.pipe(format="svg"))
+    else:
+        path = Path(name).with_suffix(".gv")
+        path.write_text(picture.source)
+    logger.info("wrote %s", path.resolve())
+    return path
