@@ -534,6 +534,8 @@ class Tensor(TensorOpMethods):
     if not TYPE_CHECKING:  # for type checkers a missing attribute stays an error, not ``Any``
 
         def __getattr__(self, name: str) -> Any:  # reached only for an attribute Tensor does not have
+            if name[:1] == "_":  # an unset slot read with a default (``_cut_site``, ...) on hot paths: no PyTorch name
+                raise AttributeError(name)
             raise missing_attribute("torch.Tensor", "'Tensor' object", name, self)
 
     # -- PyTorch conveniences: layout, devices, factories ------------------------------
