@@ -9,7 +9,7 @@ Expected values are PyTorch's: its formulas (``d sin = cos``), eager autograd on
 function, or a loop of single-example calls, as its tests compare.
 
 A test marked ``differs`` (a strict xfail) fails because xgrad differs from torch.func on
-purpose, for the reason it gives; one marked ``not_yet`` shows what xgrad lacks so far.
+purpose, for the reason it gives.
 """
 
 from __future__ import annotations
@@ -56,10 +56,6 @@ def assert_equal(actual, expected, rtol=1.3e-6, atol=1e-5):
 
 def diagflat(t: xgrad.Tensor) -> xgrad.Tensor:
     return xgrad.diag(t.reshape(-1))
-
-
-def not_yet(what: str):
-    return pytest.mark.xfail(strict=True, reason=f"not yet in xgrad: {what}")
 
 
 def differs(why: str):
@@ -849,11 +845,6 @@ class TestAutogradFunction:
         assert_equal(gx, x.cos())
 
     @pytest.mark.parametrize("transform", ["vmap", "grad", "jacrev", "jacfwd", "grad_and_value", "hessian"])
-    @differs(
-        "a Function whose forward takes ctx runs under every transform with the "
-        "same gradients as eagerly (one meaning on every route, tests/test_one_meaning.py), where torch asks for "
-        "setup_context"
-    )
     def test_autograd_function_no_setup_context(self, transform):
         class MySin(xgrad.autograd.Function):
             @staticmethod
@@ -935,7 +926,6 @@ class TestAutogradFunctionVmapAPI:
         with pytest.raises(RuntimeError, match="to have two returns"):
             vmap(Id.apply)(randn(2, 3))
 
-    @not_yet("the out_dims a Function's vmap staticmethod returns are not checked against its outputs")
     def test_incompatible_out_dims_error_msg(self):
         Id = _id_function(lambda info, in_dims, x: (x, (None,)))
         with pytest.raises(RuntimeError, match="returned an incompatible"):

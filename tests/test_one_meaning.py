@@ -105,9 +105,14 @@ def switched_off_ref(x: jax.Array) -> jax.Array:
 
 
 class StraightThrough(xgrad.autograd.Function):
+    # forward without ctx, as torch.func's transforms need (a forward(ctx, x) raises there, as in torch.func)
     @staticmethod
-    def forward(ctx: Any, x: xgrad.Tensor) -> xgrad.Tensor:
+    def forward(x: xgrad.Tensor) -> xgrad.Tensor:
         return x.round()
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        pass
 
     @staticmethod
     def backward(ctx: Any, g: xgrad.Tensor) -> xgrad.Tensor:
@@ -576,9 +581,12 @@ def test_writing_a_captured_tensor_inside_a_transform_raises_torch_funcs_error()
 
 class TwoOutputs(xgrad.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: xgrad.Tensor) -> tuple[xgrad.Tensor, xgrad.Tensor]:
-        ctx.set_materialize_grads(False)
+    def forward(x: xgrad.Tensor) -> tuple[xgrad.Tensor, xgrad.Tensor]:
         return x * 2, x * 3
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx: Any, g1: Any, g2: Any) -> xgrad.Tensor:
@@ -594,9 +602,12 @@ def test_set_materialize_grads_false_gives_none_for_an_unused_output() -> None:
 
 class OnceSquare(xgrad.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: xgrad.Tensor) -> xgrad.Tensor:
-        ctx.save_for_backward(x)
+    def forward(x: xgrad.Tensor) -> xgrad.Tensor:
         return x * x
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.save_for_backward(inputs[0])
 
     @staticmethod
     @xgrad.autograd.once_differentiable
@@ -616,9 +627,12 @@ class CubeForward(xgrad.autograd.Function):
     """Forward mode only: a ``jvp``, no ``backward``."""
 
     @staticmethod
-    def forward(ctx: Any, x: xgrad.Tensor) -> xgrad.Tensor:
-        ctx.save_for_forward(x)
+    def forward(x: xgrad.Tensor) -> xgrad.Tensor:
         return x**3
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.save_for_forward(inputs[0])
 
     @staticmethod
     def jvp(ctx: Any, t: xgrad.Tensor) -> xgrad.Tensor:

@@ -43,7 +43,7 @@ def test_op_names_and_methods_come_from_the_table():
     for name, kind, op in methods(table):
         attached = Tensor.__dict__[name]
         if kind == "methods":  # arithmetic operators wrap theirs to defer to sparse tensors (ops/tensor_methods.py)
-            assert getattr(attached, "__wrapped__", attached) is op.fn, name
+            assert attached is op.fn or attached.__wrapped__ is op.fn, name
         elif kind == "properties":
             assert isinstance(attached, property) and attached.fget is op.fn, name
         else:

@@ -714,8 +714,9 @@ def _run_program(entry: _Entry, leaves: list[Any]) -> Any:
 
 
 def _call_program(entry: _Entry, leaves: list[Any]) -> Any:
-    # Check before when its hooks must not run if a check fails, or it consumes the state (NOTE [Donated state]).
-    check_first = entry.has_host_calls or bool(entry.donated or entry.dropped_grads)
+    # Check before when its hooks must not run if a check fails, or it consumes the state (NOTE [Donated state]);
+    # and before the program's own checks run first: an argument's indices are checked first, as eager does.
+    check_first = entry.has_host_calls or bool(entry.donated or entry.dropped_grads) or entry.precheck is not None
     if check_first:
         _check_on_host(entry.host_checks, leaves)
     inputs = _gather_inputs(entry, leaves)

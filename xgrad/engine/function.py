@@ -65,6 +65,16 @@ ERR_DIRTY_VIEW_MULTIPLE_OUTPUTS = (
 UNPACK_ON_ACCESS: Any = object()
 
 
+
+# torch.func's transforms need a Function's forward without ``ctx`` (``setup_context`` separate). On
+# JAX's own routes (``jax.grad`` of xgrad code, ``eqx.filter_grad``) a ``forward(ctx, ...)`` runs as
+# well (NOTE [Functions on JAX's AD]); inside ``xgrad.func``'s transforms xgrad raises torch.func's error.
+ERR_SETUP_CONTEXT_UNDER_TRANSFORM = (
+    "In order to use an autograd.Function with functorch transforms (vmap, grad, jvp, jacrev, ...), it must "
+    "override the setup_context staticmethod: forward(*args) without ctx, and setup_context(ctx, inputs, output) "
+    "saving what backward needs."
+)
+
 class FunctionCtx:
     """The ``ctx`` a custom ``Function``'s ``forward``/``setup_context`` and ``backward`` share.
 
@@ -303,6 +313,8 @@ class Function:
             # filled in, as in PyTorch (they are the node's inputs too).
             args, kwargs = _bind_default_args(cls, args, kwargs)
         on_jax = on_jax_trace(args)
+        if on_jax and not separate_setup and _grad_state.transform is not None and not cls._traced_in_step:
+            raise RuntimeError(ERR_SETUP_CONTEXT_UNDER_TRANSFORM)  # torch.func's rule, in its transforms only
         if on_jax and not cls._traced_in_step:
             batched = apply_vmap_rule(cls, args, kwargs, has_vmap_rule=cls.vmap is not Function.vmap)
             if batched is not NOT_HANDLED:

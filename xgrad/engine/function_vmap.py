@@ -88,7 +88,9 @@ def apply_vmap_rule(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any], has
     output, out_dims = result
     outs = output if isinstance(output, tuple) else (output,)
     dims = out_dims if isinstance(out_dims, tuple) else (out_dims,) * len(outs)
-    if len(dims) != len(outs) or not all(d is None or isinstance(d, int) for d in dims):
+    # out_dims is a pytree prefix of output, as torch.func reads it: one dim for one output, or one per output of a tuple
+    prefix = isinstance(output, tuple) or not isinstance(out_dims, tuple)
+    if not prefix or len(dims) != len(outs) or not all(d is None or isinstance(d, int) for d in dims):
         raise RuntimeError(
             f"The autograd.Function's vmap staticmethod returned an incompatible (output, out_dims) tuple. Expected "
             f"out_dims={out_dims} to be compatible with the structure of `output`: {len(outs)} outputs. {DOCS}"
