@@ -197,6 +197,28 @@ def test_transforms_run_one_program_per_signature_and_read_closed_over_tensors_a
     assert len(traces) == 3  # another shape: another program
 
 
+def test_a_cached_transform_over_a_model_that_requires_grad_traces_once_per_signature():
+    """torch.func's per-example recipe: the model (whose parameters require grad) is reached through
+    functional_call, its parameters given detached. Finding that the function reads no tensor with
+    history from outside (NOTE [Transforms keep history]) is done once per signature too."""
+    traces = []
+    model = nn.Linear(3, 2, key=0)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, x):
+        traces.append(1)
+        return func.functional_call(model, p, (x,)).pow(2).sum()
+
+    per_example = func.vmap(func.grad(loss), in_dims=(None, 0))
+    xs = xgrad.tensor(np.arange(6.0).reshape(2, 3))
+    first = per_example(params, xs)
+    assert first["weight"].grad_fn is None  # nothing with history was read: a plain result
+    count = len(traces)
+    again = per_example(params, xs)
+    assert len(traces) == count  # neither the search nor the program traced again
+    close(again["weight"].array, first["weight"].array)
+
+
 def test_cached_transform_draws_afresh_from_the_default_generator_at_every_call():
     def f(x):
         return (x * xgrad.randn(3)).sum()

@@ -88,22 +88,41 @@ def _has_history(tree: Any) -> bool:
 # input of the op: while the op's function runs, that tensor holds the op's input (as
 # ``functional_call`` swaps a module's parameters). The transform's own differentiation
 # still treats it as a constant, as torch.func's does.
-def _closed_over_history(transformed: Callable[..., Any], reach: list[Any], run: Callable[..., Any],
-                         given: list[Tensor]) -> list[Tensor]:
-    """The tensors with history that ``transformed`` reads without being given them (NOTE [Transforms keep history])."""
-    if not reach:
+class _Reads:
+    """Per transform: the modules and tensors its function reaches (found at the first call), and per
+    signature the tensors with history one trace of it read from outside (NOTE [Transforms keep history])."""
+
+    __slots__ = ("found", "reach")
+
+    def __init__(self) -> None:
+        self.reach: list[Any] = []
+        self.found: BoundedCache[Any, tuple[weakref.ref[Tensor], ...]] = BoundedCache(_CACHE_SIZE)
+
+
+def _closed_over_history(transformed: Callable[..., Any], reads: _Reads, run: Callable[..., Any],
+                         given: list[Tensor], leaves: list[Any], tree: Any) -> list[Tensor]:
+    """The tensors with history that ``transformed`` reads without being given them (NOTE [Transforms keep
+    history]); per signature, as the cached transforms trace (Python in the function runs when it is traced)."""
+    if not reads.reach:
         modules: list[Any] = []
         tensors: list[Tensor] = []
         _reached(transformed, modules, tensors, set())
-        reach.extend((modules, tensors))
-    candidates = {k: t for k, t in _candidates(*reach).items() if t.requires_grad or t.grad_fn is not None}
+        reads.reach.extend((modules, tensors))
+    candidates = {k: t for k, t in _candidates(*reads.reach).items() if t.requires_grad or t.grad_fn is not None}
     for t in given:
         candidates.pop(id(t._array), None)
     if not candidates:
         return []
+    sig = _signature(leaves)
+    key = None if sig is None else (tree, sig, _modes(reads.reach[0]), tuple(id(t) for t in candidates.values()))
+    known = None if key is None else reads.found.get(key)
+    if known is not None:
+        lifted = [ref() for ref in known]
+        if all(t is not None for t in lifted):
+            return lifted  # type: ignore[return-value]
 
-    def traced(key: Any, *arrays: Any) -> Any:
-        with generator.default_key_threaded(key):  # its random ops draw from a traced key: the generator is left as it is
+    def traced(key_data: Any, *arrays: Any) -> Any:
+        with generator.default_key_threaded(key_data):  # its random ops draw from a traced key: the generator stays
             return run(*arrays)
 
     try:
@@ -111,11 +130,13 @@ def _closed_over_history(transformed: Callable[..., Any], reach: list[Any], run:
     except Exception:  # a function that needs concrete values: every candidate is an input (unread ones get zeros)
         return list(candidates.values())
     found = {id(c): candidates[id(c)] for c in closed.consts if id(c) in candidates and candidates[id(c)]._array is c}
+    if key is not None:
+        reads.found[key] = tuple(weakref.ref(t) for t in found.values())
     return list(found.values())
 
 
 def _keeps_history(transformed: Callable[..., Any]) -> Callable[..., Any]:
-    reach: list[Any] = []  # the modules and tensors the function reaches, found at the first call
+    reads = _Reads()
 
     @functools.wraps(transformed)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -150,7 +171,7 @@ def _keeps_history(transformed: Callable[..., Any]) -> Callable[..., Any]:
             return tuple(out)
 
         if get_opaque_trace_state(convention="xgrad") == _NOT_TRACING and step_trace.current() is None:
-            lifted.extend(_closed_over_history(transformed, reach, of_arrays, given))
+            lifted.extend(_closed_over_history(transformed, reads, of_arrays, given, leaves, tree))
         if not lifted and not _has_history((args, kwargs)):
             return transformed(*args, **kwargs)
         outs = engine_ops.jax_function(of_arrays, [*given, *lifted])
