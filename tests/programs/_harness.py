@@ -221,6 +221,8 @@ _NANOGPT_SIZES = ("--device=cpu", "--dataset=tokens", "--n_layer=2", "--n_head=2
 CASES = {
     "mnist": Program("mnist/main.py", ("--batch-size", "4", "--test-batch-size", "6", "--epochs", "2", "--log-interval", "1"),
                      dropout_off=True),
+    "mnist_rnn": Program("mnist_rnn/main.py", ("--batch-size", "4", "--test-batch-size", "6", "--epochs", "2",
+                                               "--log-interval", "1"), dropout_off=True),
     "regression": Program("regression/main.py", max_backward=5),
     "time_sequence_prediction": Program("time_sequence_prediction/train.py"),
     "vae": Program("vae/main.py"),

@@ -35,6 +35,7 @@ TORCH_LOSSES = json.loads((Path(__file__).parents[1] / "fixtures" / "program_los
 @pytest.mark.filterwarnings(
     "ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning",
     "ignore:`torch.cuda.amp.GradScaler:FutureWarning", "ignore:torch.cuda.amp.GradScaler is enabled:UserWarning",
+    "ignore:dropout2d. Received a 2-D input:UserWarning",  # mnist_rnn's Dropout2d after its LSTM: PyTorch warns too
 )
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_program_trains_to_pytorchs_losses(name: str, tmp_path: Path) -> None:
