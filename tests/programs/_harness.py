@@ -150,6 +150,8 @@ def run_program(framework: ModuleType, program: Program, workdir: Path, seed: in
     modules_before = set(sys.modules)
     saved_argv, saved_path, saved_cwd = sys.argv, list(sys.path), os.getcwd()
     saved_dtype, saved_precision = framework.get_default_dtype(), framework.get_float32_matmul_precision()
+    cudnn = framework.backends.cudnn
+    saved_cudnn = {flag: getattr(cudnn, flag) for flag in ("benchmark", "deterministic", "allow_tf32")}
     sys.argv = [str(script), *program.argv]
     sys.path.insert(0, str(script.parent))
     os.chdir(workdir)
@@ -169,6 +171,8 @@ def run_program(framework: ModuleType, program: Program, workdir: Path, seed: in
     finally:
         framework.set_default_dtype(saved_dtype)
         framework.set_float32_matmul_precision(saved_precision)  # nanoGPT sets torch.backends.cuda.matmul.allow_tf32
+        for flag, value in saved_cudnn.items():  # DCGAN sets cudnn.benchmark
+            setattr(cudnn, flag, value)
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
         for name in set(sys.modules) - modules_before:  # the program's own modules (model.py, data.py, mingpt)
