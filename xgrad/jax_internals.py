@@ -66,7 +66,8 @@ __all__ = [
     "BYTECODE_SCAN_EXACT", "BytecodeScanFallback", "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged",
     "Literal", "Var", "abstractifying",
     "check_consts_keep_identity", "concrete_value", "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names",
-    "BatchingLevel", "batching_level", "name_scopes", "reset_compilation_cache", "source_frames", "unwrap_tracer",
+    "BatchingLevel", "batching_level", "name_scopes", "reset_compilation_cache", "single_device_sharding",
+    "source_frames", "unwrap_tracer",
 ]
 
 ERR_CHANGED = (
@@ -297,6 +298,13 @@ def _self_test_batching_level() -> None:
     equations = [str(eqn.primitive) for eqn in closed.jaxpr.eqns]
     if seen != [("lanes", 3, 0, (3, 2))] or out.shape != (3, 2) or equations != ["mul"]:
         raise _changed(f"a BatchTrace's batch info reads {seen} and rebatches to {out} by {equations}")
+
+
+def single_device_sharding(device: Any) -> Any:
+    """The sharding that puts a whole array on ``device``: ``jax.sharding.SingleDeviceSharding``
+    until JAX 0.12.1 deprecated the class for ``jax.sharding.make_single_device_sharding``."""
+    make = getattr(jax.sharding, "make_single_device_sharding", None)
+    return make(device) if make is not None else jax.sharding.SingleDeviceSharding(device)
 
 
 def reset_compilation_cache() -> None:

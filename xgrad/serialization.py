@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad.creation import resolve_device
+from xgrad.jax_internals import single_device_sharding
 from xgrad.restricted_pickle import (
     add_safe_globals,
     clear_safe_globals,
@@ -618,7 +619,7 @@ def _load(path: str | os.PathLike[str], device: Any) -> Any:
                 if sharding is None:
                     raise ValueError(ERR_NO_MESH.format(name=name, ids=desc["device_ids"] if desc else "?"))
                 if isinstance(sharding, jax.Device):
-                    sharding = jax.sharding.SingleDeviceSharding(sharding)
+                    sharding = single_device_sharding(sharding)
                 assert region is not None
                 array = jax.make_array_from_callback(
                     tuple(node["shape"]), sharding, lambda index: region(name, node, tuple(index or ())))

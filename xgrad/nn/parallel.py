@@ -48,6 +48,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from xgrad.engine.engine import queue_callback
 from xgrad.grad_mode import is_grad_enabled
+from xgrad.jax_internals import single_device_sharding
 from xgrad.nn.module import Module
 from xgrad.nn.module_placement import _replace_storage
 from xgrad.ops.elementwise import to_device, with_sharding_constraint
@@ -156,7 +157,7 @@ class DataParallel(Module):
         return _map_tensors(self._gather, output)
 
     def _gather(self, t: Tensor) -> Tensor:
-        return self._place(t, jax.sharding.SingleDeviceSharding(self.output_device))
+        return self._place(t, single_device_sharding(self.output_device))
 
     def _place(self, t: Tensor, sharding: jax.sharding.Sharding) -> Tensor:
         if isinstance(t.array, jax.core.Tracer):

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.engine.node import sharding_of
+from xgrad.jax_internals import single_device_sharding
 from xgrad.ops import shape_rules
 from xgrad.ops._util import as_array, check_values, inplace_or_not, nondiff
 from xgrad.ops.autocast import autocast_op
@@ -463,7 +464,7 @@ def to_device(x: Tensor, device: Any) -> Tensor:
 
     target = resolve_device(device)
     if not isinstance(target, jax.sharding.Sharding):
-        target = jax.sharding.SingleDeviceSharding(target)
+        target = single_device_sharding(target)
     return to_device_(x, sharding=target, source=sharding_of(x._array))
 
 

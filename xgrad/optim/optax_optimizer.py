@@ -12,6 +12,7 @@ import optax
 
 from xgrad import step_trace
 from xgrad.grads import clear_grads
+from xgrad.jax_internals import single_device_sharding
 from xgrad.tensor import Tensor
 
 
@@ -53,7 +54,7 @@ def scalar_sharding(sharding: Any) -> Any:
     if isinstance(sharding, jax.sharding.NamedSharding):
         return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
     if len(sharding.device_set) == 1:
-        return jax.sharding.SingleDeviceSharding(next(iter(sharding.device_set)))
+        return single_device_sharding(next(iter(sharding.device_set)))
     return None
 
 

@@ -42,7 +42,7 @@ from xgrad.engine.compiled.lower import (
 from xgrad.engine.dataflow import output_deps
 from xgrad.engine.graph_task import InputBuffer
 from xgrad.engine.rules import jax_op
-from xgrad.jax_internals import Literal, jaxpr_as_fun
+from xgrad.jax_internals import Literal, jaxpr_as_fun, single_device_sharding
 from xgrad.tensor import Tensor, is_tensor
 
 # -- segments and their compiled variants --------------------------------------------
@@ -386,7 +386,7 @@ class Program:
         if variant.shardings is not None:
             shardings = variant.shardings
             if variant.device is not None:  # inputs from several devices ran on one (``_call`` in ``run.py``)
-                shardings = [jax.sharding.SingleDeviceSharding(variant.device)] * len(args)
+                shardings = [single_device_sharding(variant.device)] * len(args)
             args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in zip(args, shardings, strict=True)]
         text = traced.plain.lower(*args).compile().as_text()
         if text is None:
