@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 # XLA options that compile the suite's thousands of tiny CPU programs about twice as fast
 # (LLVM's optimizations and the fusion emitters dominate their compile time); they change
-# how XLA generates code, not what a program computes. XLA aborts the process at JAX's first
+# how XLA generates code, not what a program computes, beyond the last bits of some float64
+# functions (NOTE [A fused float64 tanh] in test_compile_observers.py). XLA aborts the process at JAX's first
 # computation on a flag it does not know, and each XLA release drops some (jax 0.12's has no
 # --xla_cpu_use_fusion_emitters), so the suite passes only those the installed XLA knows.
 FAST_COMPILE_CANDIDATES = (
