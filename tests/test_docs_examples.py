@@ -78,9 +78,11 @@ def _free_port() -> int:
 
 
 def _environment(extra: dict[str, str]) -> dict[str, str]:
-    # A fresh interpreter as a user's: none of the test session's XLA flags or x64 switch.
+    # A fresh interpreter as a user's: none of the test session's XLA flags or x64 switch. The checkout
+    # comes first on its path, before any packages folder the session's own PYTHONPATH names (CI's leg 2).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
-    return {**env, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", **extra}
+    path = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return {**env, "PYTHONPATH": path, "MPLBACKEND": "Agg", **extra}
 
 
 def chains(blocks: list[Block]) -> list[list[Block]]:
