@@ -120,11 +120,16 @@ def test_this_interpreter_and_jax_are_declared():
     assert jax_internals.BYTECODE_SCAN_EXACT
 
 
-def test_readme_test_command_is_what_ci_runs():
+def test_readme_test_command_is_what_ci_runs_on_both_legs():
+    """Each leg runs README's command whole, on its own interpreter: no leg runs a subset of the files."""
     readme = (ROOT / "README.md").read_text()
     (command,) = re.findall(r"XGRAD_HYPOTHESIS_PROFILE=ci (python -m pytest [^\n`]*)", readme)
-    assert re.search(rf"^{re.escape(command)}$", CI_RUN, flags=re.M), f".ci/run does not run README's {command!r}"
     assert " -q " in f"{command} " and "-qq" not in command  # one -q: the "N passed" line stays
+    pytest_args = command.removeprefix("python ")
+    runs = re.findall(r"^(.*?)(-m pytest.*?)\s*$", CI_RUN, flags=re.M)
+    assert [interpreter for interpreter, _ in runs] == ["python ", 'PYTHONPATH="$site" "$py" '], runs
+    for interpreter, args in runs:
+        assert args == pytest_args, f".ci/run runs {interpreter}{args!r}, not README's {command!r}"
 
 
 # -- version-sensitive pieces check themselves --------------------------------------------
