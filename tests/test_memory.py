@@ -147,6 +147,14 @@ def test_deep_chain_grad_with_exec_info_and_retain_graph():
     assert x.grad.item() == 1.0 and middle() is None
 
 
+# NOTE [Freeing on a small stack]: CPython frees a chain of objects by nested deallocations until its
+# trashcan defers the rest. Python 3.11 defers from the 50th level (64 KiB of stack free DEEP links);
+# 3.13 only near its C recursion limit, so freeing DEEP links there needs between 0.9 and 1 MiB (measured;
+# about 350 bytes a link below that, a segfault at 512 KiB). A freeing that recursed once per link would
+# need some 35 MiB: a 4 MiB stack holds CPython's bounded nesting and still crashes on that.
+SMALL_STACK = 4 * 1024 * 1024
+
+
 def run_in_small_stack_thread(fn):
     """Run ``fn`` on a thread with a small C stack, where recursive freeing would crash first."""
     errors = []
@@ -157,7 +165,7 @@ def run_in_small_stack_thread(fn):
         except BaseException as exc:  # re-raised in the test thread
             errors.append(exc)
 
-    previous = threading.stack_size(512 * 1024)
+    previous = threading.stack_size(SMALL_STACK)
     try:
         t = threading.Thread(target=target)
         t.start()
