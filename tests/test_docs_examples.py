@@ -81,7 +81,7 @@ def _environment(extra: dict[str, str]) -> dict[str, str]:
     # A fresh interpreter as a user's: none of the test session's XLA flags or x64 switch. The checkout
     # comes first on its path, before any packages folder the session's own PYTHONPATH names (CI's leg 2).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
-    path = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    path = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return {**env, "PYTHONPATH": path, "MPLBACKEND": "Agg", **extra}
 
 
