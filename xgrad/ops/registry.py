@@ -31,6 +31,7 @@ from xgrad.engine.dual import LEVEL, set_tangent, tangents_on
 from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator, sharding_of
 from xgrad.engine.rules import Aval, RuleArgs, RuleNode, incoming_grad
 from xgrad.engine.saved import SavedTensor
+from xgrad.fast_compile import FastJit, fast_compiler_options
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import stops_gradients
 from xgrad.jax_capture import check_captured_leaves
@@ -81,7 +82,7 @@ class Primitive:
         self.save_out = save_out
         self.num_outputs = num_outputs
         self.jit = jit
-        self._jitted: dict[Any, Callable[..., Any]] = {}
+        self._jitted: dict[Any, FastJit] = {}
         self._fused: BoundedCache[Any, Any] = BoundedCache(_MAX_FUSED)  # NOTE [Fused eager rules]
         self._reads = None if self.vjps is None else tuple(_rule_reads(rule) for rule in self.vjps)
         self._saves: dict[tuple[bool, ...], tuple[frozenset[int] | None, bool]] = {}
@@ -135,10 +136,16 @@ class Primitive:
         except TypeError:
             return self.impl(*arrays, **params)
         if fn is None:
-            fn = jax.jit(_named(functools.partial(self.impl, **params) if params else self.impl, self.name))
+            fn = FastJit(_named(functools.partial(self.impl, **params) if params else self.impl, self.name))
             self._jitted[key] = fn
+        # Traced arrays: the op is inlined into a traced program, which takes no options of its own (NOTE [Fast compiles]).
+        traced = False
+        for a in arrays:
+            if isinstance(a, jax.core.Tracer):
+                traced = True
+                break
         try:
-            return fn(*arrays)
+            return fn.plain(*arrays) if traced else fn(*arrays)
         except Exception as e:
             if not isinstance(e, RuntimeError | IndexError):  # JAX's error, not a shape rule's
                 for i, a in enumerate(arrays):
@@ -279,8 +286,8 @@ def _fusion_signature(args: RuleArgs) -> tuple[Any, Any, list[Any]]:
 
 
 # XLA's algebraic simplifier rewrites float arithmetic in ways that change NaN and inf
-# (NOTE [Fused eager rules]); the fused rules are compiled without it.
-_FUSED_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}
+# (NOTE [Fused eager rules]); the fused rules are compiled without it, and fast (NOTE [Fast compiles]).
+_NO_ALGEBRAIC_SIMPLIFIER = {"xla_disable_hlo_passes": "algsimp"}
 
 
 def _fuse(prim: Primitive, key: Any, params: dict[str, Any], g_arrays: Any, arrays: list[Any]) -> Any:
@@ -311,7 +318,7 @@ def _fuse(prim: Primitive, key: Any, params: dict[str, Any], g_arrays: Any, arra
             _grad_state.enabled = previous
         return [None if gi is None else gi._array for gi in grads]
 
-    fused = jax.jit(rules, compiler_options=_FUSED_COMPILER_OPTIONS)
+    fused = jax.jit(rules, compiler_options={**fast_compiler_options(), **_NO_ALGEBRAIC_SIMPLIFIER})
     try:
         # jit's own trace: the first call reuses it instead of tracing the rules again.
         traced = fused.trace(g_arrays, arrays)
