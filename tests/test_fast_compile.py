@@ -1,5 +1,5 @@
 """Eager's programs compiled with XLA's fast CPU options (NOTE [Fast compiles] in ``xgrad/fast_compile.py``):
-XLA's default results to rounding, and the plain jit under a trace."""
+XLA's default results to rounding, the plain jit under a trace, and no program compiled twice for one step."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import xgrad
@@ -30,7 +32,8 @@ SAME_BITS = textwrap.dedent(
     """
     import json
     import jax
-        jax.config.update("jax_enable_x64", True)
+    import numpy as np
+    jax.config.update("jax_enable_x64", True)
     import xgrad
     from xgrad import fast_compile
     from xgrad.engine import rules
@@ -148,3 +151,44 @@ def test_fast_jit_runs_plainly_under_a_trace():
         FastJit(bad)(jnp.ones(2))
     with pytest.raises(ValueError, match="the function's own error"):
         jax.jit(lambda x: FastJit(bad)(x))(jnp.ones(2))
+
+
+@pytest.fixture
+def compiles() -> Iterator[list[str]]:
+    """The names of the XLA programs compiled while the test runs."""
+    names: list[str] = []
+
+    def listener(event: str, seconds: float, **kwargs: object) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            names.append(str(kwargs.get("fun_name")))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    yield names
+    jax.monitoring.unregister_event_duration_listener(listener)
+
+
+@pytest.mark.parametrize("how", ["eager", "compiled backward", "xgrad.compile"])
+@pytest.mark.parametrize("make_optimizer", [
+    lambda ps: xgrad.optim.SGD(ps, lr=0.1, momentum=0.9), lambda ps: xgrad.optim.Adam(ps, lr=0.01),
+], ids=["SGD", "Adam"])
+def test_the_second_step_compiles_nothing(how, make_optimizer, compiles):
+    """Parameters made on the default device are uncommitted; the update's outputs are committed.
+    The optimizer commits them when they join, so the second step finds every program of the first."""
+    model = xgrad.nn.MLP([3, 5, 2], activation=xgrad.nn.Tanh, key=7)
+    optimizer = make_optimizer(model.parameters())
+    x = xgrad.tensor(np.random.default_rng(0).standard_normal((4, 3)))
+    y = xgrad.tensor(np.array([0, 1, 1, 0], np.int32))
+
+    def step():
+        optimizer.zero_grad()
+        loss = xgrad.cross_entropy(model(x), y)
+        loss.backward(compiled=how == "compiled backward")
+        optimizer.step()
+        return loss
+
+    run = xgrad.compile(step, fallback="error") if how == "xgrad.compile" else step
+    first = run().item()
+    del compiles[:]
+    second = run().item()
+    assert compiles == []
+    assert second < first  # the step moved the parameters
