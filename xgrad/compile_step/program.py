@@ -47,6 +47,7 @@ from xgrad.compile_step.writeback import (
     _source_value,
     donation,
     drop_grads,
+    fresh_outputs,
     own_donated,
 )
 from xgrad.engine.anomaly import ANOMALY
@@ -180,7 +181,8 @@ class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "checks", "consts", "donated", "dropped_grads", "effects", "fast_writes", "flags", "guards", "has_host_calls", "precheck",
+        "aliased", "arg_tensor_slots", "checks", "consts", "donated", "dropped_grads", "effects", "fast_writes", "flags", "fresh",
+        "guards", "has_host_calls", "precheck", "tracks_fresh",
         "hook_box", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
         "observing", "result_template", "result_tree", "writes",
     )
@@ -188,11 +190,14 @@ class _Entry:
     arg_tensor_slots: tuple[int, ...]
     checks: tuple[tuple[Callable[[Any], BaseException], int | None, list[Any]], ...]  # error, detail's output, writes
     consts: list[tuple[str, Any]]
-    # The inputs a call donates: position, source, whether a new .grad Tensor replaces it (NOTE [Donated state]).
-    donated: tuple[tuple[int, Any, bool], ...]
+    # The inputs a call donates: position, source, whether a new .grad Tensor replaces it, the output replacing
+    # it (NOTE [Donated state]).
+    donated: tuple[tuple[int, Any, bool, int], ...]
     dropped_grads: tuple[Any, ...]  # the targets whose .grad a call lets go of before its program runs
     effects: list[tuple[Any, Any, list[Any], list[tuple[int, int]]]]  # host effects run after the program
     fast_writes: list[tuple[int, Any, Any, int]]  # ``writes`` as ``_apply_fast_writes`` takes them
+    fresh: list[Any]  # the outputs that replaced the donated inputs at the last call, weakly (``fresh_outputs``)
+    tracks_fresh: bool  # whether ``fresh`` is kept: the program forwards no input as an output
     # A tensor's weak reference, the aval that last passed, its shape and dtype, then ``None`` for plain
     # state (no history, no requires_grad, no hooks, .grad not read: optimizer state, buffers), else
     # whether its .grad was read and the rest of ``_expected``.
@@ -645,14 +650,21 @@ class CompiledFunction:
             entry.writes, () if entry.precheck is not None else entry.checks, sources,
             [v.aval for v in (*jaxpr.constvars, *jaxpr.invars)], closed.out_avals,
         )
-        entry.jitted = jax.jit(program, donate_argnums=tuple(position for position, _, _ in entry.donated))
+        entry.jitted = jax.jit(program, donate_argnums=tuple(position for position, _, _, _ in entry.donated))
+        entry.fresh = []
         entry.observers = recorder.observers
         entry.observing = None
         # Hooks that may only observe, and no other host call but final callbacks they would queue: an
         # observer variant may run instead (NOTE [Observer hooks]).
         only_hooks = 0 < recorder.hook_calls == recorder.host_calls - recorder.conditional_calls
         entry.hook_box = recorder.hook_box if only_hooks else None
-        entry.jitted.lower(*[refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in consts], *dyn_values).compile()
+        traced_program = entry.jitted.trace(
+            *[refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in consts], *dyn_values
+        )
+        # An output that is an input of the jitted program is that input's array itself, no buffer of its own.
+        run_jaxpr = traced_program.jaxpr.jaxpr
+        entry.tracks_fresh = bool(entry.donated) and not set(run_jaxpr.invars).intersection(run_jaxpr.outvars)
+        traced_program.lower().compile()
         self._stats["variants" if recorder.observing else "compiles"] += 1
         self._stats["compile_seconds"] += time.perf_counter() - start
         return entry
@@ -698,7 +710,7 @@ def _gather_inputs(entry: _Entry, leaves: list[Any]) -> list[Any]:
         leaf = leaves[i]
         inputs.append(leaf._array if isinstance(leaf, Tensor) else leaf)
     if entry.donated:
-        own_donated(entry.donated, inputs, leaves)
+        own_donated(entry.donated, inputs, leaves, entry.fresh)
     return inputs
 
 
@@ -729,6 +741,8 @@ def _call_program(entry: _Entry, leaves: list[Any]) -> Any:
         drop_grads(entry.dropped_grads, leaves)
     outs = entry.jitted(*inputs)
     del inputs
+    if entry.tracks_fresh:
+        entry.fresh = fresh_outputs(entry.donated, outs)
     if not check_first:
         # While the program runs: if a check fails its outputs are dropped, as if it never ran.
         _check_on_host(entry.host_checks, leaves)

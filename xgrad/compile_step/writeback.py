@@ -271,13 +271,13 @@ def _replaced(writes: list[Any]) -> dict[Any, tuple[int | None, bool]]:
 
 def donation(
     writes: list[Any], checks: tuple[Any, ...], sources: list[Any], in_avals: list[Any], out_avals: list[Any],
-) -> tuple[tuple[tuple[int, Any, bool], ...], tuple[Any, ...]]:
+) -> tuple[tuple[tuple[int, Any, bool, int], ...], tuple[Any, ...]]:
     """The inputs a call donates and the ``.grad``s it drops before the program runs (NOTE [Donated state]).
 
     ``sources``: each input's one source (``_Snapshot.target``), ``None`` for an input
     that is no tensor's alone (a constant, an array several tensors share, a plain array
-    argument). Returns ``(position, source, whether the .grad Tensor is replaced)`` for
-    each donated input, and the targets whose ``.grad`` the program replaces without reading it.
+    argument). Returns ``(position, source, whether the .grad Tensor is replaced, the output replacing it)``
+    for each donated input, and the targets whose ``.grad`` the program replaces without reading it.
     """
     replaced = _replaced(writes)
     for _, _, check_writes in checks:
@@ -290,7 +290,7 @@ def donation(
         read.add(key)
         index, new_tensor = replaced.get(key, (None, False))
         if index is not None and (out_avals[index].shape, out_avals[index].dtype) == (aval.shape, aval.dtype):
-            donated.append((position, source, new_tensor and type(source) is tuple))
+            donated.append((position, source, new_tensor and type(source) is tuple, index))
     dropped = tuple(
         target for target, what, _, _ in writes
         if what == "grad" and _target_key(("grad", target)) in replaced and _target_key(("grad", target)) not in read
@@ -298,24 +298,45 @@ def donation(
     return tuple(donated), dropped
 
 
-def own_donated(donated: tuple[tuple[int, Any, bool], ...], inputs: list[Any], leaves: list[Any]) -> None:
+def own_donated(
+    donated: tuple[tuple[int, Any, bool, int], ...], inputs: list[Any], leaves: list[Any], fresh: list[Any],
+) -> None:
     """Put a copy in ``inputs`` in place of each donated array someone besides its tensor holds (NOTE [Donated state]).
 
     An array is held by its tensor and by ``inputs``; where the call gives a ``.grad``'s
     owner a new ``.grad`` Tensor, the old one must be held by its owner alone too.
     Two inputs that are distinct ``jax.Array`` objects over one buffer (``jax.device_put``
-    of an array to the device it is on makes such a twin) donate it once.
+    of an array to the device it is on makes such a twin) donate it once. ``fresh``: weak
+    references to the outputs that replaced these inputs at the program's last call
+    (``fresh_outputs``); when every input is still the one its last call wrote, no two
+    share a buffer, and their addresses, which wait for the last call's program, are not read.
     """
+    compare_buffers = len(fresh) != len(donated) or any(
+        ref() is not inputs[position] for ref, (position, _, _, _) in zip(fresh, donated, strict=False)
+    )
     buffers = set()
-    for position, source, new_tensor in donated:
+    for position, source, new_tensor, _ in donated:
         held = _count_refs(inputs[position]) > _ONE_HOLDER + 1
         if not held and new_tensor:
             held = _count_refs(_resolve(source, leaves)) > _ONE_HOLDER
-        buffer = _buffer_of(inputs[position])
-        if held or buffer in buffers:
+        if held:
             inputs[position] = inputs[position].copy()
-        else:
-            buffers.add(buffer)
+        elif compare_buffers:
+            buffer = _buffer_of(inputs[position])
+            if buffer in buffers:
+                inputs[position] = inputs[position].copy()
+            else:
+                buffers.add(buffer)
+
+
+def fresh_outputs(donated: tuple[tuple[int, Any, bool, int], ...], outs: Any) -> list[Any]:
+    """Weak references to the outputs that replace the donated inputs, for the next call's ``own_donated``.
+
+    Only for a program that forwards none of its inputs as outputs: then each output is a
+    buffer of its own, made by the call (XLA gives the outputs of one execution distinct
+    buffers, sharing none but a donated input's).
+    """
+    return [weakref.ref(outs[index]) for _, _, _, index in donated]
 
 
 def drop_grads(targets: tuple[Any, ...], leaves: list[Any]) -> None:
