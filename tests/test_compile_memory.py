@@ -17,6 +17,7 @@ import pytest
 
 import xgrad
 from xgrad import nn
+from xgrad.compile_step import writeback
 from xgrad.generator import default_generator
 
 RNG = np.random.default_rng(0)
@@ -244,6 +245,37 @@ def test_twin_arrays_over_one_buffer_are_donated_once():
     step()
     np.testing.assert_array_equal(a.numpy(), np.full(3, 2.0))
     np.testing.assert_array_equal(b.numpy(), np.full(3, 3.0))
+
+
+def test_a_call_on_the_arrays_the_last_call_wrote_reads_no_buffer_address(monkeypatch):
+    """Reading a buffer's address waits for the program that makes it, so a call whose donated
+    arrays are all the ones its last call wrote (distinct buffers of one execution) reads none;
+    one that finds an array put there since (a twin of another state array) reads them, and
+    donates the shared buffer once, as on a first call."""
+    a = xgrad.tensor(np.ones(3))
+    b = xgrad.tensor(np.ones(3))
+
+    @xgrad.compile(fallback="error")
+    def step():
+        a.add_(1.0)
+        b.mul_(3.0)
+
+    read = []
+    real_buffer_of = writeback._buffer_of
+    monkeypatch.setattr(writeback, "_buffer_of", lambda array: read.append(array) or real_buffer_of(array))
+    step()
+    assert len(read) == 2  # a first call: the arrays come from outside the program
+    read.clear()
+    step()
+    step()
+    assert read == []
+    np.testing.assert_array_equal(a.numpy(), np.full(3, 4.0))
+    np.testing.assert_array_equal(b.numpy(), np.full(3, 27.0))
+    b._array = jax.device_put(a.array, jax.devices()[0])  # a twin: another object over a's buffer
+    step()
+    assert len(read) == 2
+    np.testing.assert_array_equal(a.numpy(), np.full(3, 5.0))
+    np.testing.assert_array_equal(b.numpy(), np.full(3, 12.0))
 
 
 @pytest.mark.parametrize("where", ["before the update", "after the update"])
