@@ -177,6 +177,7 @@ def _guard_entry(ref: Any, grad_read: bool) -> list[Any]:
     return [ref, None, shape, dtype, more]
 
 
+
 class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
@@ -316,16 +317,21 @@ def _describe_leaf(key: Any) -> str:
 _KIND_NAMES = {"tensor": "a Tensor", "array": "a jax.Array", "ndarray": "a NumPy array"}
 
 
-def _signature(leaves: list[Any], tree: Any) -> Any:
-    """The cache key of a call: the arguments' structure, each leaf's key, which are one tensor, the grad
-    and autocast modes."""
+def _aliases(leaves: list[Any]) -> tuple[int, ...]:
+    """Which Tensor arguments are one tensor: each one's first position."""
     alias: list[int] = []
     first: dict[int, int] = {}
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, Tensor):
             alias.append(first.setdefault(id(leaf), i))
+    return tuple(alias)
+
+
+def _signature(leaves: list[Any], tree: Any) -> Any:
+    """The cache key of a call: the arguments' structure, each leaf's key, which are one tensor, the grad
+    and autocast modes."""
     try:
-        signature = (tree, tuple(_leaf_key(leaf) for leaf in leaves), tuple(alias), (is_grad_enabled(), autocast_key()))
+        signature = (tree, tuple(_leaf_key(leaf) for leaf in leaves), _aliases(leaves), (is_grad_enabled(), autocast_key()))
         hash(signature)
     except TypeError:
         raise TypeError(
@@ -333,6 +339,96 @@ def _signature(leaves: list[Any], tree: Any) -> Any:
             "the signature)"
         ) from None
     return signature
+
+
+# NOTE [The hit path]
+# A step's call that hits pays Python that ``jax.jit``'s C++ fast path does not: the
+# signature of its arguments, the guards of its state, gathering its inputs and writing
+# back its outputs, each at every call. Each is made a walk over lists prepared once:
+# ``_LastCall`` keeps the last hit's arguments as the objects that passed (each array's
+# type and aval, interned by JAX, its sharding, a static value) with the signature and
+# the cache entry they led to, so a call whose arguments are those objects again, or
+# arrays with the same aval and a sharding already found equal, skips building,
+# hashing and comparing the signature (``_signature`` and its ``sharding == sharding``
+# per leaf, Python in JAX). Anything else (a Tensor argument with history, hooks or a
+# ``.grad``, a NumPy array, another tree, grad or autocast mode) takes the full path,
+# which then records the new call. Any change to the cache forgets it.
+
+
+class _LastCall:
+    """The last hit's arguments, as ``_LastCall.matches`` compares them (NOTE [The hit path])."""
+
+    __slots__ = ("checks", "head", "mode", "signature", "tree")
+
+    def __init__(self, tree: Any, checks: list[tuple[Any, ...]], signature: Any, head: Any) -> None:
+        self.tree = tree
+        # Per leaf: (0, type, aval, sharding, known) for an array, (1, ...) the same for a Tensor holding
+        # one (no history, hooks or .grad), (2, type, value) for a static value; ``known`` maps ids to
+        # the shardings found equal to ``sharding`` (held, so the ids stay theirs).
+        self.checks = checks
+        self.signature = signature
+        self.mode = signature[3]
+        self.head = head
+
+    @staticmethod
+    def of(leaves: list[Any], tree: Any, signature: Any, head: Any) -> _LastCall | None:
+        """The record of a call that hit ``head`` with ``signature``; ``None`` if a leaf cannot be compared quickly."""
+        checks: list[tuple[Any, ...]] = []
+        for leaf in leaves:
+            if isinstance(leaf, Tensor):
+                a = leaf._array
+                if not (isinstance(a, jax.Array) and _plain_argument(leaf)):
+                    return None
+                checks.append((1, type(a), a.aval, a.sharding, {id(a.sharding): a.sharding}))
+            elif isinstance(leaf, jax.Array):
+                checks.append((0, type(leaf), leaf.aval, leaf.sharding, {id(leaf.sharding): leaf.sharding}))
+            elif isinstance(leaf, np.ndarray):
+                return None
+            else:
+                checks.append((2, type(leaf), leaf))
+        return _LastCall(tree, checks, signature, head)
+
+    def matches(self, leaves: list[Any], tree: Any) -> bool:
+        """Whether a call with ``leaves`` and ``tree`` has the recorded signature (same tree: as many leaves)."""
+        if tree != self.tree:
+            return False
+        tensors = 0
+        for leaf, check in zip(leaves, self.checks, strict=True):
+            kind = check[0]
+            if kind == 2:
+                if type(leaf) is not check[1] or not (leaf is check[2] or leaf == check[2]):
+                    return False
+                continue
+            if kind == 1:
+                if not isinstance(leaf, Tensor) or not _plain_argument(leaf):
+                    return False
+                tensors += 1
+                leaf = leaf._array
+            if type(leaf) is not check[1] or leaf.aval is not check[2]:
+                return False
+            sharding = leaf.sharding
+            known = check[4]
+            if id(sharding) not in known:
+                if sharding != check[3]:
+                    return False
+                if len(known) == _KNOWN_SHARDINGS:
+                    known.clear()
+                known[id(sharding)] = sharding
+        if tensors > 1 and _aliases(leaves) != self.signature[2]:
+            return False
+        return (is_grad_enabled(), autocast_key()) == self.mode
+
+
+#: Shardings kept per argument as found equal to its signature's (batches placed one by one each bring their own).
+_KNOWN_SHARDINGS = 16
+
+
+def _plain_argument(t: Tensor) -> bool:
+    """A Tensor argument whose guard part of its key (``_leaf_key``) is the plain one: compared without building it."""
+    return (
+        t.grad_fn is None and not t._requires_grad and t._grad is None and not t._backward_hooks
+        and not t._post_accumulate_grad_hooks
+    )
 
 
 class CompiledFunction:
@@ -347,6 +443,7 @@ class CompiledFunction:
         self._stats = {"compiles": 0, "hits": 0, "misses": 0, "fallbacks": 0, "variants": 0, "compile_seconds": 0.0}
         self._warned_sites: set[str] = set()
         self._last_signature: Any = None
+        self._last_call: _LastCall | None = None  # NOTE [The hit path]
         self._recompile_warned = False
         self._trace_lock = threading.RLock()
         functools.update_wrapper(self, fn)
@@ -366,6 +463,12 @@ class CompiledFunction:
                 self._stats["fallbacks"] += 1
             return self.fn(*args, **kwargs)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
+        last = self._last_call
+        if last is not None and last.matches(leaves, tree):  # NOTE [The hit path]
+            entry = self._matching(last.head, leaves)
+            if entry is not None:
+                self._stats["hits"] += 1
+                return self._run(entry, leaves, tree)
         if any(isinstance(leaf, jax.core.Tracer) or (isinstance(leaf, Tensor) and isinstance(leaf._array, jax.core.Tracer)) for leaf in leaves):
             return self.fn(*args, **kwargs)  # under a plain jax transformation: part of its trace
         signature = _signature(leaves, tree)
@@ -382,6 +485,7 @@ class CompiledFunction:
                         entry = self._compile(leaves, tree)
                     except _NotCompilable as exc:
                         self._cache[signature] = entry = _FALLBACK
+                        self._last_call = None
                         self._fall_back(exc)
                     else:
                         self._keep(signature, entry)
@@ -395,10 +499,12 @@ class CompiledFunction:
         if entry is _FALLBACK:
             self._stats["fallbacks"] += 1
             return entry
-        entry = self._matching(entry, leaves)
+        head = entry
+        entry = self._matching(head, leaves)
         if entry is not None:
             self._cache.move_to_end(signature)
             self._stats["hits"] += 1
+            self._last_call = _LastCall.of(leaves, signature[0], signature, head)
         return entry
 
     def _matching(self, entry: Any, leaves: list[Any]) -> Any:
@@ -421,6 +527,7 @@ class CompiledFunction:
                 break
             last = last.other
         self._cache[signature] = entry
+        self._last_call = None
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
 
