@@ -7,6 +7,7 @@ import dis
 import functools
 import inspect
 import linecache
+import operator
 import os
 import threading
 import time
@@ -183,7 +184,7 @@ class _Entry:
 
     __slots__ = (
         "aliased", "arg_tensor_slots", "checks", "consts", "donated", "dropped_grads", "effects", "fast_writes", "flags", "fresh",
-        "guards", "has_host_calls", "precheck", "tracks_fresh",
+        "guards", "has_host_calls", "in_order", "precheck", "tracks_fresh",
         "hook_box", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
         "observing", "result_template", "result_tree", "writes",
     )
@@ -199,6 +200,7 @@ class _Entry:
     fast_writes: list[tuple[int, Any, Any, int]]  # ``writes`` as ``_apply_fast_writes`` takes them
     fresh: list[Any]  # the outputs that replaced the donated inputs at the last call, weakly (``fresh_outputs``)
     tracks_fresh: bool  # whether ``fresh`` is kept: the program forwards no input as an output
+    in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``_donating_program``)
     # A tensor's weak reference, the aval that last passed, its shape and dtype, then ``None`` for plain
     # state (no history, no requires_grad, no hooks, .grad not read: optimizer state, buffers), else
     # whether its .grad was read and the rest of ``_expected``.
@@ -757,7 +759,7 @@ class CompiledFunction:
             entry.writes, () if entry.precheck is not None else entry.checks, sources,
             [v.aval for v in (*jaxpr.constvars, *jaxpr.invars)], closed.out_avals,
         )
-        entry.jitted = jax.jit(program, donate_argnums=tuple(position for position, _, _, _ in entry.donated))
+        entry.jitted, entry.in_order = _donating_program(program, entry.donated, len(closed.out_avals))
         entry.fresh = []
         entry.observers = recorder.observers
         entry.observing = None
@@ -804,6 +806,30 @@ def _precheck(entry: _Entry, program: Any, invars: list[Any], jaxpr: Any) -> Any
     return jax.jit(lambda *inputs: {i: out for i, out in enumerate(program(*inputs)) if i in wanted}), jax.jit(program)
 
 
+def _donating_program(program: Any, donated: tuple[tuple[int, Any, bool, int], ...], n_outputs: int) -> tuple[Any, Any]:
+    """``program`` jitted donating ``donated``, with the outputs that replace them first, in their order.
+
+    JAX pairs each donated input with the first output of its shape and dtype not yet
+    paired, in order; an output it pairs with another input than the one it replaces
+    (a parameter with its ``.grad``, a moment with the parameter) makes XLA copy the
+    inputs it still reads (the demo step's program: 28 copies). Returns the program and
+    the getter that puts its outputs back in the program's order (``None``: they are).
+    """
+    first = list(dict.fromkeys(index for _, _, _, index in donated))
+    taken = set(first)
+    order = first + [i for i in range(n_outputs) if i not in taken]
+    donate_argnums = tuple(position for position, _, _, _ in donated)
+    if order == list(range(n_outputs)):
+        return jax.jit(program, donate_argnums=donate_argnums), None
+
+    def reordered(*inputs: Any) -> list[Any]:
+        outs = program(*inputs)
+        return [outs[i] for i in order]
+
+    where = {index: k for k, index in enumerate(order)}
+    return jax.jit(reordered, donate_argnums=donate_argnums), operator.itemgetter(*(where[i] for i in range(n_outputs)))
+
+
 def _gather_inputs(entry: _Entry, leaves: list[Any]) -> list[Any]:
     inputs = []
     for kind, source in entry.inputs:  # one loop, no calls for the common kinds: it runs every step
@@ -847,6 +873,8 @@ def _call_program(entry: _Entry, leaves: list[Any]) -> Any:
     if entry.dropped_grads:
         drop_grads(entry.dropped_grads, leaves)
     outs = entry.jitted(*inputs)
+    if entry.in_order is not None:
+        outs = entry.in_order(outs)
     del inputs
     if entry.tracks_fresh:
         entry.fresh = fresh_outputs(entry.donated, outs)
