@@ -831,14 +831,11 @@ def _donating_program(program: Any, donated: tuple[tuple[int, Any, bool, int], .
 
 
 def _gather_inputs(entry: _Entry, leaves: list[Any]) -> list[Any]:
-    inputs = []
-    for kind, source in entry.inputs:  # one loop, no calls for the common kinds: it runs every step
-        if kind == 0:
-            inputs.append(source)
-        elif kind == 1:
-            inputs.append(source()._array)
-        else:
-            inputs.append(_source_value(source, leaves))
+    # One comprehension, no calls for the common kinds: it runs every step.
+    inputs = [
+        source()._array if kind == 1 else source if kind == 0 else _source_value(source, leaves)
+        for kind, source in entry.inputs
+    ]
     for i in entry.arg_tensor_slots:
         leaf = leaves[i]
         inputs.append(leaf._array if isinstance(leaf, Tensor) else leaf)

@@ -311,17 +311,18 @@ def own_donated(
     (``fresh_outputs``); when every input is still the one its last call wrote, no two
     share a buffer, and their addresses, which wait for the last call's program, are not read.
     """
-    compare_buffers = len(fresh) != len(donated) or any(
-        ref() is not inputs[position] for ref, (position, _, _, _) in zip(fresh, donated, strict=False)
-    )
-    buffers = set()
-    for position, source, new_tensor, _ in donated:
+    stale = len(fresh) != len(donated)
+    for k, (position, source, new_tensor, _) in enumerate(donated):
+        if not stale and fresh[k]() is not inputs[position]:
+            stale = True
         held = _count_refs(inputs[position]) > _ONE_HOLDER + 1
         if not held and new_tensor:
             held = _count_refs(_resolve(source, leaves)) > _ONE_HOLDER
         if held:
             inputs[position] = inputs[position].copy()
-        elif compare_buffers:
+    if stale:  # a copy made above has a buffer of its own, which no other input shares
+        buffers = set()
+        for position, _, _, _ in donated:
             buffer = _buffer_of(inputs[position])
             if buffer in buffers:
                 inputs[position] = inputs[position].copy()
