@@ -236,6 +236,16 @@ def _returned_value(leaf: Any) -> Any:
 # A ``.grad`` the program replaces without reading it (``zero_grad()`` first, PyTorch's
 # ``set_to_none`` default) is let go of before the program runs, on the same condition,
 # as PyTorch frees it at ``zero_grad()``: old and new grads never coexist either.
+#
+# Reading a buffer's address waits for the program that makes it, which would make every
+# call wait for the last one. So a call whose donated inputs are all, by identity, the
+# outputs that replaced them at the program's last call (weak references, ``fresh_outputs``)
+# reads none: the outputs of one execution are distinct buffers (XLA shares none but a
+# donated input's), and a twin made since is another object. And JAX pairs donated inputs
+# with outputs by shape and dtype in order, not by which output replaces which input: the
+# program returns the outputs that replace donated inputs first, in the inputs' order
+# (``_donating_program`` in ``program.py``), or a parameter's buffer would take its
+# ``.grad`` and XLA would copy what it still reads of the old values.
 
 
 def _count_refs(value: Any) -> int:
