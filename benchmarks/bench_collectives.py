@@ -187,7 +187,7 @@ def main() -> None:
     parser.add_argument("--hlo", help="a folder to write each case's two optimized HLO texts into")
     args = parser.parse_args()
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, {jax.device_count()} devices; "
-          "per kind: count / bytes per device, xgrad.compile | jax.jit\n")
+          "per kind: count: bytes per device, xgrad.compile vs jax.jit\n")
     print("| model | layout | " + " | ".join(KINDS) + " | bytes | jax.jit bytes | ratio |")
     print("|---|---|" + "---|" * len(KINDS) + "---:|---:|---:|")
     for model_name in args.model or MODELS:
