@@ -1,8 +1,9 @@
 """What a sharded training step communicates: ``xgrad.compile`` against ``jax.jit`` of the same loss, over a sweep.
 
 Models: MLPs of several widths and depths (some with sizes the mesh does not divide, whose
-tensors stay replicated or split along another dim), a small nanoGPT (``examples/nanogpt.py``)
-and a small CNN. Layouts, on four host devices (the CPU split by ``XLA_FLAGS`` before JAX
+tensors stay replicated or split along another dim), nanoGPT (``examples/nanogpt.py``: one
+layer of width 16, and the example's two of width 32) and a small CNN (two 3x3 convolutions
+with max pooling). Layouts, on four host devices (the CPU split by ``XLA_FLAGS`` before JAX
 is imported): ``dp`` (parameters replicated, batch over ``data``), ``fsdp`` (``fsdp("data")``)
 and ``2d`` (a 2x2 ``data`` x ``model`` mesh: ``fsdp`` over ``data``, and each tensor's last
 other dim that ``model`` divides split over ``model``). The batch is split over ``data``.
@@ -15,7 +16,7 @@ Bytes are the collectives' result sizes per device in the optimized HLO
 (``xgrad.distributed.collective_stats``); nothing runs.
 
     python benchmarks/bench_collectives.py                   # every case, ~3 min on 2 CPU cores
-    python benchmarks/bench_collectives.py --model gpt --layout fsdp --hlo /tmp/hlo
+    python benchmarks/bench_collectives.py --model "gpt 2x32" --layout fsdp --hlo /tmp/hlo
 """
 
 from __future__ import annotations
@@ -67,15 +68,17 @@ def _mlp(sizes: list[int], batch: int) -> Callable[[], tuple[xgrad.nn.Module, np
     return make
 
 
-def _gpt() -> tuple[xgrad.nn.Module, np.ndarray, np.ndarray]:
-    config = nanogpt.GPTConfig(block_size=8, n_layer=1, n_head=2, n_embd=16)
-    chars = sorted(set(nanogpt.TEXT))
-    config.vocab_size = len(chars)
-    xgrad.manual_seed(0)
-    model = nanogpt.GPT(config)
-    data = np.array([chars.index(c) for c in nanogpt.TEXT], dtype=np.int32)
-    x, y = nanogpt.get_batch(data, config.block_size, 8, np.random.default_rng(0))
-    return model, np.asarray(x.array), np.asarray(y.array)
+def _gpt(config: nanogpt.GPTConfig) -> Callable[[], tuple[xgrad.nn.Module, np.ndarray, np.ndarray]]:
+    def make() -> tuple[xgrad.nn.Module, np.ndarray, np.ndarray]:
+        chars = sorted(set(nanogpt.TEXT))
+        config.vocab_size = len(chars)
+        xgrad.manual_seed(0)
+        model = nanogpt.GPT(config)
+        data = np.array([chars.index(c) for c in nanogpt.TEXT], dtype=np.int32)
+        x, y = nanogpt.get_batch(data, config.block_size, 8, np.random.default_rng(0))
+        return model, np.asarray(x.array), np.asarray(y.array)
+
+    return make
 
 
 def _cnn() -> tuple[xgrad.nn.Module, np.ndarray, np.ndarray]:
@@ -92,7 +95,8 @@ MODELS: dict[str, Callable[[], tuple[xgrad.nn.Module, np.ndarray, np.ndarray]]] 
     "mlp 20-30-30-10": _mlp([20, 30, 30, 10], 32),
     "mlp 6-10-14-3": _mlp([6, 10, 14, 3], 16),
     "mlp 32-48x5-10": _mlp([32, 48, 48, 48, 48, 48, 10], 16),
-    "gpt": _gpt,
+    "gpt 1x16": _gpt(nanogpt.GPTConfig(block_size=8, n_layer=1, n_head=2, n_embd=16)),
+    "gpt 2x32": _gpt(nanogpt.GPTConfig()),  # examples/fsdp_nanogpt.py's model
     "cnn": _cnn,
 }
 
