@@ -115,13 +115,16 @@ def _mesh(layout: str) -> Mesh:
 
 def _two_d(name: str, t: xgrad.Tensor, mesh: Mesh) -> P:
     """``fsdp("data")``'s spec, and ``model`` on the last other dim that it divides."""
-    spec = list(fsdp("data")(name, t, mesh)) + [None] * t.ndim  # type: ignore[call-arg]
-    spec = spec[: t.ndim]
+    split = fsdp("data")(name, t, mesh)  # type: ignore[call-arg]
+    spec = [*split, *[None] * (t.ndim - len(split))]
     for dim in reversed(range(t.ndim)):
         if spec[dim] is None and t.shape[dim] % mesh.shape["model"] == 0:
             spec[dim] = "model"
             break
     return P(*spec)
+
+
+_two_d.needs_mesh = True  # type: ignore[attr-defined]  (shard_module passes it the mesh)
 
 
 def place(model: xgrad.nn.Module, layout: str) -> Mesh:
@@ -131,7 +134,6 @@ def place(model: xgrad.nn.Module, layout: str) -> Mesh:
     elif layout == "fsdp":
         shard_module(model, mesh, fsdp("data"))
     else:
-        _two_d.needs_mesh = True  # type: ignore[attr-defined]
         shard_module(model, mesh, _two_d)  # type: ignore[arg-type]
     return mesh
 
