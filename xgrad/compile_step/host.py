@@ -15,6 +15,7 @@ import numpy as np
 
 from xgrad.compile_step import recording
 from xgrad.compile_step.errors import _NotCompilable
+from xgrad.compile_step.hook_purity import trace_in
 from xgrad.compile_step.observers import _HookBox, _HostGraphTask, _in_backward, _Observer
 from xgrad.compile_step.recording import tracing
 from xgrad.engine.compiled.cache import call_site
@@ -50,8 +51,12 @@ def _struct(array: Any) -> jax.ShapeDtypeStruct:
 
 
 def _host_hook(fn: Any, hooks: Any) -> Any:
-    """``fn`` as called inside a traced step: through an ordered host callback, unless it is pure."""
-    from xgrad.autograd.compiled import PureHook
+    """``fn`` as called inside a traced step: traced in if it is pure, else through an ordered host callback.
+
+    Marked ``pure_hook``: traced in; marked ``host_hook``: on the host; neither: traced in
+    when it touches no Python state (NOTE [Hooks traced in] in ``hook_purity.py``).
+    """
+    from xgrad.autograd.compiled import HostHook, PureHook
 
     if isinstance(fn, tuple):  # a tensor hook: (input_nr, hook)
         return (fn[0], _host_hook(fn[1], hooks))
@@ -59,8 +64,15 @@ def _host_hook(fn: Any, hooks: Any) -> Any:
         return fn
 
     def call(*args: Any) -> Any:
+        post_accumulate = len(args) == 1 and isinstance(args[0], Tensor) and args[0]._post_accumulate_grad_hooks is hooks
+        if not isinstance(fn, HostHook):
+            rec = recording.active()
+            assert rec is not None
+            traced, result = trace_in(rec, fn, args, post_accumulate)
+            if traced:
+                return result
         graph_task = _host_graph_task()
-        if len(args) == 1 and isinstance(args[0], Tensor) and args[0]._post_accumulate_grad_hooks is hooks:
+        if post_accumulate:
             return _post_accumulate_on_host(fn, args[0], graph_task, hooks)
         return _replacing_hook_on_host(fn, args, graph_task)
 

@@ -32,6 +32,7 @@ from xgrad.compile_step.errors import (
     RecompileWarning,
     _NotCompilable,
 )
+from xgrad.compile_step.hook_purity import reads_hold
 from xgrad.compile_step.intercept import _StepRecorder
 from xgrad.compile_step.observers import run_observers
 from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
@@ -181,7 +182,7 @@ class _Entry:
 
     __slots__ = (
         "aliased", "arg_tensor_slots", "checks", "consts", "donated", "dropped_grads", "effects", "fast_writes", "flags", "guards", "has_host_calls", "precheck",
-        "hook_box", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
+        "hook_box", "hook_reads", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
         "observing", "result_template", "result_tree", "writes",
     )
     aliased: list[list[Any]]
@@ -203,6 +204,7 @@ class _Entry:
     other: Any  # an older entry of the signature, whose guards failed when this one was traced (``None``: none)
     has_host_calls: bool  # hooks or callbacks run from inside the program
     hook_box: Any  # its hooks' ``_HookBox`` if an observer variant may stand in for it, else ``None``
+    hook_reads: list[tuple[Any, Any, Any]]  # what its traced-in hooks read, compared every call (NOTE [Hooks traced in])
     observers: list[Any]  # the observer variant's hooks, run after it in program order
     observing: Any  # the observer variant once traced (``_NO_VARIANT``: none can be), else ``None``
     inputs: list[tuple[int, Any]]
@@ -478,6 +480,8 @@ class CompiledFunction:
                 if a.shape != shape or a.dtype != dtype:
                     return False
                 guard[1] = found_aval
+        if entry.hook_reads and not reads_hold(entry.hook_reads):  # NOTE [Hooks traced in]
+            return False
         for ref, training in entry.modes:
             module = ref()
             if module is not None and module.training != training:
@@ -625,6 +629,7 @@ class CompiledFunction:
         entry.other = None
         entry.guards = [_guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
         entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]
+        entry.hook_reads = recorder.hook_reads
         entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
         consts: list[tuple[str, Any]] = []
         for c in closed.consts:
