@@ -170,7 +170,7 @@ class Reads:
         for value in (*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()):
             self._value(value, depth + 1)
 
-    def _entry(self, namespace: dict[str, Any], key: str, depth: int) -> None:
+    def _entry(self, namespace: Any, key: str, depth: int) -> None:
         value = namespace.get(key, _MISSING)
         self.guards.append((namespace, key, value))
         self._value(value, depth)
@@ -197,14 +197,11 @@ class Reads:
             return
         if _trusted(value):
             return
-        namespace = vars(value) if hasattr(value, "__dict__") else None
-        if namespace is None:
-            return
-        for name in self.names.intersection(namespace):
-            if isinstance(namespace, dict):
-                self._entry(namespace, name, depth + 1)
-            else:  # a class's mappingproxy: read, not guarded (a class attribute rebound is rare)
-                self._value(namespace[name], depth + 1)
+        # Its attributes the code names, set or not (one set later shadows its class's), and its class's.
+        for namespace in (getattr(value, "__dict__", None), None if isinstance(value, type) else vars(type(value))):
+            if namespace is not None:
+                for name in sorted(self.names):
+                    self._entry(namespace, name, depth + 1)
 
     def changed(self) -> list[tuple[Any, Any, Any]]:
         """The guards that no longer hold."""
