@@ -819,8 +819,10 @@ def compile(
     through host callbacks; tensor and node hooks that only observe (return ``None``,
     queue no callback) run right after the program instead, which costs no host
     round trip, and the ops they ran on their arguments last time (``g.norm()``) are
-    computed in the program and handed to them; those marked ``xgrad.autograd.compiled.pure_hook`` are
-    traced into the program. ``print`` in ``fn`` prints at every call with that
+    computed in the program and handed to them. A hook that touches no Python state outside
+    its arguments, or one marked ``xgrad.autograd.compiled.pure_hook``, is traced into the
+    program (NOTE [Hooks traced in] in ``hook_purity.py``: the values it reads are checked at
+    every call); ``xgrad.autograd.compiled.host_hook`` keeps one on the host. ``print`` in ``fn`` prints at every call with that
     call's values, in eager's format and order (tensors, their f-strings and
     ``str``/``format``, ``.item()`` as an f-string's value; NOTE [Print in a compiled
     step] in ``xgrad/compile_step/printing.py``). Other plain Python side effects in
