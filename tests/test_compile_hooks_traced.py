@@ -170,6 +170,7 @@ HOST_KINDS = {
     "subscript_store": lambda log: ("w0", _stored),
     "setitem_call": lambda log: ("b0", _set_item),
     "host_hook": lambda log: ("w2", host_hook(lambda g: g * 0.5)),
+    "host_hook_on_a_module": lambda log: ("module", host_hook(lambda module, gi, go: (gi[0] * 0.5,))),
 }
 
 
@@ -241,6 +242,22 @@ CONFIG = Config()
 FACTORS = {"scale": 2.0}
 
 
+class Settings:
+    def __init__(self):
+        self._scale = 2.0
+
+    @property
+    def scale(self):
+        return self._scale
+
+
+SETTINGS = Settings()
+
+
+def _reads_property(g):
+    return g * SETTINGS.scale
+
+
 def _reads_global(g):
     return g * SCALE
 
@@ -275,6 +292,7 @@ READERS = {
     "global": (lambda: _reads_global, _set_global),
     "class_attribute_then_instance": (lambda: _reads_attribute, lambda v: setattr(CONFIG, "scale", v)),
     "dict_item": (lambda: _reads_item, lambda v: FACTORS.__setitem__("scale", v)),
+    "property": (lambda: _reads_property, lambda v: setattr(SETTINGS, "_scale", v)),
 }
 
 
@@ -291,9 +309,9 @@ def test_a_traced_in_hook_whose_read_value_changes_later_gives_eagers_result(kin
         model = make_model()
         model[0].weight.register_hook(hook)
 
-        def step(x, model=model):
+        def step(x, model=model, compiled_backward=mode == "compiled"):
             model.zero_grad()
-            (model(x) ** 2).sum().backward(compiled=mode == "compiled")
+            (model(x) ** 2).sum().backward(compiled=compiled_backward)
             return model[0].weight.grad * 1.0
 
         fn = xgrad.compile(step, fallback="error") if mode == "compile" else step
@@ -312,8 +330,33 @@ def test_a_traced_in_hook_whose_read_value_changes_later_gives_eagers_result(kin
     rebind(2.0)
 
 
+class Slotted:
+    __slots__ = ("scale",)
+
+
+def test_a_hook_reading_an_attribute_held_in_slots_stays_on_the_host_and_sees_each_value():
+    slotted = Slotted()
+    results = {}
+    for mode in ("eager", "compile"):
+        model = make_model()
+        model[0].weight.register_hook(lambda g: g * slotted.scale)  # no guard can see a slot change: on the host
+
+        def step(x, model=model):
+            model.zero_grad()
+            (model(x) ** 2).sum().backward()
+            return model[0].weight.grad * 1.0
+
+        fn = xgrad.compile(step, fallback="error") if mode == "compile" else step
+        results[mode] = []
+        for value in (2.0, -3.0):
+            slotted.scale = value
+            results[mode].append(fn(xgrad.tensor(BATCHES[0])).numpy())
+    np.testing.assert_allclose(results["compile"], results["eager"], rtol=1e-12)
+    assert host_calls(fn)
+
+
 def test_a_post_accumulate_hook_returning_a_value_raises_eagers_error_under_compile():
-    for compiled in (False, True):
+    for whole_step in (False, True):
         model = make_model()
         model[0].weight.register_post_accumulate_grad_hook(lambda p: p.grad.mul_(0.5))
 
@@ -322,7 +365,7 @@ def test_a_post_accumulate_hook_returning_a_value_raises_eagers_error_under_comp
             (model(x) ** 2).sum().backward()
             return model[0].weight.grad * 1.0
 
-        fn = xgrad.compile(step, fallback="error") if compiled else step
+        fn = xgrad.compile(step, fallback="error") if whole_step else step
         with pytest.raises(RuntimeError, match="post accumulate grad hooks should return None"):
             fn(xgrad.tensor(BATCHES[0]))
 

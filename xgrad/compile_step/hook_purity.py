@@ -125,6 +125,12 @@ class Reads:
             self._value(arg, 1)
 
     def _callable(self, fn: Any, depth: int, top: bool = False) -> None:
+        from xgrad.autograd.compiled import HostHook, PureHook
+
+        if isinstance(fn, HostHook):  # inside a module's hooks: the mark holds there too
+            raise Impure(f"{fn!r} is marked host_hook")
+        if isinstance(fn, PureHook):
+            return
         if isinstance(fn, functools.partial):
             self._callable(fn.func, depth, top)
             for value in (*fn.args, *fn.keywords.values()):
@@ -138,7 +144,7 @@ class Reads:
         elif isinstance(fn, (type, types.BuiltinFunctionType, types.BuiltinMethodType)) or (not top and _trusted(fn)):
             return  # a constructor, a builtin, or library code: traced as the step's ops are
         else:
-            call = getattr(type(fn), "__call__", None)
+            call = next((vars(c)["__call__"] for c in type(fn).__mro__ if "__call__" in vars(c)), None)
             if not isinstance(call, types.FunctionType):
                 raise Impure(f"{fn!r} is not Python code")
             self._function(call, depth)
@@ -185,6 +191,13 @@ class Reads:
         if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
             self._callable(value, depth)
             return
+        if isinstance(value, (staticmethod, classmethod)):
+            self._callable(value.__func__, depth)
+            return
+        if isinstance(value, property):  # what its getter reads is what reading it reads
+            if value.fget is not None:
+                self._callable(value.fget, depth)
+            return
         self._seen.add(id(value))
         if isinstance(value, _CONTAINERS):
             if len(value) > _MAX_ITEMS:
@@ -197,8 +210,13 @@ class Reads:
             return
         if _trusted(value):
             return
-        # Its attributes the code names, set or not (one set later shadows its class's), and its class's.
-        for namespace in (getattr(value, "__dict__", None), None if isinstance(value, type) else vars(type(value))):
+        # The attributes the code names, set or not (one set later shadows its class's): its classes' first,
+        # whose properties add the names their getters read, then its own.
+        classes = [] if isinstance(value, type) else [c for c in type(value).__mro__ if not _trusted(c)]
+        slots = {name for c in classes for name in getattr(c, "__slots__", ())}
+        if slots & self.names:
+            raise Impure(f"it reads {sorted(slots & self.names)[0]!r}, held in __slots__ where no guard sees it change")
+        for namespace in (*map(vars, classes), getattr(value, "__dict__", None)):
             if namespace is not None:
                 for name in sorted(self.names):
                     self._entry(namespace, name, depth + 1)
