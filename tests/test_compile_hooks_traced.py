@@ -169,6 +169,15 @@ HOST_KINDS = {
     "attribute_write": lambda log: ("module", _remember(log)),
     "subscript_store": lambda log: ("w0", _stored),
     "setitem_call": lambda log: ("b0", _set_item),
+    # A module's pre-hook traced in, its backward hook on the host (it needs a concrete value), and the reverse.
+    "module_backward_hook_on_the_host": lambda log: ("module_pair", (
+        lambda module, go: (go[0] * 0.5,),
+        lambda module, gi, go: (gi[0] * 2.0 if float(go[0].sum()) > 0 else gi[0] * 3.0,),
+    )),
+    "module_pre_hook_on_the_host": lambda log: ("module_pair", (
+        lambda module, go: (go[0] * 2.0 if float(go[0].sum()) > 0 else go[0] * 3.0,),
+        lambda module, gi, go: (gi[0] + go[0].sum(),),
+    )),
     "host_hook": lambda log: ("w2", host_hook(lambda g: g * 0.5)),
     "host_hook_on_a_module": lambda log: ("module", host_hook(lambda module, gi, go: (gi[0] * 0.5,))),
 }
@@ -180,6 +189,9 @@ def _install_host(kind, log):
     def install(model):
         if where == "module":
             model[2].register_full_backward_hook(hook)
+        elif where == "module_pair":
+            model[2].register_full_backward_pre_hook(hook[0])
+            model[2].register_full_backward_hook(hook[1])
         else:
             {"w0": model[0].weight, "b0": model[0].bias, "w2": model[2].weight, "b2": model[2].bias}[where].register_hook(hook)
 

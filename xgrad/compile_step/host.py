@@ -5,6 +5,7 @@ NOTE [Whole-step compile] and NOTE [Functions in a compiled step] in ``__init__`
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,7 @@ from xgrad.engine.node import ERR_POST_ACCUMULATE_RESULT, Edge, InputMetadata, c
 from xgrad.engine.validate import validate_outputs
 from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.jax_internals import io_callback
+from xgrad.nn.hooks import BackwardHook
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
 
@@ -64,19 +66,37 @@ def _host_hook(fn: Any, hooks: Any) -> Any:
         return fn
 
     def call(*args: Any) -> Any:
+        rec = recording.active()
+        assert rec is not None
         post_accumulate = len(args) == 1 and isinstance(args[0], Tensor) and args[0]._post_accumulate_grad_hooks is hooks
-        if not isinstance(fn, HostHook):
-            rec = recording.active()
-            assert rec is not None
+        module_hooks = getattr(fn, "__self__", None)
+        if not isinstance(module_hooks, BackwardHook):
+            module_hooks = None
+        on_host = isinstance(fn, HostHook) or (module_hooks is not None and id(module_hooks) in rec.hosted_module_hooks)
+        kept_grad_outputs = None if module_hooks is None else module_hooks.grad_outputs  # before a trial resets it
+        if not on_host:
             traced, result = trace_in(rec, fn, args, post_accumulate)
             if traced:
                 return result
+        host_fn = fn
+        if module_hooks is not None:
+            if fn.__func__ is BackwardHook._output_hook:  # its grad_output is kept for _input_hook: that one follows
+                rec.hosted_module_hooks.add(id(module_hooks))
+            elif not on_host:  # _input_hook after a traced-in _output_hook: the grad_output it kept goes along
+                host_fn = functools.partial(_module_hooks_on_host, module_hooks)
+                args = (args[0], kept_grad_outputs)
         graph_task = _host_graph_task()
         if post_accumulate:
-            return _post_accumulate_on_host(fn, args[0], graph_task, hooks)
-        return _replacing_hook_on_host(fn, args, graph_task)
+            return _post_accumulate_on_host(host_fn, args[0], graph_task, hooks)
+        return _replacing_hook_on_host(host_fn, args, graph_task)
 
     return call
+
+
+def _module_hooks_on_host(module_hooks: BackwardHook, grad_inputs: Any, grad_outputs: Any) -> Any:
+    """A module's backward hooks on the host, given the ``grad_output`` its traced-in pre-hooks made."""
+    module_hooks.grad_outputs = grad_outputs
+    return module_hooks._input_hook(grad_inputs, None)
 
 
 def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> Any:
