@@ -270,6 +270,13 @@ def _reads_property(g):
     return g * SETTINGS.scale
 
 
+OPTIMIZER = xgrad.optim.SGD([xgrad.tensor([1.0], requires_grad=True)], lr=2.0)
+
+
+def _reads_learning_rate(g):
+    return g * OPTIMIZER.param_groups[0]["lr"]
+
+
 def _reads_global(g):
     return g * SCALE
 
@@ -305,6 +312,7 @@ READERS = {
     "class_attribute_then_instance": (lambda: _reads_attribute, lambda v: setattr(CONFIG, "scale", v)),
     "dict_item": (lambda: _reads_item, lambda v: FACTORS.__setitem__("scale", v)),
     "property": (lambda: _reads_property, lambda v: setattr(SETTINGS, "_scale", v)),
+    "optimizer_learning_rate": (lambda: _reads_learning_rate, lambda v: OPTIMIZER.param_groups[0].__setitem__("lr", v)),
 }
 
 

@@ -28,8 +28,10 @@
 #
 # Library code (xgrad, JAX, NumPy, math, Equinox, Optax, ...) that a hook calls is traced as
 # any op of the step is (a random draw threads the generator's state through the program);
-# its modules and objects are not read as the hook's state. A NumPy array the hook reaches
-# can change in place unseen by an identity guard: the hook runs on the host.
+# its modules, classes and functions are not read as the hook's state, but its objects are
+# (an optimizer's ``param_groups``, a module's attributes), except JAX's and NumPy's own and
+# per-thread state. A NumPy array the hook reaches can change in place unseen by an identity
+# guard, and so can an attribute held in ``__slots__``: the hook runs on the host.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import collections
 import dis
 import functools
 import logging
+import threading
 import types
 from typing import Any
 
@@ -83,6 +86,10 @@ def _trusted(obj: Any) -> bool:
     if not isinstance(module, str):
         module = type(obj).__module__
     return module.partition(".")[0] in _TRUSTED
+
+
+def _array_library(obj: Any) -> bool:
+    return type(obj).__module__.partition(".")[0] in ("jax", "jaxlib", "numpy")
 
 
 def _codes(code: types.CodeType) -> list[types.CodeType]:
@@ -208,8 +215,10 @@ class Reads:
             for item in items:
                 self._value(item, depth + 1)
             return
-        if _trusted(value):
-            return
+        if _trusted(value) and (isinstance(value, (types.ModuleType, type)) or _array_library(value)):
+            return  # library code, or an array library's own object
+        if isinstance(value, threading.local):
+            return  # per-thread bookkeeping (the running backward's task): what a trace sees of it is not the call's
         # The attributes the code names, set or not (one set later shadows its class's): its classes' first,
         # whose properties add the names their getters read, then its own.
         classes = [] if isinstance(value, type) else [c for c in type(value).__mro__ if not _trusted(c)]
