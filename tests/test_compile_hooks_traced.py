@@ -277,6 +277,10 @@ def _reads_learning_rate(g):
     return g * OPTIMIZER.param_groups[0]["lr"]
 
 
+def _reads_by_name(g):
+    return g * getattr(SETTINGS, "_scale")  # noqa: B009  (the name as a string is what is tested)
+
+
 def _reads_global(g):
     return g * SCALE
 
@@ -312,6 +316,7 @@ READERS = {
     "class_attribute_then_instance": (lambda: _reads_attribute, lambda v: setattr(CONFIG, "scale", v)),
     "dict_item": (lambda: _reads_item, lambda v: FACTORS.__setitem__("scale", v)),
     "property": (lambda: _reads_property, lambda v: setattr(SETTINGS, "_scale", v)),
+    "attribute_by_name": (lambda: _reads_by_name, lambda v: setattr(SETTINGS, "_scale", v)),
     "optimizer_learning_rate": (lambda: _reads_learning_rate, lambda v: OPTIMIZER.param_groups[0].__setitem__("lr", v)),
 }
 

@@ -68,7 +68,10 @@ _TRUSTED = frozenset({
     "xgrad", "jax", "jaxlib", "numpy", "math", "cmath", "operator", "functools", "itertools", "builtins", "optax",
     "equinox", "flax", "typing", "collections", "abc", "enum", "dataclasses",
 })
-_SCALARS = (type(None), bool, int, float, complex, str, bytes, jax.Array, np.generic, types.BuiltinFunctionType)
+_SCALARS = (
+    type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis), jax.Array, np.generic,
+    types.BuiltinFunctionType,
+)
 _CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
 _MAX_ITEMS = 64  # a larger container read by a hook keeps it on the host: its guard would cost every call
 _MAX_DEPTH = 4  # how far from the hook objects and functions are followed
@@ -170,6 +173,8 @@ class Reads:
             if effects:
                 raise Impure(f"{fn.__qualname__} uses {sorted(effects)[0]!r}")
             self.names.update(code.co_names)
+            # An attribute read by its name as a string (``getattr(cfg, "scale")``) is read too.
+            self.names.update(c for c in code.co_consts if isinstance(c, str) and c.isidentifier())
             for name in code.co_names:
                 if name in fn.__globals__:
                     self._entry(fn.__globals__, name, depth + 1)
@@ -225,6 +230,8 @@ class Reads:
         slots = {name for c in classes for name in getattr(c, "__slots__", ())}
         if slots & self.names:
             raise Impure(f"it reads {sorted(slots & self.names)[0]!r}, held in __slots__ where no guard sees it change")
+        if not hasattr(value, "__dict__") and not classes:
+            raise Impure(f"it reads a {type(value).__name__}, whose state no guard sees change")
         for namespace in (*map(vars, classes), getattr(value, "__dict__", None)):
             if namespace is not None:
                 for name in sorted(self.names):
