@@ -355,6 +355,33 @@ def test_a_traced_in_hook_whose_read_value_changes_later_gives_eagers_result(kin
     rebind(2.0)
 
 
+def test_a_leafs_post_accumulate_hooks_traced_in_then_on_the_host_keep_eagers_values_and_order():
+    def install(log):
+        def halve(p):
+            p.grad.mul_(0.5)
+
+        def third(p):
+            p.grad.sub_(p.grad / 3.0)
+
+        def installer(model):
+            weight = model[2].weight
+            weight.register_post_accumulate_grad_hook(halve)  # traced in
+            weight.register_post_accumulate_grad_hook(lambda p: log.append(float(p.grad.sum())))  # on the host
+            weight.register_post_accumulate_grad_hook(third)  # follows the one before to the host
+
+        return installer
+
+    outcomes = {}
+    for mode in MODES:
+        log: list[float] = []
+        got, step = run(mode, install(log))
+        outcomes[mode] = (got, log)
+    for mode in MODES[1:]:
+        assert_same(outcomes[mode][0], outcomes["eager"][0])
+        np.testing.assert_allclose(outcomes[mode][1], outcomes["eager"][1], rtol=1e-12)
+    assert len(outcomes["compile"][1]) == len(BATCHES)
+
+
 class Slotted:
     __slots__ = ("scale",)
 

@@ -245,6 +245,8 @@ class Reads:
     def restore(changed: list[tuple[Any, Any, Any]]) -> None:
         """Give what a hook's trial changed its values from before it."""
         for target, key, value in changed:
+            if isinstance(target, types.MappingProxyType):
+                continue  # a class's namespace: nothing but setattr, which no traced-in hook uses, changes it
             if key is not None:
                 if value is _MISSING:
                     target.pop(key, None)
@@ -278,7 +280,6 @@ def _holds(guard: tuple[Any, Any, Any]) -> bool:
 def reads_hold(guards: list[tuple[Any, Any, Any]]) -> bool:
     """Whether every value the traced-in hooks of a program read is the one they read (``_Entry.hook_reads``)."""
     return all(_holds(g) for g in guards)
-
 
 
 # What a trace records that a hook's trial may add to, and an undone trial takes back.

@@ -72,19 +72,23 @@ def _host_hook(fn: Any, hooks: Any) -> Any:
         module_hooks = getattr(fn, "__self__", None)
         if not isinstance(module_hooks, BackwardHook):
             module_hooks = None
-        on_host = isinstance(fn, HostHook) or (module_hooks is not None and id(module_hooks) in rec.hosted_module_hooks)
+        # Hooks that share state on the host follow an earlier one there: a module call's backward hooks
+        # its pre-hooks (the grad_output they keep), a leaf's post-accumulate hooks each other (the check
+        # that none returned a value, made after the last).
+        group = id(module_hooks) if module_hooks is not None else id(hooks) if post_accumulate else None
+        on_host = isinstance(fn, HostHook) or group in rec.hosted_groups
         kept_grad_outputs = None if module_hooks is None else module_hooks.grad_outputs  # before a trial resets it
         if not on_host:
             traced, result = trace_in(rec, fn, args, post_accumulate)
             if traced:
                 return result
         host_fn = fn
-        if module_hooks is not None:
-            if fn.__func__ is BackwardHook._output_hook:  # its grad_output is kept for _input_hook: that one follows
-                rec.hosted_module_hooks.add(id(module_hooks))
-            elif not on_host:  # _input_hook after a traced-in _output_hook: the grad_output it kept goes along
-                host_fn = functools.partial(_module_hooks_on_host, module_hooks)
-                args = (args[0], kept_grad_outputs)
+        if module_hooks is not None and fn.__func__ is BackwardHook._input_hook and group not in rec.hosted_groups:
+            # After traced-in pre-hooks: the grad_output they made goes to the host along.
+            host_fn = functools.partial(_module_hooks_on_host, module_hooks)
+            args = (args[0], kept_grad_outputs)
+        if group is not None:
+            rec.hosted_groups.add(group)
         graph_task = _host_graph_task()
         if post_accumulate:
             return _post_accumulate_on_host(host_fn, args[0], graph_task, hooks)
@@ -153,8 +157,9 @@ def _post_accumulate_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) 
     """
     rec = recording.active()
     assert rec is not None
-    order = list(hooks.values())
-    first, last = fn is order[0], fn is order[-1]
+    # The first of them on the host (those before it were traced in, returning None) resets the flag.
+    first = id(hooks) not in rec.post_accumulate_returned
+    last = fn is list(hooks.values())[-1]
     returned = rec.post_accumulate_returned.setdefault(id(hooks), [False])
 
     def call() -> None:
