@@ -178,12 +178,18 @@ HOST_KINDS = {
         lambda module, go: (go[0] * 2.0 if float(go[0].sum()) > 0 else go[0] * 3.0,),
         lambda module, gi, go: (gi[0] + go[0].sum(),),
     )),
+    "node_pre_logging": lambda log: ("node_pre", lambda grad_outputs: log.append(("pre", float(grad_outputs[0].sum())))),
+    "node_post_branching": lambda log: ("node_post", lambda grad_inputs, grad_outputs: (
+        tuple(None if g is None else g * (2.0 if float(g.sum()) > 0 else -1.0) for g in grad_inputs)
+    )),
+    "post_accumulate_logging": lambda log: ("post_accumulate", lambda p: log.append(("post", float(p.grad.sum())))),
     "host_hook": lambda log: ("w2", host_hook(lambda g: g * 0.5)),
     "host_hook_on_a_module": lambda log: ("module", host_hook(lambda module, gi, go: (gi[0] * 0.5,))),
 }
 
 
 def _install_host(kind, log):
+    """Where the kind's hook goes: before the step (on a parameter or a module), or inside it (on h's node)."""
     where, hook = HOST_KINDS[kind](log)
 
     def install(model):
@@ -192,10 +198,18 @@ def _install_host(kind, log):
         elif where == "module_pair":
             model[2].register_full_backward_pre_hook(hook[0])
             model[2].register_full_backward_hook(hook[1])
-        else:
+        elif where in ("w0", "b0", "w2", "b2"):
             {"w0": model[0].weight, "b0": model[0].bias, "w2": model[2].weight, "b2": model[2].bias}[where].register_hook(hook)
+        elif where == "post_accumulate":
+            model[0].weight.register_post_accumulate_grad_hook(hook)
 
-    return install
+    def inside(h):
+        if where == "node_pre":
+            h.grad_fn.register_prehook(hook)
+        elif where == "node_post":
+            h.grad_fn.register_hook(hook)
+
+    return install, inside
 
 
 @pytest.mark.parametrize("kind", HOST_KINDS)
@@ -206,7 +220,7 @@ def test_hooks_with_python_effects_run_on_the_host_at_every_call_as_eagerly(kind
         CALLS = 0
         SEEN.clear()
         log: list[object] = []
-        got, step = run(mode, _install_host(kind, log))
+        got, step = run(mode, *_install_host(kind, log))
         seen = {k: np.asarray(v.detach().numpy()) for k, v in SEEN.items()}
         outcomes[mode] = (got, log, capsys.readouterr().out, CALLS, seen)
     expected = outcomes["eager"]
