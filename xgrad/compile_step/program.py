@@ -237,7 +237,10 @@ def _describe_change(fn: Any, old: Any, new: Any) -> str:
         return f"grad mode changed from {old_mode[0]} to {new_mode[0]}"
     if old_mode != new_mode:
         return f"autocast changed from {dict(old_mode[1]) or 'off'} to {dict(new_mode[1]) or 'off'}"
-    return "the state fn reads (a .grad set or cleared, requires_grad, hooks, a shape, or a module's train/eval mode)"
+    return (
+        "the state fn reads (a .grad set or cleared, requires_grad, hooks, a shape, a module's train/eval mode, or a "
+        "value a traced-in hook reads: mark a hook whose value changes every call xgrad.autograd.compiled.host_hook)"
+    )
 
 
 def _leaf_name(fn: Any, tree: Any, i: int) -> str:
