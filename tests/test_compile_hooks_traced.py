@@ -291,6 +291,25 @@ def _reads_learning_rate(g):
     return g * OPTIMIZER.param_groups[0]["lr"]
 
 
+class Scaler(xgrad.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = 2.0
+
+
+class Parent(xgrad.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.child = Scaler()
+
+
+PARENT = Parent()
+
+
+def _reads_child_module(g):
+    return g * PARENT.child.scale
+
+
 def _reads_by_name(g):
     return g * getattr(SETTINGS, "_scale")  # noqa: B009  (the name as a string is what is tested)
 
@@ -330,6 +349,7 @@ READERS = {
     "class_attribute_then_instance": (lambda: _reads_attribute, lambda v: setattr(CONFIG, "scale", v)),
     "dict_item": (lambda: _reads_item, lambda v: FACTORS.__setitem__("scale", v)),
     "property": (lambda: _reads_property, lambda v: setattr(SETTINGS, "_scale", v)),
+    "child_module_attribute": (lambda: _reads_child_module, lambda v: setattr(PARENT.child, "scale", v)),
     "attribute_by_name": (lambda: _reads_by_name, lambda v: setattr(SETTINGS, "_scale", v)),
     "optimizer_learning_rate": (lambda: _reads_learning_rate, lambda v: OPTIMIZER.param_groups[0].__setitem__("lr", v)),
 }

@@ -29,7 +29,7 @@
 # Library code (xgrad, JAX, NumPy, math, Equinox, Optax, ...) that a hook calls is traced as
 # any op of the step is (a random draw threads the generator's state through the program);
 # its modules, classes and functions are not read as the hook's state, but its objects are
-# (an optimizer's ``param_groups``, a module's attributes), except JAX's and NumPy's own and
+# (an optimizer's ``param_groups``, a module's attributes and children), except JAX's and NumPy's own and
 # per-thread state. A NumPy array the hook reaches can change in place unseen by an identity
 # guard, and so can an attribute held in ``__slots__``: the hook runs on the host.
 """
@@ -194,6 +194,8 @@ class Reads:
         self._value(value, depth)
 
     def _value(self, value: Any, depth: int) -> None:
+        from xgrad.nn import Module
+
         if isinstance(value, (_SCALARS, Tensor)) or value is _MISSING or id(value) in self._seen:
             return  # immutable, or state the step itself reads and writes back
         if depth > _MAX_DEPTH:
@@ -232,7 +234,10 @@ class Reads:
             raise Impure(f"it reads {sorted(slots & self.names)[0]!r}, held in __slots__ where no guard sees it change")
         if not hasattr(value, "__dict__") and not classes:
             raise Impure(f"it reads a {type(value).__name__}, whose state no guard sees change")
-        for namespace in (*map(vars, classes), getattr(value, "__dict__", None)):
+        # A module's children are attributes too, found through its ``_modules`` (its parameters and buffers
+        # are tensors: state the step reads).
+        children = value.__dict__.get("_modules") if isinstance(value, Module) else None
+        for namespace in (*map(vars, classes), getattr(value, "__dict__", None), children):
             if namespace is not None:
                 for name in sorted(self.names):
                     self._entry(namespace, name, depth + 1)
