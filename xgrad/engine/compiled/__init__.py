@@ -127,10 +127,12 @@ from xgrad.engine.compiled.switch import (
     WARN_FALLBACK,
     CompiledFallbackError,
     CompiledFallbackWarning,
+    HostHook,
     NotTraceable,
     PureHook,
     RecompileWarning,
     enable,
+    host_hook,
     is_enabled,
     pure_hook,
     set_enabled,
@@ -143,8 +145,9 @@ from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
 
 __all__ = [
-    "DEFAULT_CACHE_SIZE", "RECOMPILE_WARNING_LIMIT", "CompiledFallbackError", "CompiledFallbackWarning", "PureHook",
-    "RecompileWarning", "enable", "execute", "is_enabled", "pure_hook", "reset", "set_cache_size", "set_enabled", "stats",
+    "DEFAULT_CACHE_SIZE", "RECOMPILE_WARNING_LIMIT", "CompiledFallbackError", "CompiledFallbackWarning", "HostHook",
+    "PureHook", "RecompileWarning", "enable", "execute", "host_hook", "is_enabled", "pure_hook", "reset", "set_cache_size",
+    "set_enabled", "stats",
 ]
 
 
