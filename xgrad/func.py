@@ -28,8 +28,8 @@ from jax.experimental import checkify
 
 from xgrad import generator, step_trace
 from xgrad.bounded_cache import BoundedCache
+from xgrad.dual import ERR_TANGENT_SIZE
 from xgrad.engine import engine_ops
-from xgrad.engine.dual import ERR_TANGENT_SIZE
 from xgrad.engine.function_vmap import FuncVmapAxis
 from xgrad.engine.saved import disable_saved_tensors_hooks
 from xgrad.func_state import TRACING_CACHED, debug_unwrap, replace_all_batch_norm_modules_, stack_module_state
