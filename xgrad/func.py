@@ -25,7 +25,7 @@ from typing import Any
 import jax
 
 from xgrad import generator
-from xgrad.engine.dual import ERR_TANGENT_SIZE
+from xgrad.dual import ERR_TANGENT_SIZE
 from xgrad.engine.function_vmap import FuncVmapAxis
 from xgrad.func_programs import (
     arrays_of_tree,

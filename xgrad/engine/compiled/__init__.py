@@ -103,6 +103,7 @@ import time
 import warnings
 from typing import Any
 
+from xgrad.dual import LEVEL
 from xgrad.engine import engine
 from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.compiled.cache import (
@@ -138,7 +139,6 @@ from xgrad.engine.compiled.switch import (
     set_enabled,
     state,
 )
-from xgrad.engine.dual import LEVEL
 from xgrad.engine.node import Edge, GraphRoot, Node, current_task
 from xgrad.engine.rules import RuleNode
 from xgrad.grad_mode import _state as _grad_state
