@@ -33,6 +33,7 @@ from xgrad.compile_step.errors import (
     RecompileWarning,
     _NotCompilable,
 )
+from xgrad.compile_step.hook_purity import reads_hold
 from xgrad.compile_step.intercept import _StepRecorder
 from xgrad.compile_step.observers import run_observers
 from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
@@ -178,14 +179,13 @@ def _guard_entry(ref: Any, grad_read: bool) -> list[Any]:
     return [ref, None, shape, dtype, more]
 
 
-
 class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
         "aliased", "arg_tensor_slots", "checks", "consts", "donated", "dropped_grads", "effects", "fast_writes", "flags", "fresh",
         "guards", "has_host_calls", "in_order", "precheck", "tracks_fresh",
-        "hook_box", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
+        "hook_box", "hook_reads", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
         "observing", "result_template", "result_tree", "writes",
     )
     aliased: list[list[Any]]
@@ -211,6 +211,7 @@ class _Entry:
     other: Any  # an older entry of the signature, whose guards failed when this one was traced (``None``: none)
     has_host_calls: bool  # hooks or callbacks run from inside the program
     hook_box: Any  # its hooks' ``_HookBox`` if an observer variant may stand in for it, else ``None``
+    hook_reads: list[tuple[Any, Any, Any]]  # what its traced-in hooks read, compared every call (NOTE [Hooks traced in])
     observers: list[Any]  # the observer variant's hooks, run after it in program order
     observing: Any  # the observer variant once traced (``_NO_VARIANT``: none can be), else ``None``
     inputs: list[tuple[int, Any]]
@@ -243,7 +244,10 @@ def _describe_change(fn: Any, old: Any, new: Any) -> str:
         return f"grad mode changed from {old_mode[0]} to {new_mode[0]}"
     if old_mode != new_mode:
         return f"autocast changed from {dict(old_mode[1]) or 'off'} to {dict(new_mode[1]) or 'off'}"
-    return "the state fn reads (a .grad set or cleared, requires_grad, hooks, a shape, or a module's train/eval mode)"
+    return (
+        "the state fn reads (a .grad set or cleared, requires_grad, hooks, a shape, a module's train/eval mode, or a "
+        "value a traced-in hook reads: mark a hook whose value changes every call xgrad.autograd.compiled.host_hook)"
+    )
 
 
 def _leaf_name(fn: Any, tree: Any, i: int) -> str:
@@ -592,6 +596,8 @@ class CompiledFunction:
                 if a.shape != shape or a.dtype != dtype:
                     return False
                 guard[1] = found_aval
+        if entry.hook_reads and not reads_hold(entry.hook_reads):  # NOTE [Hooks traced in]
+            return False
         for ref, training in entry.modes:
             module = ref()
             if module is not None and module.training != training:
@@ -739,6 +745,7 @@ class CompiledFunction:
         entry.other = None
         entry.guards = [_guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
         entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]
+        entry.hook_reads = recorder.hook_reads
         entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
         consts: list[tuple[str, Any]] = []
         for c in closed.consts:
@@ -960,8 +967,10 @@ def compile(
     through host callbacks; tensor and node hooks that only observe (return ``None``,
     queue no callback) run right after the program instead, which costs no host
     round trip, and the ops they ran on their arguments last time (``g.norm()``) are
-    computed in the program and handed to them; those marked ``xgrad.autograd.compiled.pure_hook`` are
-    traced into the program. ``print`` in ``fn`` prints at every call with that
+    computed in the program and handed to them. A hook that touches no Python state outside
+    its arguments, or one marked ``xgrad.autograd.compiled.pure_hook``, is traced into the
+    program (NOTE [Hooks traced in] in ``hook_purity.py``: the values it reads are checked at
+    every call); ``xgrad.autograd.compiled.host_hook`` keeps one on the host. ``print`` in ``fn`` prints at every call with that
     call's values, in eager's format and order (tensors, their f-strings and
     ``str``/``format``, ``.item()`` as an f-string's value; NOTE [Print in a compiled
     step] in ``xgrad/compile_step/printing.py``). Other plain Python side effects in
