@@ -147,7 +147,7 @@ class Tensor(TensorOpMethods):
         self._views: list[weakref.ref[Tensor]] | None = None
         # An inference tensor: made inside ``inference_mode()`` (NOTE [Inference tensors]).
         self._inference = _grad_state.inference
-        self._fw_grad: tuple[Any, Tensor] | None = None  # NOTE [Dual levels] in engine/dual.py
+        self._fw_grad: tuple[Any, Tensor] | None = None  # NOTE [Dual levels] in xgrad/dual.py
         trace = _current_step()
         if trace is not None:  # made inside a traced step: none of its state (NOTE [The step-trace seam])
             trace.made(self)
