@@ -34,7 +34,7 @@ from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import stops_gradients
 from xgrad.jax_capture import check_captured_leaves
-from xgrad.jax_internals import loaded_names
+from xgrad.jax_internals import devices_in_process, loaded_names
 from xgrad.ops.dispatch import DISPATCH
 from xgrad.step_trace import current as _current_step
 from xgrad.tensor import Tensor
@@ -427,8 +427,23 @@ def defprim(
 
 ERR_DEVICES = "Expected all tensors to be on the same device, but found at least two devices, {a} and {b}!"
 
+# NOTE [One device, no device check]
+# An op of several tensors checks that they sit on one device (``_check_same_devices``):
+# each array's sharding read and compared in Python, since jit's outputs on one device
+# carry distinct (equal) sharding objects, about 1.5 µs for a ``mul`` of two tensors. A
+# process whose backends hold one device in all (JAX on the CPU alone) cannot mix devices,
+# so it skips the check; the count is read once, at the first op of several tensors
+# (every backend is running by then: the tensors' arrays exist).
+_several_devices: bool | None = None
 
-def _check_same_devices(tensors: list[Tensor], arrays: list[Any], positions: list[int]) -> None:
+
+def _count_devices() -> bool:
+    global _several_devices
+    _several_devices = devices_in_process() > 1
+    return _several_devices
+
+
+def _check_same_devices(tensors: list[Tensor], arrays: list[Any]) -> None:
     """Raise if tensors sit on different devices; a 0-dim one is moved, as PyTorch allows scalars."""
     first = None
     for t in tensors:
@@ -439,7 +454,7 @@ def _check_same_devices(tensors: list[Tensor], arrays: list[Any], positions: lis
             break
     if first is None:
         return
-    for t, pos in zip(tensors, positions, strict=True):
+    for t in tensors:
         sharding = sharding_of(t._array)
         if sharding is None or sharding is first or sharding == first or sharding.device_set == first.device_set:
             continue
@@ -453,7 +468,8 @@ def _check_same_devices(tensors: list[Tensor], arrays: list[Any], positions: lis
             else:
                 mesh = jax.sharding.Mesh(tuple(first._device_assignment), ("devices",))
                 target = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-            arrays[pos] = jax.device_put(t._array, target)
+            position = next(i for i, a in enumerate(arrays) if a is t._array)  # not moved yet: still the tensor's
+            arrays[position] = jax.device_put(t._array, target)
             continue
         a = ",".join(str(d) for d in first.device_set)
         b = ",".join(str(d) for d in sharding.device_set)
@@ -490,10 +506,8 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     needs_graph = False
     scalars = False
     tensors = []
-    positions = []
     for a in args:
         if type(a) is Tensor or isinstance(a, Tensor):
-            positions.append(len(arrays))
             arrays.append(a._array)
             tensors.append(a)
             if not needs_graph and (a.grad_fn is not None or a._requires_grad):
@@ -506,9 +520,9 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     if trace is not None:  # a step being traced finds its state here (NOTE [The step-trace seam])
         for tensor in tensors:
             trace.read(tensor)
-    if len(tensors) > 1:
-        _check_same_devices(tensors, arrays, positions)
-    if scalars and prim.jit and tensors and not isinstance(arrays[positions[0]], jax.core.Tracer):  # NOTE [Scalar constants]
+    if len(tensors) > 1 and (_several_devices if _several_devices is not None else _count_devices()):
+        _check_same_devices(tensors, arrays)  # NOTE [One device, no device check]
+    if scalars and prim.jit and tensors and not isinstance(tensors[0]._array, jax.core.Tracer):  # NOTE [Scalar constants]
         arrays = [_device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
     dispatch = DISPATCH.get()  # NOTE [Dispatch seam] in xgrad/ops/dispatch.py
     out = prim.dispatch(arrays, params) if dispatch is None else dispatch(prim, arrays, params)
@@ -547,8 +561,11 @@ tangent_rule: Callable[[Primitive, tuple[Any, ...], dict[str, Any]], tuple[Tenso
 # one-output case (nearly every primitive) without tuples of outputs, its metadata
 # read inline, and ``SavedTensor`` called without keyword arguments (together 10-20%
 # of a recorded ``sin``'s recording). Whether a dtype is differentiable is cached per
-# dtype (``jnp.issubdtype`` costs as much as a node).
+# dtype (``jnp.issubdtype`` costs as much as a node). The ``Edge`` and ``InputMetadata``
+# named tuples are made by ``tuple.__new__`` (``_new_tuple``): their own ``__new__`` is a
+# Python function, a frame per edge that costs as much as the tuple (0.1-0.2 µs each).
 _INEXACT: dict[Any, bool] = {}
+_new_tuple = tuple.__new__
 
 
 def _differentiable_dtype(dtype: Any) -> bool:
@@ -573,11 +590,11 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
         if type(a) is Tensor or isinstance(a, Tensor):
             fn = a.grad_fn
             if fn is not None:
-                edges.append(Edge(fn, a._output_nr))
+                edges.append(_new_tuple(Edge, (fn, a._output_nr)))
                 wanted.append(True)
                 continue
             if a._requires_grad:
-                edges.append(Edge(grad_accumulator(a), 0))
+                edges.append(_new_tuple(Edge, (grad_accumulator(a), 0)))
                 wanted.append(True)
                 continue
             cut_site = getattr(a, "_cut_site", None)
@@ -605,7 +622,7 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
     if prim.num_outputs == 1:
         dtype = out.dtype
         # ``_metadata`` inline: a traced value has no sharding (``sharding_of``).
-        metadata = InputMetadata(out.shape, dtype, None if traced else getattr(out, "sharding", None))
+        metadata = _new_tuple(InputMetadata, (out.shape, dtype, None if traced else getattr(out, "sharding", None)))
         node = PrimitiveNode(prim, params, tuple(edges), (metadata,), tuple(saved), holds_tensors, wanted_key)
         result = Tensor(out)
         if _differentiable_dtype(dtype):
