@@ -109,16 +109,69 @@ def xgrad_stepper(path: str) -> Callable[[int], float]:
     opt = Optax(params, optax.adam(demo.LEARNING_RATE))
     count = [0]
 
+    def step() -> None:
+        x, y = batches[count[0] % len(batches)]
+        count[0] += 1
+        opt.zero_grad()
+        xgrad.cross_entropy(model(x), y).backward()
+        opt.step()
+
     def run(n: int) -> float:
         walls = []
         for _ in range(n):
-            x, y = batches[count[0] % len(batches)]
-            count[0] += 1
             start = time.perf_counter()
-            opt.zero_grad()
-            xgrad.cross_entropy(model(x), y).backward()
-            opt.step()
+            step()
             jax.block_until_ready(params[0].array)
+            walls.append(time.perf_counter() - start)
+        return statistics.median(walls)
+
+    return run, step, opt
+
+
+def programs_of_step(step: Callable[[], None], opt: Any) -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
+    """The jitted programs one eager step calls, with their arguments, in order: the primitives'
+    forwards, the backward's fused rules (NOTE [Fused eager rules]) and the optimizer's update.
+    Called again back to back they are the step without xgrad's Python: its floor."""
+    from xgrad.ops.registry import REGISTRY, Primitive
+
+    calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+
+    def recording(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            calls.append((fn, args))
+            return fn(*args)
+
+        return call
+
+    dispatch = Primitive.dispatch
+    fused = {prim: dict(prim._fused.items()) for prim in REGISTRY.values()}
+    jitted_step = opt._jitted_step
+    Primitive.dispatch = lambda prim, arrays, params: recording(lambda *a: dispatch(prim, list(a), params))(*arrays)  # type: ignore[method-assign]
+    for prim, entries in fused.items():
+        for key, fn in entries.items():
+            if callable(fn):
+                prim._fused[key] = recording(fn)
+    opt._jitted_step = recording(jitted_step)
+    try:
+        step()
+    finally:
+        Primitive.dispatch = dispatch  # type: ignore[method-assign]
+        for prim, entries in fused.items():
+            for key, fn in entries.items():
+                prim._fused[key] = fn
+        opt._jitted_step = jitted_step
+    return calls
+
+
+def replayer(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> Callable[[int], float]:
+    import jax
+
+    def run(n: int) -> float:
+        walls = []
+        for _ in range(n):
+            start = time.perf_counter()
+            out = [fn(*args) for fn, args in calls]
+            jax.block_until_ready(out)
             walls.append(time.perf_counter() - start)
         return statistics.median(walls)
 
@@ -163,8 +216,8 @@ def torch_worker(path: str) -> None:
         print(statistics.median(walls), flush=True)
 
 
-def step_rounds(torch_python: str, rounds: int, steps: int) -> tuple[list[float], list[float]] | None:
-    """Per round, the median seconds of ``steps`` xgrad and ``steps`` torch steps, taken in turns."""
+def step_rounds(torch_python: str, rounds: int, steps: int) -> tuple[list[float], list[float], list[float]] | None:
+    """Per round, the median seconds of ``steps`` xgrad steps, of its programs replayed and of torch steps, in turns."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "step.npz")
         _step_data(path)
@@ -183,20 +236,22 @@ def step_rounds(torch_python: str, rounds: int, steps: int) -> tuple[list[float]
             worker.stdin.flush()
             return float(worker.stdout.readline())
 
-        xgrad_run = xgrad_stepper(path)
+        xgrad_run, step, opt = xgrad_stepper(path)
         try:
             xgrad_run(steps)  # compiles the primitives, then the fused rules
+            floor_run = replayer(programs_of_step(step, opt))
             torch_run(steps)
-            xs, ts = [], []
+            xs, fs, ts = [], [], []
             for _ in range(rounds):
                 xs.append(xgrad_run(steps))
+                fs.append(floor_run(steps))
                 ts.append(torch_run(steps))
         except ValueError:  # the worker died: its error is on stderr
             return None
         finally:
             worker.stdin.close()
             worker.wait()
-    return xs, ts
+    return xs, fs, ts
 
 
 def main() -> None:
@@ -217,13 +272,14 @@ def main() -> None:
         if result is None:
             print("\ntorch eager: unavailable (see the worker's error above)")
             return
-        xs, ts = result
-        ratios = [t / x for x, t in zip(xs, ts, strict=True)]
+        xs, fs, ts = result
         print(f"\nDemo MLP eager step: wall ms, medians of {args.steps} steps per round, {args.rounds} rounds in turns\n")
-        print("| system | median of rounds | rounds |\n|---|---:|---|")
-        print(f"| xgrad eager | {statistics.median(xs) * 1e3:.3f} | {' '.join(f'{x * 1e3:.2f}' for x in xs)} |")
-        print(f"| torch eager (1 thread) | {statistics.median(ts) * 1e3:.3f} | {' '.join(f'{t * 1e3:.2f}' for t in ts)} |")
-        print(f"\ntorch / xgrad per round: median {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)")
+        print("| what | median of rounds | rounds |\n|---|---:|---|")
+        for name, walls in (("xgrad eager", xs), ("xgrad's programs replayed, no Python", fs), ("torch eager (1 thread)", ts)):
+            print(f"| {name} | {statistics.median(walls) * 1e3:.3f} | {' '.join(f'{w * 1e3:.2f}' for w in walls)} |")
+        for name, ours in (("xgrad eager", xs), ("xgrad's programs replayed", fs)):
+            ratios = [t / x for x, t in zip(ours, ts, strict=True)]
+            print(f"\ntorch / {name}, per round: median {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)")
 
 
 if __name__ == "__main__":

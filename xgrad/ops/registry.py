@@ -557,13 +557,13 @@ tangent_rule: Callable[[Primitive, tuple[Any, ...], dict[str, Any]], tuple[Tenso
 # NOTE [Recording cost]
 # ``_record`` runs once per recorded op, so it is written for the interpreter: one
 # loop per pass over the arguments (no generator expressions or per-call tuples of
-# helpers), edges built inline instead of through ``gradient_edge``, and the
-# one-output case (nearly every primitive) without tuples of outputs, its metadata
-# read inline, and ``SavedTensor`` called without keyword arguments (together 10-20%
-# of a recorded ``sin``'s recording). Whether a dtype is differentiable is cached per
-# dtype (``jnp.issubdtype`` costs as much as a node). The ``Edge`` and ``InputMetadata``
-# named tuples are made by ``tuple.__new__`` (``_new_tuple``): their own ``__new__`` is a
-# Python function, a frame per edge that costs as much as the tuple (0.1-0.2 µs each).
+# helpers), edges built inline instead of through ``gradient_edge``, the outputs'
+# metadata read inline (one output, nearly every primitive, without tuples of
+# outputs), and ``SavedTensor`` called without keyword arguments (together 10-20% of a
+# recorded ``sin``'s recording). Whether a dtype is differentiable is cached per dtype
+# (``jnp.issubdtype`` costs as much as a node). The ``Edge``, ``InputMetadata`` and
+# ``Aval`` named tuples are made by ``tuple.__new__`` (``_new_tuple``): their own
+# ``__new__`` is a Python function, a frame that costs as much as the tuple (0.1-0.2 µs each).
 _INEXACT: dict[Any, bool] = {}
 _new_tuple = tuple.__new__
 
@@ -573,10 +573,6 @@ def _differentiable_dtype(dtype: Any) -> bool:
     if known is None:
         known = _INEXACT[dtype] = bool(jnp.issubdtype(dtype, jnp.inexact))
     return known
-
-
-def _metadata(array: Any) -> InputMetadata:
-    return InputMetadata(array.shape, array.dtype, sharding_of(array))
 
 
 def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any, tangents: tuple[Any, ...] | None) -> Any:
@@ -615,13 +611,13 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
                 holds_tensors = True
             else:
                 array = a._array
-                saved.append(Aval(array.shape, array.dtype))
+                saved.append(_new_tuple(Aval, (array.shape, array.dtype)))
         else:
             saved.append(a)
         i += 1
     if prim.num_outputs == 1:
         dtype = out.dtype
-        # ``_metadata`` inline: a traced value has no sharding (``sharding_of``).
+        # A traced value has no sharding (``sharding_of``).
         metadata = _new_tuple(InputMetadata, (out.shape, dtype, None if traced else getattr(out, "sharding", None)))
         node = PrimitiveNode(prim, params, tuple(edges), (metadata,), tuple(saved), holds_tensors, wanted_key)
         result = Tensor(out)
@@ -636,7 +632,8 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
             on_record(node)
         return result
     outs = tuple(out)
-    node = PrimitiveNode(prim, params, tuple(edges), tuple([_metadata(o) for o in outs]), tuple(saved), holds_tensors, wanted_key)
+    metadata_of_outs = tuple([_new_tuple(InputMetadata, (o.shape, o.dtype, None if traced else getattr(o, "sharding", None))) for o in outs])
+    node = PrimitiveNode(prim, params, tuple(edges), metadata_of_outs, tuple(saved), holds_tensors, wanted_key)
     results = tuple(
         [Tensor._from_graph(o, node, k) if _differentiable_dtype(o.dtype) else Tensor(o) for k, o in enumerate(outs)]
     )
@@ -644,7 +641,7 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
         for r, t in zip(results, tangents, strict=True):
             set_tangent(r, t)
     if save_out:
-        node.saved_out = tuple([SavedTensor(r, is_output=True, saver=prim.name) for r in results])
+        node.saved_out = tuple([SavedTensor(r, True, prim.name) for r in results])
     on_record = PrimitiveNode.on_record
     if on_record is not None:
         on_record(node)
