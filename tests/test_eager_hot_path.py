@@ -92,3 +92,21 @@ def test_edges_and_saved_avals_are_their_named_tuples():
     assert type(z.grad_fn.input_metadata[0]) is registry.InputMetadata and z.grad_fn.input_metadata[0].ndim == 1
     aval = z.grad_fn.saved[1]
     assert type(aval) is registry.Aval and (aval.shape, aval.dtype, aval.ndim) == ((2,), jnp.float64, 1)
+
+
+def test_recording_reads_no_unset_tensor_attribute(monkeypatch):
+    """An input that needs no grad is asked where JAX cut it (``_cut_site``): a set slot, not a miss
+    that goes through ``Tensor.__getattr__`` (1-2 µs per input); a cut tensor still raises."""
+    misses = []
+    getattr_of_tensor = xgrad.Tensor.__getattr__
+    monkeypatch.setattr(xgrad.Tensor, "__getattr__", lambda self, name: misses.append(name) or getattr_of_tensor(self, name))
+    x = xgrad.tensor(np.ones((2, 4)))
+    w = xgrad.tensor(np.ones((3, 4)), requires_grad=True)
+    b = xgrad.tensor(np.zeros(3), requires_grad=True)
+    out = xgrad.linear(x, w, b) * xgrad.tensor(np.full(3, 0.5))
+    assert misses == []
+    out.sum().backward()
+    np.testing.assert_allclose(w.grad.detach().numpy(), np.full((3, 4), 1.0))
+    cut = jax.jit(lambda a: (a * a).sum())(w)
+    with pytest.raises(RuntimeError, match="plain JAX transformation"):
+        cut + w.sum()
