@@ -20,7 +20,7 @@ from xgrad.ops import registry
 
 calls = []
 check = registry._check_same_devices
-registry._check_same_devices = lambda tensors, arrays: calls.append(len(tensors)) or check(tensors, arrays)
+registry._check_same_devices = lambda args, tensors, arrays: calls.append(len(tensors)) or check(args, tensors, arrays)
 rng = np.random.default_rng(0)
 x = xgrad.tensor(rng.standard_normal((2, 4)), requires_grad=True)
 w = xgrad.tensor(rng.standard_normal((3, 4)), requires_grad=True)

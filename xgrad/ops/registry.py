@@ -443,8 +443,9 @@ def _count_devices() -> bool:
     return _several_devices
 
 
-def _check_same_devices(tensors: list[Tensor], arrays: list[Any]) -> None:
-    """Raise if tensors sit on different devices; a 0-dim one is moved, as PyTorch allows scalars."""
+def _check_same_devices(args: tuple[Any, ...], tensors: list[Tensor], arrays: list[Any]) -> None:
+    """Raise if the tensors among ``args`` sit on different devices; a 0-dim one is moved in ``arrays``,
+    as PyTorch allows scalars."""
     first = None
     for t in tensors:
         # Traced values (the compiled backward) have no sharding: XLA places them.
@@ -454,7 +455,8 @@ def _check_same_devices(tensors: list[Tensor], arrays: list[Any]) -> None:
             break
     if first is None:
         return
-    for t in tensors:
+    positions = [i for i, a in enumerate(args) if type(a) is Tensor or isinstance(a, Tensor)]
+    for t, position in zip(tensors, positions, strict=True):
         sharding = sharding_of(t._array)
         if sharding is None or sharding is first or sharding == first or sharding.device_set == first.device_set:
             continue
@@ -468,7 +470,6 @@ def _check_same_devices(tensors: list[Tensor], arrays: list[Any]) -> None:
             else:
                 mesh = jax.sharding.Mesh(tuple(first._device_assignment), ("devices",))
                 target = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-            position = next(i for i, a in enumerate(arrays) if a is t._array)  # not moved yet: still the tensor's
             arrays[position] = jax.device_put(t._array, target)
             continue
         a = ",".join(str(d) for d in first.device_set)
@@ -521,7 +522,7 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
         for tensor in tensors:
             trace.read(tensor)
     if len(tensors) > 1 and (_several_devices if _several_devices is not None else _count_devices()):
-        _check_same_devices(tensors, arrays)  # NOTE [One device, no device check]
+        _check_same_devices(args, tensors, arrays)  # NOTE [One device, no device check]
     if scalars and prim.jit and tensors and not isinstance(tensors[0]._array, jax.core.Tracer):  # NOTE [Scalar constants]
         arrays = [_device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
     dispatch = DISPATCH.get()  # NOTE [Dispatch seam] in xgrad/ops/dispatch.py
