@@ -693,15 +693,16 @@ class PrimitiveNode(RuleNode):
         inputs: Sequence[Any] = self.saved
         if self.holds_tensors:
             inputs = [s.unpack(self) if type(s) is SavedTensor else s for s in inputs]
-        out: Any = self.input_metadata if self.saved_out is None else tuple(s.unpack(self) for s in self.saved_out)
+        out: Any = self.input_metadata if self.saved_out is None else tuple([s.unpack(self) for s in self.saved_out])
         prim = self.prim
         if num_outputs == 1:
             out = out[0]
         # Op by op where a graph is recorded, or where tangents must pass through the rules
         # (a dual level: forward over reverse); else fused (NOTE [Fused eager rules]).
+        args = _new_tuple(RuleArgs, (g, out, inputs, self.params, self.needed_outputs()))  # NOTE [Recording cost]
         if _grad_state.enabled or not prim.jit or ANOMALY.enabled or LEVEL.current is not None:
-            return prim.backward(RuleArgs(g, out, inputs, self.params, self.needed_outputs()))
-        return prim.eager_backward(RuleArgs(g, out, inputs, self.params, self.needed_outputs()))
+            return prim.backward(args)
+        return prim.eager_backward(args)
 
     def release_variables(self) -> None:
         # Avals and constants stay: a node that saved no tensor can run again, as in PyTorch.
