@@ -32,6 +32,20 @@ import numpy as np
 TORCH_WORKER = "--torch-worker"
 
 
+def median_step(step: Callable[[], object], n: int) -> tuple[float, float]:
+    """Median wall and process seconds of ``n`` calls of ``step`` (which returns once its results are ready).
+
+    Process time counts every thread of the process (XLA's included): on a loaded machine
+    it is what a step costs, where the wall time also counts the waits for a core."""
+    walls, cpus = [], []
+    for _ in range(n):
+        wall, cpu = time.perf_counter(), time.process_time()
+        step()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus)
+
+
 def per_call_us(fn: Callable[[], object], calls: int) -> float:
     start = time.process_time()
     for _ in range(calls):
@@ -116,14 +130,8 @@ def xgrad_stepper(path: str) -> Callable[[int], float]:
         xgrad.cross_entropy(model(x), y).backward()
         opt.step()
 
-    def run(n: int) -> float:
-        walls = []
-        for _ in range(n):
-            start = time.perf_counter()
-            step()
-            jax.block_until_ready(params[0].array)
-            walls.append(time.perf_counter() - start)
-        return statistics.median(walls)
+    def run(n: int) -> tuple[float, float]:
+        return median_step(lambda: (step(), jax.block_until_ready(params[0].array)), n)
 
     return run, step, opt
 
@@ -163,17 +171,11 @@ def programs_of_step(step: Callable[[], None], opt: Any) -> list[tuple[Callable[
     return calls
 
 
-def replayer(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> Callable[[int], float]:
+def replayer(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> Callable[[int], tuple[float, float]]:
     import jax
 
-    def run(n: int) -> float:
-        walls = []
-        for _ in range(n):
-            start = time.perf_counter()
-            out = [fn(*args) for fn, args in calls]
-            jax.block_until_ready(out)
-            walls.append(time.perf_counter() - start)
-        return statistics.median(walls)
+    def run(n: int) -> tuple[float, float]:
+        return median_step(lambda: jax.block_until_ready([fn(*args) for fn, args in calls]), n)
 
     return run
 
@@ -183,7 +185,7 @@ def _num_batches(data: Any) -> int:
 
 
 def torch_worker(path: str) -> None:
-    """Serve ``n`` on stdin with the median seconds of ``n`` torch eager steps on stdout (one thread)."""
+    """Serve ``n`` on stdin with the median wall and process seconds of ``n`` torch eager steps on stdout (one thread)."""
     import torch
     from torch import nn
 
@@ -202,22 +204,24 @@ def torch_worker(path: str) -> None:
     model = nn.Sequential(*layers)
     opt = torch.optim.Adam(model.parameters(), lr=float(data["lr"]))
     batches = [(torch.from_numpy(data[f"x{i}"]), torch.from_numpy(data[f"y{i}"]).long()) for i in range(_num_batches(data))]
-    count = 0
+    count = [0]
+
+    def step() -> None:
+        x, y = batches[count[0] % len(batches)]
+        count[0] += 1
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
     for line in sys.stdin:
-        walls = []
-        for _ in range(int(line)):
-            x, y = batches[count % len(batches)]
-            count += 1
-            start = time.perf_counter()
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-            walls.append(time.perf_counter() - start)
-        print(statistics.median(walls), flush=True)
+        print(*median_step(step, int(line)), flush=True)
 
 
-def step_rounds(torch_python: str, rounds: int, steps: int) -> tuple[list[float], list[float], list[float]] | None:
-    """Per round, the median seconds of ``steps`` xgrad steps, of its programs replayed and of torch steps, in turns."""
+Rounds = list[tuple[float, float]]  # per round, the median wall and process seconds of a step
+
+
+def step_rounds(torch_python: str, rounds: int, steps: int) -> tuple[Rounds, Rounds, Rounds] | None:
+    """Per round, ``median_step`` of ``steps`` xgrad steps, of its programs replayed and of torch steps, in turns."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "step.npz")
         _step_data(path)
@@ -231,17 +235,20 @@ def step_rounds(torch_python: str, rounds: int, steps: int) -> tuple[list[float]
             return None
         assert worker.stdin is not None and worker.stdout is not None
 
-        def torch_run(n: int) -> float:
+        def torch_run(n: int) -> tuple[float, float]:
             worker.stdin.write(f"{n}\n")
             worker.stdin.flush()
-            return float(worker.stdout.readline())
+            wall, cpu = worker.stdout.readline().split()
+            return float(wall), float(cpu)
 
         xgrad_run, step, opt = xgrad_stepper(path)
         try:
             xgrad_run(steps)  # compiles the primitives, then the fused rules
             floor_run = replayer(programs_of_step(step, opt))
             torch_run(steps)
-            xs, fs, ts = [], [], []
+            xs: Rounds = []
+            fs: Rounds = []
+            ts: Rounds = []
             for _ in range(rounds):
                 xs.append(xgrad_run(steps))
                 fs.append(floor_run(steps))
@@ -273,13 +280,16 @@ def main() -> None:
             print("\ntorch eager: unavailable (see the worker's error above)")
             return
         xs, fs, ts = result
-        print(f"\nDemo MLP eager step: wall ms, medians of {args.steps} steps per round, {args.rounds} rounds in turns\n")
-        print("| what | median of rounds | rounds |\n|---|---:|---|")
-        for name, walls in (("xgrad eager", xs), ("xgrad's programs replayed, no Python", fs), ("torch eager (1 thread)", ts)):
-            print(f"| {name} | {statistics.median(walls) * 1e3:.3f} | {' '.join(f'{w * 1e3:.2f}' for w in walls)} |")
-        for name, ours in (("xgrad eager", xs), ("xgrad's programs replayed", fs)):
-            ratios = [t / x for x, t in zip(ours, ts, strict=True)]
-            print(f"\ntorch / {name}, per round: median {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)")
+        print(f"\nDemo MLP eager step: ms, medians of {args.steps} steps per round, {args.rounds} rounds in turns")
+        for kind, k in (("wall", 0), ("process (CPU) time", 1)):
+            print(f"\n{kind}:\n\n| what | median of rounds | rounds |\n|---|---:|---|")
+            for name, per_round in (("xgrad eager", xs), ("xgrad's programs replayed, no Python", fs), ("torch eager (1 thread)", ts)):
+                ms = [r[k] * 1e3 for r in per_round]
+                print(f"| {name} | {statistics.median(ms):.3f} | {' '.join(f'{m:.2f}' for m in ms)} |")
+            for name, ours in (("xgrad eager", xs), ("xgrad's programs replayed", fs)):
+                ratios = [t[k] / x[k] for x, t in zip(ours, ts, strict=True)]
+                print(f"\ntorch / {name}, {kind}, per round: median {statistics.median(ratios):.2f}x "
+                      f"({min(ratios):.2f}-{max(ratios):.2f}x)")
 
 
 if __name__ == "__main__":
