@@ -99,7 +99,9 @@ def test_recording_reads_no_unset_tensor_attribute(monkeypatch):
     that goes through ``Tensor.__getattr__`` (1-2 µs per input); a cut tensor still raises."""
     misses = []
     getattr_of_tensor = xgrad.Tensor.__getattr__
-    monkeypatch.setattr(xgrad.Tensor, "__getattr__", lambda self, name: misses.append(name) or getattr_of_tensor(self, name))
+    monkeypatch.setattr(
+        xgrad.Tensor, "__getattr__", lambda self, name: misses.append(name) or getattr_of_tensor(self, name)
+    )
     x = xgrad.tensor(np.ones((2, 4)))
     w = xgrad.tensor(np.ones((3, 4)), requires_grad=True)
     b = xgrad.tensor(np.zeros(3), requires_grad=True)

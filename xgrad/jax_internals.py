@@ -9,7 +9,8 @@ What xgrad uses of JAX, by how stable it is:
   become arrays] in ``tensor/jax_boundary.py``, pinned by ``tests/test_jax_boundary.py``), ``jax.dtypes``,
   ``jax.config.update``.
 - Public but unstable, re-exported here so that a JAX upgrade that moves them is
-  handled once: ``jax.extend.backend.backends`` (``devices_in_process``), ``jax.extend.core`` (``ClosedJaxpr``, ``Literal``, ``jaxpr_as_fun``,
+  handled once: ``jax.extend.backend.backends`` (``devices_in_process``),
+  ``jax.extend.core`` (``ClosedJaxpr``, ``Literal``, ``jaxpr_as_fun``,
   ``get_opaque_trace_state``, and a jaxpr's ``eqns``/``invars``/``outvars``/
   ``constvars``/``effects``; ``Jaxpr``, ``Var``, ``DropVar``, ``DebugInfo`` and an
   equation's ``replace``/``params``/``ctx``/``source_info`` for ``from_jax(fn,
@@ -66,7 +67,8 @@ from jax.extend.source_info_util import new_name_stack
 __all__ = [
     "BYTECODE_SCAN_EXACT", "BytecodeScanFallback", "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged",
     "Literal", "Var", "abstractifying",
-    "check_consts_keep_identity", "concrete_value", "devices_in_process", "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names",
+    "check_consts_keep_identity", "concrete_value", "devices_in_process", "get_opaque_trace_state", "io_callback",
+    "jaxpr_as_fun", "loaded_names",
     "BatchingLevel", "batching_level", "name_scopes", "reset_compilation_cache", "single_device_sharding",
     "source_frames", "unwrap_tracer",
 ]

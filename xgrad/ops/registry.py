@@ -633,7 +633,9 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
             on_record(node)
         return result
     outs = tuple(out)
-    metadata_of_outs = tuple([_new_tuple(InputMetadata, (o.shape, o.dtype, None if traced else getattr(o, "sharding", None))) for o in outs])
+    metadata_of_outs = tuple(
+        [_new_tuple(InputMetadata, (o.shape, o.dtype, None if traced else getattr(o, "sharding", None))) for o in outs]
+    )
     node = PrimitiveNode(prim, params, tuple(edges), metadata_of_outs, tuple(saved), holds_tensors, wanted_key)
     results = tuple(
         [Tensor._from_graph(o, node, k) if _differentiable_dtype(o.dtype) else Tensor(o) for k, o in enumerate(outs)]
