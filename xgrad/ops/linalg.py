@@ -350,9 +350,10 @@ def _linear_input_grad(g: Tensor, out: Any, x: Any, w: Tensor, b: Any) -> Tensor
 def _linear_weight_grad(g: Tensor, out: Any, x: Tensor, w: Any, b: Any) -> Tensor:
     if x.ndim == 1:
         return g.unsqueeze(-1) * x
-    if x.ndim > 2:  # one GEMM contracting every batch dim, not a batched product summed down
-        return einsum("...o,...i->oi", g, x)
-    return g.mT @ x
+    # One GEMM contracting every batch dim of ``g`` and ``x`` in place (not a batched product
+    # summed down, nor ``g.mT @ x``: a transposed copy of ``g`` is a second array that XLA
+    # gathers again when the batch is split over devices, as JAX's transpose does not).
+    return einsum("...o,...i->oi", g, x)
 
 
 def _linear_bias_grad(g: Tensor, out: Any, x: Any, w: Any, b: Any) -> Tensor:

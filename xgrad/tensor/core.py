@@ -146,7 +146,7 @@ class Tensor(TensorOpMethods):
         self._views: list[weakref.ref[Tensor]] | None = None
         # An inference tensor: made inside ``inference_mode()`` (NOTE [Inference tensors]).
         self._inference = _grad_state.inference
-        self._fw_grad: tuple[Any, Tensor] | None = None  # NOTE [Dual levels] in engine/dual.py
+        self._fw_grad: tuple[Any, Tensor] | None = None  # NOTE [Dual levels] in xgrad/dual.py
         # Where a plain JAX transformation made this output (NOTE [Outputs of JAX transformations]).
         # Set, not left unset with the slots below: every recorded op reads it from its
         # inputs that need no grad, and an unset slot read with a default costs 1-2 µs
