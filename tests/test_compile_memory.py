@@ -300,6 +300,27 @@ def test_a_call_on_the_arrays_the_last_call_wrote_reads_no_buffer_address(monkey
     np.testing.assert_array_equal(b.numpy(), np.full(3, 12.0))
 
 
+def test_two_state_tensors_given_one_new_array():
+    """Two state tensors the step reads and leaves holding one new array (``b.copy_(a)``): that
+    output goes into one donated input's memory at most (a second one donated would go unused, and JAX
+    warns of it), and both show eager's values."""
+    def run(compiled):
+        a, b = xgrad.tensor(np.full(3, 2.0)), xgrad.tensor(np.full(3, 3.0))
+
+        def step():
+            a.mul_(b)
+            b.copy_(a)
+
+        step = xgrad.compile(step, fallback="error") if compiled else step
+        found = []
+        for _ in range(3):
+            step()
+            found += [a.numpy(), b.numpy()]
+        return found
+
+    assert_same(run(True), run(False))
+
+
 @pytest.mark.parametrize("where", ["before the update", "after the update"])
 def test_a_failed_check_leaves_the_state_eager_leaves(where):
     """An index computed in the step, out of range, raises eager's IndexError; the state it leaves
