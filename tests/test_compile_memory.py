@@ -148,11 +148,14 @@ HOLDERS = {
     "grad tensor": lambda model, opt: model[0].weight.grad,
     "grad array": lambda model, opt: model[0].weight.grad.array,
     "detached": lambda model, opt: model[0].weight.detach(),
+    "data": lambda model, opt: model[0].weight.data,
+    "module state_dict": lambda model, opt: model.state_dict()["1.running_var"],
+    "optimizer state_dict": lambda model, opt: opt.state_dict()["state"][0]["exp_avg_sq"],
     "numpy view": lambda model, opt: np.asarray(model[0].weight.array),
     "key": lambda model, opt: default_generator.data.array,
 }
 
-HELD_TENSORS = ("grad tensor", "detached")
+HELD_TENSORS = ("grad tensor", "detached", "data", "module state_dict", "optimizer state_dict")
 
 
 def as_numpy(held):
