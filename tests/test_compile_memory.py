@@ -303,6 +303,31 @@ def test_a_call_on_the_arrays_the_last_call_wrote_reads_no_buffer_address(monkey
     np.testing.assert_array_equal(b.numpy(), np.full(3, 12.0))
 
 
+def test_an_argument_overwritten_unread_leaves_the_pairing_alone():
+    """An argument the step overwrites without reading it (``x.copy_(...)``) is donated but no input
+    of the program's computation: kept as one, it still takes its own new value, and the next donated
+    array of its shape takes its own (dropped, the next one would take its output). Values as eager's."""
+    def run(compiled):
+        x, w = xgrad.tensor(np.ones(3)), xgrad.tensor(np.full(3, 2.0))
+
+        def step(x, w):
+            x.copy_(w * 3.0)
+            w.mul_(2.0)
+
+        step = xgrad.compile(step, fallback="error") if compiled else step
+        step(x, w)
+        found = []
+        for _ in range(2):
+            old = buffers([x.array]), buffers([w.array])
+            step(x, w)
+            found += [as_numpy(x), as_numpy(w)]
+            if compiled:
+                assert (buffers([x.array]), buffers([w.array])) == old
+        return found
+
+    assert_same(run(True), run(False))
+
+
 def test_two_state_tensors_given_one_new_array():
     """Two state tensors the step reads and leaves holding one new array (``b.copy_(a)``): that
     output goes into one donated input's memory at most (a second one donated would go unused, and JAX
