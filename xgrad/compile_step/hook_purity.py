@@ -32,6 +32,11 @@
 # (an optimizer's ``param_groups``, a module's attributes and children), except JAX's and NumPy's own and
 # per-thread state. A NumPy array the hook reaches can change in place unseen by an identity
 # guard, and so can an attribute held in ``__slots__``: the hook runs on the host.
+#
+# Under a plain JAX transformation (NOTE [Hooks under jax.jit] in ``jax_hooks.py``) the same
+# screen and trial decide, with no guards to keep: a hook reading a value that can be
+# rebound or changed in place (a number, a string, ``None``, a list's or dict's items) runs
+# on the host there (``trace_in_plain_jax``).
 """
 
 from __future__ import annotations
@@ -333,6 +338,49 @@ def trace_in(rec: Any, fn: Any, args: tuple[Any, ...], post_accumulate: bool) ->
         t = snap.ref()
         if key not in snapshotted and t is not None:
             snap.restore(t)
+    for t, state in before:
+        _set_tensor_state(t, state)
+    return False, None
+
+
+_REBINDABLE = (type(None), bool, int, float, complex, str, bytes, np.generic)
+
+
+def _changeable(guard: tuple[Any, Any, Any]) -> bool:
+    """Whether a value a hook read is state a program that cannot check it would keep stale: a number, a string or
+    ``None`` a name or attribute holds (``SCALE``, ``cfg.scale``), or the items of a list, dict or set."""
+    target, key, value = guard
+    if key is None and not isinstance(target, types.CellType):
+        return True
+    return isinstance(value, _REBINDABLE)
+
+
+def trace_in_plain_jax(fn: Any, args: tuple[Any, ...]) -> tuple[bool, Any]:
+    """``trace_in`` under a plain JAX transformation, where nothing guards what a hook reads: ``(True, its result)``
+    when ``fn`` may be traced in; else ``(False, None)``, its arguments as before the trial."""
+    try:
+        reads = Reads()
+        reads.hook(fn, args)
+    except Impure as exc:
+        logger.debug("hook %r runs on the host: %s", fn, exc)
+        return False, None
+    read = next((g for g in reads.guards if _changeable(g)), None)
+    if read is not None:
+        logger.debug("hook %r runs on the host: it reads %r, which a plain JAX trace cannot check", fn, read[1] or read[2])
+        return False, None
+    before = [(t, _tensor_state(t)) for t in jax.tree_util.tree_leaves(args, is_leaf=is_tensor) if isinstance(t, Tensor)]
+    try:
+        result = fn(*args)
+        why = None
+    except Exception as exc:  # a tracer made concrete, or the user's error: the host call raises it again
+        why = f"{type(exc).__name__}: {exc}"
+    changed = reads.changed()
+    if changed:
+        why = "it changed Python state it reads"
+    if why is None:
+        return True, result
+    logger.debug("hook %r runs on the host: %s", fn, why)
+    Reads.restore(changed)
     for t, state in before:
         _set_tensor_state(t, state)
     return False, None

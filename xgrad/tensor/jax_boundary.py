@@ -84,7 +84,9 @@ def user_stacklevel() -> int:
 # pytree metadata, so the parameter a JAX transformation unflattens from a tracer gets
 # them too, and keeps them: ``jax.jit(jax.grad(loss))`` unflattens it twice, and the
 # innermost transformation is the one that differentiates. Hooks run with recording off and JAX's AD on, so a hook's ops are
-# differentiated by an outer ``jax.grad`` as ``create_graph=True`` would.
+# differentiated by an outer ``jax.grad`` as ``create_graph=True`` would. Under ``jax.jit`` a
+# hook with Python effects runs at every call all the same (NOTE [Hooks under a plain JAX
+# transformation] in ``step_trace``).
 def identity_with_vjp(on_cotangents: Callable[[tuple[Any, ...]], Sequence[Any]]) -> Callable[..., tuple[Any, ...]]:
     """An identity on arrays whose ``custom_vjp`` gives ``on_cotangents(cotangents)`` as the
     cotangents of its inputs, run with recording off and JAX's AD on: what hooks (tensor,
@@ -112,7 +114,7 @@ def hook_on_jax(array: Any, hooks: tuple[Any, ...]) -> Any:
     def run_hooks(cotangents: tuple[Any, ...]) -> tuple[Any]:
         grad = core.Tensor(cotangents[0])
         for hook in hooks:
-            result = hook(grad)
+            result = step_trace.on_plain_jax(hook)(grad)
             if result is not None:
                 if not isinstance(result, core.Tensor) or result.shape != shape:
                     got = getattr(result, "shape", type(result).__name__)
