@@ -32,6 +32,7 @@ import numpy as np
 
 from xgrad import step_trace
 from xgrad.compile_step.hook_purity import trace_in_plain_jax
+from xgrad.engine.compiled.switch import HostHook, PureHook
 from xgrad.jax_internals import concrete_value, io_callback
 from xgrad.tensor import Tensor, is_tensor
 
@@ -45,26 +46,25 @@ _VMAP = "cannot call the host in order (jax.vmap) or cannot differentiate a host
 _POST_ACCUMULATE = "changes a leaf's .grad in place, which a host call cannot reach (a post-accumulate-grad hook)"
 
 
-def _staged(leaves: list[Any]) -> bool:
-    """Whether a Tensor among ``leaves`` holds a tracer with no value under it: a trace that runs Python once."""
-    return any(
-        isinstance(leaf, Tensor) and isinstance(leaf._array, jax.core.Tracer) and concrete_value(leaf._array) is None
-        for leaf in leaves
-    )
+def _staged(args: tuple[Any, ...]) -> bool:
+    """Whether a Tensor in ``args`` (a hook's: Tensors and tuples of them) holds a tracer with no value under it: a
+    trace that runs Python once. Walked by hand, not as a pytree: eager pays this at every hook call."""
+    for arg in args:
+        for t in arg if isinstance(arg, (tuple, list)) else (arg,):
+            if isinstance(t, Tensor) and isinstance(t._array, jax.core.Tracer) and concrete_value(t._array) is None:
+                return True
+    return False
 
 
 def plain_jax_hook(hook: Any) -> Any:
     """``hook`` as called outside a traced step (NOTE [Hooks under jax.jit])."""
-    from xgrad.autograd.compiled import HostHook, PureHook
-
     if isinstance(hook, tuple):  # a tensor hook: (input_nr, hook)
         return (hook[0], plain_jax_hook(hook[1]))
     if isinstance(hook, PureHook):
         return hook
 
     def call(*args: Any) -> Any:
-        leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=is_tensor)
-        if not _staged(leaves):
+        if not _staged(args):
             return hook(*args)
         if not isinstance(hook, HostHook):
             traced, result = trace_in_plain_jax(hook, args)
@@ -73,14 +73,14 @@ def plain_jax_hook(hook: Any) -> Any:
         first = args[0]
         if isinstance(first, Tensor) and hook in (first._post_accumulate_grad_hooks or {}).values():
             raise RuntimeError(ERR_NO_HOST_CALL.format(hook=hook, where=_POST_ACCUMULATE))
-        return _on_host(hook, leaves, tree)
+        return _on_host(hook, args)
 
     return call
 
 
-def _on_host(hook: Any, leaves: list[Any], tree: Any) -> Any:
-    """``hook`` on ``leaves`` (its arguments, flat) through an ordered host call; what it returns replaces its first."""
-    args = jax.tree_util.tree_unflatten(tree, leaves)
+def _on_host(hook: Any, args: tuple[Any, ...]) -> Any:
+    """``hook`` on ``args`` through an ordered host call; what it returns replaces its first argument."""
+    leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=is_tensor)
     first_leaves, first_tree = jax.tree_util.tree_flatten(args[0], is_leaf=is_tensor)
     at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
     firsts = [leaf._array for leaf in first_leaves]  # they lead ``leaves``: the first argument's Tensors
