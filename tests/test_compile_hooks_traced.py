@@ -689,3 +689,31 @@ def test_a_post_accumulate_hook_with_python_effects_under_jax_jit_raises_naming_
     with pytest.raises(RuntimeError, match="post-accumulate-grad hook"):
         step(model, BATCHES[0])
     assert seen == []
+
+
+def test_module_backward_hooks_with_python_effects_under_jax_jit_run_at_every_call_as_eagerly():
+    log = []
+
+    def scale_and_log(module, grad_inputs, grad_outputs):
+        log.append(("backward", np.asarray(grad_outputs[0].sum().array)))
+        return (grad_inputs[0] * 0.5,)
+
+    model = make_model()
+    model[2].register_full_backward_hook(scale_and_log)
+    model[0].register_full_backward_pre_hook(lambda module, go: log.append(("pre", np.asarray(go[0].sum().array))))
+
+    def step(model, x):
+        model.zero_grad()
+        (model(xgrad.Tensor(x)) ** 2).sum().backward()
+        return model[0].weight.grad.array
+
+    runs = []
+    for fn in (step, jax.jit(step)):
+        log.clear()
+        got = [np.asarray(fn(model, x)) for x in BATCHES]
+        runs.append((got, list(log)))
+    (eager, eager_log), (jitted, jit_log) = runs
+    np.testing.assert_allclose(jitted, eager, rtol=1e-12, atol=1e-14)
+    assert [name for name, _ in eager_log] == ["backward", "pre"] * 3
+    assert [name for name, _ in jit_log] == [name for name, _ in eager_log]
+    np.testing.assert_allclose([v for _, v in jit_log], [v for _, v in eager_log], rtol=1e-12, atol=1e-14)

@@ -3,8 +3,9 @@
 # NOTE [Hooks under jax.jit]
 # Outside a traced step a hook is still called on tracers when the engine runs inside a
 # plain ``jax.jit`` (``loss.backward()`` in a jitted function, on ``from_jax(trace=True)``
-# intermediates or any tensor), or when JAX's AD runs a tensor hook under
-# ``jax.jit(jax.grad(...))`` (NOTE [Hooks on JAX's AD] in ``xgrad/tensor/jax_boundary.py``).
+# intermediates or any tensor), or when JAX's AD runs a tensor hook or a module's backward
+# hooks under ``jax.jit`` (``jax.jit(jax.grad(...))``, a model passed to a jitted step;
+# NOTE [Hooks on JAX's AD] in ``xgrad/tensor/jax_boundary.py``).
 # Called as it is, its Python runs once, when traced: a hook that appends to a list would
 # see the first call's values only, silently. So the rule of ``xgrad.compile`` decides
 # (NOTE [Hooks traced in] in ``hook_purity.py``), stricter on what the hook reads: a plain
