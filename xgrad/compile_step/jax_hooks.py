@@ -82,6 +82,7 @@ def plain_jax_hook(hook: Any) -> Any:
 def _on_host(hook: Any, args: tuple[Any, ...]) -> Any:
     """``hook`` on ``args`` through an ordered host call; what it returns replaces its first argument."""
     leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=is_tensor)
+    first_tree: Any  # a PyTreeDef, compared with the result's below
     first_leaves, first_tree = jax.tree_util.tree_flatten(args[0], is_leaf=is_tensor)
     at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
     firsts = [leaf._array for leaf in first_leaves]  # they lead ``leaves``: the first argument's Tensors
