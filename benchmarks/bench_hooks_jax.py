@@ -12,9 +12,10 @@ one scaled by 0.5) and read at two others (a gradient norm each, per step), run 
 5. the same step under ``xgrad.compile`` (the clip and scale are traced in without
    being marked, NOTE [Hooks traced in]; the readers only observe);
 6. (the CNN) the same step, the model's arrays its argument, under a plain ``jax.jit``:
-   with the clip and scale alone (traced in), and with the two readers too, which run
-   through ordered host calls at every step (NOTE [Hooks under jax.jit]): what that
-   route costs.
+   with the clip and scale alone, marked ``pure_hook`` (a plain trace cannot guard the
+   globals they read, so unmarked they would run on the host), and with the two readers
+   too, which run through ordered host calls at every step (NOTE [Hooks under jax.jit]):
+   what that route costs.
 
 Equinox's MNIST CNN (its tutorial's model, unmodified, batch 16) runs through
 ``xgrad.from_jax(loss, trace=True)`` and ``xgrad.intermediates()``, the hooks on the
@@ -167,8 +168,8 @@ def cnn_timers(sync: bool) -> tuple[dict[str, Callable[[], float]], list[Any]]:
             )
             with xgrad.intermediates() as acts:
                 loss = traced(params, xgrad.Tensor(x), xgrad.Tensor(y))
-            acts["layers[4]"].register_hook(_clip)
-            acts["layers[6]"].register_hook(_scale)
+            acts["layers[4]"].register_hook(xgrad.autograd.compiled.pure_hook(_clip))
+            acts["layers[6]"].register_hook(xgrad.autograd.compiled.pure_hook(_scale))
             if read:
                 acts["layers[0]"].register_hook(lambda g: norms.append(g.norm()))
                 acts["layers[8]"].register_hook(lambda g: norms.append(g.norm()))
@@ -214,9 +215,9 @@ def cnn_timers(sync: bool) -> tuple[dict[str, Callable[[], float]], list[Any]]:
             _timer(run(compiled, compiled_norms), lambda: compiled_leaves[0].grad.array, batches, STEPS_PER_ROUND, sync),
         "xgrad.compile, 4 hooks":
             _timer(run(whole, step_norms), lambda: step_leaves[0].grad.array, batches, STEPS_PER_ROUND, sync),
-        "jax.jit of the xgrad step, clip/scale (traced in)":
+        "jax.jit of the xgrad step, clip/scale (pure_hook)":
             _timer(jitted_step(False), last("jit"), batches, STEPS_PER_ROUND, sync),
-        "jax.jit of the xgrad step, 4 hooks (2 readers on the host)":
+        "jax.jit of the xgrad step, clip/scale + 2 readers on the host":
             _timer(jitted_step(True), last("jit"), batches, STEPS_PER_ROUND, sync),
     }
     return timers, [whole]
