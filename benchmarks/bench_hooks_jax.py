@@ -10,7 +10,12 @@ one scaled by 0.5) and read at two others (a gradient norm each, per step), run 
    the two readers append ``g.norm()`` to a list);
 4. the same with ``backward(compiled=True)``;
 5. the same step under ``xgrad.compile`` (the clip and scale are traced in without
-   being marked, NOTE [Hooks traced in]; the readers only observe).
+   being marked, NOTE [Hooks traced in]; the readers only observe);
+6. (the CNN) the same step, the model's arrays its argument, under a plain ``jax.jit``:
+   with the clip and scale alone, marked ``pure_hook`` (a plain trace cannot guard the
+   globals they read, so unmarked they would run on the host), and with the two readers
+   too, which run through ordered host calls at every step (NOTE [Hooks under jax.jit]):
+   what that route costs.
 
 Equinox's MNIST CNN (its tutorial's model, unmodified, batch 16) runs through
 ``xgrad.from_jax(loss, trace=True)`` and ``xgrad.intermediates()``, the hooks on the
@@ -151,6 +156,33 @@ def cnn_timers(sync: bool) -> tuple[dict[str, Callable[[], float]], list[Any]]:
 
         return step, leaves, norms
 
+    arrays, static = eqx.partition(model, eqx.is_array)
+
+    def jitted_step(read: bool) -> Callable[..., Any]:
+        norms: list[Any] = []
+
+        @jax.jit
+        def step(arrays: Any, x: Any, y: Any) -> Any:
+            params = jax.tree_util.tree_map(
+                lambda a: xgrad.Tensor(a, requires_grad=True) if eqx.is_array(a) else a, eqx.combine(arrays, static),
+            )
+            with xgrad.intermediates() as acts:
+                loss = traced(params, xgrad.Tensor(x), xgrad.Tensor(y))
+            acts["layers[4]"].register_hook(xgrad.autograd.compiled.pure_hook(_clip))
+            acts["layers[6]"].register_hook(xgrad.autograd.compiled.pure_hook(_scale))
+            if read:
+                acts["layers[0]"].register_hook(lambda g: norms.append(g.norm()))
+                acts["layers[8]"].register_hook(lambda g: norms.append(g.norm()))
+            loss.backward()
+            return [t.grad.array for t in jax.tree_util.tree_leaves(params, is_leaf=xgrad.is_tensor) if xgrad.is_tensor(t)]
+
+        def call(x: Any, y: Any) -> Any:
+            norms.clear()
+            results["jit"] = step(arrays, x, y)
+            return results["jit"][0]
+
+        return call
+
     eager, eager_leaves, eager_norms = xgrad_step(False)
     compiled, compiled_leaves, compiled_norms = xgrad_step(True)
     step, step_leaves, step_norms = xgrad_step(False)
@@ -183,6 +215,10 @@ def cnn_timers(sync: bool) -> tuple[dict[str, Callable[[], float]], list[Any]]:
             _timer(run(compiled, compiled_norms), lambda: compiled_leaves[0].grad.array, batches, STEPS_PER_ROUND, sync),
         "xgrad.compile, 4 hooks":
             _timer(run(whole, step_norms), lambda: step_leaves[0].grad.array, batches, STEPS_PER_ROUND, sync),
+        "jax.jit of the xgrad step, clip/scale (pure_hook)":
+            _timer(jitted_step(False), last("jit"), batches, STEPS_PER_ROUND, sync),
+        "jax.jit of the xgrad step, clip/scale + 2 readers on the host":
+            _timer(jitted_step(True), last("jit"), batches, STEPS_PER_ROUND, sync),
     }
     return timers, [whole]
 

@@ -441,19 +441,43 @@ def test_a_hook_reading_an_attribute_held_in_slots_stays_on_the_host_and_sees_ea
     assert host_calls(fn)
 
 
-def test_a_post_accumulate_hook_returning_a_value_raises_eagers_error_under_compile():
-    for whole_step in (False, True):
-        model = make_model()
-        model[0].weight.register_post_accumulate_grad_hook(lambda p: p.grad.mul_(0.5))
+def _post_accumulate_step(mode, model_as_argument, hook):
+    """A step whose first weight has post-accumulate hook ``hook``, the model a closure or an argument: its results."""
+    model = make_model()
+    model[0].weight.register_post_accumulate_grad_hook(hook)
 
-        def step(x, model=model):
-            model.zero_grad()
-            (model(x) ** 2).sum().backward()
-            return model[0].weight.grad * 1.0
+    def step(model, x):
+        model.zero_grad()
+        (model(x) ** 2).sum().backward(compiled=mode == "compiled")
+        return model[0].weight.grad * 1.0
 
-        fn = xgrad.compile(step, fallback="error") if whole_step else step
-        with pytest.raises(RuntimeError, match="post accumulate grad hooks should return None"):
-            fn(xgrad.tensor(BATCHES[0]))
+    if model_as_argument:
+        fn = xgrad.compile(step, fallback="error") if mode == "compile" else step
+        return lambda x: fn(model, x)
+
+    def closed(x):
+        return step(model, x)
+
+    return xgrad.compile(closed, fallback="error") if mode == "compile" else closed
+
+
+@pytest.mark.parametrize("model_as_argument", [False, True], ids=["closure", "argument"])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_post_accumulate_hook_returning_a_value_raises_eagers_error(mode, model_as_argument):
+    step = _post_accumulate_step(mode, model_as_argument, lambda p: p.grad.mul_(0.5))
+    with pytest.raises(RuntimeError, match="post accumulate grad hooks should return None"):
+        step(xgrad.tensor(BATCHES[0]))
+
+
+@pytest.mark.parametrize("model_as_argument", [False, True], ids=["closure", "argument"])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_post_accumulate_hook_runs_when_the_model_is_a_step_argument(mode, model_as_argument):
+    def halve(p):
+        p.grad.mul_(0.5)
+
+    got = [_post_accumulate_step(mode, model_as_argument, halve)(xgrad.tensor(x)).numpy() for x in BATCHES]
+    expected = [_post_accumulate_step("eager", False, lambda p: None)(xgrad.tensor(x)).numpy() * 0.5 for x in BATCHES]
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)
 
 
 def test_host_hook_marks_and_their_errors():
@@ -539,3 +563,157 @@ def test_hooks_on_an_equinox_models_intermediates_equal_a_custom_vjp_and_are_tra
     else:
         got = _clipped_grad(traced, params, xgrad.tensor(X), compiled_backward=mode == "compiled").array
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)
+
+
+# -- the same hooks under a plain jax.jit, where a traced hook's Python would run once ------
+XS = [X * k for k in (1.0, -0.7, 1.9)]
+SCALE = 2.0
+
+
+def _jit_step(mlp, install, route):
+    """``route`` (``"engine"``: ``loss.backward()`` on ``from_jax(trace=True)`` intermediates; ``"jax.grad"``: JAX's
+    AD, the hooks on the parameters) of the MLP's loss, ``install(tensors, intermediates)`` adding the hooks: a
+    function of the arrays and a batch giving the first layer's weight gradient."""
+    traced = xgrad.from_jax(_loss, trace=True)
+    arrays, static = eqx.partition(mlp, eqx.is_array)
+
+    def tensors_of(arrays):
+        return jax.tree_util.tree_map(
+            lambda a: xgrad.Tensor(a, requires_grad=True) if eqx.is_array(a) else a, eqx.combine(arrays, static),
+        )
+
+    if route == "jax.grad":
+        def loss(arrays, x):
+            tensors = tensors_of(arrays)
+            install(tensors, None)
+            return traced(tensors, xgrad.Tensor(x)).array
+
+        return arrays, lambda arrays, x: jax.grad(loss)(arrays, x).layers[0].weight
+
+    def step(arrays, x):
+        tensors = tensors_of(arrays)
+        with xgrad.intermediates() as acts:
+            loss = traced(tensors, xgrad.Tensor(x))
+        install(tensors, acts)
+        loss.backward()
+        return tensors.layers[0].weight.grad.array
+
+    return arrays, step
+
+
+def _eager_and_jitted(mlp, install, route, log):
+    """The step over ``XS`` eagerly and under ``jax.jit``: (its results, what ``log`` held after), for each."""
+    global SCALE
+    arrays, step = _jit_step(mlp, install, route)
+    runs = []
+    for fn in (step, jax.jit(step)):
+        log.clear()
+        got = []
+        for i, x in enumerate(XS):
+            SCALE = 2.0 + i  # rebound between calls: a hook reading it must see each value
+            got.append(np.asarray(fn(arrays, x)))
+        runs.append((got, list(log)))
+    SCALE = 2.0
+    return runs
+
+
+def _effectful_hooks(log):
+    """An observer, a gradient-changing hook with an effect, one reading a global rebound between calls."""
+    def observe(name):
+        return lambda g: log.append((name, np.asarray(g.sum().array)))
+
+    def scale_and_count(g):
+        log.append(("scale", len(log)))
+        return g * 0.5
+
+    def install(tensors, acts):
+        first, second = (acts["layers[0]"], acts["layers[1]"]) if acts is not None else (
+            tensors.layers[0].weight, tensors.layers[1].weight)
+        first.register_hook(observe("first"))
+        second.register_hook(observe("second, before"))
+        second.register_hook(scale_and_count)
+        second.register_hook(lambda g: g * SCALE)
+        second.register_hook(observe("second, after"))
+
+    return install
+
+
+@pytest.mark.parametrize("route", ["engine", "jax.grad"])
+def test_hooks_with_python_effects_under_jax_jit_run_at_every_call_with_eagers_values_and_order(mlp, route):
+    log = []
+    (eager, eager_log), (jitted, jit_log) = _eager_and_jitted(mlp, _effectful_hooks(log), route, log)
+    for got, expected in zip(jitted, eager, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)
+    assert len(eager_log) == 3 * 4
+    assert [name for name, _ in jit_log] == [name for name, _ in eager_log]
+    for (_, got), (_, expected) in zip(jit_log, eager_log, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("route", ["engine", "jax.grad"])
+def test_pure_hooks_under_jax_jit_leave_no_host_call(mlp, route):
+    def install(tensors, acts):
+        first, second = (acts["layers[0]"], acts["layers[1]"]) if acts is not None else (
+            tensors.layers[0].weight, tensors.layers[1].weight)
+        first.register_hook(lambda g: g.clamp(-0.05, 0.05))
+        second.register_hook(lambda g: g * 2.0)
+
+    arrays, step = _jit_step(mlp, install, route)
+    assert "callback" not in jax.jit(step).lower(arrays, X).as_text()
+    np.testing.assert_allclose(jax.jit(step)(arrays, X), step(arrays, X), rtol=1e-12, atol=1e-14)
+
+
+def test_a_hook_with_python_effects_under_jax_jit_of_vmap_raises_naming_the_fix(mlp):
+    seen = []
+
+    def install(tensors, acts):
+        acts["layers[0]"].register_hook(lambda g: seen.append(g))
+
+    arrays, step = _jit_step(mlp, install, "engine")
+    per_example = jax.jit(jax.vmap(step, in_axes=(None, 0)))
+    with pytest.raises(RuntimeError, match="pure_hook"):
+        per_example(arrays, jnp.stack(XS))
+    assert seen == []
+
+
+def test_a_post_accumulate_hook_with_python_effects_under_jax_jit_raises_naming_the_fix():
+    seen = []
+    model = make_model()
+    model[0].weight.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad))
+
+    @jax.jit
+    def step(model, x):
+        (model(xgrad.Tensor(x)) ** 2).sum().backward()
+        return model[0].weight.grad.array
+
+    with pytest.raises(RuntimeError, match="post-accumulate-grad hook"):
+        step(model, BATCHES[0])
+    assert seen == []
+
+
+def test_module_backward_hooks_with_python_effects_under_jax_jit_run_at_every_call_as_eagerly():
+    log = []
+
+    def scale_and_log(module, grad_inputs, grad_outputs):
+        log.append(("backward", np.asarray(grad_outputs[0].sum().array)))
+        return (grad_inputs[0] * 0.5,)
+
+    model = make_model()
+    model[2].register_full_backward_hook(scale_and_log)
+    model[0].register_full_backward_pre_hook(lambda module, go: log.append(("pre", np.asarray(go[0].sum().array))))
+
+    def step(model, x):
+        model.zero_grad()
+        (model(xgrad.Tensor(x)) ** 2).sum().backward()
+        return model[0].weight.grad.array
+
+    runs = []
+    for fn in (step, jax.jit(step)):
+        log.clear()
+        got = [np.asarray(fn(model, x)) for x in BATCHES]
+        runs.append((got, list(log)))
+    (eager, eager_log), (jitted, jit_log) = runs
+    np.testing.assert_allclose(jitted, eager, rtol=1e-12, atol=1e-14)
+    assert [name for name, _ in eager_log] == ["backward", "pre"] * 3
+    assert [name for name, _ in jit_log] == [name for name, _ in eager_log]
+    np.testing.assert_allclose([v for _, v in jit_log], [v for _, v in eager_log], rtol=1e-12, atol=1e-14)

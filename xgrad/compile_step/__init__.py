@@ -213,9 +213,10 @@ from xgrad.compile_step.errors import (
     CompileSideEffectWarning,
     RecompileWarning,
 )
+from xgrad.compile_step.jax_hooks import plain_jax_hook
 from xgrad.compile_step.program import CompiledFunction, compile
 
 __all__ = [
     "HOOK_KEPT", "CompileFallbackError", "CompileFallbackWarning", "CompileSideEffectWarning", "CompiledFunction",
-    "RecompileWarning", "compile",
+    "RecompileWarning", "compile", "plain_jax_hook",
 ]

@@ -32,6 +32,11 @@
 # (an optimizer's ``param_groups``, a module's attributes and children), except JAX's and NumPy's own and
 # per-thread state. A NumPy array the hook reaches can change in place unseen by an identity
 # guard, and so can an attribute held in ``__slots__``: the hook runs on the host.
+#
+# Under a plain JAX transformation (NOTE [Hooks under jax.jit] in ``jax_hooks.py``) the same
+# screen and trial decide, with no guards to keep: a hook reading a value that can be
+# rebound or changed in place (a number, a string, ``None``, a list's or dict's items) runs
+# on the host there (``trace_in_plain_jax``).
 """
 
 from __future__ import annotations
@@ -299,40 +304,92 @@ def _set_tensor_state(t: Tensor, state: tuple[Any, ...]) -> None:
     t._array, t._grad, t.grad_fn, t._output_nr, t._version, t._requires_grad, t._retains_grad = state
 
 
-def trace_in(rec: Any, fn: Any, args: tuple[Any, ...], post_accumulate: bool) -> tuple[bool, Any]:
-    """Call ``fn`` on the traced ``args`` if it may be traced in (NOTE [Hooks traced in]): ``(True, its result)``;
-    else ``(False, None)``, nothing of the call left behind, for the caller to run it on the host."""
+def _screened(fn: Any, args: tuple[Any, ...]) -> Reads | None:
+    """What ``fn`` reads (NOTE [Hooks traced in], 1 and 2); ``None`` if its code has effects."""
     try:
         reads = Reads()
         reads.hook(fn, args)
     except Impure as exc:
         logger.debug("hook %r runs on the host: %s", fn, exc)
-        return False, None
-    lengths = [len(getattr(rec, name)) for name in _RECORDS]
-    tensors = [t for t in jax.tree_util.tree_leaves(args, is_leaf=is_tensor) if isinstance(t, Tensor)]
-    tensors += [t for t in (snap.ref() for snap in rec.snapshots.values()) if t is not None]
-    before = [(t, _tensor_state(t)) for t in tensors]
-    snapshotted = set(rec.snapshots)
+        return None
+    return reads
+
+
+def _trial(fn: Any, args: tuple[Any, ...], reads: Reads) -> tuple[str | None, Any]:
+    """``fn`` called on the traced ``args``: why it cannot be traced in (``None``: it can; else what the call changed
+    of what it reads is undone) and its result."""
     try:
         result = fn(*args)
-        why = "it returned a value" if post_accumulate and result is not None else None
+        why = None
     except Exception as exc:  # a tracer made concrete, or the user's error: the host call raises it again
         why = f"{type(exc).__name__}: {exc}"
         result = None
     changed = reads.changed()
     if changed:
         why = "it changed Python state it reads"
+    if why is not None:
+        logger.debug("hook %r runs on the host: %s", fn, why)
+        Reads.restore(changed)
+    return why, result
+
+
+def _arg_tensors(args: tuple[Any, ...]) -> list[Tensor]:
+    return [t for t in jax.tree_util.tree_leaves(args, is_leaf=is_tensor) if isinstance(t, Tensor)]
+
+
+def trace_in(rec: Any, fn: Any, args: tuple[Any, ...], post_accumulate: bool) -> tuple[bool, Any]:
+    """Call ``fn`` on the traced ``args`` if it may be traced in (NOTE [Hooks traced in]): ``(True, its result)``;
+    else ``(False, None)``, nothing of the call left behind, for the caller to run it on the host."""
+    reads = _screened(fn, args)
+    if reads is None:
+        return False, None
+    lengths = [len(getattr(rec, name)) for name in _RECORDS]
+    tensors = _arg_tensors(args) + [t for t in (snap.ref() for snap in rec.snapshots.values()) if t is not None]
+    before = [(t, _tensor_state(t)) for t in tensors]
+    snapshotted = set(rec.snapshots)
+    why, result = _trial(fn, args, reads)
+    if why is None and post_accumulate and result is not None:  # eager's error, raised on the host after the last
+        why = "it returned a value"
+        logger.debug("hook %r runs on the host: %s", fn, why)
     if why is None:
         rec.hook_reads.extend(reads.guards)
         return True, result
-    logger.debug("hook %r runs on the host: %s", fn, why)
-    Reads.restore(changed)
     for name, n in zip(_RECORDS, lengths, strict=True):
         del getattr(rec, name)[n:]
     for key, snap in rec.snapshots.items():
         t = snap.ref()
         if key not in snapshotted and t is not None:
             snap.restore(t)
+    for t, state in before:
+        _set_tensor_state(t, state)
+    return False, None
+
+_REBINDABLE = (type(None), bool, int, float, complex, str, bytes, np.generic)
+
+
+def _changeable(guard: tuple[Any, Any, Any]) -> bool:
+    """Whether a value a hook read is state a program that cannot check it would keep stale: a number, a string or
+    ``None`` a name or attribute holds (``SCALE``, ``cfg.scale``), or the items of a list, dict or set."""
+    target, key, value = guard
+    if key is None and not isinstance(target, types.CellType):
+        return True
+    return isinstance(value, _REBINDABLE)
+
+
+def trace_in_plain_jax(fn: Any, args: tuple[Any, ...]) -> tuple[bool, Any]:
+    """``trace_in`` under a plain JAX transformation, where nothing guards what a hook reads: ``(True, its result)``
+    when ``fn`` may be traced in; else ``(False, None)``, its arguments as before the trial."""
+    reads = _screened(fn, args)
+    if reads is None:
+        return False, None
+    read = next((g for g in reads.guards if _changeable(g)), None)
+    if read is not None:
+        logger.debug("hook %r runs on the host: it reads %r, which a plain JAX trace cannot check", fn, read[1] or read[2])
+        return False, None
+    before = [(t, _tensor_state(t)) for t in _arg_tensors(args)]
+    why, result = _trial(fn, args, reads)
+    if why is None:
+        return True, result
     for t, state in before:
         _set_tensor_state(t, state)
     return False, None

@@ -819,22 +819,26 @@ def _donating_program(program: Any, donated: tuple[tuple[int, Any, bool, int], .
     JAX pairs each donated input with the first output of its shape and dtype not yet
     paired, in order; an output it pairs with another input than the one it replaces
     (a parameter with its ``.grad``, a moment with the parameter) makes XLA copy the
-    inputs it still reads (the demo step's program: 28 copies). Returns the program and
-    the getter that puts its outputs back in the program's order (``None``: they are).
+    inputs it still reads (the demo step's program: 28 copies). A donating program keeps
+    the inputs it does not read: ``jax.jit`` would drop them, and the next donated input
+    of their shape would take their output. Returns the program and the getter that puts
+    its outputs back in the program's order (``None``: they are).
     """
     first = list(dict.fromkeys(index for _, _, _, index in donated))
     taken = set(first)
     order = first + [i for i in range(n_outputs) if i not in taken]
-    donate_argnums = tuple(position for position, _, _, _ in donated)
+    jit = functools.partial(
+        jax.jit, donate_argnums=tuple(position for position, _, _, _ in donated), keep_unused=bool(donated)
+    )
     if order == list(range(n_outputs)):
-        return jax.jit(program, donate_argnums=donate_argnums), None
+        return jit(program), None
 
     def reordered(*inputs: Any) -> list[Any]:
         outs = program(*inputs)
         return [outs[i] for i in order]
 
     where = {index: k for k, index in enumerate(order)}
-    return jax.jit(reordered, donate_argnums=donate_argnums), operator.itemgetter(*(where[i] for i in range(n_outputs)))
+    return jit(reordered), operator.itemgetter(*(where[i] for i in range(n_outputs)))
 
 
 def _gather_inputs(entry: _Entry, leaves: list[Any]) -> list[Any]:

@@ -295,11 +295,13 @@ def donation(
         replaced = {key: value for key, value in replaced.items() if key in at_check}
     donated = []
     read = set()
+    taken = set()  # an output goes into one donated input's memory at most (JAX warns of a donation left unused)
     for position, (source, aval) in enumerate(zip(sources, in_avals, strict=True)):
         key = None if source is None else _target_key(source)
         read.add(key)
         index, new_tensor = replaced.get(key, (None, False))
-        if index is not None and (out_avals[index].shape, out_avals[index].dtype) == (aval.shape, aval.dtype):
+        if index is not None and index not in taken and (out_avals[index].shape, out_avals[index].dtype) == (aval.shape, aval.dtype):
+            taken.add(index)
             donated.append((position, source, new_tensor and type(source) is tuple, index))
     dropped = tuple(
         target for target, what, _, _ in writes

@@ -374,11 +374,13 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     >>> xgrad.linear(xgrad.tensor([[1.0, 2.0]]), xgrad.tensor([[1.0, 1.0], [0.0, 1.0]]), xgrad.tensor([0.5, 0.0])).tolist()
     [[3.5, 2.0]]
     """
+    weight_shape = weight.shape  # read once: each read is a property call (NOTE [Recording cost] in registry.py)
+    input_shape = input.shape
     if (
-        weight.ndim == 2
-        and input.ndim >= 1
-        and input.shape[-1] == weight.shape[1]
-        and (bias is None or bias.shape == (weight.shape[0],))
+        len(weight_shape) == 2
+        and input_shape
+        and input_shape[-1] == weight_shape[1]
+        and (bias is None or bias.shape == weight_shape[:1])
     ):
         return _linear(input, weight, bias)
     # Other shapes (a 1-D weight, a broadcasting bias, a mismatch to report) as the composite.
