@@ -18,8 +18,12 @@ donated (``donate_argnums``); the GPT's loss there is the same xgrad module call
 ``xgrad.func.functional_call``. PyTorch runs under ``--torch-python`` (an interpreter with
 ``torch``; the row says "unavailable" without it) and never imports xgrad or JAX.
 
+Peak RSS moves by tens of MB from one process to the next (the allocator's slack, other jobs), so
+``--repeats N`` runs each system N times, in turn with the others and in reverse order every other
+round, and reports medians, with the range over the runs.
+
     python benchmarks/bench_memory.py --torch-python /path/to/python-with-torch   # ~3 min on 2 cores
-    python benchmarks/bench_memory.py --models mlp --systems compile,jit
+    python benchmarks/bench_memory.py --models mlp --systems compile,jit --repeats 5
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import ctypes.util
 import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -284,23 +289,44 @@ def run_one(system: str, model: str, torch_python: str) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def run_rounds(systems: list[str], model: str, torch_python: str, repeats: int) -> dict[str, list[dict[str, Any]]]:
+    """Each system's results over ``repeats`` rounds, the order reversed every other round."""
+    results: dict[str, list[dict[str, Any]]] = {system: [] for system in systems}
+    for round_ in range(repeats):
+        for system in systems if round_ % 2 == 0 else systems[::-1]:
+            results[system].append(run_one(system, model, torch_python))
+    return results
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The medians of a system's runs (and its peaks' range), or the reason it did not run."""
+    done = [run for run in runs if "peak_mb" in run]
+    if len(done) < len(runs):
+        return next(run for run in runs if "unavailable" in run)
+    medians = {key: statistics.median(run[key] for run in done) for key in done[0]}
+    return {**medians, "low_mb": min(run["peak_mb"] for run in done), "high_mb": max(run["peak_mb"] for run in done)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--torch-python", default=sys.executable, help="an interpreter that can import torch")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each system; medians are reported")
     parser.add_argument("--child", nargs=2, metavar=("SYSTEM", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(*args.child)))
         return
     for model in args.models.split(","):
-        print(f"\n{model}: peak RSS over {STEPS} steps after the first (MB); RSS when they start in brackets;")
+        medians = "" if args.repeats == 1 else f", medians of {args.repeats} runs (the peaks' range)"
+        print(f"\n{model}: peak RSS over {STEPS} steps after the first (MB){medians}; RSS when they start in brackets;")
         print("  XLA program: its arguments, outputs not donated into and temporaries (MB)")
-        results = {}
-        for system in args.systems.split(","):
-            results[system] = result = run_one(system, model, args.torch_python)
-            shown = result.get("unavailable") or f"{result['peak_mb']:8.0f}   ({result['before_mb']:.0f})" + (
+        rounds = run_rounds(args.systems.split(","), model, args.torch_python, args.repeats)
+        results = {system: summary(runs) for system, runs in rounds.items()}
+        for system, result in results.items():
+            spread = f" ({result['low_mb']:.0f}-{result['high_mb']:.0f})" if "peak_mb" in result and args.repeats > 1 else ""
+            shown = result.get("unavailable") or f"{result['peak_mb']:8.0f}{spread}   ({result['before_mb']:.0f})" + (
                 f"   XLA program {result['program_mb']:.0f}" if "program_mb" in result else ""
             )
             print(f"  {NAMES[system]:<18} {shown}", flush=True)

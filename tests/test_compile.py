@@ -182,6 +182,67 @@ def test_recompiles_on_a_shape_change_and_warns_after_repeated_misses():
     assert counter.item() == sum(range(1, 12))
 
 
+def test_a_call_like_the_last_hit_skips_the_signature_and_any_change_still_retraces(monkeypatch):
+    """A call whose arguments match the last hit's by identity (the same avals, shardings found
+    equal, the same static values) runs its program without building the signature; every
+    change the signature sees (dtype, weak type, a static value's value or type, a
+    Tensor argument's requires_grad, grad mode, aliasing) is still a miss, traced once."""
+    from xgrad.compile_step import program
+
+    built = []
+    real_signature = program._signature
+    monkeypatch.setattr(program, "_signature", lambda leaves, tree: built.append(1) or real_signature(leaves, tree))
+    total = xgrad.tensor(0.0)
+
+    @xgrad.compile(fallback="error")
+    def step(v, w, scale=1.0):
+        total.add_((v * scale).sum())
+        return w + v * scale
+
+    expected = [0.0]
+
+    def call(v, w, scale=1.0, n=0, expect_built=0):
+        built.clear()
+        out = step(v, w, scale=scale)
+        expected[0] += float((np.asarray(v) * scale).sum())
+        np.testing.assert_allclose(np.asarray(out.array), np.asarray(v) * scale + np.asarray(w.array))
+        assert len(built) == expect_built
+        assert step.stats()["compiles"] == n
+
+    d0 = jax.devices()[0]
+    w = xgrad.tensor(np.ones(3, np.float32))
+    call(jax.device_put(np.arange(3.0, dtype=np.float32), d0), w, n=1, expect_built=1)  # a miss
+    call(jax.device_put(np.arange(3.0, dtype=np.float32) + 1, d0), w, n=1, expect_built=1)  # a hit, recorded
+    for k in range(3):  # new arrays, each with its own (equal) sharding object
+        call(jax.device_put(np.full(3, k, np.float32), d0), w, n=1)
+    call(jax.device_put(np.arange(3, dtype=np.int32), d0), w, n=2, expect_built=1)
+    call(jnp.asarray(2.0), w, n=3, expect_built=1)  # weakly typed
+    call(jnp.asarray(2.0, jnp.float32), w, n=4, expect_built=1)
+    x = jax.device_put(np.ones(3, np.float32), d0)
+    call(x, w, n=4, expect_built=1)  # back to the first signature: a hit
+    call(x, w, scale=2.0, n=5, expect_built=1)
+    call(x, w, scale=2, n=6, expect_built=1)  # an int where a float was: another static value
+    call(x, w, scale=2, n=6, expect_built=1)
+    call(x, w, scale=2, n=6)
+    call(x, w.detach().requires_grad_(), scale=2, n=7, expect_built=1)
+    with xgrad.no_grad():
+        call(x, w, scale=2, n=8, expect_built=1)
+    call(x, w, scale=2, n=8, expect_built=1)
+
+    @xgrad.compile(fallback="error")
+    def pair(a, b):
+        a.add_(1.0)
+        b.mul_(2.0)
+
+    a, b = xgrad.tensor(np.ones(2)), xgrad.tensor(np.ones(2))
+    for _ in range(3):
+        pair(a, b)
+    pair(a, a)  # one tensor twice: another program
+    assert pair.stats()["compiles"] == 2
+    np.testing.assert_array_equal(a.numpy(), np.full(2, 10.0))  # (4 + 1) * 2
+    assert total.item() == pytest.approx(expected[0])
+
+
 @pytest.mark.parametrize(
     ("vary", "reason"),
     [

@@ -293,6 +293,45 @@ def test_gather_with_an_empty_index_of_lower_rank_has_its_shape():
     np.testing.assert_array_equal(x.grad.detach().numpy(), np.zeros((2, 3)))
 
 
+def _along_loops(x: np.ndarray, dim: int, index: np.ndarray, src: np.ndarray | None = None) -> np.ndarray:
+    """torch.gather (``src`` None) or scatter_add by their definition, one index at a time."""
+    out = np.zeros(index.shape) if src is None else x.copy()
+    for at in np.ndindex(index.shape):
+        to = list(at)
+        to[dim] = index[at]
+        if src is None:
+            out[at] = x[tuple(to)]
+        else:
+            out[tuple(to)] += src[at]
+    return out
+
+
+@pytest.mark.usefixtures("eager_and_compiled")
+@pytest.mark.parametrize("step", ["eager", "xgrad.compile"])
+def test_gather_and_scatter_add_with_an_index_smaller_than_the_input_in_other_dims(step):
+    # PyTorch reads the leading part of the other dims (NOTE [Gather along a dim is batched]).
+    rng = np.random.default_rng(0)
+    x_value, weights = rng.normal(size=(4, 5, 3)), rng.normal(size=(4, 5, 3))
+    index_value, src_value = rng.integers(0, 5, size=(3, 4, 2)), rng.normal(size=(3, 4, 2))
+    x = xgrad.tensor(x_value, requires_grad=True)
+    src = xgrad.tensor(src_value, requires_grad=True)
+    index = xgrad.tensor(index_value)
+
+    def run():
+        picked = xgrad.gather(x, 1, index)
+        added = xgrad.scatter_add(x, 1, index, src)
+        ((picked * picked).sum() + (added * xgrad.tensor(weights)).sum()).backward()
+        return picked, added
+
+    picked, added = (xgrad.compile(run, fallback="error") if step == "xgrad.compile" else run)()
+    expected = _along_loops(x_value, 1, index_value)
+    np.testing.assert_allclose(picked.detach().numpy(), expected, rtol=1e-12)
+    np.testing.assert_allclose(added.detach().numpy(), _along_loops(x_value, 1, index_value, src_value), rtol=1e-12)
+    # d/dx: the squares' 2 * picked scattered back, plus the weights (scatter_add passes x through)
+    np.testing.assert_allclose(x.grad.detach().numpy(), _along_loops(weights, 1, index_value, 2 * expected), rtol=1e-12)
+    np.testing.assert_allclose(src.grad.detach().numpy(), _along_loops(weights, 1, index_value), rtol=1e-12)
+
+
 # -- what PyTorch accepts ----------------------------------------------------------------
 @pytest.mark.usefixtures("eager_and_compiled")
 @pytest.mark.parametrize("index", [0, [0, 2]], ids=["basic", "advanced"])

@@ -16,7 +16,7 @@ Default dtypes (the rule, as PyTorch's where JAX's ``jax_enable_x64`` switch all
   ``int64``). Asking for ``dtype=xgrad.float64`` with x64 off raises instead.
 * ``dtype=`` always wins; ``*_like`` factories keep the source's dtype.
 
-Random factories draw from ``generator=`` (see ``xgrad.ops.tensor_methods.generator_key``:
+Random factories draw from ``generator=`` (see ``xgrad.generator.generator_key``:
 an ``xgrad.Generator``, a key or an int seed) or ``key=``, else from the default generator.
 
 >>> import xgrad
@@ -34,11 +34,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xgrad.generator import KeyState, manual_seed
-from xgrad.generator import next_key as next_key  # nn.init takes it from here
+from xgrad.generator import KeyState, generator_key, manual_seed
+from xgrad.generator import next_key as next_key  # users draw keys as xgrad.creation.next_key()
 from xgrad.ops._util import check_int, check_nonnegative_shape
-from xgrad.ops.tensor_methods import generator_key
 from xgrad.tensor import Tensor
+from xgrad.tensor.devices import resolve_device
 from xgrad.tensor.dtypes import default_complex, default_float, resolve_dtype, x64_enabled
 from xgrad.tensor.pytorch_methods import placement_of
 
@@ -104,24 +104,6 @@ class device(str):  # noqa: N801  (PyTorch's name)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (device, (self.type, self.index))
-
-
-def resolve_device(device: Any) -> Any:
-    """A ``jax.Device`` (or ``Sharding``) from a device, a sharding, or a name like ``"cpu:1"``/``"cuda"``."""
-    if device is None or isinstance(device, (jax.Device, jax.sharding.Sharding)):
-        return device
-    if isinstance(device, str):
-        platform, _, index = device.partition(":")
-        platform = {"cuda": "gpu"}.get(platform, platform)
-        try:
-            devices = jax.devices(platform)
-        except RuntimeError as exc:
-            raise RuntimeError(f"unknown or unavailable device {device!r}: {exc}") from None
-        i = int(index) if index else 0
-        if i >= len(devices):
-            raise RuntimeError(f"device {device!r} does not exist: there are {len(devices)} {platform} devices")
-        return devices[i]
-    raise TypeError(f"device must be a jax.Device, a Sharding or a string, got {type(device).__name__}")
 
 
 def _place(array: Any, device: Any) -> Any:

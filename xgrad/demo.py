@@ -32,9 +32,9 @@ from tqdm import tqdm
 
 import xgrad
 from xgrad import nn
-from xgrad.creation import resolve_device
 from xgrad.ops import cross_entropy
 from xgrad.optim import Optax
+from xgrad.tensor.devices import resolve_device
 
 SIZES = (2, 64, 64, 3)
 BATCH = 128

@@ -28,9 +28,13 @@ from xgrad import step_trace
 from xgrad.tensor import Tensor
 
 __all__ = [
-    "ERR_DRAW_UNDER_JAX", "KeyState", "default_generator", "default_key_data", "default_key_threaded", "manual_seed", "next_key",
-    "set_default_key_data",
+    "ERR_DRAW_UNDER_JAX", "ERR_GENERATOR_TYPE", "KeyState", "default_generator", "default_key_data", "default_key_threaded",
+    "generator_key", "manual_seed", "next_key", "set_default_key_data",
 ]
+
+ERR_GENERATOR_TYPE = (
+    "generator must be None (the default generator), a jax.random key, an int seed or an xgrad KeyState, got {name}"
+)
 
 ERR_DRAW_UNDER_JAX = (
     "a random op without key= ran under a JAX transformation (jax.jit, jax.vmap, jax.grad): it would draw from "
@@ -174,3 +178,17 @@ def manual_seed(seed: int) -> None:
 def next_key() -> Any:
     """A fresh key from the default generator."""
     return default_generator.draw()
+
+
+def generator_key(generator: Any) -> Any:
+    """The key a random fill draws from: the default generator's next, a ``KeyState``'s next
+    (it advances as a ``torch.Generator`` does), a key as given, or an int seed's key."""
+    if generator is None:
+        return next_key()
+    if isinstance(generator, KeyState):
+        return generator.draw()
+    if isinstance(generator, int):
+        return jax.random.key(generator)
+    if isinstance(generator, jax.Array):
+        return generator
+    raise TypeError(ERR_GENERATOR_TYPE.format(name=type(generator).__name__))

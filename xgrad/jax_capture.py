@@ -23,6 +23,7 @@ import jax
 from xgrad import step_trace
 from xgrad.jax_internals import get_opaque_trace_state
 from xgrad.tensor import Tensor, user_site, user_stacklevel
+from xgrad.tensor.parameters import is_parameter, parameter_name
 
 __all__ = ["CapturedLeafWarning", "check_captured_leaves", "quiet_captures"]
 
@@ -60,10 +61,8 @@ class quiet_captures:
 
 
 def _describe(t: Tensor) -> str:
-    from xgrad import nn  # nn imports the ops, which import this module
-
-    name = nn.module.parameter_name(t)
-    kind = f"the parameter {name}" if name else "a parameter" if isinstance(t, nn.Parameter) else "a tensor"
+    name = parameter_name(t)
+    kind = f"the parameter {name}" if name else "a parameter" if is_parameter(t) else "a tensor"
     return f"{kind} of shape {list(t.shape)}, dtype {t.dtype}"
 
 

@@ -9,7 +9,8 @@ What xgrad uses of JAX, by how stable it is:
   become arrays] in ``tensor/jax_boundary.py``, pinned by ``tests/test_jax_boundary.py``), ``jax.dtypes``,
   ``jax.config.update``.
 - Public but unstable, re-exported here so that a JAX upgrade that moves them is
-  handled once: ``jax.extend.core`` (``ClosedJaxpr``, ``Literal``, ``jaxpr_as_fun``,
+  handled once: ``jax.extend.backend.backends`` (``devices_in_process``),
+  ``jax.extend.core`` (``ClosedJaxpr``, ``Literal``, ``jaxpr_as_fun``,
   ``get_opaque_trace_state``, and a jaxpr's ``eqns``/``invars``/``outvars``/
   ``constvars``/``effects``; ``Jaxpr``, ``Var``, ``DropVar``, ``DebugInfo`` and an
   equation's ``replace``/``params``/``ctx``/``source_info`` for ``from_jax(fn,
@@ -57,6 +58,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 import jax
+import jax.extend.backend
 from jax.experimental import io_callback
 from jax.experimental.compilation_cache import compilation_cache
 from jax.extend.core import ClosedJaxpr, DebugInfo, DropVar, Jaxpr, Literal, Var, get_opaque_trace_state, jaxpr_as_fun
@@ -65,7 +67,8 @@ from jax.extend.source_info_util import new_name_stack
 __all__ = [
     "BYTECODE_SCAN_EXACT", "BytecodeScanFallback", "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged",
     "Literal", "Var", "abstractifying",
-    "check_consts_keep_identity", "concrete_value", "get_opaque_trace_state", "io_callback", "jaxpr_as_fun", "loaded_names",
+    "check_consts_keep_identity", "concrete_value", "devices_in_process", "get_opaque_trace_state", "io_callback",
+    "jaxpr_as_fun", "loaded_names",
     "BatchingLevel", "batching_level", "name_scopes", "reset_compilation_cache", "single_device_sharding",
     "source_frames", "unwrap_tracer",
 ]
@@ -305,6 +308,12 @@ def single_device_sharding(device: Any) -> Any:
     until JAX 0.12.1 deprecated the class for ``jax.sharding.make_single_device_sharding``."""
     make = getattr(jax.sharding, "make_single_device_sharding", None)
     return make(device) if make is not None else jax.sharding.SingleDeviceSharding(device)
+
+
+def devices_in_process() -> int:
+    """How many devices every backend of this process holds together (``jax.extend.backend.backends``
+    initialises them all, as the first array made does)."""
+    return sum(len(backend.devices()) for backend in jax.extend.backend.backends().values())
 
 
 def reset_compilation_cache() -> None:

@@ -55,7 +55,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xgrad.creation import resolve_device
 from xgrad.jax_internals import single_device_sharding
 from xgrad.restricted_pickle import (
     add_safe_globals,
@@ -66,6 +65,7 @@ from xgrad.restricted_pickle import (
     save_pickled,
 )
 from xgrad.tensor import Tensor
+from xgrad.tensor.devices import resolve_device
 
 __all__ = ["CorruptCheckpointError", "RestrictedUnpicklingError", "add_safe_globals", "clear_safe_globals",
            "get_safe_globals", "load", "safe_globals", "save"]

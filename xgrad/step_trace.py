@@ -32,7 +32,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["StepTrace", "array_of", "current", "default_device", "outside", "tracing_step"]
+__all__ = ["StepTrace", "array_of", "current", "default_device", "on_plain_jax", "outside", "tracing_step"]
 
 
 def default_device() -> Any:
@@ -125,6 +125,21 @@ _CURRENT: ContextVar[StepTrace | None] = ContextVar("xgrad_step_trace", default=
 
 #: The step being traced in this context, ``None`` when none is.
 current: Callable[[], StepTrace | None] = _CURRENT.get
+
+
+# NOTE [Hooks under a plain JAX transformation]
+# Outside a traced step, a hook called on a plain JAX transformation's tracers (the engine
+# run inside ``jax.jit``, or a tensor hook on JAX's AD under ``jax.jit(jax.grad)``) would
+# run once, when traced. ``xgrad.compile_step`` sets ``plain_jax_hook`` to what such a
+# hook becomes: traced in when it touches no Python state, else an ordered host call at
+# every call (NOTE [Hooks under jax.jit] in ``xgrad/compile_step/jax_hooks.py``). On
+# concrete values the hook is called as it is.
+plain_jax_hook: Callable[[Any], Any] | None = None
+
+
+def on_plain_jax(hook: Any) -> Any:
+    """``hook`` as a hook outside a traced step calls it (NOTE [Hooks under a plain JAX transformation])."""
+    return hook if plain_jax_hook is None else plain_jax_hook(hook)
 
 
 def array_of(t: Any) -> Any:

@@ -26,9 +26,11 @@ from xgrad.engine.compiled import (
     RECOMPILE_WARNING_LIMIT,
     CompiledFallbackError,
     CompiledFallbackWarning,
+    HostHook,
     PureHook,
     RecompileWarning,
     enable,
+    host_hook,
     is_enabled,
     pure_hook,
     reset,
@@ -38,6 +40,7 @@ from xgrad.engine.compiled import (
 )
 
 __all__ = [
-    "DEFAULT_CACHE_SIZE", "RECOMPILE_WARNING_LIMIT", "CompiledFallbackError", "CompiledFallbackWarning", "PureHook",
-    "RecompileWarning", "enable", "is_enabled", "pure_hook", "reset", "set_cache_size", "set_enabled", "stats",
+    "DEFAULT_CACHE_SIZE", "RECOMPILE_WARNING_LIMIT", "CompiledFallbackError", "CompiledFallbackWarning", "HostHook",
+    "PureHook", "RecompileWarning", "enable", "host_hook", "is_enabled", "pure_hook", "reset", "set_cache_size",
+    "set_enabled", "stats",
 ]

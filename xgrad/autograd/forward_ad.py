@@ -4,7 +4,7 @@ Inside a ``dual_level()``, ``make_dual(x, v)`` gives ``x`` a tangent ``v``; ever
 computes its outputs' tangents (Jacobian-vector products) along with their values
 (NOTE [Tangents are jvp of the forward] in ``xgrad/ops/tangents.py``), and
 ``unpack_dual(y)`` returns ``(primal, tangent)``. Leaving the level drops every tangent
-made in it (NOTE [Dual levels] in ``xgrad/engine/dual.py``). Only one level at a time, as
+made in it (NOTE [Dual levels] in ``xgrad/dual.py``). Only one level at a time, as
 in PyTorch.
 
 >>> import xgrad
@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from xgrad.engine.dual import (
+from xgrad.dual import (
     ERR_TANGENT_SIZE,
     LEVEL,
     DualLevel,

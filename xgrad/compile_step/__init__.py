@@ -1,7 +1,7 @@
 """``xgrad.compile``: a whole PyTorch-style training step as one cached XLA program.
 
 The package: ``recording`` (the state a trace touches), ``intercept`` (what the engine and
-ops call while a step is traced), ``host`` (hooks, final callbacks and
+ops call while a step is traced), ``hook_purity`` (which hooks are traced in), ``host`` (hooks, final callbacks and
 custom Function backwards as ordered host callbacks), ``printing`` (``print`` at every call),
 ``observers`` and ``hook_ops`` (hooks that only observe, run after the program, their ops
 computed in it), ``writeback`` (the program's outputs and where they go) and
@@ -42,10 +42,12 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 #    without building one, and a state array whose aval is the very one that passed last
 #    time (JAX interns avals) skips its shape and dtype compares.
 #
-# Hooks not marked ``compiled.pure_hook`` run through ``io_callback(ordered=True)`` at
-# their point in the program, with concrete tensors, in eager order
-# (``_host_hook``), or after it when they only observe (NOTE [Observer hooks]); pure
-# hooks are traced inline. Hooks registered while tracing are
+# Hooks that touch no Python state outside their arguments, and those marked
+# ``compiled.pure_hook``, are traced inline (NOTE [Hooks traced in] in ``hook_purity.py``).
+# The others (and those marked ``compiled.host_hook``) run through
+# ``io_callback(ordered=True)`` at their point in the program, with concrete tensors, in
+# eager order (``_host_hook``), or after it when they only observe (NOTE [Observer
+# hooks]). Hooks registered while tracing are
 # taken out again when the trace ends; one that would stay on a tensor or node that
 # outlives the call is not compiled (eager adds one more per call, and all run).
 # A host hook runs with a stand-in for its backward's ``GraphTask`` (``_HostGraphTask``),
@@ -211,9 +213,10 @@ from xgrad.compile_step.errors import (
     CompileSideEffectWarning,
     RecompileWarning,
 )
+from xgrad.compile_step.jax_hooks import plain_jax_hook
 from xgrad.compile_step.program import CompiledFunction, compile
 
 __all__ = [
     "HOOK_KEPT", "CompileFallbackError", "CompileFallbackWarning", "CompileSideEffectWarning", "CompiledFunction",
-    "RecompileWarning", "compile",
+    "RecompileWarning", "compile", "plain_jax_hook",
 ]

@@ -5,6 +5,7 @@ NOTE [Whole-step compile] and NOTE [Functions in a compiled step] in ``__init__`
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +16,7 @@ import numpy as np
 
 from xgrad.compile_step import recording
 from xgrad.compile_step.errors import _NotCompilable
+from xgrad.compile_step.hook_purity import trace_in
 from xgrad.compile_step.observers import _HookBox, _HostGraphTask, _in_backward, _Observer
 from xgrad.compile_step.recording import tracing
 from xgrad.engine.compiled.cache import call_site
@@ -25,6 +27,7 @@ from xgrad.engine.node import ERR_POST_ACCUMULATE_RESULT, Edge, InputMetadata, c
 from xgrad.engine.validate import validate_outputs
 from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.jax_internals import io_callback
+from xgrad.nn.hooks import BackwardHook
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
 
@@ -50,8 +53,12 @@ def _struct(array: Any) -> jax.ShapeDtypeStruct:
 
 
 def _host_hook(fn: Any, hooks: Any) -> Any:
-    """``fn`` as called inside a traced step: through an ordered host callback, unless it is pure."""
-    from xgrad.autograd.compiled import PureHook
+    """``fn`` as called inside a traced step: traced in if it is pure, else through an ordered host callback.
+
+    Marked ``pure_hook``: traced in; marked ``host_hook``: on the host; neither: traced in
+    when it touches no Python state (NOTE [Hooks traced in] in ``hook_purity.py``).
+    """
+    from xgrad.autograd.compiled import HostHook, PureHook
 
     if isinstance(fn, tuple):  # a tensor hook: (input_nr, hook)
         return (fn[0], _host_hook(fn[1], hooks))
@@ -59,12 +66,41 @@ def _host_hook(fn: Any, hooks: Any) -> Any:
         return fn
 
     def call(*args: Any) -> Any:
+        rec = recording.active()
+        assert rec is not None
+        post_accumulate = len(args) == 1 and isinstance(args[0], Tensor) and args[0]._post_accumulate_grad_hooks is hooks
+        module_hooks = getattr(fn, "__self__", None)
+        if not isinstance(module_hooks, BackwardHook):
+            module_hooks = None
+        # Hooks that share state on the host follow an earlier one there: a module call's backward hooks
+        # its pre-hooks (the grad_output they keep), a leaf's post-accumulate hooks each other (the check
+        # that none returned a value, made after the last).
+        group = id(module_hooks) if module_hooks is not None else id(hooks) if post_accumulate else None
+        on_host = isinstance(fn, HostHook) or group in rec.hosted_groups
+        kept_grad_outputs = None if module_hooks is None else module_hooks.grad_outputs  # before a trial resets it
+        if not on_host:
+            traced, result = trace_in(rec, fn, args, post_accumulate)
+            if traced:
+                return result
+        host_fn = fn
+        if module_hooks is not None and fn.__func__ is BackwardHook._input_hook and group not in rec.hosted_groups:
+            # After traced-in pre-hooks: the grad_output they made goes to the host along.
+            host_fn = functools.partial(_module_hooks_on_host, module_hooks)
+            args = (args[0], kept_grad_outputs)
+        if group is not None:
+            rec.hosted_groups.add(group)
         graph_task = _host_graph_task()
-        if len(args) == 1 and isinstance(args[0], Tensor) and args[0]._post_accumulate_grad_hooks is hooks:
-            return _post_accumulate_on_host(fn, args[0], graph_task, hooks)
-        return _replacing_hook_on_host(fn, args, graph_task)
+        if post_accumulate:
+            return _post_accumulate_on_host(host_fn, args[0], graph_task, hooks)
+        return _replacing_hook_on_host(host_fn, args, graph_task)
 
     return call
+
+
+def _module_hooks_on_host(module_hooks: BackwardHook, grad_inputs: Any, grad_outputs: Any) -> Any:
+    """A module's backward hooks on the host, given the ``grad_output`` its traced-in pre-hooks made."""
+    module_hooks.grad_outputs = grad_outputs
+    return module_hooks._input_hook(grad_inputs, None)
 
 
 def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> Any:
@@ -121,8 +157,9 @@ def _post_accumulate_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) 
     """
     rec = recording.active()
     assert rec is not None
-    order = list(hooks.values())
-    first, last = fn is order[0], fn is order[-1]
+    # The first of them on the host (those before it were traced in, returning None) resets the flag.
+    first = id(hooks) not in rec.post_accumulate_returned
+    last = fn is list(hooks.values())[-1]
     returned = rec.post_accumulate_returned.setdefault(id(hooks), [False])
 
     def call() -> None:

@@ -14,7 +14,7 @@ import jax
 
 from xgrad.compile_step.hook_ops import HookOps, OpLog, Served
 from xgrad.engine.node import current_task
-from xgrad.ops.dispatch import dispatching_through
+from xgrad.ops.dispatch import DISPATCH, dispatching_through
 from xgrad.tensor import Tensor
 
 
@@ -103,11 +103,13 @@ class _HookBox:
 class _Observer:
     """A hook call of the observer variant: its arguments are outputs of the program, and it runs after it."""
 
-    __slots__ = ("fn", "in_backward", "outputs", "planned", "tree")
+    __slots__ = ("flat", "fn", "in_backward", "outputs", "planned", "tree")
 
     def __init__(self, fn: Any, tree: Any, outputs: list[int], in_backward: bool, planned: list[Any]) -> None:
         self.fn = fn
         self.tree = tree
+        # Its arguments are the tensors themselves, in order (a tensor hook's ``(grad,)``): no tree to rebuild.
+        self.flat = jax.tree_util.tree_unflatten(tree, range(len(outputs))) == tuple(range(len(outputs)))
         self.outputs = outputs
         self.in_backward = in_backward
         self.planned = planned  # the ops it ran last time, computed in the program (``HookOps.trace``)
@@ -115,15 +117,18 @@ class _Observer:
     def run(self, outs: Any, graph_task: _HostGraphTask) -> _Outcome | None:
         """Call the hook on the program's values; ``None`` if it observed, else what it did.
 
-        ``graph_task``: an empty stand-in, for a hook called in a backward to queue on.
+        ``graph_task``: an empty stand-in, for a hook called in a backward to queue on; the
+        caller has made it the current one (``current_task.graph_task``) if ``in_backward``,
+        else none.
         """
-        args = jax.tree_util.tree_unflatten(self.tree, [Tensor(outs[i]) for i in self.outputs])
+        tensors = [Tensor(outs[i]) for i in self.outputs]
         try:
-            result = _in_backward(graph_task if self.in_backward else None, self.fn, *args)
+            result = self.fn(*tensors) if self.flat else self.fn(*jax.tree_util.tree_unflatten(self.tree, tensors))
         except BaseException as exc:  # the user's, whatever it is: the exact program raises it again
             return _Outcome(None, exc, ())
-        queued = tuple(graph_task.final_callbacks)
-        return None if result is None and not queued else _Outcome(result, None, queued)
+        if result is None and not graph_task.final_callbacks:
+            return None
+        return _Outcome(result, None, tuple(graph_task.final_callbacks))
 
 
 def run_observers(observers: list[_Observer], outs: Any, box: _HookBox) -> bool:
@@ -135,11 +140,18 @@ def run_observers(observers: list[_Observer], outs: Any, box: _HookBox) -> bool:
     served = Served(outs)
     for observer in observers:
         served.add(observer.planned, [outs[i] for i in observer.outputs])
-    with dispatching_through(served):
+    previous = current_task.graph_task
+    token = DISPATCH.set(served)  # ``dispatching_through``, set once for all the hooks
+    try:
         for k, observer in enumerate(observers):
+            # As ``_in_backward`` would, switched only where a hook runs outside a backward.
+            current_task.graph_task = graph_task if observer.in_backward else None
             outcome = observer.run(outs, graph_task)
             if outcome is not None:
                 box.replay.extend([_OBSERVED] * k)
                 box.replay.append(outcome)
                 return False
+    finally:
+        DISPATCH.reset(token)
+        current_task.graph_task = previous
     return True

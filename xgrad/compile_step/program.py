@@ -7,6 +7,7 @@ import dis
 import functools
 import inspect
 import linecache
+import operator
 import os
 import threading
 import time
@@ -32,6 +33,7 @@ from xgrad.compile_step.errors import (
     RecompileWarning,
     _NotCompilable,
 )
+from xgrad.compile_step.hook_purity import reads_hold
 from xgrad.compile_step.intercept import _StepRecorder
 from xgrad.compile_step.observers import run_observers
 from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
@@ -47,6 +49,7 @@ from xgrad.compile_step.writeback import (
     _source_value,
     donation,
     drop_grads,
+    fresh_outputs,
     own_donated,
 )
 from xgrad.engine.anomaly import ANOMALY
@@ -180,19 +183,24 @@ class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "checks", "consts", "donated", "dropped_grads", "effects", "fast_writes", "flags", "guards", "has_host_calls", "precheck",
-        "hook_box", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
+        "aliased", "arg_tensor_slots", "checks", "consts", "donated", "dropped_grads", "effects", "fast_writes", "flags", "fresh",
+        "guards", "has_host_calls", "in_order", "precheck", "tracks_fresh",
+        "hook_box", "hook_reads", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
         "observing", "result_template", "result_tree", "writes",
     )
     aliased: list[list[Any]]
     arg_tensor_slots: tuple[int, ...]
     checks: tuple[tuple[Callable[[Any], BaseException], int | None, list[Any]], ...]  # error, detail's output, writes
     consts: list[tuple[str, Any]]
-    # The inputs a call donates: position, source, whether a new .grad Tensor replaces it (NOTE [Donated state]).
-    donated: tuple[tuple[int, Any, bool], ...]
+    # The inputs a call donates: position, source, whether a new .grad Tensor replaces it, the output replacing
+    # it (NOTE [Donated state]).
+    donated: tuple[tuple[int, Any, bool, int], ...]
     dropped_grads: tuple[Any, ...]  # the targets whose .grad a call lets go of before its program runs
     effects: list[tuple[Any, Any, list[Any], list[tuple[int, int]]]]  # host effects run after the program
     fast_writes: list[tuple[int, Any, Any, int]]  # ``writes`` as ``_apply_fast_writes`` takes them
+    fresh: list[Any]  # the outputs that replaced the donated inputs at the last call, weakly (``fresh_outputs``)
+    tracks_fresh: bool  # whether ``fresh`` is kept: the program forwards no input as an output
+    in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``_donating_program``)
     # A tensor's weak reference, the aval that last passed, its shape and dtype, then ``None`` for plain
     # state (no history, no requires_grad, no hooks, .grad not read: optimizer state, buffers), else
     # whether its .grad was read and the rest of ``_expected``.
@@ -203,6 +211,7 @@ class _Entry:
     other: Any  # an older entry of the signature, whose guards failed when this one was traced (``None``: none)
     has_host_calls: bool  # hooks or callbacks run from inside the program
     hook_box: Any  # its hooks' ``_HookBox`` if an observer variant may stand in for it, else ``None``
+    hook_reads: list[tuple[Any, Any, Any]]  # what its traced-in hooks read, compared every call (NOTE [Hooks traced in])
     observers: list[Any]  # the observer variant's hooks, run after it in program order
     observing: Any  # the observer variant once traced (``_NO_VARIANT``: none can be), else ``None``
     inputs: list[tuple[int, Any]]
@@ -235,7 +244,10 @@ def _describe_change(fn: Any, old: Any, new: Any) -> str:
         return f"grad mode changed from {old_mode[0]} to {new_mode[0]}"
     if old_mode != new_mode:
         return f"autocast changed from {dict(old_mode[1]) or 'off'} to {dict(new_mode[1]) or 'off'}"
-    return "the state fn reads (a .grad set or cleared, requires_grad, hooks, a shape, or a module's train/eval mode)"
+    return (
+        "the state fn reads (a .grad set or cleared, requires_grad, hooks, a shape, a module's train/eval mode, or a "
+        "value a traced-in hook reads: mark a hook whose value changes every call xgrad.autograd.compiled.host_hook)"
+    )
 
 
 def _leaf_name(fn: Any, tree: Any, i: int) -> str:
@@ -311,16 +323,21 @@ def _describe_leaf(key: Any) -> str:
 _KIND_NAMES = {"tensor": "a Tensor", "array": "a jax.Array", "ndarray": "a NumPy array"}
 
 
-def _signature(leaves: list[Any], tree: Any) -> Any:
-    """The cache key of a call: the arguments' structure, each leaf's key, which are one tensor, the grad
-    and autocast modes."""
+def _aliases(leaves: list[Any]) -> tuple[int, ...]:
+    """Which Tensor arguments are one tensor: each one's first position."""
     alias: list[int] = []
     first: dict[int, int] = {}
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, Tensor):
             alias.append(first.setdefault(id(leaf), i))
+    return tuple(alias)
+
+
+def _signature(leaves: list[Any], tree: Any) -> Any:
+    """The cache key of a call: the arguments' structure, each leaf's key, which are one tensor, the grad
+    and autocast modes."""
     try:
-        signature = (tree, tuple(_leaf_key(leaf) for leaf in leaves), tuple(alias), (is_grad_enabled(), autocast_key()))
+        signature = (tree, tuple(_leaf_key(leaf) for leaf in leaves), _aliases(leaves), (is_grad_enabled(), autocast_key()))
         hash(signature)
     except TypeError:
         raise TypeError(
@@ -328,6 +345,96 @@ def _signature(leaves: list[Any], tree: Any) -> Any:
             "the signature)"
         ) from None
     return signature
+
+
+# NOTE [The hit path]
+# A step's call that hits pays Python that ``jax.jit``'s C++ fast path does not: the
+# signature of its arguments, the guards of its state, gathering its inputs and writing
+# back its outputs, each at every call. Each is made a walk over lists prepared once:
+# ``_LastCall`` keeps the last hit's arguments as the objects that passed (each array's
+# type and aval, interned by JAX, its sharding, a static value) with the signature and
+# the cache entry they led to, so a call whose arguments are those objects again, or
+# arrays with the same aval and a sharding already found equal, skips building,
+# hashing and comparing the signature (``_signature`` and its ``sharding == sharding``
+# per leaf, Python in JAX). Anything else (a Tensor argument with history, hooks or a
+# ``.grad``, a NumPy array, another tree, grad or autocast mode) takes the full path,
+# which then records the new call. Any change to the cache forgets it.
+
+
+class _LastCall:
+    """The last hit's arguments, as ``_LastCall.matches`` compares them (NOTE [The hit path])."""
+
+    __slots__ = ("checks", "head", "mode", "signature", "tree")
+
+    def __init__(self, tree: Any, checks: list[tuple[Any, ...]], signature: Any, head: Any) -> None:
+        self.tree = tree
+        # Per leaf: (0, type, aval, sharding, known) for an array, (1, ...) the same for a Tensor holding
+        # one (no history, hooks or .grad), (2, type, value) for a static value; ``known`` maps ids to
+        # the shardings found equal to ``sharding`` (held, so the ids stay theirs).
+        self.checks = checks
+        self.signature = signature
+        self.mode = signature[3]
+        self.head = head
+
+    @staticmethod
+    def of(leaves: list[Any], tree: Any, signature: Any, head: Any) -> _LastCall | None:
+        """The record of a call that hit ``head`` with ``signature``; ``None`` if a leaf cannot be compared quickly."""
+        checks: list[tuple[Any, ...]] = []
+        for leaf in leaves:
+            if isinstance(leaf, Tensor):
+                a = leaf._array
+                if not (isinstance(a, jax.Array) and _plain_argument(leaf)):
+                    return None
+                checks.append((1, type(a), a.aval, a.sharding, {id(a.sharding): a.sharding}))
+            elif isinstance(leaf, jax.Array):
+                checks.append((0, type(leaf), leaf.aval, leaf.sharding, {id(leaf.sharding): leaf.sharding}))
+            elif isinstance(leaf, np.ndarray):
+                return None
+            else:
+                checks.append((2, type(leaf), leaf))
+        return _LastCall(tree, checks, signature, head)
+
+    def matches(self, leaves: list[Any], tree: Any) -> bool:
+        """Whether a call with ``leaves`` and ``tree`` has the recorded signature (same tree: as many leaves)."""
+        if tree != self.tree:
+            return False
+        tensors = 0
+        for leaf, check in zip(leaves, self.checks, strict=True):
+            kind = check[0]
+            if kind == 2:
+                if type(leaf) is not check[1] or not (leaf is check[2] or leaf == check[2]):
+                    return False
+                continue
+            if kind == 1:
+                if not isinstance(leaf, Tensor) or not _plain_argument(leaf):
+                    return False
+                tensors += 1
+                leaf = leaf._array
+            if type(leaf) is not check[1] or leaf.aval is not check[2]:
+                return False
+            sharding = leaf.sharding
+            known = check[4]
+            if id(sharding) not in known:
+                if sharding != check[3]:
+                    return False
+                if len(known) == _KNOWN_SHARDINGS:
+                    known.clear()
+                known[id(sharding)] = sharding
+        if tensors > 1 and _aliases(leaves) != self.signature[2]:
+            return False
+        return (is_grad_enabled(), autocast_key()) == self.mode
+
+
+#: Shardings kept per argument as found equal to its signature's (batches placed one by one each bring their own).
+_KNOWN_SHARDINGS = 16
+
+
+def _plain_argument(t: Tensor) -> bool:
+    """A Tensor argument whose guard part of its key (``_leaf_key``) is the plain one: compared without building it."""
+    return (
+        t.grad_fn is None and not t._requires_grad and t._grad is None and not t._backward_hooks
+        and not t._post_accumulate_grad_hooks
+    )
 
 
 class CompiledFunction:
@@ -342,6 +449,7 @@ class CompiledFunction:
         self._stats = {"compiles": 0, "hits": 0, "misses": 0, "fallbacks": 0, "variants": 0, "compile_seconds": 0.0}
         self._warned_sites: set[str] = set()
         self._last_signature: Any = None
+        self._last_call: _LastCall | None = None  # NOTE [The hit path]
         self._recompile_warned = False
         self._trace_lock = threading.RLock()
         functools.update_wrapper(self, fn)
@@ -361,6 +469,12 @@ class CompiledFunction:
                 self._stats["fallbacks"] += 1
             return self.fn(*args, **kwargs)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
+        last = self._last_call
+        if last is not None and last.matches(leaves, tree):  # NOTE [The hit path]
+            entry = self._matching(last.head, leaves)
+            if entry is not None:
+                self._stats["hits"] += 1
+                return self._run(entry, leaves, tree)
         if any(isinstance(leaf, jax.core.Tracer) or (isinstance(leaf, Tensor) and isinstance(leaf._array, jax.core.Tracer)) for leaf in leaves):
             return self.fn(*args, **kwargs)  # under a plain jax transformation: part of its trace
         signature = _signature(leaves, tree)
@@ -377,6 +491,7 @@ class CompiledFunction:
                         entry = self._compile(leaves, tree)
                     except _NotCompilable as exc:
                         self._cache[signature] = entry = _FALLBACK
+                        self._last_call = None
                         self._fall_back(exc)
                     else:
                         self._keep(signature, entry)
@@ -390,10 +505,12 @@ class CompiledFunction:
         if entry is _FALLBACK:
             self._stats["fallbacks"] += 1
             return entry
-        entry = self._matching(entry, leaves)
+        head = entry
+        entry = self._matching(head, leaves)
         if entry is not None:
             self._cache.move_to_end(signature)
             self._stats["hits"] += 1
+            self._last_call = _LastCall.of(leaves, signature[0], signature, head)
         return entry
 
     def _matching(self, entry: Any, leaves: list[Any]) -> Any:
@@ -416,6 +533,7 @@ class CompiledFunction:
                 break
             last = last.other
         self._cache[signature] = entry
+        self._last_call = None
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
 
@@ -478,6 +596,8 @@ class CompiledFunction:
                 if a.shape != shape or a.dtype != dtype:
                     return False
                 guard[1] = found_aval
+        if entry.hook_reads and not reads_hold(entry.hook_reads):  # NOTE [Hooks traced in]
+            return False
         for ref, training in entry.modes:
             module = ref()
             if module is not None and module.training != training:
@@ -625,6 +745,7 @@ class CompiledFunction:
         entry.other = None
         entry.guards = [_guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
         entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]
+        entry.hook_reads = recorder.hook_reads
         entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
         consts: list[tuple[str, Any]] = []
         for c in closed.consts:
@@ -645,14 +766,21 @@ class CompiledFunction:
             entry.writes, () if entry.precheck is not None else entry.checks, sources,
             [v.aval for v in (*jaxpr.constvars, *jaxpr.invars)], closed.out_avals,
         )
-        entry.jitted = jax.jit(program, donate_argnums=tuple(position for position, _, _ in entry.donated))
+        entry.jitted, entry.in_order = _donating_program(program, entry.donated, len(closed.out_avals))
+        entry.fresh = []
         entry.observers = recorder.observers
         entry.observing = None
         # Hooks that may only observe, and no other host call but final callbacks they would queue: an
         # observer variant may run instead (NOTE [Observer hooks]).
         only_hooks = 0 < recorder.hook_calls == recorder.host_calls - recorder.conditional_calls
         entry.hook_box = recorder.hook_box if only_hooks else None
-        entry.jitted.lower(*[refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in consts], *dyn_values).compile()
+        traced_program = entry.jitted.trace(
+            *[refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in consts], *dyn_values
+        )
+        # An output that is an input of the jitted program is that input's array itself, no buffer of its own.
+        run_jaxpr = traced_program.jaxpr.jaxpr
+        entry.tracks_fresh = bool(entry.donated) and not set(run_jaxpr.invars).intersection(run_jaxpr.outvars)
+        traced_program.lower().compile()
         self._stats["variants" if recorder.observing else "compiles"] += 1
         self._stats["compile_seconds"] += time.perf_counter() - start
         return entry
@@ -685,20 +813,45 @@ def _precheck(entry: _Entry, program: Any, invars: list[Any], jaxpr: Any) -> Any
     return jax.jit(lambda *inputs: {i: out for i, out in enumerate(program(*inputs)) if i in wanted}), jax.jit(program)
 
 
+def _donating_program(program: Any, donated: tuple[tuple[int, Any, bool, int], ...], n_outputs: int) -> tuple[Any, Any]:
+    """``program`` jitted donating ``donated``, with the outputs that replace them first, in their order.
+
+    JAX pairs each donated input with the first output of its shape and dtype not yet
+    paired, in order; an output it pairs with another input than the one it replaces
+    (a parameter with its ``.grad``, a moment with the parameter) makes XLA copy the
+    inputs it still reads (the demo step's program: 28 copies). A donating program keeps
+    the inputs it does not read: ``jax.jit`` would drop them, and the next donated input
+    of their shape would take their output. Returns the program and the getter that puts
+    its outputs back in the program's order (``None``: they are).
+    """
+    first = list(dict.fromkeys(index for _, _, _, index in donated))
+    taken = set(first)
+    order = first + [i for i in range(n_outputs) if i not in taken]
+    jit = functools.partial(
+        jax.jit, donate_argnums=tuple(position for position, _, _, _ in donated), keep_unused=bool(donated)
+    )
+    if order == list(range(n_outputs)):
+        return jit(program), None
+
+    def reordered(*inputs: Any) -> list[Any]:
+        outs = program(*inputs)
+        return [outs[i] for i in order]
+
+    where = {index: k for k, index in enumerate(order)}
+    return jit(reordered), operator.itemgetter(*(where[i] for i in range(n_outputs)))
+
+
 def _gather_inputs(entry: _Entry, leaves: list[Any]) -> list[Any]:
-    inputs = []
-    for kind, source in entry.inputs:  # one loop, no calls for the common kinds: it runs every step
-        if kind == 0:
-            inputs.append(source)
-        elif kind == 1:
-            inputs.append(source()._array)
-        else:
-            inputs.append(_source_value(source, leaves))
+    # One comprehension, no calls for the common kinds: it runs every step.
+    inputs = [
+        source()._array if kind == 1 else source if kind == 0 else _source_value(source, leaves)
+        for kind, source in entry.inputs
+    ]
     for i in entry.arg_tensor_slots:
         leaf = leaves[i]
         inputs.append(leaf._array if isinstance(leaf, Tensor) else leaf)
     if entry.donated:
-        own_donated(entry.donated, inputs, leaves)
+        own_donated(entry.donated, inputs, leaves, entry.fresh)
     return inputs
 
 
@@ -728,7 +881,11 @@ def _call_program(entry: _Entry, leaves: list[Any]) -> Any:
     if entry.dropped_grads:
         drop_grads(entry.dropped_grads, leaves)
     outs = entry.jitted(*inputs)
+    if entry.in_order is not None:
+        outs = entry.in_order(outs)
     del inputs
+    if entry.tracks_fresh:
+        entry.fresh = fresh_outputs(entry.donated, outs)
     if not check_first:
         # While the program runs: if a check fails its outputs are dropped, as if it never ran.
         _check_on_host(entry.host_checks, leaves)
@@ -814,8 +971,10 @@ def compile(
     through host callbacks; tensor and node hooks that only observe (return ``None``,
     queue no callback) run right after the program instead, which costs no host
     round trip, and the ops they ran on their arguments last time (``g.norm()``) are
-    computed in the program and handed to them; those marked ``xgrad.autograd.compiled.pure_hook`` are
-    traced into the program. ``print`` in ``fn`` prints at every call with that
+    computed in the program and handed to them. A hook that touches no Python state outside
+    its arguments, or one marked ``xgrad.autograd.compiled.pure_hook``, is traced into the
+    program (NOTE [Hooks traced in] in ``hook_purity.py``: the values it reads are checked at
+    every call); ``xgrad.autograd.compiled.host_hook`` keeps one on the host. ``print`` in ``fn`` prints at every call with that
     call's values, in eager's format and order (tensors, their f-strings and
     ``str``/``format``, ``.item()`` as an f-string's value; NOTE [Print in a compiled
     step] in ``xgrad/compile_step/printing.py``). Other plain Python side effects in

@@ -87,6 +87,11 @@ class _Recorder(StepTrace):
         self.observing = False  # tracing the observer variant: hooks become outputs and ``observers``
         self.observers: list[Any] = []
         self.learned: list[Any] = []  # the ops each hook call ran last (NOTE [Hook ops in the program])
+        # What the hooks traced in read, guards of the program (NOTE [Hooks traced in] in ``hook_purity.py``).
+        self.hook_reads: list[tuple[Any, Any, Any]] = []
+        # id(a module call's ``BackwardHook``, or a leaf's post-accumulate hooks) of which a hook runs on the host:
+        # the group's later hooks follow it there (``_host_hook``).
+        self.hosted_groups: set[int] = set()
         # Hooks added while tracing: (their dict, handle id, the user's line, whether the owner outlives the call).
         self.added_hooks: list[tuple[Any, int, str, bool]] = []
         self.first_sequence_nr = _sequence.next()  # nodes made by the trace number above it

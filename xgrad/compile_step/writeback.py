@@ -236,6 +236,16 @@ def _returned_value(leaf: Any) -> Any:
 # A ``.grad`` the program replaces without reading it (``zero_grad()`` first, PyTorch's
 # ``set_to_none`` default) is let go of before the program runs, on the same condition,
 # as PyTorch frees it at ``zero_grad()``: old and new grads never coexist either.
+#
+# Reading a buffer's address waits for the program that makes it, which would make every
+# call wait for the last one. So a call whose donated inputs are all, by identity, the
+# outputs that replaced them at the program's last call (weak references, ``fresh_outputs``)
+# reads none: the outputs of one execution are distinct buffers (XLA shares none but a
+# donated input's), and a twin made since is another object. And JAX pairs donated inputs
+# with outputs by shape and dtype in order, not by which output replaces which input: the
+# program returns the outputs that replace donated inputs first, in the inputs' order
+# (``_donating_program`` in ``program.py``), or a parameter's buffer would take its
+# ``.grad`` and XLA would copy what it still reads of the old values.
 
 
 def _count_refs(value: Any) -> int:
@@ -271,13 +281,13 @@ def _replaced(writes: list[Any]) -> dict[Any, tuple[int | None, bool]]:
 
 def donation(
     writes: list[Any], checks: tuple[Any, ...], sources: list[Any], in_avals: list[Any], out_avals: list[Any],
-) -> tuple[tuple[tuple[int, Any, bool], ...], tuple[Any, ...]]:
+) -> tuple[tuple[tuple[int, Any, bool, int], ...], tuple[Any, ...]]:
     """The inputs a call donates and the ``.grad``s it drops before the program runs (NOTE [Donated state]).
 
     ``sources``: each input's one source (``_Snapshot.target``), ``None`` for an input
     that is no tensor's alone (a constant, an array several tensors share, a plain array
-    argument). Returns ``(position, source, whether the .grad Tensor is replaced)`` for
-    each donated input, and the targets whose ``.grad`` the program replaces without reading it.
+    argument). Returns ``(position, source, whether the .grad Tensor is replaced, the output replacing it)``
+    for each donated input, and the targets whose ``.grad`` the program replaces without reading it.
     """
     replaced = _replaced(writes)
     for _, _, check_writes in checks:
@@ -285,12 +295,14 @@ def donation(
         replaced = {key: value for key, value in replaced.items() if key in at_check}
     donated = []
     read = set()
+    taken = set()  # an output goes into one donated input's memory at most (JAX warns of a donation left unused)
     for position, (source, aval) in enumerate(zip(sources, in_avals, strict=True)):
         key = None if source is None else _target_key(source)
         read.add(key)
         index, new_tensor = replaced.get(key, (None, False))
-        if index is not None and (out_avals[index].shape, out_avals[index].dtype) == (aval.shape, aval.dtype):
-            donated.append((position, source, new_tensor and type(source) is tuple))
+        if index is not None and index not in taken and (out_avals[index].shape, out_avals[index].dtype) == (aval.shape, aval.dtype):
+            taken.add(index)
+            donated.append((position, source, new_tensor and type(source) is tuple, index))
     dropped = tuple(
         target for target, what, _, _ in writes
         if what == "grad" and _target_key(("grad", target)) in replaced and _target_key(("grad", target)) not in read
@@ -298,24 +310,46 @@ def donation(
     return tuple(donated), dropped
 
 
-def own_donated(donated: tuple[tuple[int, Any, bool], ...], inputs: list[Any], leaves: list[Any]) -> None:
+def own_donated(
+    donated: tuple[tuple[int, Any, bool, int], ...], inputs: list[Any], leaves: list[Any], fresh: list[Any],
+) -> None:
     """Put a copy in ``inputs`` in place of each donated array someone besides its tensor holds (NOTE [Donated state]).
 
     An array is held by its tensor and by ``inputs``; where the call gives a ``.grad``'s
     owner a new ``.grad`` Tensor, the old one must be held by its owner alone too.
     Two inputs that are distinct ``jax.Array`` objects over one buffer (``jax.device_put``
-    of an array to the device it is on makes such a twin) donate it once.
+    of an array to the device it is on makes such a twin) donate it once. ``fresh``: weak
+    references to the outputs that replaced these inputs at the program's last call
+    (``fresh_outputs``); when every input is still the one its last call wrote, no two
+    share a buffer, and their addresses, which wait for the last call's program, are not read.
     """
-    buffers = set()
-    for position, source, new_tensor in donated:
+    stale = len(fresh) != len(donated)
+    for k, (position, source, new_tensor, _) in enumerate(donated):
+        if not stale and fresh[k]() is not inputs[position]:
+            stale = True
         held = _count_refs(inputs[position]) > _ONE_HOLDER + 1
         if not held and new_tensor:
             held = _count_refs(_resolve(source, leaves)) > _ONE_HOLDER
-        buffer = _buffer_of(inputs[position])
-        if held or buffer in buffers:
+        if held:
             inputs[position] = inputs[position].copy()
-        else:
-            buffers.add(buffer)
+    if stale:  # a copy made above has a buffer of its own, which no other input shares
+        buffers = set()
+        for position, _, _, _ in donated:
+            buffer = _buffer_of(inputs[position])
+            if buffer in buffers:
+                inputs[position] = inputs[position].copy()
+            else:
+                buffers.add(buffer)
+
+
+def fresh_outputs(donated: tuple[tuple[int, Any, bool, int], ...], outs: Any) -> list[Any]:
+    """Weak references to the outputs that replace the donated inputs, for the next call's ``own_donated``.
+
+    Only for a program that forwards none of its inputs as outputs: then each output is a
+    buffer of its own, made by the call (XLA gives the outputs of one execution distinct
+    buffers, sharing none but a donated input's).
+    """
+    return [weakref.ref(outs[index]) for _, _, _, index in donated]
 
 
 def drop_grads(targets: tuple[Any, ...], leaves: list[Any]) -> None:

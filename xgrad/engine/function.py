@@ -24,9 +24,9 @@ from typing import Any
 import jax.numpy as jnp
 
 from xgrad import step_trace
+from xgrad.dual import ERR_TANGENT_SIZE, LEVEL, set_tangent, tangent_of, tangents_off
 from xgrad.engine import engine_ops
 from xgrad.engine.anomaly import record_forward_trace
-from xgrad.engine.dual import ERR_TANGENT_SIZE, LEVEL, set_tangent, tangent_of, tangents_off
 from xgrad.engine.function_on_jax import (
     ERR_ONCE_DIFFERENTIABLE,
     apply_on_jax,

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from xgrad import step_trace
+from xgrad.dual import tangents_off
 from xgrad.engine import engine_ops
-from xgrad.engine.dual import tangents_off
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import graph_off, no_grad
 from xgrad.step_trace import array_of

@@ -70,11 +70,12 @@ def run_in_order(hooks: HookDict | None) -> tuple[Any, ...]:
     A hook removed (by itself or by another hook) while the snapshot is being run
     still runs in that pass; one registered meanwhile waits for the next pass.
     While ``xgrad.compile`` traces a step, each comes as the step calls it (a host
-    callback; NOTE [The step-trace seam]).
+    callback; NOTE [The step-trace seam]); on a plain JAX transformation's tracers, as
+    NOTE [Hooks under a plain JAX transformation] in ``step_trace`` says.
     """
     if not hooks:
         return ()
     trace = step_trace.current()
     if trace is None:
-        return tuple(hooks.values())
+        return tuple(map(step_trace.on_plain_jax, hooks.values()))
     return tuple(trace.wrap_hook(fn, hooks) for fn in hooks.values())

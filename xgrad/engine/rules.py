@@ -18,11 +18,11 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
-import jax
 import jax.numpy as jnp
 
 from xgrad.bounded_cache import BoundedCache
 from xgrad.engine.node import Node
+from xgrad.fast_compile import FastJit
 from xgrad.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -120,6 +120,7 @@ def incoming_grad(num_outputs: int, grads: list[Tensor | None], metadata: Any) -
 # Zeros for the outputs no grad reached, one jitted maker per shape, dtype and placement:
 # ``jnp.zeros(..., device=...)`` costs twenty times a jitted call (a node whose rules read
 # a second output, as cross_entropy's log-probabilities, pays it at every backward).
+# Compiled fast (NOTE [Fast compiles] in ``xgrad/fast_compile.py``).
 _ZEROS: BoundedCache[tuple[Any, ...], Callable[[], Any]] = BoundedCache(256)
 
 
@@ -128,7 +129,7 @@ def _zeros(meta: Any) -> Any:
     key = (meta.shape, meta.dtype, sharding)
     make = _ZEROS.get(key)
     if make is None:
-        make = _ZEROS[key] = jax.jit(functools.partial(jnp.zeros, meta.shape, meta.dtype), out_shardings=sharding)
+        make = _ZEROS[key] = FastJit(functools.partial(jnp.zeros, meta.shape, meta.dtype), out_shardings=sharding)
     return make()
 
 

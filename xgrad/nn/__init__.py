@@ -21,110 +21,54 @@ from typing import TYPE_CHECKING, Any
 
 from xgrad.missing_names import missing_attribute
 from xgrad.nn import functional, init, modules, parallel, utils
-from xgrad.nn.activation import (
-    CELU,
-    ELU,
-    GELU,
-    GLU,
-    SELU,
-    Hardshrink,
-    Hardsigmoid,
-    Hardswish,
-    Hardtanh,
-    LeakyReLU,
-    LogSigmoid,
-    LogSoftmax,
-    Mish,
-    PReLU,
-    ReLU,
-    ReLU6,
-    Sigmoid,
-    SiLU,
-    Softmax,
-    Softmin,
-    Softplus,
-    Softshrink,
-    Softsign,
-    Tanh,
-    Tanhshrink,
-    Threshold,
-)
-from xgrad.nn.containers import ModuleDict, ModuleList, Sequential
-from xgrad.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
-from xgrad.nn.dropout import AlphaDropout, Dropout, Dropout1d, Dropout2d, Dropout3d, FeatureAlphaDropout
-from xgrad.nn.embedding import Embedding
-from xgrad.nn.flatten import Flatten, Unflatten
-from xgrad.nn.linear import MLP, Identity, Linear
-from xgrad.nn.loss import (
-    BCELoss,
-    BCEWithLogitsLoss,
-    CosineEmbeddingLoss,
-    CosineSimilarity,
-    CrossEntropyLoss,
-    HuberLoss,
-    KLDivLoss,
-    L1Loss,
-    MarginRankingLoss,
-    MSELoss,
-    NLLLoss,
-    SmoothL1Loss,
-)
-from xgrad.nn.module import Module, Parameter
-from xgrad.nn.normalization import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
+from xgrad.nn.linear import MLP
+from xgrad.nn.module import Parameter
+
+# NOTE [Layer names live at PyTorch's paths]
+# Each layer's name is written once, in the ``__all__`` of its PyTorch path under
+# ``xgrad.nn.modules`` (``torch.nn.modules.rnn.LSTM``), and this package takes them from
+# there, as ``torch.nn`` takes its own from ``torch.nn.modules``; tests/test_nn_module_paths.py
+# holds the paths to PyTorch's. ``Module`` alone comes from ``modules.module``, whose global
+# hooks stay at that path (as PyTorch's do). A new layer: add it to its path's ``__all__``.
+from xgrad.nn.modules.activation import *  # noqa: F403
+from xgrad.nn.modules.batchnorm import *  # noqa: F403
+from xgrad.nn.modules.container import *  # noqa: F403
+from xgrad.nn.modules.conv import *  # noqa: F403
+from xgrad.nn.modules.distance import *  # noqa: F403
+from xgrad.nn.modules.dropout import *  # noqa: F403
+from xgrad.nn.modules.flatten import *  # noqa: F403
+from xgrad.nn.modules.linear import *  # noqa: F403
+from xgrad.nn.modules.loss import *  # noqa: F403
+from xgrad.nn.modules.module import Module
+from xgrad.nn.modules.normalization import *  # noqa: F403
+from xgrad.nn.modules.pixelshuffle import *  # noqa: F403
+from xgrad.nn.modules.pooling import *  # noqa: F403
+from xgrad.nn.modules.rnn import *  # noqa: F403
+from xgrad.nn.modules.sparse import *  # noqa: F403
+from xgrad.nn.modules.transformer import *  # noqa: F403
+from xgrad.nn.modules.upsampling import *  # noqa: F403
 from xgrad.nn.parallel import DataParallel, DistributedDataParallel
-from xgrad.nn.pooling import (
-    AdaptiveAvgPool1d,
-    AdaptiveAvgPool2d,
-    AdaptiveAvgPool3d,
-    AdaptiveMaxPool2d,
-    AdaptiveMaxPool3d,
-    AvgPool1d,
-    AvgPool2d,
-    AvgPool3d,
-    MaxPool1d,
-    MaxPool2d,
-    MaxPool3d,
-)
-from xgrad.nn.rarer_losses import (
-    CTCLoss,
-    GaussianNLLLoss,
-    HingeEmbeddingLoss,
-    MultiLabelMarginLoss,
-    MultiLabelSoftMarginLoss,
-    MultiMarginLoss,
-    PairwiseDistance,
-    PoissonNLLLoss,
-    SoftMarginLoss,
-    TripletMarginLoss,
-)
-from xgrad.nn.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
-from xgrad.nn.transformer import (
-    MultiheadAttention,
-    Transformer,
-    TransformerDecoder,
-    TransformerDecoderLayer,
-    TransformerEncoder,
-    TransformerEncoderLayer,
-)
-from xgrad.nn.upsampling import PixelShuffle, PixelUnshuffle, Upsample, UpsamplingBilinear2d, UpsamplingNearest2d
 
 __all__ = [
-    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
-    "AlphaDropout", "AvgPool1d", "AvgPool2d", "AvgPool3d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d",
-    "BatchNorm2d", "CELU", "CTCLoss", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
-    "ConvTranspose3d", "CosineEmbeddingLoss", "CosineSimilarity", "CrossEntropyLoss", "DataParallel",
-    "DistributedDataParallel", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "ELU", "Embedding",
-    "FeatureAlphaDropout", "Flatten", "GELU", "GLU", "GRU", "GRUCell", "GaussianNLLLoss", "GroupNorm", "Hardshrink",
-    "Hardsigmoid", "Hardswish", "Hardtanh", "HingeEmbeddingLoss", "HuberLoss", "Identity", "KLDivLoss", "L1Loss",
-    "LSTM", "LSTMCell", "LayerNorm", "LeakyReLU", "Linear", "LogSigmoid", "LogSoftmax", "MLP", "MSELoss",
-    "MarginRankingLoss", "MaxPool1d", "MaxPool2d", "MaxPool3d", "Mish", "Module", "ModuleDict", "ModuleList",
-    "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss", "MultiMarginLoss", "MultiheadAttention", "NLLLoss", "PReLU",
-    "PairwiseDistance", "Parameter", "PixelShuffle", "PixelUnshuffle", "PoissonNLLLoss", "RNN", "RNNCell", "ReLU",
-    "ReLU6", "SELU", "Sequential", "SiLU", "Sigmoid", "SmoothL1Loss", "SoftMarginLoss", "Softmax", "Softmin",
-    "Softplus", "Softshrink", "Softsign", "Tanh", "Tanhshrink", "Threshold", "Transformer", "TransformerDecoder",
-    "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer", "TripletMarginLoss", "Unflatten",
-    "Upsample", "UpsamplingBilinear2d", "UpsamplingNearest2d", "functional", "init", "modules", "parallel", "utils"
+    "MLP", "DataParallel", "DistributedDataParallel", "Module", "Parameter", "functional", "init", "modules", "parallel",
+    "utils",
 ]
+__all__ += modules.activation.__all__
+__all__ += modules.batchnorm.__all__
+__all__ += modules.container.__all__
+__all__ += modules.conv.__all__
+__all__ += modules.distance.__all__
+__all__ += modules.dropout.__all__
+__all__ += modules.flatten.__all__
+__all__ += modules.linear.__all__
+__all__ += modules.loss.__all__
+__all__ += modules.normalization.__all__
+__all__ += modules.pixelshuffle.__all__
+__all__ += modules.pooling.__all__
+__all__ += modules.rnn.__all__
+__all__ += modules.sparse.__all__
+__all__ += modules.transformer.__all__
+__all__ += modules.upsampling.__all__
 
 
 if not TYPE_CHECKING:  # for type checkers a missing name stays an error, not ``Any``

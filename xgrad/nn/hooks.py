@@ -28,6 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xgrad import step_trace
 from xgrad.engine import engine_ops
 from xgrad.engine.compiled.switch import pure_hook
 from xgrad.engine.function import Function, FunctionCtx
@@ -220,7 +221,9 @@ class BackwardHook:
         def on_node(node: Any) -> None:
             node.register_hook(self._input_hook)
 
-        result, self.input_tensors_index = self._apply_on_tensors(on_node, lambda g: self._input_hook(g, None), args)
+        result, self.input_tensors_index = self._apply_on_tensors(
+            on_node, lambda g: step_trace.on_plain_jax(self._input_hook)(g, None), args,
+        )
         self.n_inputs = len(args)
         return result
 
@@ -229,7 +232,10 @@ class BackwardHook:
             node.register_hook(self._output_hook)
 
         outputs = output if isinstance(output, tuple) else (output,)
-        result, self.output_tensors_index = self._apply_on_tensors(on_node, lambda g: self._output_hook(None, g), outputs)
+        # ``g`` twice: the first argument stands for what the result replaces, as a node's post hook is called.
+        result, self.output_tensors_index = self._apply_on_tensors(
+            on_node, lambda g: step_trace.on_plain_jax(self._output_hook)(g, g), outputs,
+        )
         self.n_outputs = len(outputs)
         return result if isinstance(output, tuple) else result[0]
 

@@ -22,9 +22,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from xgrad.creation import next_key
+from xgrad.generator import generator_key, next_key
 from xgrad.grad_mode import no_grad
-from xgrad.ops.tensor_methods import generator_key
 from xgrad.tensor import Tensor
 
 __all__ = [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -19,6 +18,7 @@ from xgrad.nn.module_placement import ModulePlacement
 from xgrad.nn.module_pytree import register_module_pytree
 from xgrad.step_trace import current as current_step
 from xgrad.tensor import Tensor
+from xgrad.tensor.parameters import is_parameter, mark_parameter
 
 ERR_PLAIN_TENSOR_ATTRIBUTE = (
     "cannot assign a leaf Tensor that requires grad to attribute '{name}' of {module}: a module does not train "
@@ -29,43 +29,12 @@ ERR_PLAIN_TENSOR_ATTRIBUTE = (
 
 # -- Parameter ------------------------------------------------------------------------
 
-# NOTE [Parameter is a Tensor]
-# ``Parameter(data)`` returns a plain leaf ``Tensor`` that requires grad and is marked as
-# a parameter; ``isinstance(t, nn.Parameter)`` reads the mark. A real subclass would be
-# its own pytree node type, so a tree of parameters and the tree of their grads (plain
-# Tensors) would not match and ``optax.apply_updates(params, updates)`` or
-# ``tx.update(grads, state, params)`` would fail on the structure (see NOTE [Tensor as a
-# pytree] in tensor/jax_boundary.py). The mark is a weak registry by id, so a parameter that is
-# dropped leaves nothing behind.
-_PARAMETER_IDS: dict[int, weakref.ref[Tensor]] = {}
-_PARAMETER_NAMES: dict[int, str] = {}  # ``Linear.weight``: where a parameter was first set, for messages
-
-
-def _forget_parameter(key: int) -> None:
-    _PARAMETER_IDS.pop(key, None)
-    _PARAMETER_NAMES.pop(key, None)
-
-
-def _mark_parameter(t: Tensor, name: str | None = None) -> None:
-    key = id(t)
-    _PARAMETER_IDS[key] = weakref.ref(t, lambda _ref: _forget_parameter(key))
-    if name is not None:
-        _PARAMETER_NAMES.setdefault(key, name)
-
-
-def parameter_name(t: Tensor) -> str | None:
-    """``Linear.weight``: the class and attribute a parameter was first set on, ``None`` if unknown."""
-    return _PARAMETER_NAMES.get(id(t)) if _is_parameter(t) else None
-
-
-def _is_parameter(obj: Any) -> bool:
-    ref = _PARAMETER_IDS.get(id(obj))
-    return ref is not None and ref() is obj
+# ``Parameter`` is a mark on a plain Tensor, kept in tensor/parameters.py (NOTE [Parameter is a Tensor]).
 
 
 class _ParameterMeta(type):
     def __instancecheck__(cls, obj: Any) -> bool:
-        return _is_parameter(obj)
+        return is_parameter(obj)
 
 
 class Parameter(Tensor, metaclass=_ParameterMeta):
@@ -74,7 +43,7 @@ class Parameter(Tensor, metaclass=_ParameterMeta):
     ``Parameter(data)`` shares ``data``'s array (a Tensor, ``jax.Array``, NumPy array or
     list) and requires grad unless ``requires_grad=False``. The result's type is
     ``Tensor``; ``isinstance(p, nn.Parameter)`` tells a parameter apart (see NOTE
-    [Parameter is a Tensor]).
+    [Parameter is a Tensor] in ``tensor/parameters.py``).
 
     >>> import xgrad
     >>> w = xgrad.nn.Parameter(xgrad.ones(2))
@@ -92,7 +61,7 @@ class Parameter(Tensor, metaclass=_ParameterMeta):
         else:
             array = jnp.asarray(data)
         t = Tensor(array, requires_grad=requires_grad)
-        _mark_parameter(t)
+        mark_parameter(t)
         return t
 
 
@@ -108,7 +77,7 @@ def _contained(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
     while stack:
         name, item = stack.pop()
         if isinstance(item, (Module, Tensor)):
-            if isinstance(item, Module) or _is_parameter(item):
+            if isinstance(item, Module) or is_parameter(item):
                 yield name, item
         elif isinstance(item, (list, tuple)):
             stack.extend(reversed([(f"{name}.{i}", v) for i, v in enumerate(item)]))
@@ -133,7 +102,7 @@ def _in_foreign_pytree(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
     module whose arrays were made Parameters): NOTE [Foreign pytrees in a module]."""
     leaves, _ = jax.tree_util.tree_flatten_with_path(value, is_leaf=lambda x: isinstance(x, (Module, Tensor)))
     for path, leaf in leaves:
-        if isinstance(leaf, Module) or (isinstance(leaf, Tensor) and _is_parameter(leaf)):
+        if isinstance(leaf, Module) or (isinstance(leaf, Tensor) and is_parameter(leaf)):
             yield ".".join([prefix, *(_key_name(k) for k in path)]), leaf
 
 
@@ -220,18 +189,18 @@ class Module(ModuleHooks, ModulePlacement):
                 raise TypeError(f"cannot assign '{type(value).__name__}' as child module '{name}' (Module or None expected)")
             self._modules[name] = value
             return
-        elif isinstance(value, Tensor) and value.is_leaf and value.requires_grad and not _is_parameter(value):
+        elif isinstance(value, Tensor) and value.is_leaf and value.requires_grad and not is_parameter(value):
             raise TypeError(ERR_PLAIN_TENSOR_ATTRIBUTE.format(name=name, module=type(self).__name__))
         current = self.__dict__.get(name)
         if current is not None and value is not None:
             # As PyTorch: a parameter or child module is replaced only by its own kind (or
             # None); anything else would silently drop it from parameters() and state_dict().
-            if _is_parameter(current) and not _is_parameter(value):
+            if is_parameter(current) and not is_parameter(value):
                 raise TypeError(f"cannot assign '{type(value).__name__}' as parameter '{name}' (Parameter or None expected)")
             if isinstance(current, Module) and not isinstance(value, Module):
                 raise TypeError(f"cannot assign '{type(value).__name__}' as child module '{name}' (Module or None expected)")
-        if isinstance(value, Tensor) and _is_parameter(value):
-            _PARAMETER_NAMES.setdefault(id(value), f"{type(self).__name__}.{name}")
+        if isinstance(value, Tensor) and is_parameter(value):
+            mark_parameter(value, f"{type(self).__name__}.{name}")
         object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str) -> Any:
@@ -278,7 +247,7 @@ class Module(ModuleHooks, ModulePlacement):
     def register_parameter(self, name: str, param: Tensor | None) -> None:
         """Add a parameter (an ``nn.Parameter``, or ``None`` for an absent one such as ``bias=False``)."""
         self._check_new_name("parameter", name)
-        if param is not None and not _is_parameter(param):
+        if param is not None and not is_parameter(param):
             raise TypeError(f"cannot assign '{type(param).__name__}' object to parameter '{name}' (nn.Parameter or None required)")
         object.__setattr__(self, name, param)
 
@@ -298,7 +267,7 @@ class Module(ModuleHooks, ModulePlacement):
         for name, value in self.__dict__.items():
             if name in _INTERNAL or name in self._buffers:
                 continue
-            if isinstance(value, Module) or _is_parameter(value):
+            if isinstance(value, Module) or is_parameter(value):
                 yield name, value
             elif isinstance(value, (list, tuple, dict, set, frozenset)):
                 yield from _contained(name, value)
@@ -580,8 +549,8 @@ class Module(ModuleHooks, ModulePlacement):
                 fresh = Tensor(t.array, requires_grad=t.requires_grad)
                 if t.grad is not None:
                     fresh._grad = Tensor(t.grad.array)
-                if _is_parameter(t):
-                    _mark_parameter(fresh)
+                if is_parameter(t):
+                    mark_parameter(fresh)
                 memo[id(t)] = fresh
         new = type(self).__new__(type(self))
         memo[id(self)] = new

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from xgrad import step_trace
-from xgrad.creation import resolve_device
 from xgrad.tensor import Tensor
+from xgrad.tensor.devices import resolve_device
 
 __all__ = ["ModulePlacement"]
 

@@ -49,6 +49,7 @@ import numpy as np
 from xgrad import step_trace
 from xgrad.nn.hooks import HOOK_DICTS
 from xgrad.tensor import Tensor
+from xgrad.tensor.parameters import is_parameter, mark_parameter
 
 __all__ = ["register_module_pytree"]
 
@@ -393,14 +394,12 @@ def _marked(module: Any, later: list[tuple[Path, _Tied]]) -> Any:
 
 def _tensor(child: Any, info: tuple[Any, bool], cls: type, name: str) -> Any:
     """The Tensor a module attribute held, rebuilt around ``child``."""
-    from xgrad.nn.module import _mark_parameter
-
-    meta, is_parameter = info
+    meta, was_parameter = info
     if not meta.requires_grad and isinstance(child, jax.core.Tracer) and step_trace.current() is None:
         child = jax.lax.stop_gradient(child)  # NOTE [Frozen state on JAX's AD]
     tensor = Tensor.tree_unflatten(meta, (child,))
-    if is_parameter and isinstance(tensor, Tensor):
-        _mark_parameter(tensor, f"{cls.__name__}.{name}")
+    if was_parameter and isinstance(tensor, Tensor):
+        mark_parameter(tensor, f"{cls.__name__}.{name}")
     return tensor
 
 
@@ -421,8 +420,6 @@ def _put(module: Any, path: Path, value: Any) -> None:
 
 def _flatten(module: Any, keyed: bool) -> tuple[list[Any], list[Any], _ModuleAux]:
     """The children (and, when ``keyed``, their keys) and the aux data of ``module``."""
-    from xgrad.nn.module import _is_parameter
-
     plan = _plan_holding(module) if _plans else None
     if plan is not None:
         return _flatten_by_plan(plan, keyed)
@@ -441,7 +438,7 @@ def _flatten(module: Any, keyed: bool) -> tuple[list[Any], list[Any], _ModuleAux
             continue
         if isinstance(value, Tensor):  # the common case, without a tree walk
             (array,), meta = value.tree_flatten()
-            entries.append((name, _LEAF, ((meta, _is_parameter(value)),)))
+            entries.append((name, _LEAF, ((meta, is_parameter(value)),)))
             children.append(array)
             if keyed:
                 keys.append(jax.tree_util.GetAttrKey(name))
@@ -468,7 +465,7 @@ def _flatten(module: Any, keyed: bool) -> tuple[list[Any], list[Any], _ModuleAux
                 array = leaf
             elif isinstance(leaf, Tensor):
                 (array,), meta = leaf.tree_flatten()
-                infos.append((meta, _is_parameter(leaf)))
+                infos.append((meta, is_parameter(leaf)))
             elif _is_state(leaf):
                 infos.append(None)
                 array = leaf
@@ -511,8 +508,6 @@ def _plan_holding(module: Any) -> _Plan | None:
 
 def _flatten_by_plan(plan: _Plan, keyed: bool) -> tuple[list[Any], list[Any], _ModuleAux]:
     """``_flatten``, for a module that holds to ``plan`` (NOTE [Flatten plans])."""
-    from xgrad.nn.module import _is_parameter
-
     aux = plan.aux
     children: list[Any] = []
     infos = []
@@ -520,9 +515,9 @@ def _flatten_by_plan(plan: _Plan, keyed: bool) -> tuple[list[Any], list[Any], _M
     for tensor, (_, _, ((old_meta, old_parameter),)) in zip(plan.tensors, aux.entries, strict=True):
         (array,), meta = tensor.tree_flatten()
         children.append(array)
-        is_parameter = _is_parameter(tensor)
-        infos.append((meta, is_parameter))
-        same = same and is_parameter == old_parameter and meta.same_as(old_meta)
+        parameter = is_parameter(tensor)
+        infos.append((meta, parameter))
+        same = same and parameter == old_parameter and meta.same_as(old_meta)
     if not same:
         entries = tuple((name, treedef, (info,)) for (name, treedef, _), info in zip(aux.entries, infos, strict=True))
         aux = plan.aux = _ModuleAux(aux.cls, aux.order, entries, aux.modules, aux.static, aux.ties)

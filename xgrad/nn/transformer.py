@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 
 from xgrad import ops
-from xgrad.creation import resolve_device
 from xgrad.generator import KeyState
 from xgrad.nn.containers import ModuleList
 from xgrad.nn.dropout import Dropout
@@ -20,6 +19,7 @@ from xgrad.nn.linear import Linear
 from xgrad.nn.module import Module, Parameter
 from xgrad.nn.normalization import LayerNorm
 from xgrad.tensor import Tensor
+from xgrad.tensor.devices import resolve_device
 from xgrad.tensor.dtypes import parameter_dtype
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from xgrad.generator import next_key
 from xgrad.ops import shape_rules
 from xgrad.ops._util import as_array
 from xgrad.ops.autocast import autocast_op
@@ -134,8 +135,6 @@ def scaled_dot_product_attention(
         mask = as_array(mask)  # a constant: no gradient, and the rule reads it as an array
     keep = None
     if dropout_p > 0.0:
-        from xgrad.creation import next_key
-
         shape = shape_rules.broadcast_shapes(query.shape[:-1] + (key.shape[-2],), key.shape[:-2] + (1, 1))
         draw_key = next_key() if dropout_key is None else dropout_key
         keep = jax.random.bernoulli(draw_key, 1.0 - dropout_p, shape).astype(query.dtype) / (1.0 - dropout_p) if dropout_p < 1.0 else jnp.zeros(shape, query.dtype)

@@ -20,6 +20,7 @@ from xgrad.ops._util import as_array, check_values, inplace_or_not, nondiff
 from xgrad.ops.autocast import autocast_op
 from xgrad.ops.registry import defprim
 from xgrad.tensor import Tensor, torch_dtype_name
+from xgrad.tensor.devices import resolve_device
 
 _SQRT_2 = math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -460,8 +461,6 @@ def to_device(x: Tensor, device: Any) -> Tensor:
     >>> xgrad.to_device(xgrad.tensor([1.0]), jax.devices()[0]).tolist()
     [1.0]
     """
-    from xgrad.creation import resolve_device
-
     target = resolve_device(device)
     if not isinstance(target, jax.sharding.Sharding):
         target = single_device_sharding(target)

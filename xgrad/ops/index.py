@@ -151,21 +151,64 @@ def _repeats_elements(x: Tensor) -> bool:
     return any(s == 0 and n > 1 for s, n in zip(strides_of(x), x.shape, strict=True))
 
 
-def _along(index: Any, dim: int) -> tuple[Any, ...]:
-    """Full index arrays that address ``index`` along ``dim`` (torch.gather's pattern)."""
-    grids = jnp.meshgrid(*(jnp.arange(n) for n in index.shape), indexing="ij", sparse=True)
-    return tuple(index if d == dim else grids[d] for d in range(index.ndim))
+# NOTE [Gather along a dim is batched]
+# torch.gather and scatter_add pair each index with the entries at its own position in
+# the other dims. Written as XLA's gather/scatter with those dims as batching dims (as
+# ``jnp.take_along_axis`` writes it), the indices are ``index`` itself, and XLA's SPMD
+# partitioner keeps a tensor split over the other dims where it is: each device gathers
+# from its own part. Written with full index arrays (``x[index, iota, ...]``) instead, the
+# partitioner gathered those arrays onto every device, once for the forward and again
+# for the backward's scatter, which rebuilt them (a max pool's step on a 2x2 mesh moved
+# 1.45x ``jax.jit``'s bytes; benchmarks/RESULTS.md, FSDP). PyTorch lets ``index`` be
+# smaller than ``x`` (and ``src``) in the other dims: only their leading part is read.
+def _leading(x: Any, shape: tuple[int, ...], dim: int | None = None) -> Any:
+    """``x``'s leading part of ``shape`` in the dims other than ``dim`` (in all, without one); ``x`` where it fits."""
+    if all(n == m for d, (n, m) in enumerate(zip(x.shape, shape, strict=True)) if d != dim):
+        return x
+    return x[tuple(slice(None) if d == dim else slice(n) for d, n in enumerate(shape))]
+
+
+def _batching(x: Any, dim: int) -> tuple[int, ...]:
+    return tuple(d for d in range(x.ndim) if d != dim)
+
+
+def _gather_along(x: Any, index: Any, dim: int) -> Any:
+    if x.ndim == 0:  # one entry; the index (checked) addresses it
+        return x
+    x = _leading(x, index.shape, dim)
+    numbers = jax.lax.GatherDimensionNumbers(
+        offset_dims=(), collapsed_slice_dims=(dim,), start_index_map=(dim,),
+        operand_batching_dims=_batching(x, dim), start_indices_batching_dims=_batching(x, dim),
+    )
+    return jax.lax.gather(x, index[..., None], numbers, (1,) * x.ndim, mode=jax.lax.GatherScatterMode.CLIP)
+
+
+def _scatter_add_along(x: Any, index: Any, src: Any, dim: int) -> Any:
+    if index.ndim != x.ndim:  # an empty index of another rank (the checks allow no other) adds nothing
+        return x
+    if x.ndim == 0:
+        return x + src.astype(x.dtype)
+    part = _leading(x, index.shape, dim)
+    numbers = jax.lax.ScatterDimensionNumbers(
+        update_window_dims=(), inserted_window_dims=(dim,), scatter_dims_to_operand_dims=(dim,),
+        operand_batching_dims=_batching(x, dim), scatter_indices_batching_dims=_batching(x, dim),
+    )
+    added = jax.lax.scatter_add(
+        part, index[..., None], _leading(src, index.shape).astype(x.dtype), numbers,
+        mode=jax.lax.GatherScatterMode.FILL_OR_DROP,
+    )
+    return added if part is x else jax.lax.dynamic_update_slice(x, added, (0,) * x.ndim)
 
 
 _gather = defprim(
     "gather",
-    lambda x, index, dim: x[_along(index, dim)],
+    _gather_along,
     (lambda g, out, x, index, dim: _scatter_add(Tensor(jnp.zeros_like(g._array, shape=x.shape)), index, g, dim=dim), None),
     save=(1,),
 )
 _scatter_add: Callable[..., Any] = defprim(
     "scatter_add",
-    lambda x, index, src, dim: x.at[_along(index, dim)].add(src),
+    _scatter_add_along,
     (lambda g, out, x, index, src, dim: g, None, lambda g, out, x, index, src, dim: _gather(g, index, dim=dim)),
     save=(1,),
 )

@@ -60,8 +60,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad import jax_internals as jex
+from xgrad.dual import set_tangent, tangents_on
 from xgrad.engine.anomaly import ANOMALY, TRACEBACK_KEY
-from xgrad.engine.dual import set_tangent, tangents_on
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.ops import registry
 from xgrad.ops.jaxop import _freeze, from_jax

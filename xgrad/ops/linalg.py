@@ -350,9 +350,10 @@ def _linear_input_grad(g: Tensor, out: Any, x: Any, w: Tensor, b: Any) -> Tensor
 def _linear_weight_grad(g: Tensor, out: Any, x: Tensor, w: Any, b: Any) -> Tensor:
     if x.ndim == 1:
         return g.unsqueeze(-1) * x
-    if x.ndim > 2:  # one GEMM contracting every batch dim, not a batched product summed down
-        return einsum("...o,...i->oi", g, x)
-    return g.mT @ x
+    # One GEMM contracting every batch dim of ``g`` and ``x`` in place (not a batched product
+    # summed down, nor ``g.mT @ x``: a transposed copy of ``g`` is a second array that XLA
+    # gathers again when the batch is split over devices, as JAX's transpose does not).
+    return einsum("...o,...i->oi", g, x)
 
 
 def _linear_bias_grad(g: Tensor, out: Any, x: Any, w: Any, b: Any) -> Tensor:
@@ -373,11 +374,13 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     >>> xgrad.linear(xgrad.tensor([[1.0, 2.0]]), xgrad.tensor([[1.0, 1.0], [0.0, 1.0]]), xgrad.tensor([0.5, 0.0])).tolist()
     [[3.5, 2.0]]
     """
+    weight_shape = weight.shape  # read once: each read is a property call (NOTE [Recording cost] in registry.py)
+    input_shape = input.shape
     if (
-        weight.ndim == 2
-        and input.ndim >= 1
-        and input.shape[-1] == weight.shape[1]
-        and (bias is None or bias.shape == (weight.shape[0],))
+        len(weight_shape) == 2
+        and input_shape
+        and input_shape[-1] == weight_shape[1]
+        and (bias is None or bias.shape == weight_shape[:1])
     ):
         return _linear(input, weight, bias)
     # Other shapes (a 1-D weight, a broadcasting bias, a mismatch to report) as the composite.

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad.engine.node import sharding_of
+from xgrad.generator import next_key
 from xgrad.grad_mode import no_grad
 from xgrad.ops import shape_rules
 from xgrad.ops._util import (
@@ -431,8 +432,6 @@ def _alpha_dropout(x: Tensor, p: float, key: Any, mask_shape: tuple[int, ...]) -
         raise RuntimeError(f"result type Float can't be cast to the desired output type {torch_dtype_name(x.dtype)}")
     if p == 1.0:
         return x * 0.0
-    from xgrad.creation import next_key
-
     keep = jax.random.bernoulli(next_key() if key is None else key, 1.0 - p, mask_shape).astype(x.dtype)
     # PyTorch's constants: a rescales, b shifts, so a unit normal input keeps mean 0 and variance 1.
     a = 1.0 / math.sqrt((_SELU_SATURATION**2 * p + 1) * (1 - p))
@@ -448,8 +447,6 @@ def _dropout(x: Tensor, p: float, key: Any, mask_shape: tuple[int, ...]) -> Tens
         return x
     if p == 1.0:
         return x * 0.0
-    from xgrad.creation import next_key
-
     key = next_key() if key is None else key
     sharding = sharding_of(x._array)
     if mask_shape == x.shape and isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1:

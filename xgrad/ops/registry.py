@@ -25,16 +25,17 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.bounded_cache import BoundedCache
+from xgrad.dual import LEVEL, set_tangent, tangents_on
 from xgrad.engine.anomaly import ANOMALY, record_forward_trace
 from xgrad.engine.dataflow import PRIMITIVE_JIT_PREFIX
-from xgrad.engine.dual import LEVEL, set_tangent, tangents_on
-from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator, sharding_of
+from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, Node, grad_accumulator, sharding_of
 from xgrad.engine.rules import Aval, RuleArgs, RuleNode, incoming_grad
 from xgrad.engine.saved import SavedTensor
+from xgrad.fast_compile import FastJit, fast_compiler_options
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import stops_gradients
 from xgrad.jax_capture import check_captured_leaves
-from xgrad.jax_internals import loaded_names
+from xgrad.jax_internals import devices_in_process, loaded_names
 from xgrad.ops.dispatch import DISPATCH
 from xgrad.step_trace import current as _current_step
 from xgrad.tensor import Tensor
@@ -81,7 +82,7 @@ class Primitive:
         self.save_out = save_out
         self.num_outputs = num_outputs
         self.jit = jit
-        self._jitted: dict[Any, Callable[..., Any]] = {}
+        self._jitted: dict[Any, FastJit] = {}
         self._fused: BoundedCache[Any, Any] = BoundedCache(_MAX_FUSED)  # NOTE [Fused eager rules]
         self._reads = None if self.vjps is None else tuple(_rule_reads(rule) for rule in self.vjps)
         self._saves: dict[tuple[bool, ...], tuple[frozenset[int] | None, bool]] = {}
@@ -135,10 +136,16 @@ class Primitive:
         except TypeError:
             return self.impl(*arrays, **params)
         if fn is None:
-            fn = jax.jit(_named(functools.partial(self.impl, **params) if params else self.impl, self.name))
+            fn = FastJit(_named(functools.partial(self.impl, **params) if params else self.impl, self.name))
             self._jitted[key] = fn
+        # Traced arrays: the op is inlined into a traced program, which takes no options of its own (NOTE [Fast compiles]).
+        traced = False
+        for a in arrays:
+            if isinstance(a, jax.core.Tracer):
+                traced = True
+                break
         try:
-            return fn(*arrays)
+            return fn.plain(*arrays) if traced else fn(*arrays)
         except Exception as e:
             if not isinstance(e, RuntimeError | IndexError):  # JAX's error, not a shape rule's
                 for i, a in enumerate(arrays):
@@ -279,8 +286,8 @@ def _fusion_signature(args: RuleArgs) -> tuple[Any, Any, list[Any]]:
 
 
 # XLA's algebraic simplifier rewrites float arithmetic in ways that change NaN and inf
-# (NOTE [Fused eager rules]); the fused rules are compiled without it.
-_FUSED_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "algsimp"}
+# (NOTE [Fused eager rules]); the fused rules are compiled without it, and fast (NOTE [Fast compiles]).
+_NO_ALGEBRAIC_SIMPLIFIER = {"xla_disable_hlo_passes": "algsimp"}
 
 
 def _fuse(prim: Primitive, key: Any, params: dict[str, Any], g_arrays: Any, arrays: list[Any]) -> Any:
@@ -311,7 +318,7 @@ def _fuse(prim: Primitive, key: Any, params: dict[str, Any], g_arrays: Any, arra
             _grad_state.enabled = previous
         return [None if gi is None else gi._array for gi in grads]
 
-    fused = jax.jit(rules, compiler_options=_FUSED_COMPILER_OPTIONS)
+    fused = jax.jit(rules, compiler_options={**fast_compiler_options(), **_NO_ALGEBRAIC_SIMPLIFIER})
     try:
         # jit's own trace: the first call reuses it instead of tracing the rules again.
         traced = fused.trace(g_arrays, arrays)
@@ -427,9 +434,25 @@ def defprim(
 
 ERR_DEVICES = "Expected all tensors to be on the same device, but found at least two devices, {a} and {b}!"
 
+# NOTE [One device, no device check]
+# An op of several tensors checks that they sit on one device (``_check_same_devices``):
+# each array's sharding read and compared in Python, since jit's outputs on one device
+# carry distinct (equal) sharding objects, about 1.5 µs for a ``mul`` of two tensors. A
+# process whose backends hold one device in all (JAX on the CPU alone) cannot mix devices,
+# so it skips the check; the count is read once, at the first op of several tensors
+# (every backend is running by then: the tensors' arrays exist).
+_several_devices: bool | None = None
 
-def _check_same_devices(tensors: list[Tensor], arrays: list[Any], positions: list[int]) -> None:
-    """Raise if tensors sit on different devices; a 0-dim one is moved, as PyTorch allows scalars."""
+
+def _count_devices() -> bool:
+    global _several_devices
+    _several_devices = devices_in_process() > 1
+    return _several_devices
+
+
+def _check_same_devices(args: tuple[Any, ...], tensors: list[Tensor], arrays: list[Any]) -> None:
+    """Raise if the tensors among ``args`` sit on different devices; a 0-dim one is moved in ``arrays``,
+    as PyTorch allows scalars."""
     first = None
     for t in tensors:
         # Traced values (the compiled backward) have no sharding: XLA places them.
@@ -439,7 +462,8 @@ def _check_same_devices(tensors: list[Tensor], arrays: list[Any], positions: lis
             break
     if first is None:
         return
-    for t, pos in zip(tensors, positions, strict=True):
+    positions = [i for i, a in enumerate(args) if type(a) is Tensor or isinstance(a, Tensor)]
+    for t, position in zip(tensors, positions, strict=True):
         sharding = sharding_of(t._array)
         if sharding is None or sharding is first or sharding == first or sharding.device_set == first.device_set:
             continue
@@ -453,7 +477,7 @@ def _check_same_devices(tensors: list[Tensor], arrays: list[Any], positions: lis
             else:
                 mesh = jax.sharding.Mesh(tuple(first._device_assignment), ("devices",))
                 target = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-            arrays[pos] = jax.device_put(t._array, target)
+            arrays[position] = jax.device_put(t._array, target)
             continue
         a = ",".join(str(d) for d in first.device_set)
         b = ",".join(str(d) for d in sharding.device_set)
@@ -490,10 +514,8 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     needs_graph = False
     scalars = False
     tensors = []
-    positions = []
     for a in args:
         if type(a) is Tensor or isinstance(a, Tensor):
-            positions.append(len(arrays))
             arrays.append(a._array)
             tensors.append(a)
             if not needs_graph and (a.grad_fn is not None or a._requires_grad):
@@ -506,9 +528,9 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     if trace is not None:  # a step being traced finds its state here (NOTE [The step-trace seam])
         for tensor in tensors:
             trace.read(tensor)
-    if len(tensors) > 1:
-        _check_same_devices(tensors, arrays, positions)
-    if scalars and prim.jit and tensors and not isinstance(arrays[positions[0]], jax.core.Tracer):  # NOTE [Scalar constants]
+    if len(tensors) > 1 and (_several_devices if _several_devices is not None else _count_devices()):
+        _check_same_devices(args, tensors, arrays)  # NOTE [One device, no device check]
+    if scalars and prim.jit and tensors and not isinstance(tensors[0]._array, jax.core.Tracer):  # NOTE [Scalar constants]
         arrays = [_device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
     dispatch = DISPATCH.get()  # NOTE [Dispatch seam] in xgrad/ops/dispatch.py
     out = prim.dispatch(arrays, params) if dispatch is None else dispatch(prim, arrays, params)
@@ -543,12 +565,15 @@ tangent_rule: Callable[[Primitive, tuple[Any, ...], dict[str, Any]], tuple[Tenso
 # NOTE [Recording cost]
 # ``_record`` runs once per recorded op, so it is written for the interpreter: one
 # loop per pass over the arguments (no generator expressions or per-call tuples of
-# helpers), edges built inline instead of through ``gradient_edge``, and the
-# one-output case (nearly every primitive) without tuples of outputs, its metadata
-# read inline, and ``SavedTensor`` called without keyword arguments (together 10-20%
-# of a recorded ``sin``'s recording). Whether a dtype is differentiable is cached per
-# dtype (``jnp.issubdtype`` costs as much as a node).
+# helpers), edges built inline instead of through ``gradient_edge``, the outputs'
+# metadata read inline (one output, nearly every primitive, without tuples of
+# outputs), and ``SavedTensor`` called without keyword arguments (together 10-20% of a
+# recorded ``sin``'s recording). Whether a dtype is differentiable is cached per dtype
+# (``jnp.issubdtype`` costs as much as a node). The ``Edge``, ``InputMetadata`` and
+# ``Aval`` named tuples are made by ``tuple.__new__`` (``_new_tuple``): their own
+# ``__new__`` is a Python function, a frame that costs as much as the tuple (0.1-0.2 µs each).
 _INEXACT: dict[Any, bool] = {}
+_new_tuple = tuple.__new__
 
 
 def _differentiable_dtype(dtype: Any) -> bool:
@@ -556,10 +581,6 @@ def _differentiable_dtype(dtype: Any) -> bool:
     if known is None:
         known = _INEXACT[dtype] = bool(jnp.issubdtype(dtype, jnp.inexact))
     return known
-
-
-def _metadata(array: Any) -> InputMetadata:
-    return InputMetadata(array.shape, array.dtype, sharding_of(array))
 
 
 def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any, tangents: tuple[Any, ...] | None) -> Any:
@@ -573,11 +594,11 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
         if type(a) is Tensor or isinstance(a, Tensor):
             fn = a.grad_fn
             if fn is not None:
-                edges.append(Edge(fn, a._output_nr))
+                edges.append(_new_tuple(Edge, (fn, a._output_nr)))
                 wanted.append(True)
                 continue
             if a._requires_grad:
-                edges.append(Edge(grad_accumulator(a), 0))
+                edges.append(_new_tuple(Edge, (grad_accumulator(a), 0)))
                 wanted.append(True)
                 continue
             cut_site = getattr(a, "_cut_site", None)
@@ -598,14 +619,14 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
                 holds_tensors = True
             else:
                 array = a._array
-                saved.append(Aval(array.shape, array.dtype))
+                saved.append(_new_tuple(Aval, (array.shape, array.dtype)))
         else:
             saved.append(a)
         i += 1
     if prim.num_outputs == 1:
         dtype = out.dtype
-        # ``_metadata`` inline: a traced value has no sharding (``sharding_of``).
-        metadata = InputMetadata(out.shape, dtype, None if traced else getattr(out, "sharding", None))
+        # A traced value has no sharding (``sharding_of``).
+        metadata = _new_tuple(InputMetadata, (out.shape, dtype, None if traced else getattr(out, "sharding", None)))
         node = PrimitiveNode(prim, params, tuple(edges), (metadata,), tuple(saved), holds_tensors, wanted_key)
         result = Tensor(out)
         if _differentiable_dtype(dtype):
@@ -619,7 +640,10 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
             on_record(node)
         return result
     outs = tuple(out)
-    node = PrimitiveNode(prim, params, tuple(edges), tuple([_metadata(o) for o in outs]), tuple(saved), holds_tensors, wanted_key)
+    metadata_of_outs = tuple(
+        [_new_tuple(InputMetadata, (o.shape, o.dtype, None if traced else getattr(o, "sharding", None))) for o in outs]
+    )
+    node = PrimitiveNode(prim, params, tuple(edges), metadata_of_outs, tuple(saved), holds_tensors, wanted_key)
     results = tuple(
         [Tensor._from_graph(o, node, k) if _differentiable_dtype(o.dtype) else Tensor(o) for k, o in enumerate(outs)]
     )
@@ -627,7 +651,7 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
         for r, t in zip(results, tangents, strict=True):
             set_tangent(r, t)
     if save_out:
-        node.saved_out = tuple([SavedTensor(r, is_output=True, saver=prim.name) for r in results])
+        node.saved_out = tuple([SavedTensor(r, True, prim.name) for r in results])
     on_record = PrimitiveNode.on_record
     if on_record is not None:
         on_record(node)
@@ -651,7 +675,7 @@ class PrimitiveNode(RuleNode):
         holds_tensors: bool,
         edges_needed: tuple[bool, ...],
     ) -> None:
-        super().__init__(next_edges, input_metadata)
+        Node.__init__(self, next_edges, input_metadata)  # not super(): its proxy costs a tenth of the node
         self._edges_needed = edges_needed  # known here: a fresh node need not build it in backward
         self.prim = prim
         self.params = params
@@ -678,15 +702,16 @@ class PrimitiveNode(RuleNode):
         inputs: Sequence[Any] = self.saved
         if self.holds_tensors:
             inputs = [s.unpack(self) if type(s) is SavedTensor else s for s in inputs]
-        out: Any = self.input_metadata if self.saved_out is None else tuple(s.unpack(self) for s in self.saved_out)
+        out: Any = self.input_metadata if self.saved_out is None else tuple([s.unpack(self) for s in self.saved_out])
         prim = self.prim
         if num_outputs == 1:
             out = out[0]
         # Op by op where a graph is recorded, or where tangents must pass through the rules
         # (a dual level: forward over reverse); else fused (NOTE [Fused eager rules]).
+        args = _new_tuple(RuleArgs, (g, out, inputs, self.params, self.needed_outputs()))  # NOTE [Recording cost]
         if _grad_state.enabled or not prim.jit or ANOMALY.enabled or LEVEL.current is not None:
-            return prim.backward(RuleArgs(g, out, inputs, self.params, self.needed_outputs()))
-        return prim.eager_backward(RuleArgs(g, out, inputs, self.params, self.needed_outputs()))
+            return prim.backward(args)
+        return prim.eager_backward(args)
 
     def release_variables(self) -> None:
         # Avals and constants stay: a node that saved no tensor can run again, as in PyTorch.

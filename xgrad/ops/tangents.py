@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xgrad.engine.dual import tangent_of, tangents_off
+from xgrad.dual import tangent_of, tangents_off
 from xgrad.ops import registry
 from xgrad.ops.jaxop import from_jax
 from xgrad.ops.registry import bind

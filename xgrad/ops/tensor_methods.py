@@ -21,19 +21,15 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.engine.node import sharding_of
-from xgrad.generator import KeyState, next_key
+from xgrad.generator import generator_key
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.ops.elementwise import astype, to_device, where
 from xgrad.ops.shape import broadcast_to
 from xgrad.tensor import Tensor
+from xgrad.tensor.devices import resolve_device
 from xgrad.tensor.dtypes import resolve_dtype
 
-__all__ = ["ERR_GENERATOR_TYPE", "Op", "differentiable_names", "exported_names", "generator_key", "install", "methods"]
-
-ERR_GENERATOR_TYPE = (
-    "generator must be None (the default generator), a jax.random key, an int seed or an xgrad KeyState, got {name}"
-)
-
+__all__ = ["Op", "differentiable_names", "exported_names", "install", "methods"]
 
 @dataclass(frozen=True)
 class Op:
@@ -145,8 +141,6 @@ def to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     if dtype is not None and jnp.dtype(dtype) != self.dtype:
         out = astype(out, dtype=jnp.dtype(dtype))
     if target is not None:
-        from xgrad.creation import resolve_device
-
         resolved = resolve_device(target)
         current = sharding_of(self._array)
         # A traced array (``current is None``) is where the step's inputs are (``Tensor.device``).
@@ -212,20 +206,6 @@ def fill_(self: Tensor, value: Any) -> Tensor:
 
 def copy_(self: Tensor, src: Any) -> Tensor:
     return _overwrite(self, src if isinstance(src, Tensor) else Tensor(jnp.asarray(src)))
-
-
-def generator_key(generator: Any) -> Any:
-    """The key a random fill draws from: the default generator's next, a ``KeyState``'s next
-    (it advances as a ``torch.Generator`` does), a key as given, or an int seed's key."""
-    if generator is None:
-        return next_key()
-    if isinstance(generator, KeyState):
-        return generator.draw()
-    if isinstance(generator, int):
-        return jax.random.key(generator)
-    if isinstance(generator, jax.Array):
-        return generator
-    raise TypeError(ERR_GENERATOR_TYPE.format(name=type(generator).__name__))
 
 
 def uniform_(self: Tensor, from_: float = 0.0, to: float = 1.0, *, generator: Any = None) -> Tensor:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from xgrad import step_trace
+from xgrad.fast_compile import FastJit
 from xgrad.grads import clear_grads
 from xgrad.jax_internals import single_device_sharding
 from xgrad.tensor import Tensor
@@ -114,7 +115,7 @@ class Optax:
         self._placement = [p._array.sharding for p in tensors]
         self.transform = transform
         self.state = transform.init([p.array for p in tensors])
-        self._jitted_step = jax.jit(functools.partial(_step, transform), static_argnums=0)
+        self._jitted_step = FastJit(functools.partial(_step, transform), static_argnums=0)  # NOTE [Fast compiles]
 
     @property
     def state(self) -> Any:
@@ -154,7 +155,8 @@ class Optax:
             self._follow_params()
         arrays = [p._array for p in params]
         grads = [p._grad._array if s else None for p, s in zip(params, stepped, strict=True)]  # type: ignore[union-attr]
-        new_arrays, new_state = self._jitted_step(stepped, arrays, grads, self.state)
+        program = self._jitted_step if trace is None else self._jitted_step.plain
+        new_arrays, new_state = program(stepped, arrays, grads, self.state)
         # A direct rebind of each stepped parameter: no op recorded, as under no_grad.
         _writing(params)
         _writing(self._state_tensors)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xgrad import step_trace
-from xgrad.engine.dual import LEVEL
+from xgrad.dual import LEVEL
 from xgrad.jax_internals import concrete_value
 from xgrad.step_trace import array_of
 from xgrad.tensor import core

@@ -120,7 +120,6 @@ class Tensor(TensorOpMethods):
 
     # Slots left unset on most tensors (read with ``getattr`` and a default).
     _conj_bit: bool  # made by ``conj()`` of a complex tensor (NOTE [The conjugate bit])
-    _cut_site: str  # an output of a plain JAX transformation, made there (NOTE [Outputs of JAX transformations])
     _entered_trace: Any  # the trace a requires-grad tensor entered from outside (NOTE [Tensors that require grad become arrays])
     _is_grad: bool  # a gradient: its pytree node matches its parameter's (NOTE [Tensor as a pytree])
     _jax_hooks: tuple[Any, list[Any]]  # the array before its hooks, and the hooks (NOTE [Hooks on JAX's AD])
@@ -147,7 +146,12 @@ class Tensor(TensorOpMethods):
         self._views: list[weakref.ref[Tensor]] | None = None
         # An inference tensor: made inside ``inference_mode()`` (NOTE [Inference tensors]).
         self._inference = _grad_state.inference
-        self._fw_grad: tuple[Any, Tensor] | None = None  # NOTE [Dual levels] in engine/dual.py
+        self._fw_grad: tuple[Any, Tensor] | None = None  # NOTE [Dual levels] in xgrad/dual.py
+        # Where a plain JAX transformation made this output (NOTE [Outputs of JAX transformations]).
+        # Set, not left unset with the slots below: every recorded op reads it from its
+        # inputs that need no grad, and an unset slot read with a default costs 1-2 µs
+        # (the slot's AttributeError, then ``__getattr__``'s), a fifth of a recording.
+        self._cut_site: str | None = None
         trace = _current_step()
         if trace is not None:  # made inside a traced step: none of its state (NOTE [The step-trace seam])
             trace.made(self)
@@ -534,7 +538,7 @@ class Tensor(TensorOpMethods):
     if not TYPE_CHECKING:  # for type checkers a missing attribute stays an error, not ``Any``
 
         def __getattr__(self, name: str) -> Any:  # reached only for an attribute Tensor does not have
-            if name[:1] == "_":  # an unset slot read with a default (``_cut_site``, ...) on hot paths: no PyTorch name
+            if name[:1] == "_":  # an unset slot read with a default (``_conj_bit``, ...): no PyTorch name
                 raise AttributeError(name)
             raise missing_attribute("torch.Tensor", "'Tensor' object", name, self)
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from xgrad.engine.dual import LEVEL
+from xgrad.dual import LEVEL
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.step_trace import current as _current_step

@@ -84,7 +84,9 @@ def user_stacklevel() -> int:
 # pytree metadata, so the parameter a JAX transformation unflattens from a tracer gets
 # them too, and keeps them: ``jax.jit(jax.grad(loss))`` unflattens it twice, and the
 # innermost transformation is the one that differentiates. Hooks run with recording off and JAX's AD on, so a hook's ops are
-# differentiated by an outer ``jax.grad`` as ``create_graph=True`` would.
+# differentiated by an outer ``jax.grad`` as ``create_graph=True`` would. Under ``jax.jit`` a
+# hook with Python effects runs at every call all the same (NOTE [Hooks under a plain JAX
+# transformation] in ``step_trace``).
 def identity_with_vjp(on_cotangents: Callable[[tuple[Any, ...]], Sequence[Any]]) -> Callable[..., tuple[Any, ...]]:
     """An identity on arrays whose ``custom_vjp`` gives ``on_cotangents(cotangents)`` as the
     cotangents of its inputs, run with recording off and JAX's AD on: what hooks (tensor,
@@ -112,7 +114,7 @@ def hook_on_jax(array: Any, hooks: tuple[Any, ...]) -> Any:
     def run_hooks(cotangents: tuple[Any, ...]) -> tuple[Any]:
         grad = core.Tensor(cotangents[0])
         for hook in hooks:
-            result = hook(grad)
+            result = step_trace.on_plain_jax(hook)(grad)
             if result is not None:
                 if not isinstance(result, core.Tensor) or result.shape != shape:
                     got = getattr(result, "shape", type(result).__name__)
@@ -131,7 +133,8 @@ class _TensorMeta:
     """
 
     __slots__ = (
-        "compiled", "grad_enabled", "has_history", "hooked", "hooks", "is_grad", "placeholder", "requires_grad", "traced",
+        "compiled", "grad_enabled", "has_history", "hooked", "hooks", "is_grad", "placeholder", "post_accumulate_hooks",
+        "requires_grad", "traced",
     )
 
     def __init__(
@@ -142,9 +145,13 @@ class _TensorMeta:
         is_grad: bool = False,
         hooks: tuple[Any, ...] = (),
         hooked: tuple[Any, Any] | None = None,
+        post_accumulate_hooks: tuple[Any, ...] = (),
     ) -> None:
         self.requires_grad = requires_grad
         self.hooks = hooks  # a leaf's tensor hooks, in order (NOTE [Hooks on JAX's AD])
+        # A leaf's post-accumulate-grad hooks: the engine run on the tensor a trace unflattens (a model passed to
+        # an ``xgrad.compile`` step or a ``jax.jit``) runs them, as on the tensor it stands for.
+        self.post_accumulate_hooks = post_accumulate_hooks
         self.hooked = hooked  # (array, that array through the hooks) when the tensor holds the latter
         self.placeholder = False  # a placeholder node's: it matches any Tensor node (NOTE [Tensor as a pytree])
         self.has_history = has_history
@@ -167,7 +174,11 @@ class _TensorMeta:
             return self.compiled == other.compiled
         if self.traced or other.traced:  # a jitted function called both inside and outside a trace
             return self._raises() == other._raises()
-        if self.has_history != other.has_history or self.hooks != other.hooks:
+        if (
+            self.has_history != other.has_history
+            or self.hooks != other.hooks
+            or self.post_accumulate_hooks != other.post_accumulate_hooks
+        ):
             return False
         if self.is_grad or other.is_grad:
             return True
@@ -188,9 +199,13 @@ class _TensorMeta:
             or self.placeholder != other.placeholder
             or self.hooked is not other.hooked
             or len(self.hooks) != len(other.hooks)
+            or len(self.post_accumulate_hooks) != len(other.post_accumulate_hooks)
         ):
             return False
-        return all(a is b for a, b in zip(self.hooks, other.hooks, strict=True))
+        return all(
+            a is b
+            for a, b in zip((*self.hooks, *self.post_accumulate_hooks), (*other.hooks, *other.post_accumulate_hooks), strict=True)
+        )
 
     def __repr__(self) -> str:
         return f"Tensor(requires_grad={self.requires_grad})"
@@ -305,7 +320,7 @@ def tree_flatten(self: core.Tensor) -> tuple[tuple[Any], _TensorMeta]:
     placeholder_meta = getattr(self, "_placeholder_meta", None)
     if placeholder_meta is not None:
         return (array,), placeholder_meta
-    hooks = self._backward_hooks
+    hooks, post_accumulate_hooks = self._backward_hooks, self._post_accumulate_grad_hooks
     jax_hooks = getattr(self, "_jax_hooks", None)
     meta = _TensorMeta(
         self.requires_grad,
@@ -314,6 +329,7 @@ def tree_flatten(self: core.Tensor) -> tuple[tuple[Any], _TensorMeta]:
         getattr(self, "_is_grad", False),
         () if not hooks or self.grad_fn is not None else tuple(fn for _, fn in hooks.values()),
         None if jax_hooks is None or array is jax_hooks[0] else (jax_hooks[0], array),
+        tuple(post_accumulate_hooks.values()) if post_accumulate_hooks and self.grad_fn is None else (),
     )
     return (array,), meta
 
@@ -354,10 +370,14 @@ def tree_unflatten(meta: _TensorMeta, children: tuple[Any]) -> Any:
     t._requires_grad = meta.requires_grad and is_differentiable_dtype(child.dtype)
     if meta.is_grad:
         t._is_grad = True
-    if meta.hooks:  # kept: the model optax builds has them, and a nested transformation runs them on its cotangents
+    if meta.hooks or meta.post_accumulate_hooks:
         from xgrad.engine.hooks import HookDict
 
-        t._backward_hooks = HookDict((k, (0, hook)) for k, hook in enumerate(meta.hooks))
+        # Kept: the model optax builds has them, and a nested transformation runs them on its cotangents.
+        if meta.hooks:
+            t._backward_hooks = HookDict((k, (0, hook)) for k, hook in enumerate(meta.hooks))
+        if meta.post_accumulate_hooks:
+            t._post_accumulate_grad_hooks = HookDict(enumerate(meta.post_accumulate_hooks))
     if jax_hooks is not None:
         t._jax_hooks = jax_hooks
     if (t._requires_grad or on_jax) and not meta.traced:

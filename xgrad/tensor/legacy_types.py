@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.tensor import core
+from xgrad.tensor.devices import resolve_device
 from xgrad.tensor.pytorch_methods import LEGACY_TENSOR_TYPES
 
 __all__ = [
@@ -41,8 +42,6 @@ class _LegacyTypeMeta(type):
         else:
             array = jnp.zeros((0,), dtype)
         if device is not None:
-            from xgrad.creation import resolve_device
-
             array = jax.device_put(array, resolve_device(device))
         return core.Tensor(array)
 

@@ -288,7 +288,7 @@ def bernoulli_(self: core.Tensor, p: Any = 0.5, *, generator: Any = None) -> cor
     >>> xgrad.zeros(3).bernoulli_(1.0).tolist()
     [1.0, 1.0, 1.0]
     """
-    from xgrad.ops.tensor_methods import generator_key
+    from xgrad.generator import generator_key
 
     probs = jnp.broadcast_to(jnp.asarray(p._array if isinstance(p, core.Tensor) else p), self.shape)
     return _fill(self, jax.random.bernoulli(generator_key(generator), probs).astype(self.dtype))
@@ -303,7 +303,7 @@ def random_(self: core.Tensor, from_: int = 0, to: int | None = None, *, generat
     >>> sorted(set(x.tolist()))
     [3.0, 4.0]
     """
-    from xgrad.ops.tensor_methods import generator_key
+    from xgrad.generator import generator_key
 
     if to is None and from_ != 0:
         from_, to = 0, from_
@@ -328,7 +328,7 @@ def exponential_(self: core.Tensor, lambd: float = 1.0, *, generator: Any = None
     >>> bool((xgrad.zeros(10).exponential_(2.0) > 0).all())
     True
     """
-    from xgrad.ops.tensor_methods import generator_key
+    from xgrad.generator import generator_key
 
     if lambd <= 0:
         raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd}")

@@ -103,6 +103,7 @@ import time
 import warnings
 from typing import Any
 
+from xgrad.dual import LEVEL
 from xgrad.engine import engine
 from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.compiled.cache import (
@@ -127,24 +128,26 @@ from xgrad.engine.compiled.switch import (
     WARN_FALLBACK,
     CompiledFallbackError,
     CompiledFallbackWarning,
+    HostHook,
     NotTraceable,
     PureHook,
     RecompileWarning,
     enable,
+    host_hook,
     is_enabled,
     pure_hook,
     set_enabled,
     state,
 )
-from xgrad.engine.dual import LEVEL
 from xgrad.engine.node import Edge, GraphRoot, Node, current_task
 from xgrad.engine.rules import RuleNode
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
 
 __all__ = [
-    "DEFAULT_CACHE_SIZE", "RECOMPILE_WARNING_LIMIT", "CompiledFallbackError", "CompiledFallbackWarning", "PureHook",
-    "RecompileWarning", "enable", "execute", "is_enabled", "pure_hook", "reset", "set_cache_size", "set_enabled", "stats",
+    "DEFAULT_CACHE_SIZE", "RECOMPILE_WARNING_LIMIT", "CompiledFallbackError", "CompiledFallbackWarning", "HostHook",
+    "PureHook", "RecompileWarning", "enable", "execute", "host_hook", "is_enabled", "pure_hook", "reset", "set_cache_size",
+    "set_enabled", "stats",
 ]
 
 

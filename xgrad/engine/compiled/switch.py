@@ -186,3 +186,55 @@ def pure_hook(fn: Callable[..., Any]) -> PureHook:
     [6.0, 6.0]
     """
     return fn if isinstance(fn, PureHook) else PureHook(fn)
+
+
+class HostHook:
+    """A hook marked to run on the host at every call of ``xgrad.compile`` (see ``host_hook``).
+
+    >>> from xgrad.autograd.compiled import HostHook, host_hook
+    >>> def double(g):
+    ...     return g * 2
+    >>> isinstance(host_hook(double), HostHook), host_hook(double) == host_hook(double)
+    (True, True)
+    """
+
+    __slots__ = ("__wrapped__", "fn")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        if not callable(fn):
+            raise TypeError(f"host_hook expects a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is HostHook and other.fn is self.fn
+
+    def __hash__(self) -> int:
+        return hash(self.fn)
+
+    def __repr__(self) -> str:
+        return f"host_hook({self.fn!r})"
+
+
+def host_hook(fn: Callable[..., Any]) -> HostHook:
+    """Mark a hook to run on the host, with concrete values, at every call of an ``xgrad.compile`` step.
+
+    The opposite of ``pure_hook``. ``xgrad.compile`` traces an unmarked hook into its
+    program when the hook touches no Python state outside its arguments (NOTE [Hooks
+    traced in] in ``xgrad/compile_step/hook_purity.py``); mark one whose effects that
+    rule cannot see (a C extension's state, a file it reads through a library), or one
+    that reads a value rebound at every call. Compiled backwards already run unmarked
+    hooks on the host; eager backwards call it as usual.
+
+    >>> import xgrad
+    >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    >>> h = x.register_hook(xgrad.autograd.compiled.host_hook(lambda g: g * 2))
+    >>> (x * 3).sum().backward(); x.grad.tolist()
+    [6.0, 6.0]
+    """
+    if isinstance(fn, PureHook):
+        raise TypeError(f"host_hook expects an unmarked hook, got {fn!r}: a hook is either pure or on the host")
+    return fn if isinstance(fn, HostHook) else HostHook(fn)

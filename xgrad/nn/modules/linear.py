@@ -2,7 +2,8 @@
 
 from xgrad.nn.linear import Identity, Linear
 
-# PyTorch's class of MultiheadAttention's out_proj (a Linear that quantization skips); a Linear here.
+# PyTorch's class of MultiheadAttention's out_proj (a Linear that quantization skips); a Linear here,
+# importable from this path (checkpoints' safe_globals name it) but, as PyTorch's, not in ``__all__``.
 NonDynamicallyQuantizableLinear = Linear
 
-__all__ = ["Identity", "Linear", "NonDynamicallyQuantizableLinear"]
+__all__ = ["Identity", "Linear"]

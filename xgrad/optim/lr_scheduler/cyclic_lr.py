@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from xgrad.optim.lr_scheduler import LRScheduler, check_optimizer, per_group
+from xgrad.optim.lr_scheduler.schedulers import LRScheduler, check_optimizer, per_group
 from xgrad.optim.optimizer import Optimizer
 
 

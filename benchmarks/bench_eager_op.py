@@ -1,0 +1,299 @@
+"""Eager per-op cost: recording one op above the bare ``jnp`` call, and the demo MLP's eager step against torch's.
+
+1. Recording: a recorded ``sin`` (1 element), ``mul`` of two grad-requiring 4x4 tensors and
+   ``linear`` of a (2, 4) input by a (3, 4) weight and bias, each against the bare call on the
+   arrays (``jnp.sin``, ``jnp.multiply``, ``jax.jit(lambda x, w, b: x @ w.T + b)``). Process
+   time per call; the rows are timed in turns, medians of the rounds. The leaves'
+   ``AccumulateGrad`` nodes are kept alive, as a graph that reaches them would.
+2. The eager step: the demo's MLP (2-64-64-3, tanh, batch 128, cross-entropy, Adam) stepped by
+   xgrad eagerly and by PyTorch eagerly on one thread (``nn.Linear``/``nn.Tanh``, the same
+   initial parameters and batches). PyTorch runs in its own interpreter (``--torch-python``,
+   one that can import ``torch``; it never imports xgrad or JAX), kept alive for the run; the
+   two take turns, one block of steps each per round. Each step ends when its parameters are
+   ready. The ratio is torch's step time over xgrad's, per round, and its median.
+
+    PYTHONPATH=<checkout> python benchmarks/bench_eager_op.py --torch-python /path/to/python-with-torch
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+TORCH_WORKER = "--torch-worker"
+
+
+def median_step(step: Callable[[], object], n: int) -> tuple[float, float]:
+    """Median wall and process seconds of ``n`` calls of ``step`` (which returns once its results are ready).
+
+    Process time counts every thread of the process (XLA's included): on a loaded machine
+    it is what a step costs, where the wall time also counts the waits for a core."""
+    walls, cpus = [], []
+    for _ in range(n):
+        wall, cpu = time.perf_counter(), time.process_time()
+        step()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def per_call_us(fn: Callable[[], object], calls: int) -> float:
+    start = time.process_time()
+    for _ in range(calls):
+        fn()
+    return (time.process_time() - start) / calls * 1e6
+
+
+def recording_rows(rounds: int, calls: int) -> list[tuple[str, float, float, float]]:
+    """``(op, bare µs, recorded µs, recorded - bare)`` per op, medians of ``rounds`` rounds in turns."""
+    import jax
+    import jax.numpy as jnp
+
+    import xgrad
+    from xgrad.engine.node import grad_accumulator
+
+    x = xgrad.tensor([0.5], requires_grad=True)
+    a = xgrad.randn(4, 4, requires_grad=True)
+    b = xgrad.randn(4, 4, requires_grad=True)
+    inp, weight, bias = xgrad.randn(2, 4), xgrad.randn(3, 4, requires_grad=True), xgrad.randn(3, requires_grad=True)
+    accumulators = [grad_accumulator(t) for t in (x, a, b, weight, bias)]
+    bare_linear = jax.jit(lambda x, w, b: x @ w.T + b)
+    xa, aa, ba, ia, wa, biasa = x.array, a.array, b.array, inp.array, weight.array, bias.array
+    pairs: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
+        "sin": (lambda: jnp.sin(xa), lambda: xgrad.sin(x)),
+        "mul": (lambda: jnp.multiply(aa, ba), lambda: a * b),
+        "linear": (lambda: bare_linear(ia, wa, biasa), lambda: xgrad.linear(inp, weight, bias)),
+    }
+    times: dict[tuple[str, int], list[float]] = {(op, k): [] for op in pairs for k in (0, 1)}
+    for fns in pairs.values():  # compile and warm up
+        for fn in fns:
+            per_call_us(fn, 100)
+    for _ in range(rounds):
+        for op, fns in pairs.items():
+            for k, fn in enumerate(fns):
+                times[op, k].append(per_call_us(fn, calls))
+    del accumulators
+    rows = []
+    for op in pairs:
+        bare, recorded = statistics.median(times[op, 0]), statistics.median(times[op, 1])
+        rows.append((op, bare, recorded, recorded - bare))
+    return rows
+
+
+def _step_data(path: str) -> None:
+    """The demo's initial parameters and batches, written for the torch worker."""
+    import jax
+
+    from xgrad import demo
+
+    device = jax.devices()[0]
+    model = demo.make_model(device)
+    arrays = {f"p{i}": np.asarray(p.array) for i, p in enumerate(model.parameters())}
+    arrays["lr"] = np.float64(demo.LEARNING_RATE)
+    for i, (x, y) in enumerate(demo.make_batches(device)):
+        arrays[f"x{i}"], arrays[f"y{i}"] = np.asarray(x), np.asarray(y)
+    np.savez(path, **arrays)
+
+
+def xgrad_stepper(path: str) -> Callable[[int], float]:
+    """Median seconds of ``n`` eager steps of the demo MLP, from the saved parameters and batches."""
+    import jax
+    import optax
+
+    import xgrad
+    from xgrad import demo
+    from xgrad.optim import Optax
+
+    data = np.load(path)
+    model = demo.make_model(jax.devices()[0])
+    params = list(model.parameters())
+    with xgrad.no_grad():
+        for i, p in enumerate(params):
+            p.copy_(xgrad.tensor(data[f"p{i}"]))
+    batches = [(xgrad.tensor(data[f"x{i}"]), xgrad.tensor(data[f"y{i}"])) for i in range(_num_batches(data))]
+    opt = Optax(params, optax.adam(demo.LEARNING_RATE))
+    count = [0]
+
+    def step() -> None:
+        x, y = batches[count[0] % len(batches)]
+        count[0] += 1
+        opt.zero_grad()
+        xgrad.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    def run(n: int) -> tuple[float, float]:
+        return median_step(lambda: (step(), jax.block_until_ready(params[0].array)), n)
+
+    return run, step, opt
+
+
+def programs_of_step(step: Callable[[], None], opt: Any) -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
+    """The jitted programs one eager step calls, with their arguments, in order: the primitives'
+    forwards, the backward's fused rules (NOTE [Fused eager rules]) and the optimizer's update.
+    Called again back to back they are the step without xgrad's Python: its floor."""
+    from xgrad.ops.registry import REGISTRY, Primitive
+
+    calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+
+    def recording(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            calls.append((fn, args))
+            return fn(*args)
+
+        return call
+
+    dispatch = Primitive.dispatch
+    fused = {prim: dict(prim._fused.items()) for prim in REGISTRY.values()}
+    jitted_step = opt._jitted_step
+    Primitive.dispatch = lambda prim, arrays, params: recording(lambda *a: dispatch(prim, list(a), params))(*arrays)  # type: ignore[method-assign]
+    for prim, entries in fused.items():
+        for key, fn in entries.items():
+            if callable(fn):
+                prim._fused[key] = recording(fn)
+    opt._jitted_step = recording(jitted_step)
+    try:
+        step()
+    finally:
+        Primitive.dispatch = dispatch  # type: ignore[method-assign]
+        for prim, entries in fused.items():
+            for key, fn in entries.items():
+                prim._fused[key] = fn
+        opt._jitted_step = jitted_step
+    return calls
+
+
+def replayer(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> Callable[[int], tuple[float, float]]:
+    import jax
+
+    def run(n: int) -> tuple[float, float]:
+        return median_step(lambda: jax.block_until_ready([fn(*args) for fn, args in calls]), n)
+
+    return run
+
+
+def _num_batches(data: Any) -> int:
+    return sum(1 for name in data.files if name.startswith("x"))
+
+
+def torch_worker(path: str) -> None:
+    """Serve ``n`` on stdin with the median wall and process seconds of ``n`` torch eager steps on stdout (one thread)."""
+    import torch
+    from torch import nn
+
+    torch.set_num_threads(1)
+    data = np.load(path)
+    weights = [torch.from_numpy(data[f"p{i}"]) for i in range(sum(1 for f in data.files if f.startswith("p")))]
+    layers: list[nn.Module] = []
+    for i in range(0, len(weights), 2):
+        linear = nn.Linear(weights[i].shape[1], weights[i].shape[0])
+        with torch.no_grad():
+            linear.weight.copy_(weights[i])
+            linear.bias.copy_(weights[i + 1])
+        layers.append(linear)
+        if i + 2 < len(weights):
+            layers.append(nn.Tanh())
+    model = nn.Sequential(*layers)
+    opt = torch.optim.Adam(model.parameters(), lr=float(data["lr"]))
+    batches = [(torch.from_numpy(data[f"x{i}"]), torch.from_numpy(data[f"y{i}"]).long()) for i in range(_num_batches(data))]
+    count = [0]
+
+    def step() -> None:
+        x, y = batches[count[0] % len(batches)]
+        count[0] += 1
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for line in sys.stdin:
+        print(*median_step(step, int(line)), flush=True)
+
+
+Rounds = list[tuple[float, float]]  # per round, the median wall and process seconds of a step
+
+
+def step_rounds(torch_python: str, rounds: int, steps: int) -> tuple[Rounds, Rounds, Rounds] | None:
+    """Per round, ``median_step`` of ``steps`` xgrad steps, of its programs replayed and of torch steps, in turns."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "step.npz")
+        _step_data(path)
+        try:
+            worker = subprocess.Popen(
+                [torch_python, os.path.abspath(__file__), TORCH_WORKER, path],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
+        except OSError as e:
+            print(f"torch worker did not start: {e}")
+            return None
+        assert worker.stdin is not None and worker.stdout is not None
+
+        def torch_run(n: int) -> tuple[float, float]:
+            worker.stdin.write(f"{n}\n")
+            worker.stdin.flush()
+            wall, cpu = worker.stdout.readline().split()
+            return float(wall), float(cpu)
+
+        xgrad_run, step, opt = xgrad_stepper(path)
+        try:
+            xgrad_run(steps)  # compiles the primitives, then the fused rules
+            floor_run = replayer(programs_of_step(step, opt))
+            torch_run(steps)
+            xs: Rounds = []
+            fs: Rounds = []
+            ts: Rounds = []
+            for _ in range(rounds):
+                xs.append(xgrad_run(steps))
+                fs.append(floor_run(steps))
+                ts.append(torch_run(steps))
+        except ValueError:  # the worker died: its error is on stderr
+            return None
+        finally:
+            worker.stdin.close()
+            worker.wait()
+    return xs, fs, ts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15, help="rounds of each part, the rows in turns")
+    parser.add_argument("--calls", type=int, default=3000, help="calls per row and round (recording)")
+    parser.add_argument("--steps", type=int, default=50, help="steps per system and round (the eager step)")
+    parser.add_argument("--torch-python", default=sys.executable, help="an interpreter that can import torch")
+    parser.add_argument("--part", choices=("all", "recording", "step"), default="all")
+    args = parser.parse_args()
+    if args.part in ("all", "recording"):
+        print(f"Recording one op: process µs per call, medians of {args.rounds} rounds of {args.calls} calls\n")
+        print("| op | bare | recorded | above bare |\n|---|---:|---:|---:|")
+        for op, bare, recorded, above in recording_rows(args.rounds, args.calls):
+            print(f"| {op} | {bare:.2f} | {recorded:.2f} | {above:.2f} |")
+    if args.part in ("all", "step"):
+        result = step_rounds(args.torch_python, args.rounds, args.steps)
+        if result is None:
+            print("\ntorch eager: unavailable (see the worker's error above)")
+            return
+        xs, fs, ts = result
+        print(f"\nDemo MLP eager step: ms, medians of {args.steps} steps per round, {args.rounds} rounds in turns")
+        for kind, k in (("wall", 0), ("process (CPU) time", 1)):
+            print(f"\n{kind}:\n\n| what | median of rounds | rounds |\n|---|---:|---|")
+            for name, per_round in (("xgrad eager", xs), ("xgrad's programs replayed, no Python", fs), ("torch eager (1 thread)", ts)):
+                ms = [r[k] * 1e3 for r in per_round]
+                print(f"| {name} | {statistics.median(ms):.3f} | {' '.join(f'{m:.2f}' for m in ms)} |")
+            for name, ours in (("xgrad eager", xs), ("xgrad's programs replayed", fs)):
+                ratios = [t[k] / x[k] for x, t in zip(ours, ts, strict=True)]
+                print(f"\ntorch / {name}, {kind}, per round: median {statistics.median(ratios):.2f}x "
+                      f"({min(ratios):.2f}-{max(ratios):.2f}x)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == TORCH_WORKER:
+        torch_worker(sys.argv[2])
+    else:
+        main()

@@ -1,0 +1,114 @@
+"""The recorded op's hot path: what it skips and what it still checks.
+
+NOTE [One device, no device check] and NOTE [Recording cost] in ``xgrad/ops/registry.py``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _scripts import run_json
+
+import xgrad
+from xgrad.ops import registry
+
+ONE_DEVICE_STEP = """
+import json
+import numpy as np
+import xgrad
+from xgrad.ops import registry
+
+calls = []
+check = registry._check_same_devices
+registry._check_same_devices = lambda args, tensors, arrays: calls.append(len(tensors)) or check(args, tensors, arrays)
+rng = np.random.default_rng(0)
+x = xgrad.tensor(rng.standard_normal((2, 4)), requires_grad=True)
+w = xgrad.tensor(rng.standard_normal((3, 4)), requires_grad=True)
+b = xgrad.tensor(rng.standard_normal(3), requires_grad=True)
+loss = (xgrad.linear(x, w, b) * xgrad.linear(x, w, b).tanh()).sum()
+forward = list(calls)
+loss.backward()
+print(json.dumps({"forward": forward, "checks": len(calls), "devices": len(jax.devices()), "loss": loss.item(),
+                  "grads": [t.grad.tolist() for t in (x, w, b)]}))
+"""
+
+
+def _reference(x, w, b):
+    h = x @ w.T + b
+    return jnp.sum(h * jnp.tanh(h))
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_device_check_runs_only_where_a_process_holds_several_devices(devices):
+    """With one device in the process, ops of several tensors skip the check; the values and grads are the same."""
+    result = run_json(ONE_DEVICE_STEP, devices=devices)
+    assert result["devices"] == devices
+    # linear twice (three tensors each), mul (two); none on one device, forward or backward
+    assert result["forward"] == ([] if devices == 1 else [3, 3, 2])
+    assert (result["checks"] == 0) == (devices == 1)
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((2, 4)), rng.standard_normal((3, 4)), rng.standard_normal(3)]
+    np.testing.assert_allclose(result["loss"], _reference(*args), rtol=1e-12)
+    for got, expected in zip(result["grads"], jax.grad(_reference, argnums=(0, 1, 2))(*args), strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+def test_a_zero_dim_operand_on_another_device_joins_the_other_operand():
+    """Several devices (this process has two): a 0-dim tensor elsewhere is moved, as PyTorch allows scalars."""
+    dev0, dev1 = jax.devices()[:2]
+    v = xgrad.tensor(np.array([1.0, -2.0, 3.0]), device=dev0, requires_grad=True)
+    s = xgrad.tensor(np.array(2.5), device=dev1, requires_grad=True)
+    for out in (v * s, s * v, s * s * v):
+        assert out.device == dev0
+    (s * v * s).sum().backward()
+    np.testing.assert_allclose(v.grad.detach().numpy(), [6.25, 6.25, 6.25], rtol=1e-15)
+    np.testing.assert_allclose(s.grad.item(), 2 * 2.5 * (1.0 - 2.0 + 3.0), rtol=1e-15)
+    assert s.grad.device == dev1 and v.grad.device == dev0
+
+
+def test_several_outputs_carry_their_metadata_and_history():
+    """A primitive of several outputs (cross_entropy's four) records one node with each output's metadata."""
+    logits = xgrad.tensor(np.array([[0.5, -1.0, 2.0], [1.0, 0.0, -0.5]]), requires_grad=True)
+    target = xgrad.tensor(np.array([2, 0]))
+    loss = xgrad.cross_entropy(logits, target)
+    node = loss.grad_fn
+    assert [m.shape for m in node.input_metadata] == [(), (2, 3), (), (2, 3)]
+    assert all(m.dtype == jnp.float64 and m.sharding == logits.array.sharding for m in node.input_metadata)
+    loss.backward()
+
+    def reference(z):
+        logp = jax.nn.log_softmax(z)
+        return -jnp.mean(logp[jnp.arange(2), jnp.array([2, 0])])
+
+    np.testing.assert_allclose(logits.grad.detach().numpy(), jax.grad(reference)(logits.array), rtol=1e-12)
+
+
+def test_edges_and_saved_avals_are_their_named_tuples():
+    """``_record`` makes Edge, InputMetadata and Aval with ``tuple.__new__``: still those types, with their fields."""
+    x = xgrad.tensor(np.array([1.0, 2.0]), requires_grad=True)
+    y = x * 3.0  # the constant's rule reads nothing: x's value is not saved
+    z = xgrad.tensor(np.array([4.0, 5.0])) * y  # z's rule for y reads the other operand, not y
+    assert type(y.grad_fn.next_edges[0]) is registry.Edge and y.grad_fn.next_functions[0][1] == 0
+    assert type(z.grad_fn.input_metadata[0]) is registry.InputMetadata and z.grad_fn.input_metadata[0].ndim == 1
+    aval = z.grad_fn.saved[1]
+    assert type(aval) is registry.Aval and (aval.shape, aval.dtype, aval.ndim) == ((2,), jnp.float64, 1)
+
+
+def test_recording_reads_no_unset_tensor_attribute(monkeypatch):
+    """An input that needs no grad is asked where JAX cut it (``_cut_site``): a set slot, not a miss
+    that goes through ``Tensor.__getattr__`` (1-2 µs per input); a cut tensor still raises."""
+    misses = []
+    getattr_of_tensor = xgrad.Tensor.__getattr__
+    monkeypatch.setattr(
+        xgrad.Tensor, "__getattr__", lambda self, name: misses.append(name) or getattr_of_tensor(self, name)
+    )
+    x = xgrad.tensor(np.ones((2, 4)))
+    w = xgrad.tensor(np.ones((3, 4)), requires_grad=True)
+    b = xgrad.tensor(np.zeros(3), requires_grad=True)
+    out = xgrad.linear(x, w, b) * xgrad.tensor(np.full(3, 0.5))
+    assert misses == []
+    out.sum().backward()
+    np.testing.assert_allclose(w.grad.detach().numpy(), np.full((3, 4), 1.0))
+    cut = jax.jit(lambda a: (a * a).sum())(w)
+    with pytest.raises(RuntimeError, match="plain JAX transformation"):
+        cut + w.sum()
