@@ -78,7 +78,19 @@ def host_calls(step):
 def assert_same(got, expected):
     for a, e in zip(got, expected, strict=True):
         for x, y in zip(a, e, strict=True):
-            np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14)
+            assert_close(x, y)
+
+
+def assert_close(got, expected):
+    # Not equality: a tanh fused into the compiled program may differ from eager's, which runs it alone, in
+    # its last bits (NOTE [A fused float64 tanh] in test_compile_observers.py).
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)
+
+
+def assert_same_log(log, expected):
+    """Logs of ``(name, value)``: the same names in the same order, the values as ``assert_close``."""
+    assert [name for name, _ in log] == [name for name, _ in expected]
+    assert_close([value for _, value in log], [value for _, value in expected])
 
 
 def _post_accumulate(model):
@@ -227,10 +239,11 @@ def test_hooks_with_python_effects_run_on_the_host_at_every_call_as_eagerly(kind
     for mode in MODES[1:]:
         got, log, printed, calls, seen = outcomes[mode]
         assert_same(got, expected[0])
-        assert log == expected[1] and printed == expected[2] and calls == expected[3]
+        assert_same_log(log, expected[1])
+        assert printed == expected[2] and calls == expected[3]
         assert seen.keys() == expected[4].keys()
         for key, value in seen.items():
-            np.testing.assert_allclose(value, expected[4][key], rtol=1e-12)
+            assert_close(value, expected[4][key])
     assert host_calls(step)
 
 
@@ -251,8 +264,7 @@ def test_traced_in_and_host_hooks_keep_eagers_order_and_values():
         logs[mode] = (run(mode, install(log))[0], log)
     for mode in MODES[1:]:
         assert_same(logs[mode][0], logs["eager"][0])
-        assert [name for name, _ in logs[mode][1]] == [name for name, _ in logs["eager"][1]]
-        np.testing.assert_allclose([v for _, v in logs[mode][1]], [v for _, v in logs["eager"][1]], rtol=1e-12)
+        assert_same_log(logs[mode][1], logs["eager"][1])
     assert [name for name, _ in logs["eager"][1][:3]] == ["w2", "w0 after the clamp", "b0"]
     assert all(value <= 0.05 for name, value in logs["compile"][1] if name == "w0 after the clamp")
 
