@@ -35,7 +35,7 @@ from _timing import interleaved, table
 
 import xgrad
 from xgrad import demo
-from xgrad.compile_step.program import _gather_inputs
+from xgrad.compile_step.program_call import gather_inputs
 
 STEPS_PER_ROUND = 10
 
@@ -124,7 +124,7 @@ def main() -> None:
     alone = xgrad.compile(alone_fn)
     alone(*batches[0])
     entry = next(iter(alone._cache.values()))
-    program_inputs = _gather_inputs(entry, list(batches[0]))
+    program_inputs = gather_inputs(entry, list(batches[0]))
     del alone_params
 
     def run_program_alone(x: Any, y: Any) -> Any:

@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import collections
-import dis
 import functools
-import inspect
-import linecache
-import operator
-import os
 import threading
 import time
 import warnings
@@ -25,22 +20,20 @@ from xgrad.compile_step.errors import (
     MODULE_ATTRIBUTE_TRACED,
     UNPRINTED,
     WARN_FALLBACK,
-    WARN_REBINDS,
     WARN_RECOMPILE,
     CompileFallbackError,
     CompileFallbackWarning,
-    CompileSideEffectWarning,
     RecompileWarning,
     _NotCompilable,
 )
 from xgrad.compile_step.hook_purity import reads_hold
 from xgrad.compile_step.intercept import _StepRecorder
+from xgrad.compile_step.miss_reasons import concrete_value_needed, describe_change, warn_rebinds
 from xgrad.compile_step.observers import run_observers
 from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
+from xgrad.compile_step.program_call import donating_program, finish, gather_inputs, precheck, run_program
 from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.writeback import (
-    _apply_fast_writes,
-    _apply_writes,
     _check_on_host,
     _collect,
     _fast_writes,
@@ -48,15 +41,12 @@ from xgrad.compile_step.writeback import (
     _resolve,
     _source_value,
     donation,
-    drop_grads,
-    fresh_outputs,
-    own_donated,
 )
 from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
 from xgrad.engine.compiled.switch import TRACER_ERRORS
 from xgrad.grad_mode import is_grad_enabled
-from xgrad.jax_internals import ClosedJaxpr, Var, check_consts_keep_identity, get_opaque_trace_state, jaxpr_as_fun
+from xgrad.jax_internals import ClosedJaxpr, check_consts_keep_identity, get_opaque_trace_state, jaxpr_as_fun
 from xgrad.nn.module import Module
 from xgrad.ops.autocast import autocast_key
 from xgrad.step_trace import tracing_step
@@ -68,79 +58,6 @@ __all__ = ["CompiledFunction", "compile"]
 CACHE_SIZE = 64
 #: Programs kept per signature, traced under different guards (NOTE [Entries of one signature]).
 ENTRIES_PER_SIGNATURE = 4
-
-_XGRAD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__))
-
-
-def _warn_rebinds(fn: Any, name: str) -> None:
-    """Warn once per variable that ``fn``'s own code rebinds and that outlives the call (a global, a closed-over name).
-
-    Only ``fn``'s own bytecode is read: a write through a call (``log.append(x)``, an
-    attribute set) looks like the bookkeeping xgrad and optax do below the step, so it
-    is not told apart (README, "Plain Python side effects").
-    """
-    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-    if code is None:
-        return
-    seen = set()
-    for instruction in dis.get_instructions(code):
-        if instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
-            kind = "global"
-        elif instruction.opname in ("STORE_DEREF", "DELETE_DEREF") and instruction.argval in code.co_freevars:
-            kind = "closed-over"
-        else:
-            continue
-        if instruction.argval in seen:
-            continue
-        seen.add(instruction.argval)
-        line = instruction.positions.lineno if instruction.positions is not None else None
-        site = f"{code.co_filename}:{line}"
-        warnings.warn(
-            WARN_REBINDS.format(name=name, kind=kind, var=instruction.argval, site=site), CompileSideEffectWarning,
-            stacklevel=3,
-        )
-
-
-def _concrete_value_needed(exc: BaseException) -> tuple[str, str]:
-    """Why and where a trace needed a concrete value: the construct, named by the xgrad function the user's line
-    called (``Tensor.item``, ``Tensor.__bool__``, ...), and that line with its source."""
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append((tb.tb_frame.f_code, tb.tb_lineno))
-        tb = tb.tb_next
-    for i in range(len(frames) - 1, -1, -1):
-        code, lineno = frames[i]
-        path = os.path.abspath(code.co_filename)
-        if not path.startswith((_XGRAD_DIR, _JAX_DIR)) and "/jax/" not in path and "/jaxlib/" not in path:
-            callee = frames[i + 1][0] if i + 1 < len(frames) else None
-            construct = None
-            if callee is not None and callee.co_filename.startswith(_XGRAD_DIR):
-                construct = _CONSTRUCTS.get(callee.co_name)
-            if construct is None and type(exc).__name__ == "NonConcreteBooleanIndexError":
-                construct = "a boolean mask as an index (the result's shape depends on the values)"
-            source = linecache.getline(code.co_filename, lineno).strip()
-            site = f"{code.co_filename}:{lineno}" + (f", `{source}`" if source else "")
-            return f"Python needs a concrete value here: {construct or _ANY_CONSTRUCT}", site
-    return f"Python needs a concrete value here: {_ANY_CONSTRUCT}", "unknown location"
-
-
-_ANY_CONSTRUCT = ".item(), .numpy(), bool() or int() of a tensor, a boolean mask"
-#: What needs a concrete value, by the xgrad function the user's line called.
-_CONSTRUCTS = {
-    "item": "t.item() (compiled only as an f-string's value inside print())",
-    "tolist": "t.tolist()",
-    "numpy": "t.numpy()",
-    "to_numpy_array": "np.asarray() of a tensor",
-    "to_bool": "bool() of a tensor (an if, while, assert, and/or/not on a tensor)",
-    "to_float": "float() of a tensor",
-    "to_int": "int() of a tensor",
-    "to_index": "a tensor used as a Python int (an index, range(), a size)",
-    "tensor_repr": "str()/repr() of a tensor whose text goes somewhere other than print() (compiled inside print())",
-    "tensor_format": "an f-string or format() of a tensor whose text goes somewhere other than print() "
-    "(compiled inside print())",
-}
 
 
 def _leaf_key(leaf: Any) -> Any:
@@ -200,7 +117,7 @@ class _Entry:
     fast_writes: list[tuple[int, Any, Any, int]]  # ``writes`` as ``_apply_fast_writes`` takes them
     fresh: list[Any]  # the outputs that replaced the donated inputs at the last call, weakly (``fresh_outputs``)
     tracks_fresh: bool  # whether ``fresh`` is kept: the program forwards no input as an output
-    in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``_donating_program``)
+    in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``donating_program``)
     # A tensor's weak reference, the aval that last passed, its shape and dtype, then ``None`` for plain
     # state (no history, no requires_grad, no hooks, .grad not read: optimizer state, buffers), else
     # whether its .grad was read and the rest of ``_expected``.
@@ -226,101 +143,6 @@ class _Entry:
 
 _FALLBACK = object()
 _NO_VARIANT = object()
-
-
-def _describe_change(fn: Any, old: Any, new: Any) -> str:
-    """What changed between two call signatures (``_signature``), in one line naming the argument."""
-    if old is None:
-        return "first call"
-    (old_tree, old_leaves, old_alias, old_mode), (new_tree, new_leaves, new_alias, new_mode) = old, new
-    if old_tree != new_tree:
-        return _describe_structure_change(fn, old_tree, new_tree)
-    for i, (a, b) in enumerate(zip(old_leaves, new_leaves, strict=True)):
-        if a != b:
-            return f"argument {_leaf_name(fn, new_tree, i)}: {_describe_leaf_change(a, b)}"
-    if old_alias != new_alias:
-        return "which arguments are the same tensor changed"
-    if old_mode[0] != new_mode[0]:
-        return f"grad mode changed from {old_mode[0]} to {new_mode[0]}"
-    if old_mode != new_mode:
-        return f"autocast changed from {dict(old_mode[1]) or 'off'} to {dict(new_mode[1]) or 'off'}"
-    return (
-        "the state fn reads (a .grad set or cleared, requires_grad, hooks, a shape, a module's train/eval mode, or a "
-        "value a traced-in hook reads: mark a hook whose value changes every call xgrad.autograd.compiled.host_hook)"
-    )
-
-
-def _leaf_name(fn: Any, tree: Any, i: int) -> str:
-    """Leaf ``i`` of a call's ``(args, kwargs)`` as the user names it: its parameter, then the path inside it
-    (``batch['x']``)."""
-    placeholder = jax.tree_util.tree_unflatten(tree, list(range(tree.num_leaves)))
-    path = jax.tree_util.tree_flatten_with_path(placeholder)[0][i][0]
-    where, key, inner = path[0].idx, path[1], jax.tree_util.keystr(path[2:])
-    return f"{key.key if where == 1 else _positional_name(fn, key.idx)}{inner}"
-
-
-def _positional_name(fn: Any, i: int) -> str:
-    """The name of ``fn``'s ``i``-th positional parameter (``rest[2]`` for one in ``*rest``), else ``i``."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):  # no signature to read (a builtin, a C callable)
-        params = []
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if i < len(positional):
-        return positional[i].name
-    rest = [p for p in params if p.kind is p.VAR_POSITIONAL]
-    return f"{rest[0].name}[{i - len(positional)}]" if rest else str(i)
-
-
-def _describe_structure_change(fn: Any, old_tree: Any, new_tree: Any) -> str:
-    """Which argument's structure changed (a dict's keys, a list's length, a tensor where ``None`` was), and how."""
-    (old_args, old_kwargs), (new_args, new_kwargs) = (
-        jax.tree_util.tree_unflatten(tree, [0] * tree.num_leaves) for tree in (old_tree, new_tree)
-    )
-    if len(old_args) != len(new_args):
-        return f"the number of positional arguments changed from {len(old_args)} to {len(new_args)}"
-    if sorted(old_kwargs) != sorted(new_kwargs):
-        return f"the keyword arguments changed from {sorted(old_kwargs)} to {sorted(new_kwargs)}"
-    pairs = [(_positional_name(fn, i), a, b) for i, (a, b) in enumerate(zip(old_args, new_args, strict=True))]
-    pairs += [(k, old_kwargs[k], new_kwargs[k]) for k in sorted(old_kwargs)]
-    for name, a, b in pairs:
-        old: Any = jax.tree_util.tree_structure(a)  # typed: the stub's PyTreeDef has no ``!=``
-        new: Any = jax.tree_util.tree_structure(b)
-        if old != new:
-            return f"argument {name}: structure {old} -> {new}"
-    return f"the arguments' structure changed from {old_tree} to {new_tree}"
-
-
-# What a leaf's key (``_leaf_key``) holds after its kind, by kind.
-_KEY_FIELDS = {
-    "tensor": ("shape", "dtype", "sharding", "grad_fn", "requires_grad", ".grad is None", ".grad's shape", "hooks",
-               "post-accumulate-grad hooks"),
-    "array": ("shape", "dtype", "sharding", "weak_type"),
-    "ndarray": ("shape", "dtype"),
-}
-
-
-def _describe_leaf_change(old: Any, new: Any) -> str:
-    if old[0] != new[0] or old[0] == "static":
-        return f"{_describe_leaf(old)} -> {_describe_leaf(new)}"
-    changes = []
-    for field, a, b in zip(_KEY_FIELDS[old[0]], old[1:], new[1:], strict=True):
-        if a != b:
-            if field == "shape":
-                a, b = list(a), list(b)
-            elif field.endswith("hooks"):
-                a, b = len(a), len(b)
-            changes.append(f"{field} {a} -> {b}")
-    return ", ".join(changes)
-
-
-def _describe_leaf(key: Any) -> str:
-    if key[0] == "static":
-        return f"the value {key[2]!r}"
-    return f"{_KIND_NAMES[key[0]]} of shape {list(key[1])} and dtype {key[2]}"
-
-
-_KIND_NAMES = {"tensor": "a Tensor", "array": "a jax.Array", "ndarray": "a NumPy array"}
 
 
 def _aliases(leaves: list[Any]) -> tuple[int, ...]:
@@ -486,7 +308,7 @@ class CompiledFunction:
                     self._stats["misses"] += 1
                     self._note_miss(signature)
                     if self._stats["misses"] == 1:
-                        _warn_rebinds(self.fn, self._name())
+                        warn_rebinds(self.fn, self._name())
                     try:
                         entry = self._compile(leaves, tree)
                     except _NotCompilable as exc:
@@ -562,7 +384,7 @@ class CompiledFunction:
                 except _NotCompilable as exc:
                     raise CompileFallbackError(ERR_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site)) from exc
                 self._keep(signature, entry)
-        return entry.jitted.lower(*_gather_inputs(entry, leaves))
+        return entry.jitted.lower(*gather_inputs(entry, leaves))
 
     # -- hit path ----------------------------------------------------------------------
     @staticmethod
@@ -611,23 +433,23 @@ class CompiledFunction:
     def _run(self, entry: _Entry, leaves: list[Any], tree: Any) -> Any:
         box = entry.hook_box
         if box is None:
-            return _run_program(entry, leaves)
+            return run_program(entry, leaves)
         with box.lock:  # NOTE [Observer hooks]
             if box.observed:
                 if entry.observing is None:
                     entry.observing = self._observer_variant(entry, leaves, tree)
                 if entry.observing is not _NO_VARIANT:
                     variant = entry.observing
-                    outs = variant.jitted(*_gather_inputs(variant, leaves))
+                    outs = variant.jitted(*gather_inputs(variant, leaves))
                     _check_on_host(variant.host_checks, leaves)
                     checked = variant.flags is None or not np.asarray(outs[variant.flags]).any()
                     # A failed check: the exact program, which no hook has run for yet, raises it.
                     if checked and run_observers(variant.observers, outs, box):
-                        return _finish(variant, outs, leaves)
+                        return finish(variant, outs, leaves)
             box.observed = not box.replay  # what the hooks run live now say
             box.learned = []
             try:
-                return _run_program(entry, leaves)
+                return run_program(entry, leaves)
             finally:
                 box.replay.clear()
 
@@ -647,7 +469,7 @@ class CompiledFunction:
             self._recompile_warned = True
             warnings.warn(
                 WARN_RECOMPILE.format(
-                    name=self._name(), count=self._stats["misses"], reason=_describe_change(self.fn, previous, signature)
+                    name=self._name(), count=self._stats["misses"], reason=describe_change(self.fn, previous, signature)
                 ),
                 RecompileWarning,
                 stacklevel=3,
@@ -721,7 +543,7 @@ class CompiledFunction:
             except BaseException as exc:
                 recorder.restore_modules()  # as the tensors below: nothing of a failed trace stays (NOTE [One trace at a time])
                 if isinstance(exc, TRACER_ERRORS):
-                    raise _NotCompilable(*_concrete_value_needed(exc)) from exc
+                    raise _NotCompilable(*concrete_value_needed(exc)) from exc
                 if not isinstance(exc, _NotCompilable):  # the user's error (a fallback runs eagerly, printing it all)
                     print_before_error(recorder)
                 raise
@@ -761,12 +583,12 @@ class CompiledFunction:
         sources = [refs[0] if kind == "state" and len(refs) == 1 else None for kind, refs in consts]
         sources += [i if isinstance(leaves[i], Tensor) else None for i in dyn_slots]
         entry.has_host_calls = bool(closed.effects)
-        entry.precheck = None if recorder.observing else _precheck(entry, program, [*jaxpr.constvars, *jaxpr.invars], jaxpr)
+        entry.precheck = None if recorder.observing else precheck(entry, program, [*jaxpr.constvars, *jaxpr.invars], jaxpr)
         entry.donated, entry.dropped_grads = ((), ()) if recorder.observing or entry.has_host_calls else donation(
             entry.writes, () if entry.precheck is not None else entry.checks, sources,
             [v.aval for v in (*jaxpr.constvars, *jaxpr.invars)], closed.out_avals,
         )
-        entry.jitted, entry.in_order = _donating_program(program, entry.donated, len(closed.out_avals))
+        entry.jitted, entry.in_order = donating_program(program, entry.donated, len(closed.out_avals))
         entry.fresh = []
         entry.observers = recorder.observers
         entry.observing = None
@@ -784,152 +606,6 @@ class CompiledFunction:
         self._stats["variants" if recorder.observing else "compiles"] += 1
         self._stats["compile_seconds"] += time.perf_counter() - start
         return entry
-
-
-def _inputs_read(jaxpr: Any, outputs: list[int]) -> set[Any]:
-    """The variables that ``jaxpr``'s outputs at ``outputs`` are computed from (an equation: from all its inputs)."""
-    needed = {v for v in (jaxpr.outvars[i] for i in outputs) if isinstance(v, Var)}
-    for eqn in reversed(jaxpr.eqns):
-        if any(v in needed for v in eqn.outvars):
-            needed.update(v for v in eqn.invars if isinstance(v, Var))
-    return needed
-
-
-def _precheck(entry: _Entry, program: Any, invars: list[Any], jaxpr: Any) -> Any:
-    """The program's checks as a program of their own, when a call may run them first (NOTE [Donated state]).
-
-    So they may when they read no state (only the arguments: targets viewed as a flat
-    vector, say) and no host call runs in the program (hooks after a failed check must
-    not run). Returns the checks' program and the whole program donating nothing: a
-    failed check runs that for the state it leaves (a running statistic updated before
-    it) and raises, before anything is donated; the checks no longer keep the state from donation.
-    """
-    if entry.flags is None or entry.has_host_calls:
-        return None
-    wanted = [entry.flags, *(detail for _, detail, _ in entry.checks if detail is not None)]
-    read = _inputs_read(jaxpr, wanted)
-    if any(kind != 0 and var in read for (kind, _), var in zip(entry.inputs, invars, strict=False)):  # state inputs come first
-        return None
-    return jax.jit(lambda *inputs: {i: out for i, out in enumerate(program(*inputs)) if i in wanted}), jax.jit(program)
-
-
-def _donating_program(program: Any, donated: tuple[tuple[int, Any, bool, int], ...], n_outputs: int) -> tuple[Any, Any]:
-    """``program`` jitted donating ``donated``, with the outputs that replace them first, in their order.
-
-    JAX pairs each donated input with the first output of its shape and dtype not yet
-    paired, in order; an output it pairs with another input than the one it replaces
-    (a parameter with its ``.grad``, a moment with the parameter) makes XLA copy the
-    inputs it still reads (the demo step's program: 28 copies). A donating program keeps
-    the inputs it does not read: ``jax.jit`` would drop them, and the next donated input
-    of their shape would take their output. Returns the program and the getter that puts
-    its outputs back in the program's order (``None``: they are).
-    """
-    first = list(dict.fromkeys(index for _, _, _, index in donated))
-    taken = set(first)
-    order = first + [i for i in range(n_outputs) if i not in taken]
-    jit = functools.partial(
-        jax.jit, donate_argnums=tuple(position for position, _, _, _ in donated), keep_unused=bool(donated)
-    )
-    if order == list(range(n_outputs)):
-        return jit(program), None
-
-    def reordered(*inputs: Any) -> list[Any]:
-        outs = program(*inputs)
-        return [outs[i] for i in order]
-
-    where = {index: k for k, index in enumerate(order)}
-    return jit(reordered), operator.itemgetter(*(where[i] for i in range(n_outputs)))
-
-
-def _gather_inputs(entry: _Entry, leaves: list[Any]) -> list[Any]:
-    # One comprehension, no calls for the common kinds: it runs every step.
-    inputs = [
-        source()._array if kind == 1 else source if kind == 0 else _source_value(source, leaves)
-        for kind, source in entry.inputs
-    ]
-    for i in entry.arg_tensor_slots:
-        leaf = leaves[i]
-        inputs.append(leaf._array if isinstance(leaf, Tensor) else leaf)
-    if entry.donated:
-        own_donated(entry.donated, inputs, leaves, entry.fresh)
-    return inputs
-
-
-#: Held by calls that donate, from reading their inputs to writing back (NOTE [Donated state]).
-_DONATING = threading.Lock()
-
-
-def _run_program(entry: _Entry, leaves: list[Any]) -> Any:
-    if not (entry.donated or entry.dropped_grads):
-        return _call_program(entry, leaves)
-    with _DONATING:
-        return _call_program(entry, leaves)
-
-
-def _call_program(entry: _Entry, leaves: list[Any]) -> Any:
-    # Check before when its hooks must not run if a check fails, or it consumes the state (NOTE [Donated state]);
-    # and before the program's own checks run first: an argument's indices are checked first, as eager does.
-    check_first = entry.has_host_calls or bool(entry.donated or entry.dropped_grads) or entry.precheck is not None
-    if check_first:
-        _check_on_host(entry.host_checks, leaves)
-    inputs = _gather_inputs(entry, leaves)
-    if entry.precheck is not None:
-        checks, undonated = entry.precheck
-        failed = np.asarray(checks(*inputs)[entry.flags])
-        if failed.any():
-            _raise_failed_check(entry, failed, undonated(*inputs), leaves)
-    if entry.dropped_grads:
-        drop_grads(entry.dropped_grads, leaves)
-    outs = entry.jitted(*inputs)
-    if entry.in_order is not None:
-        outs = entry.in_order(outs)
-    del inputs
-    if entry.tracks_fresh:
-        entry.fresh = fresh_outputs(entry.donated, outs)
-    if not check_first:
-        # While the program runs: if a check fails its outputs are dropped, as if it never ran.
-        _check_on_host(entry.host_checks, leaves)
-    if entry.flags is not None and entry.precheck is None:
-        # The one device-to-host read of a program with checks.
-        _raise_failed_check(entry, np.asarray(outs[entry.flags]), outs, leaves)
-    return _finish(entry, outs, leaves)
-
-
-def _raise_failed_check(entry: _Entry, failed: Any, outs: Any, leaves: list[Any]) -> None:
-    """Raise the first failed check's error, the state written as eager leaves it when the op raises."""
-    if failed.any():
-        make_error, detail, writes = entry.checks[int(np.argmax(failed))]
-        _apply_writes(writes, outs, leaves)
-        raise make_error(None if detail is None else outs[detail])
-
-
-def _finish(entry: _Entry, outs: Any, leaves: list[Any]) -> Any:
-    """Write back a call's state and build its results."""
-    _apply_fast_writes(entry.fast_writes, outs, leaves)
-    for ref, training in entry.mode_writes:  # what ``train()``/``eval()`` in ``fn`` did
-        module = ref()
-        if module is not None:
-            object.__setattr__(module, "training", training)
-    for call, args_tree, kept, given in entry.effects:  # host effects that nothing in the program follows
-        args = list(kept)
-        for i, index in given:
-            args[i] = Tensor(outs[index])
-        call_args, call_kwargs = jax.tree_util.tree_unflatten(args_tree, args)
-        call(*call_args, **call_kwargs)
-    results = []
-    for how, value, grad_index in entry.result_template:
-        if how == "out":
-            t = Tensor(outs[value])
-            if grad_index is not None:
-                t._grad = Tensor(outs[grad_index])
-            results.append(t)
-        elif how == "array":
-            results.append(outs[value])
-        elif how == "same":
-            results.append(_resolve(value, leaves))
-        else:
-            results.append(value)
-    return jax.tree_util.tree_unflatten(entry.result_tree, results)
 
 
 def compile(

@@ -244,7 +244,7 @@ def _returned_value(leaf: Any) -> Any:
 # donated input's), and a twin made since is another object. And JAX pairs donated inputs
 # with outputs by shape and dtype in order, not by which output replaces which input: the
 # program returns the outputs that replace donated inputs first, in the inputs' order
-# (``_donating_program`` in ``program.py``), or a parameter's buffer would take its
+# (``donating_program`` in ``program_call.py``), or a parameter's buffer would take its
 # ``.grad`` and XLA would copy what it still reads of the old values.
 
 
