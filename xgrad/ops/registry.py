@@ -31,12 +31,13 @@ from xgrad.engine.dataflow import PRIMITIVE_JIT_PREFIX
 from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, Node, grad_accumulator, sharding_of
 from xgrad.engine.rules import Aval, RuleArgs, RuleNode, incoming_grad
 from xgrad.engine.saved import SavedTensor
-from xgrad.fast_compile import FastJit, fast_compiler_options
+from xgrad.fast_compile import FastJit
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import stops_gradients
 from xgrad.jax_capture import check_captured_leaves
 from xgrad.jax_internals import devices_in_process, loaded_names
 from xgrad.ops.dispatch import DISPATCH
+from xgrad.ops.fused_rules import MAX_FUSED, UNFUSED, device_scalar, fuse, fusion_signature
 from xgrad.step_trace import current as _current_step
 from xgrad.tensor import Tensor
 from xgrad.tensor.jax_boundary import ERR_CUT_BY_JAX
@@ -83,7 +84,7 @@ class Primitive:
         self.num_outputs = num_outputs
         self.jit = jit
         self._jitted: dict[Any, FastJit] = {}
-        self._fused: BoundedCache[Any, Any] = BoundedCache(_MAX_FUSED)  # NOTE [Fused eager rules]
+        self._fused: BoundedCache[Any, Any] = BoundedCache(MAX_FUSED)  # NOTE [Fused eager rules]
         self._reads = None if self.vjps is None else tuple(_rule_reads(rule) for rule in self.vjps)
         self._saves: dict[tuple[bool, ...], tuple[frozenset[int] | None, bool]] = {}
 
@@ -210,19 +211,19 @@ class Primitive:
         """
         if REGISTRY.get(self.name) is not self:  # made at run time (``register=False``): rules run as written
             return self.backward(args)
-        key, g_arrays, arrays = _fusion_signature(args)
+        key, g_arrays, arrays = fusion_signature(args)
         if key is None:
             return self.backward(args)
         fused = self._fused.get(key)
         if fused is None:
-            fused = _fuse(self, key, args.params, g_arrays, arrays)
+            fused = fuse(self, key, args.params, g_arrays, arrays)
             self._fused[key] = fused
-        if fused is not _UNFUSED:
+        if fused is not UNFUSED:
             try:
                 results = fused(g_arrays, arrays)
             except Exception:  # noqa: BLE001 - untraceable rules: op by op raises any real error
                 logger.debug("%s: the fused rules failed; they run op by op from now on", self.node_name, exc_info=True)
-                self._fused[key] = _UNFUSED
+                self._fused[key] = UNFUSED
             else:
                 return [None if r is None else Tensor(r) for r in results]
         return self.backward(args)
@@ -235,99 +236,6 @@ class Primitive:
 
     def __repr__(self) -> str:
         return f"Primitive({self.name})"
-
-
-_MAX_FUSED = 256  # signatures kept per primitive
-_UNFUSED = object()  # a signature whose rules stay op by op
-_ARRAY = object()  # in a signature: an argument passed as an array
-_SCALAR = object()  # in a signature: a Python float passed as a weakly typed scalar
-
-
-def _fusion_signature(args: RuleArgs) -> tuple[Any, Any, list[Any]]:
-    """The static key of a node's rules and their array arguments, or ``(None, ...)`` when they cannot be fused."""
-    g, out, inputs, params, needed = args
-    arrays: list[Any] = []
-    signature: list[Any] = []
-    for value in inputs:
-        kind = type(value)
-        if kind is Tensor or isinstance(value, Tensor):  # Parameters too: never a static value
-            signature.append(_ARRAY)
-            arrays.append(value._array)
-        elif kind is float:
-            signature.append(_SCALAR)
-            arrays.append(_device_scalar(value))
-        else:
-            signature.append(value)
-    # What the rules get as ``out``: the output(s) saved, or only their metadata (shape and dtype).
-    if isinstance(out, Tensor):
-        out_signature: Any = ("array",)
-        arrays.append(out._array)
-    elif type(out) is InputMetadata:
-        out_signature = ("metadata", out.shape, out.dtype)
-    elif type(out) is tuple and out and isinstance(out[0], Tensor):
-        out_signature = ("arrays", len(out))
-        arrays.extend(o._array for o in out)
-    elif type(out) is tuple:
-        out_signature = ("metadatas", tuple((m.shape, m.dtype) for m in out))
-    else:
-        return None, None, arrays
-    g_arrays = g._array if isinstance(g, Tensor) else tuple(gi._array for gi in g)
-    for a in arrays:
-        if isinstance(a, jax.core.Tracer):
-            return None, None, arrays
-    if isinstance(g_arrays, jax.core.Tracer) or (type(g_arrays) is tuple and any(isinstance(a, jax.core.Tracer) for a in g_arrays)):
-        return None, None, arrays
-    try:
-        key = (tuple(params.items()) if params else (), tuple(needed), tuple(signature), out_signature)
-        hash(key)
-    except TypeError:  # unhashable params or constants (index arrays)
-        return None, None, arrays
-    return key, g_arrays, arrays
-
-
-# XLA's algebraic simplifier rewrites float arithmetic in ways that change NaN and inf
-# (NOTE [Fused eager rules]); the fused rules are compiled without it, and fast (NOTE [Fast compiles]).
-_NO_ALGEBRAIC_SIMPLIFIER = {"xla_disable_hlo_passes": "algsimp"}
-
-
-def _fuse(prim: Primitive, key: Any, params: dict[str, Any], g_arrays: Any, arrays: list[Any]) -> Any:
-    """One ``jax.jit`` of ``prim``'s rules for the signature ``key``, or ``_UNFUSED`` (NOTE [Fused eager rules]).
-
-    The rules are traced once, by the jit itself, on the first node's values to count their ops.
-    """
-    _, needed, signature, out_signature = key
-
-    def rules(g_arrays: Any, arrays: list[Any]) -> list[Any]:
-        it = iter(arrays)
-        inputs = [Tensor(next(it)) if s is _ARRAY else next(it) if s is _SCALAR else s for s in signature]
-        kind = out_signature[0]
-        if kind == "array":
-            out: Any = Tensor(next(it))
-        elif kind == "arrays":
-            out = tuple(Tensor(next(it)) for _ in range(out_signature[1]))
-        elif kind == "metadata":
-            out = InputMetadata(out_signature[1], out_signature[2], None)
-        else:
-            out = tuple(InputMetadata(shape, dtype, None) for shape, dtype in out_signature[1])
-        g = Tensor(g_arrays) if type(g_arrays) is not tuple else tuple(Tensor(a) for a in g_arrays)
-        previous = _grad_state.enabled
-        _grad_state.enabled = False  # a retrace may happen outside the engine's no-grad backward
-        try:
-            grads = prim.backward(RuleArgs(g, out, inputs, params, needed))
-        finally:
-            _grad_state.enabled = previous
-        return [None if gi is None else gi._array for gi in grads]
-
-    fused = jax.jit(rules, compiler_options={**fast_compiler_options(), **_NO_ALGEBRAIC_SIMPLIFIER})
-    try:
-        # jit's own trace: the first call reuses it instead of tracing the rules again.
-        traced = fused.trace(g_arrays, arrays)
-    except Exception:  # noqa: BLE001 - untraceable rules run op by op, which raises any real error
-        logger.debug("%s: its rules cannot be traced as one program; they run op by op", prim.node_name, exc_info=True)
-        return _UNFUSED
-    if len(traced.jaxpr.jaxpr.eqns) < 2:  # one op or none: fusing would save no dispatch
-        return _UNFUSED
-    return fused
 
 
 REGISTRY: dict[str, Primitive] = {}
@@ -484,30 +392,6 @@ def _check_same_devices(args: tuple[Any, ...], tensors: list[Tensor], arrays: li
         raise RuntimeError(ERR_DEVICES.format(a=a, b=b))
 
 
-# NOTE [Scalar constants]
-# A Python scalar passed to a jitted function is copied to the device on every call
-# (about a third of a small op's dispatch). An op with a scalar operand (``x * 0.5``,
-# and so the rule of such an op in every backward) takes it from a bounded cache of
-# device scalars instead: ``jnp.asarray`` of a Python scalar is weakly typed, so jit
-# gives it the same abstract value, the same promotion and the same executable as
-# the scalar itself. Only with concrete operands: under a trace a scalar stays a
-# literal of the program.
-_MAX_DEVICE_SCALARS = 1024
-_DEVICE_SCALARS: BoundedCache[tuple[Any, ...], Any] = BoundedCache(_MAX_DEVICE_SCALARS)
-
-
-def _device_scalar(value: Any) -> Any:
-    # x64 decides the scalar's dtype; -0.0 == 0.0 as a key, so zeros key their sign too.
-    x64 = jax.config.jax_enable_x64  # type: ignore[attr-defined]  # JAX's Config stub does not list its flags
-    key = (type(value), value, x64) if value else (type(value), value, str(value), x64)
-    array = _DEVICE_SCALARS.get(key)
-    if array is None:
-        if value != value:  # NaN never equals a key: pass it as it is
-            return value
-        array = _DEVICE_SCALARS[key] = jnp.asarray(value)
-    return array
-
-
 def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     """Run ``prim`` on ``args`` and, when grad mode asks for it, record its node."""
     arrays: list[Any] = []
@@ -531,7 +415,7 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     if len(tensors) > 1 and (_several_devices if _several_devices is not None else _count_devices()):
         _check_same_devices(args, tensors, arrays)  # NOTE [One device, no device check]
     if scalars and prim.jit and tensors and not isinstance(tensors[0]._array, jax.core.Tracer):  # NOTE [Scalar constants]
-        arrays = [_device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
+        arrays = [device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
     dispatch = DISPATCH.get()  # NOTE [Dispatch seam] in xgrad/ops/dispatch.py
     out = prim.dispatch(arrays, params) if dispatch is None else dispatch(prim, arrays, params)
     tangents = None
