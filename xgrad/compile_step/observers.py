@@ -137,9 +137,7 @@ def run_observers(observers: list[Observer], outs: Any, box: HookBox) -> bool:
     Its outcome, after the ones that observed, then waits in ``box`` for the exact program.
     """
     graph_task = HostGraphTask()  # stays empty while the hooks observe: one serves them all
-    served = Served(outs)
-    for observer in observers:
-        served.add(observer.planned, [outs[i] for i in observer.outputs])
+    served = Served(outs, [observer.planned for observer in observers])
     previous = current_task.graph_task
     token = DISPATCH.set(served)  # ``dispatching_through``, set once for all the hooks
     try:
