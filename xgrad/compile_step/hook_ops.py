@@ -35,8 +35,9 @@ _MAX_CONSTANT = 16  # elements: a scalar operand is learned as a constant, a lar
 Source = tuple[Any, ...]
 Op = tuple[Primitive, dict[str, Any], tuple[Source, ...]]
 # An op computed in the observer variant: (its primitive and params' key, where its inputs
-# are: an output position, or ``~k`` the k-th of its constants, its constants, the
-# position of its result, or of each of its results).
+# are: an output position, or ``~k`` the k-th of its constants (one position alone for
+# one input that is an output), its constants, the position of its result, or of each of
+# its results).
 Planned = tuple[tuple[Primitive, tuple[Any, ...]], tuple[int, ...], tuple[Any, ...], Any]
 
 
@@ -113,7 +114,9 @@ class HookOps:
                     where.append(output(a))
             positions = tuple(output(o) for o in outs)
             result = positions if prim.num_outputs > 1 else positions[0]
-            planned.append(((prim, tuple(params.items())), tuple(where), tuple(constants), result))
+            # One input, an output (``g.norm()``): its position alone, the key read without a loop.
+            inputs_at = where[0] if len(where) == 1 and where[0] >= 0 else tuple(where)
+            planned.append(((prim, tuple(params.items())), inputs_at, tuple(constants), result))
         return planned
 
 
@@ -133,11 +136,15 @@ class Served:
 
     def __init__(self, outs: Any, plans: list[list[Planned]]) -> None:
         self._outs = outs
-        self._table = {
-            (*head, *[id(outs[i]) if i >= 0 else id(constants[~i]) for i in where]):
-                outs[result] if type(result) is int else tuple(outs[p] for p in result)
-            for planned in plans for head, where, constants, result in planned
-        }
+        self._table: dict[tuple[Any, ...], Any] = {}
+        table = self._table
+        for planned in plans:
+            for head, where, constants, result in planned:
+                if type(where) is int:
+                    key = (*head, id(outs[where]))
+                else:
+                    key = (*head, *[id(outs[i]) if i >= 0 else id(constants[~i]) for i in where])
+                table[key] = outs[result] if type(result) is int else tuple(outs[p] for p in result)
 
     def __call__(self, prim: Primitive, arrays: list[Any], params: dict[str, Any]) -> Any:
         try:

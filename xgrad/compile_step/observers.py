@@ -167,7 +167,9 @@ def run_observers(observers: list[Observer], outs: Any, box: HookBox) -> bool:
 # so XLA writes the new state into their memory, as a donating step does with the
 # state itself, and no free runs on the write-back. An array someone else holds (the
 # user's ``w.array`` from before the step, an output a tensor still has) is not kept: its
-# slot gets a copy of the live input, as on the variant's first call.
+# slot gets a copy of the live input, as on the variant's first call. The memory is the
+# same at a call's peak (the state, its replacement) and twice the replaced state between
+# calls, which a variant without spares freed at its write-back.
 _probe = [object()]
 #: What ``sys.getrefcount`` gives for an item of a list that nothing else holds.
 _HELD_BY_LIST = sys.getrefcount(_probe[0])
