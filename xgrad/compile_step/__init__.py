@@ -200,8 +200,6 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 # program then serves the entry until its hooks all observe again. What the hooks compute
 # from their arguments (``g.norm()``) is computed in the variant as well, learned from
 # their last run in the exact program (NOTE [Hook ops in the program] in ``hook_ops.py``).
-# The variant reads the state without donating it (the exact program may need it); the
-# arrays its last call replaced are donated in its place (NOTE [Spare buffers] in ``observers.py``).
 # An entry with other
 # host calls (a Function's backward, post-accumulate hooks, callbacks queued by traced
 # code) always runs exactly. ``HookBox.lock`` keeps one call of an entry at a time in

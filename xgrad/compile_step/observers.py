@@ -6,7 +6,6 @@ NOTE [Observer hooks] in ``__init__``.
 from __future__ import annotations
 
 import collections
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +13,6 @@ from typing import Any
 import jax
 
 from xgrad.compile_step.hook_ops import HookOps, OpLog, Served
-from xgrad.compile_step.program_call import donating_program
 from xgrad.engine.node import current_task
 from xgrad.ops.dispatch import DISPATCH, dispatching_through
 from xgrad.tensor import Tensor
@@ -155,49 +153,3 @@ def run_observers(observers: list[Observer], outs: Any, box: HookBox) -> bool:
         DISPATCH.reset(token)
         current_task.graph_task = previous
     return True
-
-
-# NOTE [Spare buffers]
-# An observer variant cannot donate the state it replaces: once a hook stops observing,
-# its outputs are dropped and the exact program runs on that same state. Without
-# donation, XLA allocates every output and the write-back frees the arrays it replaces
-# while the program may still read them (the slow, deferred release), ~20 us of the
-# calling thread per demo step. But the arrays one call replaced are dead once it wrote
-# back: the next call takes them as extra inputs it donates and never reads (``Spares``),
-# so XLA writes the new state into their memory, as a donating step does with the
-# state itself, and no free runs on the write-back. An array someone else holds (the
-# user's ``w.array`` from before the step, an output a tensor still has) is not kept: its
-# slot gets a copy of the live input, as on the variant's first call. The memory is the
-# same at a call's peak (the state, its replacement) and twice the replaced state between
-# calls, which a variant without spares freed at its write-back.
-_probe = [object()]
-#: What ``sys.getrefcount`` gives for an item of a list that nothing else holds.
-_HELD_BY_LIST = sys.getrefcount(_probe[0])
-del _probe
-
-
-class Spares:
-    """The arrays a call of the observer variant replaced, donated to its next call (NOTE [Spare buffers])."""
-
-    __slots__ = ("_arrays", "positions")
-
-    def __init__(self, positions: tuple[int, ...]) -> None:
-        self.positions = positions  # the inputs the call replaces with outputs of their shape and dtype
-        self._arrays: list[Any] = []
-
-    @staticmethod
-    def program(program: Any, donated: tuple[tuple[int, Any, bool, int], ...], n_inputs: int, n_outputs: int) -> tuple[Any, Any]:
-        """``program`` taking a spare after its inputs for each of ``donated`` (``donation``'s), donated to its output."""
-        spares = tuple((n_inputs + k, None, False, index) for k, (_, _, _, index) in enumerate(donated))
-        return donating_program(lambda *inputs: program(*inputs[:n_inputs]), spares, n_outputs)
-
-    def take(self, inputs: list[Any]) -> list[Any]:
-        """The spares for a call on ``inputs``; a slot without one gets a copy of its input, in its sharding."""
-        arrays, self._arrays = self._arrays, []  # donated by this call, whatever it does next
-        if len(arrays) != len(self.positions):
-            arrays = [None] * len(self.positions)
-        return [inputs[p].copy() if a is None else a for a, p in zip(arrays, self.positions, strict=True)]
-
-    def keep(self, inputs: list[Any]) -> None:
-        """Keep the inputs that the call's write-back replaced and that ``inputs`` alone still holds."""
-        self._arrays = [inputs[p] if sys.getrefcount(inputs[p]) == _HELD_BY_LIST else None for p in self.positions]

@@ -29,7 +29,7 @@ from xgrad.compile_step.errors import (
 from xgrad.compile_step.hook_purity import reads_hold
 from xgrad.compile_step.intercept import _StepRecorder
 from xgrad.compile_step.miss_reasons import concrete_value_needed, describe_change, warn_rebinds
-from xgrad.compile_step.observers import Spares, run_observers
+from xgrad.compile_step.observers import run_observers
 from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
 from xgrad.compile_step.program_call import donating_program, finish, gather_inputs, precheck, run_program
 from xgrad.compile_step.recording import tracing
@@ -103,7 +103,7 @@ class _Entry:
         "aliased", "arg_tensor_slots", "checks", "consts", "donated", "dropped_grads", "effects", "fast_writes", "flags", "fresh",
         "guards", "has_host_calls", "in_order", "precheck", "tracks_fresh",
         "hook_box", "hook_reads", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
-        "observing", "result_template", "result_tree", "spares", "writes",
+        "observing", "result_template", "result_tree", "writes",
     )
     aliased: list[list[Any]]
     arg_tensor_slots: tuple[int, ...]
@@ -131,7 +131,6 @@ class _Entry:
     hook_reads: list[tuple[Any, Any, Any]]  # what its traced-in hooks read, compared every call (NOTE [Hooks traced in])
     observers: list[Any]  # the observer variant's hooks, run after it in program order
     observing: Any  # the observer variant once traced (``_NO_VARIANT``: none can be), else ``None``
-    spares: Spares | None  # an observer variant's spare buffers (NOTE [Spare buffers] in ``observers.py``)
     inputs: list[tuple[int, Any]]
     flags: int | None  # the output holding the checks' flags (NOTE [Checks in a compiled step])
     precheck: Any  # the program's checks alone, run before it, and it donating nothing (NOTE [Donated state]), or ``None``
@@ -441,20 +440,12 @@ class CompiledFunction:
                     entry.observing = self._observer_variant(entry, leaves, tree)
                 if entry.observing is not _NO_VARIANT:
                     variant = entry.observing
-                    inputs = gather_inputs(variant, leaves)
-                    spares = variant.spares
-                    outs = variant.jitted(*inputs, *spares.take(inputs)) if spares else variant.jitted(*inputs)
-                    if variant.in_order is not None:
-                        outs = variant.in_order(outs)
+                    outs = variant.jitted(*gather_inputs(variant, leaves))
                     _check_on_host(variant.host_checks, leaves)
                     checked = variant.flags is None or not np.asarray(outs[variant.flags]).any()
                     # A failed check: the exact program, which no hook has run for yet, raises it.
                     if checked and run_observers(variant.observers, outs, box):
-                        result = finish(variant, outs, leaves)
-                        if spares:
-                            spares.keep(inputs)
-                        return result
-                    del inputs
+                        return finish(variant, outs, leaves)
             box.observed = not box.replay  # what the hooks run live now say
             box.learned = []
             try:
@@ -593,17 +584,11 @@ class CompiledFunction:
         sources += [i if isinstance(leaves[i], Tensor) else None for i in dyn_slots]
         entry.has_host_calls = bool(closed.effects)
         entry.precheck = None if recorder.observing else precheck(entry, program, [*jaxpr.constvars, *jaxpr.invars], jaxpr)
-        in_avals = [v.aval for v in (*jaxpr.constvars, *jaxpr.invars)]
         entry.donated, entry.dropped_grads = ((), ()) if recorder.observing or entry.has_host_calls else donation(
-            entry.writes, () if entry.precheck is not None else entry.checks, sources, in_avals, closed.out_avals,
+            entry.writes, () if entry.precheck is not None else entry.checks, sources,
+            [v.aval for v in (*jaxpr.constvars, *jaxpr.invars)], closed.out_avals,
         )
-        entry.spares = None
-        if recorder.observing and not entry.has_host_calls:  # NOTE [Spare buffers] in observers.py
-            replaced = donation(entry.writes, (), sources, in_avals, closed.out_avals)[0]
-            entry.spares = Spares(tuple(position for position, _, _, _ in replaced))
-            entry.jitted, entry.in_order = Spares.program(program, replaced, len(in_avals), len(closed.out_avals))
-        else:
-            entry.jitted, entry.in_order = donating_program(program, entry.donated, len(closed.out_avals))
+        entry.jitted, entry.in_order = donating_program(program, entry.donated, len(closed.out_avals))
         entry.fresh = []
         entry.observers = recorder.observers
         entry.observing = None
@@ -611,8 +596,9 @@ class CompiledFunction:
         # observer variant may run instead (NOTE [Observer hooks]).
         only_hooks = 0 < recorder.hook_calls == recorder.host_calls - recorder.conditional_calls
         entry.hook_box = recorder.hook_box if only_hooks else None
-        values = [*[refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in consts], *dyn_values]
-        traced_program = entry.jitted.trace(*values, *[values[p] for p in entry.spares.positions] if entry.spares else [])
+        traced_program = entry.jitted.trace(
+            *[refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in consts], *dyn_values
+        )
         # An output that is an input of the jitted program is that input's array itself, no buffer of its own.
         run_jaxpr = traced_program.jaxpr.jaxpr
         entry.tracks_fresh = bool(entry.donated) and not set(run_jaxpr.invars).intersection(run_jaxpr.outvars)

@@ -213,9 +213,8 @@ def _returned_value(leaf: Any) -> Any:
 # one tensor's array (or ``.grad``) with an output of its shape and dtype, at its end and
 # at every check (a failed check writes the state as it stood then: a tensor it leaves
 # alone keeps its old array, which must still exist), and never in an observer variant
-# (its outputs may be dropped for the exact program, which reads the same inputs: it
-# donates the arrays its last call replaced instead, NOTE [Spare buffers] in
-# ``observers.py``) nor in a program with host calls. Calls that donate hold one lock from reading their inputs
+# (its outputs may be dropped for the exact program, which reads the same inputs) nor in
+# a program with host calls. Calls that donate hold one lock from reading their inputs
 # to writing back: another thread's call would read an array already donated (eager
 # steps racing on one model read stale values; they must not crash). A host call may
 # run a step of its own, which would wait on that lock forever.
