@@ -38,7 +38,7 @@ Op = tuple[Primitive, dict[str, Any], tuple[Source, ...]]
 # are: an output position, or ``~k`` the k-th of its constants (one position alone for
 # one input that is an output), its constants, the position of its result, or of each of
 # its results).
-Planned = tuple[tuple[Primitive, tuple[Any, ...]], tuple[int, ...], tuple[Any, ...], Any]
+Planned = tuple[tuple[Primitive, tuple[Any, ...]], int | tuple[int, ...], tuple[Any, ...], Any]
 
 
 class OpLog:
@@ -97,7 +97,7 @@ class HookOps:
     def trace(self, args: list[Any], output: Callable[[Any], int]) -> list[Planned]:
         """Compute the ops from the traced ``args``; each planned as where ``Served`` finds its inputs and result."""
         results: list[tuple[Any, ...]] = []
-        planned = []
+        planned: list[Planned] = []
         for prim, params, sources in self.ops:
             inputs = _inputs(sources, args, results)
             out = prim.dispatch(inputs, params)
@@ -140,7 +140,8 @@ class Served:
         table = self._table
         for planned in plans:
             for head, where, constants, result in planned:
-                if type(where) is int:
+                key: tuple[Any, ...]
+                if isinstance(where, int):
                     key = (*head, id(outs[where]))
                 else:
                     key = (*head, *[id(outs[i]) if i >= 0 else id(constants[~i]) for i in where])
