@@ -50,7 +50,7 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 # hooks]). Hooks registered while tracing are
 # taken out again when the trace ends; one that would stay on a tensor or node that
 # outlives the call is not compiled (eager adds one more per call, and all run).
-# A host hook runs with a stand-in for its backward's ``GraphTask`` (``_HostGraphTask``),
+# A host hook runs with a stand-in for its backward's ``GraphTask`` (``HostGraphTask``),
 # so ``queue_callback`` inside it works; where the traced backward ran its final
 # callbacks, one more host call runs the ones queued during this call, in queue order,
 # with the state tensors showing their values at that point (``_state_on_host``: the
@@ -188,13 +188,13 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 # such hooks (``_replacing_hook_on_host``; final callbacks only if a hook queues one) and
 # whose hooks all observed on its last call is traced once more (``step.stats()["variants"]``;
 # ``fn``'s Python runs a second time for that signature) with ``rec.observing`` set: each hook
-# call becomes its arguments as outputs of the program (``_Observer``) and the variant has no
+# call becomes its arguments as outputs of the program (``Observer``) and the variant has no
 # host call. A call runs the variant, checks (a failed one: the exact program runs instead,
 # and raises, no hook having run), then calls the hooks in program order on the outputs,
 # in the calling thread, with a stand-in ``GraphTask`` each. If all observe again, the
 # variant's writes and results are the call's. Once hook ``k`` returns a value, raises or
 # queues a callback, the variant's outputs are dropped and the exact program runs with
-# the first ``k + 1`` hook calls replayed from what they did (``_HookBox.replay``: ``None``,
+# the first ``k + 1`` hook calls replayed from what they did (``HookBox.replay``: ``None``,
 # then hook ``k``'s result, exception or queued callbacks), without calling them again,
 # and the rest live: each hook runs once per call, and the call is the exact one. The exact
 # program then serves the entry until its hooks all observe again. What the hooks compute
@@ -202,7 +202,7 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 # their last run in the exact program (NOTE [Hook ops in the program] in ``hook_ops.py``).
 # An entry with other
 # host calls (a Function's backward, post-accumulate hooks, callbacks queued by traced
-# code) always runs exactly. ``_HookBox.lock`` keeps one call of an entry at a time in
+# code) always runs exactly. ``HookBox.lock`` keeps one call of an entry at a time in
 # this bookkeeping.
 """
 

@@ -17,7 +17,7 @@ import numpy as np
 from xgrad.compile_step import recording
 from xgrad.compile_step.errors import _NotCompilable
 from xgrad.compile_step.hook_purity import trace_in
-from xgrad.compile_step.observers import _HookBox, _HostGraphTask, _in_backward, _Observer
+from xgrad.compile_step.observers import HookBox, HostGraphTask, Observer, call_in_backward
 from xgrad.compile_step.recording import tracing
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.compiled.key import traced_function
@@ -117,11 +117,11 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
         k = len(rec.observers)
         ops = rec.learned[k] if k < len(rec.learned) else None
         planned = ops.trace(arrays, rec.output) if ops is not None and ops.fn is fn else []
-        rec.observers.append(_Observer(fn, tree, outputs, graph_task is not None, planned))
+        rec.observers.append(Observer(fn, tree, outputs, graph_task is not None, planned))
         return None
     rec.hook_calls += 1
     if rec.hook_box is None:
-        rec.hook_box = _HookBox()
+        rec.hook_box = HookBox()
     box = rec.hook_box
 
     def host(*concrete: Any) -> Any:
@@ -165,7 +165,7 @@ def _post_accumulate_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) 
     def call() -> None:
         if first:
             returned[0] = False
-        if _in_backward(graph_task, fn, var) is not None:
+        if call_in_backward(graph_task, fn, var) is not None:
             returned[0] = True
         if last and returned[0]:
             raise RuntimeError(ERR_POST_ACCUMULATE_RESULT)
@@ -308,7 +308,7 @@ def _function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
         before = [_storage(t) for t in tensors]
         try:
             with no_grad():  # as the engine runs a backward without create_graph
-                results = _in_backward(graph_task, rules.compute, list(host_grads), tuple(saved))
+                results = call_in_backward(graph_task, rules.compute, list(host_grads), tuple(saved))
         finally:
             changed = [t for t, b in zip(tensors, before, strict=True) if any(x is not y for x, y in zip(_storage(t), b, strict=True))]
             for t, (array, grad, grad_array) in zip(tensors, before, strict=True):
@@ -335,7 +335,7 @@ def _function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
     return [None if m is None else Tensor(next(outs)) for m in into]
 
 
-def _host_graph_task() -> _HostGraphTask | None:
+def _host_graph_task() -> HostGraphTask | None:
     """While tracing a backward: its host stand-in, whose callbacks run, on the host, when it ends."""
     graph_task = current_task.graph_task
     rec = recording.active()
@@ -344,7 +344,7 @@ def _host_graph_task() -> _HostGraphTask | None:
     key = id(graph_task)
     stand_in = rec.host_tasks.get(key)
     if stand_in is None:
-        stand_in = rec.host_tasks[key] = _HostGraphTask()
+        stand_in = rec.host_tasks[key] = HostGraphTask()
 
         def at_the_end() -> None:  # queued now, it runs where the traced backward runs its final callbacks
             del rec.host_tasks[key]  # the task is done: its id may come again
@@ -360,7 +360,7 @@ class _TracedCallbacks(list):  # type: ignore[type-arg]
 
     def append(self, callback: Callable[[], None]) -> None:
         def on_host() -> None:
-            graph_task = _HostGraphTask()
+            graph_task = HostGraphTask()
             graph_task.final_callbacks.append(callback)
             _run_final_callbacks(graph_task)
 
@@ -380,7 +380,7 @@ def _state_owners() -> list[Tensor]:
     return owners
 
 
-def _final_callbacks_on_host(graph_task: _HostGraphTask) -> None:
+def _final_callbacks_on_host(graph_task: HostGraphTask) -> None:
     """At the end of a traced backward: a host call that runs the callbacks its hooks queued during this call.
 
     They see the state's values at that point (``_state_on_host``), as eager's do. The
@@ -395,13 +395,13 @@ def _final_callbacks_on_host(graph_task: _HostGraphTask) -> None:
         _state_on_host(lambda: _run_final_callbacks(graph_task), _state_owners(), only_changed=True, when=when)
 
 
-def _run_final_callbacks(graph_task: _HostGraphTask) -> None:
+def _run_final_callbacks(graph_task: HostGraphTask) -> None:
     """On the host: run and clear ``graph_task``'s callbacks, as ``GraphTask.exec_post_processing`` does."""
     callbacks = graph_task.final_callbacks
     try:
         i = 0
         while i < len(callbacks):  # callbacks may queue more: index, do not iterate
-            _in_backward(graph_task, callbacks[i])
+            call_in_backward(graph_task, callbacks[i])
             i += 1
     finally:
         callbacks.clear()
@@ -419,7 +419,7 @@ def _ordered_host_call(
     the program, so the call raises it, as eager would, with the state at this point;
     with ``raised`` (a list), the traced flag of that check is appended there instead,
     for a caller inside a ``lax.cond`` to register outside it (``_host_raised``).
-    With ``reports`` (a ``_HostGraphTask``), the call also returns whether callbacks wait on
+    With ``reports`` (a ``HostGraphTask``), the call also returns whether callbacks wait on
     it, a flag the end of the backward reads (``_final_callbacks_on_host``).
     """
     rec = recording.active()
@@ -484,7 +484,7 @@ def _not_raising(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def _reporting(fn: Callable[..., Any], graph_task: _HostGraphTask | None) -> Callable[..., Any]:
+def _reporting(fn: Callable[..., Any], graph_task: HostGraphTask | None) -> Callable[..., Any]:
     """``fn``'s results, and whether ``graph_task`` has callbacks waiting (never, for ``None``)."""
 
     def call(*concrete: Any) -> Any:

@@ -127,7 +127,7 @@ class _Entry:
     mode_writes: list[tuple[Any, bool]]  # the modules whose mode the trace changed, and their modes after it
     other: Any  # an older entry of the signature, whose guards failed when this one was traced (``None``: none)
     has_host_calls: bool  # hooks or callbacks run from inside the program
-    hook_box: Any  # its hooks' ``_HookBox`` if an observer variant may stand in for it, else ``None``
+    hook_box: Any  # its hooks' ``HookBox`` if an observer variant may stand in for it, else ``None``
     hook_reads: list[tuple[Any, Any, Any]]  # what its traced-in hooks read, compared every call (NOTE [Hooks traced in])
     observers: list[Any]  # the observer variant's hooks, run after it in program order
     observing: Any  # the observer variant once traced (``_NO_VARIANT``: none can be), else ``None``

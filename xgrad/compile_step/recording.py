@@ -83,7 +83,7 @@ class _Recorder(StepTrace):
         self.host_calls = 0  # ordered host calls traced so far (hooks)
         self.hook_calls = 0  # of which hooks whose result replaces their argument (``_replacing_hook_on_host``)
         self.conditional_calls = 0  # and final callbacks made only when a hook queued one
-        self.hook_box: Any = None  # the hooks' ``_HookBox`` (NOTE [Observer hooks])
+        self.hook_box: Any = None  # the hooks' ``HookBox`` (NOTE [Observer hooks])
         self.observing = False  # tracing the observer variant: hooks become outputs and ``observers``
         self.observers: list[Any] = []
         self.learned: list[Any] = []  # the ops each hook call ran last (NOTE [Hook ops in the program])
