@@ -1,0 +1,205 @@
+"""Calls from a traced program to the host, in program order (NOTE [Host calls]).
+
+# NOTE [Host calls]
+# A hook, a Function's backward or a final callback that cannot be traced in runs on the
+# host at its point of the program, at every call of it: one ordered ``io_callback``. One
+# mechanism serves every route that traces the engine: ``xgrad.compile``'s step
+# (``compile_step/host.py``), the engine under a plain ``jax.jit`` (``compile_step/jax_hooks.py``)
+# and the compiled backward.
+#
+# - ``call_on_host(fn, arrays, results)``: the call itself, on arrays. What runs on the host
+#   at every call is ``fn`` and one ``try``: the flattening, the trees and the checks of what
+#   comes back are made once, when traced (``hook_on_host``), so a call costs about what JAX's
+#   own ordered ``io_callback`` does (benchmarks/RESULTS.md, "One host-call mechanism").
+# - An exception keeps its type and message. Given ``errors`` (a list: a step that raises
+#   after its program, with its state as eager leaves it), the exception is kept there, the
+#   call returns ``unchanged``'s results and its flag is set. Without, the program is the
+#   user's own ``jax.jit``: JAX would report any exception as its ``JaxRuntimeError``, so the
+#   exception is kept under a token, the callback raises the token, and where JAX raises its
+#   error for it the exception itself is raised (``jax_internals.reraise_host_errors``).
+# - ``skip``: a traced flag; set, the call is not made and ``unchanged``'s results come back:
+#   eager would have raised before reaching it. Nor is it made once a host call before it in
+#   the run raised: ``errors`` holds that exception until the step raises it (decided on the
+#   host, no flag in the program); JAX stops a plain ``jax.jit``'s program at a raising call.
+# - ``hook_on_host(hook, args)``: a hook on Tensors (a tensor hook, a node's pre- or post-hook, a
+#   module's backward hooks). Its non-``None`` result replaces its first argument; a tuple
+#   result may hold ``None`` for an entry, which then has no gradient, as eagerly: zeros in the
+#   program, whose layout is fixed when traced.
+# - ``swapped_state(tensors, values)``: on the host, the real tensors hold the call's concrete
+#   values while it runs and get their own back after, whatever it raised: the host call
+#   leaves Python state as it found it, and what it changed flows on in the program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xgrad.jax_internals import io_callback, reraise_host_errors
+from xgrad.tensor import Tensor, is_tensor
+
+__all__ = ["HostCallFailed", "call_on_host", "hook_on_host", "swapped_state"]
+
+_FALSE = np.bool_(False)
+_TRUE = np.bool_(True)
+
+
+class HostCallFailed(Exception):
+    """Raised on the host in place of a host call's own exception under a plain ``jax.jit``: its token, the key under
+    which that exception waits to be raised again by whoever runs the program (NOTE [Host calls])."""
+
+
+_kept: dict[str, BaseException] = {}  # token -> the exception a host call raised, until JAX reports it
+_kept_lock = threading.Lock()
+_tokens = itertools.count()
+
+
+def _original(error: BaseException) -> BaseException | None:
+    """The exception a host call raised behind JAX's ``error``, taken out of ``_kept``; ``None`` if none is."""
+    text = str(error)
+    with _kept_lock:
+        for token in [t for t in _kept if t in text]:
+            return _kept.pop(token)
+    return None
+
+
+reraise_host_errors(_original)
+
+
+def _keep(exc: BaseException) -> HostCallFailed:
+    token = f"<xgrad host call {next(_tokens)}>"
+    with _kept_lock:
+        _kept[token] = exc
+    return HostCallFailed(token)
+
+
+def call_on_host(
+    fn: Callable[..., Sequence[Any]], arrays: Sequence[Any], results: Sequence[jax.ShapeDtypeStruct], *,
+    unchanged: Callable[..., Sequence[Any]] | None = None, skip: Any = None, errors: list[BaseException] | None = None,
+) -> tuple[tuple[Any, ...], Any]:
+    """``fn(*arrays)`` on the host at this point of the traced program, in program order, at every call of it.
+
+    ``fn`` gets the arrays' concrete values and returns one value per entry of ``results``
+    (their shapes and dtypes: what the program continues with). ``unchanged`` (same
+    signature; default: zeros of ``results``) stands in for ``fn`` where the call is not
+    made: when ``skip`` (a traced flag, or ``None``) is set, or a host call before it in
+    this run raised. With ``errors`` (a list), an exception ``fn`` raises is appended there
+    and ``unchanged``'s results come back; without, it reaches the caller of the program
+    with its own type. Returns the results and a traced flag, set when ``fn`` raised
+    (``None`` without ``errors``): a step raises ``errors[0]`` after its program when it is set.
+    """
+    results = tuple(results)
+    if unchanged is None:
+        zeros = tuple(np.zeros(r.shape, r.dtype) for r in results)
+
+        def unchanged(*_: Any) -> Sequence[Any]:
+            return zeros
+
+    flags = errors is not None
+
+    def host(skipped: Any, *concrete: Any) -> tuple[Any, ...]:
+        if skipped or errors:
+            return (*unchanged(*concrete), _FALSE) if flags else tuple(unchanged(*concrete))
+        try:
+            out = fn(*concrete)
+        except BaseException as exc:  # the user's, whatever it is: it reaches them with its own type
+            if errors is None:
+                raise _keep(exc) from exc
+            errors.append(exc)
+            return (*unchanged(*concrete), _TRUE)
+        return (*out, _FALSE) if flags else tuple(out)
+
+    shapes = (*results, jax.ShapeDtypeStruct((), np.bool_)) if flags else results
+    skipped = jnp.bool_(False) if skip is None else skip
+    outs = tuple(io_callback(host, shapes, skipped, *arrays, ordered=True))
+    return (outs[:-1], outs[-1]) if flags else (outs, None)
+
+
+def hook_on_host(
+    hook: Callable[..., Any], args: tuple[Any, ...], *, call: Callable[..., Any] | None = None,
+    skip: Any = None, errors: list[BaseException] | None = None,
+) -> tuple[Any, Any]:
+    """``hook(*args)`` (Tensors, tuples of them and other values) on the host, where it is reached in the program.
+
+    Its non-``None`` result replaces ``args[0]``, as the engine replaces a hook's argument;
+    a tuple result may hold ``None`` for an entry (no gradient there, as eagerly: zeros), or
+    a Tensor of another dtype (cast, as eagerly). ``call(hook, *args)`` calls it on the host
+    (default: ``hook(*args)``). ``skip`` and ``errors`` as for ``call_on_host``. Returns
+    ``args[0]`` replaced and the call's flag.
+    """
+    leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=is_tensor)
+    first_leaves, first_tree = jax.tree_util.tree_flatten(args[0], is_leaf=is_tensor)
+    at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
+    firsts = [leaf._array for leaf in first_leaves]  # they lead ``leaves``: the first argument's Tensors
+    n_first = len(firsts)
+    if any(not isinstance(leaf, Tensor) for leaf in first_leaves):
+        raise TypeError(f"hook {hook!r} is called on {args[0]!r}, whose leaves must all be Tensors")
+    expected: Any = first_tree
+    # Arguments that are Tensors alone (a tensor hook's ``(grad,)``): no tree to rebuild on the host.
+    flat = len(at) == len(leaves) and tree == jax.tree_util.tree_structure(tuple(leaves), is_leaf=is_tensor)
+    call = call or _call
+
+    def host(*concrete: Any) -> tuple[Any, ...]:
+        given = list(leaves)
+        for i, value in zip(at, concrete, strict=True):
+            given[i] = Tensor(value if isinstance(value, jax.Array) else jnp.asarray(value))
+        result = call(hook, *(given if flat else jax.tree_util.tree_unflatten(tree, given)))
+        if result is None:
+            return concrete[:n_first]
+        if isinstance(result, list):
+            result = tuple(result)
+        r_leaves, r_tree = jax.tree_util.tree_flatten(result, is_leaf=lambda x: x is None or is_tensor(x))
+        if r_tree != expected:
+            raise RuntimeError(f"hook {hook!r} returned a value shaped {r_tree}, but it replaces {first_tree}")
+        out = []
+        for r, a in zip(r_leaves, firsts, strict=True):
+            if r is None:
+                out.append(np.zeros(a.shape, a.dtype))
+            elif isinstance(r, Tensor) and r.shape == a.shape:
+                out.append(r._array if r._array.dtype == a.dtype else r._array.astype(a.dtype))
+            else:
+                raise RuntimeError(
+                    f"hook {hook!r} returned {r!r} where a Tensor of shape {list(a.shape)} (or None) replaces a gradient"
+                )
+        return tuple(out)
+
+    def unchanged(*concrete: Any) -> tuple[Any, ...]:
+        return concrete[:n_first]
+
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in firsts]
+    outs, flag = call_on_host(host, [leaves[i]._array for i in at], shapes, unchanged=unchanged, skip=skip, errors=errors)
+    return jax.tree_util.tree_unflatten(first_tree, [Tensor(o) for o in outs]), flag
+
+
+def _call(hook: Callable[..., Any], *args: Any) -> Any:
+    return hook(*args)
+
+
+@contextlib.contextmanager
+def swapped_state(tensors: Sequence[Tensor], values: Sequence[tuple[Any, Any]]) -> Iterator[None]:
+    """On the host: ``tensors`` hold ``values`` (each ``(array, grad array or None)``) while the block runs.
+
+    After it, whatever it raised, each tensor gets back its own array, ``.grad`` (and that
+    one's array) and version: a host call leaves the Python state as it found it
+    (NOTE [Host calls]); the block reads what it changed before it ends.
+    """
+    saved = [(t._array, t._grad, None if t._grad is None else t._grad._array, t._version) for t in tensors]
+    for t, (array, grad) in zip(tensors, values, strict=True):
+        t._array = array
+        t._grad = None if grad is None else Tensor(grad)
+    try:
+        yield
+    finally:
+        for t, (array, grad, grad_array, version) in zip(tensors, saved, strict=True):
+            t._array = array
+            t._grad = grad
+            if grad is not None:
+                grad._array = grad_array
+            t._version = version
