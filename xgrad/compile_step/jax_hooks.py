@@ -81,7 +81,7 @@ def plain_jax_hook(hook: Any) -> Any:
 def _on_host(hook: Any, args: tuple[Any, ...]) -> Any:
     """``hook`` on ``args`` through an ordered host call (NOTE [Host calls] in ``xgrad/engine/host_call.py``)."""
     try:
-        replaced, _ = hook_on_host(hook, args)
+        replaced, _, _ = hook_on_host(hook, args)
     except (ValueError, NotImplementedError) as exc:  # JAX's refusals of an ordered effect under vmap, of its JVP
         raise RuntimeError(ERR_NO_HOST_CALL.format(hook=hook, where=_VMAP)) from exc
     return replaced

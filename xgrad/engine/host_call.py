@@ -83,7 +83,8 @@ def _keep(exc: BaseException) -> HostCallFailed:
 def call_on_host(
     fn: Callable[..., Sequence[Any]], arrays: Sequence[Any], results: Sequence[jax.ShapeDtypeStruct], *,
     unchanged: Callable[..., Sequence[Any]] | None = None, skip: Any = None, errors: list[BaseException] | None = None,
-) -> tuple[tuple[Any, ...], Any]:
+    report: Callable[[], bool] | None = None,
+) -> tuple[tuple[Any, ...], Any, Any]:
     """``fn(*arrays)`` on the host at this point of the traced program, in program order, at every call of it.
 
     ``fn`` gets the arrays' concrete values and returns one value per entry of ``results``
@@ -92,8 +93,12 @@ def call_on_host(
     made: when ``skip`` (a traced flag, or ``None``) is set, or a host call before it in
     this run raised. With ``errors`` (a list), an exception ``fn`` raises is appended there
     and ``unchanged``'s results come back; without, it reaches the caller of the program
-    with its own type. Returns the results and a traced flag, set when ``fn`` raised
-    (``None`` without ``errors``): a step raises ``errors[0]`` after its program when it is set.
+    with its own type. ``report``, called on the host after ``fn``, says something the
+    program reads back (``False`` where ``fn`` was not called).
+
+    Returns the results, a traced flag set when ``fn`` raised (``None`` without ``errors``:
+    a step raises ``errors[0]`` after its program when it is set) and ``report``'s traced
+    flag (``None`` without ``report``).
     """
     results = tuple(results)
     if unchanged is None:
@@ -102,46 +107,50 @@ def call_on_host(
         def unchanged(*_: Any) -> Sequence[Any]:
             return zeros
 
-    flags = errors is not None
+    tail = (() if errors is None else (_FALSE,)) + (() if report is None else (_FALSE,))
 
     def host(skipped: Any, *concrete: Any) -> tuple[Any, ...]:
         if skipped or errors:
-            return (*unchanged(*concrete), _FALSE) if flags else tuple(unchanged(*concrete))
+            return (*unchanged(*concrete), *tail)
         try:
             out = fn(*concrete)
         except BaseException as exc:  # the user's, whatever it is: it reaches them with its own type
             if errors is None:
                 raise _keep(exc) from exc
             errors.append(exc)
-            return (*unchanged(*concrete), _TRUE)
-        return (*out, _FALSE) if flags else tuple(out)
+            return (*unchanged(*concrete), _TRUE, *tail[1:])
+        if report is None:
+            return (*out, *tail)
+        return (*out, *tail[:-1], np.bool_(report()))
 
-    shapes = (*results, jax.ShapeDtypeStruct((), np.bool_)) if flags else results
+    flag = jax.ShapeDtypeStruct((), np.bool_)
+    shapes = (*results, *(flag for _ in tail))
     skipped = jnp.bool_(False) if skip is None else skip
     outs = tuple(io_callback(host, shapes, skipped, *arrays, ordered=True))
-    return (outs[:-1], outs[-1]) if flags else (outs, None)
+    values, flags = outs[: len(results)], iter(outs[len(results):])
+    return values, None if errors is None else next(flags), None if report is None else next(flags)
 
 
 def hook_on_host(
-    hook: Callable[..., Any], args: tuple[Any, ...], *, call: Callable[..., Any] | None = None,
-    skip: Any = None, errors: list[BaseException] | None = None,
-) -> tuple[Any, Any]:
+    hook: Callable[..., Any], args: tuple[Any, ...], *, call: Callable[..., Any] | None = None, **how: Any
+) -> tuple[Any, Any, Any]:
     """``hook(*args)`` (Tensors, tuples of them and other values) on the host, where it is reached in the program.
 
     Its non-``None`` result replaces ``args[0]``, as the engine replaces a hook's argument;
     a tuple result may hold ``None`` for an entry (no gradient there, as eagerly: zeros), or
-    a Tensor of another dtype (cast, as eagerly). ``call(hook, *args)`` calls it on the host
-    (default: ``hook(*args)``). ``skip`` and ``errors`` as for ``call_on_host``. Returns
-    ``args[0]`` replaced and the call's flag.
+    a Tensor of another dtype (cast, as eagerly). ``call(hook, args, arrays)`` calls it on the
+    host (default: ``hook(*args)``; ``arrays``: the concrete arrays of its Tensors, in order).
+    ``how``: ``skip``, ``errors`` and ``report``, as for ``call_on_host``. Returns ``args[0]``
+    replaced and ``call_on_host``'s two flags.
     """
     leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=is_tensor)
-    first_leaves, first_tree = jax.tree_util.tree_flatten(args[0], is_leaf=is_tensor)
     at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
-    firsts = [leaf._array for leaf in first_leaves]  # they lead ``leaves``: the first argument's Tensors
+    # The first argument's entries, ``None`` ones too (a gradient that is not defined): what a result must match.
+    slots, slot_tree = jax.tree_util.tree_flatten(args[0], is_leaf=_slot)
+    if not all(_slot(x) for x in slots):
+        raise TypeError(f"hook {hook!r} is called on {args[0]!r}, whose entries must be Tensors or None")
+    firsts = [x._array for x in slots if x is not None]  # they lead ``leaves``: the first argument's Tensors
     n_first = len(firsts)
-    if any(not isinstance(leaf, Tensor) for leaf in first_leaves):
-        raise TypeError(f"hook {hook!r} is called on {args[0]!r}, whose leaves must all be Tensors")
-    expected: Any = first_tree
     # Arguments that are Tensors alone (a tensor hook's ``(grad,)``): no tree to rebuild on the host.
     flat = len(at) == len(leaves) and tree == jax.tree_util.tree_structure(tuple(leaves), is_leaf=is_tensor)
     call = call or _call
@@ -150,17 +159,18 @@ def hook_on_host(
         given = list(leaves)
         for i, value in zip(at, concrete, strict=True):
             given[i] = Tensor(value if isinstance(value, jax.Array) else jnp.asarray(value))
-        result = call(hook, *(given if flat else jax.tree_util.tree_unflatten(tree, given)))
+        result = call(hook, tuple(given) if flat else jax.tree_util.tree_unflatten(tree, given), [given[i]._array for i in at])
         if result is None:
             return concrete[:n_first]
-        if isinstance(result, list):
-            result = tuple(result)
-        r_leaves, r_tree = jax.tree_util.tree_flatten(result, is_leaf=lambda x: x is None or is_tensor(x))
-        if r_tree != expected:
-            raise RuntimeError(f"hook {hook!r} returned a value shaped {r_tree}, but it replaces {first_tree}")
+        r_slots, r_tree = jax.tree_util.tree_flatten(tuple(result) if isinstance(result, list) else result, is_leaf=_slot)
+        if r_tree != slot_tree:
+            raise RuntimeError(f"hook {hook!r} returned a value shaped {r_tree}, but it replaces {slot_tree}")
         out = []
-        for r, a in zip(r_leaves, firsts, strict=True):
-            if r is None:
+        for r, x in zip(r_slots, slots, strict=True):
+            if x is None:
+                continue  # no gradient there, and the program has none to replace
+            a = x._array
+            if r is None:  # no gradient from here on: as zeros, for a program laid out when traced
                 out.append(np.zeros(a.shape, a.dtype))
             elif isinstance(r, Tensor) and r.shape == a.shape:
                 out.append(r._array if r._array.dtype == a.dtype else r._array.astype(a.dtype))
@@ -174,11 +184,17 @@ def hook_on_host(
         return concrete[:n_first]
 
     shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in firsts]
-    outs, flag = call_on_host(host, [leaves[i]._array for i in at], shapes, unchanged=unchanged, skip=skip, errors=errors)
-    return jax.tree_util.tree_unflatten(first_tree, [Tensor(o) for o in outs]), flag
+    outs, raised, reported = call_on_host(host, [leaves[i]._array for i in at], shapes, unchanged=unchanged, **how)
+    new = iter(outs)
+    replaced = [None if x is None else Tensor(next(new)) for x in slots]
+    return jax.tree_util.tree_unflatten(slot_tree, replaced), raised, reported
 
 
-def _call(hook: Callable[..., Any], *args: Any) -> Any:
+def _slot(x: Any) -> bool:
+    return x is None or isinstance(x, Tensor)
+
+
+def _call(hook: Callable[..., Any], args: tuple[Any, ...], _arrays: Any) -> Any:
     return hook(*args)
 
 
