@@ -224,12 +224,6 @@ def _same(*concrete: Any) -> tuple[Any, ...]:
     return concrete
 
 
-def _storage(t: Tensor) -> tuple[Any, Any, Any]:
-    """What a host call must leave as it is on a tensor of the step's state: its array, its ``.grad`` and that one's array."""
-    grad = t._grad
-    return t._array, grad, None if grad is None else grad._array
-
-
 class _Into:
     """Stands in for the node a Function's gradient flows into: its input's metadata, all ``validate_outputs`` reads."""
 
@@ -275,28 +269,15 @@ def function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
         host_ctx.needs_input_grad, host_ctx.materialize_grads = needs, materialize
         vars(host_ctx).update(host_attrs)
         rules = _FunctionRules(name, function, input_is_tensor, len(into), host_ctx)
-        tensors = [t for t in (ref() for ref in state) if t is not None]
-        before = [_storage(t) for t in tensors]
-        try:
-            with no_grad():  # as the engine runs a backward without create_graph
-                results = _in_backward(graph_task, rules.compute, list(host_grads), tuple(saved))
-        finally:
-            changed = [t for t, b in zip(tensors, before, strict=True) if any(x is not y for x, y in zip(_storage(t), b, strict=True))]
-            for t, (array, grad, grad_array) in zip(tensors, before, strict=True):
-                t._array = array
-                t._grad = grad
-                if grad is not None:
-                    grad._array = grad_array
+        with swapped_state([t for t in (ref() for ref in state) if t is not None]) as changed, no_grad():
+            results = _in_backward(graph_task, rules.compute, list(host_grads), tuple(saved))  # no_grad: as the engine
         if changed:
             raise RuntimeError(ERR_STATE_FROM_HOST.format(name=name, shape=list(changed[0].shape)))
         validate_outputs(edges, results, name)
-        out = []
-        for i, (g, m) in enumerate(zip(results, into, strict=True)):
-            if m is not None:
-                if g is None:
-                    raise RuntimeError(ERR_NO_GRAD_FROM_HOST.format(name=name, i=i))
-                out.append(g._array)
-        return out
+        missing = next((i for i, (g, m) in enumerate(zip(results, into, strict=True)) if g is None and m is not None), None)
+        if missing is not None:
+            raise RuntimeError(ERR_NO_GRAD_FROM_HOST.format(name=name, i=missing))
+        return [g._array for g, m in zip(results, into, strict=True) if m is not None]
 
     shapes = [jax.ShapeDtypeStruct(m.shape, m.dtype) for m in metas]
     outs = iter(_on_host(lambda **kw: call_on_host(host, arrays, shapes, **kw), graph_task)[0])

@@ -16,7 +16,9 @@
 #   call returns ``unchanged``'s results and its flag is set. Without, the program is the
 #   user's own ``jax.jit``: JAX would report any exception as its ``JaxRuntimeError``, so the
 #   exception is kept under a token, the callback raises the token, and where JAX raises its
-#   error for it the exception itself is raised (``jax_internals.reraise_host_errors``).
+#   error for it the exception itself is raised (``jax_internals.reraise_host_errors``: where
+#   the program is run, which is where the CPU backend reports it; a backend that reports it
+#   only when a result is read gives JAX's error there, its message naming the exception).
 # - ``skip``: a traced flag; set, the call is not made and ``unchanged``'s results come back:
 #   eager would have raised before reaching it. Nor is it made once a host call before it in
 #   the run raised: ``errors`` holds that exception until the step raises it (decided on the
@@ -199,23 +201,35 @@ def _call(hook: Callable[..., Any], args: tuple[Any, ...], _arrays: Any) -> Any:
 
 
 @contextlib.contextmanager
-def swapped_state(tensors: Sequence[Tensor], values: Sequence[tuple[Any, Any]]) -> Iterator[None]:
-    """On the host: ``tensors`` hold ``values`` (each ``(array, grad array or None)``) while the block runs.
+def swapped_state(tensors: Sequence[Tensor], values: Sequence[tuple[Any, Any]] | None = None) -> Iterator[list[Tensor]]:
+    """On the host: ``tensors`` hold ``values`` (each ``(array, grad array or None)``; ``None``: their own) while the
+    block runs.
 
     After it, whatever it raised, each tensor gets back its own array, ``.grad`` (and that
     one's array) and version: a host call leaves the Python state as it found it
-    (NOTE [Host calls]); the block reads what it changed before it ends.
+    (NOTE [Host calls]); the block reads what it changed before it ends. The list it is
+    given then holds the tensors whose array or ``.grad`` the block changed.
     """
-    saved = [(t._array, t._grad, None if t._grad is None else t._grad._array, t._version) for t in tensors]
-    for t, (array, grad) in zip(tensors, values, strict=True):
+    saved = [(*_storage(t), t._version) for t in tensors]
+    for t, (array, grad) in zip(tensors, values or (), strict=values is not None):
         t._array = array
         t._grad = None if grad is None else Tensor(grad)
+    held = [_storage(t) for t in tensors]
+    changed: list[Tensor] = []
     try:
-        yield
+        yield changed
     finally:
-        for t, (array, grad, grad_array, version) in zip(tensors, saved, strict=True):
+        for t, (array, grad, grad_array, version), before in zip(tensors, saved, held, strict=True):
+            if any(x is not y for x, y in zip(_storage(t), before, strict=True)):
+                changed.append(t)
             t._array = array
             t._grad = grad
             if grad is not None:
                 grad._array = grad_array
             t._version = version
+
+
+def _storage(t: Tensor) -> tuple[Any, Any, Any]:
+    """What a host call leaves as it found it on a tensor: its array, its ``.grad`` and that one's array."""
+    grad = t._grad
+    return t._array, grad, None if grad is None else grad._array
