@@ -204,20 +204,22 @@ def state_on_host(
         return call_on_host(host, arrays, shapes, unchanged=_same, **kw)
 
     if when is None:
-        outs = iter(_on_host(made, reports)[0])
+        values, flag = _on_host(made, reports, register=False)
     else:  # the call's flag leaves the ``cond`` as an output: checks are registered at the step's own level
         def taken(_: Any) -> Any:
             outs, raised = _on_host(made, reports, register=False)
             return (*outs, raised)
 
         *values, flag = jax.lax.cond(when, taken, lambda arrays: (*arrays, jnp.bool_(False)), arrays)
-        _host_raised(flag)
-        outs = iter(values)
+    outs = iter(values)
     for t, sent, has_grad in slots:
         if sent:
             t._array = next(outs)
         if has_grad:
             t._grad = Tensor(next(outs))
+    # Its check holds the state as the call leaves it: its values from before if it raised (``_same``), so the
+    # arrays from before the call are not outputs of the program too (each would be one more copy).
+    _host_raised(flag)
 
 
 def _same(*concrete: Any) -> tuple[Any, ...]:
@@ -391,4 +393,5 @@ def _host_raised(flag: Any) -> None:
         errors.clear()  # one call raises one; the host calls after it were skipped
         return error
 
-    rec.check(flag, kept, on_host=True)
+    if rec.check(flag, kept):
+        rec.checks[-1].on_host = True

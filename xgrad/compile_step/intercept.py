@@ -84,13 +84,11 @@ class StepRecorder(Recorder):
     def at_step_level(self) -> bool:
         return get_opaque_trace_state(convention="xgrad") == self.trace
 
-    def check(
-        self, failed: Any, make_error: Callable[[Any], BaseException], detail: Any = None, on_host: bool = False
-    ) -> bool:
-        """A value check as a flag of the program (NOTE [Checks in a compiled step]); ``on_host``: a host call's."""
+    def check(self, failed: Any, make_error: Callable[[Any], BaseException], detail: Any = None) -> bool:
+        """A value check as a flag of the program (NOTE [Checks in a compiled step])."""
         if not self.at_step_level():
             return False  # a JAX transformation inside ``fn``: the caller's host callback
-        self.checks.append(Check(failed, detail, make_error, _state_writes(self, call_site()), on_host))
+        self.checks.append(Check(failed, detail, make_error, _state_writes(self, call_site())))
         return True
 
     def check_index(self, index: Any, size: int, message: str, negative: bool, ignore: int | None) -> bool:

@@ -245,14 +245,12 @@ class Check:
 
     __slots__ = ("detail", "failed", "make_error", "on_host", "writes")
 
-    def __init__(
-        self, failed: Any, detail: Any, make_error: Callable[[Any], BaseException], writes: list[Any], on_host: bool = False
-    ) -> None:
+    def __init__(self, failed: Any, detail: Any, make_error: Callable[[Any], BaseException], writes: list[Any]) -> None:
         self.failed = failed  # traced: whether the check fails
         self.detail = detail  # traced (or ``None``), then its output position: what the message shows
         self.make_error = make_error  # the error to raise, given the detail's value
         self.writes = writes  # the state writes as they stood at the check
-        self.on_host = on_host  # whether a host call raised (the flag comes from the host)
+        self.on_host = False  # a host call's: whether it raised (the calls after it see that on the host)
 
 
 def active() -> Recorder | None:

@@ -145,50 +145,61 @@ def hook_on_host(
     ``how``: ``skip``, ``errors`` and ``report``, as for ``call_on_host``. Returns ``args[0]``
     replaced and ``call_on_host``'s two flags.
     """
+    tree: Any  # PyTreeDefs, compared with ``==``
+    slot_tree: Any
     leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=is_tensor)
     at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
     # The first argument's entries, ``None`` ones too (a gradient that is not defined): what a result must match.
     slots, slot_tree = jax.tree_util.tree_flatten(args[0], is_leaf=_slot)
     if not all(_slot(x) for x in slots):
         raise TypeError(f"hook {hook!r} is called on {args[0]!r}, whose entries must be Tensors or None")
-    firsts = [x._array for x in slots if x is not None]  # they lead ``leaves``: the first argument's Tensors
-    n_first = len(firsts)
+    # What each Tensor of the first argument (they lead ``leaves``) must be replaced with, read now: on the host,
+    # a tracer's shape costs more than the call's own work.
+    expected = [None if x is None else (x._array.shape, x._array.dtype) for x in slots]
+    shapes = [jax.ShapeDtypeStruct(*e) for e in expected if e is not None]
+    n_first = len(shapes)
     # Arguments that are Tensors alone (a tensor hook's ``(grad,)``): no tree to rebuild on the host.
     flat = len(at) == len(leaves) and tree == jax.tree_util.tree_structure(tuple(leaves), is_leaf=is_tensor)
     call = call or _call
+    arrays = [leaves[i]._array for i in at]
+    kept = [None if isinstance(leaf, Tensor) else leaf for leaf in leaves]  # the program keeps ``host``: no tracers
 
     def host(*concrete: Any) -> tuple[Any, ...]:
-        given = list(leaves)
-        for i, value in zip(at, concrete, strict=True):
-            given[i] = Tensor(value if isinstance(value, jax.Array) else jnp.asarray(value))
-        result = call(hook, tuple(given) if flat else jax.tree_util.tree_unflatten(tree, given), [given[i]._array for i in at])
+        tensors = [Tensor(value if isinstance(value, jax.Array) else jnp.asarray(value)) for value in concrete]
+        if flat:
+            given: Any = tensors
+        else:
+            given = list(kept)
+            for i, t in zip(at, tensors, strict=True):
+                given[i] = t
+            given = jax.tree_util.tree_unflatten(tree, given)
+        result = call(hook, given, [t._array for t in tensors])
         if result is None:
             return concrete[:n_first]
         r_slots, r_tree = jax.tree_util.tree_flatten(tuple(result) if isinstance(result, list) else result, is_leaf=_slot)
         if r_tree != slot_tree:
             raise RuntimeError(f"hook {hook!r} returned a value shaped {r_tree}, but it replaces {slot_tree}")
         out = []
-        for r, x in zip(r_slots, slots, strict=True):
-            if x is None:
+        for r, e in zip(r_slots, expected, strict=True):
+            if e is None:
                 continue  # no gradient there, and the program has none to replace
-            a = x._array
+            shape, dtype = e
             if r is None:  # no gradient from here on: as zeros, for a program laid out when traced
-                out.append(np.zeros(a.shape, a.dtype))
-            elif isinstance(r, Tensor) and r.shape == a.shape:
-                out.append(r._array if r._array.dtype == a.dtype else r._array.astype(a.dtype))
+                out.append(np.zeros(shape, dtype))
+            elif isinstance(r, Tensor) and r._array.shape == shape:
+                out.append(r._array if r._array.dtype == dtype else r._array.astype(dtype))
             else:
                 raise RuntimeError(
-                    f"hook {hook!r} returned {r!r} where a Tensor of shape {list(a.shape)} (or None) replaces a gradient"
+                    f"hook {hook!r} returned {r!r} where a Tensor of shape {list(shape)} (or None) replaces a gradient"
                 )
         return tuple(out)
 
     def unchanged(*concrete: Any) -> tuple[Any, ...]:
         return concrete[:n_first]
 
-    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in firsts]
-    outs, raised, reported = call_on_host(host, [leaves[i]._array for i in at], shapes, unchanged=unchanged, **how)
+    outs, raised, reported = call_on_host(host, arrays, shapes, unchanged=unchanged, **how)
     new = iter(outs)
-    replaced = [None if x is None else Tensor(next(new)) for x in slots]
+    replaced = [None if e is None else Tensor(next(new)) for e in expected]
     return jax.tree_util.tree_unflatten(slot_tree, replaced), raised, reported
 
 
