@@ -4,13 +4,14 @@
 # A hook, a Function's backward or a final callback that cannot be traced in runs on the
 # host at its point of the program, at every call of it: one ordered ``io_callback``. One
 # mechanism serves every route that traces the engine: ``xgrad.compile``'s step
-# (``compile_step/host.py``), the engine under a plain ``jax.jit`` (``compile_step/jax_hooks.py``)
-# and the compiled backward.
+# (``compile_step/host.py``) and the engine under a plain ``jax.jit`` (``compile_step/jax_hooks.py``);
+# a compiled backward traced as the engine runs its hooks through it too.
 #
 # - ``call_on_host(fn, arrays, results)``: the call itself, on arrays. What runs on the host
-#   at every call is ``fn`` and one ``try``: the flattening, the trees and the checks of what
-#   comes back are made once, when traced (``hook_on_host``), so a call costs about what JAX's
-#   own ordered ``io_callback`` does (benchmarks/RESULTS.md, "One host-call mechanism").
+#   at every call is ``fn`` and one ``try``: the flattening, the trees, the shapes and dtypes
+#   a result must have are read once, when traced (``hook_on_host``), so a hook's call adds
+#   ~20-40 µs of Python to JAX's own ordered ``io_callback`` (benchmarks/RESULTS.md, "One
+#   host-call mechanism").
 # - An exception keeps its type and message. Given ``errors`` (a list: a step that raises
 #   after its program, with its state as eager leaves it), the exception is kept there, the
 #   call returns ``unchanged``'s results and its flag is set. Without, the program is the
