@@ -60,6 +60,7 @@ class HostCallFailed(Exception):
 
 
 _kept: dict[str, BaseException] = {}  # token -> the exception a host call raised, until JAX reports it
+_KEPT_AT_MOST = 64  # exceptions JAX never reported (a program whose error was read elsewhere) are not kept forever
 _kept_lock = threading.Lock()
 _tokens = itertools.count()
 
@@ -80,6 +81,8 @@ def _keep(exc: BaseException) -> HostCallFailed:
     token = f"<xgrad host call {next(_tokens)}>"
     with _kept_lock:
         _kept[token] = exc
+        if len(_kept) > _KEPT_AT_MOST:
+            del _kept[next(iter(_kept))]
     return HostCallFailed(token)
 
 
