@@ -56,6 +56,8 @@ MAX_REENTRANT_DEPTH = 60
 # is active it is ``None`` and a node pays one global read for it.
 profile_node: Callable[..., list[Any]] | None = None
 
+_NO_KEY = (0, 0, 0)  # the held node's key before there is one
+
 ERR_CALLBACK_OUTSIDE = "Final callbacks can only be installed during backward pass."
 ERR_INTERNAL = "xgrad internal error ({what}); please report a bug with the code that triggered it."
 
@@ -163,8 +165,12 @@ def evaluate_function(
     # node that queue would pop next (a chain, the last branch of a fan-in): when it
     # outranks everything queued, ``thread_main`` runs it directly, skipping the push,
     # the pop and the outstanding-task count, as if it had been pushed and popped at
-    # once. Reading the heap without its lock is safe under the GIL, and a push racing
-    # the check is ordered after it, as it could have been anyway.
+    # once. Of several nodes made ready (a linear's input and its weight's and bias's
+    # ``AccumulateGrad``), the one the queue would pop first is held back: each takes
+    # its place among equal keys when it becomes ready, as a push would give it, so
+    # the others are pushed and popped in the order they would have been. Reading
+    # the heap without its lock is safe under the GIL, and a push racing the check is
+    # ordered after it, as it could have been anyway.
     """
     exec_info = graph_task.exec_info
     if exec_info:
@@ -195,10 +201,12 @@ def evaluate_function(
     next_edges = fn.next_edges
     device_queues = graph_task.device_queues
     cpu_ready_queue = graph_task.cpu_ready_queue
-    # The first node made ready for this thread's queue, held back (NOTE [Next node
-    # without the queue]); ``None`` again once a second one is pushed behind it.
+    # The node made ready for this thread's queue that it would pop first, held back
+    # (NOTE [Next node without the queue]), with its key and place among equal keys.
     held: tuple[Node, list[Tensor | None]] | None = None
-    pushed_local = False
+    held_key: tuple[int, int, int] = _NO_KEY
+    held_order = 0
+    depth = -graph_task.reentrant_depth
     # Only a task spread over device workers runs its nodes on several threads at once.
     # Without device queues one thread at a time does (the caller, or the pool thread
     # standing in for it, NOTE [Reentrant backward]), and the lock would guard nothing.
@@ -242,22 +250,27 @@ def evaluate_function(
                 next_inputs = input_buffer.buffer
             q = ready_queue(cpu_ready_queue, next_fn, device_queues) if device_queues else cpu_ready_queue
             if q is local_queue:
-                if held is None and not pushed_local:
-                    held = (next_fn, next_inputs)
+                key = (2, depth, -next_fn.sequence_nr)
+                order = q.next_order()
+                if held is None:
+                    held, held_key, held_order = (next_fn, next_inputs), key, order
                     continue
-                if held is not None:  # keep push order: the held node was ready first
-                    graph_task.outstanding_tasks += 1
-                    q.push(NodeTask(graph_task, *held), False)
-                    held = None
-                pushed_local = True
-            graph_task.outstanding_tasks += 1  # under the mutex, where there is one
+                graph_task.outstanding_tasks += 1  # under the mutex, where there is one
+                if key < held_key:  # it pops before the held one, which goes to the queue
+                    q.push_in_order(held_key, held_order, NodeTask(graph_task, *held))
+                    held, held_key, held_order = (next_fn, next_inputs), key, order
+                else:
+                    q.push_in_order(key, order, NodeTask(graph_task, next_fn, next_inputs))
+                continue
+            graph_task.outstanding_tasks += 1
             q.push(NodeTask(graph_task, next_fn, next_inputs), False)
         if held is not None:
             heap = local_queue._heap
-            if not heap or (2, -graph_task.reentrant_depth, -held[0].sequence_nr) < heap[0][0]:
+            top = heap[0] if heap else None
+            if top is None or held_key < top[0] or (held_key == top[0] and held_order < top[1]):
                 return held
             graph_task.outstanding_tasks += 1
-            local_queue.push(NodeTask(graph_task, *held), False)
+            local_queue.push_in_order(held_key, held_order, NodeTask(graph_task, *held))
     finally:
         if mutex is not None:
             mutex.release()
@@ -275,7 +288,7 @@ def thread_main(graph_task: GraphTask | None) -> None:
     # A shutdown popped by a nested loop belongs to the worker's outermost loop.
     deferred_shutdown = None
     try:
-        while graph_task is None or not graph_task.done.is_set():
+        while graph_task is None or not graph_task.finished:
             task = local_queue.pop()
             if task.is_shutdown:
                 if graph_task is None:
@@ -414,7 +427,7 @@ def execute_with_graph_task(graph_task: GraphTask, graph_root: Node, input_buffe
     if _tls.current_depth >= MAX_REENTRANT_DEPTH:
         # A fresh pool thread drives this thread's queue while this one waits.
         _devices.add_thread_pool_task(graph_task)
-        graph_task.done.wait()
+        graph_task.wait_done()
         return
     _tls.total_depth += 1
     _tls.current_depth += 1
