@@ -277,8 +277,8 @@ def evaluate_function(
     return None
 
 
-def thread_main(graph_task: GraphTask | None) -> None:
-    """Pop and run tasks until ``graph_task`` completes (forever for a device worker)."""
+def thread_main(graph_task: GraphTask | None, first: NodeTask | None = None) -> None:
+    """Pop and run tasks until ``graph_task`` completes (forever for a device worker), ``first`` before any popped."""
     local_queue = _tls.local_ready_queue
     if local_queue is None:
         raise RuntimeError(ERR_INTERNAL.format(what="thread_main without a ready queue"))
@@ -289,7 +289,10 @@ def thread_main(graph_task: GraphTask | None) -> None:
     deferred_shutdown = None
     try:
         while graph_task is None or not graph_task.finished:
-            task = local_queue.pop()
+            if first is None:
+                task = local_queue.pop()
+            else:
+                task, first = first, None
             if task.is_shutdown:
                 if graph_task is None:
                     break
@@ -357,7 +360,8 @@ def prepare(
     outputs: list[Edge],
 ) -> tuple[GraphTask, Node, InputBuffer]:
     """Build the graph task for a call: root, dependencies and ``exec_info``."""
-    _devices.initialize_device_threads_pool(thread_main)
+    if not _devices.started or _devices.bad_fork:
+        _devices.initialize_device_threads_pool(thread_main)
     validate_outputs(root_edges, root_grads)
     if not accumulate_grad and not outputs:
         raise ValueError("grad requires non-empty inputs.")
@@ -382,7 +386,7 @@ def prepare(
     else:
         graph_root = GraphRoot(tuple(root_edges), root_grads)
         input_buffer = InputBuffer(0)
-    min_topo_nr = min((e.node.topological_nr for e in outputs), default=0)  # type: ignore[union-attr]
+    min_topo_nr = min(e.node.topological_nr for e in outputs) if outputs else 0  # type: ignore[union-attr]
     compute_dependencies(graph_root, graph_task, min_topo_nr)
     if outputs:
         graph_task.init_to_execute(graph_root, outputs, accumulate_grad, min_topo_nr)
@@ -413,9 +417,17 @@ def execute_with_graph_task(graph_task: GraphTask, graph_root: Node, input_buffe
         # A user thread: it becomes the driver of its CPU queue for the call.
         _tls.worker_device = CPU_DEVICE
         graph_task.owner = CPU_DEVICE
-        q.push(NodeTask(graph_task, graph_root, inputs))
+        root_task = NodeTask(graph_task, graph_root, inputs)
+        first = None
+        if q is graph_task.cpu_ready_queue and not len(q):
+            # The root is what this thread's empty queue would pop first (NOTE [Next node
+            # without the queue]); no other thread knows the task yet.
+            graph_task.outstanding_tasks = 1
+            first = root_task
+        else:
+            q.push(root_task)
         try:
-            thread_main(graph_task)
+            thread_main(graph_task, first)
         except BaseException as exc:  # interrupted while waiting: workers skip the rest
             graph_task.set_exception(exc, None)
             raise
