@@ -14,6 +14,7 @@ from xgrad import step_trace
 from xgrad.fast_compile import FastJit
 from xgrad.grads import clear_grads
 from xgrad.jax_internals import single_device_sharding
+from xgrad.optim.written import WrittenArrays
 from xgrad.tensor import Tensor
 
 
@@ -125,7 +126,7 @@ class Optax:
             p._array = _committed(p._array, self._home)
         self.params = tensors
         self._placement = [p._array.sharding for p in tensors]
-        self._written: list[Any] | None = None  # the parameters' arrays as the last step left them
+        self._written = WrittenArrays()  # the parameters' arrays as the last step left them
         self.transform = transform
         self.state = transform.init([p.array for p in tensors])
         self._jitted_step = FastJit(functools.partial(_step, transform), static_argnums=(0, 1))  # NOTE [Fast compiles]
@@ -164,7 +165,7 @@ class Optax:
         stepped = tuple(p._grad is not None and (p._requires_grad or p.grad_fn is not None) for p in params)
         if not any(stepped):
             return
-        if trace is None:
+        if trace is None and not self._written.unchanged(0, [p._array for p in params]):  # NOTE [Unmoved parameters]
             self._follow_params()
         arrays = [p._array for p in params]
         grads = [p._grad._array if s else None for p, s in zip(params, stepped, strict=True)]  # type: ignore[union-attr]
@@ -186,15 +187,11 @@ class Optax:
                 p._version += 1
         for t, leaf in zip(state_tensors, new_leaves, strict=True):
             t._array = leaf
-        self._written = [p._array for p in params]
+        if trace is None:
+            self._written.record(0, [p._array for p in params])
 
     def _follow_params(self) -> None:
         """Move the state to where the parameters are now, if they were moved or resharded since it was placed."""
-        # Parameters that still hold the arrays the last step wrote are where it left them:
-        # an identity check, where comparing their shardings costs a Python ``==`` each.
-        written = self._written
-        if written is not None and all(p._array is w for p, w in zip(self.params, written, strict=True)):
-            return
         placement = [p._array.sharding for p in self.params]
         if placement == self._placement:
             return
