@@ -313,7 +313,11 @@ def thread_main(graph_task: GraphTask | None, first: NodeTask | None = None) -> 
                 except BaseException as exc:
                     local_task.set_exception(exc, fn)
             fn = inputs = following = None  # type: ignore[assignment]  # drop the grads before waiting again
-            with local_task.mutex:
+            if local_task.device_queues:
+                with local_task.mutex:
+                    local_task.outstanding_tasks -= 1
+                    finished = local_task.outstanding_tasks == 0
+            else:  # one thread at a time runs the task (see evaluate_function): no lock to take
                 local_task.outstanding_tasks -= 1
                 finished = local_task.outstanding_tasks == 0
             if finished:

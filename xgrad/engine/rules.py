@@ -18,6 +18,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
+import jax
 import jax.numpy as jnp
 
 from xgrad.bounded_cache import BoundedCache
@@ -140,7 +141,7 @@ def _zeros(meta: Any) -> Any:
     if make is None:
         make = _ZEROS[key] = FastJit(functools.partial(jnp.zeros, meta.shape, meta.dtype), out_shardings=sharding)
     zeros = make()
-    if zeros.size <= _KEEP_ZEROS_UP_TO:
+    if zeros.size <= _KEEP_ZEROS_UP_TO and not isinstance(zeros, jax.core.Tracer):  # traced: part of that program only
         _KEPT_ZEROS[key] = zeros
     return zeros
 
