@@ -170,10 +170,8 @@ class Optax:
         arrays = [p._array for p in params]
         grads = [p._grad._array if s else None for p, s in zip(params, stepped, strict=True)]  # type: ignore[union-attr]
         state_tensors = self._state_tensors
-        if trace is None:
-            program = self._jitted_step
-        else:
-            program = self._jitted_step.plain
+        program = self._jitted_step if trace is None else self._jitted_step.plain
+        if trace is not None:
             for t in state_tensors:
                 trace.read(t)
         new_arrays, new_leaves = program(self._state_def, stepped, arrays, grads, [t._array for t in state_tensors])
