@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.graph_task import GraphTask, InputBuffer, NodeTask, ReadyQueue
 from xgrad.engine.hooks import run_in_order
-from xgrad.engine.node import Edge, GraphRoot, Node, current_task
+from xgrad.engine.node import AccumulateGrad, Edge, GraphRoot, Node, current_task
 from xgrad.engine.threads import CPU_DEVICE, NO_DEVICE, _devices, _ready_queue_by_owner, _tls, ready_queue
 from xgrad.engine.validate import validate_outputs
 from xgrad.grad_mode import _state as _grad_state
@@ -124,6 +124,11 @@ def call_post_hooks(fn: Node, outputs: list[Tensor | None], inputs: list[Tensor 
     return outputs
 
 
+def _hookless(leaf: Tensor) -> bool:
+    """Whether an accumulator of ``leaf`` runs no user code: no tensor hook, no post-accumulate hook."""
+    return not leaf._backward_hooks and not leaf._post_accumulate_grad_hooks
+
+
 def call_function(graph_task: GraphTask, fn: Node, inputs: list[Tensor | None]) -> list[Tensor | None]:
     """The node and its hooks (NOTE [Hooks ordering] in node.py), its grads validated."""
     if (
@@ -131,11 +136,12 @@ def call_function(graph_task: GraphTask, fn: Node, inputs: list[Tensor | None]) 
         and fn._retains_grad_hooks is None
         and not fn._pre_hooks
         and not fn._post_hooks
-        and not fn.runs_user_code
+        and (not fn.runs_user_code or (type(fn) is AccumulateGrad and _hookless(fn.variable)))
         and not ANOMALY.enabled
     ):
-        # Pure rules, no hook, no anomaly mode: nothing asks for the running node
-        # (current_node(), the parent of nodes recorded under anomaly mode).
+        # Pure rules (or an accumulator of a leaf without hooks), no hook, no anomaly
+        # mode: nothing asks for the running node (current_node(), the parent of nodes
+        # recorded under anomaly mode).
         outputs = fn.apply(inputs)
         validate_outputs(fn.next_edges, outputs, fn)
         return outputs
