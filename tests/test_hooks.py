@@ -259,6 +259,25 @@ def test_accumulators_ready_together_run_in_edge_order(compiled, x_first):
     close(w.grad.array, x.array)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("op", ["linear(h, w, b)", "h * w", "w * h"])
+def test_accumulators_made_ready_with_an_interior_node_run_first(compiled, op):
+    """A node that makes an interior node and accumulators ready at once: the accumulators
+    run first, in edge order, then the interior node, wherever it sits among the edges,
+    as PyTorch's ready queue orders them (AccumulateGrad has the highest sequence number)."""
+    x, w, b = leaf(np.ones((4, 3))), leaf(np.full((4, 3), 0.5)), leaf([0.1, 0.2, 0.3, 0.4])
+    events = []
+    for name, t in (("w", w), ("b", b)):
+        t.register_hook(lambda g, name=name: events.append(name))
+    h = x * 2.0
+    h.register_hook(lambda g: events.append("h"))
+    x.register_hook(lambda g: events.append("x"))
+    y = {"linear(h, w, b)": lambda: xgrad.nn.functional.linear(h, w, b), "h * w": lambda: h * w, "w * h": lambda: w * h}[op]()
+    y.sum().backward(compiled=compiled)
+    assert events == (["w", "b", "h", "x"] if op.startswith("linear") else ["w", "h", "x"])
+    close(x.grad.array, np.full((4, 3), 2.0 * (0.5 * 4 if op.startswith("linear") else 0.5)))
+
+
 @pytest.mark.parametrize("register", ["register_hook", "register_post_accumulate_grad_hook"])
 def test_tensor_hooks_are_checked_at_registration(register):
     x = leaf(X0)

@@ -107,3 +107,33 @@ def test_learning_rate_of_an_injected_transform_is_read_and_set():
     assert get_lr(opt) == 0.25 and w.tolist() == [0.5, 1.0]
     with pytest.raises(TypeError, match="inject_hyperparams"):
         get_lr(Optax([w], optax.sgd(0.1)))
+
+
+@pytest.mark.parametrize(
+    "make_optimizer", [lambda ps: xgrad.optim.Adam(ps, lr=0.1), lambda ps: Optax(ps, optax.adam(0.1))], ids=["Adam", "Optax"]
+)
+def test_placement_is_compared_again_only_after_the_parameters_change(make_optimizer, monkeypatch):
+    # NOTE [Unmoved parameters]: a step after a step skips moving the state; a parameter
+    # given a new array since (an in-place copy, ``module.to``) has it moved.
+    model = nn.Linear(3, 2, key=0, dtype=np.float64)
+    opt = make_optimizer(list(model.parameters()))
+    follow = "_follow_param" if isinstance(opt, xgrad.optim.Optimizer) else "_follow_params"
+    calls = []
+    original = getattr(type(opt), follow)
+    monkeypatch.setattr(type(opt), follow, lambda self, *args: (calls.append(1), original(self, *args))[1])
+    x = xgrad.tensor(np.ones((4, 3)))
+
+    def step():
+        opt.zero_grad()
+        (model(x) ** 2).sum().backward()
+        opt.step()
+
+    step()
+    first = len(calls)
+    assert first > 0
+    step()
+    assert len(calls) == first
+    with xgrad.no_grad():
+        model.weight.copy_(model.weight * 1.0)  # the same values in a new array
+    step()
+    assert len(calls) > first

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.graph_task import GraphTask, InputBuffer, NodeTask, ReadyQueue
 from xgrad.engine.hooks import run_in_order
-from xgrad.engine.node import Edge, GraphRoot, Node, current_task
+from xgrad.engine.node import AccumulateGrad, Edge, GraphRoot, Node, current_task
 from xgrad.engine.threads import CPU_DEVICE, NO_DEVICE, _devices, _ready_queue_by_owner, _tls, ready_queue
 from xgrad.engine.validate import validate_outputs
 from xgrad.grad_mode import _state as _grad_state
@@ -55,6 +55,8 @@ MAX_REENTRANT_DEPTH = 60
 # ``profile_node(call_function, graph_task, fn, inputs) -> outputs``. When no profiler
 # is active it is ``None`` and a node pays one global read for it.
 profile_node: Callable[..., list[Any]] | None = None
+
+_NO_KEY = (0, 0, 0)  # the held node's key before there is one
 
 ERR_CALLBACK_OUTSIDE = "Final callbacks can only be installed during backward pass."
 ERR_INTERNAL = "xgrad internal error ({what}); please report a bug with the code that triggered it."
@@ -122,6 +124,11 @@ def call_post_hooks(fn: Node, outputs: list[Tensor | None], inputs: list[Tensor 
     return outputs
 
 
+def _hookless(leaf: Tensor) -> bool:
+    """Whether an accumulator of ``leaf`` runs no user code: no tensor hook, no post-accumulate hook."""
+    return not leaf._backward_hooks and not leaf._post_accumulate_grad_hooks
+
+
 def call_function(graph_task: GraphTask, fn: Node, inputs: list[Tensor | None]) -> list[Tensor | None]:
     """The node and its hooks (NOTE [Hooks ordering] in node.py), its grads validated."""
     if (
@@ -129,11 +136,12 @@ def call_function(graph_task: GraphTask, fn: Node, inputs: list[Tensor | None]) 
         and fn._retains_grad_hooks is None
         and not fn._pre_hooks
         and not fn._post_hooks
-        and not fn.runs_user_code
+        and (not fn.runs_user_code or (type(fn) is AccumulateGrad and _hookless(fn.variable)))
         and not ANOMALY.enabled
     ):
-        # Pure rules, no hook, no anomaly mode: nothing asks for the running node
-        # (current_node(), the parent of nodes recorded under anomaly mode).
+        # Pure rules (or an accumulator of a leaf without hooks), no hook, no anomaly
+        # mode: nothing asks for the running node (current_node(), the parent of nodes
+        # recorded under anomaly mode).
         outputs = fn.apply(inputs)
         validate_outputs(fn.next_edges, outputs, fn)
         return outputs
@@ -163,8 +171,12 @@ def evaluate_function(
     # node that queue would pop next (a chain, the last branch of a fan-in): when it
     # outranks everything queued, ``thread_main`` runs it directly, skipping the push,
     # the pop and the outstanding-task count, as if it had been pushed and popped at
-    # once. Reading the heap without its lock is safe under the GIL, and a push racing
-    # the check is ordered after it, as it could have been anyway.
+    # once. Of several nodes made ready (a linear's input and its weight's and bias's
+    # ``AccumulateGrad``), the one the queue would pop first is held back: each takes
+    # its place among equal keys when it becomes ready, as a push would give it, so
+    # the others are pushed and popped in the order they would have been. Reading
+    # the heap without its lock is safe under the GIL, and a push racing the check is
+    # ordered after it, as it could have been anyway.
     """
     exec_info = graph_task.exec_info
     if exec_info:
@@ -195,10 +207,12 @@ def evaluate_function(
     next_edges = fn.next_edges
     device_queues = graph_task.device_queues
     cpu_ready_queue = graph_task.cpu_ready_queue
-    # The first node made ready for this thread's queue, held back (NOTE [Next node
-    # without the queue]); ``None`` again once a second one is pushed behind it.
+    # The node made ready for this thread's queue that it would pop first, held back
+    # (NOTE [Next node without the queue]), with its key and place among equal keys.
     held: tuple[Node, list[Tensor | None]] | None = None
-    pushed_local = False
+    held_key: tuple[int, int, int] = _NO_KEY
+    held_order = 0
+    depth = -graph_task.reentrant_depth
     # Only a task spread over device workers runs its nodes on several threads at once.
     # Without device queues one thread at a time does (the caller, or the pool thread
     # standing in for it, NOTE [Reentrant backward]), and the lock would guard nothing.
@@ -242,30 +256,35 @@ def evaluate_function(
                 next_inputs = input_buffer.buffer
             q = ready_queue(cpu_ready_queue, next_fn, device_queues) if device_queues else cpu_ready_queue
             if q is local_queue:
-                if held is None and not pushed_local:
-                    held = (next_fn, next_inputs)
+                key = (2, depth, -next_fn.sequence_nr)
+                order = q.next_order()
+                if held is None:
+                    held, held_key, held_order = (next_fn, next_inputs), key, order
                     continue
-                if held is not None:  # keep push order: the held node was ready first
-                    graph_task.outstanding_tasks += 1
-                    q.push(NodeTask(graph_task, *held), False)
-                    held = None
-                pushed_local = True
-            graph_task.outstanding_tasks += 1  # under the mutex, where there is one
+                graph_task.outstanding_tasks += 1  # under the mutex, where there is one
+                if key < held_key:  # it pops before the held one, which goes to the queue
+                    q.push_in_order(held_key, held_order, NodeTask(graph_task, *held))
+                    held, held_key, held_order = (next_fn, next_inputs), key, order
+                else:
+                    q.push_in_order(key, order, NodeTask(graph_task, next_fn, next_inputs))
+                continue
+            graph_task.outstanding_tasks += 1
             q.push(NodeTask(graph_task, next_fn, next_inputs), False)
         if held is not None:
             heap = local_queue._heap
-            if not heap or (2, -graph_task.reentrant_depth, -held[0].sequence_nr) < heap[0][0]:
+            top = heap[0] if heap else None
+            if top is None or held_key < top[0] or (held_key == top[0] and held_order < top[1]):
                 return held
             graph_task.outstanding_tasks += 1
-            local_queue.push(NodeTask(graph_task, *held), False)
+            local_queue.push_in_order(held_key, held_order, NodeTask(graph_task, *held))
     finally:
         if mutex is not None:
             mutex.release()
     return None
 
 
-def thread_main(graph_task: GraphTask | None) -> None:
-    """Pop and run tasks until ``graph_task`` completes (forever for a device worker)."""
+def thread_main(graph_task: GraphTask | None, first: NodeTask | None = None) -> None:
+    """Pop and run tasks until ``graph_task`` completes (forever for a device worker), ``first`` before any popped."""
     local_queue = _tls.local_ready_queue
     if local_queue is None:
         raise RuntimeError(ERR_INTERNAL.format(what="thread_main without a ready queue"))
@@ -275,8 +294,11 @@ def thread_main(graph_task: GraphTask | None) -> None:
     # A shutdown popped by a nested loop belongs to the worker's outermost loop.
     deferred_shutdown = None
     try:
-        while graph_task is None or not graph_task.done.is_set():
-            task = local_queue.pop()
+        while graph_task is None or not graph_task.finished:
+            if first is None:
+                task = local_queue.pop()
+            else:
+                task, first = first, None
             if task.is_shutdown:
                 if graph_task is None:
                     break
@@ -297,7 +319,11 @@ def thread_main(graph_task: GraphTask | None) -> None:
                 except BaseException as exc:
                     local_task.set_exception(exc, fn)
             fn = inputs = following = None  # type: ignore[assignment]  # drop the grads before waiting again
-            with local_task.mutex:
+            if local_task.device_queues:
+                with local_task.mutex:
+                    local_task.outstanding_tasks -= 1
+                    finished = local_task.outstanding_tasks == 0
+            else:  # one thread at a time runs the task (see evaluate_function): no lock to take
                 local_task.outstanding_tasks -= 1
                 finished = local_task.outstanding_tasks == 0
             if finished:
@@ -344,7 +370,8 @@ def prepare(
     outputs: list[Edge],
 ) -> tuple[GraphTask, Node, InputBuffer]:
     """Build the graph task for a call: root, dependencies and ``exec_info``."""
-    _devices.initialize_device_threads_pool(thread_main)
+    if not _devices.started or _devices.bad_fork:
+        _devices.initialize_device_threads_pool(thread_main)
     validate_outputs(root_edges, root_grads)
     if not accumulate_grad and not outputs:
         raise ValueError("grad requires non-empty inputs.")
@@ -369,7 +396,7 @@ def prepare(
     else:
         graph_root = GraphRoot(tuple(root_edges), root_grads)
         input_buffer = InputBuffer(0)
-    min_topo_nr = min((e.node.topological_nr for e in outputs), default=0)  # type: ignore[union-attr]
+    min_topo_nr = min(e.node.topological_nr for e in outputs) if outputs else 0  # type: ignore[union-attr]
     compute_dependencies(graph_root, graph_task, min_topo_nr)
     if outputs:
         graph_task.init_to_execute(graph_root, outputs, accumulate_grad, min_topo_nr)
@@ -400,9 +427,17 @@ def execute_with_graph_task(graph_task: GraphTask, graph_root: Node, input_buffe
         # A user thread: it becomes the driver of its CPU queue for the call.
         _tls.worker_device = CPU_DEVICE
         graph_task.owner = CPU_DEVICE
-        q.push(NodeTask(graph_task, graph_root, inputs))
+        root_task = NodeTask(graph_task, graph_root, inputs)
+        first = None
+        if q is graph_task.cpu_ready_queue and not len(q):
+            # The root is what this thread's empty queue would pop first (NOTE [Next node
+            # without the queue]); no other thread knows the task yet.
+            graph_task.outstanding_tasks = 1
+            first = root_task
+        else:
+            q.push(root_task)
         try:
-            thread_main(graph_task)
+            thread_main(graph_task, first)
         except BaseException as exc:  # interrupted while waiting: workers skip the rest
             graph_task.set_exception(exc, None)
             raise
@@ -414,7 +449,7 @@ def execute_with_graph_task(graph_task: GraphTask, graph_root: Node, input_buffe
     if _tls.current_depth >= MAX_REENTRANT_DEPTH:
         # A fresh pool thread drives this thread's queue while this one waits.
         _devices.add_thread_pool_task(graph_task)
-        graph_task.done.wait()
+        graph_task.wait_done()
         return
     _tls.total_depth += 1
     _tls.current_depth += 1

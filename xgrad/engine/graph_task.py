@@ -60,10 +60,18 @@ class ReadyQueue:
             key = (2, -task.graph_task.reentrant_depth, -task.fn.sequence_nr)  # type: ignore[union-attr]
         if increment_outstanding and task.graph_task is not None:
             task.graph_task.increment_outstanding()
+        self.push_in_order(key, self._tiebreak(), task)
+
+    def push_in_order(self, key: tuple[int, ...], order: int, task: NodeTask) -> None:
+        """Push ``task`` with its priority ``key`` and a place ``order`` among equal keys taken from ``next_order``."""
         with self._lock:
-            heapq.heappush(self._heap, (key, self._tiebreak(), task))
+            heapq.heappush(self._heap, (key, order, task))
             if self._waiting:
                 self._cv.notify()
+
+    def next_order(self) -> int:
+        """The place among equal keys of a task pushed now (the next ``push`` gets a later one)."""
+        return self._tiebreak()
 
     def pop(self) -> NodeTask:
         with self._lock:
@@ -127,10 +135,11 @@ class GraphTask:
         "create_graph",
         "dependencies",
         "device_queues",
-        "done",
+        "done_event",
         "exception",
         "exec_info",
         "final_callbacks",
+        "finished",
         "future_completed",
         "graph_roots",
         "has_error",
@@ -163,9 +172,30 @@ class GraphTask:
         # (NOTE [Device threads]); set by prepare.
         self.device_queues: dict[Any, ReadyQueue] = _NO_DEVICE_QUEUES
         self.mutex = threading.Lock()
-        # Set once the task is finished, post-processing included: the reference
-        # engine's completed future.
-        self.done = threading.Event()
+        # True once the task is finished, post-processing included: the reference
+        # engine's completed future. The event to wait on is made only for a thread
+        # that must wait (``wait_done``): most tasks end on the thread that runs them,
+        # and an ``Event`` (a condition and two locks) was a tenth of a small backward's
+        # fixed cost.
+        self.finished = False
+        self.done_event: threading.Event | None = None
+
+    def wait_done(self) -> None:
+        """Return once the task is finished (``finished``), post-processing included."""
+        with self.mutex:
+            if self.finished:
+                return
+            if self.done_event is None:
+                self.done_event = threading.Event()
+            event = self.done_event
+        event.wait()
+
+    def _set_done(self) -> None:
+        with self.mutex:
+            self.finished = True
+            event = self.done_event
+        if event is not None:
+            event.set()
 
     def increment_outstanding(self) -> None:
         with self.mutex:
@@ -238,7 +268,7 @@ class GraphTask:
             self.future_completed = True
         if claimed:
             # Another thread is finishing this task: return only once it has.
-            self.done.wait()
+            self.wait_done()
             return
         try:
             if not self.has_error:
@@ -248,7 +278,7 @@ class GraphTask:
                 self.has_error = True
                 self.exception = exc
         finally:
-            self.done.set()
+            self._set_done()
 
     def exec_post_processing(self) -> None:
         if self.not_ready:

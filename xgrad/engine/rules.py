@@ -18,6 +18,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
+import jax
 import jax.numpy as jnp
 
 from xgrad.bounded_cache import BoundedCache
@@ -120,17 +121,29 @@ def incoming_grad(num_outputs: int, grads: list[Tensor | None], metadata: Any) -
 # Zeros for the outputs no grad reached, one jitted maker per shape, dtype and placement:
 # ``jnp.zeros(..., device=...)`` costs twenty times a jitted call (a node whose rules read
 # a second output, as cross_entropy's log-probabilities, pays it at every backward).
-# Compiled fast (NOTE [Fast compiles] in ``xgrad/fast_compile.py``).
+# Compiled fast (NOTE [Fast compiles] in ``xgrad/fast_compile.py``). Small zeros are kept
+# and handed out again (arrays are immutable, and ``xgrad.compile`` copies an array held
+# elsewhere before donating it): on a small model even the jitted call is a tenth of a
+# node's time (cross_entropy's three unreached outputs), while keeping large ones would
+# hold their memory for good.
 _ZEROS: BoundedCache[tuple[Any, ...], Callable[[], Any]] = BoundedCache(256)
+_KEPT_ZEROS: BoundedCache[tuple[Any, ...], Any] = BoundedCache(256)
+_KEEP_ZEROS_UP_TO = 1 << 14  # elements: at most 64 KiB of float32 each
 
 
 def _zeros(meta: Any) -> Any:
     sharding = getattr(meta, "sharding", None)
     key = (meta.shape, meta.dtype, sharding)
+    zeros = _KEPT_ZEROS.get(key)
+    if zeros is not None:
+        return zeros
     make = _ZEROS.get(key)
     if make is None:
         make = _ZEROS[key] = FastJit(functools.partial(jnp.zeros, meta.shape, meta.dtype), out_shardings=sharding)
-    return make()
+    zeros = make()
+    if zeros.size <= _KEEP_ZEROS_UP_TO and not isinstance(zeros, jax.core.Tracer):  # traced: part of that program only
+        _KEPT_ZEROS[key] = zeros
+    return zeros
 
 
 _jax_op: Callable[..., Callable[..., Any]] | None = None

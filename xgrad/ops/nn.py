@@ -198,8 +198,10 @@ def cross_entropy(
         raise ValueError(f"{reduction} is not a valid value for reduction")
     if not 0.0 <= label_smoothing <= 1.0:
         raise RuntimeError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
-    axis = canonical_dim(1 if input.ndim != 1 else 0, input.ndim)
-    classes = input.shape[axis]
+    shape = input.shape  # read once: each read of a Tensor's shape is two property calls
+    ndim = len(shape)
+    axis = canonical_dim(1 if ndim != 1 else 0, ndim)
+    classes = shape[axis]
     class_weight = None
     if weight is not None:
         if weight.shape != (classes,):
@@ -210,10 +212,11 @@ def cross_entropy(
         if weight.requires_grad:
             raise RuntimeError("the derivative for 'weight' is not implemented.")
         # Shaped to broadcast along the class dim.
-        class_weight = weight._array.reshape((classes,) + (1,) * (input.ndim - 1 - axis))
+        class_weight = weight._array.reshape((classes,) + (1,) * (ndim - 1 - axis))
     refuse_none(target, "target", 2)
     target_array = as_array(target) if isinstance(target, Tensor) else jnp.asarray(target)
-    if target_array.shape == input.shape:
+    target_shape = target_array.shape
+    if target_shape == shape:
         if not jnp.issubdtype(target_array.dtype, jnp.floating):
             raise RuntimeError(f"Expected floating point type for target with class probabilities, got {target_array.dtype}")
         probs = target if isinstance(target, Tensor) else Tensor(target_array)
@@ -223,15 +226,15 @@ def cross_entropy(
             probs = probs * Tensor(class_weight)
         loss = -(probs * log_softmax(input, dim=axis)).sum(dim=axis)
         return reduce_loss(loss, reduction)  # the mean is over the batch, weighted or not, as PyTorch
-    if not jnp.issubdtype(target_array.dtype, jnp.integer):
+    if getattr(target_array.dtype, "kind", None) not in ("i", "u"):  # ``jnp.issubdtype`` costs a microsecond
         raise RuntimeError(f"expected scalar type Long but found {torch_dtype_name(target_array.dtype)}")
-    expected = input.shape[:axis] + input.shape[axis + 1 :]
-    if input.ndim == 2 and target_array.ndim > 1:
+    expected = shape[:axis] + shape[axis + 1 :]
+    if ndim == 2 and len(target_shape) > 1:
         raise RuntimeError("0D or 1D target tensor expected, multi-target not supported")
-    if input.ndim == 2 and target_array.ndim == 1 and target_array.shape[0] != input.shape[0]:
-        raise ValueError(f"Expected input batch_size ({input.shape[0]}) to match target batch_size ({target_array.shape[0]}).")
-    if target_array.shape != expected:
-        raise RuntimeError(f"Expected target size {list(expected)}, got {list(target_array.shape)}")
+    if ndim == 2 and len(target_shape) == 1 and target_shape[0] != shape[0]:
+        raise ValueError(f"Expected input batch_size ({shape[0]}) to match target batch_size ({target_shape[0]}).")
+    if target_shape != expected:
+        raise RuntimeError(f"Expected target size {list(expected)}, got {list(target_shape)}")
     in_range = check_index_range(target_array, classes, "Target {index} is out of bounds.", negative=False, ignore=ignore_index)
     if class_weight is not None:
         return _weighted_cross_entropy(input, target_array, class_weight, axis, ignore_index, reduction, label_smoothing)
@@ -243,8 +246,10 @@ def cross_entropy(
     # The same bits: the count is an integer converted to the dtype either way. The masks
     # stay: without the select, XLA fuses the loss's sum otherwise and sums in another order.
     all_kept = in_range and not 0 <= ignore_index < classes
+    # A target Tensor goes in as it is (integer: it never requires grad), not wrapped again.
+    target_tensor = target if isinstance(target, Tensor) else Tensor(target_array)
     loss, _, _, _ = _cross_entropy(
-        input, Tensor(target_array), axis=axis, ignore_index=ignore_index, label_smoothing=label_smoothing,
+        input, target_tensor, axis=axis, ignore_index=ignore_index, label_smoothing=label_smoothing,
         reduction=reduction, all_kept=all_kept,
     )
     return loss

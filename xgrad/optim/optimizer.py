@@ -32,6 +32,7 @@ from xgrad.fast_compile import FastJit
 from xgrad.grad_mode import enable_grad
 from xgrad.grads import clear_grads
 from xgrad.optim.optax_optimizer import _writing, scalar_sharding
+from xgrad.optim.written import WrittenArrays
 from xgrad.tensor import Tensor
 
 # State kept in PyTorch's scalar type, not the parameter's dtype: counters, each a function of
@@ -155,6 +156,7 @@ class Optimizer:
         self.defaults = defaults
         self.state: defaultdict[Tensor, dict[str, Tensor]] = defaultdict(dict)
         self._fresh_counters: dict[tuple[Any, ...], jax.Array] = {}
+        self._written = WrittenArrays()  # per parameter, keyed by id (NOTE [Unmoved parameters] in written.py)
         self.param_groups: list[_ParamGroup] = []
         if isinstance(params, Tensor):
             raise TypeError(
@@ -268,7 +270,8 @@ class Optimizer:
                 self._ensure_state(p, group)
                 state = self.state[p]
                 if trace is None:
-                    self._follow_param(p, state)
+                    if not self._written.unchanged(id(p), [p._array, *(t._array for t in state.values())]):
+                        self._follow_param(p, state)
                 else:
                     if not any(isinstance(t._array, jax.core.Tracer) for t in (p, *state.values())):
                         # Eagerly, as an eager step moves it: a traced step starts from the moved state.
@@ -312,6 +315,9 @@ class Optimizer:
             _writing(list(state.values()))
             for key, t in state.items():
                 t._array = shared.get(key, new_state[key])
+        if step_trace.current() is None:
+            for p, state in zip(params, states, strict=True):
+                self._written.record(id(p), [p._array, *(t._array for t in state.values())])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear every parameter's ``.grad`` (to ``None``, or to zeros)."""
