@@ -84,14 +84,18 @@ def test_several_outputs_carry_their_metadata_and_history():
 
 
 def test_edges_and_saved_avals_are_their_named_tuples():
-    """``_record`` makes Edge, InputMetadata and Aval with ``tuple.__new__``: still those types, with their fields."""
+    """``_record`` makes Edge, InputMetadata and Aval with ``tuple.__new__``: still those types, with their fields.
+    A tensor input that no needed rule reads is kept as ``None`` (NOTE [Save what the needed rules read])."""
     x = xgrad.tensor(np.array([1.0, 2.0]), requires_grad=True)
     y = x * 3.0  # the constant's rule reads nothing: x's value is not saved
     z = xgrad.tensor(np.array([4.0, 5.0])) * y  # z's rule for y reads the other operand, not y
     assert type(y.grad_fn.next_edges[0]) is registry.Edge and y.grad_fn.next_functions[0][1] == 0
     assert type(z.grad_fn.input_metadata[0]) is registry.InputMetadata and z.grad_fn.input_metadata[0].ndim == 1
-    aval = z.grad_fn.saved[1]
+    assert z.grad_fn.saved[1] is None
+    aval = x.to(xgrad.float32).grad_fn.saved[0]  # the cast's rule reads the input's dtype, which ``save=()`` keeps alone
     assert type(aval) is registry.Aval and (aval.shape, aval.dtype, aval.ndim) == ((2,), jnp.float64, 1)
+    z.sum().backward()
+    np.testing.assert_allclose(x.grad.detach().numpy(), [12.0, 15.0])
 
 
 def test_recording_reads_no_unset_tensor_attribute(monkeypatch):

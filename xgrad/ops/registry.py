@@ -48,6 +48,9 @@ __all__ = ["REGISTRY", "Aval", "Primitive", "PrimitiveNode", "bind", "defprim"]
 
 Rule = Callable[..., Any]
 
+# What a node keeps of a tensor input (``Primitive._save_plan``): its value, its shape and dtype, or nothing.
+_SAVE, _AVAL, _DROP = 0, 1, 2
+
 
 class Primitive:
     """One differentiable op: forward ``impl`` and backward rules.
@@ -86,7 +89,7 @@ class Primitive:
         self._jitted: dict[Any, FastJit] = {}
         self._fused: BoundedCache[Any, Any] = BoundedCache(MAX_FUSED)  # NOTE [Fused eager rules]
         self._reads = None if self.vjps is None else tuple(_rule_reads(rule) for rule in self.vjps)
-        self._saves: dict[tuple[bool, ...], tuple[frozenset[int] | None, bool]] = {}
+        self._saves: dict[tuple[bool, ...], tuple[frozenset[int] | None, bool, tuple[int, ...]]] = {}
 
     def saves(self, wanted: tuple[bool, ...]) -> tuple[frozenset[int] | None, bool]:
         """Which inputs (``None``: all) and whether the output to save, given which inputs want a grad.
@@ -96,26 +99,44 @@ class Primitive:
         # inputs that require grad read: ``x * 1.5`` with only ``x`` requiring grad saves
         # nothing, since ``x``'s rule reads only ``g`` and the constant. What a rule
         # reads comes from its code (``_rule_reads``); ``save=`` narrows it further to
-        # the inputs whose values (not only shape and dtype) the rules need.
+        # the inputs whose values (not only shape and dtype) the rules need: those reach
+        # the rules as an ``Aval``. A tensor input that no needed rule reads is kept as
+        # ``None``: the rules that would read it never run for this node (a backward can
+        # narrow which inputs want a gradient, never widen it), so it costs no ``Aval``
+        # (``linear``'s weight and bias when only the weight's rule, which reads the
+        # input, and the bias's, which reads ``g``, are needed).
         """
+        inputs, save_out, _ = self._save_plan(wanted)
+        return inputs, save_out
+
+    def _save_plan(self, wanted: tuple[bool, ...]) -> tuple[frozenset[int] | None, bool, tuple[int, ...]]:
+        """``saves(wanted)`` and, per input, what its node keeps of a tensor there: ``_SAVE``, ``_AVAL`` or ``_DROP``."""
         cached = self._saves.get(wanted)
         if cached is not None:
             return cached
+        n = len(wanted)
+        everything = frozenset(range(n))
         if self._reads is None:
-            result: tuple[frozenset[int] | None, bool] = (self.save, self.save_out)
+            inputs: frozenset[int] | None = self.save
+            read = everything
+            save_out = self.save_out
         else:
-            inputs: set[int] = set()
+            read_set: set[int] = set()
             reads_out = False
             for want, reads in zip(wanted, self._reads, strict=True):
                 if want and reads is not None:
-                    inputs |= reads[0]
+                    read_set |= reads[0]
                     reads_out = reads_out or reads[1]
                 elif want:  # a rule whose reads are unknown: it may read anything
-                    inputs.update(range(len(wanted)))
+                    read_set.update(everything)
                     reads_out = True
-            if self.save is not None:
-                inputs &= self.save
-            result = (frozenset(inputs), self.save_out and reads_out)
+            read = frozenset(read_set)
+            inputs = read if self.save is None else read & self.save
+            save_out = self.save_out and reads_out
+        plan = tuple(
+            _SAVE if inputs is None or i in inputs else _AVAL if i in read else _DROP for i in range(n)
+        )
+        result = (inputs, save_out, plan)
         self._saves[wanted] = result
         return result
 
@@ -482,7 +503,9 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
                 wanted.append(True)
                 continue
             if a._requires_grad:
-                edges.append(_new_tuple(Edge, (grad_accumulator(a), 0)))
+                ref = a._grad_accumulator  # ``grad_accumulator``'s hit, inline
+                accumulator = ref() if ref is not None else None
+                edges.append(_new_tuple(Edge, (accumulator if accumulator is not None else grad_accumulator(a), 0)))
                 wanted.append(True)
                 continue
             cut_site = getattr(a, "_cut_site", None)
@@ -491,29 +514,30 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
         edges.append(NO_EDGE)
         wanted.append(False)
     wanted_key = tuple(wanted)
-    saves = prim._saves.get(wanted_key)
-    save, save_out = saves if saves is not None else prim.saves(wanted_key)
+    plan = prim._saves.get(wanted_key)
+    _, save_out, kept = plan if plan is not None else prim._save_plan(wanted_key)
     saved: list[Any] = []
-    holds_tensors = bool(save_out)
-    i = 0
-    for a in args:
+    holds_tensors = save_out
+    for a, keep in zip(args, kept):
         if type(a) is Tensor or isinstance(a, Tensor):
-            if save is None or i in save:
+            if keep == _SAVE:
                 saved.append(SavedTensor(a, False, prim.name))
                 holds_tensors = True
-            else:
+            elif keep == _AVAL:
                 array = a._array
                 saved.append(_new_tuple(Aval, (array.shape, array.dtype)))
+            else:  # no needed rule reads it (NOTE [Save what the needed rules read])
+                saved.append(None)
         else:
             saved.append(a)
-        i += 1
     if prim.num_outputs == 1:
         dtype = out.dtype
         # A traced value has no sharding (``sharding_of``).
         metadata = _new_tuple(InputMetadata, (out.shape, dtype, None if traced else getattr(out, "sharding", None)))
         node = PrimitiveNode(prim, params, tuple(edges), (metadata,), tuple(saved), holds_tensors, wanted_key)
         result = Tensor(out)
-        if _differentiable_dtype(dtype):
+        differentiable = _INEXACT.get(dtype)
+        if differentiable if differentiable is not None else _differentiable_dtype(dtype):
             result.grad_fn = node  # output 0: Tensor's default _output_nr
         if tangents is not None:  # before saving: a saved output keeps its tangent
             set_tangent(result, tangents[0])
