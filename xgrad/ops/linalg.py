@@ -375,13 +375,9 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     [[3.5, 2.0]]
     """
     weight_shape = weight.shape  # read once: each read is a property call (NOTE [Recording cost] in registry.py)
-    input_shape = input.shape
-    if (
-        len(weight_shape) == 2
-        and input_shape
-        and input_shape[-1] == weight_shape[1]
-        and (bias is None or bias.shape == weight_shape[:1])
-    ):
+    # The input is not read here: the primitive's shape rule checks it against the weight, as
+    # the composite below would (one error either way).
+    if len(weight_shape) == 2 and (bias is None or bias.shape == weight_shape[:1]):
         return _linear(input, weight, bias)
     # Other shapes (a 1-D weight, a broadcasting bias, a mismatch to report) as the composite.
     if weight.ndim == 2:

@@ -531,9 +531,11 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
         else:
             saved.append(a)
     if prim.num_outputs == 1:
-        dtype = out.dtype
-        # A traced value has no sharding (``sharding_of``).
-        metadata = _new_tuple(InputMetadata, (out.shape, dtype, None if traced else getattr(out, "sharding", None)))
+        # The fields of ``aval``, not the array's ``shape`` and ``dtype``: each of those is a Python
+        # property reading ``aval``. A traced value has no sharding (``sharding_of``).
+        aval = getattr(out, "aval", out)
+        dtype = aval.dtype
+        metadata = _new_tuple(InputMetadata, (aval.shape, dtype, None if traced else getattr(out, "sharding", None)))
         node = PrimitiveNode(prim, params, tuple(edges), (metadata,), tuple(saved), holds_tensors, wanted_key)
         result = Tensor(out)
         differentiable = _INEXACT.get(dtype)
