@@ -48,6 +48,8 @@ __all__ = ["REGISTRY", "Aval", "Primitive", "PrimitiveNode", "bind", "defprim"]
 
 Rule = Callable[..., Any]
 
+_Tracer = jax.core.Tracer  # read once: ``jax.core.Tracer`` is two attribute lookups per op
+
 # What a node keeps of a tensor input (``Primitive._save_plan``): its value, its shape and dtype, or nothing.
 _SAVE, _AVAL, _DROP = 0, 1, 2
 
@@ -163,11 +165,18 @@ class Primitive:
         # Traced arrays: the op is inlined into a traced program, which takes no options of its own (NOTE [Fast compiles]).
         traced = False
         for a in arrays:
-            if isinstance(a, jax.core.Tracer):
+            if isinstance(a, _Tracer):
                 traced = True
                 break
         try:
-            return fn.plain(*arrays) if traced else fn(*arrays)
+            if traced:
+                return fn.plain(*arrays)
+            try:
+                # The fast program called directly (a frame less than ``FastJit.__call__``); the
+                # ``ValueError`` of a trace that refuses its options goes back to ``FastJit``'s fallback.
+                return fn.fast(*arrays)
+            except ValueError:
+                return fn(*arrays)
         except Exception as e:
             if not isinstance(e, RuntimeError | IndexError):  # JAX's error, not a shape rule's
                 for i, a in enumerate(arrays):
@@ -435,7 +444,7 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
             trace.read(tensor)
     if len(tensors) > 1 and (_several_devices if _several_devices is not None else _count_devices()):
         _check_same_devices(args, tensors, arrays)  # NOTE [One device, no device check]
-    if scalars and prim.jit and tensors and not isinstance(tensors[0]._array, jax.core.Tracer):  # NOTE [Scalar constants]
+    if scalars and prim.jit and tensors and not isinstance(tensors[0]._array, _Tracer):  # NOTE [Scalar constants]
         arrays = [device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
     dispatch = DISPATCH.get()  # NOTE [Dispatch seam] in xgrad/ops/dispatch.py
     out = prim.dispatch(arrays, params) if dispatch is None else dispatch(prim, arrays, params)
@@ -490,7 +499,7 @@ def _differentiable_dtype(dtype: Any) -> bool:
 
 def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any, tangents: tuple[Any, ...] | None) -> Any:
     first = out if prim.num_outputs == 1 else out[0]
-    traced = isinstance(first, jax.core.Tracer)
+    traced = isinstance(first, _Tracer)
     if traced:
         check_captured_leaves(args, first)  # NOTE [Captured leaves]
     edges = []
