@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -50,8 +50,26 @@ Rule = Callable[..., Any]
 
 _Tracer = jax.core.Tracer  # read once: ``jax.core.Tracer`` is two attribute lookups per op
 
-# What a node keeps of a tensor input (``Primitive._save_plan``): its value, its shape and dtype, or nothing.
-_SAVE, _AVAL, _DROP = 0, 1, 2
+# What each argument of a recorded op is, the key of its primitive's save plan: not a tensor, a
+# tensor that needs no grad, one that wants it.
+_CONSTANT, _NO_GRAD, _WANTS_GRAD = 0, 1, 2
+
+
+class _SavePlan(NamedTuple):
+    """What a node keeps of its inputs (NOTE [Save what the needed rules read]), per primitive and argument kinds.
+
+    ``inputs`` and ``save_out`` are ``Primitive.saves``'s answer, ``wanted`` which inputs want a grad;
+    the positions of the tensor inputs whose values it keeps (a ``SavedTensor``), whose shape and
+    dtype (an ``Aval``) and those it drops (``None``); ``holds_tensors`` whether it saves any tensor.
+    """
+
+    inputs: frozenset[int] | None
+    save_out: bool
+    wanted: tuple[bool, ...]
+    save_at: tuple[int, ...]
+    aval_at: tuple[int, ...]
+    drop_at: tuple[int, ...]
+    holds_tensors: bool
 
 
 class Primitive:
@@ -91,7 +109,7 @@ class Primitive:
         self._jitted: dict[Any, FastJit] = {}
         self._fused: BoundedCache[Any, Any] = BoundedCache(MAX_FUSED)  # NOTE [Fused eager rules]
         self._reads = None if self.vjps is None else tuple(_rule_reads(rule) for rule in self.vjps)
-        self._saves: dict[tuple[bool, ...], tuple[frozenset[int] | None, bool, tuple[int, ...]]] = {}
+        self._saves: dict[tuple[int, ...], _SavePlan] = {}
 
     def saves(self, wanted: tuple[bool, ...]) -> tuple[frozenset[int] | None, bool]:
         """Which inputs (``None``: all) and whether the output to save, given which inputs want a grad.
@@ -108,15 +126,16 @@ class Primitive:
         # (``linear``'s weight and bias when only the weight's rule, which reads the
         # input, and the bias's, which reads ``g``, are needed).
         """
-        inputs, save_out, _ = self._save_plan(wanted)
-        return inputs, save_out
+        plan = self._save_plan(tuple([_WANTS_GRAD if want else _NO_GRAD for want in wanted]))
+        return plan.inputs, plan.save_out
 
-    def _save_plan(self, wanted: tuple[bool, ...]) -> tuple[frozenset[int] | None, bool, tuple[int, ...]]:
-        """``saves(wanted)`` and, per input, what its node keeps of a tensor there: ``_SAVE``, ``_AVAL`` or ``_DROP``."""
-        cached = self._saves.get(wanted)
+    def _save_plan(self, kinds: tuple[int, ...]) -> _SavePlan:
+        """What a node of this primitive keeps, given what each argument is (``_CONSTANT``, ``_NO_GRAD``, ``_WANTS_GRAD``)."""
+        cached = self._saves.get(kinds)
         if cached is not None:
             return cached
-        n = len(wanted)
+        wanted = tuple([kind == _WANTS_GRAD for kind in kinds])
+        n = len(kinds)
         everything = frozenset(range(n))
         if self._reads is None:
             inputs: frozenset[int] | None = self.save
@@ -135,12 +154,13 @@ class Primitive:
             read = frozenset(read_set)
             inputs = read if self.save is None else read & self.save
             save_out = self.save_out and reads_out
-        plan = tuple(
-            _SAVE if inputs is None or i in inputs else _AVAL if i in read else _DROP for i in range(n)
-        )
-        result = (inputs, save_out, plan)
-        self._saves[wanted] = result
-        return result
+        tensors = [i for i in range(n) if kinds[i] != _CONSTANT]
+        save_at = tuple([i for i in tensors if inputs is None or i in inputs])
+        aval_at = tuple([i for i in tensors if i not in save_at and i in read])
+        drop_at = tuple([i for i in tensors if i not in save_at and i not in read])
+        plan = _SavePlan(inputs, save_out, wanted, save_at, aval_at, drop_at, save_out or bool(save_at))
+        self._saves[kinds] = plan
+        return plan
 
     def dispatch(self, arrays: list[Any], params: dict[str, Any]) -> Any:
         """Run the forward on arrays.
@@ -503,49 +523,54 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
     if traced:
         check_captured_leaves(args, first)  # NOTE [Captured leaves]
     edges = []
-    wanted = []
+    kinds = []
+    topo = 0  # the node's topological number, found here rather than by a loop over its edges
     for a in args:
         if type(a) is Tensor or isinstance(a, Tensor):
             fn = a.grad_fn
             if fn is not None:
                 edges.append(_new_tuple(Edge, (fn, a._output_nr)))
-                wanted.append(True)
+                kinds.append(_WANTS_GRAD)
+                if fn.topological_nr >= topo:
+                    topo = fn.topological_nr + 1
                 continue
             if a._requires_grad:
                 ref = a._grad_accumulator  # ``grad_accumulator``'s hit, inline
                 accumulator = ref() if ref is not None else None
                 edges.append(_new_tuple(Edge, (accumulator if accumulator is not None else grad_accumulator(a), 0)))
-                wanted.append(True)
+                kinds.append(_WANTS_GRAD)
+                if not topo:  # an AccumulateGrad's number is 0
+                    topo = 1
                 continue
             cut_site = getattr(a, "_cut_site", None)
             if cut_site is not None:  # NOTE [Outputs of JAX transformations]
                 raise RuntimeError(ERR_CUT_BY_JAX.format(where=cut_site))
-        edges.append(NO_EDGE)
-        wanted.append(False)
-    wanted_key = tuple(wanted)
-    plan = prim._saves.get(wanted_key)
-    _, save_out, kept = plan if plan is not None else prim._save_plan(wanted_key)
-    saved: list[Any] = []
-    holds_tensors = save_out
-    for a, keep in zip(args, kept):
-        if type(a) is Tensor or isinstance(a, Tensor):
-            if keep == _SAVE:
-                saved.append(SavedTensor(a, False, prim.name))
-                holds_tensors = True
-            elif keep == _AVAL:
-                array = a._array
-                saved.append(_new_tuple(Aval, (array.shape, array.dtype)))
-            else:  # no needed rule reads it (NOTE [Save what the needed rules read])
-                saved.append(None)
+            kinds.append(_NO_GRAD)
         else:
-            saved.append(a)
+            kinds.append(_CONSTANT)
+        edges.append(NO_EDGE)
+    key = tuple(kinds)
+    plan = prim._saves.get(key)
+    _, save_out, wanted, save_at, aval_at, drop_at, holds_tensors = plan if plan is not None else prim._save_plan(key)
+    # The arguments as the rules get them: constants as they are, tensors by the plan.
+    saved: Any = args
+    if save_at or aval_at or drop_at:
+        saved = list(args)
+        for i in save_at:
+            saved[i] = SavedTensor(args[i], False, prim.name)
+        for i in drop_at:  # no needed rule reads it (NOTE [Save what the needed rules read])
+            saved[i] = None
+        for i in aval_at:
+            array = args[i]._array
+            saved[i] = _new_tuple(Aval, (array.shape, array.dtype))
+        saved = tuple(saved)
     if prim.num_outputs == 1:
         # The fields of ``aval``, not the array's ``shape`` and ``dtype``: each of those is a Python
         # property reading ``aval``. A traced value has no sharding (``sharding_of``).
         aval = getattr(out, "aval", out)
         dtype = aval.dtype
         metadata = _new_tuple(InputMetadata, (aval.shape, dtype, None if traced else getattr(out, "sharding", None)))
-        node = PrimitiveNode(prim, params, tuple(edges), (metadata,), tuple(saved), holds_tensors, wanted_key)
+        node = PrimitiveNode(prim, params, tuple(edges), (metadata,), saved, holds_tensors, wanted, topo)
         result = Tensor(out)
         differentiable = _INEXACT.get(dtype)
         if differentiable if differentiable is not None else _differentiable_dtype(dtype):
@@ -562,7 +587,7 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
     metadata_of_outs = tuple(
         [_new_tuple(InputMetadata, (o.shape, o.dtype, None if traced else getattr(o, "sharding", None))) for o in outs]
     )
-    node = PrimitiveNode(prim, params, tuple(edges), metadata_of_outs, tuple(saved), holds_tensors, wanted_key)
+    node = PrimitiveNode(prim, params, tuple(edges), metadata_of_outs, saved, holds_tensors, wanted, topo)
     results = tuple(
         [Tensor._from_graph(o, node, k) if _differentiable_dtype(o.dtype) else Tensor(o) for k, o in enumerate(outs)]
     )
@@ -593,8 +618,9 @@ class PrimitiveNode(RuleNode):
         saved: tuple[Any, ...],
         holds_tensors: bool,
         edges_needed: tuple[bool, ...],
+        topological_nr: int,
     ) -> None:
-        Node.__init__(self, next_edges, input_metadata)  # not super(): its proxy costs a tenth of the node
+        Node.__init__(self, next_edges, input_metadata, None, topological_nr)  # not super(): its proxy costs a tenth of the node
         self._edges_needed = edges_needed  # known here: a fresh node need not build it in backward
         self.prim = prim
         self.params = params
