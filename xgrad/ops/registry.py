@@ -420,7 +420,7 @@ def _check_same_devices(args: tuple[Any, ...], tensors: list[Tensor], arrays: li
             break
     if first is None:
         return
-    positions = [i for i, a in enumerate(args) if type(a) is Tensor or isinstance(a, Tensor)]
+    positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
     for t, position in zip(tensors, positions, strict=True):
         sharding = sharding_of(t._array)
         if sharding is None or sharding is first or sharding == first or sharding.device_set == first.device_set:
@@ -447,11 +447,14 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     arrays: list[Any] = []
     needs_graph = False
     scalars = False
-    tensors = []
+    first = None  # the first tensor argument; the others are found again where needed
+    n_tensors = 0
     for a in args:
-        if type(a) is Tensor or isinstance(a, Tensor):
+        if isinstance(a, Tensor):
             arrays.append(a._array)
-            tensors.append(a)
+            n_tensors += 1
+            if first is None:
+                first = a
             if not needs_graph and (a.grad_fn is not None or a._requires_grad):
                 needs_graph = True
         else:
@@ -460,16 +463,17 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
                 scalars = True
     trace = _current_step()
     if trace is not None:  # a step being traced finds its state here (NOTE [The step-trace seam])
-        for tensor in tensors:
-            trace.read(tensor)
-    if len(tensors) > 1 and (_several_devices if _several_devices is not None else _count_devices()):
-        _check_same_devices(args, tensors, arrays)  # NOTE [One device, no device check]
-    if scalars and prim.jit and tensors and not isinstance(tensors[0]._array, _Tracer):  # NOTE [Scalar constants]
+        for a in args:
+            if isinstance(a, Tensor):
+                trace.read(a)
+    if n_tensors > 1 and (_several_devices if _several_devices is not None else _count_devices()):
+        _check_same_devices(args, [a for a in args if isinstance(a, Tensor)], arrays)  # NOTE [One device, no device check]
+    if scalars and prim.jit and first is not None and not isinstance(first._array, _Tracer):  # NOTE [Scalar constants]
         arrays = [device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
     dispatch = DISPATCH.get()  # NOTE [Dispatch seam] in xgrad/ops/dispatch.py
     out = prim.dispatch(arrays, params) if dispatch is None else dispatch(prim, arrays, params)
     tangents = None
-    if LEVEL.current is not None and tensors and tangents_on():  # NOTE [Tangents are jvp of the forward]
+    if LEVEL.current is not None and first is not None and tangents_on():  # NOTE [Tangents are jvp of the forward]
         tangents = tangent_rule(prim, args, params)
     if not (needs_graph and _grad_state.enabled):
         if _grad_state.stop_trace is not None and trace is None and stops_gradients(arrays):
@@ -526,7 +530,7 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
     kinds = []
     topo = 0  # the node's topological number, found here rather than by a loop over its edges
     for a in args:
-        if type(a) is Tensor or isinstance(a, Tensor):
+        if isinstance(a, Tensor):
             fn = a.grad_fn
             if fn is not None:
                 edges.append(_new_tuple(Edge, (fn, a._output_nr)))
