@@ -568,13 +568,33 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
             array = args[i]._array
             saved[i] = _new_tuple(Aval, (array.shape, array.dtype))
         saved = tuple(saved)
-    if prim.num_outputs == 1:
+    single = prim.num_outputs == 1
+    if single:
         # The fields of ``aval``, not the array's ``shape`` and ``dtype``: each of those is a Python
         # property reading ``aval``. A traced value has no sharding (``sharding_of``).
         aval = getattr(out, "aval", out)
         dtype = aval.dtype
-        metadata = _new_tuple(InputMetadata, (aval.shape, dtype, None if traced else getattr(out, "sharding", None)))
-        node = PrimitiveNode(prim, params, tuple(edges), (metadata,), saved, holds_tensors, wanted, topo)
+        metadata: tuple[InputMetadata, ...] = (
+            _new_tuple(InputMetadata, (aval.shape, dtype, None if traced else getattr(out, "sharding", None))),
+        )
+    else:
+        outs = tuple(out)
+        metadata = tuple(
+            [_new_tuple(InputMetadata, (o.shape, o.dtype, None if traced else getattr(o, "sharding", None))) for o in outs]
+        )
+    node = PrimitiveNode(tuple(edges), metadata, None, topo)  # Node's constructor: the rest is set here
+    node._edges_needed = wanted  # known here: a fresh node need not build it in backward
+    node.prim = prim
+    node.params = params
+    node.saved = saved
+    # Whether ``saved`` or ``saved_out`` has a SavedTensor: a node without one has
+    # nothing to unpack or release (``y * 1.0001``, NOTE [Save what the needed rules read]).
+    node.holds_tensors = holds_tensors
+    node.saved_out = None
+    node.structure = None  # NOTE [Structure fragments]
+    if ANOMALY.enabled:
+        record_forward_trace(node)
+    if single:
         result = Tensor(out)
         differentiable = _INEXACT.get(dtype)
         if differentiable if differentiable is not None else _differentiable_dtype(dtype):
@@ -587,11 +607,6 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
         if on_record is not None:
             on_record(node)
         return result
-    outs = tuple(out)
-    metadata_of_outs = tuple(
-        [_new_tuple(InputMetadata, (o.shape, o.dtype, None if traced else getattr(o, "sharding", None))) for o in outs]
-    )
-    node = PrimitiveNode(prim, params, tuple(edges), metadata_of_outs, saved, holds_tensors, wanted, topo)
     results = tuple(
         [Tensor._from_graph(o, node, k) if _differentiable_dtype(o.dtype) else Tensor(o) for k, o in enumerate(outs)]
     )
@@ -607,35 +622,15 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
 
 
 class PrimitiveNode(RuleNode):
-    """The one node class for every primitive: it replays the primitive's rules (NOTE [Rule nodes])."""
+    """The one node class for every primitive: it replays the primitive's rules (NOTE [Rule nodes]).
+
+    Made by ``_record`` alone, with ``Node``'s constructor, which then sets RuleNode's fields:
+    one constructor's call less per recorded op (NOTE [Recording cost]).
+    """
 
     __slots__ = ()  # the fields are RuleNode's
 
     prim: Primitive  # a RuleNode's ``Rules``, here always a registry primitive
-
-    def __init__(
-        self,
-        prim: Primitive,
-        params: dict[str, Any],
-        next_edges: tuple[Any, ...],
-        input_metadata: tuple[InputMetadata, ...],
-        saved: tuple[Any, ...],
-        holds_tensors: bool,
-        edges_needed: tuple[bool, ...],
-        topological_nr: int,
-    ) -> None:
-        Node.__init__(self, next_edges, input_metadata, None, topological_nr)  # not super(): its proxy costs a tenth of the node
-        self._edges_needed = edges_needed  # known here: a fresh node need not build it in backward
-        self.prim = prim
-        self.params = params
-        self.saved = saved
-        # Whether ``saved`` or ``saved_out`` has a SavedTensor: a node without one has
-        # nothing to unpack or release (``y * 1.0001``, NOTE [Save what the needed rules read]).
-        self.holds_tensors = holds_tensors
-        self.saved_out: tuple[SavedTensor, ...] | None = None
-        self.structure: tuple[int, tuple[int, ...], bool] | None = None  # NOTE [Structure fragments]
-        if ANOMALY.enabled:
-            record_forward_trace(self)
 
     def name(self) -> str:
         return self.prim.node_name
