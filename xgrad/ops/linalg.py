@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from xgrad.ops import shape_rules
 from xgrad.ops.autocast import autocast_op
 from xgrad.ops.jaxop import vjp_of
-from xgrad.ops.registry import defprim
+from xgrad.ops.registry import bind, defprim
 from xgrad.tensor import Tensor, torch_dtype_name
 
 
@@ -364,6 +364,7 @@ def _linear_bias_grad(g: Tensor, out: Any, x: Any, w: Any, b: Any) -> Tensor:
 _linear = defprim(
     "linear", _linear_impl, (_linear_input_grad, _linear_weight_grad, _linear_bias_grad), shape_rule=shape_rules.linear
 )
+_LINEAR = _linear.primitive  # bound by ``linear`` itself: ``_linear``'s call would pack the arguments again
 
 
 @autocast_op
@@ -378,7 +379,7 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     # The input is not read here: the primitive's shape rule checks it against the weight, as
     # the composite below would (one error either way).
     if len(weight_shape) == 2 and (bias is None or bias.shape == weight_shape[:1]):
-        return _linear(input, weight, bias)
+        return bind(_LINEAR, (input, weight, bias), {})
     # Other shapes (a 1-D weight, a broadcasting bias, a mismatch to report) as the composite.
     if weight.ndim == 2:
         shape_rules.linear(input, weight, bias)

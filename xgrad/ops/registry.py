@@ -349,8 +349,8 @@ def defprim(
         vjp: one rule per positional argument (``None`` for non-differentiable ones).
         joint_vjp: instead of ``vjp``, one rule returning a tuple of all input grads.
         save: indices of inputs whose values the rules need (default: all of them); the
-            others reach the rules as an ``Aval``. Inputs a needed rule never reads are
-            not saved either way.
+            others reach the rules as an ``Aval``. Tensor inputs no needed rule reads are
+            kept as ``None`` either way (NOTE [Save what the needed rules read]).
         save_out: whether the rules read the output.
         num_outputs: number of arrays ``impl`` returns (a tuple when more than one).
         register: ``False`` for primitives made at run time (``from_jax``) that the
@@ -501,15 +501,21 @@ tangent_rule: Callable[[Primitive, tuple[Any, ...], dict[str, Any]], tuple[Tenso
 
 
 # NOTE [Recording cost]
-# ``_record`` runs once per recorded op, so it is written for the interpreter: one
-# loop per pass over the arguments (no generator expressions or per-call tuples of
-# helpers), edges built inline instead of through ``gradient_edge``, the outputs'
-# metadata read inline (one output, nearly every primitive, without tuples of
-# outputs), and ``SavedTensor`` called without keyword arguments (together 10-20% of a
-# recorded ``sin``'s recording). Whether a dtype is differentiable is cached per dtype
-# (``jnp.issubdtype`` costs as much as a node). The ``Edge``, ``InputMetadata`` and
-# ``Aval`` named tuples are made by ``tuple.__new__`` (``_new_tuple``): their own
-# ``__new__`` is a Python function, a frame that costs as much as the tuple (0.1-0.2 µs each).
+# ``_record`` runs once per recorded op, so it is written for the interpreter. One pass
+# over the arguments builds the edges (inline, not through ``gradient_edge``; a leaf's
+# ``AccumulateGrad`` read from its weak reference in place), the node's topological
+# number, and the key of the primitive's save plan (``_SavePlan``, cached per kinds of
+# arguments), which names the positions that get a ``SavedTensor``, an ``Aval`` or
+# ``None``: the second pass touches those alone, and an op that keeps its arguments as
+# they are copies nothing. The outputs' metadata comes from ``aval``'s fields (the
+# array's ``shape``/``dtype`` are Python properties over them); the node is made by
+# ``Node``'s constructor and its rule fields are set here (``PrimitiveNode`` has no
+# constructor of its own: a frame less). Whether a dtype is differentiable is cached
+# per dtype (``jnp.issubdtype`` costs as much as a node). The ``Edge``,
+# ``InputMetadata`` and ``Aval`` named tuples are made by ``tuple.__new__``
+# (``_new_tuple``): their own ``__new__`` is a Python function, a frame that costs as
+# much as the tuple. ``isinstance(a, Tensor)`` alone: it checks the exact type first
+# in C, faster than a ``type(a) is Tensor`` before it.
 _INEXACT: dict[Any, bool] = {}
 _new_tuple = tuple.__new__
 
