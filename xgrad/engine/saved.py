@@ -226,11 +226,6 @@ class allow_mutation_on_saved_tensors(saved_tensors_hooks):
         self.closed = True
 
 
-def current_hooks() -> saved_tensors_hooks | None:
-    stack = _hooks.stack
-    return stack[-1] if stack else None
-
-
 def _call_unpack_hook(unpack: Callable[[Any], Tensor], packed: Any) -> Any:
     """``unpack(packed)``, leaving the thread's saved-tensor hooks as they were before it.
 
@@ -272,7 +267,7 @@ class SavedTensor:
         if tensor._inference:
             raise RuntimeError(ERR_INFERENCE_SAVED)
         self._saved_version = tensor._version
-        stack = _hooks.stack  # ``current_hooks()`` inline: every recorded op saves its inputs here
+        stack = _hooks.stack  # the innermost hooks are the last; every recorded op saves its inputs here
         if not stack and not is_output:
             # A plain input comes back as the tensor itself: no output number or tangent to keep.
             self._ref = tensor

@@ -379,7 +379,7 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     # The input is not read here: the primitive's shape rule checks it against the weight, as
     # the composite below would (one error either way).
     if len(weight_shape) == 2 and (bias is None or bias.shape == weight_shape[:1]):
-        return bind(_LINEAR, (input, weight, bias), {})
+        return bind(_LINEAR, (input, weight, bias), {})  # type: ignore[no-any-return]
     # Other shapes (a 1-D weight, a broadcasting bias, a mismatch to report) as the composite.
     if weight.ndim == 2:
         shape_rules.linear(input, weight, bias)

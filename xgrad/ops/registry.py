@@ -28,7 +28,7 @@ from xgrad.bounded_cache import BoundedCache
 from xgrad.dual import LEVEL, set_tangent, tangents_on
 from xgrad.engine.anomaly import ANOMALY, record_forward_trace
 from xgrad.engine.dataflow import PRIMITIVE_JIT_PREFIX
-from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, Node, grad_accumulator, sharding_of
+from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator, sharding_of
 from xgrad.engine.rules import Aval, RuleArgs, RuleNode, incoming_grad
 from xgrad.engine.saved import SavedTensor
 from xgrad.fast_compile import FastJit
