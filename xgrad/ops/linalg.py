@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from xgrad.ops import shape_rules
 from xgrad.ops.autocast import autocast_op
 from xgrad.ops.jaxop import vjp_of
-from xgrad.ops.registry import bind, defprim
+from xgrad.ops.registry import REGISTRY, bind, defprim
 from xgrad.tensor import Tensor, torch_dtype_name
 
 
@@ -361,10 +361,9 @@ def _linear_bias_grad(g: Tensor, out: Any, x: Any, w: Any, b: Any) -> Tensor:
 
 
 # One node for ``x @ w.T + b``, as PyTorch's addmm: one dispatch forward, one rule call backward.
-_linear = defprim(
-    "linear", _linear_impl, (_linear_input_grad, _linear_weight_grad, _linear_bias_grad), shape_rule=shape_rules.linear
-)
-_LINEAR = _linear.primitive  # bound by ``linear`` itself: ``_linear``'s call would pack the arguments again
+# ``linear`` binds the primitive itself: the function ``defprim`` returns would pack the arguments again.
+defprim("linear", _linear_impl, (_linear_input_grad, _linear_weight_grad, _linear_bias_grad), shape_rule=shape_rules.linear)
+_LINEAR = REGISTRY["linear"]
 
 
 @autocast_op
