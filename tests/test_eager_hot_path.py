@@ -116,3 +116,42 @@ def test_recording_reads_no_unset_tensor_attribute(monkeypatch):
     cut = jax.jit(lambda a: (a * a).sum())(w)
     with pytest.raises(RuntimeError, match="plain JAX transformation"):
         cut + w.sum()
+
+
+def _linear_loss(x, w, b):
+    h = x @ w.T + b
+    return jnp.sum(h * h)
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled", "xgrad.compile"])
+def test_inputs_no_needed_rule_reads_are_dropped_and_grads_match_jax(mode):
+    """``linear`` with only the weight and bias requiring grad keeps the input's value alone: the weight
+    and bias are read by no needed rule (the weight's reads the input, the bias's ``g``) and are kept as
+    ``None``. The grads, eager, compiled backward and under ``xgrad.compile``, are ``jax.grad``'s, and so
+    is a second-order grad through ``create_graph`` (its rules then run op by op)."""
+    rng = np.random.default_rng(3)
+    x, w, b = (rng.standard_normal(s) for s in ((2, 4), (3, 4), (3,)))
+    tx, tw, tb = xgrad.tensor(x), xgrad.tensor(w, requires_grad=True), xgrad.tensor(b, requires_grad=True)
+    node = xgrad.linear(tx, tw, tb).grad_fn
+    assert [type(s) for s in node.saved] == [xgrad.engine.saved.SavedTensor, type(None), type(None)]
+
+    def grads():
+        tw.grad = tb.grad = None
+        (xgrad.linear(tx, tw, tb) ** 2).sum().backward()
+        return tw.grad, tb.grad
+
+    if mode == "compiled":
+        with xgrad.autograd.compiled.enable():
+            gw, gb = grads()
+    elif mode == "xgrad.compile":
+        gw, gb = xgrad.compile(grads)()
+    else:
+        gw, gb = grads()
+    want_w, want_b = jax.grad(_linear_loss, argnums=(1, 2))(x, w, b)
+    np.testing.assert_allclose(gw.detach().numpy(), want_w, rtol=1e-12)
+    np.testing.assert_allclose(gb.detach().numpy(), want_b, rtol=1e-12)
+    # Second order: d/dw of sum(d loss/db), with the first backward recorded.
+    (first,) = xgrad.autograd.grad((xgrad.linear(tx, tw, tb) ** 2).sum(), [tb], create_graph=True)
+    (second,) = xgrad.autograd.grad(first.sum(), [tw])
+    want = jax.grad(lambda w: jnp.sum(jax.grad(_linear_loss, argnums=2)(x, w, b)))(w)
+    np.testing.assert_allclose(second.detach().numpy(), want, rtol=1e-12)
