@@ -84,14 +84,18 @@ def test_several_outputs_carry_their_metadata_and_history():
 
 
 def test_edges_and_saved_avals_are_their_named_tuples():
-    """``_record`` makes Edge, InputMetadata and Aval with ``tuple.__new__``: still those types, with their fields."""
+    """``_record`` makes Edge, InputMetadata and Aval with ``tuple.__new__``: still those types, with their fields.
+    A tensor input that no needed rule reads is kept as ``None`` (NOTE [Save what the needed rules read])."""
     x = xgrad.tensor(np.array([1.0, 2.0]), requires_grad=True)
     y = x * 3.0  # the constant's rule reads nothing: x's value is not saved
     z = xgrad.tensor(np.array([4.0, 5.0])) * y  # z's rule for y reads the other operand, not y
     assert type(y.grad_fn.next_edges[0]) is registry.Edge and y.grad_fn.next_functions[0][1] == 0
     assert type(z.grad_fn.input_metadata[0]) is registry.InputMetadata and z.grad_fn.input_metadata[0].ndim == 1
-    aval = z.grad_fn.saved[1]
+    assert z.grad_fn.saved[1] is None
+    aval = x.to(xgrad.float32).grad_fn.saved[0]  # the cast's rule reads the input's dtype, which ``save=()`` keeps alone
     assert type(aval) is registry.Aval and (aval.shape, aval.dtype, aval.ndim) == ((2,), jnp.float64, 1)
+    z.sum().backward()
+    np.testing.assert_allclose(x.grad.detach().numpy(), [12.0, 15.0])
 
 
 def test_recording_reads_no_unset_tensor_attribute(monkeypatch):
@@ -112,3 +116,42 @@ def test_recording_reads_no_unset_tensor_attribute(monkeypatch):
     cut = jax.jit(lambda a: (a * a).sum())(w)
     with pytest.raises(RuntimeError, match="plain JAX transformation"):
         cut + w.sum()
+
+
+def _linear_loss(x, w, b):
+    h = x @ w.T + b
+    return jnp.sum(h * h)
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled", "xgrad.compile"])
+def test_inputs_no_needed_rule_reads_are_dropped_and_grads_match_jax(mode):
+    """``linear`` with only the weight and bias requiring grad keeps the input's value alone: the weight
+    and bias are read by no needed rule (the weight's reads the input, the bias's ``g``) and are kept as
+    ``None``. The grads, eager, compiled backward and under ``xgrad.compile``, are ``jax.grad``'s, and so
+    is a second-order grad through ``create_graph`` (its rules then run op by op)."""
+    rng = np.random.default_rng(3)
+    x, w, b = (rng.standard_normal(s) for s in ((2, 4), (3, 4), (3,)))
+    tx, tw, tb = xgrad.tensor(x), xgrad.tensor(w, requires_grad=True), xgrad.tensor(b, requires_grad=True)
+    node = xgrad.linear(tx, tw, tb).grad_fn
+    assert [type(s) for s in node.saved] == [xgrad.engine.saved.SavedTensor, type(None), type(None)]
+
+    def grads():
+        tw.grad = tb.grad = None
+        (xgrad.linear(tx, tw, tb) ** 2).sum().backward()
+        return tw.grad, tb.grad
+
+    if mode == "compiled":
+        with xgrad.autograd.compiled.enable():
+            gw, gb = grads()
+    elif mode == "xgrad.compile":
+        gw, gb = xgrad.compile(grads)()
+    else:
+        gw, gb = grads()
+    want_w, want_b = jax.grad(_linear_loss, argnums=(1, 2))(x, w, b)
+    np.testing.assert_allclose(gw.detach().numpy(), want_w, rtol=1e-12)
+    np.testing.assert_allclose(gb.detach().numpy(), want_b, rtol=1e-12)
+    # Second order: d/dw of sum(d loss/db), with the first backward recorded.
+    (first,) = xgrad.autograd.grad((xgrad.linear(tx, tw, tb) ** 2).sum(), [tb], create_graph=True)
+    (second,) = xgrad.autograd.grad(first.sum(), [tw])
+    want = jax.grad(lambda w: jnp.sum(jax.grad(_linear_loss, argnums=2)(x, w, b)))(w)
+    np.testing.assert_allclose(second.detach().numpy(), want, rtol=1e-12)

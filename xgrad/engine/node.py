@@ -150,17 +150,22 @@ class Node:
     runs_user_code: ClassVar[bool] = True
 
     def __init__(
-        self, next_edges: tuple[Edge, ...], input_metadata: tuple[InputMetadata, ...], sequence_nr: int | None = None
+        self,
+        next_edges: tuple[Edge, ...],
+        input_metadata: tuple[InputMetadata, ...],
+        sequence_nr: int | None = None,
+        topological_nr: int | None = None,
     ) -> None:
         self.next_edges = next_edges
         self.input_metadata = input_metadata
         self.sequence_nr = _sequence.next() if sequence_nr is None else sequence_nr
-        topo = 0
-        for edge in next_edges:
-            node = edge.node
-            if node is not None and node.topological_nr >= topo:
-                topo = node.topological_nr + 1
-        self.topological_nr = topo
+        if topological_nr is None:  # one more than the highest of the nodes the edges lead to, 0 for none
+            topological_nr = 0
+            for edge in next_edges:
+                node = edge.node
+                if node is not None and node.topological_nr >= topological_nr:
+                    topological_nr = node.topological_nr + 1
+        self.topological_nr = topological_nr
         self._metadata: dict[str, Any] | None = None
         # Which next edges lead anywhere: given by primitives as they are recorded,
         # computed on first use for other nodes (``needed_outputs``).

@@ -84,7 +84,8 @@ class Rules(Protocol):
 class RuleNode(Node):
     """A node that replays pure backward rules over the values it saved.
 
-    ``saved`` holds, per input, a ``SavedTensor``, an ``Aval`` or a constant;
+    ``saved`` holds, per input, a ``SavedTensor``, an ``Aval``, ``None`` (a tensor no needed
+    rule reads) or a constant;
     ``saved_out`` the saved outputs, if the rules read them; ``holds_tensors`` whether
     either holds a ``SavedTensor``.
     """

@@ -226,11 +226,6 @@ class allow_mutation_on_saved_tensors(saved_tensors_hooks):
         self.closed = True
 
 
-def current_hooks() -> saved_tensors_hooks | None:
-    stack = _hooks.stack
-    return stack[-1] if stack else None
-
-
 def _call_unpack_hook(unpack: Callable[[Any], Tensor], packed: Any) -> Any:
     """``unpack(packed)``, leaving the thread's saved-tensor hooks as they were before it.
 
@@ -272,11 +267,17 @@ class SavedTensor:
         if tensor._inference:
             raise RuntimeError(ERR_INFERENCE_SAVED)
         self._saved_version = tensor._version
+        stack = _hooks.stack  # the innermost hooks are the last; every recorded op saves its inputs here
+        if not stack and not is_output:
+            # A plain input comes back as the tensor itself: no output number or tangent to keep.
+            self._ref = tensor
+            self._state = "input"
+            return
         self._output_nr = tensor._output_nr
         # The tangent comes back with a value rebuilt on unpack (NOTE [Dual levels]).
         self._fw_grad = tensor._fw_grad
-        hooks = current_hooks()
-        if hooks is not None:
+        if stack:
+            hooks = stack[-1]
             pack, self._unpack = hooks.pack_hook, hooks.unpack_hook
             # Keep only what re-attaches the unpacked value to the graph, never the
             # data: that is what the hooks are for (offloading, recomputation).
@@ -293,13 +294,10 @@ class SavedTensor:
             if tensor._version != self._saved_version:
                 raise RuntimeError(ERR_PACK_INPLACE)
             self._state = "hooked_output" if is_output else "hooked_input"
-        elif is_output:
+        else:
             self._ref = weakref.ref(tensor)
             self._array = tensor._array
             self._state = "output"
-        else:
-            self._ref = tensor
-            self._state = "input"
 
     def _current_tensor(self) -> Tensor | None:
         ref = self._ref

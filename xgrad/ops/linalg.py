@@ -16,7 +16,7 @@ from xgrad.ops import shape_rules
 from xgrad.ops.autocast import autocast_op
 from xgrad.ops.jaxop import vjp_of
 from xgrad.ops.reduce import _axes
-from xgrad.ops.registry import _differentiable_dtype, defprim
+from xgrad.ops.registry import REGISTRY, _differentiable_dtype, bind, defprim
 from xgrad.tensor import Tensor, torch_dtype_name
 
 
@@ -372,9 +372,9 @@ def _linear_bias_grad(g: Tensor, out: Any, x: Any, w: Any, b: Any) -> Tensor:
 
 
 # One node for ``x @ w.T + b``, as PyTorch's addmm: one dispatch forward, one rule call backward.
-_linear = defprim(
-    "linear", _linear_impl, (_linear_input_grad, _linear_weight_grad, _linear_bias_grad), shape_rule=shape_rules.linear
-)
+# ``linear`` binds the primitive itself: the function ``defprim`` returns would pack the arguments again.
+defprim("linear", _linear_impl, (_linear_input_grad, _linear_weight_grad, _linear_bias_grad), shape_rule=shape_rules.linear)
+_LINEAR = REGISTRY["linear"]
 
 
 @autocast_op
@@ -386,14 +386,10 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     [[3.5, 2.0]]
     """
     weight_shape = weight.shape  # read once: each read is a property call (NOTE [Recording cost] in registry.py)
-    input_shape = input.shape
-    if (
-        len(weight_shape) == 2
-        and input_shape
-        and input_shape[-1] == weight_shape[1]
-        and (bias is None or bias.shape == weight_shape[:1])
-    ):
-        return _linear(input, weight, bias)
+    # The input is not read here: the primitive's shape rule checks it against the weight, as
+    # the composite below would (one error either way).
+    if len(weight_shape) == 2 and (bias is None or bias.shape == weight_shape[:1]):
+        return bind(_LINEAR, (input, weight, bias), {})  # type: ignore[no-any-return]
     # Other shapes (a 1-D weight, a broadcasting bias, a mismatch to report) as the composite.
     if weight.ndim == 2:
         shape_rules.linear(input, weight, bias)

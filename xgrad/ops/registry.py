@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +28,7 @@ from xgrad.bounded_cache import BoundedCache
 from xgrad.dual import LEVEL, set_tangent, tangents_on
 from xgrad.engine.anomaly import ANOMALY, record_forward_trace
 from xgrad.engine.dataflow import PRIMITIVE_JIT_PREFIX
-from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, Node, grad_accumulator, sharding_of
+from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator, sharding_of
 from xgrad.engine.rules import Aval, RuleArgs, RuleNode, incoming_grad
 from xgrad.engine.saved import SavedTensor
 from xgrad.fast_compile import FastJit
@@ -47,6 +47,29 @@ logger = logging.getLogger(__name__)
 __all__ = ["REGISTRY", "Aval", "Primitive", "PrimitiveNode", "bind", "defprim"]
 
 Rule = Callable[..., Any]
+
+_Tracer = jax.core.Tracer  # read once: ``jax.core.Tracer`` is two attribute lookups per op
+
+# What each argument of a recorded op is, the key of its primitive's save plan: not a tensor, a
+# tensor that needs no grad, one that wants it.
+_CONSTANT, _NO_GRAD, _WANTS_GRAD = 0, 1, 2
+
+
+class _SavePlan(NamedTuple):
+    """What a node keeps of its inputs (NOTE [Save what the needed rules read]), per primitive and argument kinds.
+
+    ``inputs`` and ``save_out`` are ``Primitive.saves``'s answer, ``wanted`` which inputs want a grad;
+    the positions of the tensor inputs whose values it keeps (a ``SavedTensor``), whose shape and
+    dtype (an ``Aval``) and those it drops (``None``); ``holds_tensors`` whether it saves any tensor.
+    """
+
+    inputs: frozenset[int] | None
+    save_out: bool
+    wanted: tuple[bool, ...]
+    save_at: tuple[int, ...]
+    aval_at: tuple[int, ...]
+    drop_at: tuple[int, ...]
+    holds_tensors: bool
 
 
 class Primitive:
@@ -86,7 +109,7 @@ class Primitive:
         self._jitted: dict[Any, FastJit] = {}
         self._fused: BoundedCache[Any, Any] = BoundedCache(MAX_FUSED)  # NOTE [Fused eager rules]
         self._reads = None if self.vjps is None else tuple(_rule_reads(rule) for rule in self.vjps)
-        self._saves: dict[tuple[bool, ...], tuple[frozenset[int] | None, bool]] = {}
+        self._saves: dict[tuple[int, ...], _SavePlan] = {}
 
     def saves(self, wanted: tuple[bool, ...]) -> tuple[frozenset[int] | None, bool]:
         """Which inputs (``None``: all) and whether the output to save, given which inputs want a grad.
@@ -96,28 +119,48 @@ class Primitive:
         # inputs that require grad read: ``x * 1.5`` with only ``x`` requiring grad saves
         # nothing, since ``x``'s rule reads only ``g`` and the constant. What a rule
         # reads comes from its code (``_rule_reads``); ``save=`` narrows it further to
-        # the inputs whose values (not only shape and dtype) the rules need.
+        # the inputs whose values (not only shape and dtype) the rules need: those reach
+        # the rules as an ``Aval``. A tensor input that no needed rule reads is kept as
+        # ``None``: the rules that would read it never run for this node (a backward can
+        # narrow which inputs want a gradient, never widen it), so it costs no ``Aval``
+        # (``linear``'s weight and bias when only the weight's rule, which reads the
+        # input, and the bias's, which reads ``g``, are needed).
         """
-        cached = self._saves.get(wanted)
+        plan = self._save_plan(tuple([_WANTS_GRAD if want else _NO_GRAD for want in wanted]))
+        return plan.inputs, plan.save_out
+
+    def _save_plan(self, kinds: tuple[int, ...]) -> _SavePlan:
+        """What a node of this primitive keeps, given what each argument is (``_CONSTANT``, ``_NO_GRAD``, ``_WANTS_GRAD``)."""
+        cached = self._saves.get(kinds)
         if cached is not None:
             return cached
+        wanted = tuple([kind == _WANTS_GRAD for kind in kinds])
+        n = len(kinds)
+        everything = frozenset(range(n))
         if self._reads is None:
-            result: tuple[frozenset[int] | None, bool] = (self.save, self.save_out)
+            inputs: frozenset[int] | None = self.save
+            read = everything
+            save_out = self.save_out
         else:
-            inputs: set[int] = set()
+            read_set: set[int] = set()
             reads_out = False
             for want, reads in zip(wanted, self._reads, strict=True):
                 if want and reads is not None:
-                    inputs |= reads[0]
+                    read_set |= reads[0]
                     reads_out = reads_out or reads[1]
                 elif want:  # a rule whose reads are unknown: it may read anything
-                    inputs.update(range(len(wanted)))
+                    read_set.update(everything)
                     reads_out = True
-            if self.save is not None:
-                inputs &= self.save
-            result = (frozenset(inputs), self.save_out and reads_out)
-        self._saves[wanted] = result
-        return result
+            read = frozenset(read_set)
+            inputs = read if self.save is None else read & self.save
+            save_out = self.save_out and reads_out
+        tensors = [i for i in range(n) if kinds[i] != _CONSTANT]
+        save_at = tuple([i for i in tensors if inputs is None or i in inputs])
+        aval_at = tuple([i for i in tensors if i not in save_at and i in read])
+        drop_at = tuple([i for i in tensors if i not in save_at and i not in read])
+        plan = _SavePlan(inputs, save_out, wanted, save_at, aval_at, drop_at, save_out or bool(save_at))
+        self._saves[kinds] = plan
+        return plan
 
     def dispatch(self, arrays: list[Any], params: dict[str, Any]) -> Any:
         """Run the forward on arrays.
@@ -142,11 +185,18 @@ class Primitive:
         # Traced arrays: the op is inlined into a traced program, which takes no options of its own (NOTE [Fast compiles]).
         traced = False
         for a in arrays:
-            if isinstance(a, jax.core.Tracer):
+            if isinstance(a, _Tracer):
                 traced = True
                 break
         try:
-            return fn.plain(*arrays) if traced else fn(*arrays)
+            if traced:
+                return fn.plain(*arrays)
+            try:
+                # The fast program called directly (a frame less than ``FastJit.__call__``); the
+                # ``ValueError`` of a trace that refuses its options goes back to ``FastJit``'s fallback.
+                return fn.fast(*arrays)
+            except ValueError:
+                return fn(*arrays)
         except Exception as e:
             if not isinstance(e, RuntimeError | IndexError):  # JAX's error, not a shape rule's
                 for i, a in enumerate(arrays):
@@ -299,8 +349,8 @@ def defprim(
         vjp: one rule per positional argument (``None`` for non-differentiable ones).
         joint_vjp: instead of ``vjp``, one rule returning a tuple of all input grads.
         save: indices of inputs whose values the rules need (default: all of them); the
-            others reach the rules as an ``Aval``. Inputs a needed rule never reads are
-            not saved either way.
+            others reach the rules as an ``Aval``. Tensor inputs no needed rule reads are
+            kept as ``None`` either way (NOTE [Save what the needed rules read]).
         save_out: whether the rules read the output.
         num_outputs: number of arrays ``impl`` returns (a tuple when more than one).
         register: ``False`` for primitives made at run time (``from_jax``) that the
@@ -370,7 +420,7 @@ def _check_same_devices(args: tuple[Any, ...], tensors: list[Tensor], arrays: li
             break
     if first is None:
         return
-    positions = [i for i, a in enumerate(args) if type(a) is Tensor or isinstance(a, Tensor)]
+    positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
     for t, position in zip(tensors, positions, strict=True):
         sharding = sharding_of(t._array)
         if sharding is None or sharding is first or sharding == first or sharding.device_set == first.device_set:
@@ -397,11 +447,14 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
     arrays: list[Any] = []
     needs_graph = False
     scalars = False
-    tensors = []
+    first = None  # the first tensor argument; the others are found again where needed
+    n_tensors = 0
     for a in args:
-        if type(a) is Tensor or isinstance(a, Tensor):
+        if isinstance(a, Tensor):
             arrays.append(a._array)
-            tensors.append(a)
+            n_tensors += 1
+            if first is None:
+                first = a
             if not needs_graph and (a.grad_fn is not None or a._requires_grad):
                 needs_graph = True
         else:
@@ -410,16 +463,17 @@ def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
                 scalars = True
     trace = _current_step()
     if trace is not None:  # a step being traced finds its state here (NOTE [The step-trace seam])
-        for tensor in tensors:
-            trace.read(tensor)
-    if len(tensors) > 1 and (_several_devices if _several_devices is not None else _count_devices()):
-        _check_same_devices(args, tensors, arrays)  # NOTE [One device, no device check]
-    if scalars and prim.jit and tensors and not isinstance(tensors[0]._array, jax.core.Tracer):  # NOTE [Scalar constants]
+        for a in args:
+            if isinstance(a, Tensor):
+                trace.read(a)
+    if n_tensors > 1 and (_several_devices if _several_devices is not None else _count_devices()):
+        _check_same_devices(args, [a for a in args if isinstance(a, Tensor)], arrays)  # NOTE [One device, no device check]
+    if scalars and prim.jit and first is not None and not isinstance(first._array, _Tracer):  # NOTE [Scalar constants]
         arrays = [device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
     dispatch = DISPATCH.get()  # NOTE [Dispatch seam] in xgrad/ops/dispatch.py
     out = prim.dispatch(arrays, params) if dispatch is None else dispatch(prim, arrays, params)
     tangents = None
-    if LEVEL.current is not None and tensors and tangents_on():  # NOTE [Tangents are jvp of the forward]
+    if LEVEL.current is not None and first is not None and tangents_on():  # NOTE [Tangents are jvp of the forward]
         tangents = tangent_rule(prim, args, params)
     if not (needs_graph and _grad_state.enabled):
         if _grad_state.stop_trace is not None and trace is None and stops_gradients(arrays):
@@ -447,15 +501,21 @@ tangent_rule: Callable[[Primitive, tuple[Any, ...], dict[str, Any]], tuple[Tenso
 
 
 # NOTE [Recording cost]
-# ``_record`` runs once per recorded op, so it is written for the interpreter: one
-# loop per pass over the arguments (no generator expressions or per-call tuples of
-# helpers), edges built inline instead of through ``gradient_edge``, the outputs'
-# metadata read inline (one output, nearly every primitive, without tuples of
-# outputs), and ``SavedTensor`` called without keyword arguments (together 10-20% of a
-# recorded ``sin``'s recording). Whether a dtype is differentiable is cached per dtype
-# (``jnp.issubdtype`` costs as much as a node). The ``Edge``, ``InputMetadata`` and
-# ``Aval`` named tuples are made by ``tuple.__new__`` (``_new_tuple``): their own
-# ``__new__`` is a Python function, a frame that costs as much as the tuple (0.1-0.2 µs each).
+# ``_record`` runs once per recorded op, so it is written for the interpreter. One pass
+# over the arguments builds the edges (inline, not through ``gradient_edge``; a leaf's
+# ``AccumulateGrad`` read from its weak reference in place), the node's topological
+# number, and the key of the primitive's save plan (``_SavePlan``, cached per kinds of
+# arguments), which names the positions that get a ``SavedTensor``, an ``Aval`` or
+# ``None``: the second pass touches those alone, and an op that keeps its arguments as
+# they are copies nothing. The outputs' metadata comes from ``aval``'s fields (the
+# array's ``shape``/``dtype`` are Python properties over them); the node is made by
+# ``Node``'s constructor and its rule fields are set here (``PrimitiveNode`` has no
+# constructor of its own: a frame less). Whether a dtype is differentiable is cached
+# per dtype (``jnp.issubdtype`` costs as much as a node). The ``Edge``,
+# ``InputMetadata`` and ``Aval`` named tuples are made by ``tuple.__new__``
+# (``_new_tuple``): their own ``__new__`` is a Python function, a frame that costs as
+# much as the tuple. ``isinstance(a, Tensor)`` alone: it checks the exact type first
+# in C, faster than a ``type(a) is Tensor`` before it.
 _INEXACT: dict[Any, bool] = {}
 _new_tuple = tuple.__new__
 
@@ -469,51 +529,81 @@ def _differentiable_dtype(dtype: Any) -> bool:
 
 def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any, tangents: tuple[Any, ...] | None) -> Any:
     first = out if prim.num_outputs == 1 else out[0]
-    traced = isinstance(first, jax.core.Tracer)
+    traced = isinstance(first, _Tracer)
     if traced:
         check_captured_leaves(args, first)  # NOTE [Captured leaves]
     edges = []
-    wanted = []
+    kinds = []
+    topo = 0  # the node's topological number, found here rather than by a loop over its edges
     for a in args:
-        if type(a) is Tensor or isinstance(a, Tensor):
+        if isinstance(a, Tensor):
             fn = a.grad_fn
             if fn is not None:
                 edges.append(_new_tuple(Edge, (fn, a._output_nr)))
-                wanted.append(True)
+                kinds.append(_WANTS_GRAD)
+                if fn.topological_nr >= topo:
+                    topo = fn.topological_nr + 1
                 continue
             if a._requires_grad:
-                edges.append(_new_tuple(Edge, (grad_accumulator(a), 0)))
-                wanted.append(True)
+                ref = a._grad_accumulator  # ``grad_accumulator``'s hit, inline
+                accumulator = ref() if ref is not None else None
+                edges.append(_new_tuple(Edge, (accumulator if accumulator is not None else grad_accumulator(a), 0)))
+                kinds.append(_WANTS_GRAD)
+                if not topo:  # an AccumulateGrad's number is 0
+                    topo = 1
                 continue
             cut_site = getattr(a, "_cut_site", None)
             if cut_site is not None:  # NOTE [Outputs of JAX transformations]
                 raise RuntimeError(ERR_CUT_BY_JAX.format(where=cut_site))
-        edges.append(NO_EDGE)
-        wanted.append(False)
-    wanted_key = tuple(wanted)
-    saves = prim._saves.get(wanted_key)
-    save, save_out = saves if saves is not None else prim.saves(wanted_key)
-    saved: list[Any] = []
-    holds_tensors = bool(save_out)
-    i = 0
-    for a in args:
-        if type(a) is Tensor or isinstance(a, Tensor):
-            if save is None or i in save:
-                saved.append(SavedTensor(a, False, prim.name))
-                holds_tensors = True
-            else:
-                array = a._array
-                saved.append(_new_tuple(Aval, (array.shape, array.dtype)))
+            kinds.append(_NO_GRAD)
         else:
-            saved.append(a)
-        i += 1
-    if prim.num_outputs == 1:
-        dtype = out.dtype
-        # A traced value has no sharding (``sharding_of``).
-        metadata = _new_tuple(InputMetadata, (out.shape, dtype, None if traced else getattr(out, "sharding", None)))
-        node = PrimitiveNode(prim, params, tuple(edges), (metadata,), tuple(saved), holds_tensors, wanted_key)
+            kinds.append(_CONSTANT)
+        edges.append(NO_EDGE)
+    key = tuple(kinds)
+    plan = prim._saves.get(key)
+    _, save_out, wanted, save_at, aval_at, drop_at, holds_tensors = plan if plan is not None else prim._save_plan(key)
+    # The arguments as the rules get them: constants as they are, tensors by the plan.
+    saved: Any = args
+    if save_at or aval_at or drop_at:
+        saved = list(args)
+        for i in save_at:
+            saved[i] = SavedTensor(args[i], False, prim.name)
+        for i in drop_at:  # no needed rule reads it (NOTE [Save what the needed rules read])
+            saved[i] = None
+        for i in aval_at:
+            array = args[i]._array
+            saved[i] = _new_tuple(Aval, (array.shape, array.dtype))
+        saved = tuple(saved)
+    single = prim.num_outputs == 1
+    if single:
+        # The fields of ``aval``, not the array's ``shape`` and ``dtype``: each of those is a Python
+        # property reading ``aval``. A traced value has no sharding (``sharding_of``).
+        aval = getattr(out, "aval", out)
+        dtype = aval.dtype
+        metadata: tuple[InputMetadata, ...] = (
+            _new_tuple(InputMetadata, (aval.shape, dtype, None if traced else getattr(out, "sharding", None))),
+        )
+    else:
+        outs = tuple(out)
+        metadata = tuple(
+            [_new_tuple(InputMetadata, (o.shape, o.dtype, None if traced else getattr(o, "sharding", None))) for o in outs]
+        )
+    node = PrimitiveNode(tuple(edges), metadata, None, topo)  # Node's constructor: the rest is set here
+    node._edges_needed = wanted  # known here: a fresh node need not build it in backward
+    node.prim = prim
+    node.params = params
+    node.saved = saved
+    # Whether ``saved`` or ``saved_out`` has a SavedTensor: a node without one has
+    # nothing to unpack or release (``y * 1.0001``, NOTE [Save what the needed rules read]).
+    node.holds_tensors = holds_tensors
+    node.saved_out = None
+    node.structure = None  # NOTE [Structure fragments]
+    if ANOMALY.enabled:
+        record_forward_trace(node)
+    if single:
         result = Tensor(out)
-        if _differentiable_dtype(dtype):
+        differentiable = _INEXACT.get(dtype)
+        if differentiable if differentiable is not None else _differentiable_dtype(dtype):
             result.grad_fn = node  # output 0: Tensor's default _output_nr
         if tangents is not None:  # before saving: a saved output keeps its tangent
             set_tangent(result, tangents[0])
@@ -523,11 +613,6 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
         if on_record is not None:
             on_record(node)
         return result
-    outs = tuple(out)
-    metadata_of_outs = tuple(
-        [_new_tuple(InputMetadata, (o.shape, o.dtype, None if traced else getattr(o, "sharding", None))) for o in outs]
-    )
-    node = PrimitiveNode(prim, params, tuple(edges), metadata_of_outs, tuple(saved), holds_tensors, wanted_key)
     results = tuple(
         [Tensor._from_graph(o, node, k) if _differentiable_dtype(o.dtype) else Tensor(o) for k, o in enumerate(outs)]
     )
@@ -543,34 +628,15 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
 
 
 class PrimitiveNode(RuleNode):
-    """The one node class for every primitive: it replays the primitive's rules (NOTE [Rule nodes])."""
+    """The one node class for every primitive: it replays the primitive's rules (NOTE [Rule nodes]).
+
+    Made by ``_record`` alone, with ``Node``'s constructor, which then sets RuleNode's fields:
+    one constructor's call less per recorded op (NOTE [Recording cost]).
+    """
 
     __slots__ = ()  # the fields are RuleNode's
 
     prim: Primitive  # a RuleNode's ``Rules``, here always a registry primitive
-
-    def __init__(
-        self,
-        prim: Primitive,
-        params: dict[str, Any],
-        next_edges: tuple[Any, ...],
-        input_metadata: tuple[InputMetadata, ...],
-        saved: tuple[Any, ...],
-        holds_tensors: bool,
-        edges_needed: tuple[bool, ...],
-    ) -> None:
-        Node.__init__(self, next_edges, input_metadata)  # not super(): its proxy costs a tenth of the node
-        self._edges_needed = edges_needed  # known here: a fresh node need not build it in backward
-        self.prim = prim
-        self.params = params
-        self.saved = saved
-        # Whether ``saved`` or ``saved_out`` has a SavedTensor: a node without one has
-        # nothing to unpack or release (``y * 1.0001``, NOTE [Save what the needed rules read]).
-        self.holds_tensors = holds_tensors
-        self.saved_out: tuple[SavedTensor, ...] | None = None
-        self.structure: tuple[int, tuple[int, ...], bool] | None = None  # NOTE [Structure fragments]
-        if ANOMALY.enabled:
-            record_forward_trace(self)
 
     def name(self) -> str:
         return self.prim.node_name

@@ -12,6 +12,7 @@ operators are attached by ``xgrad.ops``.
 
 from __future__ import annotations
 
+import operator
 import warnings
 import weakref
 from collections.abc import Callable
@@ -206,17 +207,23 @@ class Tensor(TensorOpMethods):
         """
         return self._detached_alias(shares_version=False)
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._array.shape
+    if TYPE_CHECKING:
 
-    @property
-    def ndim(self) -> int:
-        return self._array.ndim
+        @property
+        def shape(self) -> tuple[int, ...]: ...
 
-    @property
-    def dtype(self) -> Any:
-        return self._array.dtype
+        @property
+        def ndim(self) -> int: ...
+
+        @property
+        def dtype(self) -> Any: ...
+
+    else:
+        # The array's, read by a C getter: a Python property's call costs as much as the read,
+        # and ops read shapes on every call (``linear``'s checks, NOTE [Recording cost]).
+        shape = property(operator.attrgetter("_array.shape"))
+        ndim = property(operator.attrgetter("_array.ndim"))
+        dtype = property(operator.attrgetter("_array.dtype"))
 
     @property
     def device(self) -> jax.Device:
