@@ -31,7 +31,7 @@ from xgrad.compile_step.intercept import _StepRecorder
 from xgrad.compile_step.miss_reasons import concrete_value_needed, describe_change, warn_rebinds
 from xgrad.compile_step.observers import run_observers
 from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
-from xgrad.compile_step.program_call import donating_program, finish, gather_inputs, precheck, run_program
+from xgrad.compile_step.program_call import check_first, donating_program, finish, gather_inputs, precheck, run_program
 from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.writeback import (
     _check_on_host,
@@ -89,38 +89,42 @@ def _expected(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
 
 
 def _guard_entry(ref: Any, grad_read: bool) -> list[Any]:
-    """A guard as ``_guards_hold`` reads it (``_Entry.guards``): plain state's without what it need not compare."""
+    """A guard as ``_guards_hold`` reads it: ``[ref, aval, shape, dtype]`` for plain state (``_Entry.plain_guards``),
+    with ``grad_read`` and the rest of ``_expected`` after them for the others (``_Entry.guards``)."""
     shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks = _expected(ref(), grad_read)
-    plain = not grad_read and grad_fn is None and not requires_grad and not hooks and not post_hooks
-    more = None if plain else (grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks)
-    return [ref, None, shape, dtype, more]
+    if not grad_read and grad_fn is None and not requires_grad and not hooks and not post_hooks:
+        return [ref, None, shape, dtype]
+    return [ref, None, shape, dtype, grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks]
 
 
 class _Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "checks", "consts", "donated", "dropped_grads", "effects", "fast_writes", "flags", "fresh",
-        "guards", "has_host_calls", "in_order", "precheck", "tracks_fresh",
+        "aliased", "arg_tensor_slots", "check_first", "checks", "consts", "donated", "donated_outputs", "dropped_grads", "effects", "fast_writes", "flags", "fresh",
+        "guards", "has_host_calls", "plain_guards", "in_order", "precheck", "tracks_fresh",
         "hook_box", "hook_reads", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
         "observing", "result_template", "result_tree", "writes",
     )
-    aliased: list[list[Any]]
+    aliased: list[Any]  # the sources sharing one array when traced: a tuple of weak references, else a list of targets
     arg_tensor_slots: tuple[int, ...]
     checks: tuple[tuple[Callable[[Any], BaseException], int | None, list[Any]], ...]  # error, detail's output, writes
     consts: list[tuple[str, Any]]
     # The inputs a call donates: position, source, whether a new .grad Tensor replaces it, the output replacing
     # it (NOTE [Donated state]).
     donated: tuple[tuple[int, Any, bool, int], ...]
+    donated_outputs: tuple[int, ...]  # the outputs replacing them, in their order
+    check_first: bool  # whether a call checks its arguments' indices before the program runs (``check_first``)
     dropped_grads: tuple[Any, ...]  # the targets whose .grad a call lets go of before its program runs
     effects: list[tuple[Any, Any, list[Any], list[tuple[int, int]]]]  # host effects run after the program
-    fast_writes: list[tuple[int, Any, Any, int]]  # ``writes`` as ``_apply_fast_writes`` takes them
+    fast_writes: tuple[list[Any], list[Any], list[Any]]  # ``writes`` as ``_apply_fast_writes`` takes them
     fresh: list[Any]  # the outputs that replaced the donated inputs at the last call, weakly (``fresh_outputs``)
     tracks_fresh: bool  # whether ``fresh`` is kept: the program forwards no input as an output
     in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``donating_program``)
-    # A tensor's weak reference, the aval that last passed, its shape and dtype, then ``None`` for plain
-    # state (no history, no requires_grad, no hooks, .grad not read: optimizer state, buffers), else
-    # whether its .grad was read and the rest of ``_expected``.
+    # A tensor's weak reference, the aval that last passed, its shape and dtype; for plain state (no history,
+    # no requires_grad, no hooks, .grad not read: optimizer state, buffers) that is all, the others go on with
+    # whether their .grad was read and the rest of ``_expected``.
+    plain_guards: list[list[Any]]
     guards: list[list[Any]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
     modes: list[tuple[Any, bool]]  # the modules the trace called or put in train/eval mode, and their modes then
@@ -249,6 +253,14 @@ class _LastCall:
 
 #: Shardings kept per argument as found equal to its signature's (batches placed one by one each bring their own).
 _KNOWN_SHARDINGS = 16
+
+
+def _same_shape(guard: list[Any], aval: Any) -> bool:
+    """Whether ``aval`` has the guard's shape and dtype; if so it is the one compared by identity next time (JAX interns avals)."""
+    if aval.shape != guard[2] or aval.dtype != guard[3]:
+        return False
+    guard[1] = aval
+    return True
 
 
 def _plain_argument(t: Tensor) -> bool:
@@ -389,45 +401,50 @@ class CompiledFunction:
     # -- hit path ----------------------------------------------------------------------
     @staticmethod
     def _guards_hold(entry: _Entry, leaves: list[Any]) -> bool:
-        # ``_guard`` inlined, with the expected values unpacked: it runs every step, once per state tensor.
-        for guard in entry.guards:
-            ref, aval, shape, dtype, more = guard
-            t = ref()
-            if t is None:
+        # ``_guard`` inlined, plain state apart: it runs every step, once per state tensor.
+        for guard in entry.plain_guards:
+            t = guard[0]()
+            if t is None or t.grad_fn is not None or t._requires_grad or t._backward_hooks or t._post_accumulate_grad_hooks:
                 return False
-            if more is None:  # plain state: no history, no requires_grad, no hooks, its .grad not read
-                if t.grad_fn is not None or t._requires_grad or t._backward_hooks or t._post_accumulate_grad_hooks:
+            found_aval = t._array.aval
+            if found_aval is not guard[1] and not _same_shape(guard, found_aval):
+                return False
+        for guard in entry.guards:
+            ref, _, _, _, grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks = guard
+            t = ref()
+            if t is None or t.grad_fn is not grad_fn or t._requires_grad != requires_grad:
+                return False
+            if grad_read:
+                g = t._grad
+                if (None if g is None else g._array.shape) != grad_shape:
                     return False
-            else:
-                grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks = more
-                if t.grad_fn is not grad_fn or t._requires_grad != requires_grad:
-                    return False
-                if grad_read:
-                    g = t._grad
-                    if (None if g is None else g._array.shape) != grad_shape:
-                        return False
-                found = t._backward_hooks
-                if (tuple(found) if found else ()) != hooks:
-                    return False
-                found = t._post_accumulate_grad_hooks
-                if (tuple(found) if found else ()) != post_hooks:
-                    return False
-            a = t._array
-            found_aval = a.aval
-            if found_aval is not aval:  # JAX interns avals: the same one has the shape and dtype seen last
-                if a.shape != shape or a.dtype != dtype:
-                    return False
-                guard[1] = found_aval
+            found = t._backward_hooks
+            if (tuple(found) if found else ()) != hooks:
+                return False
+            found = t._post_accumulate_grad_hooks
+            if (tuple(found) if found else ()) != post_hooks:
+                return False
+            found_aval = t._array.aval
+            if found_aval is not guard[1] and not _same_shape(guard, found_aval):
+                return False
         if entry.hook_reads and not reads_hold(entry.hook_reads):  # NOTE [Hooks traced in]
             return False
         for ref, training in entry.modes:
             module = ref()
             if module is not None and module.training != training:
                 return False
-        for refs in entry.aliased:
-            values = [_source_value(s, leaves) for s in refs]
-            if any(v is not values[0] for v in values[1:]):
-                return False
+        for refs in entry.aliased:  # the tensors that shared one array when traced still do
+            if type(refs) is tuple:  # tensors held by weak references
+                first = refs[0]()
+                array = None if first is None else first._array
+                for ref in refs:
+                    t = ref()
+                    if t is None or t._array is not array:
+                        return False
+            else:
+                values = [_source_value(s, leaves) for s in refs]
+                if any(v is not values[0] for v in values[1:]):
+                    return False
         return True
 
     def _run(self, entry: _Entry, leaves: list[Any], tree: Any) -> Any:
@@ -565,7 +582,9 @@ class CompiledFunction:
         entry.fast_writes = _fast_writes(entry.writes)
         entry.effects = recorder.effects
         entry.other = None
-        entry.guards = [_guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
+        guards = [_guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
+        entry.plain_guards = [guard for guard in guards if len(guard) == 4]
+        entry.guards = [guard for guard in guards if len(guard) > 4]
         entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]
         entry.hook_reads = recorder.hook_reads
         entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
@@ -574,7 +593,10 @@ class CompiledFunction:
             live = [s for s in recorder.sources.get(id(c), ()) if _resolve(s, leaves) is not None]
             consts.append(("state", live) if live else ("const", c))
         entry.consts = consts
-        entry.aliased = [refs for kind, refs in consts if kind != "const" and len(refs) > 1]
+        entry.aliased = [
+            tuple(refs) if all(type(s) is weakref.ref for s in refs) else refs
+            for kind, refs in consts if kind != "const" and len(refs) > 1
+        ]
         entry.inputs = [
             (0, refs) if kind == "const" else (1, refs[0]) if type(refs[0]) is weakref.ref else (2, refs[0]) for kind, refs in consts
         ]
@@ -588,6 +610,8 @@ class CompiledFunction:
             entry.writes, () if entry.precheck is not None else entry.checks, sources,
             [v.aval for v in (*jaxpr.constvars, *jaxpr.invars)], closed.out_avals,
         )
+        entry.donated_outputs = tuple(index for _, _, _, index in entry.donated)
+        entry.check_first = check_first(entry)
         entry.jitted, entry.in_order = donating_program(program, entry.donated, len(closed.out_avals))
         entry.fresh = []
         entry.observers = recorder.observers

@@ -108,10 +108,7 @@ def run_program(entry: _Entry, leaves: list[Any]) -> Any:
 
 
 def _call_program(entry: _Entry, leaves: list[Any]) -> Any:
-    # Check before when its hooks must not run if a check fails, or it consumes the state (NOTE [Donated state]);
-    # and before the program's own checks run first: an argument's indices are checked first, as eager does.
-    check_first = entry.has_host_calls or bool(entry.donated or entry.dropped_grads) or entry.precheck is not None
-    if check_first:
+    if entry.check_first:
         _check_on_host(entry.host_checks, leaves)
     inputs = gather_inputs(entry, leaves)
     if entry.precheck is not None:
@@ -126,14 +123,21 @@ def _call_program(entry: _Entry, leaves: list[Any]) -> Any:
         outs = entry.in_order(outs)
     del inputs
     if entry.tracks_fresh:
-        entry.fresh = fresh_outputs(entry.donated, outs)
-    if not check_first:
+        entry.fresh = fresh_outputs(entry.donated_outputs, outs)
+    if not entry.check_first:
         # While the program runs: if a check fails its outputs are dropped, as if it never ran.
         _check_on_host(entry.host_checks, leaves)
     if entry.flags is not None and entry.precheck is None:
         # The one device-to-host read of a program with checks.
         _raise_failed_check(entry, np.asarray(outs[entry.flags]), outs, leaves)
     return finish(entry, outs, leaves)
+
+
+def check_first(entry: _Entry) -> bool:
+    """Whether a call checks its arguments' indices before its program runs: when its hooks must not run if a
+    check fails, or it consumes the state (NOTE [Donated state]), and before the program's own checks run
+    first (an argument's indices are checked first, as eager does)."""
+    return entry.has_host_calls or bool(entry.donated or entry.dropped_grads) or entry.precheck is not None
 
 
 def _raise_failed_check(entry: _Entry, failed: Any, outs: Any, leaves: list[Any]) -> None:

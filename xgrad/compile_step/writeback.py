@@ -166,34 +166,35 @@ def _apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
             t._requires_grad = index
 
 
-def _fast_writes(writes: list[Any]) -> list[tuple[int, Any, Any, int]]:
+def _fast_writes(writes: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
     """``writes`` as ``_apply_fast_writes`` takes them, each one's kind decided once instead of at every call.
 
-    Kind 0: an array of a tensor held by a weak reference, 1: such a tensor's ``.grad``,
-    2: any other write, kept whole as the target.
+    The arrays of tensors held by weak references as ``(ref, output, version delta)``,
+    such tensors' ``.grad``s as ``(ref, output)``, and ``writes`` themselves when any
+    other write is among them (then they are applied in their order, by ``_apply_writes``).
     """
-    return [
-        ({"array": 0, "grad": 1}[what], target, index, delta)
-        if type(target) is weakref.ref and what in ("array", "grad") else (2, (target, what, index, delta), None, 0)
-        for target, what, index, delta in writes
-    ]
+    if not all(type(target) is weakref.ref and what in ("array", "grad") for target, what, _, _ in writes):
+        return [], [], writes
+    arrays = [(target, index, delta) for target, what, index, delta in writes if what == "array"]
+    grads = [(target, index) for target, what, index, _ in writes if what == "grad"]
+    return arrays, grads, []
 
 
-def _apply_fast_writes(writes: list[tuple[int, Any, Any, int]], outs: Any, leaves: list[Any]) -> None:
-    """``_apply_writes`` of the writes ``_fast_writes`` made, in the same order: a call's final writes, every step."""
-    for kind, target, index, version_delta in writes:
-        if kind == 0:
-            t = target()
-            if t is not None:
-                t._array = outs[index]
-                if version_delta:
-                    t._version += version_delta
-        elif kind == 1:
-            t = target()
-            if t is not None:
-                t._grad = None if index is None else Tensor(outs[index])
-        else:
-            _apply_writes([target], outs, leaves)
+def _apply_fast_writes(writes: tuple[list[Any], list[Any], list[Any]], outs: Any, leaves: list[Any]) -> None:
+    """A call's final writes as ``_fast_writes`` made them: every step, once per state tensor."""
+    arrays, grads, in_order = writes
+    for ref, index, version_delta in arrays:
+        t = ref()
+        if t is not None:
+            t._array = outs[index]
+            if version_delta:
+                t._version += version_delta
+    for ref, index in grads:
+        t = ref()
+        if t is not None:
+            t._grad = None if index is None else Tensor(outs[index])
+    if in_order:
+        _apply_writes(in_order, outs, leaves)
 
 
 def _returned_value(leaf: Any) -> Any:
@@ -248,14 +249,19 @@ def _returned_value(leaf: Any) -> Any:
 # ``.grad`` and XLA would copy what it still reads of the old values.
 
 
-def _count_refs(value: Any) -> int:
-    return sys.getrefcount(value)
+def _refcount_base(holders: int) -> int:
+    """``sys.getrefcount`` of a local variable whose value ``holders`` more references hold (and nothing else)."""
+    value = object()
+    held = [[value] for _ in range(holders)]
+    count = sys.getrefcount(value)
+    del held
+    return count
 
 
-_probe = object()
-#: What ``_count_refs`` gives for a value held by one reference (this module's ``_probe``).
-_ONE_HOLDER = _count_refs(_probe)
-del _probe
+#: ``sys.getrefcount`` of an input in ``own_donated`` held by its tensor and the inputs alone, and of an old ``.grad``
+#: Tensor held by its owner alone.
+_HELD_BY_TENSOR_AND_INPUTS = _refcount_base(2)
+_HELD_BY_OWNER = _refcount_base(1)
 
 
 def _target_key(target: Any) -> Any:
@@ -324,14 +330,19 @@ def own_donated(
     share a buffer, and their addresses, which wait for the last call's program, are not read.
     """
     stale = len(fresh) != len(donated)
+    getrefcount = sys.getrefcount
     for k, (position, source, new_tensor, _) in enumerate(donated):
-        if not stale and fresh[k]() is not inputs[position]:
+        array = inputs[position]
+        if not stale and fresh[k]() is not array:
             stale = True
-        held = _count_refs(inputs[position]) > _ONE_HOLDER + 1
-        if not held and new_tensor:
-            held = _count_refs(_resolve(source, leaves)) > _ONE_HOLDER
-        if held:
-            inputs[position] = inputs[position].copy()
+        if getrefcount(array) > _HELD_BY_TENSOR_AND_INPUTS:
+            inputs[position] = array.copy()
+        elif new_tensor:
+            grad = _resolve(source, leaves)
+            if getrefcount(grad) > _HELD_BY_OWNER:
+                inputs[position] = array.copy()
+            del grad
+        del array
     if stale:  # a copy made above has a buffer of its own, which no other input shares
         buffers = set()
         for position, _, _, _ in donated:
@@ -342,20 +353,21 @@ def own_donated(
                 buffers.add(buffer)
 
 
-def fresh_outputs(donated: tuple[tuple[int, Any, bool, int], ...], outs: Any) -> list[Any]:
-    """Weak references to the outputs that replace the donated inputs, for the next call's ``own_donated``.
+def fresh_outputs(outputs: tuple[int, ...], outs: Any) -> list[Any]:
+    """Weak references to the outputs that replace the donated inputs (at ``outputs``), for the next call's ``own_donated``.
 
     Only for a program that forwards none of its inputs as outputs: then each output is a
     buffer of its own, made by the call (XLA gives the outputs of one execution distinct
     buffers, sharing none but a donated input's).
     """
-    return [weakref.ref(outs[index]) for _, _, _, index in donated]
+    ref = weakref.ref
+    return [ref(outs[index]) for index in outputs]
 
 
 def drop_grads(targets: tuple[Any, ...], leaves: list[Any]) -> None:
     """Let go of the ``.grad``s a call replaces unread, before its program runs (NOTE [Donated state])."""
     for target in targets:
-        owner = _resolve(target, leaves)
+        owner = target() if type(target) is weakref.ref else _resolve(target, leaves)
         if owner is not None:
             owner._grad = None
 
