@@ -48,7 +48,7 @@ from xgrad.engine.compiled.switch import TRACER_ERRORS
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.jax_internals import ClosedJaxpr, check_consts_keep_identity, get_opaque_trace_state, jaxpr_as_fun
 from xgrad.nn.module import Module
-from xgrad.ops.autocast import autocast_key
+from xgrad.ops.autocast import AUTOCAST, autocast_key
 from xgrad.step_trace import tracing_step
 from xgrad.tensor import Tensor, is_tensor
 
@@ -182,7 +182,9 @@ def _signature(leaves: list[Any], tree: Any) -> Any:
 # the cache entry they led to, so a call whose arguments are those objects again, or
 # arrays with the same aval and a sharding already found equal, skips building,
 # hashing and comparing the signature (``_signature`` and its ``sharding == sharding``
-# per leaf, Python in JAX). Anything else (a Tensor argument with history, hooks or a
+# per leaf, Python in JAX); where they were the positional arguments themselves, it
+# skips flattening them too, and a grad mode and autocast state that are the very
+# objects seen then skip building the modes' key. Anything else (a Tensor argument with history, hooks or a
 # ``.grad``, a NumPy array, another tree, grad or autocast mode) takes the full path,
 # which then records the new call. Any change to the cache forgets it.
 
@@ -190,16 +192,21 @@ def _signature(leaves: list[Any], tree: Any) -> Any:
 class _LastCall:
     """The last hit's arguments, as ``_LastCall.matches`` compares them (NOTE [The hit path])."""
 
-    __slots__ = ("checks", "head", "mode", "signature", "tree")
+    __slots__ = ("autocast", "checks", "grad_enabled", "head", "mode", "positional", "signature", "tree")
 
     def __init__(self, tree: Any, checks: list[tuple[Any, ...]], signature: Any, head: Any) -> None:
         self.tree = tree
+        # The number of leaves if they were the positional arguments themselves (no kwargs, no containers), else -1.
+        self.positional = len(checks) if tree == jax.tree_util.tree_structure(((0,) * len(checks), {})) else -1
         # Per leaf: (0, type, aval, sharding, known) for an array, (1, ...) the same for a Tensor holding
         # one (no history, hooks or .grad), (2, type, value) for a static value; ``known`` maps ids to
         # the shardings found equal to ``sharding`` (held, so the ids stay theirs).
         self.checks = checks
         self.signature = signature
         self.mode = signature[3]
+        self.grad_enabled = self.mode[0]
+        # The autocast state seen: a new immutable mapping each time autocast is entered or left.
+        self.autocast = AUTOCAST.get()
         self.head = head
 
     @staticmethod
@@ -220,10 +227,12 @@ class _LastCall:
                 checks.append((2, type(leaf), leaf))
         return _LastCall(tree, checks, signature, head)
 
-    def matches(self, leaves: list[Any], tree: Any) -> bool:
-        """Whether a call with ``leaves`` and ``tree`` has the recorded signature (same tree: as many leaves)."""
-        if tree != self.tree:
-            return False
+    def matches(self, leaves: list[Any]) -> bool:
+        """Whether a call with ``leaves`` (of the recorded tree) has the recorded signature.
+
+        Each leaf's type is compared first, so the positional arguments themselves,
+        unflattened, match only where they were the leaves (a container is never a leaf).
+        """
         tensors = 0
         for leaf, check in zip(leaves, self.checks, strict=True):
             kind = check[0]
@@ -248,6 +257,8 @@ class _LastCall:
                 known[id(sharding)] = sharding
         if tensors > 1 and _aliases(leaves) != self.signature[2]:
             return False
+        if is_grad_enabled() is self.grad_enabled and AUTOCAST.get() is self.autocast:
+            return True
         return (is_grad_enabled(), autocast_key()) == self.mode
 
 
@@ -302,9 +313,16 @@ class CompiledFunction:
             if ANOMALY.enabled and not tracing():
                 self._stats["fallbacks"] += 1
             return self.fn(*args, **kwargs)
-        leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
-        last = self._last_call
-        if last is not None and last.matches(leaves, tree):  # NOTE [The hit path]
+        last = self._last_call  # NOTE [The hit path]
+        if last is not None and not kwargs and len(args) == last.positional:
+            leaves, tree = list(args), last.tree
+            hit = last.matches(leaves)
+            if not hit:
+                leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
+        else:
+            leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
+            hit = last is not None and tree == last.tree and last.matches(leaves)
+        if hit:
             entry = self._matching(last.head, leaves)
             if entry is not None:
                 self._stats["hits"] += 1
