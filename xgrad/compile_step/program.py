@@ -34,13 +34,13 @@ from xgrad.compile_step.printing import intercepting_print, print_before_error, 
 from xgrad.compile_step.program_call import check_first, donating_program, finish, gather_inputs, precheck, run_program
 from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.writeback import (
-    _check_on_host,
-    _collect,
-    _fast_writes,
-    _remove_added_hooks,
-    _resolve,
-    _source_value,
+    check_on_host,
+    collect_outputs,
     donation,
+    remove_added_hooks,
+    resolve_target,
+    sort_writes,
+    source_value,
 )
 from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
@@ -117,7 +117,7 @@ class _Entry:
     check_first: bool  # whether a call checks its arguments' indices before the program runs (``check_first``)
     dropped_grads: tuple[Any, ...]  # the targets whose .grad a call lets go of before its program runs
     effects: list[tuple[Any, Any, list[Any], list[tuple[int, int]]]]  # host effects run after the program
-    fast_writes: tuple[list[Any], list[Any], list[Any]]  # ``writes`` as ``_apply_fast_writes`` takes them
+    fast_writes: tuple[list[Any], list[Any], list[Any]]  # ``writes`` as ``apply_final_writes`` takes them
     fresh: list[Any]  # the outputs that replaced the donated inputs at the last call, weakly (``fresh_outputs``)
     tracks_fresh: bool  # whether ``fresh`` is kept: the program forwards no input as an output
     in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``donating_program``)
@@ -460,7 +460,7 @@ class CompiledFunction:
                     if t is None or t._array is not array:
                         return False
             else:
-                values = [_source_value(s, leaves) for s in refs]
+                values = [source_value(s, leaves) for s in refs]
                 if any(v is not values[0] for v in values[1:]):
                     return False
         return True
@@ -476,7 +476,7 @@ class CompiledFunction:
                 if entry.observing is not _NO_VARIANT:
                     variant = entry.observing
                     outs = variant.jitted(*gather_inputs(variant, leaves))
-                    _check_on_host(variant.host_checks, leaves)
+                    check_on_host(variant.host_checks, leaves)
                     checked = variant.flags is None or not np.asarray(outs[variant.flags]).any()
                     # A failed check: the exact program, which no hook has run for yet, raises it.
                     if checked and run_observers(variant.observers, outs, box):
@@ -556,7 +556,7 @@ class CompiledFunction:
                 else:
                     call_leaves[i] = tracer
             call_args, call_kwargs = jax.tree_util.tree_unflatten(tree, call_leaves)
-            return _collect(recorder, fn(*call_args, **call_kwargs), found)
+            return collect_outputs(recorder, fn(*call_args, **call_kwargs), found)
 
         for i in dyn_slots:
             leaf = leaves[i]
@@ -587,7 +587,7 @@ class CompiledFunction:
                     t = snap.ref()
                     if t is not None:
                         snap.restore(t)
-                kept = _remove_added_hooks(recorder)
+                kept = remove_added_hooks(recorder)
             if kept is not None:
                 raise _NotCompilable(HOOK_KEPT, kept)
         if recorder.effects_need_program():
@@ -597,7 +597,7 @@ class CompiledFunction:
         entry.n_dyn_args = len(dyn_slots)
         (entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags,
          entry.host_checks) = found["layout"]
-        entry.fast_writes = _fast_writes(entry.writes)
+        entry.fast_writes = sort_writes(entry.writes)
         entry.effects = recorder.effects
         entry.other = None
         guards = [_guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
@@ -608,7 +608,7 @@ class CompiledFunction:
         entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
         consts: list[tuple[str, Any]] = []
         for c in closed.consts:
-            live = [s for s in recorder.sources.get(id(c), ()) if _resolve(s, leaves) is not None]
+            live = [s for s in recorder.sources.get(id(c), ()) if resolve_target(s, leaves) is not None]
             consts.append(("state", live) if live else ("const", c))
         entry.consts = consts
         entry.aliased = [
@@ -639,7 +639,7 @@ class CompiledFunction:
         only_hooks = 0 < recorder.hook_calls == recorder.host_calls - recorder.conditional_calls
         entry.hook_box = recorder.hook_box if only_hooks else None
         traced_program = entry.jitted.trace(
-            *[refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in consts], *dyn_values
+            *[refs if kind == "const" else source_value(refs[0], leaves) for kind, refs in consts], *dyn_values
         )
         # An output that is an input of the jitted program is that input's array itself, no buffer of its own.
         run_jaxpr = traced_program.jaxpr.jaxpr

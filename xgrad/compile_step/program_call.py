@@ -12,14 +12,14 @@ import jax
 import numpy as np
 
 from xgrad.compile_step.writeback import (
-    _apply_fast_writes,
-    _apply_writes,
-    _check_on_host,
-    _resolve,
-    _source_value,
+    apply_final_writes,
+    apply_writes,
+    check_on_host,
     drop_grads,
     fresh_outputs,
     own_donated,
+    resolve_target,
+    source_value,
 )
 from xgrad.jax_internals import Var
 from xgrad.tensor import Tensor
@@ -85,7 +85,7 @@ def donating_program(program: Any, donated: tuple[tuple[int, Any, bool, int], ..
 def gather_inputs(entry: _Entry, leaves: list[Any]) -> list[Any]:
     # One comprehension, no calls for the common kinds: it runs every step.
     inputs = [
-        source()._array if kind == 1 else source if kind == 0 else _source_value(source, leaves)
+        source()._array if kind == 1 else source if kind == 0 else source_value(source, leaves)
         for kind, source in entry.inputs
     ]
     for i in entry.arg_tensor_slots:
@@ -109,7 +109,7 @@ def run_program(entry: _Entry, leaves: list[Any]) -> Any:
 
 def _call_program(entry: _Entry, leaves: list[Any]) -> Any:
     if entry.check_first:
-        _check_on_host(entry.host_checks, leaves)
+        check_on_host(entry.host_checks, leaves)
     inputs = gather_inputs(entry, leaves)
     if entry.precheck is not None:
         checks, undonated = entry.precheck
@@ -126,7 +126,7 @@ def _call_program(entry: _Entry, leaves: list[Any]) -> Any:
         entry.fresh = fresh_outputs(entry.donated_outputs, outs)
     if not entry.check_first:
         # While the program runs: if a check fails its outputs are dropped, as if it never ran.
-        _check_on_host(entry.host_checks, leaves)
+        check_on_host(entry.host_checks, leaves)
     if entry.flags is not None and entry.precheck is None:
         # The one device-to-host read of a program with checks.
         _raise_failed_check(entry, np.asarray(outs[entry.flags]), outs, leaves)
@@ -144,13 +144,13 @@ def _raise_failed_check(entry: _Entry, failed: Any, outs: Any, leaves: list[Any]
     """Raise the first failed check's error, the state written as eager leaves it when the op raises."""
     if failed.any():
         make_error, detail, writes = entry.checks[int(np.argmax(failed))]
-        _apply_writes(writes, outs, leaves)
+        apply_writes(writes, outs, leaves)
         raise make_error(None if detail is None else outs[detail])
 
 
 def finish(entry: _Entry, outs: Any, leaves: list[Any]) -> Any:
     """Write back a call's state and build its results."""
-    _apply_fast_writes(entry.fast_writes, outs, leaves)
+    apply_final_writes(entry.fast_writes, outs, leaves)
     for ref, training in entry.mode_writes:  # what ``train()``/``eval()`` in ``fn`` did
         module = ref()
         if module is not None:
@@ -171,7 +171,7 @@ def finish(entry: _Entry, outs: Any, leaves: list[Any]) -> Any:
         elif how == "array":
             results.append(outs[value])
         elif how == "same":
-            results.append(_resolve(value, leaves))
+            results.append(resolve_target(value, leaves))
         else:
             results.append(value)
     return jax.tree_util.tree_unflatten(entry.result_tree, results)

@@ -22,7 +22,7 @@ from xgrad.tensor import Tensor, is_tensor
 _passed: dict[tuple[int, int, bool, int | None], weakref.ref[Any]] = {}
 
 
-def _check_on_host(host_checks: Any, leaves: list[Any]) -> None:
+def check_on_host(host_checks: Any, leaves: list[Any]) -> None:
     """Eager's range checks of argument indices (NOTE [Checks in a compiled step]); raise as eager would."""
     for leaf, size, message, negative, ignore, writes in host_checks:
         index = leaves[leaf]
@@ -35,13 +35,13 @@ def _check_on_host(host_checks: Any, leaves: list[Any]) -> None:
         try:
             ops_util.check_index_range(index, size, message, negative, ignore)
         except IndexOutOfRangeError:
-            _apply_writes(writes, (), leaves)  # the state as eager leaves it when the op raises
+            apply_writes(writes, (), leaves)  # the state as eager leaves it when the op raises
             raise
         if isinstance(index, jax.Array):
             _passed[key] = weakref.ref(index, lambda _, key=key: _passed.pop(key, None))  # type: ignore[misc]
 
 
-def _remove_added_hooks(recorder: _Recorder) -> str | None:
+def remove_added_hooks(recorder: _Recorder) -> str | None:
     """Take out the hooks the trace registered (a call's own effects are the program's).
 
     Returns the line that registered one that stayed on a tensor or node outliving the
@@ -55,30 +55,30 @@ def _remove_added_hooks(recorder: _Recorder) -> str | None:
     return kept
 
 
-def _resolve(target: Any, leaves: list[Any]) -> Any:
+def resolve_target(target: Any, leaves: list[Any]) -> Any:
     """The tensor a target names at this call (``_Snapshot.target``), ``None`` if it is gone."""
     if type(target) is int:
         return leaves[target]
     if type(target) is tuple:
-        owner = _resolve(target[1], leaves)
+        owner = resolve_target(target[1], leaves)
         return None if owner is None else owner._grad
     return target()
 
 
-def _source_value(target: Any, leaves: list[Any]) -> Any:
-    t = _resolve(target, leaves)
+def source_value(target: Any, leaves: list[Any]) -> Any:
+    t = resolve_target(target, leaves)
     if t is None:
         raise RuntimeError("xgrad.compile: a tensor the program reads was freed (internal error: please report it)")
     return t._array
 
 
-def _collect(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
+def collect_outputs(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
     """Inside the trace, after ``fn``: the program's outputs and where each goes (NOTE [Whole-step compile], 2)."""
     leaves, result_tree = jax.tree_util.tree_flatten(result, is_leaf=is_tensor)
     returned = [weakref.ref(leaf) if isinstance(leaf, Tensor) else None for leaf in leaves]
     returned_values = [_returned_value(leaf) for leaf in leaves]
     del result, leaves
-    writes = _state_writes(recorder, "the end of the compiled function")
+    writes = state_writes(recorder, "the end of the compiled function")
     guards: list[Any] = []
     for key, snap in recorder.snapshots.items():
         # Arguments are keyed by the signature, grads by their owner.
@@ -104,7 +104,7 @@ def _collect(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[An
     return recorder.outputs
 
 
-def _state_writes(recorder: _Recorder, site: str) -> list[Any]:
+def state_writes(recorder: _Recorder, site: str) -> list[Any]:
     """How the state tensors differ from their snapshots now: what a call writes back (NOTE [Whole-step compile], 2).
 
     Each write is ``(target, what, value, version_delta)``; ``value`` is an output
@@ -151,10 +151,10 @@ def _laid_out(value: Any, layout: Any) -> Any:
     return value if layout is None else jax.lax.with_sharding_constraint(value, layout)
 
 
-def _apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
+def apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
     """Rebind the state a call changed, on the same tensor objects."""
     for target, what, index, version_delta in writes:
-        t = target() if type(target) is weakref.ref else _resolve(target, leaves)
+        t = target() if type(target) is weakref.ref else resolve_target(target, leaves)
         if t is None:
             continue
         if what == "array":
@@ -166,12 +166,12 @@ def _apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
             t._requires_grad = index
 
 
-def _fast_writes(writes: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
-    """``writes`` as ``_apply_fast_writes`` takes them, each one's kind decided once instead of at every call.
+def sort_writes(writes: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    """``writes`` as ``apply_final_writes`` takes them, each one's kind decided once instead of at every call.
 
     The arrays of tensors held by weak references as ``(ref, output, version delta)``,
     such tensors' ``.grad``s as ``(ref, output)``, and ``writes`` themselves when any
-    other write is among them (then they are applied in their order, by ``_apply_writes``).
+    other write is among them (then they are applied in their order, by ``apply_writes``).
     """
     if not all(type(target) is weakref.ref and what in ("array", "grad") for target, what, _, _ in writes):
         return [], [], writes
@@ -180,8 +180,8 @@ def _fast_writes(writes: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
     return arrays, grads, []
 
 
-def _apply_fast_writes(writes: tuple[list[Any], list[Any], list[Any]], outs: Any, leaves: list[Any]) -> None:
-    """A call's final writes as ``_fast_writes`` made them: every step, once per state tensor."""
+def apply_final_writes(writes: tuple[list[Any], list[Any], list[Any]], outs: Any, leaves: list[Any]) -> None:
+    """A call's final writes as ``sort_writes`` made them: every step, once per state tensor."""
     arrays, grads, in_order = writes
     for ref, index, version_delta in arrays:
         t = ref()
@@ -194,7 +194,7 @@ def _apply_fast_writes(writes: tuple[list[Any], list[Any], list[Any]], outs: Any
         if t is not None:
             t._grad = None if index is None else Tensor(outs[index])
     if in_order:
-        _apply_writes(in_order, outs, leaves)
+        apply_writes(in_order, outs, leaves)
 
 
 def _returned_value(leaf: Any) -> Any:
@@ -338,7 +338,7 @@ def own_donated(
         if getrefcount(array) > _HELD_BY_TENSOR_AND_INPUTS:
             inputs[position] = array.copy()
         elif new_tensor:
-            grad = _resolve(source, leaves)
+            grad = resolve_target(source, leaves)
             if getrefcount(grad) > _HELD_BY_OWNER:
                 inputs[position] = array.copy()
             del grad
@@ -367,7 +367,7 @@ def fresh_outputs(outputs: tuple[int, ...], outs: Any) -> list[Any]:
 def drop_grads(targets: tuple[Any, ...], leaves: list[Any]) -> None:
     """Let go of the ``.grad``s a call replaces unread, before its program runs (NOTE [Donated state])."""
     for target in targets:
-        owner = target() if type(target) is weakref.ref else _resolve(target, leaves)
+        owner = target() if type(target) is weakref.ref else resolve_target(target, leaves)
         if owner is not None:
             owner._grad = None
 
