@@ -89,15 +89,15 @@ def _expected(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
 
 
 def _guard_entry(ref: Any, grad_read: bool) -> list[Any]:
-    """A guard as ``_guards_hold`` reads it: ``[ref, aval, shape, dtype]`` for plain state (``_Entry.plain_guards``),
-    with ``grad_read`` and the rest of ``_expected`` after them for the others (``_Entry.guards``)."""
+    """A guard as ``_guards_hold`` reads it: ``[ref, aval, shape, dtype]`` for plain state (``Entry.plain_guards``),
+    with ``grad_read`` and the rest of ``_expected`` after them for the others (``Entry.guards``)."""
     shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks = _expected(ref(), grad_read)
     if not grad_read and grad_fn is None and not requires_grad and not hooks and not post_hooks:
         return [ref, None, shape, dtype]
     return [ref, None, shape, dtype, grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks]
 
 
-class _Entry:
+class Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
@@ -373,7 +373,7 @@ class CompiledFunction:
             entry = entry.other
         return None
 
-    def _keep(self, signature: Any, entry: _Entry) -> None:
+    def _keep(self, signature: Any, entry: Entry) -> None:
         """Cache ``entry`` for ``signature``, before the ones traced for it under other guards (NOTE [Entries of one signature])."""
         previous = self._cache.get(signature)
         entry.other = None if previous is _FALLBACK else previous
@@ -418,7 +418,7 @@ class CompiledFunction:
 
     # -- hit path ----------------------------------------------------------------------
     @staticmethod
-    def _guards_hold(entry: _Entry, leaves: list[Any]) -> bool:
+    def _guards_hold(entry: Entry, leaves: list[Any]) -> bool:
         # ``_guard`` inlined, plain state apart: it runs every step, once per state tensor.
         for guard in entry.plain_guards:
             t = guard[0]()
@@ -465,7 +465,7 @@ class CompiledFunction:
                     return False
         return True
 
-    def _run(self, entry: _Entry, leaves: list[Any], tree: Any) -> Any:
+    def _run(self, entry: Entry, leaves: list[Any], tree: Any) -> Any:
         box = entry.hook_box
         if box is None:
             return run_program(entry, leaves)
@@ -488,7 +488,7 @@ class CompiledFunction:
             finally:
                 box.replay.clear()
 
-    def _observer_variant(self, entry: _Entry, leaves: list[Any], tree: Any) -> Any:
+    def _observer_variant(self, entry: Entry, leaves: list[Any], tree: Any) -> Any:
         """``fn`` traced with its hooks as outputs of the program, run after it; ``_NO_VARIANT`` if a host call stays."""
         try:
             with self._trace_lock:
@@ -525,7 +525,7 @@ class CompiledFunction:
 
     def _compile(
         self, leaves: list[Any], tree: Any, observing: list[Any] | None = None, effects_in_program: bool = False,
-    ) -> _Entry:
+    ) -> Entry:
         """Trace ``fn`` into an entry; with ``observing`` (the ops its hooks ran), its observer variant."""
         start = time.perf_counter()
         check_consts_keep_identity()  # the program's inputs are found by it (xgrad/jax_internals.py)
@@ -592,7 +592,7 @@ class CompiledFunction:
                 raise _NotCompilable(HOOK_KEPT, kept)
         if recorder.effects_need_program():
             return self._compile(leaves, tree, observing, effects_in_program=True)
-        entry = _Entry()
+        entry = Entry()
         entry.arg_tensor_slots = tuple(dyn_slots)
         entry.n_dyn_args = len(dyn_slots)
         (entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags,

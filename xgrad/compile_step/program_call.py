@@ -25,7 +25,7 @@ from xgrad.jax_internals import Var
 from xgrad.tensor import Tensor
 
 if TYPE_CHECKING:
-    from xgrad.compile_step.program import _Entry
+    from xgrad.compile_step.program import Entry
 
 def _inputs_read(jaxpr: Any, outputs: list[int]) -> set[Any]:
     """The variables that ``jaxpr``'s outputs at ``outputs`` are computed from (an equation: from all its inputs)."""
@@ -36,7 +36,7 @@ def _inputs_read(jaxpr: Any, outputs: list[int]) -> set[Any]:
     return needed
 
 
-def precheck(entry: _Entry, program: Any, invars: list[Any], jaxpr: Any) -> Any:
+def precheck(entry: Entry, program: Any, invars: list[Any], jaxpr: Any) -> Any:
     """The program's checks as a program of their own, when a call may run them first (NOTE [Donated state]).
 
     So they may when they read no state (only the arguments: targets viewed as a flat
@@ -82,7 +82,7 @@ def donating_program(program: Any, donated: tuple[tuple[int, Any, bool, int], ..
     return jit(reordered), operator.itemgetter(*(where[i] for i in range(n_outputs)))
 
 
-def gather_inputs(entry: _Entry, leaves: list[Any]) -> list[Any]:
+def gather_inputs(entry: Entry, leaves: list[Any]) -> list[Any]:
     # One comprehension, no calls for the common kinds: it runs every step.
     inputs = [
         source()._array if kind == 1 else source if kind == 0 else source_value(source, leaves)
@@ -100,14 +100,14 @@ def gather_inputs(entry: _Entry, leaves: list[Any]) -> list[Any]:
 _DONATING = threading.Lock()
 
 
-def run_program(entry: _Entry, leaves: list[Any]) -> Any:
+def run_program(entry: Entry, leaves: list[Any]) -> Any:
     if not (entry.donated or entry.dropped_grads):
         return _call_program(entry, leaves)
     with _DONATING:
         return _call_program(entry, leaves)
 
 
-def _call_program(entry: _Entry, leaves: list[Any]) -> Any:
+def _call_program(entry: Entry, leaves: list[Any]) -> Any:
     if entry.check_first:
         check_on_host(entry.host_checks, leaves)
     inputs = gather_inputs(entry, leaves)
@@ -133,14 +133,14 @@ def _call_program(entry: _Entry, leaves: list[Any]) -> Any:
     return finish(entry, outs, leaves)
 
 
-def check_first(entry: _Entry) -> bool:
+def check_first(entry: Entry) -> bool:
     """Whether a call checks its arguments' indices before its program runs: when its hooks must not run if a
     check fails, or it consumes the state (NOTE [Donated state]), and before the program's own checks run
     first (an argument's indices are checked first, as eager does)."""
     return entry.has_host_calls or bool(entry.donated or entry.dropped_grads) or entry.precheck is not None
 
 
-def _raise_failed_check(entry: _Entry, failed: Any, outs: Any, leaves: list[Any]) -> None:
+def _raise_failed_check(entry: Entry, failed: Any, outs: Any, leaves: list[Any]) -> None:
     """Raise the first failed check's error, the state written as eager leaves it when the op raises."""
     if failed.any():
         make_error, detail, writes = entry.checks[int(np.argmax(failed))]
@@ -148,7 +148,7 @@ def _raise_failed_check(entry: _Entry, failed: Any, outs: Any, leaves: list[Any]
         raise make_error(None if detail is None else outs[detail])
 
 
-def finish(entry: _Entry, outs: Any, leaves: list[Any]) -> Any:
+def finish(entry: Entry, outs: Any, leaves: list[Any]) -> Any:
     """Write back a call's state and build its results."""
     apply_final_writes(entry.fast_writes, outs, leaves)
     for ref, training in entry.mode_writes:  # what ``train()``/``eval()`` in ``fn`` did
