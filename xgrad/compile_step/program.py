@@ -322,7 +322,7 @@ class CompiledFunction:
         else:
             leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
             hit = last is not None and tree == last.tree and last.matches(leaves)
-        if hit:
+        if hit and last is not None:
             entry = self._matching(last.head, leaves)
             if entry is not None:
                 self._stats["hits"] += 1
