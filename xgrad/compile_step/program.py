@@ -89,11 +89,12 @@ def _expected(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
 
 
 def _guard_entry(ref: Any, grad_read: bool) -> list[Any]:
-    """A guard as ``_guards_hold`` reads it: ``[ref, aval, shape, dtype]`` for plain state (``Entry.plain_guards``),
-    with ``grad_read`` and the rest of ``_expected`` after them for the others (``Entry.guards``)."""
+    """A guard as ``_guards_hold`` reads it: ``[ref, aval, shape, dtype, requires_grad]`` for a leaf without hooks
+    whose ``.grad`` was not read (``Entry.plain_guards``), with ``grad_read`` and the rest of ``_expected`` after
+    ``dtype`` for the others (``Entry.guards``)."""
     shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks = _expected(ref(), grad_read)
-    if not grad_read and grad_fn is None and not requires_grad and not hooks and not post_hooks:
-        return [ref, None, shape, dtype]
+    if not grad_read and grad_fn is None and not hooks and not post_hooks:
+        return [ref, None, shape, dtype, requires_grad]
     return [ref, None, shape, dtype, grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks]
 
 
@@ -121,9 +122,9 @@ class Entry:
     fresh: list[Any]  # the outputs that replaced the donated inputs at the last call, weakly (``fresh_outputs``)
     tracks_fresh: bool  # whether ``fresh`` is kept: the program forwards no input as an output
     in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``donating_program``)
-    # A tensor's weak reference, the aval that last passed, its shape and dtype; for plain state (no history,
-    # no requires_grad, no hooks, .grad not read: optimizer state, buffers) that is all, the others go on with
-    # whether their .grad was read and the rest of ``_expected``.
+    # A tensor's weak reference, the aval that last passed, its shape and dtype; for plain state (a leaf with
+    # no hooks, its .grad not read: parameters, optimizer state, buffers) then its requires_grad, the others
+    # go on with whether their .grad was read and the rest of ``_expected``.
     plain_guards: list[list[Any]]
     guards: list[list[Any]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
@@ -422,7 +423,10 @@ class CompiledFunction:
         # ``_guard`` inlined, plain state apart: it runs every step, once per state tensor.
         for guard in entry.plain_guards:
             t = guard[0]()
-            if t is None or t.grad_fn is not None or t._requires_grad or t._backward_hooks or t._post_accumulate_grad_hooks:
+            if (
+                t is None or t.grad_fn is not None or t._requires_grad != guard[4] or t._backward_hooks
+                or t._post_accumulate_grad_hooks
+            ):
                 return False
             found_aval = t._array.aval
             if found_aval is not guard[1] and not _same_shape(guard, found_aval):
@@ -601,8 +605,8 @@ class CompiledFunction:
         entry.effects = recorder.effects
         entry.other = None
         guards = [_guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
-        entry.plain_guards = [guard for guard in guards if len(guard) == 4]
-        entry.guards = [guard for guard in guards if len(guard) > 4]
+        entry.plain_guards = [guard for guard in guards if len(guard) == 5]
+        entry.guards = [guard for guard in guards if len(guard) > 5]
         entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]
         entry.hook_reads = recorder.hook_reads
         entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
