@@ -13,8 +13,13 @@ backend compiles (``jax.monitoring``). ``--against DIR`` runs another checkout's
 turns (each run alternates the checkouts), so that load on the shared machine hits both alike;
 the table shows medians over ``--runs`` fresh processes per checkout and workload.
 
+``--programs`` profiles the new batch size's step instead: each program it compiles, with the CPU
+seconds of its XLA compile (the process time from the end of its lowering to the end of its
+compile, both reported by ``jax.monitoring``), and the seconds JAX reports for tracing and lowering.
+
     python benchmarks/bench_cold.py --runs 5
     python benchmarks/bench_cold.py --runs 5 --against /path/to/other/checkout
+    python benchmarks/bench_cold.py --programs --runs 3 --against /path/to/other/checkout
     python benchmarks/bench_cold.py --kernels --runs 3   # what the fast compile options cost run time
 """
 
@@ -76,7 +81,7 @@ FIRST_STEP = PRELUDE + textwrap.dedent(
     """
 )
 
-NEW_BATCH = PRELUDE + textwrap.dedent(
+NEW_BATCH_SETUP = PRELUDE + textwrap.dedent(
     """
     import numpy as np
     model = xgrad.nn.MLP([32, 64, 64, 10], key=0)
@@ -94,6 +99,11 @@ NEW_BATCH = PRELUDE + textwrap.dedent(
 
     for _ in range(2):
         timed(step, *batch(64))
+    """
+)
+
+NEW_BATCH = NEW_BATCH_SETUP + textwrap.dedent(
+    """
     new = timed(step, *batch(48))
     again = timed(step, *batch(48))
     print(json.dumps({"new batch": new, "same batch again": again}))
@@ -101,6 +111,30 @@ NEW_BATCH = PRELUDE + textwrap.dedent(
 )
 
 WORKLOADS = {"first eager step": FIRST_STEP, "new batch size": NEW_BATCH}
+
+# The new batch size's step, program by program. JAX reports a program's phases as they end
+# (its trace, then its lowering, then its backend compile) on this thread, so the process time
+# between the end of its lowering and the end of its compile is its compile's CPU time, the
+# threads XLA compiles with included.
+PROGRAMS = NEW_BATCH_SETUP + textwrap.dedent(
+    """
+    phases, programs, lowered = {}, [], [0.0]
+
+    def listener(event, seconds, fun_name=None, **_):
+        phase = event.rsplit("/", 1)[-1]
+        phases[phase] = phases.get(phase, 0.0) + seconds
+        if phase == "jaxpr_to_mlir_module_duration":
+            lowered[0] = time.process_time()
+        elif phase == "backend_compile_duration":
+            programs.append((str(fun_name), time.process_time() - lowered[0]))
+
+    x, y = batch(48)  # made before listening: making them compiles two programs of their own
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    step_cpu = timed(step, x, y)["cpu"]
+    jax.monitoring.unregister_event_duration_listener(listener)
+    print(json.dumps({"step cpu": step_cpu, "phases": phases, "programs": programs}))
+    """
+)
 
 # What the fast options cost a program's run time: kernels of the demo's kinds compiled with
 # XLA's defaults and with ``fast_compiler_options()``, small (an eager MLP's) and large.
@@ -164,12 +198,36 @@ def run_kernels() -> list[dict[str, Any]]:
     return cast(list[dict[str, Any]], run_once(KERNELS, ROOT))
 
 
+def profile_programs(checkouts: dict[str, Path], runs: int) -> None:
+    """Per checkout: the new batch size's programs (in order, median compile CPU s over ``runs``) and phases."""
+    profiles: dict[str, list[Any]] = {label: [] for label in checkouts}
+    for _ in range(runs):
+        for label, checkout in checkouts.items():
+            profiles[label].append(run_once(PROGRAMS, checkout))
+    print(f"{runs} fresh processes per checkout, load average {os.getloadavg()[0]:.1f} at the end\n")
+    for label, results in profiles.items():
+        names = [name for name, _ in results[0]["programs"]]
+        rows = [
+            (f"{i + 1}. {name}", f"{statistics.median(r['programs'][i][1] for r in results if len(r['programs']) > i):.3f}")
+            for i, name in enumerate(names)
+        ]
+        compile_cpu = statistics.median(sum(c for _, c in r["programs"]) for r in results)
+        rows.append((f"**{len(names)} programs: compile CPU s**", f"**{compile_cpu:.3f}**"))
+        for phase in ("jaxpr_trace_duration", "jaxpr_to_mlir_module_duration", "backend_compile_duration"):
+            rows.append((f"JAX's {phase} (wall s)", f"{statistics.median(r['phases'].get(phase, 0.0) for r in results):.3f}"))
+        rows.append(("the step's CPU s", f"{statistics.median(r['step cpu'] for r in results):.3f}"))
+        print(f"{label}:\n")
+        print(table(rows, ("program (new batch size)", "median")))
+        print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="fresh processes per checkout and workload")
     parser.add_argument("--against", type=Path, help="another checkout to run in the same turns")
     parser.add_argument("--only", choices=sorted(WORKLOADS), help="one workload")
     parser.add_argument("--kernels", action="store_true", help="compile and run times of single kernels, default options against fast")
+    parser.add_argument("--programs", action="store_true", help="the new batch size's programs and their compile CPU seconds")
     args = parser.parse_args()
     if args.kernels:
         kernel_rows = [run_kernels() for _ in range(args.runs)]
@@ -184,6 +242,9 @@ def main() -> None:
     checkouts = {"this checkout": ROOT}
     if args.against is not None:
         checkouts = {f"{args.against}": args.against.resolve(), **checkouts}
+    if args.programs:
+        profile_programs(checkouts, args.runs)
+        return
     workloads = {args.only: WORKLOADS[args.only]} if args.only else WORKLOADS
     results: dict[tuple[str, str, str], list[dict[str, float]]] = {}
     for _ in range(args.runs):

@@ -101,7 +101,9 @@ def _timed(fn: Callable[[], Any]) -> Callable[[], float]:
 
 
 def jax_hook_rows(hooks: int, rounds: int) -> list[tuple[str, ...]]:
-    """k hooks between k+1 layers, in JAX alone: split, ``io_callback`` and ``debug.callback``."""
+    """k hooks between k+1 layers, in JAX alone: split, ``io_callback`` and ``debug.callback``; then the gradient
+    of that chain with an ordered ``io_callback`` per hook in its backward (a ``custom_vjp`` identity), the raw
+    cost of what a hook that is not pure costs an ``xgrad.compile`` step (its rows below)."""
     seen: list[float] = []
 
     def host_hook(g: Any) -> Any:
@@ -145,21 +147,35 @@ def jax_hook_rows(hooks: int, rounds: int) -> list[tuple[str, ...]]:
             h = middle(jnp.asarray(host_hook(h)), w)
         return last(jnp.asarray(host_hook(h)), ws[-1])
 
+    @jax.custom_vjp
+    def on_host_in_backward(h: Any) -> Any:
+        return h
+
+    on_host_in_backward.defvjp(lambda h: (h, None), lambda _, g: (with_io_callback(g),))
+
+    def grad_of(between: Callable[[Any], Any]) -> Any:
+        return jax.jit(jax.grad(lambda ws, x: chain(between)(x, ws)))
+
+    grad_no_hook, grad_io = grad_of(lambda h: h), grad_of(on_host_in_backward)
     medians = interleaved({
         "no hook": _timed(lambda: no_hook(x, ws)),
         "split": _timed(split),
         "io_callback": _timed(lambda: io_program(x, ws)),
         "debug.callback": _timed(lambda: debug_program(x, ws)),
+        "grad, no hook": _timed(lambda: grad_no_hook(ws, x)),
+        "grad, io_callback in the backward": _timed(lambda: grad_io(ws, x)),
     }, rounds)
-    base = medians["no hook"][1]
-    return [
-        (f"JAX, {hooks} hook(s): {name}", _both(s), f"{s[1] / base:.2f}x", _us((s[1] - base) / hooks) if name != "no hook" else "")
-        for name, s in medians.items()
-    ]
+    rows = []
+    for name, s in medians.items():
+        base = medians["grad, no hook" if name.startswith("grad") else "no hook"][1]
+        per_hook = "" if name.endswith("no hook") else _us((s[1] - base) / hooks)
+        rows.append((f"JAX, {hooks} hook(s): {name}", _both(s), f"{s[1] / base:.2f}x", per_hook))
+    return rows
 
 
 def _xgrad_chain(hooks: int, with_hooks: bool) -> tuple[Callable[[], Any], list[xgrad.Tensor]]:
-    """The same chain through xgrad: leaves ``ws``, a hook (not pure, its result flows on) on each of k intermediates."""
+    """The same chain through xgrad: leaves ``ws``, a hook on each of k intermediates, its result flowing on, marked
+    ``host_hook`` (unmarked, ``g -> g`` would be traced in: NOTE [Hooks traced in])."""
     ws = [xgrad.tensor(np.eye(WIDTH, dtype=np.float32) * 0.5, requires_grad=True) for _ in range(hooks + 1)]
     x = xgrad.ones(BATCH, WIDTH)
 
@@ -170,7 +186,7 @@ def _xgrad_chain(hooks: int, with_hooks: bool) -> tuple[Callable[[], Any], list[
         h = (x @ ws[0]).tanh()
         for w in ws[1:]:
             if with_hooks:
-                h.register_hook(host_hook)
+                h.register_hook(compiled.host_hook(host_hook))
             h = (h @ w).tanh()
         return h.sum()
 

@@ -231,6 +231,43 @@ def test_grads_keep_their_leaf_sharding(compiled):
         np.testing.assert_allclose(p.grad.numpy(), grads[n], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode", ["eager", "compiled", "xgrad.compile"])
+def test_conv2d_grads_on_a_mesh(mode):
+    """conv2d's gradients of operands split over two devices, as ``jax.grad``'s on one: eager and
+    ``xgrad.compile`` take the convolution's own transposes there, the compiled backward the CPU
+    patches form (NOTE [Convolution gradients on CPU])."""
+    import jax
+
+    import xgrad
+
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(4, 2, 5, 5)), rng.normal(size=(4, 1, 3, 3))
+    conv = dict(stride=(1, 2), padding=1, groups=2)
+
+    def loss(x, w):
+        return (xgrad.conv2d(x, w, **conv) ** 2).sum()
+
+    def reference(x, w):
+        out = jax.lax.conv_general_dilated(x, w, (1, 2), ((1, 1), (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                                           feature_group_count=2)
+        return (out**2).sum()
+
+    mesh = _session_mesh()
+    x, w = (_on(mesh, v, "data", requires_grad=True) for v in values)  # the batch, and w's out-channels, split
+    if mode == "xgrad.compile":
+        def step(x, w):
+            value = loss(x, w)
+            value.backward()
+            return value
+
+        xgrad.compile(step, fallback="error")(x, w)
+    else:
+        loss(x, w).backward(compiled=mode == "compiled")
+    for t, expected in zip((x, w), jax.grad(reference, argnums=(0, 1))(*values), strict=True):
+        np.testing.assert_allclose(t.grad.numpy(), expected, rtol=1e-10, atol=1e-12)
+        assert t.grad.sharding.is_equivalent_to(t.sharding, t.ndim), (t.grad.sharding, t.sharding)
+
+
 # -- launching ------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:

@@ -192,3 +192,52 @@ def test_the_second_step_compiles_nothing(how, make_optimizer, compiles):
     second = run().item()
     assert compiles == []
     assert second < first  # the step moved the parameters
+
+
+# NOTE [Cross-entropy without ignored targets] (xgrad/ops/nn.py): targets all in [0, C) with an
+# ignore_index outside it divide the mean by the number of targets, not by a count of the kept
+# ones. The reference counts them: an ignore_index inside [0, C) that no target takes.
+@pytest.mark.filterwarnings("ignore::xgrad.autograd.compiled.RecompileWarning")  # one call site, many graphs
+@pytest.mark.parametrize("how", ["eager", "compiled backward", "xgrad.compile"])
+@pytest.mark.parametrize(("dtype", "shape", "reduction", "smoothing"), [
+    (np.float32, (48, 10), "mean", 0.0),
+    (np.float32, (7, 5, 3), "mean", 0.1),
+    (np.float64, (33, 4), "sum", 0.0),
+    (np.float16, (3001, 3), "mean", 0.0),  # a count float16 rounds (3001 -> 3000)
+    (np.float32, (6, 3), "none", 0.2),
+])
+def test_cross_entropy_without_ignored_targets_has_the_masked_bits(how, dtype, shape, reduction, smoothing):
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal(shape).astype(dtype)
+    classes = shape[1]
+    targets = rng.integers(0, classes - 1, (shape[0], *shape[2:])).astype(np.int32)  # never the last class
+
+    def loss_and_grad(ignore_index):
+        x = xgrad.tensor(logits, requires_grad=True)
+
+        def step(t):
+            loss = xgrad.cross_entropy(x, t, ignore_index=ignore_index, reduction=reduction, label_smoothing=smoothing)
+            (loss.sum() * 1.5).backward(compiled=how == "compiled backward")
+            return loss
+
+        run = xgrad.compile(step, fallback="error") if how == "xgrad.compile" else step
+        loss = run(xgrad.tensor(targets))
+        return np.asarray(loss.array), np.asarray(x.grad.array)
+
+    unmasked, masked = loss_and_grad(-100), loss_and_grad(classes - 1)
+    for a, b in zip(unmasked, masked, strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_cross_entropy_counts_kept_targets_only_when_some_may_be_ignored():
+    x = xgrad.tensor(np.zeros((4, 3), np.float32), requires_grad=True)
+
+    def run(targets, ignore_index=-100):
+        loss = xgrad.cross_entropy(x, xgrad.tensor(np.array(targets, np.int32)), ignore_index=ignore_index)
+        return loss.grad_fn.params["all_kept"], loss.item()
+
+    assert run([0, 1, 2, 0]) == (True, pytest.approx(np.log(3)))
+    assert run([0, -100, 2, 0]) == (False, pytest.approx(np.log(3)))  # one ignored: the mean of three
+    assert run([0, 1, 2, 0], ignore_index=1) == (False, pytest.approx(np.log(3)))  # ignore_index is a class
+    all_ignored = run([-100] * 4)
+    assert all_ignored[0] is False and np.isnan(all_ignored[1])  # PyTorch's 0 / 0

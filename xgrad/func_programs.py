@@ -172,7 +172,12 @@ _NOT_TRACING = get_opaque_trace_state(convention="xgrad")  # the same in every t
 _RUN_UNCACHED = object()  # an entry for a signature whose trace needed concrete values
 _CHECK_FAILED = object()  # what ``_run`` returns when a check of values failed in the program
 _CACHE_SIZE = 64
-_LIBRARIES = {"xgrad", "jax", "jaxlib", "numpy", "optax", "equinox", "flax", "functools", "operator", "builtins"}
+# Packages whose code reads no user state: a function of theirs is library code, not followed
+# into what it reads (here, and by ``xgrad.compile``'s hook purity, NOTE [Hooks traced in]).
+LIBRARIES = frozenset({
+    "xgrad", "jax", "jaxlib", "numpy", "math", "cmath", "operator", "functools", "itertools", "builtins", "optax",
+    "equinox", "flax", "typing", "collections", "abc", "enum", "dataclasses",
+})
 
 
 class _Entry:
@@ -234,7 +239,7 @@ def _reached(fn: Any, modules: list[Any], tensors: list[Tensor], seen: set[int])
         code = getattr(fn, "__code__", None)
         fn_globals = getattr(fn, "__globals__", {})
         package = str(fn_globals.get("__name__", "")).split(".")[0]
-        if code is not None and package not in _LIBRARIES:  # the user's function: what it reads
+        if code is not None and package not in LIBRARIES:  # the user's function: what it reads
             for cell in fn.__closure__ or ():
                 try:
                     parts.append(cell.cell_contents)

@@ -27,6 +27,8 @@ What xgrad uses of JAX, by how stable it is:
   ``BatchTracer`` constructor (``batching_level``: an ``autograd.Function``'s own
   ``vmap`` rule runs one level down and its outputs are batched at the level, as JAX's
   batching rules are; checked at import by ``_self_test_batching_level``).
+  ``pxla.ExecuteReplicated.__call__``, wrapped so that a host call's own exception, not JAX's
+  ``JaxRuntimeError``, reaches the caller of a plain ``jax.jit`` program (``reraise_host_errors``).
 - Behaviour no public API promises, checked by a self-test: at import for what needs
   no device (``_self_test``), at the first use for what needs one
   (``check_consts_keep_identity``):
@@ -54,6 +56,7 @@ from __future__ import annotations
 import dis
 import threading
 import warnings
+from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
 
@@ -68,7 +71,7 @@ __all__ = [
     "BYTECODE_SCAN_EXACT", "BytecodeScanFallback", "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged",
     "Literal", "Var", "abstractifying",
     "check_consts_keep_identity", "concrete_value", "devices_in_process", "get_opaque_trace_state", "io_callback",
-    "jaxpr_as_fun", "loaded_names",
+    "jaxpr_as_fun", "loaded_names", "reraise_host_errors",
     "BatchingLevel", "batching_level", "name_scopes", "reset_compilation_cache", "single_device_sharding",
     "source_frames", "unwrap_tracer",
 ]
@@ -91,8 +94,11 @@ try:
     from jax._src.core import set_current_trace, trace_ctx
     from jax._src.interpreters.ad import JVPTracer, LinearizeTracer
     from jax._src.interpreters.batching import BatchTrace, BatchTracer
+    from jax._src.interpreters.pxla import ExecuteReplicated
 except ImportError as error:  # pragma: no cover - a JAX that moved them
-    raise _changed("jax._src.interpreters.batching.BatchTracer or ad.JVPTracer/LinearizeTracer moved") from error
+    raise _changed(
+        "jax._src.interpreters.batching.BatchTracer, ad.JVPTracer/LinearizeTracer or pxla.ExecuteReplicated moved"
+    ) from error
 
 
 # -- 1. ClosedJaxpr.consts are the arrays the trace closed over ---------------------------
@@ -314,6 +320,26 @@ def devices_in_process() -> int:
     """How many devices every backend of this process holds together (``jax.extend.backend.backends``
     initialises them all, as the first array made does)."""
     return sum(len(backend.devices()) for backend in jax.extend.backend.backends().values())
+
+
+def reraise_host_errors(original_of: Callable[[BaseException], BaseException | None]) -> None:
+    """Where JAX runs a program and raises its ``JaxRuntimeError`` for a host callback that raised, raise instead the
+    exception ``original_of`` finds behind it (``None``: JAX's own). Internal: ``pxla.ExecuteReplicated.__call__``
+    runs every program with host callbacks (they leave JAX's C++ fast path), and on the CPU backend a callback's
+    error comes out of it; ``tests/test_hooks_jax.py`` checks the exception a hook raises under ``jax.jit``.
+    """
+    run = ExecuteReplicated.__call__
+
+    def call(self: Any, *args: Any) -> Any:
+        try:
+            return run(self, *args)
+        except jax.errors.JaxRuntimeError as error:
+            original = original_of(error)
+            if original is None:
+                raise
+            raise original.with_traceback(original.__traceback__) from None
+
+    ExecuteReplicated.__call__ = call  # type: ignore[method-assign]
 
 
 def reset_compilation_cache() -> None:

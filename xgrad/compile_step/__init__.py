@@ -13,7 +13,7 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 # engine running on tensors that wrap tracers, and caches the jaxpr as one ``jax.jit``
 # program per input signature. Three pieces make that the same as calling ``fn``:
 #
-# 1. Finding the state. While ``fn`` is traced, the step's ``_Recorder`` is the trace of
+# 1. Finding the state. While ``fn`` is traced, the step's ``Recorder`` is the trace of
 #    this context (NOTE [The step-trace seam] in ``xgrad/step_trace.py``: hooks, checks,
 #    random draws and a backward's final callbacks ask it). The code that reads a
 #    tensor's array into a computation or changes a tensor's state tells it first
@@ -46,21 +46,21 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 # ``compiled.pure_hook``, are traced inline (NOTE [Hooks traced in] in ``hook_purity.py``).
 # The others (and those marked ``compiled.host_hook``) run through
 # ``io_callback(ordered=True)`` at their point in the program, with concrete tensors, in
-# eager order (``_host_hook``), or after it when they only observe (NOTE [Observer
+# eager order (``host.hook_in_step``, NOTE [Host calls] in ``xgrad/engine/host_call.py``), or after it when they only observe (NOTE [Observer
 # hooks]). Hooks registered while tracing are
 # taken out again when the trace ends; one that would stay on a tensor or node that
 # outlives the call is not compiled (eager adds one more per call, and all run).
-# A host hook runs with a stand-in for its backward's ``GraphTask`` (``_HostGraphTask``),
+# A host hook runs with a stand-in for its backward's ``GraphTask`` (``HostGraphTask``),
 # so ``queue_callback`` inside it works; where the traced backward ran its final
 # callbacks, one more host call runs the ones queued during this call, in queue order,
-# with the state tensors showing their values at that point (``_state_on_host``: the
+# with the state tensors showing their values at that point (``state_on_host``: the
 # ``.grad``s and the arrays the step changed so far go to the host, and what a callback
 # rebinds among them flows on; an array the step left alone stays on the device, and a
 # callback that changes one raises). That call sits under a ``lax.cond`` on flags the
 # host hooks return (whether callbacks wait), so hooks that queue nothing cost one
 # flag each. A callback queued by traced code (a pure hook, a traced Function's
 # backward) is such a host call too, at its place in the traced backward's
-# list (``_TracedCallbacks``: a ``GraphTask`` made while tracing takes one from the recorder).
+# list (``TracedCallbacks``: a ``GraphTask`` made while tracing takes one from the recorder).
 # ``print`` is a host effect with the values of each call (NOTE [Print in a compiled
 # step] in ``printing.py``). Python needing a concrete value
 # (``.item()``, ``if t > 0``, ``.numpy()``) makes the call run eagerly after a
@@ -134,7 +134,7 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 #
 # NOTE [Functions in a compiled step]
 # A custom Function's backward is user Python, so it runs as a hook does: one ordered
-# host call at its point in the program, every call (``_function_on_host``), under
+# host call at its point in the program, every call (``function_on_host``), under
 # ``no_grad`` and the backward's host stand-in (``queue_callback`` works), on a fresh
 # ctx per call holding the Function's own attributes, with the grads, the saved tensors
 # (unpacked when traced) and any tensor among the attributes as their values at that
@@ -156,7 +156,7 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 # values (``check_values``: a BCE input outside [0, 1], an integer to a negative power)
 # and an exception a host call raised (a hook, a final callback: kept on the host, its
 # flag returned to the program) take the same road. While a step is
-# traced, a check whose values are tracers of this trace becomes a ``_Check``: a flag
+# traced, a check whose values are tracers of this trace becomes a ``Check``: a flag
 # (the check fails), a detail for the message (the first bad entry), the error to
 # raise (the eager one; the user's own exception, as itself, for a host call), and the state writes
 # as they stand at that point of ``fn`` (what eager would have done before raising:
@@ -188,13 +188,13 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 # such hooks (``_replacing_hook_on_host``; final callbacks only if a hook queues one) and
 # whose hooks all observed on its last call is traced once more (``step.stats()["variants"]``;
 # ``fn``'s Python runs a second time for that signature) with ``rec.observing`` set: each hook
-# call becomes its arguments as outputs of the program (``_Observer``) and the variant has no
+# call becomes its arguments as outputs of the program (``Observer``) and the variant has no
 # host call. A call runs the variant, checks (a failed one: the exact program runs instead,
 # and raises, no hook having run), then calls the hooks in program order on the outputs,
 # in the calling thread, with a stand-in ``GraphTask`` each. If all observe again, the
 # variant's writes and results are the call's. Once hook ``k`` returns a value, raises or
 # queues a callback, the variant's outputs are dropped and the exact program runs with
-# the first ``k + 1`` hook calls replayed from what they did (``_HookBox.replay``: ``None``,
+# the first ``k + 1`` hook calls replayed from what they did (``HookBox.replay``: ``None``,
 # then hook ``k``'s result, exception or queued callbacks), without calling them again,
 # and the rest live: each hook runs once per call, and the call is the exact one. The exact
 # program then serves the entry until its hooks all observe again. What the hooks compute
@@ -202,7 +202,7 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 # their last run in the exact program (NOTE [Hook ops in the program] in ``hook_ops.py``).
 # An entry with other
 # host calls (a Function's backward, post-accumulate hooks, callbacks queued by traced
-# code) always runs exactly. ``_HookBox.lock`` keeps one call of an entry at a time in
+# code) always runs exactly. ``HookBox.lock`` keeps one call of an entry at a time in
 # this bookkeeping.
 """
 

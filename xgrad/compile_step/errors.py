@@ -53,7 +53,9 @@ class CompileFallbackError(RuntimeError):
     """Raised instead of running eagerly under ``xgrad.compile(fn, fallback="error")``."""
 
 
-class _NotCompilable(Exception):
+class NotCompilable(Exception):
+    """Why a call cannot be compiled, and the user's line: it runs eagerly, or raises under ``fallback="error"``."""
+
     def __init__(self, reason: str, site: str) -> None:
         super().__init__(reason)
         self.reason = reason

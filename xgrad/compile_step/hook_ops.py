@@ -34,6 +34,11 @@ _MAX_CONSTANT = 16  # elements: a scalar operand is learned as a constant, a lar
 # result, (2, value) a constant.
 Source = tuple[Any, ...]
 Op = tuple[Primitive, dict[str, Any], tuple[Source, ...]]
+# An op computed in the observer variant: (its primitive and params' key, where its inputs
+# are: an output position, or ``~k`` the k-th of its constants (one position alone for
+# one input that is an output), its constants, the position of its result, or of each of
+# its results).
+Planned = tuple[tuple[Primitive, tuple[Any, ...]], int | tuple[int, ...], tuple[Any, ...], Any]
 
 
 class OpLog:
@@ -89,15 +94,29 @@ class HookOps:
         self.fn = fn
         self.ops = ops
 
-    def trace(self, args: list[Any], output: Callable[[Any], int]) -> list[tuple[Any, ...]]:
-        """Compute the ops from the traced ``args``; each as (primitive, params' key, sources, output positions)."""
+    def trace(self, args: list[Any], output: Callable[[Any], int]) -> list[Planned]:
+        """Compute the ops from the traced ``args``; each planned as where ``Served`` finds its inputs and result."""
         results: list[tuple[Any, ...]] = []
-        planned = []
+        planned: list[Planned] = []
         for prim, params, sources in self.ops:
-            out = prim.dispatch(_inputs(sources, args, results), params)
+            inputs = _inputs(sources, args, results)
+            out = prim.dispatch(inputs, params)
             outs = tuple(out) if prim.num_outputs > 1 else (out,)
             results.append(outs)
-            planned.append((prim, tuple(params.items()), sources, [output(o) for o in outs]))
+            # An input is an output of the program (a hook's argument, an earlier op's result) or a constant.
+            constants: list[Any] = []
+            where = []
+            for source, a in zip(sources, inputs, strict=True):
+                if source[0] == 2:
+                    where.append(~len(constants))
+                    constants.append(a)
+                else:
+                    where.append(output(a))
+            positions = tuple(output(o) for o in outs)
+            result = positions if prim.num_outputs > 1 else positions[0]
+            # One input, an output (``g.norm()``): its position alone, the key read without a loop.
+            inputs_at = where[0] if len(where) == 1 and where[0] >= 0 else tuple(where)
+            planned.append(((prim, tuple(params.items())), inputs_at, tuple(constants), result))
         return planned
 
 
@@ -106,24 +125,27 @@ def _inputs(sources: tuple[Source, ...], args: list[Any], results: list[tuple[An
 
 
 class Served:
-    """A dispatch for ``dispatching_through`` that finds a planned op's result among the program's outputs."""
+    """A dispatch for ``dispatching_through`` that finds a planned op's result among the program's outputs.
 
-    __slots__ = ("_keep", "_outs", "_table")
+    Its table is built in one pass over the observers' plans, from output positions and
+    constants fixed when the variant was traced: each key holds the ids of arrays that
+    ``outs`` (held here) or the plans keep alive while it serves.
+    """
 
-    def __init__(self, outs: Any) -> None:
+    __slots__ = ("_outs", "_table")
+
+    def __init__(self, outs: Any, plans: list[list[Planned]]) -> None:
         self._outs = outs
         self._table: dict[tuple[Any, ...], Any] = {}
-        self._keep: list[Any] = []  # the objects whose ids key the table stay alive while it serves
-
-    def add(self, planned: list[tuple[Any, ...]], args: list[Any]) -> None:
-        """Serve one hook call's planned ops (``HookOps.trace``), its arguments being ``args``."""
-        results: list[tuple[Any, ...]] = []
-        for prim, params_key, sources, positions in planned:
-            arrays = _inputs(sources, args, results)
-            outs = tuple(self._outs[p] for p in positions)
-            results.append(outs)
-            self._keep.append(arrays)
-            self._table[(prim, params_key, *map(id, arrays))] = outs if prim.num_outputs > 1 else outs[0]
+        table = self._table
+        for planned in plans:
+            for head, where, constants, result in planned:
+                key: tuple[Any, ...]
+                if isinstance(where, int):
+                    key = (*head, id(outs[where]))
+                else:
+                    key = (*head, *[id(outs[i]) if i >= 0 else id(constants[~i]) for i in where])
+                table[key] = outs[result] if type(result) is int else tuple(outs[p] for p in result)
 
     def __call__(self, prim: Primitive, arrays: list[Any], params: dict[str, Any]) -> Any:
         try:

@@ -26,7 +26,7 @@
 #    ``SCALE`` is rebound, so what it computes is always eager's. A value rebound at every
 #    call (a global step counter) then retraces at every call: mark such a hook ``host_hook``.
 #
-# Library code (xgrad, JAX, NumPy, math, Equinox, Optax, ...) that a hook calls is traced as
+# Library code (``func_programs.LIBRARIES``: xgrad, JAX, NumPy, math, Equinox, Optax, ...) that a hook calls is traced as
 # any op of the step is (a random draw threads the generator's state through the program);
 # its modules, classes and functions are not read as the hook's state, but its objects are
 # (an optimizer's ``param_groups``, a module's attributes and children), except JAX's and NumPy's own and
@@ -47,11 +47,13 @@ import functools
 import logging
 import threading
 import types
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import jax
 import numpy as np
 
+from xgrad.func_programs import LIBRARIES
 from xgrad.tensor import Tensor, is_tensor
 
 # Names whose use is an effect a trace cannot repeat: output, concrete values, mutation of
@@ -67,12 +69,11 @@ _EFFECT_NAMES = frozenset({
     "callback", "io_callback", "pure_callback", "queue_callback", "register_hook", "register_prehook",
     "register_post_accumulate_grad_hook", "retain_grad", "backward",
 })
-_WRITES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR", "DELETE_ATTR", "STORE_NAME", "DELETE_NAME"})
-_OUTER_WRITES = frozenset({"STORE_DEREF", "DELETE_DEREF"})
-_TRUSTED = frozenset({
-    "xgrad", "jax", "jaxlib", "numpy", "math", "cmath", "operator", "functools", "itertools", "builtins", "optax",
-    "equinox", "flax", "typing", "collections", "abc", "enum", "dataclasses",
-})
+# What each instruction that writes Python state outliving the call writes (``writes``).
+_WRITES = {
+    "STORE_GLOBAL": "global", "DELETE_GLOBAL": "global", "STORE_DEREF": "closed-over", "DELETE_DEREF": "closed-over",
+    "STORE_ATTR": "attribute", "DELETE_ATTR": "attribute", "STORE_NAME": "name", "DELETE_NAME": "name",
+}
 _SCALARS = (
     type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis), jax.Array, np.generic,
     types.BuiltinFunctionType,
@@ -93,11 +94,20 @@ def _trusted(obj: Any) -> bool:
     module = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
     if not isinstance(module, str):
         module = type(obj).__module__
-    return module.partition(".")[0] in _TRUSTED
+    return module.partition(".")[0] in LIBRARIES
 
 
 def _array_library(obj: Any) -> bool:
     return type(obj).__module__.partition(".")[0] in ("jax", "jaxlib", "numpy")
+
+
+def writes(code: types.CodeType, outer: Collection[str]) -> Iterator[tuple[dis.Instruction, str]]:
+    """The instructions of ``code`` that write Python state outliving its call, each with what it writes: a
+    ``"global"``, a ``"closed-over"`` name (among ``outer``), an ``"attribute"`` or a ``"name"`` of a namespace."""
+    for ins in dis.get_instructions(code):
+        kind = _WRITES.get(ins.opname)
+        if kind is not None and (kind != "closed-over" or ins.argval in outer):
+            yield ins, kind
 
 
 def _codes(code: types.CodeType) -> list[types.CodeType]:
@@ -171,9 +181,8 @@ class Reads:
         self._seen.add(id(fn))
         outer = set(fn.__code__.co_freevars)
         for code in _codes(fn.__code__):
-            for ins in dis.get_instructions(code):
-                if ins.opname in _WRITES or (ins.opname in _OUTER_WRITES and ins.argval in outer):
-                    raise Impure(f"{fn.__qualname__} changes {ins.argval!r} ({ins.opname})")
+            for ins, _ in writes(code, outer):
+                raise Impure(f"{fn.__qualname__} changes {ins.argval!r} ({ins.opname})")
             effects = _EFFECT_NAMES.intersection(code.co_names)
             if effects:
                 raise Impure(f"{fn.__qualname__} uses {sorted(effects)[0]!r}")

@@ -12,21 +12,20 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from xgrad.compile_step import recording
-from xgrad.compile_step.errors import _NotCompilable
+from xgrad.compile_step.errors import NotCompilable
 from xgrad.compile_step.hook_purity import trace_in
-from xgrad.compile_step.observers import _HookBox, _HostGraphTask, _in_backward, _Observer
+from xgrad.compile_step.observers import HookBox, HostGraphTask, Observer, call_in_backward
 from xgrad.compile_step.recording import tracing
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.compiled.key import traced_function
 from xgrad.engine.compiled.lower import _FunctionRules
 from xgrad.engine.function import FunctionCtx, FunctionNode
+from xgrad.engine.host_call import call_on_host, hook_on_host, swapped_state
 from xgrad.engine.node import ERR_POST_ACCUMULATE_RESULT, Edge, InputMetadata, current_task
 from xgrad.engine.validate import validate_outputs
 from xgrad.grad_mode import is_grad_enabled, no_grad
-from xgrad.jax_internals import io_callback
 from xgrad.nn.hooks import BackwardHook
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
@@ -52,8 +51,8 @@ def _struct(array: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(array.shape, array.dtype)
 
 
-def _host_hook(fn: Any, hooks: Any) -> Any:
-    """``fn`` as called inside a traced step: traced in if it is pure, else through an ordered host callback.
+def hook_in_step(fn: Any, hooks: Any) -> Any:
+    """``fn`` as called inside a traced step: traced in if it is pure, else through an ordered host call.
 
     Marked ``pure_hook``: traced in; marked ``host_hook``: on the host; neither: traced in
     when it touches no Python state (NOTE [Hooks traced in] in ``hook_purity.py``).
@@ -61,7 +60,7 @@ def _host_hook(fn: Any, hooks: Any) -> Any:
     from xgrad.autograd.compiled import HostHook, PureHook
 
     if isinstance(fn, tuple):  # a tensor hook: (input_nr, hook)
-        return (fn[0], _host_hook(fn[1], hooks))
+        return (fn[0], hook_in_step(fn[1], hooks))
     if isinstance(fn, PureHook) or not tracing():
         return fn
 
@@ -105,48 +104,26 @@ def _module_hooks_on_host(module_hooks: BackwardHook, grad_inputs: Any, grad_out
 
 def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> Any:
     """A hook whose non-``None`` result replaces its first argument (tensor, pre and post hooks)."""
-    leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=is_tensor)
-    first_leaves, first_tree = jax.tree_util.tree_flatten(args[0], is_leaf=is_tensor)
-    first_tree_any: Any = first_tree
-    arrays = [leaf._array for leaf in leaves]
-    n_first = len(first_leaves)
     rec = recording.active()
     assert rec is not None
     if rec.observing:  # the observer variant: the hook runs after the program (NOTE [Observer hooks])
+        leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=is_tensor)
+        arrays = [leaf._array for leaf in leaves]
         outputs = [rec.output(a) for a in arrays]
         k = len(rec.observers)
         ops = rec.learned[k] if k < len(rec.learned) else None
         planned = ops.trace(arrays, rec.output) if ops is not None and ops.fn is fn else []
-        rec.observers.append(_Observer(fn, tree, outputs, graph_task is not None, planned))
+        rec.observers.append(Observer(fn, tree, outputs, graph_task is not None, planned))
         return None
     rec.hook_calls += 1
     if rec.hook_box is None:
-        rec.hook_box = _HookBox()
+        rec.hook_box = HookBox()
     box = rec.hook_box
 
-    def host(*concrete: Any) -> Any:
-        tensors = [Tensor(jnp.asarray(c)) for c in concrete]
-        result = box.call(graph_task, fn, jax.tree_util.tree_unflatten(tree, tensors), [t._array for t in tensors])
-        if result is None:
-            return tuple(np.asarray(c) for c in concrete[:n_first])
-        if isinstance(result, list):
-            result = tuple(result)
-        r_leaves, r_tree = jax.tree_util.tree_flatten(result, is_leaf=is_tensor)
-        if r_tree != first_tree_any or not all(isinstance(r, Tensor) for r in r_leaves):
-            raise RuntimeError(
-                f"under xgrad.compile, hook {fn!r} returned a value shaped {r_tree}, but it replaces {first_tree}"
-            )
-        return tuple(np.asarray(r._array, dtype=a.dtype) for r, a in zip(r_leaves, first_leaves, strict=True))
+    def call(hook: Any, hook_args: tuple[Any, ...], arrays: list[Any]) -> Any:
+        return box.call(graph_task, hook, hook_args, arrays)
 
-    def unchanged(*concrete: Any) -> Any:
-        return tuple(np.asarray(c) for c in concrete[:n_first])
-
-    if n_first == 0:
-        _ordered_host_call(lambda *c: host(*c) and None, lambda *c: None, None, arrays, graph_task)
-        return None
-    out = _ordered_host_call(host, unchanged, tuple(_struct(a) for a in arrays[:n_first]), arrays, graph_task)
-    replaced = jax.tree_util.tree_unflatten(first_tree, [Tensor(o) for o in out])
-    return replaced
+    return _on_host(lambda **kw: hook_on_host(fn, args, call=call, **kw), graph_task)[0]
 
 
 def _post_accumulate_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) -> None:
@@ -165,15 +142,15 @@ def _post_accumulate_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) 
     def call() -> None:
         if first:
             returned[0] = False
-        if _in_backward(graph_task, fn, var) is not None:
+        if call_in_backward(graph_task, fn, var) is not None:
             returned[0] = True
         if last and returned[0]:
             raise RuntimeError(ERR_POST_ACCUMULATE_RESULT)
 
-    _state_on_host(call, [var], reports=graph_task)
+    state_on_host(call, [var], reports=graph_task)
 
 
-def _state_on_host(
+def state_on_host(
     call: Callable[[], Any], tensors: list[Tensor], only_changed: bool = False, reports: Any = None, when: Any = None
 ) -> None:
     """Run ``call()`` on the host at this point of the program, ``tensors`` showing their values and ``.grad``s then.
@@ -181,8 +158,8 @@ def _state_on_host(
     The real tensors hold these concrete values while ``call`` runs; what it rebinds
     (an array or a ``.grad``) flows on in the program. With ``only_changed``, an array
     the step has not rebound so far stays on the device: the real tensor holds that
-    value already, and ``call`` must leave it alone. ``reports``: as for
-    ``_ordered_host_call``; ``when``: a traced flag, the call is made only if it is set.
+    value already, and ``call`` must leave it alone. ``reports``: as for ``_on_host``;
+    ``when``: a traced flag, the call is made only if it is set.
     """
     rec = recording.active()
     assert rec is not None
@@ -197,18 +174,15 @@ def _state_on_host(
             arrays.append(array)
         if grad is not None:
             arrays.append(grad._array)
+    shapes = [_struct(a) for a in arrays]
 
     def host(*concrete: Any) -> Any:
-        saved = [(t._array, t._grad, t._version) for t, _, _ in slots]
         values = iter(concrete)
-        for t, sent, has_grad in slots:
-            if sent:
-                t._array = jnp.asarray(next(values))
-            t._grad = Tensor(jnp.asarray(next(values))) if has_grad else None
-        try:
+        held = [(next(values) if sent else t._array, next(values) if has_grad else None) for t, sent, has_grad in slots]
+        new = []
+        with swapped_state([t for t, _, _ in slots], held):
             call()
-            new = []
-            for (t, sent, has_grad), (before, _, _) in zip(slots, saved, strict=True):
+            for (t, sent, has_grad), (before, _) in zip(slots, held, strict=True):
                 array, grad = t._array, t._grad
                 if sent:
                     new.append(array)
@@ -224,39 +198,32 @@ def _state_on_host(
                     )
                 if grad is not None:
                     new.append(grad._array)
-        finally:
-            for (t, _, _), (array, grad, version) in zip(slots, saved, strict=True):
-                t._array = array
-                t._grad = grad
-                t._version = version
-        return tuple(np.asarray(n, dtype=c.dtype) for n, c in zip(new, concrete, strict=True))
+        return [n if n.dtype == c.dtype else n.astype(c.dtype) for n, c in zip(new, concrete, strict=True)]
 
-    def unchanged(*concrete: Any) -> Any:
-        return tuple(np.asarray(a) for a in concrete)
+    def made(**kw: Any) -> Any:
+        return call_on_host(host, arrays, shapes, unchanged=_same, **kw)
 
     if when is None:
-        outs = iter(_ordered_host_call(host, unchanged, tuple(_struct(a) for a in arrays), arrays, reports))
-    else:  # the call's flags leave the ``cond`` as outputs: checks are registered at the step's own level
+        values, flag = _on_host(made, reports, register=False)
+    else:  # the call's flag leaves the ``cond`` as an output: checks are registered at the step's own level
+        def taken(_: Any) -> Any:
+            outs, raised = _on_host(made, reports, register=False)
+            return (*outs, raised)
 
-        def on_host(arrays: Any) -> Any:
-            raised: list[Any] = []
-            out = _ordered_host_call(host, unchanged, tuple(_struct(a) for a in arrays), arrays, reports, raised)
-            return (*out, raised[0])
-
-        *values, flag = jax.lax.cond(when, on_host, lambda arrays: (*arrays, jnp.bool_(False)), arrays)
-        _host_raised(flag)
-        outs = iter(values)
+        *values, flag = jax.lax.cond(when, taken, lambda arrays: (*arrays, jnp.bool_(False)), arrays)
+    outs = iter(values)
     for t, sent, has_grad in slots:
         if sent:
             t._array = next(outs)
         if has_grad:
             t._grad = Tensor(next(outs))
+    # Its check holds the state as the call leaves it: its values from before if it raised (``_same``), so the
+    # arrays from before the call are not outputs of the program too (each would be one more copy).
+    _host_raised(flag)
 
 
-def _storage(t: Tensor) -> tuple[Any, Any, Any]:
-    """What a host call must leave as it is on a tensor of the step's state: its array, its ``.grad`` and that one's array."""
-    grad = t._grad
-    return t._array, grad, None if grad is None else grad._array
+def _same(*concrete: Any) -> tuple[Any, ...]:
+    return concrete
 
 
 class _Into:
@@ -268,7 +235,7 @@ class _Into:
         self.input_metadata = (meta,)
 
 
-def _function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
+def function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
     """``node``'s backward on ``grads`` as an ordered host call of the program (NOTE [Functions in a compiled step]).
 
     ``None`` for a backward the step traces in: one marked ``pure_hook`` or one of xgrad's own.
@@ -278,7 +245,7 @@ def _function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
         return None
     name = node.name()
     if is_grad_enabled():  # create_graph: the engine runs backwards in grad mode only then
-        raise _NotCompilable(FALLBACK_CREATE_GRAPH.format(name=name), call_site())
+        raise NotCompilable(FALLBACK_CREATE_GRAPH.format(name=name), call_site())
     ctx = node.ctx
     attrs = {k: v for k, v in vars(ctx).items() if k not in _CTX_OWN}
     leaves, tree = jax.tree_util.tree_flatten((grads, node.unpack_saved(), attrs), is_leaf=is_tensor)
@@ -298,44 +265,28 @@ def _function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
     def host(*concrete: Any) -> Any:
         values = list(leaves)
         for i, c, wrap in zip(sent, concrete, is_tensor_leaf, strict=True):
-            values[i] = Tensor(jnp.asarray(c)) if wrap else jnp.asarray(c)
+            values[i] = Tensor(c) if wrap else c
         host_grads, saved, host_attrs = jax.tree_util.tree_unflatten(tree, values)
         host_ctx = FunctionCtx()  # a fresh ctx per call, as each eager call has its own
         host_ctx.needs_input_grad, host_ctx.materialize_grads = needs, materialize
         vars(host_ctx).update(host_attrs)
         rules = _FunctionRules(name, function, input_is_tensor, len(into), host_ctx)
-        tensors = [t for t in (ref() for ref in state) if t is not None]
-        before = [_storage(t) for t in tensors]
-        try:
-            with no_grad():  # as the engine runs a backward without create_graph
-                results = _in_backward(graph_task, rules.compute, list(host_grads), tuple(saved))
-        finally:
-            changed = [t for t, b in zip(tensors, before, strict=True) if any(x is not y for x, y in zip(_storage(t), b, strict=True))]
-            for t, (array, grad, grad_array) in zip(tensors, before, strict=True):
-                t._array = array
-                t._grad = grad
-                if grad is not None:
-                    grad._array = grad_array
+        with swapped_state([t for t in (ref() for ref in state) if t is not None]) as changed, no_grad():
+            results = call_in_backward(graph_task, rules.compute, list(host_grads), tuple(saved))  # no_grad: as the engine
         if changed:
             raise RuntimeError(ERR_STATE_FROM_HOST.format(name=name, shape=list(changed[0].shape)))
         validate_outputs(edges, results, name)
-        out = []
-        for i, (g, m) in enumerate(zip(results, into, strict=True)):
-            if m is not None:
-                if g is None:
-                    raise RuntimeError(ERR_NO_GRAD_FROM_HOST.format(name=name, i=i))
-                out.append(np.asarray(g._array))
-        return tuple(out)
+        missing = next((i for i, (g, m) in enumerate(zip(results, into, strict=True)) if g is None and m is not None), None)
+        if missing is not None:
+            raise RuntimeError(ERR_NO_GRAD_FROM_HOST.format(name=name, i=missing))
+        return [g._array for g, m in zip(results, into, strict=True) if m is not None]
 
-    def unchanged(*concrete: Any) -> Any:
-        return tuple(np.zeros(m.shape, m.dtype) for m in metas)
-
-    outs = iter(_ordered_host_call(host, unchanged, tuple(jax.ShapeDtypeStruct(m.shape, m.dtype) for m in metas), arrays,
-                                   graph_task))
+    shapes = [jax.ShapeDtypeStruct(m.shape, m.dtype) for m in metas]
+    outs = iter(_on_host(lambda **kw: call_on_host(host, arrays, shapes, **kw), graph_task)[0])
     return [None if m is None else Tensor(next(outs)) for m in into]
 
 
-def _host_graph_task() -> _HostGraphTask | None:
+def _host_graph_task() -> HostGraphTask | None:
     """While tracing a backward: its host stand-in, whose callbacks run, on the host, when it ends."""
     graph_task = current_task.graph_task
     rec = recording.active()
@@ -344,7 +295,7 @@ def _host_graph_task() -> _HostGraphTask | None:
     key = id(graph_task)
     stand_in = rec.host_tasks.get(key)
     if stand_in is None:
-        stand_in = rec.host_tasks[key] = _HostGraphTask()
+        stand_in = rec.host_tasks[key] = HostGraphTask()
 
         def at_the_end() -> None:  # queued now, it runs where the traced backward runs its final callbacks
             del rec.host_tasks[key]  # the task is done: its id may come again
@@ -355,16 +306,16 @@ def _host_graph_task() -> _HostGraphTask | None:
     return stand_in
 
 
-class _TracedCallbacks(list):  # type: ignore[type-arg]
+class TracedCallbacks(list):  # type: ignore[type-arg]
     """A traced backward's final callbacks: one queued while tracing runs on the host, once per call, in its place."""
 
     def append(self, callback: Callable[[], None]) -> None:
         def on_host() -> None:
-            graph_task = _HostGraphTask()
+            graph_task = HostGraphTask()
             graph_task.final_callbacks.append(callback)
             _run_final_callbacks(graph_task)
 
-        super().append(lambda: _state_on_host(on_host, _state_owners(), only_changed=True))
+        super().append(lambda: state_on_host(on_host, _state_owners(), only_changed=True))
 
 
 
@@ -380,11 +331,11 @@ def _state_owners() -> list[Tensor]:
     return owners
 
 
-def _final_callbacks_on_host(graph_task: _HostGraphTask) -> None:
+def _final_callbacks_on_host(graph_task: HostGraphTask) -> None:
     """At the end of a traced backward: a host call that runs the callbacks its hooks queued during this call.
 
-    They see the state's values at that point (``_state_on_host``), as eager's do. The
-    call is made only when a hook did queue one: each reports it (``_ordered_host_call``).
+    They see the state's values at that point (``state_on_host``), as eager's do. The
+    call is made only when a hook did queue one: each reports it (``_on_host``).
     """
     rec = recording.active()
     assert rec is not None
@@ -392,62 +343,43 @@ def _final_callbacks_on_host(graph_task: _HostGraphTask) -> None:
     if queued:
         rec.conditional_calls += 1
         when = jnp.stack(queued).any()
-        _state_on_host(lambda: _run_final_callbacks(graph_task), _state_owners(), only_changed=True, when=when)
+        state_on_host(lambda: _run_final_callbacks(graph_task), _state_owners(), only_changed=True, when=when)
 
 
-def _run_final_callbacks(graph_task: _HostGraphTask) -> None:
+def _run_final_callbacks(graph_task: HostGraphTask) -> None:
     """On the host: run and clear ``graph_task``'s callbacks, as ``GraphTask.exec_post_processing`` does."""
     callbacks = graph_task.final_callbacks
     try:
         i = 0
         while i < len(callbacks):  # callbacks may queue more: index, do not iterate
-            _in_backward(graph_task, callbacks[i])
+            call_in_backward(graph_task, callbacks[i])
             i += 1
     finally:
         callbacks.clear()
 
 
-def _ordered_host_call(
-    host: Callable[..., Any], unchanged: Callable[..., Any], result_shapes: Any, arrays: Any, reports: Any = None,
-    raised: list[Any] | None = None,
-) -> Any:
-    """``host(*arrays)`` on concrete values at this point of the program, in program order.
+def _on_host(made: Callable[..., Any], reports: HostGraphTask | None, register: bool = True) -> tuple[Any, Any]:
+    """A host call of the step (NOTE [Host calls] in ``xgrad/engine/host_call.py``): ``made(**how)`` makes it.
 
-    Once a check traced before this point failed, the call is ``unchanged(*arrays)``
-    instead: eager would have raised before reaching it (NOTE [Checks in a compiled step]).
-    An exception ``host`` raises (any ``BaseException``) is kept and becomes a check of
-    the program, so the call raises it, as eager would, with the state at this point;
-    with ``raised`` (a list), the traced flag of that check is appended there instead,
-    for a caller inside a ``lax.cond`` to register outside it (``_host_raised``).
-    With ``reports`` (a ``_HostGraphTask``), the call also returns whether callbacks wait on
-    it, a flag the end of the backward reads (``_final_callbacks_on_host``).
+    It is skipped once a check traced before it failed: eager would have raised before
+    reaching it (NOTE [Checks in a compiled step]). An exception it raises is kept and
+    becomes a check of the program, so the call raises it, as eager would, with the state
+    at this point; unless ``register`` is false: the caller, inside a ``lax.cond``, gets
+    the check's flag to register outside it (``_host_raised``). With ``reports`` (a
+    ``HostGraphTask``), the call also says whether callbacks wait on it, a flag the end
+    of the backward reads (``_final_callbacks_on_host``). Returns what ``made`` returns
+    first, and the flag.
     """
     rec = recording.active()
     assert rec is not None
     rec.host_calls += 1
-    failed = rec.failed_so_far()
+    report = None if reports is None else functools.partial(bool, reports.final_callbacks)
+    result, raised, reported = made(skip=rec.failed_so_far(), errors=rec.host_errors, report=report)
     if reports is not None:
-        host, unchanged = _reporting(host, reports), _reporting(unchanged, None)
-    host, unchanged = _catching(host, unchanged, rec.host_errors), _not_raising(unchanged)
-    shapes = (*(result_shapes or ()), *((jax.ShapeDtypeStruct((), np.bool_),) if reports is not None else ()))
-    shapes = (*shapes, jax.ShapeDtypeStruct((), np.bool_))
-    if failed is None:
-        outs = io_callback(host, shapes, *arrays, ordered=True)
-    else:
-
-        def guarded(failed: Any, *concrete: Any) -> Any:
-            return unchanged(*concrete) if failed else host(*concrete)
-
-        outs = io_callback(guarded, shapes, failed, *arrays, ordered=True)
-    outs, flag = tuple(outs[:-1]), outs[-1]
-    if raised is None:
-        _host_raised(flag)
-    else:
-        raised.append(flag)
-    if reports is None:
-        return outs if result_shapes is not None else None
-    rec.queued.setdefault(id(reports), []).append(outs[-1])
-    return None if result_shapes is None else tuple(outs[:-1])
+        rec.queued.setdefault(id(reports), []).append(reported)
+    if register:
+        _host_raised(raised)
+    return result, raised
 
 
 def _host_raised(flag: Any) -> None:
@@ -461,34 +393,5 @@ def _host_raised(flag: Any) -> None:
         errors.clear()  # one call raises one; the host calls after it were skipped
         return error
 
-    rec.check(flag, kept)
-
-
-def _catching(fn: Callable[..., Any], unchanged: Callable[..., Any], errors: list[BaseException]) -> Callable[..., Any]:
-    """``fn``'s results and ``False``; if it raises, the exception is kept and ``unchanged``'s results and ``True`` come back."""
-
-    def call(*concrete: Any) -> Any:
-        try:
-            return (*(fn(*concrete) or ()), np.bool_(False))
-        except BaseException as exc:  # the user's, whatever it is: it is raised again after the program
-            errors.append(exc)
-            return (*(unchanged(*concrete) or ()), np.bool_(True))
-
-    return call
-
-
-def _not_raising(fn: Callable[..., Any]) -> Callable[..., Any]:
-    def call(*concrete: Any) -> Any:
-        return (*(fn(*concrete) or ()), np.bool_(False))
-
-    return call
-
-
-def _reporting(fn: Callable[..., Any], graph_task: _HostGraphTask | None) -> Callable[..., Any]:
-    """``fn``'s results, and whether ``graph_task`` has callbacks waiting (never, for ``None``)."""
-
-    def call(*concrete: Any) -> Any:
-        return (*(fn(*concrete) or ()), np.bool_(graph_task is not None and bool(graph_task.final_callbacks)))
-
-    return call
-
+    if rec.check(flag, kept):
+        rec.checks[-1].on_host = True

@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.compile_step import printing
-from xgrad.compile_step.errors import MODULE_FORWARD_HOOKS, _NotCompilable
-from xgrad.compile_step.host import _function_on_host, _host_hook, _state_on_host, _TracedCallbacks
-from xgrad.compile_step.recording import _Check, _Recorder
+from xgrad.compile_step.errors import MODULE_FORWARD_HOOKS, NotCompilable
+from xgrad.compile_step.host import TracedCallbacks, function_on_host, hook_in_step, state_on_host
+from xgrad.compile_step.recording import Check, Recorder
 from xgrad.compile_step.writeback import state_writes
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.node import AccumulateGrad, Node
@@ -21,11 +21,11 @@ from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
 from xgrad.tensor import Tensor, is_tensor
 
 
-class _StepRecorder(_Recorder):
-    """A ``_Recorder`` answering the engine's and the ops' questions (``StepTrace``) for its step."""
+class StepRecorder(Recorder):
+    """A ``Recorder`` answering the engine's and the ops' questions (``StepTrace``) for its step."""
 
     def wrap_hook(self, fn: Any, hooks: Any) -> Any:
-        return _host_hook(fn, hooks)
+        return hook_in_step(fn, hooks)
 
     def hook_added(self, hooks: Any, handle: Any, owner: Any) -> None:
         """Note the hook, and whether its owner outlives the call (then it would pile up, as in eager)."""
@@ -46,10 +46,10 @@ class _StepRecorder(_Recorder):
         hooks = (*module._forward_pre_hooks.values(), *module._forward_hooks.values(),
                  *_global_forward_pre_hooks.values(), *_global_forward_hooks.values())
         if not all(isinstance(hook, PureHook) for hook in hooks):
-            raise _NotCompilable(MODULE_FORWARD_HOOKS.format(module=type(module).__name__), call_site())
+            raise NotCompilable(MODULE_FORWARD_HOOKS.format(module=type(module).__name__), call_site())
 
     def function_backward(self, node: Any, grads: list[Any]) -> list[Any] | None:
-        return _function_on_host(node, grads) if self.at_step_level() else None
+        return function_on_host(node, grads) if self.at_step_level() else None
 
     def host_effect(self, call: Callable[..., None], args: tuple[Any, ...], kwargs: dict[str, Any], state: list[Any]) -> bool:
         """``call`` on the host at every call (NOTE [Python state in a compiled step]); under a nested JAX transformation, now."""
@@ -61,7 +61,7 @@ class _StepRecorder(_Recorder):
             for t in state:
                 self.read(t)  # a program input even if nothing in the step read it before
                 self.write(t)
-            _state_on_host(lambda: call(*args, **kwargs), state + [t for _, t in given])
+            state_on_host(lambda: call(*args, **kwargs), state + [t for _, t in given])
             return True
         # After the program: the Tensors it is given are outputs, and the trace keeps none of them.
         outputs = [(i, self.output(t._array)) for i, t in given]
@@ -79,7 +79,7 @@ class _StepRecorder(_Recorder):
         return printing.printed_item(self, t, frame)
 
     def final_callbacks(self) -> list[Callable[[], None]]:
-        return _TracedCallbacks()
+        return TracedCallbacks()
 
     def at_step_level(self) -> bool:
         return get_opaque_trace_state(convention="xgrad") == self.trace
@@ -88,7 +88,7 @@ class _StepRecorder(_Recorder):
         """A value check as a flag of the program (NOTE [Checks in a compiled step])."""
         if not self.at_step_level():
             return False  # a JAX transformation inside ``fn``: the caller's host callback
-        self.checks.append(_Check(failed, detail, make_error, state_writes(self, call_site())))
+        self.checks.append(Check(failed, detail, make_error, state_writes(self, call_site())))
         return True
 
     def check_index(self, index: Any, size: int, message: str, negative: bool, ignore: int | None) -> bool:
@@ -108,5 +108,5 @@ class _StepRecorder(_Recorder):
             self.host_checks.append((leaf, size, message, negative, ignore, writes))
             return True
         failed, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
-        self.checks.append(_Check(failed, first, lambda i: IndexOutOfRangeError(message.format(index=int(i))), writes))
+        self.checks.append(Check(failed, first, lambda i: IndexOutOfRangeError(message.format(index=int(i))), writes))
         return True

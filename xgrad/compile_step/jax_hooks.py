@@ -28,14 +28,13 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from xgrad import step_trace
 from xgrad.compile_step.hook_purity import trace_in_plain_jax
 from xgrad.engine.compiled.switch import HostHook, PureHook
-from xgrad.jax_internals import concrete_value, io_callback
-from xgrad.tensor import Tensor, is_tensor
+from xgrad.engine.host_call import hook_on_host
+from xgrad.jax_internals import concrete_value
+from xgrad.tensor import Tensor
 
 ERR_NO_HOST_CALL = (
     "hook {hook!r} has Python effects (or reads Python state that can change), and it is called inside a JAX "
@@ -80,31 +79,12 @@ def plain_jax_hook(hook: Any) -> Any:
 
 
 def _on_host(hook: Any, args: tuple[Any, ...]) -> Any:
-    """``hook`` on ``args`` through an ordered host call; what it returns replaces its first argument."""
-    leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=is_tensor)
-    first_tree: Any  # a PyTreeDef, compared with the result's below
-    first_leaves, first_tree = jax.tree_util.tree_flatten(args[0], is_leaf=is_tensor)
-    at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
-    firsts = [leaf._array for leaf in first_leaves]  # they lead ``leaves``: the first argument's Tensors
-
-    def host(*concrete: Any) -> tuple[Any, ...]:
-        given = list(leaves)
-        for i, value in zip(at, concrete, strict=True):
-            given[i] = Tensor(jnp.asarray(value))
-        result = hook(*jax.tree_util.tree_unflatten(tree, given))
-        if result is None:
-            return tuple(concrete[: len(firsts)])
-        r_leaves, r_tree = jax.tree_util.tree_flatten(tuple(result) if isinstance(result, list) else result, is_leaf=is_tensor)
-        if r_tree != first_tree or not all(isinstance(r, Tensor) for r in r_leaves):
-            raise RuntimeError(f"hook {hook!r} returned a value shaped {r_tree}, but it replaces {first_tree}")
-        return tuple(np.asarray(r._array, dtype=a.dtype) for r, a in zip(r_leaves, firsts, strict=True))
-
-    shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in firsts)
+    """``hook`` on ``args`` through an ordered host call (NOTE [Host calls] in ``xgrad/engine/host_call.py``)."""
     try:
-        outs = io_callback(host, shapes, *(leaves[i]._array for i in at), ordered=True)
+        replaced, _, _ = hook_on_host(hook, args)
     except (ValueError, NotImplementedError) as exc:  # JAX's refusals of an ordered effect under vmap, of its JVP
         raise RuntimeError(ERR_NO_HOST_CALL.format(hook=hook, where=_VMAP)) from exc
-    return jax.tree_util.tree_unflatten(first_tree, [Tensor(o) for o in outs])
+    return replaced
 
 
 step_trace.plain_jax_hook = plain_jax_hook

@@ -3,7 +3,6 @@ what changed in it), where a trace needed a concrete value, and which variables 
 
 from __future__ import annotations
 
-import dis
 import inspect
 import linecache
 import os
@@ -13,6 +12,7 @@ from typing import Any
 import jax
 
 from xgrad.compile_step.errors import WARN_REBINDS, CompileSideEffectWarning
+from xgrad.compile_step.hook_purity import writes
 
 _XGRAD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__))
@@ -29,14 +29,8 @@ def warn_rebinds(fn: Any, name: str) -> None:
     if code is None:
         return
     seen = set()
-    for instruction in dis.get_instructions(code):
-        if instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
-            kind = "global"
-        elif instruction.opname in ("STORE_DEREF", "DELETE_DEREF") and instruction.argval in code.co_freevars:
-            kind = "closed-over"
-        else:
-            continue
-        if instruction.argval in seen:
+    for instruction, kind in writes(code, code.co_freevars):
+        if kind not in ("global", "closed-over") or instruction.argval in seen:
             continue
         seen.add(instruction.argval)
         line = instruction.positions.lineno if instruction.positions is not None else None

@@ -18,7 +18,7 @@ from xgrad.ops.dispatch import DISPATCH, dispatching_through
 from xgrad.tensor import Tensor
 
 
-class _HostGraphTask:
+class HostGraphTask:
     """Stands in on the host for a traced backward's ``GraphTask``: what its hooks queue waits here."""
 
     __slots__ = ("final_callbacks", "mutex")
@@ -28,7 +28,7 @@ class _HostGraphTask:
         self.mutex = threading.Lock()  # ``queue_callback`` takes it
 
 
-def _in_backward(graph_task: _HostGraphTask | None, fn: Any, *args: Any) -> Any:
+def call_in_backward(graph_task: HostGraphTask | None, fn: Any, *args: Any) -> Any:
     """Call a hook on the host as the engine would: ``queue_callback`` inside it queues on ``graph_task``."""
     previous = current_task.graph_task
     current_task.graph_task = graph_task
@@ -48,7 +48,7 @@ class _Outcome:
         self.error = error
         self.queued = queued
 
-    def replay(self, graph_task: _HostGraphTask | None) -> Any:
+    def replay(self, graph_task: HostGraphTask | None) -> Any:
         if self.queued:
             assert graph_task is not None  # it queued on a stand-in: it runs in a backward
             with graph_task.mutex:
@@ -61,7 +61,7 @@ class _Outcome:
 _OBSERVED = _Outcome(None, None, ())
 
 
-class _HookBox:
+class HookBox:
     """A traced step's hook calls at run time: whether they all observed, and the outcomes to replay.
 
     Shared by the exact program's hook calls (``_replacing_hook_on_host``) and the step's
@@ -78,7 +78,7 @@ class _HookBox:
         # (NOTE [Hook ops in the program]), ``None`` if none could be learned.
         self.learned: list[HookOps | None] = []
 
-    def call(self, graph_task: _HostGraphTask | None, fn: Any, args: tuple[Any, ...], arrays: list[Any]) -> Any:
+    def call(self, graph_task: HostGraphTask | None, fn: Any, args: tuple[Any, ...], arrays: list[Any]) -> Any:
         """A hook call inside the exact program: the next outcome to replay if one waits, else the hook itself.
 
         ``arrays``: the arrays of the Tensors in ``args``, in order, from which its ops are learned.
@@ -91,7 +91,7 @@ class _HookBox:
         log = OpLog(fn, arrays)
         try:
             with dispatching_through(log):
-                result = _in_backward(graph_task, fn, *args)
+                result = call_in_backward(graph_task, fn, *args)
             observed = result is None and (graph_task is None or len(graph_task.final_callbacks) == queued)
             return result
         finally:
@@ -100,7 +100,7 @@ class _HookBox:
                 self.observed = False
 
 
-class _Observer:
+class Observer:
     """A hook call of the observer variant: its arguments are outputs of the program, and it runs after it."""
 
     __slots__ = ("flat", "fn", "in_backward", "outputs", "planned", "tree")
@@ -114,7 +114,7 @@ class _Observer:
         self.in_backward = in_backward
         self.planned = planned  # the ops it ran last time, computed in the program (``HookOps.trace``)
 
-    def run(self, outs: Any, graph_task: _HostGraphTask) -> _Outcome | None:
+    def run(self, outs: Any, graph_task: HostGraphTask) -> _Outcome | None:
         """Call the hook on the program's values; ``None`` if it observed, else what it did.
 
         ``graph_task``: an empty stand-in, for a hook called in a backward to queue on; the
@@ -131,20 +131,18 @@ class _Observer:
         return _Outcome(result, None, tuple(graph_task.final_callbacks))
 
 
-def run_observers(observers: list[_Observer], outs: Any, box: _HookBox) -> bool:
+def run_observers(observers: list[Observer], outs: Any, box: HookBox) -> bool:
     """Run the observer variant's hooks in program order; ``False`` once one does more than observe.
 
     Its outcome, after the ones that observed, then waits in ``box`` for the exact program.
     """
-    graph_task = _HostGraphTask()  # stays empty while the hooks observe: one serves them all
-    served = Served(outs)
-    for observer in observers:
-        served.add(observer.planned, [outs[i] for i in observer.outputs])
+    graph_task = HostGraphTask()  # stays empty while the hooks observe: one serves them all
+    served = Served(outs, [observer.planned for observer in observers])
     previous = current_task.graph_task
     token = DISPATCH.set(served)  # ``dispatching_through``, set once for all the hooks
     try:
         for k, observer in enumerate(observers):
-            # As ``_in_backward`` would, switched only where a hook runs outside a backward.
+            # As ``call_in_backward`` would, switched only where a hook runs outside a backward.
             current_task.graph_task = graph_task if observer.in_backward else None
             outcome = observer.run(outs, graph_task)
             if outcome is not None:

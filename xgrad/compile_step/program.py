@@ -23,11 +23,11 @@ from xgrad.compile_step.errors import (
     WARN_RECOMPILE,
     CompileFallbackError,
     CompileFallbackWarning,
+    NotCompilable,
     RecompileWarning,
-    _NotCompilable,
 )
 from xgrad.compile_step.hook_purity import reads_hold
-from xgrad.compile_step.intercept import _StepRecorder
+from xgrad.compile_step.intercept import StepRecorder
 from xgrad.compile_step.miss_reasons import concrete_value_needed, describe_change, warn_rebinds
 from xgrad.compile_step.observers import run_observers
 from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
@@ -132,7 +132,7 @@ class Entry:
     mode_writes: list[tuple[Any, bool]]  # the modules whose mode the trace changed, and their modes after it
     other: Any  # an older entry of the signature, whose guards failed when this one was traced (``None``: none)
     has_host_calls: bool  # hooks or callbacks run from inside the program
-    hook_box: Any  # its hooks' ``_HookBox`` if an observer variant may stand in for it, else ``None``
+    hook_box: Any  # its hooks' ``HookBox`` if an observer variant may stand in for it, else ``None``
     hook_reads: list[tuple[Any, Any, Any]]  # what its traced-in hooks read, compared every call (NOTE [Hooks traced in])
     observers: list[Any]  # the observer variant's hooks, run after it in program order
     observing: Any  # the observer variant once traced (``_NO_VARIANT``: none can be), else ``None``
@@ -342,7 +342,7 @@ class CompiledFunction:
                         warn_rebinds(self.fn, self._name())
                     try:
                         entry = self._compile(leaves, tree)
-                    except _NotCompilable as exc:
+                    except NotCompilable as exc:
                         self._cache[signature] = entry = _FALLBACK
                         self._last_call = None
                         self._fall_back(exc)
@@ -412,7 +412,7 @@ class CompiledFunction:
             if entry is None:
                 try:
                     entry = self._compile(leaves, tree)
-                except _NotCompilable as exc:
+                except NotCompilable as exc:
                     raise CompileFallbackError(ERR_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site)) from exc
                 self._keep(signature, entry)
         return entry.jitted.lower(*gather_inputs(entry, leaves))
@@ -517,7 +517,7 @@ class CompiledFunction:
     def _name(self) -> str:
         return getattr(self.fn, "__qualname__", repr(self.fn))
 
-    def _fall_back(self, exc: _NotCompilable) -> None:
+    def _fall_back(self, exc: NotCompilable) -> None:
         if self.fallback == "error":
             raise CompileFallbackError(ERR_FALLBACK.format(name=self._name(), reason=exc.reason, site=exc.site)) from exc
         self._stats["fallbacks"] += 1
@@ -533,7 +533,7 @@ class CompiledFunction:
         """Trace ``fn`` into an entry; with ``observing`` (the ops its hooks ran), its observer variant."""
         start = time.perf_counter()
         check_consts_keep_identity()  # the program's inputs are found by it (xgrad/jax_internals.py)
-        recorder = _StepRecorder()
+        recorder = StepRecorder()
         recorder.effects_in_program = effects_in_program
         recorder.observing = observing is not None
         recorder.learned = observing or []
@@ -565,7 +565,7 @@ class CompiledFunction:
         for i in dyn_slots:
             leaf = leaves[i]
             if isinstance(leaf, Tensor) and leaf.grad_fn is not None:
-                raise _NotCompilable(
+                raise NotCompilable(
                     f"argument leaf {i} has autograd history from outside the function (detach it, or compute it inside)",
                     "the call",
                 )
@@ -575,15 +575,15 @@ class CompiledFunction:
                 closed = jax.make_jaxpr(traced)(*dyn_values)
                 leaked = recorder.traced_attribute()
                 if leaked is not None:
-                    raise _NotCompilable(MODULE_ATTRIBUTE_TRACED.format(name=leaked), "the call")
+                    raise NotCompilable(MODULE_ATTRIBUTE_TRACED.format(name=leaked), "the call")
                 text = unprinted(recorder)
                 if text is not None:
-                    raise _NotCompilable(UNPRINTED.format(construct=text.construct), text.site)
+                    raise NotCompilable(UNPRINTED.format(construct=text.construct), text.site)
             except BaseException as exc:
                 recorder.restore_modules()  # as the tensors below: nothing of a failed trace stays (NOTE [One trace at a time])
                 if isinstance(exc, TRACER_ERRORS):
-                    raise _NotCompilable(*concrete_value_needed(exc)) from exc
-                if not isinstance(exc, _NotCompilable):  # the user's error (a fallback runs eagerly, printing it all)
+                    raise NotCompilable(*concrete_value_needed(exc)) from exc
+                if not isinstance(exc, NotCompilable):  # the user's error (a fallback runs eagerly, printing it all)
                     print_before_error(recorder)
                 raise
             finally:
@@ -593,7 +593,7 @@ class CompiledFunction:
                         snap.restore(t)
                 kept = remove_added_hooks(recorder)
             if kept is not None:
-                raise _NotCompilable(HOOK_KEPT, kept)
+                raise NotCompilable(HOOK_KEPT, kept)
         if recorder.effects_need_program():
             return self._compile(leaves, tree, observing, effects_in_program=True)
         entry = Entry()

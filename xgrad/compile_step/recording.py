@@ -54,7 +54,7 @@ def _same_target(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-class _Recorder(StepTrace):
+class Recorder(StepTrace):
     """What one trace touched: snapshots, where concrete arrays came from, which ``.grad``s decided branches.
 
     The engine, the ops, the optimizer and ``Tensor`` report, through the step-trace
@@ -75,22 +75,22 @@ class _Recorder(StepTrace):
         self.input_device: Any = None  # the device of the step's first Tensor argument, if it has one
         self.outputs: list[Any] = []  # the program's outputs, each once (``output``)
         self.output_index: dict[int, int] = {}
-        self.checks: list[_Check] = []
+        self.checks: list[Check] = []
         # Checks of an argument's own index values, done on the host before the program runs
         # (NOTE [Checks in a compiled step]): (leaf, size, message, negative, ignore, writes).
         self.host_checks: list[tuple[int, int, str, bool, int | None, list[Any]]] = []
         self.arg_leaves: dict[int, int] = {}  # id(an argument's tracer) -> its leaf
         self.host_calls = 0  # ordered host calls traced so far (hooks)
-        self.hook_calls = 0  # of which hooks whose result replaces their argument (``_replacing_hook_on_host``)
+        self.hook_calls = 0  # of which hooks whose result replaces their argument (``host._replacing_hook_on_host``)
         self.conditional_calls = 0  # and final callbacks made only when a hook queued one
-        self.hook_box: Any = None  # the hooks' ``_HookBox`` (NOTE [Observer hooks])
+        self.hook_box: Any = None  # the hooks' ``HookBox`` (NOTE [Observer hooks])
         self.observing = False  # tracing the observer variant: hooks become outputs and ``observers``
         self.observers: list[Any] = []
         self.learned: list[Any] = []  # the ops each hook call ran last (NOTE [Hook ops in the program])
         # What the hooks traced in read, guards of the program (NOTE [Hooks traced in] in ``hook_purity.py``).
         self.hook_reads: list[tuple[Any, Any, Any]] = []
         # id(a module call's ``BackwardHook``, or a leaf's post-accumulate hooks) of which a hook runs on the host:
-        # the group's later hooks follow it there (``_host_hook``).
+        # the group's later hooks follow it there (``host.hook_in_step``).
         self.hosted_groups: set[int] = set()
         # Hooks added while tracing: (their dict, handle id, the user's line, whether the owner outlives the call).
         self.added_hooks: list[tuple[Any, int, str, bool]] = []
@@ -130,10 +130,12 @@ class _Recorder(StepTrace):
         return index
 
     def failed_so_far(self) -> Any:
-        """A traced flag: whether an index check traced before this point failed (``None``: no checks yet)."""
-        if not self.checks:
-            return None
-        return jnp.stack([check.failed for check in self.checks]).any()
+        """A traced flag: whether a check of values traced before this point failed (``None``: no such check yet).
+
+        A host call that raised is not among them: the calls after it see that on the host (NOTE [Host calls]).
+        """
+        flags = [check.failed for check in self.checks if not check.on_host]
+        return jnp.stack(flags).any() if flags else None
 
     def is_born(self, t: Tensor) -> bool:
         ref = self.born.get(id(t))
@@ -238,22 +240,23 @@ class _Recorder(StepTrace):
         self.grad_written.add(id(t))
 
 
-class _Check:
+class Check:
     """One check traced into a step (NOTE [Checks in a compiled step])."""
 
-    __slots__ = ("detail", "failed", "make_error", "writes")
+    __slots__ = ("detail", "failed", "make_error", "on_host", "writes")
 
     def __init__(self, failed: Any, detail: Any, make_error: Callable[[Any], BaseException], writes: list[Any]) -> None:
         self.failed = failed  # traced: whether the check fails
         self.detail = detail  # traced (or ``None``), then its output position: what the message shows
         self.make_error = make_error  # the error to raise, given the detail's value
         self.writes = writes  # the state writes as they stood at the check
+        self.on_host = False  # a host call's: whether it raised (the calls after it see that on the host)
 
 
-def active() -> _Recorder | None:
+def active() -> Recorder | None:
     """The recorder of the step this context is tracing, ``None`` when none is."""
     trace = step_trace.current()
-    return trace if isinstance(trace, _Recorder) else None
+    return trace if isinstance(trace, Recorder) else None
 
 
 def tracing() -> bool:

@@ -9,8 +9,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from xgrad.compile_step.errors import _NotCompilable
-from xgrad.compile_step.recording import _Recorder
+from xgrad.compile_step.errors import NotCompilable
+from xgrad.compile_step.recording import Recorder
 from xgrad.engine.node import sharding_of
 from xgrad.ops import _util as ops_util
 from xgrad.ops._util import IndexOutOfRangeError
@@ -41,7 +41,7 @@ def check_on_host(host_checks: Any, leaves: list[Any]) -> None:
             _passed[key] = weakref.ref(index, lambda _, key=key: _passed.pop(key, None))  # type: ignore[misc]
 
 
-def remove_added_hooks(recorder: _Recorder) -> str | None:
+def remove_added_hooks(recorder: Recorder) -> str | None:
     """Take out the hooks the trace registered (a call's own effects are the program's).
 
     Returns the line that registered one that stayed on a tensor or node outliving the
@@ -72,7 +72,7 @@ def source_value(target: Any, leaves: list[Any]) -> Any:
     return t._array
 
 
-def collect_outputs(recorder: _Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
+def collect_outputs(recorder: Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
     """Inside the trace, after ``fn``: the program's outputs and where each goes (NOTE [Whole-step compile], 2)."""
     leaves, result_tree = jax.tree_util.tree_flatten(result, is_leaf=is_tensor)
     returned = [weakref.ref(leaf) if isinstance(leaf, Tensor) else None for leaf in leaves]
@@ -104,7 +104,7 @@ def collect_outputs(recorder: _Recorder, result: Any, found: dict[str, Any]) -> 
     return recorder.outputs
 
 
-def state_writes(recorder: _Recorder, site: str) -> list[Any]:
+def state_writes(recorder: Recorder, site: str) -> list[Any]:
     """How the state tensors differ from their snapshots now: what a call writes back (NOTE [Whole-step compile], 2).
 
     Each write is ``(target, what, value, version_delta)``; ``value`` is an output
@@ -118,7 +118,7 @@ def state_writes(recorder: _Recorder, site: str) -> list[Any]:
         array = t._array
         grad = t._grad
         if t.grad_fn is not snap.grad_fn:
-            raise _NotCompilable(
+            raise NotCompilable(
                 f"an in-place op gave a tensor from outside the function (shape {list(array.shape)}) autograd history, "
                 "which cannot leave the program", site,
             )
@@ -129,7 +129,7 @@ def state_writes(recorder: _Recorder, site: str) -> list[Any]:
         # the trace read it, a call may find it set (``zero_grad()`` before a step's first backward).
         if grad is not snap.grad or (grad is None and key in recorder.grad_written):
             if grad is not None and grad.grad_fn is not None:
-                raise _NotCompilable(
+                raise NotCompilable(
                     "a .grad with autograd history (backward(create_graph=True)) cannot leave the program; use "
                     "autograd.grad(..., create_graph=True) inside the function instead", site,
                 )

@@ -129,7 +129,7 @@ def _cpu_only() -> bool:
     return jax.default_backend() == "cpu"
 
 
-def check_index_range(index: Any, size: int, message: str, negative: bool = True, ignore: int | None = None) -> None:
+def check_index_range(index: Any, size: int, message: str, negative: bool = True, ignore: int | None = None) -> bool:
     """Raise ``IndexOutOfRangeError(message.format(index=i))`` if an integer ``index`` is outside ``[-size, size)``.
 
     With ``negative=False`` the range is ``[0, size)`` (``gather``/``scatter_add``); entries
@@ -144,7 +144,13 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
     checked as eagerly; under ``jax.jit`` the program raises when it runs
     (NOTE [Checks under jax.jit]).
 
+    Returns whether the entries were read on the host and every one lies in the range, so
+    that none equals an ``ignore`` outside it (``cross_entropy`` then divides its mean by the
+    number of targets, uncounted); ``False`` where that is not known (traced, on an
+    accelerator, or some entry ignored).
+
     >>> check_index_range([0, -3, 2], 3, "index {index} is out of bounds")
+    True
     >>> check_index_range([0, 3], 3, "index {index} is out of bounds")
     Traceback (most recent call last):
     xgrad.ops._util.IndexOutOfRangeError: index 3 is out of bounds
@@ -154,17 +160,17 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
     if isinstance(index, jax.core.Tracer):
         trace = step_trace.current()  # inside ``xgrad.compile``: a flag of the program
         if trace is not None and trace.check_index(index, size, message, negative, ignore):
-            return
+            return False
         concrete = concrete_value(index)
         if concrete is None:
             if jnp.issubdtype(index.dtype, jnp.integer):
                 failed, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
                 _raise_when_run(failed, first, lambda i: IndexOutOfRangeError(message.format(index=int(i))))
-            return
+            return False
         index = concrete
     if isinstance(index, jax.Array):
         if index.dtype.kind not in "iu":  # (``jnp.issubdtype`` costs as much as the whole check)
-            return
+            return False
         if index.is_fully_addressable and (_cpu_only() or all(getattr(d, "platform", None) == "cpu" for d in index.devices())):
             # Host memory already: NumPy reads it without a copy, far cheaper than a dispatch.
             index = np.asarray(index)
@@ -172,18 +178,19 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
             any_bad, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
             if any_bad:
                 raise IndexOutOfRangeError(message.format(index=int(first)))
-            return
+            return False
     array = np.asarray(index)
     if array.dtype.kind not in "iu" or not array.size:
-        return
+        return False
     low = -size if negative else 0
     if array.min() >= low and array.max() < size:  # the common case, without temporaries
-        return
+        return True
     bad = (array < low) | (array >= size)
     if ignore is not None:
         bad &= array != ignore
     if bad.any():
         raise IndexOutOfRangeError(message.format(index=int(array[bad].flat[0])))
+    return False
 
 
 def _raise_if(make_error: Callable[[Any], BaseException], failed: Any, detail: Any) -> None:

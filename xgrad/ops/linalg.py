@@ -15,7 +15,8 @@ import jax.numpy as jnp
 from xgrad.ops import shape_rules
 from xgrad.ops.autocast import autocast_op
 from xgrad.ops.jaxop import vjp_of
-from xgrad.ops.registry import defprim
+from xgrad.ops.reduce import _axes
+from xgrad.ops.registry import _differentiable_dtype, defprim
 from xgrad.tensor import Tensor, torch_dtype_name
 
 
@@ -105,6 +106,15 @@ def _conv2d_impl(x: Any, w: Any, stride: tuple[int, int], padding: Any, dilation
 # on CPU are the vjp of that form, eager and in a compiled program alike. The forward
 # stays ``conv_general_dilated``, faster there than the patches. ``lax.platform_dependent``
 # picks the form when the program is lowered, so other backends keep their convolution.
+#
+# Not on a mesh: operands placed over several devices (JAX traces a value with the
+# abstract mesh of the arrays it comes from) keep the convolution's own transposes.
+# XLA's SPMD partitioner plans those as it plans ``jax.jit``'s; it partitions the
+# patches' two products one by one and gathers the output gradient for each (XLA does
+# not merge the two collectives): a CNN's step on a 2x2 data x model mesh moved 1.17x
+# ``jax.jit``'s bytes (the 8->12 conv's gradient gathered over ``model`` twice).
+# ``backward(compiled=True)`` traces its programs from shapes and dtypes alone, so it
+# keeps the patches form on a mesh too; eager and ``xgrad.compile`` trace placed values.
 def _conv2d_patches(x: Any, w: Any, stride: tuple[int, int], padding: Any, dilation: tuple[int, int], groups: int) -> Any:
     """``_conv2d_impl`` as a product of ``x``'s patches (NOTE [Convolution gradients on CPU])."""
     n, c, _, _ = x.shape
@@ -125,8 +135,9 @@ def _conv2d_patches(x: Any, w: Any, stride: tuple[int, int], padding: Any, dilat
 
 
 def _conv2d_differentiated(x: Any, w: Any, **params: Any) -> Any:
-    """The function conv2d's rules are the vjp of: ``_conv2d_impl``, or its patches form for float32/64 on CPU."""
-    if x.dtype not in (jnp.float32, jnp.float64) or w.size == 0:
+    """The function conv2d's rules are the vjp of: ``_conv2d_impl``, or its patches form for float32/64 on one CPU device."""
+    on_a_mesh = any(jax.typeof(a).sharding.mesh.size > 1 for a in (x, w))
+    if x.dtype not in (jnp.float32, jnp.float64) or w.size == 0 or on_a_mesh:
         return _conv2d_impl(x, w, **params)
     return jax.lax.platform_dependent(
         x, w, cpu=functools.partial(_conv2d_patches, **params), default=functools.partial(_conv2d_impl, **params)
@@ -308,20 +319,20 @@ def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, dtyp
     >>> xgrad.norm(xgrad.tensor([[1.0, -2.0], [3.0, 0.0]]), p=1, dim=1).tolist()
     [3.0, 3.0]
     """
-    from xgrad.ops.elementwise import abs, sign
-    from xgrad.ops.reduce import _axes, amax, amin, sum
-
     if dtype is not None:
         x = x.to(dtype)
-    if not jnp.issubdtype(x.dtype, jnp.inexact):
+    if not _differentiable_dtype(x.dtype):
         raise RuntimeError(
             f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {torch_dtype_name(x.dtype)}"
         )
     axes = _axes(dim, x)
+    if p == "fro" or p == 2:  # first, with no imports: the common norm, often in a hook at every step
+        return _norm2(x, axis=axes, keepdims=keepdim)
     if p == "nuc":
         raise NotImplementedError("norm(p='nuc') is not supported: use jnp.linalg.norm through xgrad.ops.from_jax")
-    if p == "fro" or p == 2:
-        return _norm2(x, axis=axes, keepdims=keepdim)
+    from xgrad.ops.elementwise import abs, sign
+    from xgrad.ops.reduce import amax, amin, sum
+
     if isinstance(p, str):
         raise RuntimeError(f"norm(): p must be a number, 'fro' or 'nuc', got {p!r}")
     if p == math.inf:

@@ -99,7 +99,9 @@ def _one_hot(target: Any, shape: tuple[int, ...], axis: int, dtype: Any) -> Any:
     return (jnp.expand_dims(target, axis) == classes).astype(dtype)
 
 
-def _cross_entropy_impl(x: Any, target: Any, axis: int, ignore_index: int, label_smoothing: float, reduction: str) -> Any:
+def _cross_entropy_impl(
+    x: Any, target: Any, axis: int, ignore_index: int, label_smoothing: float, reduction: str, all_kept: bool = False,
+) -> Any:
     logp = jax.nn.log_softmax(x, axis=axis)
     smoothed = (1.0 - label_smoothing) * _one_hot(target, x.shape, axis, x.dtype) + label_smoothing / x.shape[axis]
     loss = -jnp.sum(smoothed * logp, axis=axis)
@@ -113,12 +115,14 @@ def _cross_entropy_impl(x: Any, target: Any, axis: int, ignore_index: int, label
     # dispatch. PyTorch's mean is over the targets that are not ignored (NaN when all are).
     # Their count is an output the rule reads: counted again there, a batch split over
     # devices would be all-reduced once more in the backward.
-    count = jnp.sum(kept).astype(x.dtype)
+    # ``all_kept``: no target is ignored (NOTE [Cross-entropy without ignored targets]).
+    count = jnp.asarray(target.size, x.dtype) if all_kept else jnp.sum(kept).astype(x.dtype)
     return jnp.sum(loss) / count, logp, count, weights
 
 
 def _cross_entropy_grad(
-    g: Any, out: Any, x: Any, target: Tensor, axis: int, ignore_index: int, label_smoothing: float, reduction: str = "none",
+    g: Any, out: Any, x: Any, target: Tensor, axis: int, ignore_index: int, label_smoothing: float,
+    reduction: str = "none", all_kept: bool = False,  # the forward's: the saved weights carry the mask
 ) -> Tensor:
     # NOTE [Cross-entropy saves its log-probabilities]
     # The primitive returns the log-probabilities as a second output and saves them, as
@@ -228,11 +232,20 @@ def cross_entropy(
         raise ValueError(f"Expected input batch_size ({input.shape[0]}) to match target batch_size ({target_array.shape[0]}).")
     if target_array.shape != expected:
         raise RuntimeError(f"Expected target size {list(expected)}, got {list(target_array.shape)}")
-    check_index_range(target_array, classes, "Target {index} is out of bounds.", negative=False, ignore=ignore_index)
+    in_range = check_index_range(target_array, classes, "Target {index} is out of bounds.", negative=False, ignore=ignore_index)
     if class_weight is not None:
         return _weighted_cross_entropy(input, target_array, class_weight, axis, ignore_index, reduction, label_smoothing)
+    # NOTE [Cross-entropy without ignored targets]
+    # Targets read on the host, all in [0, C), with an ``ignore_index`` outside it (-100 by
+    # default): none is ignored, and the mean divides by the number of targets instead of
+    # counting the kept ones, a reduction that XLA:CPU compiles for ~20 ms at every new
+    # batch size (benchmarks/RESULTS.md, "A new batch size: what its programs compile").
+    # The same bits: the count is an integer converted to the dtype either way. The masks
+    # stay: without the select, XLA fuses the loss's sum otherwise and sums in another order.
+    all_kept = in_range and not 0 <= ignore_index < classes
     loss, _, _, _ = _cross_entropy(
-        input, Tensor(target_array), axis=axis, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction,
+        input, Tensor(target_array), axis=axis, ignore_index=ignore_index, label_smoothing=label_smoothing,
+        reduction=reduction, all_kept=all_kept,
     )
     return loss
 
