@@ -185,9 +185,12 @@ def _signature(leaves: list[Any], tree: Any) -> Any:
 # hashing and comparing the signature (``_signature`` and its ``sharding == sharding``
 # per leaf, Python in JAX); where they were the positional arguments themselves, it
 # skips flattening them too, and a grad mode and autocast state that are the very
-# objects seen then skip building the modes' key. Anything else (a Tensor argument with history, hooks or a
-# ``.grad``, a NumPy array, another tree, grad or autocast mode) takes the full path,
-# which then records the new call. Any change to the cache forgets it.
+# objects seen then skip building the modes' key. Anything else (a Tensor argument
+# with history, hooks or a ``.grad``, a NumPy array, another tree, grad or autocast
+# mode) takes the full path, which then records the new call. Any change to the cache
+# forgets it. The guards that follow are plain loops over lists made once: on CPython
+# 3.11 a loop's specialized slot reads beat ``operator.attrgetter`` mapped over the
+# tensors (measured in ``benchmarks/RESULTS.md``, "The hit path, round 3").
 
 
 class _LastCall:
