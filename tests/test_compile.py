@@ -243,6 +243,48 @@ def test_a_call_like_the_last_hit_skips_the_signature_and_any_change_still_retra
     assert total.item() == pytest.approx(expected[0])
 
 
+def test_positional_arguments_like_the_last_hit_are_not_flattened_and_a_container_in_their_place_retraces(monkeypatch):
+    """Positional arguments that were the last hit's leaves themselves are compared as they are, without
+    flattening them; a container, ``None`` or keywords in their place are flattened and traced as before,
+    each call's results and state updates those of the function (NumPy reference)."""
+    flattened = []
+    real_flatten = jax.tree_util.tree_flatten
+    monkeypatch.setattr(jax.tree_util, "tree_flatten", lambda *a, **k: flattened.append(1) or real_flatten(*a, **k))
+    total = xgrad.tensor(0.0)
+    expected = [0.0]
+
+    @xgrad.compile(fallback="error")
+    def step(v, w):
+        acc = xgrad.zeros(3) if w is None else w
+        for part in v if isinstance(v, (list, tuple)) else [v]:
+            acc = acc + part
+        total.add_(acc.sum())
+        return acc
+
+    def call(v, w, compiles, reference, keywords=False):
+        flattened.clear()
+        out = step(v=v, w=w) if keywords else step(v, w)
+        expected[0] += reference.sum()
+        np.testing.assert_allclose(out.numpy(), reference)
+        assert step.stats()["compiles"] == compiles
+        return len(flattened)
+
+    w = xgrad.tensor(np.ones(3, np.float32))
+    xs = [jnp.full(3, k, jnp.float32) for k in range(4)]
+    call(xs[0], w, 1, np.full(3, 1.0))  # a miss
+    call(xs[1], w, 1, np.full(3, 2.0))  # a hit, recorded
+    assert call(xs[2], w, 1, np.full(3, 3.0)) == 0  # a hit like the recorded one: not flattened
+    assert call([xs[1], xs[2]], w, 2, np.full(3, 4.0)) > 0  # a list where an array was: flattened, traced
+    assert call(xs[3], None, 3, np.full(3, 3.0)) > 0  # None where a Tensor was
+    call(xs[1], w, 3, np.full(3, 2.0))  # the first signature again: a hit, recorded
+    assert call(xs[2], w, 3, np.full(3, 3.0)) == 0
+    assert call((xs[2], xs[2]), None, 4, np.full(3, 4.0), keywords=True) > 0
+    assert call((xs[2], xs[2]), None, 5, np.full(3, 4.0)) > 0
+    assert call((xs[1], xs[2]), None, 5, np.full(3, 3.0)) > 0  # a hit, recorded: a tuple is no leaf
+    assert step.stats()["hits"] == 5
+    assert total.item() == pytest.approx(expected[0])
+
+
 @pytest.mark.parametrize(
     ("vary", "reason"),
     [

@@ -13,6 +13,7 @@ import weakref
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import xgrad
@@ -189,6 +190,42 @@ def test_an_array_the_user_holds_is_never_consumed(holder, zero_grad):
     assert_same(compiled, eager)  # a held Tensor sees what it sees eagerly (an accumulated .grad: the new values)
     if holder not in HELD_TENSORS:
         np.testing.assert_array_equal(compiled[0], compiled[1])
+
+
+@pytest.mark.parametrize(
+    "make_optimizer", [lambda ps: xgrad.optim.Adam(ps, lr=0.1), lambda ps: xgrad.optim.Optax(ps, optax.adam(0.1))]
+)
+def test_an_uncommitted_array_two_tensors_share_survives_a_step_that_donates_one(make_optimizer):
+    """An optimizer commits an uncommitted parameter's array when it joins; the committed array is a
+    buffer of its own, so a compiled step donating it leaves the array the user holds, and another
+    tensor made from it, with their values, while the parameter takes eager's new values."""
+
+    values = RNG.normal(size=(4, 3))
+
+    def after_steps(compiled):
+        shared = jnp.asarray(values)  # uncommitted
+        w = xgrad.tensor(shared, requires_grad=True)
+        other = xgrad.tensor(shared)
+        opt = make_optimizer([w])
+
+        def step(x):
+            opt.zero_grad()
+            loss = (x @ w.T).pow(2).mean()
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = xgrad.compile(step, fallback="error") if compiled else step
+        for x in XS:
+            step(x)
+        return w.detach().numpy(), np.asarray(shared), other.numpy(), shared
+
+    eager_w, _, _, _ = after_steps(False)
+    compiled_w, held, other, shared = after_steps(True)
+    assert not shared.is_deleted()
+    np.testing.assert_array_equal(held, other)
+    np.testing.assert_allclose(compiled_w, eager_w, rtol=1e-12)
+    assert not np.allclose(compiled_w, held)
 
 
 def test_an_argument_updated_in_place_is_donated_unless_the_user_holds_its_array():

@@ -89,7 +89,7 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 #
 # NOTE [Entries of one signature]
 # A call whose guards fail (a mode, a ``.grad`` set or cleared, a hook) is traced again,
-# and the new entry goes before the old ones of its signature (``_Entry.other``, at most
+# and the new entry goes before the old ones of its signature (``Entry.other``, at most
 # ``ENTRIES_PER_SIGNATURE``): a call tries them in turn, so a step that alternates
 # between states (``train()`` for an epoch, ``eval()`` for a validation pass) traces
 # each once. A call matching the newest entry costs what it did with one.
@@ -108,10 +108,10 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 # given ones holding their values then, and the rates it sets flow on in the program to
 # an ``opt.step()`` after it. A module's mode: ``Module.__call__`` and ``train()``/
 # ``eval()`` tell the trace (``module_mode``), which keeps each module's mode from before
-# the trace as a guard (``_Entry.modes``: ``eval()`` between calls is a miss, traced
+# the trace as a guard (``Entry.modes``: ``eval()`` between calls is a miss, traced
 # again once per mode, NOTE [Entries of one signature]) and, for the modes
 # ``fn`` itself changed, the mode after it, set again after every call
-# (``_Entry.mode_writes``). A module's forward hooks and pre-hooks would run only while
+# (``Entry.mode_writes``). A module's forward hooks and pre-hooks would run only while
 # traced and their results may carry autograd history into the step, which a host call
 # cannot: unless all are marked ``pure_hook`` (traced in), the call is not compiled (it
 # runs eagerly after a warning, or raises under ``fallback="error"``). A post-accumulate-

@@ -21,7 +21,7 @@
 #    returns a value, or if one of those values changed (by identity), what the call did
 #    is undone (the values, the state tensors, the trace's records of checks, prints,
 #    effects and hooks) and the hook runs on the host at every call, as before.
-# 3. Those values are guards of the program (``_Entry.hook_reads``), compared by identity
+# 3. Those values are guards of the program (``Entry.hook_reads``), compared by identity
 #    at every call: a hook that read ``SCALE`` while it was 2.0 is traced again once
 #    ``SCALE`` is rebound, so what it computes is always eager's. A value rebound at every
 #    call (a global step counter) then retraces at every call: mark such a hook ``host_hook``.
@@ -297,7 +297,7 @@ def _holds(guard: tuple[Any, Any, Any]) -> bool:
 
 
 def reads_hold(guards: list[tuple[Any, Any, Any]]) -> bool:
-    """Whether every value the traced-in hooks of a program read is the one they read (``_Entry.hook_reads``)."""
+    """Whether every value the traced-in hooks of a program read is the one they read (``Entry.hook_reads``)."""
     return all(_holds(g) for g in guards)
 
 

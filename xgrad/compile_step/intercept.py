@@ -13,7 +13,7 @@ from xgrad.compile_step import printing
 from xgrad.compile_step.errors import MODULE_FORWARD_HOOKS, NotCompilable
 from xgrad.compile_step.host import TracedCallbacks, function_on_host, hook_in_step, state_on_host
 from xgrad.compile_step.recording import Check, Recorder
-from xgrad.compile_step.writeback import _state_writes
+from xgrad.compile_step.writeback import state_writes
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.node import AccumulateGrad, Node
 from xgrad.jax_internals import get_opaque_trace_state
@@ -88,7 +88,7 @@ class StepRecorder(Recorder):
         """A value check as a flag of the program (NOTE [Checks in a compiled step])."""
         if not self.at_step_level():
             return False  # a JAX transformation inside ``fn``: the caller's host callback
-        self.checks.append(Check(failed, detail, make_error, _state_writes(self, call_site())))
+        self.checks.append(Check(failed, detail, make_error, state_writes(self, call_site())))
         return True
 
     def check_index(self, index: Any, size: int, message: str, negative: bool, ignore: int | None) -> bool:
@@ -97,7 +97,7 @@ class StepRecorder(Recorder):
             return False
         if not jnp.issubdtype(index.dtype, jnp.integer):
             return True
-        writes = _state_writes(self, call_site())
+        writes = state_writes(self, call_site())
         leaf = self.arg_leaves.get(id(index))
         if (
             leaf is not None

@@ -31,16 +31,16 @@ from xgrad.compile_step.intercept import StepRecorder
 from xgrad.compile_step.miss_reasons import concrete_value_needed, describe_change, warn_rebinds
 from xgrad.compile_step.observers import run_observers
 from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
-from xgrad.compile_step.program_call import donating_program, finish, gather_inputs, precheck, run_program
+from xgrad.compile_step.program_call import check_first, donating_program, finish, gather_inputs, precheck, run_program
 from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.writeback import (
-    _check_on_host,
-    _collect,
-    _fast_writes,
-    _remove_added_hooks,
-    _resolve,
-    _source_value,
+    check_on_host,
+    collect_outputs,
     donation,
+    remove_added_hooks,
+    resolve_target,
+    sort_writes,
+    source_value,
 )
 from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
@@ -48,7 +48,7 @@ from xgrad.engine.compiled.switch import TRACER_ERRORS
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.jax_internals import ClosedJaxpr, check_consts_keep_identity, get_opaque_trace_state, jaxpr_as_fun
 from xgrad.nn.module import Module
-from xgrad.ops.autocast import autocast_key
+from xgrad.ops.autocast import AUTOCAST, autocast_key
 from xgrad.step_trace import tracing_step
 from xgrad.tensor import Tensor, is_tensor
 
@@ -89,38 +89,43 @@ def _expected(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
 
 
 def _guard_entry(ref: Any, grad_read: bool) -> list[Any]:
-    """A guard as ``_guards_hold`` reads it (``_Entry.guards``): plain state's without what it need not compare."""
+    """A guard as ``_guards_hold`` reads it: ``[ref, aval, shape, dtype, requires_grad]`` for a leaf without hooks
+    whose ``.grad`` was not read (``Entry.plain_guards``), with ``grad_read`` and the rest of ``_expected`` after
+    ``dtype`` for the others (``Entry.guards``)."""
     shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks = _expected(ref(), grad_read)
-    plain = not grad_read and grad_fn is None and not requires_grad and not hooks and not post_hooks
-    more = None if plain else (grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks)
-    return [ref, None, shape, dtype, more]
+    if not grad_read and grad_fn is None and not hooks and not post_hooks:
+        return [ref, None, shape, dtype, requires_grad]
+    return [ref, None, shape, dtype, grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks]
 
 
-class _Entry:
+class Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "checks", "consts", "donated", "dropped_grads", "effects", "fast_writes", "flags", "fresh",
-        "guards", "has_host_calls", "in_order", "precheck", "tracks_fresh",
+        "aliased", "arg_tensor_slots", "check_first", "checks", "consts", "donated", "donated_outputs", "dropped_grads", "effects", "fast_writes", "flags", "fresh",
+        "guards", "has_host_calls", "plain_guards", "in_order", "precheck", "tracks_fresh",
         "hook_box", "hook_reads", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
         "observing", "result_template", "result_tree", "writes",
     )
-    aliased: list[list[Any]]
+    aliased: list[Any]  # the sources sharing one array when traced: a tuple of weak references, else a list of targets
     arg_tensor_slots: tuple[int, ...]
     checks: tuple[tuple[Callable[[Any], BaseException], int | None, list[Any]], ...]  # error, detail's output, writes
     consts: list[tuple[str, Any]]
     # The inputs a call donates: position, source, whether a new .grad Tensor replaces it, the output replacing
     # it (NOTE [Donated state]).
     donated: tuple[tuple[int, Any, bool, int], ...]
+    donated_outputs: tuple[int, ...]  # the outputs replacing them, in their order
+    check_first: bool  # whether a call checks its arguments' indices before the program runs (``check_first``)
     dropped_grads: tuple[Any, ...]  # the targets whose .grad a call lets go of before its program runs
     effects: list[tuple[Any, Any, list[Any], list[tuple[int, int]]]]  # host effects run after the program
-    fast_writes: list[tuple[int, Any, Any, int]]  # ``writes`` as ``_apply_fast_writes`` takes them
+    fast_writes: tuple[list[Any], list[Any], list[Any]]  # ``writes`` as ``apply_final_writes`` takes them
     fresh: list[Any]  # the outputs that replaced the donated inputs at the last call, weakly (``fresh_outputs``)
     tracks_fresh: bool  # whether ``fresh`` is kept: the program forwards no input as an output
     in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``donating_program``)
-    # A tensor's weak reference, the aval that last passed, its shape and dtype, then ``None`` for plain
-    # state (no history, no requires_grad, no hooks, .grad not read: optimizer state, buffers), else
-    # whether its .grad was read and the rest of ``_expected``.
+    # A tensor's weak reference, the aval that last passed, its shape and dtype; for plain state (a leaf with
+    # no hooks, its .grad not read: parameters, optimizer state, buffers) then its requires_grad, the others
+    # go on with whether their .grad was read and the rest of ``_expected``.
+    plain_guards: list[list[Any]]
     guards: list[list[Any]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
     modes: list[tuple[Any, bool]]  # the modules the trace called or put in train/eval mode, and their modes then
@@ -178,24 +183,34 @@ def _signature(leaves: list[Any], tree: Any) -> Any:
 # the cache entry they led to, so a call whose arguments are those objects again, or
 # arrays with the same aval and a sharding already found equal, skips building,
 # hashing and comparing the signature (``_signature`` and its ``sharding == sharding``
-# per leaf, Python in JAX). Anything else (a Tensor argument with history, hooks or a
-# ``.grad``, a NumPy array, another tree, grad or autocast mode) takes the full path,
-# which then records the new call. Any change to the cache forgets it.
+# per leaf, Python in JAX); where they were the positional arguments themselves, it
+# skips flattening them too, and a grad mode and autocast state that are the very
+# objects seen then skip building the modes' key. Anything else (a Tensor argument
+# with history, hooks or a ``.grad``, a NumPy array, another tree, grad or autocast
+# mode) takes the full path, which then records the new call. Any change to the cache
+# forgets it. The guards that follow are plain loops over lists made once: on CPython
+# 3.11 a loop's specialized slot reads beat ``operator.attrgetter`` mapped over the
+# tensors (measured in ``benchmarks/RESULTS.md``, "The hit path, round 3").
 
 
 class _LastCall:
     """The last hit's arguments, as ``_LastCall.matches`` compares them (NOTE [The hit path])."""
 
-    __slots__ = ("checks", "head", "mode", "signature", "tree")
+    __slots__ = ("autocast", "checks", "grad_enabled", "head", "mode", "positional", "signature", "tree")
 
     def __init__(self, tree: Any, checks: list[tuple[Any, ...]], signature: Any, head: Any) -> None:
         self.tree = tree
+        # The number of leaves if they were the positional arguments themselves (no kwargs, no containers), else -1.
+        self.positional = len(checks) if tree == jax.tree_util.tree_structure(((0,) * len(checks), {})) else -1
         # Per leaf: (0, type, aval, sharding, known) for an array, (1, ...) the same for a Tensor holding
         # one (no history, hooks or .grad), (2, type, value) for a static value; ``known`` maps ids to
         # the shardings found equal to ``sharding`` (held, so the ids stay theirs).
         self.checks = checks
         self.signature = signature
         self.mode = signature[3]
+        self.grad_enabled = self.mode[0]
+        # The autocast state seen: a new immutable mapping each time autocast is entered or left.
+        self.autocast = AUTOCAST.get()
         self.head = head
 
     @staticmethod
@@ -216,10 +231,12 @@ class _LastCall:
                 checks.append((2, type(leaf), leaf))
         return _LastCall(tree, checks, signature, head)
 
-    def matches(self, leaves: list[Any], tree: Any) -> bool:
-        """Whether a call with ``leaves`` and ``tree`` has the recorded signature (same tree: as many leaves)."""
-        if tree != self.tree:
-            return False
+    def matches(self, leaves: list[Any]) -> bool:
+        """Whether a call with ``leaves`` (of the recorded tree) has the recorded signature.
+
+        Each leaf's type is compared first, so the positional arguments themselves,
+        unflattened, match only where they were the leaves (a container is never a leaf).
+        """
         tensors = 0
         for leaf, check in zip(leaves, self.checks, strict=True):
             kind = check[0]
@@ -244,11 +261,21 @@ class _LastCall:
                 known[id(sharding)] = sharding
         if tensors > 1 and _aliases(leaves) != self.signature[2]:
             return False
+        if is_grad_enabled() is self.grad_enabled and AUTOCAST.get() is self.autocast:
+            return True
         return (is_grad_enabled(), autocast_key()) == self.mode
 
 
 #: Shardings kept per argument as found equal to its signature's (batches placed one by one each bring their own).
 _KNOWN_SHARDINGS = 16
+
+
+def _same_shape(guard: list[Any], aval: Any) -> bool:
+    """Whether ``aval`` has the guard's shape and dtype; if so it is the one compared by identity next time (JAX interns avals)."""
+    if aval.shape != guard[2] or aval.dtype != guard[3]:
+        return False
+    guard[1] = aval
+    return True
 
 
 def _plain_argument(t: Tensor) -> bool:
@@ -290,9 +317,16 @@ class CompiledFunction:
             if ANOMALY.enabled and not tracing():
                 self._stats["fallbacks"] += 1
             return self.fn(*args, **kwargs)
-        leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
-        last = self._last_call
-        if last is not None and last.matches(leaves, tree):  # NOTE [The hit path]
+        last = self._last_call  # NOTE [The hit path]
+        if last is not None and not kwargs and len(args) == last.positional:
+            leaves, tree = list(args), last.tree
+            hit = last.matches(leaves)
+            if not hit:
+                leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
+        else:
+            leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
+            hit = last is not None and tree == last.tree and last.matches(leaves)
+        if hit and last is not None:
             entry = self._matching(last.head, leaves)
             if entry is not None:
                 self._stats["hits"] += 1
@@ -343,7 +377,7 @@ class CompiledFunction:
             entry = entry.other
         return None
 
-    def _keep(self, signature: Any, entry: _Entry) -> None:
+    def _keep(self, signature: Any, entry: Entry) -> None:
         """Cache ``entry`` for ``signature``, before the ones traced for it under other guards (NOTE [Entries of one signature])."""
         previous = self._cache.get(signature)
         entry.other = None if previous is _FALLBACK else previous
@@ -388,49 +422,57 @@ class CompiledFunction:
 
     # -- hit path ----------------------------------------------------------------------
     @staticmethod
-    def _guards_hold(entry: _Entry, leaves: list[Any]) -> bool:
-        # ``_guard`` inlined, with the expected values unpacked: it runs every step, once per state tensor.
-        for guard in entry.guards:
-            ref, aval, shape, dtype, more = guard
-            t = ref()
-            if t is None:
+    def _guards_hold(entry: Entry, leaves: list[Any]) -> bool:
+        # ``_guard`` inlined, plain state apart: it runs every step, once per state tensor.
+        for guard in entry.plain_guards:
+            t = guard[0]()
+            if (
+                t is None or t.grad_fn is not None or t._requires_grad != guard[4] or t._backward_hooks
+                or t._post_accumulate_grad_hooks
+            ):
                 return False
-            if more is None:  # plain state: no history, no requires_grad, no hooks, its .grad not read
-                if t.grad_fn is not None or t._requires_grad or t._backward_hooks or t._post_accumulate_grad_hooks:
+            found_aval = t._array.aval
+            if found_aval is not guard[1] and not _same_shape(guard, found_aval):
+                return False
+        for guard in entry.guards:
+            ref, _, _, _, grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks = guard
+            t = ref()
+            if t is None or t.grad_fn is not grad_fn or t._requires_grad != requires_grad:
+                return False
+            if grad_read:
+                g = t._grad
+                if (None if g is None else g._array.shape) != grad_shape:
                     return False
-            else:
-                grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks = more
-                if t.grad_fn is not grad_fn or t._requires_grad != requires_grad:
-                    return False
-                if grad_read:
-                    g = t._grad
-                    if (None if g is None else g._array.shape) != grad_shape:
-                        return False
-                found = t._backward_hooks
-                if (tuple(found) if found else ()) != hooks:
-                    return False
-                found = t._post_accumulate_grad_hooks
-                if (tuple(found) if found else ()) != post_hooks:
-                    return False
-            a = t._array
-            found_aval = a.aval
-            if found_aval is not aval:  # JAX interns avals: the same one has the shape and dtype seen last
-                if a.shape != shape or a.dtype != dtype:
-                    return False
-                guard[1] = found_aval
+            found = t._backward_hooks
+            if (tuple(found) if found else ()) != hooks:
+                return False
+            found = t._post_accumulate_grad_hooks
+            if (tuple(found) if found else ()) != post_hooks:
+                return False
+            found_aval = t._array.aval
+            if found_aval is not guard[1] and not _same_shape(guard, found_aval):
+                return False
         if entry.hook_reads and not reads_hold(entry.hook_reads):  # NOTE [Hooks traced in]
             return False
         for ref, training in entry.modes:
             module = ref()
             if module is not None and module.training != training:
                 return False
-        for refs in entry.aliased:
-            values = [_source_value(s, leaves) for s in refs]
-            if any(v is not values[0] for v in values[1:]):
-                return False
+        for refs in entry.aliased:  # the tensors that shared one array when traced still do
+            if type(refs) is tuple:  # tensors held by weak references
+                first = refs[0]()
+                array = None if first is None else first._array
+                for ref in refs:
+                    t = ref()
+                    if t is None or t._array is not array:
+                        return False
+            else:
+                values = [source_value(s, leaves) for s in refs]
+                if any(v is not values[0] for v in values[1:]):
+                    return False
         return True
 
-    def _run(self, entry: _Entry, leaves: list[Any], tree: Any) -> Any:
+    def _run(self, entry: Entry, leaves: list[Any], tree: Any) -> Any:
         box = entry.hook_box
         if box is None:
             return run_program(entry, leaves)
@@ -441,7 +483,7 @@ class CompiledFunction:
                 if entry.observing is not _NO_VARIANT:
                     variant = entry.observing
                     outs = variant.jitted(*gather_inputs(variant, leaves))
-                    _check_on_host(variant.host_checks, leaves)
+                    check_on_host(variant.host_checks, leaves)
                     checked = variant.flags is None or not np.asarray(outs[variant.flags]).any()
                     # A failed check: the exact program, which no hook has run for yet, raises it.
                     if checked and run_observers(variant.observers, outs, box):
@@ -453,7 +495,7 @@ class CompiledFunction:
             finally:
                 box.replay.clear()
 
-    def _observer_variant(self, entry: _Entry, leaves: list[Any], tree: Any) -> Any:
+    def _observer_variant(self, entry: Entry, leaves: list[Any], tree: Any) -> Any:
         """``fn`` traced with its hooks as outputs of the program, run after it; ``_NO_VARIANT`` if a host call stays."""
         try:
             with self._trace_lock:
@@ -490,7 +532,7 @@ class CompiledFunction:
 
     def _compile(
         self, leaves: list[Any], tree: Any, observing: list[Any] | None = None, effects_in_program: bool = False,
-    ) -> _Entry:
+    ) -> Entry:
         """Trace ``fn`` into an entry; with ``observing`` (the ops its hooks ran), its observer variant."""
         start = time.perf_counter()
         check_consts_keep_identity()  # the program's inputs are found by it (xgrad/jax_internals.py)
@@ -521,7 +563,7 @@ class CompiledFunction:
                 else:
                     call_leaves[i] = tracer
             call_args, call_kwargs = jax.tree_util.tree_unflatten(tree, call_leaves)
-            return _collect(recorder, fn(*call_args, **call_kwargs), found)
+            return collect_outputs(recorder, fn(*call_args, **call_kwargs), found)
 
         for i in dyn_slots:
             leaf = leaves[i]
@@ -552,29 +594,34 @@ class CompiledFunction:
                     t = snap.ref()
                     if t is not None:
                         snap.restore(t)
-                kept = _remove_added_hooks(recorder)
+                kept = remove_added_hooks(recorder)
             if kept is not None:
                 raise NotCompilable(HOOK_KEPT, kept)
         if recorder.effects_need_program():
             return self._compile(leaves, tree, observing, effects_in_program=True)
-        entry = _Entry()
+        entry = Entry()
         entry.arg_tensor_slots = tuple(dyn_slots)
         entry.n_dyn_args = len(dyn_slots)
         (entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags,
          entry.host_checks) = found["layout"]
-        entry.fast_writes = _fast_writes(entry.writes)
+        entry.fast_writes = sort_writes(entry.writes)
         entry.effects = recorder.effects
         entry.other = None
-        entry.guards = [_guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
+        guards = [_guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
+        entry.plain_guards = [guard for guard in guards if len(guard) == 5]
+        entry.guards = [guard for guard in guards if len(guard) > 5]
         entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]
         entry.hook_reads = recorder.hook_reads
         entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
         consts: list[tuple[str, Any]] = []
         for c in closed.consts:
-            live = [s for s in recorder.sources.get(id(c), ()) if _resolve(s, leaves) is not None]
+            live = [s for s in recorder.sources.get(id(c), ()) if resolve_target(s, leaves) is not None]
             consts.append(("state", live) if live else ("const", c))
         entry.consts = consts
-        entry.aliased = [refs for kind, refs in consts if kind != "const" and len(refs) > 1]
+        entry.aliased = [
+            tuple(refs) if all(type(s) is weakref.ref for s in refs) else refs
+            for kind, refs in consts if kind != "const" and len(refs) > 1
+        ]
         entry.inputs = [
             (0, refs) if kind == "const" else (1, refs[0]) if type(refs[0]) is weakref.ref else (2, refs[0]) for kind, refs in consts
         ]
@@ -588,6 +635,8 @@ class CompiledFunction:
             entry.writes, () if entry.precheck is not None else entry.checks, sources,
             [v.aval for v in (*jaxpr.constvars, *jaxpr.invars)], closed.out_avals,
         )
+        entry.donated_outputs = tuple(index for _, _, _, index in entry.donated)
+        entry.check_first = check_first(entry)
         entry.jitted, entry.in_order = donating_program(program, entry.donated, len(closed.out_avals))
         entry.fresh = []
         entry.observers = recorder.observers
@@ -597,7 +646,7 @@ class CompiledFunction:
         only_hooks = 0 < recorder.hook_calls == recorder.host_calls - recorder.conditional_calls
         entry.hook_box = recorder.hook_box if only_hooks else None
         traced_program = entry.jitted.trace(
-            *[refs if kind == "const" else _source_value(refs[0], leaves) for kind, refs in consts], *dyn_values
+            *[refs if kind == "const" else source_value(refs[0], leaves) for kind, refs in consts], *dyn_values
         )
         # An output that is an input of the jitted program is that input's array itself, no buffer of its own.
         run_jaxpr = traced_program.jaxpr.jaxpr

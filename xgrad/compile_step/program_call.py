@@ -12,20 +12,20 @@ import jax
 import numpy as np
 
 from xgrad.compile_step.writeback import (
-    _apply_fast_writes,
-    _apply_writes,
-    _check_on_host,
-    _resolve,
-    _source_value,
+    apply_final_writes,
+    apply_writes,
+    check_on_host,
     drop_grads,
     fresh_outputs,
     own_donated,
+    resolve_target,
+    source_value,
 )
 from xgrad.jax_internals import Var
 from xgrad.tensor import Tensor
 
 if TYPE_CHECKING:
-    from xgrad.compile_step.program import _Entry
+    from xgrad.compile_step.program import Entry
 
 def _inputs_read(jaxpr: Any, outputs: list[int]) -> set[Any]:
     """The variables that ``jaxpr``'s outputs at ``outputs`` are computed from (an equation: from all its inputs)."""
@@ -36,7 +36,7 @@ def _inputs_read(jaxpr: Any, outputs: list[int]) -> set[Any]:
     return needed
 
 
-def precheck(entry: _Entry, program: Any, invars: list[Any], jaxpr: Any) -> Any:
+def precheck(entry: Entry, program: Any, invars: list[Any], jaxpr: Any) -> Any:
     """The program's checks as a program of their own, when a call may run them first (NOTE [Donated state]).
 
     So they may when they read no state (only the arguments: targets viewed as a flat
@@ -82,10 +82,10 @@ def donating_program(program: Any, donated: tuple[tuple[int, Any, bool, int], ..
     return jit(reordered), operator.itemgetter(*(where[i] for i in range(n_outputs)))
 
 
-def gather_inputs(entry: _Entry, leaves: list[Any]) -> list[Any]:
+def gather_inputs(entry: Entry, leaves: list[Any]) -> list[Any]:
     # One comprehension, no calls for the common kinds: it runs every step.
     inputs = [
-        source()._array if kind == 1 else source if kind == 0 else _source_value(source, leaves)
+        source()._array if kind == 1 else source if kind == 0 else source_value(source, leaves)
         for kind, source in entry.inputs
     ]
     for i in entry.arg_tensor_slots:
@@ -100,19 +100,16 @@ def gather_inputs(entry: _Entry, leaves: list[Any]) -> list[Any]:
 _DONATING = threading.Lock()
 
 
-def run_program(entry: _Entry, leaves: list[Any]) -> Any:
+def run_program(entry: Entry, leaves: list[Any]) -> Any:
     if not (entry.donated or entry.dropped_grads):
         return _call_program(entry, leaves)
     with _DONATING:
         return _call_program(entry, leaves)
 
 
-def _call_program(entry: _Entry, leaves: list[Any]) -> Any:
-    # Check before when its hooks must not run if a check fails, or it consumes the state (NOTE [Donated state]);
-    # and before the program's own checks run first: an argument's indices are checked first, as eager does.
-    check_first = entry.has_host_calls or bool(entry.donated or entry.dropped_grads) or entry.precheck is not None
-    if check_first:
-        _check_on_host(entry.host_checks, leaves)
+def _call_program(entry: Entry, leaves: list[Any]) -> Any:
+    if entry.check_first:
+        check_on_host(entry.host_checks, leaves)
     inputs = gather_inputs(entry, leaves)
     if entry.precheck is not None:
         checks, undonated = entry.precheck
@@ -126,27 +123,34 @@ def _call_program(entry: _Entry, leaves: list[Any]) -> Any:
         outs = entry.in_order(outs)
     del inputs
     if entry.tracks_fresh:
-        entry.fresh = fresh_outputs(entry.donated, outs)
-    if not check_first:
+        entry.fresh = fresh_outputs(entry.donated_outputs, outs)
+    if not entry.check_first:
         # While the program runs: if a check fails its outputs are dropped, as if it never ran.
-        _check_on_host(entry.host_checks, leaves)
+        check_on_host(entry.host_checks, leaves)
     if entry.flags is not None and entry.precheck is None:
         # The one device-to-host read of a program with checks.
         _raise_failed_check(entry, np.asarray(outs[entry.flags]), outs, leaves)
     return finish(entry, outs, leaves)
 
 
-def _raise_failed_check(entry: _Entry, failed: Any, outs: Any, leaves: list[Any]) -> None:
+def check_first(entry: Entry) -> bool:
+    """Whether a call checks its arguments' indices before its program runs: when its hooks must not run if a
+    check fails, or it consumes the state (NOTE [Donated state]), and before the program's own checks run
+    first (an argument's indices are checked first, as eager does)."""
+    return entry.has_host_calls or bool(entry.donated or entry.dropped_grads) or entry.precheck is not None
+
+
+def _raise_failed_check(entry: Entry, failed: Any, outs: Any, leaves: list[Any]) -> None:
     """Raise the first failed check's error, the state written as eager leaves it when the op raises."""
     if failed.any():
         make_error, detail, writes = entry.checks[int(np.argmax(failed))]
-        _apply_writes(writes, outs, leaves)
+        apply_writes(writes, outs, leaves)
         raise make_error(None if detail is None else outs[detail])
 
 
-def finish(entry: _Entry, outs: Any, leaves: list[Any]) -> Any:
+def finish(entry: Entry, outs: Any, leaves: list[Any]) -> Any:
     """Write back a call's state and build its results."""
-    _apply_fast_writes(entry.fast_writes, outs, leaves)
+    apply_final_writes(entry.fast_writes, outs, leaves)
     for ref, training in entry.mode_writes:  # what ``train()``/``eval()`` in ``fn`` did
         module = ref()
         if module is not None:
@@ -167,7 +171,7 @@ def finish(entry: _Entry, outs: Any, leaves: list[Any]) -> Any:
         elif how == "array":
             results.append(outs[value])
         elif how == "same":
-            results.append(_resolve(value, leaves))
+            results.append(resolve_target(value, leaves))
         else:
             results.append(value)
     return jax.tree_util.tree_unflatten(entry.result_tree, results)

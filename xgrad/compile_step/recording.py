@@ -24,7 +24,7 @@ class _Snapshot:
 
     def __init__(self, t: Tensor) -> None:
         self.ref = weakref.ref(t)
-        # Where the tensor is found at a call (``_resolve``): an argument's leaf index (a
+        # Where the tensor is found at a call (``resolve_target``): an argument's leaf index (a
         # new object each call), ``("grad", owner's target)``, or a weak reference.
         self.target: Any = self.ref
         self.array = t._array

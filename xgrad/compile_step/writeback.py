@@ -22,7 +22,7 @@ from xgrad.tensor import Tensor, is_tensor
 _passed: dict[tuple[int, int, bool, int | None], weakref.ref[Any]] = {}
 
 
-def _check_on_host(host_checks: Any, leaves: list[Any]) -> None:
+def check_on_host(host_checks: Any, leaves: list[Any]) -> None:
     """Eager's range checks of argument indices (NOTE [Checks in a compiled step]); raise as eager would."""
     for leaf, size, message, negative, ignore, writes in host_checks:
         index = leaves[leaf]
@@ -35,13 +35,13 @@ def _check_on_host(host_checks: Any, leaves: list[Any]) -> None:
         try:
             ops_util.check_index_range(index, size, message, negative, ignore)
         except IndexOutOfRangeError:
-            _apply_writes(writes, (), leaves)  # the state as eager leaves it when the op raises
+            apply_writes(writes, (), leaves)  # the state as eager leaves it when the op raises
             raise
         if isinstance(index, jax.Array):
             _passed[key] = weakref.ref(index, lambda _, key=key: _passed.pop(key, None))  # type: ignore[misc]
 
 
-def _remove_added_hooks(recorder: Recorder) -> str | None:
+def remove_added_hooks(recorder: Recorder) -> str | None:
     """Take out the hooks the trace registered (a call's own effects are the program's).
 
     Returns the line that registered one that stayed on a tensor or node outliving the
@@ -55,30 +55,30 @@ def _remove_added_hooks(recorder: Recorder) -> str | None:
     return kept
 
 
-def _resolve(target: Any, leaves: list[Any]) -> Any:
+def resolve_target(target: Any, leaves: list[Any]) -> Any:
     """The tensor a target names at this call (``_Snapshot.target``), ``None`` if it is gone."""
     if type(target) is int:
         return leaves[target]
     if type(target) is tuple:
-        owner = _resolve(target[1], leaves)
+        owner = resolve_target(target[1], leaves)
         return None if owner is None else owner._grad
     return target()
 
 
-def _source_value(target: Any, leaves: list[Any]) -> Any:
-    t = _resolve(target, leaves)
+def source_value(target: Any, leaves: list[Any]) -> Any:
+    t = resolve_target(target, leaves)
     if t is None:
         raise RuntimeError("xgrad.compile: a tensor the program reads was freed (internal error: please report it)")
     return t._array
 
 
-def _collect(recorder: Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
+def collect_outputs(recorder: Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
     """Inside the trace, after ``fn``: the program's outputs and where each goes (NOTE [Whole-step compile], 2)."""
     leaves, result_tree = jax.tree_util.tree_flatten(result, is_leaf=is_tensor)
     returned = [weakref.ref(leaf) if isinstance(leaf, Tensor) else None for leaf in leaves]
     returned_values = [_returned_value(leaf) for leaf in leaves]
     del result, leaves
-    writes = _state_writes(recorder, "the end of the compiled function")
+    writes = state_writes(recorder, "the end of the compiled function")
     guards: list[Any] = []
     for key, snap in recorder.snapshots.items():
         # Arguments are keyed by the signature, grads by their owner.
@@ -104,7 +104,7 @@ def _collect(recorder: Recorder, result: Any, found: dict[str, Any]) -> list[Any
     return recorder.outputs
 
 
-def _state_writes(recorder: Recorder, site: str) -> list[Any]:
+def state_writes(recorder: Recorder, site: str) -> list[Any]:
     """How the state tensors differ from their snapshots now: what a call writes back (NOTE [Whole-step compile], 2).
 
     Each write is ``(target, what, value, version_delta)``; ``value`` is an output
@@ -151,10 +151,10 @@ def _laid_out(value: Any, layout: Any) -> Any:
     return value if layout is None else jax.lax.with_sharding_constraint(value, layout)
 
 
-def _apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
+def apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
     """Rebind the state a call changed, on the same tensor objects."""
     for target, what, index, version_delta in writes:
-        t = target() if type(target) is weakref.ref else _resolve(target, leaves)
+        t = target() if type(target) is weakref.ref else resolve_target(target, leaves)
         if t is None:
             continue
         if what == "array":
@@ -166,34 +166,35 @@ def _apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
             t._requires_grad = index
 
 
-def _fast_writes(writes: list[Any]) -> list[tuple[int, Any, Any, int]]:
-    """``writes`` as ``_apply_fast_writes`` takes them, each one's kind decided once instead of at every call.
+def sort_writes(writes: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    """``writes`` as ``apply_final_writes`` takes them, each one's kind decided once instead of at every call.
 
-    Kind 0: an array of a tensor held by a weak reference, 1: such a tensor's ``.grad``,
-    2: any other write, kept whole as the target.
+    The arrays of tensors held by weak references as ``(ref, output, version delta)``,
+    such tensors' ``.grad``s as ``(ref, output)``, and ``writes`` themselves when any
+    other write is among them (then they are applied in their order, by ``apply_writes``).
     """
-    return [
-        ({"array": 0, "grad": 1}[what], target, index, delta)
-        if type(target) is weakref.ref and what in ("array", "grad") else (2, (target, what, index, delta), None, 0)
-        for target, what, index, delta in writes
-    ]
+    if not all(type(target) is weakref.ref and what in ("array", "grad") for target, what, _, _ in writes):
+        return [], [], writes
+    arrays = [(target, index, delta) for target, what, index, delta in writes if what == "array"]
+    grads = [(target, index) for target, what, index, _ in writes if what == "grad"]
+    return arrays, grads, []
 
 
-def _apply_fast_writes(writes: list[tuple[int, Any, Any, int]], outs: Any, leaves: list[Any]) -> None:
-    """``_apply_writes`` of the writes ``_fast_writes`` made, in the same order: a call's final writes, every step."""
-    for kind, target, index, version_delta in writes:
-        if kind == 0:
-            t = target()
-            if t is not None:
-                t._array = outs[index]
-                if version_delta:
-                    t._version += version_delta
-        elif kind == 1:
-            t = target()
-            if t is not None:
-                t._grad = None if index is None else Tensor(outs[index])
-        else:
-            _apply_writes([target], outs, leaves)
+def apply_final_writes(writes: tuple[list[Any], list[Any], list[Any]], outs: Any, leaves: list[Any]) -> None:
+    """A call's final writes as ``sort_writes`` made them: every step, once per state tensor."""
+    arrays, grads, in_order = writes
+    for ref, index, version_delta in arrays:
+        t = ref()
+        if t is not None:
+            t._array = outs[index]
+            if version_delta:
+                t._version += version_delta
+    for ref, index in grads:
+        t = ref()
+        if t is not None:
+            t._grad = None if index is None else Tensor(outs[index])
+    if in_order:
+        apply_writes(in_order, outs, leaves)
 
 
 def _returned_value(leaf: Any) -> Any:
@@ -248,14 +249,19 @@ def _returned_value(leaf: Any) -> Any:
 # ``.grad`` and XLA would copy what it still reads of the old values.
 
 
-def _count_refs(value: Any) -> int:
-    return sys.getrefcount(value)
+def _refcount_base(holders: int) -> int:
+    """``sys.getrefcount`` of a local variable whose value ``holders`` more references hold (and nothing else)."""
+    value = object()
+    held = [[value] for _ in range(holders)]
+    count = sys.getrefcount(value)
+    del held
+    return count
 
 
-_probe = object()
-#: What ``_count_refs`` gives for a value held by one reference (this module's ``_probe``).
-_ONE_HOLDER = _count_refs(_probe)
-del _probe
+#: ``sys.getrefcount`` of an input in ``own_donated`` held by its tensor and the inputs alone, and of an old ``.grad``
+#: Tensor held by its owner alone.
+_HELD_BY_TENSOR_AND_INPUTS = _refcount_base(2)
+_HELD_BY_OWNER = _refcount_base(1)
 
 
 def _target_key(target: Any) -> Any:
@@ -324,14 +330,19 @@ def own_donated(
     share a buffer, and their addresses, which wait for the last call's program, are not read.
     """
     stale = len(fresh) != len(donated)
+    getrefcount = sys.getrefcount
     for k, (position, source, new_tensor, _) in enumerate(donated):
-        if not stale and fresh[k]() is not inputs[position]:
+        array = inputs[position]
+        if not stale and fresh[k]() is not array:
             stale = True
-        held = _count_refs(inputs[position]) > _ONE_HOLDER + 1
-        if not held and new_tensor:
-            held = _count_refs(_resolve(source, leaves)) > _ONE_HOLDER
-        if held:
-            inputs[position] = inputs[position].copy()
+        if getrefcount(array) > _HELD_BY_TENSOR_AND_INPUTS:
+            inputs[position] = array.copy()
+        elif new_tensor:
+            grad = resolve_target(source, leaves)
+            if getrefcount(grad) > _HELD_BY_OWNER:
+                inputs[position] = array.copy()
+            del grad
+        del array
     if stale:  # a copy made above has a buffer of its own, which no other input shares
         buffers = set()
         for position, _, _, _ in donated:
@@ -342,20 +353,21 @@ def own_donated(
                 buffers.add(buffer)
 
 
-def fresh_outputs(donated: tuple[tuple[int, Any, bool, int], ...], outs: Any) -> list[Any]:
-    """Weak references to the outputs that replace the donated inputs, for the next call's ``own_donated``.
+def fresh_outputs(outputs: tuple[int, ...], outs: Any) -> list[Any]:
+    """Weak references to the outputs that replace the donated inputs (at ``outputs``), for the next call's ``own_donated``.
 
     Only for a program that forwards none of its inputs as outputs: then each output is a
     buffer of its own, made by the call (XLA gives the outputs of one execution distinct
     buffers, sharing none but a donated input's).
     """
-    return [weakref.ref(outs[index]) for _, _, _, index in donated]
+    ref = weakref.ref
+    return [ref(outs[index]) for index in outputs]
 
 
 def drop_grads(targets: tuple[Any, ...], leaves: list[Any]) -> None:
     """Let go of the ``.grad``s a call replaces unread, before its program runs (NOTE [Donated state])."""
     for target in targets:
-        owner = _resolve(target, leaves)
+        owner = target() if type(target) is weakref.ref else resolve_target(target, leaves)
         if owner is not None:
             owner._grad = None
 

@@ -73,10 +73,11 @@ def scalar_sharding(sharding: Any) -> Any:
 
 
 def _committed(array: Any, device: Any) -> Any:
-    """``array`` committed to ``device`` (the step's outputs are), unless it is already committed."""
+    """``array`` committed to ``device`` (the step's outputs are), unless it is already committed; a buffer of
+    its own, as a committed twin would let a compiled step donating it consume the array others still hold."""
     if device is None or getattr(array, "committed", True):
         return array
-    return jax.device_put(array, device)
+    return jax.device_put(array, device, may_alias=False)
 
 
 class Optax:
