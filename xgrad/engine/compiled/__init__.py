@@ -151,9 +151,10 @@ __all__ = [
 ]
 
 
-def _compile(walk: Walk, roots: list[Tensor]) -> Any:
+def _compile(walk: Walk, roots: list[Tensor], graph_task: Any) -> Any:
     """The program for ``walk``'s structure, or the ``NotTraceable`` that stops it (cached too)."""
     note_miss(call_site(), walk.key)
+    prev_task, current_task.graph_task = current_task.graph_task, graph_task  # the nodes traced read its exec_info
     try:
         program = Program(walk)
         pretrace(program, walk, roots)
@@ -161,6 +162,8 @@ def _compile(walk: Walk, roots: list[Tensor]) -> Any:
         # Cached, so the same structure is not traced again: a fresh exception, without
         # the traceback whose frames hold this call's graph.
         return NotTraceable(str(exc), exc.kind)
+    finally:
+        current_task.graph_task = prev_task
     return program
 
 
@@ -297,7 +300,7 @@ def _execute(args: tuple[Any, ...]) -> list[Tensor | None]:
     hit = program is not None
     if not hit:
         compile_start = time.perf_counter()
-        program = _compile(walk, root_grads)
+        program = _compile(walk, root_grads, graph_task)
         if structure is not None and not isinstance(program, NotTraceable):
             program.hit_order = hit_order(walk, structure)
         program = insert(cache_key, program)

@@ -18,7 +18,7 @@ from xgrad import profiler, step_trace
 from xgrad.engine import engine
 from xgrad.engine.compiled.cache import counters
 from xgrad.engine.compiled.key import Walk
-from xgrad.engine.compiled.lower import Values, run_phase
+from xgrad.engine.compiled.lower import Inputs, Values, run_node
 from xgrad.engine.compiled.program import (
     Program,
     Segment,
@@ -99,7 +99,7 @@ def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], c
         if variant is None:
             arrays = [*map(array_of, saved), *live_arrays, *(t._array for t in root_tensors), *(g._array for g in old)]
             layout = (len(saved), live_tree, len(live_leaves), len(root_tensors), old_mask)
-            variant = compile_variant(segment, [abstract(a.shape, a.dtype) for a in arrays], layout, signature)
+            variant = compile_variant(segment, nodes, [abstract(a.shape, a.dtype) for a in arrays], layout, signature)
         traced = variant.traced
         run_start = time.perf_counter() if traced.fresh else 0.0
         if on_tensors:
@@ -121,6 +121,8 @@ def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], c
             counters.add("compile_seconds", end - run_start)
             walk.compile_seconds += end - start
         live, grads, captures, retained = jax.tree_util.tree_unflatten(variant.out_tree, outs)
+        if variant.device is not None and live:  # ran on one of several devices: the grads in flight go where eager keeps them
+            live = {pos: _on_input_devices(nodes[pos], gs) for pos, gs in live.items()}
         for step, var in zip(segment.leaf_steps, leaves, strict=True):
             grad = grads.get(step.leaf_slot)
             if grad is not None:
@@ -140,8 +142,16 @@ def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], c
                 else:
                     store_into_grad(old_grad, grad._array)
     if passing:  # what went by this chunk goes on to the next (NOTE [Chunks])
-        live[0].update(passing)
+        live.update(passing)
     return live, grads, captures, retained
+
+
+def _on_input_devices(node: Any, grads: list[Any]) -> list[Any]:
+    """``grads`` on the devices of ``node``'s inputs: a host step sums them with others as eager does."""
+    return [
+        g if g is None or m is None or m.sharding is None else Tensor(jax.device_put(g._array, m.sharding))
+        for g, m in zip(grads, node.input_metadata, strict=True)
+    ]
 
 
 def _run_differentiable(traced: Traced, saved: list[Any], live: list[Tensor], roots: list[Tensor], old: list[Tensor]) -> list[Tensor]:
@@ -162,19 +172,22 @@ def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tenso
     steps = program.steps
     captured: list[Tensor | None] = [None] * n_captured
     # The grads in flight pass from segment to segment as a pytree (``Values.live``), and
-    # become ``Values`` only for host phases: chunks follow each other without any.
-    live: Any = Values().live()
+    # become ``Values`` only for host steps: chunks follow each other without any.
+    live: Any = {}
     values: Values | None = None
     prev_grad_mode, prev_task = _grad_state.enabled, current_task.graph_task
     _grad_state.enabled = create_graph
     current_task.graph_task = graph_task  # so hooks can queue_callback
     try:
         for item in program.items:
-            if type(item) is tuple:  # a host phase: eager's hook runner on the real node
-                op, pos = item
+            if type(item) is int:  # a host step: the eager engine's node on concrete values
                 if values is None:
                     values = Values.from_live(live)
-                run_phase(steps, steps[pos], op, nodes[pos], values, iter(()), roots, {})
+                step = steps[item]
+                run_node(steps, step, nodes[item], values, Inputs(iter(walk.flat[step.arg_lo:step.arg_hi]), False))
+                for i, grad in values.captures.items():
+                    captured[i] = grad
+                values.captures.clear()
                 continue
             if values is not None:
                 live, values = values.live(), None
