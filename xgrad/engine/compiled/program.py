@@ -375,7 +375,7 @@ def pretrace(program: Program, walk: Walk, roots: list[Tensor]) -> None:
         root_avals = [abstract(r._array.shape, r._array.dtype) for r in roots] if segment.first else []
         layout = (len(saved), live_tree, len(live_avals), len(root_avals), old_mask)
         avals = [*saved, *live_avals, *root_avals, *(abstract(*a) for a in old_avals)]
-        signature = (live_tree, old_mask, tuple((a.shape, a.dtype) for a in live_avals), old_avals)
+        signature = (live_tree, old_mask, (*((a.shape, a.dtype) for a in live_avals), *old_avals))
         variant = compile_variant(segment, walk.nodes, avals, layout, signature)
         out = [abstract(a.shape, a.dtype) for a in variant.traced.out_avals]
         live_out = jax.tree_util.tree_unflatten(variant.out_tree, out)[0]
