@@ -41,7 +41,7 @@ from xgrad.tensor import Tensor, is_tensor
 # (a long skip's grad, on its way to a far step) pass it by on the host.
 # Each chunk is cached by that structure (``cache.chunks``, bounded, emptied by
 # ``reset``): its steps' keys without the discovery indices of their edges, its edges
-# as positions relative to its first step, its phases, whether it is first or last,
+# as positions relative to its first step, whether it is first or last,
 # and the layout and avals of its inputs. A chunk equal to one compiled before takes
 # that one's ``Traced`` (its jaxpr and jitted callable) without tracing anything: the
 # flat inputs and outputs line up, since every position and leaf slot in them differs

@@ -1,7 +1,7 @@
 """Running a compiled program: gather the inputs, call each segment, write back ``.grad`` and the rest.
 
 NOTE [Compiled backward], stage 4. A hit or a miss both end here: segment by segment,
-host phases between them, then the leaves' post-accumulate-grad hooks, the final
+host steps between them, then the leaves' post-accumulate-grad hooks, the final
 callbacks and the release of saved values.
 """
 
