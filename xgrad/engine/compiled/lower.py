@@ -307,7 +307,10 @@ class Inputs:
         self.shapes_only = shapes_only  # a host step traced for its outputs' shapes and its pure hooks (``_shapes_only``)
 
 
-def _traced_stand_in(node: Node, step: Step, values: Values, given: Inputs) -> Node:
+def _stand_in(node: Node, step: Step, values: Values, given: Inputs) -> Node:
+    """What runs in ``node``'s place (NOTE [Stand-in nodes])."""
+    if not given.traced:  # on the host: a Function or a leaf runs as itself
+        return _rule_stand_in(node, given.args) if step.runs and isinstance(node, RuleNode) else node
     stand: Any
     if given.shapes_only:
         stand = _copy(node, _shapes_only(type(node)))
@@ -317,6 +320,8 @@ def _traced_stand_in(node: Node, step: Step, values: Values, given: Inputs) -> N
             stand._pre_hooks = stand._retains_grad_hooks = None
         if post is HOST:
             stand._post_hooks = None
+    elif not step.runs:  # captured only: its hooks run, its saved values are not read
+        stand = _copy(node)
     elif isinstance(node, RuleNode):
         stand = _rule_stand_in(node, given.args)
     elif isinstance(node, FunctionNode):
@@ -329,8 +334,8 @@ def _traced_stand_in(node: Node, step: Step, values: Values, given: Inputs) -> N
         if isinstance(node, GraphRoot):
             stand.outputs = given.roots
     stand.input_metadata = step.meta
-    if node._retains_grad_hooks:
-        stand._retains_grad_hooks = _recorders(step.pos, node._retains_grad_hooks, values)
+    if stand._retains_grad_hooks:
+        stand._retains_grad_hooks = _recorders(step.pos, stand._retains_grad_hooks, values)
     return stand  # type: ignore[no-any-return]
 
 
@@ -338,10 +343,7 @@ def run_node(steps: list[Step], step: Step, node: Node, values: Values, given: I
     """Run ``node`` as ``engine.evaluate_function`` does, on a stand-in (NOTE [Stand-in nodes]), and route its grads."""
     buf = values.buffers.pop(step.pos, None)
     inputs = [None] * len(step.meta) if buf is None else buf.buffer
-    if given.traced:
-        node = _traced_stand_in(node, step, values, given)
-    elif isinstance(node, RuleNode):
-        node = _rule_stand_in(node, given.args)
+    node = _stand_in(node, step, values, given)
     if not step.runs:  # captured only: eager runs its tensor pre-hooks and stops there
         inputs = call_tensor_pre_hooks(node, list(inputs))
     for input_idx, output_idx in step.captures or ():
