@@ -193,13 +193,17 @@ class _TracedAccumulate(AccumulateGrad):
         return []
 
 
+@functools.cache
+def _fields(cls: type[Node]) -> tuple[str, ...]:
+    return tuple(name for klass in cls.__mro__ for name in klass.__dict__.get("__slots__", ()) if name != "__weakref__")
+
+
 def _copy(node: Node, cls: type[Node] | None = None) -> Any:
     """A new ``cls`` (``node``'s own class by default) with ``node``'s fields; no constructor runs."""
     new = (cls or type(node)).__new__(cls or type(node))
-    for klass in type(node).__mro__:
-        for name in klass.__dict__.get("__slots__", ()):
-            if name != "__weakref__" and hasattr(node, name):
-                setattr(new, name, getattr(node, name))
+    for name in _fields(type(node)):
+        if hasattr(node, name):
+            setattr(new, name, getattr(node, name))
     return new
 
 
