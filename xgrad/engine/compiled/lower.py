@@ -42,8 +42,8 @@ class Step:
     """One node of a program: what the program needs of it, none of the graph's values."""
 
     __slots__ = (
-        "arg_hi", "arg_lo", "captures", "edges", "host", "kind", "leaf_sharding", "leaf_slot", "meta", "name", "pos",
-        "hooks", "runs", "saved_key", "targets",
+        "arg_hi", "arg_lo", "captures", "edges", "hooks", "host", "kind", "leaf_sharding", "leaf_slot", "meta", "name",
+        "pos", "runs", "saved_key", "targets",
     )
 
     def __init__(self, pos: int, node: Node, nkey: tuple[Any, ...], arg_lo: int, arg_hi: int) -> None:
