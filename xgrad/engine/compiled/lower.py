@@ -42,8 +42,8 @@ class Step:
     """One node of a program: what the program needs of it, none of the graph's values."""
 
     __slots__ = (
-        "arg_hi", "arg_lo", "captures", "edges", "hooks", "host", "kind", "leaf_sharding", "leaf_slot", "meta", "name",
-        "pos", "runs", "saved_key", "targets",
+        "arg_hi", "arg_lo", "captures", "edges", "hooks", "host", "host_pre", "kind", "leaf_sharding", "leaf_slot", "meta",
+        "name", "pos", "runs", "saved_key", "targets",
     )
 
     def __init__(self, pos: int, node: Node, nkey: tuple[Any, ...], arg_lo: int, arg_hi: int) -> None:
@@ -56,12 +56,15 @@ class Step:
         self.runs: bool = exec_key is None or exec_key[0]
         self.captures: tuple[tuple[int, int], ...] | None = None if exec_key is None else exec_key[1]
         hooks_field = HOOKS_FIELD.get(self.kind)
-        self.hooks = hooks = None if hooks_field is None else nkey[hooks_field]  # (pre, post): pure hooks, ``HOST`` or ``None``
-        # On the host: a hook group with a hook not marked pure, a Function's backward
-        # (NOTE [Functions on the host]), a primitive that moves values between devices.
-        self.host = hooks is not None and HOST in hooks
-        if self.runs:
-            self.host |= (isinstance(node, RuleNode) and node.prim.host_only) or (self.kind == K_FUNC and nkey[3] is HOST)
+        # (pre, post): each a group of pure hooks, ``HOST`` or ``None``
+        self.hooks = pre, post = (None if hooks_field is None else nkey[hooks_field]) or (None, None)
+        # On the host: post hooks not all pure, a Function's backward (NOTE [Functions on the
+        # host]), a primitive that moves values between devices, a captured node's hooks.
+        # Pre-hooks not all pure run there alone (``host_pre``), the rest of the node traced.
+        self.host = post is HOST or (pre is HOST and not self.runs) or self.runs and (
+            (isinstance(node, RuleNode) and node.prim.host_only) or (self.kind == K_FUNC and nkey[3] is HOST)
+        )
+        self.host_pre = pre is HOST and not self.host
         self.saved_key = nkey[4] if self.kind == K_FUNC else None  # a traced Function's: which saved tensors require grad
         self.leaf_slot = -1  # a leaf's index among the program's leaves
         self.leaf_sharding: Any = None
@@ -183,6 +186,9 @@ class _TracedAccumulate(AccumulateGrad):
 
     __slots__ = ("into", "old", "slot")
 
+    def tensor_pre_hooks(self) -> Any:
+        return self._tensor_pre_hooks  # the leaf's, or none where they ran on the host
+
     def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
         new = grads[0]
         if new is not None:
@@ -269,22 +275,28 @@ def _function_stand_in(node: FunctionNode, saved_key: tuple[Any, ...], args: Ite
     return stand
 
 
+def _zeros_for_edges(self: Node, grads: list[Tensor | None]) -> list[Tensor | None]:
+    return [None if n is None else Tensor(jnp.zeros(n.input_metadata[nr].shape, n.input_metadata[nr].dtype)) for n, nr in self.next_edges]
+
+
+def _grads_as_they_are(self: Node, grads: list[Tensor | None]) -> list[Tensor | None]:
+    return grads
+
+
 @functools.cache
-def _shapes_only(cls: type[Node]) -> type[Node]:
-    """``cls`` giving zeros for every edge, its hooks those set on it: a host step traced, not run, before a program runs.
+def _with_apply(cls: type[Node], apply: Callable[[Node, list[Tensor | None]], list[Tensor | None]]) -> type[Node]:
+    """``cls`` with another ``apply``, its tensor pre-hooks those set on it.
 
-    So its outputs' shapes are known, and its pure hooks are traced once, as they would be
-    on a node the program runs (one that cannot be traced falls back); its other hooks
-    are left off.
+    ``_zeros_for_edges``: a host step traced, not run, before a program runs, so its
+    outputs' shapes are known and its pure hooks are traced once, as they would be on a
+    node the program runs (one that cannot be traced falls back). ``_grads_as_they_are``:
+    a node's pre-hooks alone, run on the host through ``call_function``.
     """
-
-    def apply(self: Node, grads: list[Tensor | None]) -> list[Tensor | None]:
-        return [None if n is None else Tensor(jnp.zeros(n.input_metadata[nr].shape, n.input_metadata[nr].dtype)) for n, nr in self.next_edges]
 
     def tensor_pre_hooks(self: Node) -> Any:
         return self._tensor_pre_hooks
 
-    return type(f"ShapesOnly{cls.__name__}", (cls,), {"__slots__": (), "apply": apply, "tensor_pre_hooks": tensor_pre_hooks})
+    return type(f"{cls.__name__}{apply.__name__.title()}", (cls,), {"__slots__": (), "apply": apply, "tensor_pre_hooks": tensor_pre_hooks})
 
 
 def _recorders(pos: int, retains: dict[int, Any], values: Values) -> dict[int, Callable[[Any], None]]:
@@ -308,7 +320,7 @@ class Inputs:
     def __init__(self, args: Iterator[Any], traced: bool, roots: list[Tensor] | None = None,
                  old: dict[int, Tensor] | None = None, shapes_only: bool = False) -> None:
         self.args, self.traced, self.roots, self.old = args, traced, roots or [], old or {}
-        self.shapes_only = shapes_only  # a host step traced for its outputs' shapes and its pure hooks (``_shapes_only``)
+        self.shapes_only = shapes_only  # a host step traced for its outputs' shapes and its pure hooks (``_zeros_for_edges``)
 
 
 def _stand_in(node: Node, step: Step, values: Values, given: Inputs) -> Node:
@@ -317,12 +329,8 @@ def _stand_in(node: Node, step: Step, values: Values, given: Inputs) -> Node:
         return _rule_stand_in(node, given.args) if step.runs and isinstance(node, RuleNode) else node
     stand: Any
     if given.shapes_only:
-        stand = _copy(node, _shapes_only(type(node)))
-        pre, post = step.hooks or (None, None)
-        stand._tensor_pre_hooks = None if pre is HOST else node.tensor_pre_hooks()
-        if pre is HOST:
-            stand._pre_hooks = stand._retains_grad_hooks = None
-        if post is HOST:
+        stand = _copy(node, _with_apply(type(node), _zeros_for_edges))
+        if step.hooks[1] is HOST:
             stand._post_hooks = None
     elif not step.runs:  # captured only: its hooks run, its saved values are not read
         stand = _copy(node)
@@ -338,6 +346,9 @@ def _stand_in(node: Node, step: Step, values: Values, given: Inputs) -> Node:
         if isinstance(node, GraphRoot):
             stand.outputs = given.roots
     stand.input_metadata = step.meta
+    stand._tensor_pre_hooks = node.tensor_pre_hooks()
+    if step.host_pre or (given.shapes_only and step.hooks[0] is HOST):  # run on the host, not here
+        stand._tensor_pre_hooks = stand._pre_hooks = stand._retains_grad_hooks = None
     if stand._retains_grad_hooks:
         stand._retains_grad_hooks = _recorders(step.pos, stand._retains_grad_hooks, values)
     return stand  # type: ignore[no-any-return]
@@ -350,11 +361,29 @@ def run_node(steps: list[Step], step: Step, node: Node, values: Values, given: I
     node = _stand_in(node, step, values, given)
     if not step.runs:  # captured only: eager runs its tensor pre-hooks and stops there
         inputs = call_tensor_pre_hooks(node, list(inputs))
-    for input_idx, output_idx in step.captures or ():
-        if inputs[input_idx] is not None:
-            values.captures[output_idx] = inputs[input_idx]  # type: ignore[assignment]
+    if not (given.traced and step.host_pre):  # else captured before its pre-hooks, on the host
+        _capture(step, inputs, values)
     if step.runs:
         route(steps, step, call_function(current_task.graph_task, node, inputs), values)  # type: ignore[arg-type]
+
+
+def _capture(step: Step, inputs: list[Any], values: Values) -> None:
+    for input_idx, output_idx in step.captures or ():
+        if inputs[input_idx] is not None:
+            values.captures[output_idx] = inputs[input_idx]
+
+
+def run_on_host(steps: list[Step], step: Step, node: Node, values: Values, flat: list[Any]) -> None:
+    """A host step: the whole node on concrete values, or only its pre-hooks (``Step.host_pre``)."""
+    if not step.host_pre:
+        run_node(steps, step, node, values, Inputs(iter(flat[step.arg_lo:step.arg_hi]), False))
+        return
+    buf = values.buffers[step.pos]
+    _capture(step, buf.buffer, values)
+    hooks = _copy(node, _with_apply(type(node), _grads_as_they_are))
+    hooks._tensor_pre_hooks = node.tensor_pre_hooks()
+    hooks.next_edges, hooks._post_hooks = (NO_EDGE,) * len(step.meta), None  # its grads come back as they are
+    buf.buffer = call_function(current_task.graph_task, hooks, buf.buffer)
 
 
 _HOOK_RUNNERS = frozenset(f.__code__ for f in (call_tensor_pre_hooks, call_pre_hooks, call_post_hooks))

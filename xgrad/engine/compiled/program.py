@@ -275,14 +275,14 @@ class Program:
             s.pos for s, node in zip(self.steps, walk.nodes, strict=True)
             if s.runs and (s.kind == K_FUNC or (isinstance(node, RuleNode) and node.holds_tensors))
         ]
-        self.items: list[Any] = []  # segments, with the positions of host steps between them
+        self.items: list[Any] = []  # segments, with host steps between them
         self.segments: list[Segment] = []
         lo = 0
         for step in self.steps:
-            if step.host:
+            if step.host or step.host_pre:
                 self._add_segments(lo, step.pos)
-                self.items.append(step.pos)
-                lo = step.pos + 1
+                self.items.append(step)
+                lo = step.pos if step.host_pre else step.pos + 1
         self._add_segments(lo, len(self.steps))
         for segment in self.segments:
             if segment.chunked:
@@ -362,8 +362,9 @@ def pretrace(program: Program, walk: Walk, roots: list[Tensor]) -> None:
     """
     live: Any = {}  # the grads in flight, abstract
     for item in program.items:
-        if type(item) is int:
-            live = _host_step_avals(program, walk.nodes, item, live)
+        if type(item) is Step:
+            if item.host:  # pre-hooks alone keep shapes and dtypes: eager checks what they return
+                live = _host_step_avals(program, walk.nodes, item.pos, live)
             continue
         segment = item
         live_in, passing = segment.split_live(live)

@@ -18,7 +18,7 @@ from xgrad import profiler, step_trace
 from xgrad.engine import engine
 from xgrad.engine.compiled.cache import counters
 from xgrad.engine.compiled.key import Walk
-from xgrad.engine.compiled.lower import Inputs, Values, run_node
+from xgrad.engine.compiled.lower import Step, Values, run_on_host
 from xgrad.engine.compiled.program import (
     Program,
     Segment,
@@ -181,11 +181,10 @@ def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tenso
     current_task.graph_task = graph_task  # so hooks can queue_callback
     try:
         for item in program.items:
-            if type(item) is int:  # a host step: the eager engine's node on concrete values
+            if type(item) is Step:  # a host step: the eager engine's node (or its pre-hooks) on concrete values
                 if values is None:
                     values = Values.from_live(live)
-                step = steps[item]
-                run_node(steps, step, nodes[item], values, Inputs(iter(walk.flat[step.arg_lo:step.arg_hi]), False))
+                run_on_host(steps, item, nodes[item.pos], values, walk.flat)
                 for i, grad in values.captures.items():
                     captured[i] = grad
                 values.captures.clear()
