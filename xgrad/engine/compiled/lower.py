@@ -13,7 +13,6 @@ and the recorded graph is never changed (NOTE [Stand-in nodes]).
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -65,7 +64,7 @@ class Step:
             (isinstance(node, RuleNode) and node.prim.host_only) or (self.kind == K_FUNC and nkey[3] is HOST)
         )
         self.host_pre = pre is HOST and not self.host
-        self.saved_key = nkey[4] if self.kind == K_FUNC else None  # a traced Function's: which saved tensors require grad
+        self.saved_key: tuple[Any, ...] = nkey[4] if self.kind == K_FUNC else ()  # a traced Function's: which saved tensors require grad
         self.leaf_slot = -1  # a leaf's index among the program's leaves
         self.leaf_sharding: Any = None
         self.targets: list[tuple[int, int] | None] = []  # (position, input_nr) per edge, ``None`` where it leads out
@@ -158,6 +157,8 @@ class _GivenFunction(FunctionNode):
 
     __slots__ = ("given",)
 
+    given: tuple[Any, ...]
+
     def compute(self, grads: list[Any], saved_values: tuple[Any, ...]) -> list[Any]:
         return FunctionNode.compute(self, grads, self.given)
 
@@ -186,6 +187,10 @@ class _TracedAccumulate(AccumulateGrad):
 
     __slots__ = ("into", "old", "slot")
 
+    into: dict[int, Tensor]  # the program's new grads, by leaf slot
+    old: Tensor | None  # the leaf's ``.grad`` before the call
+    slot: tuple[int, Any]  # its leaf slot, and the sharding its grad takes on several devices
+
     def tensor_pre_hooks(self) -> Any:
         return self._tensor_pre_hooks  # the leaf's, or none where they ran on the host
 
@@ -199,9 +204,15 @@ class _TracedAccumulate(AccumulateGrad):
         return []
 
 
-@functools.cache
+_FIELDS: dict[type[Node], tuple[str, ...]] = {}  # per node class, its slots
+
+
 def _fields(cls: type[Node]) -> tuple[str, ...]:
-    return tuple(name for klass in cls.__mro__ for name in klass.__dict__.get("__slots__", ()) if name != "__weakref__")
+    fields = _FIELDS.get(cls)
+    if fields is None:
+        slots = (name for klass in cls.__mro__ for name in klass.__dict__.get("__slots__", ()))
+        fields = _FIELDS[cls] = tuple(name for name in slots if name != "__weakref__")
+    return fields
 
 
 def _copy(node: Node, cls: type[Node] | None = None) -> Any:
@@ -283,7 +294,9 @@ def _grads_as_they_are(self: Node, grads: list[Tensor | None]) -> list[Tensor | 
     return grads
 
 
-@functools.cache
+_WITH_APPLY: dict[tuple[type[Node], Callable[..., Any]], type[Node]] = {}
+
+
 def _with_apply(cls: type[Node], apply: Callable[[Node, list[Tensor | None]], list[Tensor | None]]) -> type[Node]:
     """``cls`` with another ``apply``, its tensor pre-hooks those set on it.
 
@@ -296,7 +309,11 @@ def _with_apply(cls: type[Node], apply: Callable[[Node, list[Tensor | None]], li
     def tensor_pre_hooks(self: Node) -> Any:
         return self._tensor_pre_hooks
 
-    return type(f"{cls.__name__}{apply.__name__.title()}", (cls,), {"__slots__": (), "apply": apply, "tensor_pre_hooks": tensor_pre_hooks})
+    made = _WITH_APPLY.get((cls, apply))
+    if made is None:
+        attrs = {"__slots__": (), "apply": apply, "tensor_pre_hooks": tensor_pre_hooks}
+        made = _WITH_APPLY[(cls, apply)] = type(f"{cls.__name__}{apply.__name__.title()}", (cls,), attrs)
+    return made
 
 
 def _recorders(pos: int, retains: dict[int, Any], values: Values) -> dict[int, Callable[[Any], None]]:
