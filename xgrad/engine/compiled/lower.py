@@ -137,7 +137,11 @@ def route(steps: list[Step], step: Step, outs: list[Any], values: Values) -> Non
 # (``_recorders``), and the root grads, which are the program's inputs. On the host a
 # rule node runs on a copy with the walk's concrete values (its saved tensors were
 # unpacked once, by the walk, in eager's order); Functions and leaves run as
-# themselves.
+# themselves. Two copies change ``apply`` (``_with_apply``): pre-hooks that are not pure
+# run alone on the host through ``call_function`` on a copy that passes its grads on,
+# its edges leading nowhere (the node then runs traced, without them); and before a
+# program first runs, each host step runs traced on a copy that gives zeros, for the
+# shapes of what it sends on and to trace its pure hooks once.
 
 
 class _Given:
