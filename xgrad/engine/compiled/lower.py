@@ -167,7 +167,7 @@ class _GivenFunction(FunctionNode):
         return FunctionNode.compute(self, grads, self.given)
 
 
-class _FunctionRules(FunctionNode):
+class FunctionRules(FunctionNode):
     """A custom Function's backward for ``xgrad.compile``'s host calls: ``FunctionNode.compute`` runs on it unchanged.
 
     It holds what ``compute`` reads, none of the graph: ``FunctionNode.__init__`` does not run.
