@@ -201,6 +201,23 @@ def test_backward_inputs_and_retain_grad():
     np.testing.assert_allclose(w.grad.detach().numpy(), np.exp([0.5, -2.0]) * [1.0, 2.0])
 
 
+def test_grad_of_an_intermediate_whose_node_saved_values_before_a_node_that_runs():
+    """``h``'s node is only captured: its saved output is no input of the program, and nothing reads it."""
+    x1_np, x2_np = np.array([0.3, 0.7]), np.array([0.5, -1.0])
+
+    def loss(x1, x2, sin=xgrad.sin):  # noqa: ANN001, ANN202  (xgrad tensors or jax arrays)
+        g = sin(x2 * 3.0)
+        return (x1 * g * g).sum(), g
+
+    want_h, want_x2 = jax.grad(lambda h, x2: loss(h, x2, jnp.sin)[0], argnums=(0, 1))(jnp.exp(x1_np), jnp.asarray(x2_np))
+    for _ in range(2):  # a miss, then a hit
+        x1, x2 = xgrad.tensor(x1_np, requires_grad=True), xgrad.tensor(x2_np, requires_grad=True)
+        h = x1.exp()
+        grads = xgrad.autograd.grad(loss(h, x2)[0], [h, x2], compiled=True)
+        np.testing.assert_allclose(grads[0].numpy(), want_h, rtol=1e-12)
+        np.testing.assert_allclose(grads[1].numpy(), want_x2, rtol=1e-12)
+
+
 def test_multiple_roots_and_integer_index_params():
     x = xgrad.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
     for index in (np.array([0, 0, 2]), np.array([1, 2, 2])):  # same structure, new index values: no stale bake-in

@@ -20,7 +20,7 @@ from xgrad.compile_step.observers import HookBox, HostGraphTask, Observer, call_
 from xgrad.compile_step.recording import tracing
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.compiled.key import traced_function
-from xgrad.engine.compiled.lower import _FunctionRules
+from xgrad.engine.compiled.lower import FunctionRules
 from xgrad.engine.function import FunctionCtx, FunctionNode
 from xgrad.engine.host_call import call_on_host, hook_on_host, swapped_state
 from xgrad.engine.node import ERR_POST_ACCUMULATE_RESULT, Edge, InputMetadata, current_task
@@ -270,7 +270,7 @@ def function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
         host_ctx = FunctionCtx()  # a fresh ctx per call, as each eager call has its own
         host_ctx.needs_input_grad, host_ctx.materialize_grads = needs, materialize
         vars(host_ctx).update(host_attrs)
-        rules = _FunctionRules(name, function, input_is_tensor, len(into), host_ctx)
+        rules = FunctionRules(name, function, input_is_tensor, len(into), host_ctx)
         with swapped_state([t for t in (ref() for ref in state) if t is not None]) as changed, no_grad():
             results = call_in_backward(graph_task, rules.compute, list(host_grads), tuple(saved))  # no_grad: as the engine
         if changed:

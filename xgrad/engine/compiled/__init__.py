@@ -5,7 +5,7 @@ The package, one room per concern, in the order a call goes through them:
 - ``switch.py``: ``enable``/``set_enabled``, ``pure_hook``, the fallback warning and error;
 - ``key.py``: the walks, the structural key, the structure fragments (stage 2);
 - ``cache.py``: the bounded program and chunk caches, ``stats``/``reset``, recompile reasons;
-- ``lower.py``: steps and their phases, run on traced or concrete values (stage 3);
+- ``lower.py``: steps, and one node run by the eager engine's code on traced or concrete values (stage 3);
 - ``program.py``: segments and chunks of a program, tracing and jitting them (stage 3);
 - ``run.py``: running a program, writing ``.grad`` (stage 4);
 - this file: ``execute``, which ties them together, and the fallback to eager.
@@ -49,27 +49,28 @@ in ``engine/rules.py``): nothing here imports ``xgrad.ops``.
 #      version checks and saved-tensor hooks behave as in eager. Its key is the one
 #      recompile reasons are described from.
 #    A lookup hashes the key once (``cache.CacheKey``).
-# 3. Compile (a miss). ``program.Program`` turns the walked nodes into steps and each step
-#    into phases (capture, pre-hooks, body, post-hooks, route). The body runs the
-#    same code eager runs: a rule node's ``prim.backward`` / a pure ``FunctionNode.compute`` on
-#    tensors wrapping tracers, ``InputBuffer`` sums in arrival order,
-#    ``validate_outputs``, and eager's ``call_*_hooks`` for hooks marked pure.
-#    Hooks that are not pure split the program: each maximal run of traced phases is
-#    one segment, jitted on its own, and between segments the host runs eager's
-#    hook functions on concrete tensors, at their point, in eager's order. Splitting
-#    was chosen over ``io_callback(ordered=True)`` by measurement (benchmarks/
-#    bench_compiled.py: on CPU one program with an ordered callback took 3.7x as long
-#    as two programs with the hook between them, and ordered callbacks gather sharded
-#    operands to one device). A long segment is cut into chunks, segments of at most
-#    ``program.CHUNK_STEPS`` steps, each cached by its own structure so that a chunk
-#    that repeats (a chain, a deep model's identical blocks) is traced and compiled
-#    once (NOTE [Chunks] in program.py). Each
-#    segment is traced once with ``jax.make_jaxpr``; inputs no equation reads are
-#    dropped (a saved value whose rule reads only its shape, say), and
-#    the rest run through ``jax.jit`` of the jaxpr. No buffer is donated: the old
-#    ``.grad`` is a tensor another thread may be reading. Inputs on several devices
-#    (leaves moved with ``.to()``) are put on one for the call, and each ``.grad``
-#    goes back to its leaf's device, as eager leaves it.
+# 3. Compile (a miss). Nothing of a node's work is written here a second time: the
+#    program is the eager engine traced. ``program.Program`` keeps, per node in schedule
+#    order, a ``lower.Step`` (where its grads go, whether it runs on the host), and each
+#    traced step runs ``lower.run_node``: eager's captures, then ``engine.call_function``
+#    (its hooks in eager's order, its ``apply``, ``validate_outputs``), then ``InputBuffer``
+#    sums in arrival order, on a stand-in of the node whose saved values are the program's
+#    inputs (NOTE [Stand-in nodes] in lower.py). Hooks that are not pure, a Function's
+#    backward (NOTE [Functions on the host] in key.py) and device moves split the program:
+#    each maximal run of traced steps is one segment, jitted on its own, and between
+#    segments the host runs that node with the same ``run_node`` on concrete tensors, at
+#    its point, in eager's order. Splitting was chosen over ``io_callback(ordered=True)``
+#    by measurement (benchmarks/RESULTS.md: the split costs about 60 µs a hook and
+#    nothing fixed, an ordered callback about 75 µs a hook and 0.25 ms per program that
+#    has any, and it gathers sharded operands to one device). A long segment is cut into
+#    chunks of at most ``program.CHUNK_STEPS`` steps, each cached by its own structure so
+#    that a chunk that repeats (a chain, a deep model's identical blocks) is traced and
+#    compiled once (NOTE [Chunks] in program.py). Each segment is traced once with
+#    ``jax.make_jaxpr``; inputs no equation reads are dropped (a saved value whose rule
+#    reads only its shape, say), and the rest run through ``jax.jit`` of the jaxpr. No
+#    buffer is donated: the old ``.grad`` is a tensor another thread may be reading.
+#    Inputs on several devices (leaves moved with ``.to()``) are put on one for the call,
+#    and each ``.grad`` and grad in flight goes back to its device, as eager leaves it.
 # 4. Run (a hit). Segment by segment: gather the used inputs from the flat list, call
 #    the executable, write ``.grad`` (under the accumulate lock that eager uses, so
 #    concurrent backwards into shared leaves are exact), retained grads and captured
@@ -89,6 +90,9 @@ in ``engine/rules.py``): nothing here imports ``xgrad.ops``.
 # A custom Function's backward runs on the host at its point, on every call, as in
 # eager (NOTE [Functions on the host] in key.py); one marked ``pure_hook`` is traced
 # in, and then, as under ``jax.jit``, its Python body runs only when traced.
+# A hook marked pure on a node that runs on the host runs there with it, on every
+# call; before the first run it is traced once, so one that cannot be traced falls back
+# as it would on a traced node.
 # What cannot be traced (anomaly mode, unknown node kinds, a pure-marked Function
 # backward or hook that concretizes a tracer or runs a backward of its own) falls
 # back to eager with a one-time warning, or raises under ``fallback="error"``; a key
@@ -151,9 +155,10 @@ __all__ = [
 ]
 
 
-def _compile(walk: Walk, roots: list[Tensor]) -> Any:
+def _compile(walk: Walk, roots: list[Tensor], graph_task: Any) -> Any:
     """The program for ``walk``'s structure, or the ``NotTraceable`` that stops it (cached too)."""
     note_miss(call_site(), walk.key)
+    prev_task, current_task.graph_task = current_task.graph_task, graph_task  # the nodes traced read its exec_info
     try:
         program = Program(walk)
         pretrace(program, walk, roots)
@@ -161,6 +166,8 @@ def _compile(walk: Walk, roots: list[Tensor]) -> Any:
         # Cached, so the same structure is not traced again: a fresh exception, without
         # the traceback whose frames hold this call's graph.
         return NotTraceable(str(exc), exc.kind)
+    finally:
+        current_task.graph_task = prev_task
     return program
 
 
@@ -297,7 +304,7 @@ def _execute(args: tuple[Any, ...]) -> list[Tensor | None]:
     hit = program is not None
     if not hit:
         compile_start = time.perf_counter()
-        program = _compile(walk, root_grads)
+        program = _compile(walk, root_grads, graph_task)
         if structure is not None and not isinstance(program, NotTraceable):
             program.hit_order = hit_order(walk, structure)
         program = insert(cache_key, program)

@@ -40,9 +40,6 @@ SCALARS = frozenset((float, int, bool, complex, type(None), str))
 HOST = "host"  # hooks key: a hook group with a hook that is not pure runs on the host
 RAW = "raw array"  # saved-values key tag: a raw array argument, a program input
 TENSOR = "tensor"  # saved-values / ctx key tag: a tensor, a program input
-TENSOR_RG = "tensor requiring grad"  # a Function's saved tensor that requires grad (its backward may ask)
-ARG = object()  # template marker: filled from the program's inputs
-ARG_TENSOR = object()  # template marker: filled from the program's inputs, as a Tensor
 CTX_BASE = frozenset(FunctionCtx().__dict__)
 
 
@@ -517,9 +514,6 @@ def walk_structure(root: Node, create_graph: bool, root_nr: int) -> Walk | None:
         return None
     ranks = tuple(sorted(range(len(nodes)), key=sequence_nrs.__getitem__))
     return Walk((create_graph, root_nr, tuple(key), ranks), nodes, flat, None)
-
-
-# -- steps: what the program does per node -------------------------------------------
 
 
 def hit_order(walk: Walk, structure: Walk) -> tuple[list[int], list[int]]:

@@ -1,10 +1,13 @@
-"""Lowering: a walked graph's nodes become steps, and each step's phases run on traced or concrete values.
+"""Lowering: each node of a walked graph, run by the eager engine's own code on traced or concrete values.
 
-NOTE [Compiled backward], stage 3. ``_build_steps`` turns the walk's nodes into
-``_Step``s (the static facts of each node, none of its values); ``run_phase`` runs one
-of a step's phases (capture, pre-hooks, body, post-hooks, route): the eager engine's
-per-node work, run on tracers inside a segment (``program.py``) or on concrete values
-on the host between segments.
+NOTE [Compiled backward], stage 3. ``build_steps`` keeps what a program needs of each
+node without holding the graph: its place, where its grads go, whether it runs on the
+host. ``run_node`` runs one node as ``engine.evaluate_function`` does: its captures, then
+eager's ``call_function`` (the hooks in eager's order, the node's own ``apply``,
+``validate_outputs``), then its grads summed into the next nodes' ``InputBuffer``s. It
+runs on a stand-in of the node whose saved values are the program's inputs (tracers
+inside a segment, the walk's concrete values on the host), so nothing is unpacked twice
+and the recorded graph is never changed (NOTE [Stand-in nodes]).
 """
 
 from __future__ import annotations
@@ -17,68 +20,155 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xgrad.engine.compiled.key import (
-    ARG,
-    ARG_TENSOR,
-    CTX_BASE,
-    HOOKS_FIELD,
-    HOST,
-    K_ACC,
-    K_FUNC,
-    K_PRIM,
-    K_ROOT,
-    RAW,
-    SCALARS,
-    TENSOR,
-    TENSOR_RG,
-    Walk,
-    is_array,
-)
+from xgrad.engine.compiled.key import HOOKS_FIELD, HOST, K_FUNC, Walk, is_array
 from xgrad.engine.compiled.switch import TRACER_ERRORS, NotTraceable, state
-from xgrad.engine.engine import call_post_hooks, call_pre_hooks, call_tensor_pre_hooks
+from xgrad.engine.engine import call_function, call_post_hooks, call_pre_hooks, call_tensor_pre_hooks
 from xgrad.engine.function import FunctionCtx, FunctionNode
 from xgrad.engine.graph_task import InputBuffer
-from xgrad.engine.node import NO_EDGE, AccumulateGrad, Edge, InputMetadata, Node
-from xgrad.engine.rules import Aval, RuleArgs, RuleNode, Rules, incoming_grad
+from xgrad.engine.node import NO_EDGE, AccumulateGrad, GraphRoot, InputMetadata, Node, current_task
+from xgrad.engine.rules import RuleNode
 from xgrad.engine.saved import SavedTensor
-from xgrad.engine.validate import validate_outputs
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
 
 
-class _NodeView(Node):
-    """What eager's hook runners and ``validate_outputs`` read from a node, without its saved state.
-
-    A ``Node`` in type only: it stands in for one and is never part of a graph, so
-    ``Node.__init__`` (sequence number, edges) does not run.
-    """
-
-    __slots__ = ("_name",)
-
-    def __init__(self, name: str, input_metadata: tuple[Any, ...]) -> None:
-        self._name = name
-        self.input_metadata = input_metadata
-        self._tensor_pre_hooks: Any = None
-        self._pre_hooks: Any = None
-        self._post_hooks: Any = None
-        self._retains_grad_hooks: Any = None
-
-    def name(self) -> str:
-        return self._name
-
-    def tensor_pre_hooks(self) -> Any:
-        return self._tensor_pre_hooks
-
-
 def _traced_metadata(meta: tuple[Any, ...]) -> tuple[Any, ...]:
     """Input metadata without shardings: inside a program XLA places the values."""
-    if len(meta) == 1 and meta[0] is not None:  # most nodes: one output
-        return (InputMetadata(meta[0].shape, meta[0].dtype, None),)
     return tuple(None if m is None else InputMetadata(m.shape, m.dtype, None) for m in meta)
 
 
-class _FunctionRules(FunctionNode):
-    """A custom Function's backward: ``FunctionNode.compute`` runs on it unchanged.
+class Step:
+    """One node of a program: what the program needs of it, none of the graph's values."""
+
+    __slots__ = (
+        "arg_hi", "arg_lo", "captures", "edges", "hooks", "host", "host_pre", "kind", "leaf_sharding", "leaf_slot", "meta",
+        "name", "pos", "runs", "saved_key", "targets",
+    )
+
+    def __init__(self, pos: int, node: Node, nkey: tuple[Any, ...], arg_lo: int, arg_hi: int) -> None:
+        self.pos = pos
+        self.kind: int = nkey[0]
+        self.name = node.name()
+        self.meta = _traced_metadata(node.input_metadata)
+        self.arg_lo, self.arg_hi = arg_lo, arg_hi  # its saved values among the walk's flat values
+        exec_key = nkey[-1]
+        self.runs: bool = exec_key is None or exec_key[0]
+        self.captures: tuple[tuple[int, int], ...] | None = None if exec_key is None else exec_key[1]
+        hooks_field = HOOKS_FIELD.get(self.kind)
+        # (pre, post): each a group of pure hooks, ``HOST`` or ``None``
+        self.hooks = pre, post = (None if hooks_field is None else nkey[hooks_field]) or (None, None)
+        # On the host: post hooks not all pure, a Function's backward (NOTE [Functions on the
+        # host]), a primitive that moves values between devices, a captured node's hooks.
+        # Pre-hooks not all pure run there alone (``host_pre``), the rest of the node traced.
+        self.host = post is HOST or (pre is HOST and not self.runs) or self.runs and (
+            (isinstance(node, RuleNode) and node.prim.host_only) or (self.kind == K_FUNC and nkey[3] is HOST)
+        )
+        self.host_pre = pre is HOST and not self.host
+        self.saved_key: tuple[Any, ...] = nkey[4] if self.kind == K_FUNC else ()  # a traced Function's: which saved tensors require grad
+        self.leaf_slot = -1  # a leaf's index among the program's leaves
+        self.leaf_sharding: Any = None
+        self.targets: list[tuple[int, int] | None] = []  # (position, input_nr) per edge, ``None`` where it leads out
+        self.edges = tuple(None if n is None else (n.name(), _traced_metadata(n.input_metadata)[nr]) for n, nr in node.next_edges)
+
+
+def build_steps(walk: Walk) -> list[Step]:
+    nodes, starts = walk.nodes, walk.starts
+    assert starts is not None, "a program is built from the schedule walk"
+    position = {node: pos for pos, node in enumerate(nodes)}
+    steps = []
+    leaf_slots = 0
+    for pos, (node, nkey) in enumerate(zip(nodes, walk.key[4], strict=True)):
+        step = Step(pos, node, nkey, starts[pos], starts[pos + 1])
+        steps.append(step)
+        if not step.runs:
+            continue
+        step.targets = [None if n is None or n not in position else (position[n], nr) for n, nr in node.next_edges]
+        if isinstance(node, AccumulateGrad) and not step.host:
+            step.leaf_slot = leaf_slots
+            leaf_slots += 1
+            sharding = node.input_metadata[0].sharding
+            if isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1:
+                step.leaf_sharding = sharding
+    return steps
+
+
+class Values:
+    """Gradients in flight inside a segment (or on the host between segments), and what a segment gives back."""
+
+    __slots__ = ("buffers", "captures", "grads", "retained")
+
+    def __init__(self) -> None:
+        self.buffers: dict[int, InputBuffer] = {}
+        self.grads: dict[int, Tensor] = {}
+        self.captures: dict[int, Tensor] = {}
+        self.retained: dict[tuple[int, int], Tensor] = {}
+
+    def live(self) -> dict[int, list[Any]]:
+        """What flows on to the next segment, as a pytree with tensor (or ``None``) leaves."""
+        return {pos: list(buf.buffer) for pos, buf in self.buffers.items()}
+
+    @staticmethod
+    def from_live(live: dict[int, list[Any]]) -> Values:
+        values = Values()
+        for pos, grads in live.items():
+            buf = values.buffers[pos] = InputBuffer(0)
+            buf.buffer = list(grads)
+        return values
+
+
+def route(steps: list[Step], step: Step, outs: list[Any], values: Values) -> None:
+    """Sum ``outs`` into the buffers of the nodes they flow to, in arrival order, as eager does."""
+    buffers = values.buffers
+    for out, target in zip(outs, step.targets, strict=True):
+        if target is not None:
+            buf = buffers.get(target[0])
+            if buf is None:
+                buf = buffers[target[0]] = InputBuffer(len(steps[target[0]].meta))
+            buf.add(target[1], out)
+
+
+# NOTE [Stand-in nodes]
+# A node runs in a program through eager's ``call_function`` on a copy of itself (the
+# same class, hooks, edges and metadata) whose saved values are the program's inputs:
+# a rule node's saved tensors, array params and saved outputs, a pure Function's
+# ``ctx`` attributes and saved tensors, in the order the walk put them in the flat
+# list. Traced, three things differ from eager's node, as the program's outputs carry
+# them to the host: a leaf's new ``.grad`` (``_TracedAccumulate``), retained grads
+# (``_recorders``), and the root grads, which are the program's inputs. On the host a
+# rule node runs on a copy with the walk's concrete values (its saved tensors were
+# unpacked once, by the walk, in eager's order); Functions and leaves run as
+# themselves. Two copies change ``apply`` (``_with_apply``): pre-hooks that are not pure
+# run alone on the host through ``call_function`` on a copy that passes its grads on,
+# its edges leading nowhere (the node then runs traced, without them); and before a
+# program first runs, each host step runs traced on a copy that gives zeros, for the
+# shapes of what it sends on and to trace its pure hooks once.
+
+
+class _Given:
+    """A saved output already unpacked: ``PrimitiveNode.apply`` unpacks its ``saved_out``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Tensor) -> None:
+        self.value = value
+
+    def unpack(self, node: Node) -> Tensor:
+        return self.value
+
+
+class _GivenFunction(FunctionNode):
+    """A pure Function's node whose ``ctx.saved_tensors`` are given values."""
+
+    __slots__ = ("given",)
+
+    given: tuple[Any, ...]
+
+    def compute(self, grads: list[Any], saved_values: tuple[Any, ...]) -> list[Any]:
+        return FunctionNode.compute(self, grads, self.given)
+
+
+class FunctionRules(FunctionNode):
+    """A custom Function's backward for ``xgrad.compile``'s host calls: ``FunctionNode.compute`` runs on it unchanged.
 
     It holds what ``compute`` reads, none of the graph: ``FunctionNode.__init__`` does not run.
     """
@@ -96,351 +186,142 @@ class _FunctionRules(FunctionNode):
         return self._name
 
 
-class _Step:
-    """One node of the program: the static facts its phases need, none of the graph's values.
+class _TracedAccumulate(AccumulateGrad):
+    """A leaf's ``AccumulateGrad`` in a program: the new ``.grad`` is an output, written by the host."""
 
-    Every step has the fields up to ``host_body``; a step that runs has ``targets`` and
-    ``edge_views``; the rest belong to one node kind (rule node, leaf, Function).
-    """
+    __slots__ = ("into", "old", "slot")
 
-    __slots__ = (
-        "captures", "ctx_template", "edge_views", "function", "host_body", "kind", "leaf_sharding", "leaf_slot",
-        "materialize", "meta", "n_saved_out", "name", "needs_input_grad", "num_outputs", "params", "pos", "post", "pre",
-        "prim", "runs", "saved", "size", "targets",
-    )
+    into: dict[int, Tensor]  # the program's new grads, by leaf slot
+    old: Tensor | None  # the leaf's ``.grad`` before the call
+    slot: tuple[int, Any]  # its leaf slot, and the sharding its grad takes on several devices
 
-    pos: int
-    kind: int
-    name: str
-    meta: tuple[Any, ...]
-    size: int
-    runs: bool
-    captures: tuple[tuple[int, int], ...] | None
-    pre: Any  # a traced hook view, ``HOST`` or ``None`` (``_hook_views``)
-    post: Any
-    leaf_slot: int  # a leaf's index among the program's leaves; -1 for other nodes
-    host_body: bool
-    targets: list[tuple[int, int] | None]
-    edge_views: tuple[Edge, ...]
-    prim: Rules  # rule nodes
-    params: Any
-    num_outputs: int
-    n_saved_out: int
-    saved: tuple[Any, ...]  # rule nodes and Functions
-    leaf_sharding: Any  # leaves
-    function: tuple[Any, tuple[bool, ...], int]  # Functions: (Function class, input_is_tensor, number of edges)
-    needs_input_grad: tuple[bool, ...]
-    materialize: bool
-    ctx_template: list[tuple[str, Any]]
+    def tensor_pre_hooks(self) -> Any:
+        return self._tensor_pre_hooks  # the leaf's, or none where they ran on the host
+
+    def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
+        new = grads[0]
+        if new is not None:
+            value = new._array if self.old is None else self.old._array + new._array
+            if self.slot[1] is not None:
+                value = jax.lax.with_sharding_constraint(value, self.slot[1])
+            self.into[self.slot[0]] = Tensor(value)
+        return []
 
 
-def _template(value: Any) -> Any:
-    """``value`` with the entries ``freeze`` sent to ``flat`` replaced by markers."""
+_FIELDS: dict[type[Node], tuple[str, ...]] = {}  # per node class, its slots
+
+
+def _fields(cls: type[Node]) -> tuple[str, ...]:
+    fields = _FIELDS.get(cls)
+    if fields is None:
+        slots = (name for klass in cls.__mro__ for name in klass.__dict__.get("__slots__", ()))
+        fields = _FIELDS[cls] = tuple(name for name in slots if name != "__weakref__")
+    return fields
+
+
+def _copy(node: Node, cls: type[Node] | None = None) -> Any:
+    """A new ``cls`` (``node``'s own class by default) with ``node``'s fields; no constructor runs."""
+    new = (cls or type(node)).__new__(cls or type(node))
+    for name in _fields(type(node)):
+        if hasattr(node, name):
+            setattr(new, name, getattr(node, name))
+    return new
+
+
+def _tensor(value: Any, requires_grad: bool = False) -> Tensor:
+    return value if isinstance(value, Tensor) else Tensor(value, requires_grad=requires_grad)
+
+
+def _refill(value: Any, args: Iterator[Any]) -> Any:
+    """``value`` with the entries ``key.freeze`` sent to the flat list taken from ``args``."""
     if isinstance(value, Tensor):
-        return ARG_TENSOR
+        return _tensor(next(args))
     if is_array(value):
-        return np.asarray(value) if value.dtype == np.bool_ else ARG
+        return value if value.dtype == np.bool_ else next(args)
     cls = type(value)
     if cls is tuple or cls is list:
-        return cls(_template(v) for v in value)
+        return cls(_refill(v, args) for v in value)
     if cls is dict:
-        return {k: _template(v) for k, v in value.items()}
+        return {k: _refill(v, args) for k, v in value.items()}
     if cls is slice:
-        return slice(_template(value.start), _template(value.stop), _template(value.step))
+        return slice(_refill(value.start, args), _refill(value.stop, args), _refill(value.step, args))
     return value
 
 
-def _fill(template: Any, values: Iterator[Any]) -> Any:
-    if template is ARG:
-        return next(values)
-    if template is ARG_TENSOR:
-        return Tensor(next(values))
-    cls = type(template)
-    if cls is tuple or cls is list:
-        return cls(_fill(v, values) for v in template)
-    if cls is dict:
-        return {k: _fill(v, values) for k, v in template.items()}
-    if cls is slice:
-        return slice(_fill(template.start, values), _fill(template.stop, values), _fill(template.step, values))
-    return template
+def _refill_saved(value: Any, args: Iterator[Any]) -> Any:
+    """One saved value of a rule node, as ``key._node_key`` keyed it."""
+    if type(value) is SavedTensor:
+        return _tensor(next(args))
+    if isinstance(value, Tensor):
+        return _tensor(next(args), value.requires_grad)
+    if is_array(value):
+        return next(args)
+    return _refill(value, args)
 
 
-def _saved_template(values: Any) -> tuple[Any, ...]:
-    """Per saved value, what the program passes the rule: ``TENSOR``/``RAW`` inputs or a template."""
-    out = []
-    for s in values:
-        cls = type(s)
-        if cls is SavedTensor:
-            out.append(TENSOR)
-        elif cls is Tensor:
-            out.append(TENSOR_RG if s.requires_grad else TENSOR)
-        elif cls in SCALARS or cls is Aval:
-            out.append(s)
-        elif is_array(s):
-            out.append(RAW)
-        else:
-            out.append(_template(s))
-    return tuple(out)
-
-
-def _hook_views(name: str, meta: tuple[Any, ...], key: Any) -> tuple[Any, Any]:
-    """A node's two hook groups as traced views, ``HOST`` markers, or ``None`` (from its hooks key)."""
-    if key is None:
-        return None, None
-    pre_key, post_key = key
-    pre: Any = pre_key
-    if pre_key is not HOST and pre_key is not None:
-        tensor_pre, node_pre, retains = pre_key
-        pre = _NodeView(name, meta)
-        pre._tensor_pre_hooks = dict(enumerate(tensor_pre or ()))
-        pre._pre_hooks = dict(enumerate(node_pre or ()))
-        pre._retains_grad_hooks = retains
-    post: Any = post_key
-    if post_key is not HOST and post_key is not None:
-        post = _NodeView(name, meta)
-        post._post_hooks = dict(enumerate(post_key))
-    return pre, post
-
-
-def _build_steps(walk: Walk) -> list[_Step]:
-    nodes = walk.nodes
-    position = {node: pos for pos, node in enumerate(nodes)}
-    views_of: dict[Node, _NodeView] = {}
-    steps = []
-    leaf_slots = 0
-    for pos, (node, nkey) in enumerate(zip(nodes, walk.key[4], strict=True)):
-        step = _Step()
-        step.pos = pos
-        step.kind = nkey[0]
-        step.name = node.name()
-        step.meta = _traced_metadata(node.input_metadata)
-        step.size = len(node.input_metadata)
-        exec_key = nkey[-1]
-        step.runs = exec_key is None or exec_key[0]
-        step.captures = None if exec_key is None else exec_key[1]
-        hooks_field = HOOKS_FIELD.get(step.kind)
-        step.pre, step.post = _hook_views(step.name, step.meta, None if hooks_field is None else nkey[hooks_field])
-        step.leaf_slot = -1
-        step.host_body = False
-        steps.append(step)
-        if not step.runs:
-            continue
-        targets = []
-        views = []
-        for next_fn, input_nr in node.next_edges:
-            target = position.get(next_fn) if next_fn is not None else None
-            targets.append(None if target is None else (target, input_nr))
-            view = None
-            if next_fn is not None:
-                view = views_of.get(next_fn)
-                if view is None:  # one view per node, shared by the edges into it
-                    view = views_of[next_fn] = _NodeView(next_fn.name(), _traced_metadata(next_fn.input_metadata))
-            views.append(Edge(view, input_nr))
-        step.targets = targets
-        step.edge_views = tuple(views)
-        if isinstance(node, RuleNode):  # K_PRIM
-            step.prim = node.prim
-            # Registered primitives that do not jit their forward are device moves: one XLA
-            # program cannot move values between devices, so they run on the host.
-            step.host_body = node.prim.host_only
-            step.params = _template(node.params)
-            step.num_outputs = node.prim.num_outputs
-            step.n_saved_out = 0 if node.saved_out is None else len(node.saved_out)
-            step.saved = _saved_template(node.saved if node.saved_out is None else (*node.saved, *node.saved_out))
-        elif isinstance(node, AccumulateGrad):  # K_ACC
-            step.leaf_slot = leaf_slots
-            leaf_slots += 1
-            sharding = node.input_metadata[0].sharding
-            multi = isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1
-            step.leaf_sharding = sharding if multi else None
-        elif isinstance(node, FunctionNode):  # K_FUNC
-            step.host_body = nkey[3] is HOST  # NOTE [Functions on the host]
-            if step.host_body:
-                continue
-            ctx = node.ctx
-            step.function = (node.function, node.input_is_tensor, len(node.next_edges))
-            step.needs_input_grad = ctx.needs_input_grad
-            step.materialize = ctx.materialize_grads
-            step.ctx_template = [(attr, _template(v)) for attr, v in ctx.__dict__.items() if attr not in CTX_BASE]
-            step.saved = _saved_template(node.unpack_saved())
-    return steps
-
-
-# -- phases: the eager engine's per-node work, on traced or concrete values ------------
-
-
-CAPTURE, PRE, BODY, POST, ROUTE = range(5)
-
-
-class Values:
-    """Gradients in flight inside a segment (or between segments, on the host)."""
-
-    __slots__ = ("buffers", "captures", "current", "grads", "retained")
-
-    def __init__(self) -> None:
-        self.buffers: dict[int, InputBuffer] = {}
-        self.current: dict[int, Any] = {}  # {pos: (outputs, inputs)} between a node's body and its routing
-        self.grads: dict[int, Tensor] = {}
-        self.captures: dict[int, Tensor] = {}
-        self.retained: dict[tuple[int, int], Tensor] = {}
-
-    def live(self) -> Any:
-        """What flows on to the next segment, as a pytree with tensor (or ``None``) leaves."""
-        return {pos: list(buf.buffer) for pos, buf in self.buffers.items()}, {
-            pos: (list(outs), list(ins)) for pos, (outs, ins) in self.current.items()
-        }
-
-    @staticmethod
-    def from_live(live: Any) -> Values:
-        values = Values()
-        buffers, current = live
-        for pos, grads in buffers.items():
-            buf = InputBuffer(len(grads))
-            buf.buffer = list(grads)
-            values.buffers[pos] = buf
-        values.current = {pos: (list(outs), list(ins)) for pos, (outs, ins) in current.items()}
-        return values
-
-
-def run_phase(steps: list[_Step], step: _Step, op: int, view: Any, values: Values, args: Iterator[Any],
-           roots: list[Tensor], old: dict[int, Tensor]) -> None:
-    """Run one phase of ``step``; ``view`` is the node itself (host) or its traced hook view."""
+def _rule_stand_in(node: RuleNode, args: Iterator[Any]) -> RuleNode:
+    stand = _copy(node)
+    stand.saved = tuple(_refill_saved(s, args) for s in node.saved)
+    if node.saved_out is not None:
+        stand.saved_out = tuple(_Given(_tensor(next(args))) for _ in node.saved_out)
+    params = node.params
     try:
-        _phase_unchecked(steps, step, op, view, values, args, roots, old)
-    except TRACER_ERRORS as exc:
-        detail = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-        if op in (PRE, POST):
-            raise NotTraceable(f"a hook marked pure_hook on {step.name} is not traceable ({detail})", "untraceable hook") from exc
-        if step.kind == K_FUNC:
-            raise NotTraceable(
-                f"the backward of custom Function {step.function[0].__name__} is not traceable ({detail})",
-                "untraceable Function",
-            ) from exc
-        raise NotTraceable(f"{step.name} is not traceable ({detail})", "untraceable node") from exc
-    except NotTraceable as exc:
-        if step.kind == K_FUNC and exc.kind == "reentrant backward" and op == BODY:
-            raise NotTraceable(f"the backward of custom Function {step.function[0].__name__} {exc}", exc.kind) from exc
-        raise
+        hash(tuple(params.items()))
+    except TypeError:  # keyed by ``freeze``, its arrays in the flat list after the saved values
+        stand.params = _refill(params, args)
+    return stand  # type: ignore[no-any-return]
 
 
-def _phase_unchecked(steps: list[_Step], step: _Step, op: int, view: Any, values: Values, args: Iterator[Any],
-                     roots: list[Tensor], old: dict[int, Tensor]) -> None:
-    pos = step.pos
-    if op == CAPTURE:
-        received = values.buffers[pos].buffer
-        for input_idx, output_idx in step.captures or ():
-            grad = received[input_idx]
-            if grad is not None:
-                values.captures[output_idx] = grad
-        if not step.runs:
-            del values.buffers[pos]
-    elif op == PRE:
-        pending = values.buffers[pos]
-        if step.runs:
-            pending.buffer = call_tensor_pre_hooks(view, pending.buffer)
-            if view._pre_hooks:
-                pending.buffer = call_pre_hooks(view, pending.buffer)
-        else:
-            pending.buffer = call_tensor_pre_hooks(view, list(pending.buffer))
-    elif op == BODY:
-        arrived = values.buffers.pop(pos, None)
-        inputs = [] if arrived is None else arrived.buffer
-        if step.kind == K_FUNC and step.host_body:  # the node itself, as eager runs it (NOTE [Functions on the host])
-            outs = view.apply(inputs)
-            validate_outputs(view.next_edges, outs, view)
-        else:
-            outs = _body(step, inputs, values, args, roots, old)
-        # The received grads stay in flight only for post hooks (after a device move they
-        # would pin the next segment to the old device).
-        values.current[pos] = (outs, inputs if step.post is not None else [])
-    elif op == POST:
-        outs, ins = values.current[pos]
-        values.current[pos] = (call_post_hooks(view, outs, ins), ins)
-    else:
-        outs, _ = values.current.pop(pos)
-        buffers = values.buffers
-        for out, target in zip(outs, step.targets, strict=True):
-            if target is None:
-                continue
-            tpos, input_nr = target
-            target_buffer = buffers.get(tpos)
-            if target_buffer is None:
-                target_buffer = buffers[tpos] = InputBuffer(steps[tpos].size)
-            target_buffer.add(input_nr, out)
+def _function_stand_in(node: FunctionNode, saved_key: tuple[Any, ...], args: Iterator[Any]) -> _GivenFunction:
+    stand = _copy(node, _GivenFunction)
+    ctx = stand.ctx = FunctionCtx()
+    ctx.needs_input_grad = node.ctx.needs_input_grad
+    ctx.materialize_grads = node.ctx.materialize_grads
+    for attr, value in node.ctx.__dict__.items():
+        if attr not in ctx.__dict__:
+            setattr(ctx, attr, _refill(value, args))
+    # The saved key holds shape, dtype and requires_grad per saved tensor, one entry per ``None``.
+    given: list[Tensor | None] = []
+    i = 0
+    for s in node.saved or ():
+        given.append(None if s is None else Tensor(next(args), requires_grad=saved_key[i + 2]))
+        i += 1 if s is None else 3
+    stand.given = tuple(given)
+    return stand
 
 
-def _body(step: _Step, inputs: list[Any], values: Values, args: Iterator[Any], roots: list[Tensor],
-          old: dict[int, Tensor]) -> list[Any]:
-    kind = step.kind
-    if kind == K_ACC:
-        new = inputs[0]
-        if new is not None:
-            previous = old.get(step.leaf_slot)
-            value = new._array if previous is None else previous._array + new._array
-            if step.leaf_sharding is not None:
-                value = jax.lax.with_sharding_constraint(value, step.leaf_sharding)
-            values.grads[step.leaf_slot] = Tensor(value)
-        return []
-    if kind == K_ROOT:
-        outs = list(roots)
-    elif kind == K_PRIM:
-        outs = _prim_body(step, inputs, args)
-    else:
-        outs = _function_body(step, inputs, args)
-    validate_outputs(step.edge_views, outs, step.name)
-    return outs
+def _zeros_for_edges(self: Node, grads: list[Tensor | None]) -> list[Tensor | None]:
+    return [None if n is None else Tensor(jnp.zeros(n.input_metadata[nr].shape, n.input_metadata[nr].dtype)) for n, nr in self.next_edges]
 
 
-def _saved_values(template: tuple[Any, ...], args: Iterator[Any]) -> list[Any]:
-    values = []
-    for s in template:
-        if s is TENSOR:
-            values.append(Tensor(next(args)))
-        elif s is TENSOR_RG:
-            values.append(Tensor(next(args), requires_grad=True))
-        elif s is RAW:
-            values.append(next(args))
-        else:
-            values.append(_fill(s, args))
-    return values
+def _grads_as_they_are(self: Node, grads: list[Tensor | None]) -> list[Tensor | None]:
+    return grads
 
 
-def _prim_body(step: _Step, grads: list[Any], args: Iterator[Any]) -> list[Any]:
-    """A rule node's ``apply`` on given values: the same rules, through the same ``Rules.backward``."""
-    params = _fill(step.params, args)
-    values = _saved_values(step.saved, args)
-    n_out = step.n_saved_out
-    inputs = values[:len(values) - n_out]
-    g = incoming_grad(step.num_outputs, grads, step.meta)
-    if g is None:
-        return [None] * len(step.targets)
-    out: Any = tuple(values[len(values) - n_out:]) if n_out else step.meta
-    if step.num_outputs == 1:
-        out = out[0]
-    return step.prim.backward(RuleArgs(g, out, inputs, params, [t is not None for t in step.targets]))
+_WITH_APPLY: dict[tuple[type[Node], Callable[..., Any]], type[Node]] = {}
 
 
-def _function_body(step: _Step, grads: list[Any], args: Iterator[Any]) -> list[Any]:
-    """``FunctionNode.apply`` on given values: the user's ``backward``, through the same ``compute``."""
-    ctx = FunctionCtx()
-    ctx.needs_input_grad = step.needs_input_grad
-    ctx.materialize_grads = step.materialize
-    for attr, template in step.ctx_template:
-        setattr(ctx, attr, _fill(template, args))
-    saved = tuple(_saved_values(step.saved, args))
-    if step.materialize:
-        grads = [
-            Tensor(jnp.zeros(m.shape, m.dtype)) if g is None and m is not None else g
-            for g, m in zip(grads, step.meta, strict=True)
-        ]
-    return _FunctionRules(step.name, *step.function, ctx).compute(grads, saved)
+def _with_apply(cls: type[Node], apply: Callable[[Node, list[Tensor | None]], list[Tensor | None]]) -> type[Node]:
+    """``cls`` with another ``apply``, its tensor pre-hooks those set on it.
+
+    ``_zeros_for_edges``: a host step traced, not run, before a program runs, so its
+    outputs' shapes are known and its pure hooks are traced once, as they would be on a
+    node the program runs (one that cannot be traced falls back). ``_grads_as_they_are``:
+    a node's pre-hooks alone, run on the host through ``call_function``.
+    """
+
+    def tensor_pre_hooks(self: Node) -> Any:
+        return self._tensor_pre_hooks
+
+    made = _WITH_APPLY.get((cls, apply))
+    if made is None:
+        attrs = {"__slots__": (), "apply": apply, "tensor_pre_hooks": tensor_pre_hooks}
+        made = _WITH_APPLY[(cls, apply)] = type(f"{cls.__name__}{apply.__name__.title()}", (cls,), attrs)
+    return made
 
 
-def _retain_recorders(view: _NodeView, pos: int, values: Values) -> _NodeView:
-    """A copy of ``view`` whose retains-grad hooks record the traced grad as a program output."""
-    recorder = _NodeView(view._name, view.input_metadata)
-    recorder._tensor_pre_hooks = view._tensor_pre_hooks
-    recorder._pre_hooks = view._pre_hooks
+def _recorders(pos: int, retains: dict[int, Any], values: Values) -> dict[int, Callable[[Any], None]]:
+    """Retains-grad hooks that record the traced grad as a program output, for the host to retain."""
 
     def record(nr: int) -> Callable[[Any], None]:
         def retain(grad: Any) -> None:
@@ -449,8 +330,113 @@ def _retain_recorders(view: _NodeView, pos: int, values: Values) -> _NodeView:
 
         return retain
 
-    recorder._retains_grad_hooks = {nr: record(nr) for nr in view._retains_grad_hooks}
-    return recorder
+    return {nr: record(nr) for nr in retains}
+
+
+class Inputs:
+    """What a node reads besides its grads: its flat values and, traced, the root grads and the leaves' old ``.grad``."""
+
+    __slots__ = ("args", "old", "roots", "shapes_only", "traced")
+
+    def __init__(self, args: Iterator[Any], traced: bool, roots: list[Tensor] | None = None,
+                 old: dict[int, Tensor] | None = None, shapes_only: bool = False) -> None:
+        self.args, self.traced, self.roots, self.old = args, traced, roots or [], old or {}
+        self.shapes_only = shapes_only  # a host step traced for its outputs' shapes and its pure hooks (``_zeros_for_edges``)
+
+
+def _stand_in(node: Node, step: Step, values: Values, given: Inputs) -> Node:
+    """What runs in ``node``'s place (NOTE [Stand-in nodes])."""
+    if not given.traced:  # on the host: a Function or a leaf runs as itself
+        return _rule_stand_in(node, given.args) if step.runs and isinstance(node, RuleNode) else node
+    stand: Any
+    if given.shapes_only:
+        stand = _copy(node, _with_apply(type(node), _zeros_for_edges))
+        if step.hooks[1] is HOST:
+            stand._post_hooks = None
+    elif not step.runs:  # captured only: its hooks run, its saved values are not read
+        stand = _copy(node)
+    elif isinstance(node, RuleNode):
+        stand = _rule_stand_in(node, given.args)
+    elif isinstance(node, FunctionNode):
+        stand = _function_stand_in(node, step.saved_key, given.args)
+    elif isinstance(node, AccumulateGrad):
+        stand = _copy(node, _TracedAccumulate)
+        stand.into, stand.old, stand.slot = values.grads, given.old.get(step.leaf_slot), (step.leaf_slot, step.leaf_sharding)
+    else:
+        stand = _copy(node)
+        if isinstance(node, GraphRoot):
+            stand.outputs = given.roots
+    stand.input_metadata = step.meta
+    stand._tensor_pre_hooks = node.tensor_pre_hooks()
+    if step.host_pre or (given.shapes_only and step.hooks[0] is HOST):  # run on the host, not here
+        stand._tensor_pre_hooks = stand._pre_hooks = stand._retains_grad_hooks = None
+    if stand._retains_grad_hooks:
+        stand._retains_grad_hooks = _recorders(step.pos, stand._retains_grad_hooks, values)
+    return stand  # type: ignore[no-any-return]
+
+
+def run_node(steps: list[Step], step: Step, node: Node, values: Values, given: Inputs) -> None:
+    """Run ``node`` as ``engine.evaluate_function`` does, on a stand-in (NOTE [Stand-in nodes]), and route its grads."""
+    buf = values.buffers.pop(step.pos, None)
+    inputs = [None] * len(step.meta) if buf is None else buf.buffer
+    node = _stand_in(node, step, values, given)
+    if not step.runs:  # captured only: eager runs its tensor pre-hooks and stops there
+        inputs = call_tensor_pre_hooks(node, list(inputs))
+    if not (given.traced and step.host_pre):  # else captured before its pre-hooks, on the host
+        _capture(step, inputs, values)
+    if step.runs:
+        route(steps, step, call_function(current_task.graph_task, node, inputs), values)  # type: ignore[arg-type]
+
+
+def _capture(step: Step, inputs: list[Any], values: Values) -> None:
+    for input_idx, output_idx in step.captures or ():
+        if inputs[input_idx] is not None:
+            values.captures[output_idx] = inputs[input_idx]
+
+
+def run_on_host(steps: list[Step], step: Step, node: Node, values: Values, flat: list[Any]) -> None:
+    """A host step: the whole node on concrete values, or only its pre-hooks (``Step.host_pre``)."""
+    if not step.host_pre:
+        run_node(steps, step, node, values, Inputs(iter(flat[step.arg_lo:step.arg_hi]), False))
+        return
+    buf = values.buffers[step.pos]
+    _capture(step, buf.buffer, values)
+    hooks = _copy(node, _with_apply(type(node), _grads_as_they_are))
+    hooks._tensor_pre_hooks = node.tensor_pre_hooks()
+    hooks.next_edges, hooks._post_hooks = (NO_EDGE,) * len(step.meta), None  # its grads come back as they are
+    buf.buffer = call_function(current_task.graph_task, hooks, buf.buffer)
+
+
+_HOOK_RUNNERS = frozenset(f.__code__ for f in (call_tensor_pre_hooks, call_pre_hooks, call_post_hooks))
+
+
+def _in_hook(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside one of eager's hook runners."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in _HOOK_RUNNERS:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def trace_node(steps: list[Step], step: Step, node: Node, values: Values, given: Inputs) -> None:
+    """``run_node`` on traced values; what cannot be traced raises ``NotTraceable``, saying which hook or node."""
+    try:
+        run_node(steps, step, node, values, given)
+    except TRACER_ERRORS as exc:
+        detail = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        if _in_hook(exc):
+            raise NotTraceable(f"a hook marked pure_hook on {step.name} is not traceable ({detail})", "untraceable hook") from exc
+        if isinstance(node, FunctionNode):
+            raise NotTraceable(
+                f"the backward of custom Function {node.function.__name__} is not traceable ({detail})", "untraceable Function"
+            ) from exc
+        raise NotTraceable(f"{step.name} is not traceable ({detail})", "untraceable node") from exc
+    except NotTraceable as exc:
+        if isinstance(node, FunctionNode) and exc.kind == "reentrant backward" and not _in_hook(exc):
+            raise NotTraceable(f"the backward of custom Function {node.function.__name__} {exc}", exc.kind) from exc
+        raise
 
 
 @contextlib.contextmanager
@@ -462,4 +448,3 @@ def tracing() -> Iterator[None]:
         yield
     finally:
         state.tracing, state.enabled, _grad_state.enabled = prev
-

@@ -1,47 +1,28 @@
-"""A compiled backward's program: its steps split into jitted segments at host hooks, and chunks of long ones.
+"""A compiled backward's program: its steps split into jitted segments at host steps, and chunks of long ones.
 
-NOTE [Compiled backward], stage 3. ``Program`` orders the steps' phases (``lower.py``)
-and cuts them into segments: ``Segment`` is a maximal run of traced phases, or a chunk
-of a long one (NOTE [Chunks]); ``Traced`` is a segment traced and jitted for one layout
-of its inputs, and ``Variant`` a segment's use of one (chunks of equal structure share
-a ``Traced``). ``pretrace`` traces every segment before any runs.
+NOTE [Compiled backward], stage 3. ``Program`` cuts the steps (``lower.py``) into
+segments: ``Segment`` is a maximal run of traced steps, or a chunk of a long one (NOTE
+[Chunks]); ``Traced`` is a segment traced and jitted for one layout of its inputs, and
+``Variant`` a segment's use of one (chunks of equal structure share a ``Traced``).
+``pretrace`` traces every segment before any runs.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from xgrad.engine.compiled.cache import chunks, counters, insert, lookup
-from xgrad.engine.compiled.key import (
-    EDGES_FIELD,
-    HOST,
-    K_ACC,
-    K_FUNC,
-    K_PRIM,
-    TENSOR,
-    Walk,
-)
-from xgrad.engine.compiled.lower import (
-    BODY,
-    CAPTURE,
-    POST,
-    PRE,
-    ROUTE,
-    Values,
-    _build_steps,
-    _retain_recorders,
-    _Step,
-    run_phase,
-    tracing,
-)
+from xgrad.engine.compiled.key import EDGES_FIELD, K_FUNC, Walk
+from xgrad.engine.compiled.lower import Inputs, Step, Values, build_steps, trace_node, tracing
 from xgrad.engine.dataflow import output_deps
 from xgrad.engine.graph_task import InputBuffer
-from xgrad.engine.rules import jax_op
+from xgrad.engine.node import Node
+from xgrad.engine.rules import RuleNode, jax_op
 from xgrad.jax_internals import Literal, jaxpr_as_fun, single_device_sharding
 from xgrad.tensor import Tensor, is_tensor
 
@@ -60,7 +41,7 @@ from xgrad.tensor import Tensor, is_tensor
 # (a long skip's grad, on its way to a far step) pass it by on the host.
 # Each chunk is cached by that structure (``cache.chunks``, bounded, emptied by
 # ``reset``): its steps' keys without the discovery indices of their edges, its edges
-# as positions relative to its first step, its phases, whether it is first or last,
+# as positions relative to its first step, whether it is first or last,
 # and the layout and avals of its inputs. A chunk equal to one compiled before takes
 # that one's ``Traced`` (its jaxpr and jitted callable) without tracing anything: the
 # flat inputs and outputs line up, since every position and leaf slot in them differs
@@ -78,47 +59,36 @@ CHUNK_THRESHOLD = 1024
 CHUNK_STEPS = 256
 
 
-def _chunk_cuts(steps: list[_Step], phases: list[tuple[int, int]]) -> list[int]:
-    """Where chunks of ``phases`` start (indices into it, the first 0); NOTE [Chunks]."""
-    first, last = phases[0][1], phases[-1][1]
-    if last - first + 1 <= CHUNK_THRESHOLD:
-        return [0]
+def _chunk_cuts(steps: list[Step], lo: int, hi: int) -> list[int]:
+    """Where chunks of the steps ``lo:hi`` start (the first at ``lo``); NOTE [Chunks]."""
+    if hi - lo <= CHUNK_THRESHOLD:
+        return [lo]
     # In flight before step p: the grads sent to a slot at or after p by a step before it.
     opened: dict[tuple[int, int], int] = {}
-    for op, pos in phases:
-        if op == ROUTE:
-            for target in steps[pos].targets:
-                if target is not None and target not in opened:
-                    opened[target] = pos
-    change = [0] * (last - first + 2)
+    for pos in range(lo, hi):
+        for target in steps[pos].targets:
+            if target is not None and target not in opened:
+                opened[target] = pos
+    change = [0] * (hi - lo + 1)
     for (tpos, _), source in opened.items():
         if tpos > source:
-            change[source + 1 - first] += 1
-            change[min(tpos, last) + 1 - first] -= 1
-    in_flight = [0] * len(change)
-    running = 0
-    for i, c in enumerate(change):
-        running += c
-        in_flight[i] = running
-    phase_of = {pos: j for j, (_, pos) in enumerate(phases) if j and phases[j - 1][1] != pos}
-    cuts = [0]
-    lo = first
-    while last - lo + 1 > CHUNK_STEPS:
-        best = None
-        for pos in range(lo + CHUNK_STEPS, max(lo, lo + CHUNK_STEPS // 2 - 1), -1):  # never at lo: each chunk has a step
-            if pos in phase_of and (best is None or in_flight[pos - first] < in_flight[best - first]):
+            change[source + 1 - lo] += 1
+            change[min(tpos, hi - 1) + 1 - lo] -= 1
+    in_flight = list(itertools.accumulate(change))
+    cuts = [lo]
+    while hi - cuts[-1] > CHUNK_STEPS:
+        start = cuts[-1]
+        best = start + CHUNK_STEPS  # the latest step of the window with the fewest grads in flight (never ``start``)
+        for pos in range(best - 1, max(start, start + CHUNK_STEPS // 2 - 1), -1):
+            if in_flight[pos - lo] < in_flight[best - lo]:
                 best = pos
-        if best is None:  # no step starts in the window (cannot happen: segments hold whole runs of steps)
-            break
-        cuts.append(phase_of[best])
-        lo = best
+        cuts.append(best)
     return cuts
 
 
-def _shift_live(live: Any, offset: int) -> Any:
+def _shift_live(live: dict[int, Any], offset: int) -> dict[int, Any]:
     """Grads in flight (``Values.live``) with positions moved by ``offset``."""
-    buffers, current = live
-    return {pos + offset: g for pos, g in buffers.items()}, {pos + offset: c for pos, c in current.items()}
+    return {pos + offset: g for pos, g in live.items()}
 
 
 def _renumbered(tree: Any, shift: Callable[[Any], Any]) -> Any:
@@ -131,20 +101,16 @@ def _renumbered(tree: Any, shift: Callable[[Any], Any]) -> Any:
 
 
 class Segment:
-    """A run of traced phases between host hooks (or a chunk of one): one jitted program per input layout."""
+    """A run of traced steps between host steps (or a chunk of one): one jitted program per input layout."""
 
-    def __init__(self, program: Program, index: int, phases: list[tuple[int, int]], arg_lo: int, arg_hi: int,
-                 chunked: bool) -> None:
+    def __init__(self, program: Program, index: int, lo: int, hi: int, chunked: bool) -> None:
         self.program = program
         self.index = index
-        self.phases = phases
-        self.arg_lo = arg_lo
-        self.arg_hi = arg_hi
+        self.base, self.hi = lo, hi  # its steps; chunks are renumbered from their first (NOTE [Chunks])
+        self.arg_lo, self.arg_hi = program.starts[lo], program.starts[hi]
         steps = program.steps
-        self.leaf_steps = [steps[pos] for op, pos in phases if op == BODY and steps[pos].kind == K_ACC]
+        self.leaf_steps = [steps[pos] for pos in range(lo, hi) if steps[pos].leaf_slot >= 0]
         self.variants: dict[Any, Variant] = {}
-        # Chunks are renumbered from their first step and first leaf (NOTE [Chunks]).
-        self.base = phases[0][1] if phases else 0
         self.first_slot = self.leaf_steps[0].leaf_slot if self.leaf_steps else 0
         self.chunk_key: Any = None  # a chunk's structure, set once the program has all its segments
         self.chunked = chunked
@@ -153,8 +119,8 @@ class Segment:
         # way to a far step (a long skip) does not make equal chunks differ.
         self.touches: frozenset[int] | None = None
         if chunked:
-            targets = (t[0] for op, pos in phases if op == ROUTE for t in steps[pos].targets if t is not None)
-            self.touches = frozenset((*(pos for _, pos in phases), *targets))
+            targets = (t[0] for pos in range(lo, hi) for t in steps[pos].targets if t is not None)
+            self.touches = frozenset((*range(lo, hi), *targets))
 
     @property
     def first(self) -> bool:
@@ -164,14 +130,12 @@ class Segment:
     def last(self) -> bool:
         return self.index == len(self.program.segments) - 1
 
-    def split_live(self, live: Any) -> tuple[Any, dict[int, Any]]:
+    def split_live(self, live: dict[int, Any]) -> tuple[dict[int, Any], dict[int, Any]]:
         """``live`` (``Values.live``) as what this segment takes in, and the buffers that pass it by."""
         if self.touches is None:
             return live, {}
-        buffers, current = live
         touches = self.touches
-        inside = {pos: g for pos, g in buffers.items() if pos in touches}
-        return (inside, current), {pos: g for pos, g in buffers.items() if pos not in touches}
+        return {p: g for p, g in live.items() if p in touches}, {p: g for p, g in live.items() if p not in touches}
 
     def structure(self) -> tuple[Any, ...]:
         """This chunk's structure, positions relative to its first step (NOTE [Chunks])."""
@@ -179,29 +143,21 @@ class Segment:
         steps = program.steps
         base = self.base
         per_step = []
-        for pos in range(base, self.phases[-1][1] + 1):
+        for pos in range(base, self.hi):
             step = steps[pos]
             nkey = program.node_keys[pos]
             edges_field = EDGES_FIELD.get(step.kind)
             if edges_field is not None:
                 nkey = nkey[:edges_field] + nkey[edges_field + 1:]
-            edges: Any = None
-            if step.runs:
-                edges = tuple(
-                    (None if t is None else (t[0] - base, t[1], steps[t[0]].size),
-                     None if e.node is None else (e.node.name(), e.node.input_metadata[e.input_nr]))
-                    for t, e in zip(step.targets, step.edge_views, strict=True)
-                )
-            per_step.append((nkey, step.meta, edges))
+            targets = tuple(None if t is None else (t[0] - base, t[1], len(steps[t[0]].meta)) for t in step.targets)
+            per_step.append((nkey, step.meta, step.edges, targets))
         root = (True, program.root_nr) if self.first else (False,)
-        phases = tuple((op, pos - base) for op, pos in self.phases)
-        return (root, self.last, program.create_graph, phases, tuple(per_step), self.arg_hi - self.arg_lo)
+        return (root, self.last, program.create_graph, tuple(per_step), self.arg_hi - self.arg_lo)
 
-    def trace(self, flat: list[Any], layout: tuple[Any, ...]) -> tuple[list[Any], Any]:
-        """The segment as a function of flat arrays; returns the flat outputs and their pytree."""
+    def trace(self, nodes: list[Node], flat: list[Any], layout: tuple[Any, ...]) -> tuple[list[Any], Any]:
+        """The segment as a function of flat arrays, its steps run on ``nodes``; returns the flat outputs and their pytree."""
         counters.add("traces")
         n_saved, live_tree, n_live, n_roots, old_mask = layout
-        args = iter(flat[:n_saved])
         live = jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in flat[n_saved:n_saved + n_live]])
         roots = [Tensor(a) for a in flat[n_saved + n_live:n_saved + n_live + n_roots]]
         old_arrays = iter(flat[n_saved + n_live + n_roots:])
@@ -210,21 +166,12 @@ class Segment:
         program = self.program
         steps = program.steps
         if self.first and program.root_nr >= 0:
-            buf = InputBuffer(steps[0].size)
+            buf = values.buffers[0] = InputBuffer(len(steps[0].meta))
             buf.add(program.root_nr, roots[0])
-            values.buffers[0] = buf
-        for op, pos in self.phases:
-            step = steps[pos]
-            view = step.post if op == POST else step.pre
-            if op == PRE and view._retains_grad_hooks:
-                view = _retain_recorders(view, pos, values)
-            run_phase(steps, step, op, view, values, args, roots, old)
-        outputs = (
-            None if self.last else values.live(),
-            values.grads,
-            values.captures,
-            values.retained,
-        )
+        given = Inputs(iter(flat[:n_saved]), True, roots, old)
+        for pos in range(self.base, self.hi):
+            trace_node(steps, steps[pos], nodes[pos], values, given)
+        outputs = (None if self.last else values.live(), values.grads, values.captures, values.retained)
         leaves, tree = jax.tree_util.tree_flatten(outputs, is_leaf=is_tensor)
         return [t._array for t in leaves], tree
 
@@ -239,14 +186,14 @@ class Traced:
 
     __slots__ = ("base", "deps", "example", "first_slot", "fresh", "op", "out_avals", "out_tree", "plain", "used")
 
-    def __init__(self, segment: Segment, avals: list[Any], layout: tuple[Any, ...]) -> None:
+    def __init__(self, segment: Segment, nodes: list[Node], avals: list[Any], layout: tuple[Any, ...]) -> None:
         self.example = avals  # the abstract inputs it was traced for
         self.fresh = True  # not yet called: its first call compiles
         self.base, self.first_slot = segment.base, segment.first_slot  # what its ``out_tree`` is numbered from
         trees: list[Any] = []
 
         def traced(*flat: Any) -> list[Any]:
-            leaves, tree = segment.trace(list(flat), layout)
+            leaves, tree = segment.trace(nodes, list(flat), layout)
             trees.append(tree)
             return leaves
 
@@ -310,7 +257,7 @@ class Variant:
 
 
 class Program:
-    """The compiled form of one graph structure: its steps, and its segments split at host hooks."""
+    """The compiled form of one graph structure: its steps, and its segments split at host steps."""
 
     def __init__(self, walk: Walk) -> None:
         key = walk.key
@@ -320,56 +267,32 @@ class Program:
         # Calls without inputs find the program by ``walk_structure``'s key: where that
         # walk's nodes and flat values sit in this program's order (set on the miss).
         self.hit_order: tuple[list[int], list[int]] | None = None
-        self.steps = _build_steps(walk)
-        # The nodes whose release_variables frees something: Functions, and primitives that
+        self.steps = build_steps(walk)
+        self.starts: list[int] = walk.starts  # type: ignore[assignment]  # each step's first flat value
+        # The nodes whose release_variables frees something: Functions, and rule nodes that
         # saved a tensor (avals and constants stay; the other kinds hold nothing).
         self.released = [
-            s.pos for s in self.steps if s.runs and (s.kind == K_FUNC or (s.kind == K_PRIM and any(v is TENSOR for v in s.saved)))
+            s.pos for s, node in zip(self.steps, walk.nodes, strict=True)
+            if s.runs and (s.kind == K_FUNC or (isinstance(node, RuleNode) and node.holds_tensors))
         ]
-        self.items: list[Any] = []  # segments, with host phases (op, pos) between them
+        self.items: list[Any] = []  # segments, with host steps between them
         self.segments: list[Segment] = []
-        phases: list[tuple[int, int]] = []
-        args_at: list[int] = []  # per phase, where its step's saved values start among the flat inputs
-        arg = 0
-        starts = walk.starts
-        assert starts is not None, "a program is built from the schedule walk"
+        lo = 0
         for step in self.steps:
-            ops = []
-            if step.captures is not None and step.runs:
-                ops.append(CAPTURE)  # eager captures a running node's grads before its hooks
-            if step.pre is not None:
-                ops.append(PRE)
-            if not step.runs:
-                ops.append(CAPTURE)
-            else:
-                ops.append(BODY)
-                if step.post is not None:
-                    ops.append(POST)
-                ops.append(ROUTE)
-            for op in ops:
-                if (op == PRE and step.pre is HOST) or (op == POST and step.post is HOST) or (op == BODY and step.host_body):
-                    self._add_segments(phases, args_at, arg)
-                    phases, args_at = [], []
-                    self.items.append((op, step.pos))
-                else:
-                    phases.append((op, step.pos))
-                    args_at.append(arg)
-                    if op == BODY:
-                        arg += starts[step.pos + 1] - starts[step.pos]
-        self._add_segments(phases, args_at, arg)
+            if step.host or step.host_pre:
+                self._add_segments(lo, step.pos)
+                self.items.append(step)
+                lo = step.pos if step.host_pre else step.pos + 1
+        self._add_segments(lo, len(self.steps))
         for segment in self.segments:
             if segment.chunked:
                 segment.chunk_key = segment.structure()
 
-    def _add_segments(self, phases: list[tuple[int, int]], args_at: list[int], hi: int) -> None:
-        """One segment for a run of traced phases, or its chunks if it is long (NOTE [Chunks])."""
-        cuts = _chunk_cuts(self.steps, phases) if phases else [0]
-        ends = [*cuts[1:], len(phases)]
-        for lo, end in zip(cuts, ends, strict=True):
-            segment = Segment(
-                self, len(self.segments), phases[lo:end], args_at[lo] if phases else hi, args_at[end] if end < len(phases) else hi,
-                len(cuts) > 1,
-            )
+    def _add_segments(self, lo: int, hi: int) -> None:
+        """One segment for the traced steps ``lo:hi``, or its chunks if it is long (NOTE [Chunks])."""
+        cuts = _chunk_cuts(self.steps, lo, hi)
+        for start, end in zip(cuts, [*cuts[1:], hi], strict=True):
+            segment = Segment(self, len(self.segments), start, end, len(cuts) > 1)
             self.segments.append(segment)
             self.items.append(segment)
 
@@ -394,9 +317,6 @@ class Program:
         return text
 
 
-# -- running a program ---------------------------------------------------------------
-
-
 # -- compiling: trace every segment before any runs -------------------------------
 
 
@@ -408,18 +328,18 @@ def abstract(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def compile_variant(segment: Segment, avals: list[Any], layout: tuple[Any, ...], signature: Any) -> Variant:
-    """``segment``'s program for this layout of its inputs: traced now, or a chunk of equal structure's."""
+def compile_variant(segment: Segment, nodes: list[Node], avals: list[Any], layout: tuple[Any, ...], signature: Any) -> Variant:
+    """``segment``'s program for this layout of its inputs: traced now on ``nodes``, or a chunk of equal structure's."""
     start = time.perf_counter()
     if segment.chunk_key is None:
-        traced = _trace(segment, avals, layout)
+        traced = _trace(segment, nodes, avals, layout)
     else:
         n_saved, live_tree, n_live, n_roots, old_mask = layout
         relative_live = _renumbered(live_tree, lambda live: _shift_live(live, -segment.base))
         key = (segment.chunk_key, relative_live, n_saved, n_live, n_roots, old_mask, tuple((a.shape, a.dtype) for a in avals))
         traced = lookup(key, chunks)
         if traced is None:
-            traced = insert(key, _trace(segment, avals, layout), chunks)
+            traced = insert(key, _trace(segment, nodes, avals, layout), chunks)
             counters.add("chunk_compiles")
         else:
             counters.add("chunk_reuses")
@@ -427,8 +347,8 @@ def compile_variant(segment: Segment, avals: list[Any], layout: tuple[Any, ...],
     return segment.variants.setdefault(signature, Variant(traced, segment))
 
 
-def _trace(segment: Segment, avals: list[Any], layout: tuple[Any, ...]) -> Traced:
-    traced = Traced(segment, avals, layout)
+def _trace(segment: Segment, nodes: list[Node], avals: list[Any], layout: tuple[Any, ...]) -> Traced:
+    traced = Traced(segment, nodes, avals, layout)
     counters.add("compiles")
     return traced
 
@@ -436,15 +356,15 @@ def _trace(segment: Segment, avals: list[Any], layout: tuple[Any, ...]) -> Trace
 def pretrace(program: Program, walk: Walk, roots: list[Tensor]) -> None:
     """Trace every segment before any runs, so nothing traceable fails halfway through a backward.
 
-    Each segment's live inputs are the previous one's live outputs (host hooks keep
-    shapes and dtypes: eager checks what they return); old ``.grad``s come from the key.
+    Each segment's live inputs are the previous one's live outputs, and a host step's
+    outputs are assumed to reach every next node of the program (host hooks keep shapes
+    and dtypes: eager checks what they return); old ``.grad``s come from the key.
     """
-    live: Any = Values().live()  # the grads in flight, abstract
+    live: Any = {}  # the grads in flight, abstract
     for item in program.items:
-        if type(item) is tuple:
-            op, pos = item
-            if op == BODY:  # a device move on the host: find what it leaves behind, abstractly
-                live = _host_body_avals(program, pos, live)
+        if type(item) is Step:
+            if item.host:  # pre-hooks alone keep shapes and dtypes: eager checks what they return
+                live = _host_step_avals(program, walk.nodes, item.pos, live)
             continue
         segment = item
         live_in, passing = segment.split_live(live)
@@ -456,38 +376,24 @@ def pretrace(program: Program, walk: Walk, roots: list[Tensor]) -> None:
         root_avals = [abstract(r._array.shape, r._array.dtype) for r in roots] if segment.first else []
         layout = (len(saved), live_tree, len(live_avals), len(root_avals), old_mask)
         avals = [*saved, *live_avals, *root_avals, *(abstract(*a) for a in old_avals)]
-        signature = (live_tree, old_mask, tuple((a.shape, a.dtype) for a in live_avals), old_avals)
-        variant = compile_variant(segment, avals, layout, signature)
+        signature = (live_tree, old_mask, (*((a.shape, a.dtype) for a in live_avals), *old_avals))
+        variant = compile_variant(segment, walk.nodes, avals, layout, signature)
         out = [abstract(a.shape, a.dtype) for a in variant.traced.out_avals]
         live_out = jax.tree_util.tree_unflatten(variant.out_tree, out)[0]
         if live_out is not None:
             live = live_out
-            live[0].update(passing)
+            live.update(passing)
 
 
-def _host_body_avals(program: Program, pos: int, live: Any) -> Any:
-    """The grads in flight after a host body (a device move), abstractly, from those before it."""
-    step = program.steps[pos]
+def _host_step_avals(program: Program, nodes: list[Node], pos: int, live: Any) -> Any:
+    """The grads in flight after a host step, abstractly, from those before it; its pure hooks traced once."""
     live_avals, live_tree = jax.tree_util.tree_flatten(live)
 
-    def body(*arrays: Any) -> Any:
-        live = jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in arrays])
-        values = Values.from_live(live)
-        if step.kind == K_FUNC:
-            # The user's backward is not called here: assume a grad for every edge, fitted
-            # as validate_outputs fits it. A call that returns None somewhere gives the next
-            # segment another input layout, compiled when it first runs.
-            arrived = values.buffers.pop(pos, None)
-            outs: list[Tensor | None] = []
-            for view in step.edge_views:
-                meta = None if view.node is None else view.node.input_metadata[view.input_nr]
-                outs.append(None if meta is None else Tensor(jnp.zeros(meta.shape, meta.dtype)))
-            values.current[pos] = (outs, [] if arrived is None or step.post is None else arrived.buffer)
-        else:
-            run_phase(program.steps, step, BODY, None, values, iter(()), [], {})
+    def run(*arrays: Any) -> Any:
+        values = Values.from_live(jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in arrays]))
+        trace_node(program.steps, program.steps[pos], nodes[pos], values, Inputs(iter(()), True, shapes_only=True))
         return jax.tree_util.tree_map(array_of, values.live(), is_leaf=is_tensor)
 
     with tracing():
-        out = jax.eval_shape(body, *live_avals)
+        out = jax.eval_shape(run, *live_avals)
     return jax.tree_util.tree_map(lambda a: abstract(a.shape, a.dtype), out)
-

@@ -1,7 +1,7 @@
 """Running a compiled program: gather the inputs, call each segment, write back ``.grad`` and the rest.
 
 NOTE [Compiled backward], stage 4. A hit or a miss both end here: segment by segment,
-host phases between them, then the leaves' post-accumulate-grad hooks, the final
+host steps between them, then the leaves' post-accumulate-grad hooks, the final
 callbacks and the release of saved values.
 """
 
@@ -18,7 +18,7 @@ from xgrad import profiler, step_trace
 from xgrad.engine import engine
 from xgrad.engine.compiled.cache import counters
 from xgrad.engine.compiled.key import Walk
-from xgrad.engine.compiled.lower import Values, run_phase
+from xgrad.engine.compiled.lower import Step, Values, run_on_host
 from xgrad.engine.compiled.program import (
     Program,
     Segment,
@@ -75,9 +75,6 @@ def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], c
     live_leaves, live_tree = jax.tree_util.tree_flatten(live_in, is_leaf=is_tensor)
     leaves = [nodes[s.pos].variable for s in segment.leaf_steps]  # type: ignore[attr-defined]
     root_tensors = roots if segment.first else []
-    # Read, add and write .grad under eager's accumulate lock: concurrent backwards into
-    # shared leaves stay exact. The program is dispatched asynchronously, so the lock is
-    # held for the dispatch, not the computation.
     trace = step_trace.current()
     if trace is not None:  # a step being traced finds the leaves and their grads here (NOTE [The step-trace seam])
         for t in [*leaves, *live_leaves, *root_tensors]:
@@ -86,74 +83,88 @@ def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], c
             trace.grad_read(v)
             if v._grad is not None:
                 trace.read(v._grad)
+    # Read, add and write .grad under eager's accumulate lock: concurrent backwards into
+    # shared leaves stay exact. The program is dispatched asynchronously, so the lock is
+    # held for the dispatch, not the computation.
     with _accumulate_lock if leaves else contextlib.nullcontext():
-        old = [v._grad for v in leaves]
-        old_mask = tuple(g is not None for g in old)
-        old = [g for g in old if g is not None]
-        live_arrays = [t._array for t in live_leaves]
-        signature = (
-            live_tree, old_mask, tuple((a.shape, a.dtype) for a in live_arrays), tuple((g._array.shape, g._array.dtype) for g in old)
-        )
+        old = [v._grad for v in leaves if v._grad is not None]
+        old_mask = tuple(v._grad is not None for v in leaves)
+        tensors = [*saved, *live_leaves, *root_tensors, *old]
+        signature = (live_tree, old_mask, tuple((t._array.shape, t._array.dtype) for t in [*live_leaves, *old]))
         variant = segment.variants.get(signature)
         start = time.perf_counter() if variant is None or variant.traced.fresh else 0.0
         if variant is None:
-            arrays = [*map(array_of, saved), *live_arrays, *(t._array for t in root_tensors), *(g._array for g in old)]
             layout = (len(saved), live_tree, len(live_leaves), len(root_tensors), old_mask)
-            variant = compile_variant(segment, [abstract(a.shape, a.dtype) for a in arrays], layout, signature)
-        traced = variant.traced
-        run_start = time.perf_counter() if traced.fresh else 0.0
-        if on_tensors:
-            outs = _run_differentiable(traced, saved, live_leaves, root_tensors, old)
-        else:
-            inputs = [*saved, *live_arrays, *(t._array for t in root_tensors), *(g._array for g in old)]
-            args = [inputs[i] for i in traced.used]
-            if variant.shardings is None:
-                # An uncommitted input (one JAX may move) gets no sharding: the program places it.
-                variant.shardings = [
-                    a.sharding if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) and a.committed else None
-                    for a in args
-                ]
-            outs = [Tensor(a) for a in _call(variant, args)]
-        if traced.fresh:  # the first call compiles: count it as compile time
+            avals = [abstract(array_of(t).shape, array_of(t).dtype) for t in tensors]
+            variant = compile_variant(segment, nodes, avals, layout, signature)
+        run_start = time.perf_counter() if variant.traced.fresh else 0.0
+        outs = _run_differentiable(variant.traced, tensors) if on_tensors else _run_plain(variant, tensors)
+        if variant.traced.fresh:  # the first call compiles: count it as compile time
             jax.block_until_ready([t._array for t in outs])
-            traced.fresh = False
+            variant.traced.fresh = False
             end = time.perf_counter()
             counters.add("compile_seconds", end - run_start)
             walk.compile_seconds += end - start
         live, grads, captures, retained = jax.tree_util.tree_unflatten(variant.out_tree, outs)
         for step, var in zip(segment.leaf_steps, leaves, strict=True):
-            grad = grads.get(step.leaf_slot)
-            if grad is not None:
-                # ``_grad``, as eager's AccumulateGrad writes it: the traced validate_outputs
-                # fitted shape and dtype, and the program places it with the leaf. An
-                # existing ``.grad`` takes the sum in place, as in eager, unless create_graph.
-                if variant.device is not None:  # the segment ran on one of several devices
-                    grad = Tensor(jax.device_put(grad._array, var._array.sharding))
-                old_grad = var._grad
-                if trace is not None and (create_graph or old_grad is None):
-                    trace.grad_write(var)
-                if create_graph:
-                    var._grad = grad
-                elif old_grad is None:
-                    # As eager's: detached (inside a dual level the run's outputs carry tangents).
-                    var._grad = Tensor(grad._array) if on_tensors else grad
-                else:
-                    store_into_grad(old_grad, grad._array)
+            if step.leaf_slot in grads:
+                _write_grad(var, grads[step.leaf_slot], variant, trace, create_graph, on_tensors)
+    if variant.device is not None and live:  # ran on one of several devices: the grads in flight go where eager keeps them
+        live = {pos: _on_input_devices(nodes[pos], gs) for pos, gs in live.items()}
     if passing:  # what went by this chunk goes on to the next (NOTE [Chunks])
-        live[0].update(passing)
+        live.update(passing)
     return live, grads, captures, retained
 
 
-def _run_differentiable(traced: Traced, saved: list[Any], live: list[Tensor], roots: list[Tensor], old: list[Tensor]) -> list[Tensor]:
+def _write_grad(var: Tensor, grad: Tensor, variant: Variant, trace: Any, create_graph: bool, on_tensors: bool) -> None:
+    """``var._grad`` from the program's new grad, as eager's AccumulateGrad writes it.
+
+    The traced ``validate_outputs`` fitted its shape and dtype, and the program placed it
+    with the leaf. An existing ``.grad`` takes the sum in place, as in eager, unless
+    ``create_graph``.
+    """
+    if variant.device is not None:  # the segment ran on one of several devices
+        grad = Tensor(jax.device_put(grad._array, var._array.sharding))
+    old_grad = var._grad
+    if trace is not None and (create_graph or old_grad is None):
+        trace.grad_write(var)
+    if create_graph:
+        var._grad = grad
+    elif old_grad is None:
+        # As eager's: detached (inside a dual level the run's outputs carry tangents).
+        var._grad = Tensor(grad._array) if on_tensors else grad
+    else:
+        store_into_grad(old_grad, grad._array)
+
+
+def _run_plain(variant: Variant, tensors: list[Any]) -> list[Tensor]:
+    traced = variant.traced
+    args = [array_of(tensors[i]) for i in traced.used]
+    if variant.shardings is None:
+        # An uncommitted input (one JAX may move) gets no sharding: the program places it.
+        variant.shardings = [
+            a.sharding if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) and a.committed else None for a in args
+        ]
+    return [Tensor(a) for a in _call(variant, args)]
+
+
+def _on_input_devices(node: Any, grads: list[Any]) -> list[Any]:
+    """``grads`` on the devices of ``node``'s inputs: a host step sums them with others as eager does."""
+    return [
+        g if g is None or m is None or m.sharding is None else Tensor(jax.device_put(g._array, m.sharding))
+        for g, m in zip(grads, node.input_metadata, strict=True)
+    ]
+
+
+def _run_differentiable(traced: Traced, tensors: list[Any]) -> list[Tensor]:
     """Run a segment as one ``from_jax`` op: its outputs are differentiable (create_graph).
 
     An output that depends on no input requiring grad is detached, as eager's would
     have no ``grad_fn``.
     """
-    tensors = [x if isinstance(x, Tensor) else Tensor(jnp.asarray(x)) for x in saved] + live + roots + old
     if not traced.deps:
         return []
-    return list(traced.op(*[tensors[i] for i in traced.used]))
+    return list(traced.op(*[x if isinstance(x, Tensor) else Tensor(jnp.asarray(x)) for x in map(tensors.__getitem__, traced.used)]))
 
 
 def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tensor], keep_graph: bool, create_graph: bool,
@@ -162,19 +173,21 @@ def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tenso
     steps = program.steps
     captured: list[Tensor | None] = [None] * n_captured
     # The grads in flight pass from segment to segment as a pytree (``Values.live``), and
-    # become ``Values`` only for host phases: chunks follow each other without any.
-    live: Any = Values().live()
+    # become ``Values`` only for host steps: chunks follow each other without any.
+    live: Any = {}
     values: Values | None = None
     prev_grad_mode, prev_task = _grad_state.enabled, current_task.graph_task
     _grad_state.enabled = create_graph
     current_task.graph_task = graph_task  # so hooks can queue_callback
     try:
         for item in program.items:
-            if type(item) is tuple:  # a host phase: eager's hook runner on the real node
-                op, pos = item
+            if type(item) is Step:  # a host step: the eager engine's node (or its pre-hooks) on concrete values
                 if values is None:
                     values = Values.from_live(live)
-                run_phase(steps, steps[pos], op, nodes[pos], values, iter(()), roots, {})
+                run_on_host(steps, item, nodes[item.pos], values, walk.flat)
+                for i, grad in values.captures.items():
+                    captured[i] = grad
+                values.captures.clear()
                 continue
             if values is not None:
                 live, values = values.live(), None
