@@ -157,3 +157,43 @@ def test_a_host_hook_result_of_the_wrong_shape_raises_naming_the_hook():
     run = _gradient_through("backward under jax.jit", compiled.host_hook(hook))
     with pytest.raises(RuntimeError, match=r"a Tensor of shape \[3\]"):
         run(jnp.asarray(X))
+
+
+@pytest.mark.parametrize("route", ["eager", "xgrad.compile"])
+def test_a_host_hook_sees_the_grads_eager_would_have_set_by_then_and_what_it_sets_flows_on(route):
+    """A host hook reads a retained grad of a tensor made in the step and a leaf's accumulated ``.grad``, and
+    rebinds that ``.grad``, as it would eagerly: the values it saw and the step's result are eager's."""
+    from xgrad.autograd.compiled import host_hook
+
+    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    v = xgrad.tensor([0.5, -1.0], requires_grad=True)
+    seen = []
+
+    def step(x):
+        h = w * x
+        h.retain_grad()
+        y = h.sin()
+
+        def before(grad_outputs):  # y's node runs before h's: h has no grad yet
+            seen.append(("before", None if h.grad is None else h.grad.tolist()))
+
+        def after(grad_inputs, grad_outputs):  # h's node ran: its retained grad and v's .grad are set
+            seen.append(("after", h.grad.tolist(), v.grad.tolist()))
+            v.grad = v.grad * 10.0
+
+        y.grad_fn.register_prehook(host_hook(before))
+        h.grad_fn.register_hook(host_hook(after))
+        loss = (y * 2.0).sum() + (v * v * x).sum() * 0.0 + (v * 3.0).sum()
+        loss.backward()
+        return loss
+
+    fn = xgrad.compile(step, fallback="error") if route == "xgrad.compile" else step
+    fn(xgrad.tensor([0.5, 0.25]))
+    x = np.array([0.5, 0.25])
+    h_grad = 2.0 * np.cos(np.array([1.0, 2.0]) * x)
+    assert seen[0] == ("before", None)
+    assert seen[1][0] == "after"
+    np.testing.assert_allclose(seen[1][1], h_grad, rtol=1e-6)
+    np.testing.assert_allclose(seen[1][2], [3.0, 3.0], rtol=1e-6)
+    np.testing.assert_allclose(v.grad.numpy(), [30.0, 30.0], rtol=1e-6)
+    np.testing.assert_allclose(w.grad.numpy(), h_grad * x, rtol=1e-6)

@@ -135,10 +135,13 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 # NOTE [Functions in a compiled step]
 # A custom Function's backward is user Python, so it runs as a hook does: one ordered
 # host call at its point in the program, every call (``function_on_host``), under
-# ``no_grad`` and the backward's host stand-in (``queue_callback`` works), on a fresh
-# ctx per call holding the Function's own attributes, with the grads, the saved tensors
-# (unpacked when traced) and any tensor among the attributes as their values at that
-# point. Its results are validated there as the engine validates them, so they come
+# ``no_grad`` and the backward's host stand-in (``queue_callback`` works). The node itself
+# runs there, as the engine runs it: ``ctx.saved_tensors`` unpacks at each access (unpack
+# hooks, version checks, the unpacked tensors' places in the graph), from copies of the
+# saved tensors made when traced, which hold the call's values; the ctx's own tensors and
+# the saved tensors' originals hold them too while it runs. A library's unpack hook (a
+# checkpoint's recomputation reads the step's traced values) is traced in instead, and
+# the copy hands out what it unpacked. Its results are validated there as the engine validates them, so they come
 # back with the shapes and dtypes of the inputs they flow into; the program is laid out
 # when traced, so a ``None`` for an input that requires grad raises, naming the fix.
 # The step's state is the program's while it runs: a backward that changes a state

@@ -5,9 +5,13 @@ NOTE [Whole-step compile] and NOTE [Functions in a compiled step] in ``__init__`
 
 from __future__ import annotations
 
+import copy
 import functools
+import inspect
+import logging
+import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -20,11 +24,12 @@ from xgrad.compile_step.observers import HookBox, HostGraphTask, Observer, call_
 from xgrad.compile_step.recording import tracing
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.compiled.key import traced_function
-from xgrad.engine.compiled.lower import FunctionRules
-from xgrad.engine.function import FunctionCtx, FunctionNode
+from xgrad.engine.function import UNPACK_ON_ACCESS, FunctionCtx, FunctionNode
 from xgrad.engine.host_call import call_on_host, hook_on_host, swapped_state
 from xgrad.engine.node import ERR_POST_ACCUMULATE_RESULT, Edge, InputMetadata, current_task
+from xgrad.engine.saved import SavedTensor
 from xgrad.engine.validate import validate_outputs
+from xgrad.func_programs import LIBRARIES
 from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.nn.hooks import BackwardHook
 from xgrad.step_trace import array_of
@@ -123,7 +128,82 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
     def call(hook: Any, hook_args: tuple[Any, ...], arrays: list[Any]) -> Any:
         return box.call(graph_task, hook, hook_args, arrays)
 
-    return _on_host(lambda **kw: hook_on_host(fn, args, call=call, **kw), graph_task)[0]
+    # What eager's hook would see at this point: the state's .grads (a retained one included) and the arrays the
+    # step has rebound so far, and the tensors of the step the hook holds (in its closure or defaults).
+    # A hook that reaches no tensor and never names ``grad`` reads none of it: it gets none (each costs a copy).
+    state = []
+    if _may_read_state(fn, 3):
+        owners = _state_owners()
+        state = [(t, *_traced_state(t, rec)) for t in owners]
+        known = {id(t) for t in owners}
+        state += [(t, t._array, None if t._grad is None else t._grad._array) for t in _held_step_tensors(fn, known)]
+    return _on_host(lambda **kw: hook_on_host(fn, args, call=call, state=state, **kw), graph_task)[0]
+
+
+def _may_read_state(fn: Any, depth: int) -> bool:
+    """Whether ``fn`` may read a tensor's value or ``.grad`` beyond its arguments: it names ``grad``, or reaches
+    (through its closure, defaults, the globals it names, the functions those are, ``depth`` deep) anything
+    but plain values and functions that do not; a callable object may hold anything."""
+    if isinstance(fn, functools.partial):
+        return any(not _inert(v, depth) for v in (*fn.args, *fn.keywords.values())) or _may_read_state(fn.func, depth)
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    if not isinstance(fn, types.FunctionType) or depth == 0:
+        return True
+    codes = _nested_codes(fn.__code__)
+    if any("grad" in code.co_names or "grad" in code.co_consts for code in codes):
+        return True
+    held = [cell.cell_contents for cell in fn.__closure__ or () if cell.cell_contents is not None]
+    held += [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
+    held += [fn.__globals__[name] for code in codes for name in code.co_names if name in fn.__globals__]
+    return any(not _inert(v, depth) for v in held)
+
+
+def _inert(value: Any, depth: int) -> bool:
+    """Whether ``value`` leads to no tensor: a plain value, a class or module, a small container of such, a function
+    that reads no state."""
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, type, types.ModuleType,
+                                           types.BuiltinFunctionType, logging.Logger)):
+        return True
+    if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
+        return not _may_read_state(value, depth - 1)
+    if isinstance(value, (list, tuple, set, frozenset, dict)) and len(value) <= 16:
+        items = [v for pair in value.items() for v in pair] if isinstance(value, dict) else list(value)
+        return all(_inert(v, depth - 1) for v in items) if depth > 0 else not items
+    return False
+
+
+def _nested_codes(code: types.CodeType) -> list[types.CodeType]:
+    found = [code]
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found += _nested_codes(const)
+    return found
+
+
+def _held_step_tensors(fn: Any, known: set[int], depth: int = 3) -> list[Tensor]:
+    """The tensors made in the step (their arrays traced) that ``fn`` holds in its closure or defaults, or the
+    functions there hold, ``depth`` functions deep; once each."""
+    fn = inspect.unwrap(fn.func if isinstance(fn, functools.partial) else getattr(fn, "__func__", fn))
+    if not isinstance(fn, types.FunctionType) or depth == 0:
+        return []
+    held = [cell.cell_contents for cell in fn.__closure__ or () if cell.cell_contents is not None]
+    held += [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
+    found = []
+    for value in held:
+        if isinstance(value, Tensor):
+            if id(value) not in known and _traced(value._array):
+                known.add(id(value))
+                found.append(value)
+        elif callable(value):
+            found += _held_step_tensors(value, known, depth - 1)
+    return found
+
+
+def _traced_state(t: Tensor, rec: Any) -> tuple[Any, Any]:
+    """``t``'s traced array where the step has rebound it so far (else ``None``), and its ``.grad``'s (or ``None``)."""
+    snap = rec.snapshots.get(id(t))
+    array = None if snap is not None and t._array is snap.start else t._array
+    return array, None if t._grad is None else t._grad._array
 
 
 def _post_accumulate_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) -> None:
@@ -239,6 +319,9 @@ def function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
     """``node``'s backward on ``grads`` as an ordered host call of the program (NOTE [Functions in a compiled step]).
 
     ``None`` for a backward the step traces in: one marked ``pure_hook`` or one of xgrad's own.
+    On the host the node itself runs, as the engine runs it: ``ctx.saved_tensors`` unpacks at
+    each access (unpack hooks, version checks, the unpacked tensors' place in the graph), its
+    saved values and the ctx's own tensors holding this call's concrete values meanwhile.
     """
     function = node.function
     if function._traced_in_step or traced_function(function):
@@ -246,33 +329,47 @@ def function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
     name = node.name()
     if is_grad_enabled():  # create_graph: the engine runs backwards in grad mode only then
         raise NotCompilable(FALLBACK_CREATE_GRAPH.format(name=name), call_site())
+    if node.saved is None:
+        node.unpack_saved()  # eager's error for a freed graph
     ctx = node.ctx
+    saved = [None if s is None else _HostSaved(node, s) for s in node.saved or ()]
     attrs = {k: v for k, v in vars(ctx).items() if k not in _CTX_OWN}
-    leaves, tree = jax.tree_util.tree_flatten((grads, node.unpack_saved(), attrs), is_leaf=is_tensor)
-    sent = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array))]
-    arrays = [array_of(leaves[i]) if isinstance(leaves[i], Tensor) else leaves[i] for i in sent]
-    is_tensor_leaf = [isinstance(leaves[i], Tensor) for i in sent]
-    for i in sent:  # the program keeps ``host``: not the tracers
-        leaves[i] = None
+    attr_leaves, attr_tree = jax.tree_util.tree_flatten(attrs, is_leaf=is_tensor)
+    traced_attrs = [i for i, leaf in enumerate(attr_leaves) if _traced(leaf)]
+    # Tensors that hold a traced value now: the call's concrete value stands in while the node runs.
+    swapped = [t for t in {id(t): t for h in saved if h is not None for t in h.tensors}.values()]
+    swapped += [leaf for leaf in attr_leaves if isinstance(leaf, Tensor) and _traced(leaf._array)]
+    arrays = [*(t._array for t in swapped), *(a for h in saved if h is not None for a in h.arrays()),
+              *(array_of(attr_leaves[i]) for i in traced_attrs), *(array_of(g) for g in grads if g is not None)]
+    for i in traced_attrs:  # the program keeps ``host``: not the tracers
+        attr_leaves[i] = None
     # Where each gradient goes: the metadata its value must fit (``None``: nowhere, dropped as eager drops it).
     into = [None if n is None else InputMetadata(*n.input_metadata[nr][:2], None) for n, nr in node.next_edges]
     edges = [Edge(None if m is None else _Into(m), 0) for m in into]  # type: ignore[arg-type]
     metas = [m for m in into if m is not None]
-    needs, materialize, input_is_tensor = ctx.needs_input_grad, ctx.materialize_grads, node.input_is_tensor
     graph_task = _host_graph_task()
-    state = [weakref.ref(t) for t in _state_owners()]
+    state = [weakref.ref(t) for t in _state_owners() if id(t) not in {id(s) for s in swapped}]
 
     def host(*concrete: Any) -> Any:
-        values = list(leaves)
-        for i, c, wrap in zip(sent, concrete, is_tensor_leaf, strict=True):
-            values[i] = Tensor(c) if wrap else c
-        host_grads, saved, host_attrs = jax.tree_util.tree_unflatten(tree, values)
-        host_ctx = FunctionCtx()  # a fresh ctx per call, as each eager call has its own
-        host_ctx.needs_input_grad, host_ctx.materialize_grads = needs, materialize
-        vars(host_ctx).update(host_attrs)
-        rules = FunctionRules(name, function, input_is_tensor, len(into), host_ctx)
-        with swapped_state([t for t in (ref() for ref in state) if t is not None]) as changed, no_grad():
-            results = call_in_backward(graph_task, rules.compute, list(host_grads), tuple(saved))  # no_grad: as the engine
+        values = iter(concrete)
+        held = [(next(values), None) for _ in swapped]
+        copies = [None if h is None else h.copy(values) for h in saved]
+        leaves = list(attr_leaves)
+        for i in traced_attrs:
+            leaves[i] = next(values)
+        host_grads = [None if g is None else Tensor(next(values)) for g in grads]
+        tensors = [t for t in (ref() for ref in state) if t is not None]
+        own_saved, own_attrs, own_node = node.saved, {k: getattr(ctx, k) for k in attrs}, ctx._node
+        try:
+            with swapped_state([*swapped, *tensors], [*held, *(None for _ in tensors)]) as changed, no_grad():
+                node.saved = copies
+                if traced_attrs:
+                    vars(ctx).update(jax.tree_util.tree_unflatten(attr_tree, leaves))
+                ctx._node = node  # the engine's ctx reaches its saved tensors through its node
+                results = call_in_backward(graph_task, node.compute, host_grads, UNPACK_ON_ACCESS)
+        finally:
+            node.saved, ctx._node = own_saved, own_node
+            vars(ctx).update(own_attrs)
         if changed:
             raise RuntimeError(ERR_STATE_FROM_HOST.format(name=name, shape=list(changed[0].shape)))
         validate_outputs(edges, results, name)
@@ -284,6 +381,72 @@ def function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
     shapes = [jax.ShapeDtypeStruct(m.shape, m.dtype) for m in metas]
     outs = iter(_on_host(lambda **kw: call_on_host(host, arrays, shapes, **kw), graph_task)[0])
     return [None if m is None else Tensor(next(outs)) for m in into]
+
+
+def _traced(value: Any) -> bool:
+    return isinstance(value, jax.core.Tracer)
+
+
+class _HostSaved:
+    """One saved tensor of a Function run on the host: checked now, copied there with the call's values.
+
+    ``tensors``: the tensors it reaches whose arrays are traced (an input saved as itself, a
+    Tensor its pack hook returned), swapped on the host; ``value``: its own traced array (a
+    saved output's), or ``None``; ``unpacked``: what a library's unpack hook gave when traced.
+    """
+
+    __slots__ = ("packed_tree", "saved", "tensors", "traced_packed", "unpacked", "value")
+
+    def __init__(self, node: FunctionNode, saved: SavedTensor) -> None:
+        original = saved.check_version(node)  # eager's check, made where eager unpacks: raised by the step
+        self.saved = copy.copy(saved)  # as it is now: the traced backward releases the node's own
+        self.tensors: list[Tensor] = []
+        if original is not None and _traced(original._array):
+            self.tensors.append(original)
+        value = getattr(saved, "_array", None)  # slots a state does not use are unset
+        self.unpacked = None
+        hook = getattr(saved, "_unpack", None)
+        if hook is not None and getattr(hook, "__module__", "").partition(".")[0] in LIBRARIES:
+            # A library's unpack hook (a checkpoint's recomputation) reads the step's traced values: it is traced
+            # in here, and on the host the copy hands out what it unpacked.
+            self.unpacked = saved.unpack(node)._array
+        self.value = value if _traced(value) else None
+        packed = None if self.unpacked is not None else getattr(saved, "_packed", None)
+        leaves, self.packed_tree = jax.tree_util.tree_flatten(packed, is_leaf=is_tensor)
+        self.tensors += [leaf for leaf in leaves if isinstance(leaf, Tensor) and _traced(leaf._array)]
+        self.traced_packed = [i for i, leaf in enumerate(leaves) if _traced(leaf)]
+
+    def arrays(self) -> list[Any]:
+        """The traced values ``copy`` takes on the host, in its order."""
+        packed = jax.tree_util.tree_leaves(getattr(self.saved, "_packed", None), is_leaf=is_tensor)
+        return [
+            *(() if self.value is None else (self.value,)),
+            *(() if self.unpacked is None else (self.unpacked,)),
+            *(packed[i] for i in self.traced_packed),
+        ]
+
+    def copy(self, values: Iterator[Any]) -> SavedTensor:
+        """On the host: a copy holding this call's values, its version taken as the saved tensor's now.
+
+        The step checked the version where eager would have; here only what changes during the call counts.
+        """
+        saved = copy.copy(self.saved)
+        original = saved._current_tensor()
+        if original is not None:
+            saved._saved_version = original._version
+        if self.value is not None:
+            saved._array = next(values)
+            if saved._state == "output":
+                saved._state = "view_output"  # the value from ``_array``: the live output holds a tracer
+        if self.unpacked is not None:
+            unpacked = Tensor(next(values))
+            saved._packed, saved._unpack = None, lambda _: unpacked
+        if self.traced_packed:
+            leaves = jax.tree_util.tree_leaves(saved._packed, is_leaf=is_tensor)
+            for i in self.traced_packed:
+                leaves[i] = next(values)
+            saved._packed = jax.tree_util.tree_unflatten(self.packed_tree, leaves)
+        return saved
 
 
 def _host_graph_task() -> HostGraphTask | None:

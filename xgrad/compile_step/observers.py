@@ -23,6 +23,10 @@ class HostGraphTask:
 
     __slots__ = ("final_callbacks", "mutex")
 
+    # A backward started inside a host hook runs on the calling thread, as one inside a
+    # single-device eager backward does (``engine.prepare`` reads its parent's queues).
+    device_queues = None
+
     def __init__(self) -> None:
         self.final_callbacks: list[Callable[[], None]] = []
         self.mutex = threading.Lock()  # ``queue_callback`` takes it

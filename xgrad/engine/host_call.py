@@ -27,7 +27,10 @@
 # - ``hook_on_host(hook, args)``: a hook on Tensors (a tensor hook, a node's pre- or post-hook, a
 #   module's backward hooks). Its non-``None`` result replaces its first argument; a tuple
 #   result may hold ``None`` for an entry, which then has no gradient, as eagerly: zeros in the
-#   program, whose layout is fixed when traced.
+#   program, whose layout is fixed when traced. Given ``state``, it sees the tensors it may
+#   read as eager would at that point (``xgrad.compile`` passes the state's ``.grad``s, a
+#   retained one included, and the step's tensors the hook holds), and what it rebinds
+#   there flows on in the program.
 # - ``swapped_state(tensors, values)``: on the host, the real tensors hold the call's concrete
 #   values while it runs and get their own back after, whatever it raised: the host call
 #   leaves Python state as it found it, and what it changed flows on in the program.
@@ -50,6 +53,15 @@ from xgrad.tensor import Tensor, is_tensor
 
 __all__ = ["HostCallFailed", "call_on_host", "hook_on_host", "swapped_state"]
 
+ERR_HOOK_CHANGED_STATE = (
+    "under xgrad.compile, hook {hook!r} changed a tensor (shape {shape}) that the step had not changed before it: it "
+    "runs on the host, where that tensor is not part of the program. Change it in the step, mark the hook "
+    "xgrad.autograd.compiled.pure_hook if it is traceable, or run this step eagerly"
+)
+ERR_HOOK_SET_GRAD = (
+    "under xgrad.compile, hook {hook!r} set a .grad to None or set one that was None: it runs on the host, in a "
+    "program whose state was laid out when it was traced. Zero it instead, or run this step eagerly"
+)
 _FALSE = np.bool_(False)
 _TRUE = np.bool_(True)
 
@@ -138,7 +150,8 @@ def call_on_host(
 
 
 def hook_on_host(
-    hook: Callable[..., Any], args: tuple[Any, ...], *, call: Callable[..., Any] | None = None, **how: Any
+    hook: Callable[..., Any], args: tuple[Any, ...], *, call: Callable[..., Any] | None = None,
+    state: Sequence[tuple[Tensor, Any, Any]] = (), **how: Any
 ) -> tuple[Any, Any, Any]:
     """``hook(*args)`` (Tensors, tuples of them and other values) on the host, where it is reached in the program.
 
@@ -146,8 +159,13 @@ def hook_on_host(
     a tuple result may hold ``None`` for an entry (no gradient there, as eagerly: zeros), or
     a Tensor of another dtype (cast, as eagerly). ``call(hook, args, arrays)`` calls it on the
     host (default: ``hook(*args)``; ``arrays``: the concrete arrays of its Tensors, in order).
-    ``how``: ``skip``, ``errors`` and ``report``, as for ``call_on_host``. Returns ``args[0]``
-    replaced and ``call_on_host``'s two flags.
+    ``how``: ``skip``, ``errors`` and ``report``, as for ``call_on_host``. ``state``: tensors
+    the hook may read, each with the traced array it holds at this point (``None``: its own)
+    and the traced array of its ``.grad`` (``None``: no ``.grad``); on the host they hold
+    those values while the hook runs (``swapped_state``), and what it rebinds there flows on
+    in the program: the tensors hold it when this returns. It may not rebind an array given
+    as its own, nor set a ``.grad`` to ``None`` or one that was ``None``.
+    Returns ``args[0]`` replaced and ``call_on_host``'s two flags.
     """
     tree: Any  # PyTreeDefs, compared with ``==``
     slot_tree: Any
@@ -166,9 +184,31 @@ def hook_on_host(
     flat = len(at) == len(leaves) and tree == jax.tree_util.tree_structure(tuple(leaves), is_leaf=is_tensor)
     call = call or _call
     arrays = [leaves[i]._array for i in at]
+    n_args = len(arrays)
+    arrays += [a for _, array, grad in state for a in (array, grad) if a is not None]
+    shown = [(t, array is not None, grad is not None) for t, array, grad in state]
     kept = [None if isinstance(leaf, Tensor) else leaf for leaf in leaves]  # the program keeps ``host``: no tracers
 
     def host(*concrete: Any) -> tuple[Any, ...]:
+        if not shown:
+            return host_args(*concrete)
+        rest = iter(concrete[n_args:])
+        held = [(next(rest) if sent else t._array, next(rest) if has_grad else None) for t, sent, has_grad in shown]
+        new: list[Any] = []
+        with swapped_state([t for t, _, _ in shown], held):
+            out = host_args(*concrete[:n_args])
+            for (t, sent, has_grad), (before, _) in zip(shown, held, strict=True):
+                if sent:
+                    new.append(t._array)
+                elif t._array is not before:
+                    raise RuntimeError(ERR_HOOK_CHANGED_STATE.format(hook=hook, shape=list(t.shape)))
+                if (t._grad is not None) != has_grad:
+                    raise RuntimeError(ERR_HOOK_SET_GRAD.format(hook=hook))
+                if has_grad:
+                    new.append(t._grad._array)  # type: ignore[union-attr]
+        return (*out, *(n if n.dtype == c.dtype else n.astype(c.dtype) for n, c in zip(new, concrete[n_args:], strict=True)))
+
+    def host_args(*concrete: Any) -> tuple[Any, ...]:
         tensors = [Tensor(value if isinstance(value, jax.Array) else jnp.asarray(value)) for value in concrete]
         if flat:
             given: Any = tensors
@@ -199,11 +239,17 @@ def hook_on_host(
         return tuple(out)
 
     def unchanged(*concrete: Any) -> tuple[Any, ...]:
-        return concrete[:n_first]
+        return (*concrete[:n_first], *concrete[n_args:])
 
+    shapes += [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays[n_args:]]
     outs, raised, reported = call_on_host(host, arrays, shapes, unchanged=unchanged, **how)
     new = iter(outs)
     replaced = [None if e is None else Tensor(next(new)) for e in expected]
+    for t, sent, has_grad in shown:  # what the hook left in the state flows on in the program
+        if sent:
+            t._array = next(new)
+        if has_grad:
+            t._grad = Tensor(next(new))
     return jax.tree_util.tree_unflatten(slot_tree, replaced), raised, reported
 
 
@@ -216,9 +262,11 @@ def _call(hook: Callable[..., Any], args: tuple[Any, ...], _arrays: Any) -> Any:
 
 
 @contextlib.contextmanager
-def swapped_state(tensors: Sequence[Tensor], values: Sequence[tuple[Any, Any]] | None = None) -> Iterator[list[Tensor]]:
-    """On the host: ``tensors`` hold ``values`` (each ``(array, grad array or None)``; ``None``: their own) while the
-    block runs.
+def swapped_state(
+    tensors: Sequence[Tensor], values: Sequence[tuple[Any, Any] | None] | None = None
+) -> Iterator[list[Tensor]]:
+    """On the host: ``tensors`` hold ``values`` (each ``(array, grad array or None)``; ``None``, for all or for one:
+    their own) while the block runs.
 
     After it, whatever it raised, each tensor gets back its own array, ``.grad`` (and that
     one's array) and version: a host call leaves the Python state as it found it
@@ -226,9 +274,10 @@ def swapped_state(tensors: Sequence[Tensor], values: Sequence[tuple[Any, Any]] |
     given then holds the tensors whose array or ``.grad`` the block changed.
     """
     saved = [(*_storage(t), t._version) for t in tensors]
-    for t, (array, grad) in zip(tensors, values or (), strict=values is not None):
-        t._array = array
-        t._grad = None if grad is None else Tensor(grad)
+    for t, value in zip(tensors, values or (), strict=values is not None):
+        if value is not None:
+            t._array = value[0]
+            t._grad = None if value[1] is None else Tensor(value[1])
     held = [_storage(t) for t in tensors]
     changed: list[Tensor] = []
     try:

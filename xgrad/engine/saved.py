@@ -303,13 +303,18 @@ class SavedTensor:
         ref = self._ref
         return ref() if isinstance(ref, weakref.ref) else ref
 
-    def unpack(self, node: Node) -> Tensor:
-        state = self._state
-        if state == "freed":
+    def check_version(self, node: Node) -> Tensor | None:
+        """The saved tensor itself where it is still alive, after checking that nothing changed it in place since."""
+        if self._state == "freed":
             raise RuntimeError(ERR_FREED)
         original = self._current_tensor()
         if original is not None and original._version != self._saved_version:
             self._raise_version_error(original, node)
+        return original
+
+    def unpack(self, node: Node) -> Tensor:
+        original = self.check_version(node)
+        state = self._state
         if state == "input":
             return original  # type: ignore[return-value]
         if state == "output" and original is not None:

@@ -167,25 +167,6 @@ class _GivenFunction(FunctionNode):
         return FunctionNode.compute(self, grads, self.given)
 
 
-class FunctionRules(FunctionNode):
-    """A custom Function's backward for ``xgrad.compile``'s host calls: ``FunctionNode.compute`` runs on it unchanged.
-
-    It holds what ``compute`` reads, none of the graph: ``FunctionNode.__init__`` does not run.
-    """
-
-    __slots__ = ("_name",)
-
-    def __init__(self, name: str, function: Any, input_is_tensor: tuple[bool, ...], n_edges: int, ctx: FunctionCtx) -> None:
-        self._name = name
-        self.function = function
-        self.input_is_tensor = input_is_tensor
-        self.next_edges = (NO_EDGE,) * n_edges  # only counted: the graph's nodes are not kept
-        self.ctx = ctx
-
-    def name(self) -> str:
-        return self._name
-
-
 class _TracedAccumulate(AccumulateGrad):
     """A leaf's ``AccumulateGrad`` in a program: the new ``.grad`` is an output, written by the host."""
 
