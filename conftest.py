@@ -26,6 +26,6 @@ pytest_plugins = ["xgrad.testing.pytest_plugin"]
 
 
 def pytest_collection_modifyitems(config, items):
-    from tests._backward_modes import drop_compiled_variants_of_eager_engine_tests
+    from tests._backward_modes import drop_variants_that_do_not_apply
 
-    items[:] = drop_compiled_variants_of_eager_engine_tests(items)
+    items[:] = drop_variants_that_do_not_apply(items)

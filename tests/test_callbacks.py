@@ -4,8 +4,11 @@ import numpy as np
 import pytest
 
 import xgrad
+from tests._backward_modes import every_backward_mode  # noqa: F401  (a fixture)
 from tests._helpers import leaf
 from xgrad.autograd import Function, queue_callback
+
+pytestmark = pytest.mark.usefixtures("every_backward_mode")  # every test: eager, compiled, each backward a compiled step
 
 X0 = (1.0, 2.0)
 

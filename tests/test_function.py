@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 import xgrad
-from tests._backward_modes import eager_and_compiled  # noqa: F401  (a fixture)
+from tests._backward_modes import every_backward_mode  # noqa: F401  (a fixture)
 from tests._helpers import close, leaf
 from xgrad.autograd import Function, FunctionCtx, once_differentiable
 
-pytestmark = pytest.mark.usefixtures("eager_and_compiled")  # every test, eager and compiled
+pytestmark = pytest.mark.usefixtures("every_backward_mode")  # every test: eager, compiled, each backward a compiled step
 
 X0 = np.array([0.5, -1.5, 2.0])
 W0 = np.array([1.25, 0.5, -0.75])
@@ -319,6 +319,7 @@ def test_saved_tensors_freed_after_backward_and_version_checked():
         y.sum().backward()
 
 
+@pytest.mark.graph_across_steps
 def test_saved_output_does_not_keep_a_cycle_and_unpacks():
     class Exp(Function):
         @staticmethod
@@ -349,6 +350,7 @@ def test_retain_graph_allows_a_second_backward():
     close(x.grad.array, 2 * np.sin(W0))
 
 
+@pytest.mark.graph_across_steps
 def test_double_backward_through_function_matches_jax():
     x, w = leaf(X0), leaf(W0)
     (gx, gw) = xgrad.autograd.grad(MulSin.apply(x, w).sum(), [x, w], create_graph=True)
@@ -376,6 +378,7 @@ class OnceSquare(Function):
         return 2.0 * x * g
 
 
+@pytest.mark.graph_across_steps
 def test_once_differentiable_first_order_and_second_order_error():
     x = leaf(X0)
     OnceSquare.apply(x).sum().backward()

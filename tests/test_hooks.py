@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import xgrad
-from tests._backward_modes import eager_and_compiled  # noqa: F401  (a fixture)
+from tests._backward_modes import every_backward_mode  # noqa: F401  (a fixture)
 from tests._helpers import close, leaf
 from xgrad.autograd import get_execution_order, set_multithreading_enabled
 
-pytestmark = pytest.mark.usefixtures("eager_and_compiled")  # every test, eager and compiled
+pytestmark = pytest.mark.usefixtures("every_backward_mode")  # every test: eager, compiled, each backward a compiled step
 
 X0 = np.array([0.3, -1.2, 0.7])
 

@@ -13,7 +13,7 @@ import pytest
 
 import xgrad
 import xgrad.nn as nn
-from tests._backward_modes import eager_and_compiled  # noqa: F401  (a fixture)
+from tests._backward_modes import every_backward_mode  # noqa: F401  (a fixture)
 from tests._helpers import close
 from xgrad.nn.modules.module import (
     register_module_forward_hook,
@@ -22,7 +22,7 @@ from xgrad.nn.modules.module import (
     register_module_full_backward_pre_hook,
 )
 
-pytestmark = pytest.mark.usefixtures("eager_and_compiled")  # every test, eager and compiled
+pytestmark = pytest.mark.usefixtures("every_backward_mode")  # every test: eager, compiled, each backward a compiled step
 
 NO_INPUT_GRAD_WARNING = "Full backward hook is firing when gradients are computed with respect to module outputs"
 

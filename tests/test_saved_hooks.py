@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 import xgrad
-from tests._backward_modes import eager_and_compiled  # noqa: F401  (a fixture)
+from tests._backward_modes import every_backward_mode  # noqa: F401  (a fixture)
 from tests._helpers import close, leaf
 from xgrad.autograd import Function
 from xgrad.autograd.graph import save_on_cpu, saved_tensors_hooks
 
-pytestmark = pytest.mark.usefixtures("eager_and_compiled")  # every test, eager and compiled
+pytestmark = pytest.mark.usefixtures("every_backward_mode")  # every test: eager, compiled, each backward a compiled step
 
 X0 = np.array([0.3, -0.8, 1.2])
 
@@ -104,6 +104,7 @@ def test_unpacked_value_is_what_backward_uses():
     close(x.grad.array, 4 * X0)
 
 
+@pytest.mark.graph_across_steps
 def test_double_backward_through_unpacked_tensors():
     x = leaf(X0)
     with saved_tensors_hooks(lambda t: np.asarray(t.array), lambda a: xgrad.tensor(a)):
@@ -466,6 +467,7 @@ def test_saving_variable_to_disk(tmp_path):
         near(a.grad.array, 2 * a.array)
 
 
+@pytest.mark.graph_across_steps
 def test_default_saved_tensors_hooks_double_backward():
     with saved_tensors_hooks(lambda x: x, lambda x: x):
         a = xgrad.randn(5, requires_grad=True)
