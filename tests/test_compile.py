@@ -190,8 +190,8 @@ def test_a_call_like_the_last_hit_skips_the_signature_and_any_change_still_retra
     from xgrad.compile_step import program
 
     built = []
-    real_signature = program._signature
-    monkeypatch.setattr(program, "_signature", lambda leaves, tree: built.append(1) or real_signature(leaves, tree))
+    real_signature = program.signature_of
+    monkeypatch.setattr(program, "signature_of", lambda leaves, tree: built.append(1) or real_signature(leaves, tree))
     total = xgrad.tensor(0.0)
 
     @xgrad.compile(fallback="error")

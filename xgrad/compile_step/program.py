@@ -33,6 +33,12 @@ from xgrad.compile_step.observers import run_observers
 from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
 from xgrad.compile_step.program_call import check_first, donating_program, finish, gather_inputs, precheck, run_program
 from xgrad.compile_step.recording import tracing
+from xgrad.compile_step.signature import (
+    LastCall,
+    guard_entry,
+    same_shape,
+    signature_of,
+)
 from xgrad.compile_step.writeback import (
     check_on_host,
     collect_outputs,
@@ -45,10 +51,8 @@ from xgrad.compile_step.writeback import (
 from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
 from xgrad.engine.compiled.switch import TRACER_ERRORS
-from xgrad.grad_mode import is_grad_enabled
 from xgrad.jax_internals import ClosedJaxpr, check_consts_keep_identity, get_opaque_trace_state, jaxpr_as_fun
 from xgrad.nn.module import Module
-from xgrad.ops.autocast import AUTOCAST, autocast_key
 from xgrad.step_trace import tracing_step
 from xgrad.tensor import Tensor, is_tensor
 
@@ -58,44 +62,6 @@ __all__ = ["CompiledFunction", "compile"]
 CACHE_SIZE = 64
 #: Programs kept per signature, traced under different guards (NOTE [Entries of one signature]).
 ENTRIES_PER_SIGNATURE = 4
-
-
-def _leaf_key(leaf: Any) -> Any:
-    if isinstance(leaf, Tensor):
-        a = leaf._array
-        return ("tensor", a.shape, a.dtype, getattr(a, "sharding", None), *_guard(leaf, True)[2:])
-    if isinstance(leaf, jax.Array):
-        return ("array", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
-    if isinstance(leaf, np.ndarray):
-        return ("ndarray", leaf.shape, leaf.dtype)
-    return ("static", type(leaf), leaf)
-
-
-def _guard(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
-    """What a trace's Python decided on about a state tensor (NOTE [Whole-step compile], 3)."""
-    a = t._array
-    g = t._grad
-    return (
-        a.shape, a.dtype, t.grad_fn, t._requires_grad, g is None if grad_read else None,
-        None if g is None or not grad_read else g._array.shape,
-        tuple(t._backward_hooks or ()), tuple(t._post_accumulate_grad_hooks or ()),
-    )
-
-
-def _expected(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
-    """``_guard`` as ``_guards_hold`` compares it: the ``.grad``'s shape (``None``: no ``.grad``) only if it was read."""
-    shape, dtype, grad_fn, requires_grad, _, grad_shape, hooks, post_hooks = _guard(t, grad_read)
-    return shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks
-
-
-def _guard_entry(ref: Any, grad_read: bool) -> list[Any]:
-    """A guard as ``_guards_hold`` reads it: ``[ref, aval, shape, dtype, requires_grad]`` for a leaf without hooks
-    whose ``.grad`` was not read (``Entry.plain_guards``), with ``grad_read`` and the rest of ``_expected`` after
-    ``dtype`` for the others (``Entry.guards``)."""
-    shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks = _expected(ref(), grad_read)
-    if not grad_read and grad_fn is None and not hooks and not post_hooks:
-        return [ref, None, shape, dtype, requires_grad]
-    return [ref, None, shape, dtype, grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks]
 
 
 class Entry:
@@ -124,7 +90,7 @@ class Entry:
     in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``donating_program``)
     # A tensor's weak reference, the aval that last passed, its shape and dtype; for plain state (a leaf with
     # no hooks, its .grad not read: parameters, optimizer state, buffers) then its requires_grad, the others
-    # go on with whether their .grad was read and the rest of ``_expected``.
+    # go on with whether their .grad was read and the rest of ``expected_guard``.
     plain_guards: list[list[Any]]
     guards: list[list[Any]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
@@ -150,142 +116,6 @@ _FALLBACK = object()
 _NO_VARIANT = object()
 
 
-def _aliases(leaves: list[Any]) -> tuple[int, ...]:
-    """Which Tensor arguments are one tensor: each one's first position."""
-    alias: list[int] = []
-    first: dict[int, int] = {}
-    for i, leaf in enumerate(leaves):
-        if isinstance(leaf, Tensor):
-            alias.append(first.setdefault(id(leaf), i))
-    return tuple(alias)
-
-
-def _signature(leaves: list[Any], tree: Any) -> Any:
-    """The cache key of a call: the arguments' structure, each leaf's key, which are one tensor, the grad
-    and autocast modes."""
-    try:
-        signature = (tree, tuple(_leaf_key(leaf) for leaf in leaves), _aliases(leaves), (is_grad_enabled(), autocast_key()))
-        hash(signature)
-    except TypeError:
-        raise TypeError(
-            "xgrad.compile: an argument that is not a Tensor or array must be hashable (it is a static part of "
-            "the signature)"
-        ) from None
-    return signature
-
-
-# NOTE [The hit path]
-# A step's call that hits pays Python that ``jax.jit``'s C++ fast path does not: the
-# signature of its arguments, the guards of its state, gathering its inputs and writing
-# back its outputs, each at every call. Each is made a walk over lists prepared once:
-# ``_LastCall`` keeps the last hit's arguments as the objects that passed (each array's
-# type and aval, interned by JAX, its sharding, a static value) with the signature and
-# the cache entry they led to, so a call whose arguments are those objects again, or
-# arrays with the same aval and a sharding already found equal, skips building,
-# hashing and comparing the signature (``_signature`` and its ``sharding == sharding``
-# per leaf, Python in JAX); where they were the positional arguments themselves, it
-# skips flattening them too, and a grad mode and autocast state that are the very
-# objects seen then skip building the modes' key. Anything else (a Tensor argument
-# with history, hooks or a ``.grad``, a NumPy array, another tree, grad or autocast
-# mode) takes the full path, which then records the new call. Any change to the cache
-# forgets it. The guards that follow are plain loops over lists made once: on CPython
-# 3.11 a loop's specialized slot reads beat ``operator.attrgetter`` mapped over the
-# tensors (measured in ``benchmarks/RESULTS.md``, "The hit path, round 3").
-
-
-class _LastCall:
-    """The last hit's arguments, as ``_LastCall.matches`` compares them (NOTE [The hit path])."""
-
-    __slots__ = ("autocast", "checks", "grad_enabled", "head", "mode", "positional", "signature", "tree")
-
-    def __init__(self, tree: Any, checks: list[tuple[Any, ...]], signature: Any, head: Any) -> None:
-        self.tree = tree
-        # The number of leaves if they were the positional arguments themselves (no kwargs, no containers), else -1.
-        self.positional = len(checks) if tree == jax.tree_util.tree_structure(((0,) * len(checks), {})) else -1
-        # Per leaf: (0, type, aval, sharding, known) for an array, (1, ...) the same for a Tensor holding
-        # one (no history, hooks or .grad), (2, type, value) for a static value; ``known`` maps ids to
-        # the shardings found equal to ``sharding`` (held, so the ids stay theirs).
-        self.checks = checks
-        self.signature = signature
-        self.mode = signature[3]
-        self.grad_enabled = self.mode[0]
-        # The autocast state seen: a new immutable mapping each time autocast is entered or left.
-        self.autocast = AUTOCAST.get()
-        self.head = head
-
-    @staticmethod
-    def of(leaves: list[Any], tree: Any, signature: Any, head: Any) -> _LastCall | None:
-        """The record of a call that hit ``head`` with ``signature``; ``None`` if a leaf cannot be compared quickly."""
-        checks: list[tuple[Any, ...]] = []
-        for leaf in leaves:
-            if isinstance(leaf, Tensor):
-                a = leaf._array
-                if not (isinstance(a, jax.Array) and _plain_argument(leaf)):
-                    return None
-                checks.append((1, type(a), a.aval, a.sharding, {id(a.sharding): a.sharding}))
-            elif isinstance(leaf, jax.Array):
-                checks.append((0, type(leaf), leaf.aval, leaf.sharding, {id(leaf.sharding): leaf.sharding}))
-            elif isinstance(leaf, np.ndarray):
-                return None
-            else:
-                checks.append((2, type(leaf), leaf))
-        return _LastCall(tree, checks, signature, head)
-
-    def matches(self, leaves: list[Any]) -> bool:
-        """Whether a call with ``leaves`` (of the recorded tree) has the recorded signature.
-
-        Each leaf's type is compared first, so the positional arguments themselves,
-        unflattened, match only where they were the leaves (a container is never a leaf).
-        """
-        tensors = 0
-        for leaf, check in zip(leaves, self.checks, strict=True):
-            kind = check[0]
-            if kind == 2:
-                if type(leaf) is not check[1] or not (leaf is check[2] or leaf == check[2]):
-                    return False
-                continue
-            if kind == 1:
-                if not isinstance(leaf, Tensor) or not _plain_argument(leaf):
-                    return False
-                tensors += 1
-                leaf = leaf._array
-            if type(leaf) is not check[1] or leaf.aval is not check[2]:
-                return False
-            sharding = leaf.sharding
-            known = check[4]
-            if id(sharding) not in known:
-                if sharding != check[3]:
-                    return False
-                if len(known) == _KNOWN_SHARDINGS:
-                    known.clear()
-                known[id(sharding)] = sharding
-        if tensors > 1 and _aliases(leaves) != self.signature[2]:
-            return False
-        if is_grad_enabled() is self.grad_enabled and AUTOCAST.get() is self.autocast:
-            return True
-        return (is_grad_enabled(), autocast_key()) == self.mode
-
-
-#: Shardings kept per argument as found equal to its signature's (batches placed one by one each bring their own).
-_KNOWN_SHARDINGS = 16
-
-
-def _same_shape(guard: list[Any], aval: Any) -> bool:
-    """Whether ``aval`` has the guard's shape and dtype; if so it is the one compared by identity next time (JAX interns avals)."""
-    if aval.shape != guard[2] or aval.dtype != guard[3]:
-        return False
-    guard[1] = aval
-    return True
-
-
-def _plain_argument(t: Tensor) -> bool:
-    """A Tensor argument whose guard part of its key (``_leaf_key``) is the plain one: compared without building it."""
-    return (
-        t.grad_fn is None and not t._requires_grad and t._grad is None and not t._backward_hooks
-        and not t._post_accumulate_grad_hooks
-    )
-
-
 class CompiledFunction:
     """``fn`` run as one cached ``jax.jit`` program per input signature (see ``xgrad.compile``)."""
 
@@ -298,7 +128,7 @@ class CompiledFunction:
         self._stats = {"compiles": 0, "hits": 0, "misses": 0, "fallbacks": 0, "variants": 0, "compile_seconds": 0.0}
         self._warned_sites: set[str] = set()
         self._last_signature: Any = None
-        self._last_call: _LastCall | None = None  # NOTE [The hit path]
+        self._last_call: LastCall | None = None  # NOTE [The hit path]
         self._recompile_warned = False
         self._trace_lock = threading.RLock()
         functools.update_wrapper(self, fn)
@@ -333,7 +163,7 @@ class CompiledFunction:
                 return self._run(entry, leaves, tree)
         if any(isinstance(leaf, jax.core.Tracer) or (isinstance(leaf, Tensor) and isinstance(leaf._array, jax.core.Tracer)) for leaf in leaves):
             return self.fn(*args, **kwargs)  # under a plain jax transformation: part of its trace
-        signature = _signature(leaves, tree)
+        signature = signature_of(leaves, tree)
         entry = self._cached(signature, leaves)
         if entry is None:
             with self._trace_lock:  # NOTE [One trace at a time]
@@ -366,7 +196,7 @@ class CompiledFunction:
         if entry is not None:
             self._cache.move_to_end(signature)
             self._stats["hits"] += 1
-            self._last_call = _LastCall.of(leaves, signature[0], signature, head)
+            self._last_call = LastCall.of(leaves, signature[0], signature, head)
         return entry
 
     def _matching(self, entry: Any, leaves: list[Any]) -> Any:
@@ -408,7 +238,7 @@ class CompiledFunction:
         True
         """
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_tensor)
-        signature = _signature(leaves, tree)
+        signature = signature_of(leaves, tree)
         with self._trace_lock:
             cached = self._cache.get(signature)
             entry = None if cached is _FALLBACK else self._matching(cached, leaves)
@@ -423,7 +253,7 @@ class CompiledFunction:
     # -- hit path ----------------------------------------------------------------------
     @staticmethod
     def _guards_hold(entry: Entry, leaves: list[Any]) -> bool:
-        # ``_guard`` inlined, plain state apart: it runs every step, once per state tensor.
+        # ``guard`` inlined, plain state apart: it runs every step, once per state tensor.
         for guard in entry.plain_guards:
             t = guard[0]()
             if (
@@ -432,7 +262,7 @@ class CompiledFunction:
             ):
                 return False
             found_aval = t._array.aval
-            if found_aval is not guard[1] and not _same_shape(guard, found_aval):
+            if found_aval is not guard[1] and not same_shape(guard, found_aval):
                 return False
         for guard in entry.guards:
             ref, _, _, _, grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks = guard
@@ -450,7 +280,7 @@ class CompiledFunction:
             if (tuple(found) if found else ()) != post_hooks:
                 return False
             found_aval = t._array.aval
-            if found_aval is not guard[1] and not _same_shape(guard, found_aval):
+            if found_aval is not guard[1] and not same_shape(guard, found_aval):
                 return False
         if entry.hook_reads and not reads_hold(entry.hook_reads):  # NOTE [Hooks traced in]
             return False
@@ -607,7 +437,7 @@ class CompiledFunction:
         entry.fast_writes = sort_writes(entry.writes)
         entry.effects = recorder.effects
         entry.other = None
-        guards = [_guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
+        guards = [guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
         entry.plain_guards = [guard for guard in guards if len(guard) == 5]
         entry.guards = [guard for guard in guards if len(guard) > 5]
         entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]

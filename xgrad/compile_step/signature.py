@@ -1,0 +1,194 @@
+"""What a call of a compiled step is compared against: its signature, the guards of its state, the last hit.
+
+NOTE [The hit path] (below) and NOTE [Whole-step compile], 3, in ``__init__``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from xgrad.grad_mode import is_grad_enabled
+from xgrad.ops.autocast import AUTOCAST, autocast_key
+from xgrad.tensor import Tensor
+
+__all__ = [
+    "LastCall", "aliases", "expected_guard", "guard", "guard_entry", "leaf_key", "plain_argument", "same_shape",
+    "signature_of",
+]
+
+
+def leaf_key(leaf: Any) -> Any:
+    if isinstance(leaf, Tensor):
+        a = leaf._array
+        return ("tensor", a.shape, a.dtype, getattr(a, "sharding", None), *guard(leaf, True)[2:])
+    if isinstance(leaf, jax.Array):
+        return ("array", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
+    if isinstance(leaf, np.ndarray):
+        return ("ndarray", leaf.shape, leaf.dtype)
+    return ("static", type(leaf), leaf)
+
+
+def guard(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
+    """What a trace's Python decided on about a state tensor (NOTE [Whole-step compile], 3)."""
+    a = t._array
+    g = t._grad
+    return (
+        a.shape, a.dtype, t.grad_fn, t._requires_grad, g is None if grad_read else None,
+        None if g is None or not grad_read else g._array.shape,
+        tuple(t._backward_hooks or ()), tuple(t._post_accumulate_grad_hooks or ()),
+    )
+
+
+def expected_guard(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
+    """``guard`` as ``_guards_hold`` compares it: the ``.grad``'s shape (``None``: no ``.grad``) only if it was read."""
+    shape, dtype, grad_fn, requires_grad, _, grad_shape, hooks, post_hooks = guard(t, grad_read)
+    return shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks
+
+
+def guard_entry(ref: Any, grad_read: bool) -> list[Any]:
+    """A guard as ``_guards_hold`` reads it: ``[ref, aval, shape, dtype, requires_grad]`` for a leaf without hooks
+    whose ``.grad`` was not read (``Entry.plain_guards``), with ``grad_read`` and the rest of ``expected_guard`` after
+    ``dtype`` for the others (``Entry.guards``)."""
+    shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks = expected_guard(ref(), grad_read)
+    if not grad_read and grad_fn is None and not hooks and not post_hooks:
+        return [ref, None, shape, dtype, requires_grad]
+    return [ref, None, shape, dtype, grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks]
+
+
+def aliases(leaves: list[Any]) -> tuple[int, ...]:
+    """Which Tensor arguments are one tensor: each one's first position."""
+    alias: list[int] = []
+    first: dict[int, int] = {}
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, Tensor):
+            alias.append(first.setdefault(id(leaf), i))
+    return tuple(alias)
+
+
+def signature_of(leaves: list[Any], tree: Any) -> Any:
+    """The cache key of a call: the arguments' structure, each leaf's key, which are one tensor, the grad
+    and autocast modes."""
+    try:
+        signature = (tree, tuple(leaf_key(leaf) for leaf in leaves), aliases(leaves), (is_grad_enabled(), autocast_key()))
+        hash(signature)
+    except TypeError:
+        raise TypeError(
+            "xgrad.compile: an argument that is not a Tensor or array must be hashable (it is a static part of "
+            "the signature)"
+        ) from None
+    return signature
+
+
+# NOTE [The hit path]
+# A step's call that hits pays Python that ``jax.jit``'s C++ fast path does not: the
+# signature of its arguments, the guards of its state, gathering its inputs and writing
+# back its outputs, each at every call. Each is made a walk over lists prepared once:
+# ``LastCall`` keeps the last hit's arguments as the objects that passed (each array's
+# type and aval, interned by JAX, its sharding, a static value) with the signature and
+# the cache entry they led to, so a call whose arguments are those objects again, or
+# arrays with the same aval and a sharding already found equal, skips building,
+# hashing and comparing the signature (``signature_of`` and its ``sharding == sharding``
+# per leaf, Python in JAX); where they were the positional arguments themselves, it
+# skips flattening them too, and a grad mode and autocast state that are the very
+# objects seen then skip building the modes' key. Anything else (a Tensor argument
+# with history, hooks or a ``.grad``, a NumPy array, another tree, grad or autocast
+# mode) takes the full path, which then records the new call. Any change to the cache
+# forgets it. The guards that follow are plain loops over lists made once: on CPython
+# 3.11 a loop's specialized slot reads beat ``operator.attrgetter`` mapped over the
+# tensors (measured in ``benchmarks/RESULTS.md``, "The hit path, round 3").
+
+
+class LastCall:
+    """The last hit's arguments, as ``LastCall.matches`` compares them (NOTE [The hit path])."""
+
+    __slots__ = ("autocast", "checks", "grad_enabled", "head", "mode", "positional", "signature", "tree")
+
+    def __init__(self, tree: Any, checks: list[tuple[Any, ...]], signature: Any, head: Any) -> None:
+        self.tree = tree
+        # The number of leaves if they were the positional arguments themselves (no kwargs, no containers), else -1.
+        self.positional = len(checks) if tree == jax.tree_util.tree_structure(((0,) * len(checks), {})) else -1
+        # Per leaf: (0, type, aval, sharding, known) for an array, (1, ...) the same for a Tensor holding
+        # one (no history, hooks or .grad), (2, type, value) for a static value; ``known`` maps ids to
+        # the shardings found equal to ``sharding`` (held, so the ids stay theirs).
+        self.checks = checks
+        self.signature = signature
+        self.mode = signature[3]
+        self.grad_enabled = self.mode[0]
+        # The autocast state seen: a new immutable mapping each time autocast is entered or left.
+        self.autocast = AUTOCAST.get()
+        self.head = head
+
+    @staticmethod
+    def of(leaves: list[Any], tree: Any, signature: Any, head: Any) -> LastCall | None:
+        """The record of a call that hit ``head`` with ``signature``; ``None`` if a leaf cannot be compared quickly."""
+        checks: list[tuple[Any, ...]] = []
+        for leaf in leaves:
+            if isinstance(leaf, Tensor):
+                a = leaf._array
+                if not (isinstance(a, jax.Array) and plain_argument(leaf)):
+                    return None
+                checks.append((1, type(a), a.aval, a.sharding, {id(a.sharding): a.sharding}))
+            elif isinstance(leaf, jax.Array):
+                checks.append((0, type(leaf), leaf.aval, leaf.sharding, {id(leaf.sharding): leaf.sharding}))
+            elif isinstance(leaf, np.ndarray):
+                return None
+            else:
+                checks.append((2, type(leaf), leaf))
+        return LastCall(tree, checks, signature, head)
+
+    def matches(self, leaves: list[Any]) -> bool:
+        """Whether a call with ``leaves`` (of the recorded tree) has the recorded signature.
+
+        Each leaf's type is compared first, so the positional arguments themselves,
+        unflattened, match only where they were the leaves (a container is never a leaf).
+        """
+        tensors = 0
+        for leaf, check in zip(leaves, self.checks, strict=True):
+            kind = check[0]
+            if kind == 2:
+                if type(leaf) is not check[1] or not (leaf is check[2] or leaf == check[2]):
+                    return False
+                continue
+            if kind == 1:
+                if not isinstance(leaf, Tensor) or not plain_argument(leaf):
+                    return False
+                tensors += 1
+                leaf = leaf._array
+            if type(leaf) is not check[1] or leaf.aval is not check[2]:
+                return False
+            sharding = leaf.sharding
+            known = check[4]
+            if id(sharding) not in known:
+                if sharding != check[3]:
+                    return False
+                if len(known) == _KNOWN_SHARDINGS:
+                    known.clear()
+                known[id(sharding)] = sharding
+        if tensors > 1 and aliases(leaves) != self.signature[2]:
+            return False
+        if is_grad_enabled() is self.grad_enabled and AUTOCAST.get() is self.autocast:
+            return True
+        return (is_grad_enabled(), autocast_key()) == self.mode
+
+
+#: Shardings kept per argument as found equal to its signature's (batches placed one by one each bring their own).
+_KNOWN_SHARDINGS = 16
+
+
+def same_shape(guard: list[Any], aval: Any) -> bool:
+    """Whether ``aval`` has the guard's shape and dtype; if so it is the one compared by identity next time (JAX interns avals)."""
+    if aval.shape != guard[2] or aval.dtype != guard[3]:
+        return False
+    guard[1] = aval
+    return True
+
+
+def plain_argument(t: Tensor) -> bool:
+    """A Tensor argument whose guard part of its key (``leaf_key``) is the plain one: compared without building it."""
+    return (
+        t.grad_fn is None and not t._requires_grad and t._grad is None and not t._backward_hooks
+        and not t._post_accumulate_grad_hooks
+    )
