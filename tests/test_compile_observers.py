@@ -242,3 +242,75 @@ def test_an_observers_learned_ops_dispatch_nothing_and_a_new_op_dispatches(monke
             assert dispatched == (["sum"] if more[0] else []), (i, dispatched)
     np.testing.assert_allclose([n.item() for n in norms], expected_norms, rtol=1e-10)
     np.testing.assert_allclose([s.item() for s in sums], expected_sums, rtol=1e-10)
+
+
+def test_an_observers_op_calls_are_served_whole_and_a_changed_call_runs(monkeypatch):
+    """NOTE [Hook ops in the program]: a learned call of a wrapped op (``g.norm()``, ``g.sum(dim=0)``) runs no
+    front-end and binds nothing; the same op with another argument, or on a tensor that requires grad, runs."""
+    from xgrad.ops import registry
+
+    bound = []
+    bind = registry.bind
+
+    def counting(prim, args, params):
+        bound.append(prim.name)
+        return bind(prim, args, params)
+
+    dim = [0]
+
+    def body(mode):
+        w, b, step = setup(mode)
+        log = []
+
+        def hook(g):
+            h = g.detach().requires_grad_() if dim[0] == -1 else g
+            n = h.norm()
+            log.append((n.item(), n.requires_grad, h.sum(dim=dim[0]).detach().numpy(), g.std(dim=0, keepdim=True).numpy()))
+
+        w.register_hook(hook)
+        counts = []
+        for i in range(STEPS + 2):
+            dim[0] = [0, 0, 0, 1, 1, -1, 0][i]
+            bound.clear()
+            monkeypatch.setattr(registry, "bind", counting)
+            step(xgrad.tensor(X * (1 + i)))
+            monkeypatch.setattr(registry, "bind", bind)
+            counts.append(list(bound))
+        return log, state(w, b), counts, step
+
+    (log, final, _, _), (c_log, c_final, c_counts, step) = run_both(body)
+    assert len(c_log) == len(log) == STEPS + 2
+    for (n, rg, s, sd), (c_n, c_rg, c_s, c_sd) in zip(log, c_log, strict=True):
+        assert_close(c_n, n)
+        assert c_rg == rg
+        assert_close(c_s, s)
+        assert_close(c_sd, sd)
+    assert_same(c_final, final)
+    # Served whole from the third call (the first learns, the second traces the variant): nothing bound;
+    # a new ``dim`` runs its ``sum``, a tensor requiring grad its ``norm`` (and ``sum``: ``dim=-1``).
+    assert c_counts[2] == c_counts[6] == [], c_counts
+    assert c_counts[3] == c_counts[4] == ["sum"] and c_counts[5] == ["norm2", "sum"], c_counts
+    assert step.stats()["variants"] >= 1
+
+
+def test_hooks_run_without_grad_mode_as_in_eagers_backward():
+    """The engine runs a backward's hooks with grad mode off (no ``create_graph``): an op in a hook records
+    nothing, in the exact program's host call (the first step) and after the observer variant alike."""
+
+    def body(mode):
+        w, b, step = setup(mode)
+        log = []
+
+        def hook(g):
+            h = g.detach().requires_grad_()
+            log.append((xgrad.is_grad_enabled(), h.norm().requires_grad))
+
+        w.register_hook(hook)
+        for i in range(STEPS):
+            step(xgrad.tensor(X * (1 + i)))
+        return log, state(w, b)
+
+    (log, final), (c_log, c_final) = run_both(body)
+    assert log == [(False, False)] * STEPS
+    assert c_log == log
+    assert_same(c_final, final)

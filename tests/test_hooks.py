@@ -618,3 +618,13 @@ def test_hooks_run_for_nodes_on_a_device_worker_thread():
         assert all(name.startswith("xgrad-autograd") for _, name in events)
     close(x.grad.array, 2.0 * np.cos(X0))
     assert x.grad.device == device
+
+
+def test_a_tensor_hook_runs_with_grad_mode_off():
+    """The engine runs a backward's hooks with grad mode off (no ``create_graph``): an op in one records nothing."""
+    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+    seen = []
+    w.register_hook(lambda g: seen.append((xgrad.is_grad_enabled(), g.detach().requires_grad_().norm().requires_grad)))
+    for _ in range(3):  # in a step: the exact program's host call, then the observer variant
+        (w * w).sum().backward()
+    assert seen == [(False, False)] * 3

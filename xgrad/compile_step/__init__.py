@@ -194,7 +194,8 @@ computed in it), ``writeback`` (the program's outputs and where they go) and
 # call becomes its arguments as outputs of the program (``Observer``) and the variant has no
 # host call. A call runs the variant, checks (a failed one: the exact program runs instead,
 # and raises, no hook having run), then calls the hooks in program order on the outputs,
-# in the calling thread, with a stand-in ``GraphTask`` each. If all observe again, the
+# in the calling thread, with a stand-in ``GraphTask`` each and grad mode off (as the engine runs
+# a backward's hooks; so do the exact program's host calls). If all observe again, the
 # variant's writes and results are the call's. Once hook ``k`` returns a value, raises or
 # queues a callback, the variant's outputs are dropped and the exact program runs with
 # the first ``k + 1`` hook calls replayed from what they did (``HookBox.replay``: ``None``,

@@ -17,6 +17,21 @@
 # while it serves. Only jitted primitives are learned (the others move data between
 # devices or must run eagerly), and of the inputs from elsewhere only small constants
 # (scalar operands): an op on a large array the hook reads (a parameter) dispatches.
+#
+# One level up, a served op still paid its front-end (autocast's wrapper, ``norm``'s
+# checks, ``bind``'s pass over its arguments) at every call, about as much as the table
+# lookup and the result Tensor together. So the calls a hook made of the ops
+# ``autocast_op`` wraps are learned whole too (``OpLog.op_call``, through ``OP_CALL``,
+# NOTE [Dispatch seam]): the function, its non-Tensor arguments (plain values, compared
+# with their types), each Tensor argument's place among the program's outputs and its
+# result's, when every op it bound was learned and it returned a new Tensor without
+# history. A later call of the same function on Tensors holding, by identity, those
+# outputs (no history, not requiring grad) with equal other arguments gets a new Tensor
+# of the served result (``Served.op_call``); any other call runs the op. Only ops whose
+# front-end reads no values are learned so (``_VALUE_FREE``: reductions, norms, softmax;
+# a loss checks its targets' or inputs' values, which a later call's values might fail):
+# with the same function, arguments, shapes and dtypes, the front-end decides the same,
+# and the ops it binds are pure, so the served Tensor is the one eager would make.
 """
 
 from __future__ import annotations
@@ -27,6 +42,7 @@ from typing import Any
 import jax
 
 from xgrad.ops.registry import Primitive
+from xgrad.tensor import Tensor
 
 _MAX_CONSTANT = 16  # elements: a scalar operand is learned as a constant, a large array is not
 
@@ -39,23 +55,49 @@ Op = tuple[Primitive, dict[str, Any], tuple[Source, ...]]
 # one input that is an output), its constants, the position of its result, or of each of
 # its results).
 Planned = tuple[tuple[Primitive, tuple[Any, ...]], int | tuple[int, ...], tuple[Any, ...], Any]
+# An op's front-end call a hook made (NOTE [Hook ops in the program]): the function, each
+# argument (a Tensor's ``Source``, or ``(3, value key)``), the keyword arguments' value
+# keys, its result's ``Source``. Planned, the sources are output positions.
+Call = tuple[Callable[..., Any], tuple[Any, ...], tuple[tuple[str, Any], ...], Any]
+
+# The ops ``autocast_op`` wraps whose front-end checks arguments, shapes and dtypes, never values.
+_VALUE_FREE = frozenset({"sum", "mean", "var", "std", "prod", "logsumexp", "cumsum", "norm", "softmax", "log_softmax"})
+_PLAIN_VALUES = (type(None), bool, int, float, str)
+
+
+def _value_free(fn: Callable[..., Any]) -> bool:
+    return fn.__name__ in _VALUE_FREE and fn.__module__.startswith("xgrad.ops.")
+
+
+def _value_key(value: Any) -> Any:
+    """A plain argument as compared between calls, with its type (``1`` is not ``1.0``); ``None``: not plain."""
+    if type(value) in _PLAIN_VALUES:
+        return (type(value), value)
+    if type(value) is tuple and all(type(v) is int for v in value):
+        return (tuple, value)
+    return None
 
 
 class OpLog:
     """A dispatch for ``dispatching_through`` that runs each op and learns it (NOTE [Hook ops in the program])."""
 
-    __slots__ = ("_keep", "_where", "fn", "ops")
+    __slots__ = ("_depth", "_keep", "_unlearned", "_where", "calls", "fn", "ops")
 
     def __init__(self, fn: Any, args: list[Any]) -> None:
         self.fn = fn
         self.ops: list[Op] = []
+        self.calls: list[Call] = []
         self._where: dict[int, Source] = {id(a): (0, i) for i, a in enumerate(args)}
         self._keep = list(args)  # what ``_where``'s ids name stays alive
+        self._unlearned = 0  # ops run that were not learned
+        self._depth = 0  # front-end calls under way: only the outermost is learned
 
     def __call__(self, prim: Primitive, arrays: list[Any], params: dict[str, Any]) -> Any:
         out = prim.dispatch(arrays, params)
         sources = self._sources(prim, arrays, params)
-        if sources is not None:
+        if sources is None:
+            self._unlearned += 1
+        else:
             j = len(self.ops)
             self.ops.append((prim, params, sources))
             for k, o in enumerate(out if prim.num_outputs > 1 else (out,)):
@@ -81,20 +123,76 @@ class OpLog:
             sources.append(where)
         return tuple(sources)
 
+    def op_call(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run an op's front-end call (``OP_CALL``) and learn it whole where it may be served so."""
+        unlearned, first = self._unlearned, len(self.ops)
+        self._depth += 1
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            self._depth -= 1
+        if self._depth == 0 and self._unlearned == unlearned and _value_free(fn):
+            call = self._call(fn, args, kwargs, result, first)
+            if call is not None:
+                self.calls.append(call)
+        return result
+
+    def _call(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], result: Any, first: int
+    ) -> Call | None:
+        """``fn``'s call as ``Call``, if it may be served whole; ``first``: the first op it bound."""
+        if not (type(result) is Tensor and result.grad_fn is None and not result._requires_grad):
+            return None
+        made = self._where.get(id(result._array))
+        if made is None or made[0] != 1 or made[1] < first:  # not a result of an op it bound
+            return None
+        if not args or type(args[0]) is not Tensor:  # ``Served`` finds a call by its first argument
+            return None
+        spec = []
+        for a in args:
+            if type(a) is Tensor:
+                where = self._where.get(id(a._array))
+                if where is None or a.grad_fn is not None or a._requires_grad:
+                    return None
+            else:
+                key = _value_key(a)
+                if key is None:
+                    return None
+                where = (3, key)
+            spec.append(where)
+        kw = []
+        for name, value in kwargs.items():
+            key = _value_key(value)
+            if key is None:
+                return None
+            kw.append((name, key))
+        return fn, tuple(spec), tuple(kw), made
+
     def learned(self) -> HookOps | None:
-        return HookOps(self.fn, self.ops) if self.ops else None
+        return HookOps(self.fn, self.ops, self.calls) if self.ops else None
+
+
+class HookPlan:
+    """What ``Served`` finds among the variant's outputs for one hook call: its ops, and its front-end calls."""
+
+    __slots__ = ("calls", "ops")
+
+    def __init__(self, ops: list[Planned], calls: list[Call]) -> None:
+        self.ops = ops
+        self.calls = calls
 
 
 class HookOps:
     """The ops one hook call ran on its arguments, to compute in the observer variant."""
 
-    __slots__ = ("fn", "ops")
+    __slots__ = ("calls", "fn", "ops")
 
-    def __init__(self, fn: Any, ops: list[Op]) -> None:
+    def __init__(self, fn: Any, ops: list[Op], calls: list[Call]) -> None:
         self.fn = fn
         self.ops = ops
+        self.calls = calls
 
-    def trace(self, args: list[Any], output: Callable[[Any], int]) -> list[Planned]:
+    def trace(self, args: list[Any], output: Callable[[Any], int]) -> HookPlan:
         """Compute the ops from the traced ``args``; each planned as where ``Served`` finds its inputs and result."""
         results: list[tuple[Any, ...]] = []
         planned: list[Planned] = []
@@ -117,39 +215,110 @@ class HookOps:
             # One input, an output (``g.norm()``): its position alone, the key read without a loop.
             inputs_at = where[0] if len(where) == 1 and where[0] >= 0 else tuple(where)
             planned.append(((prim, tuple(params.items())), inputs_at, tuple(constants), result))
-        return planned
+
+        def position(source: Source) -> Any:
+            return output(args[source[1]] if source[0] == 0 else results[source[1]][source[2]])
+
+        calls = [
+            (fn, tuple(source if source[0] == 3 else position(source) for source in spec), kw, position(made))
+            for fn, spec, kw, made in self.calls
+        ]
+        return HookPlan(planned, calls)
 
 
 def _inputs(sources: tuple[Source, ...], args: list[Any], results: list[tuple[Any, ...]]) -> list[Any]:
     return [args[s[1]] if s[0] == 0 else results[s[1]][s[2]] if s[0] == 1 else s[1] for s in sources]
 
 
+class ServedPlan:
+    """The observers' plans as ``Served`` reads them, fixed once per observer variant.
+
+    ``one``: per output position, the ops of that one input (``g.norm()``), each its
+    primitive, params and result; ``many``: the other ops, as planned; ``calls``: per
+    output position, the front-end calls learned whole whose first argument holds it.
+    """
+
+    __slots__ = ("calls", "many", "one")
+
+    def __init__(self, plans: list[HookPlan | None]) -> None:
+        one: dict[int, list[tuple[Primitive, dict[str, Any], Any]]] = {}
+        self.many: list[Planned] = []
+        calls: dict[int, list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], int]]] = {}
+        for plan in plans:
+            if plan is None:
+                continue
+            for fn, spec, kw, made in plan.calls:
+                calls.setdefault(spec[0], []).append((fn, spec, dict(kw), made))
+            for op in plan.ops:
+                (prim, params), where, _, result = op
+                if isinstance(where, int):
+                    one.setdefault(where, []).append((prim, dict(params), result))
+                else:
+                    self.many.append(op)
+        self.one = [(position, tuple(ops)) for position, ops in one.items()]
+        self.calls = [(position, tuple(found)) for position, found in calls.items()]
+
+
 class Served:
     """A dispatch for ``dispatching_through`` that finds a planned op's result among the program's outputs.
 
-    Its table is built in one pass over the observers' plans, from output positions and
-    constants fixed when the variant was traced: each key holds the ids of arrays that
-    ``outs`` (held here) or the plans keep alive while it serves.
+    Its tables are keyed by the ids of arrays that ``outs`` (held here) or the plans keep
+    alive while it serves: an op of one input by that input's id alone, then its
+    primitive and params compared; the others by (primitive, params, their inputs' ids).
     """
 
-    __slots__ = ("_outs", "_table")
+    __slots__ = ("_calls", "_many", "_one", "_outs")
 
-    def __init__(self, outs: Any, plans: list[list[Planned]]) -> None:
+    def __init__(self, outs: Any, plan: ServedPlan) -> None:
         self._outs = outs
-        self._table: dict[tuple[Any, ...], Any] = {}
-        table = self._table
-        for planned in plans:
-            for head, where, constants, result in planned:
-                key: tuple[Any, ...]
-                if isinstance(where, int):
-                    key = (*head, id(outs[where]))
-                else:
-                    key = (*head, *[id(outs[i]) if i >= 0 else id(constants[~i]) for i in where])
-                table[key] = outs[result] if type(result) is int else tuple(outs[p] for p in result)
+        self._calls = {id(outs[position]): found for position, found in plan.calls}
+        self._one = {id(outs[position]): ops for position, ops in plan.one}
+        self._many: dict[tuple[Any, ...], Any] = {}
+        for head, where, constants, result in plan.many:
+            assert not isinstance(where, int)  # one input, an output: in ``one``
+            key = (*head, *[id(outs[i]) if i >= 0 else id(constants[~i]) for i in where])
+            self._many[key] = result
 
     def __call__(self, prim: Primitive, arrays: list[Any], params: dict[str, Any]) -> Any:
-        try:
-            out = self._table.get((prim, tuple(params.items()), *map(id, arrays)))
-        except TypeError:  # params that cannot be hashed: never learned
-            out = None
-        return prim.dispatch(arrays, params) if out is None else out
+        result = None
+        if len(arrays) == 1:
+            for planned_prim, planned_params, at in self._one.get(id(arrays[0]), ()):
+                try:
+                    same = planned_prim is prim and planned_params == params
+                except (TypeError, ValueError):  # params holding arrays: never learned
+                    same = False
+                if same:
+                    result = at
+                    break
+        if result is None and self._many:
+            try:
+                result = self._many.get((prim, tuple(params.items()), *map(id, arrays)))
+            except TypeError:  # params that cannot be hashed: never learned
+                pass
+        if result is None:
+            return prim.dispatch(arrays, params)
+        outs = self._outs
+        return outs[result] if type(result) is int else tuple(outs[p] for p in result)
+
+    def op_call(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An op's front-end call (``OP_CALL``): a new Tensor of its served result if it was learned whole, else run."""
+        if args and type(args[0]) is Tensor:
+            found = self._calls.get(id(args[0]._array))
+            if found is not None:
+                for planned_fn, spec, kw, made in found:
+                    if planned_fn is fn and self._same_call(args, kwargs, spec, kw):
+                        return Tensor(self._outs[made])
+        return fn(*args, **kwargs)
+
+    def _same_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], spec: tuple[Any, ...], kw: dict[str, Any]) -> bool:
+        """Whether ``args`` and ``kwargs`` are a learned call's: its outputs' Tensors, plain values equal to its."""
+        if len(spec) != len(args) or len(kw) != len(kwargs):
+            return False
+        outs = self._outs
+        for a, where in zip(args, spec, strict=True):
+            if type(where) is int:
+                if not (type(a) is Tensor and a._array is outs[where] and a.grad_fn is None and not a._requires_grad):
+                    return False
+            elif _value_key(a) != where[1]:
+                return False
+        return not kw or all(name in kwargs and _value_key(kwargs[name]) == key for name, key in kw.items())

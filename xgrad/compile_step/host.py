@@ -117,7 +117,7 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
         outputs = [rec.output(a) for a in arrays]
         k = len(rec.observers)
         ops = rec.learned[k] if k < len(rec.learned) else None
-        planned = ops.trace(arrays, rec.output) if ops is not None and ops.fn is fn else []
+        planned = ops.trace(arrays, rec.output) if ops is not None and ops.fn is fn else None
         rec.observers.append(Observer(fn, tree, outputs, graph_task is not None, planned))
         return None
     rec.hook_calls += 1

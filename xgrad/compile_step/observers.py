@@ -6,15 +6,17 @@ NOTE [Observer hooks] in ``__init__``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from xgrad.compile_step.hook_ops import HookOps, OpLog, Served
+from xgrad.compile_step.hook_ops import HookOps, HookPlan, OpLog, Served, ServedPlan
 from xgrad.engine.node import current_task
-from xgrad.ops.dispatch import DISPATCH, dispatching_through
+from xgrad.grad_mode import enable_grad, graph_off, is_grad_enabled
+from xgrad.ops.dispatch import DISPATCH, OP_CALL, dispatching_through
 from xgrad.tensor import Tensor
 
 
@@ -72,7 +74,7 @@ class HookBox:
     observer variant; ``lock`` keeps one call of the entry at a time using them.
     """
 
-    __slots__ = ("learned", "lock", "observed", "replay")
+    __slots__ = ("learned", "lock", "observed", "plan", "replay")
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -81,6 +83,8 @@ class HookBox:
         # Per hook call of the last run of the exact program, in order: the ops it ran
         # (NOTE [Hook ops in the program]), ``None`` if none could be learned.
         self.learned: list[HookOps | None] = []
+        # The observer variant's hooks and their plans as ``Served`` reads them, made at its first call.
+        self.plan: tuple[list[Observer], ServedPlan] | None = None
 
     def call(self, graph_task: HostGraphTask | None, fn: Any, args: tuple[Any, ...], arrays: list[Any]) -> Any:
         """A hook call inside the exact program: the next outcome to replay if one waits, else the hook itself.
@@ -94,7 +98,8 @@ class HookBox:
         observed = False
         log = OpLog(fn, arrays)
         try:
-            with dispatching_through(log):
+            # In a backward, as the engine runs its hooks: no graph (a step with ``create_graph`` runs eagerly).
+            with dispatching_through(log, log.op_call), graph_off() if graph_task is not None else contextlib.nullcontext():
                 result = call_in_backward(graph_task, fn, *args)
             observed = result is None and (graph_task is None or len(graph_task.final_callbacks) == queued)
             return result
@@ -109,7 +114,7 @@ class Observer:
 
     __slots__ = ("flat", "fn", "in_backward", "outputs", "planned", "tree")
 
-    def __init__(self, fn: Any, tree: Any, outputs: list[int], in_backward: bool, planned: list[Any]) -> None:
+    def __init__(self, fn: Any, tree: Any, outputs: list[int], in_backward: bool, planned: HookPlan | None) -> None:
         self.fn = fn
         self.tree = tree
         # Its arguments are the tensors themselves, in order (a tensor hook's ``(grad,)``): no tree to rebuild.
@@ -141,19 +146,29 @@ def run_observers(observers: list[Observer], outs: Any, box: HookBox) -> bool:
     Its outcome, after the ones that observed, then waits in ``box`` for the exact program.
     """
     graph_task = HostGraphTask()  # stays empty while the hooks observe: one serves them all
-    served = Served(outs, [observer.planned for observer in observers])
+    if box.plan is None or box.plan[0] is not observers:
+        box.plan = (observers, ServedPlan([observer.planned for observer in observers]))
+    served = Served(outs, box.plan[1])
     previous = current_task.graph_task
+    grad_was_on = is_grad_enabled()
     token = DISPATCH.set(served)  # ``dispatching_through``, set once for all the hooks
+    call_token = OP_CALL.set(served.op_call)
     try:
-        for k, observer in enumerate(observers):
-            # As ``call_in_backward`` would, switched only where a hook runs outside a backward.
-            current_task.graph_task = graph_task if observer.in_backward else None
-            outcome = observer.run(outs, graph_task)
-            if outcome is not None:
-                box.replay.extend([_OBSERVED] * k)
-                box.replay.append(outcome)
-                return False
+        with graph_off():  # in a backward, as the engine runs its hooks: no graph
+            for k, observer in enumerate(observers):
+                # As ``call_in_backward`` would, switched only where a hook runs outside a backward.
+                current_task.graph_task = graph_task if observer.in_backward else None
+                if observer.in_backward or not grad_was_on:
+                    outcome = observer.run(outs, graph_task)
+                else:
+                    with enable_grad():
+                        outcome = observer.run(outs, graph_task)
+                if outcome is not None:
+                    box.replay.extend([_OBSERVED] * k)
+                    box.replay.append(outcome)
+                    return False
     finally:
+        OP_CALL.reset(call_token)
         DISPATCH.reset(token)
         current_task.graph_task = previous
     return True

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from xgrad.ops.dispatch import OP_CALL
 from xgrad.tensor import Tensor
 
 __all__ = ["AUTOCAST", "POLICIES", "autocast_key", "autocast_op", "device_type_of"]
@@ -140,7 +141,8 @@ def autocast_op(fn: Callable[..., Any]) -> Callable[..., Any]:
     def under_autocast(*args: Any, **kwargs: Any) -> Any:
         state = AUTOCAST.get()
         if not state:
-            return fn(*args, **kwargs)
+            op_call = OP_CALL.get()  # NOTE [Dispatch seam] in xgrad/ops/dispatch.py
+            return fn(*args, **kwargs) if op_call is None else op_call(fn, args, kwargs)
         args, kwargs = _cast_arguments(name, state, args, kwargs)
         token = AUTOCAST.set(_OFF)  # the ops ``fn`` is built of are not cast again
         try:
