@@ -319,68 +319,100 @@ def function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
     """``node``'s backward on ``grads`` as an ordered host call of the program (NOTE [Functions in a compiled step]).
 
     ``None`` for a backward the step traces in: one marked ``pure_hook`` or one of xgrad's own.
-    On the host the node itself runs, as the engine runs it: ``ctx.saved_tensors`` unpacks at
-    each access (unpack hooks, version checks, the unpacked tensors' place in the graph), its
-    saved values and the ctx's own tensors holding this call's concrete values meanwhile.
     """
     function = node.function
     if function._traced_in_step or traced_function(function):
         return None
-    name = node.name()
     if is_grad_enabled():  # create_graph: the engine runs backwards in grad mode only then
-        raise NotCompilable(FALLBACK_CREATE_GRAPH.format(name=name), call_site())
+        raise NotCompilable(FALLBACK_CREATE_GRAPH.format(name=node.name()), call_site())
     if node.saved is None:
         node.unpack_saved()  # eager's error for a freed graph
-    ctx = node.ctx
-    saved = [None if s is None else _HostSaved(node, s) for s in node.saved or ()]
-    attrs = {k: v for k, v in vars(ctx).items() if k not in _CTX_OWN}
-    attr_leaves, attr_tree = jax.tree_util.tree_flatten(attrs, is_leaf=is_tensor)
-    traced_attrs = [i for i, leaf in enumerate(attr_leaves) if _traced(leaf)]
-    # Tensors that hold a traced value now: the call's concrete value stands in while the node runs.
-    swapped = [t for t in {id(t): t for h in saved if h is not None for t in h.tensors}.values()]
-    swapped += [leaf for leaf in attr_leaves if isinstance(leaf, Tensor) and _traced(leaf._array)]
-    arrays = [*(t._array for t in swapped), *(a for h in saved if h is not None for a in h.arrays()),
-              *(array_of(attr_leaves[i]) for i in traced_attrs), *(array_of(g) for g in grads if g is not None)]
-    for i in traced_attrs:  # the program keeps ``host``: not the tracers
-        attr_leaves[i] = None
-    # Where each gradient goes: the metadata its value must fit (``None``: nowhere, dropped as eager drops it).
-    into = [None if n is None else InputMetadata(*n.input_metadata[nr][:2], None) for n, nr in node.next_edges]
-    edges = [Edge(None if m is None else _Into(m), 0) for m in into]  # type: ignore[arg-type]
-    metas = [m for m in into if m is not None]
-    graph_task = _host_graph_task()
-    state = [weakref.ref(t) for t in _state_owners() if id(t) not in {id(s) for s in swapped}]
+    call = _FunctionOnHost(node, grads)
+    shapes = [jax.ShapeDtypeStruct(m.shape, m.dtype) for m in call.into if m is not None]
+    outs = iter(_on_host(lambda **kw: call_on_host(call.run, call.arrays, shapes, **kw), call.graph_task)[0])
+    return [None if m is None else Tensor(next(outs)) for m in call.into]
 
-    def host(*concrete: Any) -> Any:
+
+class _FunctionOnHost:
+    """A Function's backward run on the host: what it takes from the trace, and its run there.
+
+    The node itself runs, as the engine runs it: ``ctx.saved_tensors`` unpacks at each access
+    (unpack hooks, version checks, the unpacked tensors' place in the graph) from copies of
+    its saved tensors; they, the tensors they reach and the ctx's own tensors hold the call's
+    values while it runs.
+    """
+
+    __slots__ = ("arrays", "attr_leaves", "attr_names", "attr_tree", "edges", "graph_task", "has_grad", "into", "node",
+                 "saved", "state", "swapped", "traced_attrs")
+
+    def __init__(self, node: FunctionNode, grads: list[Any]) -> None:
+        self.node = node
+        self.saved = [None if s is None else _HostSaved(node, s) for s in node.saved or ()]
+        attrs = {k: v for k, v in vars(node.ctx).items() if k not in _CTX_OWN}
+        self.attr_names = tuple(attrs)
+        leaves, self.attr_tree = jax.tree_util.tree_flatten(attrs, is_leaf=is_tensor)
+        self.traced_attrs = [i for i, leaf in enumerate(leaves) if _traced(leaf)]
+        saved = [h for h in self.saved if h is not None]
+        # Tensors that hold a traced value now: the call's concrete value stands in while the node runs.
+        held = {id(t): t for h in saved for t in h.tensors}
+        held.update((id(leaf), leaf) for leaf in leaves if isinstance(leaf, Tensor) and _traced(leaf._array))
+        self.swapped = list(held.values())
+        traced_attrs = [array_of(leaves[i]) for i in self.traced_attrs]
+        for i in self.traced_attrs:  # the program keeps ``run``: not the tracers
+            leaves[i] = None
+        self.attr_leaves = leaves
+        self.has_grad = [g is not None for g in grads]
+        self.arrays = [*(t._array for t in self.swapped), *(a for h in saved for a in h.arrays()), *traced_attrs,
+                       *(array_of(g) for g in grads if g is not None)]
+        # Where each gradient goes: the metadata its value must fit (``None``: nowhere, dropped as eager drops it).
+        self.into = [None if n is None else InputMetadata(*n.input_metadata[nr][:2], None) for n, nr in node.next_edges]
+        self.edges = [Edge(None if m is None else _Into(m), 0) for m in self.into]  # type: ignore[arg-type]
+        self.graph_task = _host_graph_task()
+        self.state = [weakref.ref(t) for t in _state_owners() if id(t) not in held]
+
+    def run(self, *concrete: Any) -> list[Any]:
+        """On the host: the node's backward on the call's values; the arrays of the gradients that flow on."""
         values = iter(concrete)
-        held = [(next(values), None) for _ in swapped]
-        copies = [None if h is None else h.copy(values) for h in saved]
-        leaves = list(attr_leaves)
-        for i in traced_attrs:
+        held = [(next(values), None) for _ in self.swapped]
+        copies = [None if h is None else h.copy(values) for h in self.saved]
+        attrs = self._attrs(values)
+        grads = [Tensor(next(values)) if has else None for has in self.has_grad]
+        state = [t for t in (ref() for ref in self.state) if t is not None]
+        with swapped_state([*self.swapped, *state], [*held, *(None for _ in state)]) as changed:
+            results = self._compute(copies, attrs, grads)
+        name = self.node.name()
+        if changed:
+            raise RuntimeError(ERR_STATE_FROM_HOST.format(name=name, shape=list(changed[0].shape)))
+        validate_outputs(self.edges, results, name)
+        pairs = list(zip(results, self.into, strict=True))
+        missing = next((i for i, (g, m) in enumerate(pairs) if g is None and m is not None), None)
+        if missing is not None:
+            raise RuntimeError(ERR_NO_GRAD_FROM_HOST.format(name=name, i=missing))
+        return [g._array for g, m in pairs if m is not None]
+
+    def _attrs(self, values: Iterator[Any]) -> Any:
+        """The ctx's own attributes with the call's values, or ``None`` where none holds a traced one."""
+        if not self.traced_attrs:
+            return None
+        leaves = list(self.attr_leaves)
+        for i in self.traced_attrs:
             leaves[i] = next(values)
-        host_grads = [None if g is None else Tensor(next(values)) for g in grads]
-        tensors = [t for t in (ref() for ref in state) if t is not None]
-        own_saved, own_attrs, own_node = node.saved, {k: getattr(ctx, k) for k in attrs}, ctx._node
+        return jax.tree_util.tree_unflatten(self.attr_tree, leaves)
+
+    def _compute(self, copies: list[SavedTensor | None], attrs: Any, grads: list[Tensor | None]) -> list[Any]:
+        """The node's ``compute`` with ``copies`` as its saved tensors and ``attrs`` on its ctx; both its own after."""
+        node = self.node
+        ctx = node.ctx
+        own_saved, own_node, own_attrs = node.saved, ctx._node, {k: getattr(ctx, k) for k in self.attr_names}
+        node.saved, ctx._node = copies, node  # the engine's ctx reaches its saved tensors through its node
+        if attrs is not None:
+            vars(ctx).update(attrs)
         try:
-            with swapped_state([*swapped, *tensors], [*held, *(None for _ in tensors)]) as changed, no_grad():
-                node.saved = copies
-                if traced_attrs:
-                    vars(ctx).update(jax.tree_util.tree_unflatten(attr_tree, leaves))
-                ctx._node = node  # the engine's ctx reaches its saved tensors through its node
-                results = call_in_backward(graph_task, node.compute, host_grads, UNPACK_ON_ACCESS)
+            with no_grad():  # as the engine runs a backward without create_graph
+                return call_in_backward(self.graph_task, node.compute, grads, UNPACK_ON_ACCESS)
         finally:
             node.saved, ctx._node = own_saved, own_node
             vars(ctx).update(own_attrs)
-        if changed:
-            raise RuntimeError(ERR_STATE_FROM_HOST.format(name=name, shape=list(changed[0].shape)))
-        validate_outputs(edges, results, name)
-        missing = next((i for i, (g, m) in enumerate(zip(results, into, strict=True)) if g is None and m is not None), None)
-        if missing is not None:
-            raise RuntimeError(ERR_NO_GRAD_FROM_HOST.format(name=name, i=missing))
-        return [g._array for g, m in zip(results, into, strict=True) if m is not None]
-
-    shapes = [jax.ShapeDtypeStruct(m.shape, m.dtype) for m in metas]
-    outs = iter(_on_host(lambda **kw: call_on_host(host, arrays, shapes, **kw), graph_task)[0])
-    return [None if m is None else Tensor(next(outs)) for m in into]
 
 
 def _traced(value: Any) -> bool:
