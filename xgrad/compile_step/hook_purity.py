@@ -208,7 +208,6 @@ class Reads:
         self._value(value, depth)
 
     def _value(self, value: Any, depth: int) -> None:
-        from xgrad.nn import Module
 
         if isinstance(value, (_SCALARS, Tensor)) or value is _MISSING or id(value) in self._seen:
             return  # immutable, or state the step itself reads and writes back
@@ -240,6 +239,12 @@ class Reads:
             return  # library code, or an array library's own object
         if isinstance(value, threading.local):
             return  # per-thread bookkeeping (the running backward's task): what a trace sees of it is not the call's
+        self._attributes(value, depth)
+
+    def _attributes(self, value: Any, depth: int) -> None:
+        """The attributes of an object ``value`` that the code names, from its classes' namespaces and its own."""
+        from xgrad.nn import Module
+
         # The attributes the code names, set or not (one set later shadows its class's): its classes' first,
         # whose properties add the names their getters read, then its own.
         classes = [] if isinstance(value, type) else [c for c in type(value).__mro__ if not _trusted(c)]

@@ -362,11 +362,10 @@ class _FunctionOnHost:
             leaves[i] = None
         self.attr_leaves = leaves
         self.has_grad = [g is not None for g in grads]
-        self.arrays = [*(t._array for t in self.swapped), *(a for h in saved for a in h.arrays()), *traced_attrs,
-                       *(array_of(g) for g in grads if g is not None)]
+        self.arrays = [*(t._array for t in self.swapped), *_saved_arrays(saved), *traced_attrs, *_grad_arrays(grads)]
         # Where each gradient goes: the metadata its value must fit (``None``: nowhere, dropped as eager drops it).
         self.into = [None if n is None else InputMetadata(*n.input_metadata[nr][:2], None) for n, nr in node.next_edges]
-        self.edges = [Edge(None if m is None else _Into(m), 0) for m in self.into]  # type: ignore[arg-type]
+        self.edges = _edges_into(self.into)
         self.graph_task = _host_graph_task()
         self.state = [weakref.ref(t) for t in _state_owners() if id(t) not in held]
 
@@ -417,6 +416,19 @@ class _FunctionOnHost:
 
 def _traced(value: Any) -> bool:
     return isinstance(value, jax.core.Tracer)
+
+
+def _saved_arrays(saved: list[_HostSaved]) -> list[Any]:
+    return [a for h in saved for a in h.arrays()]
+
+
+def _grad_arrays(grads: list[Any]) -> list[Any]:
+    return [array_of(g) for g in grads if g is not None]
+
+
+def _edges_into(into: list[InputMetadata | None]) -> list[Edge]:
+    """Edges that ``validate_outputs`` checks gradients against: into ``into``'s metadata, or nowhere."""
+    return [Edge(None if m is None else _Into(m), 0) for m in into]  # type: ignore[arg-type]
 
 
 class _HostSaved:

@@ -253,54 +253,7 @@ class CompiledFunction:
     # -- hit path ----------------------------------------------------------------------
     @staticmethod
     def _guards_hold(entry: Entry, leaves: list[Any]) -> bool:
-        # ``guard`` inlined, plain state apart: it runs every step, once per state tensor.
-        for guard in entry.plain_guards:
-            t = guard[0]()
-            if (
-                t is None or t.grad_fn is not None or t._requires_grad != guard[4] or t._backward_hooks
-                or t._post_accumulate_grad_hooks
-            ):
-                return False
-            found_aval = t._array.aval
-            if found_aval is not guard[1] and not same_shape(guard, found_aval):
-                return False
-        for guard in entry.guards:
-            ref, _, _, _, grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks = guard
-            t = ref()
-            if t is None or t.grad_fn is not grad_fn or t._requires_grad != requires_grad:
-                return False
-            if grad_read:
-                g = t._grad
-                if (None if g is None else g._array.shape) != grad_shape:
-                    return False
-            found = t._backward_hooks
-            if (tuple(found) if found else ()) != hooks:
-                return False
-            found = t._post_accumulate_grad_hooks
-            if (tuple(found) if found else ()) != post_hooks:
-                return False
-            found_aval = t._array.aval
-            if found_aval is not guard[1] and not same_shape(guard, found_aval):
-                return False
-        if entry.hook_reads and not reads_hold(entry.hook_reads):  # NOTE [Hooks traced in]
-            return False
-        for ref, training in entry.modes:
-            module = ref()
-            if module is not None and module.training != training:
-                return False
-        for refs in entry.aliased:  # the tensors that shared one array when traced still do
-            if type(refs) is tuple:  # tensors held by weak references
-                first = refs[0]()
-                array = None if first is None else first._array
-                for ref in refs:
-                    t = ref()
-                    if t is None or t._array is not array:
-                        return False
-            else:
-                values = [source_value(s, leaves) for s in refs]
-                if any(v is not values[0] for v in values[1:]):
-                    return False
-        return True
+        return _plain_guards_hold(entry) and _guards_with_history_hold(entry) and _modes_and_aliases_hold(entry, leaves)
 
     def _run(self, entry: Entry, leaves: list[Any], tree: Any) -> Any:
         box = entry.hook_box
@@ -373,6 +326,19 @@ class CompiledFunction:
         recorder.input_device = next((leaf.device for leaf in leaves if isinstance(leaf, Tensor)), None)
         dyn_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array, np.ndarray))]
         dyn_values = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in dyn_slots]
+        closed, found = self._trace(recorder, leaves, tree, dyn_slots, dyn_values)
+        if recorder.effects_need_program():
+            return self._compile(leaves, tree, observing, effects_in_program=True)
+        entry = _built_entry(recorder, closed, found["layout"], leaves, dyn_slots, dyn_values)
+        self._stats["variants" if recorder.observing else "compiles"] += 1
+        self._stats["compile_seconds"] += time.perf_counter() - start
+        return entry
+
+    def _trace(
+        self, recorder: StepRecorder, leaves: list[Any], tree: Any, dyn_slots: list[int], dyn_values: list[Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        """``fn`` traced on the call's leaves, its arrays replaced by tracers: its jaxpr, and what
+        ``collect_outputs`` found (``found["layout"]``). Nothing of a failed trace stays."""
         found: dict[str, Any] = {}
         fn = self.fn
 
@@ -427,64 +393,137 @@ class CompiledFunction:
                 kept = remove_added_hooks(recorder)
             if kept is not None:
                 raise NotCompilable(HOOK_KEPT, kept)
-        if recorder.effects_need_program():
-            return self._compile(leaves, tree, observing, effects_in_program=True)
-        entry = Entry()
-        entry.arg_tensor_slots = tuple(dyn_slots)
-        entry.n_dyn_args = len(dyn_slots)
-        (entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags,
-         entry.host_checks) = found["layout"]
-        entry.fast_writes = sort_writes(entry.writes)
-        entry.effects = recorder.effects
-        entry.other = None
-        guards = [guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
-        entry.plain_guards = [guard for guard in guards if len(guard) == 5]
-        entry.guards = [guard for guard in guards if len(guard) > 5]
-        entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]
-        entry.hook_reads = recorder.hook_reads
-        entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
-        consts: list[tuple[str, Any]] = []
-        for c in closed.consts:
-            live = [s for s in recorder.sources.get(id(c), ()) if resolve_target(s, leaves) is not None]
-            consts.append(("state", live) if live else ("const", c))
-        entry.consts = consts
-        entry.aliased = [
-            tuple(refs) if all(type(s) is weakref.ref for s in refs) else refs
-            for kind, refs in consts if kind != "const" and len(refs) > 1
-        ]
-        entry.inputs = [
-            (0, refs) if kind == "const" else (1, refs[0]) if type(refs[0]) is weakref.ref else (2, refs[0]) for kind, refs in consts
-        ]
-        jaxpr = closed.jaxpr
-        program = jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(constvars=[], invars=[*jaxpr.constvars, *jaxpr.invars]), []))
-        sources = [refs[0] if kind == "state" and len(refs) == 1 else None for kind, refs in consts]
-        sources += [i if isinstance(leaves[i], Tensor) else None for i in dyn_slots]
-        entry.has_host_calls = bool(closed.effects)
-        entry.precheck = None if recorder.observing else precheck(entry, program, [*jaxpr.constvars, *jaxpr.invars], jaxpr)
-        entry.donated, entry.dropped_grads = ((), ()) if recorder.observing or entry.has_host_calls else donation(
-            entry.writes, () if entry.precheck is not None else entry.checks, sources,
-            [v.aval for v in (*jaxpr.constvars, *jaxpr.invars)], closed.out_avals,
-        )
-        entry.donated_outputs = tuple(index for _, _, _, index in entry.donated)
-        entry.check_first = check_first(entry)
-        entry.jitted, entry.in_order = donating_program(program, entry.donated, len(closed.out_avals))
-        entry.fresh = []
-        entry.observers = recorder.observers
-        entry.observing = None
-        # Hooks that may only observe, and no other host call but final callbacks they would queue: an
-        # observer variant may run instead (NOTE [Observer hooks]).
-        only_hooks = 0 < recorder.hook_calls == recorder.host_calls - recorder.conditional_calls
-        entry.hook_box = recorder.hook_box if only_hooks else None
-        traced_program = entry.jitted.trace(
-            *[refs if kind == "const" else source_value(refs[0], leaves) for kind, refs in consts], *dyn_values
-        )
-        # An output that is an input of the jitted program is that input's array itself, no buffer of its own.
-        run_jaxpr = traced_program.jaxpr.jaxpr
-        entry.tracks_fresh = bool(entry.donated) and not set(run_jaxpr.invars).intersection(run_jaxpr.outvars)
-        traced_program.lower().compile()
-        self._stats["variants" if recorder.observing else "compiles"] += 1
-        self._stats["compile_seconds"] += time.perf_counter() - start
-        return entry
+        return closed, found
+
+
+def _plain_guards_hold(entry: Entry) -> bool:
+    """The guards of state without hooks whose ``.grad`` the trace did not read (NOTE [The hit path])."""
+    # ``guard`` inlined, plain state apart: it runs every step, once per state tensor.
+    for guard in entry.plain_guards:
+        t = guard[0]()
+        if (
+            t is None or t.grad_fn is not None or t._requires_grad != guard[4] or t._backward_hooks
+            or t._post_accumulate_grad_hooks
+        ):
+            return False
+        found_aval = t._array.aval
+        if found_aval is not guard[1] and not same_shape(guard, found_aval):
+            return False
+    return True
+
+
+def _guards_with_history_hold(entry: Entry) -> bool:
+    """The other guards: history, the ``.grad`` read, hooks."""
+    for guard in entry.guards:
+        ref, _, _, _, grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks = guard
+        t = ref()
+        if t is None or t.grad_fn is not grad_fn or t._requires_grad != requires_grad:
+            return False
+        if grad_read:
+            g = t._grad
+            if (None if g is None else g._array.shape) != grad_shape:
+                return False
+        found = t._backward_hooks
+        if (tuple(found) if found else ()) != hooks:
+            return False
+        found = t._post_accumulate_grad_hooks
+        if (tuple(found) if found else ()) != post_hooks:
+            return False
+        found_aval = t._array.aval
+        if found_aval is not guard[1] and not same_shape(guard, found_aval):
+            return False
+    return True
+
+
+def _modes_and_aliases_hold(entry: Entry, leaves: list[Any]) -> bool:
+    """What traced-in hooks read, the modules' training modes, and the tensors that shared one array when traced."""
+    if entry.hook_reads and not reads_hold(entry.hook_reads):  # NOTE [Hooks traced in]
+        return False
+    for ref, training in entry.modes:
+        module = ref()
+        if module is not None and module.training != training:
+            return False
+    for refs in entry.aliased:  # the tensors that shared one array when traced still do
+        if type(refs) is tuple:  # tensors held by weak references
+            first = refs[0]()
+            array = None if first is None else first._array
+            for ref in refs:
+                t = ref()
+                if t is None or t._array is not array:
+                    return False
+        else:
+            values = [source_value(s, leaves) for s in refs]
+            if any(v is not values[0] for v in values[1:]):
+                return False
+    return True
+
+
+def _built_entry(
+    recorder: StepRecorder, closed: Any, layout: Any, leaves: list[Any], dyn_slots: list[int], dyn_values: list[Any]
+) -> Entry:
+    """The cache entry of a traced step: its guards, inputs, donation and compiled program."""
+    entry = Entry()
+    entry.arg_tensor_slots = tuple(dyn_slots)
+    entry.n_dyn_args = len(dyn_slots)
+    (entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags,
+     entry.host_checks) = layout
+    entry.fast_writes = sort_writes(entry.writes)
+    entry.effects = recorder.effects
+    entry.other = None
+    guards = [guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
+    entry.plain_guards = [guard for guard in guards if len(guard) == 5]
+    entry.guards = [guard for guard in guards if len(guard) > 5]
+    entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]
+    entry.hook_reads = recorder.hook_reads
+    entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
+    consts: list[tuple[str, Any]] = []
+    for c in closed.consts:
+        live = [s for s in recorder.sources.get(id(c), ()) if resolve_target(s, leaves) is not None]
+        consts.append(("state", live) if live else ("const", c))
+    entry.consts = consts
+    entry.aliased = [
+        tuple(refs) if all(type(s) is weakref.ref for s in refs) else refs
+        for kind, refs in consts if kind != "const" and len(refs) > 1
+    ]
+    entry.inputs = [
+        (0, refs) if kind == "const" else (1, refs[0]) if type(refs[0]) is weakref.ref else (2, refs[0]) for kind, refs in consts
+    ]
+    _compile_program(entry, recorder, closed, leaves, dyn_slots, dyn_values)
+    return entry
+
+
+def _compile_program(
+    entry: Entry, recorder: StepRecorder, closed: Any, leaves: list[Any], dyn_slots: list[int], dyn_values: list[Any]
+) -> None:
+    """``entry``'s program: what it donates, its checks made first, jitted and compiled for the call's values."""
+    consts = entry.consts
+    jaxpr = closed.jaxpr
+    program = jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(constvars=[], invars=[*jaxpr.constvars, *jaxpr.invars]), []))
+    sources = [refs[0] if kind == "state" and len(refs) == 1 else None for kind, refs in consts]
+    sources += [i if isinstance(leaves[i], Tensor) else None for i in dyn_slots]
+    entry.has_host_calls = bool(closed.effects)
+    entry.precheck = None if recorder.observing else precheck(entry, program, [*jaxpr.constvars, *jaxpr.invars], jaxpr)
+    entry.donated, entry.dropped_grads = ((), ()) if recorder.observing or entry.has_host_calls else donation(
+        entry.writes, () if entry.precheck is not None else entry.checks, sources,
+        [v.aval for v in (*jaxpr.constvars, *jaxpr.invars)], closed.out_avals,
+    )
+    entry.donated_outputs = tuple(index for _, _, _, index in entry.donated)
+    entry.check_first = check_first(entry)
+    entry.jitted, entry.in_order = donating_program(program, entry.donated, len(closed.out_avals))
+    entry.fresh = []
+    entry.observers = recorder.observers
+    entry.observing = None
+    # Hooks that may only observe, and no other host call but final callbacks they would queue: an
+    # observer variant may run instead (NOTE [Observer hooks]).
+    only_hooks = 0 < recorder.hook_calls == recorder.host_calls - recorder.conditional_calls
+    entry.hook_box = recorder.hook_box if only_hooks else None
+    traced_program = entry.jitted.trace(
+        *[refs if kind == "const" else source_value(refs[0], leaves) for kind, refs in consts], *dyn_values
+    )
+    # An output that is an input of the jitted program is that input's array itself, no buffer of its own.
+    run_jaxpr = traced_program.jaxpr.jaxpr
+    entry.tracks_fresh = bool(entry.donated) and not set(run_jaxpr.invars).intersection(run_jaxpr.outvars)
+    traced_program.lower().compile()
 
 
 def compile(
