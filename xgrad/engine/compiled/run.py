@@ -76,13 +76,8 @@ def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], c
     leaves = [nodes[s.pos].variable for s in segment.leaf_steps]  # type: ignore[attr-defined]
     root_tensors = roots if segment.first else []
     trace = step_trace.current()
-    if trace is not None:  # a step being traced finds the leaves and their grads here (NOTE [The step-trace seam])
-        for t in [*leaves, *live_leaves, *root_tensors]:
-            trace.read(t)
-        for v in leaves:
-            trace.grad_read(v)
-            if v._grad is not None:
-                trace.read(v._grad)
+    if trace is not None:
+        _show_trace(trace, leaves, [*live_leaves, *root_tensors])
     # Read, add and write .grad under eager's accumulate lock: concurrent backwards into
     # shared leaves stay exact. The program is dispatched asynchronously, so the lock is
     # held for the dispatch, not the computation.
@@ -114,6 +109,16 @@ def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], c
     if passing:  # what went by this chunk goes on to the next (NOTE [Chunks])
         live.update(passing)
     return live, grads, captures, retained
+
+
+def _show_trace(trace: Any, leaves: list[Tensor], tensors: list[Tensor]) -> None:
+    """A step being traced finds the leaves, their grads and the tensors read here (NOTE [The step-trace seam])."""
+    for t in [*leaves, *tensors]:
+        trace.read(t)
+    for v in leaves:
+        trace.grad_read(v)
+        if v._grad is not None:
+            trace.read(v._grad)
 
 
 def _write_grad(var: Tensor, grad: Tensor, variant: Variant, trace: Any, create_graph: bool, on_tensors: bool) -> None:
