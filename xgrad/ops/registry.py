@@ -400,8 +400,8 @@ ERR_DEVICES = "Expected all tensors to be on the same device, but found at least
 # each array's sharding read and compared in Python, since jit's outputs on one device
 # carry distinct (equal) sharding objects, about 1.5 µs for a ``mul`` of two tensors. A
 # process whose backends hold one device in all (JAX on the CPU alone) cannot mix devices,
-# so it skips the check; the count is read once, at the first op of several tensors
-# (every backend is running by then: the tensors' arrays exist).
+# so it skips the check (and counts no tensors); the count is read once, at the first op
+# of a tensor (every backend is running by then: the tensor's array exists).
 _several_devices: bool | None = None
 
 
@@ -505,11 +505,9 @@ def bind(
     missing = False  # a leaf whose AccumulateGrad is made with the node (grad mode may be off)
     scalars = False
     first = None  # the first tensor argument; the others are found again where needed
-    n_tensors = 0
     for a in args:
         if isinstance(a, Tensor):
             arrays.append(a._array)
-            n_tensors += 1
             if first is None:
                 first = a
             fn = a.grad_fn
@@ -544,8 +542,10 @@ def bind(
             for a in args:
                 if isinstance(a, Tensor):
                     trace.read(a)
-        if n_tensors > 1 and (_several_devices if _several_devices is not None else _count_devices()):
-            _check_same_devices(args, [a for a in args if isinstance(a, Tensor)], arrays)  # NOTE [One device, no device check]
+        if first is not None and (_several_devices if _several_devices is not None else _count_devices()):
+            tensors = [a for a in args if isinstance(a, Tensor)]  # NOTE [One device, no device check]
+            if len(tensors) > 1:
+                _check_same_devices(args, tensors, arrays)
         if scalars and prim.jit and first is not None and not isinstance(first._array, _Tracer):  # NOTE [Scalar constants]
             arrays = [device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
         dispatch = DISPATCH.get()  # NOTE [Dispatch seam] in xgrad/ops/dispatch.py
