@@ -179,6 +179,24 @@ def test_autocast_wrapper_takes_the_ops_own_parameters():
         xgrad.baddbmm(t(c), t(b1), t(b2), beta=0.5, alpha=2.0).numpy(), 0.5 * c + 2.0 * (b1 @ b2), rtol=1e-12)
 
 
+def test_autocast_wrapper_of_every_kind_of_parameter():
+    """Positional-only, defaults, ``*args``, keyword-only and ``**kwargs`` reach the op as they came; a
+    parameter that would hide one of the wrapper's names is refused when the op is defined."""
+    import inspect
+
+    from xgrad.ops.autocast import autocast_op
+
+    def op(a, /, b, c=2, *rest, d, e=5, **extra):
+        return a, b, c, rest, d, e, extra
+
+    wrapped = autocast_op(op)
+    assert inspect.signature(wrapped, follow_wrapped=False) == inspect.signature(op)
+    assert wrapped(1, 2, 3, 4, d=6, z=7) == op(1, 2, 3, 4, d=6, z=7) == (1, 2, 3, (4,), 6, 5, {"z": 7})
+    assert wrapped(1, b=2, d=3) == (1, 2, 2, (), 3, 5, {})
+    with pytest.raises(TypeError, match="_fn"):
+        autocast_op(lambda x, _fn=None: x)
+
+
 def test_a_leafs_accumulator_is_made_only_when_an_op_is_recorded():
     """``bind`` reads a leaf's ``AccumulateGrad`` in its one pass but makes a missing one only for a node:
     under ``no_grad`` none is made; recorded, the edge leads to the one ``grad_accumulator`` gives, and

@@ -145,6 +145,7 @@ def _cast_arguments(
 # positionally, the others by name, defaults included), which autocast's policies and
 # ``OP_CALL`` read.
 _PARAMETER = inspect.Parameter
+_WRAPPER_NAMES = frozenset({"_AUTOCAST", "_OP_CALL", "_fn", "_cast_and_call"})
 
 
 def _signature_source(fn: Callable[..., Any]) -> tuple[str, str, str, str, dict[str, Any]]:
@@ -152,10 +153,13 @@ def _signature_source(fn: Callable[..., Any]) -> tuple[str, str, str, str, dict[
     params, call, packed_args, packed_kwargs = [], [], [], []
     defaults: dict[str, Any] = {}
     positional_only = False
-    before_varargs = any(p.kind is _PARAMETER.VAR_POSITIONAL for p in inspect.signature(fn).parameters.values())
+    parameters = inspect.signature(fn).parameters.values()
+    before_varargs = any(p.kind is _PARAMETER.VAR_POSITIONAL for p in parameters)
     keyword_only_marked = False
-    for p in inspect.signature(fn).parameters.values():
+    for p in parameters:
         name, kind = p.name, p.kind
+        if name in _WRAPPER_NAMES or name.startswith("_default_"):
+            raise TypeError(f"autocast_op: {fn.__name__}'s parameter {name!r} would hide a name its wrapper uses")
         default = ""
         if p.default is not _PARAMETER.empty:
             defaults[f"_default_{name}"] = p.default
@@ -199,7 +203,7 @@ def autocast_op(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` with autocast's cast of its arguments, by its name's policy (NOTE [Autocast policies])."""
     name = fn.__name__
 
-    def under_autocast(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def cast_and_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         state = AUTOCAST.get()
         if not state:
             op_call = OP_CALL.get()  # NOTE [Dispatch seam] in xgrad/ops/dispatch.py
@@ -214,11 +218,11 @@ def autocast_op(fn: Callable[..., Any]) -> Callable[..., Any]:
     params, call, packed_args, packed_kwargs, defaults = _signature_source(fn)
     # NOTE [Autocast's wrapper keeps the op's signature]
     source = (
-        f"def {name}({params}):\n"
+        f"def under_autocast({params}):\n"
         f"    if not _AUTOCAST.get() and _OP_CALL.get() is None:\n"
         f"        return _fn({call})\n"
-        f"    return _under_autocast({packed_args}, {packed_kwargs})\n"
+        f"    return _cast_and_call({packed_args}, {packed_kwargs})\n"
     )
-    namespace = {"_AUTOCAST": AUTOCAST, "_OP_CALL": OP_CALL, "_fn": fn, "_under_autocast": under_autocast, **defaults}
+    namespace = {"_AUTOCAST": AUTOCAST, "_OP_CALL": OP_CALL, "_fn": fn, "_cast_and_call": cast_and_call, **defaults}
     exec(compile(source, f"<autocast_op {name}>", "exec"), namespace)  # the source is built from fn's signature alone
-    return functools.wraps(fn)(namespace[name])
+    return functools.wraps(fn)(namespace["under_autocast"])
