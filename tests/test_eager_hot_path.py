@@ -155,3 +155,62 @@ def test_inputs_no_needed_rule_reads_are_dropped_and_grads_match_jax(mode):
     (second,) = xgrad.autograd.grad(first.sum(), [tw])
     want = jax.grad(lambda w: jnp.sum(jax.grad(_linear_loss, argnums=2)(x, w, b)))(w)
     np.testing.assert_allclose(second.detach().numpy(), want, rtol=1e-12)
+
+
+def test_autocast_wrapper_takes_the_ops_own_parameters():
+    """A listed op's autocast wrapper has the op's parameters (no ``*args, **kwargs`` to pack), keeps
+    ``__wrapped__``, and passes calls on as they came, by position or keyword: NumPy's results."""
+    import inspect
+
+    def parameters(fn):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn, follow_wrapped=False).parameters.values()]
+
+    for op in (xgrad.linear, xgrad.sum, xgrad.einsum, xgrad.baddbmm):
+        assert op.__wrapped__ is not op and parameters(op) == parameters(op.__wrapped__)
+    rng = np.random.default_rng(5)
+    x, w, b = (rng.standard_normal(s) for s in ((2, 4), (3, 4), (3,)))
+    b1, b2, c = (rng.standard_normal(s) for s in ((2, 2, 3), (2, 3, 4), (2, 2, 4)))
+    t = xgrad.tensor
+    np.testing.assert_allclose(xgrad.linear(t(x), weight=t(w), bias=t(b)).numpy(), x @ w.T + b, rtol=1e-12)
+    np.testing.assert_allclose(xgrad.linear(t(x), t(w)).numpy(), x @ w.T, rtol=1e-12)
+    np.testing.assert_allclose(xgrad.sum(t(x), 1, keepdim=True).numpy(), x.sum(1, keepdims=True), rtol=1e-12)
+    np.testing.assert_allclose(xgrad.einsum("ij,kj->ik", t(x), t(w)).numpy(), x @ w.T, rtol=1e-12)
+    np.testing.assert_allclose(
+        xgrad.baddbmm(t(c), t(b1), t(b2), beta=0.5, alpha=2.0).numpy(), 0.5 * c + 2.0 * (b1 @ b2), rtol=1e-12)
+
+
+def test_autocast_wrapper_of_every_kind_of_parameter():
+    """Positional-only, defaults, ``*args``, keyword-only and ``**kwargs`` reach the op as they came; a
+    parameter that would hide one of the wrapper's names is refused when the op is defined."""
+    import inspect
+
+    from xgrad.ops.autocast import autocast_op
+
+    def op(a, /, b, c=2, *rest, d, e=5, **extra):
+        return a, b, c, rest, d, e, extra
+
+    wrapped = autocast_op(op)
+    assert inspect.signature(wrapped, follow_wrapped=False) == inspect.signature(op)
+    assert wrapped(1, 2, 3, 4, d=6, z=7) == op(1, 2, 3, 4, d=6, z=7) == (1, 2, 3, (4,), 6, 5, {"z": 7})
+    assert wrapped(1, b=2, d=3) == (1, 2, 2, (), 3, 5, {})
+    with pytest.raises(TypeError, match="_fn"):
+        autocast_op(lambda x, _fn=None: x)
+
+
+def test_a_leafs_accumulator_is_made_only_when_an_op_is_recorded():
+    """``bind`` reads a leaf's ``AccumulateGrad`` in its one pass but makes a missing one only for a node:
+    under ``no_grad`` none is made; recorded, the edge leads to the one ``grad_accumulator`` gives, and
+    the grad reaches the leaf (``jax.grad``'s)."""
+    from xgrad.engine.node import grad_accumulator
+
+    rng = np.random.default_rng(6)
+    w_value, x_value = rng.standard_normal((3, 4)), rng.standard_normal((2, 4))
+    w = xgrad.tensor(w_value, requires_grad=True)
+    with xgrad.no_grad():
+        xgrad.linear(xgrad.tensor(x_value), w)
+    assert w._grad_accumulator is None
+    out = xgrad.linear(xgrad.tensor(x_value), w)
+    assert out.grad_fn.next_functions[1] == (grad_accumulator(w), 0)
+    (out ** 2).sum().backward()
+    want = jax.grad(lambda w: jnp.sum((x_value @ w.T) ** 2))(w_value)
+    np.testing.assert_allclose(w.grad.numpy(), want, rtol=1e-12)

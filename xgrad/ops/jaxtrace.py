@@ -65,7 +65,7 @@ from xgrad.engine.anomaly import ANOMALY, TRACEBACK_KEY
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.ops import registry
 from xgrad.ops.jaxop import _freeze, from_jax
-from xgrad.ops.registry import Primitive, _record, defprim
+from xgrad.ops.registry import Primitive, bind, defprim
 from xgrad.tensor import Tensor, is_tensor
 
 __all__ = ["Intermediates", "TracedJaxFunction", "intermediates"]
@@ -519,7 +519,7 @@ class _Program:
             args = tuple([env[v] for v in step.invars])
             tangents = registry.tangent_rule(step.prim, args, {}) if dual else None
             if record and any(isinstance(a, Tensor) and (a.grad_fn is not None or a._requires_grad) for a in args):
-                out = _record(step.prim, args, {}, arrays[0] if n == 1 else tuple(arrays), tangents)
+                out = bind(step.prim, args, {}, arrays[0] if n == 1 else tuple(arrays), tangents)
                 outs = out if n > 1 else (out,)
                 if anomaly:
                     _note_equation(outs, step)

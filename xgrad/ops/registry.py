@@ -60,7 +60,8 @@ class _SavePlan(NamedTuple):
 
     ``inputs`` and ``save_out`` are ``Primitive.saves``'s answer, ``wanted`` which inputs want a grad;
     the positions of the tensor inputs whose values it keeps (a ``SavedTensor``), whose shape and
-    dtype (an ``Aval``) and those it drops (``None``); ``holds_tensors`` whether it saves any tensor.
+    dtype (an ``Aval``) and those it drops (``None``); the positions of the tensors that need no grad
+    (checked for a cut by a JAX transformation); ``holds_tensors`` whether it saves any tensor.
     """
 
     inputs: frozenset[int] | None
@@ -69,6 +70,7 @@ class _SavePlan(NamedTuple):
     save_at: tuple[int, ...]
     aval_at: tuple[int, ...]
     drop_at: tuple[int, ...]
+    no_grad_at: tuple[int, ...]
     holds_tensors: bool
 
 
@@ -158,7 +160,8 @@ class Primitive:
         save_at = tuple([i for i in tensors if inputs is None or i in inputs])
         aval_at = tuple([i for i in tensors if i not in save_at and i in read])
         drop_at = tuple([i for i in tensors if i not in save_at and i not in read])
-        plan = _SavePlan(inputs, save_out, wanted, save_at, aval_at, drop_at, save_out or bool(save_at))
+        no_grad_at = tuple([i for i in tensors if kinds[i] == _NO_GRAD])
+        plan = _SavePlan(inputs, save_out, wanted, save_at, aval_at, drop_at, no_grad_at, save_out or bool(save_at))
         self._saves[kinds] = plan
         return plan
 
@@ -397,8 +400,8 @@ ERR_DEVICES = "Expected all tensors to be on the same device, but found at least
 # each array's sharding read and compared in Python, since jit's outputs on one device
 # carry distinct (equal) sharding objects, about 1.5 µs for a ``mul`` of two tensors. A
 # process whose backends hold one device in all (JAX on the CPU alone) cannot mix devices,
-# so it skips the check; the count is read once, at the first op of several tensors
-# (every backend is running by then: the tensors' arrays exist).
+# so it skips the check (and counts no tensors); the count is read once, at the first op
+# of a tensor (every backend is running by then: the tensor's array exists).
 _several_devices: bool | None = None
 
 
@@ -442,55 +445,6 @@ def _check_same_devices(args: tuple[Any, ...], tensors: list[Tensor], arrays: li
         raise RuntimeError(ERR_DEVICES.format(a=a, b=b))
 
 
-def bind(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> Any:
-    """Run ``prim`` on ``args`` and, when grad mode asks for it, record its node."""
-    arrays: list[Any] = []
-    needs_graph = False
-    scalars = False
-    first = None  # the first tensor argument; the others are found again where needed
-    n_tensors = 0
-    for a in args:
-        if isinstance(a, Tensor):
-            arrays.append(a._array)
-            n_tensors += 1
-            if first is None:
-                first = a
-            if not needs_graph and (a.grad_fn is not None or a._requires_grad):
-                needs_graph = True
-        else:
-            arrays.append(a)
-            if type(a) is float or type(a) is int:
-                scalars = True
-    trace = _current_step()
-    if trace is not None:  # a step being traced finds its state here (NOTE [The step-trace seam])
-        for a in args:
-            if isinstance(a, Tensor):
-                trace.read(a)
-    if n_tensors > 1 and (_several_devices if _several_devices is not None else _count_devices()):
-        _check_same_devices(args, [a for a in args if isinstance(a, Tensor)], arrays)  # NOTE [One device, no device check]
-    if scalars and prim.jit and first is not None and not isinstance(first._array, _Tracer):  # NOTE [Scalar constants]
-        arrays = [device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
-    dispatch = DISPATCH.get()  # NOTE [Dispatch seam] in xgrad/ops/dispatch.py
-    out = prim.dispatch(arrays, params) if dispatch is None else dispatch(prim, arrays, params)
-    tangents = None
-    if LEVEL.current is not None and first is not None and tangents_on():  # NOTE [Tangents are jvp of the forward]
-        tangents = tangent_rule(prim, args, params)
-    if not (needs_graph and _grad_state.enabled):
-        if _grad_state.stop_trace is not None and trace is None and stops_gradients(arrays):
-            out = jax.lax.stop_gradient(out)  # NOTE [Grad mode on JAX's AD]
-        if prim.num_outputs == 1:
-            result = Tensor(out)
-            if tangents is not None:
-                set_tangent(result, tangents[0])
-            return result
-        results = tuple(Tensor(o) for o in out)
-        if tangents is not None:
-            for r, t in zip(results, tangents, strict=True):
-                set_tangent(r, t)
-        return results
-    return _record(prim, args, params, out, tangents)
-
-
 def _no_tangent_rule(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> tuple[Tensor | None, ...] | None:
     raise AssertionError("xgrad internal error: xgrad.ops.tangents was not imported; please report a bug")
 
@@ -501,18 +455,22 @@ tangent_rule: Callable[[Primitive, tuple[Any, ...], dict[str, Any]], tuple[Tenso
 
 
 # NOTE [Recording cost]
-# ``_record`` runs once per recorded op, so it is written for the interpreter. One pass
-# over the arguments builds the edges (inline, not through ``gradient_edge``; a leaf's
-# ``AccumulateGrad`` read from its weak reference in place), the node's topological
-# number, and the key of the primitive's save plan (``_SavePlan``, cached per kinds of
-# arguments), which names the positions that get a ``SavedTensor``, an ``Aval`` or
-# ``None``: the second pass touches those alone, and an op that keeps its arguments as
-# they are copies nothing. The outputs' metadata comes from ``aval``'s fields (the
-# array's ``shape``/``dtype`` are Python properties over them); the node is made by
-# ``Node``'s constructor and its rule fields are set here (``PrimitiveNode`` has no
-# constructor of its own: a frame less). Whether a dtype is differentiable is cached
-# per dtype (``jnp.issubdtype`` costs as much as a node). The ``Edge``,
-# ``InputMetadata`` and ``Aval`` named tuples are made by ``tuple.__new__``
+# ``bind`` runs once per op, so it is written for the interpreter. One pass over the
+# arguments serves the run and the record: the arrays, the edges (inline, not through
+# ``gradient_edge``; a leaf's ``AccumulateGrad`` read from its weak reference in place,
+# made with the node when it is not alive), the node's topological number (above 0
+# exactly when a graph is wanted), and the key of the primitive's save plan
+# (``_SavePlan``, cached per kinds of arguments). The plan names the positions that get
+# a ``SavedTensor``, an ``Aval`` or ``None`` and the tensors that need no grad (checked
+# for a cut by a JAX transformation only when a node is made): the second pass touches
+# those alone, and an op that keeps its arguments as they are copies nothing. The
+# record is ``bind``'s tail, not a call of its own; ``from_jax``'s traced ops, which
+# have run already, enter it with their outputs. The outputs' metadata comes from
+# ``aval``'s fields (the array's ``shape``/``dtype`` are Python properties over them);
+# the node is made by ``Node``'s constructor and its rule fields are set here
+# (``PrimitiveNode`` has no constructor of its own: a frame less). Whether a dtype is
+# differentiable is cached per dtype (``jnp.issubdtype`` costs as much as a node). The
+# ``Edge``, ``InputMetadata`` and ``Aval`` named tuples are made by ``tuple.__new__``
 # (``_new_tuple``): their own ``__new__`` is a Python function, a frame that costs as
 # much as the tuple. ``isinstance(a, Tensor)`` alone: it checks the exact type first
 # in C, faster than a ``type(a) is Tensor`` before it.
@@ -527,41 +485,102 @@ def _differentiable_dtype(dtype: Any) -> bool:
     return known
 
 
-def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any, tangents: tuple[Any, ...] | None) -> Any:
-    first = out if prim.num_outputs == 1 else out[0]
-    traced = isinstance(first, _Tracer)
-    if traced:
-        check_captured_leaves(args, first)  # NOTE [Captured leaves]
-    edges = []
-    kinds = []
-    topo = 0  # the node's topological number, found here rather than by a loop over its edges
+# ``bind``'s ``out`` when the op is still to run.
+_RUN: Any = object()
+
+
+def bind(
+    prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out: Any = _RUN, tangents: tuple[Any, ...] | None = None
+) -> Any:
+    """Run ``prim`` on ``args`` and, when grad mode asks for it, record its node.
+
+    With ``out`` (and its ``tangents``) the op has run already and is recorded alone: ``from_jax``'s
+    traced ops, whose caller has checked that a graph is wanted.
+    """
+    # One pass over the arguments for the run and the record (NOTE [Recording cost]).
+    arrays: list[Any] = []
+    edges: list[Any] = []
+    kinds: list[int] = []
+    topo = 0  # the node's topological number; above 0 when an argument wants a grad
+    missing = False  # a leaf whose AccumulateGrad is made with the node (grad mode may be off)
+    scalars = False
+    first = None  # the first tensor argument; the others are found again where needed
     for a in args:
         if isinstance(a, Tensor):
+            arrays.append(a._array)
+            if first is None:
+                first = a
             fn = a.grad_fn
             if fn is not None:
                 edges.append(_new_tuple(Edge, (fn, a._output_nr)))
                 kinds.append(_WANTS_GRAD)
                 if fn.topological_nr >= topo:
                     topo = fn.topological_nr + 1
-                continue
-            if a._requires_grad:
+            elif a._requires_grad:
                 ref = a._grad_accumulator  # ``grad_accumulator``'s hit, inline
                 accumulator = ref() if ref is not None else None
-                edges.append(_new_tuple(Edge, (accumulator if accumulator is not None else grad_accumulator(a), 0)))
+                if accumulator is None:
+                    missing = True
+                    edges.append(None)
+                else:
+                    edges.append(_new_tuple(Edge, (accumulator, 0)))
                 kinds.append(_WANTS_GRAD)
                 if not topo:  # an AccumulateGrad's number is 0
                     topo = 1
-                continue
-            cut_site = getattr(a, "_cut_site", None)
-            if cut_site is not None:  # NOTE [Outputs of JAX transformations]
-                raise RuntimeError(ERR_CUT_BY_JAX.format(where=cut_site))
-            kinds.append(_NO_GRAD)
+            else:
+                edges.append(NO_EDGE)
+                kinds.append(_NO_GRAD)
         else:
+            arrays.append(a)
+            edges.append(NO_EDGE)
             kinds.append(_CONSTANT)
-        edges.append(NO_EDGE)
+            if type(a) is float or type(a) is int:
+                scalars = True
+    if out is _RUN:
+        trace = _current_step()
+        if trace is not None:  # a step being traced finds its state here (NOTE [The step-trace seam])
+            for a in args:
+                if isinstance(a, Tensor):
+                    trace.read(a)
+        if first is not None and (_several_devices if _several_devices is not None else _count_devices()):
+            tensors = [a for a in args if isinstance(a, Tensor)]  # NOTE [One device, no device check]
+            if len(tensors) > 1:
+                _check_same_devices(args, tensors, arrays)
+        if scalars and prim.jit and first is not None and not isinstance(first._array, _Tracer):  # NOTE [Scalar constants]
+            arrays = [device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
+        dispatch = DISPATCH.get()  # NOTE [Dispatch seam] in xgrad/ops/dispatch.py
+        out = prim.dispatch(arrays, params) if dispatch is None else dispatch(prim, arrays, params)
+        if LEVEL.current is not None and first is not None and tangents_on():  # NOTE [Tangents are jvp of the forward]
+            tangents = tangent_rule(prim, args, params)
+        if not (topo and _grad_state.enabled):
+            if _grad_state.stop_trace is not None and trace is None and stops_gradients(arrays):
+                out = jax.lax.stop_gradient(out)  # NOTE [Grad mode on JAX's AD]
+            if prim.num_outputs == 1:
+                result = Tensor(out)
+                if tangents is not None:
+                    set_tangent(result, tangents[0])
+                return result
+            results = tuple(Tensor(o) for o in out)
+            if tangents is not None:
+                for r, t in zip(results, tangents, strict=True):
+                    set_tangent(r, t)
+            return results
+    # Recording.
+    single = prim.num_outputs == 1
+    traced = isinstance(out if single else out[0], _Tracer)
+    if traced:
+        check_captured_leaves(args, out if single else out[0])  # NOTE [Captured leaves]
     key = tuple(kinds)
     plan = prim._saves.get(key)
-    _, save_out, wanted, save_at, aval_at, drop_at, holds_tensors = plan if plan is not None else prim._save_plan(key)
+    _, save_out, wanted, save_at, aval_at, drop_at, no_grad_at, holds_tensors = plan if plan is not None else prim._save_plan(key)
+    for i in no_grad_at:
+        cut_site = getattr(args[i], "_cut_site", None)
+        if cut_site is not None:  # NOTE [Outputs of JAX transformations]
+            raise RuntimeError(ERR_CUT_BY_JAX.format(where=cut_site))
+    if missing:
+        for i, edge in enumerate(edges):
+            if edge is None:
+                edges[i] = _new_tuple(Edge, (grad_accumulator(args[i]), 0))
     # The arguments as the rules get them: constants as they are, tensors by the plan.
     saved: Any = args
     if save_at or aval_at or drop_at:
@@ -574,7 +593,6 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
             array = args[i]._array
             saved[i] = _new_tuple(Aval, (array.shape, array.dtype))
         saved = tuple(saved)
-    single = prim.num_outputs == 1
     if single:
         # The fields of ``aval``, not the array's ``shape`` and ``dtype``: each of those is a Python
         # property reading ``aval``. A traced value has no sharding (``sharding_of``).
@@ -630,7 +648,7 @@ def _record(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any], out:
 class PrimitiveNode(RuleNode):
     """The one node class for every primitive: it replays the primitive's rules (NOTE [Rule nodes]).
 
-    Made by ``_record`` alone, with ``Node``'s constructor, which then sets RuleNode's fields:
+    Made by ``bind`` alone, with ``Node``'s constructor, which then sets RuleNode's fields:
     one constructor's call less per recorded op (NOTE [Recording cost]).
     """
 
