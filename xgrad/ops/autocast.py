@@ -223,6 +223,12 @@ def autocast_op(fn: Callable[..., Any]) -> Callable[..., Any]:
         f"        return _fn({call})\n"
         f"    return _cast_and_call({packed_args}, {packed_kwargs})\n"
     )
-    namespace = {"_AUTOCAST": AUTOCAST, "_OP_CALL": OP_CALL, "_fn": fn, "_cast_and_call": cast_and_call, **defaults}
-    exec(compile(source, f"<autocast_op {name}>", "exec"), namespace)  # the source is built from fn's signature alone
+    # Named as this module's code (its ``__name__``, a file name under this file's): the sites that messages and
+    # warnings point at skip it as they skip xgrad's own frames, and name the user's line.
+    namespace = {
+        "__name__": __name__, "_AUTOCAST": AUTOCAST, "_OP_CALL": OP_CALL, "_fn": fn, "_cast_and_call": cast_and_call,
+        **defaults,
+    }
+    filename = f"{__file__} <autocast_op {name}>"
+    exec(compile(source, filename, "exec"), namespace)  # the source is built from fn's signature alone
     return functools.wraps(fn)(namespace["under_autocast"])
