@@ -1,4 +1,4 @@
-"""Shared helpers for the benchmarks: medians of many repeats, tables, the chain workload."""
+"""Shared helpers for the benchmarks: medians of many repeats, tables, the chain workload, the demo step in JAX."""
 
 from __future__ import annotations
 
@@ -45,3 +45,29 @@ def mul_chain(x: Any, n: int) -> Any:
     for _ in range(n):
         y = y * 1.0001
     return y.sum()
+
+
+def jit_optax_demo_step(device: Any) -> tuple[Callable[[Any, Any], Any], dict[str, Any]]:
+    """The demo step as ``jax.jit(value_and_grad)`` + optax's Adam on a model of its own: the floor xgrad is measured
+    against, and its state (``"params"``, ``"opt"``). Each call takes a batch ``(x, y)``, updates the state and returns
+    the loss."""
+    import jax
+    import optax
+
+    from xgrad import demo
+
+    tx = optax.adam(1e-3)
+    state = {"params": [p.array for p in demo.make_model(device).parameters()]}
+    state["opt"] = tx.init(state["params"])
+
+    @jax.jit
+    def jit_step(params: Any, opt_state: Any, x: Any, y: Any) -> Any:
+        loss, grads = jax.value_and_grad(demo.jax_loss)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    def run_jit(x: Any, y: Any) -> Any:
+        state["params"], state["opt"], loss = jit_step(state["params"], state["opt"], x, y)
+        return loss
+
+    return run_jit, state

@@ -25,8 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import optax
-from _timing import table
+from _timing import jit_optax_demo_step, table
 
 import xgrad
 from xgrad import demo
@@ -35,8 +34,8 @@ from xgrad.compile_step.program_call import gather_inputs
 STEPS_PER_ROUND = 10
 
 
-def _steps(device: Any) -> dict[str, Callable[[Any, Any], Any]]:
-    """The three ways of stepping, each on a model of its own; each returns its step's loss as an array."""
+def _compiled_demo_step(device: Any) -> Any:
+    """The demo step (Adam) under ``xgrad.compile``, on a model of its own."""
     model = demo.make_model(device)
     opt = xgrad.optim.Adam(model.parameters(), lr=1e-3)
 
@@ -47,19 +46,13 @@ def _steps(device: Any) -> dict[str, Callable[[Any, Any], Any]]:
         opt.step()
         return loss
 
-    compiled = xgrad.compile(step, fallback="error")
+    return xgrad.compile(step, fallback="error")
 
-    alone_model = demo.make_model(device)
-    alone_opt = xgrad.optim.Adam(alone_model.parameters(), lr=1e-3)
 
-    def alone_step(x: Any, y: Any) -> Any:
-        alone_opt.zero_grad()
-        loss = xgrad.cross_entropy(alone_model(x), y)
-        loss.backward()
-        alone_opt.step()
-        return loss
-
-    alone = xgrad.compile(alone_step, fallback="error")
+def _steps(device: Any) -> dict[str, Callable[[Any, Any], Any]]:
+    """The three ways of stepping, each on a model of its own; each returns its step's loss as an array."""
+    compiled = _compiled_demo_step(device)
+    alone = _compiled_demo_step(device)
     x, y = demo.make_batches(device)[0]
     alone(x, y)
     entry = next(iter(alone._cache.values()))
@@ -74,19 +67,7 @@ def _steps(device: Any) -> dict[str, Callable[[Any, Any], Any]]:
             program_inputs[position] = outs[index]
         return outs[entry.result_template[0][1]]
 
-    tx = optax.adam(1e-3)
-    state = {"params": [p.array for p in demo.make_model(device).parameters()]}
-    state["opt"] = tx.init(state["params"])
-
-    @jax.jit
-    def jit_step(params: Any, opt_state: Any, x: Any, y: Any) -> Any:
-        loss, grads = jax.value_and_grad(demo.jax_loss)(params, x, y)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    def run_jit(x: Any, y: Any) -> Any:
-        state["params"], state["opt"], loss = jit_step(state["params"], state["opt"], x, y)
-        return loss
+    run_jit, _ = jit_optax_demo_step(device)
 
     return {
         "jax.jit(value_and_grad) + optax": run_jit,

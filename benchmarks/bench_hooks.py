@@ -30,8 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import optax
-from _timing import interleaved, table
+from _timing import interleaved, jit_optax_demo_step, table
 
 import xgrad
 from xgrad import demo
@@ -93,19 +92,7 @@ def main() -> None:
     hooked = xgrad.compile(hooked_fn)
     eager_fn, eager_params, eager_norms = _xgrad_step(device, hooks=True)
 
-    tx = optax.adam(1e-3)
-    state = {"params": [p.array for p in demo.make_model(device).parameters()]}
-    state["opt"] = tx.init(state["params"])
-
-    @jax.jit
-    def jit_step(params: Any, opt_state: Any, x: Any, y: Any) -> Any:
-        loss, grads = jax.value_and_grad(demo.jax_loss)(params, x, y)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    def run_jit(x: Any, y: Any) -> Any:
-        state["params"], state["opt"], loss = jit_step(state["params"], state["opt"], x, y)
-        return loss
+    run_jit, state = jit_optax_demo_step(device)
 
     def run_compiled(x: Any, y: Any) -> Any:
         return compiled(x, y).array

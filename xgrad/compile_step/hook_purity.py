@@ -110,12 +110,12 @@ def writes(code: types.CodeType, outer: Collection[str]) -> Iterator[tuple[dis.I
             yield ins, kind
 
 
-def _codes(code: types.CodeType) -> list[types.CodeType]:
+def nested_codes(code: types.CodeType) -> list[types.CodeType]:
     """``code`` and the code objects nested in it (lambdas, comprehensions, inner functions)."""
     found = [code]
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            found += _codes(const)
+            found += nested_codes(const)
     return found
 
 
@@ -180,7 +180,7 @@ class Reads:
             return
         self._seen.add(id(fn))
         outer = set(fn.__code__.co_freevars)
-        for code in _codes(fn.__code__):
+        for code in nested_codes(fn.__code__):
             for ins, _ in writes(code, outer):
                 raise Impure(f"{fn.__qualname__} changes {ins.argval!r} ({ins.opname})")
             effects = _EFFECT_NAMES.intersection(code.co_names)

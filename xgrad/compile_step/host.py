@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from xgrad.compile_step import recording
 from xgrad.compile_step.errors import NotCompilable
-from xgrad.compile_step.hook_purity import trace_in
+from xgrad.compile_step.hook_purity import nested_codes, trace_in
 from xgrad.compile_step.observers import HookBox, HostGraphTask, Observer, call_in_backward
 from xgrad.compile_step.recording import tracing
 from xgrad.engine.compiled.cache import call_site
@@ -149,7 +149,7 @@ def _may_read_state(fn: Any, depth: int) -> bool:
     fn = inspect.unwrap(getattr(fn, "__func__", fn))
     if not isinstance(fn, types.FunctionType) or depth == 0:
         return True
-    codes = _nested_codes(fn.__code__)
+    codes = nested_codes(fn.__code__)
     if any("grad" in code.co_names or "grad" in code.co_consts for code in codes):
         return True
     held = [cell.cell_contents for cell in fn.__closure__ or () if cell.cell_contents is not None]
@@ -170,14 +170,6 @@ def _inert(value: Any, depth: int) -> bool:
         items = [v for pair in value.items() for v in pair] if isinstance(value, dict) else list(value)
         return all(_inert(v, depth - 1) for v in items) if depth > 0 else not items
     return False
-
-
-def _nested_codes(code: types.CodeType) -> list[types.CodeType]:
-    found = [code]
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            found += _nested_codes(const)
-    return found
 
 
 def _held_step_tensors(fn: Any, known: set[int], depth: int = 3) -> list[Tensor]:
