@@ -2,12 +2,13 @@
 
 # NOTE [PyTorch optimizers]
 # ``param_groups`` is a list of dicts as in PyTorch; users and schedulers set their
-# entries between steps. An entry an update reads as a number (``lr``, ``betas``,
-# ``weight_decay``, ...; the class's ``_hyper``) is also held by a Tensor that setting
-# the entry rebinds (``_ParamGroup``), and ``step`` passes those Tensors' arrays to the
-# jitted update: a new rate is a new input, not a new program, and inside
-# ``xgrad.compile`` the Tensors are program inputs read at every call (NOTE [Optimizer
-# state in Tensors]). Entries that choose code (``nesterov``, ``maximize``, ``amsgrad``)
+# entries between steps. The entries an update reads as numbers (``lr``, ``betas``,
+# ``weight_decay``, ...; the class's ``_hyper``) are also held, packed in one flat array,
+# by one Tensor per group that setting an entry rebinds (``_ParamGroup``), and ``step``
+# passes its array to the jitted update: a new rate is a new input, not a new program,
+# and inside ``xgrad.compile`` the Tensor is one program input read at every call
+# (NOTE [Optimizer state in Tensors]; one input, not one per entry, as ``jax.jit``'s
+# dispatch pays per input). Entries that choose code (``nesterov``, ``maximize``, ``amsgrad``)
 # are static arguments of the update. ``state[p]`` holds Tensors too, made when the
 # parameter joins the optimizer rather than at its first step (PyTorch's moment), so a
 # compiled step never makes state; ``state_dict()`` lists only parameters that have
@@ -44,22 +45,32 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_))
 
 
-def _hyper_array(value: Any) -> jax.Array:
-    """A hyperparameter as the update reads it: the default float type, the same at every step (no recompile)."""
+def _hyper_piece(value: Any) -> Any:
+    """A hyperparameter as the update reads it, in the default float type: a NumPy array for a number, so that a
+    group's numbers become one device array at once (``_ParamGroup``); a Tensor's own array otherwise."""
+    dtype = jnp.result_type(float)
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ValueError("Tensor lr must be 1-element")
-        value = value.array.reshape(())
-    return jnp.asarray(value, dtype=jnp.result_type(float))
+        return value.array.reshape(()).astype(dtype)
+    return np.asarray(value, dtype=dtype)
 
 
 class _ParamGroup(dict):
-    """A parameter group: a dict whose numeric entries named in ``hyper`` are mirrored in Tensors (NOTE [PyTorch optimizers])."""
+    """A parameter group: a dict whose numeric entries named in ``hyper`` are mirrored in one Tensor (NOTE [PyTorch optimizers]).
+
+    ``hyper_tensor`` holds them packed, one after another in ``hyper``'s order, as one
+    flat array (``None`` while the group has none); ``hyper_layout`` says where each lies:
+    ``(key, start, shape)``. One array, not one per entry: a compiled step takes it as one
+    program input, and ``jax.jit``'s dispatch pays per input.
+    """
 
     def __init__(self, hyper: tuple[str, ...], entries: Mapping[str, Any]) -> None:
         super().__init__()
         self._hyper = hyper
-        self._tensors: dict[str, Tensor] = {}
+        self._pieces: dict[str, Any] = {}
+        self.hyper_tensor: Tensor | None = None
+        self.hyper_layout: tuple[tuple[str, int, tuple[int, ...]], ...] = ()
         self.update(entries)
 
     def __setitem__(self, key: str, value: Any) -> None:
@@ -68,10 +79,25 @@ class _ParamGroup(dict):
             return
         if not (_is_number(value) or isinstance(value, Tensor) or isinstance(value, tuple) and all(map(_is_number, value))):
             raise TypeError(f"param group entry {key!r} must be a number (or a tuple of numbers), got {value!r}")
-        tensor = self._tensors.get(key)
-        array = _hyper_array(value)
+        self._pieces[key] = _hyper_piece(value)
+        self._pack()
+
+    def _pack(self) -> None:
+        """Rebind ``hyper_tensor`` to the entries' values packed (a new Tensor if its length changed)."""
+        pieces = [(key, self._pieces[key]) for key in self._hyper if key in self._pieces]
+        layout, start = [], 0
+        for key, piece in pieces:
+            layout.append((key, start, piece.shape))
+            start += piece.size
+        flat = [piece.reshape(-1) for _, piece in pieces]
+        if all(isinstance(piece, np.ndarray) for piece in flat):
+            array = jnp.asarray(np.concatenate(flat))  # one transfer, no op dispatched
+        else:
+            array = jnp.concatenate(flat)
+        self.hyper_layout = tuple(layout)
+        tensor = self.hyper_tensor
         if tensor is None or tensor.shape != array.shape:
-            self._tensors[key] = Tensor(array)
+            self.hyper_tensor = Tensor(array)
         else:
             _writing([tensor])
             tensor._array = array
@@ -85,13 +111,20 @@ class _ParamGroup(dict):
             self[key] = default
         return self[key]
 
-    def hyper_arrays(self) -> dict[str, jax.Array]:
-        """The arrays of the numeric hyperparameters, each reported read to a step being traced."""
+    def hyper_array(self) -> Any:
+        """The packed hyperparameters' array (``None``: none), reported read to a step being traced."""
+        tensor = self.hyper_tensor
+        if tensor is None:
+            return None
         trace = step_trace.current()
         if trace is not None:
-            for t in self._tensors.values():
-                trace.read(t)
-        return {key: t._array for key, t in self._tensors.items()}
+            trace.read(tensor)
+        return tensor._array
+
+
+def unpacked_hyper(layout: tuple[tuple[str, int, tuple[int, ...]], ...], packed: Any) -> dict[str, Any]:
+    """The hyperparameters packed in ``packed`` as ``_ParamGroup.hyper_layout`` places them, by name (inside the update's program)."""
+    return {key: packed[start:start + int(np.prod(shape))].reshape(shape) for key, start, shape in layout}
 
 
 def _param_list(params: Any) -> list[Any]:
@@ -121,10 +154,12 @@ def _placed_like(array: Any, param: Tensor) -> jax.Array:
 
 def _group_step(
     update: Callable[..., tuple[Any, dict[str, Any]]], options: tuple[tuple[str, Any], ...],
-    hyper: dict[str, Any], params: list[Any], grads: list[Any], states: list[dict[str, Any]],
+    layout: tuple[tuple[str, int, tuple[int, ...]], ...], packed: Any, params: list[Any], grads: list[Any],
+    states: list[dict[str, Any]],
 ) -> tuple[list[Any], list[dict[str, Any]]]:
-    """One group's update, parameter by parameter, as one jitted program."""
+    """One group's update, parameter by parameter, as one jitted program (``packed``: its hyperparameters, placed by ``layout``)."""
     opts = dict(options)
+    hyper = unpacked_hyper(layout, packed)
     results = [update(opts, hyper, p, g, s) for p, g, s in zip(params, grads, states, strict=True)]
     return [r[0] for r in results], [r[1] for r in results]
 
@@ -132,7 +167,7 @@ def _group_step(
 @functools.cache
 def _jitted_group_step() -> FastJit:
     """``_group_step`` jitted, made at the first step: its compiler options are asked of XLA (NOTE [Fast compiles])."""
-    return FastJit(_group_step, static_argnums=(0, 1))
+    return FastJit(_group_step, static_argnums=(0, 1, 2))
 
 
 class Optimizer:
@@ -292,7 +327,7 @@ class Optimizer:
         states = [self.state[p] for p in params]
         program = _jitted_group_step()
         new_params, new_states = (program.plain if step_trace.current() is not None else program)(
-            type(self)._update, options, group.hyper_arrays(), [p._array for p in params],
+            type(self)._update, options, group.hyper_layout, group.hyper_array(), [p._array for p in params],
             [p._grad._array for p in params],  # type: ignore[union-attr]
             [{k: t._array for k, t in s.items()} for s in states],
         )
