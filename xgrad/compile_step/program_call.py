@@ -164,9 +164,9 @@ def finish(entry: Entry, outs: Any, leaves: list[Any]) -> Any:
     results = []
     for how, value, grad_index in entry.result_template:
         if how == "out":
-            t = Tensor(outs[value])
+            t = Tensor._from_program(outs[value])
             if grad_index is not None:
-                t._grad = Tensor(outs[grad_index])
+                t._grad = Tensor._from_program(outs[grad_index])
             results.append(t)
         elif how == "array":
             results.append(outs[value])

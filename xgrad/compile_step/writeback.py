@@ -161,7 +161,7 @@ def apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
             t._array = outs[index]
             t._version += version_delta
         elif what == "grad":
-            t._grad = None if index is None else Tensor(outs[index])
+            t._grad = None if index is None else Tensor._from_program(outs[index])
         else:  # requires_grad
             t._requires_grad = index
 
@@ -189,10 +189,11 @@ def apply_final_writes(writes: tuple[list[Any], list[Any], list[Any]], outs: Any
             t._array = outs[index]
             if version_delta:
                 t._version += version_delta
+    made = Tensor._from_program
     for ref, index in grads:
         t = ref()
         if t is not None:
-            t._grad = None if index is None else Tensor(outs[index])
+            t._grad = None if index is None else made(outs[index])
     if in_order:
         apply_writes(in_order, outs, leaves)
 
