@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -34,6 +35,7 @@ from xgrad.grad_mode import enable_grad
 from xgrad.grads import clear_grads
 from xgrad.optim.optax_optimizer import _writing, scalar_sharding
 from xgrad.optim.written import WrittenArrays
+from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor
 
 # State kept in PyTorch's scalar type, not the parameter's dtype: counters, each a function of
@@ -46,8 +48,8 @@ def _is_number(value: Any) -> bool:
 
 
 def _hyper_piece(value: Any) -> Any:
-    """A hyperparameter as the update reads it, in the default float type: a NumPy array for a number, so that a
-    group's numbers become one device array at once (``_ParamGroup``); a Tensor's own array otherwise."""
+    """A hyperparameter as the update reads it, in the default float type: a NumPy array for a number, a Tensor's
+    own array (reported read to a step being traced) otherwise."""
     dtype = jnp.result_type(float)
     if isinstance(value, Tensor):
         if value.numel() != 1:
@@ -62,13 +64,15 @@ class _ParamGroup(dict):
     ``hyper_tensor`` holds them packed, one after another in ``hyper``'s order, as one
     flat array (``None`` while the group has none); ``hyper_layout`` says where each lies:
     ``(key, start, shape)``. One array, not one per entry: a compiled step takes it as one
-    program input, and ``jax.jit``'s dispatch pays per input.
+    program input, and ``jax.jit``'s dispatch pays per input. Setting an entry writes its
+    slot of the array the Tensor holds then, which a compiled step may have written (a rate
+    set inside it): inside a step being traced as an op of the step, so that the other
+    entries stay the program's input, not the values they had when it was traced.
     """
 
     def __init__(self, hyper: tuple[str, ...], entries: Mapping[str, Any]) -> None:
         super().__init__()
         self._hyper = hyper
-        self._pieces: dict[str, Any] = {}
         self.hyper_tensor: Tensor | None = None
         self.hyper_layout: tuple[tuple[str, int, tuple[int, ...]], ...] = ()
         self.update(entries)
@@ -79,12 +83,26 @@ class _ParamGroup(dict):
             return
         if not (_is_number(value) or isinstance(value, Tensor) or isinstance(value, tuple) and all(map(_is_number, value))):
             raise TypeError(f"param group entry {key!r} must be a number (or a tuple of numbers), got {value!r}")
-        self._pieces[key] = _hyper_piece(value)
-        self._pack()
+        piece = _hyper_piece(value)
+        slot = next((entry for entry in self.hyper_layout if entry[0] == key), None)
+        tensor = self.hyper_tensor
+        if tensor is None or slot is None or slot[2] != piece.shape:
+            self._pack()
+            return
+        _, start, shape = slot
+        stop = start + math.prod(shape)
+        if step_trace.current() is None and isinstance(piece, np.ndarray):
+            host = np.array(tensor._array)  # one read and one transfer, no op dispatched
+            host[start:stop] = piece.reshape(-1)
+            array = jnp.asarray(host)
+        else:
+            array = array_of(tensor).at[start:stop].set(piece.reshape(-1))
+        _writing([tensor])
+        tensor._array = array
 
     def _pack(self) -> None:
-        """Rebind ``hyper_tensor`` to the entries' values packed (a new Tensor if its length changed)."""
-        pieces = [(key, self._pieces[key]) for key in self._hyper if key in self._pieces]
+        """Lay the entries out anew, packed from their values (a new Tensor if the length changed)."""
+        pieces = [(key, _hyper_piece(dict.__getitem__(self, key))) for key in self._hyper if key in self]
         layout, start = [], 0
         for key, piece in pieces:
             layout.append((key, start, piece.shape))
@@ -124,7 +142,7 @@ class _ParamGroup(dict):
 
 def unpacked_hyper(layout: tuple[tuple[str, int, tuple[int, ...]], ...], packed: Any) -> dict[str, Any]:
     """The hyperparameters packed in ``packed`` as ``_ParamGroup.hyper_layout`` places them, by name (inside the update's program)."""
-    return {key: packed[start:start + int(np.prod(shape))].reshape(shape) for key, start, shape in layout}
+    return {key: packed[start:start + math.prod(shape)].reshape(shape) for key, start, shape in layout}
 
 
 def _param_list(params: Any) -> list[Any]:
