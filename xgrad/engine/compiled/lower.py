@@ -144,6 +144,11 @@ class _GivenFunction(FunctionNode):
         return FunctionNode.compute(self, grads, self.given)
 
 
+def _own_tensor_pre_hooks(self: Node) -> Any:
+    """A stand-in's tensor pre-hooks: those set on it (a leaf's, taken from its tensor; none where they run on the host)."""
+    return self._tensor_pre_hooks
+
+
 class _TracedAccumulate(AccumulateGrad):
     """A leaf's ``AccumulateGrad`` in a program: the new ``.grad`` is an output, written by the host."""
 
@@ -153,8 +158,7 @@ class _TracedAccumulate(AccumulateGrad):
     old: Tensor | None  # the leaf's ``.grad`` before the call
     slot: tuple[int, Any]  # its leaf slot, and the sharding its grad takes on several devices
 
-    def tensor_pre_hooks(self) -> Any:
-        return self._tensor_pre_hooks  # the leaf's, or none where they ran on the host
+    tensor_pre_hooks = _own_tensor_pre_hooks
 
     def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
         new = grads[0]
@@ -261,13 +265,9 @@ _WITH_APPLY: dict[tuple[type[Node], Callable[..., Any]], type[Node]] = {}
 
 def _with_apply(cls: type[Node], apply: Callable[[Node, list[Tensor | None]], list[Tensor | None]]) -> type[Node]:
     """``cls`` with another ``apply`` (NOTE [Stand-in nodes]), its tensor pre-hooks those set on it."""
-
-    def tensor_pre_hooks(self: Node) -> Any:
-        return self._tensor_pre_hooks
-
     made = _WITH_APPLY.get((cls, apply))
     if made is None:
-        attrs = {"__slots__": (), "apply": apply, "tensor_pre_hooks": tensor_pre_hooks}
+        attrs = {"__slots__": (), "apply": apply, "tensor_pre_hooks": _own_tensor_pre_hooks}
         made = _WITH_APPLY[(cls, apply)] = type(f"{cls.__name__}{apply.__name__.title()}", (cls,), attrs)
     return made
 
