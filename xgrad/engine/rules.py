@@ -137,9 +137,11 @@ def _on_one_device(meta: Any) -> bool:
     return sharding is None or len(sharding.device_set) == 1
 
 
-# Zeros for the outputs no grad reached, one jitted maker per shape, dtype and placement:
-# ``jnp.zeros(..., device=...)`` costs twenty times a jitted call (a node whose rules read
-# a second output, as cross_entropy's log-probabilities, pays it at every backward).
+# Zeros for the outputs no grad reached, where rules run op by op or the outputs lie on
+# several devices (fused rules make their own, NOTE [Unmade zeros] in ``ops/fused_rules.py``),
+# one jitted maker per shape, dtype and placement: ``jnp.zeros(..., device=...)`` costs
+# twenty times a jitted call (a node whose rules read a second output, as cross_entropy's
+# log-probabilities, pays it at every backward).
 # Compiled fast (NOTE [Fast compiles] in ``xgrad/fast_compile.py``). Small zeros are kept
 # and handed out again (arrays are immutable, and ``xgrad.compile`` copies an array held
 # elsewhere before donating it): on a small model even the jitted call is a tenth of a
