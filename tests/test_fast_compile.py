@@ -270,12 +270,15 @@ _SEVERAL_OUTPUTS = [
 # NOTE [Unmade zeros] (xgrad/ops/fused_rules.py): the fused rules make the zeros of the outputs
 # no grad reached in their own program. The reference is the same node's rules given those
 # zeros as arrays, as the engine made them before: the same program but for where the zeros
-# come from, so the same bits.
+# come from, so the same bits, NaN and inf included.
 @pytest.mark.parametrize("spec", _SEVERAL_OUTPUTS, ids=lambda s: s.id)
 @pytest.mark.parametrize("reached", ["first output", "all but the first"])
-def test_unmade_zeros_give_the_bits_of_made_ones(spec, reached):
+@pytest.mark.parametrize("values", ["finite", "an inf input"])
+def test_unmade_zeros_give_the_bits_of_made_ones(spec, reached, values):
     rng = np.random.default_rng(5)
     inputs = spec.sample(rng, 0, np.float32)
+    if values == "an inf input":  # NaN and inf through the rules: inf * 0 still computed
+        inputs[0].flat[0] = np.inf
     tensors = [
         xgrad.tensor(a, requires_grad=d.differentiable and np.issubdtype(a.dtype, np.floating))
         for a, d in zip(inputs, spec.domains, strict=True)
