@@ -139,7 +139,9 @@ def xgrad_stepper(path: str) -> Callable[[int], float]:
 def programs_of_step(step: Callable[[], None], opt: Any) -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
     """The jitted programs one eager step calls, with their arguments, in order: the primitives'
     forwards, the backward's fused rules (NOTE [Fused eager rules]) and the optimizer's update.
-    Called again back to back they are the step without xgrad's Python: its floor."""
+    Called again back to back they are the step without xgrad's Python: its floor. The update
+    that donates its parameters and state (NOTE [Unshared buffers]) is replayed on its own
+    outputs, as the next step would call it; the other programs on the arrays they were given."""
     from xgrad.ops.registry import REGISTRY, Primitive
 
     calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
@@ -151,15 +153,30 @@ def programs_of_step(step: Callable[[], None], opt: Any) -> list[tuple[Callable[
 
         return call
 
+    def donating(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(state_def: Any, stepped: Any, params: Any, grads: Any, leaves: Any) -> Any:
+            carried = [[p.copy() for p in params], [leaf.copy() for leaf in leaves]]
+
+            def replay() -> Any:
+                carried[:] = fn(state_def, stepped, carried[0], grads, carried[1])
+                return carried
+
+            calls.append((replay, ()))
+            return fn(state_def, stepped, params, grads, leaves)
+
+        return call
+
     dispatch = Primitive.dispatch
     fused = {prim: dict(prim._fused.items()) for prim in REGISTRY.values()}
-    jitted_step = opt._jitted_step
+    updates = {"_jitted_step": recording, "_donating_step": donating}
+    programs = {name: getattr(opt, name) for name in updates if hasattr(opt, name)}
     Primitive.dispatch = lambda prim, arrays, params: recording(lambda *a: dispatch(prim, list(a), params))(*arrays)  # type: ignore[method-assign]
     for prim, entries in fused.items():
         for key, fn in entries.items():
             if callable(fn):
                 prim._fused[key] = recording(fn)
-    opt._jitted_step = recording(jitted_step)
+    for name, program in programs.items():
+        setattr(opt, name, updates[name](program))
     try:
         step()
     finally:
@@ -167,7 +184,8 @@ def programs_of_step(step: Callable[[], None], opt: Any) -> list[tuple[Callable[
         for prim, entries in fused.items():
             for key, fn in entries.items():
                 prim._fused[key] = fn
-        opt._jitted_step = jitted_step
+        for name, program in programs.items():
+            setattr(opt, name, program)
     return calls
 
 
