@@ -10,7 +10,8 @@
    initial parameters and batches). PyTorch runs in its own interpreter (``--torch-python``,
    one that can import ``torch``; it never imports xgrad or JAX), kept alive for the run; the
    two take turns, one block of steps each per round. Each step ends when its parameters are
-   ready. The ratio is torch's step time over xgrad's, per round, and its median.
+   ready. The ratio is torch's step time over xgrad's, per round, and its median. Two more rows
+   time each optimizer's step alone, on the grads the last step left.
 
     PYTHONPATH=<checkout> python benchmarks/bench_eager_op.py --torch-python /path/to/python-with-torch
 """
@@ -139,9 +140,7 @@ def xgrad_stepper(path: str) -> Callable[[int], float]:
 def programs_of_step(step: Callable[[], None], opt: Any) -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
     """The jitted programs one eager step calls, with their arguments, in order: the primitives'
     forwards, the backward's fused rules (NOTE [Fused eager rules]) and the optimizer's update.
-    Called again back to back they are the step without xgrad's Python: its floor. The update
-    that donates its parameters and state (NOTE [Unshared buffers]) is replayed on its own
-    outputs, as the next step would call it; the other programs on the arrays they were given."""
+    Called again back to back they are the step without xgrad's Python: its floor."""
     from xgrad.ops.registry import REGISTRY, Primitive
 
     calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
@@ -153,30 +152,15 @@ def programs_of_step(step: Callable[[], None], opt: Any) -> list[tuple[Callable[
 
         return call
 
-    def donating(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def call(state_def: Any, stepped: Any, params: Any, grads: Any, leaves: Any) -> Any:
-            carried = [[p.copy() for p in params], [leaf.copy() for leaf in leaves]]
-
-            def replay() -> Any:
-                carried[:] = fn(state_def, stepped, carried[0], grads, carried[1])
-                return carried
-
-            calls.append((replay, ()))
-            return fn(state_def, stepped, params, grads, leaves)
-
-        return call
-
     dispatch = Primitive.dispatch
     fused = {prim: dict(prim._fused.items()) for prim in REGISTRY.values()}
-    updates = {"_jitted_step": recording, "_donating_step": donating}
-    programs = {name: getattr(opt, name) for name in updates if hasattr(opt, name)}
+    jitted_step = opt._jitted_step
     Primitive.dispatch = lambda prim, arrays, params: recording(lambda *a: dispatch(prim, list(a), params))(*arrays)  # type: ignore[method-assign]
     for prim, entries in fused.items():
         for key, fn in entries.items():
             if callable(fn):
                 prim._fused[key] = recording(fn)
-    for name, program in programs.items():
-        setattr(opt, name, updates[name](program))
+    opt._jitted_step = recording(jitted_step)
     try:
         step()
     finally:
@@ -184,8 +168,7 @@ def programs_of_step(step: Callable[[], None], opt: Any) -> list[tuple[Callable[
         for prim, entries in fused.items():
             for key, fn in entries.items():
                 prim._fused[key] = fn
-        for name, program in programs.items():
-            setattr(opt, name, program)
+        opt._jitted_step = jitted_step
     return calls
 
 
@@ -231,15 +214,22 @@ def torch_worker(path: str) -> None:
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
 
+    runs = {"step": step, "optimizer": opt.step}
     for line in sys.stdin:
-        print(*median_step(step, int(line)), flush=True)
+        what, n = line.split()
+        print(*median_step(runs[what], int(n)), flush=True)
 
 
 Rounds = list[tuple[float, float]]  # per round, the median wall and process seconds of a step
+ROWS = (
+    "xgrad eager", "xgrad's programs replayed, no Python", "torch eager (1 thread)",
+    "xgrad's optimizer step alone (Optax Adam)", "torch's optimizer step alone (Adam)",
+)
 
 
-def step_rounds(torch_python: str, rounds: int, steps: int) -> tuple[Rounds, Rounds, Rounds] | None:
-    """Per round, ``median_step`` of ``steps`` xgrad steps, of its programs replayed and of torch steps, in turns."""
+def step_rounds(torch_python: str, rounds: int, steps: int) -> dict[str, Rounds] | None:
+    """Per row of ``ROWS``, per round, ``median_step`` of ``steps`` calls: xgrad's step, its programs replayed,
+    torch's step, then each optimizer's step alone on the last step's grads; the rows in turns."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "step.npz")
         _step_data(path)
@@ -253,30 +243,36 @@ def step_rounds(torch_python: str, rounds: int, steps: int) -> tuple[Rounds, Rou
             return None
         assert worker.stdin is not None and worker.stdout is not None
 
-        def torch_run(n: int) -> tuple[float, float]:
-            worker.stdin.write(f"{n}\n")
-            worker.stdin.flush()
-            wall, cpu = worker.stdout.readline().split()
-            return float(wall), float(cpu)
+        def torch_run(what: str) -> Callable[[int], tuple[float, float]]:
+            def run(n: int) -> tuple[float, float]:
+                worker.stdin.write(f"{what} {n}\n")
+                worker.stdin.flush()
+                wall, cpu = worker.stdout.readline().split()
+                return float(wall), float(cpu)
+
+            return run
+
+        import jax
 
         xgrad_run, step, opt = xgrad_stepper(path)
         try:
             xgrad_run(steps)  # compiles the primitives, then the fused rules
-            floor_run = replayer(programs_of_step(step, opt))
-            torch_run(steps)
-            xs: Rounds = []
-            fs: Rounds = []
-            ts: Rounds = []
+            runs = dict(zip(ROWS, (
+                xgrad_run, replayer(programs_of_step(step, opt)), torch_run("step"),
+                lambda n: median_step(lambda: (opt.step(), jax.block_until_ready(opt.params[0].array)), n),
+                torch_run("optimizer"),
+            ), strict=True))
+            runs[ROWS[2]](steps)
+            result: dict[str, Rounds] = {name: [] for name in ROWS}
             for _ in range(rounds):
-                xs.append(xgrad_run(steps))
-                fs.append(floor_run(steps))
-                ts.append(torch_run(steps))
+                for name, run in runs.items():
+                    result[name].append(run(steps))
         except ValueError:  # the worker died: its error is on stderr
             return None
         finally:
             worker.stdin.close()
             worker.wait()
-    return xs, fs, ts
+    return result
 
 
 def main() -> None:
@@ -297,15 +293,15 @@ def main() -> None:
         if result is None:
             print("\ntorch eager: unavailable (see the worker's error above)")
             return
-        xs, fs, ts = result
+        ts = result[ROWS[2]]
         print(f"\nDemo MLP eager step: ms, medians of {args.steps} steps per round, {args.rounds} rounds in turns")
         for kind, k in (("wall", 0), ("process (CPU) time", 1)):
             print(f"\n{kind}:\n\n| what | median of rounds | rounds |\n|---|---:|---|")
-            for name, per_round in (("xgrad eager", xs), ("xgrad's programs replayed, no Python", fs), ("torch eager (1 thread)", ts)):
+            for name, per_round in result.items():
                 ms = [r[k] * 1e3 for r in per_round]
                 print(f"| {name} | {statistics.median(ms):.3f} | {' '.join(f'{m:.2f}' for m in ms)} |")
-            for name, ours in (("xgrad eager", xs), ("xgrad's programs replayed", fs)):
-                ratios = [t[k] / x[k] for x, t in zip(ours, ts, strict=True)]
+            for name in ROWS[:2]:
+                ratios = [t[k] / x[k] for x, t in zip(result[name], ts, strict=True)]
                 print(f"\ntorch / {name}, {kind}, per round: median {statistics.median(ratios):.2f}x "
                       f"({min(ratios):.2f}-{max(ratios):.2f}x)")
 
