@@ -87,11 +87,11 @@ def _committed(array: Any, device: Any) -> Any:
 # NOTE [Packed optimizer state]
 # A small model's update costs its buffers more than its arithmetic: the demo's Adam
 # takes 25 arrays and gives 19 (six parameters, their moments twice, a count), and each
-# output is an allocation. So the per-parameter entries of the state (a moment, a
-# momentum: ``_mirrors_params``) of one dtype live in one flat buffer while all parameters
-# sit on one device; the update slices each entry out of it, runs optax's update, and
-# concatenates the new entries into the next buffer. The demo's Adam takes 15 arrays and
-# gives 9 (the count, one buffer for ``mu`` and ``nu`` together), 35-40% less time,
+# output is an allocation. So each per-parameter entry of the state (a moment, a
+# momentum: ``_mirrors_params``) lives in one flat buffer per dtype while all parameters
+# sit on one device; the update slices the leaves out of it, runs optax's update, and
+# concatenates the new leaves into the next buffer. The demo's Adam takes 15 arrays and
+# gives 9 (the count, a buffer for ``mu``, one for ``nu``): its step alone 104 -> 70 µs,
 # and the arithmetic is the same elementwise code: the same bits. ``state`` shows optax's
 # own tree, its entries sliced from the buffers (kept until the buffers change, so a
 # state read and assigned back, as ``set_lr`` does, repacks nothing). Sharded
@@ -100,7 +100,7 @@ def _committed(array: Any, device: Any) -> Any:
 
 
 class StateLayout:
-    """How optax's state tree is held: ``slots`` arrays, each a leaf of the tree or a flat buffer of several
+    """How optax's state tree is held: arrays (slots), each a leaf of the tree or a flat buffer of several
     (NOTE [Packed optimizer state]). Static in the update's program: hashed once, compared by value.
 
     >>> import jax.numpy as jnp, optax
@@ -138,7 +138,7 @@ class StateLayout:
 
         owners = jax.tree.leaves(jax.tree.map(number, state, is_leaf=lambda node: _mirrors_params(node, shapes)))
         buffers: dict[Any, tuple[int, list[int]]] = {}  # (entry, dtype) -> (its slot, its length so far)
-        entries = []
+        entries: list[tuple[int, int | None, tuple[int, ...], Any]] = []
         packed: list[bool] = []
         for leaf, owner in zip(leaves, owners, strict=True):
             if owner >= 0 and not getattr(leaf, "weak_type", True):
@@ -308,8 +308,10 @@ class Optax:
         if pack:
             everything = (True,) * len(params)
             _, new = jax.eval_shape(functools.partial(_update, self.transform, everything), params, params, state)
-            pack = jax.tree.structure(new) == jax.tree.structure(state) and all(
-                (a.shape, a.dtype) == (jnp.shape(b), jnp.result_type(b)) for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(state), strict=True)
+            leaves, new_leaves = jax.tree.leaves(state), jax.tree.leaves(new)
+            structure: Any = jax.tree.structure(state)  # a PyTreeDef, whose == the stubs do not declare
+            pack = structure == jax.tree.structure(new) and all(
+                (a.shape, a.dtype) == (jnp.shape(b), jnp.result_type(b)) for a, b in zip(new_leaves, leaves, strict=True)
             )
         return StateLayout.of(state, params, pack)
 
