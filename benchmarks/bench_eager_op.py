@@ -13,6 +13,10 @@
    ready. The ratio is torch's step time over xgrad's, per round, and its median. Two more rows
    time each optimizer's step alone, on the grads the last step left.
 
+3. The programs: each jitted program one eager step calls, replayed alone, and three kernels
+   (``x + 1`` of one element, ``tanh`` of 128x64, ``x @ w.T + b`` of 128x64 by 64x64) as
+   ``jax.jit`` programs against torch's ops on one thread (``--part programs``).
+
     PYTHONPATH=<checkout> python benchmarks/bench_eager_op.py --torch-python /path/to/python-with-torch
 """
 
@@ -214,7 +218,11 @@ def torch_worker(path: str) -> None:
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
 
-    runs = {"step": step, "optimizer": opt.step}
+    h, w, b, one = torch.randn(128, 64), torch.randn(64, 64), torch.zeros(64), torch.zeros(1)
+    runs = {
+        "step": step, "optimizer": opt.step, "add_one": lambda: one + 1, "tanh": lambda: torch.tanh(h),
+        "linear": lambda: torch.addmm(b, h, w.t()),
+    }
     for line in sys.stdin:
         what, n = line.split()
         print(*median_step(runs[what], int(n)), flush=True)
@@ -275,19 +283,78 @@ def step_rounds(torch_python: str, rounds: int, steps: int) -> dict[str, Rounds]
     return result
 
 
+def program_rows(torch_python: str, rounds: int, calls: int) -> None:
+    """Print each program of one eager step replayed alone (``calls`` calls, waited for at the end), then three
+    kernels against torch's (each call waited for): process µs per call, medians of ``rounds``."""
+    import jax
+    import jax.numpy as jnp
+
+    from xgrad.fast_compile import fast_compiler_options
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "step.npz")
+        _step_data(path)
+        run, step, opt = xgrad_stepper(path)
+        run(3)
+        programs = programs_of_step(step, opt)
+        print(f"Each program of one step replayed alone: process µs per call, medians of {rounds} rounds of {calls} calls\n")
+        print("| # | arrays in (first shapes) | µs |\n|---|---|---:|")
+        def pipelined_us(fn: Callable[..., Any], args: tuple[Any, ...]) -> float:  # waits once, after the calls
+            start = time.process_time()
+            for _ in range(calls):
+                out = fn(*args)
+            jax.block_until_ready(out)
+            return (time.process_time() - start) / calls * 1e6
+
+        for i, (fn, args) in enumerate(programs):
+            arrays = [a for a in jax.tree.leaves(args) if hasattr(a, "shape")]
+            us = statistics.median(pipelined_us(fn, args) for _ in range(rounds))
+            print(f"| {i} | {len(arrays)} {[tuple(a.shape) for a in arrays[:3]]} | {us:.1f} |")
+        worker = subprocess.Popen(
+            [torch_python, os.path.abspath(__file__), TORCH_WORKER, path],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        assert worker.stdin is not None and worker.stdout is not None
+        options = fast_compiler_options()
+        rng = np.random.default_rng(0)
+        h, w = jnp.asarray(rng.normal(size=(128, 64)), jnp.float32), jnp.asarray(rng.normal(size=(64, 64)), jnp.float32)
+        b, one = jnp.zeros(64, jnp.float32), jnp.zeros(1, jnp.float32)
+        add_one, tanh = jax.jit(lambda x: x + 1, compiler_options=options), jax.jit(jnp.tanh, compiler_options=options)
+        linear = jax.jit(lambda x, w, b: x @ w.T + b, compiler_options=options)
+        kernels = {"add_one": lambda: add_one(one), "tanh": lambda: tanh(h), "linear": lambda: linear(h, w, b)}
+        times: dict[tuple[str, str], list[float]] = {}
+        try:
+            for _ in range(rounds):
+                for name, fn in kernels.items():
+                    times.setdefault((name, "xgrad"), []).append(median_step(lambda fn=fn: jax.block_until_ready(fn()), calls)[1])
+                    worker.stdin.write(f"{name} {calls}\n")
+                    worker.stdin.flush()
+                    times.setdefault((name, "torch"), []).append(float(worker.stdout.readline().split()[1]))
+        finally:
+            worker.stdin.close()
+            worker.wait()
+        print("\nOne kernel, XLA:CPU's jitted program (eager's fast options) against torch (one thread): process µs per call\n")
+        print("| kernel | jax.jit | torch |\n|---|---:|---:|")
+        for name in kernels:
+            xla, torch_us = (statistics.median(times[name, who]) * 1e6 for who in ("xgrad", "torch"))
+            print(f"| {name} | {xla:.1f} | {torch_us:.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="rounds of each part, the rows in turns")
     parser.add_argument("--calls", type=int, default=3000, help="calls per row and round (recording)")
     parser.add_argument("--steps", type=int, default=50, help="steps per system and round (the eager step)")
     parser.add_argument("--torch-python", default=sys.executable, help="an interpreter that can import torch")
-    parser.add_argument("--part", choices=("all", "recording", "step"), default="all")
+    parser.add_argument("--part", choices=("all", "recording", "step", "programs"), default="all")
     args = parser.parse_args()
     if args.part in ("all", "recording"):
         print(f"Recording one op: process µs per call, medians of {args.rounds} rounds of {args.calls} calls\n")
         print("| op | bare | recorded | above bare |\n|---|---:|---:|---:|")
         for op, bare, recorded, above in recording_rows(args.rounds, args.calls):
             print(f"| {op} | {bare:.2f} | {recorded:.2f} | {above:.2f} |")
+    if args.part in ("all", "programs"):
+        program_rows(args.torch_python, args.rounds, min(args.calls, 1000))
     if args.part in ("all", "step"):
         result = step_rounds(args.torch_python, args.rounds, args.steps)
         if result is None:
