@@ -10,7 +10,12 @@
    initial parameters and batches). PyTorch runs in its own interpreter (``--torch-python``,
    one that can import ``torch``; it never imports xgrad or JAX), kept alive for the run; the
    two take turns, one block of steps each per round. Each step ends when its parameters are
-   ready. The ratio is torch's step time over xgrad's, per round, and its median.
+   ready. The ratio is torch's step time over xgrad's, per round, and its median. Two more rows
+   time each optimizer's step alone, on the grads the last step left.
+
+3. The programs: each jitted program one eager step calls, replayed alone, and three kernels
+   (``x + 1`` of one element, ``tanh`` of 128x64, ``x @ w.T + b`` of 128x64 by 64x64) as
+   ``jax.jit`` programs against torch's ops on one thread (``--part programs``).
 
     PYTHONPATH=<checkout> python benchmarks/bench_eager_op.py --torch-python /path/to/python-with-torch
 """
@@ -213,15 +218,26 @@ def torch_worker(path: str) -> None:
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
 
+    h, w, b, one = torch.randn(128, 64), torch.randn(64, 64), torch.zeros(64), torch.zeros(1)
+    runs = {
+        "step": step, "optimizer": opt.step, "add_one": lambda: one + 1, "tanh": lambda: torch.tanh(h),
+        "linear": lambda: torch.addmm(b, h, w.t()),
+    }
     for line in sys.stdin:
-        print(*median_step(step, int(line)), flush=True)
+        what, n = line.split()
+        print(*median_step(runs[what], int(n)), flush=True)
 
 
 Rounds = list[tuple[float, float]]  # per round, the median wall and process seconds of a step
+ROWS = (
+    "xgrad eager", "xgrad's programs replayed, no Python", "torch eager (1 thread)",
+    "xgrad's optimizer step alone (Optax Adam)", "torch's optimizer step alone (Adam)",
+)
 
 
-def step_rounds(torch_python: str, rounds: int, steps: int) -> tuple[Rounds, Rounds, Rounds] | None:
-    """Per round, ``median_step`` of ``steps`` xgrad steps, of its programs replayed and of torch steps, in turns."""
+def step_rounds(torch_python: str, rounds: int, steps: int) -> dict[str, Rounds] | None:
+    """Per row of ``ROWS``, per round, ``median_step`` of ``steps`` calls: xgrad's step, its programs replayed,
+    torch's step, then each optimizer's step alone on the last step's grads; the rows in turns."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "step.npz")
         _step_data(path)
@@ -235,30 +251,93 @@ def step_rounds(torch_python: str, rounds: int, steps: int) -> tuple[Rounds, Rou
             return None
         assert worker.stdin is not None and worker.stdout is not None
 
-        def torch_run(n: int) -> tuple[float, float]:
-            worker.stdin.write(f"{n}\n")
-            worker.stdin.flush()
-            wall, cpu = worker.stdout.readline().split()
-            return float(wall), float(cpu)
+        def torch_run(what: str) -> Callable[[int], tuple[float, float]]:
+            def run(n: int) -> tuple[float, float]:
+                worker.stdin.write(f"{what} {n}\n")
+                worker.stdin.flush()
+                wall, cpu = worker.stdout.readline().split()
+                return float(wall), float(cpu)
+
+            return run
+
+        import jax
 
         xgrad_run, step, opt = xgrad_stepper(path)
         try:
             xgrad_run(steps)  # compiles the primitives, then the fused rules
-            floor_run = replayer(programs_of_step(step, opt))
-            torch_run(steps)
-            xs: Rounds = []
-            fs: Rounds = []
-            ts: Rounds = []
+            runs = dict(zip(ROWS, (
+                xgrad_run, replayer(programs_of_step(step, opt)), torch_run("step"),
+                lambda n: median_step(lambda: (opt.step(), jax.block_until_ready(opt.params[0].array)), n),
+                torch_run("optimizer"),
+            ), strict=True))
+            runs[ROWS[2]](steps)
+            result: dict[str, Rounds] = {name: [] for name in ROWS}
             for _ in range(rounds):
-                xs.append(xgrad_run(steps))
-                fs.append(floor_run(steps))
-                ts.append(torch_run(steps))
+                for name, run in runs.items():
+                    result[name].append(run(steps))
         except ValueError:  # the worker died: its error is on stderr
             return None
         finally:
             worker.stdin.close()
             worker.wait()
-    return xs, fs, ts
+    return result
+
+
+def program_rows(torch_python: str, rounds: int, calls: int) -> None:
+    """Print each program of one eager step replayed alone (``calls`` calls, waited for at the end), then three
+    kernels against torch's (each call waited for): process µs per call, medians of ``rounds``."""
+    import jax
+    import jax.numpy as jnp
+
+    from xgrad.fast_compile import fast_compiler_options
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "step.npz")
+        _step_data(path)
+        run, step, opt = xgrad_stepper(path)
+        run(3)
+        programs = programs_of_step(step, opt)
+        print(f"Each program of one step replayed alone: process µs per call, medians of {rounds} rounds of {calls} calls\n")
+        print("| # | arrays in (first shapes) | µs |\n|---|---|---:|")
+        def pipelined_us(fn: Callable[..., Any], args: tuple[Any, ...]) -> float:  # waits once, after the calls
+            start = time.process_time()
+            for _ in range(calls):
+                out = fn(*args)
+            jax.block_until_ready(out)
+            return (time.process_time() - start) / calls * 1e6
+
+        for i, (fn, args) in enumerate(programs):
+            arrays = [a for a in jax.tree.leaves(args) if hasattr(a, "shape")]
+            us = statistics.median(pipelined_us(fn, args) for _ in range(rounds))
+            print(f"| {i} | {len(arrays)} {[tuple(a.shape) for a in arrays[:3]]} | {us:.1f} |")
+        worker = subprocess.Popen(
+            [torch_python, os.path.abspath(__file__), TORCH_WORKER, path],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        assert worker.stdin is not None and worker.stdout is not None
+        options = fast_compiler_options()
+        rng = np.random.default_rng(0)
+        h, w = jnp.asarray(rng.normal(size=(128, 64)), jnp.float32), jnp.asarray(rng.normal(size=(64, 64)), jnp.float32)
+        b, one = jnp.zeros(64, jnp.float32), jnp.zeros(1, jnp.float32)
+        add_one, tanh = jax.jit(lambda x: x + 1, compiler_options=options), jax.jit(jnp.tanh, compiler_options=options)
+        linear = jax.jit(lambda x, w, b: x @ w.T + b, compiler_options=options)
+        kernels = {"add_one": lambda: add_one(one), "tanh": lambda: tanh(h), "linear": lambda: linear(h, w, b)}
+        times: dict[tuple[str, str], list[float]] = {}
+        try:
+            for _ in range(rounds):
+                for name, fn in kernels.items():
+                    times.setdefault((name, "xgrad"), []).append(median_step(lambda fn=fn: jax.block_until_ready(fn()), calls)[1])
+                    worker.stdin.write(f"{name} {calls}\n")
+                    worker.stdin.flush()
+                    times.setdefault((name, "torch"), []).append(float(worker.stdout.readline().split()[1]))
+        finally:
+            worker.stdin.close()
+            worker.wait()
+        print("\nOne kernel, XLA:CPU's jitted program (eager's fast options) against torch (one thread): process µs per call\n")
+        print("| kernel | jax.jit | torch |\n|---|---:|---:|")
+        for name in kernels:
+            xla, torch_us = (statistics.median(times[name, who]) * 1e6 for who in ("xgrad", "torch"))
+            print(f"| {name} | {xla:.1f} | {torch_us:.1f} |")
 
 
 def main() -> None:
@@ -267,27 +346,29 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3000, help="calls per row and round (recording)")
     parser.add_argument("--steps", type=int, default=50, help="steps per system and round (the eager step)")
     parser.add_argument("--torch-python", default=sys.executable, help="an interpreter that can import torch")
-    parser.add_argument("--part", choices=("all", "recording", "step"), default="all")
+    parser.add_argument("--part", choices=("all", "recording", "step", "programs"), default="all")
     args = parser.parse_args()
     if args.part in ("all", "recording"):
         print(f"Recording one op: process µs per call, medians of {args.rounds} rounds of {args.calls} calls\n")
         print("| op | bare | recorded | above bare |\n|---|---:|---:|---:|")
         for op, bare, recorded, above in recording_rows(args.rounds, args.calls):
             print(f"| {op} | {bare:.2f} | {recorded:.2f} | {above:.2f} |")
+    if args.part in ("all", "programs"):
+        program_rows(args.torch_python, args.rounds, min(args.calls, 1000))
     if args.part in ("all", "step"):
         result = step_rounds(args.torch_python, args.rounds, args.steps)
         if result is None:
             print("\ntorch eager: unavailable (see the worker's error above)")
             return
-        xs, fs, ts = result
+        ts = result[ROWS[2]]
         print(f"\nDemo MLP eager step: ms, medians of {args.steps} steps per round, {args.rounds} rounds in turns")
         for kind, k in (("wall", 0), ("process (CPU) time", 1)):
             print(f"\n{kind}:\n\n| what | median of rounds | rounds |\n|---|---:|---|")
-            for name, per_round in (("xgrad eager", xs), ("xgrad's programs replayed, no Python", fs), ("torch eager (1 thread)", ts)):
+            for name, per_round in result.items():
                 ms = [r[k] * 1e3 for r in per_round]
                 print(f"| {name} | {statistics.median(ms):.3f} | {' '.join(f'{m:.2f}' for m in ms)} |")
-            for name, ours in (("xgrad eager", xs), ("xgrad's programs replayed", fs)):
-                ratios = [t[k] / x[k] for x, t in zip(ours, ts, strict=True)]
+            for name in ROWS[:2]:
+                ratios = [t[k] / x[k] for x, t in zip(result[name], ts, strict=True)]
                 print(f"\ntorch / {name}, {kind}, per round: median {statistics.median(ratios):.2f}x "
                       f"({min(ratios):.2f}-{max(ratios):.2f}x)")
 

@@ -13,11 +13,20 @@ import numpy as np
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.ops.autocast import AUTOCAST, autocast_key
 from xgrad.tensor import Tensor
+from xgrad.tensor.hook_kinds import LEAF_KINDS, leaf_has_hooks
 
 __all__ = [
-    "LastCall", "aliases", "expected_guard", "guard", "guard_entry", "leaf_key", "plain_argument", "same_shape",
-    "signature_of",
+    "LastCall", "aliases", "expected_guard", "guard", "guard_entry", "leaf_hook_ids", "leaf_key", "plain_argument",
+    "same_shape", "signature_of",
 ]
+
+# A step's state is guarded on its hooks of each kind a leaf keeps (NOTE [Hook kinds]).
+_LEAF_SLOTS: tuple[str, ...] = tuple(kind.leaf_slot for kind in LEAF_KINDS)  # type: ignore[misc]
+
+
+def leaf_hook_ids(t: Tensor) -> tuple[tuple[int, ...], ...]:
+    """The ids of ``t``'s hooks (their handles'), per kind in ``LEAF_KINDS``."""
+    return tuple(tuple(getattr(t, slot) or ()) for slot in _LEAF_SLOTS)
 
 
 def leaf_key(leaf: Any) -> Any:
@@ -37,25 +46,24 @@ def guard(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
     g = t._grad
     return (
         a.shape, a.dtype, t.grad_fn, t._requires_grad, g is None if grad_read else None,
-        None if g is None or not grad_read else g._array.shape,
-        tuple(t._backward_hooks or ()), tuple(t._post_accumulate_grad_hooks or ()),
+        None if g is None or not grad_read else g._array.shape, leaf_hook_ids(t),
     )
 
 
 def expected_guard(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
     """``guard`` as ``_guards_hold`` compares it: the ``.grad``'s shape (``None``: no ``.grad``) only if it was read."""
-    shape, dtype, grad_fn, requires_grad, _, grad_shape, hooks, post_hooks = guard(t, grad_read)
-    return shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks
+    shape, dtype, grad_fn, requires_grad, _, grad_shape, hooks = guard(t, grad_read)
+    return shape, dtype, grad_fn, requires_grad, grad_shape, hooks
 
 
 def guard_entry(ref: Any, grad_read: bool) -> list[Any]:
     """A guard as ``_guards_hold`` reads it: ``[ref, aval, shape, dtype, requires_grad]`` for a leaf without hooks
     whose ``.grad`` was not read (``Entry.plain_guards``), with ``grad_read`` and the rest of ``expected_guard`` after
     ``dtype`` for the others (``Entry.guards``)."""
-    shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks = expected_guard(ref(), grad_read)
-    if not grad_read and grad_fn is None and not hooks and not post_hooks:
+    shape, dtype, grad_fn, requires_grad, grad_shape, hooks = expected_guard(ref(), grad_read)
+    if not grad_read and grad_fn is None and not any(hooks):
         return [ref, None, shape, dtype, requires_grad]
-    return [ref, None, shape, dtype, grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks]
+    return [ref, None, shape, dtype, grad_read, grad_fn, requires_grad, grad_shape, hooks]
 
 
 def aliases(leaves: list[Any]) -> tuple[int, ...]:
@@ -188,7 +196,4 @@ def same_shape(guard: list[Any], aval: Any) -> bool:
 
 def plain_argument(t: Tensor) -> bool:
     """A Tensor argument whose guard part of its key (``leaf_key``) is the plain one: compared without building it."""
-    return (
-        t.grad_fn is None and not t._requires_grad and t._grad is None and not t._backward_hooks
-        and not t._post_accumulate_grad_hooks
-    )
+    return t.grad_fn is None and not t._requires_grad and t._grad is None and not leaf_has_hooks(t)

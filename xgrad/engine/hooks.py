@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 from xgrad import step_trace
+from xgrad.tensor.hook_kinds import HookKind
 
 __all__ = ["RemovableHandle", "add_hook"]
 
@@ -41,9 +43,17 @@ class RemovableHandle:
 
 
 class HookDict(dict):  # type: ignore[type-arg]
-    """An insertion-ordered dict of hooks that a weak reference can point at."""
+    """An insertion-ordered dict of hooks of one ``kind`` (NOTE [Hook kinds]) that a weak reference can point at.
 
-    __slots__ = ("__weakref__",)
+    A route given the dict (a step being traced wraps each hook it runs) reads from
+    ``kind`` what the hook's result means.
+    """
+
+    __slots__ = ("__weakref__", "kind")
+
+    def __init__(self, kind: HookKind, items: Iterable[tuple[int, Any]] = ()) -> None:
+        super().__init__(items)
+        self.kind = kind
 
 
 def add_hook(hooks: HookDict, fn: Any, owner: Any) -> RemovableHandle:

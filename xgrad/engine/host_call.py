@@ -4,8 +4,9 @@
 # A hook, a Function's backward or a final callback that cannot be traced in runs on the
 # host at its point of the program, at every call of it: one ordered ``io_callback``. One
 # mechanism serves every route that traces the engine: ``xgrad.compile``'s step
-# (``compile_step/host.py``) and the engine under a plain ``jax.jit`` (``compile_step/jax_hooks.py``);
-# a compiled backward traced as the engine runs its hooks through it too.
+# (``compile_step/host.py``) and the engine under a plain ``jax.jit`` (``compile_step/jax_hooks.py``).
+# ``backward(compiled=True)`` needs none of it: it splits its program at such a call and runs that
+# node between programs, on the real tensors, through eager's own code (NOTE [Compiled backward]).
 #
 # - ``call_on_host(fn, arrays, results)``: the call itself, on arrays. What runs on the host
 #   at every call is ``fn`` and one ``try``: the flattening, the trees, the shapes and dtypes

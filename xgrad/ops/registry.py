@@ -29,7 +29,7 @@ from xgrad.dual import LEVEL, set_tangent, tangents_on
 from xgrad.engine.anomaly import ANOMALY, record_forward_trace
 from xgrad.engine.dataflow import PRIMITIVE_JIT_PREFIX
 from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator, sharding_of
-from xgrad.engine.rules import Aval, RuleArgs, RuleNode, incoming_grad
+from xgrad.engine.rules import Aval, RuleArgs, RuleNode, incoming_grad, made_grads
 from xgrad.engine.saved import SavedTensor
 from xgrad.fast_compile import FastJit
 from xgrad.grad_mode import _state as _grad_state
@@ -263,10 +263,10 @@ class Primitive:
         # rule is pure (NOTE [Derivatives are data]): it runs when traced, as under ``jax.jit``.
         """
         if REGISTRY.get(self.name) is not self:  # made at run time (``register=False``): rules run as written
-            return self.backward(args)
+            return self.backward(_made(args))
         key, g_arrays, arrays = fusion_signature(args)
         if key is None:
-            return self.backward(args)
+            return self.backward(_made(args))
         fused = self._fused.get(key)
         if fused is None:
             fused = fuse(self, key, args.params, g_arrays, arrays)
@@ -279,7 +279,7 @@ class Primitive:
                 self._fused[key] = UNFUSED
             else:
                 return [None if r is None else Tensor(r) for r in results]
-        return self.backward(args)
+        return self.backward(_made(args))
 
     @property
     def host_only(self) -> bool:
@@ -292,6 +292,11 @@ class Primitive:
 
 
 REGISTRY: dict[str, Primitive] = {}
+
+
+def _made(args: RuleArgs) -> RuleArgs:
+    """``args`` with the unmade zeros of its ``g`` made, for rules run op by op (NOTE [Unmade zeros])."""
+    return args if type(args.g) is not tuple else args._replace(g=made_grads(args.g))
 
 
 def _named(impl: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -660,9 +665,13 @@ class PrimitiveNode(RuleNode):
         return self.prim.node_name
 
     def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
-        num_outputs = self.prim.num_outputs
+        prim = self.prim
+        num_outputs = prim.num_outputs
+        # Op by op where a graph is recorded, or where tangents must pass through the rules
+        # (a dual level: forward over reverse); else fused (NOTE [Fused eager rules]).
+        op_by_op = _grad_state.enabled or not prim.jit or ANOMALY.enabled or LEVEL.current is not None
         # One output, nearly every primitive: its grad is ``g`` as it is (spares the call).
-        g = grads[0] if num_outputs == 1 else incoming_grad(num_outputs, grads, self.input_metadata)
+        g = grads[0] if num_outputs == 1 else incoming_grad(num_outputs, grads, self.input_metadata, not op_by_op)
         if g is None:
             return [None] * len(self.next_edges)
         # The rules' arguments: the inputs (tensors, avals or constants) and the outputs,
@@ -671,13 +680,10 @@ class PrimitiveNode(RuleNode):
         if self.holds_tensors:
             inputs = [s.unpack(self) if type(s) is SavedTensor else s for s in inputs]
         out: Any = self.input_metadata if self.saved_out is None else tuple([s.unpack(self) for s in self.saved_out])
-        prim = self.prim
         if num_outputs == 1:
             out = out[0]
-        # Op by op where a graph is recorded, or where tangents must pass through the rules
-        # (a dual level: forward over reverse); else fused (NOTE [Fused eager rules]).
         args = _new_tuple(RuleArgs, (g, out, inputs, self.params, self.needed_outputs()))  # NOTE [Recording cost]
-        if _grad_state.enabled or not prim.jit or ANOMALY.enabled or LEVEL.current is not None:
+        if op_by_op:
             return prim.backward(args)
         return prim.eager_backward(args)
 
