@@ -53,10 +53,6 @@ ERR_STATE_FROM_HOST = (
 _CTX_OWN = frozenset(vars(FunctionCtx()))  # what autograd keeps on a ctx; the rest is the Function's
 
 
-def _struct(array: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(array.shape, array.dtype)
-
-
 def hook_in_step(fn: Any, hooks: Any) -> Any:
     """``fn`` as called inside a traced step: traced in if it is pure, else through an ordered host call.
 
@@ -202,8 +198,7 @@ def _held_step_tensors(fn: Any, known: set[int], depth: int = 3) -> list[Tensor]
 def _traced_state(t: Tensor, rec: Any) -> tuple[Any, Any]:
     """``t``'s traced array where the step has rebound it so far (else ``None``), and its ``.grad``'s (or ``None``)."""
     snap = rec.snapshots.get(id(t))
-    array = None if snap is not None and t._array is snap.start else t._array
-    return array, None if t._grad is None else t._grad._array
+    return None if snap is not None and t._array is snap.start else t._array, _grad_array(t)
 
 
 def _returning_none_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) -> None:
@@ -228,83 +223,66 @@ def _returning_none_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) -
         if last and returned[0]:
             raise RuntimeError(ERR_POST_ACCUMULATE_RESULT)
 
-    state_on_host(call, [var], reports=graph_task)
+    state_on_host(call, [var], reports=graph_task, who=f"hook {fn!r}")
 
 
 def state_on_host(
-    call: Callable[[], Any], tensors: list[Tensor], only_changed: bool = False, reports: Any = None, when: Any = None
+    call: Callable[[], Any], tensors: list[Tensor], only_changed: bool = False, reports: Any = None, when: Any = None,
+    who: str = "a final callback",
 ) -> None:
     """Run ``call()`` on the host at this point of the program, ``tensors`` showing their values and ``.grad``s then.
 
     The real tensors hold these concrete values while ``call`` runs; what it rebinds
-    (an array or a ``.grad``) flows on in the program. With ``only_changed``, an array
-    the step has not rebound so far stays on the device: the real tensor holds that
-    value already, and ``call`` must leave it alone. ``reports``: as for ``_on_host``;
-    ``when``: a traced flag, the call is made only if it is set.
+    (an array or a ``.grad``) flows on in the program (``hook_on_host``'s ``state``).
+    With ``only_changed``, an array the step has not rebound so far stays on the device:
+    the real tensor holds that value already, and ``call`` must leave it alone.
+    ``reports``: as for ``_on_host``; ``when``: a traced flag, the call is made only if it
+    is set; ``who``: what the errors call ``call``.
     """
     rec = recording.active()
     assert rec is not None
-    slots = []  # (tensor, whether its array goes to the host, whether it has a .grad)
-    arrays = []
-    for t in tensors:
-        array, grad = t._array, t._grad
-        snap = rec.snapshots.get(id(t))
-        sent = not only_changed or snap is None or array is not snap.start
-        slots.append((t, sent, grad is not None))
-        if sent:
-            arrays.append(array)
-        if grad is not None:
-            arrays.append(grad._array)
-    shapes = [_struct(a) for a in arrays]
-
-    def host(*concrete: Any) -> Any:
-        values = iter(concrete)
-        held = [(next(values) if sent else t._array, next(values) if has_grad else None) for t, sent, has_grad in slots]
-        new = []
-        with swapped_state([t for t, _, _ in slots], held):
-            call()
-            for (t, sent, has_grad), (before, _) in zip(slots, held, strict=True):
-                array, grad = t._array, t._grad
-                if sent:
-                    new.append(array)
-                elif array is not before:
-                    raise RuntimeError(
-                        f"under xgrad.compile a final callback cannot change a tensor (shape {list(array.shape)}) "
-                        "that the step had not changed before it; change it in the step, or run this step eagerly"
-                    )
-                if (grad is not None) != has_grad:
-                    raise RuntimeError(
-                        "under xgrad.compile a hook or final callback cannot set a .grad to None or set one that was "
-                        "None; zero it instead, or run this step eagerly"
-                    )
-                if grad is not None:
-                    new.append(grad._array)
-        return [n if n.dtype == c.dtype else n.astype(c.dtype) for n, c in zip(new, concrete, strict=True)]
+    state = [(t, *_traced_state(t, rec)) if only_changed else (t, t._array, _grad_array(t)) for t in tensors]
 
     def made(**kw: Any) -> Any:
-        return call_on_host(host, arrays, shapes, unchanged=_same, **kw)
+        return hook_on_host(call, ((),), call=_alone, state=state, who=who, **kw)
 
     if when is None:
-        values, flag = _on_host(made, reports, register=False)
+        _, flag = _on_host(made, reports, register=False)
     else:  # the call's flag leaves the ``cond`` as an output: checks are registered at the step's own level
         def taken(_: Any) -> Any:
-            outs, raised = _on_host(made, reports, register=False)
-            return (*outs, raised)
+            _, raised = _on_host(made, reports, register=False)
+            return (*_shown(state), raised)
 
-        *values, flag = jax.lax.cond(when, taken, lambda arrays: (*arrays, jnp.bool_(False)), arrays)
-    outs = iter(values)
-    for t, sent, has_grad in slots:
-        if sent:
-            t._array = next(outs)
-        if has_grad:
-            t._grad = Tensor(next(outs))
-    # Its check holds the state as the call leaves it: its values from before if it raised (``_same``), so the
-    # arrays from before the call are not outputs of the program too (each would be one more copy).
+        *values, flag = jax.lax.cond(when, taken, lambda arrays: (*arrays, jnp.bool_(False)), _shown(state))
+        outs = iter(values)
+        for t, array, grad in state:
+            if array is not None:
+                t._array = next(outs)
+            if grad is not None:
+                t._grad = Tensor(next(outs))
+    # Its check holds the state as the call leaves it: its values from before if it raised (``hook_on_host``
+    # gives them back), so the arrays from before the call are not outputs of the program too (each one more copy).
     _host_raised(flag)
 
 
-def _same(*concrete: Any) -> tuple[Any, ...]:
-    return concrete
+def _alone(call: Callable[[], Any], _args: Any, _arrays: Any) -> None:
+    """``hook_on_host``'s ``call`` for a call that takes no arguments and returns nothing."""
+    call()
+
+
+def _grad_array(t: Tensor) -> Any:
+    return None if t._grad is None else t._grad._array
+
+
+def _shown(state: list[tuple[Tensor, Any, Any]]) -> list[Any]:
+    """The arrays that ``state`` sends to the host, as its tensors hold them now."""
+    shown = []
+    for t, array, grad in state:
+        if array is not None:
+            shown.append(t._array)
+        if grad is not None:
+            shown.append(t._grad._array)
+    return shown
 
 
 class _Into:
