@@ -36,7 +36,7 @@
 # Under a plain JAX transformation (NOTE [Hooks under jax.jit] in ``jax_hooks.py``) the same
 # screen and trial decide, with no guards to keep: a hook reading a value that can be
 # rebound or changed in place (a number, a string, ``None``, a list's or dict's items) runs
-# on the host there (``trace_in_plain_jax``).
+# on the host there (``trace_in`` given no recorder).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from xgrad.compile_step.recording import Snapshot
 from xgrad.func_programs import LIBRARIES
 from xgrad.tensor import Tensor, is_tensor
 
@@ -308,76 +309,6 @@ def reads_hold(guards: list[tuple[Any, Any, Any]]) -> bool:
 
 # What a trace records that a hook's trial may add to, and an undone trial takes back.
 _RECORDS = ("checks", "host_checks", "added_hooks", "printed", "prints", "effects", "observers")
-
-
-def _tensor_state(t: Tensor) -> tuple[Any, ...]:
-    return t._array, t._grad, t.grad_fn, t._output_nr, t._version, t._requires_grad, t._retains_grad
-
-
-def _set_tensor_state(t: Tensor, state: tuple[Any, ...]) -> None:
-    t._array, t._grad, t.grad_fn, t._output_nr, t._version, t._requires_grad, t._retains_grad = state
-
-
-def _screened(fn: Any, args: tuple[Any, ...]) -> Reads | None:
-    """What ``fn`` reads (NOTE [Hooks traced in], 1 and 2); ``None`` if its code has effects."""
-    try:
-        reads = Reads()
-        reads.hook(fn, args)
-    except Impure as exc:
-        logger.debug("hook %r runs on the host: %s", fn, exc)
-        return None
-    return reads
-
-
-def _trial(fn: Any, args: tuple[Any, ...], reads: Reads) -> tuple[str | None, Any]:
-    """``fn`` called on the traced ``args``: why it cannot be traced in (``None``: it can; else what the call changed
-    of what it reads is undone) and its result."""
-    try:
-        result = fn(*args)
-        why = None
-    except Exception as exc:  # a tracer made concrete, or the user's error: the host call raises it again
-        why = f"{type(exc).__name__}: {exc}"
-        result = None
-    changed = reads.changed()
-    if changed:
-        why = "it changed Python state it reads"
-    if why is not None:
-        logger.debug("hook %r runs on the host: %s", fn, why)
-        Reads.restore(changed)
-    return why, result
-
-
-def _arg_tensors(args: tuple[Any, ...]) -> list[Tensor]:
-    return [t for t in jax.tree_util.tree_leaves(args, is_leaf=is_tensor) if isinstance(t, Tensor)]
-
-
-def trace_in(rec: Any, fn: Any, args: tuple[Any, ...], post_accumulate: bool) -> tuple[bool, Any]:
-    """Call ``fn`` on the traced ``args`` if it may be traced in (NOTE [Hooks traced in]): ``(True, its result)``;
-    else ``(False, None)``, nothing of the call left behind, for the caller to run it on the host."""
-    reads = _screened(fn, args)
-    if reads is None:
-        return False, None
-    lengths = [len(getattr(rec, name)) for name in _RECORDS]
-    tensors = _arg_tensors(args) + [t for t in (snap.ref() for snap in rec.snapshots.values()) if t is not None]
-    before = [(t, _tensor_state(t)) for t in tensors]
-    snapshotted = set(rec.snapshots)
-    why, result = _trial(fn, args, reads)
-    if why is None and post_accumulate and result is not None:  # eager's error, raised on the host after the last
-        why = "it returned a value"
-        logger.debug("hook %r runs on the host: %s", fn, why)
-    if why is None:
-        rec.hook_reads.extend(reads.guards)
-        return True, result
-    for name, n in zip(_RECORDS, lengths, strict=True):
-        del getattr(rec, name)[n:]
-    for key, snap in rec.snapshots.items():
-        t = snap.ref()
-        if key not in snapshotted and t is not None:
-            snap.restore(t)
-    for t, state in before:
-        _set_tensor_state(t, state)
-    return False, None
-
 _REBINDABLE = (type(None), bool, int, float, complex, str, bytes, np.generic)
 
 
@@ -390,20 +321,50 @@ def _changeable(guard: tuple[Any, Any, Any]) -> bool:
     return isinstance(value, _REBINDABLE)
 
 
-def trace_in_plain_jax(fn: Any, args: tuple[Any, ...]) -> tuple[bool, Any]:
-    """``trace_in`` under a plain JAX transformation, where nothing guards what a hook reads: ``(True, its result)``
-    when ``fn`` may be traced in; else ``(False, None)``, its arguments as before the trial."""
-    reads = _screened(fn, args)
-    if reads is None:
+def trace_in(rec: Any, fn: Any, args: tuple[Any, ...], post_accumulate: bool = False) -> tuple[bool, Any]:
+    """Call ``fn`` on the traced ``args`` if it may be traced in (NOTE [Hooks traced in]): ``(True, its result)``;
+    else ``(False, None)``, nothing of the call left behind, for the caller to run it on the host.
+
+    ``rec``: the step's recorder, whose guards keep what a traced-in hook read; ``None``
+    under a plain JAX transformation, where nothing guards it and a hook reading a value
+    that can change is not traced in.
+    """
+    try:
+        reads = Reads()
+        reads.hook(fn, args)
+        read = None if rec is not None else next((g for g in reads.guards if _changeable(g)), None)
+        if read is not None:
+            raise Impure(f"it reads {read[1] or read[2]!r}, which a plain JAX trace cannot check")
+    except Impure as exc:
+        logger.debug("hook %r runs on the host: %s", fn, exc)
         return False, None
-    read = next((g for g in reads.guards if _changeable(g)), None)
-    if read is not None:
-        logger.debug("hook %r runs on the host: it reads %r, which a plain JAX trace cannot check", fn, read[1] or read[2])
-        return False, None
-    before = [(t, _tensor_state(t)) for t in _arg_tensors(args)]
-    why, result = _trial(fn, args, reads)
+    tensors = [t for t in jax.tree_util.tree_leaves(args, is_leaf=is_tensor) if isinstance(t, Tensor)]
+    if rec is not None:
+        lengths = [len(getattr(rec, name)) for name in _RECORDS]
+        tensors += [t for t in (snap.ref() for snap in rec.snapshots.values()) if t is not None]
+        snapshotted = set(rec.snapshots)
+    before = [Snapshot(t) for t in tensors]
+    try:
+        result = fn(*args)
+        why = "it returned a value" if post_accumulate and result is not None else None  # eager's error, on the host
+    except Exception as exc:  # a tracer made concrete, or the user's error: the host call raises it again
+        why, result = f"{type(exc).__name__}: {exc}", None
+    changed = reads.changed()
+    if changed:
+        why = "it changed Python state it reads"
     if why is None:
+        if rec is not None:
+            rec.hook_reads.extend(reads.guards)
         return True, result
-    for t, state in before:
-        _set_tensor_state(t, state)
+    logger.debug("hook %r runs on the host: %s", fn, why)
+    Reads.restore(changed)
+    if rec is not None:
+        for name, n in zip(_RECORDS, lengths, strict=True):
+            del getattr(rec, name)[n:]
+        for key, snap in rec.snapshots.items():
+            t = snap.ref()
+            if key not in snapshotted and t is not None:
+                snap.restore(t)
+    for t, snap in zip(tensors, before, strict=True):
+        snap.restore(t)
     return False, None

@@ -30,7 +30,7 @@ from typing import Any
 import jax
 
 from xgrad import step_trace
-from xgrad.compile_step.hook_purity import trace_in_plain_jax
+from xgrad.compile_step.hook_purity import trace_in
 from xgrad.engine.compiled.switch import HostHook, PureHook
 from xgrad.engine.host_call import hook_on_host
 from xgrad.jax_internals import concrete_value
@@ -71,7 +71,7 @@ def plain_jax_hook(hook: Any) -> Any:
         if not _staged(args):
             return hook(*args)
         if not isinstance(hook, HostHook):
-            traced, result = trace_in_plain_jax(hook, args)
+            traced, result = trace_in(None, hook, args)
             if traced:
                 return result
         first = args[0]

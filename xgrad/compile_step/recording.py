@@ -15,7 +15,7 @@ from xgrad.step_trace import StepTrace
 from xgrad.tensor import Tensor
 
 
-class _Snapshot:
+class Snapshot:
     """A tensor's autograd-visible state when a trace first touched it."""
 
     __slots__ = (
@@ -47,7 +47,7 @@ class _Snapshot:
 
 
 def _same_target(a: Any, b: Any) -> bool:
-    """Whether two targets (``_Snapshot.target``) name one tensor, without ``==`` on the tensors
+    """Whether two targets (``Snapshot.target``) name one tensor, without ``==`` on the tensors
     themselves (a weak reference compares its referents, and ``Tensor.__eq__`` is an op)."""
     if type(a) is weakref.ref or type(b) is weakref.ref:
         return type(a) is type(b) and a() is b()
@@ -62,7 +62,7 @@ class Recorder(StepTrace):
     """
 
     def __init__(self) -> None:
-        self.snapshots: dict[int, _Snapshot] = {}
+        self.snapshots: dict[int, Snapshot] = {}
         self.sources: dict[int, list[Any]] = {}  # id(array) -> targets of the tensors holding it
         self.keep: list[Any] = []  # the arrays whose ids key ``sources`` stay alive
         self.grad_owner: dict[int, weakref.ref[Tensor]] = {}
@@ -144,7 +144,7 @@ class Recorder(StepTrace):
     def touch(self, t: Tensor) -> None:
         """Snapshot ``t`` if it is state seen for the first time."""
         if id(t) not in self.snapshots and not self.is_born(t):
-            snap = self.snapshots[id(t)] = _Snapshot(t)
+            snap = self.snapshots[id(t)] = Snapshot(t)
             ref = self.grad_owner.get(id(t))
             owner = ref() if ref is not None else None
             if owner is not None and owner._grad is t:
