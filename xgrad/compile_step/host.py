@@ -140,7 +140,7 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
         owners = _state_owners()
         state = [(t, *_traced_state(t, rec)) for t in owners]
         known = {id(t) for t in owners}
-        state += [(t, t._array, None if t._grad is None else t._grad._array) for t in _held_step_tensors(fn, known)]
+        state += [(t, t._array, _grad_array(t)) for t in _held_step_tensors(fn, known)]
     return _on_host(lambda **kw: hook_on_host(fn, args, call=call, state=state, **kw), graph_task)[0]
 
 
@@ -156,10 +156,8 @@ def _may_read_state(fn: Any, depth: int) -> bool:
     codes = nested_codes(fn.__code__)
     if any("grad" in code.co_names or "grad" in code.co_consts for code in codes):
         return True
-    held = [cell.cell_contents for cell in fn.__closure__ or () if cell.cell_contents is not None]
-    held += [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
-    held += [fn.__globals__[name] for code in codes for name in code.co_names if name in fn.__globals__]
-    return any(not _inert(v, depth) for v in held)
+    globals_named = [fn.__globals__[name] for code in codes for name in code.co_names if name in fn.__globals__]
+    return any(not _inert(v, depth) for v in (*_held(fn), *globals_named))
 
 
 def _inert(value: Any, depth: int) -> bool:
@@ -182,10 +180,8 @@ def _held_step_tensors(fn: Any, known: set[int], depth: int = 3) -> list[Tensor]
     fn = inspect.unwrap(fn.func if isinstance(fn, functools.partial) else getattr(fn, "__func__", fn))
     if not isinstance(fn, types.FunctionType) or depth == 0:
         return []
-    held = [cell.cell_contents for cell in fn.__closure__ or () if cell.cell_contents is not None]
-    held += [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
     found = []
-    for value in held:
+    for value in _held(fn):
         if isinstance(value, Tensor):
             if id(value) not in known and _traced(value._array):
                 known.add(id(value))
@@ -193,6 +189,12 @@ def _held_step_tensors(fn: Any, known: set[int], depth: int = 3) -> list[Tensor]
         elif callable(value):
             found += _held_step_tensors(value, known, depth - 1)
     return found
+
+
+def _held(fn: types.FunctionType) -> list[Any]:
+    """The values ``fn`` holds: its closure's and its defaults."""
+    closure = [cell.cell_contents for cell in fn.__closure__ or () if cell.cell_contents is not None]
+    return [*closure, *(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
 
 
 def _traced_state(t: Tensor, rec: Any) -> tuple[Any, Any]:
@@ -285,15 +287,6 @@ def _shown(state: list[tuple[Tensor, Any, Any]]) -> list[Any]:
     return shown
 
 
-class _Into:
-    """Stands in for the node a Function's gradient flows into: its input's metadata, all ``validate_outputs`` reads."""
-
-    __slots__ = ("input_metadata",)
-
-    def __init__(self, meta: InputMetadata) -> None:
-        self.input_metadata = (meta,)
-
-
 def function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
     """``node``'s backward on ``grads`` as an ordered host call of the program (NOTE [Functions in a compiled step]).
 
@@ -321,30 +314,27 @@ class _FunctionOnHost:
     values while it runs.
     """
 
-    __slots__ = ("arrays", "attr_leaves", "attr_names", "attr_tree", "edges", "graph_task", "has_grad", "into", "node",
-                 "saved", "state", "swapped", "traced_attrs")
+    __slots__ = ("arrays", "attr_names", "attrs", "edges", "graph_task", "has_grad", "into", "node", "saved", "state",
+                 "swapped")
 
     def __init__(self, node: FunctionNode, grads: list[Any]) -> None:
         self.node = node
         self.saved = [None if s is None else _HostSaved(node, s) for s in node.saved or ()]
         attrs = {k: v for k, v in vars(node.ctx).items() if k not in _CTX_OWN}
         self.attr_names = tuple(attrs)
-        leaves, self.attr_tree = jax.tree_util.tree_flatten(attrs, is_leaf=is_tensor)
-        self.traced_attrs = [i for i, leaf in enumerate(leaves) if _traced(leaf)]
+        self.attrs = _TracedLeaves(attrs)
         saved = [h for h in self.saved if h is not None]
         # Tensors that hold a traced value now: the call's concrete value stands in while the node runs.
-        held = {id(t): t for h in saved for t in h.tensors}
-        held.update((id(leaf), leaf) for leaf in leaves if isinstance(leaf, Tensor) and _traced(leaf._array))
+        held = {id(t): t for h in [*saved, self.attrs] for t in h.tensors}
         self.swapped = list(held.values())
-        traced_attrs = [array_of(leaves[i]) for i in self.traced_attrs]
-        for i in self.traced_attrs:  # the program keeps ``run``: not the tracers
-            leaves[i] = None
-        self.attr_leaves = leaves
         self.has_grad = [g is not None for g in grads]
-        self.arrays = [*(t._array for t in self.swapped), *_saved_arrays(saved), *traced_attrs, *_grad_arrays(grads)]
+        self.arrays = [*(t._array for t in self.swapped), *(a for h in saved for a in h.arrays()), *self.attrs.arrays,
+                       *(array_of(g) for g in grads if g is not None)]
         # Where each gradient goes: the metadata its value must fit (``None``: nowhere, dropped as eager drops it).
         self.into = [None if n is None else InputMetadata(*n.input_metadata[nr][:2], None) for n, nr in node.next_edges]
-        self.edges = _edges_into(self.into)
+        # ``validate_outputs`` reads only the metadata of the node a gradient flows into: a stand-in holds it.
+        self.edges = [Edge(None if m is None else types.SimpleNamespace(input_metadata=(m,)), 0)  # type: ignore[arg-type]
+                      for m in self.into]
         self.graph_task = _host_graph_task()
         self.state = [weakref.ref(t) for t in _state_owners() if id(t) not in held]
 
@@ -353,7 +343,7 @@ class _FunctionOnHost:
         values = iter(concrete)
         held = [(next(values), None) for _ in self.swapped]
         copies = [None if h is None else h.copy(values) for h in self.saved]
-        attrs = self._attrs(values)
+        attrs = self.attrs.rebuilt(values)
         grads = [Tensor(next(values)) if has else None for has in self.has_grad]
         state = [t for t in (ref() for ref in self.state) if t is not None]
         with swapped_state([*self.swapped, *state], [*held, *(None for _ in state)]) as changed:
@@ -367,15 +357,6 @@ class _FunctionOnHost:
         if missing is not None:
             raise RuntimeError(ERR_NO_GRAD_FROM_HOST.format(name=name, i=missing))
         return [g._array for g, m in pairs if m is not None]
-
-    def _attrs(self, values: Iterator[Any]) -> Any:
-        """The ctx's own attributes with the call's values, or ``None`` where none holds a traced one."""
-        if not self.traced_attrs:
-            return None
-        leaves = list(self.attr_leaves)
-        for i in self.traced_attrs:
-            leaves[i] = next(values)
-        return jax.tree_util.tree_unflatten(self.attr_tree, leaves)
 
     def _compute(self, copies: list[SavedTensor | None], attrs: Any, grads: list[Tensor | None]) -> list[Any]:
         """The node's ``compute`` with ``copies`` as its saved tensors and ``attrs`` on its ctx; both its own after."""
@@ -397,17 +378,27 @@ def _traced(value: Any) -> bool:
     return isinstance(value, jax.core.Tracer)
 
 
-def _saved_arrays(saved: list[_HostSaved]) -> list[Any]:
-    return [a for h in saved for a in h.arrays()]
+class _TracedLeaves:
+    """A value a Function's backward reads (its ctx's attributes, a pack hook's result) whose leaves hold traced
+    arrays: ``arrays``, the raw ones, a host call's arguments; ``tensors``, the Tensors holding one, swapped there."""
 
+    __slots__ = ("arrays", "at", "leaves", "tensors", "tree")
 
-def _grad_arrays(grads: list[Any]) -> list[Any]:
-    return [array_of(g) for g in grads if g is not None]
+    def __init__(self, value: Any) -> None:
+        leaves, self.tree = jax.tree_util.tree_flatten(value, is_leaf=is_tensor)
+        self.at = [i for i, leaf in enumerate(leaves) if _traced(leaf)]
+        self.arrays = [leaves[i] for i in self.at]
+        self.tensors = [leaf for leaf in leaves if isinstance(leaf, Tensor) and _traced(leaf._array)]
+        self.leaves = [None if _traced(leaf) else leaf for leaf in leaves]  # the program keeps this: not the tracers
 
-
-def _edges_into(into: list[InputMetadata | None]) -> list[Edge]:
-    """Edges that ``validate_outputs`` checks gradients against: into ``into``'s metadata, or nowhere."""
-    return [Edge(None if m is None else _Into(m), 0) for m in into]  # type: ignore[arg-type]
+    def rebuilt(self, values: Iterator[Any]) -> Any:
+        """On the host: the value with the call's arrays (taken from ``values``); ``None`` if none is traced."""
+        if not self.at:
+            return None
+        leaves = list(self.leaves)
+        for i in self.at:
+            leaves[i] = next(values)
+        return jax.tree_util.tree_unflatten(self.tree, leaves)
 
 
 class _HostSaved:
@@ -418,7 +409,7 @@ class _HostSaved:
     saved output's), or ``None``; ``unpacked``: what a library's unpack hook gave when traced.
     """
 
-    __slots__ = ("packed_tree", "saved", "tensors", "traced_packed", "unpacked", "value")
+    __slots__ = ("packed", "saved", "tensors", "unpacked", "value")
 
     def __init__(self, node: FunctionNode, saved: SavedTensor) -> None:
         original = saved.check_version(node)  # eager's check, made where eager unpacks: raised by the step
@@ -434,19 +425,12 @@ class _HostSaved:
             # in here, and on the host the copy hands out what it unpacked.
             self.unpacked = saved.unpack(node)._array
         self.value = value if _traced(value) else None
-        packed = None if self.unpacked is not None else getattr(saved, "_packed", None)
-        leaves, self.packed_tree = jax.tree_util.tree_flatten(packed, is_leaf=is_tensor)
-        self.tensors += [leaf for leaf in leaves if isinstance(leaf, Tensor) and _traced(leaf._array)]
-        self.traced_packed = [i for i, leaf in enumerate(leaves) if _traced(leaf)]
+        self.packed = _TracedLeaves(None if self.unpacked is not None else getattr(saved, "_packed", None))
+        self.tensors += self.packed.tensors
 
     def arrays(self) -> list[Any]:
         """The traced values ``copy`` takes on the host, in its order."""
-        packed = jax.tree_util.tree_leaves(getattr(self.saved, "_packed", None), is_leaf=is_tensor)
-        return [
-            *(() if self.value is None else (self.value,)),
-            *(() if self.unpacked is None else (self.unpacked,)),
-            *(packed[i] for i in self.traced_packed),
-        ]
+        return [a for a in (self.value, self.unpacked) if a is not None] + self.packed.arrays
 
     def copy(self, values: Iterator[Any]) -> SavedTensor:
         """On the host: a copy holding this call's values, its version taken as the saved tensor's now.
@@ -464,11 +448,9 @@ class _HostSaved:
         if self.unpacked is not None:
             unpacked = Tensor(next(values))
             saved._packed, saved._unpack = None, lambda _: unpacked
-        if self.traced_packed:
-            leaves = jax.tree_util.tree_leaves(saved._packed, is_leaf=is_tensor)
-            for i in self.traced_packed:
-                leaves[i] = next(values)
-            saved._packed = jax.tree_util.tree_unflatten(self.packed_tree, leaves)
+        packed = self.packed.rebuilt(values)
+        if packed is not None:
+            saved._packed = packed
         return saved
 
 
