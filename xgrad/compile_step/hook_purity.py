@@ -91,7 +91,8 @@ class Impure(Exception):
     """The hook does something a trace cannot repeat: it runs on the host."""
 
 
-def _trusted(obj: Any) -> bool:
+def from_library(obj: Any) -> bool:
+    """Whether ``obj`` (a module, a function, a class, an object of one) is library code (``LIBRARIES``)."""
     module = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
     if not isinstance(module, str):
         module = type(obj).__module__
@@ -120,7 +121,7 @@ def nested_codes(code: types.CodeType) -> list[types.CodeType]:
     return found
 
 
-def _items(container: Any) -> tuple[Any, ...]:
+def container_items(container: Any) -> tuple[Any, ...]:
     """A container's keys and values (a dict's in turn) or its items, to compare by identity."""
     return tuple(v for pair in container.items() for v in pair) if isinstance(container, dict) else tuple(container)
 
@@ -165,9 +166,9 @@ class Reads:
             self._callable(fn.__func__, depth, top)
             self._value(fn.__self__, depth + 1)
         elif isinstance(fn, types.FunctionType):
-            if top or not _trusted(fn):
+            if top or not from_library(fn):
                 self._function(fn, depth)
-        elif isinstance(fn, (type, types.BuiltinFunctionType, types.BuiltinMethodType)) or (not top and _trusted(fn)):
+        elif isinstance(fn, (type, types.BuiltinFunctionType, types.BuiltinMethodType)) or (not top and from_library(fn)):
             return  # a constructor, a builtin, or library code: traced as the step's ops are
         else:
             call = next((vars(c)["__call__"] for c in type(fn).__mro__ if "__call__" in vars(c)), None)
@@ -230,13 +231,13 @@ class Reads:
         if isinstance(value, _CONTAINERS):
             if len(value) > _MAX_ITEMS:
                 raise Impure(f"it reads a {type(value).__name__} of {len(value)} items")
-            items = _items(value)
+            items = container_items(value)
             if not isinstance(value, (tuple, frozenset)):
                 self.guards.append((value, None, items))
             for item in items:
                 self._value(item, depth + 1)
             return
-        if _trusted(value) and (isinstance(value, (types.ModuleType, type)) or _array_library(value)):
+        if from_library(value) and (isinstance(value, (types.ModuleType, type)) or _array_library(value)):
             return  # library code, or an array library's own object
         if isinstance(value, threading.local):
             return  # per-thread bookkeeping (the running backward's task): what a trace sees of it is not the call's
@@ -248,7 +249,7 @@ class Reads:
 
         # The attributes the code names, set or not (one set later shadows its class's): its classes' first,
         # whose properties add the names their getters read, then its own.
-        classes = [] if isinstance(value, type) else [c for c in type(value).__mro__ if not _trusted(c)]
+        classes = [] if isinstance(value, type) else [c for c in type(value).__mro__ if not from_library(c)]
         slots = {name for c in classes for name in getattr(c, "__slots__", ())}
         if slots & self.names:
             raise Impure(f"it reads {sorted(slots & self.names)[0]!r}, held in __slots__ where no guard sees it change")
@@ -298,7 +299,7 @@ def _holds(guard: tuple[Any, Any, Any]) -> bool:
             return target.cell_contents is value
         except ValueError:
             return value is _MISSING
-    found = _items(target)
+    found = container_items(target)
     return len(found) == len(value) and all(a is b for a, b in zip(found, value, strict=True))
 
 

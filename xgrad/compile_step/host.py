@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from xgrad.compile_step import recording
 from xgrad.compile_step.errors import NotCompilable
-from xgrad.compile_step.hook_purity import nested_codes, trace_in
+from xgrad.compile_step.hook_purity import container_items, from_library, nested_codes, trace_in
 from xgrad.compile_step.observers import HookBox, HostGraphTask, Observer, call_in_backward
 from xgrad.compile_step.recording import tracing
 from xgrad.engine.compiled.cache import call_site
@@ -29,7 +29,6 @@ from xgrad.engine.host_call import call_on_host, hook_on_host, swapped_state
 from xgrad.engine.node import ERR_POST_ACCUMULATE_RESULT, Edge, InputMetadata, current_task
 from xgrad.engine.saved import SavedTensor
 from xgrad.engine.validate import validate_outputs
-from xgrad.func_programs import LIBRARIES
 from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.nn.hooks import BackwardHook
 from xgrad.step_trace import array_of
@@ -75,8 +74,7 @@ def _in_step(fn: Any, hooks: Any, returns_none: bool) -> Any:
         return fn
 
     def call(*args: Any) -> Any:
-        rec = recording.active()
-        assert rec is not None
+        rec = recording.current()
         module_hooks = getattr(fn, "__self__", None)
         if not isinstance(module_hooks, BackwardHook):
             module_hooks = None
@@ -113,8 +111,7 @@ def _module_hooks_on_host(module_hooks: BackwardHook, grad_inputs: Any, grad_out
 
 def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> Any:
     """A hook whose non-``None`` result replaces its first argument (tensor, pre and post hooks)."""
-    rec = recording.active()
-    assert rec is not None
+    rec = recording.current()
     if rec.observing:  # the observer variant: the hook runs after the program (NOTE [Observer hooks])
         leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=is_tensor)
         arrays = [leaf._array for leaf in leaves]
@@ -127,11 +124,7 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
     rec.hook_calls += 1
     if rec.hook_box is None:
         rec.hook_box = HookBox()
-    box = rec.hook_box
-
-    def call(hook: Any, hook_args: tuple[Any, ...], arrays: list[Any]) -> Any:
-        return box.call(graph_task, hook, hook_args, arrays)
-
+    call = functools.partial(rec.hook_box.call, graph_task)
     # What eager's hook would see at this point: the state's .grads (a retained one included) and the arrays the
     # step has rebound so far, and the tensors of the step the hook holds (in its closure or defaults).
     # A hook that reaches no tensor and never names ``grad`` reads none of it: it gets none (each costs a copy).
@@ -169,7 +162,7 @@ def _inert(value: Any, depth: int) -> bool:
     if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
         return not _may_read_state(value, depth - 1)
     if isinstance(value, (list, tuple, set, frozenset, dict)) and len(value) <= 16:
-        items = [v for pair in value.items() for v in pair] if isinstance(value, dict) else list(value)
+        items = container_items(value)
         return all(_inert(v, depth - 1) for v in items) if depth > 0 else not items
     return False
 
@@ -210,8 +203,7 @@ def _returning_none_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) -
     As eagerly (``run_post_accumulate_grad_hooks``), every hook of ``var`` runs, then the
     last one raises if any returned a value: the hooks of one run share a flag on the host.
     """
-    rec = recording.active()
-    assert rec is not None
+    rec = recording.current()
     # The first of them on the host (those before it were traced in, returning None) resets the flag.
     first = id(hooks) not in rec.post_accumulate_returned
     last = fn is list(hooks.values())[-1]
@@ -241,15 +233,16 @@ def state_on_host(
     ``reports``: as for ``_on_host``; ``when``: a traced flag, the call is made only if it
     is set; ``who``: what the errors call ``call``.
     """
-    rec = recording.active()
-    assert rec is not None
+    rec = recording.current()
     state = [(t, *_traced_state(t, rec)) if only_changed else (t, t._array, _grad_array(t)) for t in tensors]
 
     def made(**kw: Any) -> Any:
         return hook_on_host(call, ((),), call=_alone, state=state, who=who, **kw)
 
+    # Its check holds the state as the call leaves it: its values from before if it raised (``hook_on_host`` gives
+    # them back), so the arrays from before the call are not outputs of the program too (each would be a copy).
     if when is None:
-        _, flag = _on_host(made, reports, register=False)
+        _on_host(made, reports)
     else:  # the call's flag leaves the ``cond`` as an output: checks are registered at the step's own level
         def taken(_: Any) -> Any:
             _, raised = _on_host(made, reports, register=False)
@@ -262,9 +255,7 @@ def state_on_host(
                 t._array = next(outs)
             if grad is not None:
                 t._grad = Tensor(next(outs))
-    # Its check holds the state as the call leaves it: its values from before if it raised (``hook_on_host``
-    # gives them back), so the arrays from before the call are not outputs of the program too (each one more copy).
-    _host_raised(flag)
+        _host_raised(flag)
 
 
 def _alone(call: Callable[[], Any], _args: Any, _arrays: Any) -> None:
@@ -283,7 +274,7 @@ def _shown(state: list[tuple[Tensor, Any, Any]]) -> list[Any]:
         if array is not None:
             shown.append(t._array)
         if grad is not None:
-            shown.append(t._grad._array)
+            shown.append(_grad_array(t))
     return shown
 
 
@@ -325,7 +316,7 @@ class _FunctionOnHost:
         self.attrs = _TracedLeaves(attrs)
         saved = [h for h in self.saved if h is not None]
         # Tensors that hold a traced value now: the call's concrete value stands in while the node runs.
-        held = {id(t): t for h in [*saved, self.attrs] for t in h.tensors}
+        held = {id(t): t for t in [*(t for h in saved for t in h.tensors), *self.attrs.tensors]}
         self.swapped = list(held.values())
         self.has_grad = [g is not None for g in grads]
         self.arrays = [*(t._array for t in self.swapped), *(a for h in saved for a in h.arrays()), *self.attrs.arrays,
@@ -420,7 +411,7 @@ class _HostSaved:
         value = getattr(saved, "_array", None)  # slots a state does not use are unset
         self.unpacked = None
         hook = getattr(saved, "_unpack", None)
-        if hook is not None and getattr(hook, "__module__", "").partition(".")[0] in LIBRARIES:
+        if hook is not None and from_library(hook):
             # A library's unpack hook (a checkpoint's recomputation) reads the step's traced values: it is traced
             # in here, and on the host the copy hands out what it unpacked.
             self.unpacked = saved.unpack(node)._array
@@ -489,14 +480,9 @@ class TracedCallbacks(list):  # type: ignore[type-arg]
 
 def _state_owners() -> list[Tensor]:
     """While tracing: the state tensors touched so far (a ``.grad`` comes with its owner)."""
-    rec = recording.active()
-    assert rec is not None
-    owners = []
-    for snap in rec.snapshots.values():
-        t = snap.ref()
-        if t is not None and type(snap.target) is not tuple:
-            owners.append(t)
-    return owners
+    rec = recording.current()
+    found = [(snap.ref(), snap.target) for snap in rec.snapshots.values()]
+    return [t for t, target in found if t is not None and type(target) is not tuple]
 
 
 def _final_callbacks_on_host(graph_task: HostGraphTask) -> None:
@@ -505,8 +491,7 @@ def _final_callbacks_on_host(graph_task: HostGraphTask) -> None:
     They see the state's values at that point (``state_on_host``), as eager's do. The
     call is made only when a hook did queue one: each reports it (``_on_host``).
     """
-    rec = recording.active()
-    assert rec is not None
+    rec = recording.current()
     queued = rec.queued.pop(id(graph_task), None)
     if queued:
         rec.conditional_calls += 1
@@ -538,8 +523,7 @@ def _on_host(made: Callable[..., Any], reports: HostGraphTask | None, register: 
     of the backward reads (``_final_callbacks_on_host``). Returns what ``made`` returns
     first, and the flag.
     """
-    rec = recording.active()
-    assert rec is not None
+    rec = recording.current()
     rec.host_calls += 1
     report = None if reports is None else functools.partial(bool, reports.final_callbacks)
     result, raised, reported = made(skip=rec.failed_so_far(), errors=rec.host_errors, report=report)
@@ -552,8 +536,7 @@ def _on_host(made: Callable[..., Any], reports: HostGraphTask | None, register: 
 
 def _host_raised(flag: Any) -> None:
     """Make an exception raised in a host call (``flag``: whether one was) a check of the program."""
-    rec = recording.active()
-    assert rec is not None
+    rec = recording.current()
     errors = rec.host_errors
 
     def kept(_: Any) -> BaseException:

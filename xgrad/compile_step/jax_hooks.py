@@ -77,18 +77,12 @@ def plain_jax_hook(hook: Any) -> Any:
         first = args[0]
         if isinstance(first, Tensor) and any(hook in (getattr(first, slot) or {}).values() for slot in _ON_THE_TENSOR):
             raise RuntimeError(ERR_NO_HOST_CALL.format(hook=hook, where=_POST_ACCUMULATE))
-        return _on_host(hook, args)
+        try:  # an ordered host call (NOTE [Host calls] in ``xgrad/engine/host_call.py``)
+            return hook_on_host(hook, args)[0]
+        except (ValueError, NotImplementedError) as exc:  # JAX's refusals of an ordered effect under vmap, of its JVP
+            raise RuntimeError(ERR_NO_HOST_CALL.format(hook=hook, where=_VMAP)) from exc
 
     return call
-
-
-def _on_host(hook: Any, args: tuple[Any, ...]) -> Any:
-    """``hook`` on ``args`` through an ordered host call (NOTE [Host calls] in ``xgrad/engine/host_call.py``)."""
-    try:
-        replaced, _, _ = hook_on_host(hook, args)
-    except (ValueError, NotImplementedError) as exc:  # JAX's refusals of an ordered effect under vmap, of its JVP
-        raise RuntimeError(ERR_NO_HOST_CALL.format(hook=hook, where=_VMAP)) from exc
-    return replaced
 
 
 step_trace.plain_jax_hook = plain_jax_hook

@@ -27,23 +27,13 @@ class Snapshot:
         # Where the tensor is found at a call (``resolve_target``): an argument's leaf index (a
         # new object each call), ``("grad", owner's target)``, or a weak reference.
         self.target: Any = self.ref
-        self.array = t._array
+        self.array, self.grad, self.grad_fn, self.output_nr, self.version, self.requires_grad, self.retains_grad = (
+            t._array, t._grad, t.grad_fn, t._output_nr, t._version, t._requires_grad, t._retains_grad)
         self.start = self.array  # what counts as unchanged (a tracer for an argument)
-        self.grad = t._grad
-        self.grad_fn = t.grad_fn
-        self.output_nr = t._output_nr
-        self.version = t._version
-        self.requires_grad = t._requires_grad
-        self.retains_grad = t._retains_grad
 
     def restore(self, t: Tensor) -> None:
-        t._array = self.array
-        t._grad = self.grad
-        t.grad_fn = self.grad_fn
-        t._output_nr = self.output_nr
-        t._version = self.version
-        t._requires_grad = self.requires_grad
-        t._retains_grad = self.retains_grad
+        t._array, t._grad, t.grad_fn, t._output_nr, t._version, t._requires_grad, t._retains_grad = (
+            self.array, self.grad, self.grad_fn, self.output_nr, self.version, self.requires_grad, self.retains_grad)
 
 
 def _same_target(a: Any, b: Any) -> bool:
@@ -257,6 +247,13 @@ def active() -> Recorder | None:
     """The recorder of the step this context is tracing, ``None`` when none is."""
     trace = step_trace.current()
     return trace if isinstance(trace, Recorder) else None
+
+
+def current() -> Recorder:
+    """The recorder of the step this context is tracing; one is."""
+    rec = active()
+    assert rec is not None
+    return rec
 
 
 def tracing() -> bool:

@@ -165,7 +165,8 @@ def hook_on_host(
     those values while the hook runs (``swapped_state``), and what it rebinds there flows on
     in the program: the tensors hold it when this returns. It may not rebind an array given
     as its own, nor set a ``.grad`` to ``None`` or one that was ``None`` (its errors name it
-    ``who``, default ``hook <hook>``).
+    ``who``, default ``hook <hook>``). ``xgrad.compile`` runs a final callback or an effect
+    through it too, with no Tensor arguments, for ``state``.
     Returns ``args[0]`` replaced and ``call_on_host``'s two flags.
     """
     tree: Any  # PyTreeDefs, compared with ``==``
