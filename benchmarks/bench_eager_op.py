@@ -18,6 +18,16 @@
    ``jax.jit`` programs against torch's ops on one thread (``--part programs``).
 
     PYTHONPATH=<checkout> python benchmarks/bench_eager_op.py --torch-python /path/to/python-with-torch
+
+``--ab REV`` times the recording rows as an A/B in one process instead: the functions named by
+``--swap`` (``module:qualname``) run with the code they have at git revision ``REV`` (A) and as
+checked out (B), swapped in and out with the rounds in turns (the order alternating), so both
+sides see the same load. It prints each side's µs above the bare call and the median of the
+paired differences. Constructors are swapped like any function; a function whose closure or
+globals differ between the two is not (``__code__`` must fit the function it is put into).
+
+    PYTHONPATH=<checkout> python benchmarks/bench_eager_op.py --part recording --ab main \
+        --swap xgrad.ops.registry:bind xgrad.ops.linalg:linear xgrad.tensor.core:Tensor.__init__
 """
 
 from __future__ import annotations
@@ -58,8 +68,49 @@ def per_call_us(fn: Callable[[], object], calls: int) -> float:
     return (time.process_time() - start) / calls * 1e6
 
 
-def recording_rows(rounds: int, calls: int) -> list[tuple[str, float, float, float]]:
-    """``(op, bare µs, recorded µs, recorded - bare)`` per op, medians of ``rounds`` rounds in turns."""
+def swapped_code(revision: str, targets: list[str]) -> Callable[[str], None]:
+    """A switch between the code of ``targets`` (``module:qualname``) at git ``revision`` ("A") and now ("B")."""
+    import ast
+    import importlib
+    import textwrap
+
+    swaps = []
+    for target in targets:
+        module_name, qualname = target.split(":")
+        module = importlib.import_module(module_name)
+        fn: Any = module
+        for part in qualname.split("."):
+            fn = getattr(fn, part)
+        fn = getattr(fn, "__func__", fn)
+        while fn.__code__.co_name != qualname.split(".")[-1]:  # a wrapper (autocast's): the op it wraps
+            fn = fn.__wrapped__
+        source = subprocess.run(  # ``REV:./name``: the path relative to the module's folder
+            ["git", "show", f"{revision}:./{os.path.basename(module.__file__)}"], capture_output=True, text=True,
+            check=True, cwd=os.path.dirname(module.__file__),
+        ).stdout
+        node: Any = ast.parse(source)
+        for part in qualname.split("."):
+            node = next(n for n in ast.iter_child_nodes(node)
+                        if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name == part)
+        namespace = dict(vars(module))
+        exec(compile("from __future__ import annotations\n" + textwrap.dedent(ast.get_source_segment(source, node)),
+                     f"{module.__file__} at {revision}", "exec"), namespace)
+        old = namespace[node.name]
+        swaps.append((fn, {"A": (old.__code__, old.__defaults__), "B": (fn.__code__, fn.__defaults__)}))
+
+    def use(side: str) -> None:
+        for fn, codes in swaps:
+            fn.__code__, fn.__defaults__ = codes[side]
+
+    return use
+
+
+def recording_rows(
+    rounds: int, calls: int, use: Callable[[str], None] | None = None
+) -> list[tuple[str, float, float, float]] | list[tuple[str, float, float, float, float]]:
+    """``(op, bare µs, recorded µs, recorded - bare)`` per op, medians of ``rounds`` rounds in turns.
+
+    With ``use`` (``swapped_code``'s switch): ``(op, bare, A - bare, B - bare, median of B - A per round)``."""
     import jax
     import jax.numpy as jnp
 
@@ -78,18 +129,33 @@ def recording_rows(rounds: int, calls: int) -> list[tuple[str, float, float, flo
         "mul": (lambda: jnp.multiply(aa, ba), lambda: a * b),
         "linear": (lambda: bare_linear(ia, wa, biasa), lambda: xgrad.linear(inp, weight, bias)),
     }
-    times: dict[tuple[str, int], list[float]] = {(op, k): [] for op in pairs for k in (0, 1)}
-    for fns in pairs.values():  # compile and warm up
-        for fn in fns:
-            per_call_us(fn, 100)
-    for _ in range(rounds):
-        for op, fns in pairs.items():
-            for k, fn in enumerate(fns):
-                times[op, k].append(per_call_us(fn, calls))
+    sides = ("A", "B") if use is not None else ("",)
+    times: dict[tuple[str, Any], list[float]] = {(op, k): [] for op in pairs for k in (0, *sides)}
+    for side in sides:  # compile and warm up
+        if use is not None:
+            use(side)
+        for fns in pairs.values():
+            for fn in fns:
+                per_call_us(fn, 100)
+    for r in range(rounds):
+        for op, (bare, recorded) in pairs.items():
+            times[op, 0].append(per_call_us(bare, calls))
+            for side in sides if r % 2 == 0 else sides[::-1]:
+                if use is not None:
+                    use(side)
+                times[op, side].append(per_call_us(recorded, calls))
     del accumulators
+    if use is not None:
+        use("B")
+        return [
+            (op, statistics.median(times[op, 0]), statistics.median(times[op, "A"]) - statistics.median(times[op, 0]),
+             statistics.median(times[op, "B"]) - statistics.median(times[op, 0]),
+             statistics.median([b - a for a, b in zip(times[op, "A"], times[op, "B"], strict=True)]))
+            for op in pairs
+        ]
     rows = []
     for op in pairs:
-        bare, recorded = statistics.median(times[op, 0]), statistics.median(times[op, 1])
+        bare, recorded = statistics.median(times[op, 0]), statistics.median(times[op, ""])
         rows.append((op, bare, recorded, recorded - bare))
     return rows
 
@@ -347,7 +413,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50, help="steps per system and round (the eager step)")
     parser.add_argument("--torch-python", default=sys.executable, help="an interpreter that can import torch")
     parser.add_argument("--part", choices=("all", "recording", "step", "programs"), default="all")
+    parser.add_argument("--ab", metavar="REV", help="recording: an A/B in one process against the code at git REV")
+    parser.add_argument("--swap", nargs="+", default=[], metavar="MODULE:QUALNAME", help="the functions --ab swaps")
     args = parser.parse_args()
+    if args.ab is not None:
+        print(f"Recording one op, A = {args.ab}, B = this checkout ({' '.join(args.swap)} swapped): process µs per "
+              f"call, medians of {args.rounds} rounds of {args.calls} calls, the sides in turns\n")
+        print("| op | bare | A above bare | B above bare | B - A (median of the rounds' pairs) |\n|---|---:|---:|---:|---:|")
+        for op, bare, above_a, above_b, delta in recording_rows(args.rounds, args.calls, swapped_code(args.ab, args.swap)):
+            print(f"| {op} | {bare:.2f} | {above_a:.2f} | {above_b:.2f} | {delta:+.2f} |")
+        return
     if args.part in ("all", "recording"):
         print(f"Recording one op: process µs per call, medians of {args.rounds} rounds of {args.calls} calls\n")
         print("| op | bare | recorded | above bare |\n|---|---:|---:|---:|")
