@@ -82,7 +82,7 @@ WARN_NON_LEAF_GRAD = (
 )
 
 
-_new_tensor = object.__new__  # Tensor defines no ``__new__`` (``Tensor._from_program``)
+_new_tensor = object.__new__  # Tensor defines no ``__new__`` (``Tensor._from_program``, ``Tensor._fill``)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -183,28 +183,9 @@ class Tensor(TensorOpMethods):
 
     @classmethod
     def _from_program(cls, array: Any) -> Tensor:
-        """``Tensor(array)`` for an array a compiled step's program made, built on the step's hit path:
-        without ``__init__``'s test for the legacy constructor and its report to a step being traced
-        (none is: a call inside a trace runs its function there). Each slot ``__init__`` sets, set alike
-        (``tests/test_tensor.py`` compares the two)."""
-        t = _new_tensor(cls)
-        t._array = array
-        t._alias_of = None
-        t.grad_fn = None
-        t._output_nr = 0
-        t._grad = None
-        t._version = 0
-        t._backward_hooks = None
-        t._post_accumulate_grad_hooks = None
-        t._grad_accumulator = None
-        t._retains_grad = False
-        t._requires_grad = False
-        t._view = None
-        t._views = None
-        t._inference = _grad_state.inference
-        t._fw_grad = None
-        t._cut_site = None
-        return t
+        """``Tensor(array)`` for an array a compiled step's program made (its ``.grad``s, its results), made without
+        the type's call (NOTE [Op outputs made without the type's call])."""
+        return _new_tensor(cls)._fill(array)
 
     @classmethod
     def _from_graph(cls, array: Any, grad_fn: Node, output_nr: int) -> Tensor:
