@@ -469,6 +469,50 @@ def test_buffers_and_arguments_updated_in_place_are_written_back():
     assert update.stats()["compiles"] == 1
 
 
+RETURNS = {
+    "a Tensor": lambda loss, w: loss,
+    "an array": lambda loss, w: loss.array,
+    "a number": lambda loss, w: 3,
+    "None": lambda loss, w: None,
+    "a 1-tuple": lambda loss, w: (loss,),
+    "a dict with a parameter": lambda loss, w: {"loss": loss, "w": w},
+}
+
+
+@pytest.mark.parametrize("returned", list(RETURNS))
+def test_a_step_returns_what_eager_returns_one_leaf_or_a_tree(returned):
+    """A step's results come back as eager's: one leaf handed back as it is, a tree rebuilt, a parameter itself."""
+
+    def make():
+        w = f64([1.0, -2.0], requires_grad=True)
+
+        def step(x):
+            w.grad = None
+            loss = (w * x).sum() ** 2
+            loss.backward()
+            return RETURNS[returned](loss, w)
+
+        return w, step
+
+    w, eager = make()
+    cw, compiled = make()
+    compiled = xgrad.compile(compiled, fallback="error")
+    for x in (f64([1.0, 2.0]), f64([3.0, -1.0])):
+        expected, found = eager(x), compiled(x)
+        expected_leaves, expected_tree = jax.tree_util.tree_flatten(expected, is_leaf=xgrad.is_tensor)
+        found_leaves, found_tree = jax.tree_util.tree_flatten(found, is_leaf=xgrad.is_tensor)
+        assert found_tree == expected_tree
+        for e, f in zip(expected_leaves, found_leaves, strict=True):
+            assert type(f) is type(e)
+            if isinstance(e, xgrad.Tensor):
+                assert (f is cw) == (e is w)
+                np.testing.assert_allclose(f.detach().numpy(), e.detach().numpy(), rtol=1e-12)
+            else:
+                np.testing.assert_allclose(f, e, rtol=1e-12)
+    np.testing.assert_allclose(cw.grad.numpy(), w.grad.numpy(), rtol=1e-12)
+    assert compiled.stats()["compiles"] == 1
+
+
 def test_changed_state_retraces():
     # Freezing a parameter between calls changes what the trace decided: a new program.
     eager, comp = mlp_setup(), mlp_setup()

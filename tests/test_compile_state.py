@@ -302,3 +302,71 @@ def test_an_lr_scheduler_stepped_in_the_step_steps_at_every_call(name, first):
     assert step.stats()["compiles"] == 1
     # Nothing in the program reads what the scheduler sets after it: it runs after the program, no host call in it.
     assert ("callback" in step.lower(XS[0]).as_text()) == first
+
+
+def test_a_rate_tensor_set_in_the_step_then_an_entry_set_between_calls_steps_as_eager():
+    """A Tensor rate given to the step and set as ``lr`` inside it is read at every call; an entry set by hand
+    between calls packs the rate the Tensor holds then (no traced value kept from the trace)."""
+
+    def setup():
+        xgrad.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).to(jnp.float64)
+        opt = xgrad.optim.Adam(model.parameters(), lr=0.05)
+
+        def step(x, lr):
+            opt.param_groups[0]["lr"] = lr
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            return loss
+
+        return model, opt, step
+
+    eager_model, eager_opt, eager_step = setup()
+    model, opt, step = setup()
+    step = xgrad.compile(step, fallback="error")
+    for i, x in enumerate(XS):
+        lr = xgrad.tensor(0.1 / (i + 1))
+        np.testing.assert_allclose(step(x, lr).item(), eager_step(x, lr).item(), rtol=1e-10)
+        for o in (opt, eager_opt):
+            o.param_groups[0]["eps"] = 10.0 ** -(i + 2)
+        assert_same([p.detach().numpy() for p in model.parameters()], [p.detach().numpy() for p in eager_model.parameters()])
+    assert step.stats()["compiles"] == 1
+
+
+def test_hyperparameters_set_between_calls_are_one_program_input_and_never_recompile():
+    """A group's numeric hyperparameters reach the program as one packed input: a scheduler's rate and
+    betas, eps and weight decay set by hand between calls change no program, and every call steps as eager."""
+
+    def setup():
+        xgrad.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).to(jnp.float64)
+        opt = xgrad.optim.Adam(model.parameters(), lr=0.05, betas=(0.8, 0.99), weight_decay=0.01)
+        sched = xgrad.optim.lr_scheduler.ExponentialLR(opt, gamma=0.5)
+
+        def step(x):
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            return loss
+
+        return model, opt, sched, step
+
+    settings = [{}, {"betas": (0.7, 0.9)}, {"eps": 1e-3, "weight_decay": 0.2}, {"betas": (0.95, 0.999), "eps": 1e-8}]
+    eager_model, eager_opt, eager_sched, eager_step = setup()
+    model, opt, sched, step = setup()
+    step = xgrad.compile(step, fallback="error")
+    for x, entries in zip(XS, settings, strict=True):
+        for o in (opt, eager_opt):
+            o.param_groups[0].update(entries)
+        np.testing.assert_allclose(step(x).item(), eager_step(x).item(), rtol=1e-10)
+        sched.step()
+        eager_sched.step()
+        assert_same([p.detach().numpy() for p in model.parameters()], [p.detach().numpy() for p in eager_model.parameters()])
+    assert opt.param_groups[0]["lr"] == 0.05 * 0.5**4
+    assert step.stats()["compiles"] == 1
+    # Parameters, Adam's two moments of each, the group's one step counter, its hyperparameters, the batch.
+    params = list(model.parameters())
+    assert len(jax.tree.leaves(step.lower(XS[0]).args_info)) == 3 * len(params) + 3

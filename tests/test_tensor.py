@@ -418,3 +418,17 @@ def test_zero_dim_tensor_from_another_device_joins_either_operand_order():
     assert (v * s).device == v.device == (s * v).device
     np.testing.assert_allclose(v.grad.numpy(), [6.0, 6.0])
     assert s.grad.item() == 6.0 and s.grad.device == s.device
+
+
+@pytest.mark.parametrize("inference", [False, True], ids=["grad mode", "inference mode"])
+def test_a_tensor_from_a_compiled_program_is_the_tensor_the_constructor_makes(inference):
+    """``Tensor._from_program`` (a compiled step's ``.grad``s and results) sets every slot ``Tensor(array)`` sets, alike."""
+    array = jnp.arange(3.0)
+    missing = object()
+    with xgrad.inference_mode(inference):
+        made, fast = xgrad.Tensor(array), xgrad.Tensor._from_program(array)
+    for name in xgrad.Tensor.__slots__:
+        if name != "__weakref__":
+            expected, found = getattr(made, name, missing), getattr(fast, name, missing)
+            assert found is expected or found == expected, name
+    assert fast.is_inference() == inference and fast.is_leaf and not fast.requires_grad

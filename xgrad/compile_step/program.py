@@ -48,6 +48,7 @@ from xgrad.compile_step.writeback import (
     resolve_target,
     sort_writes,
     source_value,
+    tuple_getter,
 )
 from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
@@ -70,10 +71,10 @@ class Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
     __slots__ = (
-        "aliased", "arg_tensor_slots", "check_first", "checks", "consts", "donated", "donated_outputs", "dropped_grads", "effects", "fast_writes", "flags", "fresh",
+        "aliased", "arg_tensor_slots", "check_first", "checks", "consts", "donated", "donated_outputs_of", "dropped_grads", "effects", "fast_writes", "flags", "fresh",
         "guards", "has_host_calls", "plain_guards", "in_order", "precheck", "tracks_fresh",
         "hook_box", "hook_reads", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
-        "observing", "result_template", "result_tree", "writes",
+        "observing", "result_template", "result_tree", "returns_one_leaf", "writes",
     )
     aliased: list[Any]  # the sources sharing one array when traced: a tuple of weak references, else a list of targets
     arg_tensor_slots: tuple[int, ...]
@@ -82,11 +83,11 @@ class Entry:
     # The inputs a call donates: position, source, whether a new .grad Tensor replaces it, the output replacing
     # it (NOTE [Donated state]).
     donated: tuple[tuple[int, Any, bool, int], ...]
-    donated_outputs: tuple[int, ...]  # the outputs replacing them, in their order
+    donated_outputs_of: Any  # the outputs replacing them, in their order, taken from a call's outputs (``tuple_getter``)
     check_first: bool  # whether a call checks its arguments' indices before the program runs (``check_first``)
     dropped_grads: tuple[Any, ...]  # the targets whose .grad a call lets go of before its program runs
     effects: list[tuple[Any, Any, list[Any], list[tuple[int, int]]]]  # host effects run after the program
-    fast_writes: tuple[list[Any], list[Any], list[Any]]  # ``writes`` as ``apply_final_writes`` takes them
+    fast_writes: tuple[list[Any], list[Any], list[Any], list[Any]]  # ``writes`` as ``apply_final_writes`` takes them
     fresh: list[Any]  # the outputs that replaced the donated inputs at the last call, weakly (``fresh_outputs``)
     tracks_fresh: bool  # whether ``fresh`` is kept: the program forwards no input as an output
     in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``donating_program``)
@@ -111,6 +112,7 @@ class Entry:
     n_dyn_args: int
     result_template: list[tuple[str, Any, Any]]
     result_tree: Any
+    returns_one_leaf: bool  # ``fn`` returns one leaf itself (a Tensor, an array): no tree to rebuild around it
     writes: list[tuple[Any, str, Any, int]]
 
 
@@ -465,6 +467,7 @@ def _built_entry(
     (entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags,
      entry.host_checks) = layout
     entry.fast_writes = sort_writes(entry.writes)
+    entry.returns_one_leaf = entry.result_tree.num_nodes == 1 and entry.result_tree.num_leaves == 1
     entry.effects = recorder.effects
     entry.other = None
     guards = [guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
@@ -504,7 +507,7 @@ def _compile_program(
         entry.writes, () if entry.precheck is not None else entry.checks, sources,
         [v.aval for v in (*jaxpr.constvars, *jaxpr.invars)], closed.out_avals,
     )
-    entry.donated_outputs = tuple(index for _, _, _, index in entry.donated)
+    entry.donated_outputs_of = tuple_getter(tuple(index for _, _, _, index in entry.donated))
     entry.check_first = check_first(entry)
     entry.jitted, entry.in_order = donating_program(program, entry.donated, len(closed.out_avals))
     entry.fresh = []

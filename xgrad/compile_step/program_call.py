@@ -123,7 +123,7 @@ def _call_program(entry: Entry, leaves: list[Any]) -> Any:
         outs = entry.in_order(outs)
     del inputs
     if entry.tracks_fresh:
-        entry.fresh = fresh_outputs(entry.donated_outputs, outs)
+        entry.fresh = fresh_outputs(entry.donated_outputs_of, outs)
     if not entry.check_first:
         # While the program runs: if a check fails its outputs are dropped, as if it never ran.
         check_on_host(entry.host_checks, leaves)
@@ -164,9 +164,9 @@ def finish(entry: Entry, outs: Any, leaves: list[Any]) -> Any:
     results = []
     for how, value, grad_index in entry.result_template:
         if how == "out":
-            t = Tensor(outs[value])
+            t = Tensor._from_program(outs[value])
             if grad_index is not None:
-                t._grad = Tensor(outs[grad_index])
+                t._grad = Tensor._from_program(outs[grad_index])
             results.append(t)
         elif how == "array":
             results.append(outs[value])
@@ -174,4 +174,4 @@ def finish(entry: Entry, outs: Any, leaves: list[Any]) -> Any:
             results.append(resolve_target(value, leaves))
         else:
             results.append(value)
-    return jax.tree_util.tree_unflatten(entry.result_tree, results)
+    return results[0] if entry.returns_one_leaf else entry.result_tree.unflatten(results)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import operator
 import sys
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -161,38 +163,43 @@ def apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
             t._array = outs[index]
             t._version += version_delta
         elif what == "grad":
-            t._grad = None if index is None else Tensor(outs[index])
+            t._grad = None if index is None else Tensor._from_program(outs[index])
         else:  # requires_grad
             t._requires_grad = index
 
 
-def sort_writes(writes: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+def sort_writes(writes: list[Any]) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
     """``writes`` as ``apply_final_writes`` takes them, each one's kind decided once instead of at every call.
 
-    The arrays of tensors held by weak references as ``(ref, output, version delta)``,
-    such tensors' ``.grad``s as ``(ref, output)``, and ``writes`` themselves when any
-    other write is among them (then they are applied in their order, by ``apply_writes``).
+    The arrays of tensors held by weak references whose version the write moves, as
+    ``(ref, output, version delta)``, and the others as ``(ref, output)``; such tensors'
+    ``.grad``s as ``(ref, output)``; and ``writes`` themselves when any other write is
+    among them (then they are applied in their order, by ``apply_writes``).
     """
     if not all(type(target) is weakref.ref and what in ("array", "grad") for target, what, _, _ in writes):
-        return [], [], writes
+        return [], [], [], writes
     arrays = [(target, index, delta) for target, what, index, delta in writes if what == "array"]
     grads = [(target, index) for target, what, index, _ in writes if what == "grad"]
-    return arrays, grads, []
+    return [a for a in arrays if a[2]], [(target, index) for target, index, delta in arrays if not delta], grads, []
 
 
-def apply_final_writes(writes: tuple[list[Any], list[Any], list[Any]], outs: Any, leaves: list[Any]) -> None:
+def apply_final_writes(writes: tuple[list[Any], list[Any], list[Any], list[Any]], outs: Any, leaves: list[Any]) -> None:
     """A call's final writes as ``sort_writes`` made them: every step, once per state tensor."""
-    arrays, grads, in_order = writes
-    for ref, index, version_delta in arrays:
+    versioned, unversioned, grads, in_order = writes
+    for ref, index, version_delta in versioned:
         t = ref()
         if t is not None:
             t._array = outs[index]
-            if version_delta:
-                t._version += version_delta
+            t._version += version_delta
+    for ref, index in unversioned:
+        t = ref()
+        if t is not None:
+            t._array = outs[index]
+    made = Tensor._from_program
     for ref, index in grads:
         t = ref()
         if t is not None:
-            t._grad = None if index is None else Tensor(outs[index])
+            t._grad = None if index is None else made(outs[index])
     if in_order:
         apply_writes(in_order, outs, leaves)
 
@@ -353,15 +360,24 @@ def own_donated(
                 buffers.add(buffer)
 
 
-def fresh_outputs(outputs: tuple[int, ...], outs: Any) -> list[Any]:
-    """Weak references to the outputs that replace the donated inputs (at ``outputs``), for the next call's ``own_donated``.
+def tuple_getter(indices: tuple[int, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """The items of a sequence at ``indices``, as a tuple (``operator.itemgetter``'s, for any number of indices)."""
+    if len(indices) == 1:
+        (index,) = indices
+        return lambda items: (items[index],)
+    if not indices:
+        return lambda items: ()
+    return operator.itemgetter(*indices)
+
+
+def fresh_outputs(outputs_of: Callable[[Any], tuple[Any, ...]], outs: Any) -> list[Any]:
+    """Weak references to the outputs that replace the donated inputs (``outputs_of(outs)``), for the next call's ``own_donated``.
 
     Only for a program that forwards none of its inputs as outputs: then each output is a
     buffer of its own, made by the call (XLA gives the outputs of one execution distinct
     buffers, sharing none but a donated input's).
     """
-    ref = weakref.ref
-    return [ref(outs[index]) for index in outputs]
+    return list(map(weakref.ref, outputs_of(outs)))
 
 
 def drop_grads(targets: tuple[Any, ...], leaves: list[Any]) -> None:

@@ -2,12 +2,13 @@
 
 # NOTE [PyTorch optimizers]
 # ``param_groups`` is a list of dicts as in PyTorch; users and schedulers set their
-# entries between steps. An entry an update reads as a number (``lr``, ``betas``,
-# ``weight_decay``, ...; the class's ``_hyper``) is also held by a Tensor that setting
-# the entry rebinds (``_ParamGroup``), and ``step`` passes those Tensors' arrays to the
-# jitted update: a new rate is a new input, not a new program, and inside
-# ``xgrad.compile`` the Tensors are program inputs read at every call (NOTE [Optimizer
-# state in Tensors]). Entries that choose code (``nesterov``, ``maximize``, ``amsgrad``)
+# entries between steps. The entries an update reads as numbers (``lr``, ``betas``,
+# ``weight_decay``, ...; the class's ``_hyper``) are also held, packed in one flat array,
+# by one Tensor per group that setting an entry rebinds (``_ParamGroup``), and ``step``
+# passes its array to the jitted update: a new rate is a new input, not a new program,
+# and inside ``xgrad.compile`` the Tensor is one program input read at every call
+# (NOTE [Optimizer state in Tensors]; one input, not one per entry, as ``jax.jit``'s
+# dispatch pays per input). Entries that choose code (``nesterov``, ``maximize``, ``amsgrad``)
 # are static arguments of the update. ``state[p]`` holds Tensors too, made when the
 # parameter joins the optimizer rather than at its first step (PyTorch's moment), so a
 # compiled step never makes state; ``state_dict()`` lists only parameters that have
@@ -18,6 +19,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -33,6 +35,7 @@ from xgrad.grad_mode import enable_grad
 from xgrad.grads import clear_grads
 from xgrad.optim.optax_optimizer import _writing, scalar_sharding
 from xgrad.optim.written import WrittenArrays
+from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor
 
 # State kept in PyTorch's scalar type, not the parameter's dtype: counters, each a function of
@@ -44,22 +47,34 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_))
 
 
-def _hyper_array(value: Any) -> jax.Array:
-    """A hyperparameter as the update reads it: the default float type, the same at every step (no recompile)."""
+def _hyper_piece(value: Any) -> Any:
+    """A hyperparameter as the update reads it, in the default float type: a NumPy array for a number, a Tensor's
+    own array (reported read to a step being traced) otherwise."""
+    dtype = jnp.result_type(float)
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ValueError("Tensor lr must be 1-element")
-        value = value.array.reshape(())
-    return jnp.asarray(value, dtype=jnp.result_type(float))
+        return value.array.reshape(()).astype(dtype)
+    return np.asarray(value, dtype=dtype)
 
 
 class _ParamGroup(dict):
-    """A parameter group: a dict whose numeric entries named in ``hyper`` are mirrored in Tensors (NOTE [PyTorch optimizers])."""
+    """A parameter group: a dict whose numeric entries named in ``hyper`` are mirrored in one Tensor (NOTE [PyTorch optimizers]).
+
+    ``hyper_tensor`` holds them packed, one after another in ``hyper``'s order, as one
+    flat array (``None`` while the group has none); ``hyper_layout`` says where each lies:
+    ``(key, start, shape)``. One array, not one per entry: a compiled step takes it as one
+    program input, and ``jax.jit``'s dispatch pays per input. Setting an entry writes its
+    slot of the array the Tensor holds then, which a compiled step may have written (a rate
+    set inside it): inside a step being traced as an op of the step, so that the other
+    entries stay the program's input, not the values they had when it was traced.
+    """
 
     def __init__(self, hyper: tuple[str, ...], entries: Mapping[str, Any]) -> None:
         super().__init__()
         self._hyper = hyper
-        self._tensors: dict[str, Tensor] = {}
+        self.hyper_tensor: Tensor | None = None
+        self.hyper_layout: tuple[tuple[str, int, tuple[int, ...]], ...] = ()
         self.update(entries)
 
     def __setitem__(self, key: str, value: Any) -> None:
@@ -68,10 +83,39 @@ class _ParamGroup(dict):
             return
         if not (_is_number(value) or isinstance(value, Tensor) or isinstance(value, tuple) and all(map(_is_number, value))):
             raise TypeError(f"param group entry {key!r} must be a number (or a tuple of numbers), got {value!r}")
-        tensor = self._tensors.get(key)
-        array = _hyper_array(value)
+        piece = _hyper_piece(value)
+        slot = next((entry for entry in self.hyper_layout if entry[0] == key), None)
+        tensor = self.hyper_tensor
+        if tensor is None or slot is None or slot[2] != piece.shape:
+            self._pack()
+            return
+        _, start, shape = slot
+        stop = start + math.prod(shape)
+        if step_trace.current() is None and isinstance(piece, np.ndarray):
+            host = np.array(tensor._array)  # one read and one transfer, no op dispatched
+            host[start:stop] = piece.reshape(-1)
+            array = jnp.asarray(host)
+        else:
+            array = array_of(tensor).at[start:stop].set(piece.reshape(-1))
+        _writing([tensor])
+        tensor._array = array
+
+    def _pack(self) -> None:
+        """Lay the entries out anew, packed from their values (a new Tensor if the length changed)."""
+        pieces = [(key, _hyper_piece(dict.__getitem__(self, key))) for key in self._hyper if key in self]
+        layout, start = [], 0
+        for key, piece in pieces:
+            layout.append((key, start, piece.shape))
+            start += piece.size
+        flat = [piece.reshape(-1) for _, piece in pieces]
+        if all(isinstance(piece, np.ndarray) for piece in flat):
+            array = jnp.asarray(np.concatenate(flat))  # one transfer, no op dispatched
+        else:
+            array = jnp.concatenate(flat)
+        self.hyper_layout = tuple(layout)
+        tensor = self.hyper_tensor
         if tensor is None or tensor.shape != array.shape:
-            self._tensors[key] = Tensor(array)
+            self.hyper_tensor = Tensor(array)
         else:
             _writing([tensor])
             tensor._array = array
@@ -85,13 +129,20 @@ class _ParamGroup(dict):
             self[key] = default
         return self[key]
 
-    def hyper_arrays(self) -> dict[str, jax.Array]:
-        """The arrays of the numeric hyperparameters, each reported read to a step being traced."""
+    def hyper_array(self) -> Any:
+        """The packed hyperparameters' array (``None``: none), reported read to a step being traced."""
+        tensor = self.hyper_tensor
+        if tensor is None:
+            return None
         trace = step_trace.current()
         if trace is not None:
-            for t in self._tensors.values():
-                trace.read(t)
-        return {key: t._array for key, t in self._tensors.items()}
+            trace.read(tensor)
+        return tensor._array
+
+
+def unpacked_hyper(layout: tuple[tuple[str, int, tuple[int, ...]], ...], packed: Any) -> dict[str, Any]:
+    """The hyperparameters packed in ``packed`` as ``_ParamGroup.hyper_layout`` places them, by name (inside the update's program)."""
+    return {key: packed[start:start + math.prod(shape)].reshape(shape) for key, start, shape in layout}
 
 
 def _param_list(params: Any) -> list[Any]:
@@ -121,13 +172,16 @@ def _placed_like(array: Any, param: Tensor) -> jax.Array:
 
 def _group_step(
     update: Callable[..., tuple[Any, dict[str, Any]]], options: tuple[tuple[str, Any], ...],
-    hyper: dict[str, Any], params: list[Any], grads: list[Any], states: list[dict[str, Any]], counters: dict[str, Any],
+    layout: tuple[tuple[str, int, tuple[int, ...]], ...], packed: Any, params: list[Any], grads: list[Any],
+    states: list[dict[str, Any]], counters: dict[str, Any],
 ) -> tuple[list[Any], list[dict[str, Any]], dict[str, Any]]:
     """One group's update, parameter by parameter, as one jitted program.
 
+    ``packed`` holds its hyperparameters, placed by ``layout`` (``_ParamGroup.hyper_layout``);
     ``counters`` are the group's shared counters (NOTE [Shared counters]), each passed once
     for all parameters and returned once: the first parameter's new value."""
     opts = dict(options)
+    hyper = unpacked_hyper(layout, packed)
     results = [update(opts, hyper, p, g, {**s, **counters}) for p, g, s in zip(params, grads, states, strict=True)]
     new_counters = {key: results[0][1][key] for key in counters}
     return [r[0] for r in results], [{k: v for k, v in r[1].items() if k not in counters} for r in results], new_counters
@@ -136,7 +190,7 @@ def _group_step(
 @functools.cache
 def _jitted_group_step() -> FastJit:
     """``_group_step`` jitted, made at the first step: its compiler options are asked of XLA (NOTE [Fast compiles])."""
-    return FastJit(_group_step, static_argnums=(0, 1))
+    return FastJit(_group_step, static_argnums=(0, 1, 2))
 
 
 class Optimizer:
@@ -309,7 +363,7 @@ class Optimizer:
         ]
         program = _jitted_group_step()
         new_params, new_states, new_counters = (program.plain if step_trace.current() is not None else program)(
-            type(self)._update, options, group.hyper_arrays(), [p._array for p in params],
+            type(self)._update, options, group.hyper_layout, group.hyper_array(), [p._array for p in params],
             [p._grad._array for p in params],  # type: ignore[union-attr]
             [{k: t._array for k, t in s.items() if k not in shared} for s in states],
             {key: states[0][key]._array for key in shared},

@@ -82,6 +82,9 @@ WARN_NON_LEAF_GRAD = (
 )
 
 
+_new_tensor = object.__new__  # Tensor defines no ``__new__`` (``Tensor._from_program``, ``Tensor._fill``)
+
+
 @jax.tree_util.register_pytree_node_class
 class Tensor(TensorOpMethods):
     """An array with autograd: ``.grad``, ``.grad_fn``, ``.backward()`` and hooks.
@@ -177,6 +180,12 @@ class Tensor(TensorOpMethods):
         if trace is not None:  # made inside a traced step: none of its state (NOTE [The step-trace seam])
             trace.made(self)
         return self
+
+    @classmethod
+    def _from_program(cls, array: Any) -> Tensor:
+        """``Tensor(array)`` for an array a compiled step's program made (its ``.grad``s, its results), made without
+        the type's call (NOTE [Op outputs made without the type's call])."""
+        return _new_tensor(cls)._fill(array)
 
     @classmethod
     def _from_graph(cls, array: Any, grad_fn: Node, output_nr: int) -> Tensor:

@@ -51,7 +51,7 @@ def _at_every_call(step: Callable[..., None]) -> Callable[..., None]:
     def run(self: LRScheduler, *args: Any, **kwargs: Any) -> None:
         trace = step_trace.current()
         if trace is not None:
-            hyper = [t for group in self.optimizer.param_groups for t in group._tensors.values()]
+            hyper = [group.hyper_tensor for group in self.optimizer.param_groups if group.hyper_tensor is not None]
             if trace.host_effect(step, (self, *args), kwargs, hyper):
                 return
         step(self, *args, **kwargs)
