@@ -9,15 +9,21 @@ import collections
 import contextlib
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from xgrad.compile_step.hook_ops import HookOps, HookPlan, OpLog, Served, ServedPlan
+from xgrad.compile_step.program_call import donating_program
+from xgrad.compile_step.writeback import donation
 from xgrad.engine.node import current_task
 from xgrad.grad_mode import enable_grad, graph_off, is_grad_enabled
 from xgrad.ops.dispatch import DISPATCH, OP_CALL, dispatching_through
+from xgrad.jax_internals import ClosedJaxpr, Var, jaxpr_as_fun
 from xgrad.tensor import Tensor
+
+if TYPE_CHECKING:
+    from xgrad.compile_step.program import Entry
 
 
 class HostGraphTask:
@@ -172,3 +178,79 @@ def run_observers(observers: list[Observer], outs: Any, box: HookBox) -> bool:
         DISPATCH.reset(token)
         current_task.graph_task = previous
     return True
+
+
+class SplitVariant:
+    """The observer variant as two programs, the second donating the state (NOTE [The observer variant split]).
+
+    ``first``: the variant's inputs to the outputs its hooks and checks read (at ``observers``'
+    and ``flags``' positions), then the values the second reads of it (the first ``n_carried``);
+    ``second``: the variant's inputs and those values to all the variant's outputs, in its order
+    (``in_order``, as ``donating_program``), donating ``donated`` as an exact program does.
+    """
+
+    __slots__ = (
+        "donated", "donated_outputs", "dropped_grads", "first", "flags", "fresh", "in_order", "n_carried", "observers",
+        "second",
+    )
+
+    def __init__(self) -> None:
+        self.fresh: list[Any] = []  # as ``Entry.fresh``
+
+    def carried(self, first_outs: Any) -> Any:
+        return first_outs[: self.n_carried]
+
+
+def split_variant(variant: Entry, jaxpr: Any, sources: list[Any]) -> SplitVariant | None:
+    """``variant``'s program (``jaxpr``, its constants made inputs) split where its hooks' arguments are made.
+
+    ``sources``: each input's one source, as ``donation`` takes them. ``None`` when the second
+    program would donate nothing: the variant stays one program.
+    """
+    if jaxpr.effects:
+        return None
+    observers: list[Observer] = variant.observers
+    read = {i for observer in observers for i in observer.outputs}
+    for observer in observers:
+        if observer.planned is not None:
+            read |= observer.planned.positions()
+    if variant.flags is not None:
+        read.add(variant.flags)
+    wanted = {v for v in (jaxpr.outvars[i] for i in read) if isinstance(v, Var)}
+    first_eqns = []
+    for eqn in reversed(jaxpr.eqns):
+        if any(v in wanted for v in eqn.outvars):
+            wanted.update(v for v in eqn.invars if isinstance(v, Var))
+            first_eqns.append(eqn)
+    first_eqns.reverse()
+    in_first = {id(eqn) for eqn in first_eqns}
+    second_eqns = [eqn for eqn in jaxpr.eqns if id(eqn) not in in_first]
+    made_first = {v for eqn in first_eqns for v in eqn.outvars}
+    read_second = [v for eqn in second_eqns for v in eqn.invars] + list(jaxpr.outvars)
+    carried = list(dict.fromkeys(v for v in read_second if isinstance(v, Var) and v in made_first))
+    order = sorted(read)
+    first_outvars = [*carried, *(jaxpr.outvars[i] for i in order)]
+    second = jaxpr.replace(invars=[*jaxpr.invars, *carried], eqns=second_eqns)
+    donated, dropped = donation(
+        variant.writes, (), [*sources, *[None] * len(carried)], [v.aval for v in second.invars],
+        [v.aval for v in jaxpr.outvars],
+    )
+    # Only an output the second program makes has a buffer of its own to give a donated input.
+    made_second = {v for eqn in second_eqns for v in eqn.outvars}
+    donated = tuple(d for d in donated if jaxpr.outvars[d[3]] in made_second)
+    if not donated:
+        return None
+    split = SplitVariant()
+    where = {i: len(carried) + k for k, i in enumerate(order)}
+    split.observers = [
+        Observer(o.fn, o.tree, [where[i] for i in o.outputs], o.in_backward, None if o.planned is None else o.planned.moved(where))
+        for o in observers
+    ]
+    split.flags = None if variant.flags is None else where[variant.flags]
+    split.n_carried = len(carried)
+    split.first = jax.jit(jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(outvars=first_outvars, eqns=first_eqns), [])))
+    split.second, split.in_order = donating_program(jaxpr_as_fun(ClosedJaxpr(second, [])), donated, len(jaxpr.outvars))
+    split.donated = donated
+    split.donated_outputs = tuple(index for _, _, _, index in donated)
+    split.dropped_grads = dropped
+    return split

@@ -25,6 +25,7 @@ from xgrad.jax_internals import Var
 from xgrad.tensor import Tensor
 
 if TYPE_CHECKING:
+    from xgrad.compile_step.observers import SplitVariant
     from xgrad.compile_step.program import Entry
 
 def _inputs_read(jaxpr: Any, outputs: list[int]) -> set[Any]:
@@ -131,6 +132,20 @@ def _call_program(entry: Entry, leaves: list[Any]) -> Any:
         # The one device-to-host read of a program with checks.
         _raise_failed_check(entry, np.asarray(outs[entry.flags]), outs, leaves)
     return finish(entry, outs, leaves)
+
+
+def run_second(variant: Entry, split: SplitVariant, inputs: list[Any], first_outs: Any, leaves: list[Any]) -> Any:
+    """The split observer variant's second program, once its hooks observed: the state donated, then written back."""
+    with _DONATING:
+        own_donated(split.donated, inputs, leaves, split.fresh)
+        if split.dropped_grads:
+            drop_grads(split.dropped_grads, leaves)
+        outs = split.second(*inputs, *split.carried(first_outs))
+        if split.in_order is not None:
+            outs = split.in_order(outs)
+        del inputs[:]
+        split.fresh = fresh_outputs(split.donated_outputs, outs)
+        return finish(variant, outs, leaves)
 
 
 def check_first(entry: Entry) -> bool:
