@@ -282,7 +282,7 @@ class CompiledFunction:
                     checked = flags is None or not np.asarray(outs[flags]).any()
                     # A failed check: the exact program, which no hook has run for yet, raises it.
                     if checked and run_observers(variant.observers if split is None else split.observers, outs, box):
-                        return finish(variant, outs, leaves) if split is None else run_second(variant, split, inputs, outs, leaves)
+                        return finish(variant, outs, leaves) if split is None else run_second(split, inputs, outs, leaves)
             box.observed = not box.replay  # what the hooks run live now say
             box.learned = []
             try:

@@ -134,18 +134,21 @@ def _call_program(entry: Entry, leaves: list[Any]) -> Any:
     return finish(entry, outs, leaves)
 
 
-def run_second(variant: Entry, split: SplitVariant, inputs: list[Any], first_outs: Any, leaves: list[Any]) -> Any:
+def run_second(split: SplitVariant, inputs: list[Any], first_outs: list[Any], leaves: list[Any]) -> Any:
     """The split observer variant's second program, once its hooks observed: the state donated, then written back."""
     with _DONATING:
-        own_donated(split.donated, inputs, leaves, split.fresh)
+        second_inputs = [inputs[i] for i in split.second_inputs]
+        second_inputs += first_outs[: split.n_carried]
+        del inputs[:]  # the donated arrays held by their tensors and ``second_inputs`` alone
+        own_donated(split.donated, second_inputs, leaves, split.fresh)
         if split.dropped_grads:
             drop_grads(split.dropped_grads, leaves)
-        outs = split.second(*inputs, *split.carried(first_outs))
+        outs = split.second(*second_inputs)
+        del second_inputs
         if split.in_order is not None:
             outs = split.in_order(outs)
-        del inputs[:]
         split.fresh = fresh_outputs(split.donated_outputs, outs)
-        return finish(variant, outs, leaves)
+        return finish(split.view, [*first_outs, *outs], leaves)
 
 
 def check_first(entry: Entry) -> bool:
