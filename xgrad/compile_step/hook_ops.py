@@ -181,34 +181,6 @@ class HookPlan:
         self.ops = ops
         self.calls = calls
 
-    def positions(self) -> set[int]:
-        """The output positions it reads: its ops' inputs and results, its calls' Tensors."""
-        found: set[int] = set()
-        for _, where, _, result in self.ops:
-            found.update((where,) if isinstance(where, int) else (i for i in where if i >= 0))
-            found.update((result,) if isinstance(result, int) else result)
-        for _, spec, _, made in self.calls:
-            found.update(s for s in spec if type(s) is int)
-            found.add(made)
-        return found
-
-    def moved(self, where: dict[int, int]) -> HookPlan:
-        """This plan over a program that returns output ``i`` at ``where[i]`` (a constant's ``~k`` stays)."""
-        at = where.__getitem__
-        ops: list[Planned] = [
-            (
-                head,
-                at(inputs) if isinstance(inputs, int) else tuple(at(i) if i >= 0 else i for i in inputs),
-                constants,
-                at(result) if isinstance(result, int) else tuple(map(at, result)),
-            )
-            for head, inputs, constants, result in self.ops
-        ]
-        calls: list[Call] = [
-            (fn, tuple(at(s) if type(s) is int else s for s in spec), kw, at(made)) for fn, spec, kw, made in self.calls
-        ]
-        return HookPlan(ops, calls)
-
 
 class HookOps:
     """The ops one hook call ran on its arguments, to compute in the observer variant."""

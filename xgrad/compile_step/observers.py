@@ -7,24 +7,17 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import copy
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 
 from xgrad.compile_step.hook_ops import HookOps, HookPlan, OpLog, Served, ServedPlan
-from xgrad.compile_step.program_call import donating_program
-from xgrad.compile_step.writeback import donation, sort_writes
 from xgrad.engine.node import current_task
 from xgrad.grad_mode import enable_grad, graph_off, is_grad_enabled
 from xgrad.ops.dispatch import DISPATCH, OP_CALL, dispatching_through
-from xgrad.jax_internals import ClosedJaxpr, Var, jaxpr_as_fun
 from xgrad.tensor import Tensor
-
-if TYPE_CHECKING:
-    from xgrad.compile_step.program import Entry
 
 
 class HostGraphTask:
@@ -179,114 +172,3 @@ def run_observers(observers: list[Observer], outs: Any, box: HookBox) -> bool:
         DISPATCH.reset(token)
         current_task.graph_task = previous
     return True
-
-
-class SplitVariant:
-    """The observer variant as two programs, the second donating the state (NOTE [The observer variant split]).
-
-    ``first``: the variant's inputs to the outputs its hooks and checks read (at ``observers``'
-    and ``flags``' positions), the values the second reads of it (its first ``n_carried``) and
-    the variant's outputs that the second does not make; ``second``: the variant's inputs at
-    ``second_inputs`` and the carried values to the rest of its outputs, donating ``donated``
-    as an exact program does (in its order by ``in_order``, as ``donating_program``). ``view``:
-    the variant with its writes and results read from the first's outputs then the second's.
-    """
-
-    __slots__ = (
-        "donated", "donated_outputs", "dropped_grads", "first", "flags", "fresh", "in_order", "n_carried", "observers",
-        "second", "second_inputs", "view",
-    )
-
-
-def _positions_read(variant: Entry) -> list[int]:
-    """The variant's outputs its hooks, their served ops and its checks read, in order."""
-    read = {i for observer in variant.observers for i in observer.outputs}
-    for observer in variant.observers:
-        if observer.planned is not None:
-            read |= observer.planned.positions()
-    if variant.flags is not None:
-        read.add(variant.flags)
-    return sorted(read)
-
-
-def _moved_outputs(variant: Entry, at: Callable[[int], int]) -> Entry:
-    """``variant`` writing back and making its results from outputs it finds at ``at(i)`` instead of ``i``."""
-    view = copy.copy(variant)
-    view.writes = [
-        (target, what, at(index) if what in ("array", "grad") and index is not None else index, delta)
-        for target, what, index, delta in variant.writes
-    ]
-    view.fast_writes = sort_writes(view.writes)
-    view.result_template = [
-        (how, at(value) if how in ("out", "array") else value, None if grad is None else at(grad))
-        for how, value, grad in variant.result_template
-    ]
-    view.effects = [(call, tree, kept, [(i, at(index)) for i, index in given]) for call, tree, kept, given in variant.effects]
-    return view
-
-
-def split_variant(variant: Entry, jaxpr: Any, sources: list[Any]) -> SplitVariant | None:
-    """``variant``'s program (``jaxpr``, its constants made inputs) split where its hooks' arguments are made.
-
-    ``sources``: each input's one source, as ``donation`` takes them. ``None`` when the second
-    program would donate nothing: the variant stays one program.
-    """
-    if jaxpr.effects:
-        return None
-    read = _positions_read(variant)
-    wanted = {v for v in (jaxpr.outvars[i] for i in read) if isinstance(v, Var)}
-    first_eqns = []
-    for eqn in reversed(jaxpr.eqns):
-        if any(v in wanted for v in eqn.outvars):
-            wanted.update(v for v in eqn.invars if isinstance(v, Var))
-            first_eqns.append(eqn)
-    first_eqns.reverse()
-    in_first = {id(eqn) for eqn in first_eqns}
-    second_eqns = [eqn for eqn in jaxpr.eqns if id(eqn) not in in_first]
-    made_first = {v for eqn in first_eqns for v in eqn.outvars}
-    made_second = {v for eqn in second_eqns for v in eqn.outvars}
-    second_reads = list(dict.fromkeys(
-        v for eqn in second_eqns for v in eqn.invars if isinstance(v, Var) and v not in made_second
-    ))
-    carried = [v for v in second_reads if v in made_first]
-    position = {v: k for k, v in enumerate(jaxpr.invars)}
-    from_inputs = [v for v in second_reads if v in position]
-    first_outvars = list(dict.fromkeys(
-        [*carried, *(jaxpr.outvars[i] for i in read), *(v for v in jaxpr.outvars if v not in made_second)]
-    ))
-    second_outvars = list(dict.fromkeys(v for v in jaxpr.outvars if v in made_second))
-    in_first_outs = {v: k for k, v in enumerate(first_outvars)}
-    in_second_outs = {v: k for k, v in enumerate(second_outvars)}
-    second_writes = [
-        (target, what, in_second_outs[jaxpr.outvars[index]], delta)
-        for target, what, index, delta in variant.writes
-        if what in ("array", "grad") and index is not None and jaxpr.outvars[index] in in_second_outs
-    ]
-    second_sources = [*(sources[position[v]] for v in from_inputs), *[None] * len(carried)]
-    second_invars = [*from_inputs, *carried]
-    donated, _ = donation(
-        second_writes, (), second_sources, [v.aval for v in second_invars], [v.aval for v in second_outvars]
-    )
-    if not donated:
-        return None
-    split = SplitVariant()
-    split.fresh = []
-    split.donated = donated
-    split.donated_outputs = tuple(index for _, _, _, index in donated)
-    split.dropped_grads = donation(variant.writes, (), sources, [v.aval for v in jaxpr.invars], [v.aval for v in jaxpr.outvars])[1]
-    split.second_inputs = tuple(position[v] for v in from_inputs)
-    split.n_carried = len(carried)
-    first_at = {i: in_first_outs[v] for i, v in enumerate(jaxpr.outvars) if v in in_first_outs}
-    split.observers = [
-        Observer(o.fn, o.tree, [first_at[i] for i in o.outputs], o.in_backward, None if o.planned is None else o.planned.moved(first_at))
-        for o in variant.observers
-    ]
-    split.flags = None if variant.flags is None else first_at[variant.flags]
-    n_first = len(first_outvars)
-    split.view = _moved_outputs(
-        variant, lambda i: n_first + in_second_outs[jaxpr.outvars[i]] if jaxpr.outvars[i] in in_second_outs else first_at[i]
-    )
-    split.first = jax.jit(jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(outvars=first_outvars, eqns=first_eqns), [])))
-    second = jaxpr.replace(invars=second_invars, outvars=second_outvars, eqns=second_eqns)
-    split.second, split.in_order = donating_program(jaxpr_as_fun(ClosedJaxpr(second, [])), donated, len(second_outvars))
-    return split

@@ -29,17 +29,9 @@ from xgrad.compile_step.errors import (
 from xgrad.compile_step.hook_purity import reads_hold
 from xgrad.compile_step.intercept import StepRecorder
 from xgrad.compile_step.miss_reasons import concrete_value_needed, describe_change, warn_rebinds
-from xgrad.compile_step.observers import run_observers, split_variant
+from xgrad.compile_step.observers import run_observers
 from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
-from xgrad.compile_step.program_call import (
-    check_first,
-    donating_program,
-    finish,
-    gather_inputs,
-    precheck,
-    run_program,
-    run_second,
-)
+from xgrad.compile_step.program_call import check_first, donating_program, finish, gather_inputs, precheck, run_program
 from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.signature import (
     LastCall,
@@ -79,7 +71,7 @@ class Entry:
         "aliased", "arg_tensor_slots", "check_first", "checks", "consts", "donated", "donated_outputs", "dropped_grads", "effects", "fast_writes", "flags", "fresh",
         "guards", "has_host_calls", "plain_guards", "in_order", "precheck", "tracks_fresh",
         "hook_box", "hook_reads", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
-        "observing", "result_template", "result_tree", "split", "writes",
+        "observing", "result_template", "result_tree", "writes",
     )
     aliased: list[Any]  # the sources sharing one array when traced: a tuple of weak references, else a list of targets
     arg_tensor_slots: tuple[int, ...]
@@ -117,7 +109,6 @@ class Entry:
     n_dyn_args: int
     result_template: list[tuple[str, Any, Any]]
     result_tree: Any
-    split: Any  # an observer variant's two programs (NOTE [The observer variant split]), else ``None``
     writes: list[tuple[Any, str, Any, int]]
 
 
@@ -274,15 +265,12 @@ class CompiledFunction:
                     entry.observing = self._observer_variant(entry, leaves, tree)
                 if entry.observing is not _NO_VARIANT:
                     variant = entry.observing
-                    split = variant.split  # NOTE [The observer variant split]
-                    inputs = gather_inputs(variant, leaves)
-                    outs = (variant.jitted if split is None else split.first)(*inputs)
+                    outs = variant.jitted(*gather_inputs(variant, leaves))
                     check_on_host(variant.host_checks, leaves)
-                    flags = variant.flags if split is None else split.flags
-                    checked = flags is None or not np.asarray(outs[flags]).any()
+                    checked = variant.flags is None or not np.asarray(outs[variant.flags]).any()
                     # A failed check: the exact program, which no hook has run for yet, raises it.
-                    if checked and run_observers(variant.observers if split is None else split.observers, outs, box):
-                        return finish(variant, outs, leaves) if split is None else run_second(split, inputs, outs, leaves)
+                    if checked and run_observers(variant.observers, outs, box):
+                        return finish(variant, outs, leaves)
             box.observed = not box.replay  # what the hooks run live now say
             box.learned = []
             try:
@@ -510,8 +498,7 @@ def _compile_program(
     """``entry``'s program: what it donates, its checks made first, jitted and compiled for the call's values."""
     consts = entry.consts
     jaxpr = closed.jaxpr
-    flat = jaxpr.replace(constvars=[], invars=[*jaxpr.constvars, *jaxpr.invars])
-    program = jaxpr_as_fun(ClosedJaxpr(flat, []))
+    program = jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(constvars=[], invars=[*jaxpr.constvars, *jaxpr.invars]), []))
     sources = [refs[0] if kind == "state" and len(refs) == 1 else None for kind, refs in consts]
     sources += [i if isinstance(leaves[i], Tensor) else None for i in dyn_slots]
     entry.has_host_calls = bool(closed.effects)
@@ -530,7 +517,6 @@ def _compile_program(
     # observer variant may run instead (NOTE [Observer hooks]).
     only_hooks = 0 < recorder.hook_calls == recorder.host_calls - recorder.conditional_calls
     entry.hook_box = recorder.hook_box if only_hooks else None
-    entry.split = split_variant(entry, flat, sources) if recorder.observing else None
     traced_program = entry.jitted.trace(
         *[refs if kind == "const" else source_value(refs[0], leaves) for kind, refs in consts], *dyn_values
     )

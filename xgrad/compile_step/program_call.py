@@ -25,7 +25,6 @@ from xgrad.jax_internals import Var
 from xgrad.tensor import Tensor
 
 if TYPE_CHECKING:
-    from xgrad.compile_step.observers import SplitVariant
     from xgrad.compile_step.program import Entry
 
 def _inputs_read(jaxpr: Any, outputs: list[int]) -> set[Any]:
@@ -132,23 +131,6 @@ def _call_program(entry: Entry, leaves: list[Any]) -> Any:
         # The one device-to-host read of a program with checks.
         _raise_failed_check(entry, np.asarray(outs[entry.flags]), outs, leaves)
     return finish(entry, outs, leaves)
-
-
-def run_second(split: SplitVariant, inputs: list[Any], first_outs: list[Any], leaves: list[Any]) -> Any:
-    """The split observer variant's second program, once its hooks observed: the state donated, then written back."""
-    with _DONATING:
-        second_inputs = [inputs[i] for i in split.second_inputs]
-        second_inputs += first_outs[: split.n_carried]
-        del inputs[:]  # the donated arrays held by their tensors and ``second_inputs`` alone
-        own_donated(split.donated, second_inputs, leaves, split.fresh)
-        if split.dropped_grads:
-            drop_grads(split.dropped_grads, leaves)
-        outs = split.second(*second_inputs)
-        del second_inputs
-        if split.in_order is not None:
-            outs = split.in_order(outs)
-        split.fresh = fresh_outputs(split.donated_outputs, outs)
-        return finish(split.view, [*first_outs, *outs], leaves)
 
 
 def check_first(entry: Entry) -> bool:
