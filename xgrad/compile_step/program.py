@@ -36,6 +36,7 @@ from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.signature import (
     LastCall,
     guard_entry,
+    hook_dicts_hold,
     same_shape,
     signature_of,
 )
@@ -90,7 +91,7 @@ class Entry:
     in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``donating_program``)
     # A tensor's weak reference, the aval that last passed, its shape and dtype; for plain state (a leaf with
     # no hooks, its .grad not read: parameters, optimizer state, buffers) then its requires_grad, the others
-    # go on with whether their .grad was read and the rest of ``expected_guard``.
+    # go on with whether their .grad was read, the rest of ``expected_guard`` and their hook dicts' versions.
     plain_guards: list[list[Any]]
     guards: list[list[Any]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
@@ -415,7 +416,7 @@ def _plain_guards_hold(entry: Entry) -> bool:
 def _guards_with_history_hold(entry: Entry) -> bool:
     """The other guards: history, the ``.grad`` read, hooks."""
     for guard in entry.guards:
-        ref, _, _, _, grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks = guard
+        ref, _, _, _, grad_read, grad_fn, requires_grad, grad_shape, _, _, _, _ = guard
         t = ref()
         if t is None or t.grad_fn is not grad_fn or t._requires_grad != requires_grad:
             return False
@@ -423,11 +424,11 @@ def _guards_with_history_hold(entry: Entry) -> bool:
             g = t._grad
             if (None if g is None else g._array.shape) != grad_shape:
                 return False
-        found = t._backward_hooks
-        if (tuple(found) if found else ()) != hooks:
-            return False
-        found = t._post_accumulate_grad_hooks
-        if (tuple(found) if found else ()) != post_hooks:
+        hooks, post_hooks = t._backward_hooks, t._post_accumulate_grad_hooks
+        if (
+            (None if hooks is None else hooks.version) != guard[10]
+            or (None if post_hooks is None else post_hooks.version) != guard[11]
+        ) and not hook_dicts_hold(guard, t):
             return False
         found_aval = t._array.aval
         if found_aval is not guard[1] and not same_shape(guard, found_aval):

@@ -15,7 +15,7 @@ from xgrad.ops.autocast import AUTOCAST, autocast_key
 from xgrad.tensor import Tensor
 
 __all__ = [
-    "LastCall", "aliases", "expected_guard", "guard", "guard_entry", "leaf_key", "plain_argument", "same_shape",
+    "LastCall", "aliases", "expected_guard", "guard", "guard_entry", "hook_dicts_hold", "leaf_key", "plain_argument", "same_shape",
     "signature_of",
 ]
 
@@ -51,11 +51,28 @@ def expected_guard(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
 def guard_entry(ref: Any, grad_read: bool) -> list[Any]:
     """A guard as ``_guards_hold`` reads it: ``[ref, aval, shape, dtype, requires_grad]`` for a leaf without hooks
     whose ``.grad`` was not read (``Entry.plain_guards``), with ``grad_read`` and the rest of ``expected_guard`` after
-    ``dtype`` for the others (``Entry.guards``)."""
-    shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks = expected_guard(ref(), grad_read)
+    ``dtype`` for the others (``Entry.guards``), then the versions of its two hook dicts (``None``: none), which
+    ``hook_dicts_hold`` compares first."""
+    t = ref()
+    shape, dtype, grad_fn, requires_grad, grad_shape, hooks, post_hooks = expected_guard(t, grad_read)
     if not grad_read and grad_fn is None and not hooks and not post_hooks:
         return [ref, None, shape, dtype, requires_grad]
-    return [ref, None, shape, dtype, grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks]
+    versions = [None if found is None else found.version for found in (t._backward_hooks, t._post_accumulate_grad_hooks)]
+    return [ref, None, shape, dtype, grad_read, grad_fn, requires_grad, grad_shape, hooks, post_hooks, *versions]
+
+
+def hook_dicts_hold(guard: list[Any], t: Tensor) -> bool:
+    """Whether ``t``'s hook dicts hold the hooks ``guard`` expects: the same version as last seen, else the same
+    keys (then that version is the one compared next time: a hook added then removed fails no guard)."""
+    for found, expected, at in ((t._backward_hooks, guard[8], 10), (t._post_accumulate_grad_hooks, guard[9], 11)):
+        if found is None:
+            if expected:
+                return False
+        elif found.version != guard[at]:
+            if tuple(found) != expected:
+                return False
+            guard[at] = found.version
+    return True
 
 
 def aliases(leaves: list[Any]) -> tuple[int, ...]:

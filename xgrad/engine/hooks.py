@@ -40,10 +40,59 @@ class RemovableHandle:
         self.remove()
 
 
-class HookDict(dict):  # type: ignore[type-arg]
-    """An insertion-ordered dict of hooks that a weak reference can point at."""
+#: Each ``HookDict``'s ``version`` is the next of these: no two states of any two dicts share one.
+_versions = itertools.count()
 
-    __slots__ = ("__weakref__",)
+
+class HookDict(dict):  # type: ignore[type-arg]
+    """An insertion-ordered dict of hooks that a weak reference can point at.
+
+    ``version`` changes with every change of its keys, to a number no other dict or state
+    of one had: a dict whose version is one seen before holds the hooks it held then (a
+    compiled step's guard compares it instead of the keys).
+    """
+
+    __slots__ = ("__weakref__", "version")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.version = next(_versions)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A copy (or an unpickled one, from another process's count) takes a version of its own.
+        return type(self), (dict(self),)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.version = next(_versions)
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(key)
+        self.version = next(_versions)
+
+    def __ior__(self, other: Any) -> HookDict:
+        self.update(other)
+        return self
+
+    def pop(self, *args: Any) -> Any:
+        self.version = next(_versions)  # before: a missing key without a default raises
+        return super().pop(*args)
+
+    def popitem(self) -> Any:
+        self.version = next(_versions)
+        return super().popitem()
+
+    def clear(self) -> None:
+        super().clear()
+        self.version = next(_versions)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        self.version = next(_versions)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self.version = next(_versions)
+        return super().setdefault(key, default)
 
 
 def add_hook(hooks: HookDict, fn: Any, owner: Any) -> RemovableHandle:
