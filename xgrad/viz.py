@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from xgrad.engine.node import AccumulateGrad, Node
 from xgrad.engine.saved import SavedTensor
 from xgrad.tensor import Tensor
+from xgrad.tensor.hook_kinds import KINDS, hooks_at
 
 if TYPE_CHECKING:
     import graphviz
@@ -37,6 +38,7 @@ OUTPUT_COLOR = "darkolivegreen1"
 LEAF_COLOR = "lightblue"
 SAVED_COLOR = "orange"
 HOOK_COLOR = "red"
+_KINDS_IN_ORDER = sorted(KINDS, key=lambda kind: kind.rank)
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -49,19 +51,8 @@ def _label(*lines: str) -> str:
 
 
 def _hook_kinds(fn: Node) -> list[str]:
-    """Which kinds of hook will run at ``fn`` (NOTE [Hooks ordering] in node.py)."""
-    kinds = []
-    if fn.tensor_pre_hooks():
-        kinds.append("tensor")
-    if fn._retains_grad_hooks:
-        kinds.append("retain_grad")
-    if fn._pre_hooks:
-        kinds.append("pre")
-    if fn._post_hooks:
-        kinds.append("post")
-    if isinstance(fn, AccumulateGrad) and fn.variable._post_accumulate_grad_hooks:
-        kinds.append("post_accumulate")
-    return kinds
+    """Which kinds of hook will run at ``fn``, by their labels, in PyTorch's order (NOTE [Hook kinds])."""
+    return [kind.label for kind in _KINDS_IN_ORDER if hooks_at(fn, kind)]
 
 
 def _saved_shapes(fn: Node) -> list[tuple[str, tuple[int, ...] | None]]:

@@ -34,6 +34,7 @@ from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.nn.hooks import BackwardHook
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
+from xgrad.tensor.hook_kinds import REPLACES_GRAD, RETURNS_NONE
 
 ERR_NO_GRAD_FROM_HOST = (
     "under xgrad.compile, {name} returned None as the gradient of input {i}, which requires grad: its backward runs "
@@ -60,30 +61,37 @@ def hook_in_step(fn: Any, hooks: Any) -> Any:
     """``fn`` as called inside a traced step: traced in if it is pure, else through an ordered host call.
 
     Marked ``pure_hook``: traced in; marked ``host_hook``: on the host; neither: traced in
-    when it touches no Python state (NOTE [Hooks traced in] in ``hook_purity.py``).
+    when it touches no Python state (NOTE [Hooks traced in] in ``hook_purity.py``). On the
+    host, ``hooks``'s kind says what its result means (NOTE [Hook kinds]): one that
+    replaces gradients goes through ``hook_on_host``, one that returns ``None`` runs on
+    the real tensor (``_returning_none_on_host``).
     """
+    convention = hooks.kind.convention
+    if convention is REPLACES_GRAD:  # kept as (input_nr, hook)
+        return (fn[0], _in_step(fn[1], hooks, False))
+    return _in_step(fn, hooks, convention is RETURNS_NONE)
+
+
+def _in_step(fn: Any, hooks: Any, returns_none: bool) -> Any:
     from xgrad.autograd.compiled import HostHook, PureHook
 
-    if isinstance(fn, tuple):  # a tensor hook: (input_nr, hook)
-        return (fn[0], hook_in_step(fn[1], hooks))
     if isinstance(fn, PureHook) or not tracing():
         return fn
 
     def call(*args: Any) -> Any:
         rec = recording.active()
         assert rec is not None
-        post_accumulate = len(args) == 1 and isinstance(args[0], Tensor) and args[0]._post_accumulate_grad_hooks is hooks
         module_hooks = getattr(fn, "__self__", None)
         if not isinstance(module_hooks, BackwardHook):
             module_hooks = None
         # Hooks that share state on the host follow an earlier one there: a module call's backward hooks
-        # its pre-hooks (the grad_output they keep), a leaf's post-accumulate hooks each other (the check
+        # its pre-hooks (the grad_output they keep), a tensor's hooks that return None each other (the check
         # that none returned a value, made after the last).
-        group = id(module_hooks) if module_hooks is not None else id(hooks) if post_accumulate else None
+        group = id(module_hooks) if module_hooks is not None else id(hooks) if returns_none else None
         on_host = isinstance(fn, HostHook) or group in rec.hosted_groups
         kept_grad_outputs = None if module_hooks is None else module_hooks.grad_outputs  # before a trial resets it
         if not on_host:
-            traced, result = trace_in(rec, fn, args, post_accumulate)
+            traced, result = trace_in(rec, fn, args, returns_none)
             if traced:
                 return result
         host_fn = fn
@@ -94,8 +102,8 @@ def hook_in_step(fn: Any, hooks: Any) -> Any:
         if group is not None:
             rec.hosted_groups.add(group)
         graph_task = _host_graph_task()
-        if post_accumulate:
-            return _post_accumulate_on_host(host_fn, args[0], graph_task, hooks)
+        if returns_none:
+            return _returning_none_on_host(host_fn, args[0], graph_task, hooks)
         return _replacing_hook_on_host(host_fn, args, graph_task)
 
     return call
@@ -198,8 +206,9 @@ def _traced_state(t: Tensor, rec: Any) -> tuple[Any, Any]:
     return array, None if t._grad is None else t._grad._array
 
 
-def _post_accumulate_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) -> None:
-    """A post-accumulate-grad hook: run on the real leaf with concrete values; what it rebinds flows on.
+def _returning_none_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) -> None:
+    """A hook that returns ``None`` (a post-accumulate-grad hook): run on the real leaf with concrete values; what it
+    rebinds flows on.
 
     As eagerly (``run_post_accumulate_grad_hooks``), every hook of ``var`` runs, then the
     last one raises if any returned a value: the hooks of one run share a flag on the host.

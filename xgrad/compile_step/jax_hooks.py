@@ -35,6 +35,7 @@ from xgrad.engine.compiled.switch import HostHook, PureHook
 from xgrad.engine.host_call import hook_on_host
 from xgrad.jax_internals import concrete_value
 from xgrad.tensor import Tensor
+from xgrad.tensor.hook_kinds import KINDS, RETURNS_NONE
 
 ERR_NO_HOST_CALL = (
     "hook {hook!r} has Python effects (or reads Python state that can change), and it is called inside a JAX "
@@ -44,6 +45,9 @@ ERR_NO_HOST_CALL = (
 )
 _VMAP = "cannot call the host in order (jax.vmap) or cannot differentiate a host call (jax.grad of a backward)"
 _POST_ACCUMULATE = "changes a leaf's .grad in place, which a host call cannot reach (a post-accumulate-grad hook)"
+# Where the hooks that see the tensor itself, not gradients, are kept (NOTE [Hook kinds]): what they change in
+# place (its ``.grad``) a host call's copy cannot reach.
+_ON_THE_TENSOR = tuple(kind.leaf_slot for kind in KINDS if kind.convention is RETURNS_NONE and kind.leaf_slot is not None)
 
 
 def _staged(args: tuple[Any, ...]) -> bool:
@@ -71,7 +75,7 @@ def plain_jax_hook(hook: Any) -> Any:
             if traced:
                 return result
         first = args[0]
-        if isinstance(first, Tensor) and hook in (first._post_accumulate_grad_hooks or {}).values():
+        if isinstance(first, Tensor) and any(hook in (getattr(first, slot) or {}).values() for slot in _ON_THE_TENSOR):
             raise RuntimeError(ERR_NO_HOST_CALL.format(hook=hook, where=_POST_ACCUMULATE))
         return _on_host(hook, args)
 

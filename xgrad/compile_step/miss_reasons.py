@@ -13,6 +13,7 @@ import jax
 
 from xgrad.compile_step.errors import WARN_REBINDS, CompileSideEffectWarning
 from xgrad.compile_step.hook_purity import writes
+from xgrad.tensor.hook_kinds import LEAF_KINDS
 
 _XGRAD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__))
@@ -147,8 +148,7 @@ def _describe_structure_change(fn: Any, old_tree: Any, new_tree: Any) -> str:
 
 # What a leaf's key (``_leaf_key`` in ``program.py``) holds after its kind, by kind.
 _KEY_FIELDS = {
-    "tensor": ("shape", "dtype", "sharding", "grad_fn", "requires_grad", ".grad is None", ".grad's shape", "hooks",
-               "post-accumulate-grad hooks"),
+    "tensor": ("shape", "dtype", "sharding", "grad_fn", "requires_grad", ".grad is None", ".grad's shape", "hooks"),
     "array": ("shape", "dtype", "sharding", "weak_type"),
     "ndarray": ("shape", "dtype"),
 }
@@ -162,8 +162,11 @@ def _describe_leaf_change(old: Any, new: Any) -> str:
         if a != b:
             if field == "shape":
                 a, b = list(a), list(b)
-            elif field.endswith("hooks"):
-                a, b = len(a), len(b)
+            elif field == "hooks":  # per kind a leaf keeps (NOTE [Hook kinds]), how many
+                changes += [
+                    f"{kind.label} hooks {len(x)} -> {len(y)}" for kind, x, y in zip(LEAF_KINDS, a, b, strict=True) if x != y
+                ]
+                continue
             changes.append(f"{field} {a} -> {b}")
     return ", ".join(changes)
 

@@ -36,7 +36,8 @@ from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.signature import (
     LastCall,
     guard_entry,
-    hook_dicts_hold,
+    hook_ids_hold,
+    leaf_hook_versions,
     same_shape,
     signature_of,
 )
@@ -56,6 +57,7 @@ from xgrad.jax_internals import ClosedJaxpr, check_consts_keep_identity, get_opa
 from xgrad.nn.module import Module
 from xgrad.step_trace import tracing_step
 from xgrad.tensor import Tensor, is_tensor
+from xgrad.tensor.hook_kinds import leaf_has_hooks
 
 __all__ = ["CompiledFunction", "compile"]
 
@@ -403,8 +405,7 @@ def _plain_guards_hold(entry: Entry) -> bool:
     for guard in entry.plain_guards:
         t = guard[0]()
         if (
-            t is None or t.grad_fn is not None or t._requires_grad != guard[4] or t._backward_hooks
-            or t._post_accumulate_grad_hooks
+            t is None or t.grad_fn is not None or t._requires_grad != guard[4] or leaf_has_hooks(t)
         ):
             return False
         found_aval = t._array.aval
@@ -416,7 +417,7 @@ def _plain_guards_hold(entry: Entry) -> bool:
 def _guards_with_history_hold(entry: Entry) -> bool:
     """The other guards: history, the ``.grad`` read, hooks."""
     for guard in entry.guards:
-        ref, _, _, _, grad_read, grad_fn, requires_grad, grad_shape, _, _, _, _ = guard
+        ref, _, _, _, grad_read, grad_fn, requires_grad, grad_shape, _, hook_versions = guard
         t = ref()
         if t is None or t.grad_fn is not grad_fn or t._requires_grad != requires_grad:
             return False
@@ -424,11 +425,7 @@ def _guards_with_history_hold(entry: Entry) -> bool:
             g = t._grad
             if (None if g is None else g._array.shape) != grad_shape:
                 return False
-        hooks, post_hooks = t._backward_hooks, t._post_accumulate_grad_hooks
-        if (
-            (None if hooks is None else hooks.version) != guard[10]
-            or (None if post_hooks is None else post_hooks.version) != guard[11]
-        ) and not hook_dicts_hold(guard, t):
+        if leaf_hook_versions(t) != hook_versions and not hook_ids_hold(guard, t):
             return False
         found_aval = t._array.aval
         if found_aval is not guard[1] and not same_shape(guard, found_aval):

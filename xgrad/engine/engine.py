@@ -38,6 +38,7 @@ from xgrad.engine.threads import CPU_DEVICE, NO_DEVICE, _devices, _ready_queue_b
 from xgrad.engine.validate import validate_outputs
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
+from xgrad.tensor.hook_kinds import leaf_has_hooks
 
 __all__ = [
     "MAX_REENTRANT_DEPTH",
@@ -124,11 +125,6 @@ def call_post_hooks(fn: Node, outputs: list[Tensor | None], inputs: list[Tensor 
     return outputs
 
 
-def _hookless(leaf: Tensor) -> bool:
-    """Whether an accumulator of ``leaf`` runs no user code: no tensor hook, no post-accumulate hook."""
-    return not leaf._backward_hooks and not leaf._post_accumulate_grad_hooks
-
-
 def call_function(graph_task: GraphTask, fn: Node, inputs: list[Tensor | None]) -> list[Tensor | None]:
     """The node and its hooks (NOTE [Hooks ordering] in node.py), its grads validated."""
     if (
@@ -136,7 +132,7 @@ def call_function(graph_task: GraphTask, fn: Node, inputs: list[Tensor | None]) 
         and fn._retains_grad_hooks is None
         and not fn._pre_hooks
         and not fn._post_hooks
-        and (not fn.runs_user_code or (type(fn) is AccumulateGrad and _hookless(fn.variable)))
+        and (not fn.runs_user_code or (type(fn) is AccumulateGrad and not leaf_has_hooks(fn.variable)))
         and not ANOMALY.enabled
     ):
         # Pure rules (or an accumulator of a leaf without hooks), no hook, no anomaly

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 from xgrad import step_trace
+from xgrad.tensor.hook_kinds import HookKind
 
 __all__ = ["RemovableHandle", "add_hook"]
 
@@ -45,22 +47,24 @@ _versions = itertools.count()
 
 
 class HookDict(dict):  # type: ignore[type-arg]
-    """An insertion-ordered dict of hooks that a weak reference can point at.
+    """An insertion-ordered dict of hooks of one ``kind`` (NOTE [Hook kinds]) that a weak reference can point at.
 
-    ``version`` changes with every change of its keys, to a number no other dict or state
-    of one had: a dict whose version is one seen before holds the hooks it held then (a
-    compiled step's guard compares it instead of the keys).
+    A route given the dict (a step being traced wraps each hook it runs) reads from
+    ``kind`` what the hook's result means. ``version`` changes with every change of its
+    keys, to a number no other dict or state of one had: a dict whose version is one seen
+    before holds the hooks it held then (a compiled step's guard compares it, not the keys).
     """
 
-    __slots__ = ("__weakref__", "version")
+    __slots__ = ("__weakref__", "kind", "version")
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, kind: HookKind, items: Iterable[tuple[int, Any]] = ()) -> None:
+        super().__init__(items)
+        self.kind = kind
         self.version = next(_versions)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A copy (or an unpickled one, from another process's count) takes a version of its own.
-        return type(self), (dict(self),)
+        return type(self), (self.kind, list(self.items()))
 
     def __setitem__(self, key: Any, value: Any) -> None:
         super().__setitem__(key, value)

@@ -12,7 +12,8 @@ what a PyTorch user expects.
 # (``Tensor.retain_grad``), the node pre-hooks (``Node.register_prehook``), the node
 # itself, then the node post-hooks (``Node.register_hook``). ``AccumulateGrad`` reads
 # its tensor pre-hooks from its leaf and runs the leaf's post-accumulate-grad hooks
-# after ``.grad`` is written. This is PyTorch's order.
+# after ``.grad`` is written. This is PyTorch's order, the kinds' ranks in ``KINDS``
+# (NOTE [Hook kinds] in ``xgrad/tensor/hook_kinds.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from xgrad.engine import engine_ops
 from xgrad.engine.hooks import HookDict, RemovableHandle, add_hook, run_in_order
 from xgrad.grad_mode import is_grad_enabled
 from xgrad.tensor import Tensor
+from xgrad.tensor.hook_kinds import POST, PRE, TENSOR
 
 __all__ = ["AccumulateGrad", "Edge", "GraphRoot", "InputMetadata", "Node", "grad_accumulator", "sharding_of"]
 
@@ -201,7 +203,7 @@ class Node:
         """
         _check_arity(fn, 1, "Node.register_prehook expects fn(grad_outputs)")
         if self._pre_hooks is None:
-            self._pre_hooks = HookDict()
+            self._pre_hooks = HookDict(PRE)
         return add_hook(self._pre_hooks, fn, self)
 
     def register_hook(self, fn: Any) -> RemovableHandle:
@@ -213,7 +215,7 @@ class Node:
         """
         _check_arity(fn, 2, "Node.register_hook expects fn(grad_inputs, grad_outputs)")
         if self._post_hooks is None:
-            self._post_hooks = HookDict()
+            self._post_hooks = HookDict(POST)
         return add_hook(self._post_hooks, fn, self)
 
     # -- engine interface ---------------------------------------------------------
@@ -229,7 +231,7 @@ class Node:
 
     def add_tensor_pre_hook(self, input_nr: int, fn: Any) -> RemovableHandle:
         if self._tensor_pre_hooks is None:
-            self._tensor_pre_hooks = HookDict()
+            self._tensor_pre_hooks = HookDict(TENSOR)
         return add_hook(self._tensor_pre_hooks, (input_nr, fn), self)
 
     def should_compute_output(self, i: int) -> bool:

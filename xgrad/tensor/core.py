@@ -25,7 +25,7 @@ from xgrad.grad_mode import _state as _grad_state
 from xgrad.missing_names import missing_attribute
 from xgrad.step_trace import array_of, default_device
 from xgrad.step_trace import current as _current_step
-from xgrad.tensor import conversion, inplace, jax_boundary, pytorch_methods
+from xgrad.tensor import conversion, hook_kinds, inplace, jax_boundary, pytorch_methods
 from xgrad.tensor.dtypes import ERR_REQUIRES_GRAD_DTYPE, default_float, is_differentiable_dtype
 
 if TYPE_CHECKING:
@@ -473,11 +473,11 @@ class Tensor(TensorOpMethods):
             self._jax_hooks = (base, hooks)
             self._array = jax_boundary.hook_on_jax(base, tuple(hooks))
             if not self.requires_grad:
-                return RemovableHandle(HookDict())  # JAX's AD alone sees this tensor's gradient
+                return RemovableHandle(HookDict(hook_kinds.TENSOR))  # JAX's AD alone sees this tensor's gradient
         if self.grad_fn is not None:
             return self.grad_fn.add_tensor_pre_hook(self._output_nr, hook)
         if self._backward_hooks is None:
-            self._backward_hooks = HookDict()
+            self._backward_hooks = HookDict(hook_kinds.TENSOR)
         return add_hook(self._backward_hooks, (0, hook), self)
 
     def retain_grad(self) -> None:
@@ -539,7 +539,7 @@ class Tensor(TensorOpMethods):
             raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
         _check_arity(hook, 1, "Tensor.register_post_accumulate_grad_hook expects hook(tensor)")
         if self._post_accumulate_grad_hooks is None:
-            self._post_accumulate_grad_hooks = HookDict()
+            self._post_accumulate_grad_hooks = HookDict(hook_kinds.POST_ACCUMULATE)
         return add_hook(self._post_accumulate_grad_hooks, hook, self)
 
     if not TYPE_CHECKING:  # for type checkers a missing attribute stays an error, not ``Any``

@@ -18,6 +18,7 @@ from xgrad.jax_internals import abstractifying, get_opaque_trace_state
 from xgrad.step_trace import array_of
 from xgrad.tensor import core
 from xgrad.tensor.dtypes import is_differentiable_dtype
+from xgrad.tensor.hook_kinds import LEAF_KINDS, REPLACES_GRAD, leaf_has_hooks
 
 __all__ = ["hook_on_jax", "identity_with_vjp", "jax_array", "tree_flatten", "tree_unflatten", "user_site", "user_stacklevel"]
 
@@ -125,6 +126,35 @@ def hook_on_jax(array: Any, hooks: tuple[Any, ...]) -> Any:
     return identity_with_vjp(run_hooks)(array)[0]
 
 
+# A leaf's hooks ride in its pytree metadata, per kind it keeps (``LEAF_KINDS``, NOTE [Hook kinds]).
+NO_LEAF_HOOKS: tuple[tuple[Any, ...], ...] = ((),) * len(LEAF_KINDS)
+_LOWERED = tuple(kind.jax_ad for kind in LEAF_KINDS)
+
+
+def _leaf_hooks(t: core.Tensor) -> tuple[tuple[Any, ...], ...]:
+    """``t``'s hooks per leaf kind, the functions alone (a tensor hook is kept with its input number)."""
+    found = []
+    for kind in LEAF_KINDS:
+        hooks = getattr(t, kind.leaf_slot)  # type: ignore[arg-type]
+        values = tuple(hooks.values()) if hooks else ()
+        found.append(tuple(fn for _, fn in values) if kind.convention is REPLACES_GRAD else values)
+    return tuple(found)
+
+
+def _lowered(leaf_hooks: tuple[tuple[Any, ...], ...]) -> tuple[Any, ...]:
+    """The hooks JAX's AD calls on the cotangent, in PyTorch's order (``LEAF_KINDS`` is in rank order)."""
+    return tuple(fn for lowered, fns in zip(_LOWERED, leaf_hooks, strict=True) if lowered for fn in fns)
+
+
+def _keep_leaf_hooks(t: core.Tensor, leaf_hooks: tuple[tuple[Any, ...], ...]) -> None:
+    from xgrad.engine.hooks import HookDict
+
+    for kind, fns in zip(LEAF_KINDS, leaf_hooks, strict=True):
+        if fns:
+            pairs = ((0, fn) for fn in fns) if kind.convention is REPLACES_GRAD else iter(fns)
+            setattr(t, kind.leaf_slot, HookDict(kind, enumerate(pairs)))  # type: ignore[arg-type]
+
+
 class _TensorMeta:
     """A Tensor node's pytree metadata (NOTE [Tensor as a pytree]): ``requires_grad``,
     whether it has history, whether its array was a tracer when it was flattened (an
@@ -133,8 +163,7 @@ class _TensorMeta:
     """
 
     __slots__ = (
-        "compiled", "grad_enabled", "has_history", "hooked", "hooks", "is_grad", "placeholder", "post_accumulate_hooks",
-        "requires_grad", "traced",
+        "compiled", "grad_enabled", "has_history", "hooked", "is_grad", "leaf_hooks", "placeholder", "requires_grad", "traced",
     )
 
     def __init__(
@@ -143,15 +172,14 @@ class _TensorMeta:
         has_history: bool,
         traced: bool = False,
         is_grad: bool = False,
-        hooks: tuple[Any, ...] = (),
+        leaf_hooks: tuple[tuple[Any, ...], ...] = NO_LEAF_HOOKS,
         hooked: tuple[Any, Any] | None = None,
-        post_accumulate_hooks: tuple[Any, ...] = (),
     ) -> None:
         self.requires_grad = requires_grad
-        self.hooks = hooks  # a leaf's tensor hooks, in order (NOTE [Hooks on JAX's AD])
-        # A leaf's post-accumulate-grad hooks: the engine run on the tensor a trace unflattens (a model passed to
-        # an ``xgrad.compile`` step or a ``jax.jit``) runs them, as on the tensor it stands for.
-        self.post_accumulate_hooks = post_accumulate_hooks
+        # A leaf's hooks, per kind kept on leaves (``LEAF_KINDS``), each in order: JAX's AD calls those of the kinds
+        # it lowers (NOTE [Hooks on JAX's AD]); the engine run on the tensor a trace unflattens (a model passed to
+        # an ``xgrad.compile`` step or a ``jax.jit``) runs them all, as on the tensor it stands for.
+        self.leaf_hooks = leaf_hooks
         self.hooked = hooked  # (array, that array through the hooks) when the tensor holds the latter
         self.placeholder = False  # a placeholder node's: it matches any Tensor node (NOTE [Tensor as a pytree])
         self.has_history = has_history
@@ -174,11 +202,7 @@ class _TensorMeta:
             return self.compiled == other.compiled
         if self.traced or other.traced:  # a jitted function called both inside and outside a trace
             return self._raises() == other._raises()
-        if (
-            self.has_history != other.has_history
-            or self.hooks != other.hooks
-            or self.post_accumulate_hooks != other.post_accumulate_hooks
-        ):
+        if self.has_history != other.has_history or self.leaf_hooks != other.leaf_hooks:
             return False
         if self.is_grad or other.is_grad:
             return True
@@ -198,13 +222,11 @@ class _TensorMeta:
             or self.compiled != other.compiled
             or self.placeholder != other.placeholder
             or self.hooked is not other.hooked
-            or len(self.hooks) != len(other.hooks)
-            or len(self.post_accumulate_hooks) != len(other.post_accumulate_hooks)
+            or any(len(mine) != len(theirs) for mine, theirs in zip(self.leaf_hooks, other.leaf_hooks, strict=True))
         ):
             return False
         return all(
-            a is b
-            for a, b in zip((*self.hooks, *self.post_accumulate_hooks), (*other.hooks, *other.post_accumulate_hooks), strict=True)
+            a is b for mine, theirs in zip(self.leaf_hooks, other.leaf_hooks, strict=True) for a, b in zip(mine, theirs, strict=True)
         )
 
     def __repr__(self) -> str:
@@ -320,16 +342,14 @@ def tree_flatten(self: core.Tensor) -> tuple[tuple[Any], _TensorMeta]:
     placeholder_meta = getattr(self, "_placeholder_meta", None)
     if placeholder_meta is not None:
         return (array,), placeholder_meta
-    hooks, post_accumulate_hooks = self._backward_hooks, self._post_accumulate_grad_hooks
     jax_hooks = getattr(self, "_jax_hooks", None)
     meta = _TensorMeta(
         self.requires_grad,
         self.grad_fn is not None,
         isinstance(array, jax.core.Tracer),
         getattr(self, "_is_grad", False),
-        () if not hooks or self.grad_fn is not None else tuple(fn for _, fn in hooks.values()),
+        NO_LEAF_HOOKS if self.grad_fn is not None or not leaf_has_hooks(self) else _leaf_hooks(self),
         None if jax_hooks is None or array is jax_hooks[0] else (jax_hooks[0], array),
-        tuple(post_accumulate_hooks.values()) if post_accumulate_hooks and self.grad_fn is None else (),
     )
     return (array,), meta
 
@@ -359,25 +379,21 @@ def tree_unflatten(meta: _TensorMeta, children: tuple[Any]) -> Any:
         return out
     on_jax = isinstance(child, jax.core.Tracer) and not _in_compiled_step()
     jax_hooks = None
-    if meta.hooks and on_jax:
+    lowered = _lowered(meta.leaf_hooks) if on_jax and meta.leaf_hooks is not NO_LEAF_HOOKS else ()
+    if lowered:
         if meta.hooked is not None and child is meta.hooked[1]:  # already through them (a tree_map in the trace)
-            jax_hooks = meta.hooked[0], list(meta.hooks)
+            jax_hooks = meta.hooked[0], list(lowered)
         else:
-            jax_hooks = child, list(meta.hooks)
-            child = hook_on_jax(child, meta.hooks)
+            jax_hooks = child, list(lowered)
+            child = hook_on_jax(child, lowered)
     # JAX may unflatten with abstract leaves: no dtype checks beyond the flag's own.
     t = core.Tensor(child)
     t._requires_grad = meta.requires_grad and is_differentiable_dtype(child.dtype)
     if meta.is_grad:
         t._is_grad = True
-    if meta.hooks or meta.post_accumulate_hooks:
-        from xgrad.engine.hooks import HookDict
-
+    if meta.leaf_hooks is not NO_LEAF_HOOKS:
         # Kept: the model optax builds has them, and a nested transformation runs them on its cotangents.
-        if meta.hooks:
-            t._backward_hooks = HookDict((k, (0, hook)) for k, hook in enumerate(meta.hooks))
-        if meta.post_accumulate_hooks:
-            t._post_accumulate_grad_hooks = HookDict(enumerate(meta.post_accumulate_hooks))
+        _keep_leaf_hooks(t, meta.leaf_hooks)
     if jax_hooks is not None:
         t._jax_hooks = jax_hooks
     if (t._requires_grad or on_jax) and not meta.traced:

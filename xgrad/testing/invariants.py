@@ -22,14 +22,16 @@ import numpy as np
 
 import xgrad
 from xgrad.tensor import Tensor
+from xgrad.tensor.hook_kinds import ACCUMULATED, BEFORE, KINDS, RECORDS
 from xgrad.testing.compare import _compare
-from xgrad.testing.programs import HookedProgram
+from xgrad.testing.programs import KIND, HookedProgram
 
 __all__ = [
     "InvariantError", "check_compiled_matches_eager", "check_grad_matches_backward", "check_hooks", "check_retain_graph",
 ]
 
-_KIND_RANK = {"tensor": 0, "prehook": 1, "posthook": 2, "post_accumulate": 3}
+# What a retained ``.grad`` holds: the gradient after the hooks ranked before the recording one.
+_RETAIN_RANK = min(kind.rank for kind in KINDS if kind.convention is RECORDS)
 
 
 class InvariantError(AssertionError):
@@ -61,17 +63,17 @@ def check_hooks(hooked: HookedProgram, compiled: bool = False) -> None:
     for i, h in enumerate(hooks):
         # A tensor the output does not depend on gets no gradient, so its hooks do not fire.
         expected_calls = int(h.target == output or output in downstream[h.target])
-        if h.kind != "retain_grad" and len(fired[i]) != expected_calls:
+        if KIND[h.kind].convention is not RECORDS and len(fired[i]) != expected_calls:
             raise InvariantError(
                 f"hook {i} {h!r} fired {len(fired[i])} times in one backward (expected {expected_calls})\n{hooked!r}"
             )
 
     # Order on one tensor: tensor hooks, then node pre-hooks, then node post-hooks (or, on a
-    # leaf, post-accumulate-grad hooks), each group in registration order.
-    logged = [i for i, h in enumerate(hooks) if h.kind != "retain_grad" and fired[i]]
+    # leaf, post-accumulate-grad hooks), each group in registration order (the kinds' ranks).
+    logged = [i for i, h in enumerate(hooks) if KIND[h.kind].convention is not RECORDS and fired[i]]
     for target in {h.target for h in hooks}:
         mine = [i for i in logged if hooks[i].target == target]
-        expected_order = sorted(mine, key=lambda i: (_KIND_RANK[hooks[i].kind], i))
+        expected_order = sorted(mine, key=lambda i: (KIND[hooks[i].kind].rank, i))
         actual = sorted(mine, key=lambda i: fired[i][0])
         if actual != expected_order:
             raise InvariantError(
@@ -93,17 +95,19 @@ def check_hooks(hooked: HookedProgram, compiled: bool = False) -> None:
         _close(np.zeros_like(want) if got is None else got, want, f"the gradient of input {name} with these hooks\n{hooked!r}\n")
     scale_so_far: dict[str, float] = {}
     for i in sorted(logged, key=lambda i: fired[i][0]):
-        h = hooks[i]
+        h, kind = hooks[i], KIND[hooks[i].kind]
         seen = run.calls[fired[i][0]].grad
-        if h.kind == "post_accumulate":
+        if kind.phase == ACCUMULATED:  # it sees the leaf's .grad
             expected = leaf_grads[hooked.program.input_names.index(h.target)]
         else:
             expected = arriving[h.target] * scale_so_far.get(h.target, 1.0)
         _close(seen, expected, f"the gradient hook {i} {h!r} received\n{hooked!r}\n")
-        if h.scale is not None and h.kind != "posthook":  # post-hooks scale grad_inputs, not what later ones see
+        if h.scale is not None and kind.phase == BEFORE:  # post-hooks scale grad_inputs, not what later ones see
             scale_so_far[h.target] = scale_so_far.get(h.target, 1.0) * h.scale
     for name, got in run.retained.items():
-        tensor_scale = np.prod([h.scale for h in hooks if h.target == name and h.kind == "tensor" and h.scale is not None])
+        tensor_scale = np.prod([
+            h.scale for h in hooks if h.target == name and KIND[h.kind].rank < _RETAIN_RANK and h.scale is not None
+        ])
         _close(np.zeros_like(arriving[name]) if got is None else got, arriving[name] * tensor_scale, f"the retained .grad of {name}\n{hooked!r}\n")
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 import xgrad
 from xgrad.tensor import Tensor
+from xgrad.tensor.hook_kinds import KINDS, RECORDS, REPLACES_GRAD, REPLACES_GRADS
 from xgrad.testing.op_specs import OP_SPECS, REAL, Domain, OpSpec
 from xgrad.testing.program_families import family_ops, namespace
 
@@ -233,9 +234,11 @@ def build_program(
 
 
 # -- hooks -----------------------------------------------------------------------------
-#: ``tensor``: ``Tensor.register_hook``; ``retain_grad``; ``prehook`` / ``posthook``: on the
-#: tensor's ``grad_fn``; ``post_accumulate``: ``register_post_accumulate_grad_hook`` (leaves).
-HOOK_KINDS = ("tensor", "retain_grad", "prehook", "posthook", "post_accumulate")
+#: The names of the kinds of hook (NOTE [Hook kinds]): ``tensor``: ``Tensor.register_hook``;
+#: ``retain_grad``; ``prehook`` / ``posthook``: on the tensor's ``grad_fn``; ``post_accumulate``:
+#: ``register_post_accumulate_grad_hook`` (leaves).
+HOOK_KINDS = tuple(kind.name for kind in KINDS)
+KIND = {kind.name: kind for kind in KINDS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,11 +279,12 @@ class HookedProgram:
         self.hooks = tuple(hooks)
         leaves = set(program.input_names)
         for h in self.hooks:
-            if h.kind not in HOOK_KINDS:
+            kind = KIND.get(h.kind)
+            if kind is None:
                 raise ValueError(f"unknown hook kind {h.kind!r}; expected one of {HOOK_KINDS}")
-            if h.kind == "post_accumulate" and h.target not in leaves:
-                raise ValueError(f"post_accumulate hooks go on inputs, not {h.target}")
-            if h.kind in ("retain_grad", "prehook", "posthook") and h.target in leaves:
+            if kind.node_slot is None and h.target not in leaves:
+                raise ValueError(f"{h.kind} hooks go on inputs, not {h.target}")
+            if kind.leaf_slot is None and h.target in leaves:
                 raise ValueError(f"{h.kind} hooks go on computed values, not the input {h.target}")
 
     @property
@@ -318,7 +322,7 @@ class HookedProgram:
         the gradient arriving at it before its own hooks run."""
         scales: dict[str, float] = {}
         for h in self.hooks:
-            if h.scale is not None and h.kind in ("tensor", "prehook", "posthook"):
+            if h.scale is not None and KIND[h.kind].replaces:
                 scales[h.target] = scales.get(h.target, 1.0) * h.scale
         cotangent = jnp.asarray(_cotangent(self.program))
 
@@ -361,38 +365,37 @@ def _scale_cotangent(x: Any, scale: float) -> Any:
 
 
 def _install(h: HookSpec, index: int, t: Tensor, calls: list[HookCall], retained: dict[str, Tensor]) -> None:
+    """Register ``h`` on ``t`` as its kind's row says (NOTE [Hook kinds]), with a hook that logs what it sees."""
+    kind = KIND[h.kind]
+    on, method = kind.register
+    owner = t if on == "tensor" else t.grad_fn
+    assert owner is not None, "HookedProgram puts node hooks on intermediate values only"
+    register = getattr(owner, method)
+
     def scaled(g: Any) -> Any:
         return None if g is None or h.scale is None else g * h.scale
 
-    if h.kind == "tensor":
-        def tensor_hook(g: Tensor) -> Any:
+    if kind.convention is RECORDS:
+        register()
+        retained[h.target] = t
+    elif kind.convention is REPLACES_GRAD:
+        def replaces_grad(g: Tensor) -> Any:
             calls.append(HookCall(index, np.asarray(g.array)))
             return scaled(g)
 
-        t.register_hook(tensor_hook)
-    elif h.kind == "retain_grad":
-        t.retain_grad()
-        retained[h.target] = t
-    elif h.kind == "prehook":
-        def prehook(grad_outputs: tuple[Any, ...]) -> Any:
-            calls.append(HookCall(index, np.asarray(grad_outputs[0].array)))
-            return None if h.scale is None else tuple(scaled(g) for g in grad_outputs)
+        register(replaces_grad)
+    elif kind.convention is REPLACES_GRADS:
+        def replaces_grads(grads: tuple[Any, ...], *received: tuple[Any, ...]) -> Any:
+            # The gradient arriving at ``t``: its node's first input, the hook's last argument.
+            arriving = (received or (grads,))[-1][0]
+            calls.append(HookCall(index, np.asarray(arriving.array)))
+            return None if h.scale is None else tuple(scaled(g) for g in grads)
 
-        grad_fn = t.grad_fn
-        assert grad_fn is not None, "HookedProgram puts node hooks on intermediate values only"
-        grad_fn.register_prehook(prehook)
-    elif h.kind == "posthook":
-        def posthook(grad_inputs: tuple[Any, ...], grad_outputs: tuple[Any, ...]) -> Any:
-            calls.append(HookCall(index, np.asarray(grad_outputs[0].array)))
-            return None if h.scale is None else tuple(scaled(g) for g in grad_inputs)
-
-        grad_fn = t.grad_fn
-        assert grad_fn is not None, "HookedProgram puts node hooks on intermediate values only"
-        grad_fn.register_hook(posthook)
-    else:  # post_accumulate
-        def post_accumulate(leaf: Tensor) -> None:
+        register(replaces_grads)
+    else:  # RETURNS_NONE: it sees the leaf, its .grad written
+        def returns_none(leaf: Tensor) -> None:
             grad = leaf.grad
             assert grad is not None, "the hook runs after accumulation"
             calls.append(HookCall(index, np.asarray(grad.array)))
 
-        t.register_post_accumulate_grad_hook(post_accumulate)
+        register(returns_none)

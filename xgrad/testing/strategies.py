@@ -26,7 +26,7 @@ from hypothesis.extra import numpy as hnp
 
 import xgrad
 from xgrad.testing.program_families import INPLACE_OPS
-from xgrad.testing.programs import HOOK_KINDS, HookedProgram, HookSpec, Program, build_program, program_ops
+from xgrad.testing.programs import HOOK_KINDS, KIND, HookedProgram, HookSpec, Program, build_program, program_ops
 
 __all__ = [
     "broadcastable_shapes", "dtypes", "graphs_with_hooks", "harness_settings", "inplace_chains", "programs", "shapes", "tensors",
@@ -207,14 +207,11 @@ def graphs_with_hooks(draw: Any, programs_strategy: st.SearchStrategy[Program] |
     hooks = []
     for _ in range(draw(st.integers(1, max_hooks))):
         kind = draw(st.sampled_from(list(kinds)))
-        if kind == "post_accumulate":
-            target = draw(st.sampled_from(leaves))
-        elif kind == "tensor":
-            target = draw(st.sampled_from(leaves + computed))
-        else:
-            target = draw(st.sampled_from(computed))
+        row = KIND[kind]  # where it may sit and whether it may scale: NOTE [Hook kinds]
+        places = (leaves if row.leaf_slot is not None else ()) + (computed if row.node_slot is not None else ())
+        target = draw(st.sampled_from(places))
         scale = None
-        if kind in ("tensor", "prehook", "posthook") and draw(st.booleans()):
+        if row.replaces and draw(st.booleans()):
             scale = draw(st.sampled_from([0.5, 2.0, -1.0, 3.0]))
         hooks.append(HookSpec(kind, target, scale))
     return HookedProgram(program, hooks)

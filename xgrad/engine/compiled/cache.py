@@ -9,7 +9,7 @@ import threading
 import warnings
 from typing import Any
 
-from xgrad.engine.compiled.key import FIELDS, K_ACC, K_FUNC, K_PRIM, K_ROOT, TOP_FIELDS
+from xgrad.engine.compiled.key import FIELDS, HOST, K_ACC, K_FUNC, K_PRIM, K_ROOT, KEYED, TOP_FIELDS
 from xgrad.engine.compiled.switch import WARN_RECOMPILE, RecompileWarning
 
 DEFAULT_CACHE_SIZE = 256
@@ -195,14 +195,14 @@ def _short(value: Any) -> str:
 
 
 # Per key field (``FIELDS``), what its change means to a user: ``{node}`` is the node's
-# name, ``{old}``/``{new}`` the values.
+# name, ``{old}``/``{new}`` the values (``{kinds}``: the kinds of hook that changed).
 _CHANGE_WORDS = {
     "primitive": "an op of the graph changed: {node} now, where {old} was",
     "params": "the arguments of {node} changed ({old} -> {new})",
     "output shapes/dtypes": "the shape or dtype of what {node} differentiates changed ({old} -> {new})",
     "saved values": "the shape, dtype or value of what {node} saved for backward changed ({old} -> {new})",
     "edges": "the graph is wired differently: {node} takes its inputs from other places",
-    "hooks": "the hooks on {node} changed (a hook not marked pure_hook counts by presence, a pure one by identity)",
+    "hooks": "the hooks on {node} changed ({kinds} hooks; a hook not marked pure_hook counts by presence, a pure one by identity)",
     "exec_info": "which nodes inputs=/grad() need changed at {node}",
     "leaf shape/dtype/sharding": "a leaf's shape, dtype or sharding changed ({old} -> {new})",
     "leaf .grad": "a leaf's .grad changed between None and a tensor, or its shape/dtype ({old} -> {new}); "
@@ -225,6 +225,24 @@ def _ctx_change(old: Any, new: Any) -> tuple[str, str]:
     return "materialize_grads/needs_input_grad " + repr(old[:2]), repr(new[:2])
 
 
+def _hooks_change(old: Any, new: Any) -> str:
+    """Which kinds of hook differ between two hooks keys (NOTE [Hooks in the key]), by their labels.
+
+    A group keyed ``HOST`` does not say which of its kinds it has: then any of them may have changed.
+    """
+    labels: list[str] = []
+    for i, kinds in enumerate(KEYED):
+        a, b = (None if key is None else key[i] for key in (old, new))
+        if a == b:
+            continue
+        if a is HOST or b is HOST:
+            labels += [kind.label for kind in kinds]
+            continue
+        a, b = a or (None,) * len(kinds), b or (None,) * len(kinds)
+        labels += [kind.label for kind, x, y in zip(kinds, a, b, strict=True) if x != y]
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " or " + labels[-1]
+
+
 def describe_change(old: Any, new: Any) -> str:
     """What differs between two structural keys, in a user's words (the "recompile reason")."""
     for i, field in enumerate(TOP_FIELDS):
@@ -245,6 +263,8 @@ def describe_change(old: Any, new: Any) -> str:
                 if field == "ctx attributes":
                     x, y = _ctx_change(x, y)
                     return _CHANGE_WORDS[field].format(node=label, old=x, new=y)
+                if field == "hooks":
+                    return _CHANGE_WORDS[field].format(node=label, kinds=_hooks_change(x, y))
                 old_text = _node_label(a) if field == "primitive" else _short(x)
                 return _CHANGE_WORDS[field].format(node=label, old=old_text, new=_short(y))
     if len(before) != len(after):

@@ -22,6 +22,17 @@ from xgrad.engine.node import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Graph
 from xgrad.engine.rules import Aval, RuleNode
 from xgrad.engine.saved import SavedTensor
 from xgrad.tensor import Tensor
+from xgrad.tensor.hook_kinds import (
+    AFTER,
+    BEFORE,
+    KINDS,
+    RECORDS,
+    REPLACES_GRAD,
+    HookKind,
+    hooks_at,
+    leaf_has_hooks,
+    node_has_hooks,
+)
 
 # Node kinds, the first field of each node's key (-1: a node that is only captured).
 K_CAPTURED, K_PRIM, K_ACC, K_ROOT, K_FUNC = -1, 0, 1, 2, 3
@@ -54,29 +65,45 @@ class Walk:
         self.compile_seconds = 0.0  # this call's tracing and compiling, for the profiler's span
 
 
-def _group_key(hooks: Any, tensor_hooks: bool) -> Any:
-    """Key of one hook dict: the pure hooks themselves, or ``HOST`` if any is not pure."""
+# NOTE [Hooks in the key]
+# A node's hooks key is ``(before, after)``: the kinds that run before its rule and
+# those that run after it (``phase`` in NOTE [Hook kinds]), each ``None`` (no hook),
+# ``HOST`` (a hook not marked ``pure_hook``: the program splits there and the host runs
+# that part of the node) or one entry per kind, in ``KEYED``'s order. Kinds that run
+# after a leaf's ``.grad`` is written are not keyed: the compiled backward runs them on
+# the host after the segment that writes it (``run.py``), whatever they are.
+KEYED = tuple(tuple(kind for kind in KINDS if kind.phase == phase) for phase in (BEFORE, AFTER))
+
+
+def _group_key(kind: HookKind, hooks: Any) -> Any:
+    """Key of one kind's hooks at a node: the pure hooks themselves, or ``HOST`` if any is not pure.
+
+    xgrad's own (``RECORDS``) are traced where they run: keyed by the inputs they record.
+    """
     if not hooks:
         return None
+    if kind.convention is RECORDS:
+        return tuple(hooks)
     values = tuple(hooks.values())
     for v in values:
-        if type(v[1] if tensor_hooks else v) is not PureHook:
+        if type(v[1] if kind.convention is REPLACES_GRAD else v) is not PureHook:
             return HOST
     return values
 
 
+def _phase_key(kinds: tuple[HookKind, ...], node: Node) -> Any:
+    keys = tuple(_group_key(kind, hooks_at(node, kind)) for kind in kinds)
+    if any(key is HOST for key in keys):
+        return HOST
+    return keys if any(key is not None for key in keys) else None
+
+
 def _hooks_key(node: Node) -> Any:
-    tensor_pre = node.tensor_pre_hooks()
-    if not (tensor_pre or node._pre_hooks or node._post_hooks or node._retains_grad_hooks):
-        return None
-    pre: Any = _group_key(tensor_pre, True)
-    node_pre = _group_key(node._pre_hooks, False)
-    if node_pre is HOST:
-        pre = HOST
-    elif pre is not HOST:
-        retains = tuple(node._retains_grad_hooks or ())
-        pre = (pre, node_pre, retains) if pre or node_pre or retains else None
-    return pre, _group_key(node._post_hooks, False)
+    """``(before, after)`` (NOTE [Hooks in the key]), ``None`` for a node without hooks."""
+    if not node_has_hooks(node) and not (type(node) is AccumulateGrad and leaf_has_hooks(node.variable)):
+        return None  # most nodes, and most accumulators: the hit path's walk asks each
+    before, after = (_phase_key(kinds, node) for kinds in KEYED)
+    return None if before is None and after is None else (before, after)
 
 
 def _scalar_key(value: Any) -> tuple[Any, ...]:
@@ -234,11 +261,7 @@ def _node_key(node: Node, edges_key: tuple[int, ...] | int, exec_key: Any, flat:
     scalars) is written out inline: it is the hit path's per-node Python.
     """
     cls = type(node)
-    hooks = (
-        _hooks_key(node)
-        if node._tensor_pre_hooks or node._pre_hooks or node._post_hooks or node._retains_grad_hooks or cls is AccumulateGrad
-        else None
-    )
+    hooks = _hooks_key(node) if cls is AccumulateGrad or node_has_hooks(node) else None
     if isinstance(node, RuleNode):
         meta = node.input_metadata
         saved_out = node.saved_out
@@ -469,9 +492,7 @@ def walk_structure(root: Node, create_graph: bool, root_nr: int) -> Walk | None:
     try:
         for node in nodes:  # grows while iterating: breadth-first discovery
             fid = -1
-            if isinstance(node, RuleNode) and not (
-                node._tensor_pre_hooks or node._pre_hooks or node._post_hooks or node._retains_grad_hooks
-            ):
+            if isinstance(node, RuleNode) and not node_has_hooks(node):
                 structure = node.structure
                 if structure is None:
                     structure = node.structure = _fragment(node)

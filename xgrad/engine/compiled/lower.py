@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xgrad.engine.compiled.key import HOOKS_FIELD, HOST, K_FUNC, Walk, is_array
+from xgrad.engine.compiled.key import HOOKS_FIELD, HOST, K_FUNC, KEYED, Walk, is_array
 from xgrad.engine.compiled.switch import TRACER_ERRORS, NotTraceable, state
 from xgrad.engine.engine import call_function, call_post_hooks, call_pre_hooks, call_tensor_pre_hooks
 from xgrad.engine.function import FunctionCtx, FunctionNode
@@ -325,6 +325,16 @@ class Inputs:
         self.shapes_only = shapes_only  # a host step traced for its outputs' shapes and its pure hooks (``_zeros_for_edges``)
 
 
+# Where a node keeps the hooks run before and after its rule (NOTE [Hooks in the key]).
+_BEFORE_SLOTS, _AFTER_SLOTS = (tuple(kind.node_slot for kind in kinds if kind.node_slot is not None) for kinds in KEYED)
+
+
+def _drop_hooks(stand: Node, slots: tuple[str, ...]) -> None:
+    """Take the hooks kept in ``slots`` off a stand-in: they run elsewhere (on the host), not with it."""
+    for slot in slots:
+        setattr(stand, slot, None)
+
+
 def _stand_in(node: Node, step: Step, values: Values, given: Inputs) -> Node:
     """What runs in ``node``'s place (NOTE [Stand-in nodes])."""
     if not given.traced:  # on the host: a Function or a leaf runs as itself
@@ -333,7 +343,7 @@ def _stand_in(node: Node, step: Step, values: Values, given: Inputs) -> Node:
     if given.shapes_only:
         stand = _copy(node, _with_apply(type(node), _zeros_for_edges))
         if step.hooks[1] is HOST:
-            stand._post_hooks = None
+            _drop_hooks(stand, _AFTER_SLOTS)
     elif not step.runs:  # captured only: its hooks run, its saved values are not read
         stand = _copy(node)
     elif isinstance(node, RuleNode):
@@ -350,7 +360,7 @@ def _stand_in(node: Node, step: Step, values: Values, given: Inputs) -> Node:
     stand.input_metadata = step.meta
     stand._tensor_pre_hooks = node.tensor_pre_hooks()
     if step.host_pre or (given.shapes_only and step.hooks[0] is HOST):  # run on the host, not here
-        stand._tensor_pre_hooks = stand._pre_hooks = stand._retains_grad_hooks = None
+        _drop_hooks(stand, _BEFORE_SLOTS)
     if stand._retains_grad_hooks:
         stand._retains_grad_hooks = _recorders(step.pos, stand._retains_grad_hooks, values)
     return stand  # type: ignore[no-any-return]
@@ -384,7 +394,8 @@ def run_on_host(steps: list[Step], step: Step, node: Node, values: Values, flat:
     _capture(step, buf.buffer, values)
     hooks = _copy(node, _with_apply(type(node), _grads_as_they_are))
     hooks._tensor_pre_hooks = node.tensor_pre_hooks()
-    hooks.next_edges, hooks._post_hooks = (NO_EDGE,) * len(step.meta), None  # its grads come back as they are
+    hooks.next_edges = (NO_EDGE,) * len(step.meta)  # its grads come back as they are
+    _drop_hooks(hooks, _AFTER_SLOTS)
     buf.buffer = call_function(current_task.graph_task, hooks, buf.buffer)
 
 
