@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Self
 
 from xgrad import step_trace
 from xgrad.tensor.hook_kinds import HookKind
@@ -74,7 +74,7 @@ class HookDict(dict):  # type: ignore[type-arg]
         super().__delitem__(key)
         self.version = next(_versions)
 
-    def __ior__(self, other: Any) -> HookDict:
+    def __ior__(self, other: Any) -> Self:  # type: ignore[misc]  # as typeshed's own dict.__ior__ (wider than __or__)
         self.update(other)
         return self
 
