@@ -312,32 +312,37 @@ class Served:
     def op_call(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """An op's front-end call (``OP_CALL``): a new Tensor of its served result if it was learned whole, else run."""
         if args and type(args[0]) is Tensor:
-            found = self._calls.get(id(args[0]._array))
-            if found is not None:
+            first = args[0]
+            # Found by its array's id: the very output that the learned calls' first argument held (``outs`` keeps it).
+            found = self._calls.get(id(first._array))
+            if found is not None and first.grad_fn is None and not first._requires_grad:
                 for planned_fn, spec, kw, plain_kw, made in found:
-                    if planned_fn is fn and self._same_call(args, kwargs, spec, kw, plain_kw):
+                    if (
+                        planned_fn is fn and len(spec) == len(args) and (len(args) == 1 or self._same_rest(args, spec))
+                        and _same_keywords(kwargs, kw, plain_kw)
+                    ):
                         return Tensor(self._outs[made])
         return fn(*args, **kwargs)
 
-    def _same_call(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], spec: tuple[Any, ...], kw: dict[str, Any], plain_kw: Any
-    ) -> bool:
-        """Whether ``args`` and ``kwargs`` are a learned call's: its outputs' Tensors, plain values equal to its.
-
-        ``plain_kw``: ``_plain_keywords(kw)``: the keywords compared whole where it is not ``None``."""
+    def _same_rest(self, args: tuple[Any, ...], spec: tuple[Any, ...]) -> bool:
+        """Whether the arguments after the first are a learned call's: its outputs' Tensors, plain values equal to its."""
         outs = self._outs
-        if len(spec) != len(args):
-            return False
-        for a, where in zip(args, spec, strict=True):
+        for a, where in zip(args[1:], spec[1:], strict=True):
             if type(where) is int:
                 if not (type(a) is Tensor and a._array is outs[where] and a.grad_fn is None and not a._requires_grad):
                     return False
             elif _value_key(a) != where[1]:
                 return False
-        if plain_kw is not None:
-            values, names, types = plain_kw
-            return kwargs == values and tuple(kwargs) == names and tuple(map(type, kwargs.values())) == types
-        return len(kw) == len(kwargs) and all(name in kwargs and _value_key(kwargs[name]) == key for name, key in kw.items())
+        return True
+
+
+def _same_keywords(kwargs: dict[str, Any], kw: dict[str, Any], plain_kw: Any) -> bool:
+    """Whether ``kwargs`` are a learned call's (``kw``: their value keys by name); ``plain_kw``: ``_plain_keywords``,
+    with which they are compared whole where it is not ``None``."""
+    if plain_kw is not None:
+        values, names, types = plain_kw
+        return kwargs == values and tuple(kwargs) == names and tuple(map(type, kwargs.values())) == types
+    return len(kw) == len(kwargs) and all(name in kwargs and _value_key(kwargs[name]) == key for name, key in kw.items())
 
 
 def _plain_keywords(kw: tuple[tuple[str, Any], ...]) -> tuple[dict[str, Any], tuple[str, ...], tuple[type, ...]] | None:
