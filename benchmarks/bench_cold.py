@@ -20,7 +20,8 @@ compile, both reported by ``jax.monitoring``), and the seconds JAX reports for t
     python benchmarks/bench_cold.py --runs 5
     python benchmarks/bench_cold.py --runs 5 --against /path/to/other/checkout
     python benchmarks/bench_cold.py --programs --runs 3 --against /path/to/other/checkout
-    python benchmarks/bench_cold.py --kernels --runs 3   # what the fast compile options cost run time
+    python benchmarks/bench_cold.py --programs --runs 3 --options '{"xla_backend_optimization_level": 0}'
+    python benchmarks/bench_cold.py --kernels --runs 3   # what the fast compile options (and level 0) cost run time
 """
 
 from __future__ import annotations
@@ -137,12 +138,16 @@ PROGRAMS = NEW_BATCH_SETUP + textwrap.dedent(
 )
 
 # What the fast options cost a program's run time: kernels of the demo's kinds compiled with
-# XLA's defaults and with ``fast_compiler_options()``, small (an eager MLP's) and large.
+# XLA's defaults, with ``fast_compiler_options()`` and with those and the optimization level 0
+# (``level0``), small (an eager MLP's: the new batch size's (48, 10) and (48, 64), the demo's
+# (128, 3) and (128, 64)) and large; and how far level 0's results are from the fast ones', in
+# epsilons of the result's largest magnitude.
 KERNELS = textwrap.dedent(
     """
     import json, statistics, time
     import jax, jax.numpy as jnp, numpy as np, optax
     from xgrad.fast_compile import fast_compiler_options
+    from xgrad.ops.nn import _cross_entropy_impl
 
     rng = np.random.default_rng(0)
     adam = optax.adam(1e-3)
@@ -151,43 +156,70 @@ KERNELS = textwrap.dedent(
         updates, state = adam.update(grads, state, params)
         return optax.apply_updates(params, updates), state
 
+    def cross_entropy(x, t):
+        return _cross_entropy_impl(x, t, 1, -100, 0.0, "mean", True)
+
     def kernels(rows, width):
         x = jnp.asarray(rng.standard_normal((rows, width)).astype(np.float32))
         w = jnp.asarray(rng.standard_normal((width, width)).astype(np.float32))
+        t = jnp.asarray(rng.integers(0, width, rows).astype(np.int32))
         params = [w, x[0]]
         return {
-            "tanh": (jnp.tanh, (x,)), "sum over the batch": (lambda a: a.sum(0), (x,)),
-            "log_softmax": (jax.nn.log_softmax, (x,)), "matmul": (lambda a, b: a @ b.T, (x, w)),
-            "adam update": (adam_update, (params, params, adam.init(params))),
+            "tanh": (jnp.tanh, (x,)), "relu": (jax.nn.relu, (x,)), "sum over the batch": (lambda a: a.sum(0), (x,)),
+            "log_softmax": (jax.nn.log_softmax, (x,)), "cross_entropy": (cross_entropy, (x, t)),
+            "matmul": (lambda a, b: a @ b.T, (x, w)), "adam update": (adam_update, (params, params, adam.init(params))),
         }
 
+    def eps(a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.dtype.kind != "f" or np.array_equal(a, b):
+            return 0.0
+        return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) * np.finfo(b.dtype).eps))
+
+    fast = fast_compiler_options()
     rows = []
-    for rows_, width in ((128, 64), (4096, 1024)):
+    for rows_, width in ((48, 10), (48, 64), (128, 3), (128, 64), (4096, 1024)):
         for name, (fn, args) in kernels(rows_, width).items():
-            row = {"kernel": f"{name} ({rows_}x{width})"}
-            for label, options in (("default", {}), ("fast", fast_compiler_options())):
+            row, results = {"kernel": f"{name} ({rows_}x{width})"}, {}
+            for label, options in (("default", {}), ("fast", fast), ("level0", {**fast, "xla_backend_optimization_level": 0})):
                 lowered = jax.jit(lambda *a, fn=fn: fn(*a), compiler_options=options).lower(*args)
                 start = time.process_time()
                 compiled = lowered.compile()
                 row[f"{label} compile s"] = time.process_time() - start
-                jax.block_until_ready(compiled(*args))
+                results[label] = jax.tree.leaves(jax.block_until_ready(compiled(*args)))
                 runs = []
                 for _ in range(20):
                     start = time.perf_counter()
                     jax.block_until_ready(compiled(*args))
                     runs.append(time.perf_counter() - start)
                 row[f"{label} run us"] = statistics.median(runs) * 1e6
+            row["level0 eps"] = max(eps(a, b) for a, b in zip(results["level0"], results["fast"]))
             rows.append(row)
     print(json.dumps(rows))
     """
 )
 
+# ``--options``: compiler options on top of the fast ones, for every program the script compiles.
+EXTRA_OPTIONS = textwrap.dedent(
+    """
+    import json, os
+    from xgrad import fast_compile
+    fast_compile._known = {**fast_compile.fast_compiler_options(), **json.loads(os.environ["BENCH_COLD_OPTIONS"])}
+    """
+)
 
-def run_once(script: str, checkout: Path) -> Any:
-    """The JSON ``script`` prints last, run in a fresh process on ``checkout``'s xgrad, no cache, no XLA_FLAGS."""
+
+def run_once(script: str, checkout: Path, options: str | None = None) -> Any:
+    """The JSON ``script`` prints last, run in a fresh process on ``checkout``'s xgrad, no cache, no XLA_FLAGS.
+
+    ``options``: a JSON object of compiler options added to the fast ones (``--options``).
+    """
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "XGRAD_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR")}
     env["PYTHONPATH"] = str(checkout)
     env["JAX_PLATFORMS"] = "cpu"
+    if options is not None:
+        env["BENCH_COLD_OPTIONS"] = options
+        script = script.replace("import xgrad\n", "import xgrad\n" + EXTRA_OPTIONS, 1)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=checkout)
     if out.returncode != 0:
         raise RuntimeError(f"the benchmark's subprocess failed ({checkout}):\n{out.stderr}")
@@ -198,12 +230,12 @@ def run_kernels() -> list[dict[str, Any]]:
     return cast(list[dict[str, Any]], run_once(KERNELS, ROOT))
 
 
-def profile_programs(checkouts: dict[str, Path], runs: int) -> None:
+def profile_programs(checkouts: dict[str, tuple[Path, str | None]], runs: int) -> None:
     """Per checkout: the new batch size's programs (in order, median compile CPU s over ``runs``) and phases."""
     profiles: dict[str, list[Any]] = {label: [] for label in checkouts}
     for _ in range(runs):
-        for label, checkout in checkouts.items():
-            profiles[label].append(run_once(PROGRAMS, checkout))
+        for label, (checkout, options) in checkouts.items():
+            profiles[label].append(run_once(PROGRAMS, checkout, options))
     print(f"{runs} fresh processes per checkout, load average {os.getloadavg()[0]:.1f} at the end\n")
     for label, results in profiles.items():
         names = [name for name, _ in results[0]["programs"]]
@@ -228,22 +260,28 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(WORKLOADS), help="one workload")
     parser.add_argument("--kernels", action="store_true", help="compile and run times of single kernels, default options against fast")
     parser.add_argument("--programs", action="store_true", help="the new batch size's programs and their compile CPU seconds")
+    parser.add_argument("--options", help="with --programs: this checkout again with these compiler options (JSON) on top of the fast ones")
     args = parser.parse_args()
     if args.kernels:
         kernel_rows = [run_kernels() for _ in range(args.runs)]
+        columns = (("default compile s", 3), ("fast compile s", 3), ("level0 compile s", 3),
+                   ("default run us", 1), ("fast run us", 1), ("level0 run us", 1), ("level0 eps", 2))
         rows = [
-            (first["kernel"], *(f"{statistics.median(run[i][key] for run in kernel_rows):.{digits}f}"
-                                 for key, digits in (("default compile s", 3), ("fast compile s", 3), ("default run us", 1), ("fast run us", 1))))
+            (first["kernel"], *(f"{statistics.median(run[i][key] for run in kernel_rows):.{digits}f}" for key, digits in columns))
             for i, first in enumerate(kernel_rows[0])
         ]
         print(f"medians of {args.runs} fresh processes, load average {os.getloadavg()[0]:.1f} at the end\n")
-        print(table(rows, ("kernel (float32)", "compile CPU s, default", "fast", "run µs, default", "fast")))
+        print(table(rows, ("kernel (float32)", "compile CPU s, default", "fast", "level 0", "run µs, default", "fast", "level 0",
+                           "level 0 from fast, eps")))
         return
     checkouts = {"this checkout": ROOT}
     if args.against is not None:
         checkouts = {f"{args.against}": args.against.resolve(), **checkouts}
     if args.programs:
-        profile_programs(checkouts, args.runs)
+        profiled = {label: (checkout, None) for label, checkout in checkouts.items()}
+        if args.options is not None:
+            profiled[f"this checkout, {args.options}"] = (ROOT, args.options)
+        profile_programs(profiled, args.runs)
         return
     workloads = {args.only: WORKLOADS[args.only]} if args.only else WORKLOADS
     results: dict[tuple[str, str, str], list[dict[str, float]]] = {}

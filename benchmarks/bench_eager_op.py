@@ -10,9 +10,24 @@
    initial parameters and batches). PyTorch runs in its own interpreter (``--torch-python``,
    one that can import ``torch``; it never imports xgrad or JAX), kept alive for the run; the
    two take turns, one block of steps each per round. Each step ends when its parameters are
-   ready. The ratio is torch's step time over xgrad's, per round, and its median.
+   ready. The ratio is torch's step time over xgrad's, per round, and its median. Two more rows
+   time each optimizer's step alone, on the grads the last step left.
+
+3. The programs: each jitted program one eager step calls, replayed alone, and three kernels
+   (``x + 1`` of one element, ``tanh`` of 128x64, ``x @ w.T + b`` of 128x64 by 64x64) as
+   ``jax.jit`` programs against torch's ops on one thread (``--part programs``).
 
     PYTHONPATH=<checkout> python benchmarks/bench_eager_op.py --torch-python /path/to/python-with-torch
+
+``--ab REV`` times the recording rows as an A/B in one process instead: the functions named by
+``--swap`` (``module:qualname``) run with the code they have at git revision ``REV`` (A) and as
+checked out (B), swapped in and out with the rounds in turns (the order alternating), so both
+sides see the same load. It prints each side's µs above the bare call and the median of the
+paired differences. Constructors are swapped like any function; a function whose closure or
+globals differ between the two is not (``__code__`` must fit the function it is put into).
+
+    PYTHONPATH=<checkout> python benchmarks/bench_eager_op.py --part recording --ab main \
+        --swap xgrad.ops.registry:bind xgrad.ops.linalg:linear xgrad.tensor.core:Tensor.__init__
 """
 
 from __future__ import annotations
@@ -53,8 +68,49 @@ def per_call_us(fn: Callable[[], object], calls: int) -> float:
     return (time.process_time() - start) / calls * 1e6
 
 
-def recording_rows(rounds: int, calls: int) -> list[tuple[str, float, float, float]]:
-    """``(op, bare µs, recorded µs, recorded - bare)`` per op, medians of ``rounds`` rounds in turns."""
+def swapped_code(revision: str, targets: list[str]) -> Callable[[str], None]:
+    """A switch between the code of ``targets`` (``module:qualname``) at git ``revision`` ("A") and now ("B")."""
+    import ast
+    import importlib
+    import textwrap
+
+    swaps = []
+    for target in targets:
+        module_name, qualname = target.split(":")
+        module = importlib.import_module(module_name)
+        fn: Any = module
+        for part in qualname.split("."):
+            fn = getattr(fn, part)
+        fn = getattr(fn, "__func__", fn)
+        while fn.__code__.co_name != qualname.split(".")[-1]:  # a wrapper (autocast's): the op it wraps
+            fn = fn.__wrapped__
+        source = subprocess.run(  # ``REV:./name``: the path relative to the module's folder
+            ["git", "show", f"{revision}:./{os.path.basename(module.__file__)}"], capture_output=True, text=True,
+            check=True, cwd=os.path.dirname(module.__file__),
+        ).stdout
+        node: Any = ast.parse(source)
+        for part in qualname.split("."):
+            node = next(n for n in ast.iter_child_nodes(node)
+                        if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name == part)
+        namespace = dict(vars(module))
+        exec(compile("from __future__ import annotations\n" + textwrap.dedent(ast.get_source_segment(source, node)),
+                     f"{module.__file__} at {revision}", "exec"), namespace)
+        old = namespace[node.name]
+        swaps.append((fn, {"A": (old.__code__, old.__defaults__), "B": (fn.__code__, fn.__defaults__)}))
+
+    def use(side: str) -> None:
+        for fn, codes in swaps:
+            fn.__code__, fn.__defaults__ = codes[side]
+
+    return use
+
+
+def recording_rows(
+    rounds: int, calls: int, use: Callable[[str], None] | None = None
+) -> list[tuple[str, float, float, float]] | list[tuple[str, float, float, float, float]]:
+    """``(op, bare µs, recorded µs, recorded - bare)`` per op, medians of ``rounds`` rounds in turns.
+
+    With ``use`` (``swapped_code``'s switch): ``(op, bare, A - bare, B - bare, median of B - A per round)``."""
     import jax
     import jax.numpy as jnp
 
@@ -73,18 +129,33 @@ def recording_rows(rounds: int, calls: int) -> list[tuple[str, float, float, flo
         "mul": (lambda: jnp.multiply(aa, ba), lambda: a * b),
         "linear": (lambda: bare_linear(ia, wa, biasa), lambda: xgrad.linear(inp, weight, bias)),
     }
-    times: dict[tuple[str, int], list[float]] = {(op, k): [] for op in pairs for k in (0, 1)}
-    for fns in pairs.values():  # compile and warm up
-        for fn in fns:
-            per_call_us(fn, 100)
-    for _ in range(rounds):
-        for op, fns in pairs.items():
-            for k, fn in enumerate(fns):
-                times[op, k].append(per_call_us(fn, calls))
+    sides = ("A", "B") if use is not None else ("",)
+    times: dict[tuple[str, Any], list[float]] = {(op, k): [] for op in pairs for k in (0, *sides)}
+    for side in sides:  # compile and warm up
+        if use is not None:
+            use(side)
+        for fns in pairs.values():
+            for fn in fns:
+                per_call_us(fn, 100)
+    for r in range(rounds):
+        for op, (bare, recorded) in pairs.items():
+            times[op, 0].append(per_call_us(bare, calls))
+            for side in sides if r % 2 == 0 else sides[::-1]:
+                if use is not None:
+                    use(side)
+                times[op, side].append(per_call_us(recorded, calls))
     del accumulators
+    if use is not None:
+        use("B")
+        return [
+            (op, statistics.median(times[op, 0]), statistics.median(times[op, "A"]) - statistics.median(times[op, 0]),
+             statistics.median(times[op, "B"]) - statistics.median(times[op, 0]),
+             statistics.median([b - a for a, b in zip(times[op, "A"], times[op, "B"], strict=True)]))
+            for op in pairs
+        ]
     rows = []
     for op in pairs:
-        bare, recorded = statistics.median(times[op, 0]), statistics.median(times[op, 1])
+        bare, recorded = statistics.median(times[op, 0]), statistics.median(times[op, ""])
         rows.append((op, bare, recorded, recorded - bare))
     return rows
 
@@ -213,15 +284,26 @@ def torch_worker(path: str) -> None:
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
 
+    h, w, b, one = torch.randn(128, 64), torch.randn(64, 64), torch.zeros(64), torch.zeros(1)
+    runs = {
+        "step": step, "optimizer": opt.step, "add_one": lambda: one + 1, "tanh": lambda: torch.tanh(h),
+        "linear": lambda: torch.addmm(b, h, w.t()),
+    }
     for line in sys.stdin:
-        print(*median_step(step, int(line)), flush=True)
+        what, n = line.split()
+        print(*median_step(runs[what], int(n)), flush=True)
 
 
 Rounds = list[tuple[float, float]]  # per round, the median wall and process seconds of a step
+ROWS = (
+    "xgrad eager", "xgrad's programs replayed, no Python", "torch eager (1 thread)",
+    "xgrad's optimizer step alone (Optax Adam)", "torch's optimizer step alone (Adam)",
+)
 
 
-def step_rounds(torch_python: str, rounds: int, steps: int) -> tuple[Rounds, Rounds, Rounds] | None:
-    """Per round, ``median_step`` of ``steps`` xgrad steps, of its programs replayed and of torch steps, in turns."""
+def step_rounds(torch_python: str, rounds: int, steps: int) -> dict[str, Rounds] | None:
+    """Per row of ``ROWS``, per round, ``median_step`` of ``steps`` calls: xgrad's step, its programs replayed,
+    torch's step, then each optimizer's step alone on the last step's grads; the rows in turns."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "step.npz")
         _step_data(path)
@@ -235,30 +317,93 @@ def step_rounds(torch_python: str, rounds: int, steps: int) -> tuple[Rounds, Rou
             return None
         assert worker.stdin is not None and worker.stdout is not None
 
-        def torch_run(n: int) -> tuple[float, float]:
-            worker.stdin.write(f"{n}\n")
-            worker.stdin.flush()
-            wall, cpu = worker.stdout.readline().split()
-            return float(wall), float(cpu)
+        def torch_run(what: str) -> Callable[[int], tuple[float, float]]:
+            def run(n: int) -> tuple[float, float]:
+                worker.stdin.write(f"{what} {n}\n")
+                worker.stdin.flush()
+                wall, cpu = worker.stdout.readline().split()
+                return float(wall), float(cpu)
+
+            return run
+
+        import jax
 
         xgrad_run, step, opt = xgrad_stepper(path)
         try:
             xgrad_run(steps)  # compiles the primitives, then the fused rules
-            floor_run = replayer(programs_of_step(step, opt))
-            torch_run(steps)
-            xs: Rounds = []
-            fs: Rounds = []
-            ts: Rounds = []
+            runs = dict(zip(ROWS, (
+                xgrad_run, replayer(programs_of_step(step, opt)), torch_run("step"),
+                lambda n: median_step(lambda: (opt.step(), jax.block_until_ready(opt.params[0].array)), n),
+                torch_run("optimizer"),
+            ), strict=True))
+            runs[ROWS[2]](steps)
+            result: dict[str, Rounds] = {name: [] for name in ROWS}
             for _ in range(rounds):
-                xs.append(xgrad_run(steps))
-                fs.append(floor_run(steps))
-                ts.append(torch_run(steps))
+                for name, run in runs.items():
+                    result[name].append(run(steps))
         except ValueError:  # the worker died: its error is on stderr
             return None
         finally:
             worker.stdin.close()
             worker.wait()
-    return xs, fs, ts
+    return result
+
+
+def program_rows(torch_python: str, rounds: int, calls: int) -> None:
+    """Print each program of one eager step replayed alone (``calls`` calls, waited for at the end), then three
+    kernels against torch's (each call waited for): process µs per call, medians of ``rounds``."""
+    import jax
+    import jax.numpy as jnp
+
+    from xgrad.fast_compile import fast_compiler_options
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "step.npz")
+        _step_data(path)
+        run, step, opt = xgrad_stepper(path)
+        run(3)
+        programs = programs_of_step(step, opt)
+        print(f"Each program of one step replayed alone: process µs per call, medians of {rounds} rounds of {calls} calls\n")
+        print("| # | arrays in (first shapes) | µs |\n|---|---|---:|")
+        def pipelined_us(fn: Callable[..., Any], args: tuple[Any, ...]) -> float:  # waits once, after the calls
+            start = time.process_time()
+            for _ in range(calls):
+                out = fn(*args)
+            jax.block_until_ready(out)
+            return (time.process_time() - start) / calls * 1e6
+
+        for i, (fn, args) in enumerate(programs):
+            arrays = [a for a in jax.tree.leaves(args) if hasattr(a, "shape")]
+            us = statistics.median(pipelined_us(fn, args) for _ in range(rounds))
+            print(f"| {i} | {len(arrays)} {[tuple(a.shape) for a in arrays[:3]]} | {us:.1f} |")
+        worker = subprocess.Popen(
+            [torch_python, os.path.abspath(__file__), TORCH_WORKER, path],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        assert worker.stdin is not None and worker.stdout is not None
+        options = fast_compiler_options()
+        rng = np.random.default_rng(0)
+        h, w = jnp.asarray(rng.normal(size=(128, 64)), jnp.float32), jnp.asarray(rng.normal(size=(64, 64)), jnp.float32)
+        b, one = jnp.zeros(64, jnp.float32), jnp.zeros(1, jnp.float32)
+        add_one, tanh = jax.jit(lambda x: x + 1, compiler_options=options), jax.jit(jnp.tanh, compiler_options=options)
+        linear = jax.jit(lambda x, w, b: x @ w.T + b, compiler_options=options)
+        kernels = {"add_one": lambda: add_one(one), "tanh": lambda: tanh(h), "linear": lambda: linear(h, w, b)}
+        times: dict[tuple[str, str], list[float]] = {}
+        try:
+            for _ in range(rounds):
+                for name, fn in kernels.items():
+                    times.setdefault((name, "xgrad"), []).append(median_step(lambda fn=fn: jax.block_until_ready(fn()), calls)[1])
+                    worker.stdin.write(f"{name} {calls}\n")
+                    worker.stdin.flush()
+                    times.setdefault((name, "torch"), []).append(float(worker.stdout.readline().split()[1]))
+        finally:
+            worker.stdin.close()
+            worker.wait()
+        print("\nOne kernel, XLA:CPU's jitted program (eager's fast options) against torch (one thread): process µs per call\n")
+        print("| kernel | jax.jit | torch |\n|---|---:|---:|")
+        for name in kernels:
+            xla, torch_us = (statistics.median(times[name, who]) * 1e6 for who in ("xgrad", "torch"))
+            print(f"| {name} | {xla:.1f} | {torch_us:.1f} |")
 
 
 def main() -> None:
@@ -267,27 +412,38 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3000, help="calls per row and round (recording)")
     parser.add_argument("--steps", type=int, default=50, help="steps per system and round (the eager step)")
     parser.add_argument("--torch-python", default=sys.executable, help="an interpreter that can import torch")
-    parser.add_argument("--part", choices=("all", "recording", "step"), default="all")
+    parser.add_argument("--part", choices=("all", "recording", "step", "programs"), default="all")
+    parser.add_argument("--ab", metavar="REV", help="recording: an A/B in one process against the code at git REV")
+    parser.add_argument("--swap", nargs="+", default=[], metavar="MODULE:QUALNAME", help="the functions --ab swaps")
     args = parser.parse_args()
+    if args.ab is not None:
+        print(f"Recording one op, A = {args.ab}, B = this checkout ({' '.join(args.swap)} swapped): process µs per "
+              f"call, medians of {args.rounds} rounds of {args.calls} calls, the sides in turns\n")
+        print("| op | bare | A above bare | B above bare | B - A (median of the rounds' pairs) |\n|---|---:|---:|---:|---:|")
+        for op, bare, above_a, above_b, delta in recording_rows(args.rounds, args.calls, swapped_code(args.ab, args.swap)):
+            print(f"| {op} | {bare:.2f} | {above_a:.2f} | {above_b:.2f} | {delta:+.2f} |")
+        return
     if args.part in ("all", "recording"):
         print(f"Recording one op: process µs per call, medians of {args.rounds} rounds of {args.calls} calls\n")
         print("| op | bare | recorded | above bare |\n|---|---:|---:|---:|")
         for op, bare, recorded, above in recording_rows(args.rounds, args.calls):
             print(f"| {op} | {bare:.2f} | {recorded:.2f} | {above:.2f} |")
+    if args.part in ("all", "programs"):
+        program_rows(args.torch_python, args.rounds, min(args.calls, 1000))
     if args.part in ("all", "step"):
         result = step_rounds(args.torch_python, args.rounds, args.steps)
         if result is None:
             print("\ntorch eager: unavailable (see the worker's error above)")
             return
-        xs, fs, ts = result
+        ts = result[ROWS[2]]
         print(f"\nDemo MLP eager step: ms, medians of {args.steps} steps per round, {args.rounds} rounds in turns")
         for kind, k in (("wall", 0), ("process (CPU) time", 1)):
             print(f"\n{kind}:\n\n| what | median of rounds | rounds |\n|---|---:|---|")
-            for name, per_round in (("xgrad eager", xs), ("xgrad's programs replayed, no Python", fs), ("torch eager (1 thread)", ts)):
+            for name, per_round in result.items():
                 ms = [r[k] * 1e3 for r in per_round]
                 print(f"| {name} | {statistics.median(ms):.3f} | {' '.join(f'{m:.2f}' for m in ms)} |")
-            for name, ours in (("xgrad eager", xs), ("xgrad's programs replayed", fs)):
-                ratios = [t[k] / x[k] for x, t in zip(ours, ts, strict=True)]
+            for name in ROWS[:2]:
+                ratios = [t[k] / x[k] for x, t in zip(result[name], ts, strict=True)]
                 print(f"\ntorch / {name}, {kind}, per round: median {statistics.median(ratios):.2f}x "
                       f"({min(ratios):.2f}-{max(ratios):.2f}x)")
 

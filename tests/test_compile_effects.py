@@ -366,6 +366,35 @@ def test_a_function_backward_on_the_host_reads_its_ctx_as_eager(both, mode):
     assert PowerAndExp.seen == [("cube", 3, not both)] * 2
 
 
+class ScaleByArray(xgrad.autograd.Function):
+    """Keeps a raw ``jax.Array`` computed from its input on ctx, not a Tensor."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.twice = x.array * 2
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * xgrad.tensor(ctx.twice)
+
+
+@pytest.mark.parametrize("mode", FN_MODES)
+def test_a_function_backward_on_the_host_reads_a_jax_array_on_its_ctx(mode):
+    # Under xgrad.compile the array is a value of the trace: the host call gets each call's.
+    w = f64([0.5, -1.0, 2.0], requires_grad=True)
+
+    def step(x):
+        w.grad = None
+        ScaleByArray.apply(w * x).sum().backward()
+        return w.grad
+
+    step = run_fn(step, mode)
+    for scale in (1.0, 3.0):
+        grad = step(f64([scale, scale, scale])).numpy()
+        np.testing.assert_allclose(grad, 2 * w.detach().numpy() * scale * scale, rtol=1e-12)  # g * 2(w c) * c
+
+
 class OnceSquare(xgrad.autograd.Function):
     calls: list = []
 

@@ -9,6 +9,7 @@ PyTorch's documented behaviour, written out.
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 
 import numpy as np
@@ -328,3 +329,53 @@ def test_a_stable_loop_compiles_once_while_the_previous_loss_is_alive():
         p.grad = None
     step()
     assert "a leaf's .grad changed between None and a tensor" in compiled.stats()["recompile_reasons"][-1]
+
+
+class Nested(Function):
+    """``2x``; its backward runs, ``levels`` deep, a backward of its own through another ``Nested``, and raises
+    ``Deepest`` at the bottom if asked to."""
+
+    levels = 0
+    raise_at_bottom = False
+    compiled_flag = False
+    threads: set = set()
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        Nested.threads.add(threading.get_ident())
+        if Nested.levels == 0:
+            if Nested.raise_at_bottom:
+                raise Deepest("at the bottom")
+            return g * 2
+        Nested.levels -= 1
+        with xgrad.enable_grad():
+            leaf = xgrad.tensor([1.0], requires_grad=True)
+            Nested.apply(leaf).sum().backward(compiled=Nested.compiled_flag)
+        assert leaf.grad.tolist() == [2.0] and not xgrad.is_grad_enabled()
+        return g * 2
+
+
+class Deepest(ValueError):
+    pass
+
+
+def test_backwards_nested_deeper_than_one_thread_holds(flag):
+    """Past ``MAX_NESTED_DEPTH`` nested compiled backwards the next runs on a fresh thread (NOTE [Nested compiled
+    backwards]): grads as eager's, an exception at the bottom reaches the top with its own type."""
+    from xgrad.engine.compiled import MAX_NESTED_DEPTH
+
+    Nested.compiled_flag = flag
+    for raise_at_bottom in (False, True):
+        Nested.levels, Nested.raise_at_bottom, Nested.threads = MAX_NESTED_DEPTH + 5, raise_at_bottom, set()
+        x = xgrad.tensor([1.0], requires_grad=True)
+        if raise_at_bottom:
+            with pytest.raises(Deepest, match="at the bottom"):
+                Nested.apply(x).sum().backward(compiled=flag)
+        else:
+            Nested.apply(x).sum().backward(compiled=flag)
+            assert x.grad.tolist() == [2.0]
+        assert Nested.levels == 0 and (len(Nested.threads) > 1) == flag  # eager nests 60 deep on one thread

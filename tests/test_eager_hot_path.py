@@ -214,3 +214,101 @@ def test_a_leafs_accumulator_is_made_only_when_an_op_is_recorded():
     (out ** 2).sum().backward()
     want = jax.grad(lambda w: jnp.sum((x_value @ w.T) ** 2))(w_value)
     np.testing.assert_allclose(w.grad.numpy(), want, rtol=1e-12)
+
+
+def _fields(t):
+    """Every field of a tensor that is set, by name (``_array`` and ``grad_fn`` left out)."""
+    slots = [name for name in xgrad.Tensor.__slots__ if name not in ("__weakref__", "_array", "grad_fn")]
+    return {name: getattr(t, name) for name in slots if hasattr(t, name)}
+
+
+def test_op_outputs_are_whole_tensors_made_without_the_types_call(monkeypatch):
+    """A recorded op's output, and one made under ``no_grad``, is made by ``Tensor._fill`` (NOTE [Op outputs
+    made without the type's call]): ``Tensor.__init__`` never runs for it, and it has every field
+    ``Tensor(array)`` gives; inside ``inference_mode`` it is an inference tensor, as that would be."""
+    x = xgrad.tensor(np.array([0.5, -1.0]), requires_grad=True)
+    inits = []
+    init = xgrad.Tensor.__init__
+    monkeypatch.setattr(xgrad.Tensor, "__init__", lambda self, *a, **k: inits.append(a) or init(self, *a, **k))
+    recorded = xgrad.sin(x)
+    with xgrad.no_grad():
+        plain = xgrad.sin(x)
+    with xgrad.inference_mode():
+        inference = xgrad.sin(x)
+    assert inits == []
+    monkeypatch.undo()
+    for out in (recorded, plain):
+        assert _fields(out) == _fields(xgrad.Tensor(out.array))
+    assert _fields(inference) == {**_fields(xgrad.Tensor(inference.array)), "_inference": True}
+    assert inference.is_inference() and not plain.is_inference() and plain.grad_fn is None
+    recorded.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.cos([0.5, -1.0]), rtol=1e-15)
+
+
+def test_outputs_of_one_aval_and_sharding_share_their_metadata():
+    """A one-output primitive keeps its output's metadata per ``aval`` while the sharding is the same object
+    (NOTE [One metadata per output aval]): two ``sin`` nodes of one shape and device share it; another
+    shape, and the same shape on another device (this process has two), get their own, with their
+    sharding. The grads, which the metadata shapes and places, are ``cos``'s on each device."""
+    dev0, dev1 = jax.devices()[:2]
+    values = np.array([0.5, 2.0])
+    x0 = xgrad.tensor(values, device=dev0, requires_grad=True)
+    x1 = xgrad.tensor(values, device=dev1, requires_grad=True)
+    wide = xgrad.tensor(np.ones(3), device=dev0, requires_grad=True)
+    a, b, c, d = xgrad.sin(x0), xgrad.sin(x0), xgrad.sin(x1), xgrad.sin(wide)
+    assert a.grad_fn.input_metadata is b.grad_fn.input_metadata
+    for out, x in ((a, x0), (c, x1), (d, wide)):
+        (meta,) = out.grad_fn.input_metadata
+        assert (meta.shape, meta.dtype, meta.sharding) == (x.shape, x.dtype, out.array.sharding)
+        assert meta.sharding.device_set == {x.device}
+    ((a + b).sum() + d.sum()).backward()
+    c.sum().backward()
+    np.testing.assert_allclose(x0.grad.numpy(), 2 * np.cos(values), rtol=1e-15)
+    np.testing.assert_allclose(x1.grad.numpy(), np.cos(values), rtol=1e-15)
+    assert x1.grad.device == dev1 and x0.grad.device == dev0
+
+
+def test_linear_of_a_weight_without_an_aval_takes_the_composite():
+    """``linear``'s front reads the shapes from the arrays' ``aval``; a tensor over an array without one
+    (a NumPy array) goes the composite's way, with NumPy's result and grads."""
+    rng = np.random.default_rng(8)
+    x, w, b = (rng.standard_normal(s) for s in ((2, 4), (3, 4), (3,)))
+    weight = xgrad.Tensor(w).requires_grad_()
+    out = xgrad.linear(xgrad.tensor(x), weight, xgrad.tensor(b))
+    np.testing.assert_allclose(out.detach().numpy(), x @ w.T + b, rtol=1e-12)
+    out.sum().backward()
+    np.testing.assert_allclose(weight.grad.numpy(), np.ones((2, 3)).T @ x, rtol=1e-12)
+
+
+def test_the_sharding_field_is_the_arrays_sharding():
+    """``bind`` reads an output's sharding from its field (``ARRAY_SHARDING_FIELD``): the very object
+    ``jax.Array.sharding`` returns."""
+    from xgrad.jax_internals import ARRAY_SHARDING_FIELD
+
+    for device in jax.devices()[:2]:
+        array = jax.device_put(jnp.ones(3), device)
+        assert getattr(array, ARRAY_SHARDING_FIELD) is array.sharding
+
+
+def test_a_paramless_primitive_runs_its_fast_program_from_bind(monkeypatch):
+    """``bind`` calls a param-less primitive's fast program itself once made (NOTE [Jitted dispatch]): no
+    ``Primitive.dispatch`` call for untraced arrays. Traced ones (under ``jax.jit``) still go through it to the
+    program without options, a ``None`` argument is still PyTorch's ``TypeError``, and the values are NumPy's."""
+    values = np.array([0.5, -1.0])
+    x = xgrad.tensor(values, requires_grad=True)
+    xgrad.sin(x)  # the program is made
+    calls = []
+    dispatch = registry.Primitive.dispatch
+    monkeypatch.setattr(
+        registry.Primitive, "dispatch", lambda self, arrays, params: calls.append(self.name) or dispatch(self, arrays, params)
+    )
+    y = xgrad.sin(x)
+    assert calls == []
+    traced = jax.jit(lambda a: xgrad.sin(xgrad.Tensor(a)).array)(x.array)
+    assert calls == ["sin"]
+    np.testing.assert_allclose(y.detach().numpy(), np.sin(values), rtol=1e-15)
+    np.testing.assert_allclose(np.asarray(traced), np.sin(values), rtol=1e-15)
+    with pytest.raises(TypeError, match=r"^sin\(\): argument \(position 1\) must be Tensor, not NoneType$"):
+        registry.bind(registry.REGISTRY["sin"], (None,), {})
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.cos(values), rtol=1e-15)

@@ -19,6 +19,9 @@ import pytest
 import xgrad
 from xgrad import fast_compile
 from xgrad.fast_compile import FastJit
+from xgrad.ops.fused_rules import UNFUSED
+from xgrad.ops.registry import REGISTRY, PrimitiveNode
+from xgrad.testing.op_specs import OP_SPECS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -241,3 +244,100 @@ def test_cross_entropy_counts_kept_targets_only_when_some_may_be_ignored():
     assert run([0, 1, 2, 0], ignore_index=1) == (False, pytest.approx(np.log(3)))  # ignore_index is a class
     all_ignored = run([-100] * 4)
     assert all_ignored[0] is False and np.isnan(all_ignored[1])  # PyTorch's 0 / 0
+
+
+def _nodes_of_several_outputs(outputs):
+    """The graph's nodes of primitives with several outputs, each once."""
+    found, seen = [], set()
+    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, PrimitiveNode) and node.prim.num_outputs > 1:
+            found.append(node)
+        stack.extend(node for node, _ in node.next_functions)
+    return found
+
+
+# Probabilities as targets take the weighted formula, which no primitive of several outputs computes.
+_SEVERAL_OUTPUTS = [
+    s for s in OP_SPECS if s.name in {n for n, p in REGISTRY.items() if p.num_outputs > 1} and s.label != "probabilities"
+]
+
+
+# NOTE [Unmade zeros] (xgrad/ops/fused_rules.py): the fused rules make the zeros of the outputs
+# no grad reached in their own program. The reference is the same node's rules given those
+# zeros as arrays, as the engine made them before: the same program but for where the zeros
+# come from, so the same bits, NaN and inf included.
+@pytest.mark.parametrize("spec", _SEVERAL_OUTPUTS, ids=lambda s: s.id)
+@pytest.mark.parametrize("reached", ["first output", "all but the first"])
+@pytest.mark.parametrize("values", ["finite", "an inf input"])
+def test_unmade_zeros_give_the_bits_of_made_ones(spec, reached, values):
+    rng = np.random.default_rng(5)
+    inputs = spec.sample(rng, 0, np.float32)
+    if values == "an inf input":  # NaN and inf through the rules: inf * 0 still computed
+        inputs[0].flat[0] = np.inf
+    tensors = [
+        xgrad.tensor(a, requires_grad=d.differentiable and np.issubdtype(a.dtype, np.floating))
+        for a, d in zip(inputs, spec.domains, strict=True)
+    ]
+    out = spec.op(*tensors)
+    nodes = _nodes_of_several_outputs(list(out) if isinstance(out, (tuple, list)) else [out])
+    assert nodes
+    for node in nodes:
+        metadata = node.input_metadata
+        grads = [xgrad.tensor(rng.standard_normal(m.shape).astype(m.dtype)) for m in metadata]
+        first = reached == "first output"
+        missing = [i for i in range(len(grads)) if (i > 0) == first]
+        unmade = [None if i in missing else g for i, g in enumerate(grads)]
+        made = [xgrad.tensor(np.zeros(metadata[i].shape, metadata[i].dtype)) if i in missing else g for i, g in enumerate(grads)]
+        with xgrad.no_grad():
+            node.prim._fused.clear()
+            got = node.apply(unmade)
+            expected = node.apply(made)
+        # Two signatures (the zeros unmade, then made), fused alike: the rules' own ops decide.
+        unmade_fused, made_fused = node.prim._fused.values()
+        assert (unmade_fused is UNFUSED) == (made_fused is UNFUSED)
+        for a, b in zip(got, expected, strict=True):
+            assert (a is None) == (b is None)
+            if a is not None:
+                np.testing.assert_array_equal(np.asarray(a.array), np.asarray(b.array), strict=True)
+
+
+def test_a_new_batch_size_compiles_no_zeros(compiles):
+    """The loss's unreached outputs' zeros are made in its fused rules' program, not by one of their own."""
+    model = xgrad.nn.MLP([3, 5, 4], key=1)
+    rng = np.random.default_rng(0)
+
+    def step(n):
+        x = xgrad.tensor(rng.standard_normal((n, 3)).astype(np.float32))
+        y = xgrad.tensor(rng.integers(0, 4, n).astype(np.int32))
+        xgrad.cross_entropy(model(x), y).backward()
+
+    step(6)
+    del compiles[:]
+    step(5)
+    assert compiles and not any("zeros" in name for name in compiles)
+
+
+def _mean_cross_entropy(logits, targets):
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), targets[:, None], axis=1))
+
+
+def test_outputs_on_several_devices_get_their_zeros_made():
+    """Zeros of outputs spread over devices keep their placement: made by the engine, not by the rules' program."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("batch",))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("batch"))
+    rng = np.random.default_rng(2)
+    logits = rng.standard_normal((8, 5)).astype(np.float32)
+    targets = rng.integers(0, 5, 8).astype(np.int32)
+    x = xgrad.tensor(jax.device_put(logits, rows), requires_grad=True)
+    prim = REGISTRY["cross_entropy"]
+    prim._fused.clear()
+    xgrad.cross_entropy(x, xgrad.tensor(jax.device_put(targets, rows))).backward()
+    (key,) = prim._fused
+    assert key[-1] == (None, None, None, None)  # every grad an array: the zeros made by the engine
+    expected = jax.grad(lambda a: _mean_cross_entropy(a, targets))(logits)
+    np.testing.assert_allclose(np.asarray(x.grad.array), expected, rtol=1e-6, atol=1e-7)

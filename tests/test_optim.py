@@ -2,6 +2,7 @@
 
 import math
 
+import jax
 import numpy as np
 import optax
 import pytest
@@ -244,3 +245,30 @@ def test_step_counts_stay_per_parameter_when_one_skips_a_step_or_loads_its_own(m
         np.testing.assert_allclose(w.detach().numpy(), expected, rtol=1e-12)
         assert float(opt.state[w]["step"]) == count
     assert [float(opt.state[w]["step"]) for w in ws] == [4.0, 3.0, 9.0]
+
+
+def test_a_shared_counter_goes_through_the_update_once(monkeypatch):
+    # NOTE [Shared counters]: the group's update takes the one ``step`` array its
+    # parameters share once and gives it back once (one output, not one per parameter),
+    # and every parameter's ``step`` is then that array.
+    from xgrad.optim import optimizer as optimizer_module
+
+    program = optimizer_module._jitted_group_step()
+    outputs = []
+
+    class Recording:
+        def __call__(self, *args):
+            result = program(*args)
+            outputs.append(jax.tree.leaves(result))
+            return result
+
+    monkeypatch.setattr(optimizer_module, "_jitted_group_step", Recording)
+    ws = [xgrad.tensor(np.ones(3), requires_grad=True), xgrad.tensor(np.ones(2), requires_grad=True)]
+    opt = optim.Adam(ws, lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        sum((w * w).sum() for w in ws).backward()
+        opt.step()
+    assert [len(leaves) for leaves in outputs] == [2 + 2 * 2 + 1] * 2  # parameters, moments, one count
+    assert opt.state[ws[0]]["step"]._array is opt.state[ws[1]]["step"]._array
+    assert float(opt.state[ws[1]]["step"]) == 2.0

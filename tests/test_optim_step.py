@@ -8,7 +8,7 @@ import pytest
 
 import xgrad
 from xgrad import nn
-from xgrad.optim import Optax, get_lr, set_lr
+from xgrad.optim import Optax, get_lr, optax_optimizer, set_lr
 
 
 @pytest.mark.parametrize(
@@ -137,3 +137,89 @@ def test_placement_is_compared_again_only_after_the_parameters_change(make_optim
         model.weight.copy_(model.weight * 1.0)  # the same values in a new array
     step()
     assert len(calls) > first
+
+
+def _unpacked(monkeypatch):
+    """Make ``Optax`` keep one array per state leaf, as it did before packing (NOTE [Packed optimizer state])."""
+    of = optax_optimizer.StateLayout.of.__func__
+    monkeypatch.setattr(optax_optimizer.StateLayout, "of", classmethod(lambda cls, state, params, pack: of(cls, state, params, False)))
+
+
+@pytest.mark.parametrize(
+    "make_transform",
+    [lambda: optax.adam(1e-2), lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1, momentum=0.9, nesterov=True))],
+    ids=["adam", "clip_sgd_nesterov"],
+)
+def test_packed_state_gives_the_bits_of_one_array_per_leaf(make_transform, monkeypatch):
+    # NOTE [Packed optimizer state]: the per-parameter entries of each dtype in one buffer
+    # each, sliced and concatenated inside the update, give the very bits of the update on
+    # one array per leaf, with parameters of two dtypes and one frozen (no grad).
+    rng = np.random.default_rng(3)
+    values = [rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=(3,)), rng.normal(size=(2,)).astype(np.float32)]
+    grads = [[rng.normal(size=v.shape).astype(v.dtype) for v in values] for _ in range(4)]
+
+    def run():
+        params = [xgrad.tensor(v, requires_grad=True) for v in values]
+        opt = Optax(params, make_transform())
+        for step_grads in grads:
+            for p, g in zip(params[:2], step_grads, strict=False):
+                p.grad = xgrad.tensor(g)
+            opt.step()
+        return params, opt
+
+    packed_params, packed = run()
+    with monkeypatch.context() as m:
+        _unpacked(m)
+        plain_params, plain = run()
+    assert len(packed._state_tensors) < len(plain._state_tensors) == len(jax.tree.leaves(plain.state))
+    for a, b in zip(packed_params, plain_params, strict=True):
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
+        assert a.dtype == b.dtype
+    assert jax.tree.structure(packed.state) == jax.tree.structure(plain.state)
+    for a, b in zip(jax.tree.leaves(packed.state), jax.tree.leaves(plain.state), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+
+
+def test_packed_state_read_and_assigned_back_keeps_its_buffers():
+    # ``set_lr`` reads the state and assigns it back each time: the moments' buffers are
+    # kept, not cut up and concatenated again; a leaf replaced by the user is packed anew.
+    w = xgrad.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    opt = Optax([w], optax.inject_hyperparams(optax.adam)(learning_rate=0.5))
+    w.grad = xgrad.tensor([1.0, -1.0, 2.0])
+    opt.step()
+    buffers = [t._array for t in opt._state_tensors]
+    shown = jax.tree.leaves(opt.state)
+    assert all(a is b for a, b in zip(shown, jax.tree.leaves(opt.state), strict=True))
+    set_lr(opt, 0.25)
+    assert get_lr(opt) == 0.25
+    kept = [a for a, t in zip(buffers, opt._state_tensors, strict=True) if t._array is a]
+    assert len(kept) == len(buffers) - 1  # all but the learning rate's own array
+    state = opt.state
+    state.inner_state[0].mu[0] = jnp.array([7.0, 8.0, 9.0])
+    opt.state = state
+    np.testing.assert_array_equal(opt.state.inner_state[0].mu[0], [7.0, 8.0, 9.0])
+    np.testing.assert_array_equal(opt.state.inner_state[0].nu[0], shown[-1])
+
+
+def test_a_transform_changing_its_state_dtypes_keeps_one_array_per_leaf():
+    # A state whose update changes its leaves' dtypes (float16 in, float32 out) cannot
+    # live in a fixed buffer: it keeps its leaves, and steps as optax does on arrays.
+    def init(params):
+        return [jnp.zeros(p.shape, jnp.float16) for p in params]
+
+    def update(updates, state, params=None):
+        new_state = [s.astype(jnp.float32) + u for s, u in zip(state, updates, strict=True)]
+        return [-0.1 * s for s in new_state], new_state
+
+    transform = optax.GradientTransformation(init, update)
+    w = xgrad.tensor(np.array([1.0, 2.0], np.float32), requires_grad=True)
+    opt = Optax([w], transform)
+    ref, ref_state = [w.array], transform.init([w.array])
+    for g in ([1.0, 2.0], [0.5, -1.0]):
+        w.grad = xgrad.tensor(np.array(g, np.float32))
+        opt.step()
+        updates, ref_state = transform.update([jnp.array(g, jnp.float32)], ref_state, ref)
+        ref = optax.apply_updates(ref, updates)
+    np.testing.assert_array_equal(w.detach().numpy(), ref[0])
+    assert [leaf.dtype for leaf in jax.tree.leaves(opt.state)] == [jnp.float32]

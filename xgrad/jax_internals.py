@@ -68,7 +68,7 @@ from jax.extend.core import ClosedJaxpr, DebugInfo, DropVar, Jaxpr, Literal, Var
 from jax.extend.source_info_util import new_name_stack
 
 __all__ = [
-    "BYTECODE_SCAN_EXACT", "BytecodeScanFallback", "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged",
+    "ARRAY_SHARDING_FIELD", "BYTECODE_SCAN_EXACT", "BytecodeScanFallback", "ClosedJaxpr", "DebugInfo", "DropVar", "Jaxpr", "JaxBehaviourChanged",
     "Literal", "Var", "abstractifying",
     "check_consts_keep_identity", "concrete_value", "devices_in_process", "get_opaque_trace_state", "io_callback",
     "jaxpr_as_fun", "loaded_names", "reraise_host_errors",
@@ -307,6 +307,21 @@ def _self_test_batching_level() -> None:
     equations = [str(eqn.primitive) for eqn in closed.jaxpr.eqns]
     if seen != [("lanes", 3, 0, (3, 2))] or out.shape != (3, 2) or equations != ["mul"]:
         raise _changed(f"a BatchTrace's batch info reads {seen} and rebatches to {out} by {equations}")
+
+
+# -- a jax.Array's sharding as its field ---------------------------------------------------
+# ``jax.Array.sharding`` is a Python property that returns the array's ``_sharding``. Every
+# recorded op keeps its output's sharding (``InputMetadata``) and reads the field itself:
+# the property's call cost 0.04-0.1 µs of each. Checked here, on the class (no
+# backend starts), that the property still reads that field and nothing else.
+ARRAY_SHARDING_FIELD = "_sharding"
+try:
+    from jax._src.array import ArrayImpl as _ArrayImpl
+except ImportError as error:  # pragma: no cover - a JAX that moved it
+    raise _changed("jax._src.array.ArrayImpl moved") from error
+_sharding_code = getattr(getattr(vars(_ArrayImpl).get("sharding"), "fget", None), "__code__", None)
+if _sharding_code is None or _sharding_code.co_names != (ARRAY_SHARDING_FIELD,):  # pragma: no cover - a JAX that changed it
+    raise _changed(f"jax.Array.sharding no longer returns its {ARRAY_SHARDING_FIELD} field")
 
 
 def single_device_sharding(device: Any) -> Any:

@@ -36,7 +36,7 @@
 # Under a plain JAX transformation (NOTE [Hooks under jax.jit] in ``jax_hooks.py``) the same
 # screen and trial decide, with no guards to keep: a hook reading a value that can be
 # rebound or changed in place (a number, a string, ``None``, a list's or dict's items) runs
-# on the host there (``trace_in_plain_jax``).
+# on the host there (``trace_in`` given no recorder).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from xgrad.compile_step.recording import Snapshot
 from xgrad.func_programs import LIBRARIES
 from xgrad.tensor import Tensor, is_tensor
 
@@ -90,7 +91,8 @@ class Impure(Exception):
     """The hook does something a trace cannot repeat: it runs on the host."""
 
 
-def _trusted(obj: Any) -> bool:
+def from_library(obj: Any) -> bool:
+    """Whether ``obj`` (a module, a function, a class, an object of one) is library code (``LIBRARIES``)."""
     module = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
     if not isinstance(module, str):
         module = type(obj).__module__
@@ -119,7 +121,7 @@ def nested_codes(code: types.CodeType) -> list[types.CodeType]:
     return found
 
 
-def _items(container: Any) -> tuple[Any, ...]:
+def container_items(container: Any) -> tuple[Any, ...]:
     """A container's keys and values (a dict's in turn) or its items, to compare by identity."""
     return tuple(v for pair in container.items() for v in pair) if isinstance(container, dict) else tuple(container)
 
@@ -164,9 +166,9 @@ class Reads:
             self._callable(fn.__func__, depth, top)
             self._value(fn.__self__, depth + 1)
         elif isinstance(fn, types.FunctionType):
-            if top or not _trusted(fn):
+            if top or not from_library(fn):
                 self._function(fn, depth)
-        elif isinstance(fn, (type, types.BuiltinFunctionType, types.BuiltinMethodType)) or (not top and _trusted(fn)):
+        elif isinstance(fn, (type, types.BuiltinFunctionType, types.BuiltinMethodType)) or (not top and from_library(fn)):
             return  # a constructor, a builtin, or library code: traced as the step's ops are
         else:
             call = next((vars(c)["__call__"] for c in type(fn).__mro__ if "__call__" in vars(c)), None)
@@ -229,13 +231,13 @@ class Reads:
         if isinstance(value, _CONTAINERS):
             if len(value) > _MAX_ITEMS:
                 raise Impure(f"it reads a {type(value).__name__} of {len(value)} items")
-            items = _items(value)
+            items = container_items(value)
             if not isinstance(value, (tuple, frozenset)):
                 self.guards.append((value, None, items))
             for item in items:
                 self._value(item, depth + 1)
             return
-        if _trusted(value) and (isinstance(value, (types.ModuleType, type)) or _array_library(value)):
+        if from_library(value) and (isinstance(value, (types.ModuleType, type)) or _array_library(value)):
             return  # library code, or an array library's own object
         if isinstance(value, threading.local):
             return  # per-thread bookkeeping (the running backward's task): what a trace sees of it is not the call's
@@ -247,7 +249,7 @@ class Reads:
 
         # The attributes the code names, set or not (one set later shadows its class's): its classes' first,
         # whose properties add the names their getters read, then its own.
-        classes = [] if isinstance(value, type) else [c for c in type(value).__mro__ if not _trusted(c)]
+        classes = [] if isinstance(value, type) else [c for c in type(value).__mro__ if not from_library(c)]
         slots = {name for c in classes for name in getattr(c, "__slots__", ())}
         if slots & self.names:
             raise Impure(f"it reads {sorted(slots & self.names)[0]!r}, held in __slots__ where no guard sees it change")
@@ -297,7 +299,7 @@ def _holds(guard: tuple[Any, Any, Any]) -> bool:
             return target.cell_contents is value
         except ValueError:
             return value is _MISSING
-    found = _items(target)
+    found = container_items(target)
     return len(found) == len(value) and all(a is b for a, b in zip(found, value, strict=True))
 
 
@@ -308,76 +310,6 @@ def reads_hold(guards: list[tuple[Any, Any, Any]]) -> bool:
 
 # What a trace records that a hook's trial may add to, and an undone trial takes back.
 _RECORDS = ("checks", "host_checks", "added_hooks", "printed", "prints", "effects", "observers")
-
-
-def _tensor_state(t: Tensor) -> tuple[Any, ...]:
-    return t._array, t._grad, t.grad_fn, t._output_nr, t._version, t._requires_grad, t._retains_grad
-
-
-def _set_tensor_state(t: Tensor, state: tuple[Any, ...]) -> None:
-    t._array, t._grad, t.grad_fn, t._output_nr, t._version, t._requires_grad, t._retains_grad = state
-
-
-def _screened(fn: Any, args: tuple[Any, ...]) -> Reads | None:
-    """What ``fn`` reads (NOTE [Hooks traced in], 1 and 2); ``None`` if its code has effects."""
-    try:
-        reads = Reads()
-        reads.hook(fn, args)
-    except Impure as exc:
-        logger.debug("hook %r runs on the host: %s", fn, exc)
-        return None
-    return reads
-
-
-def _trial(fn: Any, args: tuple[Any, ...], reads: Reads) -> tuple[str | None, Any]:
-    """``fn`` called on the traced ``args``: why it cannot be traced in (``None``: it can; else what the call changed
-    of what it reads is undone) and its result."""
-    try:
-        result = fn(*args)
-        why = None
-    except Exception as exc:  # a tracer made concrete, or the user's error: the host call raises it again
-        why = f"{type(exc).__name__}: {exc}"
-        result = None
-    changed = reads.changed()
-    if changed:
-        why = "it changed Python state it reads"
-    if why is not None:
-        logger.debug("hook %r runs on the host: %s", fn, why)
-        Reads.restore(changed)
-    return why, result
-
-
-def _arg_tensors(args: tuple[Any, ...]) -> list[Tensor]:
-    return [t for t in jax.tree_util.tree_leaves(args, is_leaf=is_tensor) if isinstance(t, Tensor)]
-
-
-def trace_in(rec: Any, fn: Any, args: tuple[Any, ...], post_accumulate: bool) -> tuple[bool, Any]:
-    """Call ``fn`` on the traced ``args`` if it may be traced in (NOTE [Hooks traced in]): ``(True, its result)``;
-    else ``(False, None)``, nothing of the call left behind, for the caller to run it on the host."""
-    reads = _screened(fn, args)
-    if reads is None:
-        return False, None
-    lengths = [len(getattr(rec, name)) for name in _RECORDS]
-    tensors = _arg_tensors(args) + [t for t in (snap.ref() for snap in rec.snapshots.values()) if t is not None]
-    before = [(t, _tensor_state(t)) for t in tensors]
-    snapshotted = set(rec.snapshots)
-    why, result = _trial(fn, args, reads)
-    if why is None and post_accumulate and result is not None:  # eager's error, raised on the host after the last
-        why = "it returned a value"
-        logger.debug("hook %r runs on the host: %s", fn, why)
-    if why is None:
-        rec.hook_reads.extend(reads.guards)
-        return True, result
-    for name, n in zip(_RECORDS, lengths, strict=True):
-        del getattr(rec, name)[n:]
-    for key, snap in rec.snapshots.items():
-        t = snap.ref()
-        if key not in snapshotted and t is not None:
-            snap.restore(t)
-    for t, state in before:
-        _set_tensor_state(t, state)
-    return False, None
-
 _REBINDABLE = (type(None), bool, int, float, complex, str, bytes, np.generic)
 
 
@@ -390,20 +322,50 @@ def _changeable(guard: tuple[Any, Any, Any]) -> bool:
     return isinstance(value, _REBINDABLE)
 
 
-def trace_in_plain_jax(fn: Any, args: tuple[Any, ...]) -> tuple[bool, Any]:
-    """``trace_in`` under a plain JAX transformation, where nothing guards what a hook reads: ``(True, its result)``
-    when ``fn`` may be traced in; else ``(False, None)``, its arguments as before the trial."""
-    reads = _screened(fn, args)
-    if reads is None:
+def trace_in(rec: Any, fn: Any, args: tuple[Any, ...], post_accumulate: bool = False) -> tuple[bool, Any]:
+    """Call ``fn`` on the traced ``args`` if it may be traced in (NOTE [Hooks traced in]): ``(True, its result)``;
+    else ``(False, None)``, nothing of the call left behind, for the caller to run it on the host.
+
+    ``rec``: the step's recorder, whose guards keep what a traced-in hook read; ``None``
+    under a plain JAX transformation, where nothing guards it and a hook reading a value
+    that can change is not traced in.
+    """
+    try:
+        reads = Reads()
+        reads.hook(fn, args)
+        read = None if rec is not None else next((g for g in reads.guards if _changeable(g)), None)
+        if read is not None:
+            raise Impure(f"it reads {read[1] or read[2]!r}, which a plain JAX trace cannot check")
+    except Impure as exc:
+        logger.debug("hook %r runs on the host: %s", fn, exc)
         return False, None
-    read = next((g for g in reads.guards if _changeable(g)), None)
-    if read is not None:
-        logger.debug("hook %r runs on the host: it reads %r, which a plain JAX trace cannot check", fn, read[1] or read[2])
-        return False, None
-    before = [(t, _tensor_state(t)) for t in _arg_tensors(args)]
-    why, result = _trial(fn, args, reads)
+    tensors = [t for t in jax.tree_util.tree_leaves(args, is_leaf=is_tensor) if isinstance(t, Tensor)]
+    if rec is not None:
+        lengths = [len(getattr(rec, name)) for name in _RECORDS]
+        tensors += [t for t in (snap.ref() for snap in rec.snapshots.values()) if t is not None]
+        snapshotted = set(rec.snapshots)
+    before = [Snapshot(t) for t in tensors]
+    try:
+        result = fn(*args)
+        why = "it returned a value" if post_accumulate and result is not None else None  # eager's error, on the host
+    except Exception as exc:  # a tracer made concrete, or the user's error: the host call raises it again
+        why, result = f"{type(exc).__name__}: {exc}", None
+    changed = reads.changed()
+    if changed:
+        why = "it changed Python state it reads"
     if why is None:
+        if rec is not None:
+            rec.hook_reads.extend(reads.guards)
         return True, result
-    for t, state in before:
-        _set_tensor_state(t, state)
+    logger.debug("hook %r runs on the host: %s", fn, why)
+    Reads.restore(changed)
+    if rec is not None:
+        for name, n in zip(_RECORDS, lengths, strict=True):
+            del getattr(rec, name)[n:]
+        for key, snap in rec.snapshots.items():
+            t = snap.ref()
+            if key not in snapshotted and t is not None:
+                snap.restore(t)
+    for t, snap in zip(tensors, before, strict=True):
+        snap.restore(t)
     return False, None

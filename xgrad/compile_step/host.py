@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from xgrad.compile_step import recording
 from xgrad.compile_step.errors import NotCompilable
-from xgrad.compile_step.hook_purity import nested_codes, trace_in
+from xgrad.compile_step.hook_purity import container_items, from_library, nested_codes, trace_in
 from xgrad.compile_step.observers import HookBox, HostGraphTask, Observer, call_in_backward
 from xgrad.compile_step.recording import tracing
 from xgrad.engine.compiled.cache import call_site
@@ -29,7 +29,6 @@ from xgrad.engine.host_call import call_on_host, hook_on_host, swapped_state
 from xgrad.engine.node import ERR_POST_ACCUMULATE_RESULT, Edge, InputMetadata, current_task
 from xgrad.engine.saved import SavedTensor
 from xgrad.engine.validate import validate_outputs
-from xgrad.func_programs import LIBRARIES
 from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.nn.hooks import BackwardHook
 from xgrad.step_trace import array_of
@@ -51,10 +50,6 @@ ERR_STATE_FROM_HOST = (
     "cannot change. Mark it xgrad.autograd.compiled.pure_hook if it is traceable, or run this step eagerly"
 )
 _CTX_OWN = frozenset(vars(FunctionCtx()))  # what autograd keeps on a ctx; the rest is the Function's
-
-
-def _struct(array: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(array.shape, array.dtype)
 
 
 def hook_in_step(fn: Any, hooks: Any) -> Any:
@@ -79,8 +74,7 @@ def _in_step(fn: Any, hooks: Any, returns_none: bool) -> Any:
         return fn
 
     def call(*args: Any) -> Any:
-        rec = recording.active()
-        assert rec is not None
+        rec = recording.current()
         module_hooks = getattr(fn, "__self__", None)
         if not isinstance(module_hooks, BackwardHook):
             module_hooks = None
@@ -117,8 +111,7 @@ def _module_hooks_on_host(module_hooks: BackwardHook, grad_inputs: Any, grad_out
 
 def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> Any:
     """A hook whose non-``None`` result replaces its first argument (tensor, pre and post hooks)."""
-    rec = recording.active()
-    assert rec is not None
+    rec = recording.current()
     if rec.observing:  # the observer variant: the hook runs after the program (NOTE [Observer hooks])
         leaves, tree = jax.tree_util.tree_flatten(args, is_leaf=is_tensor)
         arrays = [leaf._array for leaf in leaves]
@@ -131,11 +124,7 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
     rec.hook_calls += 1
     if rec.hook_box is None:
         rec.hook_box = HookBox()
-    box = rec.hook_box
-
-    def call(hook: Any, hook_args: tuple[Any, ...], arrays: list[Any]) -> Any:
-        return box.call(graph_task, hook, hook_args, arrays)
-
+    call = functools.partial(rec.hook_box.call, graph_task)
     # What eager's hook would see at this point: the state's .grads (a retained one included) and the arrays the
     # step has rebound so far, and the tensors of the step the hook holds (in its closure or defaults).
     # A hook that reaches no tensor and never names ``grad`` reads none of it: it gets none (each costs a copy).
@@ -144,7 +133,7 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
         owners = _state_owners()
         state = [(t, *_traced_state(t, rec)) for t in owners]
         known = {id(t) for t in owners}
-        state += [(t, t._array, None if t._grad is None else t._grad._array) for t in _held_step_tensors(fn, known)]
+        state += [(t, t._array, _grad_array(t)) for t in _held_step_tensors(fn, known)]
     return _on_host(lambda **kw: hook_on_host(fn, args, call=call, state=state, **kw), graph_task)[0]
 
 
@@ -160,10 +149,8 @@ def _may_read_state(fn: Any, depth: int) -> bool:
     codes = nested_codes(fn.__code__)
     if any("grad" in code.co_names or "grad" in code.co_consts for code in codes):
         return True
-    held = [cell.cell_contents for cell in fn.__closure__ or () if cell.cell_contents is not None]
-    held += [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
-    held += [fn.__globals__[name] for code in codes for name in code.co_names if name in fn.__globals__]
-    return any(not _inert(v, depth) for v in held)
+    globals_named = [fn.__globals__[name] for code in codes for name in code.co_names if name in fn.__globals__]
+    return any(not _inert(v, depth) for v in (*_held(fn), *globals_named))
 
 
 def _inert(value: Any, depth: int) -> bool:
@@ -175,7 +162,7 @@ def _inert(value: Any, depth: int) -> bool:
     if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
         return not _may_read_state(value, depth - 1)
     if isinstance(value, (list, tuple, set, frozenset, dict)) and len(value) <= 16:
-        items = [v for pair in value.items() for v in pair] if isinstance(value, dict) else list(value)
+        items = container_items(value)
         return all(_inert(v, depth - 1) for v in items) if depth > 0 else not items
     return False
 
@@ -186,10 +173,8 @@ def _held_step_tensors(fn: Any, known: set[int], depth: int = 3) -> list[Tensor]
     fn = inspect.unwrap(fn.func if isinstance(fn, functools.partial) else getattr(fn, "__func__", fn))
     if not isinstance(fn, types.FunctionType) or depth == 0:
         return []
-    held = [cell.cell_contents for cell in fn.__closure__ or () if cell.cell_contents is not None]
-    held += [*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
     found = []
-    for value in held:
+    for value in _held(fn):
         if isinstance(value, Tensor):
             if id(value) not in known and _traced(value._array):
                 known.add(id(value))
@@ -199,11 +184,16 @@ def _held_step_tensors(fn: Any, known: set[int], depth: int = 3) -> list[Tensor]
     return found
 
 
+def _held(fn: types.FunctionType) -> list[Any]:
+    """The values ``fn`` holds: its closure's and its defaults."""
+    closure = [cell.cell_contents for cell in fn.__closure__ or () if cell.cell_contents is not None]
+    return [*closure, *(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
+
+
 def _traced_state(t: Tensor, rec: Any) -> tuple[Any, Any]:
     """``t``'s traced array where the step has rebound it so far (else ``None``), and its ``.grad``'s (or ``None``)."""
     snap = rec.snapshots.get(id(t))
-    array = None if snap is not None and t._array is snap.start else t._array
-    return array, None if t._grad is None else t._grad._array
+    return None if snap is not None and t._array is snap.start else t._array, _grad_array(t)
 
 
 def _returning_none_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) -> None:
@@ -213,8 +203,7 @@ def _returning_none_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) -
     As eagerly (``run_post_accumulate_grad_hooks``), every hook of ``var`` runs, then the
     last one raises if any returned a value: the hooks of one run share a flag on the host.
     """
-    rec = recording.active()
-    assert rec is not None
+    rec = recording.current()
     # The first of them on the host (those before it were traced in, returning None) resets the flag.
     first = id(hooks) not in rec.post_accumulate_returned
     last = fn is list(hooks.values())[-1]
@@ -228,92 +217,65 @@ def _returning_none_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) -
         if last and returned[0]:
             raise RuntimeError(ERR_POST_ACCUMULATE_RESULT)
 
-    state_on_host(call, [var], reports=graph_task)
+    state_on_host(call, [var], reports=graph_task, who=f"hook {fn!r}")
 
 
 def state_on_host(
-    call: Callable[[], Any], tensors: list[Tensor], only_changed: bool = False, reports: Any = None, when: Any = None
+    call: Callable[[], Any], tensors: list[Tensor], only_changed: bool = False, reports: Any = None, when: Any = None,
+    who: str = "a final callback",
 ) -> None:
     """Run ``call()`` on the host at this point of the program, ``tensors`` showing their values and ``.grad``s then.
 
     The real tensors hold these concrete values while ``call`` runs; what it rebinds
-    (an array or a ``.grad``) flows on in the program. With ``only_changed``, an array
-    the step has not rebound so far stays on the device: the real tensor holds that
-    value already, and ``call`` must leave it alone. ``reports``: as for ``_on_host``;
-    ``when``: a traced flag, the call is made only if it is set.
+    (an array or a ``.grad``) flows on in the program (``hook_on_host``'s ``state``).
+    With ``only_changed``, an array the step has not rebound so far stays on the device:
+    the real tensor holds that value already, and ``call`` must leave it alone.
+    ``reports``: as for ``_on_host``; ``when``: a traced flag, the call is made only if it
+    is set; ``who``: what the errors call ``call``.
     """
-    rec = recording.active()
-    assert rec is not None
-    slots = []  # (tensor, whether its array goes to the host, whether it has a .grad)
-    arrays = []
-    for t in tensors:
-        array, grad = t._array, t._grad
-        snap = rec.snapshots.get(id(t))
-        sent = not only_changed or snap is None or array is not snap.start
-        slots.append((t, sent, grad is not None))
-        if sent:
-            arrays.append(array)
-        if grad is not None:
-            arrays.append(grad._array)
-    shapes = [_struct(a) for a in arrays]
-
-    def host(*concrete: Any) -> Any:
-        values = iter(concrete)
-        held = [(next(values) if sent else t._array, next(values) if has_grad else None) for t, sent, has_grad in slots]
-        new = []
-        with swapped_state([t for t, _, _ in slots], held):
-            call()
-            for (t, sent, has_grad), (before, _) in zip(slots, held, strict=True):
-                array, grad = t._array, t._grad
-                if sent:
-                    new.append(array)
-                elif array is not before:
-                    raise RuntimeError(
-                        f"under xgrad.compile a final callback cannot change a tensor (shape {list(array.shape)}) "
-                        "that the step had not changed before it; change it in the step, or run this step eagerly"
-                    )
-                if (grad is not None) != has_grad:
-                    raise RuntimeError(
-                        "under xgrad.compile a hook or final callback cannot set a .grad to None or set one that was "
-                        "None; zero it instead, or run this step eagerly"
-                    )
-                if grad is not None:
-                    new.append(grad._array)
-        return [n if n.dtype == c.dtype else n.astype(c.dtype) for n, c in zip(new, concrete, strict=True)]
+    rec = recording.current()
+    state = [(t, *_traced_state(t, rec)) if only_changed else (t, t._array, _grad_array(t)) for t in tensors]
 
     def made(**kw: Any) -> Any:
-        return call_on_host(host, arrays, shapes, unchanged=_same, **kw)
+        return hook_on_host(call, ((),), call=_alone, state=state, who=who, **kw)
 
+    # Its check holds the state as the call leaves it: its values from before if it raised (``hook_on_host`` gives
+    # them back), so the arrays from before the call are not outputs of the program too (each would be a copy).
     if when is None:
-        values, flag = _on_host(made, reports, register=False)
+        _on_host(made, reports)
     else:  # the call's flag leaves the ``cond`` as an output: checks are registered at the step's own level
         def taken(_: Any) -> Any:
-            outs, raised = _on_host(made, reports, register=False)
-            return (*outs, raised)
+            _, raised = _on_host(made, reports, register=False)
+            return (*_shown(state), raised)
 
-        *values, flag = jax.lax.cond(when, taken, lambda arrays: (*arrays, jnp.bool_(False)), arrays)
-    outs = iter(values)
-    for t, sent, has_grad in slots:
-        if sent:
-            t._array = next(outs)
-        if has_grad:
-            t._grad = Tensor(next(outs))
-    # Its check holds the state as the call leaves it: its values from before if it raised (``_same``), so the
-    # arrays from before the call are not outputs of the program too (each would be one more copy).
-    _host_raised(flag)
+        *values, flag = jax.lax.cond(when, taken, lambda arrays: (*arrays, jnp.bool_(False)), _shown(state))
+        outs = iter(values)
+        for t, array, grad in state:
+            if array is not None:
+                t._array = next(outs)
+            if grad is not None:
+                t._grad = Tensor(next(outs))
+        _host_raised(flag)
 
 
-def _same(*concrete: Any) -> tuple[Any, ...]:
-    return concrete
+def _alone(call: Callable[[], Any], _args: Any, _arrays: Any) -> None:
+    """``hook_on_host``'s ``call`` for a call that takes no arguments and returns nothing."""
+    call()
 
 
-class _Into:
-    """Stands in for the node a Function's gradient flows into: its input's metadata, all ``validate_outputs`` reads."""
+def _grad_array(t: Tensor) -> Any:
+    return None if t._grad is None else t._grad._array
 
-    __slots__ = ("input_metadata",)
 
-    def __init__(self, meta: InputMetadata) -> None:
-        self.input_metadata = (meta,)
+def _shown(state: list[tuple[Tensor, Any, Any]]) -> list[Any]:
+    """The arrays that ``state`` sends to the host, as its tensors hold them now."""
+    shown = []
+    for t, array, grad in state:
+        if array is not None:
+            shown.append(t._array)
+        if grad is not None:
+            shown.append(_grad_array(t))
+    return shown
 
 
 def function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
@@ -343,30 +305,27 @@ class _FunctionOnHost:
     values while it runs.
     """
 
-    __slots__ = ("arrays", "attr_leaves", "attr_names", "attr_tree", "edges", "graph_task", "has_grad", "into", "node",
-                 "saved", "state", "swapped", "traced_attrs")
+    __slots__ = ("arrays", "attr_names", "attrs", "edges", "graph_task", "has_grad", "into", "node", "saved", "state",
+                 "swapped")
 
     def __init__(self, node: FunctionNode, grads: list[Any]) -> None:
         self.node = node
         self.saved = [None if s is None else _HostSaved(node, s) for s in node.saved or ()]
         attrs = {k: v for k, v in vars(node.ctx).items() if k not in _CTX_OWN}
         self.attr_names = tuple(attrs)
-        leaves, self.attr_tree = jax.tree_util.tree_flatten(attrs, is_leaf=is_tensor)
-        self.traced_attrs = [i for i, leaf in enumerate(leaves) if _traced(leaf)]
+        self.attrs = _TracedLeaves(attrs)
         saved = [h for h in self.saved if h is not None]
         # Tensors that hold a traced value now: the call's concrete value stands in while the node runs.
-        held = {id(t): t for h in saved for t in h.tensors}
-        held.update((id(leaf), leaf) for leaf in leaves if isinstance(leaf, Tensor) and _traced(leaf._array))
+        held = {id(t): t for t in [*(t for h in saved for t in h.tensors), *self.attrs.tensors]}
         self.swapped = list(held.values())
-        traced_attrs = [array_of(leaves[i]) for i in self.traced_attrs]
-        for i in self.traced_attrs:  # the program keeps ``run``: not the tracers
-            leaves[i] = None
-        self.attr_leaves = leaves
         self.has_grad = [g is not None for g in grads]
-        self.arrays = [*(t._array for t in self.swapped), *_saved_arrays(saved), *traced_attrs, *_grad_arrays(grads)]
+        self.arrays = [*(t._array for t in self.swapped), *(a for h in saved for a in h.arrays()), *self.attrs.arrays,
+                       *(array_of(g) for g in grads if g is not None)]
         # Where each gradient goes: the metadata its value must fit (``None``: nowhere, dropped as eager drops it).
         self.into = [None if n is None else InputMetadata(*n.input_metadata[nr][:2], None) for n, nr in node.next_edges]
-        self.edges = _edges_into(self.into)
+        # ``validate_outputs`` reads only the metadata of the node a gradient flows into: a stand-in holds it.
+        self.edges = [Edge(None if m is None else types.SimpleNamespace(input_metadata=(m,)), 0)  # type: ignore[arg-type]
+                      for m in self.into]
         self.graph_task = _host_graph_task()
         self.state = [weakref.ref(t) for t in _state_owners() if id(t) not in held]
 
@@ -375,7 +334,7 @@ class _FunctionOnHost:
         values = iter(concrete)
         held = [(next(values), None) for _ in self.swapped]
         copies = [None if h is None else h.copy(values) for h in self.saved]
-        attrs = self._attrs(values)
+        attrs = self.attrs.rebuilt(values)
         grads = [Tensor(next(values)) if has else None for has in self.has_grad]
         state = [t for t in (ref() for ref in self.state) if t is not None]
         with swapped_state([*self.swapped, *state], [*held, *(None for _ in state)]) as changed:
@@ -389,15 +348,6 @@ class _FunctionOnHost:
         if missing is not None:
             raise RuntimeError(ERR_NO_GRAD_FROM_HOST.format(name=name, i=missing))
         return [g._array for g, m in pairs if m is not None]
-
-    def _attrs(self, values: Iterator[Any]) -> Any:
-        """The ctx's own attributes with the call's values, or ``None`` where none holds a traced one."""
-        if not self.traced_attrs:
-            return None
-        leaves = list(self.attr_leaves)
-        for i in self.traced_attrs:
-            leaves[i] = next(values)
-        return jax.tree_util.tree_unflatten(self.attr_tree, leaves)
 
     def _compute(self, copies: list[SavedTensor | None], attrs: Any, grads: list[Tensor | None]) -> list[Any]:
         """The node's ``compute`` with ``copies`` as its saved tensors and ``attrs`` on its ctx; both its own after."""
@@ -419,17 +369,27 @@ def _traced(value: Any) -> bool:
     return isinstance(value, jax.core.Tracer)
 
 
-def _saved_arrays(saved: list[_HostSaved]) -> list[Any]:
-    return [a for h in saved for a in h.arrays()]
+class _TracedLeaves:
+    """A value a Function's backward reads (its ctx's attributes, a pack hook's result) whose leaves hold traced
+    arrays: ``arrays``, the raw ones, a host call's arguments; ``tensors``, the Tensors holding one, swapped there."""
 
+    __slots__ = ("arrays", "at", "leaves", "tensors", "tree")
 
-def _grad_arrays(grads: list[Any]) -> list[Any]:
-    return [array_of(g) for g in grads if g is not None]
+    def __init__(self, value: Any) -> None:
+        leaves, self.tree = jax.tree_util.tree_flatten(value, is_leaf=is_tensor)
+        self.at = [i for i, leaf in enumerate(leaves) if _traced(leaf)]
+        self.arrays = [leaves[i] for i in self.at]
+        self.tensors = [leaf for leaf in leaves if isinstance(leaf, Tensor) and _traced(leaf._array)]
+        self.leaves = [None if _traced(leaf) else leaf for leaf in leaves]  # the program keeps this: not the tracers
 
-
-def _edges_into(into: list[InputMetadata | None]) -> list[Edge]:
-    """Edges that ``validate_outputs`` checks gradients against: into ``into``'s metadata, or nowhere."""
-    return [Edge(None if m is None else _Into(m), 0) for m in into]  # type: ignore[arg-type]
+    def rebuilt(self, values: Iterator[Any]) -> Any:
+        """On the host: the value with the call's arrays (taken from ``values``); ``None`` if none is traced."""
+        if not self.at:
+            return None
+        leaves = list(self.leaves)
+        for i in self.at:
+            leaves[i] = next(values)
+        return jax.tree_util.tree_unflatten(self.tree, leaves)
 
 
 class _HostSaved:
@@ -440,7 +400,7 @@ class _HostSaved:
     saved output's), or ``None``; ``unpacked``: what a library's unpack hook gave when traced.
     """
 
-    __slots__ = ("packed_tree", "saved", "tensors", "traced_packed", "unpacked", "value")
+    __slots__ = ("packed", "saved", "tensors", "unpacked", "value")
 
     def __init__(self, node: FunctionNode, saved: SavedTensor) -> None:
         original = saved.check_version(node)  # eager's check, made where eager unpacks: raised by the step
@@ -451,24 +411,17 @@ class _HostSaved:
         value = getattr(saved, "_array", None)  # slots a state does not use are unset
         self.unpacked = None
         hook = getattr(saved, "_unpack", None)
-        if hook is not None and getattr(hook, "__module__", "").partition(".")[0] in LIBRARIES:
+        if hook is not None and from_library(hook):
             # A library's unpack hook (a checkpoint's recomputation) reads the step's traced values: it is traced
             # in here, and on the host the copy hands out what it unpacked.
             self.unpacked = saved.unpack(node)._array
         self.value = value if _traced(value) else None
-        packed = None if self.unpacked is not None else getattr(saved, "_packed", None)
-        leaves, self.packed_tree = jax.tree_util.tree_flatten(packed, is_leaf=is_tensor)
-        self.tensors += [leaf for leaf in leaves if isinstance(leaf, Tensor) and _traced(leaf._array)]
-        self.traced_packed = [i for i, leaf in enumerate(leaves) if _traced(leaf)]
+        self.packed = _TracedLeaves(None if self.unpacked is not None else getattr(saved, "_packed", None))
+        self.tensors += self.packed.tensors
 
     def arrays(self) -> list[Any]:
         """The traced values ``copy`` takes on the host, in its order."""
-        packed = jax.tree_util.tree_leaves(getattr(self.saved, "_packed", None), is_leaf=is_tensor)
-        return [
-            *(() if self.value is None else (self.value,)),
-            *(() if self.unpacked is None else (self.unpacked,)),
-            *(packed[i] for i in self.traced_packed),
-        ]
+        return [a for a in (self.value, self.unpacked) if a is not None] + self.packed.arrays
 
     def copy(self, values: Iterator[Any]) -> SavedTensor:
         """On the host: a copy holding this call's values, its version taken as the saved tensor's now.
@@ -486,11 +439,9 @@ class _HostSaved:
         if self.unpacked is not None:
             unpacked = Tensor(next(values))
             saved._packed, saved._unpack = None, lambda _: unpacked
-        if self.traced_packed:
-            leaves = jax.tree_util.tree_leaves(saved._packed, is_leaf=is_tensor)
-            for i in self.traced_packed:
-                leaves[i] = next(values)
-            saved._packed = jax.tree_util.tree_unflatten(self.packed_tree, leaves)
+        packed = self.packed.rebuilt(values)
+        if packed is not None:
+            saved._packed = packed
         return saved
 
 
@@ -529,14 +480,9 @@ class TracedCallbacks(list):  # type: ignore[type-arg]
 
 def _state_owners() -> list[Tensor]:
     """While tracing: the state tensors touched so far (a ``.grad`` comes with its owner)."""
-    rec = recording.active()
-    assert rec is not None
-    owners = []
-    for snap in rec.snapshots.values():
-        t = snap.ref()
-        if t is not None and type(snap.target) is not tuple:
-            owners.append(t)
-    return owners
+    rec = recording.current()
+    found = [(snap.ref(), snap.target) for snap in rec.snapshots.values()]
+    return [t for t, target in found if t is not None and type(target) is not tuple]
 
 
 def _final_callbacks_on_host(graph_task: HostGraphTask) -> None:
@@ -545,8 +491,7 @@ def _final_callbacks_on_host(graph_task: HostGraphTask) -> None:
     They see the state's values at that point (``state_on_host``), as eager's do. The
     call is made only when a hook did queue one: each reports it (``_on_host``).
     """
-    rec = recording.active()
-    assert rec is not None
+    rec = recording.current()
     queued = rec.queued.pop(id(graph_task), None)
     if queued:
         rec.conditional_calls += 1
@@ -578,8 +523,7 @@ def _on_host(made: Callable[..., Any], reports: HostGraphTask | None, register: 
     of the backward reads (``_final_callbacks_on_host``). Returns what ``made`` returns
     first, and the flag.
     """
-    rec = recording.active()
-    assert rec is not None
+    rec = recording.current()
     rec.host_calls += 1
     report = None if reports is None else functools.partial(bool, reports.final_callbacks)
     result, raised, reported = made(skip=rec.failed_so_far(), errors=rec.host_errors, report=report)
@@ -592,8 +536,7 @@ def _on_host(made: Callable[..., Any], reports: HostGraphTask | None, register: 
 
 def _host_raised(flag: Any) -> None:
     """Make an exception raised in a host call (``flag``: whether one was) a check of the program."""
-    rec = recording.active()
-    assert rec is not None
+    rec = recording.current()
     errors = rec.host_errors
 
     def kept(_: Any) -> BaseException:

@@ -61,7 +61,7 @@ class StepRecorder(Recorder):
             for t in state:
                 self.read(t)  # a program input even if nothing in the step read it before
                 self.write(t)
-            state_on_host(lambda: call(*args, **kwargs), state + [t for _, t in given])
+            state_on_host(lambda: call(*args, **kwargs), state + [t for _, t in given], who=f"effect {call!r}")
             return True
         # After the program: the Tensors it is given are outputs, and the trace keeps none of them.
         outputs = [(i, self.output(t._array)) for i, t in given]

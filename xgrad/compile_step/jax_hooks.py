@@ -30,7 +30,7 @@ from typing import Any
 import jax
 
 from xgrad import step_trace
-from xgrad.compile_step.hook_purity import trace_in_plain_jax
+from xgrad.compile_step.hook_purity import trace_in
 from xgrad.engine.compiled.switch import HostHook, PureHook
 from xgrad.engine.host_call import hook_on_host
 from xgrad.jax_internals import concrete_value
@@ -71,24 +71,18 @@ def plain_jax_hook(hook: Any) -> Any:
         if not _staged(args):
             return hook(*args)
         if not isinstance(hook, HostHook):
-            traced, result = trace_in_plain_jax(hook, args)
+            traced, result = trace_in(None, hook, args)
             if traced:
                 return result
         first = args[0]
         if isinstance(first, Tensor) and any(hook in (getattr(first, slot) or {}).values() for slot in _ON_THE_TENSOR):
             raise RuntimeError(ERR_NO_HOST_CALL.format(hook=hook, where=_POST_ACCUMULATE))
-        return _on_host(hook, args)
+        try:  # an ordered host call (NOTE [Host calls] in ``xgrad/engine/host_call.py``)
+            return hook_on_host(hook, args)[0]
+        except (ValueError, NotImplementedError) as exc:  # JAX's refusals of an ordered effect under vmap, of its JVP
+            raise RuntimeError(ERR_NO_HOST_CALL.format(hook=hook, where=_VMAP)) from exc
 
     return call
-
-
-def _on_host(hook: Any, args: tuple[Any, ...]) -> Any:
-    """``hook`` on ``args`` through an ordered host call (NOTE [Host calls] in ``xgrad/engine/host_call.py``)."""
-    try:
-        replaced, _, _ = hook_on_host(hook, args)
-    except (ValueError, NotImplementedError) as exc:  # JAX's refusals of an ordered effect under vmap, of its JVP
-        raise RuntimeError(ERR_NO_HOST_CALL.format(hook=hook, where=_VMAP)) from exc
-    return replaced
 
 
 step_trace.plain_jax_hook = plain_jax_hook

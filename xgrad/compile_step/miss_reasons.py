@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import linecache
 import os
+import traceback
 import warnings
 from typing import Any
 
@@ -45,11 +46,7 @@ def warn_rebinds(fn: Any, name: str) -> None:
 def concrete_value_needed(exc: BaseException) -> tuple[str, str]:
     """Why and where a trace needed a concrete value: the construct, named by the xgrad function the user's line
     called (``Tensor.item``, ``Tensor.__bool__``, ...), and that line with its source."""
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append((tb.tb_frame.f_code, tb.tb_lineno))
-        tb = tb.tb_next
+    frames = [(frame.f_code, lineno) for frame, lineno in traceback.walk_tb(exc.__traceback__)]
     for i in range(len(frames) - 1, -1, -1):
         code, lineno = frames[i]
         path = os.path.abspath(code.co_filename)

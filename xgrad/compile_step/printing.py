@@ -72,15 +72,6 @@ class Printed:
         self.construct = construct
 
 
-def _render_repr(extras: list[str], value: Tensor) -> str:
-    return tensor_repr_text(np.asarray(value._array), extras)
-
-
-def _render_number(convert: Callable[[Any], str], value: Tensor) -> str:
-    """A 0-dim tensor's text as its Python number's (``format``, ``str`` or ``repr`` of ``value.item()``)."""
-    return convert(value.item())
-
-
 def _mark(rec: Any, t: Tensor, render: Callable[[Tensor], str], extras: list[str], frame: Any, construct: str) -> str:
     """A mark standing for ``t``'s array as it is now (read as state, so a parameter prints its value at each call)."""
     k = len(rec.printed)
@@ -95,9 +86,9 @@ def printed_text(rec: Any, t: Tensor, format_spec: str | None, frame: Any) -> st
         return None
     if format_spec is None:
         extras = repr_extras(t)
-        return _mark(rec, t, functools.partial(_render_repr, extras), extras, frame, "repr()/str() of a tensor")
-    render = functools.partial(_render_number, functools.partial(_format_with, format_spec))
-    return _mark(rec, t, render, [], frame, "format() of a tensor")
+        return _mark(rec, t, lambda v: tensor_repr_text(np.asarray(v._array), extras), extras, frame,
+                     "repr()/str() of a tensor")
+    return _mark(rec, t, lambda v: format(v.item(), format_spec), [], frame, "format() of a tensor")
 
 
 def printed_item(rec: Any, t: Tensor, frame: Any) -> Any:
@@ -116,21 +107,17 @@ class _PrintedNumber:
         self._rec, self._tensor, self._frame = rec, t, frame
 
     def _text(self, convert: Callable[[Any], str]) -> str:
-        render = functools.partial(_render_number, convert)
-        return _mark(self._rec, self._tensor, render, [], self._frame, ".item()")
+        """A mark whose text, at each call, is ``convert`` of the tensor's number then."""
+        return _mark(self._rec, self._tensor, lambda v: convert(v.item()), [], self._frame, ".item()")
 
     def __format__(self, format_spec: str) -> str:
-        return self._text(functools.partial(_format_with, format_spec))
+        return self._text(lambda number: format(number, format_spec))
 
     def __str__(self) -> str:
         return self._text(str)
 
     def __repr__(self) -> str:
         return self._text(repr)
-
-
-def _format_with(format_spec: str, value: Any) -> str:
-    return format(value, format_spec)
 
 
 def unprinted(rec: Any) -> Printed | None:
@@ -189,11 +176,9 @@ def _print(*args: Any, sep: str | None = " ", end: str | None = "\n", file: Any 
         k = pending.pop(0)
         if k not in marks:
             marks.append(k)
+            rec.printed[k].printed = True
             pending += rec.printed[k].inner
-    renders = {}
-    for k in marks:
-        rec.printed[k].printed = True
-        renders[k] = rec.printed[k].render
+    renders = {k: rec.printed[k].render for k in marks}
     wrapped = _INTERCEPT.wrapped
 
     def emit(*values: Tensor) -> None:

@@ -15,7 +15,7 @@ from xgrad.step_trace import StepTrace
 from xgrad.tensor import Tensor
 
 
-class _Snapshot:
+class Snapshot:
     """A tensor's autograd-visible state when a trace first touched it."""
 
     __slots__ = (
@@ -27,27 +27,17 @@ class _Snapshot:
         # Where the tensor is found at a call (``resolve_target``): an argument's leaf index (a
         # new object each call), ``("grad", owner's target)``, or a weak reference.
         self.target: Any = self.ref
-        self.array = t._array
+        self.array, self.grad, self.grad_fn, self.output_nr, self.version, self.requires_grad, self.retains_grad = (
+            t._array, t._grad, t.grad_fn, t._output_nr, t._version, t._requires_grad, t._retains_grad)
         self.start = self.array  # what counts as unchanged (a tracer for an argument)
-        self.grad = t._grad
-        self.grad_fn = t.grad_fn
-        self.output_nr = t._output_nr
-        self.version = t._version
-        self.requires_grad = t._requires_grad
-        self.retains_grad = t._retains_grad
 
     def restore(self, t: Tensor) -> None:
-        t._array = self.array
-        t._grad = self.grad
-        t.grad_fn = self.grad_fn
-        t._output_nr = self.output_nr
-        t._version = self.version
-        t._requires_grad = self.requires_grad
-        t._retains_grad = self.retains_grad
+        t._array, t._grad, t.grad_fn, t._output_nr, t._version, t._requires_grad, t._retains_grad = (
+            self.array, self.grad, self.grad_fn, self.output_nr, self.version, self.requires_grad, self.retains_grad)
 
 
 def _same_target(a: Any, b: Any) -> bool:
-    """Whether two targets (``_Snapshot.target``) name one tensor, without ``==`` on the tensors
+    """Whether two targets (``Snapshot.target``) name one tensor, without ``==`` on the tensors
     themselves (a weak reference compares its referents, and ``Tensor.__eq__`` is an op)."""
     if type(a) is weakref.ref or type(b) is weakref.ref:
         return type(a) is type(b) and a() is b()
@@ -62,7 +52,7 @@ class Recorder(StepTrace):
     """
 
     def __init__(self) -> None:
-        self.snapshots: dict[int, _Snapshot] = {}
+        self.snapshots: dict[int, Snapshot] = {}
         self.sources: dict[int, list[Any]] = {}  # id(array) -> targets of the tensors holding it
         self.keep: list[Any] = []  # the arrays whose ids key ``sources`` stay alive
         self.grad_owner: dict[int, weakref.ref[Tensor]] = {}
@@ -144,7 +134,7 @@ class Recorder(StepTrace):
     def touch(self, t: Tensor) -> None:
         """Snapshot ``t`` if it is state seen for the first time."""
         if id(t) not in self.snapshots and not self.is_born(t):
-            snap = self.snapshots[id(t)] = _Snapshot(t)
+            snap = self.snapshots[id(t)] = Snapshot(t)
             ref = self.grad_owner.get(id(t))
             owner = ref() if ref is not None else None
             if owner is not None and owner._grad is t:
@@ -257,6 +247,13 @@ def active() -> Recorder | None:
     """The recorder of the step this context is tracing, ``None`` when none is."""
     trace = step_trace.current()
     return trace if isinstance(trace, Recorder) else None
+
+
+def current() -> Recorder:
+    """The recorder of the step this context is tracing; one is."""
+    rec = active()
+    assert rec is not None
+    return rec
 
 
 def tracing() -> bool:

@@ -56,7 +56,7 @@ def remove_added_hooks(recorder: Recorder) -> str | None:
 
 
 def resolve_target(target: Any, leaves: list[Any]) -> Any:
-    """The tensor a target names at this call (``_Snapshot.target``), ``None`` if it is gone."""
+    """The tensor a target names at this call (``Snapshot.target``), ``None`` if it is gone."""
     if type(target) is int:
         return leaves[target]
     if type(target) is tuple:
@@ -265,7 +265,7 @@ _HELD_BY_OWNER = _refcount_base(1)
 
 
 def _target_key(target: Any) -> Any:
-    """A target (``_Snapshot.target``) as a hashable key naming its tensor, without comparing tensors."""
+    """A target (``Snapshot.target``) as a hashable key naming its tensor, without comparing tensors."""
     if type(target) is weakref.ref:
         return ("ref", id(target()))
     if type(target) is tuple:
@@ -290,7 +290,7 @@ def donation(
 ) -> tuple[tuple[tuple[int, Any, bool, int], ...], tuple[Any, ...]]:
     """The inputs a call donates and the ``.grad``s it drops before the program runs (NOTE [Donated state]).
 
-    ``sources``: each input's one source (``_Snapshot.target``), ``None`` for an input
+    ``sources``: each input's one source (``Snapshot.target``), ``None`` for an input
     that is no tensor's alone (a constant, an array several tensors share, a plain array
     argument). Returns ``(position, source, whether the .grad Tensor is replaced, the output replacing it)``
     for each donated input, and the targets whose ``.grad`` the program replaces without reading it.

@@ -364,8 +364,10 @@ def prepare(
     create_graph: bool,
     accumulate_grad: bool,
     outputs: list[Edge],
+    dependencies: bool = True,
 ) -> tuple[GraphTask, Node, InputBuffer]:
-    """Build the graph task for a call: root, dependencies and ``exec_info``."""
+    """Build the graph task for a call: root, dependencies and ``exec_info`` (not counted without ``dependencies``:
+    a compiled backward's cache hit does not read them, NOTE [Compiled backward])."""
     if not _devices.started or _devices.bad_fork:
         _devices.initialize_device_threads_pool(thread_main)
     validate_outputs(root_edges, root_grads)
@@ -392,10 +394,11 @@ def prepare(
     else:
         graph_root = GraphRoot(tuple(root_edges), root_grads)
         input_buffer = InputBuffer(0)
-    min_topo_nr = min(e.node.topological_nr for e in outputs) if outputs else 0  # type: ignore[union-attr]
-    compute_dependencies(graph_root, graph_task, min_topo_nr)
-    if outputs:
-        graph_task.init_to_execute(graph_root, outputs, accumulate_grad, min_topo_nr)
+    if dependencies:
+        min_topo_nr = min(e.node.topological_nr for e in outputs) if outputs else 0  # type: ignore[union-attr]
+        compute_dependencies(graph_root, graph_task, min_topo_nr)
+        if outputs:
+            graph_task.init_to_execute(graph_root, outputs, accumulate_grad, min_topo_nr)
     return graph_task, graph_root, input_buffer
 
 

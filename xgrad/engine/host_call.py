@@ -4,8 +4,9 @@
 # A hook, a Function's backward or a final callback that cannot be traced in runs on the
 # host at its point of the program, at every call of it: one ordered ``io_callback``. One
 # mechanism serves every route that traces the engine: ``xgrad.compile``'s step
-# (``compile_step/host.py``) and the engine under a plain ``jax.jit`` (``compile_step/jax_hooks.py``);
-# a compiled backward traced as the engine runs its hooks through it too.
+# (``compile_step/host.py``) and the engine under a plain ``jax.jit`` (``compile_step/jax_hooks.py``).
+# ``backward(compiled=True)`` needs none of it: it splits its program at such a call and runs that
+# node between programs, on the real tensors, through eager's own code (NOTE [Compiled backward]).
 #
 # - ``call_on_host(fn, arrays, results)``: the call itself, on arrays. What runs on the host
 #   at every call is ``fn`` and one ``try``: the flattening, the trees, the shapes and dtypes
@@ -54,12 +55,12 @@ from xgrad.tensor import Tensor, is_tensor
 __all__ = ["HostCallFailed", "call_on_host", "hook_on_host", "swapped_state"]
 
 ERR_HOOK_CHANGED_STATE = (
-    "under xgrad.compile, hook {hook!r} changed a tensor (shape {shape}) that the step had not changed before it: it "
-    "runs on the host, where that tensor is not part of the program. Change it in the step, mark the hook "
+    "under xgrad.compile, {who} cannot change a tensor (shape {shape}) that the step had not changed before it: it "
+    "runs on the host, where that tensor is not part of the program. Change it in the step, mark a hook "
     "xgrad.autograd.compiled.pure_hook if it is traceable, or run this step eagerly"
 )
 ERR_HOOK_SET_GRAD = (
-    "under xgrad.compile, hook {hook!r} set a .grad to None or set one that was None: it runs on the host, in a "
+    "under xgrad.compile, {who} cannot set a .grad to None or set one that was None: it runs on the host, in a "
     "program whose state was laid out when it was traced. Zero it instead, or run this step eagerly"
 )
 _FALSE = np.bool_(False)
@@ -151,7 +152,7 @@ def call_on_host(
 
 def hook_on_host(
     hook: Callable[..., Any], args: tuple[Any, ...], *, call: Callable[..., Any] | None = None,
-    state: Sequence[tuple[Tensor, Any, Any]] = (), **how: Any
+    state: Sequence[tuple[Tensor, Any, Any]] = (), who: str | None = None, **how: Any
 ) -> tuple[Any, Any, Any]:
     """``hook(*args)`` (Tensors, tuples of them and other values) on the host, where it is reached in the program.
 
@@ -164,7 +165,9 @@ def hook_on_host(
     and the traced array of its ``.grad`` (``None``: no ``.grad``); on the host they hold
     those values while the hook runs (``swapped_state``), and what it rebinds there flows on
     in the program: the tensors hold it when this returns. It may not rebind an array given
-    as its own, nor set a ``.grad`` to ``None`` or one that was ``None``.
+    as its own, nor set a ``.grad`` to ``None`` or one that was ``None`` (its errors name it
+    ``who``, default ``hook <hook>``). ``xgrad.compile`` runs a final callback or an effect
+    through it too, with no Tensor arguments, for ``state``.
     Returns ``args[0]`` replaced and ``call_on_host``'s two flags.
     """
     tree: Any  # PyTreeDefs, compared with ``==``
@@ -201,9 +204,9 @@ def hook_on_host(
                 if sent:
                     new.append(t._array)
                 elif t._array is not before:
-                    raise RuntimeError(ERR_HOOK_CHANGED_STATE.format(hook=hook, shape=list(t.shape)))
+                    raise RuntimeError(ERR_HOOK_CHANGED_STATE.format(who=who or f"hook {hook!r}", shape=list(t.shape)))
                 if (t._grad is not None) != has_grad:
-                    raise RuntimeError(ERR_HOOK_SET_GRAD.format(hook=hook))
+                    raise RuntimeError(ERR_HOOK_SET_GRAD.format(who=who or f"hook {hook!r}"))
                 if has_grad:
                     new.append(t._grad._array)  # type: ignore[union-attr]
         return (*out, *(n if n.dtype == c.dtype else n.astype(c.dtype) for n, c in zip(new, concrete[n_args:], strict=True)))

@@ -22,14 +22,14 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.bounded_cache import BoundedCache
-from xgrad.engine.node import Node
+from xgrad.engine.node import InputMetadata, Node
 from xgrad.fast_compile import FastJit
 from xgrad.tensor import Tensor
 
 if TYPE_CHECKING:
     from xgrad.engine.saved import SavedTensor
 
-__all__ = ["Aval", "RuleArgs", "RuleNode", "Rules", "incoming_grad", "jax_op", "register_jax_op"]
+__all__ = ["Aval", "RuleArgs", "RuleNode", "Rules", "incoming_grad", "jax_op", "made_grads", "register_jax_op"]
 
 
 class Aval(NamedTuple):
@@ -105,8 +105,11 @@ class RuleNode(Node):
     on_record: ClassVar[Callable[[RuleNode], None] | None] = None
 
 
-def incoming_grad(num_outputs: int, grads: list[Tensor | None], metadata: Any) -> Any:
+def incoming_grad(num_outputs: int, grads: list[Tensor | None], metadata: Any, unmade: bool = False) -> Any:
     """The rules' ``g``: the one gradient, or a tuple with missing ones as zeros; ``None`` if none arrived.
+
+    ``unmade``: a missing one on one device stays its output's ``InputMetadata``, for fused
+    rules that make the zeros in their own program (NOTE [Unmade zeros] in ``ops/fused_rules.py``).
 
     >>> from xgrad.engine.rules import incoming_grad
     >>> incoming_grad(1, [None], ()) is None
@@ -116,12 +119,29 @@ def incoming_grad(num_outputs: int, grads: list[Tensor | None], metadata: Any) -
         return grads[0]
     if all(gi is None for gi in grads):
         return None
-    return tuple(gi if gi is not None else Tensor(_zeros(m)) for gi, m in zip(grads, metadata, strict=True))
+    return tuple(
+        gi if gi is not None else m if unmade and _on_one_device(m) else Tensor(_zeros(m))
+        for gi, m in zip(grads, metadata, strict=True)
+    )
 
 
-# Zeros for the outputs no grad reached, one jitted maker per shape, dtype and placement:
-# ``jnp.zeros(..., device=...)`` costs twenty times a jitted call (a node whose rules read
-# a second output, as cross_entropy's log-probabilities, pays it at every backward).
+def made_grads(g: Any) -> Any:
+    """``g`` with its unmade zeros made (NOTE [Unmade zeros]): what rules run op by op take."""
+    if type(g) is not tuple:
+        return g
+    return tuple(Tensor(_zeros(gi)) if type(gi) is InputMetadata else gi for gi in g)
+
+
+def _on_one_device(meta: Any) -> bool:
+    sharding = meta.sharding
+    return sharding is None or len(sharding.device_set) == 1
+
+
+# Zeros for the outputs no grad reached, where rules run op by op or the outputs lie on
+# several devices (fused rules make their own, NOTE [Unmade zeros] in ``ops/fused_rules.py``),
+# one jitted maker per shape, dtype and placement: ``jnp.zeros(..., device=...)`` costs
+# twenty times a jitted call (a node whose rules read a second output, as cross_entropy's
+# log-probabilities, pays it at every backward).
 # Compiled fast (NOTE [Fast compiles] in ``xgrad/fast_compile.py``). Small zeros are kept
 # and handed out again (arrays are immutable, and ``xgrad.compile`` copies an array held
 # elsewhere before donating it): on a small model even the jitted call is a tenth of a

@@ -52,6 +52,21 @@ _ARRAY = object()  # in a signature: an argument passed as an array
 _SCALAR = object()  # in a signature: a Python float passed as a weakly typed scalar
 
 
+# NOTE [Unmade zeros]
+# A node with several outputs whose grads did not all arrive (cross_entropy's loss
+# reached, its log-probabilities, count and weights not) runs its rules on zeros for the
+# missing ones. Made by the engine, those zeros were a program of their own per shape and
+# dtype, compiled again at every new batch size, and an argument of the fused rules. For
+# fused rules the engine leaves them unmade instead (``incoming_grad(..., unmade=True)``:
+# the output's ``InputMetadata`` in their place) and the rules' program makes them: one
+# program fewer to compile per new shape, and XLA compiles what reads a constant zero
+# (the loss rule's sum of ``g_logp``) as such. The arithmetic is the same, and the rules
+# are compiled without the algebraic simplifier, so the bits are too (NaN and inf
+# included: ``inf * 0`` is still computed). Rules that run op by op get the zeros made
+# (``made_grads``), and so do outputs spread over several devices, whose zeros keep their
+# placement. Which signatures fuse is decided on the rules' own ops, the zeros' not counted.
+
+
 def fusion_signature(args: RuleArgs) -> tuple[Any, Any, list[Any]]:
     """The static key of a node's rules and their array arguments, or ``(None, ...)`` when they cannot be fused."""
     g, out, inputs, params, needed = args
@@ -80,14 +95,21 @@ def fusion_signature(args: RuleArgs) -> tuple[Any, Any, list[Any]]:
         out_signature = ("metadatas", tuple((m.shape, m.dtype) for m in out))
     else:
         return None, None, arrays
-    g_arrays = g._array if isinstance(g, Tensor) else tuple(gi._array for gi in g)
+    # What the rules get as ``g``: one array, or per output an array or the shape and dtype
+    # of the zeros the program makes (NOTE [Unmade zeros]).
+    if isinstance(g, Tensor):
+        g_arrays: Any = g._array
+        g_signature: Any = None
+    else:
+        g_arrays = tuple([None if type(gi) is InputMetadata else gi._array for gi in g])
+        g_signature = tuple([(gi.shape, gi.dtype) if type(gi) is InputMetadata else None for gi in g])
     for a in arrays:
         if isinstance(a, jax.core.Tracer):
             return None, None, arrays
     if isinstance(g_arrays, jax.core.Tracer) or (type(g_arrays) is tuple and any(isinstance(a, jax.core.Tracer) for a in g_arrays)):
         return None, None, arrays
     try:
-        key = (tuple(params.items()) if params else (), tuple(needed), tuple(signature), out_signature)
+        key = (tuple(params.items()) if params else (), tuple(needed), tuple(signature), out_signature, g_signature)
         hash(key)
     except TypeError:  # unhashable params or constants (index arrays)
         return None, None, arrays
@@ -104,7 +126,7 @@ def fuse(prim: Primitive, key: Any, params: dict[str, Any], g_arrays: Any, array
 
     The rules are traced once, by the jit itself, on the first node's values to count their ops.
     """
-    _, needed, signature, out_signature = key
+    _, needed, signature, out_signature, g_signature = key
 
     def rules(g_arrays: Any, arrays: list[Any]) -> list[Any]:
         it = iter(arrays)
@@ -118,7 +140,10 @@ def fuse(prim: Primitive, key: Any, params: dict[str, Any], g_arrays: Any, array
             out = InputMetadata(out_signature[1], out_signature[2], None)
         else:
             out = tuple(InputMetadata(shape, dtype, None) for shape, dtype in out_signature[1])
-        g = Tensor(g_arrays) if type(g_arrays) is not tuple else tuple(Tensor(a) for a in g_arrays)
+        if type(g_arrays) is not tuple:
+            g: Any = Tensor(g_arrays)
+        else:
+            g = tuple([Tensor(jnp.zeros(*zeros) if a is None else a) for a, zeros in zip(g_arrays, g_signature, strict=True)])
         previous = _grad_state.enabled
         _grad_state.enabled = False  # a retrace may happen outside the engine's no-grad backward
         try:
@@ -134,6 +159,12 @@ def fuse(prim: Primitive, key: Any, params: dict[str, Any], g_arrays: Any, array
     except Exception:  # noqa: BLE001 - untraceable rules run op by op, which raises any real error
         logger.debug("%s: its rules cannot be traced as one program; they run op by op", prim.node_name, exc_info=True)
         return UNFUSED
-    if len(traced.jaxpr.jaxpr.eqns) < 2:  # one op or none: fusing would save no dispatch
+    if len(traced.jaxpr.jaxpr.eqns) - _zeros_ops(g_signature) < 2:  # one op or none: fusing would save no dispatch
         return UNFUSED
     return fused
+
+
+def _zeros_ops(g_signature: Any) -> int:
+    """How many of a fused trace's ops make its unmade zeros: the rules' own ops decide whether to fuse."""
+    unmade = [zeros for zeros in g_signature or () if zeros is not None]
+    return len(jax.make_jaxpr(lambda: [jnp.zeros(*zeros) for zeros in unmade])().eqns) if unmade else 0

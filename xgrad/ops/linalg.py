@@ -385,10 +385,16 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     >>> xgrad.linear(xgrad.tensor([[1.0, 2.0]]), xgrad.tensor([[1.0, 1.0], [0.0, 1.0]]), xgrad.tensor([0.5, 0.0])).tolist()
     [[3.5, 2.0]]
     """
-    weight_shape = weight.shape  # read once: each read is a property call (NOTE [Recording cost] in registry.py)
     # The input is not read here: the primitive's shape rule checks it against the weight, as
-    # the composite below would (one error either way).
-    if len(weight_shape) == 2 and (bias is None or bias.shape == weight_shape[:1]):
+    # the composite below would (one error either way). The shapes are the arrays' ``aval``
+    # fields: ``Tensor.shape`` reads JAX's Python ``shape`` property over them, a call each
+    # (NOTE [Recording cost] in registry.py).
+    try:
+        weight_shape = weight._array.aval.shape
+        primitive = len(weight_shape) == 2 and (bias is None or bias._array.aval.shape == weight_shape[:1])
+    except AttributeError:  # not a tensor, or one whose array has no ``aval``: the composite reads it as it can
+        primitive = False
+    if primitive:
         return bind(_LINEAR, (input, weight, bias), {})  # type: ignore[no-any-return]
     # Other shapes (a 1-D weight, a broadcasting bias, a mismatch to report) as the composite.
     if weight.ndim == 2:

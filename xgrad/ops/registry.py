@@ -29,13 +29,13 @@ from xgrad.dual import LEVEL, set_tangent, tangents_on
 from xgrad.engine.anomaly import ANOMALY, record_forward_trace
 from xgrad.engine.dataflow import PRIMITIVE_JIT_PREFIX
 from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator, sharding_of
-from xgrad.engine.rules import Aval, RuleArgs, RuleNode, incoming_grad
+from xgrad.engine.rules import Aval, RuleArgs, RuleNode, incoming_grad, made_grads
 from xgrad.engine.saved import SavedTensor
 from xgrad.fast_compile import FastJit
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import stops_gradients
 from xgrad.jax_capture import check_captured_leaves
-from xgrad.jax_internals import devices_in_process, loaded_names
+from xgrad.jax_internals import ARRAY_SHARDING_FIELD, devices_in_process, loaded_names
 from xgrad.ops.dispatch import DISPATCH
 from xgrad.ops.fused_rules import MAX_FUSED, UNFUSED, device_scalar, fuse, fusion_signature
 from xgrad.step_trace import current as _current_step
@@ -84,7 +84,7 @@ class Primitive:
     """
 
     __slots__ = (
-        "_fused", "_jitted", "_reads", "_saves", "impl", "jit", "joint_vjp", "name", "node_name", "num_outputs", "save", "save_out", "vjps",
+        "_fast", "_fused", "_jitted", "_outputs", "_reads", "_saves", "impl", "jit", "joint_vjp", "name", "node_name", "num_outputs", "save", "save_out", "vjps",
     )
 
     def __init__(
@@ -109,9 +109,11 @@ class Primitive:
         self.num_outputs = num_outputs
         self.jit = jit
         self._jitted: dict[Any, FastJit] = {}
+        self._fast: Any = None  # the fast program without params, once made (NOTE [Jitted dispatch])
         self._fused: BoundedCache[Any, Any] = BoundedCache(MAX_FUSED)  # NOTE [Fused eager rules]
         self._reads = None if self.vjps is None else tuple(_rule_reads(rule) for rule in self.vjps)
         self._saves: dict[tuple[int, ...], _SavePlan] = {}
+        self._outputs: dict[Any, tuple[Any, tuple[InputMetadata]]] = {}  # NOTE [One metadata per output aval]
 
     def saves(self, wanted: tuple[bool, ...]) -> tuple[frozenset[int] | None, bool]:
         """Which inputs (``None``: all) and whether the output to save, given which inputs want a grad.
@@ -165,6 +167,24 @@ class Primitive:
         self._saves[kinds] = plan
         return plan
 
+    def _output_metadata(self, aval: Any, sharding: Any) -> tuple[InputMetadata]:
+        """The one output's metadata, kept for the next output of this ``aval`` and ``sharding``.
+
+        # NOTE [One metadata per output aval]
+        # A node keeps its outputs' shape, dtype and sharding (``InputMetadata``). JAX hands
+        # the arrays of one shape and dtype one ``aval`` object, and a jitted program its
+        # output the same ``sharding`` object call after call, so a primitive of one output
+        # keeps the metadata it made by the output's ``aval`` (a cheap hash) while the
+        # sharding is the same object: the nodes of a step share it, where each made three
+        # tuples of its own (0.07-0.1 µs of a recording). Another program (other params)
+        # or placement makes its own. Bounded: a process that meets many shapes starts over.
+        """
+        if len(self._outputs) >= _MAX_OUTPUT_AVALS:
+            self._outputs.clear()
+        metadata = (_new_tuple(InputMetadata, (aval.shape, aval.dtype, sharding)),)
+        self._outputs[aval] = (sharding, metadata)
+        return metadata
+
     def dispatch(self, arrays: list[Any], params: dict[str, Any]) -> Any:
         """Run the forward on arrays.
 
@@ -173,7 +193,10 @@ class Primitive:
         # params: jit's C++ fast path dispatches about twice as fast as the ``jnp``
         # wrappers, and that cost is paid once per op in the forward and again for
         # every op a backward rule calls. Params that cannot be hashed (index arrays)
-        # run the plain ``impl``.
+        # run the plain ``impl``. A primitive called without params keeps its fast
+        # program (``_fast``) once made, and ``bind`` calls it itself where no argument
+        # is traced: this method's call, its key and its lookups cost 0.3 µs of a
+        # recorded op of 5. Any error goes through ``_failed`` either way.
         """
         if not self.jit:
             return self.impl(*arrays, **params)
@@ -185,6 +208,8 @@ class Primitive:
         if fn is None:
             fn = FastJit(_named(functools.partial(self.impl, **params) if params else self.impl, self.name))
             self._jitted[key] = fn
+            if not params:
+                self._fast = fn.fast
         # Traced arrays: the op is inlined into a traced program, which takes no options of its own (NOTE [Fast compiles]).
         traced = False
         for a in arrays:
@@ -201,16 +226,21 @@ class Primitive:
             except ValueError:
                 return fn(*arrays)
         except Exception as e:
-            if not isinstance(e, RuntimeError | IndexError):  # JAX's error, not a shape rule's
-                for i, a in enumerate(arrays):
-                    if a is None:  # PyTorch's TypeError for a None where a Tensor goes
-                        raise TypeError(f"{self.name}(): argument (position {i + 1}) must be Tensor, not NoneType") from None
-            # A shape rule's error leaves the trace with JAX's note about its hidden frames
-            # appended; the message is xgrad's alone (NOTE [Shape rules]).
-            notes = getattr(e, "__notes__", None)
-            if notes:
-                notes[:] = [n for n in notes if "JAX_TRACEBACK_FILTERING" not in n]
+            self._failed(e, arrays)
             raise
+
+    def _failed(self, e: Exception, arrays: list[Any]) -> None:
+        """Called with the forward's error ``e``: raise PyTorch's ``TypeError`` for a ``None`` argument, or
+        leave ``e`` (the caller raises it) without JAX's note, which is not about xgrad's own message."""
+        if not isinstance(e, RuntimeError | IndexError):  # JAX's error, not a shape rule's
+            for i, a in enumerate(arrays):
+                if a is None:  # PyTorch's TypeError for a None where a Tensor goes
+                    raise TypeError(f"{self.name}(): argument (position {i + 1}) must be Tensor, not NoneType") from None
+        # A shape rule's error leaves the trace with JAX's note about its hidden frames
+        # appended; the message is xgrad's alone (NOTE [Shape rules]).
+        notes = getattr(e, "__notes__", None)
+        if notes:
+            notes[:] = [n for n in notes if "JAX_TRACEBACK_FILTERING" not in n]
 
     def backward(self, args: RuleArgs) -> list[Any]:
         """The rules applied to given values; the eager node and the compiled lowering both call it."""
@@ -263,10 +293,10 @@ class Primitive:
         # rule is pure (NOTE [Derivatives are data]): it runs when traced, as under ``jax.jit``.
         """
         if REGISTRY.get(self.name) is not self:  # made at run time (``register=False``): rules run as written
-            return self.backward(args)
+            return self.backward(_made(args))
         key, g_arrays, arrays = fusion_signature(args)
         if key is None:
-            return self.backward(args)
+            return self.backward(_made(args))
         fused = self._fused.get(key)
         if fused is None:
             fused = fuse(self, key, args.params, g_arrays, arrays)
@@ -279,7 +309,7 @@ class Primitive:
                 self._fused[key] = UNFUSED
             else:
                 return [None if r is None else Tensor(r) for r in results]
-        return self.backward(args)
+        return self.backward(_made(args))
 
     @property
     def host_only(self) -> bool:
@@ -292,6 +322,11 @@ class Primitive:
 
 
 REGISTRY: dict[str, Primitive] = {}
+
+
+def _made(args: RuleArgs) -> RuleArgs:
+    """``args`` with the unmade zeros of its ``g`` made, for rules run op by op (NOTE [Unmade zeros])."""
+    return args if type(args.g) is not tuple else args._replace(g=made_grads(args.g))
 
 
 def _named(impl: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -466,9 +501,12 @@ tangent_rule: Callable[[Primitive, tuple[Any, ...], dict[str, Any]], tuple[Tenso
 # those alone, and an op that keeps its arguments as they are copies nothing. The
 # record is ``bind``'s tail, not a call of its own; ``from_jax``'s traced ops, which
 # have run already, enter it with their outputs. The outputs' metadata comes from
-# ``aval``'s fields (the array's ``shape``/``dtype`` are Python properties over them);
-# the node is made by ``Node``'s constructor and its rule fields are set here
-# (``PrimitiveNode`` has no constructor of its own: a frame less). Whether a dtype is
+# ``aval``'s fields (the array's ``shape``/``dtype`` are Python properties over them),
+# and a one-output primitive reuses it per output ``aval`` (NOTE [One metadata per
+# output aval]). The output ``Tensor`` is made by ``Tensor._fill``, not through its
+# type's call (NOTE [Op outputs made without the type's call]). The node is made by
+# ``Node``'s constructor and its rule fields are set here (``PrimitiveNode`` has no
+# constructor of its own: a frame less). Whether a dtype is
 # differentiable is cached per dtype (``jnp.issubdtype`` costs as much as a node). The
 # ``Edge``, ``InputMetadata`` and ``Aval`` named tuples are made by ``tuple.__new__``
 # (``_new_tuple``): their own ``__new__`` is a Python function, a frame that costs as
@@ -476,6 +514,8 @@ tangent_rule: Callable[[Primitive, tuple[Any, ...], dict[str, Any]], tuple[Tenso
 # in C, faster than a ``type(a) is Tensor`` before it.
 _INEXACT: dict[Any, bool] = {}
 _new_tuple = tuple.__new__
+_new_object = object.__new__
+_fill_tensor = Tensor._fill  # an op output: ``_fill_tensor(_new_object(Tensor), out)`` (NOTE [Op outputs made without the type's call])
 
 
 def _differentiable_dtype(dtype: Any) -> bool:
@@ -484,6 +524,9 @@ def _differentiable_dtype(dtype: Any) -> bool:
         known = _INEXACT[dtype] = bool(jnp.issubdtype(dtype, jnp.inexact))
     return known
 
+
+# How many output avals a primitive keeps the metadata of (NOTE [One metadata per output aval]).
+_MAX_OUTPUT_AVALS = 64
 
 # ``bind``'s ``out`` when the op is still to run.
 _RUN: Any = object()
@@ -549,14 +592,31 @@ def bind(
         if scalars and prim.jit and first is not None and not isinstance(first._array, _Tracer):  # NOTE [Scalar constants]
             arrays = [device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
         dispatch = DISPATCH.get()  # NOTE [Dispatch seam] in xgrad/ops/dispatch.py
-        out = prim.dispatch(arrays, params) if dispatch is None else dispatch(prim, arrays, params)
+        fast = prim._fast
+        if dispatch is not None:
+            out = dispatch(prim, arrays, params)
+        elif fast is None or params:
+            out = prim.dispatch(arrays, params)
+        else:  # the fast program called here (NOTE [Jitted dispatch]), as ``dispatch`` would call it
+            for array in arrays:
+                if isinstance(array, _Tracer):  # traced: the program without options
+                    out = prim.dispatch(arrays, params)
+                    break
+            else:
+                try:
+                    out = fast(*arrays)
+                except ValueError:  # a trace that refuses the program's options: ``dispatch``'s fallback
+                    out = prim.dispatch(arrays, params)
+                except Exception as e:
+                    prim._failed(e, arrays)
+                    raise
         if LEVEL.current is not None and first is not None and tangents_on():  # NOTE [Tangents are jvp of the forward]
             tangents = tangent_rule(prim, args, params)
         if not (topo and _grad_state.enabled):
             if _grad_state.stop_trace is not None and trace is None and stops_gradients(arrays):
                 out = jax.lax.stop_gradient(out)  # NOTE [Grad mode on JAX's AD]
             if prim.num_outputs == 1:
-                result = Tensor(out)
+                result = _fill_tensor(_new_object(Tensor), out)
                 if tangents is not None:
                     set_tangent(result, tangents[0])
                 return result
@@ -574,7 +634,7 @@ def bind(
     plan = prim._saves.get(key)
     _, save_out, wanted, save_at, aval_at, drop_at, no_grad_at, holds_tensors = plan if plan is not None else prim._save_plan(key)
     for i in no_grad_at:
-        cut_site = getattr(args[i], "_cut_site", None)
+        cut_site = args[i]._cut_site  # set by every Tensor's constructor
         if cut_site is not None:  # NOTE [Outputs of JAX transformations]
             raise RuntimeError(ERR_CUT_BY_JAX.format(where=cut_site))
     if missing:
@@ -595,12 +655,17 @@ def bind(
         saved = tuple(saved)
     if single:
         # The fields of ``aval``, not the array's ``shape`` and ``dtype``: each of those is a Python
-        # property reading ``aval``. A traced value has no sharding (``sharding_of``).
+        # property reading ``aval``; the sharding's field likewise (``ARRAY_SHARDING_FIELD``). A
+        # traced value has no sharding (``sharding_of``).
         aval = getattr(out, "aval", out)
         dtype = aval.dtype
-        metadata: tuple[InputMetadata, ...] = (
-            _new_tuple(InputMetadata, (aval.shape, dtype, None if traced else getattr(out, "sharding", None))),
-        )
+        metadata: tuple[InputMetadata, ...]
+        if traced or aval is out:  # a traced value has no sharding (``sharding_of``), nor a value that is not JAX's
+            metadata = (_new_tuple(InputMetadata, (aval.shape, dtype, None)),)
+        else:
+            sharding = getattr(out, ARRAY_SHARDING_FIELD, None)
+            known = prim._outputs.get(aval)  # NOTE [One metadata per output aval]
+            metadata = known[1] if known is not None and known[0] is sharding else prim._output_metadata(aval, sharding)
     else:
         outs = tuple(out)
         metadata = tuple(
@@ -619,7 +684,7 @@ def bind(
     if ANOMALY.enabled:
         record_forward_trace(node)
     if single:
-        result = Tensor(out)
+        result = _fill_tensor(_new_object(Tensor), out)
         differentiable = _INEXACT.get(dtype)
         if differentiable if differentiable is not None else _differentiable_dtype(dtype):
             result.grad_fn = node  # output 0: Tensor's default _output_nr
@@ -660,9 +725,13 @@ class PrimitiveNode(RuleNode):
         return self.prim.node_name
 
     def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
-        num_outputs = self.prim.num_outputs
+        prim = self.prim
+        num_outputs = prim.num_outputs
+        # Op by op where a graph is recorded, or where tangents must pass through the rules
+        # (a dual level: forward over reverse); else fused (NOTE [Fused eager rules]).
+        op_by_op = _grad_state.enabled or not prim.jit or ANOMALY.enabled or LEVEL.current is not None
         # One output, nearly every primitive: its grad is ``g`` as it is (spares the call).
-        g = grads[0] if num_outputs == 1 else incoming_grad(num_outputs, grads, self.input_metadata)
+        g = grads[0] if num_outputs == 1 else incoming_grad(num_outputs, grads, self.input_metadata, not op_by_op)
         if g is None:
             return [None] * len(self.next_edges)
         # The rules' arguments: the inputs (tensors, avals or constants) and the outputs,
@@ -671,13 +740,10 @@ class PrimitiveNode(RuleNode):
         if self.holds_tensors:
             inputs = [s.unpack(self) if type(s) is SavedTensor else s for s in inputs]
         out: Any = self.input_metadata if self.saved_out is None else tuple([s.unpack(self) for s in self.saved_out])
-        prim = self.prim
         if num_outputs == 1:
             out = out[0]
-        # Op by op where a graph is recorded, or where tangents must pass through the rules
-        # (a dual level: forward over reverse); else fused (NOTE [Fused eager rules]).
         args = _new_tuple(RuleArgs, (g, out, inputs, self.params, self.needed_outputs()))  # NOTE [Recording cost]
-        if _grad_state.enabled or not prim.jit or ANOMALY.enabled or LEVEL.current is not None:
+        if op_by_op:
             return prim.backward(args)
         return prim.eager_backward(args)
 

@@ -10,8 +10,9 @@ storage directly, bumping ``_version`` as any in-place op does.
 
 # NOTE [Optimizer state in Tensors]
 # The optimizers' state is held by Tensors (``Optimizer.state[p]`` maps names to
-# Tensors; ``Optax.state`` rebuilds the optax pytree from them, and assigning a state of
-# the same structure rebinds their storage), and so are the numbers of a parameter group
+# Tensors; ``Optax.state`` rebuilds the optax pytree from them, a Tensor holding a leaf or
+# a buffer of several, NOTE [Packed optimizer state], and assigning a state of the same
+# structure rebinds their storage), and so are the numbers of a parameter group
 # an update reads. That makes the state what every other piece of training state is, a
 # Tensor whose storage is rebound: ``xgrad.compile`` finds the Tensors a step reads and
 # rebinds, so an optimizer stepped (or its learning rate set) inside a compiled function

@@ -121,12 +121,16 @@ def _placed_like(array: Any, param: Tensor) -> jax.Array:
 
 def _group_step(
     update: Callable[..., tuple[Any, dict[str, Any]]], options: tuple[tuple[str, Any], ...],
-    hyper: dict[str, Any], params: list[Any], grads: list[Any], states: list[dict[str, Any]],
-) -> tuple[list[Any], list[dict[str, Any]]]:
-    """One group's update, parameter by parameter, as one jitted program."""
+    hyper: dict[str, Any], params: list[Any], grads: list[Any], states: list[dict[str, Any]], counters: dict[str, Any],
+) -> tuple[list[Any], list[dict[str, Any]], dict[str, Any]]:
+    """One group's update, parameter by parameter, as one jitted program.
+
+    ``counters`` are the group's shared counters (NOTE [Shared counters]), each passed once
+    for all parameters and returned once: the first parameter's new value."""
     opts = dict(options)
-    results = [update(opts, hyper, p, g, s) for p, g, s in zip(params, grads, states, strict=True)]
-    return [r[0] for r in results], [r[1] for r in results]
+    results = [update(opts, hyper, p, g, {**s, **counters}) for p, g, s in zip(params, grads, states, strict=True)]
+    new_counters = {key: results[0][1][key] for key in counters}
+    return [r[0] for r in results], [{k: v for k, v in r[1].items() if k not in counters} for r in results], new_counters
 
 
 @functools.cache
@@ -290,24 +294,26 @@ class Optimizer:
     def _step_group(self, group: _ParamGroup, params: list[Tensor]) -> None:
         options = tuple(sorted((k, v) for k, v in group.items() if isinstance(v, (bool, str, type(None)))))
         states = [self.state[p] for p in params]
-        program = _jitted_group_step()
-        new_params, new_states = (program.plain if step_trace.current() is not None else program)(
-            type(self)._update, options, group.hyper_arrays(), [p._array for p in params],
-            [p._grad._array for p in params],  # type: ignore[union-attr]
-            [{k: t._array for k, t in s.items()} for s in states],
-        )
         # NOTE [Shared counters]
         # The parameters of a group step together, so their step counts (and NAdam's
         # ``mu_product``) usually hold one value: they start as one array per group (groups
-        # may step apart), and counters that
-        # held one array before this update hold the first one's result after it (each is
-        # a function of itself and the group's hyperparameters, so all results are equal).
-        # A compiled step then reads and writes one counter, not one per parameter. One
-        # set apart (a loaded state dict, an in-place change) just keeps its own array.
-        shared = {
-            key: new_states[0][key] for key in _OWN_DTYPE
+        # may step apart), and counters that hold one array before this update hold the
+        # first one's result after it (each is a function of itself and the group's
+        # hyperparameters, so all results are equal). The update takes and gives such a
+        # counter once, not once per parameter (the demo's Adam: 5 fewer outputs, each an
+        # allocation), and a compiled step reads and writes one counter. One set apart (a
+        # loaded state dict, an in-place change) just keeps its own array.
+        shared = [
+            key for key in _OWN_DTYPE
             if key in states[0] and all(key in s and s[key]._array is states[0][key]._array for s in states)
-        }
+        ]
+        program = _jitted_group_step()
+        new_params, new_states, new_counters = (program.plain if step_trace.current() is not None else program)(
+            type(self)._update, options, group.hyper_arrays(), [p._array for p in params],
+            [p._grad._array for p in params],  # type: ignore[union-attr]
+            [{k: t._array for k, t in s.items() if k not in shared} for s in states],
+            {key: states[0][key]._array for key in shared},
+        )
         # A direct rebind of each parameter and state Tensor: no op recorded, as under no_grad.
         _writing(params)
         for p, new in zip(params, new_params, strict=True):
@@ -316,7 +322,7 @@ class Optimizer:
         for state, new_state in zip(states, new_states, strict=True):
             _writing(list(state.values()))
             for key, t in state.items():
-                t._array = shared.get(key, new_state[key])
+                t._array = new_counters[key] if key in new_counters else new_state[key]
         if step_trace.current() is None:
             for p, state in zip(params, states, strict=True):
                 self._written.record(id(p), [p._array, *(t._array for t in state.values())])

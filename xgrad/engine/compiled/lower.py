@@ -1,18 +1,14 @@
-"""Lowering: each node of a walked graph, run by the eager engine's own code on traced or concrete values.
+"""Lowering: a program's steps, and each node run by the eager engine's own code on traced or concrete values.
 
-NOTE [Compiled backward], stage 3. ``build_steps`` keeps what a program needs of each
-node without holding the graph: its place, where its grads go, whether it runs on the
-host. ``run_node`` runs one node as ``engine.evaluate_function`` does: its captures, then
-eager's ``call_function`` (the hooks in eager's order, the node's own ``apply``,
-``validate_outputs``), then its grads summed into the next nodes' ``InputBuffer``s. It
-runs on a stand-in of the node whose saved values are the program's inputs (tracers
-inside a segment, the walk's concrete values on the host), so nothing is unpacked twice
-and the recorded graph is never changed (NOTE [Stand-in nodes]).
+``build_steps`` keeps what a program needs of each node, none of the graph's values;
+``run_node`` runs one as ``engine.evaluate_function`` does, on a stand-in (NOTE [Stand-in
+nodes]). NOTE [Compiled backward], stage 3.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -41,16 +37,15 @@ class Step:
     """One node of a program: what the program needs of it, none of the graph's values."""
 
     __slots__ = (
-        "arg_hi", "arg_lo", "captures", "edges", "hooks", "host", "host_pre", "kind", "leaf_sharding", "leaf_slot", "meta",
-        "name", "pos", "runs", "saved_key", "targets",
+        "captures", "edges", "hooks", "host", "host_pre", "kind", "leaf_sharding", "leaf_slot", "meta", "name", "pos",
+        "runs", "saved_key", "targets",
     )
 
-    def __init__(self, pos: int, node: Node, nkey: tuple[Any, ...], arg_lo: int, arg_hi: int) -> None:
+    def __init__(self, pos: int, node: Node, nkey: tuple[Any, ...]) -> None:
         self.pos = pos
         self.kind: int = nkey[0]
         self.name = node.name()
         self.meta = _traced_metadata(node.input_metadata)
-        self.arg_lo, self.arg_hi = arg_lo, arg_hi  # its saved values among the walk's flat values
         exec_key = nkey[-1]
         self.runs: bool = exec_key is None or exec_key[0]
         self.captures: tuple[tuple[int, int], ...] | None = None if exec_key is None else exec_key[1]
@@ -72,13 +67,11 @@ class Step:
 
 
 def build_steps(walk: Walk) -> list[Step]:
-    nodes, starts = walk.nodes, walk.starts
-    assert starts is not None, "a program is built from the schedule walk"
-    position = {node: pos for pos, node in enumerate(nodes)}
+    position = {node: pos for pos, node in enumerate(walk.nodes)}
     steps = []
     leaf_slots = 0
-    for pos, (node, nkey) in enumerate(zip(nodes, walk.key[4], strict=True)):
-        step = Step(pos, node, nkey, starts[pos], starts[pos + 1])
+    for pos, (node, nkey) in enumerate(zip(walk.nodes, walk.key[4], strict=True)):
+        step = Step(pos, node, nkey)
         steps.append(step)
         if not step.runs:
             continue
@@ -97,8 +90,11 @@ class Values:
 
     __slots__ = ("buffers", "captures", "grads", "retained")
 
-    def __init__(self) -> None:
+    def __init__(self, live: dict[int, list[Any]] | None = None) -> None:
         self.buffers: dict[int, InputBuffer] = {}
+        for pos, grads in (live or {}).items():  # what a segment or host step before gave back (``live``)
+            buf = self.buffers[pos] = InputBuffer(0)
+            buf.buffer = list(grads)
         self.grads: dict[int, Tensor] = {}
         self.captures: dict[int, Tensor] = {}
         self.retained: dict[tuple[int, int], Tensor] = {}
@@ -106,25 +102,6 @@ class Values:
     def live(self) -> dict[int, list[Any]]:
         """What flows on to the next segment, as a pytree with tensor (or ``None``) leaves."""
         return {pos: list(buf.buffer) for pos, buf in self.buffers.items()}
-
-    @staticmethod
-    def from_live(live: dict[int, list[Any]]) -> Values:
-        values = Values()
-        for pos, grads in live.items():
-            buf = values.buffers[pos] = InputBuffer(0)
-            buf.buffer = list(grads)
-        return values
-
-
-def route(steps: list[Step], step: Step, outs: list[Any], values: Values) -> None:
-    """Sum ``outs`` into the buffers of the nodes they flow to, in arrival order, as eager does."""
-    buffers = values.buffers
-    for out, target in zip(outs, step.targets, strict=True):
-        if target is not None:
-            buf = buffers.get(target[0])
-            if buf is None:
-                buf = buffers[target[0]] = InputBuffer(len(steps[target[0]].meta))
-            buf.add(target[1], out)
 
 
 # NOTE [Stand-in nodes]
@@ -167,6 +144,11 @@ class _GivenFunction(FunctionNode):
         return FunctionNode.compute(self, grads, self.given)
 
 
+def _own_tensor_pre_hooks(self: Node) -> Any:
+    """A stand-in's tensor pre-hooks: those set on it (a leaf's, taken from its tensor; none where they run on the host)."""
+    return self._tensor_pre_hooks
+
+
 class _TracedAccumulate(AccumulateGrad):
     """A leaf's ``AccumulateGrad`` in a program: the new ``.grad`` is an output, written by the host."""
 
@@ -176,8 +158,7 @@ class _TracedAccumulate(AccumulateGrad):
     old: Tensor | None  # the leaf's ``.grad`` before the call
     slot: tuple[int, Any]  # its leaf slot, and the sharding its grad takes on several devices
 
-    def tensor_pre_hooks(self) -> Any:
-        return self._tensor_pre_hooks  # the leaf's, or none where they ran on the host
+    tensor_pre_hooks = _own_tensor_pre_hooks
 
     def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
         new = grads[0]
@@ -283,35 +264,22 @@ _WITH_APPLY: dict[tuple[type[Node], Callable[..., Any]], type[Node]] = {}
 
 
 def _with_apply(cls: type[Node], apply: Callable[[Node, list[Tensor | None]], list[Tensor | None]]) -> type[Node]:
-    """``cls`` with another ``apply``, its tensor pre-hooks those set on it.
-
-    ``_zeros_for_edges``: a host step traced, not run, before a program runs, so its
-    outputs' shapes are known and its pure hooks are traced once, as they would be on a
-    node the program runs (one that cannot be traced falls back). ``_grads_as_they_are``:
-    a node's pre-hooks alone, run on the host through ``call_function``.
-    """
-
-    def tensor_pre_hooks(self: Node) -> Any:
-        return self._tensor_pre_hooks
-
+    """``cls`` with another ``apply`` (NOTE [Stand-in nodes]), its tensor pre-hooks those set on it."""
     made = _WITH_APPLY.get((cls, apply))
     if made is None:
-        attrs = {"__slots__": (), "apply": apply, "tensor_pre_hooks": tensor_pre_hooks}
+        attrs = {"__slots__": (), "apply": apply, "tensor_pre_hooks": _own_tensor_pre_hooks}
         made = _WITH_APPLY[(cls, apply)] = type(f"{cls.__name__}{apply.__name__.title()}", (cls,), attrs)
     return made
 
 
 def _recorders(pos: int, retains: dict[int, Any], values: Values) -> dict[int, Callable[[Any], None]]:
     """Retains-grad hooks that record the traced grad as a program output, for the host to retain."""
+    return {nr: functools.partial(_record, values.retained, (pos, nr)) for nr in retains}
 
-    def record(nr: int) -> Callable[[Any], None]:
-        def retain(grad: Any) -> None:
-            if grad is not None:
-                values.retained[(pos, nr)] = grad
 
-        return retain
-
-    return {nr: record(nr) for nr in retains}
+def _record(into: dict[tuple[int, int], Tensor], at: tuple[int, int], grad: Tensor | None) -> None:
+    if grad is not None:
+        into[at] = grad
 
 
 class Inputs:
@@ -375,8 +343,15 @@ def run_node(steps: list[Step], step: Step, node: Node, values: Values, given: I
         inputs = call_tensor_pre_hooks(node, list(inputs))
     if not (given.traced and step.host_pre):  # else captured before its pre-hooks, on the host
         _capture(step, inputs, values)
-    if step.runs:
-        route(steps, step, call_function(current_task.graph_task, node, inputs), values)  # type: ignore[arg-type]
+    if not step.runs:
+        return
+    buffers = values.buffers  # its grads summed into the next nodes' buffers, in arrival order, as eager sums them
+    for out, target in zip(call_function(current_task.graph_task, node, inputs), step.targets, strict=True):  # type: ignore[arg-type]
+        if target is not None:
+            buf = buffers.get(target[0])
+            if buf is None:
+                buf = buffers[target[0]] = InputBuffer(len(steps[target[0]].meta))
+            buf.add(target[1], out)
 
 
 def _capture(step: Step, inputs: list[Any], values: Values) -> None:
@@ -385,10 +360,10 @@ def _capture(step: Step, inputs: list[Any], values: Values) -> None:
             values.captures[output_idx] = inputs[input_idx]
 
 
-def run_on_host(steps: list[Step], step: Step, node: Node, values: Values, flat: list[Any]) -> None:
-    """A host step: the whole node on concrete values, or only its pre-hooks (``Step.host_pre``)."""
+def run_on_host(steps: list[Step], step: Step, node: Node, values: Values, saved: list[Any]) -> None:
+    """A host step: the whole node on concrete values (``saved``: its own), or only its pre-hooks (``Step.host_pre``)."""
     if not step.host_pre:
-        run_node(steps, step, node, values, Inputs(iter(flat[step.arg_lo:step.arg_hi]), False))
+        run_node(steps, step, node, values, Inputs(iter(saved), False))
         return
     buf = values.buffers[step.pos]
     _capture(step, buf.buffer, values)

@@ -130,6 +130,33 @@ class Segment:
     def last(self) -> bool:
         return self.index == len(self.program.segments) - 1
 
+    def variant(self, nodes: list[Node], saved: list[Any], live_tree: Any, live: list[Any], roots: list[Any],
+                old_mask: tuple[bool, ...], old: list[Any]) -> Variant:
+        """Its program for these inputs (each with a shape and dtype; ``old``: the leaves' ``.grad`` where ``old_mask``
+        says one is): the one compiled for their layout, or traced now on ``nodes``, or a chunk of equal structure's."""
+        signature = (live_tree, old_mask, tuple((a.shape, a.dtype) for a in [*live, *old]))
+        variant = self.variants.get(signature)
+        if variant is not None:
+            return variant
+        start = time.perf_counter()
+        avals = _structs([*saved, *live, *roots, *old])
+        layout = (len(saved), live_tree, len(live), len(roots), old_mask)
+        key = traced = None
+        if self.chunk_key is not None:
+            relative_live = _renumbered(live_tree, lambda live: _shift_live(live, -self.base))
+            key = (self.chunk_key, relative_live, len(saved), len(live), len(roots), old_mask, tuple((a.shape, a.dtype) for a in avals))
+            traced = lookup(key, chunks)
+            if traced is not None:
+                counters.add("chunk_reuses")
+        if traced is None:
+            traced = Traced(self, nodes, avals, layout)
+            counters.add("compiles")
+            if key is not None:
+                traced = insert(key, traced, chunks)
+                counters.add("chunk_compiles")
+        counters.add("compile_seconds", time.perf_counter() - start)
+        return self.variants.setdefault(signature, Variant(traced, self))
+
     def split_live(self, live: dict[int, Any]) -> tuple[dict[int, Any], dict[int, Any]]:
         """``live`` (``Values.live``) as what this segment takes in, and the buffers that pass it by."""
         if self.touches is None:
@@ -154,27 +181,6 @@ class Segment:
         root = (True, program.root_nr) if self.first else (False,)
         return (root, self.last, program.create_graph, tuple(per_step), self.arg_hi - self.arg_lo)
 
-    def trace(self, nodes: list[Node], flat: list[Any], layout: tuple[Any, ...]) -> tuple[list[Any], Any]:
-        """The segment as a function of flat arrays, its steps run on ``nodes``; returns the flat outputs and their pytree."""
-        counters.add("traces")
-        n_saved, live_tree, n_live, n_roots, old_mask = layout
-        live = jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in flat[n_saved:n_saved + n_live]])
-        roots = [Tensor(a) for a in flat[n_saved + n_live:n_saved + n_live + n_roots]]
-        old_arrays = iter(flat[n_saved + n_live + n_roots:])
-        old = {s.leaf_slot: Tensor(next(old_arrays)) for s, has in zip(self.leaf_steps, old_mask, strict=True) if has}
-        values = Values.from_live(live)
-        program = self.program
-        steps = program.steps
-        if self.first and program.root_nr >= 0:
-            buf = values.buffers[0] = InputBuffer(len(steps[0].meta))
-            buf.add(program.root_nr, roots[0])
-        given = Inputs(iter(flat[:n_saved]), True, roots, old)
-        for pos in range(self.base, self.hi):
-            trace_node(steps, steps[pos], nodes[pos], values, given)
-        outputs = (None if self.last else values.live(), values.grads, values.captures, values.retained)
-        leaves, tree = jax.tree_util.tree_flatten(outputs, is_leaf=is_tensor)
-        return [t._array for t in leaves], tree
-
 
 class Traced:
     """A segment traced for one layout of its inputs, and jitted; chunks of equal structure share one.
@@ -191,11 +197,27 @@ class Traced:
         self.fresh = True  # not yet called: its first call compiles
         self.base, self.first_slot = segment.base, segment.first_slot  # what its ``out_tree`` is numbered from
         trees: list[Any] = []
+        program = segment.program
+        steps = program.steps
+        n_saved, live_tree, n_live, n_roots, old_mask = layout
 
-        def traced(*flat: Any) -> list[Any]:
-            leaves, tree = segment.trace(nodes, list(flat), layout)
+        def traced(*flat: Any) -> list[Any]:  # the segment as a function of flat arrays, its steps run on ``nodes``
+            counters.add("traces")
+            live = jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in flat[n_saved:n_saved + n_live]])
+            roots = [Tensor(a) for a in flat[n_saved + n_live:n_saved + n_live + n_roots]]
+            old_arrays = iter(flat[n_saved + n_live + n_roots:])
+            old = {s.leaf_slot: Tensor(next(old_arrays)) for s, has in zip(segment.leaf_steps, old_mask, strict=True) if has}
+            values = Values(live)
+            if segment.first and program.root_nr >= 0:
+                buf = values.buffers[0] = InputBuffer(len(steps[0].meta))
+                buf.add(program.root_nr, roots[0])
+            given = Inputs(iter(flat[:n_saved]), True, roots, old)
+            for pos in range(segment.base, segment.hi):
+                trace_node(steps, steps[pos], nodes[pos], values, given)
+            outputs = (None if segment.last else values.live(), values.grads, values.captures, values.retained)
+            leaves, tree = jax.tree_util.tree_flatten(outputs, is_leaf=is_tensor)
             trees.append(tree)
-            return leaves
+            return [t._array for t in leaves]
 
         with tracing():
             closed = jax.make_jaxpr(traced)(*avals)
@@ -265,8 +287,8 @@ class Program:
         self.root_nr = key[3]
         self.node_keys = key[4]
         # Calls without inputs find the program by ``walk_structure``'s key: where that
-        # walk's nodes and flat values sit in this program's order (set on the miss).
-        self.hit_order: tuple[list[int], list[int]] | None = None
+        # walk's nodes and flat values sit in this program's order (set on such a call's miss).
+        self.hit_order: tuple[list[int], list[int]] = ([], [])
         self.steps = build_steps(walk)
         self.starts: list[int] = walk.starts  # type: ignore[assignment]  # each step's first flat value
         # The nodes whose release_variables frees something: Functions, and rule nodes that
@@ -308,7 +330,7 @@ class Program:
         args = [traced.example[i] for i in traced.used]
         if variant.shardings is not None:
             shardings = variant.shardings
-            if variant.device is not None:  # inputs from several devices ran on one (``_call`` in ``run.py``)
+            if variant.device is not None:  # inputs from several devices ran on one (``_run_plain`` in ``run.py``)
                 shardings = [single_device_sharding(variant.device)] * len(args)
             args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in zip(args, shardings, strict=True)]
         text = traced.plain.lower(*args).compile().as_text()
@@ -318,39 +340,6 @@ class Program:
 
 
 # -- compiling: trace every segment before any runs -------------------------------
-
-
-def array_of(x: Any) -> Any:
-    return x._array if isinstance(x, Tensor) else x
-
-
-def abstract(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(shape, dtype)
-
-
-def compile_variant(segment: Segment, nodes: list[Node], avals: list[Any], layout: tuple[Any, ...], signature: Any) -> Variant:
-    """``segment``'s program for this layout of its inputs: traced now on ``nodes``, or a chunk of equal structure's."""
-    start = time.perf_counter()
-    if segment.chunk_key is None:
-        traced = _trace(segment, nodes, avals, layout)
-    else:
-        n_saved, live_tree, n_live, n_roots, old_mask = layout
-        relative_live = _renumbered(live_tree, lambda live: _shift_live(live, -segment.base))
-        key = (segment.chunk_key, relative_live, n_saved, n_live, n_roots, old_mask, tuple((a.shape, a.dtype) for a in avals))
-        traced = lookup(key, chunks)
-        if traced is None:
-            traced = insert(key, _trace(segment, nodes, avals, layout), chunks)
-            counters.add("chunk_compiles")
-        else:
-            counters.add("chunk_reuses")
-    counters.add("compile_seconds", time.perf_counter() - start)
-    return segment.variants.setdefault(signature, Variant(traced, segment))
-
-
-def _trace(segment: Segment, nodes: list[Node], avals: list[Any], layout: tuple[Any, ...]) -> Traced:
-    traced = Traced(segment, nodes, avals, layout)
-    counters.add("compiles")
-    return traced
 
 
 def pretrace(program: Program, walk: Walk, roots: list[Tensor]) -> None:
@@ -366,23 +355,21 @@ def pretrace(program: Program, walk: Walk, roots: list[Tensor]) -> None:
             if item.host:  # pre-hooks alone keep shapes and dtypes: eager checks what they return
                 live = _host_step_avals(program, walk.nodes, item.pos, live)
             continue
-        segment = item
-        live_in, passing = segment.split_live(live)
+        live_in, passing = item.split_live(live)
         live_avals, live_tree = jax.tree_util.tree_flatten(live_in)
-        saved = [abstract(array_of(x).shape, array_of(x).dtype) for x in walk.flat[segment.arg_lo:segment.arg_hi]]
-        old_keys = [program.node_keys[s.pos][2] for s in segment.leaf_steps]
-        old_mask = tuple(k is not None for k in old_keys)
-        old_avals = tuple(k for k in old_keys if k is not None)
-        root_avals = [abstract(r._array.shape, r._array.dtype) for r in roots] if segment.first else []
-        layout = (len(saved), live_tree, len(live_avals), len(root_avals), old_mask)
-        avals = [*saved, *live_avals, *root_avals, *(abstract(*a) for a in old_avals)]
-        signature = (live_tree, old_mask, (*((a.shape, a.dtype) for a in live_avals), *old_avals))
-        variant = compile_variant(segment, walk.nodes, avals, layout, signature)
-        out = [abstract(a.shape, a.dtype) for a in variant.traced.out_avals]
-        live_out = jax.tree_util.tree_unflatten(variant.out_tree, out)[0]
+        old = [program.node_keys[s.pos][2] for s in item.leaf_steps]  # (shape, dtype) of a ``.grad``, or None
+        variant = item.variant(
+            walk.nodes, walk.flat[item.arg_lo:item.arg_hi], live_tree, live_avals, roots if item.first else [],
+            tuple(k is not None for k in old), [jax.ShapeDtypeStruct(*k) for k in old if k is not None],
+        )
+        live_out = jax.tree_util.tree_unflatten(variant.out_tree, _structs(variant.traced.out_avals))[0]
         if live_out is not None:
             live = live_out
             live.update(passing)
+
+
+def _structs(arrays: Any) -> Any:
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
 
 
 def _host_step_avals(program: Program, nodes: list[Node], pos: int, live: Any) -> Any:
@@ -390,10 +377,10 @@ def _host_step_avals(program: Program, nodes: list[Node], pos: int, live: Any) -
     live_avals, live_tree = jax.tree_util.tree_flatten(live)
 
     def run(*arrays: Any) -> Any:
-        values = Values.from_live(jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in arrays]))
+        values = Values(jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in arrays]))
         trace_node(program.steps, program.steps[pos], nodes[pos], values, Inputs(iter(()), True, shapes_only=True))
-        return jax.tree_util.tree_map(array_of, values.live(), is_leaf=is_tensor)
+        return jax.tree_util.tree_map(lambda t: t._array, values.live(), is_leaf=is_tensor)
 
     with tracing():
         out = jax.eval_shape(run, *live_avals)
-    return jax.tree_util.tree_map(lambda a: abstract(a.shape, a.dtype), out)
+    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), out)

@@ -15,23 +15,12 @@ import jax
 import jax.numpy as jnp
 
 from xgrad import profiler, step_trace
-from xgrad.engine import engine
 from xgrad.engine.compiled.cache import counters
 from xgrad.engine.compiled.key import Walk
 from xgrad.engine.compiled.lower import Step, Values, run_on_host
-from xgrad.engine.compiled.program import (
-    Program,
-    Segment,
-    Traced,
-    Variant,
-    abstract,
-    array_of,
-    compile_variant,
-)
-from xgrad.engine.graph_task import NO_DEVICE, GraphTask, ReadyQueue
-from xgrad.engine.node import Edge, _accumulate_lock, current_task, run_post_accumulate_grad_hooks, store_into_grad
-from xgrad.engine.threads import _devices, _tls
-from xgrad.engine.validate import validate_outputs
+from xgrad.engine.compiled.program import Program, Segment, Traced, Variant
+from xgrad.engine.graph_task import GraphTask
+from xgrad.engine.node import _accumulate_lock, current_task, run_post_accumulate_grad_hooks, store_into_grad
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor, is_tensor
 
@@ -43,24 +32,6 @@ def _one_device(arrays: list[Any]) -> Any:
         if len(devices) == 1:
             return next(iter(devices))
     raise ValueError("no input of the compiled segment sits on a single device")
-
-
-def _call(variant: Variant, args: list[Any]) -> Any:
-    """Run ``variant`` on ``args``; inputs on several devices are first put on one.
-
-    A graph whose leaves sit on different devices (``.to()`` between them) gives a
-    segment inputs from each; one XLA program runs on one device, so they go to the
-    first input's, and the written ``.grad``s go back to their leaves' devices.
-    """
-    device = variant.device
-    if device is None:
-        try:
-            return variant.traced.plain(*args)
-        except ValueError as exc:
-            if "incompatible devices" not in str(exc):
-                raise
-            device = variant.device = _one_device(args)
-    return variant.traced.plain(*[jax.device_put(a, device) for a in args])
 
 
 def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], create_graph: bool, on_tensors: bool) -> Any:
@@ -83,15 +54,9 @@ def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], c
     # held for the dispatch, not the computation.
     with _accumulate_lock if leaves else contextlib.nullcontext():
         old = [v._grad for v in leaves if v._grad is not None]
-        old_mask = tuple(v._grad is not None for v in leaves)
         tensors = [*saved, *live_leaves, *root_tensors, *old]
-        signature = (live_tree, old_mask, tuple((t._array.shape, t._array.dtype) for t in [*live_leaves, *old]))
-        variant = segment.variants.get(signature)
-        start = time.perf_counter() if variant is None or variant.traced.fresh else 0.0
-        if variant is None:
-            layout = (len(saved), live_tree, len(live_leaves), len(root_tensors), old_mask)
-            avals = [abstract(array_of(t).shape, array_of(t).dtype) for t in tensors]
-            variant = compile_variant(segment, nodes, avals, layout, signature)
+        start = time.perf_counter()
+        variant = segment.variant(nodes, saved, live_tree, live_leaves, root_tensors, tuple(v._grad is not None for v in leaves), old)
         run_start = time.perf_counter() if variant.traced.fresh else 0.0
         outs = _run_differentiable(variant.traced, tensors) if on_tensors else _run_plain(variant, tensors)
         if variant.traced.fresh:  # the first call compiles: count it as compile time
@@ -143,14 +108,26 @@ def _write_grad(var: Tensor, grad: Tensor, variant: Variant, trace: Any, create_
 
 
 def _run_plain(variant: Variant, tensors: list[Any]) -> list[Tensor]:
-    traced = variant.traced
-    args = [array_of(tensors[i]) for i in traced.used]
+    """Run ``variant`` on the arrays it reads; inputs on several devices are first put on one.
+
+    A graph whose leaves sit on different devices (``.to()`` between them) gives a
+    segment inputs from each; one XLA program runs on one device, so they go to the
+    first input's, and the written ``.grad``s go back to their leaves' devices.
+    """
+    args = [t._array if isinstance(t, Tensor) else t for t in map(tensors.__getitem__, variant.traced.used)]
     if variant.shardings is None:
         # An uncommitted input (one JAX may move) gets no sharding: the program places it.
         variant.shardings = [
             a.sharding if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) and a.committed else None for a in args
         ]
-    return [Tensor(a) for a in _call(variant, args)]
+    if variant.device is None:
+        try:
+            return [Tensor(a) for a in variant.traced.plain(*args)]
+        except ValueError as exc:
+            if "incompatible devices" not in str(exc):
+                raise
+            variant.device = _one_device(args)
+    return [Tensor(a) for a in variant.traced.plain(*[jax.device_put(a, variant.device) for a in args])]
 
 
 def _on_input_devices(node: Any, grads: list[Any]) -> list[Any]:
@@ -172,15 +149,17 @@ def _run_differentiable(traced: Traced, tensors: list[Any]) -> list[Tensor]:
     return list(traced.op(*[x if isinstance(x, Tensor) else Tensor(jnp.asarray(x)) for x in map(tensors.__getitem__, traced.used)]))
 
 
-def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tensor], keep_graph: bool, create_graph: bool,
-         n_captured: int) -> list[Tensor | None]:
-    nodes = walk.nodes
-    steps = program.steps
+def run_program(program: Program, walk: Walk, graph_task: GraphTask, roots: list[Tensor], n_captured: int, start: float,
+                hit: bool) -> list[Tensor | None]:
+    """Run ``program`` on ``walk``'s values: its segments, the host steps between them, then the final callbacks and
+    the release of saved values; return the captured grads. ``start``: when the call began, for the profiler."""
+    nodes, steps, starts = walk.nodes, program.steps, program.starts
     captured: list[Tensor | None] = [None] * n_captured
     # The grads in flight pass from segment to segment as a pytree (``Values.live``), and
     # become ``Values`` only for host steps: chunks follow each other without any.
     live: Any = {}
     values: Values | None = None
+    create_graph = graph_task.create_graph
     prev_grad_mode, prev_task = _grad_state.enabled, current_task.graph_task
     _grad_state.enabled = create_graph
     current_task.graph_task = graph_task  # so hooks can queue_callback
@@ -188,58 +167,29 @@ def run_program(program: Program, walk: Walk, graph_task: Any, roots: list[Tenso
         for item in program.items:
             if type(item) is Step:  # a host step: the eager engine's node (or its pre-hooks) on concrete values
                 if values is None:
-                    values = Values.from_live(live)
-                run_on_host(steps, item, nodes[item.pos], values, walk.flat)
-                for i, grad in values.captures.items():
-                    captured[i] = grad
-                values.captures.clear()
-                continue
-            if values is not None:
-                live, values = values.live(), None
-            live, grads, captures, retained = _run_segment(item, walk, live, roots, create_graph, program.create_graph)
-            for (pos, nr), grad in retained.items():
-                retain = (nodes[pos]._retains_grad_hooks or {}).get(nr)
-                if retain is not None:
-                    retain(grad)
+                    values = Values(live)
+                run_on_host(steps, item, nodes[item.pos], values, walk.flat[starts[item.pos]:starts[item.pos + 1]])
+                captures, values.captures = values.captures, {}
+            else:
+                if values is not None:
+                    live, values = values.live(), None
+                live, grads, captures, retained = _run_segment(item, walk, live, roots, create_graph, program.create_graph)
+                for (pos, nr), grad in retained.items():
+                    retain = (nodes[pos]._retains_grad_hooks or {}).get(nr)
+                    if retain is not None:
+                        retain(grad)
+                for step in item.leaf_steps:
+                    if step.leaf_slot in grads:
+                        run_post_accumulate_grad_hooks(nodes[step.pos].variable)  # type: ignore[attr-defined]
             for i, grad in captures.items():
                 captured[i] = grad
-            for step in item.leaf_steps:
-                if step.leaf_slot in grads:
-                    run_post_accumulate_grad_hooks(nodes[step.pos].variable)  # type: ignore[attr-defined]
     finally:
         _grad_state.enabled = prev_grad_mode
         current_task.graph_task = prev_task
-    if not keep_graph:
+    if not graph_task.keep_graph:
         for pos in program.released:
             nodes[pos].release_variables()
     graph_task.exec_post_processing()
-    return captured
-
-
-# -- misses, fallbacks, recompile reasons --------------------------------------------
-
-
-def hit_task(root_edges: list[Edge], root_grads: list[Tensor], keep_graph: bool, create_graph: bool) -> GraphTask:
-    """``engine.prepare`` for a call without ``inputs``, less the dependency count: a hit does not read it."""
-    _devices.initialize_device_threads_pool(engine.thread_main)
-    validate_outputs(root_edges, root_grads)
-    tls = _tls
-    if tls.local_ready_queue is None:
-        tls.local_ready_queue = ReadyQueue()
-    reentrant = tls.worker_device != NO_DEVICE
-    graph_task = GraphTask(
-        keep_graph, create_graph, tls.total_depth + 1 if reentrant else 0, tls.local_ready_queue,
-        [e.node for e in root_edges if e.node is not None],  # root edges always lead to a node
-    )
-    parent = current_task.graph_task if reentrant else None
-    if tls.multithreading_enabled and (parent is None or parent.device_queues):
-        graph_task.device_queues = _devices.queues
-    return graph_task
-
-
-def run_and_record(program: Program, walk: Walk, graph_task: Any, root_grads: list[Tensor], keep_graph: bool,
-                    create_graph: bool, n_captured: int, start: float, hit: bool) -> list[Tensor | None]:
-    captured = run_program(program, walk, graph_task, list(root_grads), keep_graph, create_graph, n_captured)
     if profiler.is_active():  # one span per compiled backward (the profiler's node timer never runs here)
         profiler.record(
             "CompiledBackward", start, time.perf_counter(), cache="hit" if hit else "miss", compile_seconds=walk.compile_seconds

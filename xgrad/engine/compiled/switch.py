@@ -139,7 +139,33 @@ class enable:
         state.enabled, state.fallback = self.prev
 
 
-class PureHook:
+class _MarkedHook:
+    """A hook wrapped in a mark that says where it runs; programs are keyed by it, so marking the same function
+    again must not recompile (equal, same hash)."""
+
+    __slots__ = ("__wrapped__", "fn")
+    mark = ""  # the function that makes it
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        if not callable(fn):
+            raise TypeError(f"{self.mark} expects a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.__wrapped__ = fn  # inspect.signature (hook arity checks) sees the function's own
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.fn is self.fn  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self.fn)
+
+    def __repr__(self) -> str:
+        return f"{self.mark}({self.fn!r})"
+
+
+class PureHook(_MarkedHook):
     """A hook marked traceable and free of side effects (see ``pure_hook``).
 
     >>> from xgrad.autograd.compiled import PureHook, pure_hook
@@ -149,26 +175,8 @@ class PureHook:
     (True, True)
     """
 
-    __slots__ = ("__wrapped__", "fn")
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        if not callable(fn):
-            raise TypeError(f"pure_hook expects a callable, got {type(fn).__name__}")
-        self.fn = fn
-        self.__wrapped__ = fn  # inspect.signature (hook arity checks) sees the function's own
-
-    def __call__(self, *args: Any) -> Any:
-        return self.fn(*args)
-
-    # Programs are keyed by the hook: wrapping the same function again must not recompile.
-    def __eq__(self, other: object) -> bool:
-        return type(other) is PureHook and other.fn is self.fn
-
-    def __hash__(self) -> int:
-        return hash(self.fn)
-
-    def __repr__(self) -> str:
-        return f"pure_hook({self.fn!r})"
+    __slots__ = ()
+    mark = "pure_hook"
 
 
 def pure_hook(fn: Callable[..., Any]) -> PureHook:
@@ -188,7 +196,7 @@ def pure_hook(fn: Callable[..., Any]) -> PureHook:
     return fn if isinstance(fn, PureHook) else PureHook(fn)
 
 
-class HostHook:
+class HostHook(_MarkedHook):
     """A hook marked to run on the host at every call of ``xgrad.compile`` (see ``host_hook``).
 
     >>> from xgrad.autograd.compiled import HostHook, host_hook
@@ -198,25 +206,8 @@ class HostHook:
     (True, True)
     """
 
-    __slots__ = ("__wrapped__", "fn")
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        if not callable(fn):
-            raise TypeError(f"host_hook expects a callable, got {type(fn).__name__}")
-        self.fn = fn
-        self.__wrapped__ = fn
-
-    def __call__(self, *args: Any) -> Any:
-        return self.fn(*args)
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is HostHook and other.fn is self.fn
-
-    def __hash__(self) -> int:
-        return hash(self.fn)
-
-    def __repr__(self) -> str:
-        return f"host_hook({self.fn!r})"
+    __slots__ = ()
+    mark = "host_hook"
 
 
 def host_hook(fn: Callable[..., Any]) -> HostHook:
