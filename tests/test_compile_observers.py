@@ -314,3 +314,109 @@ def test_hooks_run_without_grad_mode_as_in_eagers_backward():
     assert log == [(False, False)] * STEPS
     assert c_log == log
     assert_same(c_final, final)
+
+
+@pytest.mark.parametrize("action", ["replace", "raise"])
+def test_a_hook_that_departs_at_the_variants_first_call_gets_eagers_results(action):
+    """The second call traces the observer variant and runs it first; a hook departing there runs the exact program."""
+
+    def body(mode):
+        w, b, step = setup(mode)
+        calls = []
+
+        def hook(g):
+            calls.append(g.numpy().copy())
+            if len(calls) != 2:
+                return None
+            if action == "raise":
+                raise ValueError("bad gradient at call 2")
+            return g * 3
+
+        w.register_hook(hook)
+        outcomes = []
+        for i in range(STEPS):
+            try:
+                outcomes.append(step(xgrad.tensor(X * (1 + i))).item())
+            except ValueError as exc:
+                outcomes.append(str(exc))
+            outcomes.append(state(w, b))
+        return calls, outcomes
+
+    (calls, outcomes), (c_calls, c_outcomes) = run_both(body)
+    assert len(c_calls) == len(calls) == STEPS
+    for got, expected in zip(c_calls, calls, strict=True):
+        assert_close(got, expected)
+    for got, expected in zip(c_outcomes, outcomes, strict=True):
+        if isinstance(expected, str):
+            assert got == expected
+        elif isinstance(expected, float):
+            assert got == pytest.approx(expected, rel=RTOL, abs=ATOL)
+        else:
+            assert_same(got, expected)
+    assert (outcomes[2] == "bad gradient at call 2") == (action == "raise")
+
+
+def test_a_hook_added_then_removed_or_removed_twice_keeps_the_program_and_eagers_results():
+    """The hook dicts' guard (their versions, then their keys): hooks that end as they were fail no guard; a hook
+    added for good fails it, and the step traces again with it."""
+
+    def body(mode):
+        w, b, step = setup(mode)
+        log = []
+        w.register_hook(lambda g: log.append(("w", g.numpy().copy())))
+        stats = []
+        for i in range(STEPS + 1):
+            if i == 2:
+                w.register_hook(lambda g: log.append(("gone", None))).remove()
+                handle = b.register_hook(lambda g: log.append(("gone", None)))
+                handle.remove()
+                handle.remove()
+            if i == 4:
+                b.register_hook(lambda g: log.append(("b", g.numpy().copy())))
+            step(xgrad.tensor(X * (1 + i)))
+            if mode == "compile":
+                stats.append((step.stats()["compiles"], step.stats()["variants"]))
+        return log, state(w, b), stats
+
+    (log, final, _), (c_log, c_final, c_stats) = run_both(body)
+    assert [name for name, _ in c_log] == [name for name, _ in log] == ["w"] * 4 + ["b", "w"] * 2
+    for (_, got), (_, expected) in zip(c_log, log, strict=True):
+        assert_close(got, expected)
+    assert_same(c_final, final)
+    # Traced once, its variant at the second call; again only once b's hook stays (the fifth call).
+    assert c_stats == [(1, 0), (1, 1), (1, 1), (1, 1), (2, 1), (2, 2)], c_stats
+
+
+def test_a_learned_calls_keywords_serve_only_a_call_with_equal_values_of_the_same_types(monkeypatch):
+    """NOTE [Hook ops in the program]: ``keepdim=1`` equals the learned ``keepdim=True`` but is another value: the
+    call runs (binds its op), with eager's result, and the learned one is served again after it."""
+    from xgrad.ops import registry
+
+    bound = []
+    bind = registry.bind
+
+    def counting(prim, args, params):
+        bound.append(prim.name)
+        return bind(prim, args, params)
+
+    keepdim = [True]
+
+    def body(mode):
+        w, b, step = setup(mode)
+        log = []
+        w.register_hook(lambda g: log.append(g.sum(dim=0, keepdim=keepdim[0]).numpy()))
+        counts = []
+        for i in range(STEPS):
+            keepdim[0] = 1 if i == 3 else True
+            bound.clear()
+            monkeypatch.setattr(registry, "bind", counting)
+            step(xgrad.tensor(X * (1 + i)))
+            monkeypatch.setattr(registry, "bind", bind)
+            counts.append(list(bound))
+        return log, counts
+
+    (log, _), (c_log, c_counts) = run_both(body)
+    for got, expected in zip(c_log, log, strict=True):
+        assert got.shape == expected.shape == (1, 2)
+        assert_close(got, expected)
+    assert c_counts[2] == c_counts[4] == [] and c_counts[3] == ["sum"], c_counts

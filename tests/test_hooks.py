@@ -628,3 +628,37 @@ def test_a_tensor_hook_runs_with_grad_mode_off():
     for _ in range(3):  # in a step: the exact program's host call, then the observer variant
         (w * w).sum().backward()
     assert seen == [(False, False)] * 3
+
+
+def test_a_hook_dicts_version_names_one_state_of_one_dict():
+    """A compiled step's guard takes an equal ``HookDict.version`` for the same hooks: every change, by a handle
+    or by the dict's own methods, and every copy (pickled too) gets a version no dict had before."""
+    import copy
+    import pickle
+
+    x = leaf(X0)
+    seen = []
+
+    def version(hooks):
+        seen.append(hooks.version)
+        return hooks.version
+
+    first = x.register_hook(lambda g: None)
+    hooks = x._backward_hooks
+    before = version(hooks)
+    second = x.register_hook(lambda g: None)
+    version(hooks)
+    second.remove()
+    version(hooks)
+    second.remove()  # removed twice: the dict is as it was, and its version still one of its own
+    assert list(hooks) == [first.id] and version(hooks) != before
+    for change in (
+        lambda h: h.update({-1: lambda g: None}), lambda h: h.setdefault(-2, lambda g: None), lambda h: h.pop(-2),
+        lambda h: h.popitem(), lambda h: h.__delitem__(first.id), lambda h: h.__ior__({-3: None}), lambda h: h.clear(),
+    ):
+        change(hooks)
+        version(hooks)
+    for made in (copy.copy(hooks), copy.deepcopy(hooks), pickle.loads(pickle.dumps(hooks))):
+        assert type(made) is type(hooks) and made == hooks
+        version(made)
+    assert len(set(seen)) == len(seen), seen

@@ -243,12 +243,12 @@ class ServedPlan:
     def __init__(self, plans: list[HookPlan | None]) -> None:
         one: dict[int, list[tuple[Primitive, dict[str, Any], Any]]] = {}
         self.many: list[Planned] = []
-        calls: dict[int, list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], int]]] = {}
+        calls: dict[int, list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any, int]]] = {}
         for plan in plans:
             if plan is None:
                 continue
             for fn, spec, kw, made in plan.calls:
-                calls.setdefault(spec[0], []).append((fn, spec, dict(kw), made))
+                calls.setdefault(spec[0], []).append((fn, spec, dict(kw), _plain_keywords(kw), made))
             for op in plan.ops:
                 (prim, params), where, _, result = op
                 if isinstance(where, int):
@@ -265,24 +265,33 @@ class Served:
     Its tables are keyed by the ids of arrays that ``outs`` (held here) or the plans keep
     alive while it serves: an op of one input by that input's id alone, then its
     primitive and params compared; the others by (primitive, params, their inputs' ids).
+    The ops' tables are made at the first op that reaches ``bind``: a hook whose ops are
+    all served whole (``op_call``) reads only the calls' table.
     """
 
-    __slots__ = ("_calls", "_many", "_one", "_outs")
+    __slots__ = ("_calls", "_many", "_one", "_outs", "_plan")
 
     def __init__(self, outs: Any, plan: ServedPlan) -> None:
         self._outs = outs
+        self._plan = plan
         self._calls = {id(outs[position]): found for position, found in plan.calls}
-        self._one = {id(outs[position]): ops for position, ops in plan.one}
+        self._one: dict[int, Any] | None = None
         self._many: dict[tuple[Any, ...], Any] = {}
+
+    def _make_op_tables(self) -> dict[int, Any]:
+        outs, plan = self._outs, self._plan
         for head, where, constants, result in plan.many:
             assert not isinstance(where, int)  # one input, an output: in ``one``
             key = (*head, *[id(outs[i]) if i >= 0 else id(constants[~i]) for i in where])
             self._many[key] = result
+        self._one = {id(outs[position]): ops for position, ops in plan.one}
+        return self._one
 
     def __call__(self, prim: Primitive, arrays: list[Any], params: dict[str, Any]) -> Any:
+        one = self._one if self._one is not None else self._make_op_tables()
         result = None
         if len(arrays) == 1:
-            for planned_prim, planned_params, at in self._one.get(id(arrays[0]), ()):
+            for planned_prim, planned_params, at in one.get(id(arrays[0]), ()):
                 try:
                     same = planned_prim is prim and planned_params == params
                 except (TypeError, ValueError):  # params holding arrays: never learned
@@ -303,22 +312,44 @@ class Served:
     def op_call(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """An op's front-end call (``OP_CALL``): a new Tensor of its served result if it was learned whole, else run."""
         if args and type(args[0]) is Tensor:
-            found = self._calls.get(id(args[0]._array))
-            if found is not None:
-                for planned_fn, spec, kw, made in found:
-                    if planned_fn is fn and self._same_call(args, kwargs, spec, kw):
-                        return Tensor(self._outs[made])
+            first = args[0]
+            # Found by its array's id: the very output that the learned calls' first argument held (``outs`` keeps it).
+            found = self._calls.get(id(first._array))
+            if found is not None and first.grad_fn is None and not first._requires_grad:
+                for planned_fn, spec, kw, plain_kw, made in found:
+                    if (
+                        planned_fn is fn and len(spec) == len(args) and (len(args) == 1 or self._same_rest(args, spec))
+                        and _same_keywords(kwargs, kw, plain_kw)
+                    ):
+                        # NOTE [Op outputs made without the type's call] in xgrad/tensor/core.py
+                        return Tensor._fill(object.__new__(Tensor), self._outs[made])
         return fn(*args, **kwargs)
 
-    def _same_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], spec: tuple[Any, ...], kw: dict[str, Any]) -> bool:
-        """Whether ``args`` and ``kwargs`` are a learned call's: its outputs' Tensors, plain values equal to its."""
-        if len(spec) != len(args) or len(kw) != len(kwargs):
-            return False
+    def _same_rest(self, args: tuple[Any, ...], spec: tuple[Any, ...]) -> bool:
+        """Whether the arguments after the first are a learned call's: its outputs' Tensors, plain values equal to its."""
         outs = self._outs
-        for a, where in zip(args, spec, strict=True):
+        for a, where in zip(args[1:], spec[1:], strict=True):
             if type(where) is int:
                 if not (type(a) is Tensor and a._array is outs[where] and a.grad_fn is None and not a._requires_grad):
                     return False
             elif _value_key(a) != where[1]:
                 return False
-        return not kw or all(name in kwargs and _value_key(kwargs[name]) == key for name, key in kw.items())
+        return True
+
+
+def _same_keywords(kwargs: dict[str, Any], kw: dict[str, Any], plain_kw: Any) -> bool:
+    """Whether ``kwargs`` are a learned call's (``kw``: their value keys by name); ``plain_kw``: ``_plain_keywords``,
+    with which they are compared whole where it is not ``None``."""
+    if plain_kw is not None:
+        values, names, types = plain_kw
+        return kwargs == values and tuple(kwargs) == names and tuple(map(type, kwargs.values())) == types
+    return len(kw) == len(kwargs) and all(name in kwargs and _value_key(kwargs[name]) == key for name, key in kw.items())
+
+
+def _plain_keywords(kw: tuple[tuple[str, Any], ...]) -> tuple[dict[str, Any], tuple[str, ...], tuple[type, ...]] | None:
+    """A learned call's keywords (``_value_key``s, in the call's order) as their values, their names and their types
+    in that order: a call whose keywords come in that order, equal and of those types, has their value keys (one in
+    another order runs). ``None`` where a value is a tuple, whose elements' types only ``_value_key`` reads."""
+    if any(key[0] is tuple for _, key in kw):
+        return None
+    return {name: key[1] for name, key in kw}, tuple(name for name, _ in kw), tuple(key[0] for _, key in kw)

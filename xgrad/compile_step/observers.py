@@ -130,7 +130,8 @@ class Observer:
         caller has made it the current one (``current_task.graph_task``) if ``in_backward``,
         else none.
         """
-        tensors = [Tensor(outs[i]) for i in self.outputs]
+        # As ``Tensor(array)``, without the type's call (NOTE [Op outputs made without the type's call]).
+        tensors = [Tensor._fill(object.__new__(Tensor), outs[i]) for i in self.outputs]
         try:
             result = self.fn(*tensors) if self.flat else self.fn(*jax.tree_util.tree_unflatten(self.tree, tensors))
         except BaseException as exc:  # the user's, whatever it is: the exact program raises it again

@@ -36,7 +36,8 @@ from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.signature import (
     LastCall,
     guard_entry,
-    leaf_hook_ids,
+    hook_ids_hold,
+    leaf_hook_versions,
     same_shape,
     signature_of,
 )
@@ -93,7 +94,7 @@ class Entry:
     in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``donating_program``)
     # A tensor's weak reference, the aval that last passed, its shape and dtype; for plain state (a leaf with
     # no hooks, its .grad not read: parameters, optimizer state, buffers) then its requires_grad, the others
-    # go on with whether their .grad was read and the rest of ``expected_guard``.
+    # go on with whether their .grad was read, the rest of ``expected_guard`` and their hook dicts' versions.
     plain_guards: list[list[Any]]
     guards: list[list[Any]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
@@ -418,7 +419,7 @@ def _plain_guards_hold(entry: Entry) -> bool:
 def _guards_with_history_hold(entry: Entry) -> bool:
     """The other guards: history, the ``.grad`` read, hooks."""
     for guard in entry.guards:
-        ref, _, _, _, grad_read, grad_fn, requires_grad, grad_shape, hooks = guard
+        ref, _, _, _, grad_read, grad_fn, requires_grad, grad_shape, _, hook_versions = guard
         t = ref()
         if t is None or t.grad_fn is not grad_fn or t._requires_grad != requires_grad:
             return False
@@ -426,7 +427,7 @@ def _guards_with_history_hold(entry: Entry) -> bool:
             g = t._grad
             if (None if g is None else g._array.shape) != grad_shape:
                 return False
-        if leaf_hook_ids(t) != hooks:
+        if leaf_hook_versions(t) != hook_versions and not hook_ids_hold(guard, t):
             return False
         found_aval = t._array.aval
         if found_aval is not guard[1] and not same_shape(guard, found_aval):

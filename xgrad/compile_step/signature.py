@@ -5,6 +5,7 @@ NOTE [The hit path] (below) and NOTE [Whole-step compile], 3, in ``__init__``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -16,8 +17,8 @@ from xgrad.tensor import Tensor
 from xgrad.tensor.hook_kinds import LEAF_KINDS, leaf_has_hooks
 
 __all__ = [
-    "LastCall", "aliases", "expected_guard", "guard", "guard_entry", "leaf_hook_ids", "leaf_key", "plain_argument",
-    "same_shape", "signature_of",
+    "LastCall", "aliases", "expected_guard", "guard", "guard_entry", "hook_ids_hold", "leaf_hook_ids",
+    "leaf_hook_versions", "leaf_key", "plain_argument", "same_shape", "signature_of",
 ]
 
 # A step's state is guarded on its hooks of each kind a leaf keeps (NOTE [Hook kinds]).
@@ -27,6 +28,21 @@ _LEAF_SLOTS: tuple[str, ...] = tuple(kind.leaf_slot for kind in LEAF_KINDS)  # t
 def leaf_hook_ids(t: Tensor) -> tuple[tuple[int, ...], ...]:
     """The ids of ``t``'s hooks (their handles'), per kind in ``LEAF_KINDS``."""
     return tuple(tuple(getattr(t, slot) or ()) for slot in _LEAF_SLOTS)
+
+
+def _versions_reader(slots: tuple[str, ...]) -> Callable[[Tensor], tuple[int | None, ...]]:
+    """``t -> (t.<slot 0>'s version or None, ...)``, built once from the table as the inline tuple: the hit path
+    reads it of every hooked state tensor (a loop over the slots costs twice as much)."""
+    if not all(slot.isidentifier() for slot in slots):
+        raise ValueError(f"hook slots must be attribute names, got {slots!r}")
+    items = "".join(f"None if t.{slot} is None else t.{slot}.version, " for slot in slots)
+    read: Callable[[Tensor], tuple[int | None, ...]] = eval(f"lambda t: ({items})")
+    return read
+
+
+#: The versions of a tensor's hook dicts (``None``: none), per kind in ``LEAF_KINDS``: equal, the same hooks
+#: (``HookDict.version``).
+leaf_hook_versions = _versions_reader(_LEAF_SLOTS)
 
 
 def leaf_key(leaf: Any) -> Any:
@@ -59,11 +75,22 @@ def expected_guard(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
 def guard_entry(ref: Any, grad_read: bool) -> list[Any]:
     """A guard as ``_guards_hold`` reads it: ``[ref, aval, shape, dtype, requires_grad]`` for a leaf without hooks
     whose ``.grad`` was not read (``Entry.plain_guards``), with ``grad_read`` and the rest of ``expected_guard`` after
-    ``dtype`` for the others (``Entry.guards``)."""
-    shape, dtype, grad_fn, requires_grad, grad_shape, hooks = expected_guard(ref(), grad_read)
+    ``dtype`` for the others (``Entry.guards``), then its hook dicts' versions (``leaf_hook_versions``), which
+    ``_guards_with_history_hold`` compares before the hooks."""
+    t = ref()
+    shape, dtype, grad_fn, requires_grad, grad_shape, hooks = expected_guard(t, grad_read)
     if not grad_read and grad_fn is None and not any(hooks):
         return [ref, None, shape, dtype, requires_grad]
-    return [ref, None, shape, dtype, grad_read, grad_fn, requires_grad, grad_shape, hooks]
+    return [ref, None, shape, dtype, grad_read, grad_fn, requires_grad, grad_shape, hooks, leaf_hook_versions(t)]
+
+
+def hook_ids_hold(guard: list[Any], t: Tensor) -> bool:
+    """Whether ``t`` has the hooks ``guard`` expects, its hook dicts' versions being others than last seen; if so
+    they are the ones compared next time (a hook added then removed fails no guard)."""
+    if leaf_hook_ids(t) != guard[8]:
+        return False
+    guard[9] = leaf_hook_versions(t)
+    return True
 
 
 def aliases(leaves: list[Any]) -> tuple[int, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Self
 
 from xgrad import step_trace
 from xgrad.tensor.hook_kinds import HookKind
@@ -42,18 +42,61 @@ class RemovableHandle:
         self.remove()
 
 
+#: Each ``HookDict``'s ``version`` is the next of these: no two states of any two dicts share one.
+_versions = itertools.count()
+
+
 class HookDict(dict):  # type: ignore[type-arg]
     """An insertion-ordered dict of hooks of one ``kind`` (NOTE [Hook kinds]) that a weak reference can point at.
 
     A route given the dict (a step being traced wraps each hook it runs) reads from
-    ``kind`` what the hook's result means.
+    ``kind`` what the hook's result means. ``version`` changes with every change of its
+    keys, to a number no other dict or state of one had: a dict whose version is one seen
+    before holds the hooks it held then (a compiled step's guard compares it, not the keys).
     """
 
-    __slots__ = ("__weakref__", "kind")
+    __slots__ = ("__weakref__", "kind", "version")
 
     def __init__(self, kind: HookKind, items: Iterable[tuple[int, Any]] = ()) -> None:
         super().__init__(items)
         self.kind = kind
+        self.version = next(_versions)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A copy (or an unpickled one, from another process's count) takes a version of its own.
+        return type(self), (self.kind, list(self.items()))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.version = next(_versions)
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(key)
+        self.version = next(_versions)
+
+    def __ior__(self, other: Any) -> Self:  # type: ignore[misc]  # as typeshed's own dict.__ior__ (wider than __or__)
+        self.update(other)
+        return self
+
+    def pop(self, *args: Any) -> Any:
+        self.version = next(_versions)  # before: a missing key without a default raises
+        return super().pop(*args)
+
+    def popitem(self) -> Any:
+        self.version = next(_versions)
+        return super().popitem()
+
+    def clear(self) -> None:
+        super().clear()
+        self.version = next(_versions)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        self.version = next(_versions)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self.version = next(_versions)
+        return super().setdefault(key, default)
 
 
 def add_hook(hooks: HookDict, fn: Any, owner: Any) -> RemovableHandle:
