@@ -330,14 +330,8 @@ def trace_in(rec: Any, fn: Any, args: tuple[Any, ...], post_accumulate: bool = F
     under a plain JAX transformation, where nothing guards it and a hook reading a value
     that can change is not traced in.
     """
-    try:
-        reads = Reads()
-        reads.hook(fn, args)
-        read = None if rec is not None else next((g for g in reads.guards if _changeable(g)), None)
-        if read is not None:
-            raise Impure(f"it reads {read[1] or read[2]!r}, which a plain JAX trace cannot check")
-    except Impure as exc:
-        logger.debug("hook %r runs on the host: %s", fn, exc)
+    reads = _screened(rec, fn, args)
+    if reads is None:
         return False, None
     tensors = [t for t in jax.tree_util.tree_leaves(args, is_leaf=is_tensor) if isinstance(t, Tensor)]
     if rec is not None:
@@ -360,12 +354,31 @@ def trace_in(rec: Any, fn: Any, args: tuple[Any, ...], post_accumulate: bool = F
     logger.debug("hook %r runs on the host: %s", fn, why)
     Reads.restore(changed)
     if rec is not None:
-        for name, n in zip(_RECORDS, lengths, strict=True):
-            del getattr(rec, name)[n:]
-        for key, snap in rec.snapshots.items():
-            t = snap.ref()
-            if key not in snapshotted and t is not None:
-                snap.restore(t)
+        _undo_records(rec, lengths, snapshotted)
     for t, snap in zip(tensors, before, strict=True):
         snap.restore(t)
     return False, None
+
+
+def _screened(rec: Any, fn: Any, args: tuple[Any, ...]) -> Reads | None:
+    """What ``fn`` reads, or ``None`` (logged) when its code rules out tracing it in."""
+    try:
+        reads = Reads()
+        reads.hook(fn, args)
+        read = None if rec is not None else next((g for g in reads.guards if _changeable(g)), None)
+        if read is not None:
+            raise Impure(f"it reads {read[1] or read[2]!r}, which a plain JAX trace cannot check")
+    except Impure as exc:
+        logger.debug("hook %r runs on the host: %s", fn, exc)
+        return None
+    return reads
+
+
+def _undo_records(rec: Any, lengths: list[int], snapshotted: set[Any]) -> None:
+    """Drop what a trial call added to the step's records, and give back the tensors it snapshotted first."""
+    for name, n in zip(_RECORDS, lengths, strict=True):
+        del getattr(rec, name)[n:]
+    for key, snap in rec.snapshots.items():
+        t = snap.ref()
+        if key not in snapshotted and t is not None:
+            snap.restore(t)
