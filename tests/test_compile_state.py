@@ -370,3 +370,160 @@ def test_hyperparameters_set_between_calls_are_one_program_input_and_never_recom
     # Parameters, Adam's two moments of each, the group's one step counter, its hyperparameters, the batch.
     params = list(model.parameters())
     assert len(jax.tree.leaves(step.lower(XS[0]).args_info)) == 3 * len(params) + 3
+
+
+# -- parameter-group entries read and set in the step -------------------------------------
+GROUP_MODES = ["eager", "compiled backward", "xgrad.compile"]
+X_GROUP = np.array([[1.0, -2.0, 0.5], [0.3, 0.2, -1.0], [2.0, 1.0, 1.0], [-0.5, 0.4, 0.1]])
+
+
+def numpy_sgd(weight, bias, steps):
+    """The weights after plain SGD steps on ``loss = scale * sum((x @ w.T + b) ** 2)``, one per
+    ``(scale, lr, maximize)`` in ``steps``, computed by hand: the independent reference."""
+    weights = []
+    for scale, lr, maximize in steps:
+        y = X_GROUP @ weight.T + bias
+        sign = 1.0 if maximize else -1.0
+        weight = weight + sign * lr * scale * 2 * y.T @ X_GROUP
+        bias = bias + sign * lr * scale * 2 * y.sum(0)
+        weights.append(np.concatenate([weight.ravel(), bias]))
+    return weights
+
+
+def group_step(mode, body, scheduler=None):
+    """A Linear layer, its SGD and a step running ``body(group, loss) -> loss`` after backward's loss is made
+    and before ``opt.step()`` (and ``scheduler(opt)``'s ``step()`` where ``scheduler`` says)."""
+    xgrad.manual_seed(0)
+    model = nn.Linear(3, 2).to(jnp.float64)
+    opt = xgrad.optim.SGD(model.parameters(), lr=0.1)
+    sched = None if scheduler is None else xgrad.optim.lr_scheduler.ExponentialLR(opt, gamma=0.5)
+    group = opt.param_groups[0]
+    x = xgrad.tensor(X_GROUP)
+
+    def step():
+        opt.zero_grad()
+        loss = body(group, model(x).pow(2).sum())
+        loss.backward(compiled=mode == "compiled backward")
+        if scheduler == "before opt.step":
+            sched.step()
+        opt.step()
+        if scheduler == "after opt.step":
+            sched.step()
+        return loss
+
+    start = (model.weight.detach().numpy(), model.bias.detach().numpy())
+    run = xgrad.compile(step, fallback="error") if mode == "xgrad.compile" else step
+    return run, group, lambda: np.concatenate([model.weight.detach().numpy().ravel(), model.bias.detach().numpy()]), start
+
+
+@pytest.mark.parametrize("mode", GROUP_MODES)
+def test_a_rate_halved_in_the_step_halves_it_at_every_call(mode):
+    """``g["lr"] = g["lr"] * 0.5`` in the step: each call reads the rate the last one left, as eagerly
+    (a compiled step traces again for the new rate it reads), and the group holds it after every call."""
+
+    def halve(group, loss):
+        group["lr"] = group["lr"] * 0.5
+        return loss
+
+    run, group, weights, start = group_step(mode, halve)
+    expected = numpy_sgd(*start, [(1.0, 0.1 * 0.5 ** (k + 1), False) for k in range(4)])
+    for k in range(4):
+        run()
+        assert type(group["lr"]) is float and group["lr"] == 0.1 * 0.5 ** (k + 1)
+        np.testing.assert_allclose(weights(), expected[k], rtol=1e-10)
+    if mode == "xgrad.compile":
+        assert run.stats()["compiles"] == 4
+
+
+@pytest.mark.parametrize("mode", GROUP_MODES)
+def test_entries_read_in_the_step_and_set_between_calls_are_read_at_every_call(mode):
+    """A number (``loss * g["lr"]``) and a flag (``g.get("maximize")``, also the update's option) the step
+    reads, set by hand between calls, act at the next call as eagerly; a call that changed neither runs
+    the program it ran before."""
+
+    def scaled(group, loss):
+        loss = loss * group["lr"]
+        return -loss if group.get("maximize") else loss
+
+    run, group, weights, start = group_step(mode, scaled)
+    settings = [(0.1, False), (0.1, False), (0.3, False), (0.3, True), (0.05, True)]
+    expected = numpy_sgd(*start, [(-lr if maximize else lr, lr, maximize) for lr, maximize in settings])
+    for k, (lr, maximize) in enumerate(settings):
+        group["lr"], group["maximize"] = lr, maximize
+        run()
+        np.testing.assert_allclose(weights(), expected[k], rtol=1e-10)
+    if mode == "xgrad.compile":
+        assert run.stats()["compiles"] == 4 and run.stats()["hits"] == 1
+
+
+@pytest.mark.parametrize("scheduler", [None, "after opt.step", "before opt.step"])
+@pytest.mark.parametrize("mode", GROUP_MODES)
+def test_a_rate_set_in_the_step_is_the_groups_after_every_call(mode, scheduler):
+    """``g["lr"] = 0.05`` in the step, the rate set by hand to 1.0 between calls: every call steps with 0.05
+    (halved first by a scheduler stepped before ``opt.step()``) and leaves the group holding what eager
+    leaves; the scheduler's reads and sets of the rate on the host trace nothing again: one program."""
+
+    def set_rate(group, loss):
+        group["lr"] = 0.05
+        return loss
+
+    run, group, weights, start = group_step(mode, set_rate, scheduler)
+    lr = 0.025 if scheduler == "before opt.step" else 0.05
+    expected = numpy_sgd(*start, [(1.0, lr, False)] * 3)
+    for k in range(3):
+        run()
+        assert group["lr"] == (0.05 if scheduler is None else 0.025)
+        np.testing.assert_allclose(weights(), expected[k], rtol=1e-10)
+        group["lr"] = 1.0
+    if mode == "xgrad.compile":
+        assert run.stats()["compiles"] == 1
+
+
+def momentum_step(mode, after_step=lambda group: None):
+    """A Linear layer, its SGD with momentum and a step calling ``after_step(group)`` after ``opt.step()``."""
+    xgrad.manual_seed(0)
+    model = nn.Linear(3, 2).to(jnp.float64)
+    opt = xgrad.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x = xgrad.tensor(X_GROUP)
+
+    def step():
+        opt.zero_grad()
+        model(x).pow(2).sum().backward(compiled=mode == "compiled backward")
+        opt.step()
+        after_step(opt.param_groups[0])
+
+    run = xgrad.compile(step, fallback="error") if mode == "xgrad.compile" else step
+    return run, opt.param_groups[0], lambda: [p.detach().numpy() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("mode", GROUP_MODES)
+def test_the_updates_options_set_between_calls_choose_its_code_at_the_next_call(mode):
+    """``nesterov`` and ``maximize``, which the update takes as code choices, set by hand between calls change
+    the next call's update as eagerly; setting one to the value it holds traces nothing again."""
+    eager_run, eager_group, eager_weights = momentum_step("eager")
+    run, group, weights = momentum_step(mode)
+    for nesterov, maximize in [(False, False), (False, False), (True, False), (True, True)]:
+        for g in (group, eager_group):
+            g["nesterov"], g["maximize"] = nesterov, maximize
+        run()
+        eager_run()
+        assert_same(weights(), eager_weights())
+    if mode == "xgrad.compile":
+        assert run.stats()["compiles"] == 3
+
+
+@pytest.mark.parametrize("mode", GROUP_MODES)
+def test_an_option_set_in_the_step_after_its_update_chooses_the_next_calls_update(mode):
+    """``g["nesterov"] = True`` after ``opt.step()``: the first call's update is plain momentum, the next ones
+    Nesterov's, as eagerly, and the group holds the flag after every call."""
+
+    def to_nesterov(group):
+        group["nesterov"] = True
+
+    eager_run, eager_group, eager_weights = momentum_step("eager", to_nesterov)
+    run, group, weights = momentum_step(mode, to_nesterov)
+    for _ in range(3):
+        run()
+        eager_run()
+        assert group["nesterov"] is True
+        assert_same(weights(), eager_weights())

@@ -105,6 +105,13 @@ class StepTrace:
         """``module`` is called: its mode is read, and its forward hooks and pre-hooks would run."""
         self.module_mode(module)
 
+    def entry_read(self, group: Any, key: str | None, value: Any) -> None:
+        """The step's own Python read ``group[key]`` (an optimizer's parameter group), ``value``; ``key`` ``None``: the
+        update read the entries that choose its code, ``value`` the group's ``options_version`` then."""
+
+    def entry_written(self, group: Any, key: str, value: Any) -> None:
+        """``group[key]`` (an optimizer's parameter group) is about to be set to ``value``."""
+
     def made(self, t: Any) -> None:
         """The tensor ``t`` was made while the step is traced (it is none of the step's state)."""
 

@@ -13,6 +13,7 @@ from xgrad.compile_step import printing
 from xgrad.compile_step.errors import MODULE_FORWARD_HOOKS, NotCompilable
 from xgrad.compile_step.host import TracedCallbacks, function_on_host, hook_in_step, state_on_host
 from xgrad.compile_step.recording import Check, Recorder
+from xgrad.compile_step.signature import set_entries
 from xgrad.compile_step.writeback import state_writes
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.node import AccumulateGrad, Node
@@ -61,7 +62,13 @@ class StepRecorder(Recorder):
             for t in state:
                 self.read(t)  # a program input even if nothing in the step read it before
                 self.write(t)
-            state_on_host(lambda: call(*args, **kwargs), state + [t for _, t in given], who=f"effect {call!r}")
+            entries = self.group_entries.flush()  # what the step set in parameter groups before it (a rate) it sees
+
+            def effect() -> None:
+                set_entries(entries)
+                call(*args, **kwargs)
+
+            state_on_host(effect, state + [t for _, t in given], who=f"effect {call!r}")
             return True
         # After the program: the Tensors it is given are outputs, and the trace keeps none of them.
         outputs = [(i, self.output(t._array)) for i, t in given]

@@ -35,6 +35,7 @@ from xgrad.compile_step.program_call import check_first, donating_program, finis
 from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.signature import (
     LastCall,
+    entries_hold,
     guard_entry,
     hook_ids_hold,
     leaf_hook_versions,
@@ -74,7 +75,7 @@ class Entry:
     __slots__ = (
         "aliased", "arg_tensor_slots", "check_first", "checks", "consts", "donated", "donated_outputs_of", "dropped_grads", "effects", "fast_writes", "flags", "fresh",
         "guards", "has_host_calls", "plain_guards", "in_order", "precheck", "tracks_fresh",
-        "hook_box", "hook_reads", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
+        "entry_reads", "entry_writes", "hook_box", "hook_reads", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
         "observing", "result_template", "result_tree", "returns_one_leaf", "writes",
     )
     aliased: list[Any]  # the sources sharing one array when traced: a tuple of weak references, else a list of targets
@@ -104,6 +105,10 @@ class Entry:
     has_host_calls: bool  # hooks or callbacks run from inside the program
     hook_box: Any  # its hooks' ``HookBox`` if an observer variant may stand in for it, else ``None``
     hook_reads: list[tuple[Any, Any, Any]]  # what its traced-in hooks read, compared every call (NOTE [Hooks traced in])
+    # The parameter-group entries its Python read, compared every call, and the ones it set, set again after every
+    # call (NOTE [Param groups in a compiled step]): (group, key, value), key ``None`` for the update's options.
+    entry_reads: list[tuple[Any, str | None, Any]]
+    entry_writes: list[tuple[Any, str, Any]]
     observers: list[Any]  # the observer variant's hooks, run after it in program order
     observing: Any  # the observer variant once traced (``_NO_VARIANT``: none can be), else ``None``
     inputs: list[tuple[int, Any]]
@@ -396,6 +401,7 @@ class CompiledFunction:
                     if t is not None:
                         snap.restore(t)
                 kept = remove_added_hooks(recorder)
+                recorder.group_entries.restore()
             if kept is not None:
                 raise NotCompilable(HOOK_KEPT, kept)
         return closed, found
@@ -439,6 +445,8 @@ def _modes_and_aliases_hold(entry: Entry, leaves: list[Any]) -> bool:
     """What traced-in hooks read, the modules' training modes, and the tensors that shared one array when traced."""
     if entry.hook_reads and not reads_hold(entry.hook_reads):  # NOTE [Hooks traced in]
         return False
+    if entry.entry_reads and not entries_hold(entry.entry_reads):  # NOTE [Param groups in a compiled step]
+        return False
     for ref, training in entry.modes:
         module = ref()
         if module is not None and module.training != training:
@@ -476,6 +484,8 @@ def _built_entry(
     entry.guards = [guard for guard in guards if len(guard) > 5]
     entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]
     entry.hook_reads = recorder.hook_reads
+    entry.entry_reads = list(recorder.group_entries.reads.values())
+    entry.entry_writes = recorder.group_entries.flush()
     entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
     consts: list[tuple[str, Any]] = []
     for c in closed.consts:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from xgrad.compile_step.signature import set_entries
 from xgrad.compile_step.writeback import (
     apply_final_writes,
     apply_writes,
@@ -151,6 +152,8 @@ def _raise_failed_check(entry: Entry, failed: Any, outs: Any, leaves: list[Any])
 def finish(entry: Entry, outs: Any, leaves: list[Any]) -> Any:
     """Write back a call's state and build its results."""
     apply_final_writes(entry.fast_writes, outs, leaves)
+    if entry.entry_writes:  # NOTE [Param groups in a compiled step]
+        set_entries(entry.entry_writes)
     for ref, training in entry.mode_writes:  # what ``train()``/``eval()`` in ``fn`` did
         module = ref()
         if module is not None:

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from xgrad import step_trace
+from xgrad.compile_step.signature import GroupEntries
 from xgrad.engine.node import _sequence
 from xgrad.step_trace import StepTrace
 from xgrad.tensor import Tensor
@@ -79,6 +80,8 @@ class Recorder(StepTrace):
         self.learned: list[Any] = []  # the ops each hook call ran last (NOTE [Hook ops in the program])
         # What the hooks traced in read, guards of the program (NOTE [Hooks traced in] in ``hook_purity.py``).
         self.hook_reads: list[tuple[Any, Any, Any]] = []
+        # The optimizer's parameter-group entries read and set (NOTE [Param groups in a compiled step] in ``signature.py``).
+        self.group_entries = GroupEntries()
         # id(a module call's ``BackwardHook``, or a leaf's post-accumulate hooks) of which a hook runs on the host:
         # the group's later hooks follow it there (``host.hook_in_step``).
         self.hosted_groups: set[int] = set()
@@ -147,6 +150,12 @@ class Recorder(StepTrace):
 
     def made(self, t: Tensor) -> None:
         self.born[id(t)] = weakref.ref(t)
+
+    def entry_read(self, group: Any, key: str | None, value: Any) -> None:
+        self.group_entries.read(group, key, value)
+
+    def entry_written(self, group: Any, key: str, value: Any) -> None:
+        self.group_entries.written(group, key, value)
 
     def module_mode(self, module: Any) -> None:
         if id(module) not in self.modes:

@@ -224,3 +224,106 @@ def same_shape(guard: list[Any], aval: Any) -> bool:
 def plain_argument(t: Tensor) -> bool:
     """A Tensor argument whose guard part of its key (``leaf_key``) is the plain one: compared without building it."""
     return t.grad_fn is None and not t._requires_grad and t._grad is None and not leaf_has_hooks(t)
+
+
+# NOTE [Param groups in a compiled step]
+# An optimizer's parameter group is a dict of plain Python that eager reads at every
+# call. Its numeric entries reach the update as one packed Tensor, a program input
+# (NOTE [PyTorch optimizers]); the rest is frozen where the trace reads it: an entry the
+# step's own code reads (``loss * g["lr"]``, ``if g["nesterov"]``) and the update's
+# options (static arguments). So the group reports them (``StepTrace.entry_read``) and
+# they become guards of the program (``Entry.entry_reads``), compared at every call: an
+# entry by identity, or by value for a number, a string or a tuple of numbers; the
+# options by the one number that counts their changes (``options_version``). A change
+# traces the step again (NOTE [Entries of one signature]). xgrad's own reads add none:
+# the update's go through the packed Tensor and a scheduler stepped in the step reads
+# and sets the rate on the host (its writes change no option). An entry read after the
+# step set it is the step's own value, not a guard. What the step sets to an entry that
+# is no Tensor (``g["lr"] = g["lr"] * 0.5``) is undone when the trace ends, so a second
+# trace of the call starts from the same group, and set again after every call
+# (``Entry.entry_writes``; before a host effect that follows, for a scheduler stepped in
+# the program to read), so the dict holds what eager leaves, and an option it changed
+# is counted (the next call traces for it); the packed Tensor gets the traced op's
+# value as any state does. A Tensor set stays as the trace left it.
+
+
+_BY_VALUE = (int, float, complex, str, type(None))
+
+
+def _same_entry(found: Any, value: Any) -> bool:
+    if found is value:
+        return True
+    if type(found) is not type(value):
+        return False
+    if type(value) is tuple:
+        return len(found) == len(value) and all(_same_entry(a, b) for a, b in zip(found, value, strict=True))
+    return type(value) in _BY_VALUE and bool(found == value)
+
+
+class GroupEntries:
+    """The parameter-group entries a trace read and set (NOTE [Param groups in a compiled step])."""
+
+    __slots__ = ("before", "reads", "set_in_trace", "writes")
+
+    def __init__(self) -> None:
+        # id(group) -> (group, its entries and ``options_version`` before the trace set one)
+        self.before: dict[int, tuple[Any, dict[str, Any], int]] = {}
+        self.reads: dict[tuple[int, str | None], tuple[Any, str | None, Any]] = {}
+        self.set_in_trace: dict[tuple[int, str], tuple[Any, str]] = {}  # the entries the trace set: undone at its end
+        self.writes: dict[tuple[int, str], tuple[Any, str, Any]] = {}  # the last value set since the last ``flush``
+
+    def read(self, group: Any, key: str | None, value: Any) -> None:
+        where = (id(group), key)
+        if where in self.reads or where in self.set_in_trace:
+            return
+        if key is None and id(group) in self.before:  # the options as they were before the trace set one
+            value = self.before[id(group)][2]
+        self.reads[where] = (group, key, value)
+
+    def written(self, group: Any, key: str, value: Any) -> None:
+        if id(group) not in self.before:
+            self.before[id(group)] = (group, dict(group), group.options_version)
+        if isinstance(value, Tensor):  # stays as the trace leaves it
+            self.writes.pop((id(group), key), None)
+            self.set_in_trace.pop((id(group), key), None)
+            return
+        self.writes[(id(group), key)] = (group, key, value)
+        self.set_in_trace[(id(group), key)] = (group, key)
+
+    def flush(self) -> list[tuple[Any, str, Any]]:
+        """The entries set since the last flush, to set at this point of every call (before a host effect that may read
+        them, then after the call), forgotten."""
+        writes = list(self.writes.values())
+        self.writes.clear()
+        return writes
+
+    def restore(self) -> None:
+        """Give the groups the entries the trace set, and their ``options_version``, from before it."""
+        for group, key in self.set_in_trace.values():
+            _, entries, version = self.before[id(group)]
+            if key in entries:
+                dict.__setitem__(group, key, entries[key])
+            else:
+                dict.pop(group, key, None)
+            group.options_version = version
+
+
+def set_entries(writes: list[tuple[Any, str, Any]]) -> None:
+    """Set again what a trace set in parameter groups (``GroupEntries.flush``): the dict entries, a changed option
+    counted; the packed hyperparameters are the program's to write."""
+    for group, key, value in writes:
+        group.set_entry(key, value)
+
+
+def entries_hold(reads: list[tuple[Any, str | None, Any]]) -> bool:
+    """Whether the group entries a program read hold what they held then (``Entry.entry_reads``)."""
+    for group, key, value in reads:
+        if key is None:
+            if group.options_version != value:
+                return False
+        elif not _same_entry(dict.get(group, key, _ABSENT), value):
+            return False
+    return True
+
+
+_ABSENT = object()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -41,6 +42,11 @@ from xgrad.tensor import Tensor
 # State kept in PyTorch's scalar type, not the parameter's dtype: counters, each a function of
 # itself and the group's hyperparameters only (NOTE [Shared counters]).
 _OWN_DTYPE = ("step", "mu_product")
+
+
+_ABSENT = object()
+#: The types of the entries an update takes as code choices (static arguments of its program), not numbers.
+_OPTION = (bool, str, type(None))
 
 
 def _is_number(value: Any) -> bool:
@@ -75,10 +81,30 @@ class _ParamGroup(dict):
         self._hyper = hyper
         self.hyper_tensor: Tensor | None = None
         self.hyper_layout: tuple[tuple[str, int, tuple[int, ...]], ...] = ()
+        # Counts the changes of the options, the entries an update takes as code choices (``nesterov``), which
+        # a compiled step checks by this one number (NOTE [Param groups in a compiled step] in compile_step).
+        self.options_version = 0
         self.update(entries)
 
+    def __getitem__(self, key: str) -> Any:
+        return self._read(key)
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        return self._read(key) if key in self else default
+
+    def _read(self, key: str) -> Any:
+        """``self[key]``, reported to a step being traced when the caller of ``[]`` or ``get`` is the step's own code."""
+        value = dict.__getitem__(self, key)
+        trace = step_trace.current()
+        if trace is not None and key != "params" and not _library_frame(sys._getframe(2)):
+            trace.entry_read(self, key, value)
+        return value
+
     def __setitem__(self, key: str, value: Any) -> None:
-        super().__setitem__(key, value)
+        trace = step_trace.current()
+        if trace is not None:
+            trace.entry_written(self, key, value)
+        self.set_entry(key, value)
         if key not in self._hyper:
             return
         if not (_is_number(value) or isinstance(value, Tensor) or isinstance(value, tuple) and all(map(_is_number, value))):
@@ -99,6 +125,15 @@ class _ParamGroup(dict):
             array = array_of(tensor).at[start:stop].set(piece.reshape(-1))
         _writing([tensor])
         tensor._array = array
+
+    def set_entry(self, key: str, value: Any) -> None:
+        """Set ``key`` in the dict alone, counting a changed option; a packed slot stays (a compiled step's program
+        writes it)."""
+        old = dict.get(self, key, _ABSENT)
+        dict.__setitem__(self, key, value)
+        if key not in self._hyper and (isinstance(old, _OPTION) or isinstance(value, _OPTION)):
+            if not (type(old) is type(value) and old == value):
+                self.options_version += 1
 
     def _pack(self) -> None:
         """Lay the entries out anew, packed from their values (a new Tensor if the length changed)."""
@@ -138,6 +173,12 @@ class _ParamGroup(dict):
         if trace is not None:
             trace.read(tensor)
         return tensor._array
+
+
+def _library_frame(frame: Any) -> bool:
+    """Whether ``frame`` runs xgrad's own code: its reads of a group's entries are the packed hyperparameters'
+    (a program input), the update's options (``options_version``) or a scheduler's, on the host."""
+    return str(frame.f_globals.get("__name__", "")).partition(".")[0] == "xgrad"
 
 
 def unpacked_hyper(layout: tuple[tuple[str, int, tuple[int, ...]], ...], packed: Any) -> dict[str, Any]:
@@ -346,7 +387,10 @@ class Optimizer:
         return loss
 
     def _step_group(self, group: _ParamGroup, params: list[Tensor]) -> None:
-        options = tuple(sorted((k, v) for k, v in group.items() if isinstance(v, (bool, str, type(None)))))
+        options = tuple(sorted((k, v) for k, v in group.items() if isinstance(v, _OPTION)))
+        trace = step_trace.current()
+        if trace is not None:  # the options are static arguments: a compiled step checks them at every call
+            trace.entry_read(group, None, group.options_version)
         states = [self.state[p] for p in params]
         # NOTE [Shared counters]
         # The parameters of a group step together, so their step counts (and NAdam's
@@ -362,7 +406,7 @@ class Optimizer:
             if key in states[0] and all(key in s and s[key]._array is states[0][key]._array for s in states)
         ]
         program = _jitted_group_step()
-        new_params, new_states, new_counters = (program.plain if step_trace.current() is not None else program)(
+        new_params, new_states, new_counters = (program.plain if trace is not None else program)(
             type(self)._update, options, group.hyper_layout, group.hyper_array(), [p._array for p in params],
             [p._grad._array for p in params],  # type: ignore[union-attr]
             [{k: t._array for k, t in s.items() if k not in shared} for s in states],
@@ -377,7 +421,7 @@ class Optimizer:
             _writing(list(state.values()))
             for key, t in state.items():
                 t._array = new_counters[key] if key in new_counters else new_state[key]
-        if step_trace.current() is None:
+        if trace is None:
             for p, state in zip(params, states, strict=True):
                 self._written.record(id(p), [p._array, *(t._array for t in state.values())])
 
