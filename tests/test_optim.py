@@ -272,3 +272,28 @@ def test_a_shared_counter_goes_through_the_update_once(monkeypatch):
     assert [len(leaves) for leaves in outputs] == [2 + 2 * 2 + 1] * 2  # parameters, moments, one count
     assert opt.state[ws[0]]["step"]._array is opt.state[ws[1]]["step"]._array
     assert float(opt.state[ws[1]]["step"]) == 2.0
+
+
+def test_an_optimizer_pickles_and_its_copy_steps_as_the_original():
+    import pickle
+
+    def make():
+        xgrad.manual_seed(0)
+        model = xgrad.nn.Linear(3, 2)
+        return model, optim.Adam(model.parameters(), lr=0.05, betas=(0.8, 0.9), weight_decay=0.01)
+
+    model, opt = make()
+    x = xgrad.randn(4, 3)
+    model(x).pow(2).sum().backward()
+    opt.step()
+    model2, opt2 = pickle.loads(pickle.dumps((model, opt)))
+    group, group2 = opt.param_groups[0], opt2.param_groups[0]
+    assert type(group2) is type(group) and dict(group2).keys() == dict(group).keys()
+    assert group2["lr"] == 0.05 and group2["betas"] == (0.8, 0.9)
+    group2["lr"] = 0.01  # the copy's packed hyperparameters are its own
+    group["lr"] = 0.01
+    for m, o in ((model, opt), (model2, opt2)):
+        o.zero_grad()
+        m(x).pow(2).sum().backward()
+        o.step()
+    np.testing.assert_array_equal(np.asarray(model2.weight.detach()), np.asarray(model.weight.detach()))

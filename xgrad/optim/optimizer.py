@@ -86,6 +86,10 @@ class _ParamGroup(dict):
         self.options_version = 0
         self.update(entries)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickle's default for a dict subclass sets the items before ``__init__``'s attributes exist.
+        return (type(self), (self._hyper, dict(self)))
+
     def __getitem__(self, key: str) -> Any:
         return self._read(key)
 
@@ -269,6 +273,12 @@ class Optimizer:
             groups = [{"params": groups}]
         for group in groups:
             self.add_param_group(group)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The caches keyed by the ids of arrays and parameters mean nothing in a copy (and hold weak references).
+        state = self.__dict__.copy()
+        state["_fresh_counters"], state["_written"] = {}, WrittenArrays()
+        return state
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]
