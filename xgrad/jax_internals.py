@@ -313,14 +313,17 @@ def _self_test_batching_level() -> None:
 # ``jax.Array.sharding`` is a Python property that returns the array's ``_sharding``. Every
 # recorded op keeps its output's sharding (``InputMetadata``) and reads the field itself:
 # the property's call cost 0.04-0.1 µs of each. Checked here, on the class (no
-# backend starts), that the property still reads that field and nothing else.
+# backend starts), that the property still reads that field and nothing else, or (JAX 0.12)
+# that field after asserting that a ``NamedSharding``'s spec has no unreduced axes, which an
+# op's output never has.
 ARRAY_SHARDING_FIELD = "_sharding"
+_SHARDING_PROPERTY_NAMES = ((ARRAY_SHARDING_FIELD,), (ARRAY_SHARDING_FIELD, "isinstance", "NamedSharding", "spec", "unreduced"))
 try:
     from jax._src.array import ArrayImpl as _ArrayImpl
 except ImportError as error:  # pragma: no cover - a JAX that moved it
     raise _changed("jax._src.array.ArrayImpl moved") from error
 _sharding_code = getattr(getattr(vars(_ArrayImpl).get("sharding"), "fget", None), "__code__", None)
-if _sharding_code is None or _sharding_code.co_names != (ARRAY_SHARDING_FIELD,):  # pragma: no cover - a JAX that changed it
+if _sharding_code is None or _sharding_code.co_names not in _SHARDING_PROPERTY_NAMES:  # pragma: no cover - a JAX that changed it
     raise _changed(f"jax.Array.sharding no longer returns its {ARRAY_SHARDING_FIELD} field")
 
 
