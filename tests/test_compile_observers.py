@@ -49,17 +49,17 @@ def state(w, b):
             None if b.grad is None else b.grad.numpy()]
 
 
-def assert_close(got, expected):
-    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
+def assert_close(got, expected, atol=ATOL):
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=atol)
 
 
-def assert_same(got, expected):
+def assert_same(got, expected, atol=ATOL):
     assert len(got) == len(expected)
     for a, e in zip(got, expected, strict=True):
         if e is None:
             assert a is None
         else:
-            assert_close(a, e)
+            assert_close(a, e, atol)
 
 
 def run_both(body):
@@ -344,15 +344,19 @@ def test_a_hook_that_departs_at_the_variants_first_call_gets_eagers_results(acti
 
     (calls, outcomes), (c_calls, c_outcomes) = run_both(body)
     assert len(c_calls) == len(calls) == STEPS
+    # The tripled gradient's larger step drives tanh further into saturation, where the
+    # compiled and eager tanh's last-bit difference (RTOL's note) grew to 1.3e-12 by the last
+    # call on jax 0.12.1: allowed as an absolute difference, ten times the file's.
+    atol = 10 * ATOL if action == "replace" else ATOL
     for got, expected in zip(c_calls, calls, strict=True):
-        assert_close(got, expected)
+        assert_close(got, expected, atol)
     for got, expected in zip(c_outcomes, outcomes, strict=True):
         if isinstance(expected, str):
             assert got == expected
         elif isinstance(expected, float):
-            assert got == pytest.approx(expected, rel=RTOL, abs=ATOL)
+            assert got == pytest.approx(expected, rel=RTOL, abs=atol)
         else:
-            assert_same(got, expected)
+            assert_same(got, expected, atol)
     assert (outcomes[2] == "bad gradient at call 2") == (action == "raise")
 
 
