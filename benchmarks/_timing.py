@@ -1,11 +1,11 @@
-"""Shared helpers for the benchmarks: medians of many repeats, tables, the chain workload, the demo step in JAX."""
+"""Shared helpers for the benchmarks: medians of many repeats, tables, the chain workload, the demo step in xgrad and in JAX."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 30, warmup: int = 3) -> float:
@@ -45,6 +45,39 @@ def mul_chain(x: Any, n: int) -> Any:
     for _ in range(n):
         y = y * 1.0001
     return y.sum()
+
+
+class DemoStep(NamedTuple):
+    """The demo step in xgrad (eager: wrap ``step`` in ``xgrad.compile``), its model's parameters, its optimizer, and the
+    norms its observer hooks append (empty without hooks)."""
+
+    step: Callable[[Any, Any], Any]
+    params: list[Any]
+    opt: Any
+    norms: list[Any]
+
+
+def xgrad_demo_step(device: Any, hooks: bool = False) -> DemoStep:
+    """The demo step (Adam) on a model of its own; with ``hooks``, six observer hooks, one per parameter, append each
+    gradient's norm to ``norms``."""
+    import xgrad
+    from xgrad import demo
+
+    model = demo.make_model(device)
+    opt = xgrad.optim.Adam(model.parameters(), lr=1e-3)
+    norms: list[Any] = []
+    if hooks:
+        for p in model.parameters():
+            p.register_hook(lambda g: norms.append(g.norm()))
+
+    def step(x: Any, y: Any) -> Any:
+        opt.zero_grad()
+        loss = xgrad.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return DemoStep(step, list(model.parameters()), opt, norms)
 
 
 def jit_optax_demo_step(device: Any) -> tuple[Callable[[Any, Any], Any], dict[str, Any]]:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-from _timing import jit_optax_demo_step, table
+from _timing import jit_optax_demo_step, table, xgrad_demo_step
 
 import xgrad
 from xgrad import demo
@@ -36,17 +36,7 @@ STEPS_PER_ROUND = 10
 
 def _compiled_demo_step(device: Any) -> Any:
     """The demo step (Adam) under ``xgrad.compile``, on a model of its own."""
-    model = demo.make_model(device)
-    opt = xgrad.optim.Adam(model.parameters(), lr=1e-3)
-
-    def step(x: Any, y: Any) -> Any:
-        opt.zero_grad()
-        loss = xgrad.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return xgrad.compile(step, fallback="error")
+    return xgrad.compile(xgrad_demo_step(device).step, fallback="error")
 
 
 def _steps(device: Any) -> dict[str, Callable[[Any, Any], Any]]:

@@ -31,7 +31,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from _timing import table
+from _timing import table, xgrad_demo_step
 
 import xgrad
 from xgrad import demo, step_trace
@@ -45,10 +45,9 @@ _FROM_PROGRAM = Tensor.__dict__["_from_program"]
 def compiled_step(device: Any, split_hyper: bool = False) -> Any:
     """The demo step (Adam) under ``xgrad.compile`` on a model of its own; with ``split_hyper``, its
     hyperparameters reach the program as four inputs."""
-    model = demo.make_model(device)
-    opt = xgrad.optim.Adam(model.parameters(), lr=1e-3)
+    demo_step = xgrad_demo_step(device)
     if split_hyper:
-        group = opt.param_groups[0]
+        group = demo_step.opt.param_groups[0]
         packed = group.hyper_array()
         pieces = [Tensor(packed[start:start + math.prod(shape)]) for _, start, shape in group.hyper_layout]
 
@@ -61,14 +60,7 @@ def compiled_step(device: Any, split_hyper: bool = False) -> Any:
 
         group.hyper_array = hyper_array  # type: ignore[method-assign]
 
-    def step(x: Any, y: Any) -> Any:
-        opt.zero_grad()
-        loss = xgrad.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return xgrad.compile(step, fallback="error")
+    return xgrad.compile(demo_step.step, fallback="error")
 
 
 def program_alone(device: Any, batch: tuple[Any, Any], how: str) -> Callable[[Any, Any], Any]:

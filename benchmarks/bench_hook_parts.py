@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-from _timing import table
+from _timing import table, xgrad_demo_step
 
 import xgrad
 import xgrad.compile_step.program as program
@@ -35,21 +35,8 @@ STEPS_PER_ROUND = 10
 
 def _step(device: Any, hooks: bool) -> tuple[Any, list[Any], list[Any]]:
     """The compiled demo step on a fresh model and Adam, with six observer hooks or none; its parameters and norms."""
-    model = demo.make_model(device)
-    opt = xgrad.optim.Adam(model.parameters(), lr=1e-3)
-    norms: list[Any] = []
-    if hooks:
-        for p in model.parameters():
-            p.register_hook(lambda g: norms.append(g.norm()))
-
-    def step(x: Any, y: Any) -> Any:
-        opt.zero_grad()
-        loss = xgrad.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return xgrad.compile(step), list(model.parameters()), norms
+    demo_step = xgrad_demo_step(device, hooks)
+    return xgrad.compile(demo_step.step), demo_step.params, demo_step.norms
 
 
 def _ratio(steps: dict[str, Any], batches: list[Any], rounds: int) -> dict[str, tuple[float, float]]:

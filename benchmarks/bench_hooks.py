@@ -30,32 +30,13 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-from _timing import interleaved, jit_optax_demo_step, table
+from _timing import interleaved, jit_optax_demo_step, table, xgrad_demo_step
 
 import xgrad
 from xgrad import demo
 from xgrad.compile_step.program_call import gather_inputs
 
 STEPS_PER_ROUND = 10
-
-
-def _xgrad_step(device: Any, hooks: bool) -> tuple[Callable[..., Any], list[Any], list[Any]]:
-    """The demo step on a fresh model and Adam, with six observer hooks or none; also the norms they collect."""
-    model = demo.make_model(device)
-    opt = xgrad.optim.Adam(model.parameters(), lr=1e-3)
-    norms: list[Any] = []
-    if hooks:
-        for p in model.parameters():
-            p.register_hook(lambda g: norms.append(g.norm()))
-
-    def step(x: Any, y: Any) -> Any:
-        opt.zero_grad()
-        loss = xgrad.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return step, list(model.parameters()), norms
 
 
 def _timer(
@@ -86,11 +67,11 @@ def main() -> None:
     device = jax.devices()[0]
     batches = demo.make_batches(device)
 
-    compiled_fn, compiled_params, _ = _xgrad_step(device, hooks=False)
+    compiled_fn, compiled_params, _, _ = xgrad_demo_step(device)
     compiled = xgrad.compile(compiled_fn)
-    hooked_fn, hooked_params, norms = _xgrad_step(device, hooks=True)
+    hooked_fn, hooked_params, _, norms = xgrad_demo_step(device, hooks=True)
     hooked = xgrad.compile(hooked_fn)
-    eager_fn, eager_params, eager_norms = _xgrad_step(device, hooks=True)
+    eager_fn, eager_params, _, eager_norms = xgrad_demo_step(device, hooks=True)
 
     run_jit, state = jit_optax_demo_step(device)
 
@@ -107,7 +88,7 @@ def main() -> None:
 
     # Its program alone, on a model of its own: the state it replaces is donated, so each call
     # takes the outputs that replaced it at the last one, as the step's write-back does.
-    alone_fn, alone_params, _ = _xgrad_step(device, hooks=False)
+    alone_fn, alone_params, _, _ = xgrad_demo_step(device)
     alone = xgrad.compile(alone_fn)
     alone(*batches[0])
     entry = next(iter(alone._cache.values()))
