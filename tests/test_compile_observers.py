@@ -62,6 +62,29 @@ def assert_same(got, expected, atol=ATOL):
             assert_close(a, e, atol)
 
 
+def steps_outcomes(step, w, b):
+    """Per step, its loss (or the message of the ValueError it raised) and then the state it left."""
+    outcomes = []
+    for i in range(STEPS):
+        try:
+            outcomes.append(step(xgrad.tensor(X * (1 + i))).item())
+        except ValueError as exc:
+            outcomes.append(str(exc))
+        outcomes.append(state(w, b))
+    return outcomes
+
+
+def assert_same_outcomes(got, expected, atol=ATOL):
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        if isinstance(e, str):
+            assert g == e
+        elif isinstance(e, float):
+            assert g == pytest.approx(e, rel=RTOL, abs=atol)
+        else:
+            assert_same(g, e, atol)
+
+
 def run_both(body):
     """``body(mode)``'s result for the eager and the compiled step, the compiled one's step last."""
     return body("eager"), body("compile")
@@ -107,13 +130,7 @@ def test_a_hook_that_starts_doing_more_at_step_3_gets_eagers_results_running_onc
 
         b.register_hook(observer)  # b's hook runs first: nearer the loss
         w.register_hook(changing)
-        outcomes = []
-        for i in range(STEPS):
-            try:
-                outcomes.append(step(xgrad.tensor(X * (1 + i))).item())
-            except ValueError as exc:
-                outcomes.append(str(exc))
-            outcomes.append(state(w, b))
+        outcomes = steps_outcomes(step, w, b)
         return calls, seen, events, outcomes, step
 
     (calls, seen, events, outcomes, _), (c_calls, c_seen, c_events, c_outcomes, step) = run_both(body)
@@ -124,11 +141,7 @@ def test_a_hook_that_starts_doing_more_at_step_3_gets_eagers_results_running_onc
     assert len(c_events) == len(events) == (STEPS - 2 if action == "queue" else 0)
     for (_, got), (_, expected) in zip(c_events, events, strict=True):
         assert_close(got, expected)
-    for got, expected in zip(c_outcomes, outcomes, strict=True):
-        if isinstance(expected, (str, float)):
-            assert got == pytest.approx(expected, rel=RTOL, abs=ATOL) if isinstance(expected, float) else got == expected
-        else:
-            assert_same(got, expected)
+    assert_same_outcomes(c_outcomes, outcomes)
     if action == "raise":
         assert outcomes[2 * 2] == "bad gradient at call 3"
 
@@ -333,13 +346,7 @@ def test_a_hook_that_departs_at_the_variants_first_call_gets_eagers_results(acti
             return g * 3
 
         w.register_hook(hook)
-        outcomes = []
-        for i in range(STEPS):
-            try:
-                outcomes.append(step(xgrad.tensor(X * (1 + i))).item())
-            except ValueError as exc:
-                outcomes.append(str(exc))
-            outcomes.append(state(w, b))
+        outcomes = steps_outcomes(step, w, b)
         return calls, outcomes
 
     (calls, outcomes), (c_calls, c_outcomes) = run_both(body)
@@ -350,13 +357,7 @@ def test_a_hook_that_departs_at_the_variants_first_call_gets_eagers_results(acti
     atol = 10 * ATOL if action == "replace" else ATOL
     for got, expected in zip(c_calls, calls, strict=True):
         assert_close(got, expected, atol)
-    for got, expected in zip(c_outcomes, outcomes, strict=True):
-        if isinstance(expected, str):
-            assert got == expected
-        elif isinstance(expected, float):
-            assert got == pytest.approx(expected, rel=RTOL, abs=atol)
-        else:
-            assert_same(got, expected, atol)
+    assert_same_outcomes(c_outcomes, outcomes, atol)
     assert (outcomes[2] == "bad gradient at call 2") == (action == "raise")
 
 
