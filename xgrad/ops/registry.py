@@ -28,16 +28,18 @@ from xgrad.bounded_cache import BoundedCache
 from xgrad.dual import LEVEL, set_tangent, tangents_on
 from xgrad.engine.anomaly import ANOMALY, record_forward_trace
 from xgrad.engine.dataflow import PRIMITIVE_JIT_PREFIX
-from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator, sharding_of
-from xgrad.engine.rules import Aval, RuleArgs, RuleNode, incoming_grad, made_grads
+from xgrad.engine.node import NO_EDGE, Edge, InputMetadata, grad_accumulator
+from xgrad.engine.rules import Aval, RuleArgs, made_grads
 from xgrad.engine.saved import SavedTensor
 from xgrad.fast_compile import FastJit
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.grad_mode import stops_gradients
 from xgrad.jax_capture import check_captured_leaves
 from xgrad.jax_internals import ARRAY_SHARDING_FIELD, devices_in_process, loaded_names
+from xgrad.ops.devices import check_same_devices
 from xgrad.ops.dispatch import DISPATCH
 from xgrad.ops.fused_rules import MAX_FUSED, UNFUSED, device_scalar, fuse, fusion_signature
+from xgrad.ops.primitive_node import PrimitiveNode
 from xgrad.step_trace import current as _current_step
 from xgrad.tensor import Tensor
 from xgrad.tensor.jax_boundary import ERR_CUT_BY_JAX
@@ -428,15 +430,8 @@ def defprim(
     return apply
 
 
-ERR_DEVICES = "Expected all tensors to be on the same device, but found at least two devices, {a} and {b}!"
-
-# NOTE [One device, no device check]
-# An op of several tensors checks that they sit on one device (``_check_same_devices``):
-# each array's sharding read and compared in Python, since jit's outputs on one device
-# carry distinct (equal) sharding objects, about 1.5 µs for a ``mul`` of two tensors. A
-# process whose backends hold one device in all (JAX on the CPU alone) cannot mix devices,
-# so it skips the check (and counts no tensors); the count is read once, at the first op
-# of a tensor (every backend is running by then: the tensor's array exists).
+# Whether the process holds several devices, read at the first op of a tensor (NOTE [One device, no device check] in
+# ``devices.py``).
 _several_devices: bool | None = None
 
 
@@ -444,40 +439,6 @@ def _count_devices() -> bool:
     global _several_devices
     _several_devices = devices_in_process() > 1
     return _several_devices
-
-
-def _check_same_devices(args: tuple[Any, ...], tensors: list[Tensor], arrays: list[Any]) -> None:
-    """Raise if the tensors among ``args`` sit on different devices; a 0-dim one is moved in ``arrays``,
-    as PyTorch allows scalars."""
-    first = None
-    for t in tensors:
-        # Traced values (the compiled backward) have no sharding: XLA places them.
-        sharding = sharding_of(t._array)
-        if sharding is not None and t._array.ndim:
-            first = sharding
-            break
-    if first is None:
-        return
-    positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
-    for t, position in zip(tensors, positions, strict=True):
-        sharding = sharding_of(t._array)
-        if sharding is None or sharding is first or sharding == first or sharding.device_set == first.device_set:
-            continue
-        if t._array.ndim == 0:
-            # A scalar joins the other operand's devices replicated: ``first``'s own spec
-            # (``P('data')``) needs a rank it does not have.
-            if isinstance(first, jax.sharding.NamedSharding):
-                target = jax.sharding.NamedSharding(first.mesh, jax.sharding.PartitionSpec())
-            elif len(first.device_set) == 1:
-                target = first
-            else:
-                mesh = jax.sharding.Mesh(tuple(first._device_assignment), ("devices",))
-                target = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-            arrays[position] = jax.device_put(t._array, target)
-            continue
-        a = ",".join(str(d) for d in first.device_set)
-        b = ",".join(str(d) for d in sharding.device_set)
-        raise RuntimeError(ERR_DEVICES.format(a=a, b=b))
 
 
 def _no_tangent_rule(prim: Primitive, args: tuple[Any, ...], params: dict[str, Any]) -> tuple[Tensor | None, ...] | None:
@@ -588,7 +549,7 @@ def bind(
         if first is not None and (_several_devices if _several_devices is not None else _count_devices()):
             tensors = [a for a in args if isinstance(a, Tensor)]  # NOTE [One device, no device check]
             if len(tensors) > 1:
-                _check_same_devices(args, tensors, arrays)
+                check_same_devices(args, tensors, arrays)
         if scalars and prim.jit and first is not None and not isinstance(first._array, _Tracer):  # NOTE [Scalar constants]
             arrays = [device_scalar(a) if type(a) is float or type(a) is int else a for a in arrays]
         dispatch = DISPATCH.get()  # NOTE [Dispatch seam] in xgrad/ops/dispatch.py
@@ -708,52 +669,3 @@ def bind(
     if on_record is not None:
         on_record(node)
     return results
-
-
-class PrimitiveNode(RuleNode):
-    """The one node class for every primitive: it replays the primitive's rules (NOTE [Rule nodes]).
-
-    Made by ``bind`` alone, with ``Node``'s constructor, which then sets RuleNode's fields:
-    one constructor's call less per recorded op (NOTE [Recording cost]).
-    """
-
-    __slots__ = ()  # the fields are RuleNode's
-
-    prim: Primitive  # a RuleNode's ``Rules``, here always a registry primitive
-
-    def name(self) -> str:
-        return self.prim.node_name
-
-    def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
-        prim = self.prim
-        num_outputs = prim.num_outputs
-        # Op by op where a graph is recorded, or where tangents must pass through the rules
-        # (a dual level: forward over reverse); else fused (NOTE [Fused eager rules]).
-        op_by_op = _grad_state.enabled or not prim.jit or ANOMALY.enabled or LEVEL.current is not None
-        # One output, nearly every primitive: its grad is ``g`` as it is (spares the call).
-        g = grads[0] if num_outputs == 1 else incoming_grad(num_outputs, grads, self.input_metadata, not op_by_op)
-        if g is None:
-            return [None] * len(self.next_edges)
-        # The rules' arguments: the inputs (tensors, avals or constants) and the outputs,
-        # which reach the rules as their InputMetadata (shape, dtype, ndim) when not saved.
-        inputs: Sequence[Any] = self.saved
-        if self.holds_tensors:
-            inputs = [s.unpack(self) if type(s) is SavedTensor else s for s in inputs]
-        out: Any = self.input_metadata if self.saved_out is None else tuple([s.unpack(self) for s in self.saved_out])
-        if num_outputs == 1:
-            out = out[0]
-        args = _new_tuple(RuleArgs, (g, out, inputs, self.params, self.needed_outputs()))  # NOTE [Recording cost]
-        if op_by_op:
-            return prim.backward(args)
-        return prim.eager_backward(args)
-
-    def release_variables(self) -> None:
-        # Avals and constants stay: a node that saved no tensor can run again, as in PyTorch.
-        if not self.holds_tensors:
-            return
-        for s in self.saved:
-            if type(s) is SavedTensor:
-                s.release()
-        if self.saved_out is not None:
-            for s in self.saved_out:
-                s.release()
