@@ -26,12 +26,13 @@
 #    ``SCALE`` is rebound, so what it computes is always eager's. A value rebound at every
 #    call (a global step counter) then retraces at every call: mark such a hook ``host_hook``.
 #
-# Library code (``func_programs.LIBRARIES``: xgrad, JAX, NumPy, math, Equinox, Optax, ...) that a hook calls is traced as
-# any op of the step is (a random draw threads the generator's state through the program);
-# its modules, classes and functions are not read as the hook's state, but its objects are
-# (an optimizer's ``param_groups``, a module's attributes and children), except JAX's and NumPy's own and
-# per-thread state. A NumPy array the hook reaches can change in place unseen by an identity
-# guard, and so can an attribute held in ``__slots__``: the hook runs on the host.
+# Library code (``func_programs.LIBRARIES``: xgrad, JAX, NumPy, math, Equinox, Optax, ...)
+# that a hook calls is traced as any op of the step is (a random draw threads the
+# generator's state through the program); its modules, classes and functions are not read
+# as the hook's state, but its objects are (an optimizer's ``param_groups``, a module's
+# attributes and children), except JAX's and NumPy's own and per-thread state. A NumPy
+# array the hook reaches can change in place unseen by an identity guard, and so can an
+# attribute held in ``__slots__``: the hook runs on the host.
 #
 # Under a plain JAX transformation (NOTE [Hooks under jax.jit] in ``jax_hooks.py``) the same
 # screen and trial decide, with no guards to keep: a hook reading a value that can be
@@ -210,7 +211,6 @@ class Reads:
         self._value(value, depth)
 
     def _value(self, value: Any, depth: int) -> None:
-
         if isinstance(value, (_SCALARS, Tensor)) or value is _MISSING or id(value) in self._seen:
             return  # immutable, or state the step itself reads and writes back
         if depth > _MAX_DEPTH:
@@ -220,12 +220,10 @@ class Reads:
         if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
             self._callable(value, depth)
             return
-        if isinstance(value, (staticmethod, classmethod)):
-            self._callable(value.__func__, depth)
-            return
-        if isinstance(value, property):  # what its getter reads is what reading it reads
-            if value.fget is not None:
-                self._callable(value.fget, depth)
+        if isinstance(value, (staticmethod, classmethod, property)):  # reading a property reads what its getter does
+            func = value.fget if isinstance(value, property) else value.__func__
+            if func is not None:
+                self._callable(func, depth)
             return
         self._seen.add(id(value))
         if isinstance(value, _CONTAINERS):
@@ -324,12 +322,8 @@ def _changeable(guard: tuple[Any, Any, Any]) -> bool:
 
 def trace_in(rec: Any, fn: Any, args: tuple[Any, ...], post_accumulate: bool = False) -> tuple[bool, Any]:
     """Call ``fn`` on the traced ``args`` if it may be traced in (NOTE [Hooks traced in]): ``(True, its result)``;
-    else ``(False, None)``, nothing of the call left behind, for the caller to run it on the host.
-
-    ``rec``: the step's recorder, whose guards keep what a traced-in hook read; ``None``
-    under a plain JAX transformation, where nothing guards it and a hook reading a value
-    that can change is not traced in.
-    """
+    else ``(False, None)``, nothing of the call left behind, for the caller to run it on the host. ``rec``: the
+    step's recorder, whose guards keep what a traced-in hook read, or ``None`` under a plain JAX transformation."""
     reads = _screened(rec, fn, args)
     if reads is None:
         return False, None
