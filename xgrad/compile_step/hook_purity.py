@@ -76,10 +76,9 @@ _WRITES = {
     "STORE_GLOBAL": "global", "DELETE_GLOBAL": "global", "STORE_DEREF": "closed-over", "DELETE_DEREF": "closed-over",
     "STORE_ATTR": "attribute", "DELETE_ATTR": "attribute", "STORE_NAME": "name", "DELETE_NAME": "name",
 }
-_SCALARS = (
-    type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis), jax.Array, np.generic,
-    types.BuiltinFunctionType,
-)
+# Values a name or attribute may be rebound to between calls (``_changeable``), and the immutable values a hook reads.
+_REBINDABLE = (type(None), bool, int, float, complex, str, bytes, np.generic)
+_SCALARS = (*_REBINDABLE, range, slice, type(Ellipsis), jax.Array, types.BuiltinFunctionType)
 _CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
 _MAX_ITEMS = 64  # a larger container read by a hook keeps it on the host: its guard would cost every call
 _MAX_DEPTH = 4  # how far from the hook objects and functions are followed
@@ -308,7 +307,6 @@ def reads_hold(guards: list[tuple[Any, Any, Any]]) -> bool:
 
 # What a trace records that a hook's trial may add to, and an undone trial takes back.
 _RECORDS = ("checks", "host_checks", "added_hooks", "printed", "prints", "effects", "observers")
-_REBINDABLE = (type(None), bool, int, float, complex, str, bytes, np.generic)
 
 
 def _changeable(guard: tuple[Any, Any, Any]) -> bool:

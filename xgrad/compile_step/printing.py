@@ -218,9 +218,8 @@ def _flows_into_print(frame: Any, item: bool) -> bool:
     if item:  # a number: only formatting may take it (``+`` and ``%`` would compute with it)
         parent = parents.get(node)
         is_item = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "item"
-        if not is_item or not (
-            isinstance(parent, ast.FormattedValue) or _is_text_call(parent, node) or _is_print(parent)
-        ):
+        formatted = isinstance(parent, ast.FormattedValue) or _is_text_call(parent, node) or _is_print(parent)
+        if not (is_item and formatted):
             return False
     while True:
         parent = parents.get(node)
@@ -246,8 +245,8 @@ def _becomes_text(parent: ast.AST, node: ast.AST, parents: dict[ast.AST, ast.AST
     outer = parents.get(parent)
     if isinstance(parent, ast.Tuple) and isinstance(outer, ast.BinOp):  # ``"%s %s" % (a, b)``
         return isinstance(outer.op, ast.Mod) and outer.right is parent
-    if isinstance(parent, (ast.List, ast.Tuple)) or (isinstance(parent, (ast.ListComp, ast.GeneratorExp))
-                                                     and parent.elt is node):
+    comprehension = isinstance(parent, (ast.ListComp, ast.GeneratorExp)) and parent.elt is node
+    if comprehension or isinstance(parent, (ast.List, ast.Tuple)):
         return _is_text_call(outer, parent, join=True)  # ``", ".join(f"{v:.3f}" for v in values)``
     return _is_text_call(parent, node) or _is_text_call(parent, node, join=True)
 
@@ -260,9 +259,8 @@ def _is_text_call(parent: ast.AST | None, node: ast.AST, join: bool = False) -> 
     func = parent.func
     if isinstance(func, ast.Name):
         return not join and func.id in ("str", "repr", "format")
-    return isinstance(func, ast.Attribute) and func.attr == ("join" if join else "format") and (
-        isinstance(func.value, ast.Constant)
-    )
+    method = "join" if join else "format"
+    return isinstance(func, ast.Attribute) and func.attr == method and isinstance(func.value, ast.Constant)
 
 
 @functools.lru_cache(maxsize=16)
