@@ -58,9 +58,7 @@ from xgrad.compile_step.recording import Snapshot
 from xgrad.func_programs import LIBRARIES
 from xgrad.tensor import Tensor, is_tensor
 
-# Names whose use is an effect a trace cannot repeat: output, concrete values, mutation of
-# containers, logging, clocks and randomness outside xgrad's generators, callbacks, and
-# changes to the autograd graph's hooks.
+# Names whose use is an effect a trace cannot repeat (NOTE [Hooks traced in], 1).
 _EFFECT_NAMES = frozenset({
     "print", "input", "open", "exec", "eval", "globals", "locals", "vars", "setattr", "delattr", "next", "send",
     "item", "tolist", "numpy", "block_until_ready", "device_get",
@@ -241,11 +239,10 @@ class Reads:
         self._attributes(value, depth)
 
     def _attributes(self, value: Any, depth: int) -> None:
-        """The attributes of an object ``value`` that the code names, from its classes' namespaces and its own."""
+        """The attributes of ``value`` that the code names, set or not (one set later shadows its class's): its
+        classes' first, whose properties add the names their getters read, then its own."""
         from xgrad.nn import Module
 
-        # The attributes the code names, set or not (one set later shadows its class's): its classes' first,
-        # whose properties add the names their getters read, then its own.
         classes = [] if isinstance(value, type) else [c for c in type(value).__mro__ if not from_library(c)]
         slots = {name for c in classes for name in getattr(c, "__slots__", ())}
         if slots & self.names:
