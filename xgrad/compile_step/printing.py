@@ -53,7 +53,7 @@ _MARK = "\ue000{}\ue001"
 _MARKS = re.compile("\ue000(\\d+)\ue001")
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, eq=False)  # compared by identity, as it holds an array
 class Printed:
     """One tensor's text in a traced step: its array then, how it is shown, and whether a print took it."""
 
