@@ -39,9 +39,9 @@ compiling and running).
 #    and a state array whose aval is the one that passed last time (JAX interns avals)
 #    skips its shape and dtype compares.
 #
-# "Not compiled": the call runs eagerly after a one-time warning naming the user's line
-# and the reason, or raises under ``fallback="error"``. So does Python needing a concrete
-# value (``.item()``, ``if t > 0``, ``.numpy()``); a signature that fell back is
+# "Not compiled" (Python needing a concrete value: ``.item()``, ``if t > 0``, ``.numpy()``;
+# the cases below): the call runs eagerly after a one-time warning naming the user's line
+# and the reason, or raises under ``fallback="error"``; a signature that fell back is
 # remembered and runs eagerly without retracing. ``print`` prints at every call, with
 # that call's values (NOTE [Print in a compiled step] in ``printing.py``).
 #
@@ -56,10 +56,11 @@ compiling and running).
 # backward's ``GraphTask`` (``HostGraphTask``), so ``queue_callback`` works in it: where
 # the traced backward ran its final callbacks, one more host call runs those queued
 # during this call, in queue order, seeing the state as eager's would
-# (``host.state_on_host``). That call sits under a ``lax.cond`` on flags the host hooks
-# return, so hooks that queue nothing cost one flag each. A callback queued by traced
-# code (a pure hook, a traced Function's backward) is such a host call too, at its place
-# in the traced backward's list (``TracedCallbacks``).
+# (``host.state_on_host``; one changing an array the step left alone raises). That call
+# sits under a ``lax.cond`` on flags the host hooks return, so hooks that queue nothing
+# cost one flag each. A callback queued by traced code (a pure hook, a traced Function's
+# backward) is such a host call too, at its place in the traced backward's list
+# (``TracedCallbacks``).
 #
 # Shared with the compiled backward (``xgrad/engine/compiled``): ``RecompileWarning``,
 # ``RECOMPILE_WARNING_LIMIT``, ``TRACER_ERRORS`` (what means "needs a concrete value")
