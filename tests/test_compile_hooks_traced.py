@@ -288,6 +288,10 @@ class Settings:
     def scale(self):
         return self._scale
 
+    @staticmethod
+    def global_scale():
+        return SCALE
+
 
 SETTINGS = Settings()
 
@@ -330,6 +334,10 @@ def _reads_global(g):
     return g * SCALE
 
 
+def _reads_through_a_static_method(g):
+    return g * Settings.global_scale()
+
+
 def _reads_attribute(g):
     return g * CONFIG.scale
 
@@ -358,6 +366,7 @@ def _set_global(value):
 
 READERS = {
     "global": (lambda: _reads_global, _set_global),
+    "static_method": (lambda: _reads_through_a_static_method, _set_global),
     "class_attribute_then_instance": (lambda: _reads_attribute, lambda v: setattr(CONFIG, "scale", v)),
     "dict_item": (lambda: _reads_item, lambda v: FACTORS.__setitem__("scale", v)),
     "property": (lambda: _reads_property, lambda v: setattr(SETTINGS, "_scale", v)),

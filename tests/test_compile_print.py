@@ -325,3 +325,27 @@ def test_a_print_in_a_modules_forward_follows_its_mode(capsys):
     compiled, step = run(True)
     assert compiled == eager and eager[1] == "" and eager[0] != eager[2]
     assert (step.stats()["compiles"], step.stats()["fallbacks"]) == (2, 0)
+
+
+def test_a_dual_tensors_tangent_prints_its_values_inside_its_repr(capsys):
+    """A dual tensor's text holds its tangent's: a mark inside a mark, both filled at every call, as eager shows them."""
+    from xgrad.autograd import forward_ad as fwAD
+
+    def setup():
+        w = xgrad.tensor([1.0, 2.0])
+
+        def step(x):
+            with fwAD.dual_level():
+                dual = fwAD.make_dual(x * w, 0.5 * x)
+                print("dual", dual, "again", dual)
+            with xgrad.no_grad():
+                w.add_(x)
+            return x
+
+        return step
+
+    eager = printed_per_call(setup(), capsys)
+    step = xgrad.compile(setup(), fallback="error")
+    assert printed_per_call(step, capsys) == eager
+    assert "tangent=tensor(" in eager[0] and eager[1] != eager[2]
+    assert step.stats()["fallbacks"] == 0

@@ -26,12 +26,13 @@
 #    ``SCALE`` is rebound, so what it computes is always eager's. A value rebound at every
 #    call (a global step counter) then retraces at every call: mark such a hook ``host_hook``.
 #
-# Library code (``func_programs.LIBRARIES``: xgrad, JAX, NumPy, math, Equinox, Optax, ...) that a hook calls is traced as
-# any op of the step is (a random draw threads the generator's state through the program);
-# its modules, classes and functions are not read as the hook's state, but its objects are
-# (an optimizer's ``param_groups``, a module's attributes and children), except JAX's and NumPy's own and
-# per-thread state. A NumPy array the hook reaches can change in place unseen by an identity
-# guard, and so can an attribute held in ``__slots__``: the hook runs on the host.
+# Library code (``func_programs.LIBRARIES``: xgrad, JAX, NumPy, math, Equinox, Optax, ...)
+# that a hook calls is traced as any op of the step is (a random draw threads the
+# generator's state through the program); its modules, classes and functions are not read
+# as the hook's state, but its objects are (an optimizer's ``param_groups``, a module's
+# attributes and children), except JAX's and NumPy's own and per-thread state. A NumPy
+# array the hook reaches can change in place unseen by an identity guard, and so can an
+# attribute held in ``__slots__``: the hook runs on the host.
 #
 # Under a plain JAX transformation (NOTE [Hooks under jax.jit] in ``jax_hooks.py``) the same
 # screen and trial decide, with no guards to keep: a hook reading a value that can be
@@ -57,9 +58,7 @@ from xgrad.compile_step.recording import Snapshot
 from xgrad.func_programs import LIBRARIES
 from xgrad.tensor import Tensor, is_tensor
 
-# Names whose use is an effect a trace cannot repeat: output, concrete values, mutation of
-# containers, logging, clocks and randomness outside xgrad's generators, callbacks, and
-# changes to the autograd graph's hooks.
+# Names whose use is an effect a trace cannot repeat (NOTE [Hooks traced in], 1).
 _EFFECT_NAMES = frozenset({
     "print", "input", "open", "exec", "eval", "globals", "locals", "vars", "setattr", "delattr", "next", "send",
     "item", "tolist", "numpy", "block_until_ready", "device_get",
@@ -75,10 +74,9 @@ _WRITES = {
     "STORE_GLOBAL": "global", "DELETE_GLOBAL": "global", "STORE_DEREF": "closed-over", "DELETE_DEREF": "closed-over",
     "STORE_ATTR": "attribute", "DELETE_ATTR": "attribute", "STORE_NAME": "name", "DELETE_NAME": "name",
 }
-_SCALARS = (
-    type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis), jax.Array, np.generic,
-    types.BuiltinFunctionType,
-)
+# Values a name or attribute may be rebound to between calls (``_changeable``), and the immutable values a hook reads.
+_REBINDABLE = (type(None), bool, int, float, complex, str, bytes, np.generic)
+_SCALARS = (*_REBINDABLE, range, slice, type(Ellipsis), jax.Array, types.BuiltinFunctionType)
 _CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
 _MAX_ITEMS = 64  # a larger container read by a hook keeps it on the host: its guard would cost every call
 _MAX_DEPTH = 4  # how far from the hook objects and functions are followed
@@ -210,7 +208,6 @@ class Reads:
         self._value(value, depth)
 
     def _value(self, value: Any, depth: int) -> None:
-
         if isinstance(value, (_SCALARS, Tensor)) or value is _MISSING or id(value) in self._seen:
             return  # immutable, or state the step itself reads and writes back
         if depth > _MAX_DEPTH:
@@ -220,12 +217,10 @@ class Reads:
         if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
             self._callable(value, depth)
             return
-        if isinstance(value, (staticmethod, classmethod)):
-            self._callable(value.__func__, depth)
-            return
-        if isinstance(value, property):  # what its getter reads is what reading it reads
-            if value.fget is not None:
-                self._callable(value.fget, depth)
+        if isinstance(value, (staticmethod, classmethod, property)):  # reading a property reads what its getter does
+            func = value.fget if isinstance(value, property) else value.__func__
+            if func is not None:
+                self._callable(func, depth)
             return
         self._seen.add(id(value))
         if isinstance(value, _CONTAINERS):
@@ -244,11 +239,10 @@ class Reads:
         self._attributes(value, depth)
 
     def _attributes(self, value: Any, depth: int) -> None:
-        """The attributes of an object ``value`` that the code names, from its classes' namespaces and its own."""
+        """The attributes of ``value`` that the code names, set or not (one set later shadows its class's): its
+        classes' first, whose properties add the names their getters read, then its own."""
         from xgrad.nn import Module
 
-        # The attributes the code names, set or not (one set later shadows its class's): its classes' first,
-        # whose properties add the names their getters read, then its own.
         classes = [] if isinstance(value, type) else [c for c in type(value).__mro__ if not from_library(c)]
         slots = {name for c in classes for name in getattr(c, "__slots__", ())}
         if slots & self.names:
@@ -310,7 +304,6 @@ def reads_hold(guards: list[tuple[Any, Any, Any]]) -> bool:
 
 # What a trace records that a hook's trial may add to, and an undone trial takes back.
 _RECORDS = ("checks", "host_checks", "added_hooks", "printed", "prints", "effects", "observers")
-_REBINDABLE = (type(None), bool, int, float, complex, str, bytes, np.generic)
 
 
 def _changeable(guard: tuple[Any, Any, Any]) -> bool:
@@ -324,12 +317,8 @@ def _changeable(guard: tuple[Any, Any, Any]) -> bool:
 
 def trace_in(rec: Any, fn: Any, args: tuple[Any, ...], post_accumulate: bool = False) -> tuple[bool, Any]:
     """Call ``fn`` on the traced ``args`` if it may be traced in (NOTE [Hooks traced in]): ``(True, its result)``;
-    else ``(False, None)``, nothing of the call left behind, for the caller to run it on the host.
-
-    ``rec``: the step's recorder, whose guards keep what a traced-in hook read; ``None``
-    under a plain JAX transformation, where nothing guards it and a hook reading a value
-    that can change is not traced in.
-    """
+    else ``(False, None)``, nothing of the call left behind, for the caller to run it on the host. ``rec``: the
+    step's recorder, whose guards keep what a traced-in hook read, or ``None`` under a plain JAX transformation."""
     reads = _screened(rec, fn, args)
     if reads is None:
         return False, None

@@ -2,35 +2,31 @@
 
 # NOTE [Print in a compiled step]
 # Eager prints at every call; a traced step's Python runs once, on tracers. So while any
-# step is traced, ``builtins.print`` is a stand-in (``_print``, put in by
-# ``intercepting_print`` and taken out when the last trace ends). In a context tracing a
-# step at the step's own level it writes nothing: its text becomes a host effect of the
-# step (``StepTrace.host_effect``, NOTE [Python state in a compiled step]) that prints it
-# at every call, after the program where nothing follows that needs the host (no host
-# call in the program then, so JAX's fast dispatch stays), else as one ordered host call
-# at its place, in order with hooks. Anywhere else (another thread, a ``jax.jit`` nested
-# in the step) it is the print it stands in for, after one context-variable read.
+# step is traced, ``builtins.print`` is a stand-in (``intercepting_print``). Called at the
+# step's own trace level it writes nothing: its text becomes a host effect of the step
+# (``StepTrace.host_effect``, NOTE [Python state in a compiled step]) that prints it at
+# every call, after the program where nothing that needs the host follows (JAX's fast
+# dispatch stays), else as one ordered host call at its place, in order with hooks.
+# Anywhere else (another thread, a ``jax.jit`` nested in the step) it is plain ``print``.
 #
-# The text of a tensor (``repr``, ``str``, ``format``, an f-string, ``%``) is then a mark,
-# ``\ue000k\ue001``, standing for the tensor's array at that point (``Printed``): the
-# effect gets the arrays as the program's values and prints the text with each mark
-# replaced by what eager shows (``tensor_repr_text`` with the extras seen when traced:
-# dtype, ``grad_fn``, ``requires_grad``; a 0-dim tensor's ``format``: its number's).
-# A tensor's text is marked only where it goes into a print: inside print's own
-# arguments, or where the source's syntax tree shows the expression the user's frame is
-# evaluating (its current instruction's ``co_positions``) flowing into an argument of
-# ``print(...)`` through f-strings, ``str``/``repr``/``format``, ``+``, ``%`` and
-# ``"...".join`` (``_flows_into_print``; without a source to read, or a position, the
-# answer is no). ``t.item()`` likewise, only as print's argument, an f-string's value or
-# ``str``/``format``'s: it then stands for its number, as an object that can only be
-# formatted (``_PrintedNumber``). Anywhere else a value is needed now, as before: the
-# call runs eagerly (a fallback naming the line and the construct). A mark no print took
-# before the trace ended (its text went somewhere else as well) makes the call run
-# eagerly too. Other values' text is as traced: a Python number that changes between
-# calls without a new trace prints as it was then, as under ``jax.jit``. A trace that
-# raises the user's error prints what eager printed before it as far as that needs no
-# values (``print(x.shape)`` before a shape error); a trace that falls back prints
-# nothing: the eager call prints it all.
+# The text of a tensor (``repr``, ``str``, ``format``, an f-string, ``%``) is then a mark
+# standing for its array at that point (``Printed``): the effect gets the arrays as the
+# program's values and replaces each mark by what eager shows (with the dtype,
+# ``grad_fn`` and ``requires_grad`` seen when traced; a 0-dim tensor's ``format``: its
+# number's). A tensor's text is marked only where it goes into a print: inside print's
+# own arguments, or where the source's syntax tree shows the expression the user's frame
+# is evaluating flowing into an argument of ``print(...)`` through f-strings,
+# ``str``/``repr``/``format``, ``+``, ``%`` and ``"...".join`` (``_flows_into_print``;
+# without a source, no). ``t.item()`` likewise, only as print's argument, an f-string's
+# value or ``str``/``repr``/``format``'s: it stands for its number, as an object that can
+# only be formatted (``_PrintedNumber``). Anywhere else a value is needed now: the call
+# runs eagerly (a fallback naming the line and the construct), as it does when a mark no
+# print took is left at the end of the trace (its text went somewhere else as well).
+# Other values' text is as traced: a Python number that changes between calls without a
+# new trace prints as it was then, as under ``jax.jit``. A trace that raises the user's
+# error prints what eager printed before it as far as that needs no values
+# (``print(x.shape)`` before a shape error); a trace that falls back prints nothing: the
+# eager call prints it all.
 """
 
 from __future__ import annotations
@@ -38,6 +34,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import dataclasses
 import functools
 import linecache
 import re
@@ -56,20 +53,16 @@ _MARK = "\ue000{}\ue001"
 _MARKS = re.compile("\ue000(\\d+)\ue001")
 
 
+@dataclasses.dataclass(slots=True, eq=False)  # compared by identity, as it holds an array
 class Printed:
     """One tensor's text in a traced step: its array then, how it is shown, and whether a print took it."""
 
-    __slots__ = ("array", "construct", "inner", "printed", "render", "site")
-
-    def __init__(
-        self, array: Any, render: Callable[[Tensor], str], inner: list[int], site: str, construct: str
-    ) -> None:
-        self.array = array
-        self.render = render  # the text of a concrete tensor holding the values
-        self.inner = inner  # the marks in the rest of its text (a forward-mode tangent's repr)
-        self.printed = False
-        self.site = site
-        self.construct = construct
+    array: Any
+    render: Callable[[Tensor], str]  # the text of a concrete tensor holding the values
+    inner: list[int]  # the marks in the rest of its text (a forward-mode tangent's repr)
+    site: str
+    construct: str
+    printed: bool = False
 
 
 def _mark(rec: Any, t: Tensor, render: Callable[[Tensor], str], extras: list[str], frame: Any, construct: str) -> str:
@@ -128,13 +121,13 @@ def unprinted(rec: Any) -> Printed | None:
 # -- the print stand-in ------------------------------------------------------------------
 
 
+@dataclasses.dataclass
 class _Intercept:
     """How many traces run now, and the print the stand-in replaced while they do."""
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.traces = 0
-        self.wrapped: Callable[..., None] = builtins.print
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    traces: int = 0
+    wrapped: Callable[..., None] = builtins.print
 
 
 _INTERCEPT = _Intercept()
@@ -170,14 +163,10 @@ def _print(*args: Any, sep: str | None = " ", end: str | None = "\n", file: Any 
         text = (" " if sep is None else sep).join(map(str, args)) + ("\n" if end is None else end)
     finally:
         rec.printing = printing  # a print inside an argument's ``__str__`` leaves the outer one's
-    marks: list[int] = []
-    pending = [int(m) for m in _MARKS.findall(text)]
-    while pending:
-        k = pending.pop(0)
-        if k not in marks:
-            marks.append(k)
-            rec.printed[k].printed = True
-            pending += rec.printed[k].inner
+    marks = list(dict.fromkeys(int(m) for m in _MARKS.findall(text)))
+    for k in marks:  # the marks inside a tensor's text (a tangent's repr) join the list
+        rec.printed[k].printed = True
+        marks += [inner for inner in rec.printed[k].inner if inner not in marks]
     renders = {k: rec.printed[k].render for k in marks}
     wrapped = _INTERCEPT.wrapped
 
@@ -193,11 +182,8 @@ _print.__doc__ = builtins.print.__doc__
 
 
 def print_before_error(rec: Any) -> None:
-    """The trace raised the user's error: print what eager printed before it, as far as it needs no values.
-
-    Eager's prints before the error (``print(x.shape)`` before a shape error) show it; a
-    print of a tensor's values stops the rest, which would show out of order.
-    """
+    """The trace raised the user's error: print what eager printed before it (``print(x.shape)`` before a shape
+    error) up to the first print of a tensor's values, unknown here (the rest would show out of order)."""
     for emit in rec.prints:
         if emit is None:
             return
@@ -219,26 +205,21 @@ def _flows_into_print(frame: Any, item: bool) -> bool:
     ``str``/``repr``/``format``'s argument) on its way there.
     """
     code = frame.f_code
-    if "print" in (*code.co_varnames, *code.co_cellvars, *code.co_freevars):
-        return False
-    if frame.f_globals.get("print", frame.f_builtins.get("print")) is not _print:
+    shadowed = "print" in (*code.co_varnames, *code.co_cellvars, *code.co_freevars)
+    if shadowed or frame.f_globals.get("print", frame.f_builtins.get("print")) is not _print:
         return False
     positions, index = list(code.co_positions()), frame.f_lasti // 2  # one position per 2-byte code unit
     if not 0 <= index < len(positions) or None in positions[index]:
         return False
-    parsed = _parsed("".join(linecache.getlines(code.co_filename, frame.f_globals)))
-    if parsed is None:
-        return False
-    nodes, parents = parsed
+    nodes, parents = _parsed("".join(linecache.getlines(code.co_filename, frame.f_globals)))
     node: ast.AST | None = _innermost(nodes, positions[index])
     if node is None:
         return False
     if item:  # a number: only formatting may take it (``+`` and ``%`` would compute with it)
         parent = parents.get(node)
         is_item = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "item"
-        if not is_item or not (
-            isinstance(parent, ast.FormattedValue) or _is_text_call(parent, node) or _is_print(parent)
-        ):
+        formatted = isinstance(parent, ast.FormattedValue) or _is_text_call(parent, node) or _is_print(parent)
+        if not (is_item and formatted):
             return False
     while True:
         parent = parents.get(node)
@@ -264,8 +245,8 @@ def _becomes_text(parent: ast.AST, node: ast.AST, parents: dict[ast.AST, ast.AST
     outer = parents.get(parent)
     if isinstance(parent, ast.Tuple) and isinstance(outer, ast.BinOp):  # ``"%s %s" % (a, b)``
         return isinstance(outer.op, ast.Mod) and outer.right is parent
-    if isinstance(parent, (ast.List, ast.Tuple)) or (isinstance(parent, (ast.ListComp, ast.GeneratorExp))
-                                                     and parent.elt is node):
+    comprehension = isinstance(parent, (ast.ListComp, ast.GeneratorExp)) and parent.elt is node
+    if comprehension or isinstance(parent, (ast.List, ast.Tuple)):
         return _is_text_call(outer, parent, join=True)  # ``", ".join(f"{v:.3f}" for v in values)``
     return _is_text_call(parent, node) or _is_text_call(parent, node, join=True)
 
@@ -278,18 +259,17 @@ def _is_text_call(parent: ast.AST | None, node: ast.AST, join: bool = False) -> 
     func = parent.func
     if isinstance(func, ast.Name):
         return not join and func.id in ("str", "repr", "format")
-    return isinstance(func, ast.Attribute) and func.attr == ("join" if join else "format") and (
-        isinstance(func.value, ast.Constant)
-    )
+    method = "join" if join else "format"
+    return isinstance(func, ast.Attribute) and func.attr == method and isinstance(func.value, ast.Constant)
 
 
 @functools.lru_cache(maxsize=16)
-def _parsed(source: str) -> tuple[list[ast.expr], dict[ast.AST, ast.AST]] | None:
-    """A source's expressions and each node's parent; ``None`` without a source that parses."""
+def _parsed(source: str) -> tuple[list[ast.expr], dict[ast.AST, ast.AST]]:
+    """A source's expressions and each node's parent; none without a source that parses."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
-        return None
+        return [], {}
     parents: dict[ast.AST, ast.AST] = {}
     nodes = []
     for node in ast.walk(tree):
