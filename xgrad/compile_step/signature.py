@@ -17,8 +17,8 @@ from xgrad.tensor import Tensor
 from xgrad.tensor.hook_kinds import LEAF_KINDS, leaf_has_hooks
 
 __all__ = [
-    "LastCall", "aliases", "expected_guard", "guard", "guard_entry", "hook_ids_hold", "leaf_hook_ids",
-    "leaf_hook_versions", "leaf_key", "plain_argument", "same_shape", "signature_of",
+    "LastCall", "aliases", "guard_entry", "hook_ids_hold", "leaf_hook_ids", "leaf_hook_versions", "leaf_key",
+    "plain_argument", "same_shape", "signature_of",
 ]
 
 # A step's state is guarded on its hooks of each kind a leaf keeps (NOTE [Hook kinds]).
@@ -47,8 +47,9 @@ leaf_hook_versions = _versions_reader(_LEAF_SLOTS)
 
 def leaf_key(leaf: Any) -> Any:
     if isinstance(leaf, Tensor):
-        a = leaf._array
-        return ("tensor", a.shape, a.dtype, getattr(a, "sharding", None), *guard(leaf, True)[2:])
+        a, g = leaf._array, leaf._grad
+        return ("tensor", a.shape, a.dtype, getattr(a, "sharding", None), leaf.grad_fn, leaf._requires_grad, g is None,
+                None if g is None else g._array.shape, leaf_hook_ids(leaf))
     if isinstance(leaf, jax.Array):
         return ("array", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
     if isinstance(leaf, np.ndarray):
@@ -56,32 +57,18 @@ def leaf_key(leaf: Any) -> Any:
     return ("static", type(leaf), leaf)
 
 
-def guard(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
-    """What a trace's Python decided on about a state tensor (NOTE [Whole-step compile], 3)."""
-    a = t._array
-    g = t._grad
-    return (
-        a.shape, a.dtype, t.grad_fn, t._requires_grad, g is None if grad_read else None,
-        None if g is None or not grad_read else g._array.shape, leaf_hook_ids(t),
-    )
-
-
-def expected_guard(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
-    """``guard`` as ``_guards_hold`` compares it: the ``.grad``'s shape (``None``: no ``.grad``) only if it was read."""
-    shape, dtype, grad_fn, requires_grad, _, grad_shape, hooks = guard(t, grad_read)
-    return shape, dtype, grad_fn, requires_grad, grad_shape, hooks
-
-
 def guard_entry(ref: Any, grad_read: bool) -> list[Any]:
-    """A guard as ``_guards_hold`` reads it: ``[ref, aval, shape, dtype, requires_grad]`` for a leaf without hooks
-    whose ``.grad`` was not read (``Entry.plain_guards``), with ``grad_read`` and the rest of ``expected_guard`` after
-    ``dtype`` for the others (``Entry.guards``), then its hook dicts' versions (``leaf_hook_versions``), which
-    ``_guards_with_history_hold`` compares before the hooks."""
+    """What a trace's Python decided on about a state tensor (NOTE [Whole-step compile], 3), as ``_guards_hold``
+    reads it: ``[ref, aval, shape, dtype, requires_grad]`` for a leaf without hooks whose ``.grad`` was not read
+    (``Entry.plain_guards``); for the others ``[ref, aval, shape, dtype, grad_read, grad_fn, requires_grad, the
+    .grad's shape (None: no .grad or not read), hook ids, hook dicts' versions]`` (``Entry.guards``), the versions
+    (``leaf_hook_versions``) compared by ``_guards_with_history_hold`` before the hooks."""
     t = ref()
-    shape, dtype, grad_fn, requires_grad, grad_shape, hooks = expected_guard(t, grad_read)
-    if not grad_read and grad_fn is None and not any(hooks):
-        return [ref, None, shape, dtype, requires_grad]
-    return [ref, None, shape, dtype, grad_read, grad_fn, requires_grad, grad_shape, hooks, leaf_hook_versions(t)]
+    a, g, hooks = t._array, t._grad, leaf_hook_ids(t)
+    if not grad_read and t.grad_fn is None and not any(hooks):
+        return [ref, None, a.shape, a.dtype, t._requires_grad]
+    grad_shape = None if g is None or not grad_read else g._array.shape
+    return [ref, None, a.shape, a.dtype, grad_read, t.grad_fn, t._requires_grad, grad_shape, hooks, leaf_hook_versions(t)]
 
 
 def hook_ids_hold(guard: list[Any], t: Tensor) -> bool:
