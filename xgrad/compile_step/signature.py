@@ -217,21 +217,31 @@ def plain_argument(t: Tensor) -> bool:
 # An optimizer's parameter group is a dict of plain Python that eager reads at every
 # call. Its numeric entries reach the update as one packed Tensor, a program input
 # (NOTE [PyTorch optimizers]); the rest is frozen where the trace reads it: an entry the
-# step's own code reads (``loss * g["lr"]``, ``if g["nesterov"]``) and the update's
-# options (static arguments). So the group reports them (``StepTrace.entry_read``) and
-# they become guards of the program (``Entry.entry_reads``), compared at every call: an
-# entry by identity, or by value for a number, a string or a tuple of numbers; the
-# options by the one number that counts their changes (``options_version``). A change
-# traces the step again (NOTE [Entries of one signature]). xgrad's own reads add none:
-# the update's go through the packed Tensor and a scheduler stepped in the step reads
-# and sets the rate on the host (its writes change no option). An entry read after the
-# step set it is the step's own value, not a guard. What the step sets to an entry that
-# is no Tensor (``g["lr"] = g["lr"] * 0.5``) is undone when the trace ends, so a second
-# trace of the call starts from the same group, and set again after every call
+# step's own code reads (``loss * g["lr"]``, ``if g["nesterov"]``) and the update's code
+# choices. So the group reports them (``StepTrace.entry_read``) and they become guards of
+# the program (``Entry.entry_reads``), compared at every call: an entry by identity, or
+# by value for a number, a string or a tuple of numbers; the choices by the one number
+# that counts their changes (``options_version``). The step's code may read through any
+# of dict's read paths: ``[]``, ``get``, ``setdefault``, ``pop``, ``values()``,
+# ``items()`` report the entries they read, and ``in``, ``len``, iteration, ``keys()``
+# (and a key read absent) which keys the group has, which ``options_version`` counts too
+# (a key added or removed); ``**g``, ``dict(g)``, ``g.copy()`` and ``|`` read through
+# ``keys`` and ``[]`` (the group defines ``__iter__``), ``copy.copy`` and ``pickle``
+# through ``__reduce__``. Not seen: ``==`` and ``repr``, read in C. The update's choices
+# are its options (static arguments: ``nesterov``, ``amsgrad``, ``centered``) and the
+# sign of an entry that decides which state exists (SGD's and RMSprop's ``momentum``,
+# ``Optimizer._signed_hyper``); a step traced again for one makes the state it calls
+# for as eager does, outside the trace (the program's state, not a constant of it). A
+# change traces the step again (NOTE [Entries of one signature]). xgrad's own reads add
+# none: the update's go through the packed Tensor and a scheduler stepped in the step
+# reads and sets the rate on the host (its writes change no option). An entry read
+# after the step set it is the step's own value, not a guard. What the step sets to an
+# entry that is no Tensor (``g["lr"] = g["lr"] * 0.5``) is undone when the trace ends, so
+# a second trace of the call starts from the same group, and set again after every call
 # (``Entry.entry_writes``; before a host effect that follows, for a scheduler stepped in
-# the program to read), so the dict holds what eager leaves, and an option it changed
-# is counted (the next call traces for it); the packed Tensor gets the traced op's
-# value as any state does. A Tensor set stays as the trace left it.
+# the program to read), so the dict holds what eager leaves, and a choice it changed is
+# counted (the next call traces for it); the packed Tensor gets the traced op's value as
+# any state does. A Tensor set stays as the trace left it.
 
 
 _BY_VALUE = (int, float, complex, str, type(None))
