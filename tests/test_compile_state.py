@@ -582,8 +582,10 @@ def test_an_entry_choosing_the_updates_state_set_between_calls_steps_as_eager(mo
 # The step's own code reading an entry ``scale`` (absent: 1.0) through each of dict's read paths.
 SCALE_READS = {
     "get": lambda group: group.get("scale", 1.0),
+    "setdefault": lambda group: group.setdefault("scale", 1.0),
     "in": lambda group: group["scale"] if "scale" in group else 1.0,
     "iteration": lambda group: next((group[key] for key in group if key == "scale"), 1.0),
+    "reversed": lambda group: next((group[key] for key in reversed(group) if key == "scale"), 1.0),
     "keys": lambda group: group["scale"] if "scale" in group.keys() else 1.0,
     "items": lambda group: dict(group.items()).get("scale", 1.0),
     "values": lambda group: dict(zip(dict.keys(group), group.values(), strict=True)).get("scale", 1.0),
