@@ -377,16 +377,18 @@ GROUP_MODES = ["eager", "compiled backward", "xgrad.compile"]
 X_GROUP = np.array([[1.0, -2.0, 0.5], [0.3, 0.2, -1.0], [2.0, 1.0, 1.0], [-0.5, 0.4, 0.1]])
 
 
-def numpy_sgd(weight, bias, steps):
-    """The weights after plain SGD steps on ``loss = scale * sum((x @ w.T + b) ** 2)``, one per
-    ``(scale, lr, maximize)`` in ``steps``, computed by hand: the independent reference."""
-    weights = []
-    for scale, lr, maximize in steps:
+def numpy_sgd(weight, bias, steps, momenta=None):
+    """The weights after SGD steps on ``loss = scale * sum((x @ w.T + b) ** 2)``, one per ``(scale, lr, maximize)``
+    in ``steps``, each with its momentum in ``momenta`` (none if not given; no buffer is kept while it is zero, so
+    momentum turned on starts one from the gradient), computed by hand: the independent reference."""
+    weights, buffer = [], None
+    for (scale, lr, maximize), momentum in zip(steps, momenta or [0.0] * len(steps), strict=True):
         y = X_GROUP @ weight.T + bias
-        sign = 1.0 if maximize else -1.0
-        weight = weight + sign * lr * scale * 2 * y.T @ X_GROUP
-        bias = bias + sign * lr * scale * 2 * y.sum(0)
-        weights.append(np.concatenate([weight.ravel(), bias]))
+        grad = (-1.0 if maximize else 1.0) * scale * 2 * np.concatenate([(y.T @ X_GROUP).ravel(), y.sum(0)])
+        buffer = None if momentum == 0 else grad if buffer is None else momentum * buffer + grad
+        flat = np.concatenate([weight.ravel(), bias]) - lr * (grad if buffer is None else buffer)
+        weight, bias = flat[:weight.size].reshape(weight.shape), flat[weight.size:]
+        weights.append(flat)
     return weights
 
 
@@ -479,11 +481,11 @@ def test_a_rate_set_in_the_step_is_the_groups_after_every_call(mode, scheduler):
         assert run.stats()["compiles"] == 1
 
 
-def momentum_step(mode, after_step=lambda group: None):
-    """A Linear layer, its SGD with momentum and a step calling ``after_step(group)`` after ``opt.step()``."""
+def momentum_step(mode, after_step=lambda group: None, optimizer=lambda params: xgrad.optim.SGD(params, lr=0.05, momentum=0.9)):
+    """A Linear layer, its ``optimizer`` (SGD with momentum) and a step calling ``after_step(group)`` after ``opt.step()``."""
     xgrad.manual_seed(0)
     model = nn.Linear(3, 2).to(jnp.float64)
-    opt = xgrad.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = optimizer(model.parameters())
     x = xgrad.tensor(X_GROUP)
 
     def step():
@@ -512,18 +514,100 @@ def test_the_updates_options_set_between_calls_choose_its_code_at_the_next_call(
         assert run.stats()["compiles"] == 3
 
 
+@pytest.mark.parametrize(("key", "value", "momentum"), [("nesterov", True, 0.9), ("momentum", 0.9, 0.0)])
 @pytest.mark.parametrize("mode", GROUP_MODES)
-def test_an_option_set_in_the_step_after_its_update_chooses_the_next_calls_update(mode):
+def test_an_option_set_in_the_step_after_its_update_chooses_the_next_calls_update(mode, key, value, momentum):
     """``g["nesterov"] = True`` after ``opt.step()``: the first call's update is plain momentum, the next ones
-    Nesterov's, as eagerly, and the group holds the flag after every call."""
+    Nesterov's, as eagerly (``g["momentum"] = 0.9`` from none: plain SGD, then momentum from a buffer made then), and
+    the group holds the entry after every call."""
 
-    def to_nesterov(group):
-        group["nesterov"] = True
+    def set_entry(group):
+        group[key] = value
 
-    eager_run, eager_group, eager_weights = momentum_step("eager", to_nesterov)
-    run, group, weights = momentum_step(mode, to_nesterov)
+    def optimizer(params):
+        return xgrad.optim.SGD(params, lr=0.05, momentum=momentum)
+
+    eager_run, eager_group, eager_weights = momentum_step("eager", set_entry, optimizer)
+    run, group, weights = momentum_step(mode, set_entry, optimizer)
     for _ in range(3):
         run()
         eager_run()
-        assert group["nesterov"] is True
+        assert group[key] == value and type(group[key]) is type(value)
         assert_same(weights(), eager_weights())
+
+
+@pytest.mark.parametrize("mode", GROUP_MODES)
+def test_momentum_turned_on_and_off_between_calls_steps_as_sgd_with_it(mode):
+    """A warm-up that turns SGD's momentum on at the third call (``g["momentum"] = 0.9``: whether a
+    ``momentum_buffer`` exists is the update's code choice) and off at the last: each call steps as SGD with that
+    momentum does; a compiled step traces again when it turns on or off, not when it changes while on."""
+    run, group, weights, start = group_step(mode, lambda group, loss: loss)
+    momenta = [0.0, 0.0, 0.9, 0.9, 0.5, 0.0]
+    expected = numpy_sgd(*start, [(1.0, 0.1, False)] * len(momenta), momenta)
+    for k, momentum in enumerate(momenta):
+        group["momentum"] = momentum
+        run()
+        np.testing.assert_allclose(weights(), expected[k], rtol=1e-10)
+    if mode == "xgrad.compile":
+        assert run.stats()["compiles"] == 3
+
+
+# An entry of each optimizer that chooses which state its update keeps, and the values it is set to call by call.
+STATE_CHOICES = {
+    "RMSprop momentum": (lambda params: xgrad.optim.RMSprop(params, lr=0.01), "momentum", [0.0, 0.9, 0.5, 0.5, 0.0]),
+    "RMSprop centered": (lambda params: xgrad.optim.RMSprop(params, lr=0.01), "centered", [False, True, True, True, False]),
+    # A short second-moment memory, so its running maximum (the ``max_exp_avg_sq`` state) parts from it.
+    "Adam amsgrad": (lambda params: xgrad.optim.Adam(params, lr=0.05, betas=(0.9, 0.5)), "amsgrad", [False, True, True, True, False]),
+}
+
+
+@pytest.mark.parametrize("choice", list(STATE_CHOICES))
+@pytest.mark.parametrize("mode", GROUP_MODES)
+def test_an_entry_choosing_the_updates_state_set_between_calls_steps_as_eager(mode, choice):
+    """The entry set by hand between calls makes or drops its state entry at the next call, as eagerly: the state
+    made then is the program's, carried from call to call (not a constant of the trace that made it)."""
+    optimizer, key, values = STATE_CHOICES[choice]
+    eager_run, eager_group, eager_weights = momentum_step("eager", optimizer=optimizer)
+    run, group, weights = momentum_step(mode, optimizer=optimizer)
+    for value in values:
+        for g in (group, eager_group):
+            g[key] = value
+        run()
+        eager_run()
+        assert_same(weights(), eager_weights())
+    if mode == "xgrad.compile":
+        assert run.stats()["compiles"] == 3
+
+
+# The step's own code reading an entry ``scale`` (absent: 1.0) through each of dict's read paths.
+SCALE_READS = {
+    "get": lambda group: group.get("scale", 1.0),
+    "setdefault": lambda group: group.setdefault("scale", 1.0),
+    "in": lambda group: group["scale"] if "scale" in group else 1.0,
+    "iteration": lambda group: next((group[key] for key in group if key == "scale"), 1.0),
+    "reversed": lambda group: next((group[key] for key in reversed(group) if key == "scale"), 1.0),
+    "keys": lambda group: group["scale"] if "scale" in group.keys() else 1.0,
+    "items": lambda group: dict(group.items()).get("scale", 1.0),
+    "values": lambda group: dict(zip(dict.keys(group), group.values(), strict=True)).get("scale", 1.0),
+    "**group": lambda group: (lambda scale=1.0, **others: scale)(**group),
+    "dict(group)": lambda group: dict(group).get("scale", 1.0),
+    "copy": lambda group: group.copy().get("scale", 1.0),
+}
+
+
+@pytest.mark.parametrize("read", list(SCALE_READS))
+@pytest.mark.parametrize("mode", GROUP_MODES)
+def test_an_entry_read_through_any_dict_read_and_set_between_calls_is_read_at_every_call(mode, read):
+    """``loss * scale``, ``scale`` read from the group by the step's own code as ``read`` says, first absent, then
+    added, kept, and changed by hand between calls: each call steps with the scale eager reads then, and a call
+    that changed nothing runs the program it ran before."""
+    run, group, weights, start = group_step(mode, lambda group, loss: loss * SCALE_READS[read](group))
+    scales = [1.0, 2.0, 2.0, 0.5]
+    expected = numpy_sgd(*start, [(scale, 0.1, False) for scale in scales])
+    for k, scale in enumerate(scales):
+        if k:
+            group["scale"] = scale
+        run()
+        np.testing.assert_allclose(weights(), expected[k], rtol=1e-10)
+    if mode == "xgrad.compile":
+        assert run.stats()["compiles"] == 3 and run.stats()["hits"] == 1

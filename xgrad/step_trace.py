@@ -107,7 +107,8 @@ class StepTrace:
 
     def entry_read(self, group: Any, key: str | None, value: Any) -> None:
         """The step's own Python read ``group[key]`` (an optimizer's parameter group), ``value``; ``key`` ``None``: the
-        update read the entries that choose its code, ``value`` the group's ``options_version`` then."""
+        update read the entries that choose its code, or the step which keys the group has, ``value`` the group's
+        ``options_version`` then."""
 
     def entry_written(self, group: Any, key: str, value: Any) -> None:
         """``group[key]`` (an optimizer's parameter group) is about to be set to ``value``."""

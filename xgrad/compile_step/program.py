@@ -95,7 +95,7 @@ class Entry:
     in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``donating_program``)
     # A tensor's weak reference, the aval that last passed, its shape and dtype; for plain state (a leaf with
     # no hooks, its .grad not read: parameters, optimizer state, buffers) then its requires_grad, the others
-    # go on with whether their .grad was read, the rest of ``expected_guard`` and their hook dicts' versions.
+    # go on with whether their .grad was read, the rest of ``guard_entry``'s and their hook dicts' versions.
     plain_guards: list[list[Any]]
     guards: list[list[Any]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first

@@ -17,8 +17,8 @@ from xgrad.tensor import Tensor
 from xgrad.tensor.hook_kinds import LEAF_KINDS, leaf_has_hooks
 
 __all__ = [
-    "LastCall", "aliases", "expected_guard", "guard", "guard_entry", "hook_ids_hold", "leaf_hook_ids",
-    "leaf_hook_versions", "leaf_key", "plain_argument", "same_shape", "signature_of",
+    "LastCall", "aliases", "guard_entry", "hook_ids_hold", "leaf_hook_ids", "leaf_hook_versions", "leaf_key",
+    "plain_argument", "same_shape", "signature_of",
 ]
 
 # A step's state is guarded on its hooks of each kind a leaf keeps (NOTE [Hook kinds]).
@@ -47,8 +47,9 @@ leaf_hook_versions = _versions_reader(_LEAF_SLOTS)
 
 def leaf_key(leaf: Any) -> Any:
     if isinstance(leaf, Tensor):
-        a = leaf._array
-        return ("tensor", a.shape, a.dtype, getattr(a, "sharding", None), *guard(leaf, True)[2:])
+        a, g = leaf._array, leaf._grad
+        return ("tensor", a.shape, a.dtype, getattr(a, "sharding", None), leaf.grad_fn, leaf._requires_grad, g is None,
+                None if g is None else g._array.shape, leaf_hook_ids(leaf))
     if isinstance(leaf, jax.Array):
         return ("array", leaf.shape, leaf.dtype, leaf.sharding, leaf.weak_type)
     if isinstance(leaf, np.ndarray):
@@ -56,32 +57,18 @@ def leaf_key(leaf: Any) -> Any:
     return ("static", type(leaf), leaf)
 
 
-def guard(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
-    """What a trace's Python decided on about a state tensor (NOTE [Whole-step compile], 3)."""
-    a = t._array
-    g = t._grad
-    return (
-        a.shape, a.dtype, t.grad_fn, t._requires_grad, g is None if grad_read else None,
-        None if g is None or not grad_read else g._array.shape, leaf_hook_ids(t),
-    )
-
-
-def expected_guard(t: Tensor, grad_read: bool) -> tuple[Any, ...]:
-    """``guard`` as ``_guards_hold`` compares it: the ``.grad``'s shape (``None``: no ``.grad``) only if it was read."""
-    shape, dtype, grad_fn, requires_grad, _, grad_shape, hooks = guard(t, grad_read)
-    return shape, dtype, grad_fn, requires_grad, grad_shape, hooks
-
-
 def guard_entry(ref: Any, grad_read: bool) -> list[Any]:
-    """A guard as ``_guards_hold`` reads it: ``[ref, aval, shape, dtype, requires_grad]`` for a leaf without hooks
-    whose ``.grad`` was not read (``Entry.plain_guards``), with ``grad_read`` and the rest of ``expected_guard`` after
-    ``dtype`` for the others (``Entry.guards``), then its hook dicts' versions (``leaf_hook_versions``), which
-    ``_guards_with_history_hold`` compares before the hooks."""
+    """What a trace's Python decided on about a state tensor (NOTE [Whole-step compile], 3), as ``_guards_hold``
+    reads it: ``[ref, aval, shape, dtype, requires_grad]`` for a leaf without hooks whose ``.grad`` was not read
+    (``Entry.plain_guards``); for the others ``[ref, aval, shape, dtype, grad_read, grad_fn, requires_grad, the
+    .grad's shape (None: no .grad or not read), hook ids, hook dicts' versions]`` (``Entry.guards``), the versions
+    (``leaf_hook_versions``) compared by ``_guards_with_history_hold`` before the hooks."""
     t = ref()
-    shape, dtype, grad_fn, requires_grad, grad_shape, hooks = expected_guard(t, grad_read)
-    if not grad_read and grad_fn is None and not any(hooks):
-        return [ref, None, shape, dtype, requires_grad]
-    return [ref, None, shape, dtype, grad_read, grad_fn, requires_grad, grad_shape, hooks, leaf_hook_versions(t)]
+    a, g, hooks = t._array, t._grad, leaf_hook_ids(t)
+    if not grad_read and t.grad_fn is None and not any(hooks):
+        return [ref, None, a.shape, a.dtype, t._requires_grad]
+    grad_shape = None if g is None or not grad_read else g._array.shape
+    return [ref, None, a.shape, a.dtype, grad_read, t.grad_fn, t._requires_grad, grad_shape, hooks, leaf_hook_versions(t)]
 
 
 def hook_ids_hold(guard: list[Any], t: Tensor) -> bool:
@@ -230,21 +217,31 @@ def plain_argument(t: Tensor) -> bool:
 # An optimizer's parameter group is a dict of plain Python that eager reads at every
 # call. Its numeric entries reach the update as one packed Tensor, a program input
 # (NOTE [PyTorch optimizers]); the rest is frozen where the trace reads it: an entry the
-# step's own code reads (``loss * g["lr"]``, ``if g["nesterov"]``) and the update's
-# options (static arguments). So the group reports them (``StepTrace.entry_read``) and
-# they become guards of the program (``Entry.entry_reads``), compared at every call: an
-# entry by identity, or by value for a number, a string or a tuple of numbers; the
-# options by the one number that counts their changes (``options_version``). A change
-# traces the step again (NOTE [Entries of one signature]). xgrad's own reads add none:
-# the update's go through the packed Tensor and a scheduler stepped in the step reads
-# and sets the rate on the host (its writes change no option). An entry read after the
-# step set it is the step's own value, not a guard. What the step sets to an entry that
-# is no Tensor (``g["lr"] = g["lr"] * 0.5``) is undone when the trace ends, so a second
-# trace of the call starts from the same group, and set again after every call
+# step's own code reads (``loss * g["lr"]``, ``if g["nesterov"]``) and the update's code
+# choices. So the group reports them (``StepTrace.entry_read``) and they become guards of
+# the program (``Entry.entry_reads``), compared at every call: an entry by identity, or
+# by value for a number, a string or a tuple of numbers; the choices by the one number
+# that counts their changes (``options_version``). The step's code may read through any
+# of dict's read paths: ``[]``, ``get``, ``setdefault``, ``pop``, ``values()``,
+# ``items()`` report the entries they read, and ``in``, ``len``, iteration, ``keys()``
+# (and a key read absent) which keys the group has, which ``options_version`` counts too
+# (a key added or removed); ``**g``, ``dict(g)``, ``g.copy()`` and ``|`` read through
+# ``keys`` and ``[]`` (the group defines ``__iter__``), ``copy.copy`` and ``pickle``
+# through ``__reduce__``. Not seen: ``==`` and ``repr``, read in C. The update's choices
+# are its options (static arguments: ``nesterov``, ``amsgrad``, ``centered``) and the
+# sign of an entry that decides which state exists (SGD's and RMSprop's ``momentum``,
+# ``Optimizer._signed_hyper``); a step traced again for one makes the state it calls
+# for as eager does, outside the trace (the program's state, not a constant of it). A
+# change traces the step again (NOTE [Entries of one signature]). xgrad's own reads add
+# none: the update's go through the packed Tensor and a scheduler stepped in the step
+# reads and sets the rate on the host (its writes change no option). An entry read
+# after the step set it is the step's own value, not a guard. What the step sets to an
+# entry that is no Tensor (``g["lr"] = g["lr"] * 0.5``) is undone when the trace ends, so
+# a second trace of the call starts from the same group, and set again after every call
 # (``Entry.entry_writes``; before a host effect that follows, for a scheduler stepped in
-# the program to read), so the dict holds what eager leaves, and an option it changed
-# is counted (the next call traces for it); the packed Tensor gets the traced op's
-# value as any state does. A Tensor set stays as the trace left it.
+# the program to read), so the dict holds what eager leaves, and a choice it changed is
+# counted (the next call traces for it); the packed Tensor gets the traced op's value as
+# any state does. A Tensor set stays as the trace left it.
 
 
 _BY_VALUE = (int, float, complex, str, type(None))

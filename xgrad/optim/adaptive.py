@@ -106,6 +106,7 @@ class RMSprop(Optimizer):
     """``torch.optim.RMSprop``: ``g / (sqrt(square_avg) + eps)``, optionally centered and with momentum."""
 
     _hyper = ("lr", "momentum", "alpha", "eps", "weight_decay")
+    _signed_hyper = ("momentum",)
 
     def __init__(
         self, params: Any, lr: float | Tensor = 1e-2, alpha: float = 0.99, eps: float = 1e-8, weight_decay: float = 0,

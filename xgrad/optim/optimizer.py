@@ -11,7 +11,8 @@
 # dispatch pays per input). Entries that choose code (``nesterov``, ``maximize``, ``amsgrad``)
 # are static arguments of the update. ``state[p]`` holds Tensors too, made when the
 # parameter joins the optimizer rather than at its first step (PyTorch's moment), so a
-# compiled step never makes state; ``state_dict()`` lists only parameters that have
+# compiled step makes state only when traced again for an entry set since that calls for
+# more (``momentum`` turned on); ``state_dict()`` lists only parameters that have
 # stepped, as PyTorch's does. Each step checks, eagerly, that a parameter's state sits
 # where the parameter does and moves it along when the parameter was moved or resharded.
 """
@@ -23,7 +24,7 @@ import math
 import sys
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from typing import Any, ClassVar
 
 import jax
@@ -53,6 +54,12 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_))
 
 
+def _sign(value: Any) -> tuple[bool, bool] | None:
+    """What an update's choice of code reads of a number: whether it is non-zero, whether positive (``None``: not a
+    number, whose every set counts as a change)."""
+    return (bool(value != 0), bool(value > 0)) if _is_number(value) else None
+
+
 def _hyper_piece(value: Any) -> Any:
     """A hyperparameter as the update reads it, in the default float type: a NumPy array for a number, a Tensor's
     own array (reported read to a step being traced) otherwise."""
@@ -73,36 +80,89 @@ class _ParamGroup(dict):
     program input, and ``jax.jit``'s dispatch pays per input. Setting an entry writes its
     slot of the array the Tensor holds then, which a compiled step may have written (a rate
     set inside it): inside a step being traced as an op of the step, so that the other
-    entries stay the program's input, not the values they had when it was traced.
+    entries stay the program's input, not the values they had when it was traced. Each of
+    dict's read paths tells a step being traced what its own code read (NOTE [Param groups
+    in a compiled step] in compile_step).
     """
 
-    def __init__(self, hyper: tuple[str, ...], entries: Mapping[str, Any]) -> None:
+    def __init__(self, hyper: tuple[str, ...], entries: Mapping[str, Any], signed: tuple[str, ...]) -> None:
         super().__init__()
         self._hyper = hyper
+        self._signed = signed
         self.hyper_tensor: Tensor | None = None
         self.hyper_layout: tuple[tuple[str, int, tuple[int, ...]], ...] = ()
-        # Counts the changes of the options, the entries an update takes as code choices (``nesterov``), which
-        # a compiled step checks by this one number (NOTE [Param groups in a compiled step] in compile_step).
+        # Counts the changes of what chooses code: the options, the entries an update takes as code choices
+        # (``nesterov``); the sign of an entry in ``signed`` (``momentum``: whether a ``momentum_buffer`` exists);
+        # which keys the group has. A compiled step checks them by this one number (NOTE [Param groups in a
+        # compiled step] in compile_step).
         self.options_version = 0
         self.update(entries)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickle's default for a dict subclass sets the items before ``__init__``'s attributes exist.
-        return (type(self), (self._hyper, dict(self)))
+        self._report(_reading_step(), dict.keys(self), key_set=True)  # ``copy.copy`` or ``pickle`` in a step
+        return (type(self), (self._hyper, dict(dict.items(self)), self._signed))
+
+    # -- reads: dict's read paths, each telling a step being traced what its own code read ------------
+
+    def _report(self, trace: Any, keys: Iterable[str] = (), key_set: bool = False) -> None:
+        """Tell ``trace`` (``None``: no one) that the step read the entries ``keys``; an absent one, or ``key_set``,
+        is a read of which keys the group has, which ``options_version`` counts."""
+        if trace is None:
+            return
+        for key in keys:
+            if not dict.__contains__(self, key):
+                key_set = True
+            elif key != "params":
+                trace.entry_read(self, key, dict.__getitem__(self, key))
+        if key_set:
+            trace.entry_read(self, None, self.options_version)
 
     def __getitem__(self, key: str) -> Any:
-        return self._read(key)
+        self._report(_reading_step(), (key,))
+        return dict.__getitem__(self, key)
 
     def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
-        return self._read(key) if key in self else default
+        self._report(_reading_step(), (key,))
+        return dict.get(self, key, default)
 
-    def _read(self, key: str) -> Any:
-        """``self[key]``, reported to a step being traced when the caller of ``[]`` or ``get`` is the step's own code."""
-        value = dict.__getitem__(self, key)
-        trace = step_trace.current()
-        if trace is not None and key != "params" and not _library_frame(sys._getframe(2)):
-            trace.entry_read(self, key, value)
-        return value
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self._report(_reading_step(), (key,))
+        if not dict.__contains__(self, key):
+            self[key] = default
+        return dict.__getitem__(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        self._report(_reading_step(), key_set=True)
+        return dict.__contains__(self, key)
+
+    def __len__(self) -> int:
+        self._report(_reading_step(), key_set=True)
+        return dict.__len__(self)
+
+    def __iter__(self) -> Iterator[str]:
+        # Defined, so ``**group``, ``dict(group)``, ``copy()`` and ``|`` read through ``keys`` and ``[]`` (CPython copies
+        # a dict whose iteration is dict's own without them).
+        self._report(_reading_step(), key_set=True)
+        return dict.__iter__(self)
+
+    def __reversed__(self) -> Iterator[str]:
+        self._report(_reading_step(), key_set=True)
+        return dict.__reversed__(self)
+
+    def keys(self) -> KeysView[str]:  # type: ignore[override]
+        self._report(_reading_step(), key_set=True)
+        return dict.keys(self)
+
+    def values(self) -> ValuesView[Any]:  # type: ignore[override]
+        self._report(_reading_step(), dict.keys(self), key_set=True)
+        return dict.values(self)
+
+    def items(self) -> ItemsView[str, Any]:  # type: ignore[override]
+        self._report(_reading_step(), dict.keys(self), key_set=True)
+        return dict.items(self)
+
+    # -- writes ---------------------------------------------------------------------------------------
 
     def __setitem__(self, key: str, value: Any) -> None:
         trace = step_trace.current()
@@ -131,13 +191,30 @@ class _ParamGroup(dict):
         tensor._array = array
 
     def set_entry(self, key: str, value: Any) -> None:
-        """Set ``key`` in the dict alone, counting a changed option; a packed slot stays (a compiled step's program
-        writes it)."""
+        """Set ``key`` in the dict alone, counting a change of what chooses code (``options_version``); a packed slot
+        stays (a compiled step's program writes it)."""
         old = dict.get(self, key, _ABSENT)
         dict.__setitem__(self, key, value)
-        if key not in self._hyper and (isinstance(old, _OPTION) or isinstance(value, _OPTION)):
-            if not (type(old) is type(value) and old == value):
-                self.options_version += 1
+        if old is _ABSENT:  # a key added
+            changed = True
+        elif key in self._hyper:  # a number the update reads packed: a choice by its sign alone, if signed
+            sign = _sign(value)
+            changed = key in self._signed and (sign is None or sign != _sign(old))
+        else:
+            changed = (isinstance(old, _OPTION) or isinstance(value, _OPTION)) and not (
+                type(old) is type(value) and old == value)
+        if changed:
+            self.options_version += 1
+
+    def __delitem__(self, key: str) -> None:
+        dict.__delitem__(self, key)
+        self.options_version += 1
+
+    def pop(self, key: str, *default: Any) -> Any:  # type: ignore[override]
+        self._report(_reading_step(), (key,))
+        if dict.__contains__(self, key):
+            self.options_version += 1
+        return dict.pop(self, key, *default)
 
     def _pack(self) -> None:
         """Lay the entries out anew, packed from their values (a new Tensor if the length changed)."""
@@ -163,11 +240,6 @@ class _ParamGroup(dict):
         for key, value in dict(*args, **kwargs).items():
             self[key] = value
 
-    def setdefault(self, key: str, default: Any = None) -> Any:
-        if key not in self:
-            self[key] = default
-        return self[key]
-
     def hyper_array(self) -> Any:
         """The packed hyperparameters' array (``None``: none), reported read to a step being traced."""
         tensor = self.hyper_tensor
@@ -177,6 +249,13 @@ class _ParamGroup(dict):
         if trace is not None:
             trace.read(tensor)
         return tensor._array
+
+
+def _reading_step() -> Any:
+    """The step being traced when the caller of the group's method calling this is the step's own code, else ``None``:
+    what that code reads of the group becomes a guard of the program (NOTE [Param groups in a compiled step])."""
+    trace = step_trace.current()
+    return None if trace is None or _library_frame(sys._getframe(2)) else trace
 
 
 def _library_frame(frame: Any) -> bool:
@@ -248,6 +327,8 @@ class Optimizer:
     """
 
     _hyper: ClassVar[tuple[str, ...]] = ()
+    # Those of ``_hyper`` whose sign also chooses code (``momentum``: whether a ``momentum_buffer`` exists).
+    _signed_hyper: ClassVar[tuple[str, ...]] = ()
     _hidden_state: ClassVar[frozenset[str]] = frozenset()  # state kept for the update that PyTorch does not save
 
     def __init__(self, params: Any, defaults: dict[str, Any]) -> None:
@@ -309,7 +390,7 @@ class Optimizer:
         known = {id(p) for group in self.param_groups for p in group["params"]}
         if any(id(p) in known for p in params):
             raise ValueError("some parameters appear in more than one parameter group")
-        group = _ParamGroup(self._hyper, entries)
+        group = _ParamGroup(self._hyper, entries, self._signed_hyper)
         self.param_groups.append(group)
         for p in params:
             # Committed to the device it is on, as the update's outputs are: an uncommitted
@@ -332,18 +413,21 @@ class Optimizer:
         return {}
 
     def _ensure_state(self, param: Tensor, group: dict[str, Any]) -> None:
-        """Give ``param`` the state entries its group's entries call for (made when they change, outside compiled steps)."""
+        """Give ``param`` the state entries its group's entries call for (made when they change)."""
         state = self.state[param]
         keys = self._state_keys(group)
         if state.keys() == keys:
             return
-        for key, value in self._init_state(param, group).items():
-            if key in keys and key not in state:
-                array = _placed_like(value, param)
-                if key in _OWN_DTYPE:  # one array for the group's fresh counters of this value (NOTE [Shared counters])
-                    fresh = (id(group), key, float(value), array.dtype, array.sharding)  # ``value``: local, readable
-                    array = self._fresh_counters.setdefault(fresh, array)
-                state[key] = Tensor(array)
+        # Outside a step being traced, from concrete values (one traced again for a changed ``momentum``): state
+        # the program reads and writes, as eager's, not a constant of it.
+        with step_trace.outside(), jax.ensure_compile_time_eval():
+            for key, value in self._init_state(param, group).items():
+                if key in keys and key not in state:
+                    array = _placed_like(value, param)
+                    if key in _OWN_DTYPE:  # one array for the group's fresh counters of this value (NOTE [Shared counters])
+                        fresh = (id(group), key, float(value), array.dtype, array.sharding)  # ``value``: local, readable
+                        array = self._fresh_counters.setdefault(fresh, array)
+                    state[key] = Tensor(array)
         for key in [k for k in state if k not in keys]:
             del state[key]
 

@@ -27,6 +27,7 @@ class SGD(Optimizer):
     """
 
     _hyper = ("lr", "momentum", "dampening", "weight_decay")
+    _signed_hyper = ("momentum",)
     _hidden_state = frozenset({"step"})
 
     def __init__(
