@@ -71,6 +71,30 @@ def test_two_param_groups_follow_pytorch(name):
         np.testing.assert_allclose(got_b, want["b"][step], rtol=1e-9, atol=1e-12)
 
 
+# make_torch_optim.py's SWITCHED: an entry that chooses the update's state, and its value at each step.
+SWITCHED = {
+    "sgd_momentum": ("sgd", "momentum", [0.9, 0.0, 0.0, 0.9, 0.5]),
+    "rmsprop_centered": ("rmsprop", "centered", [True, False, True, False, True]),
+    "rmsprop_momentum": ("rmsprop", "momentum", [0.9, 0.0, 0.9, 0.0, 0.5]),
+    "adam_amsgrad": ("adam_amsgrad", "amsgrad", [True, False, False, True, True]),
+}
+
+
+@pytest.mark.parametrize("name", SWITCHED)
+def test_state_an_entry_switches_off_stays_and_resumes_as_pytorchs(name):
+    """Momentum set to zero (or ``centered``/``amsgrad`` off) leaves its state entry as it is, unread; set again, the
+    update resumes from it, as PyTorch's does (a fresh buffer would start from the gradient)."""
+    optimizer, key, values = SWITCHED[name]
+    w, b, opt = make(optimizer)
+    want = FIXTURE["switched"][name]
+    for step, value in enumerate(values):
+        for group in opt.param_groups:
+            group[key] = value
+        (got_w, got_b), = train(w, b, opt, 1)
+        np.testing.assert_allclose(got_w, want["w"][step], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(got_b, want["b"][step], rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_state_dict_has_pytorch_layout_and_pytorchs_loads_and_resumes(name):
     w, b, opt = make(name)

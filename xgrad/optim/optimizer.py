@@ -413,10 +413,12 @@ class Optimizer:
         return {}
 
     def _ensure_state(self, param: Tensor, group: dict[str, Any]) -> None:
-        """Give ``param`` the state entries its group's entries call for (made when they change)."""
+        """Give ``param`` the state entries its group's entries call for (made when they change). An entry they no
+        longer call for (momentum set to zero) stays as it is, unread, and resumes when called for again, as in
+        PyTorch."""
         state = self.state[param]
         keys = self._state_keys(group)
-        if state.keys() == keys:
+        if keys <= state.keys():
             return
         # Outside a step being traced, from concrete values (one traced again for a changed ``momentum``): state
         # the program reads and writes, as eager's, not a constant of it.
@@ -428,8 +430,6 @@ class Optimizer:
                         fresh = (id(group), key, float(value), array.dtype, array.sharding)  # ``value``: local, readable
                         array = self._fresh_counters.setdefault(fresh, array)
                     state[key] = Tensor(array)
-        for key in [k for k in state if k not in keys]:
-            del state[key]
 
     def _follow_param(self, param: Tensor, state: dict[str, Tensor]) -> None:
         """Move ``param``'s state to where ``param`` now is, in its dtype (``module.to`` since the state was made)."""
@@ -485,7 +485,8 @@ class Optimizer:
         trace = step_trace.current()
         if trace is not None:  # the options are static arguments: a compiled step checks them at every call
             trace.entry_read(group, None, group.options_version)
-        states = [self.state[p] for p in params]
+        active = self._state_keys(group)  # the entries this update reads and writes (``_ensure_state``)
+        states = [{k: t for k, t in self.state[p].items() if k in active} for p in params]
         # NOTE [Shared counters]
         # The parameters of a group step together, so their step counts (and NAdam's
         # ``mu_product``) usually hold one value: they start as one array per group (groups
@@ -516,8 +517,8 @@ class Optimizer:
             for key, t in state.items():
                 t._array = new_counters[key] if key in new_counters else new_state[key]
         if trace is None:
-            for p, state in zip(params, states, strict=True):
-                self._written.record(id(p), [p._array, *(t._array for t in state.values())])
+            for p in params:
+                self._written.record(id(p), [p._array, *(t._array for t in self.state[p].values())])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear every parameter's ``.grad`` (to ``None``, or to zeros)."""
