@@ -566,8 +566,8 @@ STATE_CHOICES = {
 @pytest.mark.parametrize("choice", list(STATE_CHOICES))
 @pytest.mark.parametrize("mode", GROUP_MODES)
 def test_an_entry_choosing_the_updates_state_set_between_calls_steps_as_eager(mode, choice):
-    """The entry set by hand between calls makes its state entry at the next call or leaves it unread, as eagerly: the state
-    made then is the program's, carried from call to call (not a constant of the trace that made it)."""
+    """The entry set by hand between calls makes its state entry at the next call or leaves it unread, as eagerly:
+    the state made then is the program's, carried from call to call (not a constant of the trace that made it)."""
     optimizer, key, values = STATE_CHOICES[choice]
     eager_run, eager_group, eager_weights = momentum_step("eager", optimizer=optimizer)
     run, group, weights = momentum_step(mode, optimizer=optimizer)
