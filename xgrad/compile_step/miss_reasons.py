@@ -39,7 +39,7 @@ def warn_rebinds(fn: Any, name: str) -> None:
         site = f"{code.co_filename}:{line}"
         warnings.warn(
             WARN_REBINDS.format(name=name, kind=kind, var=instruction.argval, site=site), CompileSideEffectWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
 
 

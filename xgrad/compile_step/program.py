@@ -172,10 +172,7 @@ class CompiledFunction:
             with self._trace_lock:  # NOTE [One trace at a time]
                 entry = self._cached(signature, leaves)  # traced by another thread meanwhile: a hit
                 if entry is None:
-                    self._stats["misses"] += 1
                     self._note_miss(signature)
-                    if self._stats["misses"] == 1:
-                        warn_rebinds(self.fn, self._name())
                     try:
                         entry = self._compile(leaves, tree)
                     except NotCompilable as exc:
@@ -292,6 +289,10 @@ class CompiledFunction:
 
     # -- miss path ---------------------------------------------------------------------
     def _note_miss(self, signature: Any) -> None:
+        """Count a miss: the first warns of the variables ``fn`` rebinds, the one past the limit of recompiling."""
+        self._stats["misses"] += 1
+        if self._stats["misses"] == 1:
+            warn_rebinds(self.fn, self._name())
         previous, self._last_signature = self._last_signature, signature
         if self._stats["misses"] > RECOMPILE_WARNING_LIMIT and not self._recompile_warned:
             self._recompile_warned = True
@@ -329,19 +330,19 @@ class CompiledFunction:
         recorder.input_device = next((leaf.device for leaf in leaves if isinstance(leaf, Tensor)), None)
         dyn_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array, np.ndarray))]
         dyn_values = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in dyn_slots]
-        closed, found = self._trace(recorder, leaves, tree, dyn_slots, dyn_values)
+        closed, layout = self._trace(recorder, leaves, tree, dyn_slots, dyn_values)
         if recorder.effects_need_program():
             return self._compile(leaves, tree, observing, effects_in_program=True)
-        entry = _built_entry(recorder, closed, found["layout"], leaves, dyn_slots, dyn_values)
+        entry = _built_entry(recorder, closed, layout, leaves, dyn_slots, dyn_values)
         self._stats["variants" if recorder.observing else "compiles"] += 1
         self._stats["compile_seconds"] += time.perf_counter() - start
         return entry
 
     def _trace(
         self, recorder: StepRecorder, leaves: list[Any], tree: Any, dyn_slots: list[int], dyn_values: list[Any]
-    ) -> tuple[Any, dict[str, Any]]:
-        """``fn`` traced on the call's leaves, its arrays replaced by tracers: its jaxpr, and what
-        ``collect_outputs`` found (``found["layout"]``). Nothing of a failed trace stays."""
+    ) -> tuple[Any, Any]:
+        """``fn`` traced on the call's leaves, its arrays replaced by tracers: its jaxpr, and where its outputs go
+        (``collect_outputs``'s layout). Nothing of a failed trace stays."""
         found: dict[str, Any] = {}
         fn = self.fn
 
@@ -352,8 +353,7 @@ class CompiledFunction:
                 recorder.arg_leaves[id(tracer)] = i
                 leaf = leaves[i]
                 if isinstance(leaf, Tensor):
-                    snap = recorder.snapshots.get(id(leaf))
-                    if snap is None:
+                    if id(leaf) not in recorder.snapshots:  # the first of the arguments that are this tensor
                         recorder.touch(leaf)
                         snap = recorder.snapshots[id(leaf)]
                         snap.start = tracer
@@ -397,7 +397,7 @@ class CompiledFunction:
                 recorder.group_entries.restore()
             if kept is not None:
                 raise NotCompilable(HOOK_KEPT, kept)
-        return closed, found
+        return closed, found["layout"]
 
 
 def _plain_guards_hold(entry: Entry) -> bool:
