@@ -88,9 +88,8 @@ class Entry:
     fresh: list[Any]  # the outputs that replaced the donated inputs at the last call, weakly (``fresh_outputs``)
     tracks_fresh: bool  # whether ``fresh`` is kept: the program forwards no input as an output
     in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``donating_program``)
-    # A tensor's weak reference, the aval that last passed, its shape and dtype; for plain state (a leaf with
-    # no hooks, its .grad not read: parameters, optimizer state, buffers) then its requires_grad, the others
-    # go on with whether their .grad was read, the rest of ``expected_guard`` and their hook dicts' versions.
+    # The state tensors' guards as ``guard_entry`` lays them out, plain state (a leaf with no hooks, its .grad not
+    # read: parameters, optimizer state, buffers) apart.
     plain_guards: list[list[Any]]
     guards: list[list[Any]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
@@ -551,27 +550,21 @@ def compile(
     ``fn`` is a step (NOTE [What a step is]): a ``Module`` is a forward and is returned as it
     is, so ``torch.compile(model)`` and ``torch.compile(train_step)`` both work as in PyTorch.
 
-    Hooks registered on tensors or nodes (inside ``fn`` or before) and custom
-    ``Function.backward``s run once per call with concrete values in eager order,
-    through host callbacks; tensor and node hooks that only observe (return ``None``,
-    queue no callback) run right after the program instead, which costs no host
-    round trip, and the ops they ran on their arguments last time (``g.norm()``) are
-    computed in the program and handed to them. A hook that touches no Python state outside
-    its arguments, or one marked ``xgrad.autograd.compiled.pure_hook``, is traced into the
-    program (NOTE [Hooks traced in] in ``hook_purity.py``: the values it reads are checked at
-    every call); ``xgrad.autograd.compiled.host_hook`` keeps one on the host. ``print`` in ``fn`` prints at every call with that
-    call's values, in eager's format and order (tensors, their f-strings and
-    ``str``/``format``, ``.item()`` as an f-string's value; NOTE [Print in a compiled
-    step] in ``xgrad/compile_step/printing.py``). Other plain Python side effects in
-    ``fn``'s body (appending to a list) run when ``fn`` is traced, on the first call
-    of each signature, not on every call, as under ``jax.jit`` (and once more for a
-    signature whose hooks observe: its observer variant). Python state eager re-reads
-    at every call is not frozen (NOTE [Python state in a compiled step]): an LR
-    scheduler's ``step()`` in ``fn`` runs at every call, each module's
-    ``train()``/``eval()`` mode is guarded, and a module with forward hooks not marked
-    ``pure_hook`` makes the call run eagerly. Calls from several
-    threads trace a signature once. ``step.stats()`` returns ``{"compiles", "hits", "misses", "fallbacks",
-    "variants", "compile_seconds"}``.
+    Hooks registered on tensors or nodes (inside ``fn`` or before) and custom ``Function.backward``s run once
+    per call with concrete values in eager order, through host callbacks; hooks that only observe (return
+    ``None``, queue no callback) run right after the program, at no host round trip, the ops they ran on their
+    arguments last time (``g.norm()``) computed in it (NOTE [Observer hooks]). A hook that touches no Python
+    state outside its arguments, or one marked ``xgrad.autograd.compiled.pure_hook``, is traced into the program,
+    the values it reads checked at every call (NOTE [Hooks traced in] in ``hook_purity.py``);
+    ``xgrad.autograd.compiled.host_hook`` keeps one on the host. ``print`` in ``fn`` prints at every call with
+    that call's values, in eager's format and order (NOTE [Print in a compiled step] in ``printing.py``). Other
+    plain Python side effects in ``fn``'s body (appending to a list) run when ``fn`` is traced, as under
+    ``jax.jit``: on the first call of each signature (and its observer variant's trace). Python state eager
+    re-reads at every call is not frozen (NOTE [Python state in a compiled step]): an LR scheduler's ``step()``
+    in ``fn`` runs at every call, each module's ``train()``/``eval()`` mode is guarded, and a module with
+    forward hooks not marked ``pure_hook`` makes the call run eagerly. Calls from several threads trace a
+    signature once. ``step.stats()`` returns ``{"compiles", "hits", "misses", "fallbacks", "variants",
+    "compile_seconds"}``.
 
     >>> import optax, xgrad
     >>> w = xgrad.tensor([1.0, -2.0], requires_grad=True)
