@@ -210,13 +210,11 @@ class CompiledFunction:
         """Cache ``entry`` for ``signature``, before the ones traced for it under other guards (NOTE [Entries of one signature])."""
         previous = self._cache.get(signature)
         entry.other = None if previous is _FALLBACK else previous
-        last, depth = entry, 1
-        while last.other is not None:
-            depth += 1
-            if depth == ENTRIES_PER_SIGNATURE:
-                last.other.other = None
-                break
-            last = last.other
+        last_kept = entry  # the chain keeps its first ENTRIES_PER_SIGNATURE entries
+        for _ in range(ENTRIES_PER_SIGNATURE - 1):
+            if last_kept.other is not None:
+                last_kept = last_kept.other
+        last_kept.other = None
         self._cache[signature] = entry
         self._last_call = None
         if len(self._cache) > CACHE_SIZE:
@@ -404,9 +402,7 @@ def _plain_guards_hold(entry: Entry) -> bool:
     # ``guard`` inlined, plain state apart: it runs every step, once per state tensor.
     for guard in entry.plain_guards:
         t = guard[0]()
-        if (
-            t is None or t.grad_fn is not None or t._requires_grad != guard[4] or leaf_has_hooks(t)
-        ):
+        if t is None or t.grad_fn is not None or t._requires_grad != guard[4] or leaf_has_hooks(t):
             return False
         found_aval = t._array.aval
         if found_aval is not guard[1] and not same_shape(guard, found_aval):
