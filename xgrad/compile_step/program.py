@@ -475,11 +475,11 @@ def _built_entry(
     entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
     # A constant of the jaxpr that a tensor outliving the trace holds is read from that tensor at every call.
     entry.inputs, entry.aliased, sources = [], [], []
-    for c in closed.consts:
-        live = [s for s in recorder.sources.get(id(c), ()) if resolve_target(s, leaves) is not None]
-        entry.inputs.append((0, c) if not live else (1, live[0]) if type(live[0]) is weakref.ref else (2, live[0]))
+    for const in closed.consts:
+        live = [source for source in recorder.sources.get(id(const), ()) if resolve_target(source, leaves) is not None]
+        entry.inputs.append((0, const) if not live else (1, live[0]) if type(live[0]) is weakref.ref else (2, live[0]))
         if len(live) > 1:
-            entry.aliased.append(tuple(live) if all(type(s) is weakref.ref for s in live) else live)
+            entry.aliased.append(tuple(live) if all(type(source) is weakref.ref for source in live) else live)
         sources.append(live[0] if len(live) == 1 else None)
     sources += [i if isinstance(leaves[i], Tensor) else None for i in dyn_slots]
     jaxpr = closed.jaxpr
