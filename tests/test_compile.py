@@ -182,6 +182,17 @@ def test_recompiles_on_a_shape_change_and_warns_after_repeated_misses():
     assert counter.item() == sum(range(1, 12))
 
 
+def test_a_step_keeps_its_most_recently_used_signatures(monkeypatch):
+    """Past ``CACHE_SIZE`` signatures the least recently used one goes: a hit keeps its signature."""
+    from xgrad.compile_step import program
+
+    monkeypatch.setattr(program, "CACHE_SIZE", 2)
+    step = xgrad.compile(lambda v: v * 2.0, fallback="error")
+    for n in (1, 2, 1, 3, 1, 2):  # size 1 is used again before size 3 comes, so size 2 goes
+        np.testing.assert_allclose(step(xgrad.ones(n)).numpy(), np.full(n, 2.0))
+    assert (step.stats()["misses"], step.stats()["hits"]) == (4, 2)
+
+
 def test_a_call_like_the_last_hit_skips_the_signature_and_any_change_still_retraces(monkeypatch):
     """A call whose arguments match the last hit's by identity (the same avals, shardings found
     equal, the same static values) runs its program without building the signature; every

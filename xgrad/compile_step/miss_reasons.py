@@ -39,7 +39,7 @@ def warn_rebinds(fn: Any, name: str) -> None:
         site = f"{code.co_filename}:{line}"
         warnings.warn(
             WARN_REBINDS.format(name=name, kind=kind, var=instruction.argval, site=site), CompileSideEffectWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
 
 
@@ -81,7 +81,7 @@ _CONSTRUCTS = {
 
 
 def describe_change(fn: Any, old: Any, new: Any) -> str:
-    """What changed between two call signatures (``_signature`` in ``program.py``), in one line naming the argument."""
+    """What changed between two call signatures (``signature_of``), in one line naming the argument."""
     if old is None:
         return "first call"
     (old_tree, old_leaves, old_alias, old_mode), (new_tree, new_leaves, new_alias, new_mode) = old, new
@@ -143,7 +143,7 @@ def _describe_structure_change(fn: Any, old_tree: Any, new_tree: Any) -> str:
     return f"the arguments' structure changed from {old_tree} to {new_tree}"
 
 
-# What a leaf's key (``_leaf_key`` in ``program.py``) holds after its kind, by kind.
+# What a leaf's key (``leaf_key`` in ``signature.py``) holds after its kind, by kind.
 _KEY_FIELDS = {
     "tensor": ("shape", "dtype", "sharding", "grad_fn", "requires_grad", ".grad is None", ".grad's shape", "hooks"),
     "array": ("shape", "dtype", "sharding", "weak_type"),

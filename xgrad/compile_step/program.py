@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import threading
 import time
@@ -31,7 +32,7 @@ from xgrad.compile_step.intercept import StepRecorder
 from xgrad.compile_step.miss_reasons import concrete_value_needed, describe_change, warn_rebinds
 from xgrad.compile_step.observers import run_observers
 from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
-from xgrad.compile_step.program_call import check_first, donating_program, finish, gather_inputs, precheck, run_program
+from xgrad.compile_step.program_call import donating_program, finish, gather_inputs, precheck, run_program
 from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.signature import (
     LastCall,
@@ -69,33 +70,26 @@ CACHE_SIZE = 64
 ENTRIES_PER_SIGNATURE = 4
 
 
+@dataclasses.dataclass(init=False, eq=False, slots=True)
 class Entry:
     """One compiled signature: the program, where its inputs come from, where its outputs go."""
 
-    __slots__ = (
-        "aliased", "arg_tensor_slots", "check_first", "checks", "consts", "donated", "donated_outputs_of", "dropped_grads", "effects", "fast_writes", "flags", "fresh",
-        "guards", "has_host_calls", "plain_guards", "in_order", "precheck", "tracks_fresh",
-        "entry_reads", "entry_writes", "hook_box", "hook_reads", "host_checks", "inputs", "jitted", "mode_writes", "modes", "n_dyn_args", "other", "observers",
-        "observing", "result_template", "result_tree", "returns_one_leaf", "writes",
-    )
     aliased: list[Any]  # the sources sharing one array when traced: a tuple of weak references, else a list of targets
     arg_tensor_slots: tuple[int, ...]
     checks: tuple[tuple[Callable[[Any], BaseException], int | None, list[Any]], ...]  # error, detail's output, writes
-    consts: list[tuple[str, Any]]
     # The inputs a call donates: position, source, whether a new .grad Tensor replaces it, the output replacing
     # it (NOTE [Donated state]).
     donated: tuple[tuple[int, Any, bool, int], ...]
     donated_outputs_of: Any  # the outputs replacing them, in their order, taken from a call's outputs (``tuple_getter``)
-    check_first: bool  # whether a call checks its arguments' indices before the program runs (``check_first``)
+    check_first: bool  # whether a call checks its arguments' indices before the program runs
     dropped_grads: tuple[Any, ...]  # the targets whose .grad a call lets go of before its program runs
     effects: list[tuple[Any, Any, list[Any], list[tuple[int, int]]]]  # host effects run after the program
-    fast_writes: tuple[list[Any], list[Any], list[Any], list[Any]]  # ``writes`` as ``apply_final_writes`` takes them
+    fast_writes: tuple[list[Any], list[Any], list[Any], list[Any]]  # the state writes, as ``sort_writes`` makes them
     fresh: list[Any]  # the outputs that replaced the donated inputs at the last call, weakly (``fresh_outputs``)
     tracks_fresh: bool  # whether ``fresh`` is kept: the program forwards no input as an output
     in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``donating_program``)
-    # A tensor's weak reference, the aval that last passed, its shape and dtype; for plain state (a leaf with
-    # no hooks, its .grad not read: parameters, optimizer state, buffers) then its requires_grad, the others
-    # go on with whether their .grad was read, the rest of ``guard_entry``'s and their hook dicts' versions.
+    # The state tensors' guards as ``guard_entry`` lays them out, plain state (a leaf with no hooks, its .grad not
+    # read: parameters, optimizer state, buffers) apart.
     plain_guards: list[list[Any]]
     guards: list[list[Any]]
     host_checks: tuple[tuple[int, int, str, bool, int | None, list[Any]], ...]  # an argument's indices, checked first
@@ -111,15 +105,13 @@ class Entry:
     entry_writes: list[tuple[Any, str, Any]]
     observers: list[Any]  # the observer variant's hooks, run after it in program order
     observing: Any  # the observer variant once traced (``_NO_VARIANT``: none can be), else ``None``
-    inputs: list[tuple[int, Any]]
+    inputs: list[tuple[int, Any]]  # per constant of the jaxpr: (0, itself), (1, a weak reference), (2, another target)
     flags: int | None  # the output holding the checks' flags (NOTE [Checks in a compiled step])
     precheck: Any  # the program's checks alone, run before it, and it donating nothing (NOTE [Donated state]), or ``None``
     jitted: Any
-    n_dyn_args: int
     result_template: list[tuple[str, Any, Any]]
     result_tree: Any
     returns_one_leaf: bool  # ``fn`` returns one leaf itself (a Tensor, an array): no tree to rebuild around it
-    writes: list[tuple[Any, str, Any, int]]
 
 
 _FALLBACK = object()
@@ -179,10 +171,7 @@ class CompiledFunction:
             with self._trace_lock:  # NOTE [One trace at a time]
                 entry = self._cached(signature, leaves)  # traced by another thread meanwhile: a hit
                 if entry is None:
-                    self._stats["misses"] += 1
                     self._note_miss(signature)
-                    if self._stats["misses"] == 1:
-                        warn_rebinds(self.fn, self._name())
                     try:
                         entry = self._compile(leaves, tree)
                     except NotCompilable as exc:
@@ -221,13 +210,11 @@ class CompiledFunction:
         """Cache ``entry`` for ``signature``, before the ones traced for it under other guards (NOTE [Entries of one signature])."""
         previous = self._cache.get(signature)
         entry.other = None if previous is _FALLBACK else previous
-        last, depth = entry, 1
-        while last.other is not None:
-            depth += 1
-            if depth == ENTRIES_PER_SIGNATURE:
-                last.other.other = None
-                break
-            last = last.other
+        last_kept = entry  # the chain keeps its first ENTRIES_PER_SIGNATURE entries
+        for _ in range(ENTRIES_PER_SIGNATURE - 1):
+            if last_kept.other is not None:
+                last_kept = last_kept.other
+        last_kept.other = None
         self._cache[signature] = entry
         self._last_call = None
         if len(self._cache) > CACHE_SIZE:
@@ -299,6 +286,10 @@ class CompiledFunction:
 
     # -- miss path ---------------------------------------------------------------------
     def _note_miss(self, signature: Any) -> None:
+        """Count a miss: the first warns of the variables ``fn`` rebinds, the one past the limit of recompiling."""
+        self._stats["misses"] += 1
+        if self._stats["misses"] == 1:
+            warn_rebinds(self.fn, self._name())
         previous, self._last_signature = self._last_signature, signature
         if self._stats["misses"] > RECOMPILE_WARNING_LIMIT and not self._recompile_warned:
             self._recompile_warned = True
@@ -336,19 +327,19 @@ class CompiledFunction:
         recorder.input_device = next((leaf.device for leaf in leaves if isinstance(leaf, Tensor)), None)
         dyn_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array, np.ndarray))]
         dyn_values = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in dyn_slots]
-        closed, found = self._trace(recorder, leaves, tree, dyn_slots, dyn_values)
+        closed, layout = self._trace(recorder, leaves, tree, dyn_slots, dyn_values)
         if recorder.effects_need_program():
             return self._compile(leaves, tree, observing, effects_in_program=True)
-        entry = _built_entry(recorder, closed, found["layout"], leaves, dyn_slots, dyn_values)
+        entry = _built_entry(recorder, closed, layout, leaves, dyn_slots, dyn_values)
         self._stats["variants" if recorder.observing else "compiles"] += 1
         self._stats["compile_seconds"] += time.perf_counter() - start
         return entry
 
     def _trace(
         self, recorder: StepRecorder, leaves: list[Any], tree: Any, dyn_slots: list[int], dyn_values: list[Any]
-    ) -> tuple[Any, dict[str, Any]]:
-        """``fn`` traced on the call's leaves, its arrays replaced by tracers: its jaxpr, and what
-        ``collect_outputs`` found (``found["layout"]``). Nothing of a failed trace stays."""
+    ) -> tuple[Any, Any]:
+        """``fn`` traced on the call's leaves, its arrays replaced by tracers: its jaxpr, and where its outputs go
+        (``collect_outputs``'s layout). Nothing of a failed trace stays."""
         found: dict[str, Any] = {}
         fn = self.fn
 
@@ -359,8 +350,7 @@ class CompiledFunction:
                 recorder.arg_leaves[id(tracer)] = i
                 leaf = leaves[i]
                 if isinstance(leaf, Tensor):
-                    snap = recorder.snapshots.get(id(leaf))
-                    if snap is None:
+                    if id(leaf) not in recorder.snapshots:  # the first of the arguments that are this tensor
                         recorder.touch(leaf)
                         snap = recorder.snapshots[id(leaf)]
                         snap.start = tracer
@@ -404,7 +394,7 @@ class CompiledFunction:
                 recorder.group_entries.restore()
             if kept is not None:
                 raise NotCompilable(HOOK_KEPT, kept)
-        return closed, found
+        return closed, found["layout"]
 
 
 def _plain_guards_hold(entry: Entry) -> bool:
@@ -412,9 +402,7 @@ def _plain_guards_hold(entry: Entry) -> bool:
     # ``guard`` inlined, plain state apart: it runs every step, once per state tensor.
     for guard in entry.plain_guards:
         t = guard[0]()
-        if (
-            t is None or t.grad_fn is not None or t._requires_grad != guard[4] or leaf_has_hooks(t)
-        ):
+        if t is None or t.grad_fn is not None or t._requires_grad != guard[4] or leaf_has_hooks(t):
             return False
         found_aval = t._array.aval
         if found_aval is not guard[1] and not same_shape(guard, found_aval):
@@ -472,10 +460,8 @@ def _built_entry(
     """The cache entry of a traced step: its guards, inputs, donation and compiled program."""
     entry = Entry()
     entry.arg_tensor_slots = tuple(dyn_slots)
-    entry.n_dyn_args = len(dyn_slots)
-    (entry.writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags,
-     entry.host_checks) = layout
-    entry.fast_writes = sort_writes(entry.writes)
+    writes, entry.result_template, entry.result_tree, guard_refs, entry.checks, entry.flags, entry.host_checks = layout
+    entry.fast_writes = sort_writes(writes)
     entry.returns_one_leaf = entry.result_tree.num_nodes == 1 and entry.result_tree.num_leaves == 1
     entry.effects = recorder.effects
     entry.other = None
@@ -487,39 +473,27 @@ def _built_entry(
     entry.entry_reads = list(recorder.group_entries.reads.values())
     entry.entry_writes = recorder.group_entries.flush()
     entry.mode_writes = [(ref, not training) for ref, training in entry.modes if ref().training != training]
-    consts: list[tuple[str, Any]] = []
-    for c in closed.consts:
-        live = [s for s in recorder.sources.get(id(c), ()) if resolve_target(s, leaves) is not None]
-        consts.append(("state", live) if live else ("const", c))
-    entry.consts = consts
-    entry.aliased = [
-        tuple(refs) if all(type(s) is weakref.ref for s in refs) else refs
-        for kind, refs in consts if kind != "const" and len(refs) > 1
-    ]
-    entry.inputs = [
-        (0, refs) if kind == "const" else (1, refs[0]) if type(refs[0]) is weakref.ref else (2, refs[0]) for kind, refs in consts
-    ]
-    _compile_program(entry, recorder, closed, leaves, dyn_slots, dyn_values)
-    return entry
-
-
-def _compile_program(
-    entry: Entry, recorder: StepRecorder, closed: Any, leaves: list[Any], dyn_slots: list[int], dyn_values: list[Any]
-) -> None:
-    """``entry``'s program: what it donates, its checks made first, jitted and compiled for the call's values."""
-    consts = entry.consts
-    jaxpr = closed.jaxpr
-    program = jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(constvars=[], invars=[*jaxpr.constvars, *jaxpr.invars]), []))
-    sources = [refs[0] if kind == "state" and len(refs) == 1 else None for kind, refs in consts]
+    # A constant of the jaxpr that a tensor outliving the trace holds is read from that tensor at every call.
+    entry.inputs, entry.aliased, sources = [], [], []
+    for const in closed.consts:
+        live = [source for source in recorder.sources.get(id(const), ()) if resolve_target(source, leaves) is not None]
+        entry.inputs.append((0, const) if not live else (1, live[0]) if type(live[0]) is weakref.ref else (2, live[0]))
+        if len(live) > 1:
+            entry.aliased.append(tuple(live) if all(type(source) is weakref.ref for source in live) else live)
+        sources.append(live[0] if len(live) == 1 else None)
     sources += [i if isinstance(leaves[i], Tensor) else None for i in dyn_slots]
+    jaxpr = closed.jaxpr
+    invars = [*jaxpr.constvars, *jaxpr.invars]
+    program = jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(constvars=[], invars=invars), []))
     entry.has_host_calls = bool(closed.effects)
-    entry.precheck = None if recorder.observing else precheck(entry, program, [*jaxpr.constvars, *jaxpr.invars], jaxpr)
+    entry.precheck = None if recorder.observing else precheck(entry, program, invars, jaxpr)
     entry.donated, entry.dropped_grads = ((), ()) if recorder.observing or entry.has_host_calls else donation(
-        entry.writes, () if entry.precheck is not None else entry.checks, sources,
-        [v.aval for v in (*jaxpr.constvars, *jaxpr.invars)], closed.out_avals,
+        writes, () if entry.precheck is not None else entry.checks, sources, [v.aval for v in invars], closed.out_avals,
     )
     entry.donated_outputs_of = tuple_getter(tuple(index for _, _, _, index in entry.donated))
-    entry.check_first = check_first(entry)
+    # Arguments' indices are checked before the program when its hooks must not run after a failed check, when it
+    # consumes the state (NOTE [Donated state]), or when its own checks run first (eager checks the arguments first).
+    entry.check_first = entry.has_host_calls or bool(entry.donated or entry.dropped_grads) or entry.precheck is not None
     entry.jitted, entry.in_order = donating_program(program, entry.donated, len(closed.out_avals))
     entry.fresh = []
     entry.observers = recorder.observers
@@ -529,12 +503,13 @@ def _compile_program(
     only_hooks = 0 < recorder.hook_calls == recorder.host_calls - recorder.conditional_calls
     entry.hook_box = recorder.hook_box if only_hooks else None
     traced_program = entry.jitted.trace(
-        *[refs if kind == "const" else source_value(refs[0], leaves) for kind, refs in consts], *dyn_values
+        *[source if kind == 0 else source_value(source, leaves) for kind, source in entry.inputs], *dyn_values
     )
     # An output that is an input of the jitted program is that input's array itself, no buffer of its own.
     run_jaxpr = traced_program.jaxpr.jaxpr
     entry.tracks_fresh = bool(entry.donated) and not set(run_jaxpr.invars).intersection(run_jaxpr.outvars)
     traced_program.lower().compile()
+    return entry
 
 
 def compile(
@@ -571,27 +546,21 @@ def compile(
     ``fn`` is a step (NOTE [What a step is]): a ``Module`` is a forward and is returned as it
     is, so ``torch.compile(model)`` and ``torch.compile(train_step)`` both work as in PyTorch.
 
-    Hooks registered on tensors or nodes (inside ``fn`` or before) and custom
-    ``Function.backward``s run once per call with concrete values in eager order,
-    through host callbacks; tensor and node hooks that only observe (return ``None``,
-    queue no callback) run right after the program instead, which costs no host
-    round trip, and the ops they ran on their arguments last time (``g.norm()``) are
-    computed in the program and handed to them. A hook that touches no Python state outside
-    its arguments, or one marked ``xgrad.autograd.compiled.pure_hook``, is traced into the
-    program (NOTE [Hooks traced in] in ``hook_purity.py``: the values it reads are checked at
-    every call); ``xgrad.autograd.compiled.host_hook`` keeps one on the host. ``print`` in ``fn`` prints at every call with that
-    call's values, in eager's format and order (tensors, their f-strings and
-    ``str``/``format``, ``.item()`` as an f-string's value; NOTE [Print in a compiled
-    step] in ``xgrad/compile_step/printing.py``). Other plain Python side effects in
-    ``fn``'s body (appending to a list) run when ``fn`` is traced, on the first call
-    of each signature, not on every call, as under ``jax.jit`` (and once more for a
-    signature whose hooks observe: its observer variant). Python state eager re-reads
-    at every call is not frozen (NOTE [Python state in a compiled step]): an LR
-    scheduler's ``step()`` in ``fn`` runs at every call, each module's
-    ``train()``/``eval()`` mode is guarded, and a module with forward hooks not marked
-    ``pure_hook`` makes the call run eagerly. Calls from several
-    threads trace a signature once. ``step.stats()`` returns ``{"compiles", "hits", "misses", "fallbacks",
-    "variants", "compile_seconds"}``.
+    Hooks registered on tensors or nodes (inside ``fn`` or before) and custom ``Function.backward``s run once
+    per call with concrete values in eager order, through host callbacks; hooks that only observe (return
+    ``None``, queue no callback) run right after the program, at no host round trip, the ops they ran on their
+    arguments last time (``g.norm()``) computed in it (NOTE [Observer hooks]). A hook that touches no Python
+    state outside its arguments, or one marked ``xgrad.autograd.compiled.pure_hook``, is traced into the program,
+    the values it reads checked at every call (NOTE [Hooks traced in] in ``hook_purity.py``);
+    ``xgrad.autograd.compiled.host_hook`` keeps one on the host. ``print`` in ``fn`` prints at every call with
+    that call's values, in eager's format and order (NOTE [Print in a compiled step] in ``printing.py``). Other
+    plain Python side effects in ``fn``'s body (appending to a list) run when ``fn`` is traced, as under
+    ``jax.jit``: on the first call of each signature (and its observer variant's trace). Python state eager
+    re-reads at every call is not frozen (NOTE [Python state in a compiled step]): an LR scheduler's ``step()``
+    in ``fn`` runs at every call, each module's ``train()``/``eval()`` mode is guarded, and a module with
+    forward hooks not marked ``pure_hook`` makes the call run eagerly. Calls from several threads trace a
+    signature once. ``step.stats()`` returns ``{"compiles", "hits", "misses", "fallbacks", "variants",
+    "compile_seconds"}``.
 
     >>> import optax, xgrad
     >>> w = xgrad.tensor([1.0, -2.0], requires_grad=True)

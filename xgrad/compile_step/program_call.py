@@ -134,13 +134,6 @@ def _call_program(entry: Entry, leaves: list[Any]) -> Any:
     return finish(entry, outs, leaves)
 
 
-def check_first(entry: Entry) -> bool:
-    """Whether a call checks its arguments' indices before its program runs: when its hooks must not run if a
-    check fails, or it consumes the state (NOTE [Donated state]), and before the program's own checks run
-    first (an argument's indices are checked first, as eager does)."""
-    return entry.has_host_calls or bool(entry.donated or entry.dropped_grads) or entry.precheck is not None
-
-
 def _raise_failed_check(entry: Entry, failed: Any, outs: Any, leaves: list[Any]) -> None:
     """Raise the first failed check's error, the state written as eager leaves it when the op raises."""
     if failed.any():
