@@ -62,7 +62,8 @@ class Step:
         self.saved_key: tuple[Any, ...] = nkey[4] if self.kind == K_FUNC else ()  # a traced Function's: which saved tensors require grad
         self.leaf_slot = -1  # a leaf's index among the program's leaves
         self.leaf_sharding: Any = None
-        self.targets: list[tuple[int, int] | None] = []  # (position, input_nr) per edge, ``None`` where it leads out
+        # (position, input_nr, that node's number of inputs) per edge, ``None`` where it leads out
+        self.targets: list[tuple[int, int, int] | None] = []
         self.edges = tuple(None if n is None else (n.name(), _traced_metadata(n.input_metadata)[nr]) for n, nr in node.next_edges)
 
 
@@ -75,7 +76,9 @@ def build_steps(walk: Walk) -> list[Step]:
         steps.append(step)
         if not step.runs:
             continue
-        step.targets = [None if n is None or n not in position else (position[n], nr) for n, nr in node.next_edges]
+        step.targets = [
+            None if n is None or n not in position else (position[n], nr, len(n.input_metadata)) for n, nr in node.next_edges
+        ]
         if isinstance(node, AccumulateGrad) and not step.host:
             step.leaf_slot = leaf_slots
             leaf_slots += 1
@@ -86,15 +89,19 @@ def build_steps(walk: Walk) -> list[Step]:
 
 
 class Values:
-    """Gradients in flight inside a segment (or on the host between segments), and what a segment gives back."""
+    """A run of steps' grads in flight (``buffers``; ``live``: those a segment or host step before gave back), what
+    traced steps read besides them (the root grads, the leaves' old ``.grad``) and what a segment gives back."""
 
-    __slots__ = ("buffers", "captures", "grads", "retained")
+    __slots__ = ("buffers", "captures", "grads", "old", "retained", "roots")
 
-    def __init__(self, live: dict[int, list[Any]] | None = None) -> None:
+    def __init__(self, live: dict[int, list[Any]], roots: list[Tensor] | None = None,
+                 old: dict[int, Tensor] | None = None) -> None:
         self.buffers: dict[int, InputBuffer] = {}
-        for pos, grads in (live or {}).items():  # what a segment or host step before gave back (``live``)
+        for pos, grads in live.items():
             buf = self.buffers[pos] = InputBuffer(0)
             buf.buffer = list(grads)
+        self.roots = roots or []
+        self.old = old or {}
         self.grads: dict[int, Tensor] = {}
         self.captures: dict[int, Tensor] = {}
         self.retained: dict[tuple[int, int], Tensor] = {}
@@ -272,25 +279,10 @@ def _with_apply(cls: type[Node], apply: Callable[[Node, list[Tensor | None]], li
     return made
 
 
-def _recorders(pos: int, retains: dict[int, Any], values: Values) -> dict[int, Callable[[Any], None]]:
-    """Retains-grad hooks that record the traced grad as a program output, for the host to retain."""
-    return {nr: functools.partial(_record, values.retained, (pos, nr)) for nr in retains}
-
-
 def _record(into: dict[tuple[int, int], Tensor], at: tuple[int, int], grad: Tensor | None) -> None:
+    """A traced retains-grad hook: the grad becomes a program output, for the host to retain."""
     if grad is not None:
         into[at] = grad
-
-
-class Inputs:
-    """What a node reads besides its grads: its flat values and, traced, the root grads and the leaves' old ``.grad``."""
-
-    __slots__ = ("args", "old", "roots", "shapes_only", "traced")
-
-    def __init__(self, args: Iterator[Any], traced: bool, roots: list[Tensor] | None = None,
-                 old: dict[int, Tensor] | None = None, shapes_only: bool = False) -> None:
-        self.args, self.traced, self.roots, self.old = args, traced, roots or [], old or {}
-        self.shapes_only = shapes_only  # a host step traced for its outputs' shapes and its pure hooks (``_zeros_for_edges``)
 
 
 # Where a node keeps the hooks run before and after its rule (NOTE [Hooks in the key]).
@@ -303,45 +295,44 @@ def _drop_hooks(stand: Node, slots: tuple[str, ...]) -> None:
         setattr(stand, slot, None)
 
 
-def _stand_in(node: Node, step: Step, values: Values, given: Inputs) -> Node:
-    """What runs in ``node``'s place (NOTE [Stand-in nodes])."""
-    if not given.traced:  # on the host: a Function or a leaf runs as itself
-        return _rule_stand_in(node, given.args) if step.runs and isinstance(node, RuleNode) else node
+def _traced_stand_in(node: Node, step: Step, values: Values, args: Iterator[Any] | None) -> Node:
+    """What runs in ``node``'s place in a program (NOTE [Stand-in nodes]); ``args``: its flat values, ``None`` for a
+    host step traced for the shapes of what it sends on and for its pure hooks."""
     stand: Any
-    if given.shapes_only:
+    if args is None:
         stand = _copy(node, _with_apply(type(node), _zeros_for_edges))
-        if step.hooks[1] is HOST:
-            _drop_hooks(stand, _AFTER_SLOTS)
     elif not step.runs:  # captured only: its hooks run, its saved values are not read
         stand = _copy(node)
     elif isinstance(node, RuleNode):
-        stand = _rule_stand_in(node, given.args)
+        stand = _rule_stand_in(node, args)
     elif isinstance(node, FunctionNode):
-        stand = _function_stand_in(node, step.saved_key, given.args)
+        stand = _function_stand_in(node, step.saved_key, args)
     elif isinstance(node, AccumulateGrad):
         stand = _copy(node, _TracedAccumulate)
-        stand.into, stand.old, stand.slot = values.grads, given.old.get(step.leaf_slot), (step.leaf_slot, step.leaf_sharding)
+        stand.into, stand.old, stand.slot = values.grads, values.old.get(step.leaf_slot), (step.leaf_slot, step.leaf_sharding)
     else:
         stand = _copy(node)
         if isinstance(node, GraphRoot):
-            stand.outputs = given.roots
+            stand.outputs = values.roots
     stand.input_metadata = step.meta
     stand._tensor_pre_hooks = node.tensor_pre_hooks()
-    if step.host_pre or (given.shapes_only and step.hooks[0] is HOST):  # run on the host, not here
-        _drop_hooks(stand, _BEFORE_SLOTS)
-    if stand._retains_grad_hooks:
-        stand._retains_grad_hooks = _recorders(step.pos, stand._retains_grad_hooks, values)
+    for hooks, slots in zip(step.hooks, (_BEFORE_SLOTS, _AFTER_SLOTS), strict=True):
+        if hooks is HOST:  # they run on the host, not here
+            _drop_hooks(stand, slots)
+    retains = stand._retains_grad_hooks
+    if retains:
+        stand._retains_grad_hooks = {nr: functools.partial(_record, values.retained, (step.pos, nr)) for nr in retains}
     return stand  # type: ignore[no-any-return]
 
 
-def run_node(steps: list[Step], step: Step, node: Node, values: Values, given: Inputs) -> None:
-    """Run ``node`` as ``engine.evaluate_function`` does, on a stand-in (NOTE [Stand-in nodes]), and route its grads."""
+def run_node(step: Step, node: Node, values: Values) -> None:
+    """Run ``node`` (a stand-in, or on the host the node itself) as ``engine.evaluate_function`` does, and route its
+    grads."""
     buf = values.buffers.pop(step.pos, None)
     inputs = [None] * len(step.meta) if buf is None else buf.buffer
-    node = _stand_in(node, step, values, given)
     if not step.runs:  # captured only: eager runs its tensor pre-hooks and stops there
         inputs = call_tensor_pre_hooks(node, list(inputs))
-    if not (given.traced and step.host_pre):  # else captured before its pre-hooks, on the host
+    if not step.host_pre:  # else captured before its pre-hooks, on the host
         _capture(step, inputs, values)
     if not step.runs:
         return
@@ -350,7 +341,7 @@ def run_node(steps: list[Step], step: Step, node: Node, values: Values, given: I
         if target is not None:
             buf = buffers.get(target[0])
             if buf is None:
-                buf = buffers[target[0]] = InputBuffer(len(steps[target[0]].meta))
+                buf = buffers[target[0]] = InputBuffer(target[2])
             buf.add(target[1], out)
 
 
@@ -360,10 +351,13 @@ def _capture(step: Step, inputs: list[Any], values: Values) -> None:
             values.captures[output_idx] = inputs[input_idx]
 
 
-def run_on_host(steps: list[Step], step: Step, node: Node, values: Values, saved: list[Any]) -> None:
-    """A host step: the whole node on concrete values (``saved``: its own), or only its pre-hooks (``Step.host_pre``)."""
+def run_on_host(step: Step, node: Node, values: Values, saved: list[Any]) -> None:
+    """A host step: the whole node on concrete values (``saved``: its own), or only its pre-hooks (``Step.host_pre``).
+
+    A Function or a leaf runs as itself, a rule node on a copy holding ``saved`` (NOTE [Stand-in nodes]).
+    """
     if not step.host_pre:
-        run_node(steps, step, node, values, Inputs(iter(saved), False))
+        run_node(step, _rule_stand_in(node, iter(saved)) if step.runs and isinstance(node, RuleNode) else node, values)
         return
     buf = values.buffers[step.pos]
     _capture(step, buf.buffer, values)
@@ -387,10 +381,10 @@ def _in_hook(exc: BaseException) -> bool:
     return False
 
 
-def trace_node(steps: list[Step], step: Step, node: Node, values: Values, given: Inputs) -> None:
-    """``run_node`` on traced values; what cannot be traced raises ``NotTraceable``, saying which hook or node."""
+def trace_node(step: Step, node: Node, values: Values, args: Iterator[Any] | None) -> None:
+    """``run_node`` on ``node``'s traced stand-in; what cannot be traced raises ``NotTraceable``, saying which hook or node."""
     try:
-        run_node(steps, step, node, values, given)
+        run_node(step, _traced_stand_in(node, step, values, args), values)
     except TRACER_ERRORS as exc:
         detail = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
         if _in_hook(exc):

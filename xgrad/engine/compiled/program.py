@@ -18,7 +18,7 @@ import jax
 
 from xgrad.engine.compiled.cache import chunks, counters, insert, lookup
 from xgrad.engine.compiled.key import EDGES_FIELD, K_FUNC, Walk
-from xgrad.engine.compiled.lower import Inputs, Step, Values, build_steps, trace_node, tracing
+from xgrad.engine.compiled.lower import Step, Values, build_steps, trace_node, tracing
 from xgrad.engine.dataflow import output_deps
 from xgrad.engine.graph_task import InputBuffer
 from xgrad.engine.node import Node
@@ -64,13 +64,13 @@ def _chunk_cuts(steps: list[Step], lo: int, hi: int) -> list[int]:
     if hi - lo <= CHUNK_THRESHOLD:
         return [lo]
     # In flight before step p: the grads sent to a slot at or after p by a step before it.
-    opened: dict[tuple[int, int], int] = {}
+    opened: dict[tuple[int, int, int], int] = {}
     for pos in range(lo, hi):
         for target in steps[pos].targets:
             if target is not None and target not in opened:
                 opened[target] = pos
     change = [0] * (hi - lo + 1)
-    for (tpos, _), source in opened.items():
+    for (tpos, *_), source in opened.items():
         if tpos > source:
             change[source + 1 - lo] += 1
             change[min(tpos, hi - 1) + 1 - lo] -= 1
@@ -176,7 +176,7 @@ class Segment:
             edges_field = EDGES_FIELD.get(step.kind)
             if edges_field is not None:
                 nkey = nkey[:edges_field] + nkey[edges_field + 1:]
-            targets = tuple(None if t is None else (t[0] - base, t[1], len(steps[t[0]].meta)) for t in step.targets)
+            targets = tuple(None if t is None else (t[0] - base, *t[1:]) for t in step.targets)
             per_step.append((nkey, step.meta, step.edges, targets))
         root = (True, program.root_nr) if self.first else (False,)
         return (root, self.last, program.create_graph, tuple(per_step), self.arg_hi - self.arg_lo)
@@ -207,13 +207,13 @@ class Traced:
             roots = [Tensor(a) for a in flat[n_saved + n_live:n_saved + n_live + n_roots]]
             old_arrays = iter(flat[n_saved + n_live + n_roots:])
             old = {s.leaf_slot: Tensor(next(old_arrays)) for s, has in zip(segment.leaf_steps, old_mask, strict=True) if has}
-            values = Values(live)
+            values = Values(live, roots, old)
             if segment.first and program.root_nr >= 0:
                 buf = values.buffers[0] = InputBuffer(len(steps[0].meta))
                 buf.add(program.root_nr, roots[0])
-            given = Inputs(iter(flat[:n_saved]), True, roots, old)
+            args = iter(flat[:n_saved])
             for pos in range(segment.base, segment.hi):
-                trace_node(steps, steps[pos], nodes[pos], values, given)
+                trace_node(steps[pos], nodes[pos], values, args)
             outputs = (None if segment.last else values.live(), values.grads, values.captures, values.retained)
             leaves, tree = jax.tree_util.tree_flatten(outputs, is_leaf=is_tensor)
             trees.append(tree)
@@ -378,7 +378,7 @@ def _host_step_avals(program: Program, nodes: list[Node], pos: int, live: Any) -
 
     def run(*arrays: Any) -> Any:
         values = Values(jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in arrays]))
-        trace_node(program.steps, program.steps[pos], nodes[pos], values, Inputs(iter(()), True, shapes_only=True))
+        trace_node(program.steps[pos], nodes[pos], values, None)
         return jax.tree_util.tree_map(lambda t: t._array, values.live(), is_leaf=is_tensor)
 
     with tracing():

@@ -153,7 +153,7 @@ def run_program(program: Program, walk: Walk, graph_task: GraphTask, roots: list
                 hit: bool) -> list[Tensor | None]:
     """Run ``program`` on ``walk``'s values: its segments, the host steps between them, then the final callbacks and
     the release of saved values; return the captured grads. ``start``: when the call began, for the profiler."""
-    nodes, steps, starts = walk.nodes, program.steps, program.starts
+    nodes, starts = walk.nodes, program.starts
     captured: list[Tensor | None] = [None] * n_captured
     # The grads in flight pass from segment to segment as a pytree (``Values.live``), and
     # become ``Values`` only for host steps: chunks follow each other without any.
@@ -168,7 +168,7 @@ def run_program(program: Program, walk: Walk, graph_task: GraphTask, roots: list
             if type(item) is Step:  # a host step: the eager engine's node (or its pre-hooks) on concrete values
                 if values is None:
                     values = Values(live)
-                run_on_host(steps, item, nodes[item.pos], values, walk.flat[starts[item.pos]:starts[item.pos + 1]])
+                run_on_host(item, nodes[item.pos], values, walk.flat[starts[item.pos]:starts[item.pos + 1]])
                 captures, values.captures = values.captures, {}
             else:
                 if values is not None:
