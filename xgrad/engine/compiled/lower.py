@@ -1,6 +1,6 @@
 """Lowering: a program's steps, and each node run by the eager engine's own code on traced or concrete values.
 
-``build_steps`` keeps what a program needs of each node, none of the graph's values;
+``Step`` keeps what a program needs of each node, none of the graph's values;
 ``run_node`` runs one as ``engine.evaluate_function`` does, on a stand-in (NOTE [Stand-in
 nodes]). NOTE [Compiled backward], stage 3.
 """
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xgrad.engine.compiled.key import HOOKS_FIELD, HOST, K_FUNC, KEYED, Walk, is_array
+from xgrad.engine.compiled.key import HOOKS_FIELD, HOST, K_FUNC, KEYED, is_array
 from xgrad.engine.compiled.switch import TRACER_ERRORS, NotTraceable, state
 from xgrad.engine.engine import call_function, call_post_hooks, call_pre_hooks, call_tensor_pre_hooks
 from xgrad.engine.function import FunctionCtx, FunctionNode
@@ -37,11 +37,11 @@ class Step:
     """One node of a program: what the program needs of it, none of the graph's values."""
 
     __slots__ = (
-        "captures", "edges", "hooks", "host", "host_pre", "kind", "leaf_sharding", "leaf_slot", "meta", "name", "pos",
+        "captures", "edges", "hooks", "host", "host_pre", "kind", "leaf", "leaf_sharding", "meta", "name", "pos",
         "runs", "saved_key", "targets",
     )
 
-    def __init__(self, pos: int, node: Node, nkey: tuple[Any, ...]) -> None:
+    def __init__(self, pos: int, node: Node, nkey: tuple[Any, ...], position: dict[Node, int]) -> None:
         self.pos = pos
         self.kind: int = nkey[0]
         self.name = node.name()
@@ -60,32 +60,19 @@ class Step:
         )
         self.host_pre = pre is HOST and not self.host
         self.saved_key: tuple[Any, ...] = nkey[4] if self.kind == K_FUNC else ()  # a traced Function's: which saved tensors require grad
-        self.leaf_slot = -1  # a leaf's index among the program's leaves
-        self.leaf_sharding: Any = None
-        # (position, input_nr, that node's number of inputs) per edge, ``None`` where it leads out
+        # A leaf accumulated in the program: its new ``.grad`` is an output, at its position; on several devices
+        # (``leaf_sharding``) it takes its leaf's sharding.
+        self.leaf = self.runs and not self.host and isinstance(node, AccumulateGrad)
+        sharding = node.input_metadata[0].sharding if self.leaf else None
+        spread = isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1
+        self.leaf_sharding = sharding if spread else None
+        # (position, input_nr, that node's number of inputs) per edge it sends a grad on, ``None`` where it leads out
         self.targets: list[tuple[int, int, int] | None] = []
+        if self.runs:
+            self.targets = [
+                None if n is None or n not in position else (position[n], nr, len(n.input_metadata)) for n, nr in node.next_edges
+            ]
         self.edges = tuple(None if n is None else (n.name(), _traced_metadata(n.input_metadata)[nr]) for n, nr in node.next_edges)
-
-
-def build_steps(walk: Walk) -> list[Step]:
-    position = {node: pos for pos, node in enumerate(walk.nodes)}
-    steps = []
-    leaf_slots = 0
-    for pos, (node, nkey) in enumerate(zip(walk.nodes, walk.key[4], strict=True)):
-        step = Step(pos, node, nkey)
-        steps.append(step)
-        if not step.runs:
-            continue
-        step.targets = [
-            None if n is None or n not in position else (position[n], nr, len(n.input_metadata)) for n, nr in node.next_edges
-        ]
-        if isinstance(node, AccumulateGrad) and not step.host:
-            step.leaf_slot = leaf_slots
-            leaf_slots += 1
-            sharding = node.input_metadata[0].sharding
-            if isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1:
-                step.leaf_sharding = sharding
-    return steps
 
 
 class Values:
@@ -159,21 +146,21 @@ def _own_tensor_pre_hooks(self: Node) -> Any:
 class _TracedAccumulate(AccumulateGrad):
     """A leaf's ``AccumulateGrad`` in a program: the new ``.grad`` is an output, written by the host."""
 
-    __slots__ = ("into", "old", "slot")
+    __slots__ = ("step", "values")
 
-    into: dict[int, Tensor]  # the program's new grads, by leaf slot
-    old: Tensor | None  # the leaf's ``.grad`` before the call
-    slot: tuple[int, Any]  # its leaf slot, and the sharding its grad takes on several devices
+    step: Step
+    values: Values  # the leaf's old ``.grad`` in, its new one out
 
     tensor_pre_hooks = _own_tensor_pre_hooks
 
     def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
         new = grads[0]
         if new is not None:
-            value = new._array if self.old is None else self.old._array + new._array
-            if self.slot[1] is not None:
-                value = jax.lax.with_sharding_constraint(value, self.slot[1])
-            self.into[self.slot[0]] = Tensor(value)
+            old = self.values.old.get(self.step.pos)
+            value = new._array if old is None else old._array + new._array
+            if self.step.leaf_sharding is not None:
+                value = jax.lax.with_sharding_constraint(value, self.step.leaf_sharding)
+            self.values.grads[self.step.pos] = Tensor(value)
         return []
 
 
@@ -309,7 +296,7 @@ def _traced_stand_in(node: Node, step: Step, values: Values, args: Iterator[Any]
         stand = _function_stand_in(node, step.saved_key, args)
     elif isinstance(node, AccumulateGrad):
         stand = _copy(node, _TracedAccumulate)
-        stand.into, stand.old, stand.slot = values.grads, values.old.get(step.leaf_slot), (step.leaf_slot, step.leaf_sharding)
+        stand.step, stand.values = step, values
     else:
         stand = _copy(node)
         if isinstance(node, GraphRoot):

@@ -18,7 +18,7 @@ import jax
 
 from xgrad.engine.compiled.cache import chunks, counters, insert, lookup
 from xgrad.engine.compiled.key import EDGES_FIELD, K_FUNC, Walk
-from xgrad.engine.compiled.lower import Step, Values, build_steps, trace_node, tracing
+from xgrad.engine.compiled.lower import Step, Values, trace_node, tracing
 from xgrad.engine.dataflow import output_deps
 from xgrad.engine.graph_task import InputBuffer
 from xgrad.engine.node import Node
@@ -44,8 +44,8 @@ from xgrad.tensor import Tensor, is_tensor
 # as positions relative to its first step, whether it is first or last,
 # and the layout and avals of its inputs. A chunk equal to one compiled before takes
 # that one's ``Traced`` (its jaxpr and jitted callable) without tracing anything: the
-# flat inputs and outputs line up, since every position and leaf slot in them differs
-# by one offset and pytrees order dict keys by value; only the output pytree is
+# flat inputs and outputs line up, since every position in them differs by one offset
+# and pytrees order dict keys by value; only the output pytree is
 # renumbered (``Variant``). So a miss on a long chain costs the walk plus a few
 # compiles, whatever its length; a hit costs one call per chunk. ``Program.hlo_text(i)``
 # shows chunk ``i``; a cached ``Traced`` keeps its jaxpr (its ``op`` runs that jaxpr
@@ -109,9 +109,8 @@ class Segment:
         self.base, self.hi = lo, hi  # its steps; chunks are renumbered from their first (NOTE [Chunks])
         self.arg_lo, self.arg_hi = program.starts[lo], program.starts[hi]
         steps = program.steps
-        self.leaf_steps = [steps[pos] for pos in range(lo, hi) if steps[pos].leaf_slot >= 0]
+        self.leaf_steps = [steps[pos] for pos in range(lo, hi) if steps[pos].leaf]
         self.variants: dict[Any, Variant] = {}
-        self.first_slot = self.leaf_steps[0].leaf_slot if self.leaf_steps else 0
         self.chunk_key: Any = None  # a chunk's structure, set once the program has all its segments
         self.chunked = chunked
         # A chunk's inputs and outputs in flight are the buffers of its own steps and of
@@ -190,12 +189,12 @@ class Traced:
     and the rest runs as ``jax.jit`` of the jaxpr.
     """
 
-    __slots__ = ("base", "deps", "example", "first_slot", "fresh", "op", "out_avals", "out_tree", "plain", "used")
+    __slots__ = ("base", "deps", "example", "fresh", "op", "out_avals", "out_tree", "plain", "used")
 
     def __init__(self, segment: Segment, nodes: list[Node], avals: list[Any], layout: tuple[Any, ...]) -> None:
         self.example = avals  # the abstract inputs it was traced for
         self.fresh = True  # not yet called: its first call compiles
-        self.base, self.first_slot = segment.base, segment.first_slot  # what its ``out_tree`` is numbered from
+        self.base = segment.base  # what its ``out_tree`` is numbered from
         trees: list[Any] = []
         program = segment.program
         steps = program.steps
@@ -206,7 +205,7 @@ class Traced:
             live = jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in flat[n_saved:n_saved + n_live]])
             roots = [Tensor(a) for a in flat[n_saved + n_live:n_saved + n_live + n_roots]]
             old_arrays = iter(flat[n_saved + n_live + n_roots:])
-            old = {s.leaf_slot: Tensor(next(old_arrays)) for s, has in zip(segment.leaf_steps, old_mask, strict=True) if has}
+            old = {s.pos: Tensor(next(old_arrays)) for s, has in zip(segment.leaf_steps, old_mask, strict=True) if has}
             values = Values(live, roots, old)
             if segment.first and program.root_nr >= 0:
                 buf = values.buffers[0] = InputBuffer(len(steps[0].meta))
@@ -253,11 +252,11 @@ class Traced:
         self.op = jax_op(run, name="compiled", deps=[frozenset(position[i] for i in d) for d in self.deps])
 
 
-def _shift_outputs(outputs: Any, offset: int, slot_offset: int) -> Any:
+def _shift_outputs(outputs: Any, offset: int) -> Any:
     live, grads, captures, retained = outputs
     return (
         None if live is None else _shift_live(live, offset),
-        {slot + slot_offset: g for slot, g in grads.items()},
+        _shift_live(grads, offset),
         captures,  # numbered by the call's outputs, which the chunk's key holds
         {(pos + offset, nr): g for (pos, nr), g in retained.items()},
     )
@@ -272,10 +271,10 @@ class Variant:
         self.traced = traced
         self.device: Any = None  # set when its inputs sit on several devices: where it runs
         self.shardings: list[Any] | None = None  # of the used inputs, from the first call (for ``hlo_text``)
-        offset, slot_offset = segment.base - traced.base, segment.first_slot - traced.first_slot
+        offset = segment.base - traced.base
         self.out_tree = traced.out_tree
-        if offset or slot_offset:  # a chunk compiled elsewhere (NOTE [Chunks])
-            self.out_tree = _renumbered(traced.out_tree, lambda out: _shift_outputs(out, offset, slot_offset))
+        if offset:  # a chunk compiled elsewhere (NOTE [Chunks])
+            self.out_tree = _renumbered(traced.out_tree, lambda out: _shift_outputs(out, offset))
 
 
 class Program:
@@ -289,7 +288,10 @@ class Program:
         # Calls without inputs find the program by ``walk_structure``'s key: where that
         # walk's nodes and flat values sit in this program's order (set on such a call's miss).
         self.hit_order: tuple[list[int], list[int]] = ([], [])
-        self.steps = build_steps(walk)
+        position = {node: pos for pos, node in enumerate(walk.nodes)}
+        self.steps = [
+            Step(pos, node, nkey, position) for pos, (node, nkey) in enumerate(zip(walk.nodes, self.node_keys, strict=True))
+        ]
         self.starts: list[int] = walk.starts  # type: ignore[assignment]  # each step's first flat value
         # The nodes whose release_variables frees something: Functions, and rule nodes that
         # saved a tensor (avals and constants stay; the other kinds hold nothing).

@@ -67,8 +67,8 @@ def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], c
             walk.compile_seconds += end - start
         live, grads, captures, retained = jax.tree_util.tree_unflatten(variant.out_tree, outs)
         for step, var in zip(segment.leaf_steps, leaves, strict=True):
-            if step.leaf_slot in grads:
-                _write_grad(var, grads[step.leaf_slot], variant, trace, create_graph, on_tensors)
+            if step.pos in grads:
+                _write_grad(var, grads[step.pos], variant, trace, create_graph, on_tensors)
     if variant.device is not None and live:  # ran on one of several devices: the grads in flight go where eager keeps them
         live = {pos: _on_input_devices(nodes[pos], gs) for pos, gs in live.items()}
     if passing:  # what went by this chunk goes on to the next (NOTE [Chunks])
@@ -179,7 +179,7 @@ def run_program(program: Program, walk: Walk, graph_task: GraphTask, roots: list
                     if retain is not None:
                         retain(grad)
                 for step in item.leaf_steps:
-                    if step.leaf_slot in grads:
+                    if step.pos in grads:
                         run_post_accumulate_grad_hooks(nodes[step.pos].variable)  # type: ignore[attr-defined]
             for i, grad in captures.items():
                 captured[i] = grad
