@@ -111,8 +111,6 @@ class Segment:
         steps = program.steps
         self.leaf_steps = [steps[pos] for pos in range(lo, hi) if steps[pos].leaf]
         self.variants: dict[Any, Variant] = {}
-        self.chunk_key: Any = None  # a chunk's structure, set once the program has all its segments
-        self.chunked = chunked
         # A chunk's inputs and outputs in flight are the buffers of its own steps and of
         # the steps it sends grads to; others pass it by on the host, so that a grad on its
         # way to a far step (a long skip) does not make equal chunks differ.
@@ -141,9 +139,9 @@ class Segment:
         avals = _structs([*saved, *live, *roots, *old])
         layout = (len(saved), live_tree, len(live), len(roots), old_mask)
         key = traced = None
-        if self.chunk_key is not None:
+        if self.touches is not None:  # a chunk
             relative_live = _renumbered(live_tree, lambda live: _shift_live(live, -self.base))
-            key = (self.chunk_key, relative_live, len(saved), len(live), len(roots), old_mask, tuple((a.shape, a.dtype) for a in avals))
+            key = (self.structure(), relative_live, len(saved), len(live), len(roots), old_mask, tuple((a.shape, a.dtype) for a in avals))
             traced = lookup(key, chunks)
             if traced is not None:
                 counters.add("chunk_reuses")
@@ -308,9 +306,6 @@ class Program:
                 self.items.append(step)
                 lo = step.pos if step.host_pre else step.pos + 1
         self._add_segments(lo, len(self.steps))
-        for segment in self.segments:
-            if segment.chunked:
-                segment.chunk_key = segment.structure()
 
     def _add_segments(self, lo: int, hi: int) -> None:
         """One segment for the traced steps ``lo:hi``, or its chunks if it is long (NOTE [Chunks])."""
