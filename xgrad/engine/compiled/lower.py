@@ -105,7 +105,7 @@ class Values:
 # ``ctx`` attributes and saved tensors, in the order the walk put them in the flat
 # list. Traced, three things differ from eager's node, as the program's outputs carry
 # them to the host: a leaf's new ``.grad`` (``_TracedAccumulate``), retained grads
-# (``_recorders``), and the root grads, which are the program's inputs. On the host a
+# (``_record``), and the root grads, which are the program's inputs. On the host a
 # rule node runs on a copy with the walk's concrete values (its saved tensors were
 # unpacked once, by the walk, in eager's order); Functions and leaves run as
 # themselves. Two copies change ``apply`` (``_with_apply``): pre-hooks that are not pure
@@ -116,7 +116,8 @@ class Values:
 
 
 class _Given:
-    """A saved output already unpacked: ``PrimitiveNode.apply`` unpacks its ``saved_out``."""
+    """A saved value already unpacked: a stand-in's saved outputs (``PrimitiveNode.apply`` unpacks them) or a
+    Function's saved tensors (``ctx.saved_tensors`` unpacks them)."""
 
     __slots__ = ("value",)
 
@@ -125,17 +126,6 @@ class _Given:
 
     def unpack(self, node: Node) -> Tensor:
         return self.value
-
-
-class _GivenFunction(FunctionNode):
-    """A pure Function's node whose ``ctx.saved_tensors`` are given values."""
-
-    __slots__ = ("given",)
-
-    given: tuple[Any, ...]
-
-    def compute(self, grads: list[Any], saved_values: tuple[Any, ...]) -> list[Any]:
-        return FunctionNode.compute(self, grads, self.given)
 
 
 def _own_tensor_pre_hooks(self: Node) -> Any:
@@ -228,22 +218,22 @@ def _rule_stand_in(node: RuleNode, args: Iterator[Any]) -> RuleNode:
     return stand  # type: ignore[no-any-return]
 
 
-def _function_stand_in(node: FunctionNode, saved_key: tuple[Any, ...], args: Iterator[Any]) -> _GivenFunction:
-    stand = _copy(node, _GivenFunction)
+def _function_stand_in(node: FunctionNode, saved_key: tuple[Any, ...], args: Iterator[Any]) -> FunctionNode:
+    stand = _copy(node)
     ctx = stand.ctx = FunctionCtx()
+    ctx._node = stand
     ctx.needs_input_grad = node.ctx.needs_input_grad
     ctx.materialize_grads = node.ctx.materialize_grads
     for attr, value in node.ctx.__dict__.items():
         if attr not in ctx.__dict__:
             setattr(ctx, attr, _refill(value, args))
     # The saved key holds shape, dtype and requires_grad per saved tensor, one entry per ``None``.
-    given: list[Tensor | None] = []
+    stand.saved = []
     i = 0
     for s in node.saved or ():
-        given.append(None if s is None else Tensor(next(args), requires_grad=saved_key[i + 2]))
+        stand.saved.append(None if s is None else _Given(Tensor(next(args), requires_grad=saved_key[i + 2])))
         i += 1 if s is None else 3
-    stand.given = tuple(given)
-    return stand
+    return stand  # type: ignore[no-any-return]
 
 
 def _zeros_for_edges(self: Node, grads: list[Tensor | None]) -> list[Tensor | None]:
