@@ -86,9 +86,9 @@ def _chunk_cuts(steps: list[Step], lo: int, hi: int) -> list[int]:
     return cuts
 
 
-def _shift_live(live: dict[int, Any], offset: int) -> dict[int, Any]:
-    """Grads in flight (``Values.live``) with positions moved by ``offset``."""
-    return {pos + offset: g for pos, g in live.items()}
+def _shift(by_pos: dict[int, Any], offset: int) -> dict[int, Any]:
+    """Values keyed by step positions (grads in flight, new ``.grad``s), the positions moved by ``offset``."""
+    return {pos + offset: g for pos, g in by_pos.items()}
 
 
 def _renumbered(tree: Any, shift: Callable[[Any], Any]) -> Any:
@@ -103,9 +103,10 @@ def _renumbered(tree: Any, shift: Callable[[Any], Any]) -> Any:
 class Segment:
     """A run of traced steps between host steps (or a chunk of one): one jitted program per input layout."""
 
-    def __init__(self, program: Program, index: int, lo: int, hi: int, chunked: bool) -> None:
+    def __init__(self, program: Program, lo: int, hi: int, chunked: bool) -> None:
         self.program = program
-        self.index = index
+        self.first = not program.segments  # the first takes the root grads
+        self.last = False  # set once the program has all its segments
         self.base, self.hi = lo, hi  # its steps; chunks are renumbered from their first (NOTE [Chunks])
         self.arg_lo, self.arg_hi = program.starts[lo], program.starts[hi]
         steps = program.steps
@@ -118,14 +119,6 @@ class Segment:
         if chunked:
             targets = (t[0] for pos in range(lo, hi) for t in steps[pos].targets if t is not None)
             self.touches = frozenset((*range(lo, hi), *targets))
-
-    @property
-    def first(self) -> bool:
-        return self.index == 0
-
-    @property
-    def last(self) -> bool:
-        return self.index == len(self.program.segments) - 1
 
     def variant(self, nodes: list[Node], saved: list[Any], live_tree: Any, live: list[Any], roots: list[Any],
                 old_mask: tuple[bool, ...], old: list[Any]) -> Variant:
@@ -140,7 +133,7 @@ class Segment:
         layout = (len(saved), live_tree, len(live), len(roots), old_mask)
         key = traced = None
         if self.touches is not None:  # a chunk
-            relative_live = _renumbered(live_tree, lambda live: _shift_live(live, -self.base))
+            relative_live = _renumbered(live_tree, lambda live: _shift(live, -self.base))
             key = (self.structure(), relative_live, len(saved), len(live), len(roots), old_mask, tuple((a.shape, a.dtype) for a in avals))
             traced = lookup(key, chunks)
             if traced is not None:
@@ -253,8 +246,8 @@ class Traced:
 def _shift_outputs(outputs: Any, offset: int) -> Any:
     live, grads, captures, retained = outputs
     return (
-        None if live is None else _shift_live(live, offset),
-        _shift_live(grads, offset),
+        None if live is None else _shift(live, offset),
+        _shift(grads, offset),
         captures,  # numbered by the call's outputs, which the chunk's key holds
         {(pos + offset, nr): g for (pos, nr), g in retained.items()},
     )
@@ -306,12 +299,13 @@ class Program:
                 self.items.append(step)
                 lo = step.pos if step.host_pre else step.pos + 1
         self._add_segments(lo, len(self.steps))
+        self.segments[-1].last = True
 
     def _add_segments(self, lo: int, hi: int) -> None:
         """One segment for the traced steps ``lo:hi``, or its chunks if it is long (NOTE [Chunks])."""
         cuts = _chunk_cuts(self.steps, lo, hi)
         for start, end in zip(cuts, [*cuts[1:], hi], strict=True):
-            segment = Segment(self, len(self.segments), start, end, len(cuts) > 1)
+            segment = Segment(self, start, end, len(cuts) > 1)
             self.segments.append(segment)
             self.items.append(segment)
 
