@@ -103,16 +103,18 @@ class Values:
 # same class, hooks, edges and metadata) whose saved values are the program's inputs:
 # a rule node's saved tensors, array params and saved outputs, a pure Function's
 # ``ctx`` attributes and saved tensors, in the order the walk put them in the flat
-# list. Traced, three things differ from eager's node, as the program's outputs carry
-# them to the host: a leaf's new ``.grad`` (``_TracedAccumulate``), retained grads
-# (``_record``), and the root grads, which are the program's inputs. On the host a
-# rule node runs on a copy with the walk's concrete values (its saved tensors were
-# unpacked once, by the walk, in eager's order); Functions and leaves run as
-# themselves. Two copies change ``apply`` (``_with_apply``): pre-hooks that are not pure
-# run alone on the host through ``call_function`` on a copy that passes its grads on,
-# its edges leading nowhere (the node then runs traced, without them); and before a
-# program first runs, each host step runs traced on a copy that gives zeros, for the
-# shapes of what it sends on and to trace its pure hooks once.
+# list. Traced, three things differ from eager's node: a leaf's new ``.grad``
+# (``_TracedAccumulate``) and retained grads (``_record``) are program outputs, which
+# the host writes, and the root grads are program inputs. A copy keeps its tensor
+# pre-hooks itself (a leaf's taken from its tensor), so that a group of hooks that runs
+# on the host (keyed ``HOST``) is taken off it. On the host a rule node runs on a copy
+# with the walk's concrete values (its saved tensors were unpacked once, by the walk,
+# in eager's order); Functions and leaves run as themselves. Two copies change
+# ``apply`` (``_with_apply``): pre-hooks that are not pure run alone on the host
+# through ``call_function`` on a copy that passes its grads on, its edges leading
+# nowhere (the node then runs traced, without them); and before a program first runs,
+# each host step runs traced on a copy that gives zeros, for the shapes of what it
+# sends on and to trace its pure hooks once.
 
 
 class _Given:
@@ -128,11 +130,6 @@ class _Given:
         return self.value
 
 
-def _own_tensor_pre_hooks(self: Node) -> Any:
-    """A stand-in's tensor pre-hooks: those set on it (a leaf's, taken from its tensor; none where they run on the host)."""
-    return self._tensor_pre_hooks
-
-
 class _TracedAccumulate(AccumulateGrad):
     """A leaf's ``AccumulateGrad`` in a program: the new ``.grad`` is an output, written by the host."""
 
@@ -141,7 +138,7 @@ class _TracedAccumulate(AccumulateGrad):
     step: Step
     values: Values  # the leaf's old ``.grad`` in, its new one out
 
-    tensor_pre_hooks = _own_tensor_pre_hooks
+    tensor_pre_hooks = Node.tensor_pre_hooks  # those set on it, not its leaf's (NOTE [Stand-in nodes])
 
     def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
         new = grads[0]
@@ -251,7 +248,7 @@ def _with_apply(cls: type[Node], apply: Callable[[Node, list[Tensor | None]], li
     """``cls`` with another ``apply`` (NOTE [Stand-in nodes]), its tensor pre-hooks those set on it."""
     made = _WITH_APPLY.get((cls, apply))
     if made is None:
-        attrs = {"__slots__": (), "apply": apply, "tensor_pre_hooks": _own_tensor_pre_hooks}
+        attrs = {"__slots__": (), "apply": apply, "tensor_pre_hooks": Node.tensor_pre_hooks}
         made = _WITH_APPLY[(cls, apply)] = type(f"{cls.__name__}{apply.__name__.title()}", (cls,), attrs)
     return made
 
@@ -303,8 +300,7 @@ def _traced_stand_in(node: Node, step: Step, values: Values, args: Iterator[Any]
 
 
 def run_node(step: Step, node: Node, values: Values) -> None:
-    """Run ``node`` (a stand-in, or on the host the node itself) as ``engine.evaluate_function`` does, and route its
-    grads."""
+    """Run ``node`` (NOTE [Stand-in nodes]) as ``engine.evaluate_function`` does, and route its grads."""
     buf = values.buffers.pop(step.pos, None)
     inputs = [None] * len(step.meta) if buf is None else buf.buffer
     if not step.runs:  # captured only: eager runs its tensor pre-hooks and stops there
@@ -329,10 +325,7 @@ def _capture(step: Step, inputs: list[Any], values: Values) -> None:
 
 
 def run_on_host(step: Step, node: Node, values: Values, saved: list[Any]) -> None:
-    """A host step: the whole node on concrete values (``saved``: its own), or only its pre-hooks (``Step.host_pre``).
-
-    A Function or a leaf runs as itself, a rule node on a copy holding ``saved`` (NOTE [Stand-in nodes]).
-    """
+    """A host step: the whole node on concrete values (``saved``: its own), or only its pre-hooks (``Step.host_pre``)."""
     if not step.host_pre:
         run_node(step, _rule_stand_in(node, iter(saved)) if step.runs and isinstance(node, RuleNode) else node, values)
         return
