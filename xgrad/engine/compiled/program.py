@@ -29,25 +29,24 @@ from xgrad.tensor import Tensor, is_tensor
 # -- segments and their compiled variants --------------------------------------------
 
 # NOTE [Chunks]
-# A long graph compiled as one program costs seconds: JAX's tracing and lowering and
-# XLA's compile all grow with the number of steps. So a segment of more than
-# ``CHUNK_THRESHOLD`` steps is cut into chunks of at most ``CHUNK_STEPS`` steps, each an
-# ordinary ``Segment`` (one mechanism: the host carries the grads in flight from one
-# to the next, as across a hook). A cut falls between two steps, at the latest point
-# in the second half of the window where the fewest grads are in flight, so the chunks
-# of a repeating graph (a chain, a deep model's identical blocks) start at the same
-# point of the repeat and have the same structure. A chunk takes in and gives back
-# only the grads in flight to its own steps and to those it sends grads to; the rest
-# (a long skip's grad, on its way to a far step) pass it by on the host.
-# Each chunk is cached by that structure (``cache.chunks``, bounded, emptied by
-# ``reset``): its steps' keys without the discovery indices of their edges, its edges
-# as positions relative to its first step, whether it is first or last,
-# and the layout and avals of its inputs. A chunk equal to one compiled before takes
-# that one's ``Traced`` (its jaxpr and jitted callable) without tracing anything: the
-# flat inputs and outputs line up, since every position in them differs by one offset
-# and pytrees order dict keys by value; only the output pytree is
+# A long graph compiled as one program costs seconds: tracing, lowering and XLA's
+# compile all grow with the number of steps. So a segment of more than
+# ``CHUNK_THRESHOLD`` steps is cut into chunks of at most ``CHUNK_STEPS``, each an
+# ordinary ``Segment``: the host carries the grads in flight from one to the next, as
+# across a hook. A cut falls at the latest step in the second half of the window
+# where the fewest grads are in flight, so the chunks of a repeating graph (a chain,
+# a deep model's identical blocks) start at the same point of the repeat. A chunk
+# takes in and gives back only the grads in flight to its own steps and to those it
+# sends grads to (``Segment.touches``); the rest (a long skip's grad, on its way to a
+# far step) pass it by on the host, so they do not make equal chunks differ. Each
+# chunk is cached by its structure (``cache.chunks``, bounded, emptied by ``reset``):
+# its steps' keys without their edges' discovery indices, its edges as positions
+# relative to its first step, whether it is first or last, and its inputs' layout and
+# avals. A chunk equal to one compiled before takes that one's ``Traced`` without
+# tracing: the flat inputs and outputs line up, since every position in them differs
+# by one offset and pytrees order dict keys by value; only the output pytree is
 # renumbered (``Variant``). So a miss on a long chain costs the walk plus a few
-# compiles, whatever its length; a hit costs one call per chunk. ``Program.hlo_text(i)``
+# compiles, whatever its length, and a hit one call per chunk. ``Program.hlo_text(i)``
 # shows chunk ``i``; a cached ``Traced`` keeps its jaxpr (its ``op`` runs that jaxpr
 # under create_graph), none of a user's graph.
 
@@ -112,10 +111,7 @@ class Segment:
         steps = program.steps
         self.leaf_steps = [steps[pos] for pos in range(lo, hi) if steps[pos].leaf]
         self.variants: dict[Any, Variant] = {}
-        # A chunk's inputs and outputs in flight are the buffers of its own steps and of
-        # the steps it sends grads to; others pass it by on the host, so that a grad on its
-        # way to a far step (a long skip) does not make equal chunks differ.
-        self.touches: frozenset[int] | None = None
+        self.touches: frozenset[int] | None = None  # a chunk's: the buffers it takes in and gives back (NOTE [Chunks])
         if chunked:
             targets = (t[0] for pos in range(lo, hi) for t in steps[pos].targets if t is not None)
             self.touches = frozenset((*range(lo, hi), *targets))
@@ -173,12 +169,8 @@ class Segment:
 
 
 class Traced:
-    """A segment traced for one layout of its inputs, and jitted; chunks of equal structure share one.
-
-    Traced once to a jaxpr: the inputs no equation reads are dropped, the data flow
-    from inputs to outputs is kept (create_graph detaches outputs that need no graph),
-    and the rest runs as ``jax.jit`` of the jaxpr.
-    """
+    """A segment traced to a jaxpr for one layout of its inputs, and jitted (NOTE [Compiled backward], stage 3);
+    chunks of equal structure share one."""
 
     __slots__ = ("base", "deps", "example", "fresh", "op", "out_avals", "out_tree", "plain", "used")
 
@@ -219,27 +211,20 @@ class Traced:
         # output, ``maximum``'s, which reads its inputs through comparisons only, does not.
         self.deps: list[frozenset[int]] = output_deps(jaxpr)
         index = {v: i for i, v in enumerate(jaxpr.invars)}
-        used = {index[v] for eqn in jaxpr.eqns for v in eqn.invars if not isinstance(v, Literal) and v in index}
-        used.update(index[v] for v in jaxpr.outvars if not isinstance(v, Literal) and v in index)
-        self.used = sorted(used)
+        read = itertools.chain((v for eqn in jaxpr.eqns for v in eqn.invars), jaxpr.outvars)
+        self.used = used = sorted({index[v] for v in read if not isinstance(v, Literal) and v in index})
         run_all = jaxpr_as_fun(closed)
         n_in = len(avals)
-        used_idx = tuple(self.used)
 
-        def run(*used_args: Any) -> Any:
-            full: list[Any] = [None] * n_in
-            for i, a in zip(used_idx, used_args, strict=True):
-                full[i] = a
-            return run_all(*full)
+        def run(*used_args: Any) -> Any:  # the jaxpr on the inputs it reads (no equation reads the others)
+            given = dict(zip(used, used_args, strict=True))
+            return run_all(*map(given.get, range(n_in)))
 
-        # No buffer is donated: the old ``.grad`` is a user-visible tensor that another
-        # thread may read at any moment (measured in benchmarks/RESULTS.md: donating it
-        # saved about 3% of an accumulating backward).
+        # No buffer donated (NOTE [Compiled backward]; donating the old ``.grad`` saved about 3%, benchmarks/RESULTS.md).
         self.plain = jax.jit(run)
-        # create_graph: the segment as one differentiable op of the inputs it reads, so
-        # an input it never reads gets no edge, and a gradient of the result with respect
-        # to that input is None, as in eager (never zeros).
-        position = {i: k for k, i in enumerate(used_idx)}  # an input's place among the op's inputs
+        # create_graph: the segment as one differentiable op of the inputs it reads, so an input it never reads gets
+        # no edge, and a gradient of the result with respect to it is None, as in eager (never zeros).
+        position = {i: k for k, i in enumerate(used)}  # an input's place among the op's inputs
         self.op = jax_op(run, name="compiled", deps=[frozenset(position[i] for i in d) for d in self.deps])
 
 
