@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -343,12 +344,7 @@ _HOOK_RUNNERS = frozenset(f.__code__ for f in (call_tensor_pre_hooks, call_pre_h
 
 def _in_hook(exc: BaseException) -> bool:
     """Whether ``exc`` was raised inside one of eager's hook runners."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code in _HOOK_RUNNERS:
-            return True
-        tb = tb.tb_next
-    return False
+    return any(frame.f_code in _HOOK_RUNNERS for frame, _ in traceback.walk_tb(exc.__traceback__))
 
 
 def trace_node(step: Step, node: Node, values: Values, args: Iterator[Any] | None) -> None:
