@@ -350,13 +350,11 @@ def _structs(arrays: Any) -> Any:
 
 def _host_step_avals(program: Program, nodes: list[Node], pos: int, live: Any) -> Any:
     """The grads in flight after a host step, abstractly, from those before it; its pure hooks traced once."""
-    live_avals, live_tree = jax.tree_util.tree_flatten(live)
 
-    def run(*arrays: Any) -> Any:
-        values = Values(jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in arrays]))
+    def run(live: Any) -> Any:
+        values = Values(jax.tree_util.tree_map(Tensor, live))
         trace_node(program.steps[pos], nodes[pos], values, None)
         return jax.tree_util.tree_map(lambda t: t._array, values.live(), is_leaf=is_tensor)
 
     with tracing():
-        out = jax.eval_shape(run, *live_avals)
-    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), out)
+        return jax.eval_shape(run, live)
