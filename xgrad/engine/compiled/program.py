@@ -125,8 +125,8 @@ class Segment:
         if variant is not None:
             return variant
         start = time.perf_counter()
-        avals = _structs([*saved, *live, *roots, *old])
-        layout = (len(saved), live_tree, len(live), len(roots), old_mask)
+        inputs = (_structs(saved), jax.tree_util.tree_unflatten(live_tree, _structs(live)), _structs(roots), _structs(old))
+        avals = jax.tree_util.tree_leaves(inputs)
         key = traced = None
         if self.touches is not None:  # a chunk
             relative_live = _renumbered(live_tree, lambda live: _shift(live, -self.base))
@@ -135,7 +135,7 @@ class Segment:
             if traced is not None:
                 counters.add("chunk_reuses")
         if traced is None:
-            traced = Traced(self, nodes, avals, layout)
+            traced = Traced(self, nodes, inputs, old_mask)
             counters.add("compiles")
             if key is not None:
                 traced = insert(key, traced, chunks)
@@ -174,26 +174,23 @@ class Traced:
 
     __slots__ = ("base", "deps", "example", "fresh", "op", "out_avals", "out_tree", "plain", "used")
 
-    def __init__(self, segment: Segment, nodes: list[Node], avals: list[Any], layout: tuple[Any, ...]) -> None:
-        self.example = avals  # the abstract inputs it was traced for
+    def __init__(self, segment: Segment, nodes: list[Node], inputs: tuple[Any, ...], old_mask: tuple[bool, ...]) -> None:
+        self.example = avals = jax.tree_util.tree_leaves(inputs)  # the abstract inputs it was traced for, flat
         self.fresh = True  # not yet called: its first call compiles
         self.base = segment.base  # what its ``out_tree`` is numbered from
         trees: list[Any] = []
         program = segment.program
         steps = program.steps
-        n_saved, live_tree, n_live, n_roots, old_mask = layout
+        with_old = [s.pos for s, has in zip(segment.leaf_steps, old_mask, strict=True) if has]
 
-        def traced(*flat: Any) -> list[Any]:  # the segment as a function of flat arrays, its steps run on ``nodes``
+        def traced(saved: list[Any], live: Any, roots: list[Any], old: list[Any]) -> list[Any]:  # run on ``nodes``
             counters.add("traces")
-            live = jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in flat[n_saved:n_saved + n_live]])
-            roots = [Tensor(a) for a in flat[n_saved + n_live:n_saved + n_live + n_roots]]
-            old_arrays = iter(flat[n_saved + n_live + n_roots:])
-            old = {s.pos: Tensor(next(old_arrays)) for s, has in zip(segment.leaf_steps, old_mask, strict=True) if has}
-            values = Values(live, roots, old)
+            old_grads = {pos: Tensor(a) for pos, a in zip(with_old, old, strict=True)}
+            values = Values(jax.tree_util.tree_map(Tensor, live), [Tensor(a) for a in roots], old_grads)
             if segment.first and program.root_nr >= 0:
                 buf = values.buffers[0] = InputBuffer(len(steps[0].meta))
-                buf.add(program.root_nr, roots[0])
-            args = iter(flat[:n_saved])
+                buf.add(program.root_nr, values.roots[0])
+            args = iter(saved)
             for pos in range(segment.base, segment.hi):
                 trace_node(steps[pos], nodes[pos], values, args)
             outputs = (None if segment.last else values.live(), values.grads, values.captures, values.retained)
@@ -202,7 +199,7 @@ class Traced:
             return [t._array for t in leaves]
 
         with tracing():
-            closed = jax.make_jaxpr(traced)(*avals)
+            closed = jax.make_jaxpr(traced)(*inputs)
         self.out_tree = trees[0]
         self.out_avals = closed.out_avals
         jaxpr = closed.jaxpr
