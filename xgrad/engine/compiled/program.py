@@ -292,12 +292,9 @@ class Program:
             self.items.append(segment)
 
     def hlo_text(self, segment: int = 0) -> str:
-        """The compiled HLO of one segment's first variant, for the input shardings it ran with.
-
-        So it shows the collectives XLA runs (a sharded batch's all-reduce, say). A long
-        graph's segments are its chunks (NOTE [Chunks]): ``segment`` picks one, and
-        chunks of equal structure show the same program.
-        """
+        """The compiled HLO of one segment's first variant, for the input shardings it ran with: it shows the
+        collectives XLA runs (a sharded batch's all-reduce, say). A long graph's segments are its chunks (NOTE
+        [Chunks]): ``segment`` picks one, and chunks of equal structure show the same program."""
         variant = next(iter(self.segments[segment].variants.values()))
         traced = variant.traced
         args = [traced.example[i] for i in traced.used]
@@ -318,14 +315,14 @@ class Program:
 def pretrace(program: Program, walk: Walk, roots: list[Tensor]) -> None:
     """Trace every segment before any runs, so nothing traceable fails halfway through a backward.
 
-    Each segment's live inputs are the previous one's live outputs, and a host step's
-    outputs are assumed to reach every next node of the program (host hooks keep shapes
-    and dtypes: eager checks what they return); old ``.grad``s come from the key.
+    Each segment's live inputs are the previous one's live outputs, and a host step's outputs are assumed to reach
+    every next node of the program; old ``.grad``s come from the key. Hooks keep shapes and dtypes (eager checks
+    what they return), so pre-hooks alone on the host change no shape.
     """
     live: Any = {}  # the grads in flight, abstract
     for item in program.items:
         if type(item) is Step:
-            if item.host:  # pre-hooks alone keep shapes and dtypes: eager checks what they return
+            if item.host:
                 live = _host_step_avals(program, walk.nodes, item.pos, live)
             continue
         live_in, passing = item.split_live(live)
