@@ -264,12 +264,6 @@ def _record(into: dict[tuple[int, int], Tensor], at: tuple[int, int], grad: Tens
 _BEFORE_SLOTS, _AFTER_SLOTS = (tuple(kind.node_slot for kind in kinds if kind.node_slot is not None) for kinds in KEYED)
 
 
-def _drop_hooks(stand: Node, slots: tuple[str, ...]) -> None:
-    """Take the hooks kept in ``slots`` off a stand-in: they run elsewhere (on the host), not with it."""
-    for slot in slots:
-        setattr(stand, slot, None)
-
-
 def _traced_stand_in(node: Node, step: Step, values: Values, args: Iterator[Any] | None) -> Node:
     """What runs in ``node``'s place in a program (NOTE [Stand-in nodes]); ``args``: its flat values, ``None`` for a
     host step traced for the shapes of what it sends on and for its pure hooks."""
@@ -292,8 +286,9 @@ def _traced_stand_in(node: Node, step: Step, values: Values, args: Iterator[Any]
     stand.input_metadata = step.meta
     stand._tensor_pre_hooks = node.tensor_pre_hooks()
     for hooks, slots in zip(step.hooks, (_BEFORE_SLOTS, _AFTER_SLOTS), strict=True):
-        if hooks is HOST:  # they run on the host, not here
-            _drop_hooks(stand, slots)
+        if hooks is HOST:  # they run on the host, not with it
+            for slot in slots:
+                setattr(stand, slot, None)
     retains = stand._retains_grad_hooks
     if retains:
         stand._retains_grad_hooks = {nr: functools.partial(_record, values.retained, (step.pos, nr)) for nr in retains}
@@ -335,7 +330,8 @@ def run_on_host(step: Step, node: Node, values: Values, saved: list[Any]) -> Non
     hooks = _copy(node, _with_apply(type(node), _grads_as_they_are))
     hooks._tensor_pre_hooks = node.tensor_pre_hooks()
     hooks.next_edges = (NO_EDGE,) * len(step.meta)  # its grads come back as they are
-    _drop_hooks(hooks, _AFTER_SLOTS)
+    for slot in _AFTER_SLOTS:  # they run with the rest of the node, not here
+        setattr(hooks, slot, None)
     buf.buffer = call_function(current_task.graph_task, hooks, buf.buffer)
 
 
