@@ -1,6 +1,6 @@
 """Lowering: a program's steps, and each node run by the eager engine's own code on traced or concrete values.
 
-``build_steps`` keeps what a program needs of each node, none of the graph's values;
+``Step`` keeps what a program needs of each node, none of the graph's values;
 ``run_node`` runs one as ``engine.evaluate_function`` does, on a stand-in (NOTE [Stand-in
 nodes]). NOTE [Compiled backward], stage 3.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xgrad.engine.compiled.key import HOOKS_FIELD, HOST, K_FUNC, KEYED, Walk, is_array
+from xgrad.engine.compiled.key import HOOKS_FIELD, HOST, K_FUNC, KEYED, is_array
 from xgrad.engine.compiled.switch import TRACER_ERRORS, NotTraceable, state
 from xgrad.engine.engine import call_function, call_post_hooks, call_pre_hooks, call_tensor_pre_hooks
 from xgrad.engine.function import FunctionCtx, FunctionNode
@@ -37,11 +38,11 @@ class Step:
     """One node of a program: what the program needs of it, none of the graph's values."""
 
     __slots__ = (
-        "captures", "edges", "hooks", "host", "host_pre", "kind", "leaf_sharding", "leaf_slot", "meta", "name", "pos",
+        "captures", "edges", "hooks", "host", "host_pre", "kind", "leaf", "leaf_sharding", "meta", "name", "pos",
         "runs", "saved_key", "targets",
     )
 
-    def __init__(self, pos: int, node: Node, nkey: tuple[Any, ...]) -> None:
+    def __init__(self, pos: int, node: Node, nkey: tuple[Any, ...], position: dict[Node, int]) -> None:
         self.pos = pos
         self.kind: int = nkey[0]
         self.name = node.name()
@@ -60,41 +61,35 @@ class Step:
         )
         self.host_pre = pre is HOST and not self.host
         self.saved_key: tuple[Any, ...] = nkey[4] if self.kind == K_FUNC else ()  # a traced Function's: which saved tensors require grad
-        self.leaf_slot = -1  # a leaf's index among the program's leaves
-        self.leaf_sharding: Any = None
-        self.targets: list[tuple[int, int] | None] = []  # (position, input_nr) per edge, ``None`` where it leads out
+        # A leaf accumulated in the program: its new ``.grad`` is an output, at its position; on several devices
+        # (``leaf_sharding``) it takes its leaf's sharding.
+        self.leaf = self.runs and not self.host and isinstance(node, AccumulateGrad)
+        sharding = node.input_metadata[0].sharding if self.leaf else None
+        spread = isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1
+        self.leaf_sharding = sharding if spread else None
+        # (position, input_nr, that node's number of inputs) per edge it sends a grad on, ``None`` where it leads out
+        self.targets: list[tuple[int, int, int] | None] = []
+        if self.runs:
+            self.targets = [
+                None if n is None or n not in position else (position[n], nr, len(n.input_metadata)) for n, nr in node.next_edges
+            ]
         self.edges = tuple(None if n is None else (n.name(), _traced_metadata(n.input_metadata)[nr]) for n, nr in node.next_edges)
 
 
-def build_steps(walk: Walk) -> list[Step]:
-    position = {node: pos for pos, node in enumerate(walk.nodes)}
-    steps = []
-    leaf_slots = 0
-    for pos, (node, nkey) in enumerate(zip(walk.nodes, walk.key[4], strict=True)):
-        step = Step(pos, node, nkey)
-        steps.append(step)
-        if not step.runs:
-            continue
-        step.targets = [None if n is None or n not in position else (position[n], nr) for n, nr in node.next_edges]
-        if isinstance(node, AccumulateGrad) and not step.host:
-            step.leaf_slot = leaf_slots
-            leaf_slots += 1
-            sharding = node.input_metadata[0].sharding
-            if isinstance(sharding, jax.sharding.NamedSharding) and len(sharding.device_set) > 1:
-                step.leaf_sharding = sharding
-    return steps
-
-
 class Values:
-    """Gradients in flight inside a segment (or on the host between segments), and what a segment gives back."""
+    """A run of steps' grads in flight (``buffers``; ``live``: those a segment or host step before gave back), what
+    traced steps read besides them (the root grads, the leaves' old ``.grad``) and what a segment gives back."""
 
-    __slots__ = ("buffers", "captures", "grads", "retained")
+    __slots__ = ("buffers", "captures", "grads", "old", "retained", "roots")
 
-    def __init__(self, live: dict[int, list[Any]] | None = None) -> None:
+    def __init__(self, live: dict[int, list[Any]], roots: list[Tensor] | None = None,
+                 old: dict[int, Tensor] | None = None) -> None:
         self.buffers: dict[int, InputBuffer] = {}
-        for pos, grads in (live or {}).items():  # what a segment or host step before gave back (``live``)
+        for pos, grads in live.items():
             buf = self.buffers[pos] = InputBuffer(0)
             buf.buffer = list(grads)
+        self.roots = roots or []
+        self.old = old or {}
         self.grads: dict[int, Tensor] = {}
         self.captures: dict[int, Tensor] = {}
         self.retained: dict[tuple[int, int], Tensor] = {}
@@ -109,20 +104,23 @@ class Values:
 # same class, hooks, edges and metadata) whose saved values are the program's inputs:
 # a rule node's saved tensors, array params and saved outputs, a pure Function's
 # ``ctx`` attributes and saved tensors, in the order the walk put them in the flat
-# list. Traced, three things differ from eager's node, as the program's outputs carry
-# them to the host: a leaf's new ``.grad`` (``_TracedAccumulate``), retained grads
-# (``_recorders``), and the root grads, which are the program's inputs. On the host a
-# rule node runs on a copy with the walk's concrete values (its saved tensors were
-# unpacked once, by the walk, in eager's order); Functions and leaves run as
-# themselves. Two copies change ``apply`` (``_with_apply``): pre-hooks that are not pure
-# run alone on the host through ``call_function`` on a copy that passes its grads on,
-# its edges leading nowhere (the node then runs traced, without them); and before a
-# program first runs, each host step runs traced on a copy that gives zeros, for the
-# shapes of what it sends on and to trace its pure hooks once.
+# list. Traced, three things differ from eager's node: a leaf's new ``.grad``
+# (``_TracedAccumulate``) and retained grads (``_record``) are program outputs, which
+# the host writes, and the root grads are program inputs. A copy keeps its tensor
+# pre-hooks itself (a leaf's taken from its tensor), so that a group of hooks that runs
+# on the host (keyed ``HOST``) is taken off it. On the host a rule node runs on a copy
+# with the walk's concrete values (its saved tensors were unpacked once, by the walk,
+# in eager's order); Functions and leaves run as themselves. Two copies change
+# ``apply`` (``_with_apply``): pre-hooks that are not pure run alone on the host
+# through ``call_function`` on a copy that passes its grads on, its edges leading
+# nowhere (the node then runs traced, without them); and before a program first runs,
+# each host step runs traced on a copy that gives zeros, for the shapes of what it
+# sends on and to trace its pure hooks once.
 
 
 class _Given:
-    """A saved output already unpacked: ``PrimitiveNode.apply`` unpacks its ``saved_out``."""
+    """A saved value already unpacked: a stand-in's saved outputs (``PrimitiveNode.apply`` unpacks them) or a
+    Function's saved tensors (``ctx.saved_tensors`` unpacks them)."""
 
     __slots__ = ("value",)
 
@@ -133,40 +131,24 @@ class _Given:
         return self.value
 
 
-class _GivenFunction(FunctionNode):
-    """A pure Function's node whose ``ctx.saved_tensors`` are given values."""
-
-    __slots__ = ("given",)
-
-    given: tuple[Any, ...]
-
-    def compute(self, grads: list[Any], saved_values: tuple[Any, ...]) -> list[Any]:
-        return FunctionNode.compute(self, grads, self.given)
-
-
-def _own_tensor_pre_hooks(self: Node) -> Any:
-    """A stand-in's tensor pre-hooks: those set on it (a leaf's, taken from its tensor; none where they run on the host)."""
-    return self._tensor_pre_hooks
-
-
 class _TracedAccumulate(AccumulateGrad):
     """A leaf's ``AccumulateGrad`` in a program: the new ``.grad`` is an output, written by the host."""
 
-    __slots__ = ("into", "old", "slot")
+    __slots__ = ("step", "values")
 
-    into: dict[int, Tensor]  # the program's new grads, by leaf slot
-    old: Tensor | None  # the leaf's ``.grad`` before the call
-    slot: tuple[int, Any]  # its leaf slot, and the sharding its grad takes on several devices
+    step: Step
+    values: Values  # the leaf's old ``.grad`` in, its new one out
 
-    tensor_pre_hooks = _own_tensor_pre_hooks
+    tensor_pre_hooks = Node.tensor_pre_hooks  # those set on it, not its leaf's (NOTE [Stand-in nodes])
 
     def apply(self, grads: list[Tensor | None]) -> list[Tensor | None]:
         new = grads[0]
         if new is not None:
-            value = new._array if self.old is None else self.old._array + new._array
-            if self.slot[1] is not None:
-                value = jax.lax.with_sharding_constraint(value, self.slot[1])
-            self.into[self.slot[0]] = Tensor(value)
+            old = self.values.old.get(self.step.pos)
+            value = new._array if old is None else old._array + new._array
+            if self.step.leaf_sharding is not None:
+                value = jax.lax.with_sharding_constraint(value, self.step.leaf_sharding)
+            self.values.grads[self.step.pos] = Tensor(value)
         return []
 
 
@@ -234,22 +216,22 @@ def _rule_stand_in(node: RuleNode, args: Iterator[Any]) -> RuleNode:
     return stand  # type: ignore[no-any-return]
 
 
-def _function_stand_in(node: FunctionNode, saved_key: tuple[Any, ...], args: Iterator[Any]) -> _GivenFunction:
-    stand = _copy(node, _GivenFunction)
+def _function_stand_in(node: FunctionNode, saved_key: tuple[Any, ...], args: Iterator[Any]) -> FunctionNode:
+    stand = _copy(node)
     ctx = stand.ctx = FunctionCtx()
+    ctx._node = stand
     ctx.needs_input_grad = node.ctx.needs_input_grad
     ctx.materialize_grads = node.ctx.materialize_grads
     for attr, value in node.ctx.__dict__.items():
         if attr not in ctx.__dict__:
             setattr(ctx, attr, _refill(value, args))
     # The saved key holds shape, dtype and requires_grad per saved tensor, one entry per ``None``.
-    given: list[Tensor | None] = []
+    stand.saved = []
     i = 0
     for s in node.saved or ():
-        given.append(None if s is None else Tensor(next(args), requires_grad=saved_key[i + 2]))
+        stand.saved.append(None if s is None else _Given(Tensor(next(args), requires_grad=saved_key[i + 2])))
         i += 1 if s is None else 3
-    stand.given = tuple(given)
-    return stand
+    return stand  # type: ignore[no-any-return]
 
 
 def _zeros_for_edges(self: Node, grads: list[Tensor | None]) -> list[Tensor | None]:
@@ -267,81 +249,59 @@ def _with_apply(cls: type[Node], apply: Callable[[Node, list[Tensor | None]], li
     """``cls`` with another ``apply`` (NOTE [Stand-in nodes]), its tensor pre-hooks those set on it."""
     made = _WITH_APPLY.get((cls, apply))
     if made is None:
-        attrs = {"__slots__": (), "apply": apply, "tensor_pre_hooks": _own_tensor_pre_hooks}
+        attrs = {"__slots__": (), "apply": apply, "tensor_pre_hooks": Node.tensor_pre_hooks}
         made = _WITH_APPLY[(cls, apply)] = type(f"{cls.__name__}{apply.__name__.title()}", (cls,), attrs)
     return made
 
 
-def _recorders(pos: int, retains: dict[int, Any], values: Values) -> dict[int, Callable[[Any], None]]:
-    """Retains-grad hooks that record the traced grad as a program output, for the host to retain."""
-    return {nr: functools.partial(_record, values.retained, (pos, nr)) for nr in retains}
-
-
 def _record(into: dict[tuple[int, int], Tensor], at: tuple[int, int], grad: Tensor | None) -> None:
+    """A traced retains-grad hook: the grad becomes a program output, for the host to retain."""
     if grad is not None:
         into[at] = grad
-
-
-class Inputs:
-    """What a node reads besides its grads: its flat values and, traced, the root grads and the leaves' old ``.grad``."""
-
-    __slots__ = ("args", "old", "roots", "shapes_only", "traced")
-
-    def __init__(self, args: Iterator[Any], traced: bool, roots: list[Tensor] | None = None,
-                 old: dict[int, Tensor] | None = None, shapes_only: bool = False) -> None:
-        self.args, self.traced, self.roots, self.old = args, traced, roots or [], old or {}
-        self.shapes_only = shapes_only  # a host step traced for its outputs' shapes and its pure hooks (``_zeros_for_edges``)
 
 
 # Where a node keeps the hooks run before and after its rule (NOTE [Hooks in the key]).
 _BEFORE_SLOTS, _AFTER_SLOTS = (tuple(kind.node_slot for kind in kinds if kind.node_slot is not None) for kinds in KEYED)
 
 
-def _drop_hooks(stand: Node, slots: tuple[str, ...]) -> None:
-    """Take the hooks kept in ``slots`` off a stand-in: they run elsewhere (on the host), not with it."""
-    for slot in slots:
-        setattr(stand, slot, None)
-
-
-def _stand_in(node: Node, step: Step, values: Values, given: Inputs) -> Node:
-    """What runs in ``node``'s place (NOTE [Stand-in nodes])."""
-    if not given.traced:  # on the host: a Function or a leaf runs as itself
-        return _rule_stand_in(node, given.args) if step.runs and isinstance(node, RuleNode) else node
+def _traced_stand_in(node: Node, step: Step, values: Values, args: Iterator[Any] | None) -> Node:
+    """What runs in ``node``'s place in a program (NOTE [Stand-in nodes]); ``args``: its flat values, ``None`` for a
+    host step traced for the shapes of what it sends on and for its pure hooks."""
     stand: Any
-    if given.shapes_only:
+    if args is None:
         stand = _copy(node, _with_apply(type(node), _zeros_for_edges))
-        if step.hooks[1] is HOST:
-            _drop_hooks(stand, _AFTER_SLOTS)
     elif not step.runs:  # captured only: its hooks run, its saved values are not read
         stand = _copy(node)
     elif isinstance(node, RuleNode):
-        stand = _rule_stand_in(node, given.args)
+        stand = _rule_stand_in(node, args)
     elif isinstance(node, FunctionNode):
-        stand = _function_stand_in(node, step.saved_key, given.args)
+        stand = _function_stand_in(node, step.saved_key, args)
     elif isinstance(node, AccumulateGrad):
         stand = _copy(node, _TracedAccumulate)
-        stand.into, stand.old, stand.slot = values.grads, given.old.get(step.leaf_slot), (step.leaf_slot, step.leaf_sharding)
+        stand.step, stand.values = step, values
     else:
         stand = _copy(node)
         if isinstance(node, GraphRoot):
-            stand.outputs = given.roots
+            stand.outputs = values.roots
     stand.input_metadata = step.meta
     stand._tensor_pre_hooks = node.tensor_pre_hooks()
-    if step.host_pre or (given.shapes_only and step.hooks[0] is HOST):  # run on the host, not here
-        _drop_hooks(stand, _BEFORE_SLOTS)
-    if stand._retains_grad_hooks:
-        stand._retains_grad_hooks = _recorders(step.pos, stand._retains_grad_hooks, values)
+    for hooks, slots in zip(step.hooks, (_BEFORE_SLOTS, _AFTER_SLOTS), strict=True):
+        if hooks is HOST:  # they run on the host, not with it
+            for slot in slots:
+                setattr(stand, slot, None)
+    retains = stand._retains_grad_hooks
+    if retains:
+        stand._retains_grad_hooks = {nr: functools.partial(_record, values.retained, (step.pos, nr)) for nr in retains}
     return stand  # type: ignore[no-any-return]
 
 
-def run_node(steps: list[Step], step: Step, node: Node, values: Values, given: Inputs) -> None:
-    """Run ``node`` as ``engine.evaluate_function`` does, on a stand-in (NOTE [Stand-in nodes]), and route its grads."""
+def run_node(step: Step, node: Node, values: Values) -> None:
+    """Run ``node`` (NOTE [Stand-in nodes]) as ``engine.evaluate_function`` does, and route its grads."""
     buf = values.buffers.pop(step.pos, None)
     inputs = [None] * len(step.meta) if buf is None else buf.buffer
-    node = _stand_in(node, step, values, given)
     if not step.runs:  # captured only: eager runs its tensor pre-hooks and stops there
         inputs = call_tensor_pre_hooks(node, list(inputs))
-    if not (given.traced and step.host_pre):  # else captured before its pre-hooks, on the host
+    if not step.host_pre:  # else captured before its pre-hooks, on the host
         _capture(step, inputs, values)
     if not step.runs:
         return
@@ -350,7 +310,7 @@ def run_node(steps: list[Step], step: Step, node: Node, values: Values, given: I
         if target is not None:
             buf = buffers.get(target[0])
             if buf is None:
-                buf = buffers[target[0]] = InputBuffer(len(steps[target[0]].meta))
+                buf = buffers[target[0]] = InputBuffer(target[2])
             buf.add(target[1], out)
 
 
@@ -360,17 +320,18 @@ def _capture(step: Step, inputs: list[Any], values: Values) -> None:
             values.captures[output_idx] = inputs[input_idx]
 
 
-def run_on_host(steps: list[Step], step: Step, node: Node, values: Values, saved: list[Any]) -> None:
+def run_on_host(step: Step, node: Node, values: Values, saved: list[Any]) -> None:
     """A host step: the whole node on concrete values (``saved``: its own), or only its pre-hooks (``Step.host_pre``)."""
     if not step.host_pre:
-        run_node(steps, step, node, values, Inputs(iter(saved), False))
+        run_node(step, _rule_stand_in(node, iter(saved)) if step.runs and isinstance(node, RuleNode) else node, values)
         return
     buf = values.buffers[step.pos]
     _capture(step, buf.buffer, values)
     hooks = _copy(node, _with_apply(type(node), _grads_as_they_are))
     hooks._tensor_pre_hooks = node.tensor_pre_hooks()
     hooks.next_edges = (NO_EDGE,) * len(step.meta)  # its grads come back as they are
-    _drop_hooks(hooks, _AFTER_SLOTS)
+    for slot in _AFTER_SLOTS:  # they run with the rest of the node, not here
+        setattr(hooks, slot, None)
     buf.buffer = call_function(current_task.graph_task, hooks, buf.buffer)
 
 
@@ -379,18 +340,13 @@ _HOOK_RUNNERS = frozenset(f.__code__ for f in (call_tensor_pre_hooks, call_pre_h
 
 def _in_hook(exc: BaseException) -> bool:
     """Whether ``exc`` was raised inside one of eager's hook runners."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code in _HOOK_RUNNERS:
-            return True
-        tb = tb.tb_next
-    return False
+    return any(frame.f_code in _HOOK_RUNNERS for frame, _ in traceback.walk_tb(exc.__traceback__))
 
 
-def trace_node(steps: list[Step], step: Step, node: Node, values: Values, given: Inputs) -> None:
-    """``run_node`` on traced values; what cannot be traced raises ``NotTraceable``, saying which hook or node."""
+def trace_node(step: Step, node: Node, values: Values, args: Iterator[Any] | None) -> None:
+    """``run_node`` on ``node``'s traced stand-in; what cannot be traced raises ``NotTraceable``, saying which hook or node."""
     try:
-        run_node(steps, step, node, values, given)
+        run_node(step, _traced_stand_in(node, step, values, args), values)
     except TRACER_ERRORS as exc:
         detail = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
         if _in_hook(exc):

@@ -18,7 +18,7 @@ import jax
 
 from xgrad.engine.compiled.cache import chunks, counters, insert, lookup
 from xgrad.engine.compiled.key import EDGES_FIELD, K_FUNC, Walk
-from xgrad.engine.compiled.lower import Inputs, Step, Values, build_steps, trace_node, tracing
+from xgrad.engine.compiled.lower import Step, Values, trace_node, tracing
 from xgrad.engine.dataflow import output_deps
 from xgrad.engine.graph_task import InputBuffer
 from xgrad.engine.node import Node
@@ -29,25 +29,24 @@ from xgrad.tensor import Tensor, is_tensor
 # -- segments and their compiled variants --------------------------------------------
 
 # NOTE [Chunks]
-# A long graph compiled as one program costs seconds: JAX's tracing and lowering and
-# XLA's compile all grow with the number of steps. So a segment of more than
-# ``CHUNK_THRESHOLD`` steps is cut into chunks of at most ``CHUNK_STEPS`` steps, each an
-# ordinary ``Segment`` (one mechanism: the host carries the grads in flight from one
-# to the next, as across a hook). A cut falls between two steps, at the latest point
-# in the second half of the window where the fewest grads are in flight, so the chunks
-# of a repeating graph (a chain, a deep model's identical blocks) start at the same
-# point of the repeat and have the same structure. A chunk takes in and gives back
-# only the grads in flight to its own steps and to those it sends grads to; the rest
-# (a long skip's grad, on its way to a far step) pass it by on the host.
-# Each chunk is cached by that structure (``cache.chunks``, bounded, emptied by
-# ``reset``): its steps' keys without the discovery indices of their edges, its edges
-# as positions relative to its first step, whether it is first or last,
-# and the layout and avals of its inputs. A chunk equal to one compiled before takes
-# that one's ``Traced`` (its jaxpr and jitted callable) without tracing anything: the
-# flat inputs and outputs line up, since every position and leaf slot in them differs
+# A long graph compiled as one program costs seconds: tracing, lowering and XLA's
+# compile all grow with the number of steps. So a segment of more than
+# ``CHUNK_THRESHOLD`` steps is cut into chunks of at most ``CHUNK_STEPS``, each an
+# ordinary ``Segment``: the host carries the grads in flight from one to the next, as
+# across a hook. A cut falls at the latest step in the second half of the window
+# where the fewest grads are in flight, so the chunks of a repeating graph (a chain,
+# a deep model's identical blocks) start at the same point of the repeat. A chunk
+# takes in and gives back only the grads in flight to its own steps and to those it
+# sends grads to (``Segment.touches``); the rest (a long skip's grad, on its way to a
+# far step) pass it by on the host, so they do not make equal chunks differ. Each
+# chunk is cached by its structure (``cache.chunks``, bounded, emptied by ``reset``):
+# its steps' keys without their edges' discovery indices, its edges as positions
+# relative to its first step, whether it is first or last, and its inputs' layout and
+# avals. A chunk equal to one compiled before takes that one's ``Traced`` without
+# tracing: the flat inputs and outputs line up, since every position in them differs
 # by one offset and pytrees order dict keys by value; only the output pytree is
 # renumbered (``Variant``). So a miss on a long chain costs the walk plus a few
-# compiles, whatever its length; a hit costs one call per chunk. ``Program.hlo_text(i)``
+# compiles, whatever its length, and a hit one call per chunk. ``Program.hlo_text(i)``
 # shows chunk ``i``; a cached ``Traced`` keeps its jaxpr (its ``op`` runs that jaxpr
 # under create_graph), none of a user's graph.
 
@@ -64,13 +63,13 @@ def _chunk_cuts(steps: list[Step], lo: int, hi: int) -> list[int]:
     if hi - lo <= CHUNK_THRESHOLD:
         return [lo]
     # In flight before step p: the grads sent to a slot at or after p by a step before it.
-    opened: dict[tuple[int, int], int] = {}
+    opened: dict[tuple[int, int, int], int] = {}
     for pos in range(lo, hi):
         for target in steps[pos].targets:
             if target is not None and target not in opened:
                 opened[target] = pos
     change = [0] * (hi - lo + 1)
-    for (tpos, _), source in opened.items():
+    for (tpos, *_), source in opened.items():
         if tpos > source:
             change[source + 1 - lo] += 1
             change[min(tpos, hi - 1) + 1 - lo] -= 1
@@ -86,9 +85,9 @@ def _chunk_cuts(steps: list[Step], lo: int, hi: int) -> list[int]:
     return cuts
 
 
-def _shift_live(live: dict[int, Any], offset: int) -> dict[int, Any]:
-    """Grads in flight (``Values.live``) with positions moved by ``offset``."""
-    return {pos + offset: g for pos, g in live.items()}
+def _shift(by_pos: dict[int, Any], offset: int) -> dict[int, Any]:
+    """Values keyed by step positions (grads in flight, new ``.grad``s), the positions moved by ``offset``."""
+    return {pos + offset: g for pos, g in by_pos.items()}
 
 
 def _renumbered(tree: Any, shift: Callable[[Any], Any]) -> Any:
@@ -103,32 +102,19 @@ def _renumbered(tree: Any, shift: Callable[[Any], Any]) -> Any:
 class Segment:
     """A run of traced steps between host steps (or a chunk of one): one jitted program per input layout."""
 
-    def __init__(self, program: Program, index: int, lo: int, hi: int, chunked: bool) -> None:
+    def __init__(self, program: Program, lo: int, hi: int, chunked: bool) -> None:
         self.program = program
-        self.index = index
+        self.first = not program.segments  # the first takes the root grads
+        self.last = False  # set once the program has all its segments
         self.base, self.hi = lo, hi  # its steps; chunks are renumbered from their first (NOTE [Chunks])
         self.arg_lo, self.arg_hi = program.starts[lo], program.starts[hi]
         steps = program.steps
-        self.leaf_steps = [steps[pos] for pos in range(lo, hi) if steps[pos].leaf_slot >= 0]
+        self.leaf_steps = [steps[pos] for pos in range(lo, hi) if steps[pos].leaf]
         self.variants: dict[Any, Variant] = {}
-        self.first_slot = self.leaf_steps[0].leaf_slot if self.leaf_steps else 0
-        self.chunk_key: Any = None  # a chunk's structure, set once the program has all its segments
-        self.chunked = chunked
-        # A chunk's inputs and outputs in flight are the buffers of its own steps and of
-        # the steps it sends grads to; others pass it by on the host, so that a grad on its
-        # way to a far step (a long skip) does not make equal chunks differ.
-        self.touches: frozenset[int] | None = None
+        self.touches: frozenset[int] | None = None  # a chunk's: the buffers it takes in and gives back (NOTE [Chunks])
         if chunked:
             targets = (t[0] for pos in range(lo, hi) for t in steps[pos].targets if t is not None)
             self.touches = frozenset((*range(lo, hi), *targets))
-
-    @property
-    def first(self) -> bool:
-        return self.index == 0
-
-    @property
-    def last(self) -> bool:
-        return self.index == len(self.program.segments) - 1
 
     def variant(self, nodes: list[Node], saved: list[Any], live_tree: Any, live: list[Any], roots: list[Any],
                 old_mask: tuple[bool, ...], old: list[Any]) -> Variant:
@@ -139,17 +125,17 @@ class Segment:
         if variant is not None:
             return variant
         start = time.perf_counter()
-        avals = _structs([*saved, *live, *roots, *old])
-        layout = (len(saved), live_tree, len(live), len(roots), old_mask)
+        inputs = (_structs(saved), jax.tree_util.tree_unflatten(live_tree, _structs(live)), _structs(roots), _structs(old))
+        avals = jax.tree_util.tree_leaves(inputs)
         key = traced = None
-        if self.chunk_key is not None:
-            relative_live = _renumbered(live_tree, lambda live: _shift_live(live, -self.base))
-            key = (self.chunk_key, relative_live, len(saved), len(live), len(roots), old_mask, tuple((a.shape, a.dtype) for a in avals))
+        if self.touches is not None:  # a chunk
+            relative_live = _renumbered(live_tree, lambda live: _shift(live, -self.base))
+            key = (self.structure(), relative_live, len(saved), len(live), len(roots), old_mask, tuple((a.shape, a.dtype) for a in avals))
             traced = lookup(key, chunks)
             if traced is not None:
                 counters.add("chunk_reuses")
         if traced is None:
-            traced = Traced(self, nodes, avals, layout)
+            traced = Traced(self, nodes, inputs, old_mask)
             counters.add("compiles")
             if key is not None:
                 traced = insert(key, traced, chunks)
@@ -176,51 +162,44 @@ class Segment:
             edges_field = EDGES_FIELD.get(step.kind)
             if edges_field is not None:
                 nkey = nkey[:edges_field] + nkey[edges_field + 1:]
-            targets = tuple(None if t is None else (t[0] - base, t[1], len(steps[t[0]].meta)) for t in step.targets)
+            targets = tuple(None if t is None else (t[0] - base, *t[1:]) for t in step.targets)
             per_step.append((nkey, step.meta, step.edges, targets))
         root = (True, program.root_nr) if self.first else (False,)
         return (root, self.last, program.create_graph, tuple(per_step), self.arg_hi - self.arg_lo)
 
 
 class Traced:
-    """A segment traced for one layout of its inputs, and jitted; chunks of equal structure share one.
+    """A segment traced to a jaxpr for one layout of its inputs, and jitted (NOTE [Compiled backward], stage 3);
+    chunks of equal structure share one."""
 
-    Traced once to a jaxpr: the inputs no equation reads are dropped, the data flow
-    from inputs to outputs is kept (create_graph detaches outputs that need no graph),
-    and the rest runs as ``jax.jit`` of the jaxpr.
-    """
+    __slots__ = ("base", "deps", "example", "fresh", "op", "out_avals", "out_tree", "plain", "used")
 
-    __slots__ = ("base", "deps", "example", "first_slot", "fresh", "op", "out_avals", "out_tree", "plain", "used")
-
-    def __init__(self, segment: Segment, nodes: list[Node], avals: list[Any], layout: tuple[Any, ...]) -> None:
-        self.example = avals  # the abstract inputs it was traced for
+    def __init__(self, segment: Segment, nodes: list[Node], inputs: tuple[Any, ...], old_mask: tuple[bool, ...]) -> None:
+        self.example = avals = jax.tree_util.tree_leaves(inputs)  # the abstract inputs it was traced for, flat
         self.fresh = True  # not yet called: its first call compiles
-        self.base, self.first_slot = segment.base, segment.first_slot  # what its ``out_tree`` is numbered from
+        self.base = segment.base  # what its ``out_tree`` is numbered from
         trees: list[Any] = []
         program = segment.program
         steps = program.steps
-        n_saved, live_tree, n_live, n_roots, old_mask = layout
+        with_old = [s.pos for s, has in zip(segment.leaf_steps, old_mask, strict=True) if has]
 
-        def traced(*flat: Any) -> list[Any]:  # the segment as a function of flat arrays, its steps run on ``nodes``
+        def traced(saved: list[Any], live: Any, roots: list[Any], old: list[Any]) -> list[Any]:  # run on ``nodes``
             counters.add("traces")
-            live = jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in flat[n_saved:n_saved + n_live]])
-            roots = [Tensor(a) for a in flat[n_saved + n_live:n_saved + n_live + n_roots]]
-            old_arrays = iter(flat[n_saved + n_live + n_roots:])
-            old = {s.leaf_slot: Tensor(next(old_arrays)) for s, has in zip(segment.leaf_steps, old_mask, strict=True) if has}
-            values = Values(live)
+            old_grads = {pos: Tensor(a) for pos, a in zip(with_old, old, strict=True)}
+            values = Values(jax.tree_util.tree_map(Tensor, live), [Tensor(a) for a in roots], old_grads)
             if segment.first and program.root_nr >= 0:
                 buf = values.buffers[0] = InputBuffer(len(steps[0].meta))
-                buf.add(program.root_nr, roots[0])
-            given = Inputs(iter(flat[:n_saved]), True, roots, old)
+                buf.add(program.root_nr, values.roots[0])
+            args = iter(saved)
             for pos in range(segment.base, segment.hi):
-                trace_node(steps, steps[pos], nodes[pos], values, given)
+                trace_node(steps[pos], nodes[pos], values, args)
             outputs = (None if segment.last else values.live(), values.grads, values.captures, values.retained)
             leaves, tree = jax.tree_util.tree_flatten(outputs, is_leaf=is_tensor)
             trees.append(tree)
             return [t._array for t in leaves]
 
         with tracing():
-            closed = jax.make_jaxpr(traced)(*avals)
+            closed = jax.make_jaxpr(traced)(*inputs)
         self.out_tree = trees[0]
         self.out_avals = closed.out_avals
         jaxpr = closed.jaxpr
@@ -229,35 +208,28 @@ class Traced:
         # output, ``maximum``'s, which reads its inputs through comparisons only, does not.
         self.deps: list[frozenset[int]] = output_deps(jaxpr)
         index = {v: i for i, v in enumerate(jaxpr.invars)}
-        used = {index[v] for eqn in jaxpr.eqns for v in eqn.invars if not isinstance(v, Literal) and v in index}
-        used.update(index[v] for v in jaxpr.outvars if not isinstance(v, Literal) and v in index)
-        self.used = sorted(used)
+        read = itertools.chain((v for eqn in jaxpr.eqns for v in eqn.invars), jaxpr.outvars)
+        self.used = used = sorted({index[v] for v in read if not isinstance(v, Literal) and v in index})
         run_all = jaxpr_as_fun(closed)
         n_in = len(avals)
-        used_idx = tuple(self.used)
 
-        def run(*used_args: Any) -> Any:
-            full: list[Any] = [None] * n_in
-            for i, a in zip(used_idx, used_args, strict=True):
-                full[i] = a
-            return run_all(*full)
+        def run(*used_args: Any) -> Any:  # the jaxpr on the inputs it reads (no equation reads the others)
+            given = dict(zip(used, used_args, strict=True))
+            return run_all(*map(given.get, range(n_in)))
 
-        # No buffer is donated: the old ``.grad`` is a user-visible tensor that another
-        # thread may read at any moment (measured in benchmarks/RESULTS.md: donating it
-        # saved about 3% of an accumulating backward).
+        # No buffer donated (NOTE [Compiled backward]; donating the old ``.grad`` saved about 3%, benchmarks/RESULTS.md).
         self.plain = jax.jit(run)
-        # create_graph: the segment as one differentiable op of the inputs it reads, so
-        # an input it never reads gets no edge, and a gradient of the result with respect
-        # to that input is None, as in eager (never zeros).
-        position = {i: k for k, i in enumerate(used_idx)}  # an input's place among the op's inputs
+        # create_graph: the segment as one differentiable op of the inputs it reads, so an input it never reads gets
+        # no edge, and a gradient of the result with respect to it is None, as in eager (never zeros).
+        position = {i: k for k, i in enumerate(used)}  # an input's place among the op's inputs
         self.op = jax_op(run, name="compiled", deps=[frozenset(position[i] for i in d) for d in self.deps])
 
 
-def _shift_outputs(outputs: Any, offset: int, slot_offset: int) -> Any:
+def _shift_outputs(outputs: Any, offset: int) -> Any:
     live, grads, captures, retained = outputs
     return (
-        None if live is None else _shift_live(live, offset),
-        {slot + slot_offset: g for slot, g in grads.items()},
+        None if live is None else _shift(live, offset),
+        _shift(grads, offset),
         captures,  # numbered by the call's outputs, which the chunk's key holds
         {(pos + offset, nr): g for (pos, nr), g in retained.items()},
     )
@@ -272,10 +244,10 @@ class Variant:
         self.traced = traced
         self.device: Any = None  # set when its inputs sit on several devices: where it runs
         self.shardings: list[Any] | None = None  # of the used inputs, from the first call (for ``hlo_text``)
-        offset, slot_offset = segment.base - traced.base, segment.first_slot - traced.first_slot
+        offset = segment.base - traced.base
         self.out_tree = traced.out_tree
-        if offset or slot_offset:  # a chunk compiled elsewhere (NOTE [Chunks])
-            self.out_tree = _renumbered(traced.out_tree, lambda out: _shift_outputs(out, offset, slot_offset))
+        if offset:  # a chunk compiled elsewhere (NOTE [Chunks])
+            self.out_tree = _renumbered(traced.out_tree, lambda out: _shift_outputs(out, offset))
 
 
 class Program:
@@ -289,7 +261,10 @@ class Program:
         # Calls without inputs find the program by ``walk_structure``'s key: where that
         # walk's nodes and flat values sit in this program's order (set on such a call's miss).
         self.hit_order: tuple[list[int], list[int]] = ([], [])
-        self.steps = build_steps(walk)
+        position = {node: pos for pos, node in enumerate(walk.nodes)}
+        self.steps = [
+            Step(pos, node, nkey, position) for pos, (node, nkey) in enumerate(zip(walk.nodes, self.node_keys, strict=True))
+        ]
         self.starts: list[int] = walk.starts  # type: ignore[assignment]  # each step's first flat value
         # The nodes whose release_variables frees something: Functions, and rule nodes that
         # saved a tensor (avals and constants stay; the other kinds hold nothing).
@@ -306,25 +281,20 @@ class Program:
                 self.items.append(step)
                 lo = step.pos if step.host_pre else step.pos + 1
         self._add_segments(lo, len(self.steps))
-        for segment in self.segments:
-            if segment.chunked:
-                segment.chunk_key = segment.structure()
+        self.segments[-1].last = True
 
     def _add_segments(self, lo: int, hi: int) -> None:
         """One segment for the traced steps ``lo:hi``, or its chunks if it is long (NOTE [Chunks])."""
         cuts = _chunk_cuts(self.steps, lo, hi)
         for start, end in zip(cuts, [*cuts[1:], hi], strict=True):
-            segment = Segment(self, len(self.segments), start, end, len(cuts) > 1)
+            segment = Segment(self, start, end, len(cuts) > 1)
             self.segments.append(segment)
             self.items.append(segment)
 
     def hlo_text(self, segment: int = 0) -> str:
-        """The compiled HLO of one segment's first variant, for the input shardings it ran with.
-
-        So it shows the collectives XLA runs (a sharded batch's all-reduce, say). A long
-        graph's segments are its chunks (NOTE [Chunks]): ``segment`` picks one, and
-        chunks of equal structure show the same program.
-        """
+        """The compiled HLO of one segment's first variant, for the input shardings it ran with: it shows the
+        collectives XLA runs (a sharded batch's all-reduce, say). A long graph's segments are its chunks (NOTE
+        [Chunks]): ``segment`` picks one, and chunks of equal structure show the same program."""
         variant = next(iter(self.segments[segment].variants.values()))
         traced = variant.traced
         args = [traced.example[i] for i in traced.used]
@@ -345,14 +315,14 @@ class Program:
 def pretrace(program: Program, walk: Walk, roots: list[Tensor]) -> None:
     """Trace every segment before any runs, so nothing traceable fails halfway through a backward.
 
-    Each segment's live inputs are the previous one's live outputs, and a host step's
-    outputs are assumed to reach every next node of the program (host hooks keep shapes
-    and dtypes: eager checks what they return); old ``.grad``s come from the key.
+    Each segment's live inputs are the previous one's live outputs, and a host step's outputs are assumed to reach
+    every next node of the program; old ``.grad``s come from the key. Hooks keep shapes and dtypes (eager checks
+    what they return), so pre-hooks alone on the host change no shape.
     """
     live: Any = {}  # the grads in flight, abstract
     for item in program.items:
         if type(item) is Step:
-            if item.host:  # pre-hooks alone keep shapes and dtypes: eager checks what they return
+            if item.host:
                 live = _host_step_avals(program, walk.nodes, item.pos, live)
             continue
         live_in, passing = item.split_live(live)
@@ -374,13 +344,11 @@ def _structs(arrays: Any) -> Any:
 
 def _host_step_avals(program: Program, nodes: list[Node], pos: int, live: Any) -> Any:
     """The grads in flight after a host step, abstractly, from those before it; its pure hooks traced once."""
-    live_avals, live_tree = jax.tree_util.tree_flatten(live)
 
-    def run(*arrays: Any) -> Any:
-        values = Values(jax.tree_util.tree_unflatten(live_tree, [Tensor(a) for a in arrays]))
-        trace_node(program.steps, program.steps[pos], nodes[pos], values, Inputs(iter(()), True, shapes_only=True))
+    def run(live: Any) -> Any:
+        values = Values(jax.tree_util.tree_map(Tensor, live))
+        trace_node(program.steps[pos], nodes[pos], values, None)
         return jax.tree_util.tree_map(lambda t: t._array, values.live(), is_leaf=is_tensor)
 
     with tracing():
-        out = jax.eval_shape(run, *live_avals)
-    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), out)
+        return jax.eval_shape(run, live)

@@ -67,8 +67,8 @@ def _run_segment(segment: Segment, walk: Walk, live: Any, roots: list[Tensor], c
             walk.compile_seconds += end - start
         live, grads, captures, retained = jax.tree_util.tree_unflatten(variant.out_tree, outs)
         for step, var in zip(segment.leaf_steps, leaves, strict=True):
-            if step.leaf_slot in grads:
-                _write_grad(var, grads[step.leaf_slot], variant, trace, create_graph, on_tensors)
+            if step.pos in grads:
+                _write_grad(var, grads[step.pos], variant, trace, create_graph, on_tensors)
     if variant.device is not None and live:  # ran on one of several devices: the grads in flight go where eager keeps them
         live = {pos: _on_input_devices(nodes[pos], gs) for pos, gs in live.items()}
     if passing:  # what went by this chunk goes on to the next (NOTE [Chunks])
@@ -153,7 +153,7 @@ def run_program(program: Program, walk: Walk, graph_task: GraphTask, roots: list
                 hit: bool) -> list[Tensor | None]:
     """Run ``program`` on ``walk``'s values: its segments, the host steps between them, then the final callbacks and
     the release of saved values; return the captured grads. ``start``: when the call began, for the profiler."""
-    nodes, steps, starts = walk.nodes, program.steps, program.starts
+    nodes, starts = walk.nodes, program.starts
     captured: list[Tensor | None] = [None] * n_captured
     # The grads in flight pass from segment to segment as a pytree (``Values.live``), and
     # become ``Values`` only for host steps: chunks follow each other without any.
@@ -168,7 +168,7 @@ def run_program(program: Program, walk: Walk, graph_task: GraphTask, roots: list
             if type(item) is Step:  # a host step: the eager engine's node (or its pre-hooks) on concrete values
                 if values is None:
                     values = Values(live)
-                run_on_host(steps, item, nodes[item.pos], values, walk.flat[starts[item.pos]:starts[item.pos + 1]])
+                run_on_host(item, nodes[item.pos], values, walk.flat[starts[item.pos]:starts[item.pos + 1]])
                 captures, values.captures = values.captures, {}
             else:
                 if values is not None:
@@ -179,7 +179,7 @@ def run_program(program: Program, walk: Walk, graph_task: GraphTask, roots: list
                     if retain is not None:
                         retain(grad)
                 for step in item.leaf_steps:
-                    if step.leaf_slot in grads:
+                    if step.pos in grads:
                         run_post_accumulate_grad_hooks(nodes[step.pos].variable)  # type: ignore[attr-defined]
             for i, grad in captures.items():
                 captured[i] = grad
