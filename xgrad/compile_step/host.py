@@ -134,7 +134,7 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
         state = [(t, *_traced_state(t, rec)) for t in owners]
         known = {id(t) for t in owners}
         state += [(t, t._array, _grad_array(t)) for t in _held_step_tensors(fn, known)]
-    return _on_host(lambda **kw: hook_on_host(fn, args, call=call, state=state, **kw), graph_task)[0]
+    return _on_host(lambda **how: hook_on_host(fn, args, call=call, state=state, **how), graph_task)
 
 
 def _may_read_state(fn: Any, depth: int) -> bool:
@@ -221,7 +221,7 @@ def _returning_none_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) -
 
 
 def state_on_host(
-    call: Callable[[], Any], tensors: list[Tensor], only_changed: bool = False, reports: Any = None, when: Any = None,
+    call: Callable[[], None], tensors: list[Tensor], only_changed: bool = False, reports: Any = None, when: Any = None,
     who: str = "a final callback",
 ) -> None:
     """Run ``call()`` on the host at this point of the program, ``tensors`` showing their values and ``.grad``s then.
@@ -235,47 +235,13 @@ def state_on_host(
     """
     rec = recording.current()
     state = [(t, *_traced_state(t, rec)) if only_changed else (t, t._array, _grad_array(t)) for t in tensors]
-
-    def made(**kw: Any) -> Any:
-        return hook_on_host(call, ((),), call=_alone, state=state, who=who, **kw)
-
     # Its check holds the state as the call leaves it: its values from before if it raised (``hook_on_host`` gives
     # them back), so the arrays from before the call are not outputs of the program too (each would be a copy).
-    if when is None:
-        _on_host(made, reports)
-    else:  # the call's flag leaves the ``cond`` as an output: checks are registered at the step's own level
-        def taken(_: Any) -> Any:
-            _, raised = _on_host(made, reports, register=False)
-            return (*_shown(state), raised)
-
-        *values, flag = jax.lax.cond(when, taken, lambda arrays: (*arrays, jnp.bool_(False)), _shown(state))
-        outs = iter(values)
-        for t, array, grad in state:
-            if array is not None:
-                t._array = next(outs)
-            if grad is not None:
-                t._grad = Tensor(next(outs))
-        _host_raised(flag)
-
-
-def _alone(call: Callable[[], Any], _args: Any, _arrays: Any) -> None:
-    """``hook_on_host``'s ``call`` for a call that takes no arguments and returns nothing."""
-    call()
+    _on_host(lambda **how: hook_on_host(lambda _: call(), ((),), state=state, who=who, when=when, **how), reports)
 
 
 def _grad_array(t: Tensor) -> Any:
     return None if t._grad is None else t._grad._array
-
-
-def _shown(state: list[tuple[Tensor, Any, Any]]) -> list[Any]:
-    """The arrays that ``state`` sends to the host, as its tensors hold them now."""
-    shown = []
-    for t, array, grad in state:
-        if array is not None:
-            shown.append(t._array)
-        if grad is not None:
-            shown.append(_grad_array(t))
-    return shown
 
 
 def function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
@@ -292,7 +258,7 @@ def function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
         node.unpack_saved()  # eager's error for a freed graph
     call = _FunctionOnHost(node, grads)
     shapes = [jax.ShapeDtypeStruct(m.shape, m.dtype) for m in call.into if m is not None]
-    outs = iter(_on_host(lambda **kw: call_on_host(call.run, call.arrays, shapes, **kw), call.graph_task)[0])
+    outs = iter(_on_host(lambda **how: call_on_host(call.run, call.arrays, shapes, **how), call.graph_task))
     return [None if m is None else Tensor(next(outs)) for m in call.into]
 
 
@@ -477,7 +443,6 @@ class TracedCallbacks(list):  # type: ignore[type-arg]
         super().append(lambda: state_on_host(on_host, _state_owners(), only_changed=True))
 
 
-
 def _state_owners() -> list[Tensor]:
     """While tracing: the state tensors touched so far (a ``.grad`` comes with its owner)."""
     rec = recording.current()
@@ -511,17 +476,15 @@ def _run_final_callbacks(graph_task: HostGraphTask) -> None:
         callbacks.clear()
 
 
-def _on_host(made: Callable[..., Any], reports: HostGraphTask | None, register: bool = True) -> tuple[Any, Any]:
+def _on_host(made: Callable[..., Any], reports: HostGraphTask | None) -> Any:
     """A host call of the step (NOTE [Host calls] in ``xgrad/engine/host_call.py``): ``made(**how)`` makes it.
 
     It is skipped once a check traced before it failed: eager would have raised before
     reaching it (NOTE [Checks in a compiled step]). An exception it raises is kept and
     becomes a check of the program, so the call raises it, as eager would, with the state
-    at this point; unless ``register`` is false: the caller, inside a ``lax.cond``, gets
-    the check's flag to register outside it (``_host_raised``). With ``reports`` (a
-    ``HostGraphTask``), the call also says whether callbacks wait on it, a flag the end
-    of the backward reads (``_final_callbacks_on_host``). Returns what ``made`` returns
-    first, and the flag.
+    at this point. With ``reports`` (a ``HostGraphTask``), the call also says whether
+    callbacks wait on it, a flag the end of the backward reads (``_final_callbacks_on_host``).
+    Returns what ``made`` returns first.
     """
     rec = recording.current()
     rec.host_calls += 1
@@ -529,14 +492,6 @@ def _on_host(made: Callable[..., Any], reports: HostGraphTask | None, register: 
     result, raised, reported = made(skip=rec.failed_so_far(), errors=rec.host_errors, report=report)
     if reports is not None:
         rec.queued.setdefault(id(reports), []).append(reported)
-    if register:
-        _host_raised(raised)
-    return result, raised
-
-
-def _host_raised(flag: Any) -> None:
-    """Make an exception raised in a host call (``flag``: whether one was) a check of the program."""
-    rec = recording.current()
     errors = rec.host_errors
 
     def kept(_: Any) -> BaseException:
@@ -544,5 +499,6 @@ def _host_raised(flag: Any) -> None:
         errors.clear()  # one call raises one; the host calls after it were skipped
         return error
 
-    if rec.check(flag, kept):
+    if rec.check(raised, kept):
         rec.checks[-1].on_host = True
+    return result
