@@ -21,7 +21,6 @@ from xgrad.compile_step import recording
 from xgrad.compile_step.errors import NotCompilable
 from xgrad.compile_step.hook_purity import container_items, from_library, nested_codes, trace_in
 from xgrad.compile_step.observers import HookBox, HostGraphTask, Observer, call_in_backward
-from xgrad.compile_step.recording import tracing
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.compiled.key import traced_function
 from xgrad.engine.function import UNPACK_ON_ACCESS, FunctionCtx, FunctionNode
@@ -33,7 +32,7 @@ from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.nn.hooks import BackwardHook
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
-from xgrad.tensor.hook_kinds import REPLACES_GRAD, RETURNS_NONE
+from xgrad.tensor.hook_kinds import RETURNS_NONE
 
 ERR_NO_GRAD_FROM_HOST = (
     "under xgrad.compile, {name} returned None as the gradient of input {i}, which requires grad: its backward runs "
@@ -53,7 +52,8 @@ _CTX_OWN = frozenset(vars(FunctionCtx()))  # what autograd keeps on a ctx; the r
 
 
 def hook_in_step(fn: Any, hooks: Any) -> Any:
-    """``fn`` as called inside a traced step: traced in if it is pure, else through an ordered host call.
+    """``fn`` (a hook of ``hooks``) as called inside a traced step: traced in if it is pure, else through an ordered
+    host call.
 
     Marked ``pure_hook``: traced in; marked ``host_hook``: on the host; neither: traced in
     when it touches no Python state (NOTE [Hooks traced in] in ``hook_purity.py``). On the
@@ -61,17 +61,13 @@ def hook_in_step(fn: Any, hooks: Any) -> Any:
     replaces gradients goes through ``hook_on_host``, one that returns ``None`` runs on
     the real tensor (``_returning_none_on_host``).
     """
-    convention = hooks.kind.convention
-    if convention is REPLACES_GRAD:  # kept as (input_nr, hook)
-        return (fn[0], _in_step(fn[1], hooks, False))
-    return _in_step(fn, hooks, convention is RETURNS_NONE)
-
-
-def _in_step(fn: Any, hooks: Any, returns_none: bool) -> Any:
     from xgrad.autograd.compiled import HostHook, PureHook
 
-    if isinstance(fn, PureHook) or not tracing():
+    if isinstance(fn, tuple):  # a tensor hook: (input_nr, hook)
+        return (fn[0], hook_in_step(fn[1], hooks))
+    if isinstance(fn, PureHook):
         return fn
+    returns_none = hooks.kind.convention is RETURNS_NONE
 
     def call(*args: Any) -> Any:
         rec = recording.current()
