@@ -25,8 +25,7 @@ from xgrad.tensor import Tensor, is_tensor
 class StepRecorder(Recorder):
     """A ``Recorder`` answering the engine's and the ops' questions (``StepTrace``) for its step."""
 
-    def wrap_hook(self, fn: Any, hooks: Any) -> Any:
-        return hook_in_step(fn, hooks)
+    wrap_hook = staticmethod(hook_in_step)
 
     def hook_added(self, hooks: Any, handle: Any, owner: Any) -> None:
         """Note the hook, and whether its owner outlives the call (then it would pile up, as in eager)."""
@@ -79,11 +78,8 @@ class StepRecorder(Recorder):
             self.effect_mark = self.progress()
         return True
 
-    def printed_text(self, t: Any, format_spec: str | None, frame: Any) -> str | None:
-        return printing.printed_text(self, t, format_spec, frame)
-
-    def printed_item(self, t: Any, frame: Any) -> Any:
-        return printing.printed_item(self, t, frame)
+    printed_text = printing.printed_text
+    printed_item = printing.printed_item
 
     def final_callbacks(self) -> list[Callable[[], None]]:
         return TracedCallbacks()
