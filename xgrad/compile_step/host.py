@@ -89,11 +89,11 @@ def hook_in_step(fn: Any, hooks: Any) -> Any:
             # After traced-in pre-hooks: the grad_output they made goes to the host along.
             host_fn = functools.partial(_module_hooks_on_host, module_hooks)
             args = (args[0], kept_grad_outputs)
-        if group is not None:
-            rec.hosted_groups.add(group)
         graph_task = _host_graph_task()
         if returns_none:
             return _returning_none_on_host(host_fn, args[0], graph_task, hooks)
+        if group is not None:
+            rec.hosted_groups[group] = [False]
         return _replacing_hook_on_host(host_fn, args, graph_task)
 
     return call
@@ -201,9 +201,9 @@ def _returning_none_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) -
     """
     rec = recording.current()
     # The first of them on the host (those before it were traced in, returning None) resets the flag.
-    first = id(hooks) not in rec.post_accumulate_returned
+    first = id(hooks) not in rec.hosted_groups
     last = fn is list(hooks.values())[-1]
-    returned = rec.post_accumulate_returned.setdefault(id(hooks), [False])
+    returned = rec.hosted_groups.setdefault(id(hooks), [False])
 
     def call() -> None:
         if first:
@@ -259,13 +259,8 @@ def function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
 
 
 class _FunctionOnHost:
-    """A Function's backward run on the host: what it takes from the trace, and its run there.
-
-    The node itself runs, as the engine runs it: ``ctx.saved_tensors`` unpacks at each access
-    (unpack hooks, version checks, the unpacked tensors' place in the graph) from copies of
-    its saved tensors; they, the tensors they reach and the ctx's own tensors hold the call's
-    values while it runs.
-    """
+    """A Function's backward run on the host: what it takes from the trace, and its run there (the node itself, as
+    NOTE [Functions in a compiled step] says)."""
 
     __slots__ = ("arrays", "attr_names", "attrs", "edges", "graph_task", "has_grad", "into", "node", "saved", "state",
                  "swapped")

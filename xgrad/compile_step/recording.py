@@ -83,8 +83,9 @@ class Recorder(StepTrace):
         # The optimizer's parameter-group entries read and set (NOTE [Param groups in a compiled step] in ``signature.py``).
         self.group_entries = GroupEntries()
         # id(a module call's ``BackwardHook``, or a leaf's post-accumulate hooks) of which a hook runs on the host:
-        # the group's later hooks follow it there (``host.hook_in_step``).
-        self.hosted_groups: set[int] = set()
+        # the group's later hooks follow it there (``host.hook_in_step``); a leaf's share a flag there, set when one
+        # returned a value in this run.
+        self.hosted_groups: dict[int, list[bool]] = {}
         # Hooks added while tracing: (their dict, handle id, the user's line, whether the owner outlives the call).
         self.added_hooks: list[tuple[Any, int, str, bool]] = []
         self.first_sequence_nr = _sequence.next()  # nodes made by the trace number above it
@@ -106,8 +107,6 @@ class Recorder(StepTrace):
         self.effect_state: set[int] = set()
         self.effect_mark: tuple[int, ...] = ()
         self.effect_crossed = False
-        # id(a leaf's post-accumulate-grad hooks) -> whether one returned a value in this run, set on the host.
-        self.post_accumulate_returned: dict[int, list[bool]] = {}
         # Tensors' texts, each a mark a print fills in at every call (NOTE [Print in a compiled step]),
         # whether the step's print is making its text now (a tensor's text then goes into it), and the prints.
         self.printed: list[Any] = []
