@@ -274,11 +274,9 @@ def _call(hook: Callable[..., Any], args: tuple[Any, ...], _arrays: Any) -> Any:
 
 
 @contextlib.contextmanager
-def swapped_state(
-    tensors: Sequence[Tensor], values: Sequence[tuple[Any, Any] | None] | None = None
-) -> Iterator[list[Tensor]]:
-    """On the host: ``tensors`` hold ``values`` (each ``(array, grad array or None)``; ``None``, for all or for one:
-    their own) while the block runs.
+def swapped_state(tensors: Sequence[Tensor], values: Sequence[tuple[Any, Any] | None]) -> Iterator[list[Tensor]]:
+    """On the host: ``tensors`` hold ``values`` (each ``(array, grad array or None)``, or ``None``: its own) while the
+    block runs.
 
     After it, whatever it raised, each tensor gets back its own array, ``.grad`` (and that
     one's array) and version: a host call leaves the Python state as it found it
@@ -286,7 +284,7 @@ def swapped_state(
     given then holds the tensors whose array or ``.grad`` the block changed.
     """
     saved = [(*_storage(t), t._version) for t in tensors]
-    for t, value in zip(tensors, values or (), strict=values is not None):
+    for t, value in zip(tensors, values, strict=True):
         if value is not None:
             t._array = value[0]
             t._grad = None if value[1] is None else Tensor(value[1])
