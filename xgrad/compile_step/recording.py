@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -238,17 +239,15 @@ class Recorder(StepTrace):
         self.grad_written.add(id(t))
 
 
+@dataclasses.dataclass(slots=True, eq=False)  # compared by identity: its fields are tracers
 class Check:
     """One check traced into a step (NOTE [Checks in a compiled step])."""
 
-    __slots__ = ("detail", "failed", "make_error", "on_host", "writes")
-
-    def __init__(self, failed: Any, detail: Any, make_error: Callable[[Any], BaseException], writes: list[Any]) -> None:
-        self.failed = failed  # traced: whether the check fails
-        self.detail = detail  # traced (or ``None``), then its output position: what the message shows
-        self.make_error = make_error  # the error to raise, given the detail's value
-        self.writes = writes  # the state writes as they stood at the check
-        self.on_host = False  # a host call's: whether it raised (the calls after it see that on the host)
+    failed: Any  # traced: whether the check fails
+    detail: Any  # traced (or ``None``), then its output position: what the message shows
+    make_error: Callable[[Any], BaseException]  # the error to raise, given the detail's value
+    writes: list[Any]  # the state writes as they stood at the check
+    on_host: bool = False  # a host call's: whether it raised (the calls after it see that on the host)
 
 
 def active() -> Recorder | None:
