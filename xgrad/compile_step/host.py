@@ -362,17 +362,13 @@ class _HostSaved:
     def __init__(self, node: FunctionNode, saved: SavedTensor) -> None:
         original = saved.check_version(node)  # eager's check, made where eager unpacks: raised by the step
         self.saved = copy.copy(saved)  # as it is now: the traced backward releases the node's own
-        self.tensors: list[Tensor] = []
-        if original is not None and _traced(original._array):
-            self.tensors.append(original)
+        self.tensors = [original] if original is not None and _traced(original._array) else []
         value = getattr(saved, "_array", None)  # slots a state does not use are unset
-        self.unpacked = None
-        hook = getattr(saved, "_unpack", None)
-        if hook is not None and from_library(hook):
-            # A library's unpack hook (a checkpoint's recomputation) reads the step's traced values: it is traced
-            # in here, and on the host the copy hands out what it unpacked.
-            self.unpacked = saved.unpack(node)._array
         self.value = value if _traced(value) else None
+        hook = getattr(saved, "_unpack", None)
+        # A library's unpack hook (a checkpoint's recomputation) reads the step's traced values: it is traced in
+        # here, and on the host the copy hands out what it unpacked.
+        self.unpacked = saved.unpack(node)._array if hook is not None and from_library(hook) else None
         self.packed = _TracedLeaves(None if self.unpacked is not None else getattr(saved, "_packed", None))
         self.tensors += self.packed.tensors
 
