@@ -130,7 +130,7 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
         state = [(t, *_traced_state(t, rec)) for t in owners]
         known = {id(t) for t in owners}
         state += [(t, t._array, _grad_array(t)) for t in _held_step_tensors(fn, known)]
-    return _on_host(lambda **how: hook_on_host(fn, args, call=call, state=state, **how), graph_task)
+    return _on_host(graph_task, hook_on_host, fn, args, call=call, state=state)
 
 
 def _may_read_state(fn: Any, depth: int) -> bool:
@@ -233,7 +233,7 @@ def state_on_host(
     state = [(t, *_traced_state(t, rec)) if only_changed else (t, t._array, _grad_array(t)) for t in tensors]
     # Its check holds the state as the call leaves it: its values from before if it raised (``hook_on_host`` gives
     # them back), so the arrays from before the call are not outputs of the program too (each would be a copy).
-    _on_host(lambda **how: hook_on_host(lambda _: call(), ((),), state=state, who=who, when=when, **how), reports)
+    _on_host(reports, hook_on_host, lambda _: call(), ((),), state=state, who=who, when=when)
 
 
 def _grad_array(t: Tensor) -> Any:
@@ -254,7 +254,7 @@ def function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
         node.unpack_saved()  # eager's error for a freed graph
     call = _FunctionOnHost(node, grads)
     shapes = [jax.ShapeDtypeStruct(m.shape, m.dtype) for m in call.into if m is not None]
-    outs = iter(_on_host(lambda **how: call_on_host(call.run, call.arrays, shapes, **how), call.graph_task))
+    outs = iter(_on_host(call.graph_task, call_on_host, call.run, call.arrays, shapes))
     return [None if m is None else Tensor(next(outs)) for m in call.into]
 
 
@@ -463,20 +463,21 @@ def _run_final_callbacks(graph_task: HostGraphTask) -> None:
         callbacks.clear()
 
 
-def _on_host(made: Callable[..., Any], reports: HostGraphTask | None) -> Any:
-    """A host call of the step (NOTE [Host calls] in ``xgrad/engine/host_call.py``): ``made(**how)`` makes it.
+def _on_host(reports: HostGraphTask | None, host_call: Callable[..., tuple[Any, Any, Any]], *args: Any, **kwargs: Any) -> Any:
+    """A host call of the step (NOTE [Host calls] in ``xgrad/engine/host_call.py``): ``host_call(*args, **kwargs)``
+    (``call_on_host`` or ``hook_on_host``), given the step's ``skip``, ``errors`` and ``report``.
 
     It is skipped once a check traced before it failed: eager would have raised before
     reaching it (NOTE [Checks in a compiled step]). An exception it raises is kept and
     becomes a check of the program, so the call raises it, as eager would, with the state
     at this point. With ``reports`` (a ``HostGraphTask``), the call also says whether
     callbacks wait on it, a flag the end of the backward reads (``_final_callbacks_on_host``).
-    Returns what ``made`` returns first.
+    Returns its results (what ``host_call`` returns first).
     """
     rec = recording.current()
     rec.host_calls += 1
     report = None if reports is None else functools.partial(bool, reports.final_callbacks)
-    result, raised, reported = made(skip=rec.failed_so_far(), errors=rec.host_errors, report=report)
+    result, raised, reported = host_call(*args, **kwargs, skip=rec.failed_so_far(), errors=rec.host_errors, report=report)
     if reports is not None:
         rec.queued.setdefault(id(reports), []).append(reported)
     errors = rec.host_errors
