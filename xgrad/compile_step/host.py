@@ -23,6 +23,7 @@ from xgrad.compile_step.hook_purity import container_items, from_library, nested
 from xgrad.compile_step.observers import HookBox, HostGraphTask, Observer, call_in_backward
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.compiled.key import traced_function
+from xgrad.engine.compiled.switch import HostHook, PureHook
 from xgrad.engine.function import UNPACK_ON_ACCESS, FunctionCtx, FunctionNode
 from xgrad.engine.host_call import call_on_host, hook_on_host, swapped_state
 from xgrad.engine.node import ERR_POST_ACCUMULATE_RESULT, Edge, InputMetadata, current_task
@@ -61,8 +62,6 @@ def hook_in_step(fn: Any, hooks: Any) -> Any:
     replaces gradients goes through ``hook_on_host``, one that returns ``None`` runs on
     the real tensor (``_returning_none_on_host``).
     """
-    from xgrad.autograd.compiled import HostHook, PureHook
-
     if isinstance(fn, tuple):  # a tensor hook: (input_nr, hook)
         return (fn[0], hook_in_step(fn[1], hooks))
     if isinstance(fn, PureHook):

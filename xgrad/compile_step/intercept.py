@@ -16,6 +16,7 @@ from xgrad.compile_step.recording import Check, Recorder
 from xgrad.compile_step.signature import set_entries
 from xgrad.compile_step.writeback import state_writes
 from xgrad.engine.compiled.cache import call_site
+from xgrad.engine.compiled.switch import PureHook
 from xgrad.engine.node import AccumulateGrad, Node
 from xgrad.jax_internals import get_opaque_trace_state
 from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
@@ -39,7 +40,6 @@ class StepRecorder(Recorder):
 
     def module_called(self, module: Any) -> None:
         """Guard on the module's mode (NOTE [Python state in a compiled step]); refuse its forward hooks unless pure."""
-        from xgrad.autograd.compiled import PureHook
         from xgrad.nn.hooks import _global_forward_hooks, _global_forward_pre_hooks
 
         self.module_mode(module)
