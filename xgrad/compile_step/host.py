@@ -230,8 +230,9 @@ def state_on_host(
     """
     rec = recording.current()
     state = [(t, *_traced_state(t, rec)) if only_changed else (t, t._array, _grad_array(t)) for t in tensors]
-    # Its check holds the state as the call leaves it: its values from before if it raised (``hook_on_host`` gives
-    # them back), so the arrays from before the call are not outputs of the program too (each would be a copy).
+    # ``hook_on_host`` for its ``state``: ``call`` is a hook given one empty argument, nothing to replace. Its check
+    # holds the state as the call leaves it: its values from before if it raised (``hook_on_host`` gives them back),
+    # so the arrays from before the call are not outputs of the program too (each would be a copy).
     _on_host(reports, hook_on_host, lambda _: call(), ((),), state=state, who=who, when=when)
 
 
