@@ -19,6 +19,7 @@ from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.compiled.switch import PureHook
 from xgrad.engine.node import AccumulateGrad, Node
 from xgrad.jax_internals import get_opaque_trace_state
+from xgrad.nn.hooks import _global_forward_hooks, _global_forward_pre_hooks
 from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
 from xgrad.tensor import Tensor, is_tensor
 
@@ -40,8 +41,6 @@ class StepRecorder(Recorder):
 
     def module_called(self, module: Any) -> None:
         """Guard on the module's mode (NOTE [Python state in a compiled step]); refuse its forward hooks unless pure."""
-        from xgrad.nn.hooks import _global_forward_hooks, _global_forward_pre_hooks
-
         self.module_mode(module)
         hooks = (*module._forward_pre_hooks.values(), *module._forward_hooks.values(),
                  *_global_forward_pre_hooks.values(), *_global_forward_hooks.values())
