@@ -21,9 +21,9 @@ from xgrad.compile_step import recording
 from xgrad.compile_step.errors import NotCompilable
 from xgrad.compile_step.hook_purity import container_items, from_library, nested_codes, trace_in
 from xgrad.compile_step.observers import HookBox, HostGraphTask, Observer, call_in_backward
-from xgrad.compile_step.recording import tracing
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.compiled.key import traced_function
+from xgrad.engine.compiled.switch import HostHook, PureHook
 from xgrad.engine.function import UNPACK_ON_ACCESS, FunctionCtx, FunctionNode
 from xgrad.engine.host_call import call_on_host, hook_on_host, swapped_state
 from xgrad.engine.node import ERR_POST_ACCUMULATE_RESULT, Edge, InputMetadata, current_task
@@ -33,7 +33,7 @@ from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.nn.hooks import BackwardHook
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
-from xgrad.tensor.hook_kinds import REPLACES_GRAD, RETURNS_NONE
+from xgrad.tensor.hook_kinds import RETURNS_NONE
 
 ERR_NO_GRAD_FROM_HOST = (
     "under xgrad.compile, {name} returned None as the gradient of input {i}, which requires grad: its backward runs "
@@ -53,7 +53,8 @@ _CTX_OWN = frozenset(vars(FunctionCtx()))  # what autograd keeps on a ctx; the r
 
 
 def hook_in_step(fn: Any, hooks: Any) -> Any:
-    """``fn`` as called inside a traced step: traced in if it is pure, else through an ordered host call.
+    """``fn`` (a hook of ``hooks``) as called inside a traced step: traced in if it is pure, else through an ordered
+    host call.
 
     Marked ``pure_hook``: traced in; marked ``host_hook``: on the host; neither: traced in
     when it touches no Python state (NOTE [Hooks traced in] in ``hook_purity.py``). On the
@@ -61,17 +62,11 @@ def hook_in_step(fn: Any, hooks: Any) -> Any:
     replaces gradients goes through ``hook_on_host``, one that returns ``None`` runs on
     the real tensor (``_returning_none_on_host``).
     """
-    convention = hooks.kind.convention
-    if convention is REPLACES_GRAD:  # kept as (input_nr, hook)
-        return (fn[0], _in_step(fn[1], hooks, False))
-    return _in_step(fn, hooks, convention is RETURNS_NONE)
-
-
-def _in_step(fn: Any, hooks: Any, returns_none: bool) -> Any:
-    from xgrad.autograd.compiled import HostHook, PureHook
-
-    if isinstance(fn, PureHook) or not tracing():
+    if isinstance(fn, tuple):  # a tensor hook: (input_nr, hook)
+        return (fn[0], hook_in_step(fn[1], hooks))
+    if isinstance(fn, PureHook):
         return fn
+    returns_none = hooks.kind.convention is RETURNS_NONE
 
     def call(*args: Any) -> Any:
         rec = recording.current()
@@ -93,11 +88,11 @@ def _in_step(fn: Any, hooks: Any, returns_none: bool) -> Any:
             # After traced-in pre-hooks: the grad_output they made goes to the host along.
             host_fn = functools.partial(_module_hooks_on_host, module_hooks)
             args = (args[0], kept_grad_outputs)
-        if group is not None:
-            rec.hosted_groups.add(group)
         graph_task = _host_graph_task()
         if returns_none:
             return _returning_none_on_host(host_fn, args[0], graph_task, hooks)
+        if group is not None:
+            rec.hosted_groups[group] = [False]
         return _replacing_hook_on_host(host_fn, args, graph_task)
 
     return call
@@ -134,7 +129,7 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
         state = [(t, *_traced_state(t, rec)) for t in owners]
         known = {id(t) for t in owners}
         state += [(t, t._array, _grad_array(t)) for t in _held_step_tensors(fn, known)]
-    return _on_host(lambda **kw: hook_on_host(fn, args, call=call, state=state, **kw), graph_task)[0]
+    return _on_host(graph_task, hook_on_host, fn, args, call=call, state=state)
 
 
 def _may_read_state(fn: Any, depth: int) -> bool:
@@ -205,9 +200,9 @@ def _returning_none_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) -
     """
     rec = recording.current()
     # The first of them on the host (those before it were traced in, returning None) resets the flag.
-    first = id(hooks) not in rec.post_accumulate_returned
+    first = id(hooks) not in rec.hosted_groups
     last = fn is list(hooks.values())[-1]
-    returned = rec.post_accumulate_returned.setdefault(id(hooks), [False])
+    returned = rec.hosted_groups.setdefault(id(hooks), [False])
 
     def call() -> None:
         if first:
@@ -221,7 +216,7 @@ def _returning_none_on_host(fn: Any, var: Tensor, graph_task: Any, hooks: Any) -
 
 
 def state_on_host(
-    call: Callable[[], Any], tensors: list[Tensor], only_changed: bool = False, reports: Any = None, when: Any = None,
+    call: Callable[[], None], tensors: list[Tensor], only_changed: bool = False, reports: Any = None, when: Any = None,
     who: str = "a final callback",
 ) -> None:
     """Run ``call()`` on the host at this point of the program, ``tensors`` showing their values and ``.grad``s then.
@@ -235,47 +230,14 @@ def state_on_host(
     """
     rec = recording.current()
     state = [(t, *_traced_state(t, rec)) if only_changed else (t, t._array, _grad_array(t)) for t in tensors]
-
-    def made(**kw: Any) -> Any:
-        return hook_on_host(call, ((),), call=_alone, state=state, who=who, **kw)
-
-    # Its check holds the state as the call leaves it: its values from before if it raised (``hook_on_host`` gives
-    # them back), so the arrays from before the call are not outputs of the program too (each would be a copy).
-    if when is None:
-        _on_host(made, reports)
-    else:  # the call's flag leaves the ``cond`` as an output: checks are registered at the step's own level
-        def taken(_: Any) -> Any:
-            _, raised = _on_host(made, reports, register=False)
-            return (*_shown(state), raised)
-
-        *values, flag = jax.lax.cond(when, taken, lambda arrays: (*arrays, jnp.bool_(False)), _shown(state))
-        outs = iter(values)
-        for t, array, grad in state:
-            if array is not None:
-                t._array = next(outs)
-            if grad is not None:
-                t._grad = Tensor(next(outs))
-        _host_raised(flag)
-
-
-def _alone(call: Callable[[], Any], _args: Any, _arrays: Any) -> None:
-    """``hook_on_host``'s ``call`` for a call that takes no arguments and returns nothing."""
-    call()
+    # ``hook_on_host`` for its ``state``: ``call`` is a hook given one empty argument, nothing to replace. Its check
+    # holds the state as the call leaves it: its values from before if it raised (``hook_on_host`` gives them back),
+    # so the arrays from before the call are not outputs of the program too (each would be a copy).
+    _on_host(reports, hook_on_host, lambda _: call(), ((),), state=state, who=who, when=when)
 
 
 def _grad_array(t: Tensor) -> Any:
     return None if t._grad is None else t._grad._array
-
-
-def _shown(state: list[tuple[Tensor, Any, Any]]) -> list[Any]:
-    """The arrays that ``state`` sends to the host, as its tensors hold them now."""
-    shown = []
-    for t, array, grad in state:
-        if array is not None:
-            shown.append(t._array)
-        if grad is not None:
-            shown.append(_grad_array(t))
-    return shown
 
 
 def function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
@@ -292,18 +254,13 @@ def function_on_host(node: FunctionNode, grads: list[Any]) -> list[Any] | None:
         node.unpack_saved()  # eager's error for a freed graph
     call = _FunctionOnHost(node, grads)
     shapes = [jax.ShapeDtypeStruct(m.shape, m.dtype) for m in call.into if m is not None]
-    outs = iter(_on_host(lambda **kw: call_on_host(call.run, call.arrays, shapes, **kw), call.graph_task)[0])
+    outs = iter(_on_host(call.graph_task, call_on_host, call.run, call.arrays, shapes))
     return [None if m is None else Tensor(next(outs)) for m in call.into]
 
 
 class _FunctionOnHost:
-    """A Function's backward run on the host: what it takes from the trace, and its run there.
-
-    The node itself runs, as the engine runs it: ``ctx.saved_tensors`` unpacks at each access
-    (unpack hooks, version checks, the unpacked tensors' place in the graph) from copies of
-    its saved tensors; they, the tensors they reach and the ctx's own tensors hold the call's
-    values while it runs.
-    """
+    """A Function's backward run on the host: what it takes from the trace, and its run there (the node itself, as
+    NOTE [Functions in a compiled step] says)."""
 
     __slots__ = ("arrays", "attr_names", "attrs", "edges", "graph_task", "has_grad", "into", "node", "saved", "state",
                  "swapped")
@@ -405,17 +362,13 @@ class _HostSaved:
     def __init__(self, node: FunctionNode, saved: SavedTensor) -> None:
         original = saved.check_version(node)  # eager's check, made where eager unpacks: raised by the step
         self.saved = copy.copy(saved)  # as it is now: the traced backward releases the node's own
-        self.tensors: list[Tensor] = []
-        if original is not None and _traced(original._array):
-            self.tensors.append(original)
+        self.tensors = [original] if original is not None and _traced(original._array) else []
         value = getattr(saved, "_array", None)  # slots a state does not use are unset
-        self.unpacked = None
-        hook = getattr(saved, "_unpack", None)
-        if hook is not None and from_library(hook):
-            # A library's unpack hook (a checkpoint's recomputation) reads the step's traced values: it is traced
-            # in here, and on the host the copy hands out what it unpacked.
-            self.unpacked = saved.unpack(node)._array
         self.value = value if _traced(value) else None
+        hook = getattr(saved, "_unpack", None)
+        # A library's unpack hook (a checkpoint's recomputation) reads the step's traced values: it is traced in
+        # here, and on the host the copy hands out what it unpacked.
+        self.unpacked = saved.unpack(node)._array if hook is not None and from_library(hook) else None
         self.packed = _TracedLeaves(None if self.unpacked is not None else getattr(saved, "_packed", None))
         self.tensors += self.packed.tensors
 
@@ -477,7 +430,6 @@ class TracedCallbacks(list):  # type: ignore[type-arg]
         super().append(lambda: state_on_host(on_host, _state_owners(), only_changed=True))
 
 
-
 def _state_owners() -> list[Tensor]:
     """While tracing: the state tensors touched so far (a ``.grad`` comes with its owner)."""
     rec = recording.current()
@@ -511,32 +463,23 @@ def _run_final_callbacks(graph_task: HostGraphTask) -> None:
         callbacks.clear()
 
 
-def _on_host(made: Callable[..., Any], reports: HostGraphTask | None, register: bool = True) -> tuple[Any, Any]:
-    """A host call of the step (NOTE [Host calls] in ``xgrad/engine/host_call.py``): ``made(**how)`` makes it.
+def _on_host(reports: HostGraphTask | None, host_call: Callable[..., tuple[Any, Any, Any]], *args: Any, **kwargs: Any) -> Any:
+    """A host call of the step (NOTE [Host calls] in ``xgrad/engine/host_call.py``): ``host_call(*args, **kwargs)``
+    (``call_on_host`` or ``hook_on_host``), given the step's ``skip``, ``errors`` and ``report``.
 
     It is skipped once a check traced before it failed: eager would have raised before
     reaching it (NOTE [Checks in a compiled step]). An exception it raises is kept and
     becomes a check of the program, so the call raises it, as eager would, with the state
-    at this point; unless ``register`` is false: the caller, inside a ``lax.cond``, gets
-    the check's flag to register outside it (``_host_raised``). With ``reports`` (a
-    ``HostGraphTask``), the call also says whether callbacks wait on it, a flag the end
-    of the backward reads (``_final_callbacks_on_host``). Returns what ``made`` returns
-    first, and the flag.
+    at this point. With ``reports`` (a ``HostGraphTask``), the call also says whether
+    callbacks wait on it, a flag the end of the backward reads (``_final_callbacks_on_host``).
+    Returns its results (what ``host_call`` returns first).
     """
     rec = recording.current()
     rec.host_calls += 1
     report = None if reports is None else functools.partial(bool, reports.final_callbacks)
-    result, raised, reported = made(skip=rec.failed_so_far(), errors=rec.host_errors, report=report)
+    result, raised, reported = host_call(*args, **kwargs, skip=rec.failed_so_far(), errors=rec.host_errors, report=report)
     if reports is not None:
         rec.queued.setdefault(id(reports), []).append(reported)
-    if register:
-        _host_raised(raised)
-    return result, raised
-
-
-def _host_raised(flag: Any) -> None:
-    """Make an exception raised in a host call (``flag``: whether one was) a check of the program."""
-    rec = recording.current()
     errors = rec.host_errors
 
     def kept(_: Any) -> BaseException:
@@ -544,5 +487,6 @@ def _host_raised(flag: Any) -> None:
         errors.clear()  # one call raises one; the host calls after it were skipped
         return error
 
-    if rec.check(flag, kept):
+    if rec.check(raised, kept):
         rec.checks[-1].on_host = True
+    return result

@@ -16,8 +16,10 @@ from xgrad.compile_step.recording import Check, Recorder
 from xgrad.compile_step.signature import set_entries
 from xgrad.compile_step.writeback import state_writes
 from xgrad.engine.compiled.cache import call_site
+from xgrad.engine.compiled.switch import PureHook
 from xgrad.engine.node import AccumulateGrad, Node
 from xgrad.jax_internals import get_opaque_trace_state
+from xgrad.nn.hooks import _global_forward_hooks, _global_forward_pre_hooks
 from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
 from xgrad.tensor import Tensor, is_tensor
 
@@ -25,8 +27,7 @@ from xgrad.tensor import Tensor, is_tensor
 class StepRecorder(Recorder):
     """A ``Recorder`` answering the engine's and the ops' questions (``StepTrace``) for its step."""
 
-    def wrap_hook(self, fn: Any, hooks: Any) -> Any:
-        return hook_in_step(fn, hooks)
+    wrap_hook = staticmethod(hook_in_step)
 
     def hook_added(self, hooks: Any, handle: Any, owner: Any) -> None:
         """Note the hook, and whether its owner outlives the call (then it would pile up, as in eager)."""
@@ -40,9 +41,6 @@ class StepRecorder(Recorder):
 
     def module_called(self, module: Any) -> None:
         """Guard on the module's mode (NOTE [Python state in a compiled step]); refuse its forward hooks unless pure."""
-        from xgrad.autograd.compiled import PureHook
-        from xgrad.nn.hooks import _global_forward_hooks, _global_forward_pre_hooks
-
         self.module_mode(module)
         hooks = (*module._forward_pre_hooks.values(), *module._forward_hooks.values(),
                  *_global_forward_pre_hooks.values(), *_global_forward_hooks.values())
@@ -79,11 +77,8 @@ class StepRecorder(Recorder):
             self.effect_mark = self.progress()
         return True
 
-    def printed_text(self, t: Any, format_spec: str | None, frame: Any) -> str | None:
-        return printing.printed_text(self, t, format_spec, frame)
-
-    def printed_item(self, t: Any, frame: Any) -> Any:
-        return printing.printed_item(self, t, frame)
+    printed_text = printing.printed_text
+    printed_item = printing.printed_item
 
     def final_callbacks(self) -> list[Callable[[], None]]:
         return TracedCallbacks()

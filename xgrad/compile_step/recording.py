@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -83,8 +84,9 @@ class Recorder(StepTrace):
         # The optimizer's parameter-group entries read and set (NOTE [Param groups in a compiled step] in ``signature.py``).
         self.group_entries = GroupEntries()
         # id(a module call's ``BackwardHook``, or a leaf's post-accumulate hooks) of which a hook runs on the host:
-        # the group's later hooks follow it there (``host.hook_in_step``).
-        self.hosted_groups: set[int] = set()
+        # the group's later hooks follow it there (``host.hook_in_step``); a leaf's share a flag there, set when one
+        # returned a value in this run.
+        self.hosted_groups: dict[int, list[bool]] = {}
         # Hooks added while tracing: (their dict, handle id, the user's line, whether the owner outlives the call).
         self.added_hooks: list[tuple[Any, int, str, bool]] = []
         self.first_sequence_nr = _sequence.next()  # nodes made by the trace number above it
@@ -106,8 +108,6 @@ class Recorder(StepTrace):
         self.effect_state: set[int] = set()
         self.effect_mark: tuple[int, ...] = ()
         self.effect_crossed = False
-        # id(a leaf's post-accumulate-grad hooks) -> whether one returned a value in this run, set on the host.
-        self.post_accumulate_returned: dict[int, list[bool]] = {}
         # Tensors' texts, each a mark a print fills in at every call (NOTE [Print in a compiled step]),
         # whether the step's print is making its text now (a tensor's text then goes into it), and the prints.
         self.printed: list[Any] = []
@@ -239,17 +239,15 @@ class Recorder(StepTrace):
         self.grad_written.add(id(t))
 
 
+@dataclasses.dataclass(slots=True, eq=False)  # compared by identity: its fields are tracers
 class Check:
     """One check traced into a step (NOTE [Checks in a compiled step])."""
 
-    __slots__ = ("detail", "failed", "make_error", "on_host", "writes")
-
-    def __init__(self, failed: Any, detail: Any, make_error: Callable[[Any], BaseException], writes: list[Any]) -> None:
-        self.failed = failed  # traced: whether the check fails
-        self.detail = detail  # traced (or ``None``), then its output position: what the message shows
-        self.make_error = make_error  # the error to raise, given the detail's value
-        self.writes = writes  # the state writes as they stood at the check
-        self.on_host = False  # a host call's: whether it raised (the calls after it see that on the host)
+    failed: Any  # traced: whether the check fails
+    detail: Any  # traced (or ``None``), then its output position: what the message shows
+    make_error: Callable[[Any], BaseException]  # the error to raise, given the detail's value
+    writes: list[Any]  # the state writes as they stood at the check
+    on_host: bool = False  # a host call's: whether it raised (the calls after it see that on the host)
 
 
 def active() -> Recorder | None:

@@ -102,7 +102,7 @@ def _keep(exc: BaseException) -> HostCallFailed:
 def call_on_host(
     fn: Callable[..., Sequence[Any]], arrays: Sequence[Any], results: Sequence[jax.ShapeDtypeStruct], *,
     unchanged: Callable[..., Sequence[Any]] | None = None, skip: Any = None, errors: list[BaseException] | None = None,
-    report: Callable[[], bool] | None = None,
+    report: Callable[[], bool] | None = None, when: Any = None,
 ) -> tuple[tuple[Any, ...], Any, Any]:
     """``fn(*arrays)`` on the host at this point of the traced program, in program order, at every call of it.
 
@@ -110,10 +110,12 @@ def call_on_host(
     (their shapes and dtypes: what the program continues with). ``unchanged`` (same
     signature; default: zeros of ``results``) stands in for ``fn`` where the call is not
     made: when ``skip`` (a traced flag, or ``None``) is set, or a host call before it in
-    this run raised. With ``errors`` (a list), an exception ``fn`` raises is appended there
-    and ``unchanged``'s results come back; without, it reaches the caller of the program
-    with its own type. ``report``, called on the host after ``fn``, says something the
-    program reads back (``False`` where ``fn`` was not called).
+    this run raised; or when ``when`` (a traced flag, or ``None``) is unset, where the
+    call sits under a ``lax.cond`` and the host is not called at all. With ``errors`` (a
+    list), an exception ``fn`` raises is appended there and ``unchanged``'s results come
+    back; without, it reaches the caller of the program with its own type. ``report``,
+    called on the host after ``fn``, says something the program reads back (``False``
+    where ``fn`` was not called).
 
     Returns the results, a traced flag set when ``fn`` raised (``None`` without ``errors``:
     a step raises ``errors[0]`` after its program when it is set) and ``report``'s traced
@@ -145,7 +147,14 @@ def call_on_host(
     flag = jax.ShapeDtypeStruct((), np.bool_)
     shapes = (*results, *(flag for _ in tail))
     skipped = jnp.bool_(False) if skip is None else skip
-    outs = tuple(io_callback(host, shapes, skipped, *arrays, ordered=True))
+
+    def called(*traced: Any) -> tuple[Any, ...]:
+        return tuple(io_callback(host, shapes, skipped, *traced, ordered=True))
+
+    if when is None:
+        outs = called(*arrays)
+    else:
+        outs = jax.lax.cond(when, called, lambda *traced: (*unchanged(*traced), *tail), *arrays)
     values, flags = outs[: len(results)], iter(outs[len(results):])
     return values, None if errors is None else next(flags), None if report is None else next(flags)
 
@@ -160,7 +169,7 @@ def hook_on_host(
     a tuple result may hold ``None`` for an entry (no gradient there, as eagerly: zeros), or
     a Tensor of another dtype (cast, as eagerly). ``call(hook, args, arrays)`` calls it on the
     host (default: ``hook(*args)``; ``arrays``: the concrete arrays of its Tensors, in order).
-    ``how``: ``skip``, ``errors`` and ``report``, as for ``call_on_host``. ``state``: tensors
+    ``how``: ``skip``, ``errors``, ``report`` and ``when``, as for ``call_on_host``. ``state``: tensors
     the hook may read, each with the traced array it holds at this point (``None``: its own)
     and the traced array of its ``.grad`` (``None``: no ``.grad``); on the host they hold
     those values while the hook runs (``swapped_state``), and what it rebinds there flows on
@@ -265,11 +274,9 @@ def _call(hook: Callable[..., Any], args: tuple[Any, ...], _arrays: Any) -> Any:
 
 
 @contextlib.contextmanager
-def swapped_state(
-    tensors: Sequence[Tensor], values: Sequence[tuple[Any, Any] | None] | None = None
-) -> Iterator[list[Tensor]]:
-    """On the host: ``tensors`` hold ``values`` (each ``(array, grad array or None)``; ``None``, for all or for one:
-    their own) while the block runs.
+def swapped_state(tensors: Sequence[Tensor], values: Sequence[tuple[Any, Any] | None]) -> Iterator[list[Tensor]]:
+    """On the host: ``tensors`` hold ``values`` (each ``(array, grad array or None)``, or ``None``: its own) while the
+    block runs.
 
     After it, whatever it raised, each tensor gets back its own array, ``.grad`` (and that
     one's array) and version: a host call leaves the Python state as it found it
@@ -277,7 +284,7 @@ def swapped_state(
     given then holds the tensors whose array or ``.grad`` the block changed.
     """
     saved = [(*_storage(t), t._version) for t in tensors]
-    for t, value in zip(tensors, values or (), strict=values is not None):
+    for t, value in zip(tensors, values, strict=True):
         if value is not None:
             t._array = value[0]
             t._grad = None if value[1] is None else Tensor(value[1])
