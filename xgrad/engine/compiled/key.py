@@ -255,46 +255,15 @@ def _outputs_key(meta: tuple[InputMetadata, ...]) -> Any:
 
 def _node_key(node: Node, edges_key: tuple[int, ...] | int, exec_key: Any, flat: list[Any], create_graph: bool,
               in_order: bool) -> tuple[Any, ...]:
-    """One node's key (see ``FIELDS``), appending its saved arrays to ``flat``: the per-node work of both walks.
-
-    The common case (a primitive node whose saved values are plain saved tensors and
-    scalars) is written out inline: it is the hit path's per-node Python.
-    """
+    """One node's key (see ``FIELDS``), appending its saved arrays to ``flat``: the per-node work of both walks."""
     cls = type(node)
     hooks = _hooks_key(node) if cls is AccumulateGrad or node_has_hooks(node) else None
     if isinstance(node, RuleNode):
-        meta = node.input_metadata
         saved_out = node.saved_out
-        params = node.params
-        saved_key: list[Any] = []
-        add_saved = saved_key.append
-        for s in node.saved if saved_out is None else (*node.saved, *saved_out):
-            scls = type(s)
-            if scls is SavedTensor:
-                t = s._ref
-                if not isinstance(t, Tensor) or t._version != s._saved_version:
-                    t = _unpack(s, node, in_order)
-                a = t._array
-                flat.append(t if create_graph else a)
-                aval = a.aval
-                add_saved(aval.shape)
-                add_saved(aval.dtype)
-            elif scls in SCALARS:
-                add_saved(_scalar_key(s))
-            elif scls is Aval:
-                add_saved(s)
-            else:
-                add_saved(_saved_key((s,), node, flat, create_graph, in_order))
-        return (
-            K_PRIM,
-            node.prim,
-            _params_key(params, flat) if params else (),
-            _outputs_key(meta),
-            tuple(saved_key),
-            edges_key,
-            hooks,
-            exec_key,
-        )
+        # The saved values go to ``flat`` before the params' arrays (``lower._rule_stand_in`` reads them so).
+        saved = _saved_key(node.saved if saved_out is None else (*node.saved, *saved_out), node, flat, create_graph, in_order)
+        params = _params_key(node.params, flat)
+        return (K_PRIM, node.prim, params, _outputs_key(node.input_metadata), saved, edges_key, hooks, exec_key)
     if isinstance(node, AccumulateGrad):
         grad = node.variable.grad
         return (
