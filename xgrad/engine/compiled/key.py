@@ -244,10 +244,6 @@ def traced_function(function: Any) -> bool:
     return type(getattr(function, "backward", None)) is PureHook
 
 
-def _function_outputs_key(node: FunctionNode) -> tuple[Any, ...]:
-    return tuple(None if m is None else (m[0], m[1]) for m in node.input_metadata)
-
-
 def _outputs_key(meta: tuple[InputMetadata, ...]) -> Any:
     """(shape, dtype) of each output of a node."""
     return meta[0][:2] if len(meta) == 1 else tuple(m[:2] for m in meta)
@@ -266,28 +262,17 @@ def _node_key(node: Node, edges_key: tuple[int, ...] | int, exec_key: Any, flat:
         return (K_PRIM, node.prim, params, _outputs_key(node.input_metadata), saved, edges_key, hooks, exec_key)
     if isinstance(node, AccumulateGrad):
         grad = node.variable.grad
-        return (
-            K_ACC,
-            node.input_metadata[0],
-            None if grad is None else (grad._array.shape, grad._array.dtype),
-            hooks,
-            exec_key,
-        )
+        grad_key = None if grad is None else (grad._array.shape, grad._array.dtype)
+        return (K_ACC, node.input_metadata[0], grad_key, hooks, exec_key)
     if isinstance(node, FunctionNode):
+        outputs = tuple(None if m is None else m[:2] for m in node.input_metadata)
         if create_graph or not traced_function(node.function):
             # Its backward runs on the host at its point (NOTE [Functions on the host]):
             # nothing of its ctx or saved tensors is keyed, and nothing is unpacked here.
-            return (K_FUNC, node.function, _function_outputs_key(node), HOST, (), edges_key, hooks, exec_key)
-        return (
-            K_FUNC,
-            node.function,
-            _function_outputs_key(node),
-            _ctx_key(node.ctx, node.name(), flat),
-            _saved_key(_function_saved(node, in_order), node, flat, create_graph, in_order),
-            edges_key,
-            hooks,
-            exec_key,
-        )
+            return (K_FUNC, node.function, outputs, HOST, (), edges_key, hooks, exec_key)
+        ctx = _ctx_key(node.ctx, node.name(), flat)
+        saved = _saved_key(_function_saved(node, in_order), node, flat, create_graph, in_order)
+        return (K_FUNC, node.function, outputs, ctx, saved, edges_key, hooks, exec_key)
     if cls is GraphRoot:
         return (K_ROOT, edges_key, exec_key)
     raise NotTraceable(f"the graph has a node of kind {node.name()} that compiled backward does not know", "unknown node kind")
