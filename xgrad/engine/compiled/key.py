@@ -1,9 +1,6 @@
-"""The structural key of a backward graph: the walks, the per-node keys, the structure fragments.
+"""The structural key of a backward graph: its two walks, the per-node keys, the structure fragments.
 
-Two walks (NOTE [Compiled backward], stage 2): ``walk_schedule`` replays eager's
-schedule (misses, calls with ``inputs``); ``walk_structure`` is the hit path's one pass
-in discovery order. Both unpack the saved values into one flat list, the programs'
-inputs.
+NOTE [Compiled backward], stage 2, says what each walk is for.
 """
 
 from __future__ import annotations
@@ -44,8 +41,9 @@ FIELDS = {
     K_FUNC: ("kind", "Function", "output shapes/dtypes", "ctx attributes", "saved values", "edges", "hooks", "exec_info"),
 }
 TOP_FIELDS = ("create_graph", "accumulate into .grad", "number of inputs", "root input slot")
-HOOKS_FIELD = {K_CAPTURED: 1, K_PRIM: 6, K_ACC: 3, K_FUNC: 6}
-EDGES_FIELD = {K_PRIM: 5, K_ROOT: 1, K_FUNC: 5}  # edges as discovery indices: a chunk's key drops them
+# Where a kind's key holds its hooks, and its edges (as discovery indices: a chunk's key drops them).
+HOOKS_FIELD = {kind: fields.index("hooks") for kind, fields in FIELDS.items() if "hooks" in fields}
+EDGES_FIELD = {kind: fields.index("edges") for kind, fields in FIELDS.items() if "edges" in fields}
 
 SCALARS = frozenset((float, int, bool, complex, type(None), str))
 HOST = "host"  # hooks key: a hook group with a hook that is not pure runs on the host
