@@ -370,19 +370,6 @@ _next_fragment = itertools.count().__next__
 _NO_FRAGMENT = (-1, (), False)  # ``structure`` of a primitive node that ``_node_key`` keys
 
 
-def _saved_aval(s: SavedTensor) -> tuple[Any, Any] | None:
-    """Shape and dtype of a plain saved tensor without unpacking it; ``None`` for hooked or freed ones."""
-    state = s._state
-    ref = s._ref
-    if isinstance(ref, Tensor):  # state "input"
-        array = ref._array
-    elif state == "output":
-        array = s._array
-    else:
-        return None
-    return array.shape, array.dtype
-
-
 def _fragment(node: RuleNode) -> tuple[int, tuple[int, ...], bool]:
     """``(id, positions of saved tensors, whether outputs were saved)`` (NOTE [Structure fragments])."""
     params = node.params
@@ -397,11 +384,15 @@ def _fragment(node: RuleNode) -> tuple[int, tuple[int, ...], bool]:
     saved_out = node.saved_out
     for i, s in enumerate(node.saved if saved_out is None else (*node.saved, *saved_out)):
         cls = type(s)
-        if cls is SavedTensor:
-            aval = _saved_aval(s)
-            if aval is None:
-                return _NO_FRAGMENT
-            key.append((TENSOR, *aval))  # tagged: an Aval of the same shape and dtype is an equal tuple
+        if cls is SavedTensor:  # its shape and dtype, read without unpacking it
+            ref = s._ref
+            if isinstance(ref, Tensor):  # state "input"
+                array = ref._array
+            elif s._state == "output":
+                array = s._array
+            else:
+                return _NO_FRAGMENT  # hooked or freed
+            key.append((TENSOR, array.shape, array.dtype))  # tagged: an Aval of the same shape and dtype is an equal tuple
             if i < n_inputs:
                 gather.append(i)
         elif cls in SCALARS:
@@ -497,10 +488,7 @@ def hit_order(walk: Walk, structure: Walk) -> tuple[list[int], list[int]]:
     index = {node: i for i, node in enumerate(structure.nodes)}
     node_order = [index[node] for node in walk.nodes]
     counts = [0] * len(structure.nodes)
-    for j, i in enumerate(node_order):
-        counts[i] = walk.starts[j + 1] - walk.starts[j]  # type: ignore[index]
+    for i, (lo, hi) in zip(node_order, itertools.pairwise(walk.starts), strict=True):  # type: ignore[arg-type]
+        counts[i] = hi - lo
     starts = [0, *itertools.accumulate(counts)]
-    flat_order: list[int] = []
-    for i in node_order:
-        flat_order.extend(range(starts[i], starts[i + 1]))
-    return node_order, flat_order
+    return node_order, [k for i in node_order for k in range(starts[i], starts[i + 1])]
