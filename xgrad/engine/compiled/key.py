@@ -413,19 +413,13 @@ def record_fragment(node: RuleNode) -> None:
 
 
 def walk_structure(root: Node, create_graph: bool, root_nr: int) -> Walk | None:
-    """The hit path's walk, for a call without ``inputs``: one pass in discovery order.
+    """The hit path's walk, for a call without ``inputs``: one pass in discovery order (NOTE [Compiled backward]).
 
-    Its key is the structure, node by node (a fragment id, NOTE [Structure fragments],
-    or ``_node_key``), with edges as discovery indices, plus the rank order of the
-    nodes' ``sequence_nr``s: together they decide eager's schedule, which a miss
-    computes with ``walk_schedule`` and stores with the program (``Program.hit_order``). An
-    edge is one entry, the target's discovery index, when it leads to input 0 (most
-    do), and two, ``~index`` and the input number, otherwise; ``None`` when it leads
-    nowhere.
-    ``None`` when only the schedule replay may walk this graph: saved values with
-    effects (``_NeedsSchedule``), equal ``sequence_nr``s (nodes recorded on different
-    threads: eager breaks such ties by push order, which ranks do not capture), or
-    what ``walk_schedule`` reports as not traceable.
+    Per node, a fragment id (NOTE [Structure fragments]) or ``_node_key``, then its edges:
+    the target's discovery index where the edge leads to input 0 (most do), ``~index``
+    and the input number otherwise, ``None`` where it leads nowhere. ``None`` where only
+    ``walk_schedule`` may walk the graph: saved values with effects (``_NeedsSchedule``),
+    equal ``sequence_nr``s, or a node it reports as not traceable.
     """
     index: dict[Node, int] = {root: 0}
     nodes: list[Node] = [root]
