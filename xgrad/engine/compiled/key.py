@@ -141,8 +141,6 @@ def freeze(value: Any, flat: list[Any]) -> Any:
 
 
 def _params_key(params: dict[str, Any], flat: list[Any]) -> Any:
-    if not params:
-        return ()
     items = tuple(params.items())
     try:
         hash(items)
@@ -180,18 +178,25 @@ def _saved_key(values: Any, node: Node, flat: list[Any], keep_tensors: bool, in_
     append = key.append
     for s in values:
         cls = type(s)
-        if cls is SavedTensor or cls is Tensor:
-            t = _unpack(s, node, in_order) if cls is SavedTensor else s
+        if cls is SavedTensor:
+            t = s._ref
+            if not isinstance(t, Tensor) or t._version != s._saved_version:
+                t = _unpack(s, node, in_order)  # its common case is inline here: this is a per-node cost
             a = t._array
             flat.append(t if keep_tensors else a)
-            append(a.shape)
-            append(a.dtype)
-            if cls is Tensor:
-                append(t.requires_grad)
+            aval = a.aval  # a jax.Array's own shape and dtype properties cost 5x more
+            append(aval.shape)
+            append(aval.dtype)
         elif cls in SCALARS:
             append(_scalar_key(s))
         elif cls is Aval:
             append(s)
+        elif cls is Tensor:  # a Function's saved tensor, unpacked
+            a = s._array
+            flat.append(s if keep_tensors else a)
+            append(a.shape)
+            append(a.dtype)
+            append(s.requires_grad)
         elif is_array(s):
             flat.append(s)
             append(RAW)
@@ -256,7 +261,7 @@ def _node_key(node: Node, edges_key: tuple[int, ...] | int, exec_key: Any, flat:
         saved_out = node.saved_out
         # The saved values go to ``flat`` before the params' arrays (``lower._rule_stand_in`` reads them so).
         saved = _saved_key(node.saved if saved_out is None else (*node.saved, *saved_out), node, flat, create_graph, in_order)
-        params = _params_key(node.params, flat)
+        params = _params_key(node.params, flat) if node.params else ()
         return (K_PRIM, node.prim, params, _outputs_key(node.input_metadata), saved, edges_key, hooks, exec_key)
     if isinstance(node, AccumulateGrad):
         grad = node.variable.grad
