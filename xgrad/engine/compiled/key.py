@@ -150,11 +150,7 @@ def _params_key(params: dict[str, Any], flat: list[Any]) -> Any:
 
 
 class _NeedsSchedule(Exception):
-    """Raised by the one-pass walk: this graph has effects that must happen in eager's order.
-
-    An unpack hook, a version check that fails or a freed saved tensor: eager unpacks in
-    schedule order, so such a graph takes the walk that replays the schedule.
-    """
+    """Raised by the one-pass walk where unpacking has effects, which happen in eager's order (NOTE [Compiled backward])."""
 
 
 def _unpack(s: SavedTensor, node: Node, in_order: bool) -> Tensor:
