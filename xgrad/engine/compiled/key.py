@@ -171,7 +171,6 @@ def _saved_key(values: Any, node: Node, flat: list[Any], keep_tensors: bool, in_
     ``keep_tensors`` (create_graph) keeps the unpacked tensors, which carry the graph.
     """
     key: list[Any] = []
-    append = key.append
     for s in values:
         cls = type(s)
         if cls is SavedTensor:
@@ -181,25 +180,21 @@ def _saved_key(values: Any, node: Node, flat: list[Any], keep_tensors: bool, in_
             a = t._array
             flat.append(t if keep_tensors else a)
             aval = a.aval  # a jax.Array's own shape and dtype properties cost 5x more
-            append(aval.shape)
-            append(aval.dtype)
+            key.append(aval.shape)
+            key.append(aval.dtype)
         elif cls in SCALARS:
-            append(_scalar_key(s))
+            key.append(_scalar_key(s))
         elif cls is Aval:
-            append(s)
+            key.append(s)
         elif cls is Tensor:  # a Function's saved tensor, unpacked
             a = s._array
             flat.append(s if keep_tensors else a)
-            append(a.shape)
-            append(a.dtype)
-            append(s.requires_grad)
+            key += (a.shape, a.dtype, s.requires_grad)
         elif is_array(s):
             flat.append(s)
-            append(RAW)
-            append(s.shape)
-            append(s.dtype)
+            key += (RAW, s.shape, s.dtype)
         else:
-            append(freeze(s, flat))
+            key.append(freeze(s, flat))
     return tuple(key)
 
 
