@@ -168,7 +168,6 @@ def insert(key: Any, entry: Any, table: collections.OrderedDict[Any, Any] = prog
     return entry
 
 
-
 # -- recompile reasons ---------------------------------------------------------------
 
 
@@ -287,5 +286,3 @@ def note_miss(site: str, key: Any) -> None:
             counters.warned_sites.add(site)
     if warn:
         warnings.warn(WARN_RECOMPILE.format(count=count - 1, site=site, reason=reason), RecompileWarning, stacklevel=4)
-
-

@@ -1,9 +1,6 @@
-"""The structural key of a backward graph: the walks, the per-node keys, the structure fragments.
+"""The structural key of a backward graph: its two walks, the per-node keys, the structure fragments.
 
-Two walks (NOTE [Compiled backward], stage 2): ``walk_schedule`` replays eager's
-schedule (misses, calls with ``inputs``); ``walk_structure`` is the hit path's one pass
-in discovery order. Both unpack the saved values into one flat list, the programs'
-inputs.
+NOTE [Compiled backward], stage 2, says what each walk is for.
 """
 
 from __future__ import annotations
@@ -44,8 +41,9 @@ FIELDS = {
     K_FUNC: ("kind", "Function", "output shapes/dtypes", "ctx attributes", "saved values", "edges", "hooks", "exec_info"),
 }
 TOP_FIELDS = ("create_graph", "accumulate into .grad", "number of inputs", "root input slot")
-HOOKS_FIELD = {K_CAPTURED: 1, K_PRIM: 6, K_ACC: 3, K_FUNC: 6}
-EDGES_FIELD = {K_PRIM: 5, K_ROOT: 1, K_FUNC: 5}  # edges as discovery indices: a chunk's key drops them
+# Where a kind's key holds its hooks, and its edges (as discovery indices: a chunk's key drops them).
+HOOKS_FIELD = {kind: fields.index("hooks") for kind, fields in FIELDS.items() if "hooks" in fields}
+EDGES_FIELD = {kind: fields.index("edges") for kind, fields in FIELDS.items() if "edges" in fields}
 
 SCALARS = frozenset((float, int, bool, complex, type(None), str))
 HOST = "host"  # hooks key: a hook group with a hook that is not pure runs on the host
@@ -143,8 +141,6 @@ def freeze(value: Any, flat: list[Any]) -> Any:
 
 
 def _params_key(params: dict[str, Any], flat: list[Any]) -> Any:
-    if not params:
-        return ()
     items = tuple(params.items())
     try:
         hash(items)
@@ -154,11 +150,7 @@ def _params_key(params: dict[str, Any], flat: list[Any]) -> Any:
 
 
 class _NeedsSchedule(Exception):
-    """Raised by the one-pass walk: this graph has effects that must happen in eager's order.
-
-    An unpack hook, a version check that fails or a freed saved tensor: eager unpacks in
-    schedule order, so such a graph takes the walk that replays the schedule.
-    """
+    """Raised by the one-pass walk where unpacking has effects, which happen in eager's order (NOTE [Compiled backward])."""
 
 
 def _unpack(s: SavedTensor, node: Node, in_order: bool) -> Tensor:
@@ -179,28 +171,30 @@ def _saved_key(values: Any, node: Node, flat: list[Any], keep_tensors: bool, in_
     ``keep_tensors`` (create_graph) keeps the unpacked tensors, which carry the graph.
     """
     key: list[Any] = []
-    append = key.append
     for s in values:
         cls = type(s)
-        if cls is SavedTensor or cls is Tensor:
-            t = _unpack(s, node, in_order) if cls is SavedTensor else s
+        if cls is SavedTensor:
+            t = s._ref
+            if not isinstance(t, Tensor) or t._version != s._saved_version:
+                t = _unpack(s, node, in_order)  # its common case is inline here: this is a per-node cost
             a = t._array
             flat.append(t if keep_tensors else a)
-            append(a.shape)
-            append(a.dtype)
-            if cls is Tensor:
-                append(t.requires_grad)
+            aval = a.aval  # a jax.Array's own shape and dtype properties cost 5x more
+            key.append(aval.shape)
+            key.append(aval.dtype)
         elif cls in SCALARS:
-            append(_scalar_key(s))
+            key.append(_scalar_key(s))
         elif cls is Aval:
-            append(s)
+            key.append(s)
+        elif cls is Tensor:  # a Function's saved tensor, unpacked
+            a = s._array
+            flat.append(s if keep_tensors else a)
+            key += (a.shape, a.dtype, s.requires_grad)
         elif is_array(s):
             flat.append(s)
-            append(RAW)
-            append(s.shape)
-            append(s.dtype)
+            key += (RAW, s.shape, s.dtype)
         else:
-            append(freeze(s, flat))
+            key.append(freeze(s, flat))
     return tuple(key)
 
 
@@ -244,10 +238,6 @@ def traced_function(function: Any) -> bool:
     return type(getattr(function, "backward", None)) is PureHook
 
 
-def _function_outputs_key(node: FunctionNode) -> tuple[Any, ...]:
-    return tuple(None if m is None else (m[0], m[1]) for m in node.input_metadata)
-
-
 def _outputs_key(meta: tuple[InputMetadata, ...]) -> Any:
     """(shape, dtype) of each output of a node."""
     return meta[0][:2] if len(meta) == 1 else tuple(m[:2] for m in meta)
@@ -255,70 +245,28 @@ def _outputs_key(meta: tuple[InputMetadata, ...]) -> Any:
 
 def _node_key(node: Node, edges_key: tuple[int, ...] | int, exec_key: Any, flat: list[Any], create_graph: bool,
               in_order: bool) -> tuple[Any, ...]:
-    """One node's key (see ``FIELDS``), appending its saved arrays to ``flat``: the per-node work of both walks.
-
-    The common case (a primitive node whose saved values are plain saved tensors and
-    scalars) is written out inline: it is the hit path's per-node Python.
-    """
+    """One node's key (see ``FIELDS``), appending its saved arrays to ``flat``: the per-node work of both walks."""
     cls = type(node)
     hooks = _hooks_key(node) if cls is AccumulateGrad or node_has_hooks(node) else None
     if isinstance(node, RuleNode):
-        meta = node.input_metadata
         saved_out = node.saved_out
-        params = node.params
-        saved_key: list[Any] = []
-        add_saved = saved_key.append
-        for s in node.saved if saved_out is None else (*node.saved, *saved_out):
-            scls = type(s)
-            if scls is SavedTensor:
-                t = s._ref
-                if not isinstance(t, Tensor) or t._version != s._saved_version:
-                    t = _unpack(s, node, in_order)
-                a = t._array
-                flat.append(t if create_graph else a)
-                aval = a.aval
-                add_saved(aval.shape)
-                add_saved(aval.dtype)
-            elif scls in SCALARS:
-                add_saved(_scalar_key(s))
-            elif scls is Aval:
-                add_saved(s)
-            else:
-                add_saved(_saved_key((s,), node, flat, create_graph, in_order))
-        return (
-            K_PRIM,
-            node.prim,
-            _params_key(params, flat) if params else (),
-            _outputs_key(meta),
-            tuple(saved_key),
-            edges_key,
-            hooks,
-            exec_key,
-        )
+        # The saved values go to ``flat`` before the params' arrays (``lower._rule_stand_in`` reads them so).
+        saved = _saved_key(node.saved if saved_out is None else (*node.saved, *saved_out), node, flat, create_graph, in_order)
+        params = _params_key(node.params, flat) if node.params else ()
+        return (K_PRIM, node.prim, params, _outputs_key(node.input_metadata), saved, edges_key, hooks, exec_key)
     if isinstance(node, AccumulateGrad):
         grad = node.variable.grad
-        return (
-            K_ACC,
-            node.input_metadata[0],
-            None if grad is None else (grad._array.shape, grad._array.dtype),
-            hooks,
-            exec_key,
-        )
+        grad_key = None if grad is None else (grad._array.shape, grad._array.dtype)
+        return (K_ACC, node.input_metadata[0], grad_key, hooks, exec_key)
     if isinstance(node, FunctionNode):
+        outputs = tuple(None if m is None else m[:2] for m in node.input_metadata)
         if create_graph or not traced_function(node.function):
             # Its backward runs on the host at its point (NOTE [Functions on the host]):
             # nothing of its ctx or saved tensors is keyed, and nothing is unpacked here.
-            return (K_FUNC, node.function, _function_outputs_key(node), HOST, (), edges_key, hooks, exec_key)
-        return (
-            K_FUNC,
-            node.function,
-            _function_outputs_key(node),
-            _ctx_key(node.ctx, node.name(), flat),
-            _saved_key(_function_saved(node, in_order), node, flat, create_graph, in_order),
-            edges_key,
-            hooks,
-            exec_key,
-        )
+            return (K_FUNC, node.function, outputs, HOST, (), edges_key, hooks, exec_key)
+        ctx = _ctx_key(node.ctx, node.name(), flat)
+        saved = _saved_key(_function_saved(node, in_order), node, flat, create_graph, in_order)
+        return (K_FUNC, node.function, outputs, ctx, saved, edges_key, hooks, exec_key)
     if cls is GraphRoot:
         return (K_ROOT, edges_key, exec_key)
     raise NotTraceable(f"the graph has a node of kind {node.name()} that compiled backward does not know", "unknown node kind")
@@ -418,19 +366,6 @@ _next_fragment = itertools.count().__next__
 _NO_FRAGMENT = (-1, (), False)  # ``structure`` of a primitive node that ``_node_key`` keys
 
 
-def _saved_aval(s: SavedTensor) -> tuple[Any, Any] | None:
-    """Shape and dtype of a plain saved tensor without unpacking it; ``None`` for hooked or freed ones."""
-    state = s._state
-    ref = s._ref
-    if isinstance(ref, Tensor):  # state "input"
-        array = ref._array
-    elif state == "output":
-        array = s._array
-    else:
-        return None
-    return array.shape, array.dtype
-
-
 def _fragment(node: RuleNode) -> tuple[int, tuple[int, ...], bool]:
     """``(id, positions of saved tensors, whether outputs were saved)`` (NOTE [Structure fragments])."""
     params = node.params
@@ -445,11 +380,15 @@ def _fragment(node: RuleNode) -> tuple[int, tuple[int, ...], bool]:
     saved_out = node.saved_out
     for i, s in enumerate(node.saved if saved_out is None else (*node.saved, *saved_out)):
         cls = type(s)
-        if cls is SavedTensor:
-            aval = _saved_aval(s)
-            if aval is None:
-                return _NO_FRAGMENT
-            key.append((TENSOR, *aval))  # tagged: an Aval of the same shape and dtype is an equal tuple
+        if cls is SavedTensor:  # its shape and dtype, read without unpacking it
+            ref = s._ref
+            if isinstance(ref, Tensor):  # state "input"
+                array = ref._array
+            elif s._state == "output":
+                array = s._array
+            else:
+                return _NO_FRAGMENT  # hooked or freed
+            key.append((TENSOR, array.shape, array.dtype))  # tagged: an Aval of the same shape and dtype is an equal tuple
             if i < n_inputs:
                 gather.append(i)
         elif cls in SCALARS:
@@ -470,19 +409,13 @@ def record_fragment(node: RuleNode) -> None:
 
 
 def walk_structure(root: Node, create_graph: bool, root_nr: int) -> Walk | None:
-    """The hit path's walk, for a call without ``inputs``: one pass in discovery order.
+    """The hit path's walk, for a call without ``inputs``: one pass in discovery order (NOTE [Compiled backward]).
 
-    Its key is the structure, node by node (a fragment id, NOTE [Structure fragments],
-    or ``_node_key``), with edges as discovery indices, plus the rank order of the
-    nodes' ``sequence_nr``s: together they decide eager's schedule, which a miss
-    computes with ``walk_schedule`` and stores with the program (``Program.hit_order``). An
-    edge is one entry, the target's discovery index, when it leads to input 0 (most
-    do), and two, ``~index`` and the input number, otherwise; ``None`` when it leads
-    nowhere.
-    ``None`` when only the schedule replay may walk this graph: saved values with
-    effects (``_NeedsSchedule``), equal ``sequence_nr``s (nodes recorded on different
-    threads: eager breaks such ties by push order, which ranks do not capture), or
-    what ``walk_schedule`` reports as not traceable.
+    Per node, a fragment id (NOTE [Structure fragments]) or ``_node_key``, then its edges:
+    the target's discovery index where the edge leads to input 0 (most do), ``~index``
+    and the input number otherwise, ``None`` where it leads nowhere. ``None`` where only
+    ``walk_schedule`` may walk the graph: saved values with effects (``_NeedsSchedule``),
+    equal ``sequence_nr``s, or a node it reports as not traceable.
     """
     index: dict[Node, int] = {root: 0}
     nodes: list[Node] = [root]
@@ -545,10 +478,7 @@ def hit_order(walk: Walk, structure: Walk) -> tuple[list[int], list[int]]:
     index = {node: i for i, node in enumerate(structure.nodes)}
     node_order = [index[node] for node in walk.nodes]
     counts = [0] * len(structure.nodes)
-    for j, i in enumerate(node_order):
-        counts[i] = walk.starts[j + 1] - walk.starts[j]  # type: ignore[index]
+    for i, (lo, hi) in zip(node_order, itertools.pairwise(walk.starts), strict=True):  # type: ignore[arg-type]
+        counts[i] = hi - lo
     starts = [0, *itertools.accumulate(counts)]
-    flat_order: list[int] = []
-    for i in node_order:
-        flat_order.extend(range(starts[i], starts[i + 1]))
-    return node_order, flat_order
+    return node_order, [k for i in node_order for k in range(starts[i], starts[i + 1])]
