@@ -37,7 +37,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -172,25 +172,19 @@ class OpLog:
         return HookOps(self.fn, self.ops, self.calls) if self.ops else None
 
 
-class HookPlan:
+class HookPlan(NamedTuple):
     """What ``Served`` finds among the variant's outputs for one hook call: its ops, and its front-end calls."""
 
-    __slots__ = ("calls", "ops")
-
-    def __init__(self, ops: list[Planned], calls: list[Call]) -> None:
-        self.ops = ops
-        self.calls = calls
+    ops: list[Planned]
+    calls: list[Call]
 
 
-class HookOps:
+class HookOps(NamedTuple):
     """The ops one hook call ran on its arguments, to compute in the observer variant."""
 
-    __slots__ = ("calls", "fn", "ops")
-
-    def __init__(self, fn: Any, ops: list[Op], calls: list[Call]) -> None:
-        self.fn = fn
-        self.ops = ops
-        self.calls = calls
+    fn: Any
+    ops: list[Op]
+    calls: list[Call]
 
     def trace(self, args: list[Any], output: Callable[[Any], int]) -> HookPlan:
         """Compute the ops from the traced ``args``; each planned as where ``Served`` finds its inputs and result."""
