@@ -50,11 +50,10 @@ _MAX_CONSTANT = 16  # elements: a scalar operand is learned as a constant, a lar
 # result, (2, value) a constant.
 Source = tuple[Any, ...]
 Op = tuple[Primitive, dict[str, Any], tuple[Source, ...]]
-# An op computed in the observer variant: (its primitive and params' key, where its inputs
-# are: an output position, or ``~k`` the k-th of its constants (one position alone for
-# one input that is an output), its constants, the position of its result, or of each of
-# its results).
-Planned = tuple[tuple[Primitive, tuple[Any, ...]], int | tuple[int, ...], tuple[Any, ...], Any]
+# An op computed in the observer variant: (its primitive, its params, where its inputs are:
+# an output position, or ``~k`` the k-th of its constants, its constants, the position of
+# its result, or of each of its results).
+Planned = tuple[Primitive, dict[str, Any], tuple[int, ...], tuple[Any, ...], Any]
 # An op's front-end call a hook made (NOTE [Hook ops in the program]): the function, each
 # argument (a Tensor's ``Source``, or ``(3, value key)``), the keyword arguments' value
 # keys, its result's ``Source``. Planned, the sources are output positions.
@@ -190,8 +189,12 @@ class HookOps(NamedTuple):
         """Compute the ops from the traced ``args``; each planned as where ``Served`` finds its inputs and result."""
         results: list[tuple[Any, ...]] = []
         planned: list[Planned] = []
+
+        def value(source: Source) -> Any:
+            return args[source[1]] if source[0] == 0 else results[source[1]][source[2]] if source[0] == 1 else source[1]
+
         for prim, params, sources in self.ops:
-            inputs = _inputs(sources, args, results)
+            inputs = [value(source) for source in sources]
             out = prim.dispatch(inputs, params)
             outs = tuple(out) if prim.num_outputs > 1 else (out,)
             results.append(outs)
@@ -206,29 +209,19 @@ class HookOps(NamedTuple):
                     where.append(output(a))
             positions = tuple(output(o) for o in outs)
             result = positions if prim.num_outputs > 1 else positions[0]
-            # One input, an output (``g.norm()``): its position alone, the key read without a loop.
-            inputs_at = where[0] if len(where) == 1 and where[0] >= 0 else tuple(where)
-            planned.append(((prim, tuple(params.items())), inputs_at, tuple(constants), result))
-
-        def position(source: Source) -> Any:
-            return output(args[source[1]] if source[0] == 0 else results[source[1]][source[2]])
-
+            planned.append((prim, params, tuple(where), tuple(constants), result))
         calls = [
-            (fn, tuple(source if source[0] == 3 else position(source) for source in spec), kw, position(made))
+            (fn, tuple(source if source[0] == 3 else output(value(source)) for source in spec), kw, output(value(made)))
             for fn, spec, kw, made in self.calls
         ]
         return HookPlan(planned, calls)
-
-
-def _inputs(sources: tuple[Source, ...], args: list[Any], results: list[tuple[Any, ...]]) -> list[Any]:
-    return [args[s[1]] if s[0] == 0 else results[s[1]][s[2]] if s[0] == 1 else s[1] for s in sources]
 
 
 class ServedPlan:
     """The observers' plans as ``Served`` reads them, fixed once per observer variant.
 
     ``one``: per output position, the ops of that one input (``g.norm()``), each its
-    primitive, params and result; ``many``: the other ops, as planned; ``calls``: per
+    primitive, params and result; ``many``: the other ops, params as items; ``calls``: per
     output position, the front-end calls learned whole whose first argument holds it.
     """
 
@@ -236,19 +229,18 @@ class ServedPlan:
 
     def __init__(self, plans: list[HookPlan | None]) -> None:
         one: dict[int, list[tuple[Primitive, dict[str, Any], Any]]] = {}
-        self.many: list[Planned] = []
+        self.many: list[tuple[Primitive, tuple[Any, ...], tuple[int, ...], tuple[Any, ...], Any]] = []
         calls: dict[int, list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any, int]]] = {}
         for plan in plans:
             if plan is None:
                 continue
             for fn, spec, kw, made in plan.calls:
                 calls.setdefault(spec[0], []).append((fn, spec, dict(kw), _plain_keywords(kw), made))
-            for op in plan.ops:
-                (prim, params), where, _, result = op
-                if isinstance(where, int):
-                    one.setdefault(where, []).append((prim, dict(params), result))
+            for prim, params, where, constants, result in plan.ops:
+                if len(where) == 1 and where[0] >= 0:  # one input, an output
+                    one.setdefault(where[0], []).append((prim, params, result))
                 else:
-                    self.many.append(op)
+                    self.many.append((prim, tuple(params.items()), where, constants, result))
         self.one = [(position, tuple(ops)) for position, ops in one.items()]
         self.calls = [(position, tuple(found)) for position, found in calls.items()]
 
@@ -274,10 +266,8 @@ class Served:
 
     def _make_op_tables(self) -> dict[int, Any]:
         outs, plan = self._outs, self._plan
-        for head, where, constants, result in plan.many:
-            assert not isinstance(where, int)  # one input, an output: in ``one``
-            key = (*head, *[id(outs[i]) if i >= 0 else id(constants[~i]) for i in where])
-            self._many[key] = result
+        for prim, params, where, constants, result in plan.many:
+            self._many[(prim, params, *[id(outs[i]) if i >= 0 else id(constants[~i]) for i in where])] = result
         self._one = {id(outs[position]): ops for position, ops in plan.one}
         return self._one
 
