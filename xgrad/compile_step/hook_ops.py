@@ -9,7 +9,7 @@
 # variant computes them in the program from the hook's arguments (``HookOps.trace``).
 # When the hook then runs after the program, its dispatches go through a table from
 # (primitive, params, the very input objects) to those outputs (``Served``, through the
-# dispatch seam, NOTE [Dispatch seam] in ``xgrad/ops/registry.py``): an op whose inputs
+# dispatch seam, NOTE [Dispatch seam] in ``xgrad/ops/dispatch.py``): an op whose inputs
 # are, by identity, the arrays the program computed it from gets the program's result,
 # and anything else (another op, other inputs, a hook that changed) dispatches as usual.
 # A primitive is a pure function of its inputs and params, so a served result is the
@@ -62,10 +62,6 @@ Call = tuple[Callable[..., Any], tuple[Any, ...], tuple[tuple[str, Any], ...], A
 # The ops ``autocast_op`` wraps whose front-end checks arguments, shapes and dtypes, never values.
 _VALUE_FREE = frozenset({"sum", "mean", "var", "std", "prod", "logsumexp", "cumsum", "norm", "softmax", "log_softmax"})
 _PLAIN_VALUES = (type(None), bool, int, float, str)
-
-
-def _value_free(fn: Callable[..., Any]) -> bool:
-    return fn.__name__ in _VALUE_FREE and fn.__module__.startswith("xgrad.ops.")
 
 
 def _value_key(value: Any) -> Any:
@@ -130,7 +126,8 @@ class OpLog:
             result = fn(*args, **kwargs)
         finally:
             self._depth -= 1
-        if self._depth == 0 and self._unlearned == unlearned and _value_free(fn):
+        value_free = fn.__name__ in _VALUE_FREE and fn.__module__.startswith("xgrad.ops.")
+        if self._depth == 0 and self._unlearned == unlearned and value_free:
             call = self._call(fn, args, kwargs, result, first)
             if call is not None:
                 self.calls.append(call)
