@@ -124,9 +124,8 @@ def state_writes(recorder: Recorder, site: str) -> list[Any]:
                 f"an in-place op gave a tensor from outside the function (shape {list(array.shape)}) autograd history, "
                 "which cannot leave the program", site,
             )
-        layout = _spread_layout(snap.array)
         if array is not snap.start:
-            writes.append((snap.target, "array", recorder.output(_laid_out(array, layout)), t._version - snap.version))
+            writes.append((snap.target, "array", recorder.output(_laid_out(array, snap.array)), t._version - snap.version))
         # A ``.grad`` set to ``None`` is written even if it was ``None`` when traced: unless
         # the trace read it, a call may find it set (``zero_grad()`` before a step's first backward).
         if grad is not snap.grad or (grad is None and key in recorder.grad_written):
@@ -135,22 +134,20 @@ def state_writes(recorder: Recorder, site: str) -> list[Any]:
                     "a .grad with autograd history (backward(create_graph=True)) cannot leave the program; use "
                     "autograd.grad(..., create_graph=True) inside the function instead", site,
                 )
-            writes.append((snap.target, "grad", None if grad is None else recorder.output(_laid_out(grad._array, layout)), 0))
+            writes.append((snap.target, "grad", None if grad is None else recorder.output(_laid_out(grad._array, snap.array)), 0))
         if t._requires_grad != snap.requires_grad:
             writes.append((snap.target, "requires_grad", t._requires_grad, 0))
     return writes
 
 
-def _spread_layout(array: Any) -> Any:
-    """The sharding of a state tensor's array when the trace began, if it spans several devices."""
-    sharding = sharding_of(array)
-    return sharding if sharding is not None and len(sharding.device_set) > 1 else None
-
-
-def _laid_out(value: Any, layout: Any) -> Any:
-    """A written value laid out as its tensor was: eager's in-place updates and ``.grad``s keep it,
-    where XLA left alone may pick another (a replicated ``.grad`` of a sharded weight, N times the memory)."""
-    return value if layout is None else jax.lax.with_sharding_constraint(value, layout)
+def _laid_out(value: Any, start: Any) -> Any:
+    """A written value laid out as its tensor's array when the trace began (``start``), if that spans several devices:
+    eager's in-place updates and ``.grad``s keep it, where XLA left alone may pick another (a replicated ``.grad`` of a
+    sharded weight, N times the memory)."""
+    sharding = sharding_of(start)
+    if sharding is None or len(sharding.device_set) == 1:
+        return value
+    return jax.lax.with_sharding_constraint(value, sharding)
 
 
 def apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
