@@ -246,7 +246,8 @@ def _returned_value(leaf: Any) -> Any:
 # call wait for the last one. So a call whose donated inputs are all, by identity, the
 # outputs that replaced them at the program's last call (weak references, ``fresh_outputs``)
 # reads none: the outputs of one execution are distinct buffers (XLA shares none but a
-# donated input's), and a twin made since is another object. And JAX pairs donated inputs
+# donated input's, and a program that forwards an input as an output keeps no such
+# references), and a twin made since is another object. And JAX pairs donated inputs
 # with outputs by shape and dtype in order, not by which output replaces which input: the
 # program returns the outputs that replace donated inputs first, in the inputs' order
 # (``donating_program`` in ``program_call.py``), or a parameter's buffer would take its
@@ -323,15 +324,11 @@ def donation(
 def own_donated(
     donated: tuple[tuple[int, Any, bool, int], ...], inputs: list[Any], leaves: list[Any], fresh: list[Any],
 ) -> None:
-    """Put a copy in ``inputs`` in place of each donated array someone besides its tensor holds (NOTE [Donated state]).
+    """Put a copy in ``inputs`` in place of each donated array held by someone besides its tensor and ``inputs`` (or, a
+    ``.grad`` the call gives a new Tensor, whose old Tensor someone besides its owner holds), and of each sharing an
+    earlier one's buffer (NOTE [Donated state]).
 
-    An array is held by its tensor and by ``inputs``; where the call gives a ``.grad``'s
-    owner a new ``.grad`` Tensor, the old one must be held by its owner alone too.
-    Two inputs that are distinct ``jax.Array`` objects over one buffer (``jax.device_put``
-    of an array to the device it is on makes such a twin) donate it once. ``fresh``: weak
-    references to the outputs that replaced these inputs at the program's last call
-    (``fresh_outputs``); when every input is still the one its last call wrote, no two
-    share a buffer, and their addresses, which wait for the last call's program, are not read.
+    ``fresh``: ``fresh_outputs`` of the last call; while every input is still the one it names, no buffer is read.
     """
     stale = len(fresh) != len(donated)
     getrefcount = sys.getrefcount
@@ -368,12 +365,8 @@ def tuple_getter(indices: tuple[int, ...]) -> Callable[[Any], tuple[Any, ...]]:
 
 
 def fresh_outputs(outputs_of: Callable[[Any], tuple[Any, ...]], outs: Any) -> list[Any]:
-    """Weak references to the outputs that replace the donated inputs (``outputs_of(outs)``), for the next call's ``own_donated``.
-
-    Only for a program that forwards none of its inputs as outputs: then each output is a
-    buffer of its own, made by the call (XLA gives the outputs of one execution distinct
-    buffers, sharing none but a donated input's).
-    """
+    """Weak references to the outputs that replace the donated inputs (``outputs_of(outs)``), for the next call's
+    ``own_donated``; only for a program that forwards none of its inputs as outputs (NOTE [Donated state])."""
     return list(map(weakref.ref, outputs_of(outs)))
 
 
