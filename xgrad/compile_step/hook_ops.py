@@ -156,13 +156,10 @@ class OpLog:
                     return None
                 where = (3, key)
             spec.append(where)
-        kw = []
-        for name, value in kwargs.items():
-            key = _value_key(value)
-            if key is None:
-                return None
-            kw.append((name, key))
-        return fn, tuple(spec), tuple(kw), made
+        kw = tuple((name, _value_key(value)) for name, value in kwargs.items())
+        if any(key is None for _, key in kw):
+            return None
+        return fn, tuple(spec), kw, made
 
     def learned(self) -> HookOps | None:
         return HookOps(self.fn, self.ops, self.calls) if self.ops else None
