@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import operator
 import sys
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -244,7 +242,7 @@ def _returned_value(leaf: Any) -> Any:
 #
 # Reading a buffer's address waits for the program that makes it, which would make every
 # call wait for the last one. So a call whose donated inputs are all, by identity, the
-# outputs that replaced them at the program's last call (weak references, ``fresh_outputs``)
+# outputs that replaced them at the program's last call (weak references, ``Entry.fresh``)
 # reads none: the outputs of one execution are distinct buffers (XLA shares none but a
 # donated input's, and a program that forwards an input as an output keeps no such
 # references), and a twin made since is another object. And JAX pairs donated inputs
@@ -328,7 +326,7 @@ def own_donated(
     ``.grad`` the call gives a new Tensor, whose old Tensor someone besides its owner holds), and of each sharing an
     earlier one's buffer (NOTE [Donated state]).
 
-    ``fresh``: ``fresh_outputs`` of the last call; while every input is still the one it names, no buffer is read.
+    ``fresh``: ``Entry.fresh``; while every input is still the one it names, no buffer is read.
     """
     stale = len(fresh) != len(donated)
     getrefcount = sys.getrefcount
@@ -352,22 +350,6 @@ def own_donated(
                 inputs[position] = inputs[position].copy()
             else:
                 buffers.add(buffer)
-
-
-def tuple_getter(indices: tuple[int, ...]) -> Callable[[Any], tuple[Any, ...]]:
-    """The items of a sequence at ``indices``, as a tuple (``operator.itemgetter``'s, for any number of indices)."""
-    if len(indices) == 1:
-        (index,) = indices
-        return lambda items: (items[index],)
-    if not indices:
-        return lambda items: ()
-    return operator.itemgetter(*indices)
-
-
-def fresh_outputs(outputs_of: Callable[[Any], tuple[Any, ...]], outs: Any) -> list[Any]:
-    """Weak references to the outputs that replace the donated inputs (``outputs_of(outs)``), for the next call's
-    ``own_donated``; only for a program that forwards none of its inputs as outputs (NOTE [Donated state])."""
-    return list(map(weakref.ref, outputs_of(outs)))
 
 
 def drop_grads(targets: tuple[Any, ...], leaves: list[Any]) -> None:
