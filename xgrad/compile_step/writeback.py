@@ -12,8 +12,7 @@ import jax.numpy as jnp
 from xgrad.compile_step.errors import NotCompilable
 from xgrad.compile_step.recording import Recorder
 from xgrad.engine.node import sharding_of
-from xgrad.ops import _util as ops_util
-from xgrad.ops._util import IndexOutOfRangeError
+from xgrad.ops._util import IndexOutOfRangeError, check_index_range
 from xgrad.tensor import Tensor, is_tensor
 
 # Index arrays that passed a range check, by (id, size, negative, ignore): a jax.Array cannot
@@ -33,7 +32,7 @@ def check_on_host(host_checks: Any, leaves: list[Any]) -> None:
         if ref is not None and ref() is index:
             continue
         try:
-            ops_util.check_index_range(index, size, message, negative, ignore)
+            check_index_range(index, size, message, negative, ignore)
         except IndexOutOfRangeError:
             apply_writes(writes, (), leaves)  # the state as eager leaves it when the op raises
             raise
@@ -75,23 +74,21 @@ def source_value(target: Any, leaves: list[Any]) -> Any:
 def collect_outputs(recorder: Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
     """Inside the trace, after ``fn``: the program's outputs and where each goes (NOTE [Whole-step compile], 2)."""
     leaves, result_tree = jax.tree_util.tree_flatten(result, is_leaf=is_tensor)
-    returned = [weakref.ref(leaf) if isinstance(leaf, Tensor) else None for leaf in leaves]
-    returned_values = [_returned_value(leaf) for leaf in leaves]
+    returned = [_returned(leaf) for leaf in leaves]
     del result, leaves
     writes = state_writes(recorder, "the end of the compiled function")
-    guards: list[Any] = []
-    for key, snap in recorder.snapshots.items():
-        # Arguments are keyed by the signature, grads by their owner.
-        if snap.ref() is not None and type(snap.target) is weakref.ref:
-            guards.append((snap.ref, key in recorder.read_grads))
+    # Arguments are keyed by the signature, grads by their owner.
+    guards = [
+        (snap.ref, key in recorder.read_grads) for key, snap in recorder.snapshots.items()
+        if snap.ref() is not None and type(snap.target) is weakref.ref
+    ]
     template: list[Any] = []
-    for ref, value in zip(returned, returned_values, strict=True):
+    for ref, value, grad in returned:
         t = ref() if ref is not None else None
         if t is not None and id(t) in recorder.snapshots:
             template.append(("same", recorder.snapshots[id(t)].target, None))
         elif ref is not None:
-            array, grad = value
-            template.append(("out", recorder.output(array), None if grad is None else recorder.output(grad)))
+            template.append(("out", recorder.output(value), None if grad is None else recorder.output(grad)))
         elif isinstance(value, (jax.Array, jax.core.Tracer)):
             template.append(("array", recorder.output(value), None))
         else:
@@ -102,6 +99,13 @@ def collect_outputs(recorder: Recorder, result: Any, found: dict[str, Any]) -> l
     flags = recorder.output(jnp.stack([c.failed for c in recorder.checks])) if checks else None
     found["layout"] = (writes, template, result_tree, guards, checks, flags, tuple(recorder.host_checks))
     return recorder.outputs
+
+
+def _returned(leaf: Any) -> tuple[Any, Any, Any]:
+    """A leaf ``fn`` returned: a weak reference to it if it is a Tensor, its array (or itself), its ``.grad``'s array."""
+    if not isinstance(leaf, Tensor):
+        return None, leaf, None
+    return weakref.ref(leaf), leaf._array, None if leaf._grad is None else leaf._grad._array
 
 
 def state_writes(recorder: Recorder, site: str) -> list[Any]:
@@ -197,13 +201,6 @@ def apply_final_writes(writes: tuple[list[Any], list[Any], list[Any], list[Any]]
             t._grad = None if index is None else made(outs[index])
     if in_order:
         apply_writes(in_order, outs, leaves)
-
-
-def _returned_value(leaf: Any) -> Any:
-    if not isinstance(leaf, Tensor):
-        return leaf
-    grad = leaf._grad
-    return leaf._array, None if grad is None else grad._array
 
 
 
