@@ -203,7 +203,6 @@ def apply_final_writes(writes: tuple[list[Any], list[Any], list[Any], list[Any]]
         apply_writes(in_order, outs, leaves)
 
 
-
 # NOTE [Donated state]
 # PyTorch's step updates parameters, optimizer state, accumulated ``.grad``s and buffers
 # in place: the old and new values never coexist. A compiled step gets the same by
