@@ -271,12 +271,11 @@ class Served:
         if len(arrays) == 1:
             for planned_prim, planned_params, at in one.get(id(arrays[0]), ()):
                 try:
-                    same = planned_prim is prim and planned_params == params
+                    if planned_prim is prim and planned_params == params:
+                        result = at
+                        break
                 except (TypeError, ValueError):  # params holding arrays: never learned
-                    same = False
-                if same:
-                    result = at
-                    break
+                    pass
         if result is None and self._many:
             try:
                 result = self._many.get((prim, tuple(params.items()), *map(id, arrays)))
