@@ -425,3 +425,40 @@ def test_a_learned_calls_keywords_serve_only_a_call_with_equal_values_of_the_sam
         assert got.shape == expected.shape == (1, 2)
         assert_close(got, expected)
     assert c_counts[2] == c_counts[4] == [] and c_counts[3] == ["sum"], c_counts
+
+
+def test_a_learned_calls_positional_and_tuple_arguments_serve_only_equal_ones(monkeypatch):
+    """NOTE [Hook ops in the program]: a learned call's arguments after the tensor (``g.sum(0)``) and a keyword
+    holding a tuple (``g.sum(dim=(0,))``) are compared as plain values: equal ones are served, ``g.sum(1)`` and
+    ``dim=(1,)`` run (bind their op) with eager's results, and the learned calls are served again after them."""
+    from xgrad.ops import registry
+
+    bound = []
+    bind = registry.bind
+
+    def counting(prim, args, params):
+        bound.append(prim.name)
+        return bind(prim, args, params)
+
+    dim = [0]
+
+    def body(mode):
+        w, b, step = setup(mode)
+        log = []
+        w.register_hook(lambda g: log.append((g.sum(dim[0]).numpy(), g.sum(dim=(dim[0],)).numpy())))
+        counts = []
+        for i in range(STEPS):
+            dim[0] = 1 if i == 3 else 0
+            bound.clear()
+            monkeypatch.setattr(registry, "bind", counting)
+            step(xgrad.tensor(X * (1 + i)))
+            monkeypatch.setattr(registry, "bind", bind)
+            counts.append(list(bound))
+        return log, counts
+
+    (log, _), (c_log, c_counts) = run_both(body)
+    assert len(c_log) == len(log) == STEPS
+    for got, expected in zip(c_log, log, strict=True):
+        assert_close(got[0], expected[0])
+        assert_close(got[1], expected[1])
+    assert c_counts[2] == c_counts[4] == [] and c_counts[3] == ["sum", "sum"], c_counts

@@ -9,7 +9,7 @@
 # variant computes them in the program from the hook's arguments (``HookOps.trace``).
 # When the hook then runs after the program, its dispatches go through a table from
 # (primitive, params, the very input objects) to those outputs (``Served``, through the
-# dispatch seam, NOTE [Dispatch seam] in ``xgrad/ops/registry.py``): an op whose inputs
+# dispatch seam, NOTE [Dispatch seam] in ``xgrad/ops/dispatch.py``): an op whose inputs
 # are, by identity, the arrays the program computed it from gets the program's result,
 # and anything else (another op, other inputs, a hook that changed) dispatches as usual.
 # A primitive is a pure function of its inputs and params, so a served result is the
@@ -37,7 +37,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -50,11 +50,10 @@ _MAX_CONSTANT = 16  # elements: a scalar operand is learned as a constant, a lar
 # result, (2, value) a constant.
 Source = tuple[Any, ...]
 Op = tuple[Primitive, dict[str, Any], tuple[Source, ...]]
-# An op computed in the observer variant: (its primitive and params' key, where its inputs
-# are: an output position, or ``~k`` the k-th of its constants (one position alone for
-# one input that is an output), its constants, the position of its result, or of each of
-# its results).
-Planned = tuple[tuple[Primitive, tuple[Any, ...]], int | tuple[int, ...], tuple[Any, ...], Any]
+# An op computed in the observer variant: (its primitive, its params, where its inputs are:
+# an output position, or ``~k`` the k-th of its constants, its constants, the position of
+# its result, or of each of its results).
+Planned = tuple[Primitive, dict[str, Any], tuple[int, ...], tuple[Any, ...], Any]
 # An op's front-end call a hook made (NOTE [Hook ops in the program]): the function, each
 # argument (a Tensor's ``Source``, or ``(3, value key)``), the keyword arguments' value
 # keys, its result's ``Source``. Planned, the sources are output positions.
@@ -63,10 +62,6 @@ Call = tuple[Callable[..., Any], tuple[Any, ...], tuple[tuple[str, Any], ...], A
 # The ops ``autocast_op`` wraps whose front-end checks arguments, shapes and dtypes, never values.
 _VALUE_FREE = frozenset({"sum", "mean", "var", "std", "prod", "logsumexp", "cumsum", "norm", "softmax", "log_softmax"})
 _PLAIN_VALUES = (type(None), bool, int, float, str)
-
-
-def _value_free(fn: Callable[..., Any]) -> bool:
-    return fn.__name__ in _VALUE_FREE and fn.__module__.startswith("xgrad.ops.")
 
 
 def _value_key(value: Any) -> Any:
@@ -131,7 +126,8 @@ class OpLog:
             result = fn(*args, **kwargs)
         finally:
             self._depth -= 1
-        if self._depth == 0 and self._unlearned == unlearned and _value_free(fn):
+        value_free = fn.__name__ in _VALUE_FREE and fn.__module__.startswith("xgrad.ops.")
+        if self._depth == 0 and self._unlearned == unlearned and value_free:
             call = self._call(fn, args, kwargs, result, first)
             if call is not None:
                 self.calls.append(call)
@@ -160,44 +156,39 @@ class OpLog:
                     return None
                 where = (3, key)
             spec.append(where)
-        kw = []
-        for name, value in kwargs.items():
-            key = _value_key(value)
-            if key is None:
-                return None
-            kw.append((name, key))
-        return fn, tuple(spec), tuple(kw), made
+        kw = tuple((name, _value_key(value)) for name, value in kwargs.items())
+        if any(key is None for _, key in kw):
+            return None
+        return fn, tuple(spec), kw, made
 
     def learned(self) -> HookOps | None:
         return HookOps(self.fn, self.ops, self.calls) if self.ops else None
 
 
-class HookPlan:
+class HookPlan(NamedTuple):
     """What ``Served`` finds among the variant's outputs for one hook call: its ops, and its front-end calls."""
 
-    __slots__ = ("calls", "ops")
-
-    def __init__(self, ops: list[Planned], calls: list[Call]) -> None:
-        self.ops = ops
-        self.calls = calls
+    ops: list[Planned]
+    calls: list[Call]
 
 
-class HookOps:
+class HookOps(NamedTuple):
     """The ops one hook call ran on its arguments, to compute in the observer variant."""
 
-    __slots__ = ("calls", "fn", "ops")
-
-    def __init__(self, fn: Any, ops: list[Op], calls: list[Call]) -> None:
-        self.fn = fn
-        self.ops = ops
-        self.calls = calls
+    fn: Any
+    ops: list[Op]
+    calls: list[Call]
 
     def trace(self, args: list[Any], output: Callable[[Any], int]) -> HookPlan:
         """Compute the ops from the traced ``args``; each planned as where ``Served`` finds its inputs and result."""
         results: list[tuple[Any, ...]] = []
         planned: list[Planned] = []
+
+        def value(source: Source) -> Any:
+            return args[source[1]] if source[0] == 0 else results[source[1]][source[2]] if source[0] == 1 else source[1]
+
         for prim, params, sources in self.ops:
-            inputs = _inputs(sources, args, results)
+            inputs = [value(source) for source in sources]
             out = prim.dispatch(inputs, params)
             outs = tuple(out) if prim.num_outputs > 1 else (out,)
             results.append(outs)
@@ -212,29 +203,19 @@ class HookOps:
                     where.append(output(a))
             positions = tuple(output(o) for o in outs)
             result = positions if prim.num_outputs > 1 else positions[0]
-            # One input, an output (``g.norm()``): its position alone, the key read without a loop.
-            inputs_at = where[0] if len(where) == 1 and where[0] >= 0 else tuple(where)
-            planned.append(((prim, tuple(params.items())), inputs_at, tuple(constants), result))
-
-        def position(source: Source) -> Any:
-            return output(args[source[1]] if source[0] == 0 else results[source[1]][source[2]])
-
+            planned.append((prim, params, tuple(where), tuple(constants), result))
         calls = [
-            (fn, tuple(source if source[0] == 3 else position(source) for source in spec), kw, position(made))
+            (fn, tuple(source if source[0] == 3 else output(value(source)) for source in spec), kw, output(value(made)))
             for fn, spec, kw, made in self.calls
         ]
         return HookPlan(planned, calls)
-
-
-def _inputs(sources: tuple[Source, ...], args: list[Any], results: list[tuple[Any, ...]]) -> list[Any]:
-    return [args[s[1]] if s[0] == 0 else results[s[1]][s[2]] if s[0] == 1 else s[1] for s in sources]
 
 
 class ServedPlan:
     """The observers' plans as ``Served`` reads them, fixed once per observer variant.
 
     ``one``: per output position, the ops of that one input (``g.norm()``), each its
-    primitive, params and result; ``many``: the other ops, as planned; ``calls``: per
+    primitive, params and result; ``many``: the other ops, params as items; ``calls``: per
     output position, the front-end calls learned whole whose first argument holds it.
     """
 
@@ -242,19 +223,18 @@ class ServedPlan:
 
     def __init__(self, plans: list[HookPlan | None]) -> None:
         one: dict[int, list[tuple[Primitive, dict[str, Any], Any]]] = {}
-        self.many: list[Planned] = []
+        self.many: list[tuple[Primitive, tuple[Any, ...], tuple[int, ...], tuple[Any, ...], Any]] = []
         calls: dict[int, list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any, int]]] = {}
         for plan in plans:
             if plan is None:
                 continue
             for fn, spec, kw, made in plan.calls:
                 calls.setdefault(spec[0], []).append((fn, spec, dict(kw), _plain_keywords(kw), made))
-            for op in plan.ops:
-                (prim, params), where, _, result = op
-                if isinstance(where, int):
-                    one.setdefault(where, []).append((prim, dict(params), result))
+            for prim, params, where, constants, result in plan.ops:
+                if len(where) == 1 and where[0] >= 0:  # one input, an output
+                    one.setdefault(where[0], []).append((prim, params, result))
                 else:
-                    self.many.append(op)
+                    self.many.append((prim, tuple(params.items()), where, constants, result))
         self.one = [(position, tuple(ops)) for position, ops in one.items()]
         self.calls = [(position, tuple(found)) for position, found in calls.items()]
 
@@ -280,10 +260,8 @@ class Served:
 
     def _make_op_tables(self) -> dict[int, Any]:
         outs, plan = self._outs, self._plan
-        for head, where, constants, result in plan.many:
-            assert not isinstance(where, int)  # one input, an output: in ``one``
-            key = (*head, *[id(outs[i]) if i >= 0 else id(constants[~i]) for i in where])
-            self._many[key] = result
+        for prim, params, where, constants, result in plan.many:
+            self._many[(prim, params, *[id(outs[i]) if i >= 0 else id(constants[~i]) for i in where])] = result
         self._one = {id(outs[position]): ops for position, ops in plan.one}
         return self._one
 
@@ -293,12 +271,11 @@ class Served:
         if len(arrays) == 1:
             for planned_prim, planned_params, at in one.get(id(arrays[0]), ()):
                 try:
-                    same = planned_prim is prim and planned_params == params
+                    if planned_prim is prim and planned_params == params:
+                        result = at
+                        break
                 except (TypeError, ValueError):  # params holding arrays: never learned
-                    same = False
-                if same:
-                    result = at
-                    break
+                    pass
         if result is None and self._many:
             try:
                 result = self._many.get((prim, tuple(params.items()), *map(id, arrays)))

@@ -1,7 +1,4 @@
-"""Hook calls on the host: the backward's stand-in, and observer hooks run after the program (NOTE [Observer hooks]).
-
-NOTE [Observer hooks] in ``__init__``.
-"""
+"""Hook calls on the host: the backward's stand-in, observer hooks after the program (NOTE [Observer hooks])."""
 
 from __future__ import annotations
 
@@ -9,7 +6,7 @@ import collections
 import contextlib
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -44,15 +41,12 @@ def call_in_backward(graph_task: HostGraphTask | None, fn: Any, *args: Any) -> A
         current_task.graph_task = previous
 
 
-class _Outcome:
+class _Outcome(NamedTuple):
     """What one hook call did, to be replayed in the exact program instead of calling the hook again."""
 
-    __slots__ = ("error", "queued", "result")
-
-    def __init__(self, result: Any, error: BaseException | None, queued: tuple[Callable[[], None], ...]) -> None:
-        self.result = result
-        self.error = error
-        self.queued = queued
+    result: Any
+    error: BaseException | None
+    queued: tuple[Callable[[], None], ...]
 
     def replay(self, graph_task: HostGraphTask | None) -> Any:
         if self.queued:

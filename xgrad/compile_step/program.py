@@ -51,7 +51,6 @@ from xgrad.compile_step.writeback import (
     resolve_target,
     sort_writes,
     source_value,
-    tuple_getter,
 )
 from xgrad.engine.anomaly import ANOMALY
 from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
@@ -80,12 +79,11 @@ class Entry:
     # The inputs a call donates: position, source, whether a new .grad Tensor replaces it, the output replacing
     # it (NOTE [Donated state]).
     donated: tuple[tuple[int, Any, bool, int], ...]
-    donated_outputs_of: Any  # the outputs replacing them, in their order, taken from a call's outputs (``tuple_getter``)
     check_first: bool  # whether a call checks its arguments' indices before the program runs
     dropped_grads: tuple[Any, ...]  # the targets whose .grad a call lets go of before its program runs
     effects: list[tuple[Any, Any, list[Any], list[tuple[int, int]]]]  # host effects run after the program
     fast_writes: tuple[list[Any], list[Any], list[Any], list[Any]]  # the state writes, as ``sort_writes`` makes them
-    fresh: list[Any]  # the outputs that replaced the donated inputs at the last call, weakly (``fresh_outputs``)
+    fresh: list[Any]  # the outputs that replaced the donated inputs at the last call, weakly (NOTE [Donated state])
     tracks_fresh: bool  # whether ``fresh`` is kept: the program forwards no input as an output
     in_order: Any  # puts ``jitted``'s outputs in the program's order, if it returns them in another (``donating_program``)
     # The state tensors' guards as ``guard_entry`` lays them out, plain state (a leaf with no hooks, its .grad not
@@ -490,7 +488,6 @@ def _built_entry(
     entry.donated, entry.dropped_grads = ((), ()) if recorder.observing or entry.has_host_calls else donation(
         writes, () if entry.precheck is not None else entry.checks, sources, [v.aval for v in invars], closed.out_avals,
     )
-    entry.donated_outputs_of = tuple_getter(tuple(index for _, _, _, index in entry.donated))
     # Arguments' indices are checked before the program when its hooks must not run after a failed check, when it
     # consumes the state (NOTE [Donated state]), or when its own checks run first (eager checks the arguments first).
     entry.check_first = entry.has_host_calls or bool(entry.donated or entry.dropped_grads) or entry.precheck is not None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import operator
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -17,7 +18,6 @@ from xgrad.compile_step.writeback import (
     apply_writes,
     check_on_host,
     drop_grads,
-    fresh_outputs,
     own_donated,
     resolve_target,
     source_value,
@@ -120,11 +120,11 @@ def _call_program(entry: Entry, leaves: list[Any]) -> Any:
     if entry.dropped_grads:
         drop_grads(entry.dropped_grads, leaves)
     outs = entry.jitted(*inputs)
+    del inputs
+    if entry.tracks_fresh:  # the outputs replacing the donated inputs come first, in their order (``donating_program``)
+        entry.fresh = list(map(weakref.ref, outs[:len(entry.donated)]))
     if entry.in_order is not None:
         outs = entry.in_order(outs)
-    del inputs
-    if entry.tracks_fresh:
-        entry.fresh = fresh_outputs(entry.donated_outputs_of, outs)
     if not entry.check_first:
         # While the program runs: if a check fails its outputs are dropped, as if it never ran.
         check_on_host(entry.host_checks, leaves)

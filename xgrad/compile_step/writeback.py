@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import operator
 import sys
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -14,8 +12,7 @@ import jax.numpy as jnp
 from xgrad.compile_step.errors import NotCompilable
 from xgrad.compile_step.recording import Recorder
 from xgrad.engine.node import sharding_of
-from xgrad.ops import _util as ops_util
-from xgrad.ops._util import IndexOutOfRangeError
+from xgrad.ops._util import IndexOutOfRangeError, check_index_range
 from xgrad.tensor import Tensor, is_tensor
 
 # Index arrays that passed a range check, by (id, size, negative, ignore): a jax.Array cannot
@@ -35,7 +32,7 @@ def check_on_host(host_checks: Any, leaves: list[Any]) -> None:
         if ref is not None and ref() is index:
             continue
         try:
-            ops_util.check_index_range(index, size, message, negative, ignore)
+            check_index_range(index, size, message, negative, ignore)
         except IndexOutOfRangeError:
             apply_writes(writes, (), leaves)  # the state as eager leaves it when the op raises
             raise
@@ -77,23 +74,21 @@ def source_value(target: Any, leaves: list[Any]) -> Any:
 def collect_outputs(recorder: Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
     """Inside the trace, after ``fn``: the program's outputs and where each goes (NOTE [Whole-step compile], 2)."""
     leaves, result_tree = jax.tree_util.tree_flatten(result, is_leaf=is_tensor)
-    returned = [weakref.ref(leaf) if isinstance(leaf, Tensor) else None for leaf in leaves]
-    returned_values = [_returned_value(leaf) for leaf in leaves]
+    returned = [_returned(leaf) for leaf in leaves]
     del result, leaves
     writes = state_writes(recorder, "the end of the compiled function")
-    guards: list[Any] = []
-    for key, snap in recorder.snapshots.items():
-        # Arguments are keyed by the signature, grads by their owner.
-        if snap.ref() is not None and type(snap.target) is weakref.ref:
-            guards.append((snap.ref, key in recorder.read_grads))
+    # Arguments are keyed by the signature, grads by their owner.
+    guards = [
+        (snap.ref, key in recorder.read_grads) for key, snap in recorder.snapshots.items()
+        if snap.ref() is not None and type(snap.target) is weakref.ref
+    ]
     template: list[Any] = []
-    for ref, value in zip(returned, returned_values, strict=True):
+    for ref, value, grad in returned:
         t = ref() if ref is not None else None
         if t is not None and id(t) in recorder.snapshots:
             template.append(("same", recorder.snapshots[id(t)].target, None))
         elif ref is not None:
-            array, grad = value
-            template.append(("out", recorder.output(array), None if grad is None else recorder.output(grad)))
+            template.append(("out", recorder.output(value), None if grad is None else recorder.output(grad)))
         elif isinstance(value, (jax.Array, jax.core.Tracer)):
             template.append(("array", recorder.output(value), None))
         else:
@@ -104,6 +99,13 @@ def collect_outputs(recorder: Recorder, result: Any, found: dict[str, Any]) -> l
     flags = recorder.output(jnp.stack([c.failed for c in recorder.checks])) if checks else None
     found["layout"] = (writes, template, result_tree, guards, checks, flags, tuple(recorder.host_checks))
     return recorder.outputs
+
+
+def _returned(leaf: Any) -> tuple[Any, Any, Any]:
+    """A leaf ``fn`` returned: a weak reference to it if it is a Tensor, its array (or itself), its ``.grad``'s array."""
+    if not isinstance(leaf, Tensor):
+        return None, leaf, None
+    return weakref.ref(leaf), leaf._array, None if leaf._grad is None else leaf._grad._array
 
 
 def state_writes(recorder: Recorder, site: str) -> list[Any]:
@@ -124,9 +126,8 @@ def state_writes(recorder: Recorder, site: str) -> list[Any]:
                 f"an in-place op gave a tensor from outside the function (shape {list(array.shape)}) autograd history, "
                 "which cannot leave the program", site,
             )
-        layout = _spread_layout(snap.array)
         if array is not snap.start:
-            writes.append((snap.target, "array", recorder.output(_laid_out(array, layout)), t._version - snap.version))
+            writes.append((snap.target, "array", recorder.output(_laid_out(array, snap.array)), t._version - snap.version))
         # A ``.grad`` set to ``None`` is written even if it was ``None`` when traced: unless
         # the trace read it, a call may find it set (``zero_grad()`` before a step's first backward).
         if grad is not snap.grad or (grad is None and key in recorder.grad_written):
@@ -135,22 +136,20 @@ def state_writes(recorder: Recorder, site: str) -> list[Any]:
                     "a .grad with autograd history (backward(create_graph=True)) cannot leave the program; use "
                     "autograd.grad(..., create_graph=True) inside the function instead", site,
                 )
-            writes.append((snap.target, "grad", None if grad is None else recorder.output(_laid_out(grad._array, layout)), 0))
+            writes.append((snap.target, "grad", None if grad is None else recorder.output(_laid_out(grad._array, snap.array)), 0))
         if t._requires_grad != snap.requires_grad:
             writes.append((snap.target, "requires_grad", t._requires_grad, 0))
     return writes
 
 
-def _spread_layout(array: Any) -> Any:
-    """The sharding of a state tensor's array when the trace began, if it spans several devices."""
-    sharding = sharding_of(array)
-    return sharding if sharding is not None and len(sharding.device_set) > 1 else None
-
-
-def _laid_out(value: Any, layout: Any) -> Any:
-    """A written value laid out as its tensor was: eager's in-place updates and ``.grad``s keep it,
-    where XLA left alone may pick another (a replicated ``.grad`` of a sharded weight, N times the memory)."""
-    return value if layout is None else jax.lax.with_sharding_constraint(value, layout)
+def _laid_out(value: Any, start: Any) -> Any:
+    """A written value laid out as its tensor's array when the trace began (``start``), if that spans several devices:
+    eager's in-place updates and ``.grad``s keep it, where XLA left alone may pick another (a replicated ``.grad`` of a
+    sharded weight, N times the memory)."""
+    sharding = sharding_of(start)
+    if sharding is None or len(sharding.device_set) == 1:
+        return value
+    return jax.lax.with_sharding_constraint(value, sharding)
 
 
 def apply_writes(writes: list[Any], outs: Any, leaves: list[Any]) -> None:
@@ -204,14 +203,6 @@ def apply_final_writes(writes: tuple[list[Any], list[Any], list[Any], list[Any]]
         apply_writes(in_order, outs, leaves)
 
 
-def _returned_value(leaf: Any) -> Any:
-    if not isinstance(leaf, Tensor):
-        return leaf
-    grad = leaf._grad
-    return leaf._array, None if grad is None else grad._array
-
-
-
 # NOTE [Donated state]
 # PyTorch's step updates parameters, optimizer state, accumulated ``.grad``s and buffers
 # in place: the old and new values never coexist. A compiled step gets the same by
@@ -247,9 +238,10 @@ def _returned_value(leaf: Any) -> Any:
 #
 # Reading a buffer's address waits for the program that makes it, which would make every
 # call wait for the last one. So a call whose donated inputs are all, by identity, the
-# outputs that replaced them at the program's last call (weak references, ``fresh_outputs``)
+# outputs that replaced them at the program's last call (weak references, ``Entry.fresh``)
 # reads none: the outputs of one execution are distinct buffers (XLA shares none but a
-# donated input's), and a twin made since is another object. And JAX pairs donated inputs
+# donated input's, and a program that forwards an input as an output keeps no such
+# references), and a twin made since is another object. And JAX pairs donated inputs
 # with outputs by shape and dtype in order, not by which output replaces which input: the
 # program returns the outputs that replace donated inputs first, in the inputs' order
 # (``donating_program`` in ``program_call.py``), or a parameter's buffer would take its
@@ -326,15 +318,11 @@ def donation(
 def own_donated(
     donated: tuple[tuple[int, Any, bool, int], ...], inputs: list[Any], leaves: list[Any], fresh: list[Any],
 ) -> None:
-    """Put a copy in ``inputs`` in place of each donated array someone besides its tensor holds (NOTE [Donated state]).
+    """Put a copy in ``inputs`` in place of each donated array held by someone besides its tensor and ``inputs`` (or, a
+    ``.grad`` the call gives a new Tensor, whose old Tensor someone besides its owner holds), and of each sharing an
+    earlier one's buffer (NOTE [Donated state]).
 
-    An array is held by its tensor and by ``inputs``; where the call gives a ``.grad``'s
-    owner a new ``.grad`` Tensor, the old one must be held by its owner alone too.
-    Two inputs that are distinct ``jax.Array`` objects over one buffer (``jax.device_put``
-    of an array to the device it is on makes such a twin) donate it once. ``fresh``: weak
-    references to the outputs that replaced these inputs at the program's last call
-    (``fresh_outputs``); when every input is still the one its last call wrote, no two
-    share a buffer, and their addresses, which wait for the last call's program, are not read.
+    ``fresh``: ``Entry.fresh``; while every input is still the one it names, no buffer is read.
     """
     stale = len(fresh) != len(donated)
     getrefcount = sys.getrefcount
@@ -358,26 +346,6 @@ def own_donated(
                 inputs[position] = inputs[position].copy()
             else:
                 buffers.add(buffer)
-
-
-def tuple_getter(indices: tuple[int, ...]) -> Callable[[Any], tuple[Any, ...]]:
-    """The items of a sequence at ``indices``, as a tuple (``operator.itemgetter``'s, for any number of indices)."""
-    if len(indices) == 1:
-        (index,) = indices
-        return lambda items: (items[index],)
-    if not indices:
-        return lambda items: ()
-    return operator.itemgetter(*indices)
-
-
-def fresh_outputs(outputs_of: Callable[[Any], tuple[Any, ...]], outs: Any) -> list[Any]:
-    """Weak references to the outputs that replace the donated inputs (``outputs_of(outs)``), for the next call's ``own_donated``.
-
-    Only for a program that forwards none of its inputs as outputs: then each output is a
-    buffer of its own, made by the call (XLA gives the outputs of one execution distinct
-    buffers, sharing none but a donated input's).
-    """
-    return list(map(weakref.ref, outputs_of(outs)))
 
 
 def drop_grads(targets: tuple[Any, ...], leaves: list[Any]) -> None:
