@@ -79,7 +79,6 @@ nothing here imports ``xgrad.ops``.
 from __future__ import annotations
 
 import concurrent.futures
-import threading
 import time
 import warnings
 from typing import Any
@@ -172,13 +171,6 @@ def _fallback(exc: NotTraceable, args: tuple[Any, ...]) -> list[Tensor | None]:
 MAX_NESTED_DEPTH = 20
 
 
-class _Nesting(threading.local):
-    depth = 0
-
-
-_nesting = _Nesting()
-
-
 def _on_fresh_thread(args: tuple[Any, ...]) -> list[Tensor | None]:
     """``execute(*args)`` on a new thread that starts with this one's modes; its result, or its exception raised here."""
     modes = (_grad_state.enabled, _grad_state.inference, state.enabled, state.fallback)
@@ -201,13 +193,13 @@ def execute(
 ) -> list[Tensor | None]:
     """``engine.execute``, compiled: the same arguments, effects and return value (NOTE [Compiled backward])."""
     args = (root_edges, root_grads, keep_graph, create_graph, accumulate_grad, outputs)
-    if _nesting.depth >= MAX_NESTED_DEPTH:  # NOTE [Nested compiled backwards]
+    if state.depth >= MAX_NESTED_DEPTH:  # NOTE [Nested compiled backwards]
         return _on_fresh_thread(args)
-    _nesting.depth += 1
+    state.depth += 1
     try:
         return _execute(args)
     finally:
-        _nesting.depth -= 1
+        state.depth -= 1
 
 
 def _execute(args: tuple[Any, ...]) -> list[Tensor | None]:

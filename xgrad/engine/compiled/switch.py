@@ -72,10 +72,10 @@ TRACER_ERRORS = (
 
 
 class _CompiledState(threading.local):
-    def __init__(self) -> None:
-        self.enabled = False
-        self.fallback = "eager"
-        self.tracing = False
+    enabled = False
+    fallback = "eager"
+    tracing = False
+    depth = 0  # compiled backwards running on this thread (NOTE [Nested compiled backwards])
 
 
 state = _CompiledState()
