@@ -19,13 +19,9 @@ WARN_RECOMPILE = (
 class CompiledFallbackWarning(UserWarning):
     """A backward asked to run compiled ran eagerly instead (the message says why).
 
-    >>> import warnings
     >>> from xgrad.autograd.compiled import CompiledFallbackWarning
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     warnings.warn("ran eagerly", CompiledFallbackWarning)
-    >>> caught[0].category.__name__, issubclass(CompiledFallbackWarning, UserWarning)
-    ('CompiledFallbackWarning', True)
+    >>> issubclass(CompiledFallbackWarning, UserWarning)
+    True
     """
 
 
@@ -42,11 +38,8 @@ class CompiledFallbackError(RuntimeError):
     """Under ``enable(fallback="error")``: the backward cannot be compiled.
 
     >>> from xgrad.autograd.compiled import CompiledFallbackError
-    >>> try:
-    ...     raise CompiledFallbackError("cannot compile")
-    ... except RuntimeError as e:
-    ...     print(type(e).__name__, e)
-    CompiledFallbackError cannot compile
+    >>> issubclass(CompiledFallbackError, RuntimeError)
+    True
     """
 
 
@@ -141,7 +134,16 @@ class enable:
 
 class _MarkedHook:
     """A hook wrapped in a mark that says where it runs; programs are keyed by it, so marking the same function
-    again must not recompile (equal, same hash)."""
+    again must not recompile (equal, same hash).
+
+    >>> from xgrad.autograd.compiled import HostHook, PureHook, host_hook, pure_hook
+    >>> def double(g):
+    ...     return g * 2
+    >>> isinstance(pure_hook(double), PureHook), pure_hook(double) == pure_hook(double)
+    (True, True)
+    >>> isinstance(host_hook(double), HostHook), host_hook(double) == host_hook(double)
+    (True, True)
+    """
 
     __slots__ = ("__wrapped__", "fn")
     mark = ""  # the function that makes it
@@ -166,14 +168,7 @@ class _MarkedHook:
 
 
 class PureHook(_MarkedHook):
-    """A hook marked traceable and free of side effects (see ``pure_hook``).
-
-    >>> from xgrad.autograd.compiled import PureHook, pure_hook
-    >>> def double(g):
-    ...     return g * 2
-    >>> isinstance(pure_hook(double), PureHook), pure_hook(double) == pure_hook(double)
-    (True, True)
-    """
+    """A hook marked traceable and free of side effects (see ``pure_hook``)."""
 
     __slots__ = ()
     mark = "pure_hook"
@@ -197,14 +192,7 @@ def pure_hook(fn: Callable[..., Any]) -> PureHook:
 
 
 class HostHook(_MarkedHook):
-    """A hook marked to run on the host at every call of ``xgrad.compile`` (see ``host_hook``).
-
-    >>> from xgrad.autograd.compiled import HostHook, host_hook
-    >>> def double(g):
-    ...     return g * 2
-    >>> isinstance(host_hook(double), HostHook), host_hook(double) == host_hook(double)
-    (True, True)
-    """
+    """A hook marked to run on the host at every call of ``xgrad.compile`` (see ``host_hook``)."""
 
     __slots__ = ()
     mark = "host_hook"
