@@ -230,7 +230,7 @@ def _execute(args: tuple[Any, ...]) -> list[Tensor | None]:
                 structure.key, list(map(structure.nodes.__getitem__, node_order)),
                 list(map(structure.flat.__getitem__, flat_order)), None,
             )
-            return run_program(program, walk, graph_task, root_grads, 0, start, True)
+            return run_program(program, walk, graph_task, root_grads, start, True)
     hit = program is not None  # a structure that failed to trace
     if program is None:
         if not outputs:
@@ -254,4 +254,4 @@ def _execute(args: tuple[Any, ...]) -> list[Tensor | None]:
         return _fallback(program, args)
     if hit:
         counters.add("hits")
-    return run_program(program, walk, graph_task, root_grads, 0 if accumulate_grad else len(outputs), start, hit)
+    return run_program(program, walk, graph_task, root_grads, start, hit)

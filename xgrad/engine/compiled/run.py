@@ -149,12 +149,12 @@ def _run_differentiable(traced: Traced, tensors: list[Any]) -> list[Tensor]:
     return list(traced.op(*[x if isinstance(x, Tensor) else Tensor(jnp.asarray(x)) for x in map(tensors.__getitem__, traced.used)]))
 
 
-def run_program(program: Program, walk: Walk, graph_task: GraphTask, roots: list[Tensor], n_captured: int, start: float,
+def run_program(program: Program, walk: Walk, graph_task: GraphTask, roots: list[Tensor], start: float,
                 hit: bool) -> list[Tensor | None]:
     """Run ``program`` on ``walk``'s values: its segments, the host steps between them, then the final callbacks and
     the release of saved values; return the captured grads. ``start``: when the call began, for the profiler."""
     nodes, starts = walk.nodes, program.starts
-    captured: list[Tensor | None] = [None] * n_captured
+    captured = graph_task.captured_vars
     # The grads in flight pass from segment to segment as a pytree (``Values.live``), and
     # become ``Values`` only for host steps: chunks follow each other without any.
     live: Any = {}
