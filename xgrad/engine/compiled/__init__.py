@@ -223,15 +223,13 @@ def _execute(args: tuple[Any, ...]) -> list[Tensor | None]:
     if structure is not None:
         cache_key = CacheKey(structure.key)
         program = lookup(cache_key)
-        if type(program) is Program:
-            counters.add("hits")
+        if type(program) is Program:  # this walk's nodes and values, in the program's order
             node_order, flat_order = program.hit_order
             walk = Walk(
                 structure.key, list(map(structure.nodes.__getitem__, node_order)),
                 list(map(structure.flat.__getitem__, flat_order)), None,
             )
-            return run_program(program, walk, graph_task, root_grads, start, True)
-    hit = program is not None  # a structure that failed to trace
+    hit = program is not None
     if program is None:
         if not outputs:
             engine.compute_dependencies(graph_root, graph_task, 0)
