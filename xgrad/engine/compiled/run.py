@@ -1,9 +1,4 @@
-"""Running a compiled program: gather the inputs, call each segment, write back ``.grad`` and the rest.
-
-NOTE [Compiled backward], stage 4. A hit or a miss both end here: segment by segment,
-host steps between them, then the leaves' post-accumulate-grad hooks, the final
-callbacks and the release of saved values.
-"""
+"""Running a compiled program, on a hit or a miss: NOTE [Compiled backward], stage 4."""
 
 from __future__ import annotations
 
@@ -108,12 +103,8 @@ def _write_grad(var: Tensor, grad: Tensor, variant: Variant, trace: Any, create_
 
 
 def _run_plain(variant: Variant, tensors: list[Any]) -> list[Tensor]:
-    """Run ``variant`` on the arrays it reads; inputs on several devices are first put on one.
-
-    A graph whose leaves sit on different devices (``.to()`` between them) gives a
-    segment inputs from each; one XLA program runs on one device, so they go to the
-    first input's, and the written ``.grad``s go back to their leaves' devices.
-    """
+    """Run ``variant`` on the arrays it reads. Inputs on several devices (leaves moved with ``.to()``) are first put
+    on one of them, as one XLA program runs on one device (NOTE [Compiled backward], stage 3)."""
     args = [t._array if isinstance(t, Tensor) else t for t in map(tensors.__getitem__, variant.traced.used)]
     if variant.shardings is None:
         # An uncommitted input (one JAX may move) gets no sharding: the program places it.
