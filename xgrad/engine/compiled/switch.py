@@ -103,15 +103,11 @@ class enable:
             one-time ``CompiledFallbackWarning``; ``"error"`` raises
             ``CompiledFallbackError`` instead.
 
-    Python that runs on a cache hit: hooks not marked ``pure_hook`` and custom
-    ``Function.backward``s run on the host at their point on every call, as in eager.
-    The backward rules of xgrad's ops and whatever is marked ``pure_hook`` (hooks, a
-    Function's backward) are traced: their Python runs only when traced, as under
-    ``jax.jit``.
+    Which Python runs on a cache hit: see ``pure_hook``.
 
     >>> import xgrad
     >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
-    >>> with xgrad.autograd.compiled.enable():
+    >>> with xgrad.autograd.compiled.enable(fallback="error"):
     ...     (x * x).sum().backward()
     >>> x.grad.tolist()
     [2.0, 4.0]
@@ -124,8 +120,7 @@ class enable:
 
     def __enter__(self) -> enable:
         self.prev = (state.enabled, state.fallback)
-        state.enabled = True
-        state.fallback = self.fallback
+        state.enabled, state.fallback = True, self.fallback
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -180,7 +175,8 @@ def pure_hook(fn: Callable[..., Any]) -> PureHook:
     Any hook kind can be marked, and so can a custom ``Function.backward`` (decorate
     it below ``@staticmethod``). Eager backwards call it as usual; compiled ones call
     it only while tracing (once per compiled program), on traced values, as under
-    ``jax.jit``. Unmarked hooks and Function backwards run on the host on every call.
+    ``jax.jit``, like the backward rules of xgrad's ops. Unmarked hooks and Function
+    backwards run on the host at their point on every call, as in eager.
 
     >>> import xgrad
     >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
