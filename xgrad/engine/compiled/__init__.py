@@ -1,12 +1,8 @@
 """Compiled backward: a whole backward graph run as cached ``jax.jit`` programs.
 
-One room per concern, in the order a call goes through them: ``switch.py`` (``enable``,
-``pure_hook``, fallback warning and error), ``key.py`` (walks, structural key, fragments),
-``cache.py`` (bounded caches, ``stats``/``reset``, recompile reasons), ``lower.py`` (steps;
-one node run by eager's code), ``program.py`` (segments, chunks, tracing), ``run.py``
-(running a program, writing ``.grad``), and this file: ``execute`` and the fallback to
-eager. Node kinds are met only through ``Node`` and ``RuleNode`` (NOTE [Rule nodes]):
-nothing here imports ``xgrad.ops``.
+This file holds ``execute`` and the fallback to eager; the engine map (``xgrad/engine/README.md``)
+names the package's other rooms, one concern each. Node kinds are met only through ``Node``
+and ``RuleNode`` (NOTE [Rule nodes]): nothing here imports ``xgrad.ops``.
 
 # NOTE [Compiled backward]
 # ``execute`` takes ``engine.execute``'s arguments and has its effects, in four stages.
