@@ -82,20 +82,7 @@ from typing import Any
 from xgrad.dual import LEVEL
 from xgrad.engine import engine
 from xgrad.engine.anomaly import ANOMALY
-from xgrad.engine.compiled.cache import (
-    DEFAULT_CACHE_SIZE,
-    RECOMPILE_WARNING_LIMIT,
-    CacheKey,
-    call_site,
-    counters,
-    insert,
-    lookup,
-    note_miss,
-    reset,
-    set_cache_size,
-    stats,
-    warned_reasons,
-)
+from xgrad.engine.compiled.cache import CacheKey, call_site, counters, insert, lookup, note_miss, warned_reasons
 from xgrad.engine.compiled.key import Walk, hit_order, record_fragment, walk_schedule, walk_structure
 from xgrad.engine.compiled.program import Program, pretrace
 from xgrad.engine.compiled.run import run_program
@@ -104,15 +91,9 @@ from xgrad.engine.compiled.switch import (
     WARN_FALLBACK,
     CompiledFallbackError,
     CompiledFallbackWarning,
-    HostHook,
     NotTraceable,
-    PureHook,
     RecompileWarning,
-    enable,
-    host_hook,
     is_enabled,
-    pure_hook,
-    set_enabled,
     state,
 )
 from xgrad.engine.node import Edge, current_task
@@ -120,11 +101,9 @@ from xgrad.engine.rules import RuleNode
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
 
-__all__ = [
-    "DEFAULT_CACHE_SIZE", "RECOMPILE_WARNING_LIMIT", "CompiledFallbackError", "CompiledFallbackWarning", "HostHook",
-    "PureHook", "RecompileWarning", "enable", "execute", "host_hook", "is_enabled", "pure_hook", "reset", "set_cache_size",
-    "set_enabled", "stats",
-]
+# ``xgrad.autograd.compiled`` holds the public names; the engine calls ``execute`` and ``is_enabled`` here, and
+# ``xgrad.testing`` takes ``RecompileWarning``.
+__all__ = ["RecompileWarning", "execute", "is_enabled"]
 
 
 def _compile(walk: Walk, roots: list[Tensor], structure: Walk | None) -> Program | NotTraceable:
