@@ -82,12 +82,8 @@ def _show_trace(trace: Any, leaves: list[Tensor], tensors: list[Tensor]) -> None
 
 
 def _write_grad(var: Tensor, grad: Tensor, variant: Variant, trace: Any, create_graph: bool, on_tensors: bool) -> None:
-    """``var._grad`` from the program's new grad, as eager's AccumulateGrad writes it.
-
-    The traced ``validate_outputs`` fitted its shape and dtype, and the program placed it
-    with the leaf. An existing ``.grad`` takes the sum in place, as in eager, unless
-    ``create_graph``.
-    """
+    """``var._grad`` from the program's new grad, as eager's AccumulateGrad writes it (the traced
+    ``validate_outputs`` fitted its shape and dtype, and the program placed it with the leaf)."""
     if variant.device is not None:  # the segment ran on one of several devices
         grad = Tensor(jax.device_put(grad._array, var._array.sharding))
     old_grad = var._grad
@@ -130,11 +126,8 @@ def _on_input_devices(node: Any, grads: list[Any]) -> list[Any]:
 
 
 def _run_differentiable(traced: Traced, tensors: list[Any]) -> list[Tensor]:
-    """Run a segment as one ``from_jax`` op: its outputs are differentiable (create_graph).
-
-    An output that depends on no input requiring grad is detached, as eager's would
-    have no ``grad_fn``.
-    """
+    """Run a segment as one differentiable ``from_jax`` op; an output that depends on no input requiring grad is
+    detached, as eager's would have no ``grad_fn``."""
     if not traced.deps:
         return []
     return list(traced.op(*[x if isinstance(x, Tensor) else Tensor(jnp.asarray(x)) for x in map(tensors.__getitem__, traced.used)]))
