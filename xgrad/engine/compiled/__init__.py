@@ -113,9 +113,7 @@ def _compile(walk: Walk, roots: list[Tensor], structure: Walk | None) -> Program
     try:
         program = Program(walk)
         pretrace(program, walk, roots)
-    except NotTraceable as exc:
-        # Cached, so the same structure is not traced again: a fresh exception, without
-        # the traceback whose frames hold this call's graph.
+    except NotTraceable as exc:  # to be cached: a fresh one, without the traceback whose frames hold this graph
         return NotTraceable(str(exc), exc.kind)
     if structure is not None:
         program.hit_order = hit_order(walk, structure)
