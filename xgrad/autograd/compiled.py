@@ -21,9 +21,8 @@ model's identical blocks) compile once: ``stats()`` counts ``chunk_compiles`` an
 [2.0, 4.0]
 """
 
-from xgrad.engine.compiled import (
-    DEFAULT_CACHE_SIZE,
-    RECOMPILE_WARNING_LIMIT,
+from xgrad.engine.compiled.cache import DEFAULT_CACHE_SIZE, RECOMPILE_WARNING_LIMIT, reset, set_cache_size, stats
+from xgrad.engine.compiled.switch import (
     CompiledFallbackError,
     CompiledFallbackWarning,
     HostHook,
@@ -33,10 +32,7 @@ from xgrad.engine.compiled import (
     host_hook,
     is_enabled,
     pure_hook,
-    reset,
-    set_cache_size,
     set_enabled,
-    stats,
 )
 
 __all__ = [

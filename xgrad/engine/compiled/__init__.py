@@ -1,12 +1,8 @@
 """Compiled backward: a whole backward graph run as cached ``jax.jit`` programs.
 
-One room per concern, in the order a call goes through them: ``switch.py`` (``enable``,
-``pure_hook``, fallback warning and error), ``key.py`` (walks, structural key, fragments),
-``cache.py`` (bounded caches, ``stats``/``reset``, recompile reasons), ``lower.py`` (steps;
-one node run by eager's code), ``program.py`` (segments, chunks, tracing), ``run.py``
-(running a program, writing ``.grad``), and this file: ``execute`` and the fallback to
-eager. Node kinds are met only through ``Node`` and ``RuleNode`` (NOTE [Rule nodes]):
-nothing here imports ``xgrad.ops``.
+This file holds ``execute`` and the fallback to eager; the engine map (``xgrad/engine/README.md``)
+names the package's other rooms, one concern each. Node kinds are met only through ``Node``
+and ``RuleNode`` (NOTE [Rule nodes]): nothing here imports ``xgrad.ops``.
 
 # NOTE [Compiled backward]
 # ``execute`` takes ``engine.execute``'s arguments and has its effects, in four stages.
@@ -79,7 +75,6 @@ nothing here imports ``xgrad.ops``.
 from __future__ import annotations
 
 import concurrent.futures
-import threading
 import time
 import warnings
 from typing import Any
@@ -87,20 +82,7 @@ from typing import Any
 from xgrad.dual import LEVEL
 from xgrad.engine import engine
 from xgrad.engine.anomaly import ANOMALY
-from xgrad.engine.compiled.cache import (
-    DEFAULT_CACHE_SIZE,
-    RECOMPILE_WARNING_LIMIT,
-    CacheKey,
-    call_site,
-    counters,
-    insert,
-    lookup,
-    note_miss,
-    reset,
-    set_cache_size,
-    stats,
-    warned_reasons,
-)
+from xgrad.engine.compiled.cache import CacheKey, call_site, counters, insert, lookup, note_miss, warned_reasons
 from xgrad.engine.compiled.key import Walk, hit_order, record_fragment, walk_schedule, walk_structure
 from xgrad.engine.compiled.program import Program, pretrace
 from xgrad.engine.compiled.run import run_program
@@ -109,15 +91,9 @@ from xgrad.engine.compiled.switch import (
     WARN_FALLBACK,
     CompiledFallbackError,
     CompiledFallbackWarning,
-    HostHook,
     NotTraceable,
-    PureHook,
     RecompileWarning,
-    enable,
-    host_hook,
     is_enabled,
-    pure_hook,
-    set_enabled,
     state,
 )
 from xgrad.engine.node import Edge, current_task
@@ -125,11 +101,9 @@ from xgrad.engine.rules import RuleNode
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
 
-__all__ = [
-    "DEFAULT_CACHE_SIZE", "RECOMPILE_WARNING_LIMIT", "CompiledFallbackError", "CompiledFallbackWarning", "HostHook",
-    "PureHook", "RecompileWarning", "enable", "execute", "host_hook", "is_enabled", "pure_hook", "reset", "set_cache_size",
-    "set_enabled", "stats",
-]
+# ``xgrad.autograd.compiled`` holds the public names; the engine calls ``execute`` and ``is_enabled`` here, and
+# ``xgrad.testing`` takes ``RecompileWarning``.
+__all__ = ["RecompileWarning", "execute", "is_enabled"]
 
 
 def _compile(walk: Walk, roots: list[Tensor], structure: Walk | None) -> Program | NotTraceable:
@@ -139,9 +113,7 @@ def _compile(walk: Walk, roots: list[Tensor], structure: Walk | None) -> Program
     try:
         program = Program(walk)
         pretrace(program, walk, roots)
-    except NotTraceable as exc:
-        # Cached, so the same structure is not traced again: a fresh exception, without
-        # the traceback whose frames hold this call's graph.
+    except NotTraceable as exc:  # to be cached: a fresh one, without the traceback whose frames hold this graph
         return NotTraceable(str(exc), exc.kind)
     if structure is not None:
         program.hit_order = hit_order(walk, structure)
@@ -172,13 +144,6 @@ def _fallback(exc: NotTraceable, args: tuple[Any, ...]) -> list[Tensor | None]:
 MAX_NESTED_DEPTH = 20
 
 
-class _Nesting(threading.local):
-    depth = 0
-
-
-_nesting = _Nesting()
-
-
 def _on_fresh_thread(args: tuple[Any, ...]) -> list[Tensor | None]:
     """``execute(*args)`` on a new thread that starts with this one's modes; its result, or its exception raised here."""
     modes = (_grad_state.enabled, _grad_state.inference, state.enabled, state.fallback)
@@ -201,13 +166,13 @@ def execute(
 ) -> list[Tensor | None]:
     """``engine.execute``, compiled: the same arguments, effects and return value (NOTE [Compiled backward])."""
     args = (root_edges, root_grads, keep_graph, create_graph, accumulate_grad, outputs)
-    if _nesting.depth >= MAX_NESTED_DEPTH:  # NOTE [Nested compiled backwards]
+    if state.depth >= MAX_NESTED_DEPTH:  # NOTE [Nested compiled backwards]
         return _on_fresh_thread(args)
-    _nesting.depth += 1
+    state.depth += 1
     try:
         return _execute(args)
     finally:
-        _nesting.depth -= 1
+        state.depth -= 1
 
 
 def _execute(args: tuple[Any, ...]) -> list[Tensor | None]:
@@ -231,15 +196,13 @@ def _execute(args: tuple[Any, ...]) -> list[Tensor | None]:
     if structure is not None:
         cache_key = CacheKey(structure.key)
         program = lookup(cache_key)
-        if type(program) is Program:
-            counters.add("hits")
+        if type(program) is Program:  # this walk's nodes and values, in the program's order
             node_order, flat_order = program.hit_order
             walk = Walk(
                 structure.key, list(map(structure.nodes.__getitem__, node_order)),
                 list(map(structure.flat.__getitem__, flat_order)), None,
             )
-            return run_program(program, walk, graph_task, root_grads, 0, start, True)
-    hit = program is not None  # a structure that failed to trace
+    hit = program is not None
     if program is None:
         if not outputs:
             engine.compute_dependencies(graph_root, graph_task, 0)
@@ -262,4 +225,4 @@ def _execute(args: tuple[Any, ...]) -> list[Tensor | None]:
         return _fallback(program, args)
     if hit:
         counters.add("hits")
-    return run_program(program, walk, graph_task, root_grads, 0 if accumulate_grad else len(outputs), start, hit)
+    return run_program(program, walk, graph_task, root_grads, start, hit)

@@ -1,9 +1,4 @@
-"""Running a compiled program: gather the inputs, call each segment, write back ``.grad`` and the rest.
-
-NOTE [Compiled backward], stage 4. A hit or a miss both end here: segment by segment,
-host steps between them, then the leaves' post-accumulate-grad hooks, the final
-callbacks and the release of saved values.
-"""
+"""Running a compiled program, on a hit or a miss: NOTE [Compiled backward], stage 4."""
 
 from __future__ import annotations
 
@@ -87,12 +82,8 @@ def _show_trace(trace: Any, leaves: list[Tensor], tensors: list[Tensor]) -> None
 
 
 def _write_grad(var: Tensor, grad: Tensor, variant: Variant, trace: Any, create_graph: bool, on_tensors: bool) -> None:
-    """``var._grad`` from the program's new grad, as eager's AccumulateGrad writes it.
-
-    The traced ``validate_outputs`` fitted its shape and dtype, and the program placed it
-    with the leaf. An existing ``.grad`` takes the sum in place, as in eager, unless
-    ``create_graph``.
-    """
+    """``var._grad`` from the program's new grad, as eager's AccumulateGrad writes it (the traced
+    ``validate_outputs`` fitted its shape and dtype, and the program placed it with the leaf)."""
     if variant.device is not None:  # the segment ran on one of several devices
         grad = Tensor(jax.device_put(grad._array, var._array.sharding))
     old_grad = var._grad
@@ -108,12 +99,8 @@ def _write_grad(var: Tensor, grad: Tensor, variant: Variant, trace: Any, create_
 
 
 def _run_plain(variant: Variant, tensors: list[Any]) -> list[Tensor]:
-    """Run ``variant`` on the arrays it reads; inputs on several devices are first put on one.
-
-    A graph whose leaves sit on different devices (``.to()`` between them) gives a
-    segment inputs from each; one XLA program runs on one device, so they go to the
-    first input's, and the written ``.grad``s go back to their leaves' devices.
-    """
+    """Run ``variant`` on the arrays it reads. Inputs on several devices (leaves moved with ``.to()``) are first put
+    on one of them, as one XLA program runs on one device (NOTE [Compiled backward], stage 3)."""
     args = [t._array if isinstance(t, Tensor) else t for t in map(tensors.__getitem__, variant.traced.used)]
     if variant.shardings is None:
         # An uncommitted input (one JAX may move) gets no sharding: the program places it.
@@ -139,22 +126,19 @@ def _on_input_devices(node: Any, grads: list[Any]) -> list[Any]:
 
 
 def _run_differentiable(traced: Traced, tensors: list[Any]) -> list[Tensor]:
-    """Run a segment as one ``from_jax`` op: its outputs are differentiable (create_graph).
-
-    An output that depends on no input requiring grad is detached, as eager's would
-    have no ``grad_fn``.
-    """
+    """Run a segment as one differentiable ``from_jax`` op; an output that depends on no input requiring grad is
+    detached, as eager's would have no ``grad_fn``."""
     if not traced.deps:
         return []
     return list(traced.op(*[x if isinstance(x, Tensor) else Tensor(jnp.asarray(x)) for x in map(tensors.__getitem__, traced.used)]))
 
 
-def run_program(program: Program, walk: Walk, graph_task: GraphTask, roots: list[Tensor], n_captured: int, start: float,
+def run_program(program: Program, walk: Walk, graph_task: GraphTask, roots: list[Tensor], start: float,
                 hit: bool) -> list[Tensor | None]:
     """Run ``program`` on ``walk``'s values: its segments, the host steps between them, then the final callbacks and
     the release of saved values; return the captured grads. ``start``: when the call began, for the profiler."""
     nodes, starts = walk.nodes, program.starts
-    captured: list[Tensor | None] = [None] * n_captured
+    captured = graph_task.captured_vars
     # The grads in flight pass from segment to segment as a pytree (``Values.live``), and
     # become ``Values`` only for host steps: chunks follow each other without any.
     live: Any = {}

@@ -19,13 +19,9 @@ WARN_RECOMPILE = (
 class CompiledFallbackWarning(UserWarning):
     """A backward asked to run compiled ran eagerly instead (the message says why).
 
-    >>> import warnings
     >>> from xgrad.autograd.compiled import CompiledFallbackWarning
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     warnings.warn("ran eagerly", CompiledFallbackWarning)
-    >>> caught[0].category.__name__, issubclass(CompiledFallbackWarning, UserWarning)
-    ('CompiledFallbackWarning', True)
+    >>> issubclass(CompiledFallbackWarning, UserWarning)
+    True
     """
 
 
@@ -42,11 +38,8 @@ class CompiledFallbackError(RuntimeError):
     """Under ``enable(fallback="error")``: the backward cannot be compiled.
 
     >>> from xgrad.autograd.compiled import CompiledFallbackError
-    >>> try:
-    ...     raise CompiledFallbackError("cannot compile")
-    ... except RuntimeError as e:
-    ...     print(type(e).__name__, e)
-    CompiledFallbackError cannot compile
+    >>> issubclass(CompiledFallbackError, RuntimeError)
+    True
     """
 
 
@@ -72,10 +65,10 @@ TRACER_ERRORS = (
 
 
 class _CompiledState(threading.local):
-    def __init__(self) -> None:
-        self.enabled = False
-        self.fallback = "eager"
-        self.tracing = False
+    enabled = False
+    fallback = "eager"
+    tracing = False
+    depth = 0  # compiled backwards running on this thread (NOTE [Nested compiled backwards])
 
 
 state = _CompiledState()
@@ -110,15 +103,11 @@ class enable:
             one-time ``CompiledFallbackWarning``; ``"error"`` raises
             ``CompiledFallbackError`` instead.
 
-    Python that runs on a cache hit: hooks not marked ``pure_hook`` and custom
-    ``Function.backward``s run on the host at their point on every call, as in eager.
-    The backward rules of xgrad's ops and whatever is marked ``pure_hook`` (hooks, a
-    Function's backward) are traced: their Python runs only when traced, as under
-    ``jax.jit``.
+    Which Python runs on a cache hit: see ``pure_hook``.
 
     >>> import xgrad
     >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
-    >>> with xgrad.autograd.compiled.enable():
+    >>> with xgrad.autograd.compiled.enable(fallback="error"):
     ...     (x * x).sum().backward()
     >>> x.grad.tolist()
     [2.0, 4.0]
@@ -131,8 +120,7 @@ class enable:
 
     def __enter__(self) -> enable:
         self.prev = (state.enabled, state.fallback)
-        state.enabled = True
-        state.fallback = self.fallback
+        state.enabled, state.fallback = True, self.fallback
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -141,7 +129,16 @@ class enable:
 
 class _MarkedHook:
     """A hook wrapped in a mark that says where it runs; programs are keyed by it, so marking the same function
-    again must not recompile (equal, same hash)."""
+    again must not recompile (equal, same hash).
+
+    >>> from xgrad.autograd.compiled import HostHook, PureHook, host_hook, pure_hook
+    >>> def double(g):
+    ...     return g * 2
+    >>> isinstance(pure_hook(double), PureHook), pure_hook(double) == pure_hook(double)
+    (True, True)
+    >>> isinstance(host_hook(double), HostHook), host_hook(double) == host_hook(double)
+    (True, True)
+    """
 
     __slots__ = ("__wrapped__", "fn")
     mark = ""  # the function that makes it
@@ -166,14 +163,7 @@ class _MarkedHook:
 
 
 class PureHook(_MarkedHook):
-    """A hook marked traceable and free of side effects (see ``pure_hook``).
-
-    >>> from xgrad.autograd.compiled import PureHook, pure_hook
-    >>> def double(g):
-    ...     return g * 2
-    >>> isinstance(pure_hook(double), PureHook), pure_hook(double) == pure_hook(double)
-    (True, True)
-    """
+    """A hook marked traceable and free of side effects (see ``pure_hook``)."""
 
     __slots__ = ()
     mark = "pure_hook"
@@ -185,7 +175,8 @@ def pure_hook(fn: Callable[..., Any]) -> PureHook:
     Any hook kind can be marked, and so can a custom ``Function.backward`` (decorate
     it below ``@staticmethod``). Eager backwards call it as usual; compiled ones call
     it only while tracing (once per compiled program), on traced values, as under
-    ``jax.jit``. Unmarked hooks and Function backwards run on the host on every call.
+    ``jax.jit``, like the backward rules of xgrad's ops. Unmarked hooks and Function
+    backwards run on the host at their point on every call, as in eager.
 
     >>> import xgrad
     >>> x = xgrad.tensor([1.0, 2.0], requires_grad=True)
@@ -197,14 +188,7 @@ def pure_hook(fn: Callable[..., Any]) -> PureHook:
 
 
 class HostHook(_MarkedHook):
-    """A hook marked to run on the host at every call of ``xgrad.compile`` (see ``host_hook``).
-
-    >>> from xgrad.autograd.compiled import HostHook, host_hook
-    >>> def double(g):
-    ...     return g * 2
-    >>> isinstance(host_hook(double), HostHook), host_hook(double) == host_hook(double)
-    (True, True)
-    """
+    """A hook marked to run on the host at every call of ``xgrad.compile`` (see ``host_hook``)."""
 
     __slots__ = ()
     mark = "host_hook"
