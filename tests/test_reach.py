@@ -45,6 +45,8 @@ def test_reached_follows_partials_bound_self_closures_defaults_globals_and_wrapp
     assert _ids([cell, default, argument, inner, IN_COMPREHENSION]) <= _ids(found)
     assert id(own.value) in _ids(v for v, _ in reached(own.read, objects=True))
     assert id(own.value) not in _ids(v for v, _ in reached(own.read))  # an object's attributes: only with objects
+    assert id(cell) in _ids(v for v, _ in reached(cell.append))  # a builtin's bound object
+    assert all(followed for _, followed in reached(len))  # a plain builtin holds nothing, and says it followed it
 
 
 def test_reached_stops_where_it_is_told_and_says_what_it_did_not_follow():

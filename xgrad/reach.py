@@ -10,7 +10,7 @@
 # it (``reached``); each keeps its own decisions:
 #
 # - A ``functools.partial`` holds its function and arguments, a bound method its function
-#   and ``self``; a Python function its closure cells, its defaults and the globals its code
+#   and ``self``, a builtin bound to an object (``a_list.append``) that object; a Python function its closure cells, its defaults and the globals its code
 #   and nested code (lambdas, comprehensions) name, and what ``__wrapped__`` names. A
 #   library function (``LIBRARIES``) reads no user state: only its closure (a wrapper's
 #   wrapped function) is followed.
@@ -40,8 +40,8 @@ LIBRARIES = frozenset({
     "equinox", "flax", "typing", "collections", "abc", "enum", "dataclasses",
 })
 MISSING = object()  # an empty cell's value, or a name a namespace lacks
-# Values that hold nothing a walk is after: immutable plain values and arrays, classes, modules and builtins.
-_PLAIN = (type(None), bool, int, float, complex, str, bytes, jax.Array, type, types.ModuleType, types.BuiltinFunctionType)
+# Values that hold nothing a walk is after: immutable plain values and arrays, classes and modules.
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, jax.Array, type, types.ModuleType)
 CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
 
 
@@ -124,6 +124,9 @@ def _parts(value: Any, objects: bool, max_items: int | None) -> list[Any] | None
     func, bound = unbound(value)
     if func is not value:
         return [func, *bound]
+    if isinstance(value, types.BuiltinMethodType):  # a builtin (``len``), or one bound to an object (``a_list.append``)
+        owner = value.__self__
+        return [] if owner is None or isinstance(owner, types.ModuleType) else [owner]
     if isinstance(value, CONTAINERS):
         return None if max_items is not None and len(value) > max_items else list(container_items(value))
     parts = None
