@@ -8,6 +8,7 @@ The reference is the same code run eagerly, whose meaning is PyTorch's.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 
@@ -197,3 +198,51 @@ def test_a_host_hook_sees_the_grads_eager_would_have_set_by_then_and_what_it_set
     np.testing.assert_allclose(seen[1][2], [3.0, 3.0], rtol=1e-6)
     np.testing.assert_allclose(v.grad.numpy(), [30.0, 30.0], rtol=1e-6)
     np.testing.assert_allclose(w.grad.numpy(), h_grad * x, rtol=1e-6)
+
+
+class _Scaler:
+    """Holds a tensor the step makes; its bound ``scale`` is a host hook that reads it through ``self``."""
+
+    def __init__(self):
+        self.factor = None
+
+    def scale(self, grad):
+        return grad * self.factor
+
+
+def _scale_by_first(factors, grad):
+    return grad * factors[0].factor
+
+
+@pytest.mark.parametrize("holder", ["bound self", "object in closure", "partial argument", "list in closure"])
+@pytest.mark.parametrize("route", ["eager", "xgrad.compile"])
+def test_a_host_hook_reads_a_tensor_of_the_step_through_what_it_holds(route, holder):
+    """A host hook that reads a tensor made in the step not from a closure cell but through what it holds (a bound
+    method's ``self``, an object in its closure, a ``partial``'s argument, a list in its closure) sees that tensor's
+    value at every call, as eagerly."""
+    scaler = _Scaler()
+    scalers = [scaler]
+
+    def in_closure(grad):
+        return grad * scaler.factor
+
+    def in_list(grad):
+        return grad * scalers[0].factor
+
+    hooks = {"bound self": scaler.scale, "object in closure": in_closure,
+             "partial argument": functools.partial(_scale_by_first, scalers), "list in closure": in_list}
+    w = xgrad.tensor([1.0, 2.0], requires_grad=True)
+
+    def step(x):
+        h = w * x
+        scaler.factor = h.detach() + 1.0
+        h.register_hook(compiled.host_hook(hooks[holder]))
+        (h * 2.0).sum().backward()
+        return h
+
+    fn = xgrad.compile(step, fallback="error") if route == "xgrad.compile" else step
+    for x in ([0.5, 0.25], [3.0, -1.0]):
+        w.grad = None
+        fn(xgrad.tensor(x))
+        x = np.array(x)
+        np.testing.assert_allclose(w.grad.numpy(), 2.0 * (np.array([1.0, 2.0]) * x + 1.0) * x, rtol=1e-6)

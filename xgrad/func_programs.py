@@ -23,9 +23,9 @@ from xgrad.jax_internals import (
     check_consts_keep_identity,
     get_opaque_trace_state,
     jaxpr_as_fun,
-    loaded_names,
 )
 from xgrad.ops._util import checks_as_values
+from xgrad.reach import reached
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
 
@@ -71,10 +71,7 @@ def _closed_over_history(transformed: Callable[..., Any], reads: _Reads, run: Ca
     """The tensors with history that ``transformed`` reads without being given them (NOTE [Transforms keep
     history]); per signature, as the cached transforms trace (Python in the function runs when it is traced)."""
     if not reads.reach:
-        modules: list[Any] = []
-        tensors: list[Tensor] = []
-        _reached(transformed, modules, tensors, set())
-        reads.reach.extend((modules, tensors))
+        reads.reach.extend(_reached(transformed))
     candidates = {k: t for k, t in _candidates(*reads.reach).items() if t.requires_grad or t.grad_fn is not None}
     for t in given:
         candidates.pop(id(t._array), None)
@@ -153,13 +150,15 @@ def keeps_history(transformed: Callable[..., Any]) -> Callable[..., Any]:
 # ``grad_and_value``, ``vmap``, ``jacrev``, ``jacfwd`` and ``hessian`` run one jitted
 # program per signature instead, as ``jax.jit`` does. The signature is the arguments'
 # pytree structure, their arrays' shapes and dtypes, the values of their other leaves,
-# and the ``training`` flags of the modules the function reaches (through closures,
-# ``functools.partial``, a bound ``self`` and the globals its code loads).
+# and the ``training`` flags of the modules the function reaches (through closures, defaults,
+# ``functools.partial``, a bound ``self`` and the globals its code loads: NOTE [What a
+# function reaches]).
 # Staleness follows ``xgrad.compile``: a constant of the trace that is a tensor's array
 # (a module's buffer, a closed-over weight) is read from that tensor at every call, so
 # an optimizer step or an in-place update is seen, and one of another shape or dtype
 # traces again. The tensor behind a constant is found by its array among what the function
-# reaches: tensors in its closures and the globals it loads, and the modules' parameters,
+# reaches: tensors in its closures, defaults and the globals it loads (and the containers
+# among those, not other objects' attributes), and the modules' parameters,
 # buffers and tensor attributes, looked for when the transform is first called.
 # A Python name rebound to another Tensor object is not seen, as with ``jax.jit``, and
 # Python in the function runs when it is traced, not at every call. A function that
@@ -172,12 +171,6 @@ _NOT_TRACING = get_opaque_trace_state(convention="xgrad")  # the same in every t
 _RUN_UNCACHED = object()  # an entry for a signature whose trace needed concrete values
 _CHECK_FAILED = object()  # what ``_run`` returns when a check of values failed in the program
 _CACHE_SIZE = 64
-# Packages whose code reads no user state: a function of theirs is library code, not followed
-# into what it reads (here, and by ``xgrad.compile``'s hook purity, NOTE [Hooks traced in]).
-LIBRARIES = frozenset({
-    "xgrad", "jax", "jaxlib", "numpy", "math", "cmath", "operator", "functools", "itertools", "builtins", "optax",
-    "equinox", "flax", "typing", "collections", "abc", "enum", "dataclasses",
-})
 
 
 class _Entry:
@@ -216,41 +209,15 @@ def _signature(leaves: list[Any]) -> tuple[Any, ...] | None:
     return tuple(sig)
 
 
-def _reached(fn: Any, modules: list[Any], tensors: list[Tensor], seen: set[int]) -> None:
-    """Add the modules and the tensors ``fn`` reaches: itself, ``partial`` arguments, a bound ``self``,
-    closure cells, the globals its code loads, what the functions and containers among those reach."""
-    if id(fn) in seen or isinstance(fn, (jax.Array, str, int, float, type(None))):
-        return
-    seen.add(id(fn))
-    if isinstance(fn, Tensor):
-        tensors.append(fn)
-        return
-    if hasattr(fn, "_modules") and callable(getattr(type(fn), "modules", None)):  # an nn.Module
-        modules.append(fn)
-        return
-    if isinstance(fn, (list, tuple)):
-        parts: list[Any] = list(fn)
-    elif isinstance(fn, dict):
-        parts = list(fn.values())
-    elif isinstance(fn, functools.partial):
-        parts = [fn.func, *fn.args, *fn.keywords.values()]
-    else:
-        parts = [getattr(fn, "__self__", None), getattr(fn, "__wrapped__", None)]
-        code = getattr(fn, "__code__", None)
-        fn_globals = getattr(fn, "__globals__", {})
-        package = str(fn_globals.get("__name__", "")).split(".")[0]
-        if code is not None and package not in LIBRARIES:  # the user's function: what it reads
-            for cell in fn.__closure__ or ():
-                try:
-                    parts.append(cell.cell_contents)
-                except ValueError:  # an empty cell
-                    continue
-            parts.extend(fn_globals[name] for name in loaded_names(code) if name in fn_globals)
-        elif code is not None and package == "xgrad":  # a transform's wrapper: the functions it calls
-            parts.extend(c.cell_contents for c in fn.__closure__ or () if callable(c.cell_contents))
-    for part in parts:
-        if part is not None:
-            _reached(part, modules, tensors, seen)
+def _reached(fn: Any) -> tuple[list[Any], list[Tensor]]:
+    """The modules and the tensors ``fn`` reaches (NOTE [What a function reaches]): through any number of functions
+    and containers, not into an object's attributes but a module's parameters, buffers and tensor attributes."""
+    found = [value for value, _ in reached(fn, stop=lambda v: isinstance(v, Tensor) or _is_module(v))]
+    return [v for v in found if _is_module(v)], [v for v in found if isinstance(v, Tensor)]
+
+
+def _is_module(value: Any) -> bool:
+    return hasattr(value, "_modules") and callable(getattr(type(value), "modules", None))  # nn sits above
 
 
 def _modes(roots: list[Any]) -> tuple[bool, ...]:
@@ -287,10 +254,7 @@ def cached_per_signature(transform: Callable[..., Any], func: Callable[..., Any]
         if sig is None:
             return _uncached(transform, args, kwargs)
         if not reach:
-            modules: list[Any] = []
-            tensors: list[Tensor] = []
-            _reached(func, modules, tensors, set())
-            reach.append((modules, tensors))
+            reach.append(_reached(func))
         key = (tree, sig, _modes(reach[0][0]))
         entry = entries.get(key)
         out = _run(entry, leaves) if isinstance(entry, _Entry) else None

@@ -8,7 +8,8 @@
 # no Python state outside its arguments, decided where the step calls it, while tracing:
 #
 # 1. Its code, and that of the user functions it reaches (through its globals, closure
-#    cells, defaults, a bound ``self``, the objects and containers among those), has no
+#    cells, defaults, a bound ``self``, the objects and containers among those: NOTE [What
+#    a function reaches]), has no
 #    store or delete of a global, an attribute or an outer function's variable, and no
 #    name of ``_EFFECT_NAMES`` (``print``, ``.item()``, ``list.append``, logging, I/O,
 #    clocks, ``random``, JAX callbacks, registering hooks). A callable that is not Python
@@ -26,7 +27,7 @@
 #    ``SCALE`` is rebound, so what it computes is always eager's. A value rebound at every
 #    call (a global step counter) then retraces at every call: mark such a hook ``host_hook``.
 #
-# Library code (``func_programs.LIBRARIES``: xgrad, JAX, NumPy, math, Equinox, Optax, ...)
+# Library code (``reach.LIBRARIES``: xgrad, JAX, NumPy, math, Equinox, Optax, ...)
 # that a hook calls is traced as any op of the step is (a random draw threads the
 # generator's state through the program); its modules, classes and functions are not read
 # as the hook's state, but its objects are (an optimizer's ``param_groups``, a module's
@@ -42,7 +43,6 @@
 
 from __future__ import annotations
 
-import collections
 import dis
 import functools
 import logging
@@ -55,7 +55,7 @@ import jax
 import numpy as np
 
 from xgrad.compile_step.recording import Snapshot
-from xgrad.func_programs import LIBRARIES
+from xgrad.reach import CONTAINERS, MISSING, container_items, from_library, held, nested_codes, unbound
 from xgrad.tensor import Tensor, is_tensor
 
 # Names whose use is an effect a trace cannot repeat (NOTE [Hooks traced in], 1).
@@ -77,24 +77,14 @@ _WRITES = {
 # Values a name or attribute may be rebound to between calls (``_changeable``), and the immutable values a hook reads.
 _REBINDABLE = (type(None), bool, int, float, complex, str, bytes, np.generic)
 _SCALARS = (*_REBINDABLE, range, slice, type(Ellipsis), jax.Array, types.BuiltinFunctionType)
-_CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
 _MAX_ITEMS = 64  # a larger container read by a hook keeps it on the host: its guard would cost every call
 _MAX_DEPTH = 4  # how far from the hook objects and functions are followed
-_MISSING = object()
 
 logger = logging.getLogger(__name__)
 
 
 class Impure(Exception):
     """The hook does something a trace cannot repeat: it runs on the host."""
-
-
-def from_library(obj: Any) -> bool:
-    """Whether ``obj`` (a module, a function, a class, an object of one) is library code (``LIBRARIES``)."""
-    module = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
-    if not isinstance(module, str):
-        module = type(obj).__module__
-    return module.partition(".")[0] in LIBRARIES
 
 
 def _array_library(obj: Any) -> bool:
@@ -108,20 +98,6 @@ def writes(code: types.CodeType, outer: Collection[str]) -> Iterator[tuple[dis.I
         kind = _WRITES.get(ins.opname)
         if kind is not None and (kind != "closed-over" or ins.argval in outer):
             yield ins, kind
-
-
-def nested_codes(code: types.CodeType) -> list[types.CodeType]:
-    """``code`` and the code objects nested in it (lambdas, comprehensions, inner functions)."""
-    found = [code]
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            found += nested_codes(const)
-    return found
-
-
-def container_items(container: Any) -> tuple[Any, ...]:
-    """A container's keys and values (a dict's in turn) or its items, to compare by identity."""
-    return tuple(v for pair in container.items() for v in pair) if isinstance(container, dict) else tuple(container)
 
 
 class Reads:
@@ -156,13 +132,11 @@ class Reads:
             raise Impure(f"{fn!r} is marked host_hook")
         if isinstance(fn, PureHook):
             return
-        if isinstance(fn, functools.partial):
-            self._callable(fn.func, depth, top)
-            for value in (*fn.args, *fn.keywords.values()):
+        func, bound = unbound(fn)
+        if func is not fn:  # a partial's arguments, a bound method's self
+            self._callable(func, depth, top)
+            for value in bound:
                 self._value(value, depth + 1)
-        elif isinstance(fn, types.MethodType):
-            self._callable(fn.__func__, depth, top)
-            self._value(fn.__self__, depth + 1)
         elif isinstance(fn, types.FunctionType):
             if top or not from_library(fn):
                 self._function(fn, depth)
@@ -189,26 +163,18 @@ class Reads:
             self.names.update(code.co_names)
             # An attribute read by its name as a string (``getattr(cfg, "scale")``) is read too.
             self.names.update(c for c in code.co_consts if isinstance(c, str) and c.isidentifier())
-            for name in code.co_names:
-                if name in fn.__globals__:
-                    self._entry(fn.__globals__, name, depth + 1)
-        for cell in fn.__closure__ or ():
-            try:
-                value = cell.cell_contents
-            except ValueError:  # not yet bound
-                value = _MISSING
-            self.guards.append((cell, None, value))
-            self._value(value, depth + 1)
-        for value in (*(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()):
+        for where, key, value in held(fn):  # its closure cells and the globals it names are guarded, defaults not
+            if where is not None:
+                self.guards.append((where, key, value))
             self._value(value, depth + 1)
 
     def _entry(self, namespace: Any, key: str, depth: int) -> None:
-        value = namespace.get(key, _MISSING)
+        value = namespace.get(key, MISSING)
         self.guards.append((namespace, key, value))
         self._value(value, depth)
 
     def _value(self, value: Any, depth: int) -> None:
-        if isinstance(value, (_SCALARS, Tensor)) or value is _MISSING or id(value) in self._seen:
+        if isinstance(value, (_SCALARS, Tensor)) or value is MISSING or id(value) in self._seen:
             return  # immutable, or state the step itself reads and writes back
         if depth > _MAX_DEPTH:
             raise Impure(f"it reaches state deeper than {_MAX_DEPTH} levels")
@@ -223,7 +189,7 @@ class Reads:
                 self._callable(func, depth)
             return
         self._seen.add(id(value))
-        if isinstance(value, _CONTAINERS):
+        if isinstance(value, CONTAINERS):
             if len(value) > _MAX_ITEMS:
                 raise Impure(f"it reads a {type(value).__name__} of {len(value)} items")
             items = container_items(value)
@@ -268,7 +234,7 @@ class Reads:
             if isinstance(target, types.MappingProxyType):
                 continue  # a class's namespace: nothing but setattr, which no traced-in hook uses, changes it
             if key is not None:
-                if value is _MISSING:
+                if value is MISSING:
                     target.pop(key, None)
                 else:
                     target[key] = value
@@ -287,12 +253,12 @@ class Reads:
 def _holds(guard: tuple[Any, Any, Any]) -> bool:
     target, key, value = guard
     if key is not None:
-        return target.get(key, _MISSING) is value
+        return target.get(key, MISSING) is value
     if isinstance(target, types.CellType):
         try:
             return target.cell_contents is value
         except ValueError:
-            return value is _MISSING
+            return value is MISSING
     found = container_items(target)
     return len(found) == len(value) and all(a is b for a, b in zip(found, value, strict=True))
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import inspect
 import logging
 import types
 import weakref
@@ -19,7 +18,7 @@ import jax.numpy as jnp
 
 from xgrad.compile_step import recording
 from xgrad.compile_step.errors import NotCompilable
-from xgrad.compile_step.hook_purity import container_items, from_library, nested_codes, trace_in
+from xgrad.compile_step.hook_purity import trace_in
 from xgrad.compile_step.observers import HookBox, HostGraphTask, Observer, call_in_backward
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.compiled.key import traced_function
@@ -31,6 +30,7 @@ from xgrad.engine.saved import SavedTensor
 from xgrad.engine.validate import validate_outputs
 from xgrad.grad_mode import is_grad_enabled, no_grad
 from xgrad.nn.hooks import BackwardHook
+from xgrad.reach import from_library, nested_codes, reached
 from xgrad.step_trace import array_of
 from xgrad.tensor import Tensor, is_tensor
 from xgrad.tensor.hook_kinds import RETURNS_NONE
@@ -50,6 +50,7 @@ ERR_STATE_FROM_HOST = (
     "cannot change. Mark it xgrad.autograd.compiled.pure_hook if it is traceable, or run this step eagerly"
 )
 _CTX_OWN = frozenset(vars(FunctionCtx()))  # what autograd keeps on a ctx; the rest is the Function's
+_NOT_FOLLOWED = (Tensor, logging.Logger)  # by ``_reaches_state``: a logger holds no tensor
 
 
 def hook_in_step(fn: Any, hooks: Any) -> Any:
@@ -121,68 +122,36 @@ def _replacing_hook_on_host(fn: Any, args: tuple[Any, ...], graph_task: Any) -> 
         rec.hook_box = HookBox()
     call = functools.partial(rec.hook_box.call, graph_task)
     # What eager's hook would see at this point: the state's .grads (a retained one included) and the arrays the
-    # step has rebound so far, and the tensors of the step the hook holds (in its closure or defaults).
+    # step has rebound so far, and the tensors of the step the hook holds (through ``_reaches_state``'s walk).
     # A hook that reaches no tensor and never names ``grad`` reads none of it: it gets none (each costs a copy).
     state = []
-    if _may_read_state(fn, 3):
+    may_read, held = _reaches_state(fn)
+    if may_read:
         owners = _state_owners()
         state = [(t, *_traced_state(t, rec)) for t in owners]
         known = {id(t) for t in owners}
-        state += [(t, t._array, _grad_array(t)) for t in _held_step_tensors(fn, known)]
+        state += [(t, t._array, _grad_array(t)) for t in held if id(t) not in known]
     return _on_host(graph_task, hook_on_host, fn, args, call=call, state=state)
 
 
-def _may_read_state(fn: Any, depth: int) -> bool:
-    """Whether ``fn`` may read a tensor's value or ``.grad`` beyond its arguments: it names ``grad``, or reaches
-    (through its closure, defaults, the globals it names, the functions those are, ``depth`` deep) anything
-    but plain values and functions that do not; a callable object may hold anything."""
-    if isinstance(fn, functools.partial):
-        return any(not _inert(v, depth) for v in (*fn.args, *fn.keywords.values())) or _may_read_state(fn.func, depth)
-    fn = inspect.unwrap(getattr(fn, "__func__", fn))
-    if not isinstance(fn, types.FunctionType) or depth == 0:
-        return True
-    codes = nested_codes(fn.__code__)
-    if any("grad" in code.co_names or "grad" in code.co_consts for code in codes):
-        return True
-    globals_named = [fn.__globals__[name] for code in codes for name in code.co_names if name in fn.__globals__]
-    return any(not _inert(v, depth) for v in (*_held(fn), *globals_named))
-
-
-def _inert(value: Any, depth: int) -> bool:
-    """Whether ``value`` leads to no tensor: a plain value, a class or module, a small container of such, a function
-    that reads no state."""
-    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, type, types.ModuleType,
-                                           types.BuiltinFunctionType, logging.Logger)):
-        return True
-    if isinstance(value, (types.FunctionType, types.MethodType, functools.partial)):
-        return not _may_read_state(value, depth - 1)
-    if isinstance(value, (list, tuple, set, frozenset, dict)) and len(value) <= 16:
-        items = container_items(value)
-        return all(_inert(v, depth - 1) for v in items) if depth > 0 else not items
-    return False
-
-
-def _held_step_tensors(fn: Any, known: set[int], depth: int = 3) -> list[Tensor]:
-    """The tensors made in the step (their arrays traced) that ``fn`` holds in its closure or defaults, or the
-    functions there hold, ``depth`` functions deep; once each."""
-    fn = inspect.unwrap(fn.func if isinstance(fn, functools.partial) else getattr(fn, "__func__", fn))
-    if not isinstance(fn, types.FunctionType) or depth == 0:
-        return []
-    found = []
-    for value in _held(fn):
+def _reaches_state(fn: Any) -> tuple[bool, list[Tensor]]:
+    """Whether ``fn`` may read a tensor's value or ``.grad`` beyond its arguments, and the tensors made in the step
+    (their arrays traced) that it holds (NOTE [What a function reaches]: four steps deep, objects' attributes and
+    containers of 16 items or fewer followed). It may read one when its code or that of a function it reaches names
+    ``grad``, or it reaches a tensor, or a value the walk does not follow (a callable that is not Python code, an
+    object with no ``__dict__``, one past the depth)."""
+    may_read = False
+    tensors = []
+    for value, followed in reached(fn, 4, objects=True, max_items=16, stop=lambda v: isinstance(v, _NOT_FOLLOWED)):
         if isinstance(value, Tensor):
-            if id(value) not in known and _traced(value._array):
-                known.add(id(value))
-                found.append(value)
-        elif callable(value):
-            found += _held_step_tensors(value, known, depth - 1)
-    return found
-
-
-def _held(fn: types.FunctionType) -> list[Any]:
-    """The values ``fn`` holds: its closure's and its defaults."""
-    closure = [cell.cell_contents for cell in fn.__closure__ or () if cell.cell_contents is not None]
-    return [*closure, *(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values()]
+            may_read = True
+            if _traced(value._array):
+                tensors.append(value)
+        elif not followed:
+            may_read = may_read or not isinstance(value, logging.Logger)
+        elif isinstance(value, types.FunctionType):
+            may_read = may_read or any("grad" in c.co_names or "grad" in c.co_consts for c in nested_codes(value.__code__))
+    return may_read, tensors
 
 
 def _traced_state(t: Tensor, rec: Any) -> tuple[Any, Any]:
