@@ -1,4 +1,4 @@
-"""The structural key of a backward graph: its two walks, the per-node keys, the structure fragments.
+"""The structural key of a backward graph: its two walks, the per-node keys, the structure fragments, ``refill``.
 
 NOTE [Compiled backward], stage 2, says what each walk is for.
 """
@@ -403,11 +403,8 @@ _NO_FRAGMENT = (-1, (), False)  # ``structure`` of a primitive node that ``_node
 
 def _fragment(node: RuleNode) -> tuple[int, tuple[int, ...], bool]:
     """``(id, positions of saved tensors, whether outputs were saved)`` (NOTE [Structure fragments])."""
-    params = node.params
-    items = tuple(params.items()) if params else ()
-    try:
-        hash(items)
-    except TypeError:
+    items = hashable_params(node.params) if node.params else ()
+    if items is None:
         return _NO_FRAGMENT
     n_inputs = len(node.saved)
     key: list[Any] = [node.prim, items, _outputs_key(node.input_metadata), n_inputs]
