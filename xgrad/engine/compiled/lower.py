@@ -1,8 +1,6 @@
 """Lowering: a program's steps, and each node run by the eager engine's own code on traced or concrete values.
 
-``Step`` keeps what a program needs of each node, none of the graph's values;
-``run_node`` runs one as ``engine.evaluate_function`` does, on a stand-in (NOTE [Stand-in
-nodes]). NOTE [Compiled backward], stage 3.
+NOTE [Compiled backward], stage 3; ``Step`` and ``run_node`` say what each does, NOTE [Stand-in nodes] how.
 """
 
 from __future__ import annotations
