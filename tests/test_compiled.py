@@ -530,3 +530,30 @@ def test_hlo_of_cached_program_is_available():
     (x.sin() * x).sum().backward(compiled=True)
     (program,) = compiled_engine.cache.programs.values()
     assert "sine" in program.hlo_text() or "cosine" in program.hlo_text()
+
+
+def test_refill_takes_back_what_keying_sent_to_the_flat_list():
+    """Each case the key sends to the program's inputs (``freeze``, ``_saved_key``) is taken back in its place by
+    ``refill``; the rest (a boolean mask as a static value, constants, avals) stays as it was."""
+    from xgrad.engine.compiled.key import _saved_key, freeze, refill
+    from xgrad.engine.rules import Aval
+
+    mask = jnp.array([True, False])
+    static = (xgrad.tensor([1.0]), jnp.array([1, 2]), [0.5, slice(1, None, np.array(2))], mask, {"dim": (1, 2), "i": np.array([0])})
+    flat: list = []
+    freeze(static, flat)
+    args = iter([jnp.asarray(10.0 * i) for i in range(len(flat))])  # the program's inputs, told apart by value
+    tensor, index, (half, step), kept, params = refill(static, args)
+    assert next(args, None) is None
+    assert (int(tensor._array), int(index), int(step.step), int(params["i"])) == (0, 10, 20, 30)
+    assert isinstance(tensor, xgrad.Tensor) and half == 0.5 and step.start == 1 and kept is mask and params["dim"] == (1, 2)
+
+    saved = (xgrad.tensor([1.0], requires_grad=True), xgrad.tensor([2.0]), mask, 3, Aval((2,), np.float32), [np.array([4])])
+    flat = []
+    _saved_key(saved, None, flat, False, True)
+    args = iter([jnp.asarray(10.0 * i) for i in range(len(flat))])
+    grad_wanted, plain, taken, three, aval, (listed,) = (refill(s, args, saved=True) for s in saved)
+    assert next(args, None) is None
+    assert (grad_wanted.requires_grad, plain.requires_grad) == (True, False)
+    assert (int(grad_wanted._array), int(plain._array), int(taken), int(listed)) == (0, 10, 20, 30)
+    assert three == 3 and aval == Aval((2,), np.float32)

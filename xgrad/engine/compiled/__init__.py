@@ -82,7 +82,7 @@ from typing import Any
 from xgrad.dual import LEVEL
 from xgrad.engine import engine
 from xgrad.engine.anomaly import ANOMALY
-from xgrad.engine.compiled.cache import CacheKey, call_site, counters, insert, lookup, note_miss, warned_reasons
+from xgrad.engine.compiled.cache import CacheKey, call_site, counters, insert, lookup, note_miss
 from xgrad.engine.compiled.key import Walk, hit_order, record_fragment, walk_schedule, walk_structure
 from xgrad.engine.compiled.program import Program, pretrace
 from xgrad.engine.compiled.run import run_program
@@ -125,8 +125,8 @@ def _fallback(exc: NotTraceable, args: tuple[Any, ...]) -> list[Tensor | None]:
     reason = str(exc)
     with counters.lock:
         counters.fallbacks[exc.kind] += 1
-        first = reason not in warned_reasons
-        warned_reasons.add(reason)
+        first = reason not in counters.warned_reasons
+        counters.warned_reasons.add(reason)
     if state.fallback == "error":
         raise CompiledFallbackError(ERR_FALLBACK.format(reason=reason)) from None
     if first:

@@ -37,6 +37,7 @@ class _Stats:
         self.recompile_reasons: collections.deque[str] = collections.deque(maxlen=16)
         self.sites: dict[str, tuple[int, Any]] = {}
         self.warned_sites: set[str] = set()
+        self.warned_reasons: set[str] = set()  # fallback reasons warned of once (``__init__._fallback``)
 
     def add(self, name: str, amount: Any = 1) -> None:
         with self.lock:
@@ -48,7 +49,6 @@ programs: collections.OrderedDict[CacheKey, Any] = collections.OrderedDict()
 chunks: collections.OrderedDict[Any, Any] = collections.OrderedDict()  # a chunk's structure -> its traced program
 _cache_lock = threading.Lock()
 _cache_size = DEFAULT_CACHE_SIZE
-warned_reasons: set[str] = set()
 
 
 def stats() -> dict[str, Any]:
@@ -99,7 +99,6 @@ def reset() -> None:
         programs.clear()
         chunks.clear()
         counters.clear()
-        warned_reasons.clear()
 
 
 def set_cache_size(size: int) -> None:

@@ -1,4 +1,4 @@
-"""The structural key of a backward graph: its two walks, the per-node keys, the structure fragments.
+"""The structural key of a backward graph: its two walks, the per-node keys, the structure fragments, ``refill``.
 
 NOTE [Compiled backward], stage 2, says what each walk is for.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -114,9 +115,10 @@ def is_array(value: Any) -> bool:
 
 
 def freeze(value: Any, flat: list[Any]) -> Any:
-    """A hashable key for a static value; integer arrays go to ``flat``, keyed by shape and dtype.
+    """A hashable key for a static value; tensors and integer arrays go to ``flat``, keyed by shape and dtype.
 
     Boolean masks decide output shapes, so they are keyed (and later baked in) by value.
+    ``refill`` takes the flat values back, case by case: a case added here is added there.
     """
     if isinstance(value, Tensor):
         flat.append(value._array)
@@ -140,13 +142,46 @@ def freeze(value: Any, flat: list[Any]) -> Any:
     return (cls, value)
 
 
-def _params_key(params: dict[str, Any], flat: list[Any]) -> Any:
+def as_tensor(value: Any, requires_grad: bool = False) -> Tensor:
+    """A flat value as the tensor it was keyed from (under create_graph the flat list holds the tensors themselves)."""
+    return value if isinstance(value, Tensor) else Tensor(value, requires_grad=requires_grad)
+
+
+def refill(value: Any, args: Iterator[Any], saved: bool = False) -> Any:
+    """``value`` with the entries ``freeze`` sent to the flat list taken from ``args``, case for case.
+
+    ``saved``: ``value`` is one saved value of a rule node, keyed by ``_saved_key``, whose cases differ in two:
+    a boolean array is an input too, and a tensor keeps its ``requires_grad``.
+    """
+    if saved and type(value) is SavedTensor:
+        return as_tensor(next(args))
+    if isinstance(value, Tensor):
+        return as_tensor(next(args), saved and value.requires_grad)
+    if is_array(value):
+        return next(args) if saved or value.dtype != np.bool_ else value
+    cls = type(value)
+    if cls is tuple or cls is list:
+        return cls(refill(v, args) for v in value)
+    if cls is dict:
+        return {k: refill(v, args) for k, v in value.items()}
+    if cls is slice:
+        return slice(refill(value.start, args), refill(value.stop, args), refill(value.step, args))
+    return value
+
+
+def hashable_params(params: dict[str, Any]) -> tuple[tuple[str, Any], ...] | None:
+    """``params``' items, their key as they are; ``None`` where one is unhashable: ``freeze`` keys them then."""
     items = tuple(params.items())
     try:
         hash(items)
-        return items
     except TypeError:
-        return tuple((k, freeze(v, flat)) for k, v in items)
+        return None
+    return items
+
+
+def _params_key(params: dict[str, Any], flat: list[Any]) -> Any:
+    items = hashable_params(params)
+    return items if items is not None else tuple((k, freeze(v, flat)) for k, v in params.items())
 
 
 class _NeedsSchedule(Exception):
@@ -368,11 +403,8 @@ _NO_FRAGMENT = (-1, (), False)  # ``structure`` of a primitive node that ``_node
 
 def _fragment(node: RuleNode) -> tuple[int, tuple[int, ...], bool]:
     """``(id, positions of saved tensors, whether outputs were saved)`` (NOTE [Structure fragments])."""
-    params = node.params
-    items = tuple(params.items()) if params else ()
-    try:
-        hash(items)
-    except TypeError:
+    items = hashable_params(node.params) if node.params else ()
+    if items is None:
         return _NO_FRAGMENT
     n_inputs = len(node.saved)
     key: list[Any] = [node.prim, items, _outputs_key(node.input_metadata), n_inputs]

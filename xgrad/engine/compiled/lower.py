@@ -1,8 +1,6 @@
 """Lowering: a program's steps, and each node run by the eager engine's own code on traced or concrete values.
 
-``Step`` keeps what a program needs of each node, none of the graph's values;
-``run_node`` runs one as ``engine.evaluate_function`` does, on a stand-in (NOTE [Stand-in
-nodes]). NOTE [Compiled backward], stage 3.
+NOTE [Compiled backward], stage 3; ``Step`` and ``run_node`` say what each does, NOTE [Stand-in nodes] how.
 """
 
 from __future__ import annotations
@@ -15,16 +13,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from xgrad.engine.compiled.key import HOOKS_FIELD, HOST, K_FUNC, KEYED, is_array
+from xgrad.engine.compiled.key import HOOKS_FIELD, HOST, K_FUNC, KEYED, as_tensor, hashable_params, refill
 from xgrad.engine.compiled.switch import TRACER_ERRORS, NotTraceable, state
 from xgrad.engine.engine import call_function, call_post_hooks, call_pre_hooks, call_tensor_pre_hooks
 from xgrad.engine.function import FunctionCtx, FunctionNode
 from xgrad.engine.graph_task import InputBuffer
 from xgrad.engine.node import NO_EDGE, AccumulateGrad, GraphRoot, InputMetadata, Node, current_task
 from xgrad.engine.rules import RuleNode
-from xgrad.engine.saved import SavedTensor
 from xgrad.grad_mode import _state as _grad_state
 from xgrad.tensor import Tensor
 
@@ -172,47 +168,13 @@ def _copy(node: Node, cls: type[Node] | None = None) -> Any:
     return new
 
 
-def _tensor(value: Any, requires_grad: bool = False) -> Tensor:
-    return value if isinstance(value, Tensor) else Tensor(value, requires_grad=requires_grad)
-
-
-def _refill(value: Any, args: Iterator[Any]) -> Any:
-    """``value`` with the entries ``key.freeze`` sent to the flat list taken from ``args``."""
-    if isinstance(value, Tensor):
-        return _tensor(next(args))
-    if is_array(value):
-        return value if value.dtype == np.bool_ else next(args)
-    cls = type(value)
-    if cls is tuple or cls is list:
-        return cls(_refill(v, args) for v in value)
-    if cls is dict:
-        return {k: _refill(v, args) for k, v in value.items()}
-    if cls is slice:
-        return slice(_refill(value.start, args), _refill(value.stop, args), _refill(value.step, args))
-    return value
-
-
-def _refill_saved(value: Any, args: Iterator[Any]) -> Any:
-    """One saved value of a rule node, as ``key._node_key`` keyed it."""
-    if type(value) is SavedTensor:
-        return _tensor(next(args))
-    if isinstance(value, Tensor):
-        return _tensor(next(args), value.requires_grad)
-    if is_array(value):
-        return next(args)
-    return _refill(value, args)
-
-
 def _rule_stand_in(node: RuleNode, args: Iterator[Any]) -> RuleNode:
     stand = _copy(node)
-    stand.saved = tuple(_refill_saved(s, args) for s in node.saved)
+    stand.saved = tuple(refill(s, args, saved=True) for s in node.saved)
     if node.saved_out is not None:
-        stand.saved_out = tuple(_Given(_tensor(next(args))) for _ in node.saved_out)
-    params = node.params
-    try:
-        hash(tuple(params.items()))
-    except TypeError:  # keyed by ``freeze``, its arrays in the flat list after the saved values
-        stand.params = _refill(params, args)
+        stand.saved_out = tuple(_Given(as_tensor(next(args))) for _ in node.saved_out)
+    if hashable_params(node.params) is None:  # keyed by ``freeze``, its arrays in the flat list after the saved values
+        stand.params = refill(node.params, args)
     return stand  # type: ignore[no-any-return]
 
 
@@ -224,7 +186,7 @@ def _function_stand_in(node: FunctionNode, saved_key: tuple[Any, ...], args: Ite
     ctx.materialize_grads = node.ctx.materialize_grads
     for attr, value in node.ctx.__dict__.items():
         if attr not in ctx.__dict__:
-            setattr(ctx, attr, _refill(value, args))
+            setattr(ctx, attr, refill(value, args))
     # The saved key holds shape, dtype and requires_grad per saved tensor, one entry per ``None``.
     stand.saved = []
     i = 0
