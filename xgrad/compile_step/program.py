@@ -28,7 +28,7 @@ from xgrad.compile_step.errors import (
     RecompileWarning,
 )
 from xgrad.compile_step.hook_purity import reads_hold
-from xgrad.compile_step.intercept import StepRecorder
+from xgrad.compile_step.intercept import Recorder
 from xgrad.compile_step.miss_reasons import concrete_value_needed, describe_change, warn_rebinds
 from xgrad.compile_step.observers import run_observers
 from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
@@ -318,7 +318,7 @@ class CompiledFunction:
         """Trace ``fn`` into an entry; with ``observing`` (the ops its hooks ran), its observer variant."""
         start = time.perf_counter()
         check_consts_keep_identity()  # the program's inputs are found by it (xgrad/jax_internals.py)
-        recorder = StepRecorder()
+        recorder = Recorder()
         recorder.effects_in_program = effects_in_program
         recorder.observing = observing is not None
         recorder.learned = observing or []
@@ -334,7 +334,7 @@ class CompiledFunction:
         return entry
 
     def _trace(
-        self, recorder: StepRecorder, leaves: list[Any], tree: Any, dyn_slots: list[int], dyn_values: list[Any]
+        self, recorder: Recorder, leaves: list[Any], tree: Any, dyn_slots: list[int], dyn_values: list[Any]
     ) -> tuple[Any, Any]:
         """``fn`` traced on the call's leaves, its arrays replaced by tracers: its jaxpr, and where its outputs go
         (``collect_outputs``'s layout). Nothing of a failed trace stays."""
@@ -453,7 +453,7 @@ def _modes_and_aliases_hold(entry: Entry, leaves: list[Any]) -> bool:
 
 
 def _built_entry(
-    recorder: StepRecorder, closed: Any, layout: Any, leaves: list[Any], dyn_slots: list[int], dyn_values: list[Any]
+    recorder: Recorder, closed: Any, layout: Any, leaves: list[Any], dyn_slots: list[int], dyn_values: list[Any]
 ) -> Entry:
     """The cache entry of a traced step: its guards, inputs, donation and compiled program."""
     entry = Entry()

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 
 from xgrad.compile_step.errors import NotCompilable
-from xgrad.compile_step.recording import Recorder
 from xgrad.engine.node import sharding_of
 from xgrad.ops._util import IndexOutOfRangeError, check_index_range
 from xgrad.tensor import Tensor, is_tensor
+
+if TYPE_CHECKING:
+    from xgrad.compile_step.intercept import Recorder
 
 # Index arrays that passed a range check, by (id, size, negative, ignore): a jax.Array cannot
 # change, so a check it passed need not run again. The weak reference tells a live array
