@@ -338,10 +338,10 @@ class CompiledFunction:
     ) -> tuple[Any, Any]:
         """``fn`` traced on the call's leaves, its arrays replaced by tracers: its jaxpr, and where its outputs go
         (``collect_outputs``'s layout). Nothing of a failed trace stays."""
-        found: dict[str, Any] = {}
-        fn = self.fn
+        layout: Any = None
 
         def traced(*tracers: Any) -> Any:
+            nonlocal layout
             recorder.trace = get_opaque_trace_state(convention="xgrad")
             call_leaves = list(leaves)
             for i, tracer in zip(dyn_slots, tracers, strict=True):
@@ -357,7 +357,8 @@ class CompiledFunction:
                 else:
                     call_leaves[i] = tracer
             call_args, call_kwargs = jax.tree_util.tree_unflatten(tree, call_leaves)
-            return collect_outputs(recorder, fn(*call_args, **call_kwargs), found)
+            layout = collect_outputs(recorder, self.fn(*call_args, **call_kwargs))
+            return recorder.outputs
 
         for i in dyn_slots:
             leaf = leaves[i]
@@ -392,7 +393,7 @@ class CompiledFunction:
                 recorder.group_entries.restore()
             if kept is not None:
                 raise NotCompilable(HOOK_KEPT, kept)
-        return closed, found["layout"]
+        return closed, layout
 
 
 def _plain_guards_hold(entry: Entry) -> bool:

@@ -73,8 +73,8 @@ def source_value(target: Any, leaves: list[Any]) -> Any:
     return t._array
 
 
-def collect_outputs(recorder: Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
-    """Inside the trace, after ``fn``: the program's outputs and where each goes (NOTE [Whole-step compile], 2)."""
+def collect_outputs(recorder: Recorder, result: Any) -> tuple[Any, ...]:
+    """Inside the trace, after ``fn``: where each of ``recorder.outputs`` goes (NOTE [Whole-step compile], 2)."""
     leaves, result_tree = jax.tree_util.tree_flatten(result, is_leaf=is_tensor)
     returned = [_returned(leaf) for leaf in leaves]
     del result, leaves
@@ -99,8 +99,7 @@ def collect_outputs(recorder: Recorder, result: Any, found: dict[str, Any]) -> l
         (c.make_error, None if c.detail is None else recorder.output(c.detail), c.writes) for c in recorder.checks
     )
     flags = recorder.output(jnp.stack([c.failed for c in recorder.checks])) if checks else None
-    found["layout"] = (writes, template, result_tree, guards, checks, flags, tuple(recorder.host_checks))
-    return recorder.outputs
+    return writes, template, result_tree, guards, checks, flags, tuple(recorder.host_checks)
 
 
 def _returned(leaf: Any) -> tuple[Any, Any, Any]:
