@@ -88,11 +88,10 @@ class Recorder(StepTrace):
         self.queued: dict[int, list[Any]] = {}  # id(a stand-in) -> traced flags: callbacks wait on it
         # What host calls raised, kept until the call raises it again (NOTE [Checks in a compiled step]).
         self.host_errors: list[BaseException] = []
-        # id(a module called or put in train/eval mode) -> (its weak reference, its mode before the trace).
-        self.modes: dict[int, tuple[weakref.ref[Any], bool]] = {}
-        # id(such a module) -> its attributes before the trace, and the contents of those that are dicts
-        # (its buffers, children, hooks): a trace that raises restores them (``restore_modules``).
-        self.module_attrs: dict[int, dict[str, tuple[Any, Any]]] = {}
+        # id(a module called or put in train/eval mode) -> (its weak reference, its mode before the trace, its
+        # attributes then and the contents of those that are dicts (its buffers, children, hooks): a trace that
+        # raises restores them (``restore_modules``)).
+        self.modules: dict[int, tuple[weakref.ref[Any], bool, dict[str, tuple[Any, Any]]]] = {}
         # Host effects (an LR scheduler's step): traced first as run after the program, each as (its call, its
         # arguments' tree and leaves, the Tensors among them as (leaf, output)); once the step reads or
         # writes the state they rebind after them (``effect_crossed``), or a host call, check or observer
@@ -152,19 +151,16 @@ class Recorder(StepTrace):
         self.group_entries.written(group, key, value)
 
     def module_mode(self, module: Any) -> None:
-        if id(module) not in self.modes:
-            self.modes[id(module)] = (weakref.ref(module), module.training)
-            self.module_attrs[id(module)] = {
-                key: (value, dict(value) if isinstance(value, dict) else None) for key, value in vars(module).items()
-            }
+        if id(module) not in self.modules:
+            attrs = {key: (value, dict(value) if isinstance(value, dict) else None) for key, value in vars(module).items()}
+            self.modules[id(module)] = (weakref.ref(module), module.training, attrs)
 
     def traced_attribute(self) -> str | None:
         """A module attribute (or buffer, child) the trace set to a Tensor holding one of its tracers, named; else ``None``."""
-        for module_id, (ref, _) in self.modes.items():
+        for ref, _, attrs in self.modules.values():
             module = ref()
             if module is None:
                 continue
-            attrs = self.module_attrs[module_id]
             for key, value in vars(module).items():
                 before, contents = attrs.get(key, (None, None))
                 found = [(key, value)] if value is not before else []
@@ -185,11 +181,10 @@ class Recorder(StepTrace):
 
     def restore_modules(self) -> None:
         """Give the modules the trace saw their attributes from before it (a trace that raised leaves no tracer in them)."""
-        for module_id, (ref, _) in self.modes.items():
+        for ref, _, attrs in self.modules.values():
             module = ref()
             if module is None:
                 continue
-            attrs = self.module_attrs[module_id]
             current = vars(module)
             for key in [k for k in current if k not in attrs]:
                 del current[key]

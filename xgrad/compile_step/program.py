@@ -467,7 +467,7 @@ def _built_entry(
     guards = [guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
     entry.plain_guards = [guard for guard in guards if len(guard) == 5]
     entry.guards = [guard for guard in guards if len(guard) > 5]
-    entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]
+    entry.modes = [(ref, training) for ref, training, _ in recorder.modules.values() if ref() is not None]
     entry.hook_reads = recorder.hook_reads
     entry.entry_reads = list(recorder.group_entries.reads.values())
     entry.entry_writes = recorder.group_entries.flush()
