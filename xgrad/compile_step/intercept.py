@@ -49,8 +49,8 @@ class Recorder(StepTrace):
 
     def __init__(self) -> None:
         self.snapshots: dict[int, Snapshot] = {}
-        self.sources: dict[int, list[Any]] = {}  # id(array) -> targets of the tensors holding it
-        self.keep: list[Any] = []  # the arrays whose ids key ``sources`` stay alive
+        # id(array) -> (the array, kept alive so that its id names it; the targets of the tensors holding it).
+        self.sources: dict[int, tuple[Any, list[Any]]] = {}
         self.grad_owner: dict[int, weakref.ref[Tensor]] = {}
         self.read_grads: set[int] = set()  # ``.grad`` read before this trace rebound it
         self.grad_written: set[int] = set()
@@ -202,9 +202,7 @@ class Recorder(StepTrace):
             return
         self.touch(t)
         source = self.snapshots[id(t)].target
-        entries = self.sources.setdefault(id(array), [])
-        if not entries:
-            self.keep.append(array)
+        _, entries = self.sources.setdefault(id(array), (array, []))
         if not any(_same_target(source, e) for e in entries):
             entries.append(source)
 

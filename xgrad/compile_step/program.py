@@ -475,7 +475,8 @@ def _built_entry(
     # A constant of the jaxpr that a tensor outliving the trace holds is read from that tensor at every call.
     entry.inputs, entry.aliased, sources = [], [], []
     for const in closed.consts:
-        live = [source for source in recorder.sources.get(id(const), ()) if resolve_target(source, leaves) is not None]
+        _, holders = recorder.sources.get(id(const), (None, []))
+        live = [source for source in holders if resolve_target(source, leaves) is not None]
         entry.inputs.append((0, const) if not live else (1, live[0]) if type(live[0]) is weakref.ref else (2, live[0]))
         if len(live) > 1:
             entry.aliased.append(tuple(live) if all(type(source) is weakref.ref for source in live) else live)
