@@ -47,7 +47,7 @@ class Recorder(StepTrace):
     printed_text = printing.printed_text
     printed_item = printing.printed_item
 
-    def __init__(self) -> None:
+    def __init__(self, input_device: Any, learned: list[Any] | None, effects_in_program: bool) -> None:
         self.snapshots: dict[int, Snapshot] = {}
         # id(array) -> (the array, kept alive so that its id names it; the targets of the tensors holding it).
         self.sources: dict[int, tuple[Any, list[Any]]] = {}
@@ -58,7 +58,7 @@ class Recorder(StepTrace):
         # (By id: a WeakSet would compare tensors with ``==``, an op.)
         self.born: dict[int, weakref.ref[Tensor]] = {}
         self.trace: Any = None  # the step's own trace level (set once ``fn`` is called)
-        self.input_device: Any = None  # the device of the step's first Tensor argument, if it has one
+        self.input_device = input_device  # the device of the step's first Tensor argument, if it has one
         self.outputs: list[Any] = []  # the program's outputs, each once (``output``)
         self.output_index: dict[int, int] = {}
         self.checks: list[Check] = []
@@ -70,9 +70,9 @@ class Recorder(StepTrace):
         self.hook_calls = 0  # of which hooks whose result replaces their argument (``host._replacing_hook_on_host``)
         self.conditional_calls = 0  # and final callbacks made only when a hook queued one
         self.hook_box: Any = None  # the hooks' ``HookBox`` (NOTE [Observer hooks])
-        self.observing = False  # tracing the observer variant: hooks become outputs and ``observers``
+        self.observing = learned is not None  # tracing the observer variant: hooks become outputs and ``observers``
         self.observers: list[Any] = []
-        self.learned: list[Any] = []  # the ops each hook call ran last (NOTE [Hook ops in the program])
+        self.learned = learned or []  # the ops each hook call ran last (NOTE [Hook ops in the program])
         # What the hooks traced in read, guards of the program (NOTE [Hooks traced in] in ``hook_purity.py``).
         self.hook_reads: list[tuple[Any, Any, Any]] = []
         # The optimizer's parameter-group entries read and set (NOTE [Param groups in a compiled step] in ``signature.py``).
@@ -96,7 +96,7 @@ class Recorder(StepTrace):
         # arguments' tree and leaves, the Tensors among them as (leaf, output)); once the step reads or
         # writes the state they rebind after them (``effect_crossed``), or a host call, check or observer
         # follows them, traced again with ``effects_in_program`` (NOTE [Python state in a compiled step]).
-        self.effects_in_program = False
+        self.effects_in_program = effects_in_program
         self.effects: list[tuple[Any, Any, list[Any], list[tuple[int, int]]]] = []
         self.effect_state: set[int] = set()
         self.effect_mark: tuple[int, ...] = ()

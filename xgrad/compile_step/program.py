@@ -318,11 +318,8 @@ class CompiledFunction:
         """Trace ``fn`` into an entry; with ``observing`` (the ops its hooks ran), its observer variant."""
         start = time.perf_counter()
         check_consts_keep_identity()  # the program's inputs are found by it (xgrad/jax_internals.py)
-        recorder = Recorder()
-        recorder.effects_in_program = effects_in_program
-        recorder.observing = observing is not None
-        recorder.learned = observing or []
-        recorder.input_device = next((leaf.device for leaf in leaves if isinstance(leaf, Tensor)), None)
+        input_device = next((leaf.device for leaf in leaves if isinstance(leaf, Tensor)), None)
+        recorder = Recorder(input_device, observing, effects_in_program)
         dyn_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array, np.ndarray))]
         dyn_values = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in dyn_slots]
         closed, layout = self._trace(recorder, leaves, tree, dyn_slots, dyn_values)
