@@ -33,7 +33,6 @@ from xgrad.compile_step.miss_reasons import concrete_value_needed, describe_chan
 from xgrad.compile_step.observers import run_observers
 from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
 from xgrad.compile_step.program_call import donating_program, finish, gather_inputs, precheck, run_program
-from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.signature import (
     LastCall,
     entries_hold,
@@ -57,6 +56,7 @@ from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
 from xgrad.engine.compiled.switch import TRACER_ERRORS
 from xgrad.jax_internals import ClosedJaxpr, check_consts_keep_identity, get_opaque_trace_state, jaxpr_as_fun
 from xgrad.nn.module import Module
+from xgrad.step_trace import current as current_trace
 from xgrad.step_trace import tracing_step
 from xgrad.tensor import Tensor, is_tensor
 from xgrad.tensor.hook_kinds import leaf_has_hooks
@@ -141,10 +141,10 @@ class CompiledFunction:
         return dict(self._stats)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if tracing() or ANOMALY.enabled:
+        if current_trace() is not None or ANOMALY.enabled:
             # Inside another compiled function the body is part of that trace; anomaly
             # mode records forward tracebacks per op, which only an eager run has.
-            if ANOMALY.enabled and not tracing():
+            if ANOMALY.enabled and current_trace() is None:
                 self._stats["fallbacks"] += 1
             return self.fn(*args, **kwargs)
         last = self._last_call  # NOTE [The hit path]

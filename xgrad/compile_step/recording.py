@@ -44,8 +44,3 @@ def current() -> Recorder:
     rec = active()
     assert rec is not None
     return rec
-
-
-def tracing() -> bool:
-    """Whether this context is tracing an ``xgrad.compile`` function."""
-    return active() is not None
