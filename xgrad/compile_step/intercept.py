@@ -137,24 +137,6 @@ class Recorder(StepTrace):
                 # A ``.grad``: at the next call it is whatever tensor its owner holds then.
                 snap.target = ("grad", self.snapshots[id(owner)].target)
 
-    # -- what the seam reports (``StepTrace``) -----------------------------------------
-    def device(self) -> Any:
-        return self.input_device or step_trace.default_device()
-
-    def made(self, t: Tensor) -> None:
-        self.born[id(t)] = weakref.ref(t)
-
-    def entry_read(self, group: Any, key: str | None, value: Any) -> None:
-        self.group_entries.read(group, key, value)
-
-    def entry_written(self, group: Any, key: str, value: Any) -> None:
-        self.group_entries.written(group, key, value)
-
-    def module_mode(self, module: Any) -> None:
-        if id(module) not in self.modules:
-            attrs = {key: (value, dict(value) if isinstance(value, dict) else None) for key, value in vars(module).items()}
-            self.modules[id(module)] = (weakref.ref(module), module.training, attrs)
-
     def traced_attribute(self) -> str | None:
         """A module attribute (or buffer, child) the trace set to a Tensor holding one of its tracers, named; else ``None``."""
         for ref, _, attrs in self.modules.values():
@@ -193,6 +175,21 @@ class Recorder(StepTrace):
                 if contents is not None:
                     value.clear()
                     value.update(contents)
+
+    # -- what the seam reports (``StepTrace``) -----------------------------------------
+    def made(self, t: Tensor) -> None:
+        self.born[id(t)] = weakref.ref(t)
+
+    def entry_read(self, group: Any, key: str | None, value: Any) -> None:
+        self.group_entries.read(group, key, value)
+
+    def entry_written(self, group: Any, key: str, value: Any) -> None:
+        self.group_entries.written(group, key, value)
+
+    def module_mode(self, module: Any) -> None:
+        if id(module) not in self.modules:
+            attrs = {key: (value, dict(value) if isinstance(value, dict) else None) for key, value in vars(module).items()}
+            self.modules[id(module)] = (weakref.ref(module), module.training, attrs)
 
     def read(self, t: Tensor) -> None:
         if id(t) in self.effect_state:
@@ -242,6 +239,10 @@ class Recorder(StepTrace):
                  *_global_forward_pre_hooks.values(), *_global_forward_hooks.values())
         if not all(isinstance(hook, PureHook) for hook in hooks):
             raise NotCompilable(MODULE_FORWARD_HOOKS.format(module=type(module).__name__), call_site())
+
+    # -- what the engine and the ops ask (``StepTrace``) -------------------------------
+    def device(self) -> Any:
+        return self.input_device or step_trace.default_device()
 
     def function_backward(self, node: Any, grads: list[Any]) -> list[Any] | None:
         return function_on_host(node, grads) if self.at_step_level() else None
