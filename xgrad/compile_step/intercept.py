@@ -14,7 +14,7 @@ from xgrad import step_trace
 from xgrad.compile_step import printing
 from xgrad.compile_step.errors import MODULE_FORWARD_HOOKS, NotCompilable
 from xgrad.compile_step.host import TracedCallbacks, function_on_host, hook_in_step, state_on_host
-from xgrad.compile_step.recording import Snapshot
+from xgrad.compile_step.recording import Snapshot, target_key
 from xgrad.compile_step.signature import GroupEntries, set_entries
 from xgrad.compile_step.writeback import state_writes
 from xgrad.engine.compiled.cache import call_site
@@ -25,14 +25,6 @@ from xgrad.nn.hooks import _global_forward_hooks, _global_forward_pre_hooks
 from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
 from xgrad.step_trace import StepTrace
 from xgrad.tensor import Tensor, is_tensor
-
-
-def _same_target(a: Any, b: Any) -> bool:
-    """Whether two targets (``Snapshot.target``) name one tensor, without ``==`` on the tensors
-    themselves (a weak reference compares its referents, and ``Tensor.__eq__`` is an op)."""
-    if type(a) is weakref.ref or type(b) is weakref.ref:
-        return type(a) is type(b) and a() is b()
-    return bool(a == b)
 
 
 class Recorder(StepTrace):
@@ -200,7 +192,7 @@ class Recorder(StepTrace):
         self.touch(t)
         source = self.snapshots[id(t)].target
         _, entries = self.sources.setdefault(id(array), (array, []))
-        if not any(_same_target(source, e) for e in entries):
+        if target_key(source) not in [target_key(e) for e in entries]:
             entries.append(source)
 
     def write(self, t: Tensor) -> None:

@@ -34,6 +34,15 @@ class Snapshot:
             self.array, self.grad, self.grad_fn, self.output_nr, self.version, self.requires_grad, self.retains_grad)
 
 
+def target_key(target: Any) -> Any:
+    """A target (``Snapshot.target``) as a hashable key naming its tensor, without comparing tensors."""
+    if type(target) is weakref.ref:
+        return ("ref", id(target()))
+    if type(target) is tuple:
+        return ("grad", target_key(target[1]))
+    return ("arg", target)
+
+
 def active() -> Recorder | None:
     """The recorder of the step this context is tracing, ``None`` when none is."""
     return cast("Recorder | None", step_trace.current())  # a ``Recorder`` is the only step trace

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from xgrad.compile_step.errors import NotCompilable
+from xgrad.compile_step.recording import target_key
 from xgrad.engine.node import sharding_of
 from xgrad.ops._util import IndexOutOfRangeError, check_index_range
 from xgrad.tensor import Tensor, is_tensor
@@ -264,24 +265,15 @@ _HELD_BY_TENSOR_AND_INPUTS = _refcount_base(2)
 _HELD_BY_OWNER = _refcount_base(1)
 
 
-def _target_key(target: Any) -> Any:
-    """A target (``Snapshot.target``) as a hashable key naming its tensor, without comparing tensors."""
-    if type(target) is weakref.ref:
-        return ("ref", id(target()))
-    if type(target) is tuple:
-        return ("grad", _target_key(target[1]))
-    return ("arg", target)
-
-
 def _replaced(writes: list[Any]) -> dict[Any, tuple[int | None, bool]]:
-    """What ``writes`` replace, by their sources' keys (``_target_key``): the output replacing each
+    """What ``writes`` replace, by their sources' keys (``target_key``): the output replacing each
     (``None``: a ``.grad`` set to ``None``), and whether it comes as a new ``.grad`` Tensor."""
     replaced: dict[Any, tuple[int | None, bool]] = {}
     for target, what, index, _ in writes:
         if what == "array":
-            replaced[_target_key(target)] = (index, False)
+            replaced[target_key(target)] = (index, False)
         elif what == "grad":
-            replaced[_target_key(("grad", target))] = (index, True)
+            replaced[target_key(("grad", target))] = (index, True)
     return replaced
 
 
@@ -303,7 +295,7 @@ def donation(
     read = set()
     taken = set()  # an output goes into one donated input's memory at most (JAX warns of a donation left unused)
     for position, (source, aval) in enumerate(zip(sources, in_avals, strict=True)):
-        key = None if source is None else _target_key(source)
+        key = None if source is None else target_key(source)
         read.add(key)
         index, new_tensor = replaced.get(key, (None, False))
         if index is not None and index not in taken and (out_avals[index].shape, out_avals[index].dtype) == (aval.shape, aval.dtype):
@@ -311,7 +303,7 @@ def donation(
             donated.append((position, source, new_tensor and type(source) is tuple, index))
     dropped = tuple(
         target for target, what, _, _ in writes
-        if what == "grad" and _target_key(("grad", target)) in replaced and _target_key(("grad", target)) not in read
+        if what == "grad" and target_key(("grad", target)) in replaced and target_key(("grad", target)) not in read
     )
     return tuple(donated), dropped
 
