@@ -1,7 +1,8 @@
 """``xgrad.compile``: a whole PyTorch-style training step as one cached XLA program.
 
-The package: ``recording`` (the state a trace touches), ``intercept`` (what the engine and
-ops call while a step is traced), ``hook_purity`` (which hooks are traced in), ``host``
+The package: ``recording`` (a tensor's snapshot, the recorder of the step being traced),
+``intercept`` (the ``Recorder``: the state a trace touches, and what the engine and ops call
+while a step is traced), ``hook_purity`` (which hooks are traced in), ``host``
 (hooks, final callbacks and custom Function backwards as ordered host callbacks),
 ``printing`` (``print`` at every call), ``observers`` and ``hook_ops`` (hooks that only
 observe, run after the program, their ops computed in it), ``writeback`` (the program's

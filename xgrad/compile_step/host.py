@@ -24,6 +24,7 @@ from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.compiled.key import traced_function
 from xgrad.engine.compiled.switch import HostHook, PureHook
 from xgrad.engine.function import UNPACK_ON_ACCESS, FunctionCtx, FunctionNode
+from xgrad.engine.graph_task import run_final_callbacks
 from xgrad.engine.host_call import call_on_host, hook_on_host, swapped_state
 from xgrad.engine.node import ERR_POST_ACCUMULATE_RESULT, Edge, InputMetadata, current_task
 from xgrad.engine.saved import SavedTensor
@@ -421,15 +422,11 @@ def _final_callbacks_on_host(graph_task: HostGraphTask) -> None:
 
 
 def _run_final_callbacks(graph_task: HostGraphTask) -> None:
-    """On the host: run and clear ``graph_task``'s callbacks, as ``GraphTask.exec_post_processing`` does."""
-    callbacks = graph_task.final_callbacks
+    """On the host: run ``graph_task``'s callbacks, as a backward's end does, and clear them for the next call."""
     try:
-        i = 0
-        while i < len(callbacks):  # callbacks may queue more: index, do not iterate
-            call_in_backward(graph_task, callbacks[i])
-            i += 1
+        run_final_callbacks(graph_task)
     finally:
-        callbacks.clear()
+        graph_task.final_callbacks.clear()
 
 
 def _on_host(reports: HostGraphTask | None, host_call: Callable[..., tuple[Any, Any, Any]], *args: Any, **kwargs: Any) -> Any:

@@ -28,12 +28,11 @@ from xgrad.compile_step.errors import (
     RecompileWarning,
 )
 from xgrad.compile_step.hook_purity import reads_hold
-from xgrad.compile_step.intercept import StepRecorder
+from xgrad.compile_step.intercept import Recorder
 from xgrad.compile_step.miss_reasons import concrete_value_needed, describe_change, warn_rebinds
 from xgrad.compile_step.observers import run_observers
 from xgrad.compile_step.printing import intercepting_print, print_before_error, unprinted
 from xgrad.compile_step.program_call import donating_program, finish, gather_inputs, precheck, run_program
-from xgrad.compile_step.recording import tracing
 from xgrad.compile_step.signature import (
     LastCall,
     entries_hold,
@@ -57,6 +56,7 @@ from xgrad.engine.compiled.cache import RECOMPILE_WARNING_LIMIT
 from xgrad.engine.compiled.switch import TRACER_ERRORS
 from xgrad.jax_internals import ClosedJaxpr, check_consts_keep_identity, get_opaque_trace_state, jaxpr_as_fun
 from xgrad.nn.module import Module
+from xgrad.step_trace import current as current_trace
 from xgrad.step_trace import tracing_step
 from xgrad.tensor import Tensor, is_tensor
 from xgrad.tensor.hook_kinds import leaf_has_hooks
@@ -141,10 +141,10 @@ class CompiledFunction:
         return dict(self._stats)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if tracing() or ANOMALY.enabled:
+        if current_trace() is not None or ANOMALY.enabled:
             # Inside another compiled function the body is part of that trace; anomaly
             # mode records forward tracebacks per op, which only an eager run has.
-            if ANOMALY.enabled and not tracing():
+            if ANOMALY.enabled and current_trace() is None:
                 self._stats["fallbacks"] += 1
             return self.fn(*args, **kwargs)
         last = self._last_call  # NOTE [The hit path]
@@ -318,11 +318,8 @@ class CompiledFunction:
         """Trace ``fn`` into an entry; with ``observing`` (the ops its hooks ran), its observer variant."""
         start = time.perf_counter()
         check_consts_keep_identity()  # the program's inputs are found by it (xgrad/jax_internals.py)
-        recorder = StepRecorder()
-        recorder.effects_in_program = effects_in_program
-        recorder.observing = observing is not None
-        recorder.learned = observing or []
-        recorder.input_device = next((leaf.device for leaf in leaves if isinstance(leaf, Tensor)), None)
+        input_device = next((leaf.device for leaf in leaves if isinstance(leaf, Tensor)), None)
+        recorder = Recorder(input_device, observing, effects_in_program)
         dyn_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (Tensor, jax.Array, np.ndarray))]
         dyn_values = [leaves[i]._array if isinstance(leaves[i], Tensor) else leaves[i] for i in dyn_slots]
         closed, layout = self._trace(recorder, leaves, tree, dyn_slots, dyn_values)
@@ -334,14 +331,14 @@ class CompiledFunction:
         return entry
 
     def _trace(
-        self, recorder: StepRecorder, leaves: list[Any], tree: Any, dyn_slots: list[int], dyn_values: list[Any]
+        self, recorder: Recorder, leaves: list[Any], tree: Any, dyn_slots: list[int], dyn_values: list[Any]
     ) -> tuple[Any, Any]:
         """``fn`` traced on the call's leaves, its arrays replaced by tracers: its jaxpr, and where its outputs go
         (``collect_outputs``'s layout). Nothing of a failed trace stays."""
-        found: dict[str, Any] = {}
-        fn = self.fn
+        layout: Any = None
 
         def traced(*tracers: Any) -> Any:
+            nonlocal layout
             recorder.trace = get_opaque_trace_state(convention="xgrad")
             call_leaves = list(leaves)
             for i, tracer in zip(dyn_slots, tracers, strict=True):
@@ -357,7 +354,8 @@ class CompiledFunction:
                 else:
                     call_leaves[i] = tracer
             call_args, call_kwargs = jax.tree_util.tree_unflatten(tree, call_leaves)
-            return collect_outputs(recorder, fn(*call_args, **call_kwargs), found)
+            layout = collect_outputs(recorder, self.fn(*call_args, **call_kwargs))
+            return recorder.outputs
 
         for i in dyn_slots:
             leaf = leaves[i]
@@ -392,7 +390,7 @@ class CompiledFunction:
                 recorder.group_entries.restore()
             if kept is not None:
                 raise NotCompilable(HOOK_KEPT, kept)
-        return closed, found["layout"]
+        return closed, layout
 
 
 def _plain_guards_hold(entry: Entry) -> bool:
@@ -453,7 +451,7 @@ def _modes_and_aliases_hold(entry: Entry, leaves: list[Any]) -> bool:
 
 
 def _built_entry(
-    recorder: StepRecorder, closed: Any, layout: Any, leaves: list[Any], dyn_slots: list[int], dyn_values: list[Any]
+    recorder: Recorder, closed: Any, layout: Any, leaves: list[Any], dyn_slots: list[int], dyn_values: list[Any]
 ) -> Entry:
     """The cache entry of a traced step: its guards, inputs, donation and compiled program."""
     entry = Entry()
@@ -466,7 +464,7 @@ def _built_entry(
     guards = [guard_entry(ref, grad_read) for ref, grad_read in guard_refs if ref() is not None]
     entry.plain_guards = [guard for guard in guards if len(guard) == 5]
     entry.guards = [guard for guard in guards if len(guard) > 5]
-    entry.modes = [(ref, training) for ref, training in recorder.modes.values() if ref() is not None]
+    entry.modes = [(ref, training) for ref, training, _ in recorder.modules.values() if ref() is not None]
     entry.hook_reads = recorder.hook_reads
     entry.entry_reads = list(recorder.group_entries.reads.values())
     entry.entry_writes = recorder.group_entries.flush()
@@ -474,7 +472,8 @@ def _built_entry(
     # A constant of the jaxpr that a tensor outliving the trace holds is read from that tensor at every call.
     entry.inputs, entry.aliased, sources = [], [], []
     for const in closed.consts:
-        live = [source for source in recorder.sources.get(id(const), ()) if resolve_target(source, leaves) is not None]
+        _, holders = recorder.sources.get(id(const), (None, []))
+        live = [source for source in holders if resolve_target(source, leaves) is not None]
         entry.inputs.append((0, const) if not live else (1, live[0]) if type(live[0]) is weakref.ref else (2, live[0]))
         if len(live) > 1:
             entry.aliased.append(tuple(live) if all(type(source) is weakref.ref for source in live) else live)

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 
 from xgrad.compile_step.errors import NotCompilable
-from xgrad.compile_step.recording import Recorder
+from xgrad.compile_step.recording import target_key
 from xgrad.engine.node import sharding_of
 from xgrad.ops._util import IndexOutOfRangeError, check_index_range
 from xgrad.tensor import Tensor, is_tensor
+
+if TYPE_CHECKING:
+    from xgrad.compile_step.intercept import Recorder
 
 # Index arrays that passed a range check, by (id, size, negative, ignore): a jax.Array cannot
 # change, so a check it passed need not run again. The weak reference tells a live array
@@ -71,8 +74,8 @@ def source_value(target: Any, leaves: list[Any]) -> Any:
     return t._array
 
 
-def collect_outputs(recorder: Recorder, result: Any, found: dict[str, Any]) -> list[Any]:
-    """Inside the trace, after ``fn``: the program's outputs and where each goes (NOTE [Whole-step compile], 2)."""
+def collect_outputs(recorder: Recorder, result: Any) -> tuple[Any, ...]:
+    """Inside the trace, after ``fn``: where each of ``recorder.outputs`` goes (NOTE [Whole-step compile], 2)."""
     leaves, result_tree = jax.tree_util.tree_flatten(result, is_leaf=is_tensor)
     returned = [_returned(leaf) for leaf in leaves]
     del result, leaves
@@ -97,8 +100,7 @@ def collect_outputs(recorder: Recorder, result: Any, found: dict[str, Any]) -> l
         (c.make_error, None if c.detail is None else recorder.output(c.detail), c.writes) for c in recorder.checks
     )
     flags = recorder.output(jnp.stack([c.failed for c in recorder.checks])) if checks else None
-    found["layout"] = (writes, template, result_tree, guards, checks, flags, tuple(recorder.host_checks))
-    return recorder.outputs
+    return writes, template, result_tree, guards, checks, flags, tuple(recorder.host_checks)
 
 
 def _returned(leaf: Any) -> tuple[Any, Any, Any]:
@@ -263,24 +265,15 @@ _HELD_BY_TENSOR_AND_INPUTS = _refcount_base(2)
 _HELD_BY_OWNER = _refcount_base(1)
 
 
-def _target_key(target: Any) -> Any:
-    """A target (``Snapshot.target``) as a hashable key naming its tensor, without comparing tensors."""
-    if type(target) is weakref.ref:
-        return ("ref", id(target()))
-    if type(target) is tuple:
-        return ("grad", _target_key(target[1]))
-    return ("arg", target)
-
-
 def _replaced(writes: list[Any]) -> dict[Any, tuple[int | None, bool]]:
-    """What ``writes`` replace, by their sources' keys (``_target_key``): the output replacing each
+    """What ``writes`` replace, by their sources' keys (``target_key``): the output replacing each
     (``None``: a ``.grad`` set to ``None``), and whether it comes as a new ``.grad`` Tensor."""
     replaced: dict[Any, tuple[int | None, bool]] = {}
     for target, what, index, _ in writes:
         if what == "array":
-            replaced[_target_key(target)] = (index, False)
+            replaced[target_key(target)] = (index, False)
         elif what == "grad":
-            replaced[_target_key(("grad", target))] = (index, True)
+            replaced[target_key(("grad", target))] = (index, True)
     return replaced
 
 
@@ -302,7 +295,7 @@ def donation(
     read = set()
     taken = set()  # an output goes into one donated input's memory at most (JAX warns of a donation left unused)
     for position, (source, aval) in enumerate(zip(sources, in_avals, strict=True)):
-        key = None if source is None else _target_key(source)
+        key = None if source is None else target_key(source)
         read.add(key)
         index, new_tensor = replaced.get(key, (None, False))
         if index is not None and index not in taken and (out_avals[index].shape, out_avals[index].dtype) == (aval.shape, aval.dtype):
@@ -310,7 +303,7 @@ def donation(
             donated.append((position, source, new_tensor and type(source) is tuple, index))
     dropped = tuple(
         target for target, what, _, _ in writes
-        if what == "grad" and _target_key(("grad", target)) in replaced and _target_key(("grad", target)) not in read
+        if what == "grad" and target_key(("grad", target)) in replaced and target_key(("grad", target)) not in read
     )
     return tuple(donated), dropped
 

@@ -13,7 +13,9 @@ from xgrad.engine.anomaly import ANOMALY, with_forward_trace
 from xgrad.engine.node import Edge, Node, current_task
 from xgrad.tensor import Tensor
 
-__all__ = ["CPU_DEVICE", "NO_DEVICE", "ExecInfo", "GraphTask", "InputBuffer", "NodeTask", "ReadyQueue"]
+__all__ = [
+    "CPU_DEVICE", "NO_DEVICE", "ExecInfo", "GraphTask", "InputBuffer", "NodeTask", "ReadyQueue", "run_final_callbacks",
+]
 
 # worker_device values, as in the reference engine: a user thread that is not
 # running backward, a thread driving the CPU queue, or a JAX device's worker.
@@ -283,14 +285,20 @@ class GraphTask:
     def exec_post_processing(self) -> None:
         if self.not_ready:
             raise RuntimeError("could not compute gradients for some functions")
-        prev = current_task.graph_task
-        current_task.graph_task = self
-        try:
-            # Callbacks may queue more callbacks: index, do not iterate.
-            i = 0
-            while i < len(self.final_callbacks):
-                self.final_callbacks[i]()
-                i += 1
-        finally:
-            current_task.graph_task = prev
+        run_final_callbacks(self)
+
+
+def run_final_callbacks(graph_task: Any) -> None:
+    """Run ``graph_task``'s final callbacks (a ``GraphTask``'s, or the host stand-in's of one traced in a compiled
+    step) as the current task: one that calls ``queue_callback`` queues on it."""
+    prev = current_task.graph_task
+    current_task.graph_task = graph_task
+    try:
+        # Callbacks may queue more callbacks: index, do not iterate.
+        i = 0
+        while i < len(graph_task.final_callbacks):
+            graph_task.final_callbacks[i]()
+            i += 1
+    finally:
+        current_task.graph_task = prev
 
