@@ -479,6 +479,16 @@ def _built_entry(
             entry.aliased.append(tuple(live) if all(type(source) is weakref.ref for source in live) else live)
         sources.append(live[0] if len(live) == 1 else None)
     sources += [i if isinstance(leaves[i], Tensor) else None for i in dyn_slots]
+    _compile_program(entry, recorder, closed, writes, sources, leaves, dyn_values)
+    return entry
+
+
+def _compile_program(
+    entry: Entry, recorder: Recorder, closed: Any, writes: Any, sources: list[Any], leaves: list[Any],
+    dyn_values: list[Any],
+) -> None:
+    """``entry``'s program: its checks made first, what it donates (``sources``: each input's state, if one), jitted
+    and compiled for the call's values."""
     jaxpr = closed.jaxpr
     invars = [*jaxpr.constvars, *jaxpr.invars]
     program = jaxpr_as_fun(ClosedJaxpr(jaxpr.replace(constvars=[], invars=invars), []))
@@ -505,7 +515,6 @@ def _built_entry(
     run_jaxpr = traced_program.jaxpr.jaxpr
     entry.tracks_fresh = bool(entry.donated) and not set(run_jaxpr.invars).intersection(run_jaxpr.outvars)
     traced_program.lower().compile()
-    return entry
 
 
 def compile(
