@@ -49,6 +49,30 @@ def state(w, b):
             None if b.grad is None else b.grad.numpy()]
 
 
+def binds_per_call(monkeypatch, step, calls, before):
+    """Call ``step`` ``calls`` times, on ``X * (1 + i)`` after ``before(i)``: the primitives each call bound, by name
+    (an op served to an observer hook binds none)."""
+    from xgrad.ops import registry
+
+    bind = registry.bind
+    counts = []
+    for i in range(calls):
+        before(i)
+        bound = []
+
+        def counting(prim, args, params, bound=bound):
+            bound.append(prim.name)
+            return bind(prim, args, params)
+
+        monkeypatch.setattr(registry, "bind", counting)
+        try:
+            step(xgrad.tensor(X * (1 + i)))
+        finally:
+            monkeypatch.setattr(registry, "bind", bind)
+        counts.append(bound)
+    return counts
+
+
 def assert_close(got, expected, atol=ATOL):
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=atol)
 
@@ -260,15 +284,6 @@ def test_an_observers_learned_ops_dispatch_nothing_and_a_new_op_dispatches(monke
 def test_an_observers_op_calls_are_served_whole_and_a_changed_call_runs(monkeypatch):
     """NOTE [Hook ops in the program]: a learned call of a wrapped op (``g.norm()``, ``g.sum(dim=0)``) runs no
     front-end and binds nothing; the same op with another argument, or on a tensor that requires grad, runs."""
-    from xgrad.ops import registry
-
-    bound = []
-    bind = registry.bind
-
-    def counting(prim, args, params):
-        bound.append(prim.name)
-        return bind(prim, args, params)
-
     dim = [0]
 
     def body(mode):
@@ -281,14 +296,11 @@ def test_an_observers_op_calls_are_served_whole_and_a_changed_call_runs(monkeypa
             log.append((n.item(), n.requires_grad, h.sum(dim=dim[0]).detach().numpy(), g.std(dim=0, keepdim=True).numpy()))
 
         w.register_hook(hook)
-        counts = []
-        for i in range(STEPS + 2):
+
+        def before(i):
             dim[0] = [0, 0, 0, 1, 1, -1, 0][i]
-            bound.clear()
-            monkeypatch.setattr(registry, "bind", counting)
-            step(xgrad.tensor(X * (1 + i)))
-            monkeypatch.setattr(registry, "bind", bind)
-            counts.append(list(bound))
+
+        counts = binds_per_call(monkeypatch, step, STEPS + 2, before)
         return log, state(w, b), counts, step
 
     (log, final, _, _), (c_log, c_final, c_counts, step) = run_both(body)
@@ -395,30 +407,17 @@ def test_a_hook_added_then_removed_or_removed_twice_keeps_the_program_and_eagers
 def test_a_learned_calls_keywords_serve_only_a_call_with_equal_values_of_the_same_types(monkeypatch):
     """NOTE [Hook ops in the program]: ``keepdim=1`` equals the learned ``keepdim=True`` but is another value: the
     call runs (binds its op), with eager's result, and the learned one is served again after it."""
-    from xgrad.ops import registry
-
-    bound = []
-    bind = registry.bind
-
-    def counting(prim, args, params):
-        bound.append(prim.name)
-        return bind(prim, args, params)
-
     keepdim = [True]
 
     def body(mode):
         w, b, step = setup(mode)
         log = []
         w.register_hook(lambda g: log.append(g.sum(dim=0, keepdim=keepdim[0]).numpy()))
-        counts = []
-        for i in range(STEPS):
+
+        def before(i):
             keepdim[0] = 1 if i == 3 else True
-            bound.clear()
-            monkeypatch.setattr(registry, "bind", counting)
-            step(xgrad.tensor(X * (1 + i)))
-            monkeypatch.setattr(registry, "bind", bind)
-            counts.append(list(bound))
-        return log, counts
+
+        return log, binds_per_call(monkeypatch, step, STEPS, before)
 
     (log, _), (c_log, c_counts) = run_both(body)
     for got, expected in zip(c_log, log, strict=True):
@@ -431,30 +430,17 @@ def test_a_learned_calls_positional_and_tuple_arguments_serve_only_equal_ones(mo
     """NOTE [Hook ops in the program]: a learned call's arguments after the tensor (``g.sum(0)``) and a keyword
     holding a tuple (``g.sum(dim=(0,))``) are compared as plain values: equal ones are served, ``g.sum(1)`` and
     ``dim=(1,)`` run (bind their op) with eager's results, and the learned calls are served again after them."""
-    from xgrad.ops import registry
-
-    bound = []
-    bind = registry.bind
-
-    def counting(prim, args, params):
-        bound.append(prim.name)
-        return bind(prim, args, params)
-
     dim = [0]
 
     def body(mode):
         w, b, step = setup(mode)
         log = []
         w.register_hook(lambda g: log.append((g.sum(dim[0]).numpy(), g.sum(dim=(dim[0],)).numpy())))
-        counts = []
-        for i in range(STEPS):
+
+        def before(i):
             dim[0] = 1 if i == 3 else 0
-            bound.clear()
-            monkeypatch.setattr(registry, "bind", counting)
-            step(xgrad.tensor(X * (1 + i)))
-            monkeypatch.setattr(registry, "bind", bind)
-            counts.append(list(bound))
-        return log, counts
+
+        return log, binds_per_call(monkeypatch, step, STEPS, before)
 
     (log, _), (c_log, c_counts) = run_both(body)
     assert len(c_log) == len(log) == STEPS
