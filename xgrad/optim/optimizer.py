@@ -485,8 +485,11 @@ class Optimizer:
         trace = step_trace.current()
         if trace is not None:  # the options are static arguments: a compiled step checks them at every call
             trace.entry_read(group, None, group.options_version)
-        active = self._state_keys(group)  # the entries this update reads and writes (``_ensure_state``)
-        states = [{k: t for k, t in self.state[p].items() if k in active} for p in params]
+        # The entries this update reads and writes: a state holds them all (``_ensure_state``), and more only after
+        # its group stopped calling for one, which stays as it is.
+        active = self._state_keys(group)
+        states = [self.state[p] for p in params]
+        states = [s if len(s) == len(active) else {k: t for k, t in s.items() if k in active} for s in states]
         # NOTE [Shared counters]
         # The parameters of a group step together, so their step counts (and NAdam's
         # ``mu_product``) usually hold one value: they start as one array per group (groups
