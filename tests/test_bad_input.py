@@ -260,20 +260,20 @@ def test_a_backward_after_an_index_error_works(compiled):
 
 
 @pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8])
-def test_device_check_finds_the_first_out_of_range_entry(dtype):
+def test_device_check_finds_thefirst_out_of_range_entry(dtype):
     # The jitted reduction used for arrays on accelerators (CPU arrays are read by NumPy).
-    from xgrad.ops._util import _first_out_of_range
+    from xgrad.ops._util import first_out_of_range
 
     index = jnp.asarray([[0, 2], [7, 5]], dtype)
-    assert not _first_out_of_range(index, 8, negative=True, ignore=None)[0]
-    bad, first = _first_out_of_range(index, 6, negative=True, ignore=None)
+    assert not first_out_of_range(index, 8, negative=True, ignore=None)[0]
+    bad, first = first_out_of_range(index, 6, negative=True, ignore=None)
     assert bool(bad) and int(first) == 7
-    assert not _first_out_of_range(index, 6, negative=False, ignore=7)[0]
-    assert not _first_out_of_range(jnp.zeros((0,), dtype), 1, negative=True, ignore=None)[0]
+    assert not first_out_of_range(index, 6, negative=False, ignore=7)[0]
+    assert not first_out_of_range(jnp.zeros((0,), dtype), 1, negative=True, ignore=None)[0]
     if dtype == jnp.int32:
         signed = jnp.asarray([1, -3, -2], dtype)
-        assert not _first_out_of_range(signed, 3, negative=True, ignore=None)[0]
-        bad, first = _first_out_of_range(signed, 3, negative=False, ignore=None)
+        assert not first_out_of_range(signed, 3, negative=True, ignore=None)[0]
+        bad, first = first_out_of_range(signed, 3, negative=False, ignore=None)
         assert bool(bad) and int(first) == -3
 
 

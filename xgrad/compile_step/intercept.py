@@ -19,10 +19,10 @@ from xgrad.compile_step.signature import GroupEntries, set_entries
 from xgrad.compile_step.writeback import state_writes
 from xgrad.engine.compiled.cache import call_site
 from xgrad.engine.compiled.switch import PureHook
-from xgrad.engine.node import AccumulateGrad, Node, _sequence
+from xgrad.engine.node import AccumulateGrad, Node, next_sequence_nr
 from xgrad.jax_internals import get_opaque_trace_state
-from xgrad.nn.hooks import _global_forward_hooks, _global_forward_pre_hooks
-from xgrad.ops._util import IndexOutOfRangeError, _first_out_of_range
+from xgrad.nn.hooks import forward_hooks
+from xgrad.ops._util import IndexOutOfRangeError, first_out_of_range
 from xgrad.step_trace import StepTrace
 from xgrad.tensor import Tensor, is_tensor
 
@@ -75,7 +75,7 @@ class Recorder(StepTrace):
         self.hosted_groups: dict[int, list[bool]] = {}
         # Hooks added while tracing: (their dict, handle id, the user's line, whether the owner outlives the call).
         self.added_hooks: list[tuple[Any, int, str, bool]] = []
-        self.first_sequence_nr = _sequence.next()  # nodes made by the trace number above it
+        self.first_sequence_nr = next_sequence_nr()  # nodes made by the trace number above it
         self.host_tasks: dict[int, Any] = {}  # id(a traced GraphTask still running) -> its stand-in
         self.queued: dict[int, list[Any]] = {}  # id(a stand-in) -> traced flags: callbacks wait on it
         # What host calls raised, kept until the call raises it again (NOTE [Checks in a compiled step]).
@@ -227,9 +227,7 @@ class Recorder(StepTrace):
     def module_called(self, module: Any) -> None:
         """Guard on the module's mode (NOTE [Python state in a compiled step]); refuse its forward hooks unless pure."""
         self.module_mode(module)
-        hooks = (*module._forward_pre_hooks.values(), *module._forward_hooks.values(),
-                 *_global_forward_pre_hooks.values(), *_global_forward_hooks.values())
-        if not all(isinstance(hook, PureHook) for hook in hooks):
+        if not all(isinstance(hook, PureHook) for hook in forward_hooks(module)):
             raise NotCompilable(MODULE_FORWARD_HOOKS.format(module=type(module).__name__), call_site())
 
     # -- what the engine and the ops ask (``StepTrace``) -------------------------------
@@ -295,7 +293,7 @@ class Recorder(StepTrace):
         ):
             self.host_checks.append((leaf, size, message, negative, ignore, writes))
             return True
-        failed, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
+        failed, first = first_out_of_range(index, size, negative=negative, ignore=ignore)
         self.checks.append(Check(failed, first, lambda i: IndexOutOfRangeError(message.format(index=int(i))), writes))
         return True
 

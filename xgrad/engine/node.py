@@ -88,6 +88,11 @@ class _SequenceCounter(threading.local):
 _sequence = _SequenceCounter()
 
 
+def next_sequence_nr() -> int:
+    """The ``sequence_nr`` the next node made on this thread takes (a step's trace numbers its nodes from it)."""
+    return _sequence.next()
+
+
 class _CurrentTask(threading.local):
     """The graph task and node this thread is running (set by the engine)."""
 

@@ -123,6 +123,12 @@ def register_module_full_backward_hook(hook: Callable[..., Any]) -> RemovableHan
     return _add(_global_backward_hooks, hook)
 
 
+def forward_hooks(module: Any) -> tuple[Callable[..., Any], ...]:
+    """The forward pre-hooks and forward hooks a call of ``module`` runs, global ones included."""
+    return (*_global_forward_pre_hooks.values(), *module._forward_pre_hooks.values(),
+            *_global_forward_hooks.values(), *module._forward_hooks.values())
+
+
 def any_global_hook() -> bool:
     return bool(_global_forward_pre_hooks or _global_forward_hooks or _global_backward_pre_hooks or _global_backward_hooks)
 

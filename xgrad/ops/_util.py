@@ -105,7 +105,7 @@ class IndexOutOfRangeError(IndexError, RuntimeError):
 
 
 @functools.partial(jax.jit, static_argnames=("negative", "ignore"))
-def _first_out_of_range(index: Any, size: int, negative: bool, ignore: int | None) -> Any:
+def first_out_of_range(index: Any, size: int, negative: bool, ignore: int | None) -> Any:
     """Whether any entry lies outside ``[-size, size)`` (``[0, size)`` unless ``negative``), and the first such.
 
     One fused program, so the device check costs one dispatch and one host sync. Only
@@ -164,7 +164,7 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
         concrete = concrete_value(index)
         if concrete is None:
             if jnp.issubdtype(index.dtype, jnp.integer):
-                failed, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
+                failed, first = first_out_of_range(index, size, negative=negative, ignore=ignore)
                 _raise_when_run(failed, first, lambda i: IndexOutOfRangeError(message.format(index=int(i))))
             return False
         index = concrete
@@ -175,7 +175,7 @@ def check_index_range(index: Any, size: int, message: str, negative: bool = True
             # Host memory already: NumPy reads it without a copy, far cheaper than a dispatch.
             index = np.asarray(index)
         else:
-            any_bad, first = _first_out_of_range(index, size, negative=negative, ignore=ignore)
+            any_bad, first = first_out_of_range(index, size, negative=negative, ignore=ignore)
             if any_bad:
                 raise IndexOutOfRangeError(message.format(index=int(first)))
             return False
