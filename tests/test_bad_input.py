@@ -260,7 +260,7 @@ def test_a_backward_after_an_index_error_works(compiled):
 
 
 @pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8])
-def test_device_check_finds_thefirst_out_of_range_entry(dtype):
+def test_device_check_finds_the_first_out_of_range_entry(dtype):
     # The jitted reduction used for arrays on accelerators (CPU arrays are read by NumPy).
     from xgrad.ops._util import first_out_of_range
 

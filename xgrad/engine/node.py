@@ -89,7 +89,7 @@ _sequence = _SequenceCounter()
 
 
 def next_sequence_nr() -> int:
-    """The ``sequence_nr`` the next node made on this thread takes (a step's trace numbers its nodes from it)."""
+    """Take a number from this thread's ``sequence_nr`` counter: nodes made after the call number above it."""
     return _sequence.next()
 
 
